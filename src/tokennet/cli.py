@@ -1,0 +1,268 @@
+"""The ``tokennet`` command: parses arguments, calls recipes / generate / viz, prints.
+
+Expected failures (bad input, missing files, a run directory in the way) print one line
+``tokennet: error: ...`` and exit with status 2; an interrupted run exits with 130 after saving a
+checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+__all__ = ["main", "build_parser"]
+
+EPILOG = """examples:
+  tokennet train gpt                         # BPE GPT on Python's docs, prints a sample
+  tokennet train gpt-char --data input.txt --max-iters 2000
+  tokennet generate runs/gpt --prompt "The " --max-new-tokens 200
+  tokennet eval runs/gpt
+  tokennet list
+"""
+
+
+class CLIError(Exception):
+    """An expected failure: printed as one line, exit status 2."""
+
+
+def _add_train(sub) -> None:
+    p = sub.add_parser(
+        "train",
+        help="train a recipe into a run directory",
+        description="Train RECIPE (see `tokennet list`) and write a run directory: config.json, "
+        "model.safetensors, tokenizer.json (text), metrics.json, log.jsonl, run.json, checkpoints/.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Settings: any model config field, trainer field or recipe option, e.g.\n"
+        "  --set dim=256 num_layers=6 lr=3e-4 batch_size=64 tokenizer=char precision=bf16\n"
+        "`tokennet train RECIPE --show-settings` lists them with their defaults.",
+    )
+    p.add_argument("recipe", help="recipe name, e.g. gpt, gpt-char")
+    p.add_argument("--data", help="data: a text file, directory or glob (recipe-specific; default: embedded)")
+    p.add_argument("--out", help="run directory (default: runs/RECIPE)")
+    p.add_argument("--max-iters", type=int, help="optimizer steps")
+    p.add_argument("--time-budget", type=float, metavar="SEC", help="stop after SEC seconds of training")
+    p.add_argument("--seed", type=int, help="random seed (data order, init, dropout)")
+    p.add_argument("--device", default="auto", help="auto (CUDA if present, else CPU), cpu, cuda, cuda:N, mps")
+    p.add_argument("--set", dest="sets", nargs="+", default=[], metavar="KEY=VALUE", help="override settings")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
+    g.add_argument("--overwrite", action="store_true", help="replace an existing run directory")
+    p.add_argument("--show-settings", action="store_true", help="print the recipe's settings and exit")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _add_generate(sub) -> None:
+    p = sub.add_parser(
+        "generate",
+        help="sample text from a trained language model",
+        description="Continue a prompt with a trained causal LM, streaming tokens as they come. Decoding "
+        "uses a KV cache. Past the model's context length the model sees a sliding window: the cache is "
+        "rebuilt from the last block_size/2 tokens whenever it fills.",
+    )
+    p.add_argument("run_dir", help="a run directory from `tokennet train`")
+    p.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
+    p.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate (>= 1)")
+    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy; higher = more random")
+    p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling threshold in (0, 1]")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, ...")
+    p.add_argument("--no-cache", action="store_true", help="recompute the whole window every step")
+
+
+def _add_eval(sub) -> None:
+    p = sub.add_parser("eval", help="evaluate a run and print its metrics as JSON",
+                       description="Evaluate a trained run on its own held-out split, or on --data.")
+    p.add_argument("run_dir")
+    p.add_argument("--data", help="evaluate on this data instead of the run's validation split")
+    p.add_argument("--device", default="auto")
+
+
+def _add_demo(sub) -> None:
+    p = sub.add_parser("demo", help="small demonstrations from the lecture",
+                       description="nadaraya-watson: attention pooling as kernel regression on the lecture's "
+                       "toy problem; writes a figure and metrics.")
+    p.add_argument("name", choices=["nadaraya-watson"])
+    p.add_argument("--out", default=None, help="output directory (default: runs/NAME)")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tokennet",
+        description="tokennet: turn any data into tokens, then one generic transformer processes the tokens.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=EPILOG,
+    )
+    parser.add_argument("--version", action="version", version=f"tokennet {_version()}")
+    parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors on stderr")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.add_parser("list", help="list models and recipes", description="List registered models and recipes.")
+    _add_train(sub)
+    _add_generate(sub)
+    _add_eval(sub)
+    _add_demo(sub)
+    return parser
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__
+
+
+def cmd_list(args) -> int:
+    from .models.registry import list_models, preset_info
+    from .recipes import list_recipes
+
+    print("models:")
+    for name in list_models():
+        print(f"  {name:<18} {preset_info(name)[2]}")
+    print("recipes:")
+    for r in list_recipes():
+        print(f"  {r.name:<18} {r.description}")
+    return 0
+
+
+def cmd_train(args) -> int:
+    from .recipes import get_recipe, parse_sets, train
+
+    recipe = get_recipe(args.recipe)
+    defaults = recipe.defaults()
+    if args.show_settings:
+        for k in sorted(defaults):
+            print(f"{k} = {defaults[k]!r}")
+        return 0
+    sets = parse_sets(args.sets, defaults)
+    for flag, key in (("max_iters", "max_iters"), ("time_budget", "time_budget"), ("seed", "seed")):
+        v = getattr(args, flag)
+        if v is not None:
+            if key in sets and sets[key] != v:
+                raise CLIError(f"--{flag.replace('_', '-')} {v} conflicts with --set {key}={sets[key]}")
+            sets[key] = v
+    if args.no_progress or not sys.stderr.isatty():
+        sets.setdefault("progress", False)
+    out = Path(args.out) if args.out else Path("runs") / recipe.name
+    try:
+        run_dir, metrics = train(recipe.name, data=args.data, out=out, sets=sets, device=args.device,
+                                 resume=args.resume, overwrite=args.overwrite)
+    except KeyboardInterrupt:
+        print(f"tokennet: interrupted; a checkpoint is in {out / 'checkpoints'}; "
+              f"continue with: tokennet train {recipe.name} --out {out} --resume", file=sys.stderr)
+        return 130
+    sample = metrics.pop("sample", None)
+    print(json.dumps(metrics, indent=2))
+    if sample is not None:
+        print("\n--- sample ---")
+        print(sample)
+    print(f"\nrun directory: {run_dir}")
+    return 0
+
+
+def _load_run(run_dir: str):
+    from . import load
+
+    path = Path(run_dir)
+    if not path.is_dir() or not (path / "config.json").is_file():
+        raise CLIError(f"{run_dir} is not a run directory (expected config.json and model.safetensors in it)")
+    return load(path)
+
+
+def cmd_generate(args) -> int:
+    import torch
+
+    from .generate import stream
+    from .train.trainer import resolve_device
+
+    if args.max_new_tokens < 1:
+        raise CLIError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    model = _load_run(args.run_dir)
+    tok = getattr(model, "tokenizer", None)
+    if tok is None or not hasattr(model, "make_caches"):
+        raise CLIError(f"{args.run_dir} is not a language model run (no tokenizer.json or not a causal LM)")
+    dev = resolve_device(args.device)
+    model.to(dev)
+    ids = tok.encode(args.prompt) or [tok.bos_id]
+    block = model.config.block_size
+    if len(ids) > block:
+        raise CLIError(f"the prompt is {len(ids)} tokens, longer than the model's context of {block} tokens")
+    torch.manual_seed(args.seed)
+    g = torch.Generator(device=dev).manual_seed(args.seed)
+    idx = torch.tensor([ids], device=dev)
+    new: list[int] = []
+    shown = ""
+    sys.stdout.write(args.prompt)
+    for nxt in stream(model, idx, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                      top_p=args.top_p, use_cache=not args.no_cache, generator=g):
+        new.append(int(nxt[0]))
+        text = tok.decode(new)
+        # A byte-level token may end inside a UTF-8 character: print only what decodes cleanly so far.
+        if not text.endswith("\ufffd"):
+            sys.stdout.write(text[len(shown):])
+            sys.stdout.flush()
+            shown = text
+    sys.stdout.write(tok.decode(new)[len(shown):] + "\n")
+    return 0
+
+
+def cmd_eval(args) -> int:
+    from .recipes import get_recipe
+    from .train.trainer import resolve_device
+
+    path = Path(args.run_dir)
+    run_file = path / "run.json"
+    if not run_file.is_file():
+        raise CLIError(f"{args.run_dir} is not a run directory (no run.json)")
+    run = json.loads(run_file.read_text())
+    recipe = get_recipe(run["recipe"])
+    if recipe.evaluate_run is None:
+        raise CLIError(f"recipe {recipe.name} has no evaluation")
+    metrics = recipe.evaluate_run(path, args.data, resolve_device(args.device))
+    print(json.dumps(metrics, indent=2))
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from .nadaraya_watson import run_demo
+
+    out = Path(args.out or f"runs/{args.name}")
+    metrics = run_demo(out, seed=args.seed)
+    print(json.dumps(metrics, indent=2))
+    print(f"figure: {out / 'nadaraya_watson.png'}")
+    return 0
+
+
+COMMANDS = {"list": cmd_list, "train": cmd_train, "generate": cmd_generate, "eval": cmd_eval, "demo": cmd_demo}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
+                        format="%(message)s", stream=sys.stderr)
+    from .data.text import DataError
+    from .train.trainer import TrainingStopped
+
+    try:
+        return COMMANDS[args.command](args)
+    except (CLIError, DataError, TrainingStopped, ValueError, FileNotFoundError, PermissionError,
+            IsADirectoryError, NotADirectoryError) as e:
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(f"tokennet: error: {msg}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"tokennet: error: {e.strerror or e} ({getattr(e, 'filename', '') or ''})", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("tokennet: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""Text corpora: the embedded default, user files (file, directory or glob), LM batches.
+
+The embedded default is real English text that every Python installation has: the topics of the
+Python language reference that ship with CPython for ``help()`` (``pydoc_data.topics``), about 0.46 MB.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+__all__ = ["embedded_corpus", "read_corpus", "LMBatches", "DataError", "TEXT_SUFFIXES"]
+
+TEXT_SUFFIXES = {".txt", ".md", ".rst", ".text", ".py", ".csv", ".tsv", ".json", ".jsonl", ".tex", ".html", ""}
+
+
+class DataError(ValueError):
+    """Input data that cannot be used, with a message that names the file and the problem."""
+
+
+def embedded_corpus() -> str:
+    """The Python language reference's help topics (English prose with code), from the standard library."""
+    try:
+        from pydoc_data.topics import topics
+    except ImportError as e:  # pragma: no cover - every CPython ships it, but distributions may strip it
+        raise DataError("this Python has no pydoc_data (the embedded corpus); pass --data FILE") from e
+    return "\n\n".join(topics[k].strip() for k in sorted(topics))
+
+
+def _read_text_file(path: Path) -> str:
+    raw = path.read_bytes()
+    if not raw.strip():
+        raise DataError(f"{path} is empty")
+    if b"\x00" in raw[:65536]:
+        raise DataError(f"{path} looks binary (it contains NUL bytes), not text")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path} is not UTF-8 text (invalid byte at offset {e.start})") from None
+
+
+def read_corpus(spec: str | os.PathLike) -> str:
+    """Read a text corpus from a file, a directory (its text files, sorted, recursively) or a glob.
+
+    Raises:
+        DataError: missing path, nothing matching, empty or binary files.
+    """
+    spec = str(spec)
+    path = Path(spec)
+    if any(ch in spec for ch in "*?["):
+        files = sorted(Path(p) for p in glob.glob(spec, recursive=True) if Path(p).is_file())
+        if not files:
+            raise DataError(f"no files match {spec!r}")
+    elif path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES
+                       and not any(part.startswith(".") for part in p.relative_to(path).parts))
+        if not files:
+            raise DataError(f"directory {path} has no text files ({', '.join(sorted(TEXT_SUFFIXES - {''}))})")
+    elif path.is_file():
+        files = [path]
+    else:
+        raise DataError(f"data path {spec} does not exist")
+    texts = []
+    for f in files:
+        try:
+            texts.append(_read_text_file(f))
+        except DataError:
+            if len(files) == 1:
+                raise
+    if not texts:
+        raise DataError(f"no readable text in {spec} (all files empty or binary)")
+    return "\n\n".join(texts)
+
+
+class LMBatches:
+    """Random windows of a token stream for next-token prediction: ``x = ids[i:i+T]``, ``y = ids[i+1:i+T+1]``.
+
+    ``batch(k)`` draws its offsets from a generator seeded by ``(seed, k)``, so batch ``k`` is the
+    same in every run with that seed (exact resume needs nothing but ``k``).
+
+    Args:
+        ids: 1-D token ids.
+        block_size: T.
+        batch_size: B.
+        seed: the data seed.
+    """
+
+    def __init__(self, ids: Tensor, block_size: int, batch_size: int, seed: int = 0):
+        if ids.dim() != 1:
+            raise ValueError("ids must be a 1-D tensor of token ids")
+        if len(ids) < block_size + 1:
+            raise DataError(
+                f"corpus of {len(ids)} tokens is shorter than one block ({block_size} + 1); "
+                "use more text or a smaller block_size"
+            )
+        self.ids = ids.long()
+        self.block_size, self.batch_size, self.seed = block_size, batch_size, seed
+        self._ar = torch.arange(block_size + 1)
+
+    def batch(self, index: int) -> tuple[Tensor, Tensor]:
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
+        starts = torch.randint(len(self.ids) - self.block_size, (self.batch_size,), generator=g)
+        w = self.ids[starts[:, None] + self._ar]  # (B, T + 1)
+        return w[:, :-1], w[:, 1:]
+
+    def eval_batches(self, n: int) -> list[tuple[Tensor, Tensor]]:
+        """``n`` fixed batches (the same in every call), for a stable validation loss."""
+        return [self.batch(-(i + 1)) for i in range(n)]

@@ -1,0 +1,150 @@
+"""Sampling from a causal language model with a KV cache.
+
+The decode loop: one forward pass over the prompt fills each layer's key/value cache (the "prefill"),
+then every step feeds only the newest token, whose query attends to all cached keys, so a step costs
+O(T) instead of recomputing the whole prefix (O(T²)). Next tokens are chosen by greedy argmax
+(``temperature=0``) or by sampling from ``softmax(logits / temperature)`` restricted to the ``top_k``
+most likely tokens and/or the smallest set whose probability reaches ``top_p`` (nucleus sampling,
+Holtzman et al. 2020, https://arxiv.org/abs/1904.09751).
+
+Past the context length (``block_size``) the model sees a sliding window. Without the cache the window
+moves by one token per step (the last ``block_size`` tokens). With the cache, when it is full it is
+rebuilt from the last ``block_size // 2`` tokens, so the window moves in half-context jumps and each
+rebuild costs one prefill; outputs then differ from the uncached window, which is the price of
+keeping absolute positions valid.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["generate", "stream", "sample_next"]
+
+
+def sample_next(
+    logits: Tensor,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """Choose next tokens ``(B,)`` from last-position logits ``(B, V)``."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        # Drop a token when the tokens ranked above it already reach top_p (the first always stays).
+        drop_sorted = (probs.cumsum(dim=-1) - probs) >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def _validate(model: nn.Module, idx: Tensor, max_new_tokens: int, temperature: float, top_k, top_p) -> None:
+    if idx.dim() != 2 or idx.shape[1] < 1:
+        raise ValueError(f"idx must be (B, T) token ids with T >= 1, got shape {tuple(idx.shape)}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k must be >= 1, got {top_k}")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if not hasattr(model, "forward_features") or not hasattr(model.config, "block_size"):
+        raise ValueError(f"{type(model).__name__} is not a causal language model")
+
+
+@torch.inference_mode()
+def stream(
+    model: nn.Module,
+    idx: Tensor,
+    max_new_tokens: int,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    stop: Sequence[int] | int | None = None,
+    use_cache: bool = True,
+    generator: torch.Generator | None = None,
+) -> Iterator[Tensor]:
+    """Yield the next tokens ``(B,)`` one step at a time; stops early when every row hit a stop token.
+
+    Rows that already stopped keep yielding their stop token. Arguments as in :func:`generate`.
+    """
+    _validate(model, idx, max_new_tokens, temperature, top_k, top_p)
+    was_training = model.training
+    model.eval()
+    block = model.config.block_size
+    stops = torch.tensor([stop] if isinstance(stop, int) else list(stop or []), device=idx.device)
+    done = torch.zeros(idx.shape[0], dtype=torch.bool, device=idx.device)
+    seq = idx
+    try:
+        caches = model.make_caches(block) if use_cache else None
+        feed = seq[:, -block:]
+        for _ in range(max_new_tokens):
+            if use_cache and caches[0].length + feed.shape[1] > block:
+                for c in caches:  # sliding window: rebuild the cache from the recent half context
+                    c.reset()
+                feed = seq[:, -(block // 2):]
+            h = model.forward_features(feed, caches=caches)  # (B, t, D)
+            logits = model.forward_head(h[:, -1:])[:, -1]  # (B, V): only the last position is needed
+            nxt = sample_next(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
+            if len(stops):
+                first = stops[0]
+                nxt = torch.where(done, first, nxt)
+                done = done | torch.isin(nxt, stops)
+            seq = torch.cat([seq, nxt[:, None]], dim=1)
+            feed = nxt[:, None] if use_cache else seq[:, -block:]
+            yield nxt
+            if len(stops) and bool(done.all()):
+                return
+    finally:
+        model.train(was_training)
+
+
+def generate(
+    model: nn.Module,
+    idx: Tensor,
+    max_new_tokens: int,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    stop: Sequence[int] | int | None = None,
+    use_cache: bool = True,
+    callback: Callable[[Tensor], None] | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """Continue the token ids ``idx`` ``(B, T)`` by up to ``max_new_tokens``; returns ``(B, T + n)``.
+
+    Args:
+        model: a causal LM with ``forward_features``, ``forward_head``, ``make_caches`` (e.g. GPT).
+        idx: prompt token ids.
+        max_new_tokens: how many tokens to add at most.
+        temperature: 0 for greedy decoding; otherwise logits are divided by it before sampling.
+        top_k: sample only among the k most likely tokens.
+        top_p: sample only within the smallest set of tokens whose probability reaches p.
+        stop: token id(s) that end a row; generation ends when every row has stopped.
+        use_cache: decode with the KV cache (False recomputes the whole window every step).
+        callback: called with each step's new tokens ``(B,)`` (streaming).
+        generator: random generator for reproducible sampling.
+    """
+    out = [idx]
+    for nxt in stream(model, idx, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                      stop=stop, use_cache=use_cache, generator=generator):
+        out.append(nxt[:, None])
+        if callback is not None:
+            callback(nxt)
+    return torch.cat(out, dim=1)
+

@@ -1,0 +1,134 @@
+"""The transformer block: attention mixes tokens, the MLP transforms each token; both are residual.
+
+Pre-norm (ViT, GPT-2; Xiong et al. 2020, https://arxiv.org/abs/2002.04745)::
+
+    x = x + Attn(LN(x));  x = x + MLP(LN(x))
+
+Post-norm (the original Transformer, Vaswani et al. 2017)::
+
+    x = LN(x + Attn(x));  x = LN(x + MLP(x))
+
+Both use the same parameter names (``norm1, attn, norm2, mlp``; ``norm_cross, cross_attn`` for a
+decoder block's cross-attention), so a checkpoint says nothing about which was used: the config does.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from ..attention.multihead import KVCache, MultiHeadAttention
+from .mixer import TokenMixing
+from .mlp import MLP
+
+__all__ = ["Block", "NORMS", "MIXERS"]
+
+NORMS = ("pre", "post")
+MIXERS = ("attention", "token")
+
+
+class Block(nn.Module):
+    """One transformer block: (masked) self-attention, optional cross-attention, MLP.
+
+    Args:
+        dim: model width D.
+        num_heads: attention heads H.
+        mlp_ratio: MLP inner width as a multiple of D.
+        norm: ``"pre"`` or ``"post"`` layer normalization.
+        dropout: dropout on attention weights, residual branches and MLP.
+        activation: MLP nonlinearity (``"gelu"`` or ``"relu"``).
+        num_kv_heads: key/value heads for grouped-query attention.
+        cross_attention: add a cross-attention sublayer (decoder block of an encoder–decoder).
+        context_dim: width of the cross-attention context (default ``dim``).
+        mixer: ``"attention"`` (data-dependent ``A``) or ``"token"`` (the learned ``W`` of the token net).
+        num_tokens: maximum sequence length, needed by the token mixer.
+        bias: biases in linear layers and norms.
+        backend: attention backend.
+        norm_eps: LayerNorm epsilon.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        *,
+        mlp_ratio: float = 4.0,
+        norm: str = "pre",
+        dropout: float = 0.0,
+        activation: str = "gelu",
+        num_kv_heads: int | None = None,
+        cross_attention: bool = False,
+        context_dim: int | None = None,
+        mixer: str = "attention",
+        num_tokens: int | None = None,
+        bias: bool = True,
+        backend: str = "auto",
+        norm_eps: float = 1e-5,
+    ):
+        super().__init__()
+        if norm not in NORMS:
+            raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
+        if mixer not in MIXERS:
+            raise ValueError(f"mixer must be one of {MIXERS}, got {mixer!r}")
+        self.pre = norm == "pre"
+        self.norm1 = nn.LayerNorm(dim, eps=norm_eps, bias=bias)
+        if mixer == "attention":
+            self.attn = MultiHeadAttention(
+                dim, num_heads, num_kv_heads=num_kv_heads, bias=bias, dropout=dropout, backend=backend
+            )
+        else:
+            if num_tokens is None:
+                raise ValueError("mixer='token' needs num_tokens (the largest sequence length)")
+            self.attn = TokenMixing(dim, num_tokens, bias=bias, dropout=dropout)
+        self.cross_attn = None
+        if cross_attention:
+            self.norm_cross = nn.LayerNorm(dim, eps=norm_eps, bias=bias)
+            self.cross_attn = MultiHeadAttention(
+                dim, num_heads, context_dim=context_dim, bias=bias, dropout=dropout, backend=backend
+            )
+        self.norm2 = nn.LayerNorm(dim, eps=norm_eps, bias=bias)
+        self.mlp = MLP(dim, mlp_ratio=mlp_ratio, activation=activation, dropout=dropout, bias=bias)
+        self.drop = nn.Dropout(dropout)
+
+    def _residual(self, x: Tensor, norm: nn.LayerNorm, f) -> Tensor:
+        if self.pre:
+            return x + self.drop(f(norm(x)))
+        return norm(x + self.drop(f(x)))
+
+    def forward(
+        self,
+        x: Tensor,
+        context: Tensor | None = None,
+        *,
+        mask: Tensor | None = None,
+        is_causal: bool = False,
+        context_mask: Tensor | None = None,
+        rope: tuple[Tensor, Tensor] | None = None,
+        bias: Tensor | None = None,
+        cache: KVCache | None = None,
+        cross_cache: KVCache | None = None,
+    ) -> Tensor:
+        """``(B, N, D) → (B, N, D)``.
+
+        Args:
+            x: tokens.
+            context: cross-attention context ``(B, M, Dc)`` (decoder blocks only).
+            mask: self-attention mask, broadcastable to ``(B, H, N, Nk)``.
+            is_causal: causal self-attention.
+            context_mask: cross-attention mask, broadcastable to ``(B, H, N, M)``.
+            rope: rotary ``(cos, sin)`` for the self-attention.
+            bias: additive self-attention bias (ALiBi).
+            cache: self-attention KV cache.
+            cross_cache: static cache of the context's keys and values.
+        """
+        x = self._residual(
+            x, self.norm1, lambda h: self.attn(h, mask=mask, is_causal=is_causal, rope=rope, bias=bias, cache=cache)
+        )
+        if self.cross_attn is not None:
+            if context is None:
+                raise ValueError("this block has cross-attention: pass context=(B, M, Dc)")
+            x = self._residual(
+                x, self.norm_cross, lambda h: self.cross_attn(h, context, mask=context_mask, cache=cross_cache)
+            )
+        elif context is not None:
+            raise ValueError("context given to a block without cross-attention (build it with cross_attention=True)")
+        return self._residual(x, self.norm2, self.mlp)

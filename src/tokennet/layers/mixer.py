@@ -1,0 +1,62 @@
+"""The lecture's "token net" mixer: a learned, input-independent token-mixing matrix ``W``.
+
+Attention mixes tokens with a data-dependent matrix, ``Y = A(X) V`` with ``A = softmax(Q Kᵀ/√E)``.
+Replace ``A(X)`` by a learned constant ``W`` (an ``N × N`` parameter) and you get ``Y = W X W_v``:
+every input is mixed the same way (as in MLP-Mixer, Tolstikhin et al. 2021,
+https://arxiv.org/abs/2105.01601). It is a drop-in for attention in :class:`~tokennet.layers.Block`,
+so the two can be compared on the same task.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["TokenMixing"]
+
+
+class TokenMixing(nn.Module):
+    """Token mixing with a learned matrix: ``Y = W X W_v W_o`` (``W`` is ``(N, N)``, shared by all inputs).
+
+    Sequences shorter than ``num_tokens`` use the top-left block of ``W``. With a boolean mask
+    (``True`` = may mix), masked entries of ``W`` are zeroed; with ``is_causal`` token t mixes only
+    tokens 0..t. Rows are normalized by a softmax over the allowed entries, like attention rows, so
+    the comparison with attention changes only where the weights come from.
+
+    Args:
+        dim: model width D.
+        num_tokens: the largest N.
+        bias: use biases in the value and output projections.
+        dropout: dropout on the output.
+    """
+
+    def __init__(self, dim: int, num_tokens: int, *, bias: bool = True, dropout: float = 0.0):
+        super().__init__()
+        if num_tokens < 1:
+            raise ValueError(f"num_tokens must be positive for the token mixer, got {num_tokens}")
+        self.num_tokens = num_tokens
+        self.W = nn.Parameter(torch.zeros(num_tokens, num_tokens))  # zero logits: uniform mixing at init
+        self.v_proj = nn.Linear(dim, dim, bias=bias)
+        self.out_proj = nn.Linear(dim, dim, bias=bias)
+        self.out_drop = nn.Dropout(dropout)
+        self.store_weights = False
+        self.weights: Tensor | None = None
+
+    def forward(self, x: Tensor, context=None, *, mask: Tensor | None = None, is_causal: bool = False, **_):
+        """``(B, N, D) → (B, N, D)``; ``context`` is not supported (a fixed W has no cross form)."""
+        from ..attention.functional import masked_softmax
+        from ..attention.masks import causal
+
+        if context is not None:
+            raise ValueError("the token mixer has no cross-attention form; use mixer='attention'")
+        B, N, _ = x.shape
+        if N > self.num_tokens:
+            raise ValueError(f"sequence of {N} tokens is longer than the token mixer's num_tokens={self.num_tokens}")
+        logits = self.W[:N, :N]
+        if is_causal:
+            cm = causal(N, device=x.device)
+            mask = cm if mask is None else mask & cm
+        w = masked_softmax(logits.expand(B, 1, N, N), mask)[:, 0]  # (B, N, N)
+        if self.store_weights:
+            self.weights = w.detach()[:, None]
+        return self.out_drop(self.out_proj(w @ self.v_proj(x)))

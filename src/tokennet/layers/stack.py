@@ -1,0 +1,101 @@
+"""Stacks of blocks: the encoder (bidirectional) and the decoder (causal, optional cross-attention).
+
+Following x-transformers' composition, a model embeds its tokens, computes positions once (rotary
+angles, ALiBi bias) and passes them down to every block of a stack.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from ..attention.multihead import KVCache
+from .block import Block
+
+__all__ = ["Encoder", "Decoder"]
+
+
+class _Stack(nn.Module):
+    def __init__(self, dim: int, num_layers: int, num_heads: int, *, share_weights: bool = False, **block_kw):
+        super().__init__()
+        if num_layers < 1:
+            raise ValueError(f"num_layers must be >= 1, got {num_layers}")
+        self.num_layers = num_layers
+        self.share_weights = share_weights
+        # Weight sharing across depth (ALBERT, Universal Transformer): one block applied L times.
+        n_distinct = 1 if share_weights else num_layers
+        self.blocks = nn.ModuleList(Block(dim, num_heads, **block_kw) for _ in range(n_distinct))
+        pre = block_kw.get("norm", "pre") == "pre"
+        # Pre-norm leaves the residual stream unnormalized: one final LayerNorm closes the stack.
+        self.norm = nn.LayerNorm(dim, eps=block_kw.get("norm_eps", 1e-5), bias=block_kw.get("bias", True)) if pre \
+            else nn.Identity()
+
+    def layers(self):
+        """The block applied at each depth (the same module repeated when weights are shared)."""
+        return [self.blocks[0 if self.share_weights else i] for i in range(self.num_layers)]
+
+
+class Encoder(_Stack):
+    """A stack of bidirectional blocks: every token may attend to every (unmasked) token.
+
+    Args:
+        dim, num_layers, num_heads: width D, depth L and heads H.
+        share_weights: reuse one block at every depth.
+        **block_kw: passed to :class:`Block` (``mlp_ratio, norm, dropout, activation, mixer, …``).
+    """
+
+    def forward(self, x: Tensor, *, mask: Tensor | None = None, rope=None, bias: Tensor | None = None) -> Tensor:
+        """``(B, N, D) → (B, N, D)``; ``mask`` broadcastable to ``(B, H, N, N)``."""
+        for blk in self.layers():
+            x = blk(x, mask=mask, rope=rope, bias=bias)
+        return self.norm(x)
+
+
+class Decoder(_Stack):
+    """A stack of causal blocks; with ``cross_attention=True`` each block also attends to a context.
+
+    Args:
+        dim, num_layers, num_heads: width D, depth L and heads H.
+        cross_attention: decoder blocks of an encoder–decoder (masked self-attention + cross-attention).
+        share_weights: reuse one block at every depth.
+        **block_kw: passed to :class:`Block`.
+    """
+
+    def __init__(self, dim: int, num_layers: int, num_heads: int, *, cross_attention: bool = False, **kw):
+        super().__init__(dim, num_layers, num_heads, cross_attention=cross_attention, **kw)
+        self.cross_attention = cross_attention
+
+    def make_caches(self, max_len: int) -> list[KVCache]:
+        """One self-attention cache per depth (also when weights are shared)."""
+        return [KVCache(max_len) for _ in range(self.num_layers)]
+
+    def make_cross_caches(self) -> list[KVCache]:
+        """One static cross-attention cache per depth."""
+        return [KVCache(static=True) for _ in range(self.num_layers)]
+
+    def forward(
+        self,
+        x: Tensor,
+        context: Tensor | None = None,
+        *,
+        mask: Tensor | None = None,
+        is_causal: bool = True,
+        context_mask: Tensor | None = None,
+        rope=None,
+        bias: Tensor | None = None,
+        caches: list[KVCache] | None = None,
+        cross_caches: list[KVCache] | None = None,
+    ) -> Tensor:
+        """``(B, N, D) → (B, N, D)``; with ``caches`` the N tokens follow the cached ones."""
+        for i, blk in enumerate(self.layers()):
+            x = blk(
+                x,
+                context,
+                mask=mask,
+                is_causal=is_causal,
+                context_mask=context_mask,
+                rope=rope,
+                bias=bias,
+                cache=None if caches is None else caches[i],
+                cross_cache=None if cross_caches is None else cross_caches[i],
+            )
+        return self.norm(x)

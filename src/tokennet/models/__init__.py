@@ -1,0 +1,24 @@
+"""Models by name. Importing this package registers every family (one module each)."""
+
+from . import gpt  # noqa: F401  (registers the family)
+from .registry import (
+    ModelConfig,
+    Output,
+    create_model,
+    list_families,
+    list_models,
+    load_pretrained,
+    model_from_config,
+    save_pretrained,
+)
+
+__all__ = [
+    "ModelConfig",
+    "Output",
+    "create_model",
+    "list_models",
+    "list_families",
+    "model_from_config",
+    "save_pretrained",
+    "load_pretrained",
+]

@@ -1,0 +1,165 @@
+"""GPT: a decoder-only causal transformer language model (Radford et al. 2018/2019).
+
+Reads top to bottom like the paper: token embedding (+ absolute positions) → L pre-norm blocks of
+causal masked self-attention and MLP → final LayerNorm → LM head, ``p(x_{t+1} | x_{≤t}) =
+softmax(h_t W_eᵀ)`` when the head is tied to the embedding (Press & Wolf 2017).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..attention.multihead import KVCache
+from ..layers.stack import Decoder
+from ..position.alibi import ALiBi
+from ..position.learned import LearnedPosition
+from ..position.rope import RotaryEmbedding
+from ..position.sinusoidal import SinusoidalPosition
+from .registry import ModelConfig, Output, register_family, register_preset
+
+__all__ = ["GPTConfig", "GPT", "POSITIONS"]
+
+POSITIONS = ("learned", "sinusoidal", "rope", "alibi")
+
+
+@dataclass
+class GPTConfig(ModelConfig):
+    """Config of :class:`GPT`.
+
+    Args:
+        vocab_size: number of token ids.
+        block_size: context length (the longest sequence the model is trained on).
+        dim, num_layers, num_heads: width D, depth L, heads H.
+        num_kv_heads: key/value heads (grouped-query attention); None = num_heads.
+        mlp_ratio: MLP width as a multiple of D.
+        dropout: dropout everywhere (0 for small data is often fine).
+        position: ``"learned"``, ``"sinusoidal"``, ``"rope"`` or ``"alibi"``.
+        tie_weights: share the token embedding with the LM head.
+        bias: biases in linear layers and LayerNorms.
+        mixer: ``"attention"`` or ``"token"`` (the learned token-mixing matrix, for comparison).
+        backend: attention backend (``"auto"``, ``"sdpa"``, ``"math"``, ``"flash"``).
+    """
+
+    vocab_size: int = 256
+    block_size: int = 256
+    dim: int = 384
+    num_layers: int = 6
+    num_heads: int = 6
+    num_kv_heads: int | None = None
+    mlp_ratio: float = 4.0
+    dropout: float = 0.0
+    position: str = "learned"
+    tie_weights: bool = True
+    bias: bool = True
+    mixer: str = "attention"
+    backend: str = "auto"
+
+    def __post_init__(self):
+        self.family = "gpt"
+        self._positive(vocab_size=self.vocab_size, block_size=self.block_size, dim=self.dim,
+                       num_layers=self.num_layers, num_heads=self.num_heads)
+        self._choice("position", self.position, POSITIONS)
+        self._choice("mixer", self.mixer, ("attention", "token"))
+        if self.dim % self.num_heads:
+            raise ValueError(f"num_heads={self.num_heads} must divide dim={self.dim}")
+        if self.num_kv_heads is not None and (self.num_kv_heads < 1 or self.num_heads % self.num_kv_heads):
+            raise ValueError(f"num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads}")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.position == "rope" and (self.dim // self.num_heads) % 2:
+            raise ValueError("rope needs an even head width dim/num_heads")
+
+
+class GPT(nn.Module):
+    """Decoder-only transformer LM: ``forward(idx (B, T), targets=None) → Output(logits, loss)``."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = c = config
+        self.tok_emb = nn.Embedding(c.vocab_size, c.dim)
+        self.pos_emb = None
+        if c.position == "learned":
+            self.pos_emb = LearnedPosition(c.block_size, c.dim)
+        elif c.position == "sinusoidal":
+            self.pos_emb = SinusoidalPosition(c.dim, max_len=c.block_size)
+        self.rope = RotaryEmbedding(c.dim // c.num_heads) if c.position == "rope" else None
+        self.alibi = ALiBi(c.num_heads) if c.position == "alibi" else None
+        self.drop = nn.Dropout(c.dropout)
+        self.decoder = Decoder(
+            c.dim, c.num_layers, c.num_heads, mlp_ratio=c.mlp_ratio, norm="pre", dropout=c.dropout,
+            num_kv_heads=c.num_kv_heads, bias=c.bias, mixer=c.mixer, num_tokens=c.block_size, backend=c.backend,
+        )
+        self.lm_head = nn.Linear(c.dim, c.vocab_size, bias=False)
+        self.apply(self._init_weights)
+        # GPT-2: scale the residual projections by 1/√(2L) so the residual stream's variance stays put.
+        for name, p in self.named_parameters():
+            if name.endswith(("out_proj.weight", "fc2.weight")):
+                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * c.num_layers))
+        if c.tie_weights:
+            self.lm_head.weight = self.tok_emb.weight
+
+    @staticmethod
+    def _init_weights(m: nn.Module) -> None:
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, 0.0, 0.02)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Embedding):
+            nn.init.normal_(m.weight, 0.0, 0.02)
+
+    def num_parameters(self, exclude_embeddings: bool = False) -> int:
+        n = sum(p.numel() for p in self.parameters())
+        if exclude_embeddings and isinstance(self.pos_emb, LearnedPosition):
+            n -= self.pos_emb.weight.numel()
+        return n
+
+    def make_caches(self, max_len: int | None = None) -> list[KVCache]:
+        """Empty KV caches, one per layer, for decoding up to ``max_len`` (default block_size) tokens."""
+        return self.decoder.make_caches(max_len or self.config.block_size)
+
+    def forward_features(self, idx: Tensor, *, caches: list[KVCache] | None = None) -> Tensor:
+        """Token ids ``(B, T)`` → final hidden states ``(B, T, D)``; with caches, ids follow the cached ones."""
+        if idx.dim() != 2:
+            raise ValueError(f"idx must be (B, T) token ids, got shape {tuple(idx.shape)}")
+        B, T = idx.shape
+        offset = caches[0].length if caches else 0
+        if offset + T > self.config.block_size:
+            raise ValueError(
+                f"sequence of {offset + T} tokens exceeds block_size={self.config.block_size}; "
+                "crop the input or decode with a sliding window"
+            )
+        x = self.tok_emb(idx)  # (B, T, D)
+        if self.pos_emb is not None:
+            x = self.pos_emb(x, offset)
+        x = self.drop(x)
+        rope = self.rope(T, offset, device=idx.device, dtype=x.dtype) if self.rope is not None else None
+        bias = self.alibi(T, offset + T).to(device=idx.device, dtype=x.dtype) if self.alibi is not None else None
+        return self.decoder(x, is_causal=True, rope=rope, bias=bias, caches=caches)
+
+    def forward_head(self, h: Tensor) -> Tensor:
+        """Hidden states ``(B, T, D)`` → next-token logits ``(B, T, V)``."""
+        return self.lm_head(h)
+
+    def forward(self, idx: Tensor, targets: Tensor | None = None, *, caches: list[KVCache] | None = None) -> Output:
+        """Logits for every position, and the mean cross-entropy when ``targets`` (B, T) are given.
+
+        Targets equal to -100 are ignored (padding).
+        """
+        logits = self.forward_head(self.forward_features(idx, caches=caches))  # (B, T, V)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
+        return Output(logits, loss)
+
+
+register_family("gpt", GPTConfig, GPT)
+register_preset("gpt", "gpt", "GPT, 6 layers × 384 wide (GPT-2 shaped; set vocab_size/block_size)")
+register_preset("gpt-mini", "gpt", "GPT, 4 layers × 128 wide, 4 heads, context 64 (nanoGPT's CPU config)",
+                dim=128, num_layers=4, num_heads=4, block_size=64)
+register_preset("gpt-micro", "gpt", "GPT, 2 layers × 64 wide (tests and demos)",
+                dim=64, num_layers=2, num_heads=4, block_size=64)

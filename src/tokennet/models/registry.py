@@ -1,0 +1,187 @@
+"""Models by name: config dataclasses, a registry of families and presets, save and load.
+
+As in timm, every model is built by name (``create_model("gpt-mini", num_layers=4)``) and the tests
+loop over the registry, so a model is tested the day it is registered. As in litgpt, configs are
+plain data that serialize to JSON; unlike litgpt, each family has its own small config class.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+__all__ = [
+    "ModelConfig",
+    "Output",
+    "register_family",
+    "register_preset",
+    "create_model",
+    "list_models",
+    "list_families",
+    "config_from_dict",
+    "model_from_config",
+    "save_pretrained",
+    "load_pretrained",
+    "preset_info",
+]
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+
+
+@dataclass
+class Output:
+    """What every model's ``forward(inputs, targets=None)`` returns."""
+
+    logits: Tensor
+    loss: Tensor | None = None
+
+
+@dataclass
+class ModelConfig:
+    """Base of every family's config: plain JSON-serializable fields, validated in ``__post_init__``."""
+
+    family: str = dataclasses.field(default="", init=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]):
+        names = {f.name for f in dataclasses.fields(cls) if f.init}
+        unknown = sorted(set(d) - names - {"family"})
+        if unknown:
+            raise ValueError(f"unknown {cls.__name__} field(s) {unknown}; valid fields: {sorted(names)}")
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    def replace(self, **changes):
+        return self.from_dict({**self.to_dict(), **changes})
+
+    @staticmethod
+    def _positive(**values) -> None:
+        for k, v in values.items():
+            if v is None or v < 1:
+                raise ValueError(f"{k} must be a positive integer, got {v}")
+
+    @staticmethod
+    def _choice(name: str, value, choices) -> None:
+        if value not in choices:
+            raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
+
+
+_FAMILIES: dict[str, tuple[type[ModelConfig], type[nn.Module]]] = {}
+_PRESETS: dict[str, tuple[str, dict[str, Any], str]] = {}
+
+
+def register_family(family: str, config_cls: type[ModelConfig], model_cls: type[nn.Module]) -> None:
+    """Register a model family: its config dataclass and its module class."""
+    _FAMILIES[family] = (config_cls, model_cls)
+
+
+def register_preset(name: str, family: str, description: str = "", **defaults) -> None:
+    """Register a named preset: a family plus default config values."""
+    if family not in _FAMILIES:
+        raise ValueError(f"unknown family {family!r}; register it first")
+    _PRESETS[name] = (family, defaults, description)
+
+
+def list_models() -> list[str]:
+    """The names accepted by :func:`create_model`."""
+    return sorted(_PRESETS)
+
+
+def list_families() -> list[str]:
+    return sorted(_FAMILIES)
+
+
+def preset_info(name: str) -> tuple[str, dict[str, Any], str]:
+    """``(family, defaults, description)`` of a preset."""
+    if name not in _PRESETS:
+        raise ValueError(f"unknown model {name!r}; available: {', '.join(list_models())}")
+    return _PRESETS[name]
+
+
+def config_from_dict(d: dict[str, Any]) -> ModelConfig:
+    """Rebuild a config from its JSON form (which names its family)."""
+    family = d.get("family")
+    if family not in _FAMILIES:
+        raise ValueError(f"config names unknown model family {family!r}; known: {', '.join(list_families())}")
+    cfg_cls = _FAMILIES[family][0]
+    return cfg_cls.from_dict({k: v for k, v in d.items() if k != "family"})
+
+
+def model_from_config(config: ModelConfig | dict[str, Any]) -> nn.Module:
+    """Build a model from a config object or its dict form."""
+    if isinstance(config, dict):
+        config = config_from_dict(config)
+    return _FAMILIES[config.family][1](config)
+
+
+def create_model(name: str, **overrides) -> nn.Module:
+    """Build a registered model: ``create_model("gpt", vocab_size=65, num_layers=4)``.
+
+    Args:
+        name: a preset from :func:`list_models`.
+        **overrides: config fields replacing the preset's defaults.
+    """
+    family, defaults, _ = preset_info(name)
+    cfg_cls = _FAMILIES[family][0]
+    return model_from_config(cfg_cls.from_dict({**defaults, **overrides}))
+
+
+def save_pretrained(model: nn.Module, directory: str | Path, *, extra: dict[str, Any] | None = None) -> Path:
+    """Save a model as a directory: ``config.json`` and ``model.safetensors`` (never pickle).
+
+    Files are written to temporary names and renamed, so a crash never leaves half a model.
+    """
+    from safetensors.torch import save_model
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    cfg = {**model.config.to_dict(), **({"tokennet": extra} if extra else {})}
+    tmp_w = directory / (WEIGHTS_FILE + ".tmp")
+    save_model(model, str(tmp_w))
+    tmp_w.replace(directory / WEIGHTS_FILE)
+    tmp_c = directory / (CONFIG_FILE + ".tmp")
+    tmp_c.write_text(json.dumps(cfg, indent=2) + "\n")
+    tmp_c.replace(directory / CONFIG_FILE)
+    return directory
+
+
+def read_config(directory: str | Path) -> dict[str, Any]:
+    """The ``config.json`` of a saved model, with a clear error when it is not one."""
+    path = Path(directory) / CONFIG_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{directory} is not a saved tokennet model: {CONFIG_FILE} is missing")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON: {e}") from None
+
+
+def load_pretrained(directory: str | Path, *, map_location: str | torch.device = "cpu") -> nn.Module:
+    """Load a model saved by :func:`save_pretrained`; the weights must match the config exactly."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_model
+
+    directory = Path(directory)
+    d = read_config(directory)
+    d.pop("tokennet", None)
+    model = model_from_config(d)
+    wpath = directory / WEIGHTS_FILE
+    if not wpath.is_file():
+        raise FileNotFoundError(f"{directory} has no {WEIGHTS_FILE}")
+    try:
+        missing, unexpected = load_model(model, str(wpath), strict=False, device=str(map_location))
+    except (SafetensorError, RuntimeError, OSError) as e:
+        raise ValueError(f"{wpath} is corrupt or does not match its config: {str(e).splitlines()[0]}") from None
+    if missing or unexpected:
+        what = f"missing tensor {sorted(missing)[0]!r}" if missing else f"unexpected tensor {sorted(unexpected)[0]!r}"
+        raise ValueError(f"{wpath} does not match its config: {what}")
+    return model

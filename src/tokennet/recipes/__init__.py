@@ -1,0 +1,6 @@
+"""Recipes: which data, which model preset, which training settings. Importing registers them all."""
+
+from . import gpt  # noqa: F401  (registers gpt, gpt-char)
+from .base import Job, Recipe, RecipeError, get_recipe, list_recipes, parse_sets, register_recipe, train
+
+__all__ = ["Recipe", "Job", "RecipeError", "get_recipe", "list_recipes", "parse_sets", "register_recipe", "train"]

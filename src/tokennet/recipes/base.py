@@ -1,0 +1,223 @@
+"""What a recipe is, how ``--set key=value`` is parsed, and the one ``train()`` every recipe runs through.
+
+A recipe ties a dataset to a model preset and training settings. Its settings are one flat namespace
+(model config fields, :class:`~tokennet.train.TrainConfig` fields, and the recipe's own data options),
+so ``--set`` needs no prefixes: ``--set dim=256 lr=3e-4 tokenizer=char``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from ..models.registry import config_from_dict, preset_info, save_pretrained
+from ..train.trainer import TrainConfig, Trainer, resolve_device
+
+__all__ = ["Recipe", "Job", "register_recipe", "get_recipe", "list_recipes", "train", "parse_sets",
+           "RUN_FILE", "RecipeError"]
+
+log = logging.getLogger(__name__)
+RUN_FILE = "run.json"
+
+
+class RecipeError(ValueError):
+    """A recipe cannot run as asked (bad settings, output directory in the way, ...)."""
+
+
+@dataclass
+class Job:
+    """What a recipe's ``build`` hands to the trainer."""
+
+    model: nn.Module
+    source: Any
+    evaluate: Callable[[nn.Module], dict[str, float]]
+    tokens_per_batch: int
+    tokenizer: Any = None
+    finish: Callable[[nn.Module], dict[str, Any]] | None = None  # extra metrics/outputs after training
+
+
+@dataclass
+class Recipe:
+    """A named training recipe.
+
+    Args:
+        name: what ``tokennet train NAME`` looks up.
+        description: one line for ``tokennet list``.
+        model: the model preset.
+        build: ``build(settings, data, device, out_dir) -> Job``.
+        options: the recipe's own settings and their defaults (data options, tokenizer, ...).
+        model_defaults: config values replacing the preset's.
+        train_defaults: TrainConfig values replacing the trainer's defaults.
+        evaluate_run: ``evaluate_run(run_dir, data, device) -> metrics`` for ``tokennet eval``.
+    """
+
+    name: str
+    description: str
+    model: str
+    build: Callable[..., Job]
+    options: dict[str, Any] = field(default_factory=dict)
+    model_defaults: dict[str, Any] = field(default_factory=dict)
+    train_defaults: dict[str, Any] = field(default_factory=dict)
+    evaluate_run: Callable[..., dict[str, Any]] | None = None
+
+    def defaults(self) -> dict[str, Any]:
+        """Every setting of this recipe with its default value."""
+        family, preset, _ = preset_info(self.model)
+        model_cfg = config_from_dict({"family": family, **preset, **self.model_defaults}).to_dict()
+        model_cfg.pop("family")
+        train_cfg = dataclasses.asdict(TrainConfig(**self.train_defaults))
+        return {**model_cfg, **train_cfg, **self.options}
+
+    def split(self, settings: dict[str, Any]) -> tuple[dict[str, Any], TrainConfig, dict[str, Any]]:
+        """``(model overrides, TrainConfig, options)`` from flat settings."""
+        family, preset, _ = preset_info(self.model)
+        model_keys = {f.name for f in dataclasses.fields(config_from_dict({"family": family, **preset}))
+                      if f.init}
+        train_keys = {f.name for f in dataclasses.fields(TrainConfig)}
+        model = {k: v for k, v in settings.items() if k in model_keys}
+        train = TrainConfig(**{k: v for k, v in settings.items() if k in train_keys})
+        opts = {k: v for k, v in settings.items() if k in self.options}
+        return model, train, opts
+
+
+_RECIPES: dict[str, Recipe] = {}
+
+
+def register_recipe(recipe: Recipe) -> Recipe:
+    _RECIPES[recipe.name] = recipe
+    return recipe
+
+
+def list_recipes() -> list[Recipe]:
+    return [_RECIPES[k] for k in sorted(_RECIPES)]
+
+
+def get_recipe(name: str) -> Recipe:
+    if name not in _RECIPES:
+        raise RecipeError(f"unknown recipe {name!r}; available: {', '.join(sorted(_RECIPES))}")
+    return _RECIPES[name]
+
+
+def _coerce(key: str, text: str, default: Any) -> Any:
+    low = text.strip().lower()
+    if low in ("none", "null"):
+        return None
+    try:
+        if isinstance(default, bool):
+            if low in ("1", "true", "yes", "on"):
+                return True
+            if low in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if isinstance(default, int):
+            return int(text)
+        if isinstance(default, float):
+            return float(text)
+    except ValueError:
+        kind = "true/false" if isinstance(default, bool) else type(default).__name__
+        raise RecipeError(f"--set {key}={text}: expected {kind}") from None
+    if default is None:  # optional numbers: int, then float, else the string
+        for cast in (int, float):
+            try:
+                return cast(text)
+            except ValueError:
+                pass
+    return text
+
+
+def parse_sets(items: list[str], defaults: dict[str, Any]) -> dict[str, Any]:
+    """Parse ``key=value`` strings against the recipe's settings (types from the defaults)."""
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise RecipeError(f"--set expects key=value, got {item!r}")
+        key, value = item.split("=", 1)
+        key = key.strip().replace("-", "_")
+        if key not in defaults:
+            raise RecipeError(f"unknown setting {key!r}; valid: {', '.join(sorted(defaults))}")
+        out[key] = _coerce(key, value, defaults[key])
+    return out
+
+
+def _prepare_out_dir(out: Path, recipe: str, resume: bool, overwrite: bool) -> dict[str, Any] | None:
+    """Check the output directory; return the saved run.json when resuming."""
+    if out.exists() and not out.is_dir():
+        raise RecipeError(f"output path {out} exists and is not a directory")
+    if resume:
+        run_file = out / RUN_FILE
+        if not run_file.is_file():
+            raise RecipeError(f"cannot resume: {out} is not a tokennet run directory (no {RUN_FILE})")
+        saved = json.loads(run_file.read_text())
+        if saved.get("recipe") != recipe:
+            raise RecipeError(f"cannot resume: {out} is a run of recipe {saved.get('recipe')!r}, not {recipe!r}")
+        return saved
+    if out.exists() and any(out.iterdir()):
+        if not overwrite:
+            raise RecipeError(f"output directory {out} already exists; pass --resume to continue it, "
+                              "--overwrite to replace it, or --out DIR")
+        if not (out / RUN_FILE).is_file():
+            raise RecipeError(f"refusing to overwrite {out}: it is not a tokennet run directory")
+        shutil.rmtree(out)
+    return None
+
+
+def train(
+    recipe_name: str,
+    *,
+    data: str | None = None,
+    out: str | Path | None = None,
+    sets: dict[str, Any] | None = None,
+    device: str = "auto",
+    resume: bool = False,
+    overwrite: bool = False,
+) -> tuple[Path, dict[str, Any]]:
+    """Train a recipe into a run directory; return ``(run_dir, metrics)``.
+
+    The run directory holds ``run.json`` (recipe, settings, data), ``config.json`` and
+    ``model.safetensors`` (the final model), ``tokenizer.json`` for text, ``metrics.json``,
+    ``log.jsonl`` and ``checkpoints/``.
+    """
+    recipe = get_recipe(recipe_name)
+    out = Path(out) if out is not None else Path("runs") / recipe.name
+    defaults = recipe.defaults()
+    saved = _prepare_out_dir(out, recipe.name, resume, overwrite)
+    settings = dict(defaults)
+    if saved is not None:
+        settings.update(saved["settings"])
+        data = saved.get("data") if data is None else data
+    for k in sets or {}:
+        if k not in defaults:
+            raise RecipeError(f"unknown setting {k!r}; valid: {', '.join(sorted(defaults))}")
+    settings.update(sets or {})
+    model_over, tcfg, opts = recipe.split(settings)
+    dev = resolve_device(device)
+    out.mkdir(parents=True, exist_ok=True)
+    t_start = time.perf_counter()
+    job = recipe.build(settings=settings, model_overrides=model_over, train=tcfg, options=opts, data=data,
+                       device=dev, out_dir=out)
+    run = {"recipe": recipe.name, "model": recipe.model, "data": data, "settings": settings}
+    (out / RUN_FILE).write_text(json.dumps(run, indent=2) + "\n")
+    if job.tokenizer is not None:
+        job.tokenizer.save(out / "tokenizer.json")
+    trainer = Trainer(job.model, tcfg, job.source, evaluate=job.evaluate, out_dir=out, device=dev,
+                      tokens_per_batch=job.tokens_per_batch)
+    if resume:
+        trainer.resume()
+    final = trainer.fit()
+    model = job.model
+    save_pretrained(model, out, extra={"recipe": recipe.name})
+    metrics = {**final, "wall_seconds": round(time.perf_counter() - t_start, 2),
+               "num_parameters": sum(p.numel() for p in model.parameters())}
+    if job.finish is not None:
+        metrics.update(job.finish(model))
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    return out, metrics

@@ -1,0 +1,29 @@
+"""Modality → tokens: the only modality-specific step before the generic transformer."""
+
+from tokennet.tokens.text import (
+    GPT2_PATTERN,
+    GPT4_PATTERN,
+    PATTERNS,
+    SPECIAL_TOKENS,
+    TOKENIZER_KINDS,
+    BPETokenizer,
+    CharTokenizer,
+    Tokenizer,
+    load_tokenizer,
+    tokenizer_from_dict,
+    train_tokenizer,
+)
+
+__all__ = [
+    "GPT2_PATTERN",
+    "GPT4_PATTERN",
+    "PATTERNS",
+    "SPECIAL_TOKENS",
+    "TOKENIZER_KINDS",
+    "BPETokenizer",
+    "CharTokenizer",
+    "Tokenizer",
+    "load_tokenizer",
+    "tokenizer_from_dict",
+    "train_tokenizer",
+]

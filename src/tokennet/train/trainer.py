@@ -1,0 +1,315 @@
+"""The trainer every recipe shares: one loop, one log format, one checkpoint format.
+
+Data comes from a *batch source*: any object with ``batch(i) -> (inputs, targets)`` that is a pure
+function of the micro-batch index ``i`` (and its own seed). That makes the data position a single
+integer, so a resumed run draws exactly the batches the uninterrupted run would have drawn.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import math
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .optim import configure_optimizer, cosine_lr
+
+__all__ = ["TrainConfig", "Trainer", "BatchSource", "TrainingStopped", "resolve_device"]
+
+log = logging.getLogger(__name__)
+
+
+class BatchSource(Protocol):
+    def batch(self, index: int) -> tuple[Any, torch.Tensor]: ...
+
+
+class TrainingStopped(RuntimeError):
+    """Training ended early for a reason the user must see (e.g. the loss became NaN)."""
+
+
+def resolve_device(device: str) -> torch.device:
+    """``"auto"`` → CUDA when present, else MPS when present, else CPU; anything else is checked."""
+    if device == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"unknown device {device!r}; use auto, cpu, cuda, cuda:N or mps") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' requested but CUDA is not available; use --device cpu or auto")
+    return dev
+
+
+@dataclass
+class TrainConfig:
+    """Training settings (every field can be set with ``--set key=value``).
+
+    Args:
+        max_iters: optimizer steps (the iteration budget).
+        time_budget: seconds of training (None = no limit); the cosine schedule then follows time.
+        batch_size: sequences per micro-batch.
+        grad_accum: micro-batches per optimizer step.
+        lr, min_lr: peak and final learning rate (min_lr None = lr/10).
+        warmup_iters: linear warm-up steps.
+        weight_decay: AdamW decay on matrices.
+        beta1, beta2: AdamW betas.
+        grad_clip: max global gradient norm (0 = off).
+        eval_interval: steps between evaluations (0 = only at the end).
+        checkpoint_interval: steps between checkpoints (0 = only at the end; None = eval_interval).
+        keep_checkpoints: how many checkpoints to keep.
+        precision: ``"fp32"`` or ``"bf16"`` (autocast).
+        compile: wrap the model in ``torch.compile``.
+        log_interval: steps between log lines.
+        seed: the run's seed (data order, init, dropout).
+        progress: show a progress bar.
+    """
+
+    max_iters: int = 1000
+    time_budget: float | None = None
+    batch_size: int = 32
+    grad_accum: int = 1
+    lr: float = 1e-3
+    min_lr: float | None = None
+    warmup_iters: int = 100
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.99
+    grad_clip: float = 1.0
+    eval_interval: int = 250
+    checkpoint_interval: int | None = None
+    keep_checkpoints: int = 2
+    precision: str = "fp32"
+    compile: bool = False
+    log_interval: int = 10
+    seed: int = 0
+    progress: bool = True
+
+    def __post_init__(self):
+        for k in ("max_iters", "batch_size", "grad_accum"):
+            if getattr(self, k) < 1:
+                raise ValueError(f"{k} must be >= 1, got {getattr(self, k)}")
+        for k in ("warmup_iters", "eval_interval", "log_interval", "keep_checkpoints"):
+            if getattr(self, k) < 0:
+                raise ValueError(f"{k} must be >= 0, got {getattr(self, k)}")
+        if self.time_budget is not None and self.time_budget <= 0:
+            raise ValueError(f"time_budget must be positive seconds, got {self.time_budget}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ValueError(f"lr must be a positive number, got {self.lr}")
+        if self.precision not in ("fp32", "bf16"):
+            raise ValueError(f"precision must be 'fp32' or 'bf16', got {self.precision!r}")
+        if self.grad_clip < 0 or self.weight_decay < 0:
+            raise ValueError("grad_clip and weight_decay must be >= 0")
+
+
+class Trainer:
+    """Runs the optimization loop with evaluation, logging and checkpoints in ``out_dir``.
+
+    Args:
+        model: returns an object with ``.loss`` from ``model(inputs, targets)``.
+        config: a :class:`TrainConfig`.
+        source: training batch source, ``batch(i) -> (inputs, targets)`` deterministic in ``i``.
+        evaluate: ``evaluate(model) -> dict`` of metrics (e.g. ``{"val_loss": ...}``), called in eval
+            mode under ``torch.no_grad``.
+        out_dir: run directory (``log.jsonl`` and ``checkpoints/`` go there).
+        device: where to train.
+        tokens_per_batch: items (tokens, images) in one micro-batch, for the throughput figure.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        config: TrainConfig,
+        source: BatchSource,
+        *,
+        evaluate: Callable[[nn.Module], dict[str, float]] | None = None,
+        out_dir: str | Path,
+        device: torch.device | str = "cpu",
+        tokens_per_batch: int | None = None,
+    ):
+        self.c = config
+        self.device = torch.device(device)
+        self.model = model.to(self.device)
+        self.source = source
+        self.evaluate_fn = evaluate
+        self.out_dir = Path(out_dir)
+        self.ckpt_dir = self.out_dir / "checkpoints"
+        self.tokens_per_batch = tokens_per_batch
+        self.optimizer = configure_optimizer(
+            self.model, lr=config.lr, weight_decay=config.weight_decay, betas=(config.beta1, config.beta2),
+            device_type=self.device.type,
+        )
+        self.step = 0
+        self.elapsed = 0.0  # training seconds, carried across resumes
+        self.history: list[dict[str, Any]] = []
+        self._stop_signal: int | None = None
+        self._forward = torch.compile(self.model) if config.compile else self.model
+
+    # -- state ---------------------------------------------------------------------------------
+    def _state(self) -> dict[str, Any]:
+        return {"elapsed": self.elapsed, "data_position": self.step * self.c.grad_accum,
+                "train_config": dataclasses.asdict(self.c), "history": self.history[-50:]}
+
+    def save(self) -> Path:
+        interval_keep = max(1, self.c.keep_checkpoints)
+        return save_checkpoint(self.ckpt_dir, self.step, self.model, self.optimizer, self._state(),
+                               keep=interval_keep)
+
+    def resume(self) -> bool:
+        """Load the latest checkpoint in ``out_dir``; False when there is none."""
+        path = latest_checkpoint(self.ckpt_dir)
+        if path is None:
+            return False
+        meta = load_checkpoint(path, self.model, self.optimizer)
+        self.step, self.elapsed = meta["step"], meta["elapsed"]
+        self.history = meta.get("history", [])
+        log.info("resumed from %s (step %d)", path, self.step)
+        return True
+
+    # -- loop ----------------------------------------------------------------------------------
+    def _lr(self) -> float:
+        c = self.c
+        min_lr = c.lr / 10 if c.min_lr is None else c.min_lr
+        p = (self.step - c.warmup_iters) / max(1, c.max_iters - c.warmup_iters)
+        if c.time_budget is not None:
+            p = max(p, self.elapsed / c.time_budget)
+        return cosine_lr(self.step, p, lr=c.lr, min_lr=min_lr, warmup_iters=c.warmup_iters)
+
+    def _autocast(self):
+        if self.c.precision == "bf16":
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def _to_device(self, x):
+        if torch.is_tensor(x):
+            return x.to(self.device, non_blocking=True)
+        if isinstance(x, (tuple, list)):
+            return type(x)(self._to_device(t) for t in x)
+        if isinstance(x, dict):
+            return {k: self._to_device(v) for k, v in x.items()}
+        return x
+
+    def run_eval(self) -> dict[str, float]:
+        if self.evaluate_fn is None:
+            return {}
+        self.model.eval()
+        try:
+            with torch.no_grad(), self._autocast():
+                return {k: float(v) for k, v in self.evaluate_fn(self.model).items()}
+        finally:
+            self.model.train()
+
+    def _log(self, record: dict[str, Any]) -> None:
+        with open(self.out_dir / "log.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def _on_signal(self, signum, frame):  # noqa: ARG002
+        self._stop_signal = signum
+
+    def _done(self) -> bool:
+        if self.step >= self.c.max_iters:
+            return True
+        return self.c.time_budget is not None and self.elapsed >= self.c.time_budget
+
+    def fit(self) -> dict[str, Any]:
+        """Train until the iteration or time budget is spent; return the final metrics."""
+        c = self.c
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        ckpt_every = c.eval_interval if c.checkpoint_interval is None else c.checkpoint_interval
+        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)} \
+            if _main_thread() else {}
+        bar = _progress(c, self.step)
+        self.model.train()
+        tokens, t_window, last_loss = 0, time.perf_counter(), float("nan")
+        try:
+            while not self._done():
+                t0 = time.perf_counter()
+                lr = self._lr()
+                for g in self.optimizer.param_groups:
+                    g["lr"] = lr
+                loss_sum = 0.0
+                for micro in range(c.grad_accum):
+                    x, y = self._to_device(self.source.batch(self.step * c.grad_accum + micro))
+                    with self._autocast():
+                        loss = self._forward(x, y).loss / c.grad_accum
+                    loss.backward()
+                    loss_sum += loss.detach()
+                loss_val = float(loss_sum)
+                if not math.isfinite(loss_val):
+                    self.optimizer.zero_grad(set_to_none=True)
+                    raise TrainingStopped(
+                        f"loss became {loss_val} at step {self.step}; the last good checkpoint is kept in "
+                        f"{self.ckpt_dir} (try a lower lr)"
+                    )
+                if c.grad_clip > 0:
+                    torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.grad_clip)
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                self.step += 1
+                self.elapsed += time.perf_counter() - t0
+                last_loss = loss_val
+                tokens += (self.tokens_per_batch or 0) * c.grad_accum
+                if bar is not None:
+                    bar.update(1)
+                if c.log_interval and self.step % c.log_interval == 0:
+                    dt = time.perf_counter() - t_window
+                    rate = tokens / dt if dt > 0 else 0.0
+                    rec = {"step": self.step, "loss": loss_val, "lr": lr, "elapsed": round(self.elapsed, 3),
+                           "items_per_s": round(rate, 1)}
+                    self._log(rec)
+                    if bar is not None:
+                        bar.set_postfix(loss=f"{loss_val:.4f}", tok_s=f"{rate:,.0f}")
+                    tokens, t_window = 0, time.perf_counter()
+                at_eval = c.eval_interval and self.step % c.eval_interval == 0 and not self._done()
+                if at_eval:
+                    metrics = self.run_eval()
+                    rec = {"step": self.step, "elapsed": round(self.elapsed, 3), "train_loss": loss_val, **metrics}
+                    self.history.append(rec)
+                    self._log(rec)
+                    if bar is not None:
+                        bar.write(" ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
+                                           for k, v in rec.items()))
+                if ckpt_every and self.step % ckpt_every == 0 and not self._done():
+                    self.save()
+                if self._stop_signal is not None:
+                    self.save()
+                    raise KeyboardInterrupt
+        finally:
+            if bar is not None:
+                bar.close()
+            for s, h in old.items():
+                signal.signal(s, h)
+        metrics = self.run_eval()
+        final = {"step": self.step, "elapsed": round(self.elapsed, 3), "train_loss": last_loss, **metrics}
+        self.history.append(final)
+        self._log(final)
+        self.save()
+        return final
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def _progress(c: TrainConfig, initial: int):
+    if not c.progress:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=c.max_iters, initial=initial, unit="it", dynamic_ncols=True, leave=False)
