@@ -223,7 +223,7 @@ class _FlashAttention(torch.autograd.Function):
                 m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))  # (B, H, bq, 1)
                 # A row with no allowed key so far has m_new = -inf; subtracting 0 instead keeps
                 # exp(-inf - (-inf)) = NaN out: its p and alpha are then exp(-inf) = 0.
-                m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+                m_safe = torch.where(m_new == float("-inf"), torch.zeros_like(m_new), m_new)
                 p = torch.exp(s - m_safe)  # (B, H, bq, bk), unnormalized probabilities
                 alpha = torch.exp(m - m_safe)  # rescales what was summed under the old max
                 l = alpha * l + p.sum(dim=-1, keepdim=True)

@@ -80,7 +80,9 @@ def _check(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | 
         except RuntimeError:
             ok = False
         if not ok:
-            raise ValueError(f"bias of shape {tuple(bias.shape)} does not broadcast to (B, H, Nq, Nk) = {shape}")
+            raise ValueError(
+                f"bias of shape {tuple(bias.shape)} does not broadcast to (B, H, Nq, Nk) = {shape}"
+            )
 
 
 def _expand_kv(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
@@ -140,7 +142,8 @@ def attention(
         if mask is None and bias is None and backend == "sdpa" and Nq == Nk:
             k, v = _expand_kv(q, k, v)
             return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, scale=scale)
-        if Nq > 1 or mask is not None:  # one query over a cache sees every key: no mask needed
+        # One query over a cache sees every key: no mask needed; flash skips the future tiles itself.
+        if backend != "flash" and (Nq > 1 or mask is not None):
             cm = causal_mask(Nq, Nk, device=q.device)
             mask = cm if mask is None else mask & cm
     k, v = _expand_kv(q, k, v)
@@ -149,7 +152,7 @@ def attention(
     if backend == "flash":
         from .flash import flash_attention
 
-        return flash_attention(q, k, v, mask, bias=bias, scale=scale, dropout=dropout)
+        return flash_attention(q, k, v, mask, bias=bias, scale=scale, dropout=dropout, is_causal=is_causal)
     return _sdpa(q, k, v, mask, bias, scale, dropout)
 
 

@@ -7,7 +7,6 @@ concatenated and projected: ``MHA(X, C) = [head_1, …, head_H] W_o``.
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor, nn
 
 from .functional import BACKENDS, attention

@@ -118,6 +118,16 @@ class GPT(nn.Module):
             n -= self.pos_emb.weight.numel()
         return n
 
+    def example_input(self, batch_size: int = 2) -> Tensor:
+        """A valid input for tests and tracing: random token ids ``(B, block_size)``."""
+        g = torch.Generator().manual_seed(0)
+        return torch.randint(self.config.vocab_size, (batch_size, self.config.block_size), generator=g)
+
+    def example_targets(self, batch_size: int = 2) -> Tensor:
+        """Targets matching :meth:`example_input`: random next-token ids ``(B, block_size)``."""
+        g = torch.Generator().manual_seed(1)
+        return torch.randint(self.config.vocab_size, (batch_size, self.config.block_size), generator=g)
+
     def make_caches(self, max_len: int | None = None) -> list[KVCache]:
         """Empty KV caches, one per layer, for decoding up to ``max_len`` (default block_size) tokens."""
         return self.decoder.make_caches(max_len or self.config.block_size)

@@ -200,10 +200,16 @@ def train(
     settings.update(sets or {})
     model_over, tcfg, opts = recipe.split(settings)
     dev = resolve_device(device)
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
-    job = recipe.build(settings=settings, model_overrides=model_over, train=tcfg, options=opts, data=data,
-                       device=dev, out_dir=out)
+    try:
+        job = recipe.build(settings=settings, model_overrides=model_over, train=tcfg, options=opts, data=data,
+                           device=dev, out_dir=out)
+    except BaseException:
+        if created:  # a run that never started leaves nothing behind
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     run = {"recipe": recipe.name, "model": recipe.model, "data": data, "settings": settings}
     (out / RUN_FILE).write_text(json.dumps(run, indent=2) + "\n")
     if job.tokenizer is not None:

@@ -2,7 +2,7 @@
 
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .optim import configure_optimizer, cosine_lr
-from .trainer import BatchSource, Trainer, TrainConfig, TrainingStopped, resolve_device
+from .trainer import BatchSource, TrainConfig, Trainer, TrainingStopped, resolve_device
 
 __all__ = [
     "Trainer",

@@ -167,8 +167,8 @@ def load_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.O
     except (OSError, SafetensorError, RuntimeError, json.JSONDecodeError) as e:
         raise ValueError(f"checkpoint {path} is unreadable: {str(e).splitlines()[0]}") from None
     if missing or unexpected:
-        bad = sorted(missing)[0] if missing else sorted(unexpected)[0]
-        raise ValueError(f"checkpoint {path} does not match the model: {'missing' if missing else 'unexpected'} {bad!r}")
+        what = f"missing {sorted(missing)[0]!r}" if missing else f"unexpected {sorted(unexpected)[0]!r}"
+        raise ValueError(f"checkpoint {path} does not match the model: {what}")
     if optimizer is not None:
         optimizer.load_state_dict(_optimizer_state_dict(tensors, meta["optimizer"]))
     if restore_rng_state:
