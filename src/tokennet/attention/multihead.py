@@ -120,7 +120,7 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = nn.Linear(context_dim, num_kv_heads * head_dim, bias=bias)
         self.v_proj = nn.Linear(context_dim, num_kv_heads * head_dim, bias=bias)
         self.out_proj = nn.Linear(num_heads * head_dim, dim, bias=bias)
-        self.out_drop = nn.Dropout(dropout)
+        self.out_drop = (nn.Dropout(dropout) if dropout > 0 else nn.Identity())
         self.store_weights = False
         self.weights: Tensor | None = None
 

@@ -87,7 +87,7 @@ class Block(nn.Module):
             )
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps, bias=bias)
         self.mlp = MLP(dim, mlp_ratio=mlp_ratio, activation=activation, dropout=dropout, bias=bias)
-        self.drop = nn.Dropout(dropout)
+        self.drop = (nn.Dropout(dropout) if dropout > 0 else nn.Identity())
 
     def _residual(self, x: Tensor, norm: nn.LayerNorm, f) -> Tensor:
         if self.pre:

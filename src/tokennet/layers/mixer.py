@@ -38,25 +38,38 @@ class TokenMixing(nn.Module):
         self.W = nn.Parameter(torch.zeros(num_tokens, num_tokens))  # zero logits: uniform mixing at init
         self.v_proj = nn.Linear(dim, dim, bias=bias)
         self.out_proj = nn.Linear(dim, dim, bias=bias)
-        self.out_drop = nn.Dropout(dropout)
+        self.out_drop = (nn.Dropout(dropout) if dropout > 0 else nn.Identity())
         self.store_weights = False
         self.weights: Tensor | None = None
 
-    def forward(self, x: Tensor, context=None, *, mask: Tensor | None = None, is_causal: bool = False, **_):
-        """``(B, N, D) → (B, N, D)``; ``context`` is not supported (a fixed W has no cross form)."""
+    def forward(self, x: Tensor, context=None, *, mask: Tensor | None = None, is_causal: bool = False,
+                cache=None, rope=None, bias=None):
+        """``(B, N, D) → (B, N, D)``; with a ``cache`` the N tokens follow the cached ones.
+
+        ``context`` (cross-mixing), ``rope`` and ``bias`` are refused: a fixed W has no cross form and
+        already encodes positions.
+        """
         from ..attention.functional import masked_softmax
         from ..attention.masks import causal
 
         if context is not None:
             raise ValueError("the token mixer has no cross-attention form; use mixer='attention'")
+        if rope is not None or bias is not None:
+            raise ValueError("the token mixer takes no rope or ALiBi: W itself is position-specific")
         B, N, _ = x.shape
-        if N > self.num_tokens:
-            raise ValueError(f"sequence of {N} tokens is longer than the token mixer's num_tokens={self.num_tokens}")
-        logits = self.W[:N, :N]
+        v = self.v_proj(x)  # (B, N, D)
+        offset = 0
+        if cache is not None:  # the cached "values" are the projected earlier tokens
+            offset = cache.length
+            v = cache.append(v[:, None], v[:, None])[0][:, 0]  # (B, offset + N, D)
+        n_k = offset + N
+        if n_k > self.num_tokens:
+            raise ValueError(f"sequence of {n_k} tokens is longer than the token mixer's num_tokens={self.num_tokens}")
+        logits = self.W[offset:n_k, :n_k]  # rows of the new tokens' positions
         if is_causal:
-            cm = causal(N, device=x.device)
+            cm = causal(N, n_k, device=x.device)
             mask = cm if mask is None else mask & cm
-        w = masked_softmax(logits.expand(B, 1, N, N), mask)[:, 0]  # (B, N, N)
+        w = masked_softmax(logits.expand(B, 1, N, n_k), mask)[:, 0]  # (B, N, n_k)
         if self.store_weights:
             self.weights = w.detach()[:, None]
-        return self.out_drop(self.out_proj(w @ self.v_proj(x)))
+        return self.out_drop(self.out_proj(w @ v))

@@ -40,7 +40,7 @@ class MLP(nn.Module):
         self.fc1 = nn.Linear(dim, hidden_dim, bias=bias)
         self.act = ACTIVATIONS[activation]()
         self.fc2 = nn.Linear(hidden_dim, dim, bias=bias)
-        self.drop = nn.Dropout(dropout)
+        self.drop = (nn.Dropout(dropout) if dropout > 0 else nn.Identity())
 
     def forward(self, x: Tensor) -> Tensor:
         """``(B, N, D) → (B, N, D)``."""

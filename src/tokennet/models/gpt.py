@@ -89,7 +89,7 @@ class GPT(nn.Module):
             self.pos_emb = SinusoidalPosition(c.dim, max_len=c.block_size)
         self.rope = RotaryEmbedding(c.dim // c.num_heads) if c.position == "rope" else None
         self.alibi = ALiBi(c.num_heads) if c.position == "alibi" else None
-        self.drop = nn.Dropout(c.dropout)
+        self.drop = (nn.Dropout(c.dropout) if c.dropout > 0 else nn.Identity())
         self.decoder = Decoder(
             c.dim, c.num_layers, c.num_heads, mlp_ratio=c.mlp_ratio, norm="pre", dropout=c.dropout,
             num_kv_heads=c.num_kv_heads, bias=c.bias, mixer=c.mixer, num_tokens=c.block_size, backend=c.backend,

@@ -1,5 +1,6 @@
 """Modality → tokens: the only modality-specific step before the generic transformer."""
 
+from tokennet.tokens.image import EMBED_MODES, PatchEmbed, grid_size, patch_padding, patchify
 from tokennet.tokens.text import (
     GPT2_PATTERN,
     GPT4_PATTERN,
@@ -15,6 +16,11 @@ from tokennet.tokens.text import (
 )
 
 __all__ = [
+    "PatchEmbed",
+    "patchify",
+    "grid_size",
+    "patch_padding",
+    "EMBED_MODES",
     "GPT2_PATTERN",
     "GPT4_PATTERN",
     "PATTERNS",

@@ -77,6 +77,7 @@ class TrainConfig:
         log_interval: steps between log lines.
         seed: the run's seed (data order, init, dropout).
         progress: show a progress bar.
+        target_val_loss: stop as soon as an evaluation reports ``val_loss`` at or below this value.
     """
 
     max_iters: int = 1000
@@ -98,6 +99,7 @@ class TrainConfig:
     log_interval: int = 10
     seed: int = 0
     progress: bool = True
+    target_val_loss: float | None = None
 
     def __post_init__(self):
         for k in ("max_iters", "batch_size", "grad_accum"):
@@ -157,6 +159,7 @@ class Trainer:
         self.elapsed = 0.0  # training seconds, carried across resumes
         self.history: list[dict[str, Any]] = []
         self._stop_signal: int | None = None
+        self._reached = False  # target_val_loss met
         self._forward = torch.compile(self.model) if config.compile else self.model
 
     # -- state ---------------------------------------------------------------------------------
@@ -221,7 +224,7 @@ class Trainer:
         self._stop_signal = signum
 
     def _done(self) -> bool:
-        if self.step >= self.c.max_iters:
+        if self.step >= self.c.max_iters or self._reached:
             return True
         return self.c.time_budget is not None and self.elapsed >= self.c.time_budget
 
@@ -235,6 +238,8 @@ class Trainer:
         bar = _progress(c, self.step)
         self.model.train()
         tokens, t_window, last_loss = 0, time.perf_counter(), float("nan")
+        t_fit = time.perf_counter()
+        self._reached = False
         try:
             while not self._done():
                 t0 = time.perf_counter()
@@ -277,7 +282,10 @@ class Trainer:
                 at_eval = c.eval_interval and self.step % c.eval_interval == 0 and not self._done()
                 if at_eval:
                     metrics = self.run_eval()
-                    rec = {"step": self.step, "elapsed": round(self.elapsed, 3), "train_loss": loss_val, **metrics}
+                    rec = {"step": self.step, "elapsed": round(self.elapsed, 3),
+                           "wall": round(time.perf_counter() - t_fit, 3), "train_loss": loss_val, **metrics}
+                    if c.target_val_loss is not None and metrics.get("val_loss", math.inf) <= c.target_val_loss:
+                        self._reached = True
                     self.history.append(rec)
                     self._log(rec)
                     if bar is not None:
@@ -294,7 +302,8 @@ class Trainer:
             for s, h in old.items():
                 signal.signal(s, h)
         metrics = self.run_eval()
-        final = {"step": self.step, "elapsed": round(self.elapsed, 3), "train_loss": last_loss, **metrics}
+        final = {"step": self.step, "elapsed": round(self.elapsed, 3), "wall": round(time.perf_counter() - t_fit, 3),
+                 "train_loss": last_loss, **metrics}
         self.history.append(final)
         self._log(final)
         self.save()

@@ -1,0 +1,212 @@
+"""Embedded captioning data: small images of one to three coloured shapes, and captions that describe them.
+
+Each image is ``IMAGE_SIZE × IMAGE_SIZE`` RGB on a white background, divided into a 3 × 3 grid of
+cells; each shape sits in its own cell, at a random offset inside it, with a random size in its size
+class. An object is a (size, colour, shape) triple — 2 sizes × 4 colours × 3 shapes = 24 kinds.
+
+The caption names the objects in reading order (cells row by row, left to right) and relates each
+to the next: ``"above"`` when the next object is in a lower row, ``"left of"`` when it is in the same
+row further right. So the caption is a function of the image::
+
+    a small red circle
+    a small red circle above a large blue square
+    a large green triangle left of a small red circle above a small yellow square
+
+Held-out combinations: a scene's *combination* is the set of its object kinds. A seeded hash assigns
+a fraction of all combinations (of 1, 2 and 3 kinds) to the test set; training scenes never use them.
+Every object kind still occurs in training, in other company: the test asks for new compositions,
+not new words.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+__all__ = [
+    "IMAGE_SIZE",
+    "GRID",
+    "SIZES",
+    "COLORS",
+    "SHAPES",
+    "Obj",
+    "Scene",
+    "caption",
+    "render",
+    "random_scene",
+    "is_held_out",
+    "sample_scenes",
+    "caption_corpus",
+    "ShapeCaptions",
+    "encode_captions",
+]
+
+IMAGE_SIZE = 48
+GRID = 3
+CELL = IMAGE_SIZE // GRID  # 16 pixels
+SIZES = {"small": (5, 7), "large": (11, 13)}  # side length range in pixels
+COLORS = {"red": (0.86, 0.12, 0.12), "green": (0.13, 0.63, 0.2), "blue": (0.15, 0.3, 0.9),
+          "yellow": (0.93, 0.78, 0.1)}
+SHAPES = ("circle", "square", "triangle")
+KINDS = tuple(itertools.product(SIZES, COLORS, SHAPES))  # the 24 (size, colour, shape) triples
+
+
+@dataclass(frozen=True)
+class Obj:
+    """One shape: its kind, its grid cell and its exact placement (centre and side in pixels)."""
+
+    size: str
+    color: str
+    shape: str
+    row: int
+    col: int
+    cx: float
+    cy: float
+    side: int
+
+    @property
+    def kind(self) -> tuple[str, str, str]:
+        return (self.size, self.color, self.shape)
+
+    @property
+    def words(self) -> str:
+        return f"a {self.size} {self.color} {self.shape}"
+
+
+@dataclass(frozen=True)
+class Scene:
+    """Objects in reading order (row, then column)."""
+
+    objects: tuple[Obj, ...]
+
+    @property
+    def combination(self) -> tuple[tuple[str, str, str], ...]:
+        """The set of object kinds, as a sorted tuple (what the held-out split is about)."""
+        return tuple(sorted(o.kind for o in self.objects))
+
+
+def caption(scene: Scene) -> str:
+    """The scene's caption: objects in reading order, each related to the next ("above" / "left of")."""
+    objs = scene.objects
+    parts = [objs[0].words]
+    for a, b in zip(objs, objs[1:]):
+        parts.append("above" if b.row > a.row else "left of")
+        parts.append(b.words)
+    return " ".join(parts)
+
+
+def render(scene: Scene, image_size: int = IMAGE_SIZE) -> np.ndarray:
+    """The scene as a float32 image ``(3, H, W)`` in [0, 1], white background."""
+    img = np.ones((3, image_size, image_size), dtype=np.float32)
+    ys, xs = np.mgrid[0:image_size, 0:image_size].astype(np.float32) + 0.5  # pixel centres
+    for o in scene.objects:
+        r = o.side / 2
+        dx, dy = xs - o.cx, ys - o.cy
+        if o.shape == "circle":
+            inside = dx * dx + dy * dy <= r * r
+        elif o.shape == "square":
+            inside = (np.abs(dx) <= r * 0.85) & (np.abs(dy) <= r * 0.85)  # same area feel as the circle
+        else:  # triangle pointing up: apex at the top, base at the bottom
+            t = (dy + r) / (2 * r)  # 0 at the apex, 1 at the base
+            inside = (t >= 0) & (t <= 1) & (np.abs(dx) <= t * r)
+        img[:, inside] = np.asarray(COLORS[o.color], dtype=np.float32)[:, None]
+    return img
+
+
+def random_scene(rng: random.Random, num_objects: int | None = None) -> Scene:
+    """A random scene of 1–3 objects (``num_objects`` to fix it) in distinct cells."""
+    n = rng.randint(1, 3) if num_objects is None else num_objects
+    if not 1 <= n <= GRID * GRID:
+        raise ValueError(f"num_objects must be in [1, {GRID * GRID}], got {n}")
+    cells = sorted(rng.sample(range(GRID * GRID), n))  # reading order
+    objs = []
+    for cell in cells:
+        size, color, shape = KINDS[rng.randrange(len(KINDS))]
+        lo, hi = SIZES[size]
+        side = rng.randint(lo, hi)
+        slack = (CELL - side) / 2 - 0.5  # keep the shape inside its cell, a pixel from the border
+        row, col = divmod(cell, GRID)
+        cx = col * CELL + CELL / 2 + rng.uniform(-slack, slack)
+        cy = row * CELL + CELL / 2 + rng.uniform(-slack, slack)
+        objs.append(Obj(size, color, shape, row, col, cx, cy, side))
+    return Scene(tuple(objs))
+
+
+def is_held_out(scene: Scene, seed: int = 0, fraction: float = 0.2) -> bool:
+    """Whether the scene's combination of object kinds belongs to the test set (a seeded hash)."""
+    key = f"{seed}|" + ";".join(",".join(k) for k in scene.combination)
+    return (zlib.crc32(key.encode()) % 10_000) < fraction * 10_000
+
+
+def sample_scenes(n: int, seed: int | str, *, held_out: bool, split_seed: int = 0, fraction: float = 0.2,
+                  num_objects: int | None = None) -> list[Scene]:
+    """``n`` scenes from the training combinations (``held_out=False``) or the test ones (``True``).
+
+    A pure function of its arguments. Scenes are drawn and kept when their combination is on the
+    requested side of the split (rejection sampling).
+    """
+    if not 0 < fraction < 1:
+        raise ValueError(f"fraction must be in (0, 1), got {fraction}")
+    rng = random.Random(seed)
+    out: list[Scene] = []
+    while len(out) < n:
+        s = random_scene(rng, num_objects)
+        if is_held_out(s, split_seed, fraction) == held_out:
+            out.append(s)
+    return out
+
+
+def caption_corpus() -> list[str]:
+    """Text that covers every caption word in every position, for training the tokenizer."""
+    lines = []
+    for (s1, c1, h1), (s2, c2, h2) in itertools.product(KINDS, KINDS):
+        for rel in ("above", "left of"):
+            lines.append(f"a {s1} {c1} {h1} {rel} a {s2} {c2} {h2}")
+    return lines
+
+
+def encode_captions(captions: Sequence[str], tokenizer, pad_id: int = 0) -> tuple[Tensor, Tensor]:
+    """``(tgt_in, tgt_out)`` ``(B, T)``: ``[<bos>, y]`` and ``[y, <eos>]``, ``tgt_out`` = -100 at padding."""
+    ids = [tokenizer.encode(c) for c in captions]
+    T = max(len(i) for i in ids) + 1
+    tgt_in = torch.full((len(ids), T), pad_id, dtype=torch.long)
+    tgt_out = torch.full((len(ids), T), -100, dtype=torch.long)
+    for b, i in enumerate(ids):
+        tgt_in[b, : len(i) + 1] = torch.tensor([tokenizer.bos_id, *i])
+        tgt_out[b, : len(i) + 1] = torch.tensor([*i, tokenizer.eos_id])
+    return tgt_in, tgt_out
+
+
+def images_of(scenes: Sequence[Scene], image_size: int = IMAGE_SIZE) -> Tensor:
+    """Render scenes into a batch ``(B, 3, H, W)``."""
+    return torch.from_numpy(np.stack([render(s, image_size) for s in scenes]))
+
+
+class ShapeCaptions:
+    """Batch source: ``batch(i) → ((images (B, 3, H, W), tgt_in (B, T)), tgt_out (B, T))``.
+
+    Batch ``i`` is drawn from the training combinations with the seed ``(seed, i)`` only.
+
+    Args:
+        tokenizer: a tokenizer that covers the caption words.
+        batch_size: images per batch.
+        seed: the data seed.
+        split_seed, fraction: the held-out split (see :func:`is_held_out`).
+    """
+
+    def __init__(self, tokenizer, batch_size: int, seed: int = 0, *, split_seed: int = 0, fraction: float = 0.2):
+        self.tokenizer, self.batch_size, self.seed = tokenizer, batch_size, seed
+        self.split_seed, self.fraction = split_seed, fraction
+
+    def batch(self, index: int):
+        scenes = sample_scenes(self.batch_size, f"train-{self.seed}-{index}", held_out=False,
+                               split_seed=self.split_seed, fraction=self.fraction)
+        tgt_in, tgt_out = encode_captions([caption(s) for s in scenes], self.tokenizer, self.tokenizer.pad_id)
+        return (images_of(scenes), tgt_in), tgt_out

@@ -1,0 +1,200 @@
+"""The historical baseline: an RNN encoder–decoder with additive attention (Bahdanau et al. 2015).
+
+https://arxiv.org/abs/1409.0473. The encoder is a bidirectional GRU over the source; its states
+``h_j = [h→_j; h←_j]`` are the keys and values. At each target step the decoder's previous state
+``s_{t−1}`` is the query:
+
+    e_tj = w_vᵀ tanh(W_q s_{t−1} + W_k h_j)        (additive score, masked at source padding)
+    α_t  = softmax_j(e_tj),  c_t = Σ_j α_tj h_j    (the context vector)
+    s_t  = GRU([E y_{t−1}; c_t], s_{t−1})
+    p(y_t | y_{<t}, x) = softmax(W_o tanh(W_h [s_t; c_t; E y_{t−1}]))
+
+The decoder starts from ``s_0 = tanh(W_s h←_1)`` (the backward encoder's summary of the sentence), as in
+the paper. Same data interface as :class:`~tokennet.models.seq2seq.Seq2Seq` — ``forward((src, tgt_in),
+tgt_out)`` — and the same decoding protocol, so the two share the recipe, greedy and beam search.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from ..attention.functional import masked_softmax
+from ..attention.masks import padding
+from ..attention.scores import AdditiveScore
+from .registry import ModelConfig, Output, register_family, register_preset
+from .seq2seq import _pair, check_token_ids, seq_loss
+
+__all__ = ["BahdanauConfig", "Bahdanau", "RNNState"]
+
+
+@dataclass
+class BahdanauConfig(ModelConfig):
+    """Config of :class:`Bahdanau`.
+
+    Args:
+        vocab_size: number of token ids (shared by source and target).
+        max_source_len: longest source in tokens.
+        max_target_len: longest target in tokens, ``<bos>`` included.
+        dim: embedding width and GRU state width (each encoder direction has ``dim // 2``, so the
+            encoder states ``[h→; h←]`` are ``dim`` wide).
+        num_layers: GRU layers of the encoder and of the decoder.
+        attention_dim: hidden width of the additive score (None = dim).
+        dropout: dropout on embeddings, between GRU layers and before the output layer.
+        label_smoothing: ε of the smoothed cross-entropy.
+        pad_id, bos_id, eos_id: special token ids.
+    """
+
+    vocab_size: int = 64
+    max_source_len: int = 64
+    max_target_len: int = 32
+    dim: int = 128
+    num_layers: int = 1
+    attention_dim: int | None = None
+    dropout: float = 0.0
+    label_smoothing: float = 0.0
+    pad_id: int = 0
+    bos_id: int = 1
+    eos_id: int = 2
+
+    def __post_init__(self):
+        self.family = "bahdanau"
+        self._positive(vocab_size=self.vocab_size, max_source_len=self.max_source_len,
+                       max_target_len=self.max_target_len, dim=self.dim, num_layers=self.num_layers)
+        if self.attention_dim is not None:
+            self._positive(attention_dim=self.attention_dim)
+        if self.dim % 2:
+            raise ValueError(f"dim={self.dim} must be even (each encoder direction gets dim // 2)")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if not 0 <= self.label_smoothing < 1:
+            raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        for k in ("pad_id", "bos_id", "eos_id"):
+            if not 0 <= getattr(self, k) < self.vocab_size:
+                raise ValueError(f"{k}={getattr(self, k)} must be a token id in [0, vocab_size={self.vocab_size})")
+
+
+@dataclass
+class RNNState:
+    """Decoding state: encoder states, their mask, the decoder's GRU state (the RNN's "cache").
+
+    ``hidden`` advances with each cached step; uncached steps rerun the GRU from ``hidden0``.
+    """
+
+    memory: Tensor  # (B, S, D)
+    mask: Tensor  # (B, 1, S)
+    hidden0: Tensor  # (L, B, D)
+    hidden: Tensor  # (L, B, D)
+    use_cache: bool = True
+
+    @property
+    def batch_size(self) -> int:
+        return self.memory.shape[0]
+
+    def reorder(self, index: Tensor) -> None:
+        self.memory = self.memory.index_select(0, index)
+        self.mask = self.mask.index_select(0, index)
+        self.hidden0 = self.hidden0.index_select(1, index)
+        self.hidden = self.hidden.index_select(1, index)
+
+
+class Bahdanau(nn.Module):
+    """GRU encoder–decoder with additive attention: ``forward((src, tgt_in), tgt_out=None) → Output``."""
+
+    def __init__(self, config: BahdanauConfig):
+        super().__init__()
+        self.config = c = config
+        D, L = c.dim, c.num_layers
+        rnn_drop = c.dropout if L > 1 else 0.0
+        self.tok_emb = nn.Embedding(c.vocab_size, D, padding_idx=c.pad_id)
+        self.drop = nn.Dropout(c.dropout)
+        self.encoder = nn.GRU(D, D // 2, num_layers=L, batch_first=True, bidirectional=True, dropout=rnn_drop)
+        self.init_proj = nn.Linear(D // 2, D)  # W_s: backward summary → s_0
+        self.score = AdditiveScore(D, D, c.attention_dim or D)
+        self.decoder = nn.GRU(2 * D, D, num_layers=L, batch_first=True, dropout=rnn_drop)
+        self.out_proj = nn.Linear(3 * D, D)  # W_h over [s_t; c_t; E y_{t-1}]
+        self.lm_head = nn.Linear(D, c.vocab_size)
+        self.store_weights = False
+        self.weights: Tensor | None = None  # (B, T, S) alignments of the last call, when store_weights
+
+    # -- encoder -------------------------------------------------------------------------------
+    def encode(self, src: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Source ids ``(B, S)`` → ``(states (B, S, D), mask (B, 1, S), s_0 (L, B, D))``."""
+        c = self.config
+        check_token_ids(src, c.vocab_size, c.max_source_len, "source")
+        B, S = src.shape
+        mask = padding(src.eq(c.pad_id))[:, 0]  # (B, 1, S)
+        # pack_padded_sequence needs lengths >= 1: an empty source is read as one <pad>, whose state
+        # the mask then hides (its context vector is zero).
+        lengths = mask[:, 0].sum(-1).clamp(min=1).cpu()
+        packed = pack_padded_sequence(self.drop(self.tok_emb(src)), lengths, batch_first=True, enforce_sorted=False)
+        out, h_n = self.encoder(packed)
+        memory, _ = pad_packed_sequence(out, batch_first=True, total_length=S)  # (B, S, D)
+        backward = h_n.view(c.num_layers, 2, B, c.dim // 2)[:, 1]  # (L, B, D/2): h←_1 of every layer
+        return memory, mask, torch.tanh(self.init_proj(backward))
+
+    # -- decoder -------------------------------------------------------------------------------
+    def _steps(self, tgt: Tensor, memory: Tensor, mask: Tensor, hidden: Tensor) -> tuple[Tensor, Tensor]:
+        """Run the decoder over ``tgt`` ``(B, T)`` from ``hidden``; return ``(logits (B, T, V), hidden)``."""
+        emb = self.drop(self.tok_emb(tgt))  # (B, T, D)
+        outs, alphas = [], []
+        for t in range(tgt.shape[1]):
+            query = hidden[-1][:, None]  # (B, 1, D): s_{t-1} of the top layer
+            alpha = masked_softmax(self.score(query, memory), mask)  # (B, 1, S)
+            ctx = alpha @ memory  # (B, 1, D)
+            e = emb[:, t : t + 1]  # (B, 1, D)
+            s, hidden = self.decoder(torch.cat([e, ctx], dim=-1), hidden)  # s: (B, 1, D)
+            outs.append(torch.cat([s, ctx, e], dim=-1))
+            alphas.append(alpha)
+        h = torch.tanh(self.out_proj(torch.cat(outs, dim=1)))  # (B, T, D)
+        if self.store_weights:
+            self.weights = torch.cat(alphas, dim=1).detach()  # (B, T, S)
+        return self.lm_head(self.drop(h)), hidden
+
+    def forward(self, inputs: tuple[Tensor, Tensor], targets: Tensor | None = None) -> Output:
+        src, tgt = _pair(inputs)
+        c = self.config
+        check_token_ids(tgt, c.vocab_size, c.max_target_len, "target")
+        memory, mask, h0 = self.encode(src)
+        logits, _ = self._steps(tgt, memory, mask, h0)  # (B, T, V)
+        return Output(logits, seq_loss(logits, targets, c.label_smoothing))
+
+    # -- decoding ------------------------------------------------------------------------------
+    def init_decode(self, src: Tensor, *, use_cache: bool = True) -> RNNState:
+        memory, mask, h0 = self.encode(src)
+        return RNNState(memory, mask, h0, h0, use_cache)
+
+    def decode_step(self, tokens: Tensor, state: RNNState) -> Tensor:
+        """Next-token logits ``(B, n, V)``: cached, ``tokens`` are new and the state advances; else the prefix."""
+        if state.use_cache:
+            logits, state.hidden = self._steps(tokens, state.memory, state.mask, state.hidden)
+            return logits
+        check_token_ids(tokens, self.config.vocab_size, self.config.max_target_len, "target")
+        return self._steps(tokens, state.memory, state.mask, state.hidden0)[0]
+
+    # -- examples for tests --------------------------------------------------------------------
+    def example_input(self, batch_size: int = 2) -> tuple[Tensor, Tensor]:
+        """``(src, tgt_in)`` of random ids; row 0 is full length, the others end in padding."""
+        c = self.config
+        g = torch.Generator().manual_seed(0)
+        S, T = min(12, c.max_source_len), min(8, c.max_target_len)
+        src = torch.randint(min(4, c.vocab_size - 1), c.vocab_size, (batch_size, S), generator=g)
+        for b in range(1, batch_size):
+            src[b, max(1, S - b) :] = c.pad_id
+        tgt = torch.randint(c.vocab_size, (batch_size, T), generator=g)
+        tgt[:, 0] = c.bos_id
+        return src, tgt
+
+    def example_targets(self, batch_size: int = 2) -> Tensor:
+        g = torch.Generator().manual_seed(1)
+        return torch.randint(self.config.vocab_size, (batch_size, min(8, self.config.max_target_len)), generator=g)
+
+
+register_family("bahdanau", BahdanauConfig, Bahdanau)
+register_preset("bahdanau-small", "bahdanau", "GRU encoder–decoder with additive attention, 1 layer × 128 "
+                "(the date-translation baseline)", dim=128, num_layers=1)
+register_preset("bahdanau-micro", "bahdanau", "GRU encoder–decoder with additive attention, 1 layer × 32 (tests)",
+                dim=32, num_layers=1, vocab_size=40, max_source_len=16, max_target_len=12)

@@ -1,0 +1,282 @@
+"""The encoder–decoder Transformer of "Attention Is All You Need" (Vaswani et al. 2017).
+
+https://arxiv.org/abs/1706.03762. Reads like the paper's Figure 1:
+
+- source ids → embedding · √D + sinusoidal positions → encoder: L blocks of self-attention over the
+  source, with the source padding mask (keys at padding are never attended to), and an MLP;
+- target ids (shifted right: ``<bos> y₁ … y_{T−1}``) → the same embedding · √D + positions → decoder:
+  blocks of masked (causal) self-attention, cross-attention whose queries are the target tokens and
+  whose keys and values are the encoder's outputs ``M``: ``A = softmax(Q_y K_Mᵀ / √E)``, and an MLP;
+- linear head tied to the embedding → ``p(y_t | y_{<t}, x)``.
+
+Post-norm (the paper's ``x = LN(x + Sublayer(x))``) is the default; ``norm="pre"`` switches both
+stacks to pre-norm with a final LayerNorm each.
+
+Decoding protocol (used by :mod:`tokennet.decode` for greedy and beam search, shared with the other
+conditional models): ``state = model.init_decode(inputs, use_cache=...)`` runs the encoder once;
+``model.decode_step(tokens, state)`` returns next-token logits. With the cache, ``tokens`` are only the
+new tokens: each decoder layer's self-attention keys/values grow in a :class:`KVCache`, and the
+cross-attention keys/values of the encoder output are computed at the first step and reused
+(static caches). Without it, ``tokens`` is the whole prefix and everything is recomputed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..attention.masks import padding
+from ..attention.multihead import KVCache
+from ..layers.block import NORMS
+from ..layers.mlp import ACTIVATIONS
+from ..layers.stack import Decoder, Encoder
+from ..position.sinusoidal import SinusoidalPosition
+from .registry import ModelConfig, Output, register_family, register_preset
+
+__all__ = ["Seq2SeqConfig", "Seq2Seq", "EncoderDecoderState", "check_token_ids"]
+
+
+def check_token_ids(ids: Tensor, vocab_size: int, max_len: int, what: str) -> None:
+    """Raise ``ValueError`` unless ``ids`` is a ``(B, N)`` integer tensor with ``1 <= N <= max_len`` in range."""
+    if not torch.is_tensor(ids) or ids.dim() != 2 or ids.dtype.is_floating_point or ids.dtype == torch.bool:
+        shape = tuple(ids.shape) if torch.is_tensor(ids) else type(ids).__name__
+        raise ValueError(f"{what} must be a (B, N) integer tensor of token ids, got {shape}")
+    if ids.shape[1] < 1:
+        raise ValueError(f"{what} is empty (N=0); give at least one token")
+    if ids.shape[1] > max_len:
+        raise ValueError(f"{what} has {ids.shape[1]} tokens, more than the model's maximum of {max_len}")
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+        raise ValueError(f"{what} has ids outside the vocabulary [0, {vocab_size})")
+
+
+@dataclass
+class Seq2SeqConfig(ModelConfig):
+    """Config of :class:`Seq2Seq`.
+
+    Args:
+        vocab_size: number of token ids, shared by source and target (one tokenizer, one embedding).
+        max_source_len: longest source in tokens.
+        max_target_len: longest target in tokens, ``<bos>`` included.
+        dim, num_heads: width D and heads H.
+        num_layers: encoder blocks.
+        num_decoder_layers: decoder blocks (None = num_layers).
+        mlp_ratio: MLP width as a multiple of D (the paper: 4).
+        dropout: dropout on embeddings, attention weights and residual branches (the paper: 0.1).
+        norm: ``"post"`` (the paper) or ``"pre"``.
+        activation: MLP nonlinearity (the paper: ``"relu"``).
+        tie_weights: share the embedding with the output layer (the paper does).
+        label_smoothing: ε of the smoothed cross-entropy (the paper: 0.1).
+        bias: biases in linear layers and norms.
+        backend: attention backend.
+        pad_id, bos_id, eos_id: special token ids (tokennet's tokenizers use 0, 1, 2).
+    """
+
+    vocab_size: int = 64
+    max_source_len: int = 64
+    max_target_len: int = 32
+    dim: int = 128
+    num_layers: int = 2
+    num_decoder_layers: int | None = None
+    num_heads: int = 4
+    mlp_ratio: float = 4.0
+    dropout: float = 0.1
+    norm: str = "post"
+    activation: str = "relu"
+    tie_weights: bool = True
+    label_smoothing: float = 0.0
+    bias: bool = True
+    backend: str = "auto"
+    pad_id: int = 0
+    bos_id: int = 1
+    eos_id: int = 2
+
+    def __post_init__(self):
+        self.family = "seq2seq"
+        self._positive(vocab_size=self.vocab_size, max_source_len=self.max_source_len,
+                       max_target_len=self.max_target_len, dim=self.dim, num_layers=self.num_layers,
+                       num_heads=self.num_heads)
+        if self.num_decoder_layers is not None:
+            self._positive(num_decoder_layers=self.num_decoder_layers)
+        self._choice("norm", self.norm, NORMS)
+        self._choice("activation", self.activation, ACTIVATIONS)
+        if self.dim % self.num_heads:
+            raise ValueError(f"num_heads={self.num_heads} must divide dim={self.dim}")
+        if self.dim % 2:
+            raise ValueError(f"dim={self.dim} must be even for sinusoidal positions")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if not 0 <= self.label_smoothing < 1:
+            raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        for k in ("pad_id", "bos_id", "eos_id"):
+            if not 0 <= getattr(self, k) < self.vocab_size:
+                raise ValueError(f"{k}={getattr(self, k)} must be a token id in [0, vocab_size={self.vocab_size})")
+
+
+@dataclass
+class EncoderDecoderState:
+    """What an encoder–decoder carries between decoding steps: the encoder output and the caches.
+
+    Args:
+        memory: encoder output ``(B, M, D)``.
+        mask: cross-attention mask ``(B, 1, 1, M)`` (None = attend everywhere).
+        caches: decoder self-attention caches (None = uncached decoding).
+        cross_caches: static caches of the cross-attention keys/values (None = uncached).
+    """
+
+    memory: Tensor
+    mask: Tensor | None
+    caches: list[KVCache] | None
+    cross_caches: list[KVCache] | None
+
+    @property
+    def use_cache(self) -> bool:
+        return self.caches is not None
+
+    @property
+    def batch_size(self) -> int:
+        return self.memory.shape[0]
+
+    def reorder(self, index: Tensor) -> None:
+        """Select (or repeat) batch rows, e.g. to expand to beams or keep the surviving hypotheses."""
+        self.memory = self.memory.index_select(0, index)
+        if self.mask is not None:
+            self.mask = self.mask.index_select(0, index)
+        for c in (self.caches or []) + (self.cross_caches or []):
+            c.reorder(index)
+
+
+class Seq2Seq(nn.Module):
+    """Encoder–decoder Transformer: ``forward((src, tgt_in), tgt_out=None) → Output(logits, loss)``.
+
+    ``src`` ``(B, S)`` is right-padded with ``pad_id``; ``tgt_in`` ``(B, T)`` is the target shifted
+    right (``<bos>`` first); ``tgt_out`` ``(B, T)`` are the next tokens, -100 where ignored.
+    """
+
+    def __init__(self, config: Seq2SeqConfig):
+        super().__init__()
+        self.config = c = config
+        block_kw = dict(mlp_ratio=c.mlp_ratio, norm=c.norm, dropout=c.dropout, activation=c.activation,
+                        bias=c.bias, backend=c.backend)
+        self.tok_emb = nn.Embedding(c.vocab_size, c.dim)
+        self.pos = SinusoidalPosition(c.dim, max_len=max(c.max_source_len, c.max_target_len))
+        self.drop = nn.Dropout(c.dropout)
+        self.encoder = Encoder(c.dim, c.num_layers, c.num_heads, **block_kw)
+        self.decoder = Decoder(c.dim, c.num_decoder_layers or c.num_layers, c.num_heads, cross_attention=True,
+                               **block_kw)
+        self.lm_head = nn.Linear(c.dim, c.vocab_size, bias=False)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.xavier_uniform_(m.weight)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+        # Embeddings are multiplied by √D below, so N(0, 1/D) gives unit-variance tokens, on the scale
+        # of the sinusoidal positions; tied, the same matrix is a well-scaled output layer.
+        nn.init.normal_(self.tok_emb.weight, 0.0, c.dim**-0.5)
+        if c.tie_weights:
+            self.lm_head.weight = self.tok_emb.weight
+
+    # -- pieces --------------------------------------------------------------------------------
+    def embed(self, ids: Tensor, offset: int = 0) -> Tensor:
+        """Token ids ``(B, N)`` → ``E[ids] · √D + PE[offset : offset + N]`` ``(B, N, D)``."""
+        x = self.tok_emb(ids) * math.sqrt(self.config.dim)  # (B, N, D)
+        return self.drop(self.pos(x, offset))
+
+    def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
+        """Source ids ``(B, S)`` → ``(memory (B, S, D), mask (B, 1, 1, S))``; padding is masked out."""
+        c = self.config
+        check_token_ids(src, c.vocab_size, c.max_source_len, "source")
+        mask = padding(src.eq(c.pad_id))  # (B, 1, 1, S): True at real tokens
+        return self.encoder(self.embed(src), mask=mask), mask
+
+    def decode(self, tgt: Tensor, memory: Tensor, mask: Tensor | None, *, caches=None, cross_caches=None) -> Tensor:
+        """Target ids ``(B, T)`` → decoder states ``(B, T, D)``; with caches the ids follow the cached ones."""
+        c = self.config
+        offset = caches[0].length if caches else 0
+        check_token_ids(tgt, c.vocab_size, c.max_target_len - offset, "target")
+        return self.decoder(self.embed(tgt, offset), memory, is_causal=True, context_mask=mask,
+                            caches=caches, cross_caches=cross_caches)
+
+    # -- the model contract --------------------------------------------------------------------
+    def forward_features(self, inputs: tuple[Tensor, Tensor]) -> Tensor:
+        """``(src (B, S), tgt_in (B, T))`` → decoder states ``(B, T, D)``."""
+        src, tgt = _pair(inputs)
+        memory, mask = self.encode(src)
+        return self.decode(tgt, memory, mask)
+
+    def forward_head(self, h: Tensor) -> Tensor:
+        """Decoder states ``(B, T, D)`` → next-token logits ``(B, T, V)``."""
+        return self.lm_head(h)
+
+    def forward(self, inputs: tuple[Tensor, Tensor], targets: Tensor | None = None) -> Output:
+        logits = self.forward_head(self.forward_features(inputs))  # (B, T, V)
+        return Output(logits, seq_loss(logits, targets, self.config.label_smoothing))
+
+    # -- decoding ------------------------------------------------------------------------------
+    def init_decode(self, src: Tensor, *, use_cache: bool = True) -> EncoderDecoderState:
+        """Run the encoder once; return the state :meth:`decode_step` continues from."""
+        memory, mask = self.encode(src)
+        caches = self.decoder.make_caches(self.config.max_target_len) if use_cache else None
+        cross = self.decoder.make_cross_caches() if use_cache else None
+        return EncoderDecoderState(memory, mask, caches, cross)
+
+    def decode_step(self, tokens: Tensor, state: EncoderDecoderState) -> Tensor:
+        """Next-token logits ``(B, n, V)`` for ``tokens`` ``(B, n)`` (new tokens if cached, else the prefix)."""
+        h = self.decode(tokens, state.memory, state.mask, caches=state.caches, cross_caches=state.cross_caches)
+        return self.forward_head(h)
+
+    def attention_layers(self) -> list[nn.Module]:
+        """The decoder's cross-attention modules, one per depth (for alignment pictures)."""
+        return [blk.cross_attn for blk in self.decoder.layers()]
+
+    # -- examples for tests --------------------------------------------------------------------
+    def example_input(self, batch_size: int = 2) -> tuple[Tensor, Tensor]:
+        """``(src, tgt_in)`` of random ids; row 0 is full length, the others end in padding."""
+        c = self.config
+        g = torch.Generator().manual_seed(0)
+        lo = min(4, c.vocab_size)  # real tokens avoid the specials 0..3 where the vocabulary allows
+        S, T = min(12, c.max_source_len), min(8, c.max_target_len)
+        src = torch.randint(lo, c.vocab_size, (batch_size, S), generator=g) if lo < c.vocab_size \
+            else torch.full((batch_size, S), c.vocab_size - 1)
+        for b in range(1, batch_size):
+            src[b, max(1, S - b) :] = c.pad_id
+        tgt = torch.randint(c.vocab_size, (batch_size, T), generator=g)
+        tgt[:, 0] = c.bos_id
+        return src, tgt
+
+    def example_targets(self, batch_size: int = 2) -> Tensor:
+        """Next-token targets ``(B, T)`` matching :meth:`example_input`."""
+        g = torch.Generator().manual_seed(1)
+        return torch.randint(self.config.vocab_size, (batch_size, min(8, self.config.max_target_len)), generator=g)
+
+
+def _pair(inputs) -> tuple[Tensor, Tensor]:
+    if isinstance(inputs, dict):
+        inputs = (inputs.get("src"), inputs.get("tgt"))
+    if not isinstance(inputs, (tuple, list)) or len(inputs) != 2:
+        raise ValueError("inputs must be a pair (src (B, S), tgt_in (B, T)) of token ids")
+    src, tgt = inputs
+    if torch.is_tensor(src) and torch.is_tensor(tgt) and src.shape[0] != tgt.shape[0]:
+        raise ValueError(f"source and target batch sizes differ: {src.shape[0]} vs {tgt.shape[0]}")
+    return src, tgt
+
+
+def seq_loss(logits: Tensor, targets: Tensor | None, label_smoothing: float = 0.0) -> Tensor | None:
+    """Mean token cross-entropy of ``logits`` ``(B, T, V)`` against ``targets`` ``(B, T)`` (-100 ignored)."""
+    if targets is None:
+        return None
+    if targets.shape != logits.shape[:2]:
+        raise ValueError(f"targets of shape {tuple(targets.shape)} do not match logits {tuple(logits.shape[:2])}")
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100,
+                           label_smoothing=label_smoothing)
+
+
+register_family("seq2seq", Seq2SeqConfig, Seq2Seq)
+register_preset("seq2seq-small", "seq2seq",
+                "Encoder–decoder Transformer, 2+2 layers × 128 wide, 4 heads (date translation)",
+                dim=128, num_layers=2, num_heads=4)
+register_preset("seq2seq-micro", "seq2seq", "Encoder–decoder Transformer, 1+1 layers × 32 wide (tests)",
+                dim=32, num_layers=1, num_heads=2, vocab_size=40, max_source_len=16, max_target_len=12)

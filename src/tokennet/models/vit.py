@@ -1,0 +1,312 @@
+"""ViT: the vision transformer, an encoder over image patches (Dosovitskiy et al. 2021).
+
+Reads top to bottom like the paper (https://arxiv.org/abs/2010.11929, eq. 1–4):
+
+    z₀ = [x_cls; x_p¹E; …; x_pᴺE] + E_pos        patch tokens, a <cls> token, positions
+    z_ℓ = z_ℓ + MSA(LN(z_ℓ)),  z_ℓ = z_ℓ + MLP(LN(z_ℓ))   L pre-norm blocks (GELU MLP)
+    y = Linear(LN(z_L⁰))                           the head: LayerNorm + linear on the <cls> token
+
+With ``pool="mean"`` there is no <cls> token and the head reads the mean of the patch tokens
+(as in timm's ``global_pool="avg"``, whose LayerNorm also comes after pooling). The same model
+classifies 1-D signals: ``image_size=[L]`` cuts a ``(B, C, L)`` signal into ``(1, p)`` patches.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..layers.stack import Encoder
+from ..position.fourier import Fourier2DPosition
+from ..position.learned import LearnedPosition2D
+from ..tokens.image import EMBED_MODES, PatchEmbed, grid_size, to_pair
+from .registry import ModelConfig, Output, register_family, register_preset
+
+__all__ = ["ViTConfig", "ViT", "POOLS", "POSITIONS"]
+
+POOLS = ("cls", "mean")
+POSITIONS = ("learned", "fourier", "none")
+
+
+@dataclass
+class ViTConfig(ModelConfig):
+    """Config of :class:`ViT`.
+
+    Args:
+        image_size: the training image size: an int (square), ``[H, W]``, or ``[L]`` for 1-D signals.
+            Learned and Fourier positions let other sizes through at inference (interpolated).
+        patch_size: ``p`` (square patches; ``(1, p)`` for 1-D) or ``[ph, pw]``.
+        patch_stride: step between patches; None = patch_size (non-overlapping), smaller = overlapping.
+        in_channels: image channels C (1 grey, 3 RGB).
+        num_classes: classes of the head.
+        dim, num_layers, num_heads: width D, depth L, heads H.
+        mlp_ratio: MLP width as a multiple of D.
+        dropout: dropout on tokens, attention weights, residual branches and MLP.
+        pool: ``"cls"`` (a learned <cls> token) or ``"mean"`` (mean of the patch tokens).
+        position: ``"learned"`` (interpolated for other sizes), ``"fourier"`` (2-D sin-cos) or ``"none"``.
+        patch_embed: ``"conv"`` or ``"linear"`` (the same weights, see :class:`PatchEmbed`).
+        pad: zero-pad images whose size the patches do not tile (else an error).
+        label_smoothing: the loss's label smoothing ε (Szegedy et al. 2016).
+        bias: biases in linear layers and LayerNorms.
+        backend: attention backend (``"auto"``, ``"sdpa"``, ``"math"``, ``"flash"``).
+    """
+
+    image_size: int | list[int] = 224
+    patch_size: int | list[int] = 16
+    patch_stride: int | list[int] | None = None
+    in_channels: int = 3
+    num_classes: int = 1000
+    dim: int = 192
+    num_layers: int = 12
+    num_heads: int = 3
+    mlp_ratio: float = 4.0
+    dropout: float = 0.0
+    pool: str = "cls"
+    position: str = "learned"
+    patch_embed: str = "conv"
+    pad: bool = False
+    label_smoothing: float = 0.0
+    bias: bool = True
+    backend: str = "auto"
+
+    def __post_init__(self):
+        self.family = "vit"
+        # JSON turns tuples into lists; keep one form so a saved config equals the one it came from.
+        for k in ("image_size", "patch_size", "patch_stride"):
+            if isinstance(getattr(self, k), tuple):
+                setattr(self, k, list(getattr(self, k)))
+        self._positive(in_channels=self.in_channels, num_classes=self.num_classes, dim=self.dim,
+                       num_layers=self.num_layers, num_heads=self.num_heads)
+        self._choice("pool", self.pool, POOLS)
+        self._choice("position", self.position, POSITIONS)
+        self._choice("patch_embed", self.patch_embed, EMBED_MODES)
+        if self.dim % self.num_heads:
+            raise ValueError(f"num_heads={self.num_heads} must divide dim={self.dim}")
+        if self.position == "fourier" and self.dim % 4:
+            raise ValueError(f"position='fourier' needs dim divisible by 4, got dim={self.dim}")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if not 0 <= self.label_smoothing < 1:
+            raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        if self.mlp_ratio <= 0:
+            raise ValueError(f"mlp_ratio must be positive, got {self.mlp_ratio}")
+        one_d = self.is_1d
+        for k in ("patch_size", "patch_stride"):
+            v = getattr(self, k)
+            if one_d and isinstance(v, list) and len(v) != 1:
+                raise ValueError(f"{k} of a 1-D model (image_size=[L]) must be an int or [p], got {v}")
+        grid_size(self.image_hw, self.patch_hw, self.stride_hw, pad=self.pad)  # raises if they do not fit
+
+    @property
+    def is_1d(self) -> bool:
+        """True for 1-D signals (``image_size=[L]``)."""
+        return isinstance(self.image_size, list) and len(self.image_size) == 1
+
+    @property
+    def image_hw(self) -> tuple[int, int]:
+        """``(H, W)``; ``(1, L)`` for 1-D signals."""
+        return to_pair(self.image_size, "image_size")
+
+    @property
+    def patch_hw(self) -> tuple[int, int]:
+        p = self.patch_size
+        return (1, to_pair(p, "patch_size")[1]) if self.is_1d else to_pair(p, "patch_size")
+
+    @property
+    def stride_hw(self) -> tuple[int, int]:
+        s = self.patch_stride
+        if s is None:
+            return self.patch_hw
+        return (1, to_pair(s, "patch_stride")[1]) if self.is_1d else to_pair(s, "patch_stride")
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        """The patch grid ``(gh, gw)`` at ``image_size``."""
+        return grid_size(self.image_hw, self.patch_hw, self.stride_hw, pad=self.pad)
+
+    @property
+    def num_prefix(self) -> int:
+        return 1 if self.pool == "cls" else 0
+
+
+class ViT(nn.Module):
+    """Vision transformer classifier: ``forward(images (B, C, H, W), targets=None) → Output(logits, loss)``.
+
+    1-D models (``image_size=[L]``) take signals ``(B, C, L)`` (or ``(B, L)`` when C = 1).
+    """
+
+    def __init__(self, config: ViTConfig):
+        super().__init__()
+        self.config = c = config
+        self.patch_embed = PatchEmbed(c.in_channels, c.dim, c.patch_hw, c.stride_hw, pad=c.pad,
+                                      mode=c.patch_embed, bias=c.bias)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, c.dim)) if c.pool == "cls" else None
+        self.pos_emb = None
+        if c.position == "learned":
+            self.pos_emb = LearnedPosition2D(c.grid, c.dim, num_prefix=c.num_prefix)
+        elif c.position == "fourier":
+            self.pos_emb = Fourier2DPosition(c.dim, c.grid, num_prefix=c.num_prefix)
+        self.drop = nn.Dropout(c.dropout)
+        self.encoder = Encoder(c.dim, c.num_layers, c.num_heads, mlp_ratio=c.mlp_ratio, norm="pre",
+                               dropout=c.dropout, activation="gelu", bias=c.bias, backend=c.backend)
+        # The head's LayerNorm closes the pre-norm stack instead of the encoder's own final norm: for
+        # <cls> pooling that is the same function, and for mean pooling it normalizes the pooled token.
+        self.encoder.norm = nn.Identity()
+        self.head = nn.Sequential(OrderedDict(
+            norm=nn.LayerNorm(c.dim, bias=c.bias),
+            fc=nn.Linear(c.dim, c.num_classes, bias=c.bias),
+        ))
+        self.apply(self._init_weights)
+        if self.cls_token is not None:
+            nn.init.normal_(self.cls_token, 0.0, 0.02)
+
+    @staticmethod
+    def _init_weights(m: nn.Module) -> None:
+        if isinstance(m, nn.Linear):
+            nn.init.trunc_normal_(m.weight, std=0.02)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    # -- inputs ------------------------------------------------------------------------------------
+    def example_input(self, batch_size: int = 2) -> Tensor:
+        """A valid input for tests and tracing: uniform random pixels at the configured size."""
+        c = self.config
+        g = torch.Generator().manual_seed(0)
+        shape = (batch_size, c.in_channels, c.image_hw[1]) if c.is_1d else (batch_size, c.in_channels, *c.image_hw)
+        return torch.rand(shape, generator=g)
+
+    def example_targets(self, batch_size: int = 2) -> Tensor:
+        """Class ids matching :meth:`example_input`."""
+        g = torch.Generator().manual_seed(1)
+        return torch.randint(self.config.num_classes, (batch_size,), generator=g)
+
+    def _images(self, x: Tensor) -> Tensor:
+        """Check the input and return it as ``(B, C, H, W)`` (1-D signals as ``(B, C, 1, L)``)."""
+        c = self.config
+        if c.is_1d:
+            if x.dim() == 2 and c.in_channels == 1:
+                x = x[:, None]  # (B, 1, L)
+            if x.dim() != 3:
+                raise ValueError(f"this 1-D ViT expects signals of shape (B, {c.in_channels}, L) with L = "
+                                 f"{c.image_hw[1]} (image_size={c.image_size}), got {tuple(x.shape)}")
+            x = x[:, :, None, :]  # (B, C, 1, L)
+        elif x.dim() != 4:
+            raise ValueError(f"this ViT expects images of shape (B, {c.in_channels}, {c.image_hw[0]}, "
+                             f"{c.image_hw[1]}), got {tuple(x.shape)}")
+        if x.shape[1] != c.in_channels:
+            want = f"(B, {c.in_channels}, {'L' if c.is_1d else 'H, W'})"
+            raise ValueError(f"this ViT expects {c.in_channels} channel(s) {want}; got shape {tuple(x.shape)} "
+                             f"({x.shape[1]} channels)")
+        try:
+            self.patch_embed.grid(x.shape[-2:])
+        except ValueError as e:
+            size = "x".join(map(str, x.shape[-2:] if not c.is_1d else x.shape[-1:]))
+            raise ValueError(f"input of size {size} does not fit this ViT (image_size={c.image_size}, patch_size="
+                             f"{c.patch_size}): {e}") from None
+        if c.position == "none" and tuple(x.shape[-2:]) != c.image_hw:
+            raise ValueError(f"this ViT has no positions to resize: it expects size {c.image_hw}, got "
+                             f"{tuple(x.shape[-2:])}")
+        return x
+
+    # -- the model ---------------------------------------------------------------------------------
+    def forward_features(self, x: Tensor) -> Tensor:
+        """Images → final tokens ``(B, P + N, D)``: P = 1 <cls> token (if any), then N patches row-major.
+
+        Images of another size than ``image_size`` are accepted when the patches tile them; learned
+        positions are then interpolated bicubically, Fourier positions computed for the new grid.
+        """
+        x = self._images(x)
+        grid = self.patch_embed.grid(x.shape[-2:])
+        z = self.patch_embed(x)  # (B, N, D)
+        B = z.shape[0]
+        if self.cls_token is not None:
+            z = torch.cat([self.cls_token.expand(B, 1, -1).to(z.dtype), z], dim=1)  # (B, 1 + N, D)
+        if self.pos_emb is not None:
+            z = self.pos_emb(z, grid)
+        return self.encoder(self.drop(z))  # (B, P + N, D)
+
+    def pool(self, h: Tensor) -> Tensor:
+        """Tokens ``(B, P + N, D)`` → one vector per image ``(B, D)``: the <cls> token or the patches' mean."""
+        return h[:, 0] if self.config.pool == "cls" else h.mean(dim=1)
+
+    def forward_head(self, h: Tensor) -> Tensor:
+        """Final tokens ``(B, P + N, D)`` → class logits ``(B, num_classes)``: pool, LayerNorm, linear."""
+        return self.head(self.pool(h))
+
+    def forward(self, x: Tensor, targets: Tensor | None = None) -> Output:
+        """Class logits, and the (label-smoothed) cross-entropy when ``targets`` (B,) are given."""
+        logits = self.forward_head(self.forward_features(x))  # (B, K)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits, targets, label_smoothing=self.config.label_smoothing)
+        return Output(logits, loss)
+
+    # -- inspection --------------------------------------------------------------------------------
+    @torch.no_grad()
+    def attention_maps(self, x: Tensor, layers: list[int] | None = None) -> list[Tensor]:
+        """Attention matrices ``A = softmax(Q Kᵀ / √E)`` ``(B, H, P + N, P + N)`` of the chosen layers.
+
+        The inspected layers run the plain formula for this call (``store_weights``), so a model trained
+        with the fused backend can be inspected; the others keep their backend. Token 0 is <cls> when
+        ``pool="cls"``.
+
+        Args:
+            x: images, as for :meth:`forward`.
+            layers: layer indices (default: all), in the order returned.
+        """
+        blocks = self.encoder.layers()
+        layers = list(range(len(blocks))) if layers is None else list(layers)
+        for i in layers:
+            if not -len(blocks) <= i < len(blocks):
+                raise ValueError(f"layer {i} out of range: the model has {len(blocks)} layers (0..{len(blocks) - 1})")
+        chosen = [blocks[i].attn for i in layers]
+        saved = [m.store_weights for m in chosen]
+        out: dict[int, Tensor] = {}
+        hooks = []
+        for i in layers:
+            attn = blocks[i].attn
+            # A forward hook copies the weights right after each layer runs, so a block applied more
+            # than once (shared weights) or listed twice still yields one matrix per requested layer.
+            hooks.append(attn.register_forward_hook(lambda m, _a, _o, i=i: out.__setitem__(i, m.weights)))
+            attn.store_weights = True
+        try:
+            self.forward_features(x)
+        finally:
+            for h in hooks:
+                h.remove()
+            for m, s in zip(chosen, saved, strict=True):
+                m.store_weights, m.weights = s, None
+        return [out[i] for i in layers]
+
+    def position_table(self, grid: tuple[int, int] | None = None) -> Tensor:
+        """The patch positions ``(gh·gw, D)`` the model adds (learned: interpolated to ``grid``)."""
+        c = self.config
+        grid = c.grid if grid is None else grid
+        if isinstance(self.pos_emb, LearnedPosition2D):
+            return self.pos_emb.interpolate(grid)[c.num_prefix:].detach()
+        if isinstance(self.pos_emb, Fourier2DPosition):
+            z = torch.zeros(1, c.num_prefix + grid[0] * grid[1], c.dim)
+            return self.pos_emb(z, grid)[0, c.num_prefix:]
+        raise ValueError("this ViT has no position embeddings (position='none')")
+
+
+register_family("vit", ViTConfig, ViT)
+register_preset("vit", "vit", "ViT-Ti/16 (DeiT-Tiny shape): 224×224 RGB, 16×16 patches, 12 layers × 192, 1000 classes")
+register_preset("vit-digits", "vit", "ViT for 8×8 digits: 2×2 patches (16 tokens), 4 layers × 64, mean pooling",
+                image_size=8, patch_size=2, in_channels=1, num_classes=10, dim=64, num_layers=4, num_heads=4,
+                mlp_ratio=2.0, pool="mean", label_smoothing=0.1)
+register_preset("vit-fashion", "vit", "ViT for 28×28 Fashion-MNIST: 4×4 patches (49 tokens), 6 layers × 128",
+                image_size=28, patch_size=4, in_channels=1, num_classes=10, dim=128, num_layers=6, num_heads=4,
+                mlp_ratio=2.0, pool="mean", label_smoothing=0.1)
+register_preset("vit-1d", "vit", "ViT for 1-D signals (MNIST-1D, length 40): patches of 4 (10 tokens), 4 layers × 64",
+                image_size=[40], patch_size=4, in_channels=1, num_classes=10, dim=64, num_layers=4, num_heads=4,
+                mlp_ratio=2.0, pool="mean", label_smoothing=0.1)
+register_preset("vit-micro", "vit", "ViT, 16×16 RGB, 4×4 patches, 2 layers × 32 (tests and demos)",
+                image_size=16, patch_size=4, in_channels=3, num_classes=10, dim=32, num_layers=2, num_heads=2)

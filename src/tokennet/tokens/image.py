@@ -1,0 +1,189 @@
+"""Images → tokens: cut an image into patches, flatten each patch, project it to the model width.
+
+ViT (Dosovitskiy et al. 2021, https://arxiv.org/abs/2010.11929): an image ``x ∈ R^(C×H×W)`` becomes
+``N = (H/p)·(W/p)`` flattened patches ``x_p ∈ R^(N × C·p²)``, and the tokens are ``T = x_p E`` with
+``E ∈ R^(C·p² × D)``. A convolution with kernel = stride = p computes exactly that product, so
+:class:`PatchEmbed` offers both forms over one weight. With a stride smaller than the patch, patches
+overlap (more tokens, each seeing some of its neighbours' pixels).
+
+A 1-D signal ``(B, C, L)`` is an image of height 1: it is cut into ``(1, p)`` patches by the same code.
+
+Patches are numbered in row-major order: patch ``n`` sits at grid row ``n // gw``, column ``n % gw``.
+Each flattened patch lists channel 0's ``p × p`` pixels row by row, then channel 1's, … — the layout
+of a convolution weight ``(D, C, p, p)`` flattened, which is what makes the two forms agree.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["PatchEmbed", "patchify", "grid_size", "patch_padding", "to_pair", "EMBED_MODES"]
+
+EMBED_MODES = ("conv", "linear")
+
+
+def to_pair(value, name: str = "size") -> tuple[int, int]:
+    """``p`` → ``(p, p)``; ``(h, w)`` stays; a one-element list ``[l]`` means a 1-D size ``(1, l)``."""
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be an int or a pair of ints, got {value!r}")
+    if isinstance(value, int):
+        pair = (value, value)
+    elif isinstance(value, (tuple, list)) and len(value) in (1, 2) and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value):
+        pair = (1, value[0]) if len(value) == 1 else (value[0], value[1])
+    else:
+        raise ValueError(f"{name} must be an int, [length] or [height, width], got {value!r}")
+    if min(pair) < 1:
+        raise ValueError(f"{name} must be positive, got {value!r}")
+    return pair
+
+
+def patch_padding(size: int, patch: int, stride: int) -> int:
+    """Pixels to add along one side length so that patches of ``patch`` at ``stride`` tile it exactly."""
+    if size <= patch:
+        return patch - size
+    return (-(size - patch)) % stride
+
+
+def _check_fit(size: tuple[int, int], patch: tuple[int, int], stride: tuple[int, int], pad: bool) -> None:
+    for axis, s, p, st in zip(("height", "width"), size, patch, stride, strict=True):
+        if pad:
+            continue
+        if s < p:
+            raise ValueError(f"image {axis} {s} is smaller than the patch {axis} {p}; use a smaller patch_size "
+                             "or pad=True")
+        if (s - p) % st:
+            fix = "a patch size that divides it" if p == st else "a patch/stride with (size - patch) % stride == 0"
+            raise ValueError(f"image {axis} {s} is not covered by patches of {p} at stride {st} "
+                             f"({(s - p) % st} pixels left over); use {fix}, or pad=True to zero-pad")
+
+
+def grid_size(image_size, patch_size, stride=None, *, pad: bool = False) -> tuple[int, int]:
+    """The patch grid ``(gh, gw)`` of an image: ``g = (size + padding − patch) / stride + 1`` per axis.
+
+    Args:
+        image_size: ``(H, W)``, an int for a square, or ``[L]`` for a 1-D signal.
+        patch_size: ``p`` or ``(ph, pw)`` (``[p]`` for 1-D).
+        stride: step between patches (default: the patch size, non-overlapping).
+        pad: zero-pad sizes that the patches do not tile (else a ``ValueError``).
+    """
+    size, patch = to_pair(image_size, "image_size"), to_pair(patch_size, "patch_size")
+    stride = patch if stride is None else to_pair(stride, "stride")
+    _check_fit(size, patch, stride, pad)
+    out = []
+    for s, p, st in zip(size, patch, stride, strict=True):
+        s = s + (patch_padding(s, p, st) if pad else 0)
+        out.append((s - p) // st + 1)
+    return out[0], out[1]
+
+
+def _pad_images(images: Tensor, patch: tuple[int, int], stride: tuple[int, int]) -> Tensor:
+    """Zero-pad (B, C, H, W) symmetrically (the odd pixel at the bottom/right) so the patches tile it."""
+    ph = patch_padding(images.shape[-2], patch[0], stride[0])
+    pw = patch_padding(images.shape[-1], patch[1], stride[1])
+    if ph == 0 and pw == 0:
+        return images
+    return F.pad(images, (pw // 2, pw - pw // 2, ph // 2, ph - ph // 2))
+
+
+def _as_images(images: Tensor, what: str = "images") -> Tensor:
+    if images.dim() == 3:  # a 1-D signal (B, C, L) is an image of height 1
+        return images[:, :, None, :]  # (B, C, 1, L)
+    if images.dim() != 4:
+        raise ValueError(f"{what} must have shape (B, C, H, W), or (B, C, L) for 1-D signals; "
+                         f"got {tuple(images.shape)}")
+    return images
+
+
+def patchify(images: Tensor, patch_size, stride=None, *, pad: bool = False) -> Tensor:
+    """Cut images into flattened patches: ``(B, C, H, W) → (B, N, C·ph·pw)``, patches in row-major order.
+
+    A 224×224 RGB image with 16×16 patches gives N = 14·14 = 196 tokens of 3·16·16 = 768 numbers.
+
+    Args:
+        images: ``(B, C, H, W)``, or ``(B, C, L)`` for 1-D signals (patches ``(1, p)``).
+        patch_size: ``p`` or ``(ph, pw)``.
+        stride: step between patches; smaller than the patch for overlapping patches (default: patch).
+        pad: zero-pad sizes the patches do not tile; otherwise such sizes raise ``ValueError``.
+    """
+    x = _as_images(images)
+    patch = (1, to_pair(patch_size, "patch_size")[1]) if images.dim() == 3 else to_pair(patch_size, "patch_size")
+    stride = patch if stride is None else ((1, to_pair(stride, "stride")[1]) if images.dim() == 3
+                                           else to_pair(stride, "stride"))
+    _check_fit(tuple(x.shape[-2:]), patch, stride, pad)
+    if pad:
+        x = _pad_images(x, patch, stride)
+    cols = F.unfold(x, kernel_size=patch, stride=stride)  # (B, C·ph·pw, N)
+    return cols.transpose(1, 2)  # (B, N, C·ph·pw)
+
+
+class PatchEmbed(nn.Module):
+    """Patch embedding ``T = patchify(x) E + b``: one token of width D per patch.
+
+    ``mode="conv"`` computes it as a convolution with kernel = stride = patch size (what ViT
+    implementations do, fast); ``mode="linear"`` as the lecture writes it, flattened patches times a
+    matrix. Both use the same parameter ``weight`` of shape ``(D, C, ph, pw)`` (``E`` is its
+    ``(D, C·ph·pw)`` view, transposed), so a checkpoint works in either mode and they agree to rounding.
+
+    Args:
+        in_channels: channels C of the input.
+        dim: token width D.
+        patch_size: ``p`` or ``(ph, pw)``; ``(1, p)`` for 1-D signals.
+        stride: step between patches (default: the patch size; smaller = overlapping patches).
+        pad: zero-pad images whose size the patches do not tile (else a ``ValueError``).
+        mode: ``"conv"`` or ``"linear"``.
+        bias: add a bias ``b``.
+    """
+
+    def __init__(self, in_channels: int, dim: int, patch_size, stride=None, *, pad: bool = False,
+                 mode: str = "conv", bias: bool = True):
+        super().__init__()
+        if in_channels < 1 or dim < 1:
+            raise ValueError(f"in_channels and dim must be positive, got {in_channels}, {dim}")
+        if mode not in EMBED_MODES:
+            raise ValueError(f"mode must be one of {EMBED_MODES}, got {mode!r}")
+        self.in_channels, self.dim, self.mode, self.pad = in_channels, dim, mode, pad
+        self.patch_size = to_pair(patch_size, "patch_size")
+        self.stride = self.patch_size if stride is None else to_pair(stride, "stride")
+        ph, pw = self.patch_size
+        self.weight = nn.Parameter(torch.empty(dim, in_channels, ph, pw))
+        self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
+        # nn.Conv2d's default initialisation: uniform with fan_in = C·ph·pw.
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        if self.bias is not None:
+            bound = 1 / math.sqrt(in_channels * ph * pw)
+            nn.init.uniform_(self.bias, -bound, bound)
+
+    def grid(self, image_size) -> tuple[int, int]:
+        """The patch grid ``(gh, gw)`` for images of ``image_size`` ``(H, W)``."""
+        return grid_size(tuple(image_size), self.patch_size, self.stride, pad=self.pad)
+
+    def check(self, images: Tensor) -> Tensor:
+        """Return ``images`` as ``(B, C, H, W)``, or raise a ``ValueError`` that says what is expected."""
+        x = _as_images(images)
+        if x.shape[1] != self.in_channels:
+            raise ValueError(f"expected images with {self.in_channels} channel(s) (B, {self.in_channels}, H, W), "
+                             f"got shape {tuple(images.shape)} with {x.shape[1]} channel(s)")
+        if not x.dtype.is_floating_point:
+            raise ValueError(f"images must be floating point (e.g. pixels / 255), got dtype {x.dtype}")
+        _check_fit(tuple(x.shape[-2:]), self.patch_size, self.stride, self.pad)
+        return x
+
+    def forward(self, images: Tensor) -> Tensor:
+        """``(B, C, H, W) → (B, N, D)`` with ``N = gh·gw`` patches in row-major order."""
+        x = self.check(images)
+        if self.pad:
+            x = _pad_images(x, self.patch_size, self.stride)
+        if self.mode == "conv":
+            y = F.conv2d(x, self.weight, self.bias, stride=self.stride)  # (B, D, gh, gw)
+            return y.flatten(2).transpose(1, 2)  # (B, N, D)
+        patches = F.unfold(x, kernel_size=self.patch_size, stride=self.stride).transpose(1, 2)  # (B, N, C·ph·pw)
+        return F.linear(patches, self.weight.flatten(1), self.bias)  # (B, N, D)
+
+    def extra_repr(self) -> str:
+        return (f"in_channels={self.in_channels}, dim={self.dim}, patch_size={self.patch_size}, "
+                f"stride={self.stride}, pad={self.pad}, mode={self.mode!r}")
