@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -20,6 +21,8 @@ EPILOG = """examples:
   tokennet train gpt-char --data input.txt --max-iters 2000
   tokennet generate runs/gpt --prompt "The " --max-new-tokens 200
   tokennet eval runs/gpt
+  tokennet train vit                         # ViT on 8x8 digits, next to an RBF SVM
+  tokennet viz runs/vit --index 3            # attention maps, rollout, position similarity (PNG)
   tokennet list
 """
 
@@ -71,6 +74,8 @@ def _add_generate(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, ...")
     p.add_argument("--no-cache", action="store_true", help="recompute the whole window every step")
+    p.add_argument("--beam-size", type=int, default=None,
+                   help="translation (seq2seq) runs: beam width, 1 = greedy (default: the run's beam_size)")
 
 
 def _add_eval(sub) -> None:
@@ -90,6 +95,26 @@ def _add_demo(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
 
 
+def _add_viz(sub) -> None:
+    p = sub.add_parser(
+        "viz",
+        help="draw a trained model's attention (PNG)",
+        description="Draw pictures of a trained run, chosen by its model family. ViT: where one patch looks "
+        "(per layer and head, over a test image), the <cls> token's attention rollout, and the similarity of "
+        "the position embeddings. Attention is recomputed with the plain formula, so runs trained with the "
+        "fused backend work.",
+    )
+    p.add_argument("run_dir", help="a run directory from `tokennet train`")
+    p.add_argument("--out", help="output directory (default: RUN_DIR/viz)")
+    p.add_argument("--index", type=int, help="which test example to draw (default 0)")
+    p.add_argument("--patch", type=int, help="the query patch, row-major (default: the centre patch)")
+    p.add_argument("--layer", type=int, help="only this layer (default: all)")
+    p.add_argument("--head", type=int, help="only this head (default: all, and their mean)")
+    p.add_argument("--data", help="the data to draw from (default: the run's)")
+    p.add_argument("--text", help="translation (seq2seq) runs: draw the alignment of this source instead")
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda, ...")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tokennet",
@@ -105,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generate(sub)
     _add_eval(sub)
     _add_demo(sub)
+    _add_viz(sub)
     return parser
 
 
@@ -153,6 +179,8 @@ def cmd_train(args) -> int:
         print(f"tokennet: interrupted; a checkpoint is in {out / 'checkpoints'}; "
               f"continue with: tokennet train {recipe.name} --out {out} --resume", file=sys.stderr)
         return 130
+    if os.environ.get("RANK", "0") != "0":  # under torchrun only rank 0 prints
+        return 0
     sample = metrics.pop("sample", None)
     print(json.dumps(metrics, indent=2))
     if sample is not None:
@@ -171,6 +199,28 @@ def _load_run(run_dir: str):
     return load(path)
 
 
+def _generate_conditional(args, model) -> bool:
+    """Runs of conditional models: translate the prompt (seq2seq, bahdanau); False for causal LMs."""
+    family = model.config.family
+    if family in ("captioner", "captioner-prefix"):
+        raise CLIError(f"{args.run_dir} is a captioning run: it takes images, not a prompt; "
+                       "use `tokennet eval` or `tokennet viz`")
+    if family not in ("seq2seq", "bahdanau"):
+        return False
+    from .recipes.seq2seq import translate_run
+    from .train.trainer import resolve_device
+
+    if args.beam_size is not None and args.beam_size < 1:
+        raise CLIError(f"--beam-size must be >= 1, got {args.beam_size}")
+    out, unknown = translate_run(args.run_dir, args.prompt, beam_size=args.beam_size,
+                                 device=resolve_device(args.device))
+    if unknown:
+        print(f"tokennet: warning: characters outside the vocabulary read as <unk>: {''.join(unknown)!r}",
+              file=sys.stderr)
+    print(out)
+    return True
+
+
 def cmd_generate(args) -> int:
     import torch
 
@@ -180,6 +230,8 @@ def cmd_generate(args) -> int:
     if args.max_new_tokens < 1:
         raise CLIError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     model = _load_run(args.run_dir)
+    if _generate_conditional(args, model):
+        return 0
     tok = getattr(model, "tokenizer", None)
     if tok is None or not hasattr(model, "make_caches"):
         raise CLIError(f"{args.run_dir} is not a language model run (no tokenizer.json or not a causal LM)")
@@ -235,7 +287,20 @@ def cmd_demo(args) -> int:
     return 0
 
 
-COMMANDS = {"list": cmd_list, "train": cmd_train, "generate": cmd_generate, "eval": cmd_eval, "demo": cmd_demo}
+def cmd_viz(args) -> int:
+    from .train.trainer import resolve_device
+    from .viz import visualize
+
+    # Every viz option goes to the family's function, which uses those it knows (see tokennet.viz).
+    options = {k: v for k, v in vars(args).items() if k not in ("command", "quiet", "run_dir", "out", "device")}
+    files = visualize(args.run_dir, args.out, device=str(resolve_device(args.device)), **options)
+    for f in files:
+        print(f)
+    return 0
+
+
+COMMANDS = {"list": cmd_list, "train": cmd_train, "generate": cmd_generate, "eval": cmd_eval, "demo": cmd_demo,
+            "viz": cmd_viz}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -244,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
-    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
+    quiet = args.quiet or os.environ.get("RANK", "0") != "0"  # under torchrun only rank 0 talks
+    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO,
                         format="%(message)s", stream=sys.stderr)
     from .data.text import DataError
     from .train.trainer import TrainingStopped

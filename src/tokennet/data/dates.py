@@ -34,6 +34,7 @@ __all__ = [
     "all_dates",
     "split_dates",
     "sample_pairs",
+    "test_pairs",
     "alphabet",
     "DatePairs",
     "encode_pairs",
@@ -165,6 +166,13 @@ def sample_pairs(dates: Sequence[dt.date], n: int, seed: int | str, formats: Seq
         f = formats[rng.randrange(len(formats))]
         out.append((FORMATS[f](d), iso(d), f) if return_formats else (FORMATS[f](d), iso(d)))
     return out
+
+
+def test_pairs(seed: int, n: int, test_fraction: float = 0.1,
+               val_fraction: float = 0.0) -> list[tuple[str, str, str]]:
+    """The held-out test set: ``n`` ``(source, target, format)`` triples over the test dates of the split."""
+    _, _, test = split_dates(seed, test_fraction, val_fraction)
+    return sample_pairs(test, n, f"test-{seed}", return_formats=True)
 
 
 def alphabet() -> str:

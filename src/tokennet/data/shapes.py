@@ -43,6 +43,8 @@ __all__ = [
     "random_scene",
     "is_held_out",
     "sample_scenes",
+    "test_scenes",
+    "images_of",
     "caption_corpus",
     "ShapeCaptions",
     "encode_captions",
@@ -96,7 +98,7 @@ def caption(scene: Scene) -> str:
     """The scene's caption: objects in reading order, each related to the next ("above" / "left of")."""
     objs = scene.objects
     parts = [objs[0].words]
-    for a, b in zip(objs, objs[1:]):
+    for a, b in zip(objs, objs[1:], strict=False):
         parts.append("above" if b.row > a.row else "left of")
         parts.append(b.words)
     return " ".join(parts)
@@ -161,6 +163,11 @@ def sample_scenes(n: int, seed: int | str, *, held_out: bool, split_seed: int = 
         if is_held_out(s, split_seed, fraction) == held_out:
             out.append(s)
     return out
+
+
+def test_scenes(seed: int, n: int, fraction: float = 0.2) -> list[Scene]:
+    """The held-out test set of a split: ``n`` scenes whose combinations training never sees."""
+    return sample_scenes(n, f"test-{seed}", held_out=True, split_seed=seed, fraction=fraction)
 
 
 def caption_corpus() -> list[str]:

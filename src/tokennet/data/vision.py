@@ -41,8 +41,10 @@ __all__ = [
     "FASHION_CLASSES",
     "Augment",
     "random_translate",
+    "random_affine",
     "random_flip",
     "random_erase",
+    "mixup",
     "ImageBatches",
     "evaluate_classifier",
     "DATASETS",
@@ -273,6 +275,34 @@ def random_translate(x: Tensor, max_shift: int, generator: torch.Generator) -> T
     return padded.permute(0, 2, 3, 1)[b, rows, cols].permute(0, 3, 1, 2)  # (B, H, W, C) → (B, C, H, W)
 
 
+def random_affine(x: Tensor, generator: torch.Generator, *, degrees: float = 10.0, scale: float = 0.1,
+                  translate: float = 0.0, shear: float = 0.0) -> Tensor:
+    """A random small affine warp per image (rotation, scale, shear, sub-pixel shift), bilinear, zero fill:
+    one ``affine_grid`` + ``grid_sample`` for the whole batch ``(B, C, H, W)``.
+
+    Args:
+        degrees: rotation drawn from ``[-degrees, degrees]``.
+        scale: zoom factor drawn from ``[1 - scale, 1 + scale]``.
+        translate: shift drawn from ``[-translate, translate]`` pixels per axis.
+        shear: horizontal shear factor drawn from ``[-shear, shear]``.
+    """
+    B, _, H, W = x.shape
+
+    def u(a: float) -> Tensor:
+        return (2 * _uniform(B, generator) - 1) * a
+
+    angle = u(float(np.deg2rad(degrees)))
+    zoom = 1 + u(scale)
+    sh = u(shear)
+    tx, ty = u(translate) * 2 / W, u(translate) * 2 / H  # in the [-1, 1] coordinates of affine_grid
+    cos, sin = torch.cos(angle) / zoom, torch.sin(angle) / zoom
+    # theta maps output coordinates to input coordinates: rotation/zoom, then shear, then shift.
+    theta = torch.stack([torch.stack([cos, -sin + sh * cos, tx], -1),
+                         torch.stack([sin, cos + sh * sin, ty], -1)], 1)  # (B, 2, 3)
+    grid = torch.nn.functional.affine_grid(theta.to(x.dtype), list(x.shape), align_corners=False)
+    return torch.nn.functional.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+
+
 def random_flip(x: Tensor, generator: torch.Generator, p: float = 0.5) -> Tensor:
     """Mirror each item left–right with probability ``p`` (the last axis)."""
     flip = _uniform(x.shape[0], generator) < p
@@ -298,6 +328,23 @@ def random_erase(x: Tensor, generator: torch.Generator, p: float = 0.25, scale=(
     return x.masked_fill(box[:, None], 0.0)
 
 
+def mixup(x: Tensor, y: Tensor, num_classes: int, alpha: float, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """Mixup (Zhang et al. 2018, https://arxiv.org/abs/1710.09412): ``x̃ = λ x_i + (1 − λ) x_j`` and the same
+    mix of one-hot labels, ``λ ~ Beta(α, α)`` per batch, ``j`` a random pairing. Returns class
+    probabilities ``(B, K)`` as targets (the models' cross-entropy takes them as well as class ids)."""
+    lam = _beta(alpha, generator)
+    perm = torch.randperm(len(x), generator=generator)
+    onehot = torch.nn.functional.one_hot(y, num_classes).to(x.dtype)  # (B, K)
+    return lam * x + (1 - lam) * x[perm], lam * onehot + (1 - lam) * onehot[perm]
+
+
+def _beta(alpha: float, generator: torch.Generator) -> float:
+    """One draw of Beta(α, α), reproducible from ``generator`` (torch's Beta sampler takes no generator,
+    so numpy's is seeded from it)."""
+    rng = np.random.default_rng(int(torch.randint(2**62, (1,), generator=generator)))
+    return float(rng.beta(alpha, alpha))
+
+
 @dataclass
 class Augment:
     """Batch augmentation for small-data ViTs: random translation, horizontal flip, random erasing.
@@ -306,24 +353,32 @@ class Augment:
         translate: largest shift in pixels (0 = none).
         flip: mirror half of the images left–right (right for clothes, wrong for digits).
         erase: probability of erasing a random rectangle (0 = never; 2-D images only).
+        rotate: largest random rotation in degrees (2-D images; with ``scale``, one affine warp).
+        scale: largest relative zoom, e.g. 0.1 for 0.9..1.1 (2-D images).
     """
 
     translate: int = 0
     flip: bool = False
     erase: float = 0.0
+    rotate: float = 0.0
+    scale: float = 0.0
 
     def __post_init__(self):
         if self.translate < 0:
             raise ValueError(f"translate must be >= 0 pixels, got {self.translate}")
+        if self.rotate < 0 or not 0 <= self.scale < 1:
+            raise ValueError(f"rotate must be >= 0 degrees and scale in [0, 1), got {self.rotate}, {self.scale}")
         if not 0 <= self.erase <= 1:
             raise ValueError(f"erase must be a probability in [0, 1], got {self.erase}")
 
     @property
     def active(self) -> bool:
-        return self.translate > 0 or self.flip or self.erase > 0
+        return self.translate > 0 or self.flip or self.erase > 0 or self.rotate > 0 or self.scale > 0
 
     def __call__(self, x: Tensor, generator: torch.Generator) -> Tensor:
         """Augment a batch ``(B, C, H, W)`` (or ``(B, C, L)``); the same generator state gives the same result."""
+        if (self.rotate > 0 or self.scale > 0) and x.dim() == 4:
+            x = random_affine(x, generator, degrees=self.rotate, scale=self.scale)
         x = random_translate(x, self.translate, generator)
         if self.flip:
             x = random_flip(x, generator)
@@ -348,12 +403,17 @@ class ImageBatches:
         augment: ``augment(batch, generator) -> batch``, e.g. an :class:`Augment`.
     """
 
-    def __init__(self, x: Tensor, y: Tensor, batch_size: int, *, seed: int = 0, augment=None):
+    def __init__(self, x: Tensor, y: Tensor, batch_size: int, *, seed: int = 0, augment=None, mixup: float = 0.0,
+                 num_classes: int | None = None):
         if len(x) != len(y):
             raise ValueError(f"{len(x)} inputs but {len(y)} labels")
         if not 1 <= batch_size <= len(x):
             raise DataError(f"batch_size must be in 1..{len(x)} (the training set size), got {batch_size}")
+        if mixup < 0:
+            raise ValueError(f"mixup must be >= 0 (the Beta(α, α) parameter; 0 = off), got {mixup}")
         self.x, self.y, self.batch_size, self.seed, self.augment = x, y, batch_size, seed, augment
+        self.mixup = mixup
+        self.num_classes = int(y.max()) + 1 if num_classes is None else num_classes
         self.steps_per_epoch = len(x) // batch_size
         self._epoch, self._perm = -1, None
         self.max_index = -1  # the furthest batch drawn so far (batches trained = max_index + 1)
@@ -371,9 +431,13 @@ class ImageBatches:
         epoch, pos = divmod(index, self.steps_per_epoch)
         idx = self._permutation(epoch)[pos * self.batch_size:(pos + 1) * self.batch_size]
         x, y = self.x[idx], self.y[idx]
+        if self.augment is None and self.mixup == 0:
+            return x, y
+        g = torch.Generator().manual_seed((self.seed * 999_983 + index + 7_777_777) % 2**63)
         if self.augment is not None:
-            g = torch.Generator().manual_seed((self.seed * 999_983 + index + 7_777_777) % 2**63)
             x = self.augment(x, g)
+        if self.mixup > 0:
+            x, y = mixup(x, y, self.num_classes, self.mixup, g)
         return x, y
 
 

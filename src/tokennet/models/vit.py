@@ -46,6 +46,9 @@ class ViTConfig(ModelConfig):
         dim, num_layers, num_heads: width D, depth L, heads H.
         mlp_ratio: MLP width as a multiple of D.
         dropout: dropout on tokens, attention weights, residual branches and MLP.
+        patch_dropout: fraction of patch tokens dropped at random per image during training (PatchDropout,
+            Liu et al. 2022, https://arxiv.org/abs/2208.07220): fewer tokens make training steps cheaper and
+            regularize; evaluation sees every patch.
         pool: ``"cls"`` (a learned <cls> token) or ``"mean"`` (mean of the patch tokens).
         position: ``"learned"`` (interpolated for other sizes), ``"fourier"`` (2-D sin-cos) or ``"none"``.
         patch_embed: ``"conv"`` or ``"linear"`` (the same weights, see :class:`PatchEmbed`).
@@ -65,6 +68,7 @@ class ViTConfig(ModelConfig):
     num_heads: int = 3
     mlp_ratio: float = 4.0
     dropout: float = 0.0
+    patch_dropout: float = 0.0
     pool: str = "cls"
     position: str = "learned"
     patch_embed: str = "conv"
@@ -90,6 +94,8 @@ class ViTConfig(ModelConfig):
             raise ValueError(f"position='fourier' needs dim divisible by 4, got dim={self.dim}")
         if not 0 <= self.dropout < 1:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if not 0 <= self.patch_dropout < 1:
+            raise ValueError(f"patch_dropout must be in [0, 1), got {self.patch_dropout}")
         if not 0 <= self.label_smoothing < 1:
             raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
         if self.mlp_ratio <= 0:
@@ -230,7 +236,18 @@ class ViT(nn.Module):
             z = torch.cat([self.cls_token.expand(B, 1, -1).to(z.dtype), z], dim=1)  # (B, 1 + N, D)
         if self.pos_emb is not None:
             z = self.pos_emb(z, grid)
+        if self.training and self.config.patch_dropout > 0:
+            z = self._drop_patches(z)
         return self.encoder(self.drop(z))  # (B, P + N, D)
+
+    def _drop_patches(self, z: Tensor) -> Tensor:
+        """Keep a random ``1 − patch_dropout`` of each image's patch tokens (positions already added)."""
+        P = self.config.num_prefix
+        B, N, D = z.shape[0], z.shape[1] - P, z.shape[2]
+        keep = max(1, round(N * (1 - self.config.patch_dropout)))
+        idx = torch.rand(B, N, device=z.device).argsort(dim=1)[:, :keep]  # (B, keep): a random subset per image
+        kept = z[:, P:].gather(1, idx[:, :, None].expand(B, keep, D))  # (B, keep, D)
+        return torch.cat([z[:, :P], kept], dim=1)
 
     def pool(self, h: Tensor) -> Tensor:
         """Tokens ``(B, P + N, D)`` → one vector per image ``(B, D)``: the <cls> token or the patches' mean."""
@@ -241,7 +258,8 @@ class ViT(nn.Module):
         return self.head(self.pool(h))
 
     def forward(self, x: Tensor, targets: Tensor | None = None) -> Output:
-        """Class logits, and the (label-smoothed) cross-entropy when ``targets`` (B,) are given."""
+        """Class logits, and the (label-smoothed) cross-entropy when ``targets`` are given: class ids ``(B,)``
+        or class probabilities ``(B, num_classes)`` (e.g. from mixup)."""
         logits = self.forward_head(self.forward_features(x))  # (B, K)
         loss = None
         if targets is not None:

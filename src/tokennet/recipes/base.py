@@ -19,7 +19,8 @@ from typing import Any
 
 from torch import nn
 
-from ..models.registry import config_from_dict, preset_info, save_pretrained
+from ..models.registry import config_from_dict, model_from_config, preset_info, save_pretrained
+from ..train.distributed import barrier, full_state, init_distributed
 from ..train.trainer import TrainConfig, Trainer, resolve_device
 
 __all__ = ["Recipe", "Job", "register_recipe", "get_recipe", "list_recipes", "train", "parse_sets",
@@ -148,7 +149,7 @@ def parse_sets(items: list[str], defaults: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _prepare_out_dir(out: Path, recipe: str, resume: bool, overwrite: bool) -> dict[str, Any] | None:
+def _prepare_out_dir(out: Path, recipe: str, resume: bool, overwrite: bool, main: bool = True) -> dict[str, Any] | None:
     """Check the output directory; return the saved run.json when resuming."""
     if out.exists() and not out.is_dir():
         raise RecipeError(f"output path {out} exists and is not a directory")
@@ -166,7 +167,8 @@ def _prepare_out_dir(out: Path, recipe: str, resume: bool, overwrite: bool) -> d
                               "--overwrite to replace it, or --out DIR")
         if not (out / RUN_FILE).is_file():
             raise RecipeError(f"refusing to overwrite {out}: it is not a tokennet run directory")
-        shutil.rmtree(out)
+        if main:
+            shutil.rmtree(out)
     return None
 
 
@@ -189,40 +191,78 @@ def train(
     recipe = get_recipe(recipe_name)
     out = Path(out) if out is not None else Path("runs") / recipe.name
     defaults = recipe.defaults()
-    saved = _prepare_out_dir(out, recipe.name, resume, overwrite)
+    for k in sets or {}:
+        if k not in defaults:
+            raise RecipeError(f"unknown setting {k!r}; valid: {', '.join(sorted(defaults))}")
+    dev = resolve_device(device)
+    info, dev = init_distributed(dev)
+    try:
+        return _train(recipe, out, defaults, data, sets or {}, dev, info, resume, overwrite)
+    finally:
+        if info.enabled:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+
+
+def _seed_everything(seed: int) -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _train(recipe, out, defaults, data, sets, dev, info, resume, overwrite):
+    saved = _prepare_out_dir(out, recipe.name, resume, overwrite, main=info.is_main)
+    barrier(info)
     settings = dict(defaults)
     if saved is not None:
         settings.update(saved["settings"])
         data = saved.get("data") if data is None else data
-    for k in sets or {}:
-        if k not in defaults:
-            raise RecipeError(f"unknown setting {k!r}; valid: {', '.join(sorted(defaults))}")
-    settings.update(sets or {})
+    settings.update(sets)
     model_over, tcfg, opts = recipe.split(settings)
-    dev = resolve_device(device)
     created = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
+    barrier(info)
+    if info.is_main:
+        out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
+    _seed_everything(tcfg.seed)  # the same initial weights on every rank
     try:
         job = recipe.build(settings=settings, model_overrides=model_over, train=tcfg, options=opts, data=data,
                            device=dev, out_dir=out)
     except BaseException:
-        if created:  # a run that never started leaves nothing behind
+        if created and info.is_main:  # a run that never started leaves nothing behind
             shutil.rmtree(out, ignore_errors=True)
         raise
-    run = {"recipe": recipe.name, "model": recipe.model, "data": data, "settings": settings}
-    (out / RUN_FILE).write_text(json.dumps(run, indent=2) + "\n")
-    if job.tokenizer is not None:
-        job.tokenizer.save(out / "tokenizer.json")
+    if info.enabled:
+        _seed_everything(tcfg.seed + 1000 * info.rank)  # different dropout masks per rank
+    if info.is_main:
+        run = {"recipe": recipe.name, "model": recipe.model, "data": data, "settings": settings}
+        (out / RUN_FILE).write_text(json.dumps(run, indent=2) + "\n")
+        if job.tokenizer is not None:
+            job.tokenizer.save(out / "tokenizer.json")
     trainer = Trainer(job.model, tcfg, job.source, evaluate=job.evaluate, out_dir=out, device=dev,
-                      tokens_per_batch=job.tokens_per_batch)
+                      tokens_per_batch=job.tokens_per_batch, dist=info)
     if resume:
         trainer.resume()
     final = trainer.fit()
-    model = job.model
+    if not info.enabled:
+        model = job.model
+    else:  # gather the full weights into a plain, unsharded copy on rank 0
+        msd, _ = full_state(trainer.model, None)
+        if not info.is_main:
+            return out, final
+        model = model_from_config(job.model.config).to(dev)
+        model.load_state_dict(msd)
     save_pretrained(model, out, extra={"recipe": recipe.name})
     metrics = {**final, "wall_seconds": round(time.perf_counter() - t_start, 2),
                "num_parameters": sum(p.numel() for p in model.parameters())}
+    if info.enabled:
+        metrics["world_size"] = info.world_size
     if job.finish is not None:
         metrics.update(job.finish(model))
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")

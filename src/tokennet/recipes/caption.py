@@ -24,13 +24,22 @@ from typing import Any
 
 import torch
 
-from ..data.shapes import IMAGE_SIZE, ShapeCaptions, caption, caption_corpus, encode_captions, images_of, sample_scenes
+from ..data.shapes import (
+    IMAGE_SIZE,
+    ShapeCaptions,
+    caption,
+    caption_corpus,
+    encode_captions,
+    images_of,
+    sample_scenes,
+    test_scenes,
+)
 from ..decode import beam_search, greedy_search, strip_special
 from ..models.registry import create_model, load_pretrained
 from ..tokens.text import load_tokenizer, train_tokenizer
 from .base import Job, Recipe, RecipeError, register_recipe
 
-__all__ = ["FORMS", "caption_images", "test_scenes"]
+__all__ = ["FORMS", "caption_images"]
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +58,9 @@ def caption_images(model, tok, images: torch.Tensor, *, beam_size: int = 1, batc
     return out
 
 
-def test_scenes(settings: dict[str, Any]):
+def _test_scenes(settings: dict[str, Any]):
     """The held-out test scenes of a run's settings."""
-    return sample_scenes(settings["test_size"], f"test-{settings['seed']}", held_out=True,
-                         split_seed=settings["seed"], fraction=settings["held_out_fraction"])
+    return test_scenes(settings["seed"], settings["test_size"], settings["held_out_fraction"])
 
 
 def _evaluate(model, tok, scenes, beam_size: int) -> dict[str, Any]:
@@ -116,7 +124,7 @@ def build(*, settings, model_overrides, train, options, data, device, out_dir) -
     def finish(m) -> dict[str, Any]:
         m.eval()
         s = {**settings, "seed": seed}
-        return {"form": form, **_evaluate(m, tok, test_scenes(s), options["beam_size"])}
+        return {"form": form, **_evaluate(m, tok, _test_scenes(s), options["beam_size"])}
 
     return Job(model=model.to(device), source=src, evaluate=evaluate, tokens_per_batch=train.batch_size,
                tokenizer=tok, finish=finish)
@@ -130,7 +138,7 @@ def evaluate_run(run_dir, data, device) -> dict[str, Any]:
     s = json.loads((run_dir / "run.json").read_text())["settings"]
     model = load_pretrained(run_dir).to(device).eval()
     tok = load_tokenizer(run_dir)
-    return _evaluate(model, tok, test_scenes(s), s["beam_size"])
+    return _evaluate(model, tok, _test_scenes(s), s["beam_size"])
 
 
 register_recipe(Recipe(

@@ -1,8 +1,9 @@
-"""Training: the shared trainer, AdamW + schedule, crash-safe checkpoints."""
+"""Training: the shared trainer, AdamW + schedule, crash-safe checkpoints, torchrun scale-out."""
 
-from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .checkpoint import Checkpoint, latest_checkpoint, read_checkpoint, save_checkpoint
+from .distributed import DistInfo, init_distributed
 from .optim import configure_optimizer, cosine_lr
-from .trainer import BatchSource, TrainConfig, Trainer, TrainingStopped, resolve_device
+from .trainer import BatchSource, Trainer, TrainConfig, TrainingStopped, resolve_device
 
 __all__ = [
     "Trainer",
@@ -13,6 +14,9 @@ __all__ = [
     "configure_optimizer",
     "cosine_lr",
     "save_checkpoint",
-    "load_checkpoint",
+    "read_checkpoint",
     "latest_checkpoint",
+    "Checkpoint",
+    "DistInfo",
+    "init_distributed",
 ]

@@ -2,13 +2,14 @@
 
 A checkpoint is a directory ``checkpoints/step-000123/`` holding
 
-- ``model.safetensors``: the weights;
-- ``state.safetensors``: optimizer moments and the torch RNG state;
+- ``model.safetensors``: the full (unsharded) weights;
+- ``state.safetensors``: optimizer moments and every rank's torch RNG state;
 - ``trainer.json``: step, optimizer hyper-parameters, Python/NumPy RNG states, data position, config.
 
 It is written under a temporary name, every file is fsynced, and the directory is renamed into place;
 only then is the ``latest`` pointer replaced (also by rename). A crash at any moment therefore leaves
 either the previous checkpoint or the new one, never half of one. The last ``keep`` are kept.
+Nothing here unpickles: a checkpoint cannot run code when loaded.
 """
 
 from __future__ import annotations
@@ -17,45 +18,42 @@ import json
 import os
 import random
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
-__all__ = ["save_checkpoint", "load_checkpoint", "latest_checkpoint", "capture_rng", "restore_rng"]
+__all__ = ["save_checkpoint", "read_checkpoint", "latest_checkpoint", "capture_rng", "restore_rng",
+           "check_state_dict", "Checkpoint"]
 
 LATEST = "latest"
 
 
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
+def _fsync(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
     try:
         os.fsync(fd)
+    except OSError:  # some filesystems cannot fsync a directory; the rename is still atomic
+        pass
     finally:
         os.close(fd)
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        _fsync_file(path)
-    except OSError:  # some filesystems cannot fsync a directory; the rename is still atomic
-        pass
-
-
 def capture_rng() -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """RNG states: Python and NumPy as JSON, torch (and CUDA) as tensors."""
+    """This process's RNG states: Python and NumPy as JSON, torch (and CUDA) as tensors."""
     py = random.getstate()
-    np_state = np.random.get_state()
-    js = {
-        "python": [py[0], list(py[1]), py[2]],
-        "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
-    }
-    tensors = {"rng.torch": torch.get_rng_state()}
+    st = np.random.get_state()
+    js = {"python": [py[0], list(py[1]), py[2]],
+          "numpy": [st[0], st[1].tolist(), int(st[2]), int(st[3]), float(st[4])]}
+    tensors = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         for i, s in enumerate(torch.cuda.get_rng_state_all()):
-            tensors[f"rng.cuda.{i}"] = s
+            tensors[f"cuda/{i}"] = s
     return js, tensors
 
 
@@ -64,48 +62,61 @@ def restore_rng(js: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
     random.setstate((py[0], tuple(py[1]), py[2]))
     n = js["numpy"]
     np.random.set_state((n[0], np.array(n[1], dtype=np.uint32), n[2], n[3], n[4]))
-    torch.set_rng_state(tensors["rng.torch"])
-    cuda = [tensors[k] for k in sorted(tensors) if k.startswith("rng.cuda.")]
+    torch.set_rng_state(tensors["torch"])
+    cuda = [tensors[k] for k in sorted(tensors) if k.startswith("cuda/")]
     if cuda and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(cuda)
 
 
-def _optimizer_tensors(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    sd = opt.state_dict()
-    tensors, scalars = {}, {}
-    for pid, st in sd["state"].items():
-        for k, v in st.items():
-            if torch.is_tensor(v):
-                tensors[f"optim.{pid}.{k}"] = v.detach().cpu().contiguous()
-            else:
-                scalars[f"{pid}.{k}"] = v
-    groups = [{k: v for k, v in g.items()} for g in sd["param_groups"]]
-    return tensors, {"param_groups": groups, "scalars": scalars}
+def _dedup(sd: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Drop names that alias an earlier tensor (tied weights); safetensors stores each tensor once."""
+    seen: dict[tuple, str] = {}
+    unique, aliases = {}, {}
+    for name, t in sd.items():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.dtype) if t.numel() else None
+        if key is not None and key in seen:
+            aliases[name] = seen[key]
+        else:
+            if key is not None:
+                seen[key] = name
+            unique[name] = t.detach().cpu().contiguous()
+    return unique, aliases
 
 
-def _optimizer_state_dict(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> dict[str, Any]:
-    state: dict[int, dict[str, Any]] = {}
-    for name, t in tensors.items():
-        if name.startswith("optim."):
-            _, pid, k = name.split(".", 2)
-            state.setdefault(int(pid), {})[k] = t
-    for name, v in meta["scalars"].items():
-        pid, k = name.split(".", 1)
-        state.setdefault(int(pid), {})[k] = v
-    return {"state": state, "param_groups": meta["param_groups"]}
+def check_state_dict(expected: dict[str, Any], got: dict[str, torch.Tensor], where: str) -> None:
+    """Raise ``ValueError`` naming the first missing/unexpected tensor or shape/dtype mismatch."""
+    missing = [k for k in expected if k not in got]
+    if missing:
+        raise ValueError(f"{where} does not match the model: missing tensor {missing[0]!r}")
+    unexpected = [k for k in got if k not in expected]
+    if unexpected:
+        raise ValueError(f"{where} does not match the model: unexpected tensor {unexpected[0]!r}")
+    for k, t in expected.items():
+        if tuple(got[k].shape) != tuple(t.shape):
+            raise ValueError(f"{where}: tensor {k!r} has shape {tuple(got[k].shape)}, the model expects {tuple(t.shape)}")
+        if got[k].dtype != t.dtype:
+            raise ValueError(f"{where}: tensor {k!r} has dtype {got[k].dtype}, the model expects {t.dtype}")
 
 
 def save_checkpoint(
     directory: str | Path,
     step: int,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
+    model_state: dict[str, torch.Tensor],
+    optim_state: dict[str, Any],
     trainer_state: dict[str, Any],
+    rng: list[tuple[dict[str, Any], dict[str, torch.Tensor]]],
     *,
     keep: int = 2,
 ) -> Path:
-    """Write ``directory/step-{step:06d}`` atomically, point ``latest`` at it, prune to ``keep``."""
-    from safetensors.torch import save_file, save_model
+    """Write ``directory/step-{step:06d}`` atomically, point ``latest`` at it, keep the last ``keep``.
+
+    Args:
+        model_state: full model state dict (parameter name → tensor).
+        optim_state: full optimizer state dict keyed by parameter name (``get_optimizer_state_dict``).
+        trainer_state: JSON-serializable trainer state (elapsed time, data position, config...).
+        rng: one ``capture_rng()`` per rank.
+    """
+    from safetensors.torch import save_file
 
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
@@ -114,24 +125,35 @@ def save_checkpoint(
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
-    save_model(model, str(tmp / "model.safetensors"))
-    opt_tensors, opt_meta = _optimizer_tensors(optimizer)
-    rng_js, rng_tensors = capture_rng()
-    save_file({**opt_tensors, **rng_tensors}, str(tmp / "state.safetensors"))
-    meta = {"step": step, "optimizer": opt_meta, "rng": rng_js, **trainer_state}
+    weights, aliases = _dedup(model_state)
+    save_file(weights, str(tmp / "model.safetensors"))
+    tensors, scalars = {}, {}
+    for pname, st in optim_state["state"].items():
+        for k, v in st.items():
+            if torch.is_tensor(v):
+                tensors[f"optim/{pname}/{k}"] = v.detach().cpu().contiguous()
+            else:
+                scalars.setdefault(pname, {})[k] = v
+    for r, (_, rt) in enumerate(rng):
+        for k, v in rt.items():
+            tensors[f"rng/{r}/{k}"] = v
+    save_file(tensors, str(tmp / "state.safetensors"))
+    meta = {"step": step, "aliases": aliases,
+            "optimizer": {"param_groups": optim_state["param_groups"], "scalars": scalars},
+            "rng": [js for js, _ in rng], **trainer_state}
     (tmp / "trainer.json").write_text(json.dumps(meta))
     for f in tmp.iterdir():
-        _fsync_file(f)
-    _fsync_dir(tmp)
+        _fsync(f)
+    _fsync(tmp)
     if final.exists():
         shutil.rmtree(final)
     tmp.rename(final)
-    _fsync_dir(root)
+    _fsync(root)
     ptr = root / f".{LATEST}.tmp"
     ptr.write_text(final.name + "\n")
-    _fsync_file(ptr)
+    _fsync(ptr)
     ptr.replace(root / LATEST)
-    _fsync_dir(root)
+    _fsync(root)
     steps = sorted(p for p in root.glob("step-*") if p.is_dir())
     for old in steps[:-keep] if keep > 0 else []:
         if old != final:
@@ -153,24 +175,47 @@ def latest_checkpoint(directory: str | Path) -> Path | None:
     return path
 
 
-def load_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
-                    *, restore_rng_state: bool = True) -> dict[str, Any]:
-    """Load a checkpoint into ``model`` (and ``optimizer``); restore RNGs; return its trainer state."""
+@dataclass
+class Checkpoint:
+    """A checkpoint read back: full model/optimizer state dicts, trainer metadata, per-rank RNG."""
+
+    path: Path
+    model_state: dict[str, torch.Tensor]
+    optim_state: dict[str, Any]
+    meta: dict[str, Any]
+    rng: list[tuple[dict[str, Any], dict[str, torch.Tensor]]]
+
+    @property
+    def step(self) -> int:
+        return self.meta["step"]
+
+
+def read_checkpoint(path: str | Path) -> Checkpoint:
+    """Read a checkpoint directory; a truncated or tampered file gives a one-line ``ValueError``."""
     from safetensors import SafetensorError
-    from safetensors.torch import load_file, load_model
+    from safetensors.torch import load_file
 
     path = Path(path)
     try:
         meta = json.loads((path / "trainer.json").read_text())
-        missing, unexpected = load_model(model, str(path / "model.safetensors"), strict=False)
+        weights = load_file(str(path / "model.safetensors"))
         tensors = load_file(str(path / "state.safetensors"))
-    except (OSError, SafetensorError, RuntimeError, json.JSONDecodeError) as e:
+    except (OSError, SafetensorError, RuntimeError, json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"checkpoint {path} is unreadable: {str(e).splitlines()[0]}") from None
-    if missing or unexpected:
-        what = f"missing {sorted(missing)[0]!r}" if missing else f"unexpected {sorted(unexpected)[0]!r}"
-        raise ValueError(f"checkpoint {path} does not match the model: {what}")
-    if optimizer is not None:
-        optimizer.load_state_dict(_optimizer_state_dict(tensors, meta["optimizer"]))
-    if restore_rng_state:
-        restore_rng(meta["rng"], tensors)
-    return meta
+    for alias, name in meta.get("aliases", {}).items():
+        weights[alias] = weights[name]
+    state: dict[str, dict[str, Any]] = {}
+    rng_t: dict[int, dict[str, torch.Tensor]] = {}
+    for name, t in tensors.items():
+        kind, rest = name.split("/", 1)
+        if kind == "optim":
+            pname, k = rest.rsplit("/", 1)
+            state.setdefault(pname, {})[k] = t
+        elif kind == "rng":
+            r, k = rest.split("/", 1)
+            rng_t.setdefault(int(r), {})[k] = t
+    for pname, sc in meta["optimizer"]["scalars"].items():
+        state.setdefault(pname, {}).update(sc)
+    rng = [(js, rng_t.get(r, {})) for r, js in enumerate(meta["rng"])]
+    optim = {"state": state, "param_groups": meta["optimizer"]["param_groups"]}
+    return Checkpoint(path, weights, optim, meta, rng)

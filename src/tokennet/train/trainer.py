@@ -22,7 +22,17 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .checkpoint import capture_rng, check_state_dict, latest_checkpoint, read_checkpoint, restore_rng, save_checkpoint
+from .distributed import (
+    STRATEGIES,
+    DistInfo,
+    all_reduce_mean,
+    barrier,
+    full_state,
+    gather_objects,
+    load_full_state,
+    wrap_model,
+)
 from .optim import configure_optimizer, cosine_lr
 
 __all__ = ["TrainConfig", "Trainer", "BatchSource", "TrainingStopped", "resolve_device"]
@@ -78,6 +88,7 @@ class TrainConfig:
         seed: the run's seed (data order, init, dropout).
         progress: show a progress bar.
         target_val_loss: stop as soon as an evaluation reports ``val_loss`` at or below this value.
+        strategy: ``"ddp"`` or ``"fsdp"`` when launched with torchrun (ignored in a single process).
     """
 
     max_iters: int = 1000
@@ -100,6 +111,7 @@ class TrainConfig:
     seed: int = 0
     progress: bool = True
     target_val_loss: float | None = None
+    strategy: str = "ddp"
 
     def __post_init__(self):
         for k in ("max_iters", "batch_size", "grad_accum"):
@@ -114,6 +126,8 @@ class TrainConfig:
             raise ValueError(f"lr must be a positive number, got {self.lr}")
         if self.precision not in ("fp32", "bf16"):
             raise ValueError(f"precision must be 'fp32' or 'bf16', got {self.precision!r}")
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
         if self.grad_clip < 0 or self.weight_decay < 0:
             raise ValueError("grad_clip and weight_decay must be >= 0")
 
@@ -130,6 +144,7 @@ class Trainer:
         out_dir: run directory (``log.jsonl`` and ``checkpoints/`` go there).
         device: where to train.
         tokens_per_batch: items (tokens, images) in one micro-batch, for the throughput figure.
+        dist: this process's place in a torchrun launch (None = a single process).
     """
 
     def __init__(
@@ -142,17 +157,20 @@ class Trainer:
         out_dir: str | Path,
         device: torch.device | str = "cpu",
         tokens_per_batch: int | None = None,
+        dist: DistInfo | None = None,
     ):
         self.c = config
+        self.dist = dist or DistInfo()
         self.device = torch.device(device)
-        self.model = model.to(self.device)
+        self.model = wrap_model(model.to(self.device), config.strategy, self.dist, self.device)
+        self.module = self.model.module if hasattr(self.model, "no_sync") else self.model  # under DDP
         self.source = source
         self.evaluate_fn = evaluate
         self.out_dir = Path(out_dir)
         self.ckpt_dir = self.out_dir / "checkpoints"
         self.tokens_per_batch = tokens_per_batch
         self.optimizer = configure_optimizer(
-            self.model, lr=config.lr, weight_decay=config.weight_decay, betas=(config.beta1, config.beta2),
+            self.module, lr=config.lr, weight_decay=config.weight_decay, betas=(config.beta1, config.beta2),
             device_type=self.device.type,
         )
         self.step = 0
@@ -167,19 +185,31 @@ class Trainer:
         return {"elapsed": self.elapsed, "data_position": self.step * self.c.grad_accum,
                 "train_config": dataclasses.asdict(self.c), "history": self.history[-50:]}
 
-    def save(self) -> Path:
-        interval_keep = max(1, self.c.keep_checkpoints)
-        return save_checkpoint(self.ckpt_dir, self.step, self.model, self.optimizer, self._state(),
-                               keep=interval_keep)
+    def save(self) -> Path | None:
+        """Write a checkpoint (a collective under FSDP: every rank calls it; rank 0 writes)."""
+        msd, osd = full_state(self.model, self.optimizer)
+        rng = gather_objects(capture_rng(), self.dist)
+        path = None
+        if self.dist.is_main:
+            path = save_checkpoint(self.ckpt_dir, self.step, msd, osd, self._state(), rng,
+                                   keep=max(1, self.c.keep_checkpoints))
+        barrier(self.dist)
+        return path
 
     def resume(self) -> bool:
         """Load the latest checkpoint in ``out_dir``; False when there is none."""
         path = latest_checkpoint(self.ckpt_dir)
         if path is None:
             return False
-        meta = load_checkpoint(path, self.model, self.optimizer)
-        self.step, self.elapsed = meta["step"], meta["elapsed"]
-        self.history = meta.get("history", [])
+        ck = read_checkpoint(path)
+        expected, _ = full_state(self.model, None) if self.dist.enabled else (self.module.state_dict(), None)
+        if self.dist.is_main or not self.dist.enabled:
+            check_state_dict(expected, ck.model_state, f"checkpoint {path}")
+        load_full_state(self.model, self.optimizer, ck.model_state, ck.optim_state, self.dist)
+        js, tensors = ck.rng[self.dist.rank] if self.dist.rank < len(ck.rng) else ck.rng[0]
+        restore_rng(js, tensors)
+        self.step, self.elapsed = ck.step, ck.meta["elapsed"]
+        self.history = ck.meta.get("history", [])
         log.info("resumed from %s (step %d)", path, self.step)
         return True
 
@@ -212,11 +242,13 @@ class Trainer:
         self.model.eval()
         try:
             with torch.no_grad(), self._autocast():
-                return {k: float(v) for k, v in self.evaluate_fn(self.model).items()}
+                return {k: float(v) for k, v in self.evaluate_fn(self.module).items()}
         finally:
             self.model.train()
 
     def _log(self, record: dict[str, Any]) -> None:
+        if not self.dist.is_main:
+            return
         with open(self.out_dir / "log.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
 
@@ -231,11 +263,12 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         """Train until the iteration or time budget is spent; return the final metrics."""
         c = self.c
-        self.out_dir.mkdir(parents=True, exist_ok=True)
+        if self.dist.is_main:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
         ckpt_every = c.eval_interval if c.checkpoint_interval is None else c.checkpoint_interval
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)} \
             if _main_thread() else {}
-        bar = _progress(c, self.step)
+        bar = _progress(c, self.step) if self.dist.is_main else None
         self.model.train()
         tokens, t_window, last_loss = 0, time.perf_counter(), float("nan")
         t_fit = time.perf_counter()
@@ -246,14 +279,20 @@ class Trainer:
                 lr = self._lr()
                 for g in self.optimizer.param_groups:
                     g["lr"] = lr
-                loss_sum = 0.0
+                loss_sum = torch.zeros((), device=self.device)
                 for micro in range(c.grad_accum):
-                    x, y = self._to_device(self.source.batch(self.step * c.grad_accum + micro))
-                    with self._autocast():
-                        loss = self._forward(x, y).loss / c.grad_accum
-                    loss.backward()
+                    # Each rank draws its own micro-batches: N ranks = one process accumulating N of them.
+                    index = (self.step * c.grad_accum + micro) * self.dist.world_size + self.dist.rank
+                    x, y = self._to_device(self.source.batch(index))
+                    last = micro == c.grad_accum - 1
+                    sync = contextlib.nullcontext() if last or not hasattr(self.model, "no_sync") \
+                        else self.model.no_sync()  # DDP: one all-reduce per step, not per micro-batch
+                    with sync:
+                        with self._autocast():
+                            loss = self._forward(x, y).loss / c.grad_accum
+                        loss.backward()
                     loss_sum += loss.detach()
-                loss_val = float(loss_sum)
+                loss_val = float(all_reduce_mean(loss_sum, self.dist))
                 if not math.isfinite(loss_val):
                     self.optimizer.zero_grad(set_to_none=True)
                     raise TrainingStopped(
@@ -261,11 +300,17 @@ class Trainer:
                         f"{self.ckpt_dir} (try a lower lr)"
                     )
                 if c.grad_clip > 0:
-                    torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.grad_clip)
+                    torch.nn.utils.clip_grad_norm_(self.module.parameters(), c.grad_clip)
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
                 self.step += 1
                 self.elapsed += time.perf_counter() - t0
+                if self.dist.enabled:  # every rank must take the same decision to stop
+                    flags = torch.tensor([self.elapsed, float(self._stop_signal is not None)])
+                    torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+                    self.elapsed = float(flags[0])
+                    if flags[1] > 0 and self._stop_signal is None:
+                        self._stop_signal = signal.SIGTERM
                 last_loss = loss_val
                 tokens += (self.tokens_per_batch or 0) * c.grad_accum
                 if bar is not None:

@@ -1,0 +1,313 @@
+"""Cross-attention made visible: translation alignments and where each caption word looks in the image.
+
+- **Alignment heatmaps** (Bahdanau et al. 2015, Fig. 3): for a translated sentence, the
+  cross-attention ``A = softmax(Q_y K_xᵀ / √E)`` of every output token (rows) over the source tokens
+  (columns), one panel per decoder layer and head. A Bahdanau model has one map (its additive
+  attention).
+- **Caption attention** (Xu et al. 2015, "Show, Attend and Tell", Fig. 2): for each word of a
+  generated caption, its attention over the image patches, drawn over the image. For the
+  decoder-only captioner it is the text row's self-attention restricted to the image tokens and
+  renormalized (the rest of that row goes to earlier words).
+
+Rows are labelled by the token *produced* at that step: row ``t`` is the attention of the query at
+``y_{t−1}`` (``<bos>`` for the first) while predicting ``y_t``. Weights are recomputed with the plain
+formula (``store_weights``), so runs trained with the fused backend work.
+
+:func:`seq2seq_viz` and :func:`caption_viz` are registered with :mod:`tokennet.viz` for
+``tokennet viz RUN_DIR``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["alignments", "plot_alignment", "plot_caption_attention", "seq2seq_viz", "caption_viz"]
+
+
+# -- tensors ------------------------------------------------------------------------------------------
+@torch.no_grad()
+def alignments(model: nn.Module, inputs: Tensor, tgt_in: Tensor) -> Tensor:
+    """Cross-attention weights ``(L, B, H, T, S)`` of a conditional model under teacher forcing.
+
+    ``S`` is the source length (translation) or the number of image patches (captioning); every row
+    sums to 1 (or 0 for a source that is all padding).
+
+    Args:
+        model: a Seq2Seq, Bahdanau, Captioner or PrefixCaptioner.
+        inputs: source ids ``(B, S)`` or images ``(B, C, H, W)``.
+        tgt_in: ``<bos>`` and the output tokens ``(B, T)``.
+    """
+    was_training = model.training
+    model.eval()
+    try:
+        if not hasattr(model, "attention_layers"):  # the RNN: one additive attention
+            model.store_weights = True
+            try:
+                model((inputs, tgt_in))
+                return model.weights[None, :, None]  # (1, B, 1, T, S)
+            finally:
+                model.store_weights = False
+        layers = model.attention_layers()
+        for m in layers:
+            m.store_weights = True
+        try:
+            model((inputs, tgt_in))
+            maps = [m.weights for m in layers]  # each (B, H, T, S) or, decoder-only, (B, H, P+T, P+T)
+        finally:
+            for m in layers:
+                m.store_weights, m.weights = False, None
+    finally:
+        model.train(was_training)
+    a = torch.stack(maps)  # (L, B, H, ·, ·)
+    if model.config.family == "captioner-prefix":
+        P = model.config.num_patches
+        a = a[..., P:, :P]  # text queries × image keys
+        a = a / a.sum(-1, keepdim=True).clamp_min(1e-12)
+    return a
+
+
+# -- plots --------------------------------------------------------------------------------------------
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path) -> Path:
+    plt = _plt()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def _show(ch: str) -> str:
+    return {" ": "␣", "": "∅"}.get(ch, ch)
+
+
+def plot_alignment(weights: Tensor, source: list[str], output: list[str], path: str | Path, *,
+                   layers: list[int] | None = None, heads: list[int] | None = None, title: str = "") -> Path:
+    """Heatmaps of ``weights`` ``(L, H, T, S)``: output tokens (rows) × source tokens (columns).
+
+    One panel per (layer, head); a last column shows the mean over heads when several are drawn.
+
+    Args:
+        weights: attention of one example.
+        source: labels of the S source tokens.
+        output: labels of the T output tokens (what each row produced).
+        path: the PNG to write.
+        layers, heads: the indices the rows/columns of panels stand for (default 0..L-1, 0..H-1).
+        title: figure title.
+    """
+    plt = _plt()
+    L, H, T, S = weights.shape
+    if len(source) != S or len(output) != T:
+        raise ValueError(f"weights are {T}×{S} but got {len(output)} output and {len(source)} source labels")
+    layers = list(range(L)) if layers is None else layers
+    heads = list(range(H)) if heads is None else heads
+    with_mean = H > 1
+    cols = H + with_mean
+    cell = 0.26
+    w, h = max(2.4, cell * S + 0.9), max(1.8, cell * T + 0.9)
+    fig, axes = plt.subplots(L, cols, figsize=(w * cols, h * L), squeeze=False, layout="constrained")
+    for i in range(L):
+        for j in range(cols):
+            ax = axes[i][j]
+            a = weights[i].mean(0) if j == H else weights[i, j]
+            im = ax.imshow(a.float().cpu().numpy(), cmap="viridis", vmin=0.0, vmax=1.0, aspect="equal")
+            ax.set_xticks(range(S), [_show(s) for s in source], fontsize=8)
+            ax.set_yticks(range(T), [_show(s) for s in output], fontsize=8)
+            ax.tick_params(length=0)
+            name = "mean of heads" if j == H else f"head {heads[j]}"
+            ax.set_title(f"layer {layers[i]}, {name}" if L * cols > 1 else "attention", fontsize=9)
+            if j == 0:
+                ax.set_ylabel("output (produced)", fontsize=8)
+            if i == L - 1:
+                ax.set_xlabel("source", fontsize=8)
+    fig.colorbar(im, ax=axes, shrink=0.8, aspect=30, label="attention weight")
+    if title:
+        fig.suptitle(title, fontsize=11)
+    return _save(fig, path)
+
+
+def plot_caption_attention(image: Tensor, weights: Tensor, words: list[str], grid: tuple[int, int],
+                           path: str | Path, *, title: str = "") -> Path:
+    """For each word, its attention over the image patches ``weights`` ``(T, P)`` drawn over ``image``.
+
+    Args:
+        image: ``(C, H, W)`` in [0, 1].
+        weights: one row per word, over the ``P = gh·gw`` patches in row-major order.
+        words: the T words (what each row produced).
+        grid: the patch grid ``(gh, gw)``.
+        path: the PNG to write.
+        title: figure title (e.g. the caption and the reference).
+    """
+    plt = _plt()
+    import matplotlib
+
+    T, P = weights.shape
+    gh, gw = grid
+    if gh * gw != P or len(words) != T:
+        raise ValueError(f"weights are {T}×{P}, grid {gh}×{gw}, {len(words)} words: they do not agree")
+    img = image.permute(1, 2, 0).float().cpu().clamp(0, 1).numpy()  # (H, W, C)
+    Hh, Ww = img.shape[:2]
+    n = T + 1
+    cols = min(n, 6)
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(2.0 * cols, 2.2 * rows), squeeze=False)
+    for ax in axes.flat:
+        ax.axis("off")
+    axes[0][0].imshow(img, interpolation="nearest")
+    axes[0][0].set_title("image", fontsize=9)
+    cmap = matplotlib.colormaps["inferno"]
+    for t in range(T):
+        ax = axes[(t + 1) // cols][(t + 1) % cols]
+        heat = weights[t].float().cpu().reshape(gh, gw)
+        heat = (heat / heat.max().clamp_min(1e-12)).numpy()  # each word's map on its own scale
+        ax.imshow(img * 0.55 + 0.45, interpolation="nearest")  # lightened image under the heat
+        rgba = cmap(heat)
+        rgba[..., 3] = 0.15 + 0.7 * heat  # more attention, more opaque
+        ax.imshow(rgba, interpolation="nearest", extent=(-0.5, Ww - 0.5, Hh - 0.5, -0.5))
+        ax.set_title(_show(words[t]), fontsize=10)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    return _save(fig, path)
+
+
+# -- `tokennet viz` -----------------------------------------------------------------------------------
+def _load(run_dir: Path, device: str | None):
+    from ..models.registry import load_pretrained
+    from ..tokens.text import load_tokenizer
+
+    model = load_pretrained(run_dir).eval()
+    if device not in (None, "auto"):
+        model.to(device)
+    tok = load_tokenizer(run_dir)
+    run_file = run_dir / "run.json"
+    settings = json.loads(run_file.read_text())["settings"] if run_file.is_file() else None
+    return model, tok, settings
+
+
+def _select(n: int, which: int | None, what: str) -> list[int]:
+    if which is None:
+        return list(range(n))
+    if not 0 <= which < n:
+        raise ValueError(f"--{what} {which} out of range: 0..{n - 1}")
+    return [which]
+
+
+def _tokens_out(model, tok, ids: list[int]) -> tuple[Tensor, list[str]]:
+    """``<bos> y`` for teacher forcing and the labels of what each row produces (``y`` then ``<eos>``)."""
+    c = model.config
+    tgt_in = torch.tensor([[c.bos_id, *ids]])
+    return tgt_in, [tok.decode([i]) for i in ids] + ["<eos>"]
+
+
+def seq2seq_viz(run_dir: Path, out_dir: Path, *, index: int | None = None, layer: int | None = None,
+                head: int | None = None, text: str | None = None, device: str | None = None, **_) -> list[Path]:
+    """Write ``alignment.png``: the cross-attention of a translation, per decoder layer and head.
+
+    Args:
+        run_dir: a ``seq2seq`` run (Transformer or Bahdanau).
+        out_dir: where the PNG goes.
+        index: the test example to translate (default 0); ignored when ``text`` is given.
+        layer, head: draw only this decoder layer / head.
+        text: translate this source instead of a test example.
+        device: where to run the model.
+    """
+    from ..decode import greedy_search, strip_special
+
+    run_dir, out_dir = Path(run_dir), Path(out_dir)
+    model, tok, settings = _load(run_dir, device)
+    c = model.config
+    if text is None:
+        if settings is None:
+            raise ValueError(f"{run_dir} has no run.json to draw test examples from; pass --text")
+        from ..data.dates import test_pairs
+
+        pairs = test_pairs(settings["seed"], settings["test_size"], settings["test_fraction"],
+                           settings["val_fraction"])
+        index = 0 if index is None else index
+        _select(len(pairs), index, "index")
+        text, ref = pairs[index][0], pairs[index][1]
+    else:
+        text, ref = text.strip(), None
+        if not text:
+            raise ValueError("--text is empty; give a source sentence")
+    ids = tok.encode(text)
+    if len(ids) > c.max_source_len:
+        raise ValueError(f"the source is {len(ids)} tokens, longer than the model's maximum of {c.max_source_len}")
+    dev = next(model.parameters()).device
+    src = torch.tensor([ids], device=dev)
+    out_ids = strip_special(greedy_search(model, src), c.eos_id, c.pad_id)[0]
+    tgt_in, labels = _tokens_out(model, tok, out_ids)
+    a = alignments(model, src, tgt_in.to(dev))[:, 0]  # (L, H, T, S)
+    layers = _select(a.shape[0], layer, "layer")
+    heads = _select(a.shape[1], head, "head")
+    a = a[layers][:, heads]
+    output = tok.decode(out_ids)
+    title = f"{text!r} → {output!r}" + ("" if ref is None else f"   (reference {ref!r})")
+    source_labels = [tok.decode([i]) if i != tok.unk_id else "<unk>" for i in ids]
+    return [plot_alignment(a, source_labels, labels, out_dir / "alignment.png", layers=layers, heads=heads,
+                           title=title)]
+
+
+def caption_viz(run_dir: Path, out_dir: Path, *, index: int | None = None, layer: int | None = None,
+                head: int | None = None, device: str | None = None, **_) -> list[Path]:
+    """Write ``caption_attention.png``: each generated word's attention over the image patches.
+
+    The map is averaged over heads and layers unless ``layer`` / ``head`` pick one.
+
+    Args:
+        run_dir: a ``caption`` run (either form).
+        out_dir: where the PNG goes.
+        index: the held-out test image (default 0).
+        layer, head: use only this layer / head.
+        device: where to run the model.
+    """
+    from ..data.shapes import caption, images_of, test_scenes
+    from ..decode import greedy_search, strip_special
+
+    run_dir, out_dir = Path(run_dir), Path(out_dir)
+    model, tok, settings = _load(run_dir, device)
+    if settings is None:
+        raise ValueError(f"{run_dir} has no run.json to draw the test images from")
+    c = model.config
+    scenes = test_scenes(settings["seed"], settings["test_size"], settings["held_out_fraction"])
+    index = 0 if index is None else index
+    _select(len(scenes), index, "index")
+    scene = scenes[index]
+    dev = next(model.parameters()).device
+    image = images_of([scene], c.image_size).to(dev)
+    out_ids = strip_special(greedy_search(model, image), c.eos_id, c.pad_id)[0]
+    tgt_in, words = _tokens_out(model, tok, out_ids)
+    a = alignments(model, image, tgt_in.to(dev))[:, 0]  # (L, H, T, P)
+    layers = _select(a.shape[0], layer, "layer")
+    heads = _select(a.shape[1], head, "head")
+    w = a[layers][:, heads].mean(dim=(0, 1))  # (T, P)
+    which = ("all layers" if layer is None else f"layer {layer}") + ", " + \
+        ("mean of heads" if head is None else f"head {head}")
+    got, ref = tok.decode(out_ids), caption(scene)
+    title = f"generated: {got!r}\nreference: {ref!r}   ({which})"
+    return [plot_caption_attention(image[0], w, [s.strip() for s in words], c.grid,
+                                   out_dir / "caption_attention.png", title=title)]
+
+
+def _register() -> None:
+    from . import register_viz
+
+    for family in ("seq2seq", "bahdanau"):
+        register_viz(family, seq2seq_viz)
+    for family in ("captioner", "captioner-prefix"):
+        register_viz(family, caption_viz)
+
+
+_register()

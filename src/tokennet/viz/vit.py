@@ -1,0 +1,120 @@
+"""``tokennet viz`` for ViT runs: patch attention per layer and head, <cls> rollout, position similarity.
+
+The run's test image ``index`` is drawn (the run's ``--data``, or ``data=``). Attention weights are
+recomputed with the plain formula for the inspected layers, so runs trained with the fused backend work.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from ..tokens.image import patch_padding
+from . import register_viz
+from .attention_maps import (
+    attention_rollout,
+    cosine_similarity_matrix,
+    plot_patch_attention,
+    plot_position_similarity,
+    plot_rollout,
+)
+
+__all__ = ["vit_viz", "grid_geometry"]
+
+
+def grid_geometry(config, input_hw: tuple[int, int] | None = None) -> dict:
+    """``grid, patch, stride, offset, image_hw`` of a ViT config's patch grid on an input of ``input_hw``."""
+    hw = config.image_hw if input_hw is None else tuple(input_hw)
+    patch, stride = config.patch_hw, config.stride_hw
+    offset = (0, 0)
+    if config.pad:
+        offset = tuple(patch_padding(s, p, st) // 2 for s, p, st in zip(hw, patch, stride, strict=True))
+    from ..tokens.image import grid_size
+
+    return {"grid": grid_size(hw, patch, stride, pad=config.pad), "patch": patch, "stride": stride,
+            "offset": offset, "image_hw": hw}
+
+
+def _check_index(name: str, value: int | None, n: int) -> None:
+    if value is not None and not 0 <= value < n:
+        raise ValueError(f"--{name} {value} out of range: 0..{n - 1}")
+
+
+def vit_viz(run_dir: Path, out_dir: Path, *, index: int | None = None, patch: int | None = None,
+            layer: int | None = None, head: int | None = None, data: str | None = None, device: str | None = None,
+            **_) -> list[Path]:
+    """Write ``patch_attention.png``, ``rollout.png`` and ``position_similarity.png`` for a ViT run.
+
+    Args:
+        run_dir: the run directory.
+        out_dir: where the PNGs go.
+        index: test image to draw (default 0).
+        patch: the query patch (default: the centre of the grid).
+        layer: draw only this layer (default: all).
+        head: draw only this head (default: all, and their mean).
+        data: the dataset (default: the run's).
+        device: where to run the model (default CPU).
+    """
+    from ..data.vision import load_dataset
+    from ..models.registry import load_pretrained
+
+    model = load_pretrained(run_dir).eval()
+    if device not in (None, "auto"):
+        model.to(device)
+    dev = next(model.parameters()).device
+    c = model.config
+    run_file = Path(run_dir) / "run.json"
+    if data is None:
+        if not run_file.is_file():
+            raise ValueError(f"{run_dir} has no run.json to say which data it was trained on; pass --data")
+        data = json.loads(run_file.read_text()).get("data")
+    ds = load_dataset(data)
+    index = 0 if index is None else index
+    _check_index("index", index, len(ds.y_test))
+    x = ds.x_test[index]  # (C, H, W) or (C, L)
+    label = ds.classes[int(ds.y_test[index])]
+
+    n_layers, n_heads = c.num_layers, c.num_heads
+    _check_index("layer", layer, n_layers)
+    _check_index("head", head, n_heads)
+    geom = grid_geometry(c, (1, x.shape[-1]) if c.is_1d else tuple(x.shape[-2:]))
+    gh, gw = geom["grid"]
+    n_patches, P = gh * gw, c.num_prefix
+    patch = (gh // 2) * gw + gw // 2 if patch is None else patch
+    _check_index("patch", patch, n_patches)
+
+    with torch.no_grad():
+        xb = x[None].to(dev)
+        pred = ds.classes[int(model(xb).logits.argmax(-1))] if c.num_classes == ds.num_classes else "?"
+        maps = [a[0].float().cpu() for a in model.attention_maps(xb)]  # per layer (H, P + N, P + N)
+    what = f"{ds.name} test #{index}: label {label}, predicted {pred}"
+    files = []
+
+    layers = list(range(n_layers)) if layer is None else [layer]
+    rows = {i: maps[i][:, P + patch, P:] for i in layers}  # (H, N): the patch's query row over the patches
+    r, col = divmod(patch, gw)
+    where = f"position {col}" if c.is_1d else f"row {r}, column {col}"
+    files.append(plot_patch_attention(x, rows, geom, patch, out_dir / "patch_attention.png",
+                                      heads=None if head is None else [head],
+                                      title=f"where patch {patch} ({where}) looks — {what}"))
+
+    roll = attention_rollout([m[None] for m in maps])[0]  # (P + N, P + N)
+    if P:
+        query, last, rel = "<cls>", maps[-1][:, 0, P:].mean(0), roll[0, P:]
+    else:  # mean pooling: the output is the mean of the patch tokens, so average their rows
+        query, last, rel = "mean-pooled output", maps[-1].mean((0, 1)), roll.mean(0)
+    files.append(plot_rollout(x, last, rel, geom, out_dir / "rollout.png", query=query,
+                              title=f"attention rollout ({n_layers} layers) — {what}"))
+
+    if c.position != "none":
+        sim = cosine_similarity_matrix(model.position_table(geom["grid"]).cpu())
+        kind = "learned" if c.position == "learned" else "2-D Fourier"
+        files.append(plot_position_similarity(sim, geom["grid"], out_dir / "position_similarity.png",
+                                              title=f"{kind} position embeddings: cosine similarity "
+                                                    f"({gh}×{gw} patches)"))
+    return files
+
+
+register_viz("vit", vit_viz)

@@ -1,0 +1,160 @@
+"""The encoder–decoder Transformer: masks, causality, cached vs uncached decoding, learning a toy task."""
+
+import pytest
+import torch
+
+from tokennet.decode import beam_search, greedy_search
+from tokennet.models import create_model
+from tokennet.models.seq2seq import Seq2SeqConfig
+
+V = 40
+
+
+def _model(**kw):
+    torch.manual_seed(0)
+    m = create_model("seq2seq-micro", vocab_size=V, **kw).eval()
+    with torch.no_grad():  # larger random weights: varied, non-degenerate outputs for decoding tests
+        for p in m.parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 0.3)
+    return m
+
+
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_forward_shapes_and_loss(norm):
+    m = _model(norm=norm)
+    x, y = m.example_input(3), m.example_targets(3)
+    out = m(x, y)
+    assert out.logits.shape == (3, x[1].shape[1], V)
+    assert torch.isfinite(out.loss)
+    out.loss.backward()
+
+
+def test_post_norm_is_the_default_and_pre_norm_closes_with_a_layernorm():
+    assert Seq2SeqConfig().norm == "post"
+    assert isinstance(_model().encoder.norm, torch.nn.Identity)
+    assert isinstance(_model(norm="pre").encoder.norm, torch.nn.LayerNorm)
+
+
+def test_source_padding_is_masked():
+    """Extra padding, or anything written at padded positions' embeddings, leaves the outputs unchanged."""
+    m = _model()
+    src = torch.tensor([[5, 6, 7, 8, 0, 0]])
+    tgt = torch.tensor([[1, 9, 10]])
+    a = m((src, tgt)).logits
+    b = m((torch.cat([src, torch.zeros(1, 5, dtype=torch.long)], 1), tgt)).logits
+    torch.testing.assert_close(a, b)
+    c = m((src[:, :4], tgt)).logits
+    torch.testing.assert_close(a, c)
+
+
+def test_decoder_is_causal():
+    m = _model()
+    src = torch.tensor([[5, 6, 7]])
+    t1 = torch.tensor([[1, 9, 10, 11]])
+    t2 = torch.tensor([[1, 9, 12, 13]])
+    a, b = m((src, t1)).logits, m((src, t2)).logits
+    torch.testing.assert_close(a[:, :2], b[:, :2])
+    assert not torch.allclose(a[:, 2:], b[:, 2:])
+
+
+def test_cached_steps_match_full_recomputation():
+    m = _model()
+    src, _ = m.example_input(2)
+    tgt = torch.tensor([[1, 5, 6, 7, 8], [1, 9, 10, 11, 12]])
+    full = m((src, tgt)).logits
+    state = m.init_decode(src, use_cache=True)
+    steps = [m.decode_step(tgt[:, t : t + 1], state)[:, -1] for t in range(tgt.shape[1])]
+    torch.testing.assert_close(torch.stack(steps, 1), full, atol=1e-5, rtol=1e-5)
+    # the cross-attention keys/values were computed once and kept
+    assert all(c.k is not None and c.k.shape[2] == src.shape[1] for c in state.cross_caches)
+
+
+@pytest.fixture(scope="module")
+def reverser():
+    """A micro model trained for a few seconds to reverse 4-token sequences (non-degenerate decoding)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: one thread is faster and spares a shared machine
+    try:
+        torch.manual_seed(0)
+        m = create_model("seq2seq-micro", vocab_size=10, dim=32, dropout=0.0, max_source_len=6, max_target_len=7,
+                         norm="pre")
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+        g = torch.Generator().manual_seed(0)
+        for _ in range(150):
+            src = torch.randint(4, 10, (32, 4), generator=g)
+            tgt_in = torch.cat([torch.ones(32, 1, dtype=torch.long), src.flip(1)], 1)
+            tgt_out = torch.cat([src.flip(1), torch.full((32, 1), 2)], 1)
+            loss = m((src, tgt_in), tgt_out).loss
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    finally:
+        torch.set_num_threads(threads)
+    return m.eval()
+
+
+def test_learns_to_reverse(reverser):
+    """The whole machinery (padding mask, causal decoder, cross-attention) learns a toy task quickly."""
+    src = torch.randint(4, 10, (100, 4), generator=torch.Generator().manual_seed(1))
+    out = greedy_search(reverser, src, max_len=5)
+    acc = (out[:, :4] == src.flip(1)).all(1).float().mean()
+    assert acc > 0.8, f"reversal accuracy {acc:.2f}"
+    assert (out[:, 4] == 2).float().mean() > 0.8  # and stops
+
+
+@pytest.mark.parametrize("trained", [True, False])
+def test_cached_and_uncached_decoding_agree(trained, reverser):
+    m = reverser if trained else _model()
+    src = torch.randint(4, 10, (6, 4), generator=torch.Generator().manual_seed(2))
+    src[3:, 3] = 0  # some padded sources
+    g1, g2 = greedy_search(m, src, use_cache=True), greedy_search(m, src, use_cache=False)
+    assert torch.equal(g1, g2)
+    b1 = beam_search(m, src, beam_size=3, use_cache=True)
+    b2 = beam_search(m, src, beam_size=3, use_cache=False)
+    assert torch.equal(b1, b2)
+    assert torch.equal(beam_search(m, src, beam_size=1), g1)
+
+
+def test_beam_search_scores_at_least_greedy():
+    """Without a length penalty, the beam's best log-probability is >= the greedy sequence's."""
+    m = _model()
+    src, _ = m.example_input(4)
+
+    def logprob(ids):
+        c = m.config
+        rows = []
+        for r in ids.tolist():
+            r = r[: r.index(c.eos_id) + 1] if c.eos_id in r else r
+            tgt = torch.tensor([[c.bos_id, *r[:-1]]])
+            lp = torch.log_softmax(m((src[len(rows) : len(rows) + 1], tgt)).logits, -1)[0]
+            rows.append(float(lp[torch.arange(len(r)), torch.tensor(r)].sum().detach()))
+        return torch.tensor(rows)
+
+    g = greedy_search(m, src)
+    b = beam_search(m, src, beam_size=4, alpha=0.0)
+    assert (logprob(b) >= logprob(g) - 1e-4).all()
+
+
+def test_bad_inputs_raise_clear_errors():
+    m = _model()
+    tgt = torch.tensor([[1, 5]])
+    with pytest.raises(ValueError, match="more than the model's maximum"):
+        m((torch.full((1, 17), 5), tgt))
+    with pytest.raises(ValueError, match="empty"):
+        m((torch.zeros(1, 0, dtype=torch.long), tgt))
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        m((torch.tensor([[5, V]]), tgt))
+    with pytest.raises(ValueError, match="integer tensor"):
+        m((torch.rand(1, 3), tgt))
+    with pytest.raises(ValueError, match="pair"):
+        m(torch.tensor([[5, 6]]))
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="must divide"):
+        Seq2SeqConfig(dim=30, num_heads=4)
+    with pytest.raises(ValueError, match="norm"):
+        Seq2SeqConfig(norm="mid")
+    with pytest.raises(ValueError, match="eos_id"):
+        Seq2SeqConfig(vocab_size=2, eos_id=2)

@@ -1,0 +1,76 @@
+import gzip
+import json
+import struct
+
+import numpy as np
+import pytest
+
+from tokennet.cli import main
+from tokennet.recipes import get_recipe, train
+
+TINY = {"dim": 16, "num_layers": 1, "num_heads": 2, "max_iters": 6, "time_budget": None, "eval_interval": 3,
+        "log_interval": 3, "progress": False, "batch_size": 16}
+
+
+def write_fashion(d, n_train=40, n_test=10):
+    d.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    names = {"train-images-idx3-ubyte": rng.integers(0, 256, (n_train, 28, 28), dtype=np.uint8),
+             "train-labels-idx1-ubyte": rng.integers(0, 10, n_train, dtype=np.uint8),
+             "t10k-images-idx3-ubyte": rng.integers(0, 256, (n_test, 28, 28), dtype=np.uint8),
+             "t10k-labels-idx1-ubyte": rng.integers(0, 10, n_test, dtype=np.uint8)}
+    for name, a in names.items():
+        head = bytes([0, 0, 8, a.ndim]) + b"".join(struct.pack(">I", s) for s in a.shape)
+        (d / (name + ".gz")).write_bytes(gzip.compress(head + a.tobytes()))
+    return d
+
+
+def test_digits_run_reports_accuracy_next_to_the_svm(tmp_path):
+    run, metrics = train("vit", out=tmp_path / "r", sets=TINY, device="cpu")
+    assert 0 <= metrics["test_accuracy"] <= 1 and metrics["test_loss"] > 0
+    assert metrics["baseline_svm_accuracy"] == pytest.approx(0.9689, abs=1e-3)  # sklearn's example figure
+    assert metrics["dataset"] == "digits" and metrics["train_size"] == 898 and metrics["test_size"] == 899
+    assert metrics["epochs"] == pytest.approx(6 / (898 // 16), abs=0.01)
+    saved = json.loads((run / "metrics.json").read_text())
+    assert saved["test_accuracy"] == metrics["test_accuracy"]
+    cfg = json.loads((run / "config.json").read_text())
+    assert cfg["family"] == "vit" and cfg["image_size"] == 8 and cfg["in_channels"] == 1
+    evaluated = get_recipe("vit").evaluate_run(run, None, "cpu")
+    assert evaluated["test_accuracy"] == pytest.approx(metrics["test_accuracy"])
+
+
+def test_mnist1d_profile_builds_a_1d_vit(tmp_path):
+    run, metrics = train("vit", data="mnist1d", out=tmp_path / "r", sets={**TINY, "svm_baseline": False},
+                         device="cpu")
+    cfg = json.loads((run / "config.json").read_text())
+    assert cfg["image_size"] == [40] and cfg["patch_size"] == 4
+    settings = json.loads((run / "run.json").read_text())["settings"]
+    assert settings["translate"] == 4 and settings["max_iters"] == 6  # profile where default, user value kept
+    assert metrics["dataset"] == "mnist1d" and "baseline_svm_accuracy" not in metrics
+
+
+def test_fashion_mnist_from_a_user_directory(tmp_path):
+    d = write_fashion(tmp_path / "fm")
+    run, metrics = train("vit", data=str(d), out=tmp_path / "r", sets=TINY, device="cpu")
+    cfg = json.loads((run / "config.json").read_text())
+    assert cfg["image_size"] == 28 and cfg["patch_size"] == 4
+    settings = json.loads((run / "run.json").read_text())["settings"]
+    assert settings["flip"] is True and settings["dim"] == 16
+    assert metrics["dataset"] == "fashion-mnist" and metrics["test_size"] == 10
+
+
+def test_bad_data_is_a_one_line_error(tmp_path, capsys):
+    out = str(tmp_path / "r")
+    assert main(["train", "vit", "--data", str(tmp_path / "missing"), "--out", out, "--max-iters", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "missing does not exist" in err[0]
+    d = write_fashion(tmp_path / "fm")
+    f = d / "train-images-idx3-ubyte.gz"
+    f.write_bytes(f.read_bytes()[:100])
+    assert main(["train", "vit", "--data", str(d), "--out", out, "--overwrite", "--max-iters", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "train-images-idx3-ubyte.gz is a truncated or corrupt gzip" in err[0]
+    assert main(["train", "vit", "--data", "cifar", "--out", out, "--overwrite"]) == 2
+    assert "unknown data 'cifar'" in capsys.readouterr().err
+    assert main(["train", "vit", "--out", out, "--overwrite", "--set", "in_channels=3", "--max-iters", "1"]) == 2
+    assert "in_channels=3 does not match the data: digits has in_channels=1" in capsys.readouterr().err
