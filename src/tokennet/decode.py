@@ -34,8 +34,7 @@ def _check(model: nn.Module, max_len: int | None) -> int:
     for name in ("init_decode", "decode_step"):
         if not hasattr(model, name):
             raise ValueError(f"{type(model).__name__} is not a conditional decoder (no {name})")
-    limit = getattr(model, "max_decode_len", None) or model.config.max_target_len
-    limit = limit - 1  # <bos> takes one position
+    limit = model.config.max_target_len - 1  # <bos> takes one position
     if max_len is None:
         return limit
     if max_len < 1:

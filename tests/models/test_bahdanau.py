@@ -8,6 +8,15 @@ from tokennet.models import create_model
 from tokennet.models.bahdanau import BahdanauConfig
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models: one thread is as fast, and far faster when other processes share the cores."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def _model(**kw):
     torch.manual_seed(0)
     m = create_model("bahdanau-micro", **kw).eval()

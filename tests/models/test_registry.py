@@ -101,3 +101,49 @@ def test_load_rejects_truncated_weights(tmp_path):
 def test_load_missing_dir(tmp_path):
     with pytest.raises(FileNotFoundError, match="not a saved tokennet model"):
         load_pretrained(tmp_path / "nope")
+
+
+def test_tampered_weights_are_detected(tmp_path):
+    m = create_model("gpt-micro", vocab_size=20)
+    save_pretrained(m, tmp_path)
+    w = tmp_path / "model.safetensors"
+    data = bytearray(w.read_bytes())
+    data[-10] ^= 0xFF  # one flipped bit pattern inside a tensor: still a valid safetensors file
+    w.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="checksum"):
+        load_pretrained(tmp_path)
+
+
+def test_pickle_weights_refused_unless_allowed(tmp_path):
+    import json
+
+    m = create_model("gpt-micro", vocab_size=20).eval()
+    save_pretrained(m, tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    torch.save(m.state_dict(), tmp_path / "pytorch_model.bin")
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="refusing to load pickle-based weights"):
+        load_pretrained(tmp_path)
+    loaded = load_pretrained(tmp_path, allow_pickle=True).eval()
+    x = m.example_input(1)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x).logits, m(x).logits)
+
+
+def test_pickle_with_code_is_not_executed(tmp_path):
+    """weights_only=True refuses arbitrary objects: a malicious pickle never runs."""
+    import pickle
+
+    save_pretrained(create_model("gpt-micro", vocab_size=20), tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    (tmp_path / "model.pt").write_bytes(pickle.dumps({"x": Evil()}))
+    with pytest.raises(ValueError, match="could not be loaded as plain tensors"):
+        load_pretrained(tmp_path, allow_pickle=True)
+    assert not marker.exists()

@@ -7,6 +7,16 @@ from tokennet.decode import beam_search, greedy_search
 from tokennet.models import create_model
 from tokennet.models.seq2seq import Seq2SeqConfig
 
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models: one thread is as fast, and far faster when other processes share the cores."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 V = 40
 
 
@@ -73,24 +83,19 @@ def test_cached_steps_match_full_recomputation():
 @pytest.fixture(scope="module")
 def reverser():
     """A micro model trained for a few seconds to reverse 4-token sequences (non-degenerate decoding)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matrices: one thread is faster and spares a shared machine
-    try:
-        torch.manual_seed(0)
-        m = create_model("seq2seq-micro", vocab_size=10, dim=32, dropout=0.0, max_source_len=6, max_target_len=7,
-                         norm="pre")
-        opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
-        g = torch.Generator().manual_seed(0)
-        for _ in range(150):
-            src = torch.randint(4, 10, (32, 4), generator=g)
-            tgt_in = torch.cat([torch.ones(32, 1, dtype=torch.long), src.flip(1)], 1)
-            tgt_out = torch.cat([src.flip(1), torch.full((32, 1), 2)], 1)
-            loss = m((src, tgt_in), tgt_out).loss
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-    finally:
-        torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    m = create_model("seq2seq-micro", vocab_size=10, dim=32, dropout=0.0, max_source_len=6, max_target_len=7,
+                     norm="pre")
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(150):
+        src = torch.randint(4, 10, (32, 4), generator=g)
+        tgt_in = torch.cat([torch.ones(32, 1, dtype=torch.long), src.flip(1)], 1)
+        tgt_out = torch.cat([src.flip(1), torch.full((32, 1), 2)], 1)
+        loss = m((src, tgt_in), tgt_out).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
     return m.eval()
 
 

@@ -170,3 +170,16 @@ def test_attention_maps_of_a_fused_backend_model_match_the_formula(backend):
     torch.testing.assert_close(m(x).logits, before)
     with pytest.raises(ValueError, match="layer 3 out of range"):
         m.attention_maps(x, layers=[3])
+
+
+def test_patch_dropout_keeps_a_random_subset_in_training_only():
+    m = micro(patch_dropout=0.5, pool="cls")
+    x = m.example_input(2)
+    assert m.forward_features(x).shape == (2, 17, 32)  # eval: every patch
+    m.train()
+    torch.manual_seed(0)
+    h = m.forward_features(x)
+    assert h.shape == (2, 1 + 8, 32)
+    m(x, m.example_targets(2)).loss.backward()
+    with pytest.raises(ValueError, match="patch_dropout"):
+        ViTConfig(patch_dropout=1.0)

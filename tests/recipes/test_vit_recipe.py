@@ -37,6 +37,8 @@ def test_digits_run_reports_accuracy_next_to_the_svm(tmp_path):
     assert cfg["family"] == "vit" and cfg["image_size"] == 8 and cfg["in_channels"] == 1
     evaluated = get_recipe("vit").evaluate_run(run, None, "cpu")
     assert evaluated["test_accuracy"] == pytest.approx(metrics["test_accuracy"])
+    with pytest.raises(ValueError, match="trained with image_size=8, but mnist1d .* has image_size=\\[40\\]"):
+        get_recipe("vit").evaluate_run(run, "mnist1d", "cpu")
 
 
 def test_mnist1d_profile_builds_a_1d_vit(tmp_path):

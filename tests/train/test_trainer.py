@@ -6,7 +6,7 @@ import torch
 
 from tokennet.data.text import LMBatches
 from tokennet.models import create_model
-from tokennet.train import Trainer, TrainConfig, TrainingStopped, cosine_lr, latest_checkpoint
+from tokennet.train import TrainConfig, Trainer, TrainingStopped, cosine_lr, latest_checkpoint
 
 
 def _setup(tmp_path, name, **cfg):

@@ -34,7 +34,7 @@ __all__ = [
     "all_dates",
     "split_dates",
     "sample_pairs",
-    "test_pairs",
+    "held_out_pairs",
     "alphabet",
     "DatePairs",
     "encode_pairs",
@@ -113,7 +113,7 @@ def iso(d: dt.date) -> str:
 
 
 def all_dates() -> list[dt.date]:
-    """Every date from :data:`FIRST_DATE` to :data:`LAST_DATE` (36,524 days), in order."""
+    """Every date from :data:`FIRST_DATE` to :data:`LAST_DATE` (36,525 days), in order."""
     n = (LAST_DATE - FIRST_DATE).days + 1
     return [FIRST_DATE + dt.timedelta(days=i) for i in range(n)]
 
@@ -168,7 +168,7 @@ def sample_pairs(dates: Sequence[dt.date], n: int, seed: int | str, formats: Seq
     return out
 
 
-def test_pairs(seed: int, n: int, test_fraction: float = 0.1,
+def held_out_pairs(seed: int, n: int, test_fraction: float = 0.1,
                val_fraction: float = 0.0) -> list[tuple[str, str, str]]:
     """The held-out test set: ``n`` ``(source, target, format)`` triples over the test dates of the split."""
     _, _, test = split_dates(seed, test_fraction, val_fraction)

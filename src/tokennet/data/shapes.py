@@ -43,7 +43,7 @@ __all__ = [
     "random_scene",
     "is_held_out",
     "sample_scenes",
-    "test_scenes",
+    "held_out_scenes",
     "images_of",
     "caption_corpus",
     "ShapeCaptions",
@@ -165,7 +165,7 @@ def sample_scenes(n: int, seed: int | str, *, held_out: bool, split_seed: int = 
     return out
 
 
-def test_scenes(seed: int, n: int, fraction: float = 0.2) -> list[Scene]:
+def held_out_scenes(seed: int, n: int, fraction: float = 0.2) -> list[Scene]:
     """The held-out test set of a split: ``n`` scenes whose combinations training never sees."""
     return sample_scenes(n, f"test-{seed}", held_out=True, split_seed=seed, fraction=fraction)
 

@@ -96,15 +96,29 @@ class VisionData:
 
 
 # -- digits ------------------------------------------------------------------------------------------
+def _digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """(1797, 64) pixels 0..16 and (1797,) labels, as ``sklearn.datasets.load_digits`` returns them."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or not spec.submodule_search_locations:
+        raise DataError("the digits data ship with scikit-learn: pip install scikit-learn")
+    # Reading scikit-learn's CSV directly skips importing sklearn.datasets (seconds on a busy machine).
+    path = Path(spec.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz"
+    if path.is_file():
+        a = np.loadtxt(path, delimiter=",")
+        return a[:, :-1], a[:, -1].astype(np.int64)
+    from sklearn.datasets import load_digits as sk_digits  # pragma: no cover - another layout
+
+    d = sk_digits()
+    return d.data, d.target
+
+
 def load_digits() -> VisionData:
     """scikit-learn's 8×8 digits, pixels / 16, first half train (898), second half test (899)."""
-    try:
-        from sklearn.datasets import load_digits as sk_digits
-    except ImportError as e:  # pragma: no cover - a dev dependency
-        raise DataError("the digits data ship with scikit-learn: pip install scikit-learn") from e
-    d = sk_digits()
-    x = torch.tensor(d.images, dtype=torch.float32)[:, None] / 16.0  # (N, 1, 8, 8)
-    y = torch.tensor(d.target, dtype=torch.long)
+    data, target = _digits_arrays()
+    x = torch.tensor(data, dtype=torch.float32).view(-1, 1, 8, 8) / 16.0  # (N, 1, 8, 8)
+    y = torch.tensor(target, dtype=torch.long)
     n = len(y) // 2
     return VisionData("digits", x[:n], y[:n], x[n:], y[n:], tuple(str(i) for i in range(10)),
                       source="sklearn.datasets.load_digits, split as in sklearn's example (first half trains)")

@@ -26,7 +26,7 @@ from ..attention.functional import masked_softmax
 from ..attention.masks import padding
 from ..attention.scores import AdditiveScore
 from .registry import ModelConfig, Output, register_family, register_preset
-from .seq2seq import _pair, check_token_ids, seq_loss
+from .seq2seq import check_token_ids, seq_loss, source_target
 
 __all__ = ["BahdanauConfig", "Bahdanau", "RNNState"]
 
@@ -155,7 +155,7 @@ class Bahdanau(nn.Module):
         return self.lm_head(self.drop(h)), hidden
 
     def forward(self, inputs: tuple[Tensor, Tensor], targets: Tensor | None = None) -> Output:
-        src, tgt = _pair(inputs)
+        src, tgt = source_target(inputs)
         c = self.config
         check_token_ids(tgt, c.vocab_size, c.max_target_len, "target")
         memory, mask, h0 = self.encode(src)

@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..fileio import atomic_write_text, sha256_file
+
 __all__ = [
     "ModelConfig",
     "Output",
@@ -138,19 +140,19 @@ def create_model(name: str, **overrides) -> nn.Module:
 def save_pretrained(model: nn.Module, directory: str | Path, *, extra: dict[str, Any] | None = None) -> Path:
     """Save a model as a directory: ``config.json`` and ``model.safetensors`` (never pickle).
 
-    Files are written to temporary names and renamed, so a crash never leaves half a model.
+    Files are written to temporary names and renamed, so a crash never leaves half a model. The
+    weights' SHA-256 goes into ``config.json``, so a tampered or truncated file is caught on load.
     """
     from safetensors.torch import save_model
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    cfg = {**model.config.to_dict(), **({"tokennet": extra} if extra else {})}
     tmp_w = directory / (WEIGHTS_FILE + ".tmp")
     save_model(model, str(tmp_w))
+    meta = {**(extra or {}), "weights_sha256": sha256_file(tmp_w)}
     tmp_w.replace(directory / WEIGHTS_FILE)
-    tmp_c = directory / (CONFIG_FILE + ".tmp")
-    tmp_c.write_text(json.dumps(cfg, indent=2) + "\n")
-    tmp_c.replace(directory / CONFIG_FILE)
+    cfg = {**model.config.to_dict(), "tokennet": meta}
+    atomic_write_text(directory / CONFIG_FILE, json.dumps(cfg, indent=2) + "\n")
     return directory
 
 
@@ -160,23 +162,55 @@ def read_config(directory: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"{directory} is not a saved tokennet model: {CONFIG_FILE} is missing")
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
+        d = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(d, dict) or "family" not in d:
+        raise ValueError(f"{path} is not a tokennet model config (no 'family' field)")
+    return d
 
 
-def load_pretrained(directory: str | Path, *, map_location: str | torch.device = "cpu") -> nn.Module:
-    """Load a model saved by :func:`save_pretrained`; the weights must match the config exactly."""
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
+
+
+def load_pretrained(directory: str | Path, *, map_location: str | torch.device = "cpu",
+                    allow_pickle: bool = False) -> nn.Module:
+    """Load a model saved by :func:`save_pretrained`; the weights must match the config exactly.
+
+    Weights load only from safetensors, which cannot run code. A pickle-based file (``.bin``, ``.pt``)
+    is refused unless ``allow_pickle=True``, and even then read with ``torch.load(weights_only=True)``.
+    The file's SHA-256 is checked against the one recorded at save time.
+    """
     from safetensors import SafetensorError
     from safetensors.torch import load_model
 
+    from ..train.checkpoint import check_state_dict
+
     directory = Path(directory)
     d = read_config(directory)
-    d.pop("tokennet", None)
+    meta = d.pop("tokennet", None) or {}
     model = model_from_config(d)
     wpath = directory / WEIGHTS_FILE
     if not wpath.is_file():
-        raise FileNotFoundError(f"{directory} has no {WEIGHTS_FILE}")
+        pickled = sorted(p for p in directory.iterdir() if p.suffix in PICKLE_SUFFIXES) if directory.is_dir() else []
+        if not pickled:
+            raise FileNotFoundError(f"{directory} has no {WEIGHTS_FILE}")
+        if not allow_pickle:
+            raise ValueError(f"refusing to load pickle-based weights {pickled[0]} (unpickling can run code); "
+                             "convert them to safetensors, or pass allow_pickle=True")
+        try:
+            sd = torch.load(pickled[0], map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 - any failure of an untrusted file is reported the same way
+            raise ValueError(f"{pickled[0]} could not be loaded as plain tensors: {str(e).splitlines()[0]}") from None
+        if not isinstance(sd, dict):
+            raise ValueError(f"{pickled[0]} does not hold a state dict")
+        check_state_dict(model.state_dict(), sd, str(pickled[0]))
+        model.load_state_dict(sd)
+        return model.to(map_location)
+    expected = meta.get("weights_sha256")
+    if expected is not None and sha256_file(wpath) != expected:
+        raise ValueError(f"{wpath} does not match the checksum recorded in {CONFIG_FILE}: "
+                         "the file was modified or truncated")
     try:
         missing, unexpected = load_model(model, str(wpath), strict=False, device=str(map_location))
     except (SafetensorError, RuntimeError, OSError) as e:

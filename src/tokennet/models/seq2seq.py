@@ -37,7 +37,7 @@ from ..layers.stack import Decoder, Encoder
 from ..position.sinusoidal import SinusoidalPosition
 from .registry import ModelConfig, Output, register_family, register_preset
 
-__all__ = ["Seq2SeqConfig", "Seq2Seq", "EncoderDecoderState", "check_token_ids"]
+__all__ = ["Seq2SeqConfig", "Seq2Seq", "EncoderDecoderState", "check_token_ids", "source_target", "seq_loss"]
 
 
 def check_token_ids(ids: Tensor, vocab_size: int, max_len: int, what: str) -> None:
@@ -203,7 +203,7 @@ class Seq2Seq(nn.Module):
     # -- the model contract --------------------------------------------------------------------
     def forward_features(self, inputs: tuple[Tensor, Tensor]) -> Tensor:
         """``(src (B, S), tgt_in (B, T))`` → decoder states ``(B, T, D)``."""
-        src, tgt = _pair(inputs)
+        src, tgt = source_target(inputs)
         memory, mask = self.encode(src)
         return self.decode(tgt, memory, mask)
 
@@ -253,7 +253,8 @@ class Seq2Seq(nn.Module):
         return torch.randint(self.config.vocab_size, (batch_size, min(8, self.config.max_target_len)), generator=g)
 
 
-def _pair(inputs) -> tuple[Tensor, Tensor]:
+def source_target(inputs) -> tuple[Tensor, Tensor]:
+    """``(src, tgt_in)`` from a pair (or a dict with keys ``src``, ``tgt``), checking the batch sizes agree."""
     if isinstance(inputs, dict):
         inputs = (inputs.get("src"), inputs.get("tgt"))
     if not isinstance(inputs, (tuple, list)) or len(inputs) != 2:

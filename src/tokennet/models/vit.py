@@ -317,9 +317,10 @@ class ViT(nn.Module):
 
 register_family("vit", ViTConfig, ViT)
 register_preset("vit", "vit", "ViT-Ti/16 (DeiT-Tiny shape): 224×224 RGB, 16×16 patches, 12 layers × 192, 1000 classes")
-register_preset("vit-digits", "vit", "ViT for 8×8 digits: 2×2 patches (16 tokens), 4 layers × 64, mean pooling",
-                image_size=8, patch_size=2, in_channels=1, num_classes=10, dim=64, num_layers=4, num_heads=4,
-                mlp_ratio=2.0, pool="mean", label_smoothing=0.1)
+register_preset("vit-digits", "vit", "ViT for 8×8 digits: overlapping 4×4 patches at stride 2 (zero-padded, 16 "
+                "tokens), 4 layers × 64, mean pooling",
+                image_size=8, patch_size=4, patch_stride=2, pad=True, in_channels=1, num_classes=10, dim=64,
+                num_layers=4, num_heads=4, mlp_ratio=2.0, pool="mean", label_smoothing=0.1)
 register_preset("vit-fashion", "vit", "ViT for 28×28 Fashion-MNIST: 4×4 patches (49 tokens), 6 layers × 128",
                 image_size=28, patch_size=4, in_channels=1, num_classes=10, dim=128, num_layers=6, num_heads=4,
                 mlp_ratio=2.0, pool="mean", label_smoothing=0.1)

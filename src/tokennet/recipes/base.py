@@ -19,6 +19,7 @@ from typing import Any
 
 from torch import nn
 
+from ..fileio import atomic_write_text
 from ..models.registry import config_from_dict, model_from_config, preset_info, save_pretrained
 from ..train.distributed import barrier, full_state, init_distributed
 from ..train.trainer import TrainConfig, Trainer, resolve_device
@@ -242,7 +243,7 @@ def _train(recipe, out, defaults, data, sets, dev, info, resume, overwrite):
         _seed_everything(tcfg.seed + 1000 * info.rank)  # different dropout masks per rank
     if info.is_main:
         run = {"recipe": recipe.name, "model": recipe.model, "data": data, "settings": settings}
-        (out / RUN_FILE).write_text(json.dumps(run, indent=2) + "\n")
+        atomic_write_text(out / RUN_FILE, json.dumps(run, indent=2) + "\n")
         if job.tokenizer is not None:
             job.tokenizer.save(out / "tokenizer.json")
     trainer = Trainer(job.model, tcfg, job.source, evaluate=job.evaluate, out_dir=out, device=dev,
@@ -265,5 +266,5 @@ def _train(recipe, out, defaults, data, sets, dev, info, resume, overwrite):
         metrics["world_size"] = info.world_size
     if job.finish is not None:
         metrics.update(job.finish(model))
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
     return out, metrics

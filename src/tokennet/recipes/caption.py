@@ -30,9 +30,9 @@ from ..data.shapes import (
     caption,
     caption_corpus,
     encode_captions,
+    held_out_scenes,
     images_of,
     sample_scenes,
-    test_scenes,
 )
 from ..decode import beam_search, greedy_search, strip_special
 from ..models.registry import create_model, load_pretrained
@@ -60,7 +60,7 @@ def caption_images(model, tok, images: torch.Tensor, *, beam_size: int = 1, batc
 
 def _test_scenes(settings: dict[str, Any]):
     """The held-out test scenes of a run's settings."""
-    return test_scenes(settings["seed"], settings["test_size"], settings["held_out_fraction"])
+    return held_out_scenes(settings["seed"], settings["test_size"], settings["held_out_fraction"])
 
 
 def _evaluate(model, tok, scenes, beam_size: int) -> dict[str, Any]:

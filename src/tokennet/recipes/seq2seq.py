@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from ..data.dates import DatePairs, alphabet, encode_pairs, sample_pairs, split_dates, test_pairs
+from ..data.dates import DatePairs, alphabet, encode_pairs, held_out_pairs, sample_pairs, split_dates
 from ..data.text import DataError
 from ..decode import beam_search, greedy_search, strip_special
 from ..models.registry import create_model, load_pretrained
@@ -107,7 +107,7 @@ def translate_run(run_dir: str | Path, text: str, *, beam_size: int | None = Non
 
 
 def _test_pairs(options: dict[str, Any], seed: int) -> list[tuple[str, str, str]]:
-    return test_pairs(seed, options["test_size"], options["test_fraction"], options["val_fraction"])
+    return held_out_pairs(seed, options["test_size"], options["test_fraction"], options["val_fraction"])
 
 
 def _evaluate_pairs(model, tok, triples, options) -> dict[str, Any]:

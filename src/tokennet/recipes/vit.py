@@ -144,6 +144,11 @@ def evaluate_run(run_dir, data, device) -> dict[str, Any]:
     spec = data if data is not None else run.get("data")
     ds = load_dataset(spec)
     model = load_pretrained(run_dir).to(device).eval()
+    c = model.config
+    for k, have in (("image_size", ds.image_size), ("in_channels", ds.in_channels), ("num_classes", ds.num_classes)):
+        if getattr(c, k) != have:
+            raise DataError(f"{run_dir} was trained with {k}={getattr(c, k)}, but {ds.name} ({spec}) has {k}={have}; "
+                            "evaluate it on data like its own")
     m = evaluate_classifier(model, ds.x_test, ds.y_test, batch_size=run["settings"].get("eval_batch_size", 500))
     return {"dataset": ds.name, "test_size": len(ds.y_test), **m}
 

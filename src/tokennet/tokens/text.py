@@ -40,6 +40,8 @@ import numpy as np
 from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HFTokenizer
 
+from ..fileio import atomic_write_text
+
 logger = logging.getLogger(__name__)
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
@@ -213,7 +215,7 @@ class Tokenizer(ABC):
         if path.is_dir() or not path.suffix:
             path = path / "tokenizer.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), ensure_ascii=False), encoding="utf-8")
+        atomic_write_text(path, json.dumps(self.to_dict(), ensure_ascii=False))
         return path
 
     @staticmethod

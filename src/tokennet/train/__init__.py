@@ -3,7 +3,7 @@
 from .checkpoint import Checkpoint, latest_checkpoint, read_checkpoint, save_checkpoint
 from .distributed import DistInfo, init_distributed
 from .optim import configure_optimizer, cosine_lr
-from .trainer import BatchSource, Trainer, TrainConfig, TrainingStopped, resolve_device
+from .trainer import BatchSource, TrainConfig, Trainer, TrainingStopped, resolve_device
 
 __all__ = [
     "Trainer",

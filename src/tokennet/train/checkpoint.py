@@ -25,6 +25,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..fileio import sha256_file
+
 __all__ = ["save_checkpoint", "read_checkpoint", "latest_checkpoint", "capture_rng", "restore_rng",
            "check_state_dict", "Checkpoint"]
 
@@ -93,7 +95,9 @@ def check_state_dict(expected: dict[str, Any], got: dict[str, torch.Tensor], whe
         raise ValueError(f"{where} does not match the model: unexpected tensor {unexpected[0]!r}")
     for k, t in expected.items():
         if tuple(got[k].shape) != tuple(t.shape):
-            raise ValueError(f"{where}: tensor {k!r} has shape {tuple(got[k].shape)}, the model expects {tuple(t.shape)}")
+            raise ValueError(
+                f"{where}: tensor {k!r} has shape {tuple(got[k].shape)}, the model expects {tuple(t.shape)}"
+            )
         if got[k].dtype != t.dtype:
             raise ValueError(f"{where}: tensor {k!r} has dtype {got[k].dtype}, the model expects {t.dtype}")
 
@@ -139,6 +143,7 @@ def save_checkpoint(
             tensors[f"rng/{r}/{k}"] = v
     save_file(tensors, str(tmp / "state.safetensors"))
     meta = {"step": step, "aliases": aliases,
+            "sha256": {f: sha256_file(tmp / f) for f in ("model.safetensors", "state.safetensors")},
             "optimizer": {"param_groups": optim_state["param_groups"], "scalars": scalars},
             "rng": [js for js, _ in rng], **trainer_state}
     (tmp / "trainer.json").write_text(json.dumps(meta))
@@ -198,6 +203,9 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
     path = Path(path)
     try:
         meta = json.loads((path / "trainer.json").read_text())
+        for f, digest in meta.get("sha256", {}).items():
+            if sha256_file(path / f) != digest:
+                raise ValueError(f"checkpoint {path}: {f} does not match its recorded checksum (modified or truncated)")
         weights = load_file(str(path / "model.safetensors"))
         tensors = load_file(str(path / "state.safetensors"))
     except (OSError, SafetensorError, RuntimeError, json.JSONDecodeError, UnicodeDecodeError) as e:

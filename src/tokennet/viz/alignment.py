@@ -231,10 +231,10 @@ def seq2seq_viz(run_dir: Path, out_dir: Path, *, index: int | None = None, layer
     if text is None:
         if settings is None:
             raise ValueError(f"{run_dir} has no run.json to draw test examples from; pass --text")
-        from ..data.dates import test_pairs
+        from ..data.dates import held_out_pairs
 
-        pairs = test_pairs(settings["seed"], settings["test_size"], settings["test_fraction"],
-                           settings["val_fraction"])
+        pairs = held_out_pairs(settings["seed"], settings["test_size"], settings["test_fraction"],
+                               settings["val_fraction"])
         index = 0 if index is None else index
         _select(len(pairs), index, "index")
         text, ref = pairs[index][0], pairs[index][1]
@@ -273,7 +273,7 @@ def caption_viz(run_dir: Path, out_dir: Path, *, index: int | None = None, layer
         layer, head: use only this layer / head.
         device: where to run the model.
     """
-    from ..data.shapes import caption, images_of, test_scenes
+    from ..data.shapes import caption, held_out_scenes, images_of
     from ..decode import greedy_search, strip_special
 
     run_dir, out_dir = Path(run_dir), Path(out_dir)
@@ -281,7 +281,7 @@ def caption_viz(run_dir: Path, out_dir: Path, *, index: int | None = None, layer
     if settings is None:
         raise ValueError(f"{run_dir} has no run.json to draw the test images from")
     c = model.config
-    scenes = test_scenes(settings["seed"], settings["test_size"], settings["held_out_fraction"])
+    scenes = held_out_scenes(settings["seed"], settings["test_size"], settings["held_out_fraction"])
     index = 0 if index is None else index
     _select(len(scenes), index, "index")
     scene = scenes[index]

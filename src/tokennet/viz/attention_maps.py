@@ -120,17 +120,22 @@ def _show_image(ax, image: Tensor) -> None:
         ax.imshow(((img - lo) / (hi - lo + 1e-8)).numpy(), interpolation="nearest")
 
 
-def _overlay(ax, image: Tensor, heat: Tensor) -> None:
-    """The image in grey under the heat map; the heat is transparent where it is low, so the image shows
-    where the attention is not."""
-    import matplotlib
+def _overlay(ax, image: Tensor, heat: Tensor, peak: float | None = None) -> None:
+    """The image in grey under the heat map, scaled to its own largest value; the heat is transparent where
+    it is low, so the image shows where the attention is not. ``peak`` (the largest attention weight) is
+    printed in the corner: near 1/N the panel is close to uniform, near 1 it is one patch."""
+    import matplotlib.patheffects as pe
+    from matplotlib import colormaps
 
     _show_image(ax, image)
     h = heat.detach().float().cpu()
     h = (h / h.max().clamp_min(1e-12)).numpy()  # 0..1: the largest weight is full colour
-    rgba = matplotlib.colormaps["inferno"](h)
-    rgba[..., 3] = 0.2 + 0.75 * h
+    rgba = colormaps["inferno"](h)
+    rgba[..., 3] = 0.85 * h
     ax.imshow(rgba, interpolation="nearest")
+    if peak is not None:
+        ax.text(0.03, 0.03, f"max {peak:.2f}", transform=ax.transAxes, fontsize=7, color="white",
+                path_effects=[pe.withStroke(linewidth=2, foreground="black")])
     ax.set_xticks([])
     ax.set_yticks([])
 
@@ -208,13 +213,14 @@ def plot_patch_attention(image: Tensor, rows: dict[int, Tensor], geom: dict, pat
                 _signal_strip(ax, image, vals, geom, box)
             else:
                 heat = patch_map(vals, geom["grid"], geom["image_hw"], geom["patch"], geom["stride"], geom["offset"])
-                _overlay(ax, image, heat)
+                _overlay(ax, image, heat, peak=float(vals.max()))
                 _outline(ax, box)
             if r == 0:
                 ax.set_title(name, fontsize=9)
             if c == 1:
                 ax.set_ylabel(f"layer {layer}", fontsize=9)
-    fig.suptitle(title or f"attention of patch {patch} to every patch", fontsize=10)
+    fig.suptitle((title or f"attention of patch {patch} to every patch") + "\n(each panel scaled to its largest "
+                 f"weight, printed in its corner; uniform = {1 / att.shape[-1]:.2f})", fontsize=10)
     fig.tight_layout()
     return _save(fig, path)
 
@@ -245,7 +251,7 @@ def plot_rollout(image: Tensor, last_layer: Tensor, rollout: Tensor, geom: dict,
             ax.set_yticks([])
         else:
             _overlay(ax, image, patch_map(vals, geom["grid"], geom["image_hw"], geom["patch"], geom["stride"],
-                                          geom["offset"]))
+                                          geom["offset"]), peak=float(vals.max()))
         ax.set_title(name, fontsize=9)
     fig.suptitle(title or "attention rollout", fontsize=10)
     fig.tight_layout()

@@ -1,0 +1,97 @@
+"""Training survives SIGKILL at random moments (even mid-checkpoint) and Ctrl-C, and resumes exactly."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tokennet.train import latest_checkpoint, read_checkpoint
+
+SETS = {"dim": 32, "num_layers": 1, "num_heads": 2, "block_size": 16, "batch_size": 4, "eval_iters": 2,
+        "sample_tokens": 0, "warmup_iters": 5, "eval_interval": 0, "dropout": 0.1, "checkpoint_interval": 1,
+        "keep_checkpoints": 3, "max_iters": 200}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    p = tmp_path_factory.mktemp("data") / "corpus.txt"
+    p.write_text("".join(f"{i} jumps over the lazy dog; the quick brown fox.\n" for i in range(300)))
+    return p
+
+
+def _cmd(corpus, out, resume):
+    cmd = [sys.executable, "-m", "tokennet", "-q", "train", "gpt-char", "--data", str(corpus), "--out", str(out),
+           "--set", *[f"{k}={v}" for k, v in SETS.items()], "progress=false"]
+    return cmd + (["--resume"] if resume else [])
+
+
+def _env():
+    return {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def _check_all_checkpoints_load(out):
+    ck = out / "checkpoints"
+    if not ck.exists():
+        return 0
+    steps = sorted(p for p in ck.glob("step-*"))
+    for p in steps:
+        read_checkpoint(p)  # raises if any surviving checkpoint is damaged
+    if (ck / "latest").exists():
+        latest_checkpoint(ck)
+    return len(steps)
+
+
+def test_sigkill_at_random_moments_then_resume_equals_uninterrupted(tmp_path, corpus):
+    ref_out = tmp_path / "ref"  # a subprocess too: same thread count, same float reductions
+    r = subprocess.run(_cmd(corpus, ref_out, False), capture_output=True, text=True, env=_env())
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = tmp_path / "killed"
+    rng = random.Random(0)
+    kills = 0
+    for attempt in range(5):  # four random kills, then a last run left to finish
+        resume = (out / "run.json").exists()
+        p = subprocess.Popen(_cmd(corpus, out, resume), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             env=_env())
+        if attempt < 4:
+            time.sleep(rng.uniform(1.5, 4.0))
+            if p.poll() is None:
+                p.send_signal(signal.SIGKILL)
+                p.wait()
+                kills += 1
+                _check_all_checkpoints_load(out)
+                continue
+        _, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err.decode()[-2000:]
+        break
+    assert kills >= 1, "no kill landed during training; slow the run down"
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["step"] == SETS["max_iters"]
+    a, b = load_file(str(ref_out / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_ctrl_c_writes_a_checkpoint_and_exits_cleanly(tmp_path, corpus):
+    out = tmp_path / "run"
+    p = subprocess.Popen(_cmd(corpus, out, False), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(),
+                         text=True)
+    deadline = time.time() + 60
+    while not (out / "checkpoints" / "latest").exists():
+        assert time.time() < deadline and p.poll() is None, "training did not start"
+        time.sleep(0.1)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130
+    assert "--resume" in err and "Traceback" not in err
+    step = read_checkpoint(latest_checkpoint(out / "checkpoints")).step
+    assert 0 < step < SETS["max_iters"]
+    r = subprocess.run(_cmd(corpus, out, True), capture_output=True, text=True, env=_env())
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads((out / "metrics.json").read_text())["step"] == SETS["max_iters"]
