@@ -41,12 +41,12 @@ NANOGPT_SETTINGS = {"dim": 128, "num_layers": 4, "num_heads": 4, "block_size": 6
                     "batch_size": 12, "lr": 1e-3, "min_lr": 1e-4, "warmup_iters": 100, "weight_decay": 0.1,
                     "beta1": 0.9, "beta2": 0.99, "grad_clip": 1.0, "eval_iters": 20, "eval_interval": 250,
                     "max_iters": 2000, "val_fraction": 0.1, "sample_tokens": 0, "position": "learned",
-                    "tie_weights": True}
+                    "tie_weights": True, "time_budget": None}
 # tokennet's own recipe for speed to 1.886: longer context, higher learning rate, a little wider.
 BEST_SETTINGS = {"dim": 128, "num_layers": 4, "num_heads": 4, "block_size": 128, "bias": False, "dropout": 0.0,
                  "batch_size": 16, "lr": 3e-3, "min_lr": 3e-4, "warmup_iters": 50, "weight_decay": 0.1,
                  "beta2": 0.99, "grad_clip": 1.0, "eval_iters": 20, "eval_interval": 50, "max_iters": 1200,
-                 "val_fraction": 0.1, "sample_tokens": 0, "target_val_loss": NANOGPT_VAL}
+                 "val_fraction": 0.1, "sample_tokens": 0, "target_val_loss": NANOGPT_VAL, "time_budget": None}
 
 
 class _NanoBlock(nn.Module):
@@ -91,7 +91,8 @@ class NanoGPTReference(nn.Module):
 def _env() -> dict:
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?") \
         if Path("/proc/cpuinfo").exists() else platform.processor()
-    return {"torch": torch.__version__, "threads": torch.get_num_threads(), "cpu": cpu, "python": sys.version.split()[0]}
+    return {"torch": torch.__version__, "threads": torch.get_num_threads(), "cpu": cpu,
+            "python": sys.version.split()[0]}
 
 
 def throughput(args) -> dict:

@@ -45,8 +45,11 @@ def _add_train(sub) -> None:
     p.add_argument("recipe", help="recipe name, e.g. gpt, gpt-char")
     p.add_argument("--data", help="data: a text file, directory or glob (recipe-specific; default: embedded)")
     p.add_argument("--out", help="run directory (default: runs/RECIPE)")
-    p.add_argument("--max-iters", type=int, help="optimizer steps")
-    p.add_argument("--time-budget", type=float, metavar="SEC", help="stop after SEC seconds of training")
+    p.add_argument("--max-iters", type=int,
+                   help="optimizer steps; given alone, it replaces the recipe's default time budget")
+    p.add_argument("--time-budget", type=float, metavar="SEC",
+                   help="stop after SEC seconds of training (evaluation excluded); the learning-rate schedule "
+                   "then follows time")
     p.add_argument("--seed", type=int, help="random seed (data order, init, dropout)")
     p.add_argument("--device", default="auto", help="auto (CUDA if present, else CPU), cpu, cuda, cuda:N, mps")
     p.add_argument("--set", dest="sets", nargs="+", default=[], metavar="KEY=VALUE", help="override settings")

@@ -185,6 +185,9 @@ def train(
 ) -> tuple[Path, dict[str, Any]]:
     """Train a recipe into a run directory; return ``(run_dir, metrics)``.
 
+    Setting ``max_iters`` without ``time_budget`` drops the recipe's default time budget, so the run is
+    an exact, reproducible iteration budget.
+
     The run directory holds ``run.json`` (recipe, settings, data), ``config.json`` and
     ``model.safetensors`` (the final model), ``tokenizer.json`` for text, ``metrics.json``,
     ``log.jsonl`` and ``checkpoints/``.
@@ -224,6 +227,8 @@ def _train(recipe, out, defaults, data, sets, dev, info, resume, overwrite):
     if saved is not None:
         settings.update(saved["settings"])
         data = saved.get("data") if data is None else data
+    if "max_iters" in sets and "time_budget" not in sets and saved is None:
+        settings["time_budget"] = None  # an explicit iteration budget replaces the recipe's default time budget
     settings.update(sets)
     model_over, tcfg, opts = recipe.split(settings)
     created = not out.exists()

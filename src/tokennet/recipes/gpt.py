@@ -104,8 +104,9 @@ register_recipe(Recipe(
     model="gpt",
     build=build,
     options={"tokenizer": "bpe", "vocab_size": 1024, **_COMMON_OPTS},
-    model_defaults={"dim": 192, "num_layers": 4, "num_heads": 6, "block_size": 128, "dropout": 0.0},
-    train_defaults={"max_iters": 1500, "batch_size": 32, "lr": 2e-3, "warmup_iters": 100, "eval_interval": 250},
+    model_defaults={"dim": 128, "num_layers": 4, "num_heads": 4, "block_size": 128, "dropout": 0.1},
+    train_defaults={"max_iters": 100_000, "time_budget": 150.0, "batch_size": 16, "lr": 2e-3, "warmup_iters": 100,
+                    "eval_interval": 250},
     evaluate_run=evaluate_run,
 ))
 
@@ -115,7 +116,8 @@ register_recipe(Recipe(
     model="gpt",
     build=build,
     options={"tokenizer": "char", "vocab_size": 0, **_COMMON_OPTS},
-    model_defaults={"dim": 128, "num_layers": 4, "num_heads": 4, "block_size": 64, "dropout": 0.0},
-    train_defaults={"max_iters": 2000, "batch_size": 12, "lr": 1e-3, "warmup_iters": 100, "eval_interval": 250},
+    model_defaults={"dim": 128, "num_layers": 4, "num_heads": 4, "block_size": 128, "dropout": 0.0},
+    train_defaults={"max_iters": 100_000, "time_budget": 150.0, "batch_size": 16, "lr": 2e-3, "warmup_iters": 100,
+                    "eval_interval": 250},
     evaluate_run=evaluate_run,
 ))
