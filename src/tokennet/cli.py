@@ -31,6 +31,13 @@ class CLIError(Exception):
     """An expected failure: printed as one line, exit status 2."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (like every other tokennet error), exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"tokennet: error: {message} (see `{self.prog} --help`)\n")
+
+
 def _add_train(sub) -> None:
     p = sub.add_parser(
         "train",
@@ -119,7 +126,7 @@ def _add_viz(sub) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="tokennet",
         description="tokennet: turn any data into tokens, then one generic transformer processes the tokens.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -127,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"tokennet {_version()}")
     parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors on stderr")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.add_parser("list", help="list models and recipes", description="List registered models and recipes.")
     _add_train(sub)
     _add_generate(sub)
@@ -326,7 +333,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tokennet: error: {msg}", file=sys.stderr)
         return 2
     except OSError as e:
-        print(f"tokennet: error: {e.strerror or e} ({getattr(e, 'filename', '') or ''})", file=sys.stderr)
+        where = f" ({e.filename})" if getattr(e, "filename", None) else ""
+        print(f"tokennet: error: {e.strerror or e}{where}", file=sys.stderr)
+        return 2
+    except Exception as e:
+        from safetensors import SafetensorError
+
+        if not isinstance(e, SafetensorError):
+            raise
+        print(f"tokennet: error: could not write or read weights: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("tokennet: interrupted", file=sys.stderr)

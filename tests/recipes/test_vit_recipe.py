@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from tokennet.cli import main
+from tokennet.models import create_model
 from tokennet.recipes import get_recipe, train
 
 TINY = {"dim": 16, "num_layers": 1, "num_heads": 2, "max_iters": 6, "time_budget": None, "eval_interval": 3,
@@ -55,7 +56,9 @@ def test_fashion_mnist_from_a_user_directory(tmp_path):
     d = write_fashion(tmp_path / "fm")
     run, metrics = train("vit", data=str(d), out=tmp_path / "r", sets=TINY, device="cpu")
     cfg = json.loads((run / "config.json").read_text())
-    assert cfg["image_size"] == 28 and cfg["patch_size"] == 4
+    fashion = create_model("vit-fashion").config
+    for k in ("patch_size", "patch_stride", "pad", "pool", "image_size"):  # every field of the profile's preset
+        assert cfg[k] == getattr(fashion, k), k
     settings = json.loads((run / "run.json").read_text())["settings"]
     assert settings["flip"] is True and settings["dim"] == 16
     assert metrics["dataset"] == "fashion-mnist" and metrics["test_size"] == 10

@@ -53,7 +53,7 @@ __all__ = [
 IMAGE_SIZE = 48
 GRID = 3
 CELL = IMAGE_SIZE // GRID  # 16 pixels
-SIZES = {"small": (5, 7), "large": (11, 13)}  # side length range in pixels
+SIZES = {"small": (7, 8), "large": (12, 14)}  # side length range in pixels
 COLORS = {"red": (0.86, 0.12, 0.12), "green": (0.13, 0.63, 0.2), "blue": (0.15, 0.3, 0.9),
           "yellow": (0.93, 0.78, 0.1)}
 SHAPES = ("circle", "square", "triangle")
@@ -114,7 +114,7 @@ def render(scene: Scene, image_size: int = IMAGE_SIZE) -> np.ndarray:
         if o.shape == "circle":
             inside = dx * dx + dy * dy <= r * r
         elif o.shape == "square":
-            inside = (np.abs(dx) <= r * 0.85) & (np.abs(dy) <= r * 0.85)  # same area feel as the circle
+            inside = (np.abs(dx) <= r) & (np.abs(dy) <= r)
         else:  # triangle pointing up: apex at the top, base at the bottom
             t = (dy + r) / (2 * r)  # 0 at the apex, 1 at the base
             inside = (t >= 0) & (t <= 1) & (np.abs(dx) <= t * r)

@@ -152,7 +152,8 @@ class _CaptionerBase(nn.Module):
 
     def embed_image(self, images: Tensor) -> Tensor:
         """Images ``(B, C, H, W)`` → patch tokens with positions ``(B, P, D)``."""
-        return self.drop(self.img_pos(self.patch(self.check_images(images) - 0.5)))
+        x = self.check_images(images) - 0.5  # pixels in [0, 1], centred so a white background is not a bias
+        return self.drop(self.img_pos(self.patch(x)))
 
     def embed_text(self, ids: Tensor, offset: int = 0) -> Tensor:
         """Caption ids ``(B, T)`` → token embeddings with positions ``(B, T, D)``."""

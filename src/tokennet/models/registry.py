@@ -148,8 +148,12 @@ def save_pretrained(model: nn.Module, directory: str | Path, *, extra: dict[str,
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     tmp_w = directory / (WEIGHTS_FILE + ".tmp")
-    save_model(model, str(tmp_w))
-    meta = {**(extra or {}), "weights_sha256": sha256_file(tmp_w)}
+    try:
+        save_model(model, str(tmp_w))
+        meta = {**(extra or {}), "weights_sha256": sha256_file(tmp_w)}
+    except BaseException:
+        tmp_w.unlink(missing_ok=True)
+        raise
     tmp_w.replace(directory / WEIGHTS_FILE)
     cfg = {**model.config.to_dict(), "tokennet": meta}
     atomic_write_text(directory / CONFIG_FILE, json.dumps(cfg, indent=2) + "\n")

@@ -246,15 +246,15 @@ def _train(recipe, out, defaults, data, sets, dev, info, resume, overwrite):
         raise
     if info.enabled:
         _seed_everything(tcfg.seed + 1000 * info.rank)  # different dropout masks per rank
-    if info.is_main:
-        run = {"recipe": recipe.name, "model": recipe.model, "data": data, "settings": settings}
-        atomic_write_text(out / RUN_FILE, json.dumps(run, indent=2) + "\n")
-        if job.tokenizer is not None:
-            job.tokenizer.save(out / "tokenizer.json")
     trainer = Trainer(job.model, tcfg, job.source, evaluate=job.evaluate, out_dir=out, device=dev,
                       tokens_per_batch=job.tokens_per_batch, dist=info)
     if resume:
-        trainer.resume()
+        trainer.resume()  # a damaged checkpoint stops here, before any file of the run is touched
+    if info.is_main:
+        run = {"recipe": recipe.name, "model": recipe.model, "data": data, "settings": settings}
+        atomic_write_text(out / RUN_FILE, json.dumps(run, indent=2) + "\n")
+        if job.tokenizer is not None and not (out / "tokenizer.json").is_file():
+            job.tokenizer.save(out / "tokenizer.json")
     final = trainer.fit()
     if not info.enabled:
         model = job.model

@@ -28,7 +28,7 @@ import torch
 
 from ..data.text import DataError
 from ..data.vision import Augment, ImageBatches, VisionData, dataset_kind, evaluate_classifier, load_dataset
-from ..models.registry import create_model, load_pretrained, preset_info
+from ..models.registry import config_from_dict, create_model, load_pretrained, preset_info
 from .base import Job, Recipe, register_recipe
 
 __all__ = ["PROFILES", "svm_baseline"]
@@ -57,7 +57,8 @@ PROFILES: dict[str, dict[str, Any]] = {
     },
 }
 
-_OPTIONS = {"translate": 1, "flip": False, "erase": 0.0, "svm_baseline": True, "eval_batch_size": 500}
+_OPTIONS = {"translate": 1, "flip": False, "erase": 0.0, "rotate": 0.0, "scale": 0.0, "mixup": 0.0,
+            "svm_baseline": True, "eval_batch_size": 500}
 _TRAIN_DEFAULTS = {"max_iters": 1500, "time_budget": 45.0, "batch_size": 64, "lr": 2e-3, "warmup_iters": 100,
                    "weight_decay": 0.05, "beta2": 0.99, "eval_interval": 500, "log_interval": 50}
 
@@ -69,8 +70,10 @@ def _apply_profile(kind: str, settings: dict[str, Any], train, data: VisionData)
     """
     defaults = RECIPE.defaults()
     prof = PROFILES[kind]
-    _, preset, _ = preset_info(prof["model"])
-    wanted = {**preset, **prof["settings"]}
+    family, preset, _ = preset_info(prof["model"])
+    model_cfg = config_from_dict({"family": family, **preset}).to_dict()  # every field, not just the preset's
+    model_cfg.pop("family")
+    wanted = {**model_cfg, **prof["settings"]}
     changed = []
     for k, v in wanted.items():
         if k in DATA_FIELDS or k not in settings:
@@ -117,8 +120,10 @@ def build(*, settings, model_overrides, train, options, data, device, out_dir) -
     opts = {k: settings[k] for k in _OPTIONS}
     torch.manual_seed(train.seed)
     model = create_model("vit", **_model_fields(settings))
-    aug = Augment(translate=int(opts["translate"]), flip=bool(opts["flip"]), erase=float(opts["erase"]))
-    src = ImageBatches(ds.x_train, ds.y_train, train.batch_size, seed=train.seed, augment=aug if aug.active else None)
+    aug = Augment(translate=int(opts["translate"]), flip=bool(opts["flip"]), erase=float(opts["erase"]),
+                  rotate=float(opts["rotate"]), scale=float(opts["scale"]))
+    src = ImageBatches(ds.x_train, ds.y_train, train.batch_size, seed=train.seed, augment=aug if aug.active else None,
+                       mixup=float(opts["mixup"]), num_classes=ds.num_classes)
     log.info("%s: %d train / %d test, input %s; ViT %.3fM parameters, %d tokens, %d steps per epoch", ds.name,
              len(ds.y_train), len(ds.y_test), tuple(ds.x_train.shape[1:]), model.num_parameters() / 1e6,
              model.config.grid[0] * model.config.grid[1] + model.config.num_prefix, src.steps_per_epoch)

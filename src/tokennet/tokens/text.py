@@ -331,12 +331,18 @@ def _resolve_pattern(pattern: str) -> str:
     return pattern
 
 
+MAX_PIECE = 256
+
+
 def _new_engine(regex: str) -> HFTokenizer:
     """An untrained byte-level BPE: regex split, then bytes → GPT-2 characters; no unk token needed."""
     hf = HFTokenizer(models.BPE())
     hf.pre_tokenizer = pre_tokenizers.Sequence(
         [
             pre_tokenizers.Split(Regex(regex), behavior="isolated"),
+            # A pathological "word" (a megabyte without a space) would make BPE quadratic: cut every
+            # piece into runs of at most MAX_PIECE characters. Real words never come near it.
+            pre_tokenizers.Split(Regex(rf"[\s\S]{{1,{MAX_PIECE}}}"), behavior="isolated"),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )

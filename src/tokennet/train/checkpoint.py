@@ -129,27 +129,31 @@ def save_checkpoint(
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
-    weights, aliases = _dedup(model_state)
-    save_file(weights, str(tmp / "model.safetensors"))
-    tensors, scalars = {}, {}
-    for pname, st in optim_state["state"].items():
-        for k, v in st.items():
-            if torch.is_tensor(v):
-                tensors[f"optim/{pname}/{k}"] = v.detach().cpu().contiguous()
-            else:
-                scalars.setdefault(pname, {})[k] = v
-    for r, (_, rt) in enumerate(rng):
-        for k, v in rt.items():
-            tensors[f"rng/{r}/{k}"] = v
-    save_file(tensors, str(tmp / "state.safetensors"))
-    meta = {"step": step, "aliases": aliases,
-            "sha256": {f: sha256_file(tmp / f) for f in ("model.safetensors", "state.safetensors")},
-            "optimizer": {"param_groups": optim_state["param_groups"], "scalars": scalars},
-            "rng": [js for js, _ in rng], **trainer_state}
-    (tmp / "trainer.json").write_text(json.dumps(meta))
-    for f in tmp.iterdir():
-        _fsync(f)
-    _fsync(tmp)
+    try:
+        weights, aliases = _dedup(model_state)
+        save_file(weights, str(tmp / "model.safetensors"))
+        tensors, scalars = {}, {}
+        for pname, st in optim_state["state"].items():
+            for k, v in st.items():
+                if torch.is_tensor(v):
+                    tensors[f"optim/{pname}/{k}"] = v.detach().cpu().contiguous()
+                else:
+                    scalars.setdefault(pname, {})[k] = v
+        for r, (_, rt) in enumerate(rng):
+            for k, v in rt.items():
+                tensors[f"rng/{r}/{k}"] = v
+        save_file(tensors, str(tmp / "state.safetensors"))
+        meta = {"step": step, "aliases": aliases,
+                "sha256": {f: sha256_file(tmp / f) for f in ("model.safetensors", "state.safetensors")},
+                "optimizer": {"param_groups": optim_state["param_groups"], "scalars": scalars},
+                "rng": [js for js, _ in rng], **trainer_state}
+        (tmp / "trainer.json").write_text(json.dumps(meta))
+        for f in tmp.iterdir():
+            _fsync(f)
+        _fsync(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # a failed write (full disk, kill) leaves no partial checkpoint
+        raise
     if final.exists():
         shutil.rmtree(final)
     tmp.rename(final)

@@ -5,7 +5,8 @@
   (columns), one panel per decoder layer and head. A Bahdanau model has one map (its additive
   attention).
 - **Caption attention** (Xu et al. 2015, "Show, Attend and Tell", Fig. 2): for each word of a
-  generated caption, its attention over the image patches, drawn over the image. For the
+  generated caption, its attention over the image patches, drawn over the image as light (patches
+  the word attends to stay bright, the others go dark; each map scaled to its own maximum). For the
   decoder-only captioner it is the text row's self-attention restricted to the image tokens and
   renormalized (the rest of that row goes to earlier words).
 
@@ -151,8 +152,6 @@ def plot_caption_attention(image: Tensor, weights: Tensor, words: list[str], gri
         title: figure title (e.g. the caption and the reference).
     """
     plt = _plt()
-    import matplotlib
-
     T, P = weights.shape
     gh, gw = grid
     if gh * gw != P or len(words) != T:
@@ -162,20 +161,24 @@ def plot_caption_attention(image: Tensor, weights: Tensor, words: list[str], gri
     n = T + 1
     cols = min(n, 6)
     rows = -(-n // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(2.0 * cols, 2.2 * rows), squeeze=False)
-    for ax in axes.flat:
-        ax.axis("off")
+    fig, axes = plt.subplots(rows, cols, figsize=(2.0 * cols, 2.2 * rows + 0.5), squeeze=False, layout="constrained")
+    for k, ax in enumerate(axes.flat):
+        if k > T:
+            ax.axis("off")  # unused panel
+            continue
+        ax.set_xticks([])
+        ax.set_yticks([])
+        for spine in ax.spines.values():  # a frame, so a white background still shows where the image ends
+            spine.set_edgecolor("0.6")
     axes[0][0].imshow(img, interpolation="nearest")
     axes[0][0].set_title("image", fontsize=9)
-    cmap = matplotlib.colormaps["inferno"]
     for t in range(T):
         ax = axes[(t + 1) // cols][(t + 1) % cols]
-        heat = weights[t].float().cpu().reshape(gh, gw)
-        heat = (heat / heat.max().clamp_min(1e-12)).numpy()  # each word's map on its own scale
-        ax.imshow(img * 0.55 + 0.45, interpolation="nearest")  # lightened image under the heat
-        rgba = cmap(heat)
-        rgba[..., 3] = 0.15 + 0.7 * heat  # more attention, more opaque
-        ax.imshow(rgba, interpolation="nearest", extent=(-0.5, Ww - 0.5, Hh - 0.5, -0.5))
+        heat = weights[t].float().cpu().reshape(1, 1, gh, gw)
+        heat = heat / heat.max().clamp_min(1e-12)  # each word's map on its own scale
+        heat = torch.nn.functional.interpolate(heat, size=(Hh, Ww), mode="nearest")[0, 0].numpy()  # patch blocks
+        # Attention as light: what the word looks at stays bright, the rest goes dark.
+        ax.imshow(img * (0.12 + 0.88 * heat[..., None]), interpolation="nearest")
         ax.set_title(_show(words[t]), fontsize=10)
     if title:
         fig.suptitle(title, fontsize=9)

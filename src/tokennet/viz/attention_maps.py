@@ -124,7 +124,6 @@ def _overlay(ax, image: Tensor, heat: Tensor, peak: float | None = None) -> None
     """The image in grey under the heat map, scaled to its own largest value; the heat is transparent where
     it is low, so the image shows where the attention is not. ``peak`` (the largest attention weight) is
     printed in the corner: near 1/N the panel is close to uniform, near 1 it is one patch."""
-    import matplotlib.patheffects as pe
     from matplotlib import colormaps
 
     _show_image(ax, image)
@@ -134,8 +133,7 @@ def _overlay(ax, image: Tensor, heat: Tensor, peak: float | None = None) -> None
     rgba[..., 3] = 0.85 * h
     ax.imshow(rgba, interpolation="nearest")
     if peak is not None:
-        ax.text(0.03, 0.03, f"max {peak:.2f}", transform=ax.transAxes, fontsize=7, color="white",
-                path_effects=[pe.withStroke(linewidth=2, foreground="black")])
+        _peak_label(ax, peak)
     ax.set_xticks([])
     ax.set_yticks([])
 
@@ -147,7 +145,14 @@ def _outline(ax, box, color="cyan") -> None:
     ax.add_patch(Rectangle((left - 0.5, top - 0.5), w, h, fill=False, edgecolor=color, linewidth=2))
 
 
-def _signal_strip(ax, signal: Tensor, values: Tensor, geom: dict, box=None) -> None:
+def _peak_label(ax, peak: float) -> None:
+    import matplotlib.patheffects as pe
+
+    ax.text(0.03, 0.03, f"max {peak:.2f}", transform=ax.transAxes, fontsize=7, color="white",
+            path_effects=[pe.withStroke(linewidth=2, foreground="black")])
+
+
+def _signal_strip(ax, signal: Tensor, values: Tensor, geom: dict, box=None, peak: float | None = None) -> None:
     """A 1-D signal over a strip of per-patch values (the 1-D form of an overlay)."""
     s = signal.detach().float().cpu().reshape(-1)
     L = len(s)
@@ -164,6 +169,8 @@ def _signal_strip(ax, signal: Tensor, values: Tensor, geom: dict, box=None) -> N
         _, left, _, w = box
         ax.add_patch(Rectangle((left - 0.5, lo - pad), w, hi - lo + 2 * pad, fill=False, edgecolor="cyan",
                                linewidth=2))
+    if peak is not None:
+        _peak_label(ax, peak)
     ax.set_xlim(-0.5, L - 0.5)
     ax.set_yticks([])
 
@@ -210,7 +217,7 @@ def plot_patch_attention(image: Tensor, rows: dict[int, Tensor], geom: dict, pat
         for c, (name, vals) in enumerate(cols, start=1):
             ax = axes[r, c]
             if one_d:
-                _signal_strip(ax, image, vals, geom, box)
+                _signal_strip(ax, image, vals, geom, box, peak=float(vals.max()))
             else:
                 heat = patch_map(vals, geom["grid"], geom["image_hw"], geom["patch"], geom["stride"], geom["offset"])
                 _overlay(ax, image, heat, peak=float(vals.max()))
@@ -244,7 +251,8 @@ def plot_rollout(image: Tensor, last_layer: Tensor, rollout: Tensor, geom: dict,
     panels = [("input", None), (f"{query}: last layer (mean of heads)", last_layer), (f"{query}: rollout", rollout)]
     for ax, (name, vals) in zip(axes[0], panels, strict=True):
         if one_d:
-            _signal_strip(ax, image, torch.zeros(len(rollout)) if vals is None else vals, geom)
+            _signal_strip(ax, image, torch.zeros(len(rollout)) if vals is None else vals, geom,
+                          peak=None if vals is None else float(vals.max()))
         elif vals is None:
             _show_image(ax, image)
             ax.set_xticks([])
@@ -274,8 +282,12 @@ def plot_position_similarity(sim: Tensor, grid: tuple[int, int], path: str | Pat
     if gh == 1 or gw == 1 or gh * gw > 400:
         fig, ax = plt.subplots(figsize=(5.2, 4.5))
         im = ax.imshow(s.numpy(), cmap="viridis", vmin=-1, vmax=1, interpolation="nearest")
+        from matplotlib.ticker import MaxNLocator
+
         ax.set_xlabel("patch j")
         ax.set_ylabel("patch i")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         fig.colorbar(im, ax=ax, label="cosine similarity")
     else:
         size = min(0.75, 9.0 / max(gh, gw))

@@ -95,7 +95,11 @@ def vit_viz(run_dir: Path, out_dir: Path, *, index: int | None = None, patch: in
     layers = list(range(n_layers)) if layer is None else [layer]
     rows = {i: maps[i][:, P + patch, P:] for i in layers}  # (H, N): the patch's query row over the patches
     r, col = divmod(patch, gw)
-    where = f"position {col}" if c.is_1d else f"row {r}, column {col}"
+    top, left = r * geom["stride"][0] - geom["offset"][0], col * geom["stride"][1] - geom["offset"][1]
+    if c.is_1d:
+        where = f"samples {max(0, left)}–{min(x.shape[-1], left + geom['patch'][1]) - 1}"
+    else:
+        where = f"grid row {r}, column {col}; pixels from ({top}, {left})"
     files.append(plot_patch_attention(x, rows, geom, patch, out_dir / "patch_attention.png",
                                       heads=None if head is None else [head],
                                       title=f"where patch {patch} ({where}) looks — {what}"))

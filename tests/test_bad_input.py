@@ -1,0 +1,168 @@
+"""The CLI's error contract, table-driven: every bad invocation gives one line on stderr
+(``tokennet: error: ...``), exit status 2, no traceback, and leaves existing files untouched."""
+
+import os
+import resource
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tokennet.cli import main
+
+TINY_GPT = ["dim=32", "num_layers=1", "num_heads=2", "block_size=16", "batch_size=4", "eval_iters=2",
+            "sample_tokens=0", "eval_interval=0"]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """Data files, a finished gpt-char run and a finished vit run to misuse."""
+    root = tmp_path_factory.mktemp("bad")
+    (root / "corpus.txt").write_text("the quick brown fox jumps over the lazy dog. " * 100)
+    (root / "empty.txt").write_text("")
+    (root / "binary.dat").write_bytes(bytes(range(256)) * 10)
+    (root / "latin1.txt").write_bytes("café crème brûlée ".encode("latin-1") * 50)
+    (root / "tiny.txt").write_text("abc")
+    (root / "notext").mkdir()
+    (root / "notext" / "blob.bin").write_bytes(b"\x00\x01")
+    (root / "a_file").write_text("not a directory")
+    (root / "fmnist").mkdir()
+    (root / "fmnist" / "train-images-idx3-ubyte").write_bytes(b"\x00\x00\x08\x03" + b"\x00" * 10)
+    cwd = os.getcwd()
+    os.chdir(root)
+    try:
+        assert main(["-q", "train", "gpt-char", "--data", "corpus.txt", "--out", "gpt_run", "--max-iters", "2",
+                     "--set", *TINY_GPT, "checkpoint_interval=1"]) == 0
+        assert main(["-q", "train", "vit", "--out", "vit_run", "--max-iters", "2", "--set", "svm_baseline=false",
+                     "dim=32", "num_layers=1"]) == 0
+    finally:
+        os.chdir(cwd)
+    # Copies to damage: a run with pickle weights, one with truncated weights, one with a truncated checkpoint.
+    import shutil
+
+    for name in ("pickled", "truncated", "badckpt", "badconfig"):
+        shutil.copytree(root / "gpt_run", root / name)
+    w = root / "pickled" / "model.safetensors"
+    from safetensors.torch import load_file
+
+    torch.save(load_file(str(w)), root / "pickled" / "model.pt")
+    w.unlink()
+    t = root / "truncated" / "model.safetensors"
+    t.write_bytes(t.read_bytes()[:100])
+    ck = sorted((root / "badckpt" / "checkpoints").glob("step-*"))[-1] / "model.safetensors"
+    ck.write_bytes(ck.read_bytes()[: ck.stat().st_size // 2])
+    (root / "badconfig" / "config.json").write_text("{not json")
+    return root
+
+
+CASES = {
+    # unknown things
+    "unknown recipe": (["train", "nope"], "unknown recipe"),
+    "unknown command": (["frobnicate"], "invalid choice"),
+    "unknown flag": (["train", "gpt", "--bogus"], "unrecognized arguments"),
+    # data
+    "missing data file": (["train", "gpt-char", "--data", "missing.txt"], "does not exist"),
+    "empty data file": (["train", "gpt", "--data", "empty.txt"], "is empty"),
+    "binary data file": (["train", "gpt-char", "--data", "binary.dat"], "binary"),
+    "non-UTF-8 data file": (["train", "gpt-char", "--data", "latin1.txt"], "not UTF-8"),
+    "directory with no text": (["train", "gpt-char", "--data", "notext"], "no text files"),
+    "glob matching nothing": (["train", "gpt-char", "--data", "*.nothing"], "no files match"),
+    "corpus shorter than a block": (["train", "gpt-char", "--data", "tiny.txt"], "shorter than one block"),
+    "vit: missing image directory": (["train", "vit", "--data", "no_such_dir"], "no_such_dir"),
+    "vit: truncated idx files": (["train", "vit", "--data", "fmnist"], "fmnist"),
+    # --set: keys, types, ranges
+    "set: unknown key": (["train", "vit", "--set", "bogus=1"], "unknown setting"),
+    "set: no equals sign": (["train", "gpt", "--set", "lr"], "key=value"),
+    "set: int expected": (["train", "seq2seq", "--set", "num_layers=two"], "expected int"),
+    "set: float expected": (["train", "gpt-char", "--set", "lr=fast"], "expected float"),
+    "set: bool expected": (["train", "vit", "--set", "flip=maybe"], "expected true/false"),
+    "set: batch_size 0": (["train", "gpt-char", "--data", "corpus.txt", "--set", "batch_size=0"], "batch_size"),
+    "set: negative lr": (["train", "caption", "--set", "lr=-1"], "lr"),
+    "set: dropout out of range": (["train", "gpt-char", "--data", "corpus.txt", "--set", "dropout=1.5"], "dropout"),
+    "set: heads do not divide width": (["train", "gpt-char", "--data", "corpus.txt", "--set", "num_heads=3"],
+                                       "must divide"),
+    "set: unknown precision": (["train", "gpt-char", "--set", "precision=fp8"], "precision"),
+    "set: unknown strategy": (["train", "gpt-char", "--set", "strategy=zero"], "strategy"),
+    "set: unknown position": (["train", "gpt-char", "--data", "corpus.txt", "--set", "position=spiral"], "position"),
+    "negative time budget": (["train", "gpt-char", "--time-budget", "-5"], "time_budget"),
+    "zero max-iters": (["train", "gpt-char", "--max-iters", "0"], "max_iters"),
+    # flags and directories
+    "conflicting iteration flags": (["train", "gpt-char", "--max-iters", "3", "--set", "max_iters=4"], "conflicts"),
+    "resume and overwrite together": (["train", "gpt-char", "--resume", "--overwrite"], "not allowed with"),
+    "output dir is a file": (["train", "gpt-char", "--data", "corpus.txt", "--out", "a_file"], "not a directory"),
+    "existing run without --resume": (["train", "gpt-char", "--data", "corpus.txt", "--out", "gpt_run"],
+                                      "already exists"),
+    "overwrite a non-run directory": (["train", "gpt-char", "--data", "corpus.txt", "--out", "notext",
+                                       "--overwrite"], "not a tokennet run directory"),
+    "resume a run of another recipe": (["train", "vit", "--out", "gpt_run", "--resume"], "run of recipe"),
+    "resume a directory that is no run": (["train", "gpt-char", "--out", "notext", "--resume"], "not a tokennet run"),
+    "unavailable device": (["train", "gpt-char", "--data", "corpus.txt", "--device", "cuda:7"], "cuda"),
+    "unknown device": (["train", "gpt-char", "--data", "corpus.txt", "--device", "tpu"], "device"),
+    "read-only output location": (["train", "gpt-char", "--data", "corpus.txt", "--out", "/proc/tokennet-run"],
+                                  "proc"),
+    # damaged or foreign run directories
+    "pickle instead of safetensors": (["generate", "pickled"], "refusing to load pickle-based weights"),
+    "truncated weights": (["generate", "truncated"], "checksum"),
+    "truncated checkpoint": (["train", "gpt-char", "--out", "badckpt", "--resume", "--max-iters", "4"],
+                             "checkpoint"),
+    "config is not JSON": (["generate", "badconfig"], "not valid JSON"),
+    "generate from a vit run": (["generate", "vit_run"], "not a language model run"),
+    "generate from a non-run": (["generate", "notext"], "not a run directory"),
+    "eval a non-run": (["eval", "notext"], "not a run directory"),
+    # generation arguments
+    "max-new-tokens 0": (["generate", "gpt_run", "--max-new-tokens", "0"], "max-new-tokens"),
+    "negative temperature": (["generate", "gpt_run", "--temperature", "-1"], "temperature"),
+    "top-p above 1": (["generate", "gpt_run", "--top-p", "2"], "top_p"),
+    "top-k 0": (["generate", "gpt_run", "--top-k", "0"], "top_k"),
+    "prompt longer than the context": (["generate", "gpt_run", "--prompt", "the " * 20], "longer than"),
+    "eval on missing data": (["eval", "gpt_run", "--data", "missing.txt"], "does not exist"),
+}
+
+
+def _snapshot(root: Path) -> dict:
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_bad_invocation(name, world, monkeypatch, capsys):
+    argv, expected = CASES[name]
+    monkeypatch.chdir(world)
+    before = _snapshot(world)
+    capsys.readouterr()
+    try:
+        code = main(argv)
+    except SystemExit as e:  # argparse usage errors
+        code = e.code
+    err = capsys.readouterr().err.strip()
+    assert code == 2, (name, code, err)
+    assert err.startswith("tokennet: error:"), (name, err)
+    assert "\n" not in err, (name, err)
+    assert "Traceback" not in err
+    assert expected.lower() in err.lower(), (name, err)
+    assert _snapshot(world) == before, f"{name}: files changed"
+
+
+def test_at_least_thirty_cases():
+    assert len(CASES) >= 30
+
+
+def test_full_disk_is_one_line_and_leaves_no_partial_files(world, tmp_path):
+    """A file-size limit makes every write past 64 KiB fail like a full disk (EFBIG)."""
+
+    def limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
+
+    out = tmp_path / "full"
+    r = subprocess.run([sys.executable, "-m", "tokennet", "-q", "train", "gpt-char", "--data",
+                        str(world / "corpus.txt"), "--out", str(out), "--max-iters", "2", "--set", *TINY_GPT,
+                        "dim=64"], capture_output=True, text=True, preexec_fn=limit)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr and r.stderr.strip().count("\n") == 0, r.stderr
+    assert "too large" in r.stderr.lower() or "space" in r.stderr.lower()
+    leftovers = [p for p in out.rglob("*") if p.is_file() and ".tmp" in p.name] if out.exists() else []
+    assert not leftovers, leftovers
