@@ -24,15 +24,15 @@ def test_every_preset_builds_and_trains_one_step(name):
     out = m(x, y)
     assert out.logits.shape == (2, m.config.num_classes)
     out.loss.backward()
-    assert m.patch_embed.weight.grad is not None
+    assert all(p.grad is not None for p in m.patch_embed.parameters())
 
 
 def test_presets_have_the_documented_shapes():
     assert create_model("vit").config.grid == (14, 14)  # ViT-Ti/16: 196 patches
-    assert create_model("vit-digits").config.grid == (4, 4)
-    assert create_model("vit-fashion").config.grid == (7, 7)
+    assert create_model("vit-digits").config.grid == (3, 3)  # overlapping 4×4 patches at stride 2
+    assert create_model("vit-fashion").config.grid == (4, 4)  # conv stem, total stride 8
     one_d = create_model("vit-1d").config
-    assert one_d.is_1d and one_d.grid == (1, 10)
+    assert one_d.is_1d and one_d.grid == (1, 19)  # patches of 4 at stride 2
 
 
 @pytest.mark.parametrize("pool", ["cls", "mean"])
@@ -120,8 +120,8 @@ def test_1d_model_takes_signals():
     assert m(torch.randn(2, 1, 48)).logits.shape == (2, 10)  # longer signal: positions interpolated
     with pytest.raises(ValueError, match=r"\(B, 1, L\)"):
         m(torch.randn(2, 1, 8, 5))
-    with pytest.raises(ValueError, match="size 42 does not fit"):
-        m(torch.randn(2, 1, 42))
+    with pytest.raises(ValueError, match="size 41 does not fit"):
+        m(torch.randn(2, 1, 41))
 
 
 def test_1d_and_overlapping_configs_survive_save_load(tmp_path):
@@ -183,3 +183,15 @@ def test_patch_dropout_keeps_a_random_subset_in_training_only():
     m(x, m.example_targets(2)).loss.backward()
     with pytest.raises(ValueError, match="patch_dropout"):
         ViTConfig(patch_dropout=1.0)
+
+
+def test_conv_stem_variant():
+    m = micro(patch_embed="conv-stem", patch_size=4)
+    assert m.config.grid == (4, 4)
+    x = m.example_input(2)
+    assert m.forward_features(x).shape == (2, 17, 32)
+    assert len(m.attention_maps(x)) == 2
+    with pytest.raises(ValueError, match="power of two"):
+        ViTConfig(image_size=28, patch_size=7, patch_embed="conv-stem")
+    with pytest.raises(ValueError, match="2-D images"):
+        ViTConfig(image_size=[40], patch_size=4, patch_embed="conv-stem")

@@ -87,3 +87,16 @@ def test_patch_embed_bad_input():
         PatchEmbed(1, 8, 4, mode="mlp")
     with pytest.raises(ValueError, match="patch_size"):
         PatchEmbed(1, 8, 0)
+
+
+def test_conv_stem_tokens_cover_p_by_p_cells():
+    from tokennet.tokens.image import ConvStem
+
+    stem = ConvStem(1, 32, 4)
+    assert len([m for m in stem.stem if isinstance(m, torch.nn.Conv2d)]) == 3  # two stride-2 3×3, one 1×1
+    assert stem(torch.randn(2, 1, 28, 28)).shape == (2, 49, 32)
+    assert stem.grid((30, 28)) == (8, 7) and stem(torch.randn(1, 1, 30, 28)).shape == (1, 56, 32)
+    with pytest.raises(ValueError, match="power of two"):
+        ConvStem(1, 32, 6)
+    with pytest.raises(ValueError, match="expected images with 1 channel"):
+        stem(torch.randn(1, 3, 28, 28))

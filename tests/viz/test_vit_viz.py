@@ -70,7 +70,7 @@ def test_viz_one_layer_one_head_and_default_out(digits_run):
 
 
 def test_viz_bad_options_are_one_line_errors(digits_run, tmp_path, capsys):
-    for args, msg in ((["--patch", "16"], "--patch 16 out of range: 0..15"),
+    for args, msg in ((["--patch", "9"], "--patch 9 out of range: 0..8"),
                       (["--layer", "2"], "--layer 2 out of range: 0..1"),
                       (["--index", "899"], "--index 899 out of range: 0..898")):
         assert main(["viz", str(digits_run), "--out", str(tmp_path), *args]) == 2

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from ..layers.stack import Encoder
 from ..position.fourier import Fourier2DPosition
 from ..position.learned import LearnedPosition2D
-from ..tokens.image import EMBED_MODES, PatchEmbed, grid_size, to_pair
+from ..tokens.image import EMBED_MODES, ConvStem, PatchEmbed, grid_size, to_pair
 from .registry import ModelConfig, Output, register_family, register_preset
 
 __all__ = ["ViTConfig", "ViT", "POOLS", "POSITIONS"]
@@ -51,7 +51,8 @@ class ViTConfig(ModelConfig):
             regularize; evaluation sees every patch.
         pool: ``"cls"`` (a learned <cls> token) or ``"mean"`` (mean of the patch tokens).
         position: ``"learned"`` (interpolated for other sizes), ``"fourier"`` (2-D sin-cos) or ``"none"``.
-        patch_embed: ``"conv"`` or ``"linear"`` (the same weights, see :class:`PatchEmbed`).
+        patch_embed: ``"conv"`` or ``"linear"`` (the same weights, see :class:`PatchEmbed`), or
+            ``"conv-stem"``: early convolutions with total stride ``patch_size`` (:class:`ConvStem`, ViT_C).
         pad: zero-pad images whose size the patches do not tile (else an error).
         label_smoothing: the loss's label smoothing ε (Szegedy et al. 2016).
         bias: biases in linear layers and LayerNorms.
@@ -105,7 +106,14 @@ class ViTConfig(ModelConfig):
             v = getattr(self, k)
             if one_d and isinstance(v, list) and len(v) != 1:
                 raise ValueError(f"{k} of a 1-D model (image_size=[L]) must be an int or [p], got {v}")
-        grid_size(self.image_hw, self.patch_hw, self.stride_hw, pad=self.pad)  # raises if they do not fit
+        if self.patch_embed == "conv-stem":
+            if one_d or self.patch_stride is not None:
+                raise ValueError("patch_embed='conv-stem' needs 2-D images and patch_stride=None (its stride is "
+                                 "patch_size)")
+            p = self.patch_hw
+            if p[0] != p[1] or p[0] < 2 or p[0] & (p[0] - 1):
+                raise ValueError(f"patch_embed='conv-stem' needs patch_size a power of two >= 2, got {self.patch_size}")
+        grid_size(self.image_hw, self.patch_hw, self.stride_hw, pad=self.pad_grid)  # raises if they do not fit
 
     @property
     def is_1d(self) -> bool:
@@ -130,9 +138,14 @@ class ViTConfig(ModelConfig):
         return (1, to_pair(s, "patch_stride")[1]) if self.is_1d else to_pair(s, "patch_stride")
 
     @property
+    def pad_grid(self) -> bool:
+        """Whether the grid rounds up (``pad``, and always for the conv stem's ``⌈H/p⌉``)."""
+        return self.pad or self.patch_embed == "conv-stem"
+
+    @property
     def grid(self) -> tuple[int, int]:
         """The patch grid ``(gh, gw)`` at ``image_size``."""
-        return grid_size(self.image_hw, self.patch_hw, self.stride_hw, pad=self.pad)
+        return grid_size(self.image_hw, self.patch_hw, self.stride_hw, pad=self.pad_grid)
 
     @property
     def num_prefix(self) -> int:
@@ -148,8 +161,11 @@ class ViT(nn.Module):
     def __init__(self, config: ViTConfig):
         super().__init__()
         self.config = c = config
-        self.patch_embed = PatchEmbed(c.in_channels, c.dim, c.patch_hw, c.stride_hw, pad=c.pad,
-                                      mode=c.patch_embed, bias=c.bias)
+        if c.patch_embed == "conv-stem":
+            self.patch_embed = ConvStem(c.in_channels, c.dim, c.patch_hw, bias=c.bias)
+        else:
+            self.patch_embed = PatchEmbed(c.in_channels, c.dim, c.patch_hw, c.stride_hw, pad=c.pad,
+                                          mode=c.patch_embed, bias=c.bias)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, c.dim)) if c.pool == "cls" else None
         self.pos_emb = None
         if c.position == "learned":
@@ -317,15 +333,17 @@ class ViT(nn.Module):
 
 register_family("vit", ViTConfig, ViT)
 register_preset("vit", "vit", "ViT-Ti/16 (DeiT-Tiny shape): 224×224 RGB, 16×16 patches, 12 layers × 192, 1000 classes")
-register_preset("vit-digits", "vit", "ViT for 8×8 digits: overlapping 4×4 patches at stride 2 (zero-padded, 16 "
-                "tokens), 4 layers × 64, mean pooling",
-                image_size=8, patch_size=4, patch_stride=2, pad=True, in_channels=1, num_classes=10, dim=64,
+register_preset("vit-digits", "vit", "ViT for 8×8 digits: overlapping 4×4 patches at stride 2 (3×3 = 9 tokens), "
+                "4 layers × 64, mean pooling",
+                image_size=8, patch_size=4, patch_stride=2, in_channels=1, num_classes=10, dim=64,
                 num_layers=4, num_heads=4, mlp_ratio=2.0, pool="mean", label_smoothing=0.1)
-register_preset("vit-fashion", "vit", "ViT for 28×28 Fashion-MNIST: 4×4 patches (49 tokens), 6 layers × 128",
-                image_size=28, patch_size=4, in_channels=1, num_classes=10, dim=128, num_layers=6, num_heads=4,
-                mlp_ratio=2.0, pool="mean", label_smoothing=0.1)
-register_preset("vit-1d", "vit", "ViT for 1-D signals (MNIST-1D, length 40): patches of 4 (10 tokens), 4 layers × 64",
-                image_size=[40], patch_size=4, in_channels=1, num_classes=10, dim=64, num_layers=4, num_heads=4,
-                mlp_ratio=2.0, pool="mean", label_smoothing=0.1)
+register_preset("vit-fashion", "vit", "ViT_C for 28×28 Fashion-MNIST: a conv stem makes 4×4 = 16 tokens (7×7 cells), "
+                "6 layers × 128, mean pooling",
+                image_size=28, patch_size=8, patch_embed="conv-stem", in_channels=1, num_classes=10, dim=128,
+                num_layers=6, num_heads=4, mlp_ratio=2.0, pool="mean")
+register_preset("vit-1d", "vit", "ViT for 1-D signals (MNIST-1D, length 40): overlapping patches of 4 at stride 2 "
+                "(19 tokens), 4 layers × 64",
+                image_size=[40], patch_size=4, patch_stride=2, in_channels=1, num_classes=10, dim=64, num_layers=4,
+                num_heads=4, mlp_ratio=2.0, pool="mean", label_smoothing=0.1)
 register_preset("vit-micro", "vit", "ViT, 16×16 RGB, 4×4 patches, 2 layers × 32 (tests and demos)",
                 image_size=16, patch_size=4, in_channels=3, num_classes=10, dim=32, num_layers=2, num_heads=2)

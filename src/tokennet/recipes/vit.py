@@ -8,12 +8,21 @@ augmentation), tuned for 2 CPU cores:
   (``SVC(gamma=0.001)``, scikit-learn's example), and reports it as ``baseline_svm_accuracy``.
   Goal: at least the SVM's accuracy within 60 s.
 - ``fashion-mnist`` (or a directory with its idx files): 28×28 clothes, 60k/10k. Goal: ≥ 92% within
-  10 minutes (the dataset's best classical baseline is 89.7%).
-- ``mnist1d``: 1-D signals of length 40, 4k/1k, cut into 1-D patches. Goal: ≥ 95% (CNN 94%, human 96%).
+  10 minutes (the dataset's best classical baseline is 89.7%). Ten CPU minutes are a few epochs, too
+  few for a plain patchify ViT (measured: 83.6% after 1.3 epochs, against 87.8% with the stem), so this
+  profile tokenizes with early convolutions (ViT_C, ``patch_embed=conv-stem``); ``--set
+  patch_embed=linear patch_size=7`` trains the plain ViT instead.
+- ``mnist1d``: 1-D signals of length 40, 4k/1k, cut into overlapping 1-D patches. Goal: ≥ 95% (CNN 94%,
+  human 96%).
+
+Overlapping patches (stride < patch) help on these small datasets: on digits, 4×4 patches at stride 2
+reached 97.0–98.1% where 2×2 patches reached 93.7%; on MNIST-1D, patches of 4 at stride 2 reached
+95.9% where stride 4 reached 91.0% (same steps).
 
 Settings left at the recipe's defaults (``--show-settings`` lists the digits profile) take the
 dataset's profile; any setting given a different value with ``--set``/``--max-iters``/``--time-budget``
-wins. ``image_size``, ``in_channels`` and ``num_classes`` always come from the data. The test set is
+wins. (A ``--set`` to exactly the digits default cannot be told apart from no ``--set``: the profile
+then applies. A ``data_defaults`` hook in the recipe base would remove this wrinkle.) ``image_size``, ``in_channels`` and ``num_classes`` always come from the data. The test set is
 evaluated during training for monitoring only: nothing is selected on it.
 """
 
@@ -47,13 +56,13 @@ PROFILES: dict[str, dict[str, Any]] = {
     },
     "fashion-mnist": {
         "model": "vit-fashion",
-        "settings": {"max_iters": 6000, "time_budget": 540.0, "batch_size": 128, "lr": 2e-3, "warmup_iters": 300,
-                     "weight_decay": 0.05, "eval_interval": 1000, "translate": 2, "flip": True, "erase": 0.25},
+        "settings": {"max_iters": 4000, "time_budget": 540.0, "batch_size": 128, "lr": 2e-3, "warmup_iters": 300,
+                     "weight_decay": 0.05, "eval_interval": 1000, "translate": 1, "flip": True, "erase": 0.0},
     },
     "mnist1d": {
         "model": "vit-1d",
-        "settings": {"max_iters": 4000, "time_budget": 240.0, "batch_size": 64, "lr": 2e-3, "warmup_iters": 200,
-                     "weight_decay": 0.05, "eval_interval": 500, "translate": 4, "flip": False, "erase": 0.0},
+        "settings": {"max_iters": 3000, "time_budget": 300.0, "batch_size": 64, "lr": 2e-3, "warmup_iters": 200,
+                     "weight_decay": 0.05, "eval_interval": 1000, "translate": 4, "flip": False, "erase": 0.0},
     },
 }
 

@@ -1,6 +1,6 @@
 """Modality → tokens: the only modality-specific step before the generic transformer."""
 
-from tokennet.tokens.image import EMBED_MODES, PatchEmbed, grid_size, patch_padding, patchify
+from tokennet.tokens.image import EMBED_MODES, ConvStem, PatchEmbed, grid_size, patch_padding, patchify
 from tokennet.tokens.text import (
     GPT2_PATTERN,
     GPT4_PATTERN,
@@ -17,6 +17,7 @@ from tokennet.tokens.text import (
 
 __all__ = [
     "PatchEmbed",
+    "ConvStem",
     "patchify",
     "grid_size",
     "patch_padding",

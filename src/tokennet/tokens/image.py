@@ -21,9 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["PatchEmbed", "patchify", "grid_size", "patch_padding", "to_pair", "EMBED_MODES"]
+__all__ = ["PatchEmbed", "ConvStem", "patchify", "grid_size", "patch_padding", "to_pair", "EMBED_MODES"]
 
-EMBED_MODES = ("conv", "linear")
+EMBED_MODES = ("conv", "linear", "conv-stem")
 
 
 def to_pair(value, name: str = "size") -> tuple[int, int]:
@@ -144,8 +144,8 @@ class PatchEmbed(nn.Module):
         super().__init__()
         if in_channels < 1 or dim < 1:
             raise ValueError(f"in_channels and dim must be positive, got {in_channels}, {dim}")
-        if mode not in EMBED_MODES:
-            raise ValueError(f"mode must be one of {EMBED_MODES}, got {mode!r}")
+        if mode not in ("conv", "linear"):
+            raise ValueError(f"mode must be 'conv' or 'linear' (see ConvStem for 'conv-stem'), got {mode!r}")
         self.in_channels, self.dim, self.mode, self.pad = in_channels, dim, mode, pad
         self.patch_size = to_pair(patch_size, "patch_size")
         self.stride = self.patch_size if stride is None else to_pair(stride, "stride")
@@ -187,3 +187,61 @@ class PatchEmbed(nn.Module):
     def extra_repr(self) -> str:
         return (f"in_channels={self.in_channels}, dim={self.dim}, patch_size={self.patch_size}, "
                 f"stride={self.stride}, pad={self.pad}, mode={self.mode!r}")
+
+
+class ConvStem(nn.Module):
+    """Early convolutions instead of one patchify layer (ViT_C, Xiao et al. 2021, https://arxiv.org/abs/2106.14881).
+
+    ``log2(p)`` layers of 3×3 convolution with stride 2 (+ BatchNorm + ReLU), each halving the grid and
+    doubling the channels, then a 1×1 convolution to width D: every token still stands for a ``p × p``
+    cell of the image (the grid is ``⌈H/p⌉ × ⌈W/p⌉``), but it is computed by a small CNN that sees
+    overlapping neighbourhoods. Xiao et al. found this makes ViT optimization faster and more stable
+    at the cost of a few percent more compute.
+
+    Args:
+        in_channels: channels C of the input.
+        dim: token width D.
+        patch_size: the total stride p, a power of two ≥ 2 (square cells).
+        width: channels of the first convolution (default ``D / 2^(layers − 1)``, at least 16).
+        bias: bias of the final 1×1 projection.
+    """
+
+    def __init__(self, in_channels: int, dim: int, patch_size, *, width: int | None = None, bias: bool = True):
+        super().__init__()
+        ph, pw = to_pair(patch_size, "patch_size")
+        if ph != pw or ph < 2 or ph & (ph - 1):
+            raise ValueError(f"a conv stem needs a square patch_size that is a power of two >= 2, got {patch_size}")
+        n = ph.bit_length() - 1
+        self.in_channels, self.dim, self.patch_size, self.stride, self.pad = in_channels, dim, (ph, pw), (ph, pw), True
+        width = max(16, dim // 2 ** (n - 1)) if width is None else width
+        layers: list[nn.Module] = []
+        c = in_channels
+        for i in range(n):
+            out = width * 2**i
+            layers += [nn.Conv2d(c, out, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(out), nn.ReLU(inplace=True)]
+            c = out
+        layers.append(nn.Conv2d(c, dim, 1, bias=bias))
+        self.stem = nn.Sequential(*layers)
+
+    def grid(self, image_size) -> tuple[int, int]:
+        """The token grid ``(⌈H/p⌉, ⌈W/p⌉)`` for images of ``image_size`` ``(H, W)``."""
+        return grid_size(tuple(image_size), self.patch_size, self.stride, pad=True)
+
+    def check(self, images: Tensor) -> Tensor:
+        """Return ``images`` as ``(B, C, H, W)``, or raise a ``ValueError`` that says what is expected."""
+        x = _as_images(images)
+        if x.shape[1] != self.in_channels:
+            raise ValueError(f"expected images with {self.in_channels} channel(s) (B, {self.in_channels}, H, W), "
+                             f"got shape {tuple(images.shape)} with {x.shape[1]} channel(s)")
+        if not x.dtype.is_floating_point:
+            raise ValueError(f"images must be floating point (e.g. pixels / 255), got dtype {x.dtype}")
+        if x.shape[-2] == 1:
+            raise ValueError("a conv stem needs 2-D images; use patch_embed='conv' for 1-D signals")
+        return x
+
+    def forward(self, images: Tensor) -> Tensor:
+        """``(B, C, H, W) → (B, N, D)`` with ``N = ⌈H/p⌉·⌈W/p⌉`` tokens in row-major order."""
+        return self.stem(self.check(images)).flatten(2).transpose(1, 2)  # (B, D, gh, gw) → (B, N, D)
+
+    def extra_repr(self) -> str:
+        return f"in_channels={self.in_channels}, dim={self.dim}, patch_size={self.patch_size}"

@@ -33,7 +33,8 @@ def grid_geometry(config, input_hw: tuple[int, int] | None = None) -> dict:
         offset = tuple(patch_padding(s, p, st) // 2 for s, p, st in zip(hw, patch, stride, strict=True))
     from ..tokens.image import grid_size
 
-    return {"grid": grid_size(hw, patch, stride, pad=config.pad), "patch": patch, "stride": stride,
+    # A conv stem's token stands for a p × p cell from the top-left corner (its receptive field is wider).
+    return {"grid": grid_size(hw, patch, stride, pad=config.pad_grid), "patch": patch, "stride": stride,
             "offset": offset, "image_hw": hw}
 
 
