@@ -177,7 +177,10 @@ def main() -> None:
     p.add_argument("--steps-per-round", type=int, default=25)
     p.add_argument("--set", dest="sets", nargs="*", default=[], help="override the best recipe's settings")
     p.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: PyTorch's choice)")
     args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if not DATA.is_file():
         sys.exit(f"{DATA} not found: this benchmark needs Tiny Shakespeare (see ../shared/data/README.md)")
     if args.mode == "throughput":

@@ -126,7 +126,7 @@ class MultiHeadAttention(nn.Module):
 
     def _heads(self, t: Tensor, h: int) -> Tensor:
         B, N, _ = t.shape
-        return t.view(B, N, h, self.head_dim).transpose(1, 2)  # (B, h, N, E)
+        return t.reshape(B, N, h, self.head_dim).transpose(1, 2)  # (B, h, N, E)
 
     def forward(
         self,
@@ -156,16 +156,26 @@ class MultiHeadAttention(nn.Module):
         if x.dim() != 3 or x.shape[-1] != self.dim:
             raise ValueError(f"x must have shape (B, N, {self.dim}), got {tuple(x.shape)}")
         B, N, _ = x.shape
-        q = self._heads(self.q_proj(x), self.num_heads)  # (B, H, N, E)
         cross = context is not None
+        if not cross:
+            # Self-attention: one matmul against [W_q; W_k; W_v] instead of three small ones.
+            qkv = F.linear(x, torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]),
+                           None if self.q_proj.bias is None else
+                           torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias]))
+            q, k, v = qkv.split([self.q_proj.out_features, self.k_proj.out_features, self.v_proj.out_features], -1)
+            q = self._heads(q, self.num_heads)  # (B, H, N, E)
+            k = self._heads(k, self.num_kv_heads)  # (B, Hkv, N, E)
+            v = self._heads(v, self.num_kv_heads)  # (B, Hkv, N, E)
+        else:
+            q = self._heads(self.q_proj(x), self.num_heads)  # (B, H, N, E)
         if cross and cache is not None and cache.static and cache.k is not None:
             k, v = cache.k, cache.v  # cross-attention keys/values computed once
         else:
-            src = context if cross else x
-            if src.dim() != 3 or src.shape[0] != B:
-                raise ValueError(f"context must have shape (B={B}, M, Dc), got {tuple(src.shape)}")
-            k = self._heads(self.k_proj(src), self.num_kv_heads)  # (B, Hkv, M, E)
-            v = self._heads(self.v_proj(src), self.num_kv_heads)  # (B, Hkv, M, E)
+            if cross:
+                if context.dim() != 3 or context.shape[0] != B:
+                    raise ValueError(f"context must have shape (B={B}, M, Dc), got {tuple(context.shape)}")
+                k = self._heads(self.k_proj(context), self.num_kv_heads)  # (B, Hkv, M, E)
+                v = self._heads(self.v_proj(context), self.num_kv_heads)  # (B, Hkv, M, E)
             if rope is not None and not cross:
                 from ..position.rope import apply_rope
 

@@ -150,7 +150,7 @@ register_recipe(Recipe(
     options={"form": "encoder-decoder", "held_out_fraction": 0.2, "test_size": 1000, "val_size": 250,
              "beam_size": 1},
     model_defaults={"dim": 128, "num_layers": 2, "num_heads": 4, "dropout": 0.0},
-    train_defaults={"max_iters": 2000, "batch_size": 64, "lr": 1e-3, "warmup_iters": 100, "eval_interval": 500,
+    train_defaults={"max_iters": 4000, "batch_size": 64, "lr": 2e-3, "warmup_iters": 100, "eval_interval": 500,
                     "weight_decay": 0.05},
     evaluate_run=evaluate_run,
 ))

@@ -218,7 +218,8 @@ class ConvStem(nn.Module):
         c = in_channels
         for i in range(n):
             out = width * 2**i
-            layers += [nn.Conv2d(c, out, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(out), nn.ReLU(inplace=True)]
+            layers += [nn.Conv2d(c, out, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(out),
+                       nn.ReLU(inplace=True)]
             c = out
         layers.append(nn.Conv2d(c, dim, 1, bias=bias))
         self.stem = nn.Sequential(*layers)

@@ -109,15 +109,16 @@ def _plt():
     return plt
 
 
-def _show_image(ax, image: Tensor) -> None:
-    """Draw ``(C, H, W)`` (grey or RGB)."""
+def _show_image(ax, image: Tensor, brightness: float = 1.0) -> None:
+    """Draw ``(C, H, W)`` (grey or RGB), scaled to ``[0, brightness]`` (dimmed under a heat map)."""
     img = image.detach().float().cpu()
+    img = img[:1] if img.shape[0] < 3 else img[:3]
+    lo, hi = img.min(), img.max()
+    img = (img - lo) / (hi - lo + 1e-8) * brightness
     if img.shape[0] == 1:
-        ax.imshow(img[0].numpy(), cmap="gray", interpolation="nearest")
+        ax.imshow(img[0].numpy(), cmap="gray", vmin=0.0, vmax=1.0, interpolation="nearest")
     else:
-        img = img[:3].permute(1, 2, 0)
-        lo, hi = img.min(), img.max()
-        ax.imshow(((img - lo) / (hi - lo + 1e-8)).numpy(), interpolation="nearest")
+        ax.imshow(img.permute(1, 2, 0).numpy(), interpolation="nearest")
 
 
 def _overlay(ax, image: Tensor, heat: Tensor, peak: float | None = None) -> None:
@@ -126,16 +127,23 @@ def _overlay(ax, image: Tensor, heat: Tensor, peak: float | None = None) -> None
     printed in the corner: near 1/N the panel is close to uniform, near 1 it is one patch."""
     from matplotlib import colormaps
 
-    _show_image(ax, image)
+    _show_image(ax, image, brightness=0.55)  # dimmed, so the heat's colours stay true where they cover it
     h = heat.detach().float().cpu()
     h = (h / h.max().clamp_min(1e-12)).numpy()  # 0..1: the largest weight is full colour
     rgba = colormaps["inferno"](h)
-    rgba[..., 3] = 0.85 * h
+    rgba[..., 3] = 0.9 * h
     ax.imshow(rgba, interpolation="nearest")
     if peak is not None:
         _peak_label(ax, peak)
     ax.set_xticks([])
     ax.set_yticks([])
+
+
+def _clip(box, hw) -> tuple[int, int, int, int]:
+    """A ``(top, left, h, w)`` box cut to the image (patches of padded images reach past its edges)."""
+    top, left, h, w = box
+    t, lf = max(0, top), max(0, left)
+    return t, lf, min(hw[0], top + h) - t, min(hw[1], left + w) - lf
 
 
 def _outline(ax, box, color="cyan") -> None:
@@ -198,7 +206,7 @@ def plot_patch_attention(image: Tensor, rows: dict[int, Tensor], geom: dict, pat
     cell = (2.6, 1.3) if one_d else (1.9, 1.9)
     fig, axes = plt.subplots(len(layers), ncols, figsize=(cell[0] * ncols, cell[1] * len(layers) + 0.8),
                              squeeze=False)
-    box = patch_box(patch, geom["grid"], geom["patch"], geom["stride"], geom["offset"])
+    box = _clip(patch_box(patch, geom["grid"], geom["patch"], geom["stride"], geom["offset"]), geom["image_hw"])
     for r, layer in enumerate(layers):
         att = rows[layer]  # (H, N)
         cols = [(f"head {h}", att[h]) for h in heads] + ([("mean of heads", att[heads].mean(0))] if with_mean else [])

@@ -29,11 +29,14 @@ def grid_geometry(config, input_hw: tuple[int, int] | None = None) -> dict:
     hw = config.image_hw if input_hw is None else tuple(input_hw)
     patch, stride = config.patch_hw, config.stride_hw
     offset = (0, 0)
-    if config.pad:
+    if config.patch_embed == "conv-stem":
+        # Stride-2 convolutions with padding 1 centre token k on pixel p·k: its cell is [p·k − p/2, p·k + p/2).
+        offset = (patch[0] // 2, patch[1] // 2)
+    elif config.pad:
         offset = tuple(patch_padding(s, p, st) // 2 for s, p, st in zip(hw, patch, stride, strict=True))
     from ..tokens.image import grid_size
 
-    # A conv stem's token stands for a p × p cell from the top-left corner (its receptive field is wider).
+    # A conv stem's token stands for a p × p cell around its centre (its receptive field is wider).
     return {"grid": grid_size(hw, patch, stride, pad=config.pad_grid), "patch": patch, "stride": stride,
             "offset": offset, "image_hw": hw}
 
