@@ -116,8 +116,8 @@ register_recipe(Recipe(
     model="gpt",
     build=build,
     options={"tokenizer": "char", "vocab_size": 0, **_COMMON_OPTS},
-    model_defaults={"dim": 128, "num_layers": 4, "num_heads": 4, "block_size": 128, "dropout": 0.0},
-    train_defaults={"max_iters": 100_000, "time_budget": 150.0, "batch_size": 16, "lr": 2e-3, "warmup_iters": 100,
-                    "eval_interval": 250},
+    model_defaults={"dim": 128, "num_layers": 4, "num_heads": 4, "block_size": 128, "dropout": 0.0, "bias": False},
+    train_defaults={"max_iters": 100_000, "time_budget": 150.0, "batch_size": 16, "lr": 3e-3, "min_lr": 3e-4,
+                    "warmup_iters": 50, "eval_interval": 250},
     evaluate_run=evaluate_run,
 ))
