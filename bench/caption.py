@@ -30,13 +30,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--forms", nargs="+", default=["encoder-decoder", "decoder-only"],
                    choices=["encoder-decoder", "decoder-only"])
-    p.add_argument("--eval-interval", type=int, default=250)
+    p.add_argument("--eval-interval", type=int, default=None, help="validation every N steps (default: the recipe's)")
     p.add_argument("--set", dest="sets", nargs="*", default=[], help="recipe settings, key=value")
     p.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = p.parse_args()
     extra = _parse_sets(args.sets)
-    results = [run("caption", {"form": f, "eval_interval": args.eval_interval, **extra}, f, goal=GOAL)
-               for f in args.forms]
+    every = {} if args.eval_interval is None else {"eval_interval": args.eval_interval}
+    results = [run("caption", {"form": f, **every, **extra}, f, goal=GOAL) for f in args.forms]
     print("\n| form | params | steps | wall s | first step ≥ 95% val (s) | test exact match % | by shapes 1/2/3 "
           "| token acc % |\n| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in results:

@@ -7,6 +7,8 @@ concatenated and projected: ``MHA(X, C) = [head_1, …, head_H] W_o``.
 
 from __future__ import annotations
 
+import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .functional import BACKENDS, attention

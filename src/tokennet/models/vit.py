@@ -337,10 +337,10 @@ register_preset("vit-digits", "vit", "ViT for 8×8 digits: overlapping 4×4 patc
                 "4 layers × 64, mean pooling",
                 image_size=8, patch_size=4, patch_stride=2, in_channels=1, num_classes=10, dim=64,
                 num_layers=4, num_heads=4, mlp_ratio=2.0, pool="mean", label_smoothing=0.1)
-register_preset("vit-fashion", "vit", "ViT_C for 28×28 Fashion-MNIST: a conv stem makes 4×4 = 16 tokens (7×7 cells), "
-                "6 layers × 128, mean pooling",
-                image_size=28, patch_size=8, patch_embed="conv-stem", in_channels=1, num_classes=10, dim=128,
-                num_layers=6, num_heads=4, mlp_ratio=2.0, pool="mean")
+register_preset("vit-fashion", "vit", "ViT_C for 28×28 Fashion-MNIST: a conv stem makes 4×4 = 16 tokens (8×8 cells), "
+                "4 layers × 96, mean pooling",
+                image_size=28, patch_size=8, patch_embed="conv-stem", in_channels=1, num_classes=10, dim=96,
+                num_layers=4, num_heads=4, mlp_ratio=2.0, pool="mean")
 register_preset("vit-1d", "vit", "ViT for 1-D signals (MNIST-1D, length 40): overlapping patches of 4 at stride 2 "
                 "(19 tokens), 4 layers × 64",
                 image_size=[40], patch_size=4, patch_stride=2, in_channels=1, num_classes=10, dim=64, num_layers=4,
