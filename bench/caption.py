@@ -34,6 +34,7 @@ def main() -> None:
     p.add_argument("--set", dest="sets", nargs="*", default=[], help="recipe settings, key=value")
     p.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = p.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)
     extra = _parse_sets(args.sets)
     every = {} if args.eval_interval is None else {"eval_interval": args.eval_interval}
     results = [run("caption", {"form": f, **every, **extra}, f, goal=GOAL) for f in args.forms]

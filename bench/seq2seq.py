@@ -58,6 +58,7 @@ def run(recipe: str, sets: dict, label: str, metric: str = "val_exact_match", go
         out, metrics = train(recipe, out=Path(d) / "run", sets={**sets, "progress": False}, device="cpu")
         wall = time.perf_counter() - t0
         log = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
+        used = json.loads((out / "run.json").read_text())["settings"]  # every setting, defaults included
     setup = wall - metrics.get("wall", wall)  # building data/model and the final test evaluation
     curve = [{"step": r["step"], "seconds": round(r["wall"], 1), metric: round(r[metric], 2),
               "val_loss": round(r["val_loss"], 5)} for r in log if metric in r and "wall" in r]
@@ -68,7 +69,9 @@ def run(recipe: str, sets: dict, label: str, metric: str = "val_exact_match", go
     for c in curve:
         print(f"| {c['step']} | {c['seconds']} | {c[metric]} | {c['val_loss']} |")
     keep = {k: v for k, v in metrics.items() if k not in ("errors",)}
-    return {"label": label, "settings": sets, "wall_seconds": round(wall, 2), "setup_and_test_seconds": round(setup, 2),
+    print(f"settings: max_iters={used['max_iters']} batch_size={used['batch_size']} lr={used['lr']} "
+          f"dim={used['dim']} num_layers={used['num_layers']}")
+    return {"label": label, "settings": used, "wall_seconds": round(wall, 2), "setup_and_test_seconds": round(setup, 2),
             "curve": curve, "first_at_goal": hit, "metrics": keep, "errors": metrics.get("errors", [])}
 
 
@@ -80,6 +83,7 @@ def main() -> None:
     p.add_argument("--set", dest="sets", nargs="*", default=[], help="recipe settings, key=value")
     p.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = p.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # progress shows when the output goes to a file
     extra = _parse_sets(args.sets)
     results = []
     for arch in args.archs:
