@@ -216,7 +216,7 @@ register_recipe(Recipe(
              "val_size": 500, "beam_size": 4, "alpha": 0.6},
     model_defaults={"dim": 128, "num_layers": 2, "num_heads": 4, "max_source_len": 40, "max_target_len": 16,
                     "dropout": 0.0},
-    train_defaults={"max_iters": 1200, "batch_size": 64, "lr": 2e-3, "warmup_iters": 100, "eval_interval": 400,
+    train_defaults={"max_iters": 1800, "batch_size": 64, "lr": 2e-3, "warmup_iters": 100, "eval_interval": 600,
                     "weight_decay": 0.01},
     evaluate_run=evaluate_run,
 ))
