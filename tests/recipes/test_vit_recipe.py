@@ -52,6 +52,21 @@ def test_mnist1d_profile_builds_a_1d_vit(tmp_path):
     assert metrics["dataset"] == "mnist1d" and "baseline_svm_accuracy" not in metrics
 
 
+def test_data_defaults_are_the_dataset_profile_and_user_values_win(tmp_path, capsys):
+    r = get_recipe("vit")
+    digits, fashion, one_d = r.defaults(), r.defaults("fashion-mnist"), r.defaults("mnist1d")
+    assert (digits["dim"], fashion["dim"], one_d["dim"]) == (64, 96, 64)
+    assert fashion["patch_embed"] == "conv-stem" and fashion["flip"] is True and digits["flip"] is False
+    assert (digits["translate"], one_d["translate"]) == (1, 4)
+    # a value equal to the digits default is still the user's: the MNIST-1D profile must not replace it
+    run, _ = train("vit", data="mnist1d", out=tmp_path / "r", sets={**TINY, "translate": 1, "svm_baseline": False},
+                   device="cpu")
+    assert json.loads((run / "run.json").read_text())["settings"]["translate"] == 1
+    assert main(["train", "vit", "--data", "fashion-mnist", "--show-settings"]) == 0
+    shown = dict(line.split(" = ", 1) for line in capsys.readouterr().out.splitlines())
+    assert shown["dim"] == "96" and shown["patch_embed"] == "'conv-stem'" and shown["image_size"] == "28"
+
+
 def test_fashion_mnist_from_a_user_directory(tmp_path):
     d = write_fashion(tmp_path / "fm")
     run, metrics = train("vit", data=str(d), out=tmp_path / "r", sets=TINY, device="cpu")

@@ -60,6 +60,10 @@ class Recipe:
         model_defaults: config values replacing the preset's.
         train_defaults: TrainConfig values replacing the trainer's defaults.
         evaluate_run: ``evaluate_run(run_dir, data, device) -> metrics`` for ``tokennet eval``.
+        data_defaults: ``data_defaults(data) -> settings`` that replace the recipe defaults for this
+            ``--data`` (a dataset's profile: model size, steps, augmentation). Precedence, lowest
+            first: the preset, ``model_defaults``/``train_defaults``/``options``, ``data_defaults(data)``,
+            then what the user sets.
     """
 
     name: str
@@ -70,14 +74,22 @@ class Recipe:
     model_defaults: dict[str, Any] = field(default_factory=dict)
     train_defaults: dict[str, Any] = field(default_factory=dict)
     evaluate_run: Callable[..., dict[str, Any]] | None = None
+    data_defaults: Callable[[str | None], dict[str, Any]] | None = None
 
-    def defaults(self) -> dict[str, Any]:
-        """Every setting of this recipe with its default value."""
+    def defaults(self, data: str | None = None) -> dict[str, Any]:
+        """Every setting of this recipe with its default value for ``--data data`` (None: the default data)."""
         family, preset, _ = preset_info(self.model)
         model_cfg = config_from_dict({"family": family, **preset, **self.model_defaults}).to_dict()
         model_cfg.pop("family")
         train_cfg = dataclasses.asdict(TrainConfig(**self.train_defaults))
-        return {**model_cfg, **train_cfg, **self.options}
+        out = {**model_cfg, **train_cfg, **self.options}
+        if self.data_defaults is not None:
+            extra = self.data_defaults(data)
+            unknown = sorted(set(extra) - set(out))
+            if unknown:
+                raise RecipeError(f"recipe {self.name!r}: data defaults name unknown settings {unknown}")
+            out.update(extra)
+        return out
 
     def split(self, settings: dict[str, Any]) -> tuple[dict[str, Any], TrainConfig, dict[str, Any]]:
         """``(model overrides, TrainConfig, options)`` from flat settings."""
@@ -194,7 +206,7 @@ def train(
     """
     recipe = get_recipe(recipe_name)
     out = Path(out) if out is not None else Path("runs") / recipe.name
-    defaults = recipe.defaults()
+    defaults = recipe.defaults(data)  # a resumed run takes its saved settings over these
     for k in sets or {}:
         if k not in defaults:
             raise RecipeError(f"unknown setting {k!r}; valid: {', '.join(sorted(defaults))}")
