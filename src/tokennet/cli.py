@@ -63,7 +63,9 @@ def _add_train(sub) -> None:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
     g.add_argument("--overwrite", action="store_true", help="replace an existing run directory")
-    p.add_argument("--show-settings", action="store_true", help="print the recipe's settings and exit")
+    p.add_argument("--show-settings", action="store_true",
+                   help="print the recipe's settings with their defaults (for the --data given, where the recipe "
+                   "has per-dataset profiles) and exit")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -85,7 +87,10 @@ def _add_generate(sub) -> None:
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, ...")
     p.add_argument("--no-cache", action="store_true", help="recompute the whole window every step")
     p.add_argument("--beam-size", type=int, default=None,
-                   help="translation (seq2seq) runs: beam width, 1 = greedy (default: the run's beam_size)")
+                   help="translation and captioning runs: beam width, 1 = greedy (default: the run's beam_size)")
+    p.add_argument("--image", nargs="+", metavar="PATH",
+                   help="captioning runs: caption these image files (PNG, JPEG, ... or .npy) of the model's size "
+                   "(48×48 for the caption recipe; nothing is resized), one caption per line")
 
 
 def _add_eval(sub) -> None:
@@ -122,6 +127,8 @@ def _add_viz(sub) -> None:
     p.add_argument("--head", type=int, help="only this head (default: all, and their mean)")
     p.add_argument("--data", help="the data to draw from (default: the run's)")
     p.add_argument("--text", help="translation (seq2seq) runs: draw the alignment of this source instead")
+    p.add_argument("--image", metavar="PATH",
+                   help="captioning runs: caption this image file (the model's size) and draw its attention")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda, ...")
 
 
@@ -167,7 +174,7 @@ def cmd_train(args) -> int:
     from .recipes import get_recipe, parse_sets, train
 
     recipe = get_recipe(args.recipe)
-    defaults = recipe.defaults()
+    defaults = recipe.defaults(args.data)  # the dataset's profile, where the recipe has one
     if args.show_settings:
         for k in sorted(defaults):
             print(f"{k} = {defaults[k]!r}")
@@ -211,17 +218,27 @@ def _load_run(run_dir: str):
 
 def _generate_conditional(args, model) -> bool:
     """Runs of conditional models: translate the prompt (seq2seq, bahdanau); False for causal LMs."""
+    from .train.trainer import resolve_device
+
     family = model.config.family
+    if args.beam_size is not None and args.beam_size < 1:
+        raise CLIError(f"--beam-size must be >= 1, got {args.beam_size}")
     if family in ("captioner", "captioner-prefix"):
-        raise CLIError(f"{args.run_dir} is a captioning run: it takes images, not a prompt; "
-                       "use `tokennet eval` or `tokennet viz`")
+        if not args.image:
+            raise CLIError(f"{args.run_dir} is a captioning run: it takes images, not a prompt; "
+                           "pass --image PATH")
+        from .recipes.caption import caption_files
+
+        caps = caption_files(args.run_dir, args.image, beam_size=args.beam_size, device=resolve_device(args.device))
+        for path, cap in zip(args.image, caps, strict=True):
+            print(cap if len(args.image) == 1 else f"{path}\t{cap}")
+        return True
+    if args.image:
+        raise CLIError(f"--image is for captioning runs; {args.run_dir} is a {family} run")
     if family not in ("seq2seq", "bahdanau"):
         return False
     from .recipes.seq2seq import translate_run
-    from .train.trainer import resolve_device
 
-    if args.beam_size is not None and args.beam_size < 1:
-        raise CLIError(f"--beam-size must be >= 1, got {args.beam_size}")
     out, unknown = translate_run(args.run_dir, args.prompt, beam_size=args.beam_size,
                                  device=resolve_device(args.device))
     if unknown:

@@ -56,3 +56,60 @@ def test_bad_requests_are_one_line_errors(runs, capsys, tmp_path):
     assert "48" in capsys.readouterr().err
     assert main(["-q", "train", "caption", "--out", str(tmp_path / "b"), "--set", "form=both"]) == 2
     assert main(["eval", str(runs["decoder-only"]), "--data", "x"]) == 2
+
+
+def _save_scene_png(path, index=0):
+    """A held-out test scene of the tiny runs, written as a 48×48 PNG."""
+    import numpy as np
+    from PIL import Image
+
+    from tokennet.data.shapes import held_out_scenes, images_of
+
+    scene = held_out_scenes(0, 10, 0.2)[index]
+    img = images_of([scene])[0]  # (3, 48, 48) in [0, 1]
+    Image.fromarray((img.permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)).save(path)
+    return img
+
+
+def test_generate_captions_image_files(runs, capsys, tmp_path):
+    from tokennet.models import load_pretrained
+    from tokennet.recipes.caption import caption_files, caption_images
+    from tokennet.tokens.text import load_tokenizer
+
+    run_dir = runs["encoder-decoder"]
+    img = _save_scene_png(tmp_path / "a.png")
+    _save_scene_png(tmp_path / "b.png", 1)
+    assert main(["generate", str(run_dir), "--image", str(tmp_path / "a.png")]) == 0
+    one = capsys.readouterr().out.strip()
+    # the file path gives what the in-memory image gives (8-bit PNG rounding does not change the greedy caption
+    # of this tiny model; if it ever did, the comparison below would say so)
+    model, tok = load_pretrained(run_dir).eval(), load_tokenizer(run_dir)
+    with torch.no_grad():
+        direct = caption_images(model, tok, img[None])[0]
+    assert one == direct == caption_files(run_dir, [tmp_path / "a.png"])[0]
+    assert main(["generate", str(run_dir), "--image", str(tmp_path / "a.png"), str(tmp_path / "b.png")]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 2 and lines[0].startswith(str(tmp_path / "a.png") + "\t")
+
+
+def test_image_files_of_the_wrong_kind_are_one_line_errors(runs, capsys, tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    run_dir = runs["decoder-only"]
+    Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(tmp_path / "small.png")
+    assert main(["generate", str(run_dir), "--image", str(tmp_path / "small.png")]) == 2
+    err = capsys.readouterr().err
+    assert "48×48" in err and "32×32" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert main(["generate", str(run_dir), "--image", str(tmp_path / "missing.png")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    (tmp_path / "junk.png").write_text("hello")
+    assert main(["generate", str(run_dir), "--image", str(tmp_path / "junk.png")]) == 2
+    assert "not a readable image" in capsys.readouterr().err
+    Image.fromarray(np.zeros((48, 48), np.uint8)).save(tmp_path / "grey.png")  # grey: repeated to RGB
+    assert main(["generate", str(run_dir), "--image", str(tmp_path / "grey.png")]) == 0
+    capsys.readouterr()
+    assert main(["generate", str(run_dir), "--image", str(tmp_path / "grey.png"), "--beam-size", "0"]) == 2
+    assert main(["viz", str(run_dir), "--image", str(tmp_path / "grey.png"), "--out", str(tmp_path / "v")]) == 0
+    assert (tmp_path / "v" / "caption_attention.png").read_bytes()[:4] == b"\x89PNG"
+    assert main(["viz", str(run_dir), "--image", str(tmp_path / "small.png"), "--out", str(tmp_path / "w")]) == 2

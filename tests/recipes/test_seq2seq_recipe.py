@@ -83,6 +83,8 @@ def test_bad_input_is_an_error_or_a_stated_unk(run, capsys, tmp_path):
     assert main(["eval", str(run_dir), "--data", str(bad)]) == 2
     assert main(["eval", str(run_dir), "--data", str(tmp_path / "missing.tsv")]) == 2
     assert main(["generate", str(run_dir), "--prompt", "1999/3/3", "--beam-size", "0"]) == 2
+    assert main(["generate", str(run_dir), "--image", str(tmp_path / "x.png")]) == 2
+    assert "--image is for captioning runs" in capsys.readouterr().err
     assert main(["-q", "train", "seq2seq", "--out", str(tmp_path / "x"), "--set", "arch=lstm"]) == 2
     assert "arch must be one of" in capsys.readouterr().err
 

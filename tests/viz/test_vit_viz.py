@@ -69,6 +69,19 @@ def test_viz_one_layer_one_head_and_default_out(digits_run):
     assert all(_png(f) and f.parent == digits_run / "viz" for f in files)
 
 
+def test_viz_of_an_image_file_at_another_size(digits_run, tmp_path, capsys):
+    """A user's image: 12×12 grey (the model saw 8×8); its 4×4 patches at stride 2 tile it, positions interpolate."""
+    import numpy as np
+    from PIL import Image
+
+    Image.fromarray((np.random.default_rng(0).random((12, 12)) * 255).astype(np.uint8)).save(tmp_path / "d.png")
+    assert main(["viz", str(digits_run), "--out", str(tmp_path / "v"), "--image", str(tmp_path / "d.png")]) == 0
+    assert _png(tmp_path / "v" / "patch_attention.png")
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(tmp_path / "rgb.png")
+    assert main(["viz", str(digits_run), "--out", str(tmp_path / "w"), "--image", str(tmp_path / "rgb.png")]) == 2
+    assert "1 channel(s), got 3" in capsys.readouterr().err
+
+
 def test_viz_bad_options_are_one_line_errors(digits_run, tmp_path, capsys):
     for args, msg in ((["--patch", "9"], "--patch 9 out of range: 0..8"),
                       (["--layer", "2"], "--layer 2 out of range: 0..1"),

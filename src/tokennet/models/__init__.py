@@ -1,10 +1,12 @@
 """Models by name. Importing this package registers every family (one module each)."""
 
-from . import bahdanau  # noqa: F401  (registers the family)
-from . import captioner  # noqa: F401  (registers the families)
-from . import gpt  # noqa: F401  (registers the family)
-from . import seq2seq  # noqa: F401  (registers the family)
-from . import vit  # noqa: F401  (registers the family)
+from . import (
+    bahdanau,  # noqa: F401  (registers the family)
+    captioner,  # noqa: F401  (registers the families)
+    gpt,  # noqa: F401  (registers the family)
+    seq2seq,  # noqa: F401  (registers the family)
+    vit,  # noqa: F401  (registers the family)
+)
 from .registry import (
     ModelConfig,
     Output,

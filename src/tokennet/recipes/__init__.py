@@ -1,9 +1,11 @@
 """Recipes: which data, which model preset, which training settings. Importing registers them all."""
 
-from . import caption  # noqa: F401  (registers caption)
-from . import gpt  # noqa: F401  (registers gpt, gpt-char)
-from . import seq2seq  # noqa: F401  (registers seq2seq)
-from . import vit  # noqa: F401  (registers vit)
+from . import (
+    caption,  # noqa: F401  (registers caption)
+    gpt,  # noqa: F401  (registers gpt, gpt-char)
+    seq2seq,  # noqa: F401  (registers seq2seq)
+    vit,  # noqa: F401  (registers vit)
+)
 from .base import Job, Recipe, RecipeError, get_recipe, list_recipes, parse_sets, register_recipe, train
 
 __all__ = ["Recipe", "Job", "RecipeError", "get_recipe", "list_recipes", "parse_sets", "register_recipe", "train"]

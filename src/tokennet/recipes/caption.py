@@ -34,12 +34,13 @@ from ..data.shapes import (
     images_of,
     sample_scenes,
 )
+from ..data.text import DataError
 from ..decode import beam_search, greedy_search, strip_special
 from ..models.registry import create_model, load_pretrained
 from ..tokens.text import load_tokenizer, train_tokenizer
 from .base import Job, Recipe, RecipeError, register_recipe
 
-__all__ = ["FORMS", "caption_images"]
+__all__ = ["FORMS", "caption_images", "load_caption_images", "caption_files"]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,43 @@ def caption_images(model, tok, images: torch.Tensor, *, beam_size: int = 1, batc
         ids = greedy_search(model, x) if beam_size == 1 else beam_search(model, x, beam_size=beam_size)
         out.extend(tok.decode(r) for r in strip_special(ids, model.config.eos_id, model.config.pad_id))
     return out
+
+
+def load_caption_images(paths, image_size: int = IMAGE_SIZE, in_channels: int = 3) -> torch.Tensor:
+    """Read image files for a captioning model: ``(B, C, H, W)`` in [0, 1].
+
+    Grey images are repeated to 3 channels, an alpha channel is dropped (see
+    :func:`~tokennet.data.vision.read_image`); the size must be the model's ``image_size`` — nothing is
+    resized, a different size is a ``DataError`` that says what is expected.
+    """
+    from ..data.vision import read_image
+
+    out = []
+    for p in paths:
+        x = read_image(p)
+        if x.shape[0] == 1 and in_channels == 3:
+            x = x.expand(3, -1, -1)
+        if x.shape[0] != in_channels or tuple(x.shape[1:]) != (image_size, image_size):
+            raise DataError(f"{p}: the model takes {image_size}×{image_size} images with {in_channels} channels, "
+                            f"got {x.shape[1]}×{x.shape[2]} with {x.shape[0]}; resize it first")
+        out.append(x)
+    if not out:
+        raise DataError("no image given")
+    return torch.stack(out)
+
+
+def caption_files(run_dir: str | Path, paths, *, beam_size: int | None = None,
+                  device: str | torch.device = "cpu") -> list[str]:
+    """Caption image files with a trained ``caption`` run (its model, tokenizer and beam size)."""
+    run_dir = Path(run_dir)
+    run_file = run_dir / "run.json"
+    settings = json.loads(run_file.read_text())["settings"] if run_file.is_file() else {}
+    model = load_pretrained(run_dir).to(device).eval()
+    tok = load_tokenizer(run_dir)
+    images = load_caption_images(paths, model.config.image_size, model.config.in_channels)
+    k = beam_size if beam_size is not None else settings.get("beam_size", 1)
+    with torch.no_grad():
+        return caption_images(model, tok, images, beam_size=k)
 
 
 def _test_scenes(settings: dict[str, Any]):

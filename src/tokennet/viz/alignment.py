@@ -264,7 +264,8 @@ def seq2seq_viz(run_dir: Path, out_dir: Path, *, index: int | None = None, layer
 
 
 def caption_viz(run_dir: Path, out_dir: Path, *, index: int | None = None, layer: int | None = None,
-                head: int | None = None, device: str | None = None, **_) -> list[Path]:
+                head: int | None = None, image: str | Path | None = None, device: str | None = None,
+                **_) -> list[Path]:
     """Write ``caption_attention.png``: each generated word's attention over the image patches.
 
     The map is averaged over heads and layers unless ``layer`` / ``head`` pick one.
@@ -272,8 +273,10 @@ def caption_viz(run_dir: Path, out_dir: Path, *, index: int | None = None, layer
     Args:
         run_dir: a ``caption`` run (either form).
         out_dir: where the PNG goes.
-        index: the held-out test image (default 0).
+        index: the held-out test image (default 0); ignored when ``image`` is given.
         layer, head: use only this layer / head.
+        image: caption this image file instead (the model's size; see
+            :func:`~tokennet.recipes.caption.load_caption_images`).
         device: where to run the model.
     """
     from ..data.shapes import caption, held_out_scenes, images_of
@@ -281,15 +284,20 @@ def caption_viz(run_dir: Path, out_dir: Path, *, index: int | None = None, layer
 
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     model, tok, settings = _load(run_dir, device)
-    if settings is None:
-        raise ValueError(f"{run_dir} has no run.json to draw the test images from")
     c = model.config
-    scenes = held_out_scenes(settings["seed"], settings["test_size"], settings["held_out_fraction"])
-    index = 0 if index is None else index
-    _select(len(scenes), index, "index")
-    scene = scenes[index]
     dev = next(model.parameters()).device
-    image = images_of([scene], c.image_size).to(dev)
+    if image is not None:
+        from ..recipes.caption import load_caption_images
+
+        ref, image = None, load_caption_images([image], c.image_size, c.in_channels).to(dev)
+    else:
+        if settings is None:
+            raise ValueError(f"{run_dir} has no run.json to draw the test images from; pass --image")
+        scenes = held_out_scenes(settings["seed"], settings["test_size"], settings["held_out_fraction"])
+        index = 0 if index is None else index
+        _select(len(scenes), index, "index")
+        ref = caption(scenes[index])
+        image = images_of([scenes[index]], c.image_size).to(dev)
     out_ids = strip_special(greedy_search(model, image), c.eos_id, c.pad_id)[0]
     tgt_in, words = _tokens_out(model, tok, out_ids)
     a = alignments(model, image, tgt_in.to(dev))[:, 0]  # (L, H, T, P)
@@ -298,8 +306,8 @@ def caption_viz(run_dir: Path, out_dir: Path, *, index: int | None = None, layer
     w = a[layers][:, heads].mean(dim=(0, 1))  # (T, P)
     which = ("all layers" if layer is None else f"layer {layer}") + ", " + \
         ("mean of heads" if head is None else f"head {head}")
-    got, ref = tok.decode(out_ids), caption(scene)
-    title = f"generated: {got!r}\nreference: {ref!r}   ({which})"
+    got = tok.decode(out_ids)
+    title = f"generated: {got!r}\n" + (f"reference: {ref!r}   ({which})" if ref is not None else f"({which})")
     return [plot_caption_attention(image[0], w, [s.strip() for s in words], c.grid,
                                    out_dir / "caption_attention.png", title=title)]
 

@@ -48,7 +48,7 @@ def _check_index(name: str, value: int | None, n: int) -> None:
 
 def vit_viz(run_dir: Path, out_dir: Path, *, index: int | None = None, patch: int | None = None,
             layer: int | None = None, head: int | None = None, data: str | None = None, device: str | None = None,
-            **_) -> list[Path]:
+            image: str | Path | None = None, **_) -> list[Path]:
     """Write ``patch_attention.png``, ``rollout.png`` and ``position_similarity.png`` for a ViT run.
 
     Args:
@@ -59,6 +59,8 @@ def vit_viz(run_dir: Path, out_dir: Path, *, index: int | None = None, patch: in
         layer: draw only this layer (default: all).
         head: draw only this head (default: all, and their mean).
         data: the dataset (default: the run's).
+        image: draw this image file instead of a test image (2-D models; grey images are repeated to the
+            model's channels; another size works when the patches tile it: positions are interpolated).
         device: where to run the model (default CPU).
     """
     from ..data.vision import load_dataset
@@ -75,10 +77,22 @@ def vit_viz(run_dir: Path, out_dir: Path, *, index: int | None = None, patch: in
             raise ValueError(f"{run_dir} has no run.json to say which data it was trained on; pass --data")
         data = json.loads(run_file.read_text()).get("data")
     ds = load_dataset(data)
-    index = 0 if index is None else index
-    _check_index("index", index, len(ds.y_test))
-    x = ds.x_test[index]  # (C, H, W) or (C, L)
-    label = ds.classes[int(ds.y_test[index])]
+    if image is not None:
+        from ..data.vision import read_image
+
+        if c.is_1d:
+            raise ValueError("--image needs a 2-D image model; this run classifies 1-D signals")
+        x = read_image(image)  # (C, H, W)
+        if x.shape[0] == 1 and c.in_channels == 3:
+            x = x.expand(3, -1, -1)
+        if x.shape[0] != c.in_channels:
+            raise ValueError(f"{image}: the model takes images with {c.in_channels} channel(s), got {x.shape[0]}")
+        label, source = "?", Path(image).name
+    else:
+        index = 0 if index is None else index
+        _check_index("index", index, len(ds.y_test))
+        x = ds.x_test[index]  # (C, H, W) or (C, L)
+        label, source = ds.classes[int(ds.y_test[index])], f"{ds.name} test #{index}"
 
     n_layers, n_heads = c.num_layers, c.num_heads
     _check_index("layer", layer, n_layers)
@@ -93,7 +107,7 @@ def vit_viz(run_dir: Path, out_dir: Path, *, index: int | None = None, patch: in
         xb = x[None].to(dev)
         pred = ds.classes[int(model(xb).logits.argmax(-1))] if c.num_classes == ds.num_classes else "?"
         maps = [a[0].float().cpu() for a in model.attention_maps(xb)]  # per layer (H, P + N, P + N)
-    what = f"{ds.name} test #{index}: label {label}, predicted {pred}"
+    what = f"{source}: label {label}, predicted {pred}"
     files = []
 
     layers = list(range(n_layers)) if layer is None else [layer]
