@@ -72,10 +72,12 @@ def _add_train(sub) -> None:
 def _add_generate(sub) -> None:
     p = sub.add_parser(
         "generate",
-        help="sample text from a trained language model",
-        description="Continue a prompt with a trained causal LM, streaming tokens as they come. Decoding "
+        help="sample text from a language model, translate (seq2seq), or caption images (caption)",
+        description="Language-model runs: continue a prompt, streaming tokens as they come. Decoding "
         "uses a KV cache. Past the model's context length the model sees a sliding window: the cache is "
-        "rebuilt from the last block_size/2 tokens whenever it fills.",
+        "rebuilt from the last block_size/2 tokens whenever it fills. Translation runs (seq2seq): translate "
+        "--prompt with beam search (characters outside the vocabulary are read as <unk> and listed on "
+        "stderr). Captioning runs: caption the --image files.",
     )
     p.add_argument("run_dir", help="a run directory from `tokennet train`")
     p.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
@@ -115,9 +117,11 @@ def _add_viz(sub) -> None:
         "viz",
         help="draw a trained model's attention (PNG)",
         description="Draw pictures of a trained run, chosen by its model family. ViT: where one patch looks "
-        "(per layer and head, over a test image), the <cls> token's attention rollout, and the similarity of "
-        "the position embeddings. Attention is recomputed with the plain formula, so runs trained with the "
-        "fused backend work.",
+        "(per layer and head, over a test image or --image), the <cls> token's attention rollout, and the "
+        "similarity of the position embeddings. Translation: the cross-attention alignment (output × source "
+        "characters, per layer and head) of a test example or --text. Captioning: each generated word's "
+        "attention over the image patches, for a held-out test image or --image. Attention is recomputed "
+        "with the plain formula, so runs trained with the fused backend work.",
     )
     p.add_argument("run_dir", help="a run directory from `tokennet train`")
     p.add_argument("--out", help="output directory (default: RUN_DIR/viz)")
@@ -128,7 +132,8 @@ def _add_viz(sub) -> None:
     p.add_argument("--data", help="the data to draw from (default: the run's)")
     p.add_argument("--text", help="translation (seq2seq) runs: draw the alignment of this source instead")
     p.add_argument("--image", metavar="PATH",
-                   help="captioning runs: caption this image file (the model's size) and draw its attention")
+                   help="captioning runs: caption this image file (the model's size) and draw its attention; "
+                   "ViT runs: draw this image instead of a test image")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda, ...")
 
 
