@@ -95,3 +95,44 @@ def test_ctrl_c_writes_a_checkpoint_and_exits_cleanly(tmp_path, corpus):
     r = subprocess.run(_cmd(corpus, out, True), capture_output=True, text=True, env=_env())
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads((out / "metrics.json").read_text())["step"] == SETS["max_iters"]
+
+
+def test_a_death_while_pruning_never_leaves_half_a_checkpoint(tmp_path, monkeypatch):
+    """Pruning deletes file by file; dying in the middle must not leave a ``step-N`` missing files.
+
+    The fake ``rmtree`` removes one file of the directory it is given and then "dies" (raises), at
+    the worst moment; the surviving ``step-*`` directories must all read back, and the next save
+    cleans up what the death left behind.
+    """
+    from tokennet.train import checkpoint as ck
+
+    real_rmtree = ck.shutil.rmtree
+
+    model = {"w": torch.arange(6.0)}
+    optim = {"state": {}, "param_groups": [{"lr": 0.1, "params": ["w"]}]}
+    rng = [ck.capture_rng()]
+    for step in (1, 2):
+        ck.save_checkpoint(tmp_path, step, model, optim, {"elapsed": 0.0}, rng, keep=2)
+
+    class Died(Exception):
+        pass
+
+    def dying_rmtree(path, ignore_errors=False):
+        files = sorted(p.path for p in os.scandir(path) if p.is_file())
+        if files:
+            os.unlink(files[0])
+        raise Died(path)
+
+    monkeypatch.setattr(ck.shutil, "rmtree", dying_rmtree)
+    with pytest.raises(Died):
+        ck.save_checkpoint(tmp_path, 3, model, optim, {"elapsed": 0.0}, rng, keep=2)  # prunes step 1
+    monkeypatch.setattr(ck.shutil, "rmtree", real_rmtree)
+    survivors = sorted(tmp_path.glob("step-*"))
+    assert [p.name for p in survivors] == ["step-000002", "step-000003"]
+    for p in survivors:
+        read_checkpoint(p)
+    assert latest_checkpoint(tmp_path).name == "step-000003"
+    assert list(tmp_path.glob(".del-step-*"))  # the half-deleted one, out of the way
+    ck.save_checkpoint(tmp_path, 4, model, optim, {"elapsed": 0.0}, rng, keep=2)
+    assert not list(tmp_path.glob(".del-step-*")) and not list(tmp_path.glob(".tmp-step-*"))
+    assert [p.name for p in sorted(tmp_path.glob("step-*"))] == ["step-000003", "step-000004"]

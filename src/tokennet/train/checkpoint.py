@@ -155,7 +155,7 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)  # a failed write (full disk, kill) leaves no partial checkpoint
         raise
     if final.exists():
-        shutil.rmtree(final)
+        _remove(final)
     tmp.rename(final)
     _fsync(root)
     ptr = root / f".{LATEST}.tmp"
@@ -166,10 +166,25 @@ def save_checkpoint(
     steps = sorted(p for p in root.glob("step-*") if p.is_dir())
     for old in steps[:-keep] if keep > 0 else []:
         if old != final:
-            shutil.rmtree(old, ignore_errors=True)
-    for stale in root.glob(".tmp-step-*"):  # left by a crash mid-write
+            _remove(old)
+    for stale in [*root.glob(".tmp-step-*"), *root.glob(".del-step-*")]:  # left by a crash mid-write/-delete
         shutil.rmtree(stale, ignore_errors=True)
     return final
+
+
+def _remove(path: Path) -> None:
+    """Delete a checkpoint directory without ever leaving half of it under its own name.
+
+    ``rmtree`` unlinks file by file, so a kill in the middle would leave ``step-N`` without some of its
+    files; renaming it out of the way first (atomic) means ``step-N`` is either whole or gone. A kill
+    after the rename leaves a ``.del-step-*`` directory, removed by the next save.
+    """
+    trash = path.with_name(f".del-{path.name}-{os.getpid()}")
+    try:
+        path.rename(trash)
+    except OSError:
+        return
+    shutil.rmtree(trash, ignore_errors=True)
 
 
 def latest_checkpoint(directory: str | Path) -> Path | None:
