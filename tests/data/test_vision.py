@@ -1,15 +1,14 @@
 import gzip
 import random
-import struct
 
 import numpy as np
 import pytest
 import torch
+from support import idx_bytes, write_fashion
 
 from tokennet.data.text import DataError
 from tokennet.data.vision import (
     FASHION_MNIST_DIRS,
-    FASHION_MNIST_FILES,
     Augment,
     ImageBatches,
     dataset_kind,
@@ -25,31 +24,6 @@ from tokennet.data.vision import (
     random_translate,
     read_idx,
 )
-
-
-def idx_bytes(a: np.ndarray) -> bytes:
-    codes = {np.dtype(np.uint8): 0x08, np.dtype(np.int32): 0x0C, np.dtype(np.float32): 0x0D}
-    head = bytes([0, 0, codes[a.dtype], a.ndim]) + b"".join(struct.pack(">I", d) for d in a.shape)
-    return head + a.astype(a.dtype.newbyteorder(">")).tobytes()
-
-
-def write_fashion(d, n_train=12, n_test=5, gz=True, size=28):
-    d.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(0)
-    arrays = {
-        "train_images": rng.integers(0, 256, (n_train, size, size), dtype=np.uint8),
-        "train_labels": rng.integers(0, 10, n_train, dtype=np.uint8),
-        "test_images": rng.integers(0, 256, (n_test, size, size), dtype=np.uint8),
-        "test_labels": rng.integers(0, 10, n_test, dtype=np.uint8),
-    }
-    for key, a in arrays.items():
-        name = FASHION_MNIST_FILES[key]
-        data = idx_bytes(a)
-        if gz:
-            (d / (name + ".gz")).write_bytes(gzip.compress(data))
-        else:
-            (d / name).write_bytes(data)
-    return arrays
 
 
 # -- idx files ---------------------------------------------------------------------------------------

@@ -81,11 +81,14 @@ def test_generate_captions_image_files(runs, capsys, tmp_path):
     _save_scene_png(tmp_path / "b.png", 1)
     assert main(["generate", str(run_dir), "--image", str(tmp_path / "a.png")]) == 0
     one = capsys.readouterr().out.strip()
-    # the file path gives what the in-memory image gives (8-bit PNG rounding does not change the greedy caption
-    # of this tiny model; if it ever did, the comparison below would say so)
+    # the CLI captions exactly what read_image gives, and that is the generator's image to 8-bit precision
+    from tokennet.data.vision import read_image
+
+    loaded = read_image(tmp_path / "a.png")
+    torch.testing.assert_close(loaded, img, atol=0.5 / 255 + 1e-6, rtol=0)  # PNG rounding
     model, tok = load_pretrained(run_dir).eval(), load_tokenizer(run_dir)
     with torch.no_grad():
-        direct = caption_images(model, tok, img[None])[0]
+        direct = caption_images(model, tok, loaded[None])[0]
     assert one == direct == caption_files(run_dir, [tmp_path / "a.png"])[0]
     assert main(["generate", str(run_dir), "--image", str(tmp_path / "a.png"), str(tmp_path / "b.png")]) == 0
     lines = capsys.readouterr().out.strip().splitlines()

@@ -1,9 +1,7 @@
-import gzip
 import json
-import struct
 
-import numpy as np
 import pytest
+from support import write_fashion
 
 from tokennet.cli import main
 from tokennet.models import create_model
@@ -11,19 +9,6 @@ from tokennet.recipes import get_recipe, train
 
 TINY = {"dim": 16, "num_layers": 1, "num_heads": 2, "max_iters": 6, "time_budget": None, "eval_interval": 3,
         "log_interval": 3, "progress": False, "batch_size": 16}
-
-
-def write_fashion(d, n_train=40, n_test=10):
-    d.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(0)
-    names = {"train-images-idx3-ubyte": rng.integers(0, 256, (n_train, 28, 28), dtype=np.uint8),
-             "train-labels-idx1-ubyte": rng.integers(0, 10, n_train, dtype=np.uint8),
-             "t10k-images-idx3-ubyte": rng.integers(0, 256, (n_test, 28, 28), dtype=np.uint8),
-             "t10k-labels-idx1-ubyte": rng.integers(0, 10, n_test, dtype=np.uint8)}
-    for name, a in names.items():
-        head = bytes([0, 0, 8, a.ndim]) + b"".join(struct.pack(">I", s) for s in a.shape)
-        (d / (name + ".gz")).write_bytes(gzip.compress(head + a.tobytes()))
-    return d
 
 
 def test_digits_run_reports_accuracy_next_to_the_svm(tmp_path):
@@ -68,7 +53,8 @@ def test_data_defaults_are_the_dataset_profile_and_user_values_win(tmp_path, cap
 
 
 def test_fashion_mnist_from_a_user_directory(tmp_path):
-    d = write_fashion(tmp_path / "fm")
+    d = tmp_path / "fm"
+    write_fashion(d, n_train=40, n_test=10)
     run, metrics = train("vit", data=str(d), out=tmp_path / "r", sets=TINY, device="cpu")
     cfg = json.loads((run / "config.json").read_text())
     fashion = create_model("vit-fashion").config
@@ -84,7 +70,8 @@ def test_bad_data_is_a_one_line_error(tmp_path, capsys):
     assert main(["train", "vit", "--data", str(tmp_path / "missing"), "--out", out, "--max-iters", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "missing does not exist" in err[0]
-    d = write_fashion(tmp_path / "fm")
+    d = tmp_path / "fm"
+    write_fashion(d)
     f = d / "train-images-idx3-ubyte.gz"
     f.write_bytes(f.read_bytes()[:100])
     assert main(["train", "vit", "--data", str(d), "--out", out, "--overwrite", "--max-iters", "1"]) == 2

@@ -112,19 +112,10 @@ def test_registry_dispatches_on_the_family(tmp_path):
 
 
 def test_viz_of_a_conv_stem_run(tmp_path):
-    import gzip
-    import struct
-
-    import numpy as np
+    from support import write_fashion
 
     d = tmp_path / "fm"
-    d.mkdir()
-    rng = np.random.default_rng(0)
-    for name, shape in (("train-images-idx3-ubyte", (32, 28, 28)), ("train-labels-idx1-ubyte", (32,)),
-                        ("t10k-images-idx3-ubyte", (4, 28, 28)), ("t10k-labels-idx1-ubyte", (4,))):
-        a = rng.integers(0, 10 if len(shape) == 1 else 256, shape, dtype=np.uint8)
-        head = bytes([0, 0, 8, a.ndim]) + b"".join(struct.pack(">I", s) for s in a.shape)
-        (d / (name + ".gz")).write_bytes(gzip.compress(head + a.tobytes()))
+    write_fashion(d, n_train=32, n_test=4)
     run, _ = train("vit", data=str(d), out=tmp_path / "r", sets=TINY, device="cpu")
     assert json.loads((run / "config.json").read_text())["patch_embed"] == "conv-stem"
     files = visualize(run, tmp_path / "v", index=3, patch=0)

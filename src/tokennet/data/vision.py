@@ -507,16 +507,26 @@ def load_dataset(spec: str | None) -> VisionData:
 
 
 # -- one image from a file --------------------------------------------------------------------------------
-def read_image(path: str | Path) -> Tensor:
+def read_image(path: str | Path, channels: int | None = None) -> Tensor:
     """Read one image file as a float tensor ``(C, H, W)`` in [0, 1].
 
     Image files (PNG, JPEG, BMP, ... — whatever Pillow opens): grey images give C = 1, colour images
     C = 3; an alpha channel is dropped (the image is composited over white first) and palette images
     are converted to RGB. ``.npy`` files: an array ``(H, W)``, ``(H, W, C)`` or ``(C, H, W)`` with
-    C in {1, 3}, values in [0, 1] for floats or 0..255 for integers. No resizing happens here: the
-    caller checks the size its model takes. Errors are :class:`DataError` naming the file and the problem.
+    C in {1, 3}, values in [0, 1] for floats or 0..255 for integers. With ``channels`` (what a model
+    takes), a grey image is repeated to 3 channels when 3 are wanted, and any other mismatch is an error.
+    No resizing happens here: the caller checks the size its model takes. Errors are
+    :class:`DataError` naming the file and the problem.
     """
-    path = Path(path)
+    x = _read_image_file(Path(path))
+    if channels is not None and x.shape[0] != channels:
+        if x.shape[0] == 1 and channels == 3:
+            return x.expand(3, -1, -1)
+        raise DataError(f"{path}: the model takes images with {channels} channel(s), got {x.shape[0]}")
+    return x
+
+
+def _read_image_file(path: Path) -> Tensor:
     if not path.is_file():
         raise DataError(f"image {path} does not exist" if not path.exists() else f"image {path} is not a file")
     if path.suffix.lower() == ".npy":

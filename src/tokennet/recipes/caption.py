@@ -70,12 +70,10 @@ def load_caption_images(paths, image_size: int = IMAGE_SIZE, in_channels: int = 
 
     out = []
     for p in paths:
-        x = read_image(p)
-        if x.shape[0] == 1 and in_channels == 3:
-            x = x.expand(3, -1, -1)
-        if x.shape[0] != in_channels or tuple(x.shape[1:]) != (image_size, image_size):
-            raise DataError(f"{p}: the model takes {image_size}×{image_size} images with {in_channels} channels, "
-                            f"got {x.shape[1]}×{x.shape[2]} with {x.shape[0]}; resize it first")
+        x = read_image(p, channels=in_channels)
+        if tuple(x.shape[1:]) != (image_size, image_size):
+            raise DataError(f"{p}: the model takes {image_size}×{image_size} images, got {x.shape[1]}×{x.shape[2]}; "
+                            "resize it first")
         out.append(x)
     if not out:
         raise DataError("no image given")

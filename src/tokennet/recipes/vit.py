@@ -80,14 +80,9 @@ _TRAIN_DEFAULTS = {"max_iters": 2500, "time_budget": 45.0, "batch_size": 64, "lr
                    "weight_decay": 0.05, "beta2": 0.99, "eval_interval": 500, "log_interval": 50}
 
 
-# The data fields every profile fixes: what the model must take in and put out.
-_DATA_SHAPES = {"digits": {"image_size": 8, "in_channels": 1, "num_classes": 10},
-                "fashion-mnist": {"image_size": 28, "in_channels": 1, "num_classes": 10},
-                "mnist1d": {"image_size": [40], "in_channels": 1, "num_classes": 10}}
-
-
 def data_defaults(data: str | None) -> dict[str, Any]:
-    """The dataset's profile (:data:`PROFILES`): its model preset's fields, its training settings and shape.
+    """The dataset's profile (:data:`PROFILES`): its model preset's fields (the preset fixes the data's
+    nominal ``image_size``, ``in_channels`` and ``num_classes``) and its training settings.
 
     These replace the recipe defaults for ``--data data`` (``--show-settings --data ...`` lists them);
     whatever the user sets wins over them.
@@ -97,13 +92,13 @@ def data_defaults(data: str | None) -> dict[str, Any]:
     family, preset, _ = preset_info(prof["model"])
     model_cfg = config_from_dict({"family": family, **preset}).to_dict()  # every field, not just the preset's
     model_cfg.pop("family")
-    return {**model_cfg, **prof["settings"], **_DATA_SHAPES[kind]}
+    return {**model_cfg, **prof["settings"]}
 
 
 def _check_data_fields(settings: dict[str, Any], data: VisionData, nominal: dict[str, Any]) -> None:
     """Make the data fields match the loaded data; a user-set value that disagrees is an error."""
-    for k, have in (("image_size", data.image_size), ("in_channels", data.in_channels),
-                    ("num_classes", data.num_classes)):
+    for k in DATA_FIELDS:
+        have = getattr(data, k)
         if settings[k] not in (nominal[k], have):
             raise DataError(f"{k}={settings[k]} does not match the data: {data.name} has {k}={have} "
                             f"(it is set by the data; drop --set {k})")
@@ -131,7 +126,7 @@ def svm_baseline(data: VisionData, gamma: float | str = 0.001) -> dict[str, Any]
 def build(*, settings, model_overrides, train, options, data, device, out_dir) -> Job:  # noqa: ARG001
     kind = dataset_kind(data)
     ds = load_dataset(data)
-    _check_data_fields(settings, ds, _DATA_SHAPES[kind])
+    _check_data_fields(settings, ds, data_defaults(data))
     opts = {k: settings[k] for k in _OPTIONS}
     torch.manual_seed(train.seed)
     model = create_model("vit", **_model_fields(settings))

@@ -82,11 +82,7 @@ def vit_viz(run_dir: Path, out_dir: Path, *, index: int | None = None, patch: in
 
         if c.is_1d:
             raise ValueError("--image needs a 2-D image model; this run classifies 1-D signals")
-        x = read_image(image)  # (C, H, W)
-        if x.shape[0] == 1 and c.in_channels == 3:
-            x = x.expand(3, -1, -1)
-        if x.shape[0] != c.in_channels:
-            raise ValueError(f"{image}: the model takes images with {c.in_channels} channel(s), got {x.shape[0]}")
+        x = read_image(image, channels=c.in_channels)  # (C, H, W)
         label, source = "?", Path(image).name
     else:
         index = 0 if index is None else index
