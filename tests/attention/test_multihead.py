@@ -289,3 +289,27 @@ def test_store_weights_equals_return_weights(backend):
     torch.testing.assert_close(out2, plain, **TOL)
     torch.testing.assert_close(mha.weights.sum(-1), torch.ones(2, H, 5))
     assert bool((mha.weights[1, :, :, 2:] == 0).all())
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_no_grad_reuses_the_fused_qkv_weights_until_a_parameter_changes(bias):
+    """Without autograd, [W_q; W_k; W_v] is concatenated once and reused; any change of a weight shows."""
+    torch.manual_seed(0)
+    m = MultiHeadAttention(16, 4, bias=bias).eval()
+    x = torch.randn(2, 5, 16)
+    want = m(x)  # grad mode: concatenated inside the graph
+    with torch.no_grad():
+        torch.testing.assert_close(m(x), want)
+        w1 = m._qkv_params()[0]
+        assert m._qkv_params()[0] is w1  # reused, not copied again
+        m.k_proj.weight.add_(1.0)  # an in-place update (as an optimizer step does)
+        assert m._qkv_params()[0] is not w1
+    torch.testing.assert_close(m._qkv_params()[0].detach()[16:32], m.k_proj.weight.detach())
+    with torch.no_grad():
+        changed = m(x)
+    torch.testing.assert_close(changed, m(x))
+    assert not torch.allclose(changed, want)
+    other = MultiHeadAttention(16, 4, bias=bias)
+    m.load_state_dict(other.state_dict())  # copies into the same storage: the version counter moves
+    with torch.no_grad():
+        torch.testing.assert_close(m(x), other.eval()(x))

@@ -125,6 +125,24 @@ class MultiHeadAttention(nn.Module):
         self.out_drop = (nn.Dropout(dropout) if dropout > 0 else nn.Identity())
         self.store_weights = False
         self.weights: Tensor | None = None
+        self._qkv_cache: tuple[tuple, Tensor, Tensor | None] | None = None
+
+    def _qkv_params(self) -> tuple[Tensor, Tensor | None]:
+        """``[W_q; W_k; W_v]`` and ``[b_q; b_k; b_v]`` for the one-matmul self-attention projection.
+
+        With autograd recording, the concatenation is part of the graph (its copy is small next to the
+        matmul over a training batch). Without it (evaluation, decoding one token at a time, where the
+        copy would cost more than the matmul), the result is kept and reused until a parameter changes:
+        in-place updates bump a tensor's version counter and moves change its storage, both in the key.
+        """
+        ps = [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]
+        bs = None if self.q_proj.bias is None else [self.q_proj.bias, self.k_proj.bias, self.v_proj.bias]
+        if torch.is_grad_enabled():
+            return torch.cat(ps), None if bs is None else torch.cat(bs)
+        key = tuple((t.data_ptr(), t._version, t.device, t.dtype) for t in ps + (bs or []))
+        if self._qkv_cache is None or self._qkv_cache[0] != key:
+            self._qkv_cache = (key, torch.cat(ps), None if bs is None else torch.cat(bs))
+        return self._qkv_cache[1], self._qkv_cache[2]
 
     def _heads(self, t: Tensor, h: int) -> Tensor:
         B, N, _ = t.shape
@@ -161,9 +179,7 @@ class MultiHeadAttention(nn.Module):
         cross = context is not None
         if not cross:
             # Self-attention: one matmul against [W_q; W_k; W_v] instead of three small ones.
-            qkv = F.linear(x, torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]),
-                           None if self.q_proj.bias is None else
-                           torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias]))
+            qkv = F.linear(x, *self._qkv_params())
             q, k, v = qkv.split([self.q_proj.out_features, self.k_proj.out_features, self.v_proj.out_features], -1)
             q = self._heads(q, self.num_heads)  # (B, H, N, E)
             k = self._heads(k, self.num_kv_heads)  # (B, Hkv, N, E)
