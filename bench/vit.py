@@ -84,7 +84,7 @@ def main() -> None:
         data = args.fashion_dir if name == "fashion-mnist" else name
         if name == "fashion-mnist":
             from tokennet.data.text import DataError
-            from tokennet.data.vision import dataset_kind, find_fashion_mnist
+            from tokennet.data.vision_data import dataset_kind, find_fashion_mnist
 
             try:
                 dataset_kind(data)

@@ -5,7 +5,7 @@ import struct
 
 import numpy as np
 
-from tokennet.data.vision import FASHION_MNIST_FILES
+from tokennet.data.vision_data import FASHION_MNIST_FILES
 
 
 def idx_bytes(a: np.ndarray) -> bytes:

@@ -82,7 +82,7 @@ def test_generate_captions_image_files(runs, capsys, tmp_path):
     assert main(["generate", str(run_dir), "--image", str(tmp_path / "a.png")]) == 0
     one = capsys.readouterr().out.strip()
     # the CLI captions exactly what read_image gives, and that is the generator's image to 8-bit precision
-    from tokennet.data.vision import read_image
+    from tokennet.data.image_files import read_image
 
     loaded = read_image(tmp_path / "a.png")
     torch.testing.assert_close(loaded, img, atol=0.5 / 255 + 1e-6, rtol=0)  # PNG rounding

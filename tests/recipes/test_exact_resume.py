@@ -5,8 +5,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tokennet.data.image_batches import ImageBatches
 from tokennet.data.text import LMBatches
-from tokennet.data.vision import ImageBatches
 from tokennet.recipes import train
 
 

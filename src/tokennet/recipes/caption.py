@@ -63,10 +63,10 @@ def load_caption_images(paths, image_size: int = IMAGE_SIZE, in_channels: int = 
     """Read image files for a captioning model: ``(B, C, H, W)`` in [0, 1].
 
     Grey images are repeated to 3 channels, an alpha channel is dropped (see
-    :func:`~tokennet.data.vision.read_image`); the size must be the model's ``image_size`` — nothing is
+    :func:`~tokennet.data.image_files.read_image`); the size must be the model's ``image_size`` — nothing is
     resized, a different size is a ``DataError`` that says what is expected.
     """
-    from ..data.vision import read_image
+    from ..data.image_files import read_image
 
     out = []
     for p in paths:

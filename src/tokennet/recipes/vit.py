@@ -43,8 +43,10 @@ from typing import Any
 
 import torch
 
+from ..data.augment import Augment
+from ..data.image_batches import ImageBatches, evaluate_classifier
 from ..data.text import DataError
-from ..data.vision import Augment, ImageBatches, VisionData, dataset_kind, evaluate_classifier, load_dataset
+from ..data.vision_data import VisionData, dataset_kind, load_dataset
 from ..models.registry import config_from_dict, create_model, load_pretrained, preset_info
 from .base import Job, Recipe, register_recipe
 

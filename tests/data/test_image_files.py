@@ -5,8 +5,8 @@ import pytest
 import torch
 from PIL import Image
 
+from tokennet.data.image_files import read_image
 from tokennet.data.text import DataError
-from tokennet.data.vision import read_image
 
 
 def test_rgb_png_round_trips_exactly(tmp_path):

@@ -1,0 +1,154 @@
+"""Batch augmentation for small-data ViTs: translation, affine warps, flips, random erasing, mixup.
+
+Every function works on a whole batch with torch ops and draws from an explicit ``torch.Generator``,
+so the same generator state gives the same batch; :class:`~tokennet.data.image_batches.ImageBatches`
+seeds it by the batch index (exact resume).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+__all__ = ["Augment", "random_translate", "random_affine", "random_flip", "random_erase", "mixup"]
+
+
+def _uniform(n: int, generator: torch.Generator) -> Tensor:
+    return torch.rand(n, generator=generator)
+
+
+def random_translate(x: Tensor, max_shift: int, generator: torch.Generator) -> Tensor:
+    """Shift each item by a random integer offset in ``[-max_shift, max_shift]`` per spatial axis, with zero
+    fill (a random crop of the zero-padded batch, as in CIFAR training). ``(B, C, H, W)`` or ``(B, C, L)``."""
+    if max_shift <= 0:
+        return x
+    B, s = x.shape[0], max_shift
+    if x.dim() == 3:
+        L = x.shape[-1]
+        padded = torch.nn.functional.pad(x, (s, s))  # (B, C, L + 2s)
+        off = torch.randint(0, 2 * s + 1, (B,), generator=generator)
+        idx = (off[:, None] + torch.arange(L))[:, None, :].expand(-1, x.shape[1], -1)  # (B, C, L)
+        return padded.gather(2, idx)
+    H, W = x.shape[-2:]
+    padded = torch.nn.functional.pad(x, (s, s, s, s))  # (B, C, H + 2s, W + 2s)
+    dy = torch.randint(0, 2 * s + 1, (B,), generator=generator)
+    dx = torch.randint(0, 2 * s + 1, (B,), generator=generator)
+    rows = (dy[:, None] + torch.arange(H))[:, :, None]  # (B, H, 1)
+    cols = (dx[:, None] + torch.arange(W))[:, None, :]  # (B, 1, W)
+    b = torch.arange(B)[:, None, None]  # (B, 1, 1)
+    return padded.permute(0, 2, 3, 1)[b, rows, cols].permute(0, 3, 1, 2)  # (B, H, W, C) → (B, C, H, W)
+
+
+def random_affine(x: Tensor, generator: torch.Generator, *, degrees: float = 10.0, scale: float = 0.1,
+                  translate: float = 0.0, shear: float = 0.0) -> Tensor:
+    """A random small affine warp per image (rotation, scale, shear, sub-pixel shift), bilinear, zero fill:
+    one ``affine_grid`` + ``grid_sample`` for the whole batch ``(B, C, H, W)``.
+
+    Args:
+        degrees: rotation drawn from ``[-degrees, degrees]``.
+        scale: zoom factor drawn from ``[1 - scale, 1 + scale]``.
+        translate: shift drawn from ``[-translate, translate]`` pixels per axis.
+        shear: horizontal shear factor drawn from ``[-shear, shear]``.
+    """
+    B, _, H, W = x.shape
+
+    def u(a: float) -> Tensor:
+        return (2 * _uniform(B, generator) - 1) * a
+
+    angle = u(float(np.deg2rad(degrees)))
+    zoom = 1 + u(scale)
+    sh = u(shear)
+    tx, ty = u(translate) * 2 / W, u(translate) * 2 / H  # in the [-1, 1] coordinates of affine_grid
+    cos, sin = torch.cos(angle) / zoom, torch.sin(angle) / zoom
+    # theta maps output coordinates to input coordinates: rotation/zoom, then shear, then shift.
+    theta = torch.stack([torch.stack([cos, -sin + sh * cos, tx], -1),
+                         torch.stack([sin, cos + sh * sin, ty], -1)], 1)  # (B, 2, 3)
+    grid = torch.nn.functional.affine_grid(theta.to(x.dtype), list(x.shape), align_corners=False)
+    return torch.nn.functional.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+
+
+def random_flip(x: Tensor, generator: torch.Generator, p: float = 0.5) -> Tensor:
+    """Mirror each item left–right with probability ``p`` (the last axis)."""
+    flip = _uniform(x.shape[0], generator) < p
+    return torch.where(flip.view(-1, *([1] * (x.dim() - 1))), x.flip(-1), x)
+
+
+def random_erase(x: Tensor, generator: torch.Generator, p: float = 0.25, scale=(0.02, 0.25)) -> Tensor:
+    """Random erasing (Zhong et al. 2020, https://arxiv.org/abs/1708.04896): with probability ``p`` set a
+    random rectangle of ``scale`` of the area (aspect ratio 1/3..3) to zero. ``(B, C, H, W)``."""
+    B, H, W = x.shape[0], x.shape[-2], x.shape[-1]
+    area = (scale[0] + (scale[1] - scale[0]) * _uniform(B, generator)) * H * W
+    aspect = torch.exp((2 * _uniform(B, generator) - 1) * np.log(3.0))
+    h = (area * aspect).sqrt().round().clamp(1, H)
+    w = (area / aspect).sqrt().round().clamp(1, W)
+    top = (_uniform(B, generator) * (H - h + 1)).floor()
+    left = (_uniform(B, generator) * (W - w + 1)).floor()
+    on = _uniform(B, generator) < p
+    r = torch.arange(H)[None, :, None]  # (1, H, 1)
+    c = torch.arange(W)[None, None, :]  # (1, 1, W)
+    box = (r >= top[:, None, None]) & (r < (top + h)[:, None, None]) & \
+          (c >= left[:, None, None]) & (c < (left + w)[:, None, None])  # (B, H, W)
+    box = box & on[:, None, None]
+    return x.masked_fill(box[:, None], 0.0)
+
+
+def mixup(x: Tensor, y: Tensor, num_classes: int, alpha: float, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """Mixup (Zhang et al. 2018, https://arxiv.org/abs/1710.09412): ``x̃ = λ x_i + (1 − λ) x_j`` and the same
+    mix of one-hot labels, ``λ ~ Beta(α, α)`` per batch, ``j`` a random pairing. Returns class
+    probabilities ``(B, K)`` as targets (the models' cross-entropy takes them as well as class ids)."""
+    lam = _beta(alpha, generator)
+    perm = torch.randperm(len(x), generator=generator)
+    onehot = torch.nn.functional.one_hot(y, num_classes).to(x.dtype)  # (B, K)
+    return lam * x + (1 - lam) * x[perm], lam * onehot + (1 - lam) * onehot[perm]
+
+
+def _beta(alpha: float, generator: torch.Generator) -> float:
+    """One draw of Beta(α, α), reproducible from ``generator`` (torch's Beta sampler takes no generator,
+    so numpy's is seeded from it)."""
+    rng = np.random.default_rng(int(torch.randint(2**62, (1,), generator=generator)))
+    return float(rng.beta(alpha, alpha))
+
+
+@dataclass
+class Augment:
+    """Batch augmentation for small-data ViTs: random translation, horizontal flip, random erasing.
+
+    Args:
+        translate: largest shift in pixels (0 = none).
+        flip: mirror half of the images left–right (right for clothes, wrong for digits).
+        erase: probability of erasing a random rectangle (0 = never; 2-D images only).
+        rotate: largest random rotation in degrees (2-D images; with ``scale``, one affine warp).
+        scale: largest relative zoom, e.g. 0.1 for 0.9..1.1 (2-D images).
+    """
+
+    translate: int = 0
+    flip: bool = False
+    erase: float = 0.0
+    rotate: float = 0.0
+    scale: float = 0.0
+
+    def __post_init__(self):
+        if self.translate < 0:
+            raise ValueError(f"translate must be >= 0 pixels, got {self.translate}")
+        if self.rotate < 0 or not 0 <= self.scale < 1:
+            raise ValueError(f"rotate must be >= 0 degrees and scale in [0, 1), got {self.rotate}, {self.scale}")
+        if not 0 <= self.erase <= 1:
+            raise ValueError(f"erase must be a probability in [0, 1], got {self.erase}")
+
+    @property
+    def active(self) -> bool:
+        return self.translate > 0 or self.flip or self.erase > 0 or self.rotate > 0 or self.scale > 0
+
+    def __call__(self, x: Tensor, generator: torch.Generator) -> Tensor:
+        """Augment a batch ``(B, C, H, W)`` (or ``(B, C, L)``); the same generator state gives the same result."""
+        if (self.rotate > 0 or self.scale > 0) and x.dim() == 4:
+            x = random_affine(x, generator, degrees=self.rotate, scale=self.scale)
+        x = random_translate(x, self.translate, generator)
+        if self.flip:
+            x = random_flip(x, generator)
+        if self.erase > 0 and x.dim() == 4:
+            x = random_erase(x, generator, p=self.erase)
+        return x

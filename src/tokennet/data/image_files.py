@@ -1,0 +1,77 @@
+"""One image from a file (PNG, JPEG, ... or a ``.npy`` array) as a float tensor ``(C, H, W)`` in [0, 1]."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .text import DataError
+
+__all__ = ["read_image"]
+
+
+def read_image(path: str | Path, channels: int | None = None) -> Tensor:
+    """Read one image file as a float tensor ``(C, H, W)`` in [0, 1].
+
+    Image files (PNG, JPEG, BMP, ... — whatever Pillow opens): grey images give C = 1, colour images
+    C = 3; an alpha channel is dropped (the image is composited over white first) and palette images
+    are converted to RGB. ``.npy`` files: an array ``(H, W)``, ``(H, W, C)`` or ``(C, H, W)`` with
+    C in {1, 3}, values in [0, 1] for floats or 0..255 for integers. With ``channels`` (what a model
+    takes), a grey image is repeated to 3 channels when 3 are wanted, and any other mismatch is an error.
+    No resizing happens here: the caller checks the size its model takes. Errors are
+    :class:`DataError` naming the file and the problem.
+    """
+    x = _read_image_file(Path(path))
+    if channels is not None and x.shape[0] != channels:
+        if x.shape[0] == 1 and channels == 3:
+            return x.expand(3, -1, -1)
+        raise DataError(f"{path}: the model takes images with {channels} channel(s), got {x.shape[0]}")
+    return x
+
+
+def _read_image_file(path: Path) -> Tensor:
+    if not path.is_file():
+        raise DataError(f"image {path} does not exist" if not path.exists() else f"image {path} is not a file")
+    if path.suffix.lower() == ".npy":
+        try:
+            a = np.load(path, allow_pickle=False)
+        except (ValueError, OSError) as e:
+            raise DataError(f"{path} is not a readable .npy array ({e})") from None
+        if a.ndim == 2:
+            a = a[None]
+        elif a.ndim == 3 and a.shape[-1] in (1, 3) and a.shape[0] not in (1, 3):
+            a = a.transpose(2, 0, 1)
+        if a.ndim != 3 or a.shape[0] not in (1, 3):
+            raise DataError(f"{path}: expected an array (H, W), (H, W, C) or (C, H, W) with C = 1 or 3, "
+                            f"got shape {a.shape}")
+        if a.dtype.kind in "iu":
+            a = a.astype(np.float32) / 255.0
+        elif a.dtype.kind == "f":
+            a = a.astype(np.float32)
+        else:
+            raise DataError(f"{path}: expected a numeric array, got dtype {a.dtype}")
+        if not np.isfinite(a).all() or a.min() < 0 or a.max() > 1:
+            raise DataError(f"{path}: float pixel values must lie in [0, 1]")
+        return torch.from_numpy(np.ascontiguousarray(a))
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as im:
+            im.load()
+            if im.mode in ("RGBA", "LA") or (im.mode == "P" and "transparency" in im.info):
+                im = im.convert("RGBA")
+                bg = Image.new("RGBA", im.size, (255, 255, 255, 255))
+                im = Image.alpha_composite(bg, im).convert("RGB")
+            elif im.mode not in ("L", "RGB"):
+                im = im.convert("L" if im.mode in ("1", "I", "I;16", "F") else "RGB")
+            a = np.asarray(im, dtype=np.float32)
+    except (UnidentifiedImageError, OSError, SyntaxError) as e:
+        raise DataError(f"{path} is not a readable image ({type(e).__name__}: {e})") from None
+    if im.mode == "L":
+        a = a[None]
+    else:
+        a = a.transpose(2, 0, 1)
+    return torch.from_numpy(np.ascontiguousarray(a / 255.0, dtype=np.float32))
