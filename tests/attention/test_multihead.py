@@ -1,4 +1,4 @@
-"""MultiHeadAttention against torch.nn.MultiheadAttention, grouped-query heads, the KV cache, stored weights."""
+"""MultiHeadAttention against torch.nn.MultiheadAttention, grouped-query heads, the KV cache, no stale weights."""
 
 from __future__ import annotations
 
@@ -25,11 +25,10 @@ def _pair(dim=D, heads=H, *, seed=0, bias=True):
             ref.in_proj_bias.normal_()
             ref.out_proj.bias.normal_()
     ours = MultiHeadAttention(dim, heads, bias=bias).eval()
-    with torch.no_grad():
-        for i, proj in enumerate((ours.q_proj, ours.k_proj, ours.v_proj)):
-            proj.weight.copy_(ref.in_proj_weight[i * dim : (i + 1) * dim])
-            if bias:
-                proj.bias.copy_(ref.in_proj_bias[i * dim : (i + 1) * dim])
+    with torch.no_grad():  # torch's in_proj is [W_q; W_k; W_v], the layout of our qkv_proj
+        ours.qkv_proj.weight.copy_(ref.in_proj_weight)
+        if bias:
+            ours.qkv_proj.bias.copy_(ref.in_proj_bias)
         ours.out_proj.weight.copy_(ref.out_proj.weight)
         if bias:
             ours.out_proj.bias.copy_(ref.out_proj.bias)
@@ -151,9 +150,10 @@ def _gqa_reference(mha: MultiHeadAttention, x, ctx=None, mask=None):
     B, N, _ = x.shape
     M = ctx.shape[1]
     E, Hq, Hkv = mha.head_dim, mha.num_heads, mha.num_kv_heads
-    q = mha.q_proj(x).view(B, N, Hq, E).transpose(1, 2)
-    k = mha.k_proj(ctx).view(B, M, Hkv, E).transpose(1, 2).repeat_interleave(Hq // Hkv, dim=1)
-    v = mha.v_proj(ctx).view(B, M, Hkv, E).transpose(1, 2).repeat_interleave(Hq // Hkv, dim=1)
+    k, v = mha.project_kv(ctx)
+    q = mha.project_q(x).view(B, N, Hq, E).transpose(1, 2)
+    k = k.reshape(B, M, Hkv, E).transpose(1, 2).repeat_interleave(Hq // Hkv, dim=1)
+    v = v.reshape(B, M, Hkv, E).transpose(1, 2).repeat_interleave(Hq // Hkv, dim=1)
     s = q @ k.transpose(-2, -1) / math.sqrt(E)
     if mask is not None:
         s = s.masked_fill(~mask, float("-inf"))
@@ -166,7 +166,7 @@ def _gqa_reference(mha: MultiHeadAttention, x, ctx=None, mask=None):
 def test_grouped_query_attention_equals_repeated_kv_heads(backend, num_kv_heads):
     torch.manual_seed(10)
     mha = MultiHeadAttention(D, H, num_kv_heads=num_kv_heads, backend=backend).eval()
-    assert mha.k_proj.out_features == num_kv_heads * (D // H)
+    assert mha.qkv_proj.out_features == D + 2 * num_kv_heads * (D // H)
     x = _x(2, 5, D, seed=11)
     torch.testing.assert_close(mha(x), _gqa_reference(mha, x), **TOL)
     torch.testing.assert_close(mha(x, is_causal=True), _gqa_reference(mha, x, mask=masks.causal(5)), **TOL)
@@ -268,48 +268,78 @@ def test_kv_cache_reorder_selects_batch_rows():
     torch.testing.assert_close(out, mha(x[index], is_causal=True)[:, 3:], **TOL)
 
 
-# ---- stored weights --------------------------------------------------------------------------------
+# ---- weights are parameters, never a stale copy (issue: fused AdamW does not bump _version) ------------
 
 
-@pytest.mark.parametrize("backend", ["auto", "sdpa", "math"])
-def test_store_weights_equals_return_weights(backend):
-    torch.manual_seed(24)
-    mha = MultiHeadAttention(D, H, backend=backend).eval()
-    x = _x(2, 5, D, seed=25)
-    mask = masks.valid_lengths(torch.tensor([5, 2]), 5)
-    plain = mha(x, mask=mask)
-    assert mha.weights is None
-    out, w = mha(x, mask=mask, return_weights=True)
-    assert mha.weights is None  # only stored when asked
-    mha.store_weights = True
-    out2 = mha(x, mask=mask)
-    assert mha.weights is not None and not mha.weights.requires_grad
-    torch.testing.assert_close(mha.weights, w)
-    torch.testing.assert_close(out2, out, **TOL)
-    torch.testing.assert_close(out2, plain, **TOL)
-    torch.testing.assert_close(mha.weights.sum(-1), torch.ones(2, H, 5))
-    assert bool((mha.weights[1, :, :, 2:] == 0).all())
-
-
-@pytest.mark.parametrize("bias", [True, False])
-def test_no_grad_reuses_the_fused_qkv_weights_until_a_parameter_changes(bias):
-    """Without autograd, [W_q; W_k; W_v] is concatenated once and reused; any change of a weight shows."""
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("context_dim", [None, 12])
+def test_no_grad_forward_sees_every_optimizer_update(fused, context_dim):
+    """After no-grad calls, an optimizer step and another no-grad call, the layer equals a fresh copy."""
     torch.manual_seed(0)
-    m = MultiHeadAttention(16, 4, bias=bias).eval()
+    m = MultiHeadAttention(32, 4, context_dim=context_dim)
+    x = torch.randn(2, 5, 32)
+    ctx = None if context_dim is None else torch.randn(2, 3, context_dim)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2, fused=fused, foreach=None if fused else True)
+    for _ in range(3):
+        with torch.no_grad():
+            m(x, ctx)  # an evaluation between steps
+        m(x, ctx).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+        twin = MultiHeadAttention(32, 4, context_dim=context_dim)
+        twin.load_state_dict(m.state_dict())
+        with torch.no_grad():
+            torch.testing.assert_close(m(x, ctx), twin(x, ctx), rtol=0, atol=0)
+
+
+def test_in_place_parameter_changes_show_without_autograd():
+    m = MultiHeadAttention(16, 4).eval()
     x = torch.randn(2, 5, 16)
-    want = m(x)  # grad mode: concatenated inside the graph
     with torch.no_grad():
-        torch.testing.assert_close(m(x), want)
-        w1 = m._qkv_params()[0]
-        assert m._qkv_params()[0] is w1  # reused, not copied again
-        m.k_proj.weight.add_(1.0)  # an in-place update (as an optimizer step does)
-        assert m._qkv_params()[0] is not w1
-    torch.testing.assert_close(m._qkv_params()[0].detach()[16:32], m.k_proj.weight.detach())
-    with torch.no_grad():
-        changed = m(x)
-    torch.testing.assert_close(changed, m(x))
-    assert not torch.allclose(changed, want)
-    other = MultiHeadAttention(16, 4, bias=bias)
-    m.load_state_dict(other.state_dict())  # copies into the same storage: the version counter moves
-    with torch.no_grad():
-        torch.testing.assert_close(m(x), other.eval()(x))
+        before = m(x)
+        m.qkv_proj.weight[16:32].add_(1.0)  # W_k changed in place, as p.copy_/optimizers do
+        after = m(x)
+    assert not torch.allclose(before, after)
+    torch.testing.assert_close(after, m(x))  # grad mode: the same parameters
+
+
+def test_self_and_cross_layers_hold_their_projections_as_parameters():
+    self_attn = MultiHeadAttention(16, 4, num_kv_heads=2)
+    assert sorted(n for n, _ in self_attn.named_parameters()) == [
+        "out_proj.bias", "out_proj.weight", "qkv_proj.bias", "qkv_proj.weight"]
+    cross = MultiHeadAttention(16, 4, num_kv_heads=2, context_dim=12)
+    assert sorted(n for n, _ in cross.named_parameters()) == [
+        "kv_proj.bias", "kv_proj.weight", "out_proj.bias", "out_proj.weight", "q_proj.bias", "q_proj.weight"]
+    assert cross.kv_proj.weight.shape == (2 * 2 * 4, 12)
+    with pytest.raises(ValueError, match="cross-attention layer"):
+        cross(torch.randn(1, 3, 16))
+    with pytest.raises(ValueError, match="context must have shape"):
+        cross(torch.randn(1, 3, 16), torch.randn(1, 2, 16))
+
+
+def _legacy_state(m: MultiHeadAttention) -> dict:
+    """The state dict the layer had before Q/K/V were fused: separate q_proj, k_proj, v_proj."""
+    sd = {k: v.clone() for k, v in m.state_dict().items()}
+    out = {k: v for k, v in sd.items() if k.startswith("out_proj")}
+    for part in ("weight", "bias"):
+        if m.is_cross:
+            q, kv = sd[f"q_proj.{part}"], sd[f"kv_proj.{part}"]
+        else:
+            q, kv = sd[f"qkv_proj.{part}"].split([m.q_dim, 2 * m.kv_dim])
+        k, v = kv.split(m.kv_dim)
+        out.update({f"q_proj.{part}": q, f"k_proj.{part}": k, f"v_proj.{part}": v})
+    return out
+
+
+@pytest.mark.parametrize("context_dim", [None, 12])
+def test_checkpoints_with_separate_qkv_projections_still_load(context_dim):
+    torch.manual_seed(3)
+    m = MultiHeadAttention(16, 4, num_kv_heads=2, context_dim=context_dim).eval()
+    legacy = _legacy_state(m)
+    assert "k_proj.weight" in legacy and not any(k.startswith(("qkv_proj", "kv_proj")) for k in legacy)
+    fresh = MultiHeadAttention(16, 4, num_kv_heads=2, context_dim=context_dim).eval()
+    result = fresh.load_state_dict(legacy)  # strict: nothing missing, nothing unexpected
+    assert not result.missing_keys and not result.unexpected_keys
+    x = torch.randn(2, 5, 16)
+    ctx = None if context_dim is None else torch.randn(2, 3, context_dim)
+    torch.testing.assert_close(fresh(x, ctx), m(x, ctx))

@@ -39,9 +39,7 @@ def test_attention_rows_sum_to_one_and_skip_padding():
     m = _model()
     src = torch.tensor([[5, 6, 7, 8, 9], [5, 6, 0, 0, 0]])
     tgt = torch.tensor([[1, 7, 8], [1, 9, 10]])
-    m.store_weights = True
-    m((src, tgt))
-    a = m.weights  # (B, T, S)
+    a = m.attention_maps((src, tgt))["cross"][0][:, 0]  # (B, T, S)
     assert a.shape == (2, 3, 5)
     torch.testing.assert_close(a.sum(-1), torch.ones(2, 3))
     assert (a[1, :, 2:] == 0).all()

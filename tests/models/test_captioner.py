@@ -65,10 +65,7 @@ def test_prefix_image_tokens_attend_to_each_other_but_not_to_text():
     m = _model("captioner-prefix-micro")
     images, _ = m.example_input(1)
     P = m.config.num_patches
-    blk = m.decoder.blocks[0]
-    blk.attn.store_weights = True
-    m((images, torch.tensor([[1, 5, 6]])))
-    a = blk.attn.weights[0, 0]  # (P + T, P + T)
+    a = m.attention_maps((images, torch.tensor([[1, 5, 6]])))["self"][0][0, 0]  # (P + T, P + T)
     assert (a[:P, :P] > 0).all()  # image ↔ image: bidirectional
     assert (a[:P, P:] == 0).all()  # image ↛ text
     assert (a[P:, :P] > 0).all()  # text → every image token

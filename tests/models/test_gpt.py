@@ -71,6 +71,6 @@ def test_config_validation(kw, msg):
 
 def test_gqa_model_runs():
     m = create_model("gpt-micro", vocab_size=20, num_heads=4, num_kv_heads=2)
-    assert m.decoder.blocks[0].attn.k_proj.out_features == 2 * 16
+    assert m.decoder.blocks[0].attn.qkv_proj.out_features == 4 * 16 + 2 * (2 * 16)  # H·E + 2·Hkv·E
     idx = torch.randint(20, (2, 8))
     m(idx, idx).loss.backward()

@@ -74,15 +74,23 @@ class MultiHeadAttention(nn.Module):
     attention (Ainslie et al. 2023, https://arxiv.org/abs/2305.13245): each key/value head serves
     ``num_heads / num_kv_heads`` query heads.
 
-    Set ``store_weights = True`` to keep the last attention matrix in ``self.weights``
-    ``(B, H, Nq, Nk)``: that call then uses the plain formula (the fused kernels never form ``A``), so
-    a model trained with the fused backend can still be inspected.
+    The projections are parameters themselves, never a copy derived from them (an optimizer may update
+    parameters in place without telling anyone, so a cached copy would go stale):
+
+    - a self-attention layer (``context_dim=None``) holds ``[W_q; W_k; W_v]`` as one projection
+      ``qkv_proj`` (nanoGPT's ``c_attn``), so Q, K and V cost one matmul. Given a context of width
+      ``dim`` it still cross-attends, with views of the same matrix (like ``nn.MultiheadAttention``);
+    - a cross-attention layer (``context_dim`` given) holds ``q_proj`` (D → H·E) for the queries and
+      ``kv_proj`` (Dc → 2·Hkv·E) for the context's keys and values.
+
+    Checkpoints written with separate ``q_proj``/``k_proj``/``v_proj`` load unchanged: their tensors are
+    concatenated into the fused ones on load (:meth:`_load_from_state_dict`).
 
     Args:
         dim: model width D (the queries' width).
         num_heads: number of heads H; must divide ``dim`` unless ``head_dim`` is given.
         num_kv_heads: key/value heads (default ``num_heads``); must divide ``num_heads``.
-        context_dim: width of the context for cross-attention (default ``dim``).
+        context_dim: width Dc of the context: builds a cross-attention layer (default: self-attention).
         head_dim: per-head width E (default ``dim // num_heads``).
         bias: use biases in the projections.
         dropout: dropout on the attention weights and the output.
@@ -115,38 +123,59 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         if backend not in BACKENDS:
             raise ValueError(f"unknown attention backend {backend!r}; expected one of {', '.join(BACKENDS)}")
-        context_dim = dim if context_dim is None else context_dim
+        if context_dim is not None and context_dim < 1:
+            raise ValueError(f"context_dim must be positive, got {context_dim}")
         self.dim, self.num_heads, self.num_kv_heads, self.head_dim = dim, num_heads, num_kv_heads, head_dim
+        self.context_dim = dim if context_dim is None else context_dim
+        self.is_cross = context_dim is not None
         self.dropout, self.backend = dropout, backend
-        self.q_proj = nn.Linear(dim, num_heads * head_dim, bias=bias)
-        self.k_proj = nn.Linear(context_dim, num_kv_heads * head_dim, bias=bias)
-        self.v_proj = nn.Linear(context_dim, num_kv_heads * head_dim, bias=bias)
-        self.out_proj = nn.Linear(num_heads * head_dim, dim, bias=bias)
+        self.q_dim, self.kv_dim = num_heads * head_dim, num_kv_heads * head_dim  # H·E and Hkv·E
+        if self.is_cross:
+            self.q_proj = nn.Linear(dim, self.q_dim, bias=bias)
+            self.kv_proj = nn.Linear(context_dim, 2 * self.kv_dim, bias=bias)
+        else:
+            self.qkv_proj = nn.Linear(dim, self.q_dim + 2 * self.kv_dim, bias=bias)
+        self.out_proj = nn.Linear(self.q_dim, dim, bias=bias)
         self.out_drop = (nn.Dropout(dropout) if dropout > 0 else nn.Identity())
-        self.store_weights = False
-        self.weights: Tensor | None = None
-        self._qkv_cache: tuple[tuple, Tensor, Tensor | None] | None = None
 
-    def _qkv_params(self) -> tuple[Tensor, Tensor | None]:
-        """``[W_q; W_k; W_v]`` and ``[b_q; b_k; b_v]`` for the one-matmul self-attention projection.
-
-        With autograd recording, the concatenation is part of the graph (its copy is small next to the
-        matmul over a training batch). Without it (evaluation, decoding one token at a time, where the
-        copy would cost more than the matmul), the result is kept and reused until a parameter changes:
-        in-place updates bump a tensor's version counter and moves change its storage, both in the key.
-        """
-        ps = [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]
-        bs = None if self.q_proj.bias is None else [self.q_proj.bias, self.k_proj.bias, self.v_proj.bias]
-        if torch.is_grad_enabled():
-            return torch.cat(ps), None if bs is None else torch.cat(bs)
-        key = tuple((t.data_ptr(), t._version, t.device, t.dtype) for t in ps + (bs or []))
-        if self._qkv_cache is None or self._qkv_cache[0] != key:
-            self._qkv_cache = (key, torch.cat(ps), None if bs is None else torch.cat(bs))
-        return self._qkv_cache[1], self._qkv_cache[2]
-
+    # -- projections --------------------------------------------------------------------------------
     def _heads(self, t: Tensor, h: int) -> Tensor:
         B, N, _ = t.shape
         return t.reshape(B, N, h, self.head_dim).transpose(1, 2)  # (B, h, N, E)
+
+    def project_q(self, x: Tensor) -> Tensor:
+        """Queries ``Q = X W_q`` ``(B, N, H·E)``."""
+        if self.is_cross:
+            return self.q_proj(x)
+        b = self.qkv_proj.bias
+        return F.linear(x, self.qkv_proj.weight[: self.q_dim], None if b is None else b[: self.q_dim])
+
+    def project_kv(self, context: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values of a context, ``K = C W_k`` and ``V = C W_v``, each ``(B, M, Hkv·E)``."""
+        if self.is_cross:
+            kv = self.kv_proj(context)
+        else:  # a view of the fused matrix's K and V rows: no copy
+            b = self.qkv_proj.bias
+            kv = F.linear(context, self.qkv_proj.weight[self.q_dim :], None if b is None else b[self.q_dim :])
+        return kv.split([self.kv_dim, self.kv_dim], -1)
+
+    def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Self-attention's ``Q, K, V`` with one matmul against ``[W_q; W_k; W_v]``."""
+        if self.is_cross:
+            return (self.project_q(x), *self.project_kv(x))
+        return self.qkv_proj(x).split([self.q_dim, self.kv_dim, self.kv_dim], -1)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # Older checkpoints hold separate q_proj/k_proj/v_proj: concatenate them into the fused rows.
+        for part in ("weight", "bias"):
+            q, k, v = (prefix + f"{n}_proj.{part}" for n in "qkv")
+            if k in state_dict and v in state_dict:
+                kv = torch.cat([state_dict.pop(k), state_dict.pop(v)])
+                if self.is_cross:
+                    state_dict[prefix + f"kv_proj.{part}"] = kv
+                elif q in state_dict:
+                    state_dict[prefix + f"qkv_proj.{part}"] = torch.cat([state_dict.pop(q), kv])
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(
         self,
@@ -171,38 +200,41 @@ class MultiHeadAttention(nn.Module):
                 to queries and keys of self-attention before the keys enter the cache.
             bias: additive float scores bias broadcastable to ``(B, H, N, Nk)`` (e.g. ALiBi).
             cache: a :class:`KVCache` to read and extend (self) or fill once and reuse (cross).
-            return_weights: also return ``A`` ``(B, H, N, Nk)``.
+            return_weights: also return ``A`` ``(B, H, N, Nk)``, computed with the plain formula (the
+                fused kernels never form ``A``), so a model trained with a fused backend can be inspected.
         """
         if x.dim() != 3 or x.shape[-1] != self.dim:
             raise ValueError(f"x must have shape (B, N, {self.dim}), got {tuple(x.shape)}")
         B, N, _ = x.shape
         cross = context is not None
-        if not cross:
-            # Self-attention: one matmul against [W_q; W_k; W_v] instead of three small ones.
-            qkv = F.linear(x, *self._qkv_params())
-            q, k, v = qkv.split([self.q_proj.out_features, self.k_proj.out_features, self.v_proj.out_features], -1)
+        if self.is_cross and not cross:
+            raise ValueError("this is a cross-attention layer (built with context_dim): pass context=(B, M, Dc)")
+        if rope is not None and cross:
+            raise ValueError("rope applies to self-attention only; cross-attention has no shared positions")
+        if cross:
+            q = self._heads(self.project_q(x), self.num_heads)  # (B, H, N, E)
+            if cache is not None and cache.static and cache.k is not None:
+                k, v = cache.k, cache.v  # cross-attention keys/values computed once
+            else:
+                if context.dim() != 3 or context.shape[0] != B or context.shape[-1] != self.context_dim:
+                    raise ValueError(f"context must have shape (B={B}, M, {self.context_dim}), "
+                                     f"got {tuple(context.shape)}")
+                k, v = self.project_kv(context)
+                k = self._heads(k, self.num_kv_heads)  # (B, Hkv, M, E)
+                v = self._heads(v, self.num_kv_heads)  # (B, Hkv, M, E)
+                if cache is not None:
+                    k, v = cache.append(k, v)
+        else:
+            q, k, v = self.project_qkv(x)
             q = self._heads(q, self.num_heads)  # (B, H, N, E)
             k = self._heads(k, self.num_kv_heads)  # (B, Hkv, N, E)
             v = self._heads(v, self.num_kv_heads)  # (B, Hkv, N, E)
-        else:
-            q = self._heads(self.q_proj(x), self.num_heads)  # (B, H, N, E)
-        if cross and cache is not None and cache.static and cache.k is not None:
-            k, v = cache.k, cache.v  # cross-attention keys/values computed once
-        else:
-            if cross:
-                if context.dim() != 3 or context.shape[0] != B:
-                    raise ValueError(f"context must have shape (B={B}, M, Dc), got {tuple(context.shape)}")
-                k = self._heads(self.k_proj(context), self.num_kv_heads)  # (B, Hkv, M, E)
-                v = self._heads(self.v_proj(context), self.num_kv_heads)  # (B, Hkv, M, E)
-            if rope is not None and not cross:
+            if rope is not None:
                 from ..position.rope import apply_rope
 
                 q, k = apply_rope(q, *rope), apply_rope(k, *rope)
             if cache is not None:
                 k, v = cache.append(k, v)
-        if rope is not None and cross:
-            raise ValueError("rope applies to self-attention only; cross-attention has no shared positions")
-        need_weights = return_weights or self.store_weights
         out = attention(
             q,
             k,
@@ -211,13 +243,11 @@ class MultiHeadAttention(nn.Module):
             bias=bias,
             is_causal=is_causal and not cross,
             dropout=self.dropout if self.training else 0.0,
-            backend="math" if need_weights else self.backend,
-            return_weights=need_weights,
+            backend="math" if return_weights else self.backend,
+            return_weights=return_weights,
         )
-        if need_weights:
+        if return_weights:
             out, a = out
-            if self.store_weights:
-                self.weights = a.detach()
-        out = out.transpose(1, 2).reshape(B, N, self.num_heads * self.head_dim)  # (B, N, H·E)
+        out = out.transpose(1, 2).reshape(B, N, self.q_dim)  # (B, N, H·E)
         out = self.out_drop(self.out_proj(out))
         return (out, a) if return_weights else out

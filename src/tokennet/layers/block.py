@@ -83,7 +83,7 @@ class Block(nn.Module):
         if cross_attention:
             self.norm_cross = nn.LayerNorm(dim, eps=norm_eps, bias=bias)
             self.cross_attn = MultiHeadAttention(
-                dim, num_heads, context_dim=context_dim, bias=bias, dropout=dropout, backend=backend
+                dim, num_heads, context_dim=context_dim or dim, bias=bias, dropout=dropout, backend=backend
             )
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps, bias=bias)
         self.mlp = MLP(dim, mlp_ratio=mlp_ratio, activation=activation, dropout=dropout, bias=bias)
@@ -106,8 +106,9 @@ class Block(nn.Module):
         bias: Tensor | None = None,
         cache: KVCache | None = None,
         cross_cache: KVCache | None = None,
-    ) -> Tensor:
-        """``(B, N, D) → (B, N, D)``.
+        return_weights: bool = False,
+    ):
+        """``(B, N, D) → (B, N, D)``; with ``return_weights``, ``(x, {"self": A, "cross": A_c})``.
 
         Args:
             x: tokens.
@@ -119,16 +120,25 @@ class Block(nn.Module):
             bias: additive self-attention bias (ALiBi).
             cache: self-attention KV cache.
             cross_cache: static cache of the context's keys and values.
+            return_weights: also return this block's attention weights ``(B, H, N, Nk)`` (computed with
+                the plain formula), keyed ``"self"`` and, in a decoder block, ``"cross"``.
         """
-        x = self._residual(
-            x, self.norm1, lambda h: self.attn(h, mask=mask, is_causal=is_causal, rope=rope, bias=bias, cache=cache)
-        )
+        weights: dict[str, Tensor] = {}
+
+        def attend(module, key, *args, **kw):
+            if not return_weights:
+                return module(*args, **kw)
+            out, weights[key] = module(*args, return_weights=True, **kw)
+            return out
+
+        x = self._residual(x, self.norm1, lambda h: attend(self.attn, "self", h, mask=mask, is_causal=is_causal,
+                                                            rope=rope, bias=bias, cache=cache))
         if self.cross_attn is not None:
             if context is None:
                 raise ValueError("this block has cross-attention: pass context=(B, M, Dc)")
-            x = self._residual(
-                x, self.norm_cross, lambda h: self.cross_attn(h, context, mask=context_mask, cache=cross_cache)
-            )
+            x = self._residual(x, self.norm_cross, lambda h: attend(self.cross_attn, "cross", h, context,
+                                                                     mask=context_mask, cache=cross_cache))
         elif context is not None:
             raise ValueError("context given to a block without cross-attention (build it with cross_attention=True)")
-        return self._residual(x, self.norm2, self.mlp)
+        x = self._residual(x, self.norm2, self.mlp)
+        return (x, weights) if return_weights else x

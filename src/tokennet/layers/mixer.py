@@ -39,12 +39,12 @@ class TokenMixing(nn.Module):
         self.v_proj = nn.Linear(dim, dim, bias=bias)
         self.out_proj = nn.Linear(dim, dim, bias=bias)
         self.out_drop = (nn.Dropout(dropout) if dropout > 0 else nn.Identity())
-        self.store_weights = False
-        self.weights: Tensor | None = None
 
     def forward(self, x: Tensor, context=None, *, mask: Tensor | None = None, is_causal: bool = False,
-                cache=None, rope=None, bias=None):
+                cache=None, rope=None, bias=None, return_weights: bool = False):
         """``(B, N, D) → (B, N, D)``; with a ``cache`` the N tokens follow the cached ones.
+
+        With ``return_weights``, also the mixing weights ``(B, 1, N, n_k)`` (one "head"), like attention's ``A``.
 
         ``context`` (cross-mixing), ``rope`` and ``bias`` are refused: a fixed W has no cross form and
         already encodes positions.
@@ -70,6 +70,5 @@ class TokenMixing(nn.Module):
             cm = causal(N, n_k, device=x.device)
             mask = cm if mask is None else mask & cm
         w = masked_softmax(logits.expand(B, 1, N, n_k), mask)[:, 0]  # (B, N, n_k)
-        if self.store_weights:
-            self.weights = w.detach()[:, None]
-        return self.out_drop(self.out_proj(w @ v))
+        out = self.out_drop(self.out_proj(w @ v))
+        return (out, w[:, None]) if return_weights else out

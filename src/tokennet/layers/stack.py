@@ -11,7 +11,11 @@ from torch import Tensor, nn
 from ..attention.multihead import KVCache
 from .block import Block
 
-__all__ = ["Encoder", "Decoder"]
+__all__ = ["Encoder", "Decoder", "AttentionMaps"]
+
+AttentionMaps = dict[str, list[Tensor]]
+"""Attention weights returned by a model's ``attention_maps``: a kind (``"self"``, ``"encoder"``,
+``"decoder"``, ``"cross"``) → one ``(B, H, Nq, Nk)`` tensor per layer, first layer first."""
 
 
 class _Stack(nn.Module):
@@ -43,11 +47,20 @@ class Encoder(_Stack):
         **block_kw: passed to :class:`Block` (``mlp_ratio, norm, dropout, activation, mixer, …``).
     """
 
-    def forward(self, x: Tensor, *, mask: Tensor | None = None, rope=None, bias: Tensor | None = None) -> Tensor:
-        """``(B, N, D) → (B, N, D)``; ``mask`` broadcastable to ``(B, H, N, N)``."""
+    def forward(self, x: Tensor, *, mask: Tensor | None = None, rope=None, bias: Tensor | None = None,
+                return_weights: bool = False):
+        """``(B, N, D) → (B, N, D)``; ``mask`` broadcastable to ``(B, H, N, N)``.
+
+        With ``return_weights``, ``(x, maps)``: per layer, the block's weights (see :meth:`Block.forward`).
+        """
+        maps = []
         for blk in self.layers():
-            x = blk(x, mask=mask, rope=rope, bias=bias)
-        return self.norm(x)
+            x = blk(x, mask=mask, rope=rope, bias=bias, return_weights=return_weights)
+            if return_weights:
+                x, w = x
+                maps.append(w)
+        x = self.norm(x)
+        return (x, maps) if return_weights else x
 
 
 class Decoder(_Stack):
@@ -84,8 +97,13 @@ class Decoder(_Stack):
         bias: Tensor | None = None,
         caches: list[KVCache] | None = None,
         cross_caches: list[KVCache] | None = None,
-    ) -> Tensor:
-        """``(B, N, D) → (B, N, D)``; with ``caches`` the N tokens follow the cached ones."""
+        return_weights: bool = False,
+    ):
+        """``(B, N, D) → (B, N, D)``; with ``caches`` the N tokens follow the cached ones.
+
+        With ``return_weights``, ``(x, maps)``: per layer, the block's weights (see :meth:`Block.forward`).
+        """
+        maps = []
         for i, blk in enumerate(self.layers()):
             x = blk(
                 x,
@@ -97,5 +115,10 @@ class Decoder(_Stack):
                 bias=bias,
                 cache=None if caches is None else caches[i],
                 cross_cache=None if cross_caches is None else cross_caches[i],
+                return_weights=return_weights,
             )
-        return self.norm(x)
+            if return_weights:
+                x, w = x
+                maps.append(w)
+        x = self.norm(x)
+        return (x, maps) if return_weights else x

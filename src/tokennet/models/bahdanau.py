@@ -26,7 +26,7 @@ from ..attention.functional import masked_softmax
 from ..attention.masks import padding
 from ..attention.scores import AdditiveScore
 from .registry import ModelConfig, Output, register_family, register_preset
-from .seq2seq import check_token_ids, seq_loss, source_target
+from .seqio import check_token_ids, seq_loss, source_target
 
 __all__ = ["BahdanauConfig", "Bahdanau", "RNNState"]
 
@@ -117,8 +117,6 @@ class Bahdanau(nn.Module):
         self.decoder = nn.GRU(2 * D, D, num_layers=L, batch_first=True, dropout=rnn_drop)
         self.out_proj = nn.Linear(3 * D, D)  # W_h over [s_t; c_t; E y_{t-1}]
         self.lm_head = nn.Linear(D, c.vocab_size)
-        self.store_weights = False
-        self.weights: Tensor | None = None  # (B, T, S) alignments of the last call, when store_weights
 
     # -- encoder -------------------------------------------------------------------------------
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -137,8 +135,9 @@ class Bahdanau(nn.Module):
         return memory, mask, torch.tanh(self.init_proj(backward))
 
     # -- decoder -------------------------------------------------------------------------------
-    def _steps(self, tgt: Tensor, memory: Tensor, mask: Tensor, hidden: Tensor) -> tuple[Tensor, Tensor]:
-        """Run the decoder over ``tgt`` ``(B, T)`` from ``hidden``; return ``(logits (B, T, V), hidden)``."""
+    def _steps(self, tgt: Tensor, memory: Tensor, mask: Tensor, hidden: Tensor, *, return_attention: bool = False):
+        """Run the decoder over ``tgt`` ``(B, T)`` from ``hidden``; return ``(logits (B, T, V), hidden)``
+        (and the alignments ``α`` ``(B, T, S)`` with ``return_attention``)."""
         emb = self.drop(self.tok_emb(tgt))  # (B, T, D)
         outs, alphas = [], []
         for t in range(tgt.shape[1]):
@@ -150,17 +149,26 @@ class Bahdanau(nn.Module):
             outs.append(torch.cat([s, ctx, e], dim=-1))
             alphas.append(alpha)
         h = torch.tanh(self.out_proj(torch.cat(outs, dim=1)))  # (B, T, D)
-        if self.store_weights:
-            self.weights = torch.cat(alphas, dim=1).detach()  # (B, T, S)
-        return self.lm_head(self.drop(h)), hidden
+        logits = self.lm_head(self.drop(h))
+        return (logits, hidden, torch.cat(alphas, dim=1)) if return_attention else (logits, hidden)
 
     def forward(self, inputs: tuple[Tensor, Tensor], targets: Tensor | None = None) -> Output:
+        logits, _ = self._teacher_forced(inputs)  # (B, T, V)
+        return Output(logits, seq_loss(logits, targets, self.config.label_smoothing))
+
+    def _teacher_forced(self, inputs, return_attention: bool = False):
         src, tgt = source_target(inputs)
         c = self.config
         check_token_ids(tgt, c.vocab_size, c.max_target_len, "target")
         memory, mask, h0 = self.encode(src)
-        logits, _ = self._steps(tgt, memory, mask, h0)  # (B, T, V)
-        return Output(logits, seq_loss(logits, targets, c.label_smoothing))
+        out = self._steps(tgt, memory, mask, h0, return_attention=return_attention)
+        return out[0], (out[2] if return_attention else None)
+
+    def attention_maps(self, inputs: tuple[Tensor, Tensor]) -> dict[str, list[Tensor]]:
+        """The additive attention's alignments under teacher forcing, as one "layer" with one "head":
+        ``{"cross": [(B, 1, T, S)]}`` (Bahdanau et al. 2015, Fig. 3)."""
+        _, alphas = self._teacher_forced(inputs, return_attention=True)
+        return {"cross": [alphas[:, None]]}  # (B, 1, T, S)
 
     # -- decoding ------------------------------------------------------------------------------
     def init_decode(self, src: Tensor, *, use_cache: bool = True) -> RNNState:

@@ -28,11 +28,11 @@ from torch import Tensor, nn
 
 from ..attention.masks import prefix
 from ..attention.multihead import KVCache
-from ..layers.stack import Decoder, Encoder
+from ..layers.stack import AttentionMaps, Decoder, Encoder
 from ..position.learned import LearnedPosition, LearnedPosition2D
 from ..tokens.image import PatchEmbed
 from .registry import ModelConfig, Output, register_family, register_preset
-from .seq2seq import EncoderDecoderState, check_token_ids, seq_loss
+from .seqio import EncoderDecoderState, check_token_ids, condition_target, seq_loss
 
 __all__ = ["CaptionerConfig", "PrefixCaptionerConfig", "Captioner", "PrefixCaptioner", "PrefixState"]
 
@@ -184,12 +184,7 @@ class _CaptionerBase(nn.Module):
 
 
 def _unpack(inputs) -> tuple[Tensor, Tensor]:
-    if not isinstance(inputs, (tuple, list)) or len(inputs) != 2:
-        raise ValueError("inputs must be a pair (images (B, C, H, W), tgt_in (B, T))")
-    images, tgt = inputs
-    if torch.is_tensor(images) and torch.is_tensor(tgt) and images.shape[0] != tgt.shape[0]:
-        raise ValueError(f"image and caption batch sizes differ: {images.shape[0]} vs {tgt.shape[0]}")
-    return images, tgt
+    return condition_target(inputs, pair="(images (B, C, H, W), tgt_in (B, T))", names=("image", "caption"))
 
 
 class Captioner(_CaptionerBase):
@@ -224,9 +219,15 @@ class Captioner(_CaptionerBase):
                          cross_caches=state.cross_caches)
         return self.forward_head(h)
 
-    def attention_layers(self) -> list[nn.Module]:
-        """The cross-attention modules (text → image), one per decoder depth."""
-        return [blk.cross_attn for blk in self.decoder.layers()]
+    def attention_maps(self, inputs) -> AttentionMaps:
+        """Every layer's attention under teacher forcing, plain formula: ``{"encoder": [(B, H, P, P)],
+        "decoder": [(B, H, T, T)], "cross": [(B, H, T, P)]}`` — the cross rows are each word's attention
+        over the image patches (Show, Attend and Tell, Fig. 2)."""
+        images, tgt = _unpack(inputs)
+        memory, enc = self.encoder(self.embed_image(images), return_weights=True)
+        _, dec = self.decoder(self.embed_text(tgt), memory, is_causal=True, return_weights=True)
+        return {"encoder": [m["self"] for m in enc], "decoder": [m["self"] for m in dec],
+                "cross": [m["cross"] for m in dec]}
 
 
 @dataclass
@@ -256,11 +257,11 @@ class PrefixCaptioner(_CaptionerBase):
                                **self.block_kw)
         self._init()
 
-    def _run(self, x: Tensor, n_prefix: int, caches=None) -> Tensor:
+    def _run(self, x: Tensor, n_prefix: int, caches=None, return_attention: bool = False):
         offset = caches[0].length if caches else 0
         N = x.shape[1]
         mask = prefix(n_prefix, N, offset + N, device=x.device)  # (N, offset + N)
-        return self.decoder(x, mask=mask, is_causal=False, caches=caches)
+        return self.decoder(x, mask=mask, is_causal=False, caches=caches, return_weights=return_attention)
 
     def forward_features(self, inputs) -> Tensor:
         images, tgt = _unpack(inputs)
@@ -285,9 +286,14 @@ class PrefixCaptioner(_CaptionerBase):
             h = self._run(self.embed_text(tokens, state.caches[0].length - P), P, state.caches)
         return self.forward_head(h)
 
-    def attention_layers(self) -> list[nn.Module]:
-        """The self-attention modules of the stack (text rows × image columns are the image attention)."""
-        return [blk.attn for blk in self.decoder.layers()]
+    def attention_maps(self, inputs) -> AttentionMaps:
+        """Every layer's attention over ``[image; text]`` under the prefix mask, plain formula:
+        ``{"self": [(B, H, P + T, P + T)]}``; rows ``P:`` × columns ``:P`` are each word's attention over
+        the image patches."""
+        images, tgt = _unpack(inputs)
+        img = self.embed_image(images)  # (B, P, D)
+        _, maps = self._run(torch.cat([img, self.embed_text(tgt)], dim=1), img.shape[1], return_attention=True)
+        return {"self": [m["self"] for m in maps]}
 
 
 register_family("captioner", CaptionerConfig, Captioner)

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..attention.multihead import KVCache
-from ..layers.stack import Decoder
+from ..layers.stack import AttentionMaps, Decoder
 from ..position.alibi import ALiBi
 from ..position.learned import LearnedPosition
 from ..position.rope import RotaryEmbedding
@@ -132,8 +132,11 @@ class GPT(nn.Module):
         """Empty KV caches, one per layer, for decoding up to ``max_len`` (default block_size) tokens."""
         return self.decoder.make_caches(max_len or self.config.block_size)
 
-    def forward_features(self, idx: Tensor, *, caches: list[KVCache] | None = None) -> Tensor:
-        """Token ids ``(B, T)`` → final hidden states ``(B, T, D)``; with caches, ids follow the cached ones."""
+    def forward_features(self, idx: Tensor, *, caches: list[KVCache] | None = None, return_attention: bool = False):
+        """Token ids ``(B, T)`` → final hidden states ``(B, T, D)``; with caches, ids follow the cached ones.
+
+        With ``return_attention``, ``(h, maps)``: each block's weights (see :meth:`Decoder.forward`).
+        """
         if idx.dim() != 2:
             raise ValueError(f"idx must be (B, T) token ids, got shape {tuple(idx.shape)}")
         B, T = idx.shape
@@ -149,7 +152,13 @@ class GPT(nn.Module):
         x = self.drop(x)
         rope = self.rope(T, offset, device=idx.device, dtype=x.dtype) if self.rope is not None else None
         bias = self.alibi(T, offset + T).to(device=idx.device, dtype=x.dtype) if self.alibi is not None else None
-        return self.decoder(x, is_causal=True, rope=rope, bias=bias, caches=caches)
+        return self.decoder(x, is_causal=True, rope=rope, bias=bias, caches=caches, return_weights=return_attention)
+
+    def attention_maps(self, idx: Tensor) -> AttentionMaps:
+        """Every layer's causal self-attention ``A = softmax(Q Kᵀ / √E + causal mask)`` over ``idx`` ``(B, T)``:
+        ``{"self": [(B, H, T, T)] * L}``, computed with the plain formula whatever the backend."""
+        _, maps = self.forward_features(idx, return_attention=True)
+        return {"self": [m["self"] for m in maps]}
 
     def forward_head(self, h: Tensor) -> Tensor:
         """Hidden states ``(B, T, D)`` → next-token logits ``(B, T, V)``."""

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from ..fileio import atomic_write_text, sha256_file
+from ..state import check_state_dict
 
 __all__ = [
     "ModelConfig",
@@ -187,8 +188,6 @@ def load_pretrained(directory: str | Path, *, map_location: str | torch.device =
     """
     from safetensors import SafetensorError
     from safetensors.torch import load_model
-
-    from ..train.checkpoint import check_state_dict
 
     directory = Path(directory)
     d = read_config(directory)

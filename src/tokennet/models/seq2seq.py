@@ -26,31 +26,17 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..attention.masks import padding
-from ..attention.multihead import KVCache
 from ..layers.block import NORMS
 from ..layers.mlp import ACTIVATIONS
-from ..layers.stack import Decoder, Encoder
+from ..layers.stack import AttentionMaps, Decoder, Encoder
 from ..position.sinusoidal import SinusoidalPosition
 from .registry import ModelConfig, Output, register_family, register_preset
+from .seqio import EncoderDecoderState, check_token_ids, seq_loss, source_target
 
-__all__ = ["Seq2SeqConfig", "Seq2Seq", "EncoderDecoderState", "check_token_ids", "source_target", "seq_loss"]
-
-
-def check_token_ids(ids: Tensor, vocab_size: int, max_len: int, what: str) -> None:
-    """Raise ``ValueError`` unless ``ids`` is a ``(B, N)`` integer tensor with ``1 <= N <= max_len`` in range."""
-    if not torch.is_tensor(ids) or ids.dim() != 2 or ids.dtype.is_floating_point or ids.dtype == torch.bool:
-        shape = tuple(ids.shape) if torch.is_tensor(ids) else type(ids).__name__
-        raise ValueError(f"{what} must be a (B, N) integer tensor of token ids, got {shape}")
-    if ids.shape[1] < 1:
-        raise ValueError(f"{what} is empty (N=0); give at least one token")
-    if ids.shape[1] > max_len:
-        raise ValueError(f"{what} has {ids.shape[1]} tokens, more than the model's maximum of {max_len}")
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
-        raise ValueError(f"{what} has ids outside the vocabulary [0, {vocab_size})")
+__all__ = ["Seq2SeqConfig", "Seq2Seq"]
 
 
 @dataclass
@@ -116,39 +102,6 @@ class Seq2SeqConfig(ModelConfig):
                 raise ValueError(f"{k}={getattr(self, k)} must be a token id in [0, vocab_size={self.vocab_size})")
 
 
-@dataclass
-class EncoderDecoderState:
-    """What an encoder–decoder carries between decoding steps: the encoder output and the caches.
-
-    Args:
-        memory: encoder output ``(B, M, D)``.
-        mask: cross-attention mask ``(B, 1, 1, M)`` (None = attend everywhere).
-        caches: decoder self-attention caches (None = uncached decoding).
-        cross_caches: static caches of the cross-attention keys/values (None = uncached).
-    """
-
-    memory: Tensor
-    mask: Tensor | None
-    caches: list[KVCache] | None
-    cross_caches: list[KVCache] | None
-
-    @property
-    def use_cache(self) -> bool:
-        return self.caches is not None
-
-    @property
-    def batch_size(self) -> int:
-        return self.memory.shape[0]
-
-    def reorder(self, index: Tensor) -> None:
-        """Select (or repeat) batch rows, e.g. to expand to beams or keep the surviving hypotheses."""
-        self.memory = self.memory.index_select(0, index)
-        if self.mask is not None:
-            self.mask = self.mask.index_select(0, index)
-        for c in (self.caches or []) + (self.cross_caches or []):
-            c.reorder(index)
-
-
 class Seq2Seq(nn.Module):
     """Encoder–decoder Transformer: ``forward((src, tgt_in), tgt_out=None) → Output(logits, loss)``.
 
@@ -185,20 +138,28 @@ class Seq2Seq(nn.Module):
         x = self.tok_emb(ids) * math.sqrt(self.config.dim)  # (B, N, D)
         return self.drop(self.pos(x, offset))
 
-    def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
-        """Source ids ``(B, S)`` → ``(memory (B, S, D), mask (B, 1, 1, S))``; padding is masked out."""
+    def source_mask(self, src: Tensor) -> Tensor:
+        """``(B, 1, 1, S)``: True at real source tokens, False at padding."""
         c = self.config
         check_token_ids(src, c.vocab_size, c.max_source_len, "source")
-        mask = padding(src.eq(c.pad_id))  # (B, 1, 1, S): True at real tokens
+        return padding(src.eq(c.pad_id))
+
+    def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
+        """Source ids ``(B, S)`` → ``(memory (B, S, D), mask (B, 1, 1, S))``; padding is masked out."""
+        mask = self.source_mask(src)
         return self.encoder(self.embed(src), mask=mask), mask
 
-    def decode(self, tgt: Tensor, memory: Tensor, mask: Tensor | None, *, caches=None, cross_caches=None) -> Tensor:
-        """Target ids ``(B, T)`` → decoder states ``(B, T, D)``; with caches the ids follow the cached ones."""
+    def decode(self, tgt: Tensor, memory: Tensor, mask: Tensor | None, *, caches=None, cross_caches=None,
+               return_attention: bool = False):
+        """Target ids ``(B, T)`` → decoder states ``(B, T, D)``; with caches the ids follow the cached ones.
+
+        With ``return_attention``, ``(h, maps)``: each decoder block's weights (see :meth:`Decoder.forward`).
+        """
         c = self.config
         offset = caches[0].length if caches else 0
         check_token_ids(tgt, c.vocab_size, c.max_target_len - offset, "target")
         return self.decoder(self.embed(tgt, offset), memory, is_causal=True, context_mask=mask,
-                            caches=caches, cross_caches=cross_caches)
+                            caches=caches, cross_caches=cross_caches, return_weights=return_attention)
 
     # -- the model contract --------------------------------------------------------------------
     def forward_features(self, inputs: tuple[Tensor, Tensor]) -> Tensor:
@@ -228,9 +189,16 @@ class Seq2Seq(nn.Module):
         h = self.decode(tokens, state.memory, state.mask, caches=state.caches, cross_caches=state.cross_caches)
         return self.forward_head(h)
 
-    def attention_layers(self) -> list[nn.Module]:
-        """The decoder's cross-attention modules, one per depth (for alignment pictures)."""
-        return [blk.cross_attn for blk in self.decoder.layers()]
+    def attention_maps(self, inputs: tuple[Tensor, Tensor]) -> AttentionMaps:
+        """Every layer's attention under teacher forcing, plain formula: ``{"encoder": [(B, H, S, S)],
+        "decoder": [(B, H, T, T)], "cross": [(B, H, T, S)]}`` (one tensor per layer; the cross-attention
+        rows are the alignments of Bahdanau et al. 2015, Fig. 3)."""
+        src, tgt = source_target(inputs)
+        mask = self.source_mask(src)
+        memory, enc = self.encoder(self.embed(src), mask=mask, return_weights=True)
+        _, dec = self.decode(tgt, memory, mask, return_attention=True)
+        return {"encoder": [m["self"] for m in enc], "decoder": [m["self"] for m in dec],
+                "cross": [m["cross"] for m in dec]}
 
     # -- examples for tests --------------------------------------------------------------------
     def example_input(self, batch_size: int = 2) -> tuple[Tensor, Tensor]:
@@ -251,28 +219,6 @@ class Seq2Seq(nn.Module):
         """Next-token targets ``(B, T)`` matching :meth:`example_input`."""
         g = torch.Generator().manual_seed(1)
         return torch.randint(self.config.vocab_size, (batch_size, min(8, self.config.max_target_len)), generator=g)
-
-
-def source_target(inputs) -> tuple[Tensor, Tensor]:
-    """``(src, tgt_in)`` from a pair (or a dict with keys ``src``, ``tgt``), checking the batch sizes agree."""
-    if isinstance(inputs, dict):
-        inputs = (inputs.get("src"), inputs.get("tgt"))
-    if not isinstance(inputs, (tuple, list)) or len(inputs) != 2:
-        raise ValueError("inputs must be a pair (src (B, S), tgt_in (B, T)) of token ids")
-    src, tgt = inputs
-    if torch.is_tensor(src) and torch.is_tensor(tgt) and src.shape[0] != tgt.shape[0]:
-        raise ValueError(f"source and target batch sizes differ: {src.shape[0]} vs {tgt.shape[0]}")
-    return src, tgt
-
-
-def seq_loss(logits: Tensor, targets: Tensor | None, label_smoothing: float = 0.0) -> Tensor | None:
-    """Mean token cross-entropy of ``logits`` ``(B, T, V)`` against ``targets`` ``(B, T)`` (-100 ignored)."""
-    if targets is None:
-        return None
-    if targets.shape != logits.shape[:2]:
-        raise ValueError(f"targets of shape {tuple(targets.shape)} do not match logits {tuple(logits.shape[:2])}")
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100,
-                           label_smoothing=label_smoothing)
 
 
 register_family("seq2seq", Seq2SeqConfig, Seq2Seq)

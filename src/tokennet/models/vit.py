@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..layers.stack import Encoder
+from ..layers.stack import AttentionMaps, Encoder
 from ..position.fourier import Fourier2DPosition
 from ..position.learned import LearnedPosition2D
 from ..tokens.image import EMBED_MODES, ConvStem, PatchEmbed, grid_size, to_pair
@@ -245,8 +245,10 @@ class ViT(nn.Module):
         return x
 
     # -- the model ---------------------------------------------------------------------------------
-    def forward_features(self, x: Tensor) -> Tensor:
+    def forward_features(self, x: Tensor, *, return_attention: bool = False):
         """Images → final tokens ``(B, P + N, D)``: P = 1 <cls> token (if any), then N patches row-major.
+
+        With ``return_attention``, ``(tokens, maps)``: each block's weights (see :meth:`Encoder.forward`).
 
         Images of another size than ``image_size`` are accepted when the patches tile them; learned
         positions are then interpolated bicubically, Fourier positions computed for the new grid.
@@ -261,7 +263,7 @@ class ViT(nn.Module):
             z = self.pos_emb(z, grid)
         if self.training and self.config.patch_dropout > 0:
             z = self._drop_patches(z)
-        return self.encoder(self.drop(z))  # (B, P + N, D)
+        return self.encoder(self.drop(z), return_weights=return_attention)  # (B, P + N, D)
 
     def _drop_patches(self, z: Tensor) -> Tensor:
         """Keep a random ``1 − patch_dropout`` of each image's patch tokens (positions already added)."""
@@ -290,41 +292,17 @@ class ViT(nn.Module):
         return Output(logits, loss)
 
     # -- inspection --------------------------------------------------------------------------------
-    @torch.no_grad()
-    def attention_maps(self, x: Tensor, layers: list[int] | None = None) -> list[Tensor]:
-        """Attention matrices ``A = softmax(Q Kᵀ / √E)`` ``(B, H, P + N, P + N)`` of the chosen layers.
+    def attention_maps(self, x: Tensor) -> AttentionMaps:
+        """Every layer's attention ``A = softmax(Q Kᵀ / √E)``: ``{"self": [(B, H, P + N, P + N)] * L}``.
 
-        The inspected layers run the plain formula for this call (``store_weights``), so a model trained
-        with the fused backend can be inspected; the others keep their backend. Token 0 is <cls> when
-        ``pool="cls"``.
+        Computed with the plain formula whatever the backend, so a model trained with a fused kernel can
+        be inspected. Token 0 is <cls> when ``pool="cls"``, then the patches row-major.
 
         Args:
             x: images, as for :meth:`forward`.
-            layers: layer indices (default: all), in the order returned.
         """
-        blocks = self.encoder.layers()
-        layers = list(range(len(blocks))) if layers is None else list(layers)
-        for i in layers:
-            if not -len(blocks) <= i < len(blocks):
-                raise ValueError(f"layer {i} out of range: the model has {len(blocks)} layers (0..{len(blocks) - 1})")
-        chosen = [blocks[i].attn for i in layers]
-        saved = [m.store_weights for m in chosen]
-        out: dict[int, Tensor] = {}
-        hooks = []
-        for i in layers:
-            attn = blocks[i].attn
-            # A forward hook copies the weights right after each layer runs, so a block applied more
-            # than once (shared weights) or listed twice still yields one matrix per requested layer.
-            hooks.append(attn.register_forward_hook(lambda m, _a, _o, i=i: out.__setitem__(i, m.weights)))
-            attn.store_weights = True
-        try:
-            self.forward_features(x)
-        finally:
-            for h in hooks:
-                h.remove()
-            for m, s in zip(chosen, saved, strict=True):
-                m.store_weights, m.weights = s, None
-        return [out[i] for i in layers]
+        _, maps = self.forward_features(x, return_attention=True)
+        return {"self": [m["self"] for m in maps]}
 
     def position_table(self, grid: tuple[int, int] | None = None) -> Tensor:
         """The patch positions ``(gh·gw, D)`` the model adds (learned: interpolated to ``grid``)."""

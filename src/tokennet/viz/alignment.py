@@ -12,7 +12,7 @@
 
 Rows are labelled by the token *produced* at that step: row ``t`` is the attention of the query at
 ``y_{t−1}`` (``<bos>`` for the first) while predicting ``y_t``. Weights are recomputed with the plain
-formula (``store_weights``), so runs trained with the fused backend work.
+formula (``model.attention_maps``), so runs trained with the fused backend work.
 
 :func:`seq2seq_viz` and :func:`caption_viz` are registered with :mod:`tokennet.viz` for
 ``tokennet viz RUN_DIR``.
@@ -45,30 +45,15 @@ def alignments(model: nn.Module, inputs: Tensor, tgt_in: Tensor) -> Tensor:
     was_training = model.training
     model.eval()
     try:
-        if not hasattr(model, "attention_layers"):  # the RNN: one additive attention
-            model.store_weights = True
-            try:
-                model((inputs, tgt_in))
-                return model.weights[None, :, None]  # (1, B, 1, T, S)
-            finally:
-                model.store_weights = False
-        layers = model.attention_layers()
-        for m in layers:
-            m.store_weights = True
-        try:
-            model((inputs, tgt_in))
-            maps = [m.weights for m in layers]  # each (B, H, T, S) or, decoder-only, (B, H, P+T, P+T)
-        finally:
-            for m in layers:
-                m.store_weights, m.weights = False, None
+        maps = model.attention_maps((inputs, tgt_in))
     finally:
         model.train(was_training)
-    a = torch.stack(maps)  # (L, B, H, ·, ·)
-    if model.config.family == "captioner-prefix":
-        P = model.config.num_patches
-        a = a[..., P:, :P]  # text queries × image keys
-        a = a / a.sum(-1, keepdim=True).clamp_min(1e-12)
-    return a
+    if "cross" in maps:  # encoder–decoder: each (B, H, T, S)
+        return torch.stack(maps["cross"])
+    # Decoder-only over [image; text]: the text queries' rows over the image keys, renormalized.
+    P = model.config.num_patches
+    a = torch.stack(maps["self"])[..., P:, :P]  # (L, B, H, T, P)
+    return a / a.sum(-1, keepdim=True).clamp_min(1e-12)
 
 
 # -- plots --------------------------------------------------------------------------------------------

@@ -63,7 +63,7 @@ def vit_viz(run_dir: Path, out_dir: Path, *, index: int | None = None, patch: in
             model's channels; another size works when the patches tile it: positions are interpolated).
         device: where to run the model (default CPU).
     """
-    from ..data.vision import load_dataset
+    from ..data.vision_data import load_dataset
     from ..models.registry import load_pretrained
 
     model = load_pretrained(run_dir).eval()
@@ -78,7 +78,7 @@ def vit_viz(run_dir: Path, out_dir: Path, *, index: int | None = None, patch: in
         data = json.loads(run_file.read_text()).get("data")
     ds = load_dataset(data)
     if image is not None:
-        from ..data.vision import read_image
+        from ..data.image_files import read_image
 
         if c.is_1d:
             raise ValueError("--image needs a 2-D image model; this run classifies 1-D signals")
@@ -102,7 +102,7 @@ def vit_viz(run_dir: Path, out_dir: Path, *, index: int | None = None, patch: in
     with torch.no_grad():
         xb = x[None].to(dev)
         pred = ds.classes[int(model(xb).logits.argmax(-1))] if c.num_classes == ds.num_classes else "?"
-        maps = [a[0].float().cpu() for a in model.attention_maps(xb)]  # per layer (H, P + N, P + N)
+        maps = [a[0].float().cpu() for a in model.attention_maps(xb)["self"]]  # per layer (H, P + N, P + N)
     what = f"{source}: label {label}, predicted {pred}"
     files = []
 
