@@ -223,7 +223,7 @@ def _load_run(run_dir: str):
 
 def _generate_conditional(args, model) -> bool:
     """Runs of conditional models: translate the prompt (seq2seq, bahdanau); False for causal LMs."""
-    from .train.trainer import resolve_device
+    from .device import resolve_device
 
     family = model.config.family
     if args.beam_size is not None and args.beam_size < 1:
@@ -256,8 +256,8 @@ def _generate_conditional(args, model) -> bool:
 def cmd_generate(args) -> int:
     import torch
 
+    from .device import resolve_device
     from .generate import stream
-    from .train.trainer import resolve_device
 
     if args.max_new_tokens < 1:
         raise CLIError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
@@ -293,8 +293,8 @@ def cmd_generate(args) -> int:
 
 
 def cmd_eval(args) -> int:
+    from .device import resolve_device
     from .recipes import get_recipe
-    from .train.trainer import resolve_device
 
     path = Path(args.run_dir)
     run_file = path / "run.json"
@@ -320,7 +320,7 @@ def cmd_demo(args) -> int:
 
 
 def cmd_viz(args) -> int:
-    from .train.trainer import resolve_device
+    from .device import resolve_device
     from .viz import visualize
 
     # Every viz option goes to the family's function, which uses those it knows (see tokennet.viz).

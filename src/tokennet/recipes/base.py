@@ -19,10 +19,11 @@ from typing import Any
 
 from torch import nn
 
+from ..device import resolve_device
 from ..fileio import atomic_write_text
 from ..models.registry import config_from_dict, model_from_config, preset_info, save_pretrained
 from ..train.distributed import barrier, full_state, init_distributed
-from ..train.trainer import TrainConfig, Trainer, resolve_device
+from ..train.trainer import TrainConfig, Trainer
 
 __all__ = ["Recipe", "Job", "register_recipe", "get_recipe", "list_recipes", "train", "parse_sets",
            "RUN_FILE", "RecipeError"]

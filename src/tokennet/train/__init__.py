@@ -3,14 +3,13 @@
 from .checkpoint import Checkpoint, latest_checkpoint, read_checkpoint, save_checkpoint
 from .distributed import DistInfo, init_distributed
 from .optim import configure_optimizer, cosine_lr
-from .trainer import BatchSource, TrainConfig, Trainer, TrainingStopped, resolve_device
+from .trainer import BatchSource, TrainConfig, Trainer, TrainingStopped
 
 __all__ = [
     "Trainer",
     "TrainConfig",
     "TrainingStopped",
     "BatchSource",
-    "resolve_device",
     "configure_optimizer",
     "cosine_lr",
     "save_checkpoint",

@@ -27,8 +27,7 @@ import torch
 
 from ..fileio import sha256_file
 
-__all__ = ["save_checkpoint", "read_checkpoint", "latest_checkpoint", "capture_rng", "restore_rng",
-           "check_state_dict", "Checkpoint"]
+__all__ = ["save_checkpoint", "read_checkpoint", "latest_checkpoint", "capture_rng", "restore_rng", "Checkpoint"]
 
 LATEST = "latest"
 
@@ -83,23 +82,6 @@ def _dedup(sd: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[s
                 seen[key] = name
             unique[name] = t.detach().cpu().contiguous()
     return unique, aliases
-
-
-def check_state_dict(expected: dict[str, Any], got: dict[str, torch.Tensor], where: str) -> None:
-    """Raise ``ValueError`` naming the first missing/unexpected tensor or shape/dtype mismatch."""
-    missing = [k for k in expected if k not in got]
-    if missing:
-        raise ValueError(f"{where} does not match the model: missing tensor {missing[0]!r}")
-    unexpected = [k for k in got if k not in expected]
-    if unexpected:
-        raise ValueError(f"{where} does not match the model: unexpected tensor {unexpected[0]!r}")
-    for k, t in expected.items():
-        if tuple(got[k].shape) != tuple(t.shape):
-            raise ValueError(
-                f"{where}: tensor {k!r} has shape {tuple(got[k].shape)}, the model expects {tuple(t.shape)}"
-            )
-        if got[k].dtype != t.dtype:
-            raise ValueError(f"{where}: tensor {k!r} has dtype {got[k].dtype}, the model expects {t.dtype}")
 
 
 def save_checkpoint(

@@ -22,7 +22,8 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from .checkpoint import capture_rng, check_state_dict, latest_checkpoint, read_checkpoint, restore_rng, save_checkpoint
+from ..state import check_state_dict
+from .checkpoint import capture_rng, latest_checkpoint, read_checkpoint, restore_rng, save_checkpoint
 from .distributed import (
     STRATEGIES,
     DistInfo,
@@ -35,7 +36,7 @@ from .distributed import (
 )
 from .optim import configure_optimizer, cosine_lr
 
-__all__ = ["TrainConfig", "Trainer", "BatchSource", "TrainingStopped", "resolve_device"]
+__all__ = ["TrainConfig", "Trainer", "BatchSource", "TrainingStopped"]
 
 log = logging.getLogger(__name__)
 
@@ -46,23 +47,6 @@ class BatchSource(Protocol):
 
 class TrainingStopped(RuntimeError):
     """Training ended early for a reason the user must see (e.g. the loss became NaN)."""
-
-
-def resolve_device(device: str) -> torch.device:
-    """``"auto"`` → CUDA when present, else MPS when present, else CPU; anything else is checked."""
-    if device == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    try:
-        dev = torch.device(device)
-    except RuntimeError:
-        raise ValueError(f"unknown device {device!r}; use auto, cpu, cuda, cuda:N or mps") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' requested but CUDA is not available; use --device cpu or auto")
-    return dev
 
 
 @dataclass
