@@ -35,8 +35,8 @@ def main() -> None:
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "generate.json"))
     args = p.parse_args()
 
-    from tokennet.generate import generate
     from tokennet.models import create_model
+    from tokennet.sampling import generate
 
     torch.manual_seed(0)
     ours = create_model("gpt", **SHAPE).eval()

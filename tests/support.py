@@ -4,8 +4,12 @@ import gzip
 import struct
 
 import numpy as np
+import torch
 
+from tokennet.attention import masks
 from tokennet.data.vision_data import FASHION_MNIST_FILES
+from tokennet.decode import beam_search, greedy_search
+from tokennet.models import create_model
 
 
 def idx_bytes(a: np.ndarray) -> bytes:
@@ -33,3 +37,90 @@ def write_fashion(d, n_train=12, n_test=5, gz=True, size=28) -> dict[str, np.nda
         else:
             (d / name).write_bytes(data)
     return arrays
+
+
+# -- attention: random inputs and masks, gradients ------------------------------------------------------------
+
+
+def qkv(B, H, Nq, Nk, E, Ev, *, Hkv=None, dtype=torch.float64, seed=0):
+    """Random ``q (B, H, Nq, E)``, ``k (B, Hkv, Nk, E)``, ``v (B, Hkv, Nk, Ev)`` that require grad."""
+    g = torch.Generator().manual_seed(seed)
+    Hkv = H if Hkv is None else Hkv
+    q = torch.randn(B, H, Nq, E, generator=g, dtype=dtype).requires_grad_()
+    k = torch.randn(B, Hkv, Nk, E, generator=g, dtype=dtype).requires_grad_()
+    v = torch.randn(B, Hkv, Nk, Ev, generator=g, dtype=dtype).requires_grad_()
+    return q, k, v
+
+
+def make_mask(kind: str, B: int, Nq: int, Nk: int, g: torch.Generator):
+    """A mask of ``kind`` from masks.py for ``(B, H, Nq, Nk)``; most kinds include rows with nothing to attend to."""
+    if kind == "none":
+        return None
+    if kind == "causal":
+        return masks.causal(Nq, Nk)
+    if kind == "lengths":
+        lengths = torch.randint(0, Nk + 1, (B,), generator=g)
+        lengths[0] = 0  # a sequence with no valid key: every row of it is empty
+        return masks.valid_lengths(lengths, Nk)
+    if kind == "lengths_per_query":
+        lengths = torch.randint(0, Nk + 1, (B, Nq), generator=g)
+        lengths[0, 0] = 0
+        return masks.valid_lengths(lengths, Nk)
+    if kind == "padding":
+        return masks.padding(torch.rand(B, Nk, generator=g) < 0.4)
+    if kind == "prefix":
+        return masks.prefix(int(torch.randint(0, Nk + 1, (1,), generator=g)), Nq, Nk)
+    if kind == "adjacency":
+        assert Nq == Nk
+        adj = torch.rand(B, Nk, Nk, generator=g) < 0.4
+        adj[:, 0, :] = False  # node 0 is isolated (no out-edges) and has no self loop: an empty row
+        return masks.adjacency(adj, self_loops=False)
+    if kind == "causal_and_padding":
+        return masks.causal(Nq, Nk) & masks.padding(torch.rand(B, Nk, generator=g) < 0.4)
+    raise AssertionError(kind)
+
+
+def out_and_grads(fn, leaves, seed=1):
+    """Output of ``fn()`` and the gradients of a random projection of it w.r.t. ``leaves``."""
+    out = fn()
+    w = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=out.dtype)
+    grads = torch.autograd.grad((out * w).sum(), leaves)
+    return out, grads
+
+
+# -- conditional decoders (seq2seq, bahdanau, captioners) ----------------------------------------------------
+
+
+def random_model(name: str, *, std: float = 0.3, matrices_only: bool = True, **kw):
+    """``create_model(name, **kw)`` in eval mode with large seeded random weights (the weight matrices, or every
+    parameter): varied, non-degenerate outputs for decoding tests."""
+    torch.manual_seed(0)
+    m = create_model(name, **kw).eval()
+    with torch.no_grad():
+        for p in m.parameters():
+            if p.dim() > 1 or not matrices_only:
+                p.normal_(0.0, std)
+    return m
+
+
+def assert_cached_decoding_agrees(m, inputs, beam_size: int = 3) -> torch.Tensor:
+    """Greedy and beam search give the same tokens with the cache as without; a beam of 1 is greedy.
+
+    Returns the greedy tokens."""
+    greedy = greedy_search(m, inputs, use_cache=True)
+    assert torch.equal(greedy, greedy_search(m, inputs, use_cache=False))
+    beam = beam_search(m, inputs, beam_size=beam_size, use_cache=True)
+    assert torch.equal(beam, beam_search(m, inputs, beam_size=beam_size, use_cache=False))
+    assert torch.equal(beam_search(m, inputs, beam_size=1), greedy)
+    return greedy
+
+
+def assert_steps_match_teacher_forcing(m, inputs, tgt: torch.Tensor):
+    """Decoding ``tgt (B, T)`` one token at a time over the cache gives the logits of one teacher-forced pass.
+
+    Returns the decoding state after the last step."""
+    full = m((inputs, tgt)).logits  # (B, T, V)
+    state = m.init_decode(inputs, use_cache=True)
+    steps = torch.cat([m.decode_step(tgt[:, t : t + 1], state) for t in range(tgt.shape[1])], dim=1)  # (B, T, V)
+    torch.testing.assert_close(steps, full, atol=1e-5, rtol=1e-5)
+    return state

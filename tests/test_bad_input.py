@@ -109,7 +109,7 @@ CASES = {
     "truncated checkpoint": (["train", "gpt-char", "--out", "badckpt", "--resume", "--max-iters", "4"],
                              "checkpoint"),
     "config is not JSON": (["generate", "badconfig"], "not valid JSON"),
-    "generate from a vit run": (["generate", "vit_run"], "not a language model run"),
+    "generate from a vit run": (["generate", "vit_run"], "image classification run: pass --image"),
     "generate from a non-run": (["generate", "notext"], "not a run directory"),
     "eval a non-run": (["eval", "notext"], "not a run directory"),
     # generation arguments

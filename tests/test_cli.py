@@ -19,13 +19,6 @@ def _in_tmp(tmp_path, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    p = tmp_path_factory.mktemp("data") / "corpus.txt"
-    p.write_text("the quick brown fox jumps over the lazy dog. " * 200)
-    return p
-
-
-@pytest.fixture(scope="module")
 def char_run(tmp_path_factory, corpus):
     out = tmp_path_factory.mktemp("runs") / "char"
     assert main(["-q", "train", "gpt-char", "--data", str(corpus), "--out", str(out), "--max-iters", "6", *TINY]) == 0
@@ -49,8 +42,8 @@ def test_train_writes_a_run_directory(char_run, capsys):
     assert (char_run / "checkpoints" / "latest").is_file()
     m = json.loads((char_run / "metrics.json").read_text())
     assert m["step"] == 6 and m["val_loss"] > 0 and isinstance(m["sample"], str)
-    model = tokennet.load(char_run)
-    assert model.tokenizer.kind == "char" and model.config.dim == 32
+    run = tokennet.load(char_run)
+    assert run.tokenizer.kind == "char" and run.model.config.dim == 32
 
 
 def test_generate_and_eval(char_run, capsys):

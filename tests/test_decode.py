@@ -9,14 +9,7 @@ from torch import nn
 
 from tokennet.decode import beam_search, greedy_search, length_penalty, strip_special
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: one thread is as fast, and far faster when other processes share the cores."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 PAD, BOS, EOS, A, B = 0, 1, 2, 3, 4

@@ -1,45 +1,48 @@
 """tokennet: turn any data into tokens, then one generic transformer processes the tokens.
 
-The public API is re-exported here; see the package map in the README.
+The public API is re-exported here (lazily, so ``import tokennet`` and ``tokennet --help`` stay fast);
+see the package map in the README.
+
+- ``tokennet.load(RUN_DIR) -> Run``: a trained run with ``.model``, ``.tokenizer``, ``.settings``,
+  ``.metrics``, ``.task`` and the task's verbs (``generate``, ``translate``, ``caption``, ``classify``).
+- ``tokennet.create_model(name, **config)``, ``tokennet.list_models()``: models by name.
+- ``tokennet.generate(model, idx, max_new_tokens, ...)``: sampling over a KV cache.
+- ``tokennet.attention``: the attention subpackage (``tokennet.attention.attention(q, k, v, mask)``, masks,
+  scores, flash); ``tokennet.MultiHeadAttention``.
+- ``tokennet.TokennetError``: the base of every expected error.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+import importlib
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "load", "create_model", "list_models", "generate", "attention", "MultiHeadAttention"]
+__all__ = ["__version__", "load", "Run", "create_model", "list_models", "generate", "attention",
+           "MultiHeadAttention", "TokennetError"]
 
-
-def load(run_dir: str | Path, *, allow_pickle: bool = False):
-    """Load a trained run (or saved model) directory; ``model.tokenizer`` is set for text models (else None).
-
-    Weights come from ``model.safetensors`` only, unless ``allow_pickle=True`` (see
-    :func:`tokennet.models.load_pretrained`).
-    """
-    from .models.registry import load_pretrained
-    from .tokens.text import load_tokenizer
-
-    run_dir = Path(run_dir)
-    model = load_pretrained(run_dir, allow_pickle=allow_pickle)
-    model.tokenizer = load_tokenizer(run_dir) if (run_dir / "tokenizer.json").is_file() else None
-    model.eval()
-    return model
+# name -> (module, attribute or None for the module itself)
+_EXPORTS = {
+    "load": ("tokennet.run", "load"),
+    "Run": ("tokennet.run", "Run"),
+    "create_model": ("tokennet.models", "create_model"),
+    "list_models": ("tokennet.models", "list_models"),
+    "generate": ("tokennet.sampling", "generate"),
+    "attention": ("tokennet.attention", None),
+    "MultiHeadAttention": ("tokennet.attention.multihead", "MultiHeadAttention"),
+    "TokennetError": ("tokennet.errors", "TokennetError"),
+}
 
 
 def __getattr__(name: str):
-    # Lazy re-exports keep `import tokennet` (and `tokennet --help`) fast.
-    if name in ("create_model", "list_models"):
-        from . import models
+    # importlib, not `from . import x`: the latter looks the name up on this module first and re-enters
+    # __getattr__ (infinite recursion for subpackages such as `attention`).
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'tokennet' has no attribute {name!r}")
+    module, attr = _EXPORTS[name]
+    obj = importlib.import_module(module)
+    return obj if attr is None else getattr(obj, attr)
 
-        return getattr(models, name)
-    if name == "generate":
-        from .generate import generate
 
-        return generate
-    if name in ("attention", "MultiHeadAttention"):
-        from . import attention
-
-        return getattr(attention, name)
-    raise AttributeError(f"module 'tokennet' has no attribute {name!r}")
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -72,12 +72,13 @@ def _add_train(sub) -> None:
 def _add_generate(sub) -> None:
     p = sub.add_parser(
         "generate",
-        help="sample text from a language model, translate (seq2seq), or caption images (caption)",
+        help="sample text (language models), translate (seq2seq), caption or classify --image files",
         description="Language-model runs: continue a prompt, streaming tokens as they come. Decoding "
         "uses a KV cache. Past the model's context length the model sees a sliding window: the cache is "
         "rebuilt from the last block_size/2 tokens whenever it fills. Translation runs (seq2seq): translate "
         "--prompt with beam search (characters outside the vocabulary are read as <unk> and listed on "
-        "stderr). Captioning runs: caption the --image files.",
+        "stderr). Captioning runs: caption the --image files. Image classification runs (vit): print each --image "
+        "file's class index and probability. What a run can do is its task's (see tokennet.tasks).",
     )
     p.add_argument("run_dir", help="a run directory from `tokennet train`")
     p.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
@@ -92,7 +93,8 @@ def _add_generate(sub) -> None:
                    help="translation and captioning runs: beam width, 1 = greedy (default: the run's beam_size)")
     p.add_argument("--image", nargs="+", metavar="PATH",
                    help="captioning runs: caption these image files (PNG, JPEG, ... or .npy) of the model's size "
-                   "(48×48 for the caption recipe; nothing is resized), one caption per line")
+                   "(48×48 for the caption recipe; nothing is resized), one caption per line; image "
+                   "classification runs: classify them (PATH, class index, probability per line)")
 
 
 def _add_eval(sub) -> None:
@@ -116,7 +118,8 @@ def _add_viz(sub) -> None:
     p = sub.add_parser(
         "viz",
         help="draw a trained model's attention (PNG)",
-        description="Draw pictures of a trained run, chosen by its model family. ViT: where one patch looks "
+        description="Draw pictures of a trained run, chosen by its task. Language models: token-to-token "
+        "causal attention over --text, per layer and head. ViT: where one patch looks "
         "(per layer and head, over a test image or --image), the <cls> token's attention rollout, and the "
         "similarity of the position embeddings. Translation: the cross-attention alignment (output × source "
         "characters, per layer and head) of a test example or --text. Captioning: each generated word's "
@@ -130,7 +133,8 @@ def _add_viz(sub) -> None:
     p.add_argument("--layer", type=int, help="only this layer (default: all)")
     p.add_argument("--head", type=int, help="only this head (default: all, and their mean)")
     p.add_argument("--data", help="the data to draw from (default: the run's)")
-    p.add_argument("--text", help="translation (seq2seq) runs: draw the alignment of this source instead")
+    p.add_argument("--text", help="language models: the text whose attention to draw (default: a fixed sentence); "
+                   "translation (seq2seq) runs: draw the alignment of this source instead of a test example")
     p.add_argument("--image", metavar="PATH",
                    help="captioning runs: caption this image file (the model's size) and draw its attention; "
                    "ViT runs: draw this image instead of a test image")
@@ -212,83 +216,52 @@ def cmd_train(args) -> int:
     return 0
 
 
-def _load_run(run_dir: str):
-    from . import load
+def _load_run(run_dir: str, device: str = "cpu"):
+    from .run import load
 
-    path = Path(run_dir)
-    if not path.is_dir() or not (path / "config.json").is_file():
-        raise CLIError(f"{run_dir} is not a run directory (expected config.json and model.safetensors in it)")
-    return load(path)
-
-
-def _generate_conditional(args, model) -> bool:
-    """Runs of conditional models: translate the prompt (seq2seq, bahdanau); False for causal LMs."""
-    from .device import resolve_device
-
-    family = model.config.family
-    if args.beam_size is not None and args.beam_size < 1:
-        raise CLIError(f"--beam-size must be >= 1, got {args.beam_size}")
-    if family in ("captioner", "captioner-prefix"):
-        if not args.image:
-            raise CLIError(f"{args.run_dir} is a captioning run: it takes images, not a prompt; "
-                           "pass --image PATH")
-        from .recipes.caption import caption_files
-
-        caps = caption_files(args.run_dir, args.image, beam_size=args.beam_size, device=resolve_device(args.device))
-        for path, cap in zip(args.image, caps, strict=True):
-            print(cap if len(args.image) == 1 else f"{path}\t{cap}")
-        return True
-    if args.image:
-        raise CLIError(f"--image is for captioning runs; {args.run_dir} is a {family} run")
-    if family not in ("seq2seq", "bahdanau"):
-        return False
-    from .recipes.seq2seq import translate_run
-
-    out, unknown = translate_run(args.run_dir, args.prompt, beam_size=args.beam_size,
-                                 device=resolve_device(args.device))
-    if unknown:
-        print(f"tokennet: warning: characters outside the vocabulary read as <unk>: {''.join(unknown)!r}",
-              file=sys.stderr)
-    print(out)
-    return True
+    return load(run_dir, device=device)
 
 
 def cmd_generate(args) -> int:
-    import torch
-
+    """Dispatch on the run's task verbs: generate text, translate the prompt, caption or classify --image."""
     from .device import resolve_device
-    from .generate import stream
 
     if args.max_new_tokens < 1:
         raise CLIError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    model = _load_run(args.run_dir)
-    if _generate_conditional(args, model):
-        return 0
-    tok = getattr(model, "tokenizer", None)
-    if tok is None or not hasattr(model, "make_caches"):
-        raise CLIError(f"{args.run_dir} is not a language model run (no tokenizer.json or not a causal LM)")
-    dev = resolve_device(args.device)
-    model.to(dev)
-    ids = tok.encode(args.prompt) or [tok.bos_id]
-    block = model.config.block_size
-    if len(ids) > block:
-        raise CLIError(f"the prompt is {len(ids)} tokens, longer than the model's context of {block} tokens")
-    torch.manual_seed(args.seed)
-    g = torch.Generator(device=dev).manual_seed(args.seed)
-    idx = torch.tensor([ids], device=dev)
-    new: list[int] = []
-    shown = ""
-    sys.stdout.write(args.prompt)
-    for nxt in stream(model, idx, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                      top_p=args.top_p, use_cache=not args.no_cache, generator=g):
-        new.append(int(nxt[0]))
-        text = tok.decode(new)
-        # A byte-level token may end inside a UTF-8 character: print only what decodes cleanly so far.
-        if not text.endswith("\ufffd"):
-            sys.stdout.write(text[len(shown):])
+    if args.beam_size is not None and args.beam_size < 1:
+        raise CLIError(f"--beam-size must be >= 1, got {args.beam_size}")
+    run = _load_run(args.run_dir, resolve_device(args.device))
+    verbs = run.task.verbs
+    if args.image and not {"caption", "classify"} & set(verbs):
+        raise CLIError(f"--image is for captioning and image classification runs; {args.run_dir} is a "
+                       f"{run.task.name} run")
+    if "caption" in verbs:
+        if not args.image:
+            raise CLIError(f"{args.run_dir} is a captioning run: it takes images, not a prompt; pass --image PATH")
+        for path, cap in zip(args.image, run.caption(args.image, beam_size=args.beam_size), strict=True):
+            print(cap if len(args.image) == 1 else f"{path}\t{cap}")
+    elif "classify" in verbs:
+        if not args.image:
+            raise CLIError(f"{args.run_dir} is an image classification run: pass --image PATH ...")
+        for path, (label, prob) in zip(args.image, run.classify(args.image), strict=True):
+            print(f"{path}\t{label}\t{prob:.4f}")
+    elif "translate" in verbs:
+        out, unknown = run.translate(args.prompt, beam_size=args.beam_size, return_unknown=True)
+        if unknown:
+            print(f"tokennet: warning: characters outside the vocabulary read as <unk>: {''.join(unknown)!r}",
+                  file=sys.stderr)
+        print(out)
+    elif "generate" in verbs:
+        from .tasks.language import stream_text
+
+        sys.stdout.write(args.prompt)
+        for piece in stream_text(run, args.prompt, args.max_new_tokens, temperature=args.temperature,
+                                 top_k=args.top_k, top_p=args.top_p, seed=args.seed, use_cache=not args.no_cache):
+            sys.stdout.write(piece)
             sys.stdout.flush()
-            shown = text
-    sys.stdout.write(tok.decode(new)[len(shown):] + "\n")
+        sys.stdout.write("\n")
+    else:
+        raise CLIError(f"{args.run_dir} is a {run.task.name} run: it has nothing to generate")
     return 0
 
 
@@ -296,16 +269,13 @@ def cmd_eval(args) -> int:
     from .device import resolve_device
     from .recipes import get_recipe
 
-    path = Path(args.run_dir)
-    run_file = path / "run.json"
-    if not run_file.is_file():
-        raise CLIError(f"{args.run_dir} is not a run directory (no run.json)")
-    run = json.loads(run_file.read_text())
-    recipe = get_recipe(run["recipe"])
+    run = _load_run(args.run_dir, resolve_device(args.device))
+    if run.recipe is None:
+        raise CLIError(f"{args.run_dir} is a saved model without run.json: no recipe to evaluate it with")
+    recipe = get_recipe(run.recipe)
     if recipe.evaluate_run is None:
         raise CLIError(f"recipe {recipe.name} has no evaluation")
-    metrics = recipe.evaluate_run(path, args.data, resolve_device(args.device))
-    print(json.dumps(metrics, indent=2))
+    print(json.dumps(recipe.evaluate_run(run, args.data), indent=2))
     return 0
 
 
@@ -323,10 +293,10 @@ def cmd_viz(args) -> int:
     from .device import resolve_device
     from .viz import visualize
 
-    # Every viz option goes to the family's function, which uses those it knows (see tokennet.viz).
+    # Every viz option goes to the task's function, which uses those it knows (see tokennet.viz).
     options = {k: v for k, v in vars(args).items() if k not in ("command", "quiet", "run_dir", "out", "device")}
-    files = visualize(args.run_dir, args.out, device=str(resolve_device(args.device)), **options)
-    for f in files:
+    run = _load_run(args.run_dir, str(resolve_device(args.device)))
+    for f in visualize(run, args.out, **options):
         print(f)
     return 0
 
@@ -344,31 +314,25 @@ def main(argv: list[str] | None = None) -> int:
     quiet = args.quiet or os.environ.get("RANK", "0") != "0"  # under torchrun only rank 0 talks
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO,
                         format="%(message)s", stream=sys.stderr)
-    from .data.text import DataError
-    from .train.trainer import TrainingStopped
+    from .errors import TokennetError
 
     try:
         return COMMANDS[args.command](args)
-    except (CLIError, DataError, TrainingStopped, ValueError, FileNotFoundError, PermissionError,
-            IsADirectoryError, NotADirectoryError) as e:
+    except (CLIError, TokennetError) as e:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         print(f"tokennet: error: {msg}", file=sys.stderr)
         return 2
-    except OSError as e:
+    except OSError as e:  # the disk, permissions, a missing file: the user's to fix, not a bug
         where = f" ({e.filename})" if getattr(e, "filename", None) else ""
         print(f"tokennet: error: {e.strerror or e}{where}", file=sys.stderr)
-        return 2
-    except Exception as e:
-        from safetensors import SafetensorError
-
-        if not isinstance(e, SafetensorError):
-            raise
-        print(f"tokennet: error: could not write or read weights: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("tokennet: interrupted", file=sys.stderr)
         return 130
-
+    except Exception:
+        print("tokennet: internal error (a bug): please report it with the traceback below and the command "
+              "that caused it", file=sys.stderr)
+        raise
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -27,6 +27,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from .errors import ConfigError
+
 __all__ = ["greedy_search", "beam_search", "strip_special", "length_penalty"]
 
 
@@ -38,9 +40,9 @@ def _check(model: nn.Module, max_len: int | None) -> int:
     if max_len is None:
         return limit
     if max_len < 1:
-        raise ValueError(f"max_len must be >= 1, got {max_len}")
+        raise ConfigError(f"max_len must be >= 1, got {max_len}")
     if max_len > limit:
-        raise ValueError(f"max_len={max_len} exceeds the model's maximum of {limit} new tokens")
+        raise ConfigError(f"max_len={max_len} exceeds the model's maximum of {limit} new tokens")
     return max_len
 
 
@@ -101,9 +103,9 @@ def beam_search(model: nn.Module, inputs, *, beam_size: int = 4, alpha: float = 
     max_len = _check(model, max_len)
     c = model.config
     if beam_size < 1:
-        raise ValueError(f"beam_size must be >= 1, got {beam_size}")
+        raise ConfigError(f"beam_size must be >= 1, got {beam_size}")
     if alpha < 0:
-        raise ValueError(f"alpha (length penalty) must be >= 0, got {alpha}")
+        raise ConfigError(f"alpha (length penalty) must be >= 0, got {alpha}")
     was_training = model.training
     model.eval()
     try:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from .errors import ConfigError
+
 __all__ = ["resolve_device"]
 
 
@@ -18,7 +20,15 @@ def resolve_device(device: str) -> torch.device:
     try:
         dev = torch.device(device)
     except RuntimeError:
-        raise ValueError(f"unknown device {device!r}; use auto, cpu, cuda, cuda:N or mps") from None
+        raise ConfigError(f"unknown device {device!r}; use auto, cpu, cuda, cuda:N or mps") from None
+    if dev.type not in ("cpu", "cuda", "mps"):
+        raise ConfigError(f"tokennet does not run on device {device!r}; use auto, cpu, cuda, cuda:N or mps")
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' requested but CUDA is not available; use --device cpu or auto")
+        raise ConfigError(f"device {device!r} requested but CUDA is not available; use device 'cpu' or 'auto'")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ConfigError(f"device {device!r} does not exist: this machine has {torch.cuda.device_count()} CUDA "
+                          f"device(s), cuda:0..cuda:{torch.cuda.device_count() - 1}")
+    if dev.type == "mps" and not (getattr(torch.backends, "mps", None) is not None
+                                  and torch.backends.mps.is_available()):
+        raise ConfigError(f"device {device!r} requested but MPS is not available; use device 'cpu' or 'auto'")
     return dev

@@ -27,6 +27,7 @@ from torch import Tensor
 
 from .attention.pooling import AttentionPooling, average_pooling, nadaraya_watson
 from .attention.scores import GaussianKernel
+from .errors import ConfigError
 
 __all__ = ["target", "ToyData", "make_data", "fit_bandwidth", "run_demo"]
 
@@ -60,11 +61,11 @@ def make_data(n_train: int = 50, *, n_test: int = 50, noise: float = 0.5, seed: 
         seed: seed of the generator (the data do not touch the global RNG).
     """
     if n_train < 2:
-        raise ValueError(f"n_train must be at least 2 (leave-one-out needs another point), got {n_train}")
+        raise ConfigError(f"n_train must be at least 2 (leave-one-out needs another point), got {n_train}")
     if n_test < 1:
-        raise ValueError(f"n_test must be positive, got {n_test}")
+        raise ConfigError(f"n_test must be positive, got {n_test}")
     if noise < 0:
-        raise ValueError(f"noise is a standard deviation and must be >= 0, got {noise}")
+        raise ConfigError(f"noise is a standard deviation and must be >= 0, got {noise}")
     g = torch.Generator().manual_seed(seed)
     x_train, _ = torch.sort(torch.rand(n_train, generator=g) * X_MAX)
     y_train = target(x_train) + noise * torch.randn(n_train, generator=g)
@@ -91,7 +92,7 @@ def fit_bandwidth(
         The trained pooling module and the loss before each step plus the final loss.
     """
     if epochs < 0:
-        raise ValueError(f"epochs must be >= 0, got {epochs}")
+        raise ConfigError(f"epochs must be >= 0, got {epochs}")
     pool = AttentionPooling(GaussianKernel(bandwidth, learnable=True))
     opt = torch.optim.SGD(pool.parameters(), lr=lr)
     leave_one_out = ~torch.eye(len(x), dtype=torch.bool)  # (n, n): query i never sees key i

@@ -6,6 +6,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import make_mask, out_and_grads, qkv
 
 from tokennet.attention import masks
 from tokennet.attention.flash import _live_tiles, flash_attention
@@ -15,73 +16,28 @@ DT = torch.float64  # tight tolerances: any difference is a bug, not rounding
 TOL = dict(atol=1e-10, rtol=1e-9)
 
 
-def _inputs(B, H, Nq, Nk, E, Ev, *, seed=0, dtype=DT, Hkv=None):
-    g = torch.Generator().manual_seed(seed)
-    Hkv = H if Hkv is None else Hkv
-    q = torch.randn(B, H, Nq, E, generator=g, dtype=dtype).requires_grad_()
-    k = torch.randn(B, Hkv, Nk, E, generator=g, dtype=dtype).requires_grad_()
-    v = torch.randn(B, Hkv, Nk, Ev, generator=g, dtype=dtype).requires_grad_()
-    return q, k, v
-
-
-def _out_and_grads(fn, q, k, v, bias, seed=1):
-    """Output of ``fn()`` and the gradients of a random projection of it w.r.t. q, k, v (and bias)."""
-    out = fn()
-    w = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=out.dtype)
-    leaves = [t for t in (q, k, v, bias) if t is not None and t.requires_grad]
-    grads = torch.autograd.grad((out * w).sum(), leaves)
-    return out, grads
-
-
 def _assert_flash_equals_math(q, k, v, mask=None, bias=None, *, is_causal=False, block_q=3, block_k=4):
-    ref, ref_grads = _out_and_grads(
-        lambda: attention(q, k, v, mask, bias=bias, is_causal=is_causal, backend="math"), q, k, v, bias
+    leaves = [t for t in (q, k, v, bias) if t is not None and t.requires_grad]
+    ref, ref_grads = out_and_grads(
+        lambda: attention(q, k, v, mask, bias=bias, is_causal=is_causal, backend="math"), leaves
     )
     # Through the public entry point (default blocks) ...
-    out, grads = _out_and_grads(
-        lambda: attention(q, k, v, mask, bias=bias, is_causal=is_causal, backend="flash"), q, k, v, bias
+    out, grads = out_and_grads(
+        lambda: attention(q, k, v, mask, bias=bias, is_causal=is_causal, backend="flash"), leaves
     )
     torch.testing.assert_close(out, ref, **TOL)
     for g, r in zip(grads, ref_grads, strict=True):
         torch.testing.assert_close(g, r, **TOL)
     # ... and directly, with small blocks (many tiles, ragged last tiles) and is_causal passed through.
     if q.shape[1] == k.shape[1]:
-        out, grads = _out_and_grads(
-            lambda: flash_attention(
-                q, k, v, mask, bias=bias, is_causal=is_causal, block_q=block_q, block_k=block_k
-            ),
-            q,
-            k,
-            v,
-            bias,
+        out, grads = out_and_grads(
+            lambda: flash_attention(q, k, v, mask, bias=bias, is_causal=is_causal, block_q=block_q, block_k=block_k),
+            leaves,
         )
         torch.testing.assert_close(out, ref, **TOL)
         for g, r in zip(grads, ref_grads, strict=True):
             torch.testing.assert_close(g, r, **TOL)
     assert torch.isfinite(out).all()
-
-
-def _mask(kind: str, B: int, Nq: int, Nk: int, g: torch.Generator):
-    """A mask of the given kind from masks.py, shaped for (B, H, Nq, Nk)."""
-    if kind == "none":
-        return None
-    if kind == "causal":
-        return masks.causal(Nq, Nk)
-    if kind == "lengths":  # one length per sequence; the first is 0: every row of it is empty
-        lengths = torch.randint(0, Nk + 1, (B,), generator=g)
-        lengths[0] = 0
-        return masks.valid_lengths(lengths, Nk)
-    if kind == "lengths_per_query":  # one length per query, some 0
-        return masks.valid_lengths(torch.randint(0, Nk + 1, (B, Nq), generator=g), Nk)
-    if kind == "padding":
-        return masks.padding(torch.rand(B, Nk, generator=g) < 0.4)
-    if kind == "prefix":
-        return masks.prefix(int(torch.randint(0, Nq + 1, (1,), generator=g)), Nq, Nk)
-    if kind == "adjacency":  # square by construction; callers pass Nq == Nk
-        return masks.adjacency((torch.rand(B, Nk, Nk, generator=g) < 0.3).float(), self_loops=False)
-    if kind == "causal_and_padding":
-        return masks.causal(Nq, Nk) & masks.padding(torch.rand(B, Nk, generator=g) < 0.4)
-    raise AssertionError(kind)
 
 
 KINDS = [
@@ -102,33 +58,33 @@ def test_every_mask_kind_matches_math(kind, with_bias):
     B, H, Nq, E, Ev = 2, 3, 10, 4, 5
     Nk = Nq if kind == "adjacency" else 13  # n_k > n_q: queries are the last n_q positions
     g = torch.Generator().manual_seed(7)
-    q, k, v = _inputs(B, H, Nq, Nk, E, Ev)
+    q, k, v = qkv(B, H, Nq, Nk, E, Ev)
     bias = torch.randn(1, H, Nq, Nk, generator=g, dtype=DT).requires_grad_() if with_bias else None
-    _assert_flash_equals_math(q, k, v, _mask(kind, B, Nq, Nk, g), bias, block_q=3, block_k=4)
+    _assert_flash_equals_math(q, k, v, make_mask(kind, B, Nq, Nk, g), bias, block_q=3, block_k=4)
 
 
 @pytest.mark.parametrize("Nq,Nk", [(1, 1), (6, 6), (5, 11), (1, 9), (9, 9)])
 @pytest.mark.parametrize("blocks", [(2, 3), (4, 4), (128, 128)])
 def test_is_causal_matches_math(Nq, Nk, blocks):
-    q, k, v = _inputs(2, 2, Nq, Nk, 4, 3, seed=Nq * 100 + Nk)
+    q, k, v = qkv(2, 2, Nq, Nk, 4, 3, seed=Nq * 100 + Nk)
     _assert_flash_equals_math(q, k, v, is_causal=True, block_q=blocks[0], block_k=blocks[1])
 
 
 @pytest.mark.parametrize("bias_shape", [(1, 1, 1, 1), (3, 1, 1), (2, 1, 7, 1), (7, 9), (2, 3, 7, 9)])
 def test_broadcast_bias_gradient(bias_shape):
-    q, k, v = _inputs(2, 3, 7, 9, 4, 4)
+    q, k, v = qkv(2, 3, 7, 9, 4, 4)
     bias = torch.randn(bias_shape, dtype=DT).requires_grad_()
     mask = masks.valid_lengths(torch.tensor([0, 5]), 9)
     _assert_flash_equals_math(q, k, v, mask, bias, block_q=3, block_k=2)
 
 
 def test_grouped_query_heads_through_functional():
-    q, k, v = _inputs(2, 4, 6, 8, 4, 4, Hkv=2)
+    q, k, v = qkv(2, 4, 6, 8, 4, 4, Hkv=2)
     _assert_flash_equals_math(q, k, v, masks.causal(6, 8))
 
 
 def test_empty_rows_give_zeros_and_zero_gradients():
-    q, k, v = _inputs(2, 2, 5, 7, 4, 4)
+    q, k, v = qkv(2, 2, 5, 7, 4, 4)
     mask = masks.valid_lengths(torch.tensor([[0, 3, 0, 7, 1], [0, 0, 0, 0, 0]]), 7)
     out = flash_attention(q, k, v, mask, block_q=2, block_k=3)
     assert torch.isfinite(out).all()
@@ -140,7 +96,7 @@ def test_empty_rows_give_zeros_and_zero_gradients():
 
 def test_gradcheck_recomputation_backward():
     g = torch.Generator().manual_seed(3)
-    q, k, v = _inputs(1, 2, 4, 6, 3, 2, seed=3)
+    q, k, v = qkv(1, 2, 4, 6, 3, 2, seed=3)
     bias = torch.randn(2, 4, 1, generator=g, dtype=DT).requires_grad_()
     mask = masks.valid_lengths(torch.tensor([[0, 6, 2, 4]]), 6) & masks.prefix(1, 4, 6)
 
@@ -153,7 +109,7 @@ def test_gradcheck_recomputation_backward():
 def test_masked_key_tiles_are_skipped():
     # Keys 4..7 are padding for every sequence: with block_k=4 their tile is never read, so even NaN
     # values there cannot leak in. (Any backend that multiplies 0 · NaN would return NaN.)
-    q, k, v = _inputs(2, 2, 5, 8, 4, 4)
+    q, k, v = qkv(2, 2, 5, 8, 4, 4)
     is_pad = torch.arange(8) >= 4
     k, v = k.detach().clone(), v.detach().clone()
     k[:, :, 4:] = float("nan")
@@ -169,14 +125,14 @@ def test_causal_tiles_above_the_diagonal_are_skipped():
 
 
 def test_float32_close_to_math():
-    q, k, v = _inputs(1, 2, 130, 130, 16, 16, dtype=torch.float32)
+    q, k, v = qkv(1, 2, 130, 130, 16, 16, dtype=torch.float32)
     ref = attention(q, k, v, is_causal=True, backend="math")
     out = flash_attention(q, k, v, is_causal=True, block_q=64, block_k=48)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)
 
 
 def test_errors():
-    q, k, v = _inputs(1, 2, 4, 4, 3, 3)
+    q, k, v = qkv(1, 2, 4, 4, 3, 3)
     with pytest.raises(ValueError, match="dropout"):
         flash_attention(q, k, v, dropout=0.1)
     with pytest.raises(ValueError, match="dropout"):
@@ -211,7 +167,7 @@ def test_random_shapes_match_math(
 ):
     Nk = Nq if kind == "adjacency" else Nq + extra_k
     g = torch.Generator().manual_seed(seed)
-    q, k, v = _inputs(B, H, Nq, Nk, E, Ev, seed=seed)
+    q, k, v = qkv(B, H, Nq, Nk, E, Ev, seed=seed)
     bias = torch.randn(B, 1, Nq, Nk, generator=g, dtype=DT).requires_grad_() if with_bias else None
-    mask = _mask(kind, B, Nq, Nk, g)
+    mask = make_mask(kind, B, Nq, Nk, g)
     _assert_flash_equals_math(q, k, v, mask, bias, is_causal=is_causal, block_q=block_q, block_k=block_k)

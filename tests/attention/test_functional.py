@@ -9,6 +9,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import make_mask, out_and_grads, qkv
 
 from tokennet.attention import masks
 from tokennet.attention.functional import BACKENDS, attention, masked_softmax
@@ -32,56 +33,14 @@ def _backends() -> list:
     return ["math", "sdpa", flash]
 
 
-def _qkv(B, H, Hkv, Nq, Nk, E, Ev, *, dtype, seed):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(B, H, Nq, E, generator=g, dtype=dtype).requires_grad_()
-    k = torch.randn(B, Hkv, Nk, E, generator=g, dtype=dtype).requires_grad_()
-    v = torch.randn(B, Hkv, Nk, Ev, generator=g, dtype=dtype).requires_grad_()
-    return q, k, v
-
-
-def _make_mask(kind: str, B: int, Nq: int, Nk: int, g: torch.Generator):
-    """A mask of ``kind`` for the shapes; some kinds include rows with nothing to attend to."""
-    if kind == "none":
-        return None
-    if kind == "causal":
-        return masks.causal(Nq, Nk)
-    if kind == "lengths":
-        lengths = torch.randint(0, Nk + 1, (B,), generator=g)
-        lengths[0] = 0  # a sequence with no valid key: every row of it is empty
-        return masks.valid_lengths(lengths, Nk)
-    if kind == "lengths_per_query":
-        lengths = torch.randint(0, Nk + 1, (B, Nq), generator=g)
-        lengths[0, 0] = 0
-        return masks.valid_lengths(lengths, Nk)
-    if kind == "padding":
-        return masks.padding(torch.rand(B, Nk, generator=g) < 0.4)
-    if kind == "prefix":
-        return masks.prefix(int(torch.randint(0, Nk + 1, (1,), generator=g)), Nq, Nk)
-    if kind == "adjacency":
-        assert Nq == Nk
-        adj = torch.rand(B, Nk, Nk, generator=g) < 0.4
-        adj[:, 0, :] = False  # node 0 is isolated (no out-edges) and has no self loop: an empty row
-        return masks.adjacency(adj, self_loops=False)
-    raise AssertionError(kind)
-
-
-def _out_and_grads(fn, leaves, seed=1):
-    """Output of ``fn()`` and the gradients of a random projection of it w.r.t. ``leaves``."""
-    out = fn()
-    w = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=out.dtype)
-    grads = torch.autograd.grad((out * w).sum(), leaves)
-    return out, grads
-
-
 def _assert_backends_agree(q, k, v, mask, bias, *, is_causal, tol, backends=("sdpa",)):
     leaves = [t for t in (q, k, v, bias) if t is not None]
-    ref, ref_grads = _out_and_grads(
+    ref, ref_grads = out_and_grads(
         lambda: attention(q, k, v, mask, bias=bias, is_causal=is_causal, backend="math"), leaves
     )
     assert not ref.isnan().any()
     for backend in backends:
-        out, grads = _out_and_grads(
+        out, grads = out_and_grads(
             lambda b=backend: attention(q, k, v, mask, bias=bias, is_causal=is_causal, backend=b), leaves
         )
         torch.testing.assert_close(out, ref, **tol, msg=lambda m, b=backend: f"{b} output: {m}")
@@ -116,9 +75,9 @@ def problems(draw):
 @given(p=problems())
 @SETTINGS
 def test_math_and_sdpa_agree_on_outputs_and_gradients(p):
-    q, k, v = _qkv(p["B"], p["H"], p["Hkv"], p["Nq"], p["Nk"], p["E"], p["Ev"], dtype=p["dtype"], seed=p["seed"])
+    q, k, v = qkv(p["B"], p["H"], p["Nq"], p["Nk"], p["E"], p["Ev"], Hkv=p["Hkv"], dtype=p["dtype"], seed=p["seed"])
     g = torch.Generator().manual_seed(p["seed"] + 1)
-    mask = _make_mask(p["kind"], p["B"], p["Nq"], p["Nk"], g)
+    mask = make_mask(p["kind"], p["B"], p["Nq"], p["Nk"], g)
     bias = None
     if p["bias_shape"] is not None:
         bias = torch.randn(p["bias_shape"], generator=g, dtype=p["dtype"]).requires_grad_()
@@ -130,8 +89,8 @@ def test_math_and_sdpa_agree_on_outputs_and_gradients(p):
 def test_every_mask_kind_math_equals_sdpa_float32(kind, with_bias):
     B, H, Hkv, Nq, E, Ev = 2, 4, 2, 5, 8, 6
     Nk = Nq if kind == "adjacency" else 7
-    q, k, v = _qkv(B, H, Hkv, Nq, Nk, E, Ev, dtype=torch.float32, seed=3)
-    mask = _make_mask(kind, B, Nq, Nk, torch.Generator().manual_seed(4))
+    q, k, v = qkv(B, H, Nq, Nk, E, Ev, Hkv=Hkv, dtype=torch.float32, seed=3)
+    mask = make_mask(kind, B, Nq, Nk, torch.Generator().manual_seed(4))
     bias = torch.randn(H, Nq, Nk).requires_grad_() if with_bias else None
     _assert_backends_agree(q, k, v, mask, bias, is_causal=False, tol=TOL[torch.float32])
 
@@ -139,12 +98,12 @@ def test_every_mask_kind_math_equals_sdpa_float32(kind, with_bias):
 @pytest.mark.parametrize("backend", _backends())
 @pytest.mark.parametrize("Nq, Nk, Hkv", [(5, 5, 4), (5, 5, 2), (3, 7, 1), (1, 6, 2), (4, 4, 1)])
 def test_is_causal_equals_explicit_causal_mask(backend, Nq, Nk, Hkv):
-    q, k, v = _qkv(2, 4, Hkv, Nq, Nk, 8, 8, dtype=torch.float64, seed=5)
+    q, k, v = qkv(2, 4, Nq, Nk, 8, 8, Hkv=Hkv, dtype=torch.float64, seed=5)
     leaves = [q, k, v]
-    ref, ref_grads = _out_and_grads(
+    ref, ref_grads = out_and_grads(
         lambda: attention(q, k, v, masks.causal(Nq, Nk), backend="math"), leaves
     )
-    out, grads = _out_and_grads(lambda: attention(q, k, v, is_causal=True, backend=backend), leaves)
+    out, grads = out_and_grads(lambda: attention(q, k, v, is_causal=True, backend=backend), leaves)
     torch.testing.assert_close(out, ref, **TOL[torch.float64])
     for g, r in zip(grads, ref_grads, strict=True):
         torch.testing.assert_close(g, r, **TOL[torch.float64])
@@ -153,7 +112,7 @@ def test_is_causal_equals_explicit_causal_mask(backend, Nq, Nk, Hkv):
 @pytest.mark.parametrize("backend", _backends())
 def test_is_causal_combines_with_a_mask_and_a_bias(backend):
     Nq, Nk = 4, 6
-    q, k, v = _qkv(2, 2, 2, Nq, Nk, 4, 4, dtype=torch.float64, seed=6)
+    q, k, v = qkv(2, 2, Nq, Nk, 4, 4, dtype=torch.float64, seed=6)
     bias = torch.randn(2, Nq, Nk, dtype=torch.float64)
     pad = masks.valid_lengths(torch.tensor([6, 3]), Nk)
     ref = attention(q, k, v, pad & masks.causal(Nq, Nk), bias=bias, backend="math")
@@ -162,13 +121,13 @@ def test_is_causal_combines_with_a_mask_and_a_bias(backend):
 
 
 def test_is_causal_with_fewer_keys_than_queries_raises():
-    q, k, v = _qkv(1, 1, 1, 4, 3, 2, 2, dtype=torch.float32, seed=0)
+    q, k, v = qkv(1, 1, 4, 3, 2, 2, dtype=torch.float32, seed=0)
     with pytest.raises(ValueError, match="fewer keys"):
         attention(q, k, v, is_causal=True)
 
 
 def test_auto_backend_equals_math():
-    q, k, v = _qkv(2, 2, 1, 3, 5, 4, 4, dtype=torch.float64, seed=7)
+    q, k, v = qkv(2, 2, 3, 5, 4, 4, Hkv=1, dtype=torch.float64, seed=7)
     m = masks.valid_lengths(torch.tensor([0, 2]), 5)
     torch.testing.assert_close(attention(q, k, v, m), attention(q, k, v, m, backend="math"))
     out, a = attention(q, k, v, m, return_weights=True)  # auto switches to math to form A
@@ -177,7 +136,7 @@ def test_auto_backend_equals_math():
 
 
 def test_math_backend_is_the_formula():
-    q, k, v = _qkv(2, 3, 3, 4, 5, 6, 2, dtype=torch.float64, seed=8)
+    q, k, v = qkv(2, 3, 4, 5, 6, 2, dtype=torch.float64, seed=8)
     ref = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(6), dim=-1) @ v
     torch.testing.assert_close(attention(q, k, v, backend="math"), ref)
     ref2 = torch.softmax(q @ k.transpose(-2, -1) * 0.3, dim=-1) @ v
@@ -192,12 +151,12 @@ def test_math_backend_is_the_formula():
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_fully_masked_row_gives_zeros_and_no_nan(backend, dtype, with_bias):
     B, H, Nq, Nk, E = 2, 2, 4, 5, 4
-    q, k, v = _qkv(B, H, H, Nq, Nk, E, E, dtype=dtype, seed=9)
+    q, k, v = qkv(B, H, Nq, Nk, E, E, dtype=dtype, seed=9)
     lengths = torch.tensor([[0, 2, 0, 5], [3, 0, 1, 0]])  # some queries may attend to nothing
     mask = masks.valid_lengths(lengths, Nk)
     bias = torch.randn(B, H, Nq, Nk, dtype=dtype).requires_grad_() if with_bias else None
     leaves = [t for t in (q, k, v, bias) if t is not None]
-    out, grads = _out_and_grads(lambda: attention(q, k, v, mask, bias=bias, backend=backend), leaves)
+    out, grads = out_and_grads(lambda: attention(q, k, v, mask, bias=bias, backend=backend), leaves)
     empty = (lengths == 0)[:, None, :, None].expand_as(out)  # (B, H, Nq, Ev)
     assert not out.isnan().any()
     assert bool((out[empty] == 0).all()), "an empty row must give exactly 0"
@@ -214,9 +173,9 @@ def test_fully_masked_row_gives_zeros_and_no_nan(backend, dtype, with_bias):
 
 @pytest.mark.parametrize("backend", _backends())
 def test_everything_masked_gives_zeros(backend):
-    q, k, v = _qkv(1, 2, 2, 3, 3, 4, 4, dtype=torch.float32, seed=10)
+    q, k, v = qkv(1, 2, 3, 3, 4, 4, dtype=torch.float32, seed=10)
     mask = torch.zeros(3, 3, dtype=torch.bool)
-    out, grads = _out_and_grads(lambda: attention(q, k, v, mask, backend=backend), [q, k, v])
+    out, grads = out_and_grads(lambda: attention(q, k, v, mask, backend=backend), [q, k, v])
     assert torch.equal(out, torch.zeros_like(out))
     for g in grads:
         assert torch.equal(g, torch.zeros_like(g))
@@ -226,9 +185,9 @@ def test_everything_masked_gives_zeros(backend):
 def test_adjacency_with_isolated_node_matches_math(backend):
     adj = torch.tensor([[0, 1, 1, 0], [0, 0, 0, 0], [1, 0, 0, 0], [0, 0, 1, 0]])  # node 1 isolated
     mask = masks.adjacency(adj, self_loops=False)
-    q, k, v = _qkv(2, 2, 2, 4, 4, 3, 3, dtype=torch.float64, seed=11)
-    ref, ref_grads = _out_and_grads(lambda: attention(q, k, v, mask, backend="math"), [q, k, v])
-    out, grads = _out_and_grads(lambda: attention(q, k, v, mask, backend=backend), [q, k, v])
+    q, k, v = qkv(2, 2, 4, 4, 3, 3, dtype=torch.float64, seed=11)
+    ref, ref_grads = out_and_grads(lambda: attention(q, k, v, mask, backend="math"), [q, k, v])
+    out, grads = out_and_grads(lambda: attention(q, k, v, mask, backend=backend), [q, k, v])
     assert torch.equal(out[:, :, 1], torch.zeros_like(out[:, :, 1]))
     torch.testing.assert_close(out, ref, **TOL[torch.float64])
     for g, r in zip(grads, ref_grads, strict=True):
@@ -287,7 +246,7 @@ def test_masked_softmax_rejects_non_bool_mask():
 
 def test_return_weights_rows_sum_to_one_and_masked_entries_are_zero():
     B, H, N, E = 2, 3, 5, 4
-    q, k, v = _qkv(B, H, H, N, N, E, E, dtype=torch.float64, seed=12)
+    q, k, v = qkv(B, H, N, N, E, E, dtype=torch.float64, seed=12)
     mask = masks.causal(N) & masks.valid_lengths(torch.tensor([5, 3]), N)
     out, a = attention(q, k, v, mask, return_weights=True, backend="math")
     assert a.shape == (B, H, N, N)
@@ -300,7 +259,7 @@ def test_return_weights_rows_sum_to_one_and_masked_entries_are_zero():
 def test_attention_is_not_symmetric():
     """Separate q and k: A ≠ Aᵀ and the scores q_aᵀ k_b ≠ q_bᵀ k_a in general."""
     N, E = 6, 4
-    q, k, v = _qkv(1, 1, 1, N, N, E, E, dtype=torch.float64, seed=13)
+    q, k, v = qkv(1, 1, N, N, E, E, dtype=torch.float64, seed=13)
     _, a = attention(q, k, v, return_weights=True)
     assert not torch.allclose(a, a.transpose(-2, -1))
     s = q @ k.transpose(-2, -1)
@@ -309,7 +268,7 @@ def test_attention_is_not_symmetric():
 
 
 def test_return_weights_with_gqa_repeats_kv_heads():
-    q, k, v = _qkv(1, 4, 2, 3, 3, 2, 2, dtype=torch.float64, seed=14)
+    q, k, v = qkv(1, 4, 3, 3, 2, 2, Hkv=2, dtype=torch.float64, seed=14)
     _, a = attention(q, k, v, return_weights=True)
     kr = k.repeat_interleave(2, dim=1)
     ref = torch.softmax(q @ kr.transpose(-2, -1) / math.sqrt(2), dim=-1)

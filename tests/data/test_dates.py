@@ -18,14 +18,7 @@ from tokennet.data.dates import (
 )
 from tokennet.tokens.text import CharTokenizer
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: one thread is as fast, and far faster when other processes share the cores."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 D = dt.date(1999, 3, 3)

@@ -2,28 +2,15 @@
 
 import pytest
 import torch
+from support import assert_cached_decoding_agrees, assert_steps_match_teacher_forcing, random_model
 
-from tokennet.decode import beam_search, greedy_search
-from tokennet.models import create_model
 from tokennet.models.bahdanau import BahdanauConfig
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: one thread is as fast, and far faster when other processes share the cores."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _model(**kw):
-    torch.manual_seed(0)
-    m = create_model("bahdanau-micro", **kw).eval()
-    with torch.no_grad():
-        for p in m.parameters():
-            p.normal_(0.0, 0.5)  # varied random outputs for the decoding tests
-    return m
+    return random_model("bahdanau-micro", std=0.5, matrices_only=False, **kw)
 
 
 def test_forward_backward():
@@ -63,22 +50,14 @@ def test_empty_source_row_gives_finite_outputs():
 def test_cached_and_uncached_decoding_agree(num_layers):
     m = _model(num_layers=num_layers)
     src, _ = m.example_input(4)
-    g1 = greedy_search(m, src, use_cache=True)
-    assert torch.equal(g1, greedy_search(m, src, use_cache=False))
-    assert len(set(g1.flatten().tolist())) > 2
-    b1 = beam_search(m, src, beam_size=3, use_cache=True)
-    assert torch.equal(b1, beam_search(m, src, beam_size=3, use_cache=False))
-    assert torch.equal(beam_search(m, src, beam_size=1), g1)
+    greedy = assert_cached_decoding_agrees(m, src)
+    assert len(set(greedy.flatten().tolist())) > 2
 
 
 def test_step_logits_match_teacher_forcing():
     m = _model()
     src, _ = m.example_input(2)
-    tgt = torch.tensor([[1, 5, 6, 7], [1, 8, 9, 10]])
-    full = m((src, tgt)).logits
-    state = m.init_decode(src)
-    steps = torch.cat([m.decode_step(tgt[:, t : t + 1], state) for t in range(4)], dim=1)
-    torch.testing.assert_close(steps, full, atol=1e-5, rtol=1e-5)
+    assert_steps_match_teacher_forcing(m, src, torch.tensor([[1, 5, 6, 7], [1, 8, 9, 10]]))
 
 
 def test_config_validation_and_bad_inputs():

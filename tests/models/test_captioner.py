@@ -2,37 +2,20 @@
 
 import pytest
 import torch
+from support import assert_cached_decoding_agrees, assert_steps_match_teacher_forcing, random_model
 
-from tokennet.decode import beam_search, greedy_search
 from tokennet.models import create_model
 from tokennet.models.captioner import CaptionerConfig, PrefixCaptioner
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: one thread is as fast, and far faster when other processes share the cores."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 FORMS = ["captioner-micro", "captioner-prefix-micro"]
 
 
-def _model(name, **kw):
-    torch.manual_seed(0)
-    m = create_model(name, **kw).eval()
-    with torch.no_grad():
-        for p in m.parameters():
-            if p.dim() > 1:
-                p.normal_(0.0, 0.3)
-    return m
-
-
 @pytest.mark.parametrize("name", FORMS)
 def test_forward_backward(name):
-    m = _model(name)
+    m = random_model(name)
     x, y = m.example_input(2), m.example_targets(2)
     out = m(x, y)
     assert out.logits.shape == (2, x[1].shape[1], m.config.vocab_size)
@@ -49,7 +32,7 @@ def test_the_two_forms_have_the_same_depth():
 
 @pytest.mark.parametrize("name", FORMS)
 def test_text_is_causal_and_sees_the_whole_image(name):
-    m = _model(name)
+    m = random_model(name)
     images, _ = m.example_input(1)
     t1, t2 = torch.tensor([[1, 5, 6, 7]]), torch.tensor([[1, 5, 9, 9]])
     a, b = m((images, t1)).logits, m((images, t2)).logits
@@ -62,7 +45,7 @@ def test_text_is_causal_and_sees_the_whole_image(name):
 
 
 def test_prefix_image_tokens_attend_to_each_other_but_not_to_text():
-    m = _model("captioner-prefix-micro")
+    m = random_model("captioner-prefix-micro")
     images, _ = m.example_input(1)
     P = m.config.num_patches
     a = m.attention_maps((images, torch.tensor([[1, 5, 6]])))["self"][0][0, 0]  # (P + T, P + T)
@@ -74,29 +57,21 @@ def test_prefix_image_tokens_attend_to_each_other_but_not_to_text():
 
 @pytest.mark.parametrize("name", FORMS)
 def test_cached_and_uncached_decoding_agree(name):
-    m = _model(name)
+    m = random_model(name)
     images, _ = m.example_input(3)
-    g1 = greedy_search(m, images, use_cache=True)
-    assert torch.equal(g1, greedy_search(m, images, use_cache=False))
-    b1 = beam_search(m, images, beam_size=3, use_cache=True)
-    assert torch.equal(b1, beam_search(m, images, beam_size=3, use_cache=False))
-    assert torch.equal(beam_search(m, images, beam_size=1), g1)
+    assert_cached_decoding_agrees(m, images)
 
 
 @pytest.mark.parametrize("name", FORMS)
 def test_step_logits_match_teacher_forcing(name):
-    m = _model(name)
+    m = random_model(name)
     images, _ = m.example_input(2)
-    tgt = torch.tensor([[1, 5, 6, 7], [1, 8, 9, 10]])
-    full = m((images, tgt)).logits
-    state = m.init_decode(images)
-    steps = torch.cat([m.decode_step(tgt[:, t : t + 1], state) for t in range(4)], dim=1)
-    torch.testing.assert_close(steps, full, atol=1e-5, rtol=1e-5)
+    assert_steps_match_teacher_forcing(m, images, torch.tensor([[1, 5, 6, 7], [1, 8, 9, 10]]))
 
 
 @pytest.mark.parametrize("name", FORMS)
 def test_wrong_images_raise_clear_errors(name):
-    m = _model(name)
+    m = random_model(name)
     tgt = torch.tensor([[1, 5]])
     with pytest.raises(ValueError, match=r"expected images of shape \(B, 3, 16, 16\)"):
         m((torch.rand(1, 3, 20, 20), tgt))

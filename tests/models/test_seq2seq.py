@@ -2,32 +2,20 @@
 
 import pytest
 import torch
+from support import assert_cached_decoding_agrees, assert_steps_match_teacher_forcing, random_model
 
 from tokennet.decode import beam_search, greedy_search
 from tokennet.models import create_model
 from tokennet.models.seq2seq import Seq2SeqConfig
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: one thread is as fast, and far faster when other processes share the cores."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 V = 40
 
 
 def _model(**kw):
-    torch.manual_seed(0)
-    m = create_model("seq2seq-micro", vocab_size=V, **kw).eval()
-    with torch.no_grad():  # larger random weights: varied, non-degenerate outputs for decoding tests
-        for p in m.parameters():
-            if p.dim() > 1:
-                p.normal_(0.0, 0.3)
-    return m
+    return random_model("seq2seq-micro", vocab_size=V, **kw)
 
 
 @pytest.mark.parametrize("norm", ["post", "pre"])
@@ -71,24 +59,25 @@ def test_decoder_is_causal():
 def test_cached_steps_match_full_recomputation():
     m = _model()
     src, _ = m.example_input(2)
-    tgt = torch.tensor([[1, 5, 6, 7, 8], [1, 9, 10, 11, 12]])
-    full = m((src, tgt)).logits
-    state = m.init_decode(src, use_cache=True)
-    steps = [m.decode_step(tgt[:, t : t + 1], state)[:, -1] for t in range(tgt.shape[1])]
-    torch.testing.assert_close(torch.stack(steps, 1), full, atol=1e-5, rtol=1e-5)
+    state = assert_steps_match_teacher_forcing(m, src, torch.tensor([[1, 5, 6, 7, 8], [1, 9, 10, 11, 12]]))
     # the cross-attention keys/values were computed once and kept
     assert all(c.k is not None and c.k.shape[2] == src.shape[1] for c in state.cross_caches)
 
 
 @pytest.fixture(scope="module")
 def reverser():
-    """A micro model trained for a few seconds to reverse 4-token sequences (non-degenerate decoding)."""
+    """A micro model trained for a second or two to reverse 4-token sequences (non-degenerate decoding).
+
+    The learning rate decays linearly to 0: at a constant 1e-2 the last steps still jump around, and the accuracy
+    after 150 steps ranged from 0.78 to 0.99 over seeds and thread counts; decayed over 200 steps, 0.99 to 1.00."""
     torch.manual_seed(0)
     m = create_model("seq2seq-micro", vocab_size=10, dim=32, dropout=0.0, max_source_len=6, max_target_len=7,
                      norm="pre")
+    steps = 200
     opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1 - i / steps)
     g = torch.Generator().manual_seed(0)
-    for _ in range(150):
+    for _ in range(steps):
         src = torch.randint(4, 10, (32, 4), generator=g)
         tgt_in = torch.cat([torch.ones(32, 1, dtype=torch.long), src.flip(1)], 1)
         tgt_out = torch.cat([src.flip(1), torch.full((32, 1), 2)], 1)
@@ -96,6 +85,7 @@ def reverser():
         opt.zero_grad()
         loss.backward()
         opt.step()
+        schedule.step()
     return m.eval()
 
 
@@ -104,8 +94,10 @@ def test_learns_to_reverse(reverser):
     src = torch.randint(4, 10, (100, 4), generator=torch.Generator().manual_seed(1))
     out = greedy_search(reverser, src, max_len=5)
     acc = (out[:, :4] == src.flip(1)).all(1).float().mean()
-    assert acc > 0.8, f"reversal accuracy {acc:.2f}"
-    assert (out[:, 4] == 2).float().mean() > 0.8  # and stops
+    # Trained, both are 0.99-1.00 for every seed and thread count tried; untrained, accuracy is ~0 (chance 6⁻⁴).
+    assert acc > 0.7, f"reversal accuracy {acc:.2f}"
+    stops = (out[:, 4] == 2).float().mean()
+    assert stops > 0.7, f"<eos> after the reversal in {stops:.2f} of the rows"
 
 
 @pytest.mark.parametrize("trained", [True, False])
@@ -113,12 +105,7 @@ def test_cached_and_uncached_decoding_agree(trained, reverser):
     m = reverser if trained else _model()
     src = torch.randint(4, 10, (6, 4), generator=torch.Generator().manual_seed(2))
     src[3:, 3] = 0  # some padded sources
-    g1, g2 = greedy_search(m, src, use_cache=True), greedy_search(m, src, use_cache=False)
-    assert torch.equal(g1, g2)
-    b1 = beam_search(m, src, beam_size=3, use_cache=True)
-    b2 = beam_search(m, src, beam_size=3, use_cache=False)
-    assert torch.equal(b1, b2)
-    assert torch.equal(beam_search(m, src, beam_size=1), g1)
+    assert_cached_decoding_agrees(m, src)
 
 
 def test_beam_search_scores_at_least_greedy():

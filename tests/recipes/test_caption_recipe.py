@@ -8,14 +8,7 @@ import torch
 from tokennet.cli import main
 from tokennet.recipes import train
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: one thread is as fast, and far faster when other processes share the cores."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 TINY = {"dim": 32, "num_layers": 1, "num_heads": 2, "batch_size": 8, "max_iters": 3, "eval_interval": 0,
@@ -72,9 +65,8 @@ def _save_scene_png(path, index=0):
 
 
 def test_generate_captions_image_files(runs, capsys, tmp_path):
-    from tokennet.models import load_pretrained
-    from tokennet.recipes.caption import caption_files, caption_images
-    from tokennet.tokens.text import load_tokenizer
+    import tokennet
+    from tokennet.tasks.captioning import caption_images
 
     run_dir = runs["encoder-decoder"]
     img = _save_scene_png(tmp_path / "a.png")
@@ -86,10 +78,9 @@ def test_generate_captions_image_files(runs, capsys, tmp_path):
 
     loaded = read_image(tmp_path / "a.png")
     torch.testing.assert_close(loaded, img, atol=0.5 / 255 + 1e-6, rtol=0)  # PNG rounding
-    model, tok = load_pretrained(run_dir).eval(), load_tokenizer(run_dir)
-    with torch.no_grad():
-        direct = caption_images(model, tok, loaded[None])[0]
-    assert one == direct == caption_files(run_dir, [tmp_path / "a.png"])[0]
+    run = tokennet.load(run_dir)
+    direct = caption_images(run.model, run.tokenizer, loaded[None])[0]
+    assert one == direct == run.caption([tmp_path / "a.png"])[0] == run.caption(loaded[None])[0]
     assert main(["generate", str(run_dir), "--image", str(tmp_path / "a.png"), str(tmp_path / "b.png")]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 2 and lines[0].startswith(str(tmp_path / "a.png") + "\t")

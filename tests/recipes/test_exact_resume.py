@@ -21,13 +21,6 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    p = tmp_path_factory.mktemp("data") / "corpus.txt"
-    p.write_text("the quick brown fox jumps over the lazy dog. " * 100)
-    return p
-
-
 @pytest.mark.parametrize("recipe", list(CASES))
 def test_killed_and_resumed_equals_uninterrupted(recipe, tmp_path, corpus, monkeypatch):
     source_cls, sets = CASES[recipe]

@@ -44,14 +44,6 @@ CASES = {
 STEPS = {"max_iters": 8, "eval_interval": 3, "warmup_iters": 2, "progress": False}
 
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    p = tmp_path_factory.mktemp("data") / "corpus.txt"
-    p.write_text("It was the best of times, it was the worst of times; the age of wisdom, the age of foolishness. "
-                 * 60)
-    return p
-
-
 def _train_capturing_model(monkeypatch, recipe, **kw):
     """Train; return ``(run_dir, metrics, the model object that training left in memory)``."""
     held = {}

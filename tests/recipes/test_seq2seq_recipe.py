@@ -3,20 +3,13 @@
 import json
 
 import pytest
-import torch
 
+import tokennet
 from tokennet.cli import main
 from tokennet.recipes import get_recipe, train
-from tokennet.recipes.seq2seq import text_metrics, translate_run
+from tokennet.recipes.seq2seq import text_metrics
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: one thread is as fast, and far faster when other processes share the cores."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 TINY = {"dim": 32, "num_layers": 1, "num_heads": 2, "batch_size": 8, "max_iters": 3, "eval_interval": 0,
@@ -76,7 +69,7 @@ def test_bad_input_is_an_error_or_a_stated_unk(run, capsys, tmp_path):
     assert main(["generate", str(run_dir), "--prompt", "3rd of Março 1999 ☃"]) == 0
     err = capsys.readouterr().err
     assert "<unk>" in err and "☃" in err and "ç" in err
-    _, unknown = translate_run(run_dir, "Q 3 1999", beam_size=1)
+    _, unknown = tokennet.load(run_dir).translate("Q 3 1999", beam_size=1, return_unknown=True)
     assert unknown == ["Q"]
     bad = tmp_path / "bad.tsv"
     bad.write_text("no tab here\n")
@@ -84,7 +77,7 @@ def test_bad_input_is_an_error_or_a_stated_unk(run, capsys, tmp_path):
     assert main(["eval", str(run_dir), "--data", str(tmp_path / "missing.tsv")]) == 2
     assert main(["generate", str(run_dir), "--prompt", "1999/3/3", "--beam-size", "0"]) == 2
     assert main(["generate", str(run_dir), "--image", str(tmp_path / "x.png")]) == 2
-    assert "--image is for captioning runs" in capsys.readouterr().err
+    assert "--image is for captioning and image classification runs" in capsys.readouterr().err
     assert main(["-q", "train", "seq2seq", "--out", str(tmp_path / "x"), "--set", "arch=lstm"]) == 2
     assert "arch must be one of" in capsys.readouterr().err
 

@@ -1,8 +1,10 @@
 import json
 
 import pytest
+import torch
 from support import write_fashion
 
+import tokennet
 from tokennet.cli import main
 from tokennet.models import create_model
 from tokennet.recipes import get_recipe, train
@@ -21,10 +23,35 @@ def test_digits_run_reports_accuracy_next_to_the_svm(tmp_path):
     assert saved["test_accuracy"] == metrics["test_accuracy"]
     cfg = json.loads((run / "config.json").read_text())
     assert cfg["family"] == "vit" and cfg["image_size"] == 8 and cfg["in_channels"] == 1
-    evaluated = get_recipe("vit").evaluate_run(run, None, "cpu")
+    loaded = tokennet.load(run)
+    evaluated = get_recipe("vit").evaluate_run(loaded, None)
     assert evaluated["test_accuracy"] == pytest.approx(metrics["test_accuracy"])
     with pytest.raises(ValueError, match="trained with image_size=8, but mnist1d .* has image_size=\\[40\\]"):
-        get_recipe("vit").evaluate_run(run, "mnist1d", "cpu")
+        get_recipe("vit").evaluate_run(loaded, "mnist1d")
+
+
+def test_a_vit_run_classifies_tensors_and_image_files(tmp_path, capsys):
+    import numpy as np
+    from PIL import Image
+
+    from tokennet.data.vision_data import load_dataset
+
+    run_dir, _ = train("vit", out=tmp_path / "r", sets=TINY, device="cpu")
+    run = tokennet.load(run_dir)
+    assert run.task.verbs == ("classify",)
+    x = load_dataset(None).x_test[:3]  # (3, 1, 8, 8) in [0, 1]
+    out = run.classify(x)
+    with torch.no_grad():
+        p = run.model(x).logits.softmax(-1)
+    assert [c for c, _ in out] == p.argmax(-1).tolist()
+    assert [q for _, q in out] == pytest.approx(p.max(-1).values.tolist())
+    path = tmp_path / "d.png"
+    Image.fromarray((x[0, 0].numpy() * 255).round().astype(np.uint8)).save(path)
+    assert main(["generate", str(run_dir), "--image", str(path)]) == 0
+    name, label, prob = capsys.readouterr().out.strip().split("\t")
+    assert name == str(path) and int(label) == out[0][0] and 0 < float(prob) <= 1
+    with pytest.raises(tokennet.TokennetError, match="cannot generate text"):
+        run.generate("x")
 
 
 def test_mnist1d_profile_builds_a_1d_vit(tmp_path):

@@ -9,6 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tokennet.errors import DataError
 from tokennet.tokens import (
     SPECIAL_TOKENS,
     BPETokenizer,
@@ -243,18 +244,18 @@ def test_saved_bpe_is_hugging_face_json(bpe, tmp_path):
 
 
 def test_load_errors(tmp_path):
-    with pytest.raises(FileNotFoundError, match="does not exist"):
+    with pytest.raises(DataError, match="does not exist"):
         load_tokenizer(tmp_path / "missing.json")
-    with pytest.raises(FileNotFoundError, match="no tokenizer.json"):
+    with pytest.raises(DataError, match="no tokenizer.json"):
         load_tokenizer(tmp_path)
     (tmp_path / "bad.json").write_text("not json")
-    with pytest.raises(ValueError, match="not valid JSON"):
+    with pytest.raises(DataError, match="not valid JSON"):
         load_tokenizer(tmp_path / "bad.json")
     (tmp_path / "config.json").write_text('{"dim": 64}')
-    with pytest.raises(ValueError, match="not a tokennet tokenizer"):
+    with pytest.raises(DataError, match="not a tokennet tokenizer"):
         load_tokenizer(tmp_path / "config.json")
     (tmp_path / "odd.json").write_text('{"tokennet": {"kind": "wordpiece"}}')
-    with pytest.raises(ValueError, match="unknown tokenizer kind"):
+    with pytest.raises(DataError, match="unknown tokenizer kind"):
         load_tokenizer(tmp_path / "odd.json")
 
 

@@ -15,13 +15,6 @@ TINY = {"dim": 32, "num_layers": 2, "num_heads": 2, "block_size": 16, "batch_siz
         "checkpoint_interval": 2}
 
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    p = tmp_path_factory.mktemp("data") / "corpus.txt"
-    p.write_text("".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(300)))
-    return p
-
-
 def _torchrun(out, corpus, sets, *extra):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            "-m", "tokennet", "-q", "train", "gpt-char", "--data", str(corpus), "--out", str(out),

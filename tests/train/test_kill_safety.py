@@ -19,13 +19,6 @@ SETS = {"dim": 32, "num_layers": 1, "num_heads": 2, "block_size": 16, "batch_siz
         "keep_checkpoints": 3, "max_iters": 200}
 
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    p = tmp_path_factory.mktemp("data") / "corpus.txt"
-    p.write_text("".join(f"{i} jumps over the lazy dog; the quick brown fox.\n" for i in range(300)))
-    return p
-
-
 def _cmd(corpus, out, resume):
     cmd = [sys.executable, "-m", "tokennet", "-q", "train", "gpt-char", "--data", str(corpus), "--out", str(out),
            "--set", *[f"{k}={v}" for k, v in SETS.items()], "progress=false"]

@@ -9,14 +9,7 @@ from tokennet.recipes import train
 from tokennet.viz import list_viz
 from tokennet.viz.alignment import alignments, plot_alignment, plot_caption_attention
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: one thread is as fast, and far faster when other processes share the cores."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 PNG = b"\x89PNG"
@@ -47,8 +40,11 @@ def test_plots_write_pngs(tmp_path):
         plot_alignment(torch.rand(1, 1, 4, 5), list("abc"), list("wxyz"), tmp_path / "b.png")
 
 
-def test_families_are_registered():
-    assert {"seq2seq", "bahdanau", "captioner", "captioner-prefix"} <= set(list_viz())
+def test_every_conditional_family_has_pictures_through_its_task():
+    from tokennet.tasks import task_for
+
+    for family in ("seq2seq", "bahdanau", "captioner", "captioner-prefix"):
+        assert task_for(family).kind in set(list_viz())
 
 
 TINY = {"dim": 32, "num_layers": 1, "num_heads": 2, "batch_size": 4, "max_iters": 1, "eval_interval": 0,

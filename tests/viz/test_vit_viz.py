@@ -83,9 +83,9 @@ def test_viz_of_an_image_file_at_another_size(digits_run, tmp_path, capsys):
 
 
 def test_viz_bad_options_are_one_line_errors(digits_run, tmp_path, capsys):
-    for args, msg in ((["--patch", "9"], "--patch 9 out of range: 0..8"),
-                      (["--layer", "2"], "--layer 2 out of range: 0..1"),
-                      (["--index", "899"], "--index 899 out of range: 0..898")):
+    for args, msg in ((["--patch", "9"], "patch 9 out of range: 0..8"),
+                      (["--layer", "2"], "layer 2 out of range: 0..1"),
+                      (["--index", "899"], "index 899 out of range: 0..898")):
         assert main(["viz", str(digits_run), "--out", str(tmp_path), *args]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert err == [f"tokennet: error: {msg}"]
@@ -101,14 +101,16 @@ def test_viz_of_a_1d_run_with_fourier_positions_and_cls(tmp_path):
     assert all(_png(f) for f in files)
 
 
-def test_registry_dispatches_on_the_family(tmp_path):
-    assert "vit" in list_viz()
-    with pytest.raises(ValueError, match="no visualization for model family 'nope'"):
+def test_registry_dispatches_on_the_task_kind(digits_run, tmp_path, monkeypatch):
+    import tokennet.viz as viz
+
+    assert {"image-classifier", "language-model", "translation", "captioning"} <= set(list_viz())
+    with pytest.raises(ValueError, match="no pictures for a 'nope' run"):
         get_viz("nope")
     calls = []
-    register_viz("toy-family", lambda run_dir, out_dir, **opts: calls.append(opts) or [])
-    (tmp_path / "config.json").write_text(json.dumps({"family": "toy-family"}))
-    assert visualize(tmp_path, tmp_path / "o", index=3) == [] and calls == [{"index": 3}]
+    monkeypatch.setattr(viz, "_VIZ", dict(viz._VIZ))
+    register_viz("image-classifier", lambda run, out_dir, **opts: calls.append((run.task.kind, opts)) or [])
+    assert visualize(digits_run, tmp_path / "o", index=3) == [] and calls == [("image-classifier", {"index": 3})]
 
 
 def test_viz_of_a_conv_stem_run(tmp_path):

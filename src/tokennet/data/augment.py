@@ -13,6 +13,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..errors import ConfigError
+
 __all__ = ["Augment", "random_translate", "random_affine", "random_flip", "random_erase", "mixup"]
 
 
@@ -132,11 +134,11 @@ class Augment:
 
     def __post_init__(self):
         if self.translate < 0:
-            raise ValueError(f"translate must be >= 0 pixels, got {self.translate}")
+            raise ConfigError(f"translate must be >= 0 pixels, got {self.translate}")
         if self.rotate < 0 or not 0 <= self.scale < 1:
-            raise ValueError(f"rotate must be >= 0 degrees and scale in [0, 1), got {self.rotate}, {self.scale}")
+            raise ConfigError(f"rotate must be >= 0 degrees and scale in [0, 1), got {self.rotate}, {self.scale}")
         if not 0 <= self.erase <= 1:
-            raise ValueError(f"erase must be a probability in [0, 1], got {self.erase}")
+            raise ConfigError(f"erase must be a probability in [0, 1], got {self.erase}")
 
     @property
     def active(self) -> bool:

@@ -25,6 +25,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
+from ..errors import ConfigError, DataError
+
 __all__ = [
     "FIRST_DATE",
     "LAST_DATE",
@@ -103,7 +105,7 @@ FORMATS: dict[str, Callable[[dt.date], str]] = {
 def format_date(d: dt.date, fmt: str) -> str:
     """Write ``d`` in the format named ``fmt`` (a key of :data:`FORMATS`)."""
     if fmt not in FORMATS:
-        raise ValueError(f"unknown date format {fmt!r}; expected one of {', '.join(FORMATS)}")
+        raise ConfigError(f"unknown date format {fmt!r}; expected one of {', '.join(FORMATS)}")
     return FORMATS[fmt](d)
 
 
@@ -130,7 +132,7 @@ def split_dates(seed: int = 0, test_fraction: float = 0.1,
         val_fraction: share of dates for validation, in [0, 1) (0 = an empty validation list).
     """
     if not 0 < test_fraction < 1 or not 0 <= val_fraction < 1 or test_fraction + val_fraction >= 1:
-        raise ValueError(f"test_fraction={test_fraction} and val_fraction={val_fraction} must be in [0, 1) "
+        raise ConfigError(f"test_fraction={test_fraction} and val_fraction={val_fraction} must be in [0, 1) "
                          "with test_fraction > 0 and a sum below 1")
     dates = all_dates()
     random.Random(f"dates-split-{seed}").shuffle(dates)
@@ -156,9 +158,9 @@ def sample_pairs(dates: Sequence[dt.date], n: int, seed: int | str, formats: Seq
     formats = list(FORMATS) if formats is None else list(formats)
     for f in formats:
         if f not in FORMATS:
-            raise ValueError(f"unknown date format {f!r}; expected one of {', '.join(FORMATS)}")
+            raise ConfigError(f"unknown date format {f!r}; expected one of {', '.join(FORMATS)}")
     if not dates:
-        raise ValueError("no dates to sample from")
+        raise DataError("no dates to sample from")
     rng = random.Random(seed)
     out = []
     for _ in range(n):
@@ -226,7 +228,7 @@ class DatePairs:
 
     def __init__(self, dates: Sequence[dt.date], tokenizer, batch_size: int, seed: int = 0):
         if not dates:
-            raise ValueError("DatePairs needs at least one date")
+            raise DataError("DatePairs needs at least one date")
         self.dates, self.tokenizer, self.batch_size, self.seed = list(dates), tokenizer, batch_size, seed
 
     def batch(self, index: int) -> tuple[tuple[Tensor, Tensor], Tensor]:

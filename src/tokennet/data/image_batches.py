@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..errors import ConfigError, DataError
 from .augment import mixup
-from .text import DataError
 
 __all__ = ["ImageBatches", "evaluate_classifier"]
 
@@ -34,11 +34,11 @@ class ImageBatches:
     def __init__(self, x: Tensor, y: Tensor, batch_size: int, *, seed: int = 0, augment=None, mixup: float = 0.0,
                  num_classes: int | None = None):
         if len(x) != len(y):
-            raise ValueError(f"{len(x)} inputs but {len(y)} labels")
+            raise DataError(f"{len(x)} inputs but {len(y)} labels")
         if not 1 <= batch_size <= len(x):
             raise DataError(f"batch_size must be in 1..{len(x)} (the training set size), got {batch_size}")
         if mixup < 0:
-            raise ValueError(f"mixup must be >= 0 (the Beta(α, α) parameter; 0 = off), got {mixup}")
+            raise ConfigError(f"mixup must be >= 0 (the Beta(α, α) parameter; 0 = off), got {mixup}")
         self.x, self.y, self.batch_size, self.seed, self.augment = x, y, batch_size, seed, augment
         self.mixup = mixup
         self.num_classes = int(y.max()) + 1 if num_classes is None else num_classes

@@ -30,6 +30,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..errors import ConfigError
+
 __all__ = [
     "IMAGE_SIZE",
     "GRID",
@@ -155,7 +157,7 @@ def sample_scenes(n: int, seed: int | str, *, held_out: bool, split_seed: int = 
     requested side of the split (rejection sampling).
     """
     if not 0 < fraction < 1:
-        raise ValueError(f"fraction must be in (0, 1), got {fraction}")
+        raise ConfigError(f"fraction must be in (0, 1), got {fraction}")
     rng = random.Random(seed)
     out: list[Scene] = []
     while len(out) < n:

@@ -13,13 +13,12 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from ..errors import DataError
+
 __all__ = ["embedded_corpus", "read_corpus", "LMBatches", "DataError", "TEXT_SUFFIXES"]
 
 TEXT_SUFFIXES = {".txt", ".md", ".rst", ".text", ".py", ".csv", ".tsv", ".json", ".jsonl", ".tex", ".html", ""}
 
-
-class DataError(ValueError):
-    """Input data that cannot be used, with a message that names the file and the problem."""
 
 
 def embedded_corpus() -> str:
@@ -27,7 +26,7 @@ def embedded_corpus() -> str:
     try:
         from pydoc_data.topics import topics
     except ImportError as e:  # pragma: no cover - every CPython ships it, but distributions may strip it
-        raise DataError("this Python has no pydoc_data (the embedded corpus); pass --data FILE") from e
+        raise DataError("this Python has no pydoc_data (the embedded corpus); give a text file as the data") from e
     return "\n\n".join(topics[k].strip() for k in sorted(topics))
 
 

@@ -135,7 +135,7 @@ def find_fashion_mnist(directory: str | os.PathLike | None = None) -> Path:
         if d.is_dir() and _idx_file(d, FASHION_MNIST_FILES["train_images"]) is not None:
             return d
     raise DataError(f"Fashion-MNIST not found in {', '.join(FASHION_MNIST_DIRS)}: install it with "
-                    f"`apt-get install dataset-fashion-mnist`, or pass --data DIR with {want}")
+                    f"`apt-get install dataset-fashion-mnist`, or give as data a directory with {want}")
 
 
 def load_fashion_mnist(directory: str | os.PathLike | None = None) -> VisionData:
@@ -229,7 +229,7 @@ def dataset_kind(spec: str | None) -> str:
     if p.is_dir():
         return "fashion-mnist"
     if p.exists():
-        raise DataError(f"--data {spec} is a file; give the directory that holds the Fashion-MNIST idx files")
+        raise DataError(f"data {spec} is a file; give the directory that holds the Fashion-MNIST idx files")
     if os.sep in str(spec) or str(spec).startswith("."):
         raise DataError(f"Fashion-MNIST directory {spec} does not exist")
     raise DataError(f"unknown data {spec!r}: use digits, fashion-mnist, mnist1d, or a directory with Fashion-MNIST "

@@ -25,6 +25,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from ..attention.functional import masked_softmax
 from ..attention.masks import padding
 from ..attention.scores import AdditiveScore
+from ..errors import ConfigError
 from .registry import ModelConfig, Output, register_family, register_preset
 from .seqio import check_token_ids, seq_loss, source_target
 
@@ -67,14 +68,11 @@ class BahdanauConfig(ModelConfig):
         if self.attention_dim is not None:
             self._positive(attention_dim=self.attention_dim)
         if self.dim % 2:
-            raise ValueError(f"dim={self.dim} must be even (each encoder direction gets dim // 2)")
-        if not 0 <= self.dropout < 1:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
-        if not 0 <= self.label_smoothing < 1:
-            raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+            raise ConfigError(f"dim={self.dim} must be even (each encoder direction gets dim // 2)")
+        self._fraction(dropout=self.dropout, label_smoothing=self.label_smoothing)
         for k in ("pad_id", "bos_id", "eos_id"):
             if not 0 <= getattr(self, k) < self.vocab_size:
-                raise ValueError(f"{k}={getattr(self, k)} must be a token id in [0, vocab_size={self.vocab_size})")
+                raise ConfigError(f"{k}={getattr(self, k)} must be a token id in [0, vocab_size={self.vocab_size})")
 
 
 @dataclass

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from ..attention.masks import prefix
 from ..attention.multihead import KVCache
+from ..errors import ConfigError
 from ..layers.stack import AttentionMaps, Decoder, Encoder
 from ..position.learned import LearnedPosition, LearnedPosition2D
 from ..tokens.image import PatchEmbed
@@ -86,15 +87,15 @@ class CaptionerConfig(ModelConfig):
                        num_layers=self.num_layers, num_heads=self.num_heads)
         if self.num_decoder_layers is not None:
             self._positive(num_decoder_layers=self.num_decoder_layers)
+        self._mlp_and_backend()
         if self.image_size % self.patch_size:
-            raise ValueError(f"patch_size={self.patch_size} must divide image_size={self.image_size}")
+            raise ConfigError(f"patch_size={self.patch_size} must divide image_size={self.image_size}")
         if self.dim % self.num_heads:
-            raise ValueError(f"num_heads={self.num_heads} must divide dim={self.dim}")
-        if not 0 <= self.dropout < 1:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+            raise ConfigError(f"num_heads={self.num_heads} must divide dim={self.dim}")
+        self._fraction(dropout=self.dropout)
         for k in ("pad_id", "bos_id", "eos_id"):
             if not 0 <= getattr(self, k) < self.vocab_size:
-                raise ValueError(f"{k}={getattr(self, k)} must be a token id in [0, vocab_size={self.vocab_size})")
+                raise ConfigError(f"{k}={getattr(self, k)} must be a token id in [0, vocab_size={self.vocab_size})")
 
     @property
     def grid(self) -> tuple[int, int]:

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..attention.multihead import KVCache
+from ..errors import ConfigError
 from ..layers.stack import AttentionMaps, Decoder
 from ..position.alibi import ALiBi
 from ..position.learned import LearnedPosition
@@ -65,14 +66,19 @@ class GPTConfig(ModelConfig):
                        num_layers=self.num_layers, num_heads=self.num_heads)
         self._choice("position", self.position, POSITIONS)
         self._choice("mixer", self.mixer, ("attention", "token"))
+        self._mlp_and_backend()
+        if self.mixer == "token" and self.position in ("rope", "alibi"):
+            raise ConfigError(f"mixer='token' takes no position={self.position!r} (its mixing matrix is already "
+                              "position-specific); use position='learned' or 'sinusoidal'")
         if self.dim % self.num_heads:
-            raise ValueError(f"num_heads={self.num_heads} must divide dim={self.dim}")
+            raise ConfigError(f"num_heads={self.num_heads} must divide dim={self.dim}")
         if self.num_kv_heads is not None and (self.num_kv_heads < 1 or self.num_heads % self.num_kv_heads):
-            raise ValueError(f"num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads}")
-        if not 0 <= self.dropout < 1:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+            raise ConfigError(f"num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads}")
+        self._fraction(dropout=self.dropout)
         if self.position == "rope" and (self.dim // self.num_heads) % 2:
-            raise ValueError("rope needs an even head width dim/num_heads")
+            raise ConfigError("rope needs an even head width dim/num_heads")
+        if self.position == "sinusoidal" and self.dim % 2:
+            raise ConfigError(f"position='sinusoidal' needs an even dim (sin/cos pairs), got dim={self.dim}")
 
 
 class GPT(nn.Module):

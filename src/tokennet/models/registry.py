@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import numbers
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..fileio import atomic_write_text, sha256_file
+from ..errors import ConfigError, RunError
+from ..fileio import atomic_write_text, safetensors_write, sha256_file
 from ..state import check_state_dict
 
 __all__ = [
@@ -60,7 +62,7 @@ class ModelConfig:
         names = {f.name for f in dataclasses.fields(cls) if f.init}
         unknown = sorted(set(d) - names - {"family"})
         if unknown:
-            raise ValueError(f"unknown {cls.__name__} field(s) {unknown}; valid fields: {sorted(names)}")
+            raise ConfigError(f"unknown {cls.__name__} field(s) {unknown}; valid fields: {sorted(names)}")
         return cls(**{k: v for k, v in d.items() if k in names})
 
     def replace(self, **changes):
@@ -69,13 +71,29 @@ class ModelConfig:
     @staticmethod
     def _positive(**values) -> None:
         for k, v in values.items():
-            if v is None or v < 1:
-                raise ValueError(f"{k} must be a positive integer, got {v}")
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+                raise ConfigError(f"{k} must be a positive integer, got {v!r}")
 
     @staticmethod
     def _choice(name: str, value, choices) -> None:
         if value not in choices:
-            raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
+            raise ConfigError(f"{name} must be one of {list(choices)}, got {value!r}")
+
+    @staticmethod
+    def _fraction(**values) -> None:
+        """Probabilities such as dropout: each in ``[0, 1)``."""
+        for k, v in values.items():
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0 <= v < 1:
+                raise ConfigError(f"{k} must be in [0, 1), got {v!r}")
+
+    def _mlp_and_backend(self) -> None:
+        """The fields every transformer family shares: ``mlp_ratio`` (with ``dim``) and ``backend``."""
+        from ..attention.functional import BACKENDS
+
+        r = self.mlp_ratio
+        if isinstance(r, bool) or not isinstance(r, numbers.Real) or not (r > 0 and round(r * self.dim) >= 1):
+            raise ConfigError(f"mlp_ratio must be positive (the MLP needs mlp_ratio·dim >= 1 units), got {r!r}")
+        self._choice("backend", self.backend, BACKENDS)
 
 
 _FAMILIES: dict[str, tuple[type[ModelConfig], type[nn.Module]]] = {}
@@ -106,7 +124,7 @@ def list_families() -> list[str]:
 def preset_info(name: str) -> tuple[str, dict[str, Any], str]:
     """``(family, defaults, description)`` of a preset."""
     if name not in _PRESETS:
-        raise ValueError(f"unknown model {name!r}; available: {', '.join(list_models())}")
+        raise ConfigError(f"unknown model {name!r}; available: {', '.join(list_models())}")
     return _PRESETS[name]
 
 
@@ -114,7 +132,7 @@ def config_from_dict(d: dict[str, Any]) -> ModelConfig:
     """Rebuild a config from its JSON form (which names its family)."""
     family = d.get("family")
     if family not in _FAMILIES:
-        raise ValueError(f"config names unknown model family {family!r}; known: {', '.join(list_families())}")
+        raise ConfigError(f"config names unknown model family {family!r}; known: {', '.join(list_families())}")
     cfg_cls = _FAMILIES[family][0]
     return cfg_cls.from_dict({k: v for k, v in d.items() if k != "family"})
 
@@ -150,7 +168,8 @@ def save_pretrained(model: nn.Module, directory: str | Path, *, extra: dict[str,
     directory.mkdir(parents=True, exist_ok=True)
     tmp_w = directory / (WEIGHTS_FILE + ".tmp")
     try:
-        save_model(model, str(tmp_w))
+        with safetensors_write(tmp_w):
+            save_model(model, str(tmp_w))
         meta = {**(extra or {}), "weights_sha256": sha256_file(tmp_w)}
     except BaseException:
         tmp_w.unlink(missing_ok=True)
@@ -165,13 +184,13 @@ def read_config(directory: str | Path) -> dict[str, Any]:
     """The ``config.json`` of a saved model, with a clear error when it is not one."""
     path = Path(directory) / CONFIG_FILE
     if not path.is_file():
-        raise FileNotFoundError(f"{directory} is not a saved tokennet model: {CONFIG_FILE} is missing")
+        raise RunError(f"{directory} is not a saved tokennet model: {CONFIG_FILE} is missing")
     try:
         d = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path} is not valid JSON: {e}") from None
+        raise RunError(f"{path} is not valid JSON: {e}") from None
     if not isinstance(d, dict) or "family" not in d:
-        raise ValueError(f"{path} is not a tokennet model config (no 'family' field)")
+        raise RunError(f"{path} is not a tokennet model config (no 'family' field)")
     return d
 
 
@@ -192,33 +211,40 @@ def load_pretrained(directory: str | Path, *, map_location: str | torch.device =
     directory = Path(directory)
     d = read_config(directory)
     meta = d.pop("tokennet", None) or {}
-    model = model_from_config(d)
+    try:
+        config = config_from_dict(d)
+    except (ConfigError, TypeError) as e:  # a hand-edited or foreign config.json (TypeError: a field of the wrong type)
+        raise RunError(f"{directory / CONFIG_FILE} is not a valid model config: {e}") from None
+    model = model_from_config(config)
     wpath = directory / WEIGHTS_FILE
     if not wpath.is_file():
         pickled = sorted(p for p in directory.iterdir() if p.suffix in PICKLE_SUFFIXES) if directory.is_dir() else []
         if not pickled:
-            raise FileNotFoundError(f"{directory} has no {WEIGHTS_FILE}")
+            raise RunError(f"{directory} has no {WEIGHTS_FILE}")
         if not allow_pickle:
-            raise ValueError(f"refusing to load pickle-based weights {pickled[0]} (unpickling can run code); "
-                             "convert them to safetensors, or pass allow_pickle=True")
+            raise RunError(f"refusing to load pickle-based weights {pickled[0]} (unpickling can run code); "
+                           "convert them to safetensors, or pass allow_pickle=True")
         try:
             sd = torch.load(pickled[0], map_location="cpu", weights_only=True)
         except Exception as e:  # noqa: BLE001 - any failure of an untrusted file is reported the same way
-            raise ValueError(f"{pickled[0]} could not be loaded as plain tensors: {str(e).splitlines()[0]}") from None
+            raise RunError(f"{pickled[0]} could not be loaded as plain tensors: {str(e).splitlines()[0]}") from None
         if not isinstance(sd, dict):
-            raise ValueError(f"{pickled[0]} does not hold a state dict")
-        check_state_dict(model.state_dict(), sd, str(pickled[0]))
+            raise RunError(f"{pickled[0]} does not hold a state dict")
+        check_state_dict(model.state_dict(), sd, str(pickled[0]), RunError)
         model.load_state_dict(sd)
         return model.to(map_location)
     expected = meta.get("weights_sha256")
     if expected is not None and sha256_file(wpath) != expected:
-        raise ValueError(f"{wpath} does not match the checksum recorded in {CONFIG_FILE}: "
-                         "the file was modified or truncated")
+        raise RunError(f"{wpath} does not match the checksum recorded in {CONFIG_FILE}: "
+                       "the file was modified or truncated")
     try:
         missing, unexpected = load_model(model, str(wpath), strict=False, device=str(map_location))
     except (SafetensorError, RuntimeError, OSError) as e:
-        raise ValueError(f"{wpath} is corrupt or does not match its config: {str(e).splitlines()[0]}") from None
+        # torch's "Error(s) in loading state_dict for GPT:" says nothing; the line after it names the tensor.
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()] or [type(e).__name__]
+        detail = lines[1] if len(lines) > 1 and lines[0].startswith("Error(s) in loading") else lines[0]
+        raise RunError(f"{wpath} is corrupt or does not match its config: {detail}") from None
     if missing or unexpected:
         what = f"missing tensor {sorted(missing)[0]!r}" if missing else f"unexpected tensor {sorted(unexpected)[0]!r}"
-        raise ValueError(f"{wpath} does not match its config: {what}")
+        raise RunError(f"{wpath} does not match its config: {what}")
     return model

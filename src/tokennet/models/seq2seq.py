@@ -29,6 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from ..attention.masks import padding
+from ..errors import ConfigError
 from ..layers.block import NORMS
 from ..layers.mlp import ACTIVATIONS
 from ..layers.stack import AttentionMaps, Decoder, Encoder
@@ -89,17 +90,15 @@ class Seq2SeqConfig(ModelConfig):
             self._positive(num_decoder_layers=self.num_decoder_layers)
         self._choice("norm", self.norm, NORMS)
         self._choice("activation", self.activation, ACTIVATIONS)
+        self._mlp_and_backend()
         if self.dim % self.num_heads:
-            raise ValueError(f"num_heads={self.num_heads} must divide dim={self.dim}")
+            raise ConfigError(f"num_heads={self.num_heads} must divide dim={self.dim}")
         if self.dim % 2:
-            raise ValueError(f"dim={self.dim} must be even for sinusoidal positions")
-        if not 0 <= self.dropout < 1:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
-        if not 0 <= self.label_smoothing < 1:
-            raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+            raise ConfigError(f"dim={self.dim} must be even for sinusoidal positions")
+        self._fraction(dropout=self.dropout, label_smoothing=self.label_smoothing)
         for k in ("pad_id", "bos_id", "eos_id"):
             if not 0 <= getattr(self, k) < self.vocab_size:
-                raise ValueError(f"{k}={getattr(self, k)} must be a token id in [0, vocab_size={self.vocab_size})")
+                raise ConfigError(f"{k}={getattr(self, k)} must be a token id in [0, vocab_size={self.vocab_size})")
 
 
 class Seq2Seq(nn.Module):

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..errors import ConfigError, DataError
 from ..layers.stack import AttentionMaps, Encoder
 from ..position.fourier import Fourier2DPosition
 from ..position.learned import LearnedPosition2D
@@ -92,35 +93,33 @@ class ViTConfig(ModelConfig):
         self._choice("pool", self.pool, POOLS)
         self._choice("position", self.position, POSITIONS)
         self._choice("patch_embed", self.patch_embed, EMBED_MODES)
+        self._mlp_and_backend()
         if self.dim % self.num_heads:
-            raise ValueError(f"num_heads={self.num_heads} must divide dim={self.dim}")
+            raise ConfigError(f"num_heads={self.num_heads} must divide dim={self.dim}")
         if self.position == "fourier" and self.dim % 4:
-            raise ValueError(f"position='fourier' needs dim divisible by 4, got dim={self.dim}")
-        if not 0 <= self.dropout < 1:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
-        if not 0 <= self.patch_dropout < 1:
-            raise ValueError(f"patch_dropout must be in [0, 1), got {self.patch_dropout}")
-        if not 0 <= self.label_smoothing < 1:
-            raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
-        if self.mlp_ratio <= 0:
-            raise ValueError(f"mlp_ratio must be positive, got {self.mlp_ratio}")
+            raise ConfigError(f"position='fourier' needs dim divisible by 4, got dim={self.dim}")
+        self._fraction(dropout=self.dropout, patch_dropout=self.patch_dropout, label_smoothing=self.label_smoothing)
         one_d = self.is_1d
         for k in ("patch_size", "patch_stride"):
             v = getattr(self, k)
             if one_d and isinstance(v, list) and len(v) != 1:
-                raise ValueError(f"{k} of a 1-D model (image_size=[L]) must be an int or [p], got {v}")
+                raise ConfigError(f"{k} of a 1-D model (image_size=[L]) must be an int or [p], got {v}")
         if self.stem_width is not None:
             self._positive(stem_width=self.stem_width)
             if self.patch_embed != "conv-stem":
-                raise ValueError("stem_width applies to patch_embed='conv-stem' only")
+                raise ConfigError("stem_width applies to patch_embed='conv-stem' only")
         if self.patch_embed == "conv-stem":
             if one_d or self.patch_stride is not None:
-                raise ValueError("patch_embed='conv-stem' needs 2-D images and patch_stride=None (its stride is "
-                                 "patch_size)")
+                raise ConfigError("patch_embed='conv-stem' needs 2-D images and patch_stride=None (its stride is "
+                                  "patch_size)")
             p = self.patch_hw
             if p[0] != p[1] or p[0] < 2 or p[0] & (p[0] - 1):
-                raise ValueError(f"patch_embed='conv-stem' needs patch_size a power of two >= 2, got {self.patch_size}")
-        grid_size(self.image_hw, self.patch_hw, self.stride_hw, pad=self.pad_grid)  # raises if they do not fit
+                raise ConfigError(f"patch_embed='conv-stem' needs patch_size a power of two >= 2, "
+                                  f"got {self.patch_size}")
+        try:
+            grid_size(self.image_hw, self.patch_hw, self.stride_hw, pad=self.pad_grid)
+        except ValueError as e:  # the patches do not tile the image
+            raise ConfigError(str(e)) from None
 
     @property
     def is_1d(self) -> bool:
@@ -237,11 +236,11 @@ class ViT(nn.Module):
             self.patch_embed.grid(x.shape[-2:])
         except ValueError as e:
             size = "x".join(map(str, x.shape[-2:] if not c.is_1d else x.shape[-1:]))
-            raise ValueError(f"input of size {size} does not fit this ViT (image_size={c.image_size}, patch_size="
-                             f"{c.patch_size}): {e}") from None
+            raise DataError(f"input of size {size} does not fit this ViT (image_size={c.image_size}, patch_size="
+                            f"{c.patch_size}): {e}") from None
         if c.position == "none" and tuple(x.shape[-2:]) != c.image_hw:
-            raise ValueError(f"this ViT has no positions to resize: it expects size {c.image_hw}, got "
-                             f"{tuple(x.shape[-2:])}")
+            raise DataError(f"this ViT has no positions to resize: it expects size {c.image_hw}, got "
+                            f"{tuple(x.shape[-2:])}")
         return x
 
     # -- the model ---------------------------------------------------------------------------------

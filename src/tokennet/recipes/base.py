@@ -8,7 +8,6 @@ so ``--set`` needs no prefixes: ``--set dim=256 lr=3e-4 tokenizer=char``.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import shutil
 import time
@@ -20,8 +19,19 @@ from typing import Any
 from torch import nn
 
 from ..device import resolve_device
-from ..fileio import atomic_write_text
+from ..errors import RecipeError
 from ..models.registry import config_from_dict, model_from_config, preset_info, save_pretrained
+from ..run import (
+    LOCK_FILE,
+    RUN_FILE,
+    RunLock,
+    clear_run_dir,
+    is_run_dir,
+    read_run_info,
+    save_tokenizer,
+    write_metrics,
+    write_run_info,
+)
 from ..train.distributed import barrier, full_state, init_distributed
 from ..train.trainer import TrainConfig, Trainer
 
@@ -29,11 +39,6 @@ __all__ = ["Recipe", "Job", "register_recipe", "get_recipe", "list_recipes", "tr
            "RUN_FILE", "RecipeError"]
 
 log = logging.getLogger(__name__)
-RUN_FILE = "run.json"
-
-
-class RecipeError(ValueError):
-    """A recipe cannot run as asked (bad settings, output directory in the way, ...)."""
 
 
 @dataclass
@@ -60,7 +65,8 @@ class Recipe:
         options: the recipe's own settings and their defaults (data options, tokenizer, ...).
         model_defaults: config values replacing the preset's.
         train_defaults: TrainConfig values replacing the trainer's defaults.
-        evaluate_run: ``evaluate_run(run_dir, data, device) -> metrics`` for ``tokennet eval``.
+        evaluate_run: ``evaluate_run(run, data) -> metrics`` for ``tokennet eval`` (``run``: a loaded
+            :class:`~tokennet.run.Run`; ``data``: another dataset, or None for the run's own split).
         data_defaults: ``data_defaults(data) -> settings`` that replace the recipe defaults for this
             ``--data`` (a dataset's profile: model size, steps, augmentation). Precedence, lowest
             first: the preset, ``model_defaults``/``train_defaults``/``options``, ``data_defaults(data)``,
@@ -139,7 +145,7 @@ def _coerce(key: str, text: str, default: Any) -> Any:
             return float(text)
     except ValueError:
         kind = "true/false" if isinstance(default, bool) else type(default).__name__
-        raise RecipeError(f"--set {key}={text}: expected {kind}") from None
+        raise RecipeError(f"setting {key}={text}: expected {kind}") from None
     if default is None:  # optional numbers: int, then float, else the string
         for cast in (int, float):
             try:
@@ -154,7 +160,7 @@ def parse_sets(items: list[str], defaults: dict[str, Any]) -> dict[str, Any]:
     out = {}
     for item in items:
         if "=" not in item:
-            raise RecipeError(f"--set expects key=value, got {item!r}")
+            raise RecipeError(f"settings are key=value, got {item!r}")
         key, value = item.split("=", 1)
         key = key.strip().replace("-", "_")
         if key not in defaults:
@@ -164,25 +170,24 @@ def parse_sets(items: list[str], defaults: dict[str, Any]) -> dict[str, Any]:
 
 
 def _prepare_out_dir(out: Path, recipe: str, resume: bool, overwrite: bool, main: bool = True) -> dict[str, Any] | None:
-    """Check the output directory; return the saved run.json when resuming."""
+    """Check the output directory (its writer holds the run lock); return the saved run.json when resuming."""
     if out.exists() and not out.is_dir():
         raise RecipeError(f"output path {out} exists and is not a directory")
     if resume:
-        run_file = out / RUN_FILE
-        if not run_file.is_file():
+        if not is_run_dir(out):
             raise RecipeError(f"cannot resume: {out} is not a tokennet run directory (no {RUN_FILE})")
-        saved = json.loads(run_file.read_text())
+        saved = read_run_info(out)
         if saved.get("recipe") != recipe:
             raise RecipeError(f"cannot resume: {out} is a run of recipe {saved.get('recipe')!r}, not {recipe!r}")
         return saved
-    if out.exists() and any(out.iterdir()):
+    if out.exists() and any(p.name != LOCK_FILE for p in out.iterdir()):
         if not overwrite:
-            raise RecipeError(f"output directory {out} already exists; pass --resume to continue it, "
-                              "--overwrite to replace it, or --out DIR")
-        if not (out / RUN_FILE).is_file():
+            raise RecipeError(f"output directory {out} already exists; resume it, overwrite it, "
+                              "or choose another output directory")
+        if not is_run_dir(out):
             raise RecipeError(f"refusing to overwrite {out}: it is not a tokennet run directory")
         if main:
-            shutil.rmtree(out)
+            clear_run_dir(out)
     return None
 
 
@@ -213,9 +218,22 @@ def train(
             raise RecipeError(f"unknown setting {k!r}; valid: {', '.join(sorted(defaults))}")
     dev = resolve_device(device)
     info, dev = init_distributed(dev)
+    if out.exists() and not out.is_dir():
+        raise RecipeError(f"output path {out} exists and is not a directory")
+    created = not out.exists()
+    lock = RunLock(out).acquire() if info.is_main else None  # one writer per run directory, for the whole run
+    finished = False
     try:
-        return _train(recipe, out, defaults, data, sets or {}, dev, info, resume, overwrite)
+        result = _train(recipe, out, defaults, data, sets or {}, dev, info, resume, overwrite, created)
+        finished = True
+        return result
     finally:
+        if lock is not None:
+            if not is_run_dir(out) or (lock.created and not finished):
+                (out / LOCK_FILE).unlink(missing_ok=True)  # a refused or failed start leaves no lock file behind
+                if created and not is_run_dir(out):
+                    shutil.rmtree(out, ignore_errors=True)
+            lock.release()
         if info.enabled:
             import torch.distributed as dist
 
@@ -233,7 +251,7 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _train(recipe, out, defaults, data, sets, dev, info, resume, overwrite):
+def _train(recipe, out, defaults, data, sets, dev, info, resume, overwrite, created):
     saved = _prepare_out_dir(out, recipe.name, resume, overwrite, main=info.is_main)
     barrier(info)
     settings = dict(defaults)
@@ -244,7 +262,6 @@ def _train(recipe, out, defaults, data, sets, dev, info, resume, overwrite):
         settings["time_budget"] = None  # an explicit iteration budget replaces the recipe's default time budget
     settings.update(sets)
     model_over, tcfg, opts = recipe.split(settings)
-    created = not out.exists()
     barrier(info)
     if info.is_main:
         out.mkdir(parents=True, exist_ok=True)
@@ -264,10 +281,9 @@ def _train(recipe, out, defaults, data, sets, dev, info, resume, overwrite):
     if resume:
         trainer.resume()  # a damaged checkpoint stops here, before any file of the run is touched
     if info.is_main:
-        run = {"recipe": recipe.name, "model": recipe.model, "data": data, "settings": settings}
-        atomic_write_text(out / RUN_FILE, json.dumps(run, indent=2) + "\n")
-        if job.tokenizer is not None and not (out / "tokenizer.json").is_file():
-            job.tokenizer.save(out / "tokenizer.json")
+        write_run_info(out, recipe=recipe.name, model=recipe.model, data=data, settings=settings)
+        if job.tokenizer is not None:
+            save_tokenizer(out, job.tokenizer)
     final = trainer.fit()
     if not info.enabled:
         model = job.model
@@ -284,5 +300,5 @@ def _train(recipe, out, defaults, data, sets, dev, info, resume, overwrite):
         metrics["world_size"] = info.world_size
     if job.finish is not None:
         metrics.update(job.finish(model))
-    atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
+    write_metrics(out, metrics)
     return out, metrics

@@ -17,9 +17,7 @@ errors. ``tokennet eval RUN_DIR`` recomputes them.
 
 from __future__ import annotations
 
-import json
 import logging
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -34,64 +32,18 @@ from ..data.shapes import (
     images_of,
     sample_scenes,
 )
-from ..data.text import DataError
-from ..decode import beam_search, greedy_search, strip_special
-from ..models.registry import create_model, load_pretrained
-from ..tokens.text import load_tokenizer, train_tokenizer
+from ..models.registry import create_model
+from ..run import read_tokenizer
+from ..tasks.captioning import caption_images
+from ..tokens.text import train_tokenizer
 from .base import Job, Recipe, RecipeError, register_recipe
 
-__all__ = ["FORMS", "caption_images", "load_caption_images", "caption_files"]
+__all__ = ["FORMS"]
 
 log = logging.getLogger(__name__)
 
 FORMS = {"encoder-decoder": "captioner-small", "decoder-only": "captioner-prefix-small"}
 TOKENIZER_VOCAB = 320
-
-
-def caption_images(model, tok, images: torch.Tensor, *, beam_size: int = 1, batch_size: int = 256) -> list[str]:
-    """Generate a caption for each image ``(B, 3, H, W)`` (greedy, or beam search when beam_size > 1)."""
-    dev = next(model.parameters()).device
-    out: list[str] = []
-    for i in range(0, len(images), batch_size):
-        x = images[i : i + batch_size].to(dev)
-        ids = greedy_search(model, x) if beam_size == 1 else beam_search(model, x, beam_size=beam_size)
-        out.extend(tok.decode(r) for r in strip_special(ids, model.config.eos_id, model.config.pad_id))
-    return out
-
-
-def load_caption_images(paths, image_size: int = IMAGE_SIZE, in_channels: int = 3) -> torch.Tensor:
-    """Read image files for a captioning model: ``(B, C, H, W)`` in [0, 1].
-
-    Grey images are repeated to 3 channels, an alpha channel is dropped (see
-    :func:`~tokennet.data.image_files.read_image`); the size must be the model's ``image_size`` — nothing is
-    resized, a different size is a ``DataError`` that says what is expected.
-    """
-    from ..data.image_files import read_image
-
-    out = []
-    for p in paths:
-        x = read_image(p, channels=in_channels)
-        if tuple(x.shape[1:]) != (image_size, image_size):
-            raise DataError(f"{p}: the model takes {image_size}×{image_size} images, got {x.shape[1]}×{x.shape[2]}; "
-                            "resize it first")
-        out.append(x)
-    if not out:
-        raise DataError("no image given")
-    return torch.stack(out)
-
-
-def caption_files(run_dir: str | Path, paths, *, beam_size: int | None = None,
-                  device: str | torch.device = "cpu") -> list[str]:
-    """Caption image files with a trained ``caption`` run (its model, tokenizer and beam size)."""
-    run_dir = Path(run_dir)
-    run_file = run_dir / "run.json"
-    settings = json.loads(run_file.read_text())["settings"] if run_file.is_file() else {}
-    model = load_pretrained(run_dir).to(device).eval()
-    tok = load_tokenizer(run_dir)
-    images = load_caption_images(paths, model.config.image_size, model.config.in_channels)
-    k = beam_size if beam_size is not None else settings.get("beam_size", 1)
-    with torch.no_grad():
-        return caption_images(model, tok, images, beam_size=k)
 
 
 def _test_scenes(settings: dict[str, Any]):
@@ -125,7 +77,8 @@ def _evaluate(model, tok, scenes, beam_size: int) -> dict[str, Any]:
 
 def build(*, settings, model_overrides, train, options, data, device, out_dir) -> Job:
     if data not in (None, "", "embedded"):
-        raise RecipeError("the caption recipe trains on its embedded shapes generator; --data is not supported")
+        raise RecipeError("the caption recipe trains on its embedded shapes generator; it takes no data "
+                          "(leave data unset)")
     form = options["form"]
     if form not in FORMS:
         raise RecipeError(f"form must be one of {', '.join(FORMS)}, got {form!r}")
@@ -134,9 +87,7 @@ def build(*, settings, model_overrides, train, options, data, device, out_dir) -
                           f"{IMAGE_SIZE} and in_channels=3")
     if not 0 < options["held_out_fraction"] < 1 or options["test_size"] < 1 or options["val_size"] < 1:
         raise RecipeError("held_out_fraction must be in (0, 1); test_size and val_size >= 1")
-    tok_path = out_dir / "tokenizer.json"
-    tok = load_tokenizer(tok_path) if tok_path.is_file() else train_tokenizer("bpe", caption_corpus(),
-                                                                              vocab_size=TOKENIZER_VOCAB)
+    tok = read_tokenizer(out_dir) or train_tokenizer("bpe", caption_corpus(), vocab_size=TOKENIZER_VOCAB)
     ids = dict(vocab_size=tok.vocab_size, pad_id=tok.pad_id, bos_id=tok.bos_id, eos_id=tok.eos_id)
     model = create_model(FORMS[form], **{**model_overrides, **ids})
     seed, frac = train.seed, options["held_out_fraction"]
@@ -166,15 +117,12 @@ def build(*, settings, model_overrides, train, options, data, device, out_dir) -
                tokenizer=tok, finish=finish)
 
 
-def evaluate_run(run_dir, data, device) -> dict[str, Any]:
+def evaluate_run(run, data) -> dict[str, Any]:
     """``tokennet eval``: exact caption match on the run's held-out test scenes."""
     if data is not None:
-        raise RecipeError("the caption recipe evaluates on its embedded held-out scenes; --data is not supported")
-    run_dir = Path(run_dir)
-    s = json.loads((run_dir / "run.json").read_text())["settings"]
-    model = load_pretrained(run_dir).to(device).eval()
-    tok = load_tokenizer(run_dir)
-    return _evaluate(model, tok, _test_scenes(s), s["beam_size"])
+        raise RecipeError("the caption recipe evaluates on its embedded held-out scenes; it takes no other data")
+    s = run.settings
+    return _evaluate(run.model, run.tokenizer, _test_scenes(s), s["beam_size"])
 
 
 register_recipe(Recipe(

@@ -15,9 +15,10 @@ from typing import Any
 import torch
 
 from ..data.text import DataError, LMBatches, embedded_corpus, read_corpus
-from ..generate import generate
 from ..models.registry import create_model
-from ..tokens.text import load_tokenizer, train_tokenizer
+from ..run import read_tokenizer
+from ..sampling import generate
+from ..tokens.text import train_tokenizer
 from .base import Job, Recipe, register_recipe
 
 log = logging.getLogger(__name__)
@@ -38,10 +39,10 @@ def lm_eval(model, batches: list) -> dict[str, float]:
 
 def build(*, settings, model_overrides, train, options, data, device, out_dir) -> Job:
     text = _corpus(data)
-    tok_path = out_dir / "tokenizer.json"
     kind = options["tokenizer"]
-    if tok_path.is_file():  # resuming: the vocabulary must be the one the checkpoint was trained with
-        tok = load_tokenizer(tok_path)
+    tok = read_tokenizer(out_dir)  # resuming: the vocabulary must be the one the checkpoint was trained with
+    if tok is not None:
+        pass
     elif kind == "char":
         tok = train_tokenizer("char", text)
     elif kind == "bpe":
@@ -75,17 +76,10 @@ def build(*, settings, model_overrides, train, options, data, device, out_dir) -
                tokens_per_batch=train.batch_size * model.config.block_size, tokenizer=tok, finish=finish)
 
 
-def evaluate_run(run_dir, data, device) -> dict[str, Any]:
+def evaluate_run(run, data) -> dict[str, Any]:
     """``tokennet eval``: validation loss of a trained run on its split (or on another corpus)."""
-    import json
-
-    from ..models.registry import load_pretrained
-
-    run = json.loads((run_dir / "run.json").read_text())
-    model = load_pretrained(run_dir).to(device).eval()
-    tok = load_tokenizer(run_dir)
-    s = run["settings"]
-    text = _corpus(data if data is not None else run.get("data"))
+    model, tok, s = run.model, run.tokenizer, run.settings
+    text = _corpus(data if data is not None else run.data)
     ids = torch.tensor(tok.encode(text), dtype=torch.long)
     if data is None:  # the run's own validation split
         ids = ids[-max(int(len(ids) * s["val_fraction"]), model.config.block_size + 1):]

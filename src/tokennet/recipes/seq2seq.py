@@ -16,14 +16,11 @@ ISO date is one word) on the test set with beam search (``beam_size``, ``alpha``
 ``exact_match_greedy`` and the exact match of each source format. ``--data FILE`` for
 ``tokennet eval`` takes a TSV file of ``source<TAB>target`` lines.
 
-Bad input (see :func:`translate`): an empty source or one longer than ``max_source_len`` characters
-raises ``ValueError``; characters outside the vocabulary are encoded as ``<unk>`` and reported, and
-the model translates the rest.
+Inference lives below the recipes, in :mod:`tokennet.tasks.translation` (``run.translate(text)``).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -32,12 +29,13 @@ import torch
 
 from ..data.dates import DatePairs, alphabet, encode_pairs, held_out_pairs, sample_pairs, split_dates
 from ..data.text import DataError
-from ..decode import beam_search, greedy_search, strip_special
-from ..models.registry import create_model, load_pretrained
-from ..tokens.text import CharTokenizer, load_tokenizer
+from ..models.registry import create_model
+from ..run import read_tokenizer
+from ..tasks.translation import translate_batch
+from ..tokens.text import CharTokenizer
 from .base import Job, Recipe, RecipeError, register_recipe
 
-__all__ = ["translate", "translate_run", "text_metrics", "ARCHS"]
+__all__ = ["text_metrics", "ARCHS"]
 
 log = logging.getLogger(__name__)
 
@@ -65,47 +63,6 @@ def text_metrics(hyps: list[str], refs: list[str]) -> dict[str, float]:
     return {"exact_match": em, "bleu": bleu, "chrf": chrf}
 
 
-def _decode(model, tok, sources: list[str], *, beam_size: int, alpha: float, batch_size: int = 256) -> list[str]:
-    """Translate many sources in batches (they must already fit the model)."""
-    dev = next(model.parameters()).device
-    out: list[str] = []
-    for i in range(0, len(sources), batch_size):
-        (src, _), _ = encode_pairs([(s, "") for s in sources[i : i + batch_size]], tok, tok.pad_id)
-        src = src.to(dev)
-        ids = greedy_search(model, src) if beam_size == 1 else beam_search(model, src, beam_size=beam_size,
-                                                                             alpha=alpha)
-        out.extend(tok.decode(r) for r in strip_special(ids, model.config.eos_id, model.config.pad_id))
-    return out
-
-
-def translate(model, tokenizer, text: str, *, beam_size: int = 4, alpha: float = 0.6) -> tuple[str, list[str]]:
-    """Translate one string; returns ``(translation, characters outside the vocabulary)``.
-
-    Unknown characters become ``<unk>`` (the model still translates what it can read). An empty
-    string, or one longer than the model's ``max_source_len``, raises ``ValueError``.
-    """
-    text = text.strip()
-    if not text:
-        raise ValueError("the input is empty; give a date such as '3rd of March 1999'")
-    ids = tokenizer.encode(text)
-    limit = model.config.max_source_len
-    if len(ids) > limit:
-        raise ValueError(f"the input is {len(ids)} characters, longer than the model's maximum of {limit}")
-    unknown = sorted({ch for ch, i in zip(text, ids, strict=True) if i == tokenizer.unk_id})
-    return _decode(model, tokenizer, [text], beam_size=beam_size, alpha=alpha)[0], unknown
-
-
-def translate_run(run_dir: str | Path, text: str, *, beam_size: int | None = None,
-                  device: str | torch.device = "cpu") -> tuple[str, list[str]]:
-    """``translate`` with the model, tokenizer and beam settings of a trained run directory."""
-    run_dir = Path(run_dir)
-    settings = json.loads((run_dir / "run.json").read_text())["settings"] if (run_dir / "run.json").is_file() else {}
-    model = load_pretrained(run_dir).to(device).eval()
-    tok = load_tokenizer(run_dir)
-    k = beam_size if beam_size is not None else settings.get("beam_size", 4)
-    return translate(model, tok, text, beam_size=k, alpha=settings.get("alpha", 0.6))
-
-
 def _test_pairs(options: dict[str, Any], seed: int) -> list[tuple[str, str, str]]:
     return held_out_pairs(seed, options["test_size"], options["test_fraction"], options["val_fraction"])
 
@@ -113,10 +70,11 @@ def _test_pairs(options: dict[str, Any], seed: int) -> list[tuple[str, str, str]
 def _evaluate_pairs(model, tok, triples, options) -> dict[str, Any]:
     srcs, refs = [t[0] for t in triples], [t[1] for t in triples]
     k, alpha = options["beam_size"], options["alpha"]
-    hyps = _decode(model, tok, srcs, beam_size=k, alpha=alpha)
+    hyps = translate_batch(model, tok, srcs, beam_size=k, alpha=alpha)
     m = text_metrics(hyps, refs)
     if k != 1:
-        m["exact_match_greedy"] = text_metrics(_decode(model, tok, srcs, beam_size=1, alpha=0.0), refs)["exact_match"]
+        m["exact_match_greedy"] = text_metrics(translate_batch(model, tok, srcs, beam_size=1, alpha=0.0),
+                                             refs)["exact_match"]
     by_fmt: dict[str, list[bool]] = {}
     for (_, ref, fmt), hyp in zip(triples, hyps, strict=True):
         by_fmt.setdefault(fmt, []).append(hyp == ref)
@@ -131,14 +89,14 @@ def _evaluate_pairs(model, tok, triples, options) -> dict[str, Any]:
 def build(*, settings, model_overrides, train, options, data, device, out_dir) -> Job:
     _check_sacrebleu()
     if data not in (None, "", "embedded"):
-        raise RecipeError("the seq2seq recipe trains on its embedded date generator; --data is for `tokennet eval`")
+        raise RecipeError("the seq2seq recipe trains on its embedded date generator; a data file is only for "
+                          "evaluating a run")
     arch = options["arch"]
     if arch not in ARCHS:
         raise RecipeError(f"arch must be one of {', '.join(ARCHS)}, got {arch!r}")
     if options["beam_size"] < 1 or options["test_size"] < 1 or options["val_size"] < 1:
         raise RecipeError("beam_size, test_size and val_size must be >= 1")
-    tok_path = out_dir / "tokenizer.json"
-    tok = load_tokenizer(tok_path) if tok_path.is_file() else CharTokenizer(alphabet())
+    tok = read_tokenizer(out_dir) or CharTokenizer(alphabet())
     ids = dict(vocab_size=tok.vocab_size, pad_id=tok.pad_id, bos_id=tok.bos_id, eos_id=tok.eos_id)
     if arch == "transformer":
         model = create_model("seq2seq-small", **{**model_overrides, **ids})
@@ -158,7 +116,7 @@ def build(*, settings, model_overrides, train, options, data, device, out_dir) -
         dev = next(m.parameters()).device
         (s, t), y = val_batch
         loss = float(m((s.to(dev), t.to(dev)), y.to(dev)).loss)
-        hyps = _decode(m, tok, [p[0] for p in val_pairs], beam_size=1, alpha=0.0)
+        hyps = translate_batch(m, tok, [p[0] for p in val_pairs], beam_size=1, alpha=0.0)
         em = 100.0 * sum(h == r for h, (_, r) in zip(hyps, val_pairs, strict=True)) / len(val_pairs)
         return {"val_loss": loss, "val_exact_match": em}
 
@@ -187,13 +145,9 @@ def _read_tsv(path: str) -> list[tuple[str, str, str]]:
     return triples
 
 
-def evaluate_run(run_dir, data, device) -> dict[str, Any]:
-    """``tokennet eval``: test-set metrics of a trained run (or on a TSV file with ``--data``)."""
-    run_dir = Path(run_dir)
-    run = json.loads((run_dir / "run.json").read_text())
-    s = run["settings"]
-    model = load_pretrained(run_dir).to(device).eval()
-    tok = load_tokenizer(run_dir)
+def evaluate_run(run, data) -> dict[str, Any]:
+    """``tokennet eval``: test-set metrics of a trained run (or on a TSV file given as data)."""
+    s, model, tok = run.settings, run.model, run.tokenizer
     if data is None:
         triples = _test_pairs(s, s["seed"])
     else:

@@ -36,9 +36,7 @@ training for monitoring only: the trainer selects no checkpoint on it.
 
 from __future__ import annotations
 
-import json
 import logging
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -47,7 +45,7 @@ from ..data.augment import Augment
 from ..data.image_batches import ImageBatches, evaluate_classifier
 from ..data.text import DataError
 from ..data.vision_data import VisionData, dataset_kind, load_dataset
-from ..models.registry import config_from_dict, create_model, load_pretrained, preset_info
+from ..models.registry import config_from_dict, create_model, preset_info
 from .base import Job, Recipe, register_recipe
 
 __all__ = ["PROFILES", "svm_baseline"]
@@ -103,7 +101,7 @@ def _check_data_fields(settings: dict[str, Any], data: VisionData, nominal: dict
         have = getattr(data, k)
         if settings[k] not in (nominal[k], have):
             raise DataError(f"{k}={settings[k]} does not match the data: {data.name} has {k}={have} "
-                            f"(it is set by the data; drop --set {k})")
+                            f"(the data sets it; leave {k} unset)")
         settings[k] = have  # e.g. a directory of idx files with another image size
 
 
@@ -154,19 +152,16 @@ def build(*, settings, model_overrides, train, options, data, device, out_dir) -
                finish=finish)
 
 
-def evaluate_run(run_dir, data, device) -> dict[str, Any]:
-    """``tokennet eval``: test accuracy of a trained run on its dataset's test split (or on ``--data``)."""
-    run_dir = Path(run_dir)
-    run = json.loads((run_dir / "run.json").read_text())
-    spec = data if data is not None else run.get("data")
+def evaluate_run(run, data) -> dict[str, Any]:
+    """``tokennet eval``: test accuracy of a trained run on its dataset's test split (or on another dataset)."""
+    spec = data if data is not None else run.data
     ds = load_dataset(spec)
-    model = load_pretrained(run_dir).to(device).eval()
-    c = model.config
+    c = run.model.config
     for k, have in (("image_size", ds.image_size), ("in_channels", ds.in_channels), ("num_classes", ds.num_classes)):
         if getattr(c, k) != have:
-            raise DataError(f"{run_dir} was trained with {k}={getattr(c, k)}, but {ds.name} ({spec}) has {k}={have}; "
+            raise DataError(f"{run.path} was trained with {k}={getattr(c, k)}, but {ds.name} ({spec}) has {k}={have}; "
                             "evaluate it on data like its own")
-    m = evaluate_classifier(model, ds.x_test, ds.y_test, batch_size=run["settings"].get("eval_batch_size", 500))
+    m = evaluate_classifier(run.model, ds.x_test, ds.y_test, batch_size=run.settings.get("eval_batch_size", 500))
     return {"dataset": ds.name, "test_size": len(ds.y_test), **m}
 
 

@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..errors import ConfigError
+
 __all__ = ["PatchEmbed", "ConvStem", "patchify", "grid_size", "patch_padding", "to_pair", "EMBED_MODES"]
 
 EMBED_MODES = ("conv", "linear", "conv-stem")
@@ -29,16 +31,16 @@ EMBED_MODES = ("conv", "linear", "conv-stem")
 def to_pair(value, name: str = "size") -> tuple[int, int]:
     """``p`` → ``(p, p)``; ``(h, w)`` stays; a one-element list ``[l]`` means a 1-D size ``(1, l)``."""
     if isinstance(value, bool):
-        raise ValueError(f"{name} must be an int or a pair of ints, got {value!r}")
+        raise ConfigError(f"{name} must be an int or a pair of ints, got {value!r}")
     if isinstance(value, int):
         pair = (value, value)
     elif isinstance(value, (tuple, list)) and len(value) in (1, 2) and all(
             isinstance(v, int) and not isinstance(v, bool) for v in value):
         pair = (1, value[0]) if len(value) == 1 else (value[0], value[1])
     else:
-        raise ValueError(f"{name} must be an int, [length] or [height, width], got {value!r}")
+        raise ConfigError(f"{name} must be an int, [length] or [height, width], got {value!r}")
     if min(pair) < 1:
-        raise ValueError(f"{name} must be positive, got {value!r}")
+        raise ConfigError(f"{name} must be positive, got {value!r}")
     return pair
 
 

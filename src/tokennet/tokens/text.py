@@ -40,6 +40,7 @@ import numpy as np
 from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HFTokenizer
 
+from ..errors import ConfigError, DataError
 from ..fileio import atomic_write_text
 
 logger = logging.getLogger(__name__)
@@ -124,7 +125,7 @@ def _as_id_list(ids: Any, vocab_size: int) -> list[int]:
         ids = list(ids)
     if ids and (min(ids) < 0 or max(ids) >= vocab_size):
         bad = next(i for i in ids if not 0 <= i < vocab_size)
-        raise ValueError(
+        raise DataError(
             f"token id {bad} is outside the vocabulary [0, {vocab_size}); "
             "decode ids with the tokenizer that produced them"
         )
@@ -243,12 +244,12 @@ class CharTokenizer(Tokenizer):
     def __init__(self, chars: Iterable[str]):
         chars = tuple(chars)
         if not chars:
-            raise ValueError("CharTokenizer needs at least one character; train it on non-empty text")
+            raise DataError("CharTokenizer needs at least one character; train it on non-empty text")
         bad = [c for c in chars if not isinstance(c, str) or len(c) != 1 or _SURROGATE.match(c)]
         if bad:
-            raise ValueError(f"CharTokenizer chars must be single non-surrogate characters, got {bad[:5]!r}")
+            raise DataError(f"CharTokenizer chars must be single non-surrogate characters, got {bad[:5]!r}")
         if len(set(chars)) != len(chars):
-            raise ValueError("CharTokenizer chars contain duplicates; pass each character once")
+            raise DataError("CharTokenizer chars contain duplicates; pass each character once")
         self.chars = chars
         self._id_of = {c: i for i, c in enumerate(chars, start=len(SPECIAL_TOKENS))}
         codepoints = np.array([ord(c) for c in chars], dtype=np.uint32)
@@ -269,7 +270,7 @@ class CharTokenizer(Tokenizer):
         for t in _as_texts(text):
             seen.update(_clean_text(t))
         if not seen:
-            raise ValueError("CharTokenizer.train got no text; pass a non-empty string or strings")
+            raise DataError("CharTokenizer.train got no text; pass a non-empty string or strings")
         return cls(sorted(seen))
 
     @property
@@ -302,11 +303,11 @@ class CharTokenizer(Tokenizer):
         """Rebuild from ``to_dict()`` output."""
         meta = data.get("tokennet", {})
         if meta.get("kind") != "char" or not isinstance(meta.get("chars"), list):
-            raise ValueError(
+            raise DataError(
                 "not a char tokenizer dict: expected {'tokennet': {'kind': 'char', 'chars': [...]}}"
             )
         if tuple(meta.get("special_tokens", SPECIAL_TOKENS)) != SPECIAL_TOKENS:
-            raise ValueError(
+            raise DataError(
                 f"char tokenizer has special tokens {meta['special_tokens']}, expected {SPECIAL_TOKENS}"
             )
         return cls(meta["chars"])
@@ -317,17 +318,17 @@ def _resolve_pattern(pattern: str) -> str:
     if pattern in PATTERNS:
         return PATTERNS[pattern]
     if not isinstance(pattern, str) or not pattern:
-        raise ValueError(
+        raise ConfigError(
             f"pattern must be one of {sorted(PATTERNS)} or a regular expression, got {pattern!r}"
         )
     if re.fullmatch(r"[\w-]+", pattern):  # a mistyped name, not a useful regex
-        raise ValueError(
+        raise ConfigError(
             f"unknown pattern name {pattern!r}; use one of {sorted(PATTERNS)} or a regular expression"
         )
     try:
         Regex(pattern)
     except Exception as e:  # the engine raises a bare Exception for a bad regex
-        raise ValueError(f"pattern {pattern!r} is not a valid regular expression for the engine: {e}") from e
+        raise ConfigError(f"pattern {pattern!r} is not a valid regular expression for the engine: {e}") from e
     return pattern
 
 
@@ -394,10 +395,10 @@ class BPETokenizer(Tokenizer):
     def __init__(self, engine: HFTokenizer):
         data = json.loads(engine.to_str())
         if data.get("model", {}).get("type") != "BPE":
-            raise ValueError(f"BPETokenizer needs a BPE model, got {data.get('model', {}).get('type')!r}")
+            raise DataError(f"BPETokenizer needs a BPE model, got {data.get('model', {}).get('type')!r}")
         found = tuple(engine.id_to_token(i) for i in range(len(SPECIAL_TOKENS)))
         if found != SPECIAL_TOKENS:
-            raise ValueError(
+            raise DataError(
                 f"BPE tokenizer has {found} at ids 0..3, expected {SPECIAL_TOKENS}; "
                 "tokennet reads only tokenizers trained with BPETokenizer.train"
             )
@@ -414,7 +415,7 @@ class BPETokenizer(Tokenizer):
             try:
                 full[i] = token.encode() if i < len(SPECIAL_TOKENS) else bytes(byte_of[c] for c in token)
             except KeyError as e:
-                raise ValueError(f"token {token!r} is not byte-level; this is not a byte-level BPE") from e
+                raise DataError(f"token {token!r} is not byte-level; this is not a byte-level BPE") from e
         self._decode_full = full
         self._decode_skip = [b"", b"", b"", "\ufffd".encode(), *full[len(SPECIAL_TOKENS) :]]
 
@@ -439,14 +440,14 @@ class BPETokenizer(Tokenizer):
             show_progress: let the engine draw its progress bar.
         """
         if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
-            raise ValueError(f"vocab_size must be an int, got {vocab_size!r}")
+            raise ConfigError(f"vocab_size must be an int, got {vocab_size!r}")
         if not MIN_BPE_VOCAB <= vocab_size <= MAX_BPE_VOCAB:
-            raise ValueError(
+            raise ConfigError(
                 f"vocab_size={vocab_size} is out of range; byte-level BPE needs at least "
                 f"{MIN_BPE_VOCAB} (256 bytes + {len(SPECIAL_TOKENS)} specials) and at most {MAX_BPE_VOCAB}"
             )
         if isinstance(min_frequency, bool) or not isinstance(min_frequency, int) or min_frequency < 1:
-            raise ValueError(f"min_frequency must be an int >= 1, got {min_frequency!r}")
+            raise ConfigError(f"min_frequency must be an int >= 1, got {min_frequency!r}")
         regex = _resolve_pattern(pattern)
         cuttable = regex in PATTERNS.values()
         chars = [0]
@@ -467,7 +468,7 @@ class BPETokenizer(Tokenizer):
         )
         engine.train_from_iterator(pieces(), trainer=trainer)
         if chars[0] == 0:
-            raise ValueError("BPETokenizer.train got no text; pass a non-empty string or strings")
+            raise DataError("BPETokenizer.train got no text; pass a non-empty string or strings")
         tok = cls(_drop_special_merges(engine))
         logger.info("trained byte-level BPE on %d characters: %d tokens", chars[0], tok.vocab_size)
         return tok
@@ -517,7 +518,7 @@ class BPETokenizer(Tokenizer):
         try:
             engine = HFTokenizer.from_str(json.dumps(data))
         except Exception as e:  # the engine raises a bare Exception on malformed JSON
-            raise ValueError(f"not a valid Hugging Face tokenizer JSON: {e}") from e
+            raise DataError(f"not a valid Hugging Face tokenizer JSON: {e}") from e
         return cls(engine)
 
 
@@ -527,12 +528,12 @@ def tokenizer_from_dict(data: dict[str, Any]) -> Tokenizer:
         kind = data["tokennet"].get("kind") if isinstance(data["tokennet"], dict) else None
         if kind == "char":
             return CharTokenizer.from_dict(data)
-        raise ValueError(
+        raise DataError(
             f"unknown tokenizer kind {kind!r} in tokenizer JSON; expected one of {TOKENIZER_KINDS}"
         )
     if isinstance(data, dict) and isinstance(data.get("model"), dict) and data["model"].get("type") == "BPE":
         return BPETokenizer.from_dict(data)
-    raise ValueError("not a tokennet tokenizer: expected a 'tokennet' key (char) or a BPE model (bpe)")
+    raise DataError("not a tokennet tokenizer: expected a 'tokennet' key (char) or a BPE model (bpe)")
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:
@@ -545,17 +546,17 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     file = path / "tokenizer.json" if path.is_dir() else path
     if not file.is_file():
         where = f"directory {path} has no tokenizer.json" if path.is_dir() else f"{path} does not exist"
-        raise FileNotFoundError(
+        raise DataError(
             f"cannot load tokenizer: {where}; pass a tokenizer.json or a directory holding one"
         )
     try:
         data = json.loads(file.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{file} is not a tokenizer: not valid JSON ({e})") from e
+        raise DataError(f"{file} is not a tokenizer: not valid JSON ({e})") from e
     try:
         return tokenizer_from_dict(data)
     except ValueError as e:
-        raise ValueError(f"{file}: {e}") from e
+        raise DataError(f"{file}: {e}") from e
 
 
 def train_tokenizer(
@@ -573,8 +574,8 @@ def train_tokenizer(
     if kind == "char":
         if vocab_size is not None or kwargs:
             given = ", ".join(["vocab_size"] * (vocab_size is not None) + sorted(kwargs))
-            raise ValueError(f"a char tokenizer's vocabulary is the characters seen; drop {given}")
+            raise ConfigError(f"a char tokenizer's vocabulary is the characters seen; drop {given}")
         return CharTokenizer.train(texts)
     if kind == "bpe":
         return BPETokenizer.train(texts, 4096 if vocab_size is None else vocab_size, **kwargs)
-    raise ValueError(f"unknown tokenizer kind {kind!r}; use one of {', '.join(TOKENIZER_KINDS)}")
+    raise ConfigError(f"unknown tokenizer kind {kind!r}; use one of {', '.join(TOKENIZER_KINDS)}")

@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..fileio import sha256_file
+from ..errors import RunError
+from ..fileio import safetensors_write, sha256_file
 
 __all__ = ["save_checkpoint", "read_checkpoint", "latest_checkpoint", "capture_rng", "restore_rng", "Checkpoint"]
 
@@ -113,7 +114,8 @@ def save_checkpoint(
     tmp.mkdir()
     try:
         weights, aliases = _dedup(model_state)
-        save_file(weights, str(tmp / "model.safetensors"))
+        with safetensors_write(tmp / "model.safetensors"):
+            save_file(weights, str(tmp / "model.safetensors"))
         tensors, scalars = {}, {}
         for pname, st in optim_state["state"].items():
             for k, v in st.items():
@@ -124,7 +126,8 @@ def save_checkpoint(
         for r, (_, rt) in enumerate(rng):
             for k, v in rt.items():
                 tensors[f"rng/{r}/{k}"] = v
-        save_file(tensors, str(tmp / "state.safetensors"))
+        with safetensors_write(tmp / "state.safetensors"):
+            save_file(tensors, str(tmp / "state.safetensors"))
         meta = {"step": step, "aliases": aliases,
                 "sha256": {f: sha256_file(tmp / f) for f in ("model.safetensors", "state.safetensors")},
                 "optimizer": {"param_groups": optim_state["param_groups"], "scalars": scalars},
@@ -177,7 +180,7 @@ def latest_checkpoint(directory: str | Path) -> Path | None:
         return None
     path = root / ptr.read_text().strip()
     if not (path / "trainer.json").is_file():
-        raise ValueError(f"{ptr} points to {path.name}, which is not a complete checkpoint")
+        raise RunError(f"{ptr} points to {path.name}, which is not a complete checkpoint")
     return path
 
 
@@ -197,34 +200,40 @@ class Checkpoint:
 
 
 def read_checkpoint(path: str | Path) -> Checkpoint:
-    """Read a checkpoint directory; a truncated or tampered file gives a one-line ``ValueError``."""
+    """Read a checkpoint directory; a truncated or tampered file gives a one-line :class:`RunError`."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     path = Path(path)
     try:
         meta = json.loads((path / "trainer.json").read_text())
+        if not isinstance(meta, dict) or not {"step", "optimizer", "rng"} <= meta.keys():
+            raise RunError(f"checkpoint {path} is damaged: its trainer.json is not a tokennet checkpoint record")
         for f, digest in meta.get("sha256", {}).items():
             if sha256_file(path / f) != digest:
-                raise ValueError(f"checkpoint {path}: {f} does not match its recorded checksum (modified or truncated)")
+                raise RunError(f"checkpoint {path}: {f} does not match its recorded checksum (modified or truncated)")
         weights = load_file(str(path / "model.safetensors"))
         tensors = load_file(str(path / "state.safetensors"))
     except (OSError, SafetensorError, RuntimeError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"checkpoint {path} is unreadable: {str(e).splitlines()[0]}") from None
-    for alias, name in meta.get("aliases", {}).items():
-        weights[alias] = weights[name]
-    state: dict[str, dict[str, Any]] = {}
-    rng_t: dict[int, dict[str, torch.Tensor]] = {}
-    for name, t in tensors.items():
-        kind, rest = name.split("/", 1)
-        if kind == "optim":
-            pname, k = rest.rsplit("/", 1)
-            state.setdefault(pname, {})[k] = t
-        elif kind == "rng":
-            r, k = rest.split("/", 1)
-            rng_t.setdefault(int(r), {})[k] = t
-    for pname, sc in meta["optimizer"]["scalars"].items():
-        state.setdefault(pname, {}).update(sc)
-    rng = [(js, rng_t.get(r, {})) for r, js in enumerate(meta["rng"])]
-    optim = {"state": state, "param_groups": meta["optimizer"]["param_groups"]}
+        raise RunError(f"checkpoint {path} is unreadable: {str(e).splitlines()[0]}") from None
+    try:
+        for alias, name in meta.get("aliases", {}).items():
+            weights[alias] = weights[name]
+        state: dict[str, dict[str, Any]] = {}
+        rng_t: dict[int, dict[str, torch.Tensor]] = {}
+        for name, t in tensors.items():
+            kind, rest = name.split("/", 1)
+            if kind == "optim":
+                pname, k = rest.rsplit("/", 1)
+                state.setdefault(pname, {})[k] = t
+            elif kind == "rng":
+                r, k = rest.split("/", 1)
+                rng_t.setdefault(int(r), {})[k] = t
+        for pname, sc in meta["optimizer"]["scalars"].items():
+            state.setdefault(pname, {}).update(sc)
+        rng = [(js, rng_t.get(r, {})) for r, js in enumerate(meta["rng"])]
+        optim = {"state": state, "param_groups": meta["optimizer"]["param_groups"]}
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise RunError(f"checkpoint {path} is damaged: trainer.json and state.safetensors do not have the "
+                       f"expected form ({type(e).__name__}: {e})") from None
     return Checkpoint(path, weights, optim, meta, rng)

@@ -23,6 +23,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..errors import ConfigError
+
 __all__ = ["DistInfo", "init_distributed", "wrap_model", "STRATEGIES", "all_reduce_mean", "barrier",
            "full_state", "load_full_state", "gather_objects"]
 
@@ -63,7 +65,7 @@ def init_distributed(device: torch.device) -> tuple[DistInfo, torch.device]:
 def wrap_model(model: nn.Module, strategy: str, info: DistInfo, device: torch.device) -> nn.Module:
     """Wrap for data parallelism (DDP) or sharding (FSDP2: each block, then the root)."""
     if strategy not in STRATEGIES:
-        raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+        raise ConfigError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
     if not info.enabled:
         return model
     if strategy == "ddp":

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from ..errors import ConfigError, RunError, TrainingStopped
 from ..state import check_state_dict
 from .checkpoint import capture_rng, latest_checkpoint, read_checkpoint, restore_rng, save_checkpoint
 from .distributed import (
@@ -43,10 +44,6 @@ log = logging.getLogger(__name__)
 
 class BatchSource(Protocol):
     def batch(self, index: int) -> tuple[Any, torch.Tensor]: ...
-
-
-class TrainingStopped(RuntimeError):
-    """Training ended early for a reason the user must see (e.g. the loss became NaN)."""
 
 
 @dataclass
@@ -100,20 +97,28 @@ class TrainConfig:
     def __post_init__(self):
         for k in ("max_iters", "batch_size", "grad_accum"):
             if getattr(self, k) < 1:
-                raise ValueError(f"{k} must be >= 1, got {getattr(self, k)}")
+                raise ConfigError(f"{k} must be >= 1, got {getattr(self, k)}")
         for k in ("warmup_iters", "eval_interval", "log_interval", "keep_checkpoints"):
             if getattr(self, k) < 0:
-                raise ValueError(f"{k} must be >= 0, got {getattr(self, k)}")
-        if self.time_budget is not None and self.time_budget <= 0:
-            raise ValueError(f"time_budget must be positive seconds, got {self.time_budget}")
+                raise ConfigError(f"{k} must be >= 0, got {getattr(self, k)}")
+        if self.checkpoint_interval is not None and self.checkpoint_interval < 0:
+            raise ConfigError(f"checkpoint_interval must be >= 0 (or None = eval_interval), "
+                              f"got {self.checkpoint_interval}")
+        if self.time_budget is not None and not self.time_budget > 0:
+            raise ConfigError(f"time_budget must be positive seconds, got {self.time_budget}")
         if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ValueError(f"lr must be a positive number, got {self.lr}")
+            raise ConfigError(f"lr must be a positive number, got {self.lr}")
+        if self.min_lr is not None and not (self.min_lr >= 0 and math.isfinite(self.min_lr)):
+            raise ConfigError(f"min_lr must be a number >= 0 (or None = lr/10), got {self.min_lr}")
+        for k in ("beta1", "beta2"):
+            if not 0 <= getattr(self, k) < 1:
+                raise ConfigError(f"{k} must be in [0, 1), got {getattr(self, k)}")
         if self.precision not in ("fp32", "bf16"):
-            raise ValueError(f"precision must be 'fp32' or 'bf16', got {self.precision!r}")
+            raise ConfigError(f"precision must be 'fp32' or 'bf16', got {self.precision!r}")
         if self.strategy not in STRATEGIES:
-            raise ValueError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
-        if self.grad_clip < 0 or self.weight_decay < 0:
-            raise ValueError("grad_clip and weight_decay must be >= 0")
+            raise ConfigError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
+        if not (self.grad_clip >= 0 and self.weight_decay >= 0):
+            raise ConfigError(f"grad_clip and weight_decay must be >= 0, got {self.grad_clip} and {self.weight_decay}")
 
 
 class Trainer:
@@ -188,7 +193,7 @@ class Trainer:
         ck = read_checkpoint(path)
         expected, _ = full_state(self.model, None) if self.dist.enabled else (self.module.state_dict(), None)
         if self.dist.is_main or not self.dist.enabled:
-            check_state_dict(expected, ck.model_state, f"checkpoint {path}")
+            check_state_dict(expected, ck.model_state, f"checkpoint {path}", RunError)
         load_full_state(self.model, self.optimizer, ck.model_state, ck.optim_state, self.dist)
         js, tensors = ck.rng[self.dist.rank] if self.dist.rank < len(ck.rng) else ck.rng[0]
         restore_rng(js, tensors)

@@ -20,11 +20,12 @@ formula (``model.attention_maps``), so runs trained with the fused backend work.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 from torch import Tensor, nn
+
+from ..errors import DataError, RunError
 
 __all__ = ["alignments", "plot_alignment", "plot_caption_attention", "seq2seq_viz", "caption_viz"]
 
@@ -171,24 +172,11 @@ def plot_caption_attention(image: Tensor, weights: Tensor, words: list[str], gri
 
 
 # -- `tokennet viz` -----------------------------------------------------------------------------------
-def _load(run_dir: Path, device: str | None):
-    from ..models.registry import load_pretrained
-    from ..tokens.text import load_tokenizer
-
-    model = load_pretrained(run_dir).eval()
-    if device not in (None, "auto"):
-        model.to(device)
-    tok = load_tokenizer(run_dir)
-    run_file = run_dir / "run.json"
-    settings = json.loads(run_file.read_text())["settings"] if run_file.is_file() else None
-    return model, tok, settings
-
-
 def _select(n: int, which: int | None, what: str) -> list[int]:
     if which is None:
         return list(range(n))
     if not 0 <= which < n:
-        raise ValueError(f"--{what} {which} out of range: 0..{n - 1}")
+        raise DataError(f"{what} {which} out of range: 0..{n - 1}")
     return [which]
 
 
@@ -199,26 +187,25 @@ def _tokens_out(model, tok, ids: list[int]) -> tuple[Tensor, list[str]]:
     return tgt_in, [tok.decode([i]) for i in ids] + ["<eos>"]
 
 
-def seq2seq_viz(run_dir: Path, out_dir: Path, *, index: int | None = None, layer: int | None = None,
-                head: int | None = None, text: str | None = None, device: str | None = None, **_) -> list[Path]:
+def seq2seq_viz(run, out_dir: Path, *, index: int | None = None, layer: int | None = None,
+                head: int | None = None, text: str | None = None, **_) -> list[Path]:
     """Write ``alignment.png``: the cross-attention of a translation, per decoder layer and head.
 
     Args:
-        run_dir: a ``seq2seq`` run (Transformer or Bahdanau).
+        run: a loaded translation :class:`~tokennet.run.Run` (Transformer or Bahdanau).
         out_dir: where the PNG goes.
         index: the test example to translate (default 0); ignored when ``text`` is given.
         layer, head: draw only this decoder layer / head.
         text: translate this source instead of a test example.
-        device: where to run the model.
     """
     from ..decode import greedy_search, strip_special
 
-    run_dir, out_dir = Path(run_dir), Path(out_dir)
-    model, tok, settings = _load(run_dir, device)
+    out_dir = Path(out_dir)
+    model, tok, settings = run.model, run.tokenizer, run.settings
     c = model.config
     if text is None:
-        if settings is None:
-            raise ValueError(f"{run_dir} has no run.json to draw test examples from; pass --text")
+        if not settings:
+            raise RunError(f"{run.path} has no run.json to draw test examples from; give a source text")
         from ..data.dates import held_out_pairs
 
         pairs = held_out_pairs(settings["seed"], settings["test_size"], settings["test_fraction"],
@@ -229,10 +216,10 @@ def seq2seq_viz(run_dir: Path, out_dir: Path, *, index: int | None = None, layer
     else:
         text, ref = text.strip(), None
         if not text:
-            raise ValueError("--text is empty; give a source sentence")
+            raise DataError("the source text is empty; give a source sentence")
     ids = tok.encode(text)
     if len(ids) > c.max_source_len:
-        raise ValueError(f"the source is {len(ids)} tokens, longer than the model's maximum of {c.max_source_len}")
+        raise DataError(f"the source is {len(ids)} tokens, longer than the model's maximum of {c.max_source_len}")
     dev = next(model.parameters()).device
     src = torch.tensor([ids], device=dev)
     out_ids = strip_special(greedy_search(model, src), c.eos_id, c.pad_id)[0]
@@ -248,36 +235,32 @@ def seq2seq_viz(run_dir: Path, out_dir: Path, *, index: int | None = None, layer
                            title=title)]
 
 
-def caption_viz(run_dir: Path, out_dir: Path, *, index: int | None = None, layer: int | None = None,
-                head: int | None = None, image: str | Path | None = None, device: str | None = None,
-                **_) -> list[Path]:
+def caption_viz(run, out_dir: Path, *, index: int | None = None, layer: int | None = None,
+                head: int | None = None, image: str | Path | None = None, **_) -> list[Path]:
     """Write ``caption_attention.png``: each generated word's attention over the image patches.
 
     The map is averaged over heads and layers unless ``layer`` / ``head`` pick one.
 
     Args:
-        run_dir: a ``caption`` run (either form).
+        run: a loaded captioning :class:`~tokennet.run.Run` (either form).
         out_dir: where the PNG goes.
         index: the held-out test image (default 0); ignored when ``image`` is given.
         layer, head: use only this layer / head.
         image: caption this image file instead (the model's size; see
-            :func:`~tokennet.recipes.caption.load_caption_images`).
-        device: where to run the model.
+            :func:`~tokennet.tasks.captioning.load_caption_images`).
     """
     from ..data.shapes import caption, held_out_scenes, images_of
     from ..decode import greedy_search, strip_special
 
-    run_dir, out_dir = Path(run_dir), Path(out_dir)
-    model, tok, settings = _load(run_dir, device)
+    out_dir = Path(out_dir)
+    model, tok, settings = run.model, run.tokenizer, run.settings
     c = model.config
     dev = next(model.parameters()).device
     if image is not None:
-        from ..recipes.caption import load_caption_images
-
-        ref, image = None, load_caption_images([image], c.image_size, c.in_channels).to(dev)
+        ref, image = None, run.task.images(run, [image]).to(dev)
     else:
-        if settings is None:
-            raise ValueError(f"{run_dir} has no run.json to draw the test images from; pass --image")
+        if not settings:
+            raise RunError(f"{run.path} has no run.json to draw the test images from; give an image file")
         scenes = held_out_scenes(settings["seed"], settings["test_size"], settings["held_out_fraction"])
         index = 0 if index is None else index
         _select(len(scenes), index, "index")
@@ -300,10 +283,8 @@ def caption_viz(run_dir: Path, out_dir: Path, *, index: int | None = None, layer
 def _register() -> None:
     from . import register_viz
 
-    for family in ("seq2seq", "bahdanau"):
-        register_viz(family, seq2seq_viz)
-    for family in ("captioner", "captioner-prefix"):
-        register_viz(family, caption_viz)
+    register_viz("translation", seq2seq_viz)
+    register_viz("captioning", caption_viz)
 
 
 _register()

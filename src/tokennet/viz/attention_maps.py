@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..errors import DataError
+
 __all__ = [
     "attention_rollout",
     "cosine_similarity_matrix",
@@ -74,7 +76,7 @@ def patch_box(index: int, grid: tuple[int, int], patch: tuple[int, int], stride:
     """
     gh, gw = grid
     if not 0 <= index < gh * gw:
-        raise ValueError(f"patch {index} out of range: the grid {gh}×{gw} has patches 0..{gh * gw - 1}")
+        raise DataError(f"patch {index} out of range: the grid {gh}×{gw} has patches 0..{gh * gw - 1}")
     r, c = divmod(index, gw)
     return r * stride[0] - offset[0], c * stride[1] - offset[1], patch[0], patch[1]
 

@@ -6,11 +6,11 @@ recomputed with the plain formula for the inspected layers, so runs trained with
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
+from ..errors import DataError, RunError
 from ..tokens.image import patch_padding
 from . import register_viz
 from .attention_maps import (
@@ -43,16 +43,16 @@ def grid_geometry(config, input_hw: tuple[int, int] | None = None) -> dict:
 
 def _check_index(name: str, value: int | None, n: int) -> None:
     if value is not None and not 0 <= value < n:
-        raise ValueError(f"--{name} {value} out of range: 0..{n - 1}")
+        raise DataError(f"{name} {value} out of range: 0..{n - 1}")
 
 
-def vit_viz(run_dir: Path, out_dir: Path, *, index: int | None = None, patch: int | None = None,
-            layer: int | None = None, head: int | None = None, data: str | None = None, device: str | None = None,
+def vit_viz(run, out_dir: Path, *, index: int | None = None, patch: int | None = None,
+            layer: int | None = None, head: int | None = None, data: str | None = None,
             image: str | Path | None = None, **_) -> list[Path]:
     """Write ``patch_attention.png``, ``rollout.png`` and ``position_similarity.png`` for a ViT run.
 
     Args:
-        run_dir: the run directory.
+        run: a loaded :class:`~tokennet.run.Run` of a ViT.
         out_dir: where the PNGs go.
         index: test image to draw (default 0).
         patch: the query patch (default: the centre of the grid).
@@ -61,27 +61,22 @@ def vit_viz(run_dir: Path, out_dir: Path, *, index: int | None = None, patch: in
         data: the dataset (default: the run's).
         image: draw this image file instead of a test image (2-D models; grey images are repeated to the
             model's channels; another size works when the patches tile it: positions are interpolated).
-        device: where to run the model (default CPU).
     """
     from ..data.vision_data import load_dataset
-    from ..models.registry import load_pretrained
 
-    model = load_pretrained(run_dir).eval()
-    if device not in (None, "auto"):
-        model.to(device)
+    model = run.model
     dev = next(model.parameters()).device
     c = model.config
-    run_file = Path(run_dir) / "run.json"
     if data is None:
-        if not run_file.is_file():
-            raise ValueError(f"{run_dir} has no run.json to say which data it was trained on; pass --data")
-        data = json.loads(run_file.read_text()).get("data")
+        if not run.info:
+            raise RunError(f"{run.path} has no run.json to say which data it was trained on; name the data")
+        data = run.data
     ds = load_dataset(data)
     if image is not None:
         from ..data.image_files import read_image
 
         if c.is_1d:
-            raise ValueError("--image needs a 2-D image model; this run classifies 1-D signals")
+            raise DataError("drawing an image file needs a 2-D image model; this run classifies 1-D signals")
         x = read_image(image, channels=c.in_channels)  # (C, H, W)
         label, source = "?", Path(image).name
     else:
@@ -135,4 +130,4 @@ def vit_viz(run_dir: Path, out_dir: Path, *, index: int | None = None, patch: in
     return files
 
 
-register_viz("vit", vit_viz)
+register_viz("image-classifier", vit_viz)

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from tokennet.generate import generate, sample_next, stream
 from tokennet.models import create_model
+from tokennet.sampling import generate, sample_next, stream
 
 
 @pytest.fixture(scope="module")

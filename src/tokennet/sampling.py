@@ -21,6 +21,8 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 from torch import Tensor, nn
 
+from .errors import ConfigError
+
 __all__ = ["generate", "stream", "sample_next"]
 
 
@@ -54,13 +56,13 @@ def _validate(model: nn.Module, idx: Tensor, max_new_tokens: int, temperature: f
     if idx.dim() != 2 or idx.shape[1] < 1:
         raise ValueError(f"idx must be (B, T) token ids with T >= 1, got shape {tuple(idx.shape)}")
     if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if temperature < 0:
-        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+        raise ConfigError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
     if top_k is not None and top_k < 1:
-        raise ValueError(f"top_k must be >= 1, got {top_k}")
+        raise ConfigError(f"top_k must be >= 1, got {top_k}")
     if top_p is not None and not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        raise ConfigError(f"top_p must be in (0, 1], got {top_p}")
     if not hasattr(model, "forward_features") or not hasattr(model.config, "block_size"):
         raise ValueError(f"{type(model).__name__} is not a causal language model")
 

@@ -1,0 +1,267 @@
+"""A run is an object: this module owns the run directory, its files and their names.
+
+A run directory, as ``tokennet train`` writes it::
+
+    run.json            recipe, model preset, data, settings            (RUN_FILE)
+    config.json         the model's config + weights checksum           (models.registry)
+    model.safetensors   the final weights                               (models.registry)
+    tokenizer.json      text models only                                (TOKENIZER_FILE)
+    metrics.json        the final metrics                               (METRICS_FILE)
+    log.jsonl           one JSON record per log/eval step               (LOG_FILE)
+    checkpoints/        crash-safe checkpoints for --resume             (CHECKPOINT_DIR)
+    .lock               held (flock) by the one process writing the run (LOCK_FILE)
+
+:func:`load` returns a :class:`Run` — the model, its tokenizer, settings, metrics and *task* — and the
+task's verbs (``run.generate``, ``run.translate``, ``run.caption``, ``run.classify``), like litgpt's
+``LLM.load`` or Hugging Face's ``from_pretrained``. Nothing else in tokennet opens ``run.json``,
+``config.json`` or ``tokenizer.json`` by hand: recipes, the CLI and ``viz`` go through here.
+
+Files are written atomically (a temporary name, then a rename), so a reader never sees half a file and
+needs no lock; a writer holds :class:`RunLock` for as long as it writes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .errors import RunError
+from .fileio import atomic_write_text
+from .models.registry import CONFIG_FILE, WEIGHTS_FILE, load_pretrained
+from .tasks import Task, task_for
+
+__all__ = ["Run", "load", "RunLock", "is_run_dir", "read_run_info", "write_run_info", "read_metrics",
+           "write_metrics", "read_tokenizer", "save_tokenizer", "clear_run_dir", "RUN_FILE", "METRICS_FILE",
+           "TOKENIZER_FILE", "LOG_FILE", "CHECKPOINT_DIR", "LOCK_FILE"]
+
+RUN_FILE = "run.json"
+METRICS_FILE = "metrics.json"
+TOKENIZER_FILE = "tokenizer.json"
+LOG_FILE = "log.jsonl"
+CHECKPOINT_DIR = "checkpoints"
+LOCK_FILE = ".lock"
+
+
+# -- files --------------------------------------------------------------------------------------------
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RunError(f"{path} is not valid JSON ({e}); the run directory is damaged") from None
+
+
+def is_run_dir(path: str | Path) -> bool:
+    """True when ``path`` is a directory that ``tokennet train`` wrote (it has ``run.json``)."""
+    return (Path(path) / RUN_FILE).is_file()
+
+
+def read_run_info(path: str | Path) -> dict[str, Any]:
+    """``run.json``: ``{"recipe", "model", "data", "settings"}``; a clear error when it is not a run."""
+    path = Path(path)
+    if not path.is_dir():
+        raise RunError(f"{path} is not a run directory (it does not exist or is not a directory)")
+    f = path / RUN_FILE
+    if not f.is_file():
+        raise RunError(f"{path} is not a tokennet run directory (no {RUN_FILE})")
+    info = _read_json(f)
+    if not isinstance(info, dict) or not isinstance(info.get("settings"), dict):
+        raise RunError(f"{f} is not a tokennet run file (no 'settings')")
+    return info
+
+
+def write_run_info(path: str | Path, *, recipe: str, model: str, data: str | None, settings: dict[str, Any]) -> None:
+    """Write ``run.json`` atomically."""
+    info = {"recipe": recipe, "model": model, "data": data, "settings": settings}
+    atomic_write_text(Path(path) / RUN_FILE, json.dumps(info, indent=2) + "\n")
+
+
+def read_metrics(path: str | Path) -> dict[str, Any]:
+    """``metrics.json``, or ``{}`` while a run has not finished."""
+    f = Path(path) / METRICS_FILE
+    return _read_json(f) if f.is_file() else {}
+
+
+def write_metrics(path: str | Path, metrics: dict[str, Any]) -> None:
+    """Write ``metrics.json`` atomically."""
+    atomic_write_text(Path(path) / METRICS_FILE, json.dumps(metrics, indent=2) + "\n")
+
+
+def read_tokenizer(path: str | Path):
+    """The run's tokenizer (``tokenizer.json``), or None for a model without text."""
+    from .tokens.text import load_tokenizer
+
+    f = Path(path) / TOKENIZER_FILE
+    return load_tokenizer(f) if f.is_file() else None
+
+
+def save_tokenizer(path: str | Path, tokenizer) -> None:
+    """Write the tokenizer as ``tokenizer.json`` (unless the run already has one: resuming keeps its vocabulary)."""
+    f = Path(path) / TOKENIZER_FILE
+    if not f.is_file():
+        tokenizer.save(f)
+
+
+def clear_run_dir(path: str | Path) -> None:
+    """Remove everything in a run directory except its lock file (the lock must outlive ``--overwrite``:
+    a new lock file would let a second writer in)."""
+    import shutil
+
+    for p in Path(path).iterdir():
+        if p.name == LOCK_FILE:
+            continue
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+
+
+# -- the one writer ---------------------------------------------------------------------------------
+class RunLock:
+    """An exclusive lock on a run directory for the whole time a process writes it.
+
+    ``fcntl.flock`` on ``RUN_DIR/.lock``: a second writer (another ``train``, ``--resume`` or
+    ``--overwrite`` of the same directory) gets a :class:`RunError` naming the holder's PID. The OS
+    releases the lock when the holder exits, however it exits, so a killed run never blocks the next one.
+    Readers need no lock: every file is replaced atomically.
+    """
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._fd: int | None = None
+        self.created = False  # this lock created the lock file
+
+    def acquire(self) -> RunLock:
+        import fcntl
+
+        if self.path.exists() and not self.path.is_dir():
+            raise RunError(f"{self.path} exists and is not a directory")
+        self.path.mkdir(parents=True, exist_ok=True)
+        lock = self.path / LOCK_FILE
+        self.created = not lock.exists()
+        # The file's contents are never written: a refused writer leaves the run exactly as it was.
+        fd = os.open(lock, os.O_RDONLY | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _flock_holder(fd)
+            os.close(fd)
+            raise RunError(f"{self.path} is being written by another process (PID {holder}); wait for it to "
+                           "finish or write to another directory") from None
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor releases the flock
+            self._fd = None
+
+    def __enter__(self) -> RunLock:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _flock_holder(fd: int) -> str:
+    """The PID holding a flock on ``fd``'s file, from ``/proc/locks`` (Linux); ``"?"`` where it is not known."""
+    st = os.fstat(fd)
+    try:
+        lines = Path("/proc/locks").read_text().splitlines()
+    except OSError:
+        return "?"
+    for line in lines:
+        f = line.split()
+        # "1: FLOCK  ADVISORY  WRITE 4321 00:2e:1234 0 EOF" (a waiting lock has "->" after the number)
+        if "->" in f:
+            continue
+        if len(f) >= 6 and f[1] == "FLOCK" and f[5].rsplit(":", 1)[-1] == str(st.st_ino):
+            return f[4]
+    return "?"
+
+
+# -- the run object -------------------------------------------------------------------------------
+class Run:
+    """A trained (or imported) run: ``model``, ``tokenizer``, ``settings``, ``metrics``, ``task`` and its verbs.
+
+    Build it with :func:`load`. The verbs belong to the task (see :mod:`tokennet.tasks`): a language
+    model generates, a translation model translates, a captioner captions, a classifier classifies; a
+    verb the task lacks raises :class:`~tokennet.errors.RunError` naming the ones it has.
+    """
+
+    def __init__(self, path: Path, model: nn.Module, tokenizer, info: dict[str, Any], metrics: dict[str, Any],
+                 task: Task):
+        self.path, self.model, self.tokenizer, self.task = path, model, tokenizer, task
+        self.info, self.metrics = info, metrics
+
+    def __repr__(self) -> str:
+        return f"Run({str(self.path)!r}, task={self.task.name!r}, family={self.family!r})"
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """The settings the run was trained with (``run.json``; empty for a bare saved model)."""
+        return self.info.get("settings", {})
+
+    @property
+    def recipe(self) -> str | None:
+        return self.info.get("recipe")
+
+    @property
+    def data(self) -> str | None:
+        """The ``--data`` the run was trained on (None: the recipe's default)."""
+        return self.info.get("data")
+
+    @property
+    def family(self) -> str:
+        return self.model.config.family
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def to(self, device) -> Run:
+        self.model.to(device)
+        return self
+
+    # -- the task's verbs --------------------------------------------------------------------------
+    def generate(self, prompt: str = "\n", max_new_tokens: int = 200, **kw) -> str:
+        """Continue ``prompt`` (language models); see :meth:`tokennet.tasks.Task.generate`."""
+        return self.task.generate(self, prompt, max_new_tokens, **kw)
+
+    def translate(self, text: str, **kw) -> str:
+        """Translate ``text`` (translation models)."""
+        return self.task.translate(self, text, **kw)
+
+    def caption(self, images, **kw) -> list[str]:
+        """Caption images: a ``(B, C, H, W)`` tensor or image file paths (captioning models)."""
+        return self.task.caption(self, images, **kw)
+
+    def classify(self, inputs, **kw) -> list[tuple[int, float]]:
+        """``(class index, probability)`` of each input: a tensor batch or file paths (classifiers)."""
+        return self.task.classify(self, inputs, **kw)
+
+    def attention_maps(self, inputs) -> dict[str, list[torch.Tensor]]:
+        """Every layer's attention for ``inputs`` as returned data (see each model's ``attention_maps``)."""
+        with torch.no_grad():
+            return self.model.attention_maps(inputs)
+
+
+def load(path: str | Path, *, device: str | torch.device = "cpu", allow_pickle: bool = False) -> Run:
+    """Load a run directory (or a bare saved model: ``config.json`` + ``model.safetensors``) as a :class:`Run`.
+
+    The model is in eval mode on ``device``. Weights come from ``model.safetensors`` only, unless
+    ``allow_pickle=True`` (see :func:`tokennet.models.load_pretrained`).
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise RunError(f"{path} is not a run directory (it does not exist or is not a directory)")
+    if not (path / CONFIG_FILE).is_file():
+        what = "training has not finished (no model yet)" if is_run_dir(path) else "not a run directory"
+        raise RunError(f"{path}: {what}: expected {CONFIG_FILE} and {WEIGHTS_FILE} in it")
+    info = read_run_info(path) if is_run_dir(path) else {}
+    model = load_pretrained(path, allow_pickle=allow_pickle).to(device).eval()
+    return Run(path, model, read_tokenizer(path), info, read_metrics(path), task_for(model.config.family))

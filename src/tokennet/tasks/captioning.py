@@ -1,0 +1,72 @@
+"""The captioning task: images in, a sentence out (encoder–decoder or decoder-only captioner)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..data.image_files import read_image
+from ..decode import beam_search, greedy_search, strip_special
+from ..errors import DataError
+from . import ConditionalDecoder, Task
+
+if TYPE_CHECKING:
+    from ..run import Run
+
+__all__ = ["Captioning", "caption_images", "load_caption_images"]
+
+
+@torch.no_grad()
+def caption_images(model, tok, images: torch.Tensor, *, beam_size: int = 1, batch_size: int = 256) -> list[str]:
+    """Generate a caption for each image ``(B, 3, H, W)`` (greedy, or beam search when beam_size > 1)."""
+    dev = next(model.parameters()).device
+    out: list[str] = []
+    for i in range(0, len(images), batch_size):
+        x = images[i : i + batch_size].to(dev)
+        ids = greedy_search(model, x) if beam_size == 1 else beam_search(model, x, beam_size=beam_size)
+        out.extend(tok.decode(r) for r in strip_special(ids, model.config.eos_id, model.config.pad_id))
+    return out
+
+
+def load_caption_images(paths, image_size: int, in_channels: int = 3) -> torch.Tensor:
+    """Read image files for a captioning model: ``(B, C, H, W)`` in [0, 1].
+
+    Grey images are repeated to 3 channels, an alpha channel is dropped (see
+    :func:`~tokennet.data.image_files.read_image`); the size must be the model's ``image_size`` —
+    nothing is resized, a different size is a ``DataError`` that says what is expected.
+    """
+    out = []
+    for p in paths:
+        x = read_image(p, channels=in_channels)
+        if tuple(x.shape[1:]) != (image_size, image_size):
+            raise DataError(f"{p}: the model takes {image_size}×{image_size} images, got {x.shape[1]}×{x.shape[2]}; "
+                            "resize it first")
+        out.append(x)
+    if not out:
+        raise DataError("no image given")
+    return torch.stack(out)
+
+
+class Captioning(Task):
+    """A captioner: ``run.caption(images or paths, beam_size=None)`` → one caption per image."""
+
+    name = "captioning"
+    kind = "captioning"
+    verbs = ("caption",)
+    protocol = ConditionalDecoder
+
+    def images(self, run: Run, images) -> torch.Tensor:
+        """A ``(B, C, H, W)`` tensor as given, or image files read at the model's size."""
+        if torch.is_tensor(images):
+            return images
+        paths = [images] if isinstance(images, (str, Path)) else list(images)
+        c = run.model.config
+        return load_caption_images(paths, c.image_size, c.in_channels)
+
+    def caption(self, run: Run, images, *, beam_size: int | None = None) -> list[str]:
+        k = beam_size if beam_size is not None else run.settings.get("beam_size", 1)
+        if k < 1:
+            raise DataError(f"beam_size must be >= 1, got {k}")
+        return caption_images(run.model, run.tokenizer, self.images(run, images), beam_size=k)

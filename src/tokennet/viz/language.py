@@ -1,0 +1,51 @@
+"""``tokennet viz`` for language models: token-to-token attention over a text, per layer and head.
+
+The lecture's first attention picture: row ``i`` is how much token ``i`` takes from each earlier token
+(``A = softmax(Q Kᵀ / √E)`` under the causal mask, so the upper triangle is empty). The weights come
+from ``model.attention_maps`` (the plain formula), so runs trained with a fused backend work.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..errors import DataError
+from . import register_viz
+from .alignment import _select, plot_alignment
+
+__all__ = ["language_viz", "DEFAULT_TEXT"]
+
+DEFAULT_TEXT = "The attention of each token looks back at the tokens before it."
+MAX_TOKENS = 48  # beyond this the labels are unreadable
+
+
+def language_viz(run, out_dir: Path, *, text: str | None = None, layer: int | None = None,
+                 head: int | None = None, **_) -> list[Path]:
+    """Write ``token_attention.png``: causal self-attention over ``text`` (default :data:`DEFAULT_TEXT`).
+
+    Args:
+        run: a loaded language-model :class:`~tokennet.run.Run`.
+        out_dir: where the PNG goes.
+        text: the text to read (at most 48 tokens and the model's context are drawn).
+        layer, head: draw only this layer / head (default: all, with the mean of heads).
+    """
+    model, tok = run.model, run.tokenizer
+    text = DEFAULT_TEXT if text is None else text
+    if not text.strip():
+        raise DataError("the text is empty; give a sentence to draw")
+    ids = tok.encode(text)[: min(MAX_TOKENS, model.config.block_size)]
+    idx = torch.tensor([ids], device=next(model.parameters()).device)
+    maps = run.attention_maps(idx)["self"]  # per layer (1, H, T, T)
+    a = torch.stack([m[0].float().cpu() for m in maps])  # (L, H, T, T)
+    layers = _select(a.shape[0], layer, "layer")
+    heads = _select(a.shape[1], head, "head")
+    labels = [tok.decode([i]) for i in ids]
+    shown = tok.decode(ids)
+    title = f"causal self-attention over {shown!r}" + ("" if len(ids) == len(tok.encode(text)) else " (cut)")
+    return [plot_alignment(a[layers][:, heads], labels, labels, Path(out_dir) / "token_attention.png",
+                           layers=layers, heads=heads, title=title)]
+
+
+register_viz("language-model", language_viz)

@@ -1,0 +1,22 @@
+"""Fixtures shared by several test modules (plain helper functions live in tests/support.py)."""
+
+import pytest
+import torch
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Pin torch to one thread for a module: as fast for tiny models, and far faster when other processes share
+    the cores. Use it with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory):
+    """A small text file for character-level language-model runs: numbered lines of a pangram."""
+    p = tmp_path_factory.mktemp("data") / "corpus.txt"
+    p.write_text("".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(300)))
+    return p
