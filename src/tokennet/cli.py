@@ -78,7 +78,8 @@ def _add_generate(sub) -> None:
         "rebuilt from the last block_size/2 tokens whenever it fills. Translation runs (seq2seq): translate "
         "--prompt with beam search (characters outside the vocabulary are read as <unk> and listed on "
         "stderr). Captioning runs: caption the --image files. Image classification runs (vit): print each --image "
-        "file's class index and probability. What a run can do is its task's (see tokennet.tasks).",
+        "file's class index and probability. Audio classification runs (audio): print each --audio file's class "
+        "index, name and probability. What a run can do is its task's (see tokennet.tasks).",
     )
     p.add_argument("run_dir", help="a run directory from `tokennet train`")
     p.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
@@ -89,12 +90,20 @@ def _add_generate(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, ...")
     p.add_argument("--no-cache", action="store_true", help="recompute the whole window every step")
+    p.add_argument("--chat", action="store_true",
+                   help="language models with a chat template (imported GGUF models such as SmolLM2-Instruct): send "
+                   "--prompt as a user message through the template and print only the reply")
     p.add_argument("--beam-size", type=int, default=None,
                    help="translation and captioning runs: beam width, 1 = greedy (default: the run's beam_size)")
     p.add_argument("--image", nargs="+", metavar="PATH",
                    help="captioning runs: caption these image files (PNG, JPEG, ... or .npy) of the model's size "
                    "(48×48 for the caption recipe; nothing is resized), one caption per line; image "
                    "classification runs: classify them (PATH, class index, probability per line)")
+    p.add_argument("--audio", nargs="+", metavar="FILE",
+                   help="audio classification runs (the audio recipe): classify these audio files (WAV; OGG/FLAC "
+                   "with the soundfile package), read as mono and resampled to the model's rate; prints FILE, "
+                   "class index, class name and probability per line. A clip longer than the model's maximum "
+                   "(clip_samples, 1 s for spoken digits) is an error, not cropped; shorter ones are zero-padded")
 
 
 def _add_eval(sub) -> None:
@@ -119,7 +128,9 @@ def _add_viz(sub) -> None:
         "viz",
         help="draw a trained model's attention (PNG)",
         description="Draw pictures of a trained run, chosen by its task. Language models: token-to-token "
-        "causal attention over --text, per layer and head. ViT: where one patch looks "
+        "causal attention over --text, per layer and head. Graphs: the attention of one node (--patch, default a "
+        "marked node) over a test graph (--index), and its Laplacian positions as node colours. ViT: where one "
+        "patch looks "
         "(per layer and head, over a test image or --image), the <cls> token's attention rollout, and the "
         "similarity of the position embeddings. Translation: the cross-attention alignment (output × source "
         "characters, per layer and head) of a test example or --text. Captioning: each generated word's "
@@ -138,7 +149,75 @@ def _add_viz(sub) -> None:
     p.add_argument("--image", metavar="PATH",
                    help="captioning runs: caption this image file (the model's size) and draw its attention; "
                    "ViT runs: draw this image instead of a test image")
+    p.add_argument("--audio", metavar="FILE",
+                   help="audio classification runs: draw this audio file's spectrogram with the attention rollout "
+                   "over its patches instead of a test clip's (clips longer than the model's maximum are an error)")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda, ...")
+
+
+def _add_report(sub) -> None:
+    p = sub.add_parser(
+        "report",
+        help="write one self-contained HTML page about a run (curves, samples, predictions, attention)",
+        description="Write RUN_DIR/report.html: the run's status, wall time, parameter count and throughput; "
+        "metrics.json as stored; loss against steps and against seconds, learning rate and gradient norm from "
+        "log.jsonl; what the task's model does (language models: samples at several temperatures and the "
+        "per-token loss of validation text; classifiers: a confusion matrix, the most confident mistakes and "
+        "attention rollout; translation and captioning: held-out inputs, references and outputs with the misses "
+        "marked, and the cross-attention picture); the command that reproduces the run, with the settings that "
+        "differ from the recipe defaults highlighted; the machine. One file: pictures inline, no scripts, "
+        "readable offline. Training writes it too, at every checkpoint (curves only) and at the end "
+        "(--set report=false turns that off).",
+        epilog="example: tokennet report runs/gpt-char && xdg-open runs/gpt-char/report.html",
+    )
+    p.add_argument("run_dir", help="a run directory from `tokennet train` (finished, running or interrupted)")
+    p.add_argument("--out", metavar="FILE", help="where to write the page (default: RUN_DIR/report.html)")
+    p.add_argument("--device", default="cpu", help="where to run the model for samples and predictions "
+                   "(cpu by default; auto, cuda, ...)")
+
+
+def _add_import(sub) -> None:
+    p = sub.add_parser(
+        "import",
+        help="convert a foreign checkpoint (Hugging Face GPT-2, ViT) into a tokennet run directory",
+        description="Convert the checkpoint in SOURCE onto tokennet's own modules and write an ordinary run "
+        "directory (config.json, model.safetensors, run.json) that `generate`, `viz` and tokennet.load use "
+        "without transformers. SOURCE is a Hugging Face directory (config.json + model.safetensors) of "
+        "GPT2LMHeadModel (→ gpt) or ViTForImageClassification (→ vit). Every config field and every tensor must "
+        "be accounted for: an unknown field, an unused or missing tensor stops the import with one line, and "
+        "nothing is written. Not imported: tokenizers and image preprocessors (a note says so).",
+    )
+    p.add_argument("source", help="a Hugging Face checkpoint directory")
+    p.add_argument("--out", required=True, help="the new run directory (must not exist, or be empty)")
+
+
+def _add_embed(sub) -> None:
+    p = sub.add_parser(
+        "embed",
+        help="sentence embeddings of texts from a text-encoder run (e.g. imported all-MiniLM-L6-v2)",
+        description="Print one JSON list per --text: the sentence embedding as the model defines it (mean of "
+        "the token states over the real tokens, L2-normalized), and, with two or more texts, their cosine "
+        "similarities. Texts longer than the model's context are truncated (a warning on stderr says so).",
+    )
+    p.add_argument("run_dir", help="a text-encoder run (tokennet import of a BertModel directory)")
+    p.add_argument("--text", action="append", required=True, help="a text to embed (repeat for several)")
+
+
+def _add_export(sub) -> None:
+    p = sub.add_parser(
+        "export",
+        help="export a run's network as ONNX or a torch.export program, checked against PyTorch",
+        description="Export the network of RUN_DIR with dynamic batch (and sequence length): gpt: token ids "
+        "(B, T) → logits (B, T, V); vit: images (B, C, H, W) → logits (B, K); seq2seq: the encoder only, source "
+        "ids (B, S) → memory (B, S, D). The file is loaded back (onnxruntime for ONNX) and run on two input "
+        "shapes against PyTorch; it is written only if max |difference| <= 1e-4. NOT exported: the decoding "
+        "loop (sampling, beam search, KV cache), the seq2seq decoder, tokenizers and input checks.",
+    )
+    p.add_argument("run_dir", help="a run directory (trained or imported)")
+    p.add_argument("--format", required=True, choices=["onnx", "pt2"],
+                   help="onnx (torch.onnx.export with dynamo=True; needs onnx, onnxscript, onnxruntime) or pt2 "
+                   "(torch.export.save)")
+    p.add_argument("--out", required=True, help="the file to write, e.g. model.onnx or model.pt2")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -157,6 +236,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_eval(sub)
     _add_demo(sub)
     _add_viz(sub)
+    _add_report(sub)
+    _add_import(sub)
+    _add_export(sub)
+    _add_embed(sub)
     return parser
 
 
@@ -235,11 +318,19 @@ def cmd_generate(args) -> int:
     if args.image and not {"caption", "classify"} & set(verbs):
         raise CLIError(f"--image is for captioning and image classification runs; {args.run_dir} is a "
                        f"{run.task.name} run")
+    if args.audio and run.task.kind != "audio-classifier":
+        raise CLIError(f"--audio is for audio classification runs; {args.run_dir} is a {run.task.name} run")
     if "caption" in verbs:
         if not args.image:
             raise CLIError(f"{args.run_dir} is a captioning run: it takes images, not a prompt; pass --image PATH")
         for path, cap in zip(args.image, run.caption(args.image, beam_size=args.beam_size), strict=True):
             print(cap if len(args.image) == 1 else f"{path}\t{cap}")
+    elif "classify" in verbs and run.task.kind == "audio-classifier":
+        if not args.audio:
+            raise CLIError(f"{args.run_dir} is an audio classification run: pass --audio FILE ...")
+        names = run.task.label_names(run)
+        for path, (label, prob) in zip(args.audio, run.classify(args.audio), strict=True):
+            print(f"{path}\t{label}\t{names[label] if names else label}\t{prob:.4f}")
     elif "classify" in verbs:
         if not args.image:
             raise CLIError(f"{args.run_dir} is an image classification run: pass --image PATH ...")
@@ -254,8 +345,14 @@ def cmd_generate(args) -> int:
     elif "generate" in verbs:
         from .tasks.language import stream_text
 
-        sys.stdout.write(args.prompt)
-        for piece in stream_text(run, args.prompt, args.max_new_tokens, temperature=args.temperature,
+        prompt = args.prompt
+        if args.chat:
+            if not getattr(run.tokenizer, "chat_template", None):
+                raise CLIError(f"{args.run_dir} has no chat template (only imported chat models have one)")
+            prompt = run.tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}])
+        else:
+            sys.stdout.write(args.prompt)
+        for piece in stream_text(run, prompt, args.max_new_tokens, temperature=args.temperature,
                                  top_k=args.top_k, top_p=args.top_p, seed=args.seed, use_cache=not args.no_cache):
             sys.stdout.write(piece)
             sys.stdout.flush()
@@ -301,8 +398,52 @@ def cmd_viz(args) -> int:
     return 0
 
 
-COMMANDS = {"list": cmd_list, "train": cmd_train, "generate": cmd_generate, "eval": cmd_eval, "demo": cmd_demo,
-            "viz": cmd_viz}
+def cmd_report(args) -> int:
+    from .device import resolve_device
+    from .errors import RecipeError
+    from .recipes import get_recipe
+    from .run import read_run_info
+    from .viz.report import write_report
+
+    info = read_run_info(args.run_dir)  # a clear error for a directory that is not a run
+    try:  # the recipe's defaults, for the settings diff (an imported or foreign run has none)
+        defaults = get_recipe(info["recipe"]).defaults(info.get("data")) if info.get("recipe") else None
+    except RecipeError:
+        defaults = None
+    print(write_report(args.run_dir, args.out, defaults=defaults, device=str(resolve_device(args.device))))
+    return 0
+
+
+def cmd_import(args) -> int:
+    from .interop import import_checkpoint
+
+    r = import_checkpoint(args.source, args.out)
+    print(f"{r.path}: {r.converter} → tokennet {r.model.config.family} "
+          f"({sum(p.numel() for p in r.model.parameters()):,} parameters)")
+    return 0
+
+
+def cmd_export(args) -> int:
+    from .interop.export import export_run
+
+    r = export_run(_load_run(args.run_dir, "cpu"), args.out, args.format)
+    checks = ", ".join(f"{shape}: {d:.1e}" for shape, d in r.max_diff.items())
+    print(f"{r.path}: {r.format}, {', '.join(r.inputs)} → {', '.join(r.outputs)}; max |diff| vs PyTorch {checks}")
+    return 0
+
+
+def cmd_embed(args) -> int:
+    e = _load_run(args.run_dir, "cpu").embed(args.text)
+    for row in e.tolist():
+        print(json.dumps([round(v, 6) for v in row]))
+    if len(args.text) > 1:
+        print(json.dumps({"cosine": [[round(v, 4) for v in r] for r in (e @ e.T).tolist()]}))
+    return 0
+
+
+COMMANDS = {"embed": cmd_embed, "export": cmd_export, "import": cmd_import,
+            "list": cmd_list, "train": cmd_train, "generate": cmd_generate, "eval": cmd_eval, "demo": cmd_demo,
+            "viz": cmd_viz, "report": cmd_report}
 
 
 def main(argv: list[str] | None = None) -> int:

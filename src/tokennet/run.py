@@ -244,6 +244,10 @@ class Run:
         """``(class index, probability)`` of each input: a tensor batch or file paths (classifiers)."""
         return self.task.classify(self, inputs, **kw)
 
+    def embed(self, texts, **kw) -> torch.Tensor:
+        """Sentence embeddings ``(B, D)``, L2-normalized, of a text or a list of texts (text encoders)."""
+        return self.task.embed(self, texts, **kw)
+
     def attention_maps(self, inputs) -> dict[str, list[torch.Tensor]]:
         """Every layer's attention for ``inputs`` as returned data (see each model's ``attention_maps``)."""
         with torch.no_grad():

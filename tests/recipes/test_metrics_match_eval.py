@@ -39,7 +39,10 @@ CASES = {
     "seq2seq/bahdanau": {**SMALL_S2S, "arch": "bahdanau"},
     "caption": SMALL_CAP,
     "caption/decoder-only": {**SMALL_CAP, "form": "decoder-only"},
+    "graph": {"dim": 32, "num_layers": 1, "num_heads": 2, "batch_size": 16, "test_size": 64, "val_size": 16,
+              "ablation": False},
 }
+CASES["audio"] = {"dim": 32, "num_layers": 1, "num_heads": 2, "batch_size": 8, "n_mels": 16, "clip_samples": 8000}
 # Evaluations at steps 3 and 6 and at the end: the final metrics come after earlier no-grad passes.
 STEPS = {"max_iters": 8, "eval_interval": 3, "warmup_iters": 2, "progress": False}
 
@@ -95,10 +98,20 @@ def _check_run(run_dir, model):
     return common
 
 
+@pytest.fixture(scope="module")
+def wav_dir(tmp_path_factory):
+    """A tiny LABEL/*.wav directory for the audio recipe (no espeak-ng needed)."""
+    from support import write_wav_dataset
+
+    return write_wav_dataset(tmp_path_factory.mktemp("wavs"), per_label=6)
+
+
 @pytest.mark.parametrize("case", list(CASES))
-def test_metrics_json_equals_a_fresh_eval_also_after_resume(case, tmp_path, corpus, monkeypatch):
+def test_metrics_json_equals_a_fresh_eval_also_after_resume(case, tmp_path, corpus, monkeypatch, request):
     recipe = case.split("/")[0]
     data = str(corpus) if recipe.startswith("gpt") else None
+    if recipe == "audio":
+        data = str(request.getfixturevalue("wav_dir"))
     sets = {**CASES[case], **STEPS}
     run_dir, _, model = _train_capturing_model(monkeypatch, recipe, data=data, out=tmp_path / "run", sets=sets)
     compared = _check_run(run_dir, model)

@@ -20,10 +20,21 @@ from ..attention.multihead import KVCache, MultiHeadAttention
 from .mixer import TokenMixing
 from .mlp import MLP
 
-__all__ = ["Block", "NORMS", "MIXERS"]
+__all__ = ["Block", "NORMS", "MIXERS", "NORM_LAYERS", "make_norm"]
 
 NORMS = ("pre", "post")
 MIXERS = ("attention", "token")
+NORM_LAYERS = ("layernorm", "rmsnorm")
+
+
+def make_norm(kind: str, dim: int, *, eps: float = 1e-5, bias: bool = True) -> nn.Module:
+    """The normalization of a block: LayerNorm ``(x − μ)/√(σ² + ε) ⊙ γ + β`` or RMSNorm ``x/√(mean(x²) + ε) ⊙ γ``
+    (Zhang & Sennrich 2019, https://arxiv.org/abs/1910.07467; Llama's choice), which has no bias."""
+    if kind == "layernorm":
+        return nn.LayerNorm(dim, eps=eps, bias=bias)
+    if kind == "rmsnorm":
+        return nn.RMSNorm(dim, eps=eps)
+    raise ValueError(f"norm_layer must be one of {NORM_LAYERS}, got {kind!r}")
 
 
 class Block(nn.Module):
@@ -43,7 +54,9 @@ class Block(nn.Module):
         num_tokens: maximum sequence length, needed by the token mixer.
         bias: biases in linear layers and norms.
         backend: attention backend.
-        norm_eps: LayerNorm epsilon.
+        norm_eps: the norm's epsilon.
+        norm_layer: ``"layernorm"`` or ``"rmsnorm"``.
+        gated_mlp: a gated MLP (SwiGLU with ``activation="silu"``).
     """
 
     def __init__(
@@ -63,6 +76,8 @@ class Block(nn.Module):
         bias: bool = True,
         backend: str = "auto",
         norm_eps: float = 1e-5,
+        norm_layer: str = "layernorm",
+        gated_mlp: bool = False,
     ):
         super().__init__()
         if norm not in NORMS:
@@ -70,7 +85,7 @@ class Block(nn.Module):
         if mixer not in MIXERS:
             raise ValueError(f"mixer must be one of {MIXERS}, got {mixer!r}")
         self.pre = norm == "pre"
-        self.norm1 = nn.LayerNorm(dim, eps=norm_eps, bias=bias)
+        self.norm1 = make_norm(norm_layer, dim, eps=norm_eps, bias=bias)
         if mixer == "attention":
             self.attn = MultiHeadAttention(
                 dim, num_heads, num_kv_heads=num_kv_heads, bias=bias, dropout=dropout, backend=backend
@@ -81,15 +96,15 @@ class Block(nn.Module):
             self.attn = TokenMixing(dim, num_tokens, bias=bias, dropout=dropout)
         self.cross_attn = None
         if cross_attention:
-            self.norm_cross = nn.LayerNorm(dim, eps=norm_eps, bias=bias)
+            self.norm_cross = make_norm(norm_layer, dim, eps=norm_eps, bias=bias)
             self.cross_attn = MultiHeadAttention(
                 dim, num_heads, context_dim=context_dim or dim, bias=bias, dropout=dropout, backend=backend
             )
-        self.norm2 = nn.LayerNorm(dim, eps=norm_eps, bias=bias)
-        self.mlp = MLP(dim, mlp_ratio=mlp_ratio, activation=activation, dropout=dropout, bias=bias)
+        self.norm2 = make_norm(norm_layer, dim, eps=norm_eps, bias=bias)
+        self.mlp = MLP(dim, mlp_ratio=mlp_ratio, activation=activation, dropout=dropout, bias=bias, gated=gated_mlp)
         self.drop = (nn.Dropout(dropout) if dropout > 0 else nn.Identity())
 
-    def _residual(self, x: Tensor, norm: nn.LayerNorm, f) -> Tensor:
+    def _residual(self, x: Tensor, norm: nn.Module, f) -> Tensor:
         if self.pre:
             return x + self.drop(f(norm(x)))
         return norm(x + self.drop(f(x)))

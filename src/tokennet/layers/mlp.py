@@ -1,4 +1,8 @@
-"""The position-wise MLP of a transformer block: ``MLP(x) = W₂ σ(W₁ x + b₁) + b₂``, per token."""
+"""The position-wise MLP of a transformer block: ``MLP(x) = W₂ σ(W₁ x + b₁) + b₂``, per token.
+
+Gated (GLU variants, Shazeer 2020, https://arxiv.org/abs/2002.05202): ``MLP(x) = W₂ (σ(W_g x) ⊙ W₁ x)``;
+with σ = SiLU this is SwiGLU, the MLP of Llama.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,7 @@ from torch import Tensor, nn
 
 __all__ = ["MLP", "ACTIVATIONS"]
 
-ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU, "gelu_tanh": lambda: nn.GELU(approximate="tanh")}
+ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU, "gelu_tanh": lambda: nn.GELU(approximate="tanh"), "silu": nn.SiLU}
 
 
 class MLP(nn.Module):
@@ -16,9 +20,11 @@ class MLP(nn.Module):
         dim: input and output width D.
         hidden_dim: inner width (default ``mlp_ratio · dim``).
         mlp_ratio: inner width as a multiple of ``dim`` when ``hidden_dim`` is not given.
-        activation: ``"gelu"`` (ViT, GPT), ``"relu"`` (the original Transformer) or ``"gelu_tanh"``.
+        activation: ``"gelu"`` (ViT, GPT), ``"relu"`` (the original Transformer), ``"gelu_tanh"`` (GPT-2)
+            or ``"silu"``.
         dropout: dropout after the activation and after the output projection.
         bias: use biases.
+        gated: a gated MLP with a third projection ``gate`` (SwiGLU with ``activation="silu"``).
     """
 
     def __init__(
@@ -30,6 +36,7 @@ class MLP(nn.Module):
         activation: str = "gelu",
         dropout: float = 0.0,
         bias: bool = True,
+        gated: bool = False,
     ):
         super().__init__()
         if activation not in ACTIVATIONS:
@@ -38,10 +45,12 @@ class MLP(nn.Module):
         if hidden_dim < 1:
             raise ValueError(f"hidden_dim must be positive, got {hidden_dim}")
         self.fc1 = nn.Linear(dim, hidden_dim, bias=bias)
+        self.gate = nn.Linear(dim, hidden_dim, bias=bias) if gated else None
         self.act = ACTIVATIONS[activation]()
         self.fc2 = nn.Linear(hidden_dim, dim, bias=bias)
         self.drop = (nn.Dropout(dropout) if dropout > 0 else nn.Identity())
 
     def forward(self, x: Tensor) -> Tensor:
         """``(B, N, D) → (B, N, D)``."""
-        return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
+        h = self.act(self.fc1(x)) if self.gate is None else self.act(self.gate(x)) * self.fc1(x)  # (B, N, hidden)
+        return self.drop(self.fc2(self.drop(h)))

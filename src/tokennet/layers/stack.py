@@ -9,7 +9,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from ..attention.multihead import KVCache
-from .block import Block
+from .block import Block, make_norm
 
 __all__ = ["Encoder", "Decoder", "AttentionMaps"]
 
@@ -30,8 +30,8 @@ class _Stack(nn.Module):
         self.blocks = nn.ModuleList(Block(dim, num_heads, **block_kw) for _ in range(n_distinct))
         pre = block_kw.get("norm", "pre") == "pre"
         # Pre-norm leaves the residual stream unnormalized: one final LayerNorm closes the stack.
-        self.norm = nn.LayerNorm(dim, eps=block_kw.get("norm_eps", 1e-5), bias=block_kw.get("bias", True)) if pre \
-            else nn.Identity()
+        self.norm = make_norm(block_kw.get("norm_layer", "layernorm"), dim, eps=block_kw.get("norm_eps", 1e-5),
+                              bias=block_kw.get("bias", True)) if pre else nn.Identity()
 
     def layers(self):
         """The block applied at each depth (the same module repeated when weights are shared)."""

@@ -1,10 +1,13 @@
 """Models by name. Importing this package registers every family (one module each)."""
 
 from . import (
+    ast,  # noqa: F401  (registers the family)
     bahdanau,  # noqa: F401  (registers the family)
     captioner,  # noqa: F401  (registers the families)
     gpt,  # noqa: F401  (registers the family)
+    graph,  # noqa: F401  (registers the family)
     seq2seq,  # noqa: F401  (registers the family)
+    text_encoder,  # noqa: F401  (registers the family)
     vit,  # noqa: F401  (registers the family)
 )
 from .registry import (

@@ -16,6 +16,8 @@ from torch import Tensor, nn
 
 from ..attention.multihead import KVCache
 from ..errors import ConfigError
+from ..layers.block import NORM_LAYERS
+from ..layers.mlp import ACTIVATIONS
 from ..layers.stack import AttentionMaps, Decoder
 from ..position.alibi import ALiBi
 from ..position.learned import LearnedPosition
@@ -43,6 +45,11 @@ class GPTConfig(ModelConfig):
         tie_weights: share the token embedding with the LM head.
         bias: biases in linear layers and LayerNorms.
         mixer: ``"attention"`` or ``"token"`` (the learned token-mixing matrix, for comparison).
+        activation: MLP nonlinearity: ``"gelu"`` (erf), ``"gelu_tanh"`` (GPT-2's tanh approximation) or ``"relu"``.
+        norm_eps: the norms' epsilon (GPT-2: 1e-5).
+        norm_layer: ``"layernorm"`` (GPT-2) or ``"rmsnorm"`` (Llama).
+        gated_mlp: a gated MLP, ``W₂ (σ(W_g x) ⊙ W₁ x)``: SwiGLU with ``activation="silu"`` (Llama).
+        rope_base: RoPE's wavelength scale, θ_j = base^(−2j/E) (``position="rope"`` only; Llama: 1e4, SmolLM2: 1e5).
         backend: attention backend (``"auto"``, ``"sdpa"``, ``"math"``, ``"flash"``).
     """
 
@@ -58,6 +65,11 @@ class GPTConfig(ModelConfig):
     tie_weights: bool = True
     bias: bool = True
     mixer: str = "attention"
+    activation: str = "gelu"
+    norm_eps: float = 1e-5
+    norm_layer: str = "layernorm"
+    gated_mlp: bool = False
+    rope_base: float = 10000.0
     backend: str = "auto"
 
     def __post_init__(self):
@@ -66,6 +78,12 @@ class GPTConfig(ModelConfig):
                        num_layers=self.num_layers, num_heads=self.num_heads)
         self._choice("position", self.position, POSITIONS)
         self._choice("mixer", self.mixer, ("attention", "token"))
+        self._choice("activation", self.activation, tuple(ACTIVATIONS))
+        self._choice("norm_layer", self.norm_layer, NORM_LAYERS)
+        if isinstance(self.rope_base, bool) or not isinstance(self.rope_base, (int, float)) or not self.rope_base > 0:
+            raise ConfigError(f"rope_base must be a positive number (usually 10000.0), got {self.rope_base!r}")
+        if isinstance(self.norm_eps, bool) or not isinstance(self.norm_eps, (int, float)) or not self.norm_eps > 0:
+            raise ConfigError(f"norm_eps must be a positive number, got {self.norm_eps!r}")
         self._mlp_and_backend()
         if self.mixer == "token" and self.position in ("rope", "alibi"):
             raise ConfigError(f"mixer='token' takes no position={self.position!r} (its mixing matrix is already "
@@ -93,12 +111,13 @@ class GPT(nn.Module):
             self.pos_emb = LearnedPosition(c.block_size, c.dim)
         elif c.position == "sinusoidal":
             self.pos_emb = SinusoidalPosition(c.dim, max_len=c.block_size)
-        self.rope = RotaryEmbedding(c.dim // c.num_heads) if c.position == "rope" else None
+        self.rope = RotaryEmbedding(c.dim // c.num_heads, base=c.rope_base) if c.position == "rope" else None
         self.alibi = ALiBi(c.num_heads) if c.position == "alibi" else None
         self.drop = (nn.Dropout(c.dropout) if c.dropout > 0 else nn.Identity())
         self.decoder = Decoder(
             c.dim, c.num_layers, c.num_heads, mlp_ratio=c.mlp_ratio, norm="pre", dropout=c.dropout,
             num_kv_heads=c.num_kv_heads, bias=c.bias, mixer=c.mixer, num_tokens=c.block_size, backend=c.backend,
+            activation=c.activation, norm_eps=c.norm_eps, norm_layer=c.norm_layer, gated_mlp=c.gated_mlp,
         )
         self.lm_head = nn.Linear(c.dim, c.vocab_size, bias=False)
         self.apply(self._init_weights)

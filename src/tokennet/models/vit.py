@@ -59,6 +59,7 @@ class ViTConfig(ModelConfig):
         pad: zero-pad images whose size the patches do not tile (else an error).
         label_smoothing: the loss's label smoothing ε (Szegedy et al. 2016).
         bias: biases in linear layers and LayerNorms.
+        norm_eps: LayerNorm epsilon (Hugging Face ViT checkpoints use 1e-12).
         backend: attention backend (``"auto"``, ``"sdpa"``, ``"math"``, ``"flash"``).
     """
 
@@ -80,6 +81,7 @@ class ViTConfig(ModelConfig):
     pad: bool = False
     label_smoothing: float = 0.0
     bias: bool = True
+    norm_eps: float = 1e-5
     backend: str = "auto"
 
     def __post_init__(self):
@@ -96,6 +98,8 @@ class ViTConfig(ModelConfig):
         self._mlp_and_backend()
         if self.dim % self.num_heads:
             raise ConfigError(f"num_heads={self.num_heads} must divide dim={self.dim}")
+        if isinstance(self.norm_eps, bool) or not isinstance(self.norm_eps, (int, float)) or not self.norm_eps > 0:
+            raise ConfigError(f"norm_eps must be a positive number, got {self.norm_eps!r}")
         if self.position == "fourier" and self.dim % 4:
             raise ConfigError(f"position='fourier' needs dim divisible by 4, got dim={self.dim}")
         self._fraction(dropout=self.dropout, patch_dropout=self.patch_dropout, label_smoothing=self.label_smoothing)
@@ -180,12 +184,13 @@ class ViT(nn.Module):
             self.pos_emb = Fourier2DPosition(c.dim, c.grid, num_prefix=c.num_prefix)
         self.drop = nn.Dropout(c.dropout)
         self.encoder = Encoder(c.dim, c.num_layers, c.num_heads, mlp_ratio=c.mlp_ratio, norm="pre",
-                               dropout=c.dropout, activation="gelu", bias=c.bias, backend=c.backend)
+                               dropout=c.dropout, activation="gelu", bias=c.bias, backend=c.backend,
+                               norm_eps=c.norm_eps)
         # The head's LayerNorm closes the pre-norm stack instead of the encoder's own final norm: for
         # <cls> pooling that is the same function, and for mean pooling it normalizes the pooled token.
         self.encoder.norm = nn.Identity()
         self.head = nn.Sequential(OrderedDict(
-            norm=nn.LayerNorm(c.dim, bias=c.bias),
+            norm=nn.LayerNorm(c.dim, eps=c.norm_eps, bias=c.bias),
             fc=nn.Linear(c.dim, c.num_classes, bias=c.bias),
         ))
         self.apply(self._init_weights)

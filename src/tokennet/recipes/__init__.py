@@ -1,8 +1,10 @@
 """Recipes: which data, which model preset, which training settings. Importing registers them all."""
 
 from . import (
+    audio,  # noqa: F401  (registers audio)
     caption,  # noqa: F401  (registers caption)
     gpt,  # noqa: F401  (registers gpt, gpt-char)
+    graph,  # noqa: F401  (registers graph)
     seq2seq,  # noqa: F401  (registers seq2seq)
     vit,  # noqa: F401  (registers vit)
 )

@@ -130,6 +130,8 @@ def get_recipe(name: str) -> Recipe:
 
 def _coerce(key: str, text: str, default: Any) -> Any:
     low = text.strip().lower()
+    if isinstance(default, str):  # a string setting keeps "none" as a value (e.g. position=none)
+        return text
     if low in ("none", "null"):
         return None
     try:
@@ -276,8 +278,10 @@ def _train(recipe, out, defaults, data, sets, dev, info, resume, overwrite, crea
         raise
     if info.enabled:
         _seed_everything(tcfg.seed + 1000 * info.rank)  # different dropout masks per rank
+    defaults_for_report = recipe.defaults(data)
     trainer = Trainer(job.model, tcfg, job.source, evaluate=job.evaluate, out_dir=out, device=dev,
-                      tokens_per_batch=job.tokens_per_batch, dist=info)
+                      tokens_per_batch=job.tokens_per_batch, dist=info,
+                      on_checkpoint=_checkpoint_reports(out, defaults_for_report) if tcfg.report else None)
     if resume:
         trainer.resume()  # a damaged checkpoint stops here, before any file of the run is touched
     if info.is_main:
@@ -299,6 +303,26 @@ def _train(recipe, out, defaults, data, sets, dev, info, resume, overwrite, crea
     if info.enabled:
         metrics["world_size"] = info.world_size
     if job.finish is not None:
+        model.eval()  # the final metrics are inference: no dropout, no training-time randomness (sign flips, ...)
         metrics.update(job.finish(model))
     write_metrics(out, metrics)
+    if tcfg.report:
+        _write_report(out, defaults_for_report, panels=True, device=str(dev))
     return out, metrics
+
+
+def _checkpoint_reports(out: Path, defaults: dict[str, Any]):
+    """The trainer's checkpoint hook: the curves page (no model yet), refreshed at most every 30 s."""
+    from ..viz.report import CheckpointReports
+
+    return CheckpointReports(lambda: _write_report(out, defaults, panels=False))
+
+
+def _write_report(out: Path, defaults: dict[str, Any], **kw) -> None:
+    """Refresh ``report.html``; a report that fails never fails the run it reports on."""
+    from ..viz.report import write_report
+
+    try:
+        write_report(out, defaults=defaults, **kw)
+    except Exception as e:  # noqa: BLE001 - the run's files are written; the page is a view of them
+        log.warning("could not write %s/report.html: %s", out, e, exc_info=not isinstance(e, (OSError,)))

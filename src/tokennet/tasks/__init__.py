@@ -90,6 +90,9 @@ class Task:
     def classify(self, run: Run, inputs, **kw) -> list[tuple[int, float]]:
         self._unsupported(run, "classify")
 
+    def embed(self, run: Run, texts, **kw) -> Tensor:
+        self._unsupported(run, "embed text")
+
 
 _TASKS: dict[str, Task] = {}
 
@@ -110,8 +113,11 @@ def list_tasks() -> dict[str, str]:
 
 
 # The registrations: one line per model family.
+from .audio import AudioClassification  # noqa: E402
 from .captioning import Captioning  # noqa: E402
 from .classification import ImageClassification  # noqa: E402
+from .embedding import TextEmbedding  # noqa: E402
+from .graph import GraphPrediction  # noqa: E402
 from .language import LanguageModel  # noqa: E402
 from .translation import Translation  # noqa: E402
 
@@ -121,3 +127,6 @@ register_task("bahdanau", Translation())
 register_task("captioner", Captioning())
 register_task("captioner-prefix", Captioning())
 register_task("vit", ImageClassification())
+register_task("text-encoder", TextEmbedding())
+register_task("ast", AudioClassification())
+register_task("graph", GraphPrediction())

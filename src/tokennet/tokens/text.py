@@ -528,6 +528,10 @@ def tokenizer_from_dict(data: dict[str, Any]) -> Tokenizer:
         kind = data["tokennet"].get("kind") if isinstance(data["tokennet"], dict) else None
         if kind == "char":
             return CharTokenizer.from_dict(data)
+        if kind == "pretrained":  # an imported model's own vocabulary (tokens/pretrained.py imports this module)
+            from .pretrained import PretrainedTokenizer
+
+            return PretrainedTokenizer.from_dict(data)
         raise DataError(
             f"unknown tokenizer kind {kind!r} in tokenizer JSON; expected one of {TOKENIZER_KINDS}"
         )

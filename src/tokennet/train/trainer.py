@@ -70,6 +70,9 @@ class TrainConfig:
         progress: show a progress bar.
         target_val_loss: stop as soon as an evaluation reports ``val_loss`` at or below this value.
         strategy: ``"ddp"`` or ``"fsdp"`` when launched with torchrun (ignored in a single process).
+        report: write ``report.html`` in the run directory at each checkpoint and at the end.
+        tensorboard: also write TensorBoard event files to ``RUN_DIR/tensorboard`` (needs the
+            ``tensorboard`` package; ``log.jsonl`` stays the source of truth).
     """
 
     max_iters: int = 1000
@@ -93,6 +96,8 @@ class TrainConfig:
     progress: bool = True
     target_val_loss: float | None = None
     strategy: str = "ddp"
+    report: bool = True
+    tensorboard: bool = False
 
     def __post_init__(self):
         for k in ("max_iters", "batch_size", "grad_accum"):
@@ -134,6 +139,8 @@ class Trainer:
         device: where to train.
         tokens_per_batch: items (tokens, images) in one micro-batch, for the throughput figure.
         dist: this process's place in a torchrun launch (None = a single process).
+        on_checkpoint: called with the trainer after each checkpoint written before the run is done (periodic
+            ones, and the one an interrupted run writes; rank 0 only), e.g. to refresh the run's report.
     """
 
     def __init__(
@@ -147,6 +154,7 @@ class Trainer:
         device: torch.device | str = "cpu",
         tokens_per_batch: int | None = None,
         dist: DistInfo | None = None,
+        on_checkpoint: Callable[[Trainer], None] | None = None,
     ):
         self.c = config
         self.dist = dist or DistInfo()
@@ -168,6 +176,12 @@ class Trainer:
         self._stop_signal: int | None = None
         self._reached = False  # target_val_loss met
         self._forward = torch.compile(self.model) if config.compile else self.model
+        self.on_checkpoint = on_checkpoint
+        self._tb = None
+        if config.tensorboard and self.dist.is_main:
+            from .tensorboard import open_writer
+
+            self._tb = open_writer(self.out_dir / "tensorboard")
 
     # -- state ---------------------------------------------------------------------------------
     def _state(self) -> dict[str, Any]:
@@ -182,6 +196,8 @@ class Trainer:
         if self.dist.is_main:
             path = save_checkpoint(self.ckpt_dir, self.step, msd, osd, self._state(), rng,
                                    keep=max(1, self.c.keep_checkpoints))
+            if self.on_checkpoint is not None and not self._done():  # the final state is the caller's to report
+                self.on_checkpoint(self)
         barrier(self.dist)
         return path
 
@@ -240,9 +256,16 @@ class Trainer:
             return
         with open(self.out_dir / "log.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
+        if self._tb is not None:
+            self._tb.write(record)
 
     def _on_signal(self, signum, frame):  # noqa: ARG002
         self._stop_signal = signum
+
+    @property
+    def stopping(self) -> bool:
+        """True once Ctrl-C or SIGTERM asked the run to stop (its last checkpoint is being written)."""
+        return self._stop_signal is not None
 
     def _done(self) -> bool:
         if self.step >= self.c.max_iters or self._reached:
@@ -288,8 +311,9 @@ class Trainer:
                         f"loss became {loss_val} at step {self.step}; the last good checkpoint is kept in "
                         f"{self.ckpt_dir} (try a lower lr)"
                     )
-                if c.grad_clip > 0:
-                    torch.nn.utils.clip_grad_norm_(self.module.parameters(), c.grad_clip)
+                # The norm before clipping is logged as grad_norm; max_norm=inf leaves the gradients as they are.
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(),
+                                                           c.grad_clip if c.grad_clip > 0 else math.inf)
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
                 self.step += 1
@@ -308,7 +332,7 @@ class Trainer:
                     dt = time.perf_counter() - t_window
                     rate = tokens / dt if dt > 0 else 0.0
                     rec = {"step": self.step, "loss": loss_val, "lr": lr, "elapsed": round(self.elapsed, 3),
-                           "items_per_s": round(rate, 1)}
+                           "items_per_s": round(rate, 1), "grad_norm": round(float(grad_norm), 5)}
                     self._log(rec)
                     if bar is not None:
                         bar.set_postfix(loss=f"{loss_val:.4f}", tok_s=f"{rate:,.0f}")

@@ -61,5 +61,7 @@ def visualize(run, out_dir: str | Path | None = None, *, device: str = "cpu", **
 
 # Task kinds register on import, after register_viz exists.
 from . import alignment as _alignment  # noqa: E402, F401
+from . import audio as _audio  # noqa: E402, F401
+from . import graph as _graph  # noqa: E402, F401
 from . import language as _language  # noqa: E402, F401
 from . import vit as _vit  # noqa: E402, F401

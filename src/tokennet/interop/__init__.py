@@ -1,0 +1,133 @@
+"""Checkpoints of other libraries on tokennet's own modules: ``tokennet import SOURCE --out RUN_DIR``.
+
+One converter per foreign family maps names and layouts onto tokennet's modules (DESIGN.md: foreign
+names are mapped, not adopted); the result is an ordinary tokennet run directory (``config.json``,
+``model.safetensors``, ``run.json``), so ``tokennet.load``, ``generate`` and ``viz`` use it with
+tokennet's code alone — no ``transformers`` at inference.
+
+=====================  ===============================  ===========================================
+source                 architecture                     tokennet family
+=====================  ===============================  ===========================================
+HF dir, ``gpt2``       ``GPT2LMHeadModel``              ``gpt`` (:mod:`.gpt2`)
+HF dir, ``vit``        ``ViTForImageClassification``    ``vit`` (:mod:`.vit`)
+HF dir, ``llama``      ``LlamaForCausalLM``             ``gpt`` with Llama's options (:mod:`.llama`)
+``*.gguf`` file        ``llama``                        ``gpt`` with Llama's options + its tokenizer
+HF dir, ``bert``       ``BertModel``                    ``text-encoder`` + its tokenizer (:mod:`.bert`)
+=====================  ===============================  ===========================================
+
+Anything else — another family, a config field a converter does not map, a tensor it does not use or
+cannot find — stops the import with one line, and nothing is written.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from ..errors import ConfigError, RunError
+from ..models.registry import save_pretrained
+from ..run import save_tokenizer, write_run_info
+from .bert import convert_bert
+from .gpt2 import convert_gpt2
+from .hf import read_hf_config
+from .llama import convert_llama, convert_llama_gguf
+from .vit import convert_vit
+
+__all__ = ["import_checkpoint", "convert", "ImportResult", "CONVERTERS"]
+
+logger = logging.getLogger(__name__)
+
+# (source, its config.json) → (model, notes, tokenizer or None)
+Converter = Callable[[Path, dict[str, Any]], tuple[nn.Module, list[str], Any]]
+
+# (HF model_type, architecture) → converter.
+CONVERTERS: dict[tuple[str, str], Converter] = {
+    ("gpt2", "GPT2LMHeadModel"): convert_gpt2,
+    ("vit", "ViTForImageClassification"): convert_vit,
+    ("llama", "LlamaForCausalLM"): convert_llama,
+    ("bert", "BertModel"): convert_bert,
+}
+
+
+@dataclass
+class ImportResult:
+    """What :func:`import_checkpoint` did: the run directory, the converter used and remarks for the user."""
+
+    path: Path
+    converter: str
+    model: nn.Module
+    notes: list[str] = field(default_factory=list)
+    tokenizer: Any = None
+
+
+def _magic(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        return f.read(4)
+
+
+def convert(source: str | Path) -> tuple[nn.Module, Any, str, list[str]]:
+    """Convert a checkpoint in memory: ``(tokennet model, tokenizer or None, converter name, notes)``; writes nothing.
+
+    Args:
+        source: a Hugging Face checkpoint directory, or a ``.gguf`` file.
+    """
+    source = Path(source)
+    if source.suffix == ".gguf" or (source.is_file() and _magic(source) == b"GGUF"):
+        model, tokenizer, notes = convert_llama_gguf(source)
+        return model, tokenizer, "gguf/llama", notes
+    cfg = read_hf_config(source)
+    archs = cfg.get("architectures") or []
+    model_type = cfg["model_type"]
+    for arch in archs:
+        if (model_type, arch) in CONVERTERS:
+            model, notes, tokenizer = CONVERTERS[(model_type, arch)](source, cfg)
+            return model, tokenizer, f"{model_type}/{arch}", notes
+    supported = ", ".join(f"{a} ({t})" for t, a in CONVERTERS)
+    got = f"{model_type} / {', '.join(archs) or 'no architectures field'}"
+    raise ConfigError(f"{source}: architecture {got} has no tokennet converter (supported: {supported}); "
+                      "nothing was written")
+
+
+def import_checkpoint(source: str | Path, out: str | Path) -> ImportResult:
+    """Convert the checkpoint in ``source`` and write it as a tokennet run directory ``out``.
+
+    The conversion happens in memory and is checked completely (config fields, every tensor's name and
+    shape) before anything is written; the run is written to a temporary directory beside ``out`` and
+    renamed, so a failure leaves nothing behind.
+
+    Args:
+        source: a Hugging Face checkpoint directory (``config.json`` + ``model.safetensors``) or a GGUF file.
+        out: the new run directory; it must not exist, or be empty.
+    """
+    source, out = Path(source), Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise RunError(f"{out} already exists and is not an empty directory; choose another --out")
+    model, tokenizer, name, notes = convert(source)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.import-", dir=out.parent))
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; the run is an ordinary directory
+        save_pretrained(model, tmp)
+        if tokenizer is not None:
+            save_tokenizer(tmp, tokenizer)
+        write_run_info(tmp, recipe="import", model=model.config.family, data=str(source.resolve()),
+                       settings={"imported_from": str(source.resolve()), "converter": name})
+        if out.exists():
+            out.rmdir()  # empty, checked above
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    for n in notes:
+        logger.warning("%s", n)
+    return ImportResult(out, name, model, notes, tokenizer)

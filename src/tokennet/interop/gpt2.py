@@ -1,0 +1,113 @@
+"""GPT-2 (Hugging Face ``GPT2LMHeadModel``) → tokennet :class:`~tokennet.models.gpt.GPT`.
+
+GPT-2 is tokennet's GPT with learned positions, pre-norm blocks, the tanh-approximate GELU, LayerNorm
+ε = 1e-5 and the LM head tied to the token embedding (Radford et al. 2019). The layouts differ in two
+ways, both handled here:
+
+- GPT-2's ``Conv1D`` stores weights ``(in, out)`` (``y = x W + b``); ``nn.Linear`` stores ``(out, in)``,
+  so every projection is transposed;
+- ``c_attn`` is already the fused ``[W_q | W_k | W_v]`` along its output axis, exactly tokennet's
+  ``qkv_proj`` rows after the transpose (Q rows first, then K, then V, head-major inside each).
+
+Name map (``i`` = layer)::
+
+    transformer.wte            → tok_emb            transformer.wpe → pos_emb
+    transformer.h.i.ln_1       → decoder.blocks.i.norm1
+    transformer.h.i.attn.c_attn → decoder.blocks.i.attn.qkv_proj   (transposed)
+    transformer.h.i.attn.c_proj → decoder.blocks.i.attn.out_proj   (transposed)
+    transformer.h.i.ln_2       → decoder.blocks.i.norm2
+    transformer.h.i.mlp.c_fc   → decoder.blocks.i.mlp.fc1          (transposed)
+    transformer.h.i.mlp.c_proj → decoder.blocks.i.mlp.fc2          (transposed)
+    transformer.ln_f           → decoder.norm
+    lm_head (absent when tied) → lm_head
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from ..models.gpt import GPT, GPTConfig
+from .hf import NameMap, check_fields, linear_from_conv1d, read_safetensors
+
+__all__ = ["convert_gpt2"]
+
+ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
+
+
+def gpt2_config(cfg: dict[str, Any]) -> GPTConfig:
+    """Map a ``GPT2Config`` (as JSON) onto :class:`GPTConfig`, refusing what tokennet does not implement."""
+    check_fields(
+        cfg, "gpt2",
+        mapped=("vocab_size", "n_positions", "n_ctx", "n_embd", "n_layer", "n_head", "n_inner",
+                "activation_function", "layer_norm_epsilon", "tie_word_embeddings"),
+        required={"scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
+                  "add_cross_attention": False},
+        # Dropout rates are training-time only; reorder_and_upcast_attn changes float16 numerics, not
+        # the function; summary_* configure GPT2DoubleHeadsModel's extra head, absent from an LM.
+        ignored=("attn_pdrop", "embd_pdrop", "resid_pdrop", "summary_first_dropout", "reorder_and_upcast_attn",
+                 "summary_activation", "summary_proj_to_labels", "summary_type", "summary_use_proj"),
+    )
+    act = cfg.get("activation_function", "gelu_new")
+    if act not in ACTIVATIONS:
+        raise ConfigError(f"config field activation_function={act!r} is not supported by the gpt2 converter "
+                          f"(supported: {', '.join(ACTIVATIONS)}); nothing was written")
+    dim = cfg.get("n_embd", 768)
+    if cfg.get("n_ctx") is not None and cfg.get("n_ctx") != cfg.get("n_positions", 1024):
+        raise ConfigError(f"config fields n_ctx={cfg['n_ctx']} and n_positions={cfg.get('n_positions')} disagree; "
+                          "nothing was written")
+    inner = cfg.get("n_inner") or 4 * dim
+    return GPTConfig(
+        vocab_size=cfg.get("vocab_size", 50257), block_size=cfg.get("n_positions", 1024), dim=dim,
+        num_layers=cfg.get("n_layer", 12), num_heads=cfg.get("n_head", 12), mlp_ratio=inner / dim,
+        position="learned", tie_weights=cfg.get("tie_word_embeddings", True), bias=True,
+        activation=ACTIVATIONS[act], norm_eps=float(cfg.get("layer_norm_epsilon", 1e-5)),
+    )
+
+
+def convert_gpt2(source: Path, cfg: dict[str, Any]) -> tuple[GPT, list[str], None]:
+    """Build a tokennet GPT holding the weights of the ``GPT2LMHeadModel`` checkpoint in ``source``.
+
+    Returns:
+        ``(model, notes)``: notes are one-line remarks for the user (nothing is dropped silently).
+    """
+    config = gpt2_config(cfg)
+    if round(config.mlp_ratio * config.dim) != (cfg.get("n_inner") or 4 * config.dim):
+        raise ConfigError(f"config field n_inner={cfg.get('n_inner')} cannot be expressed as mlp_ratio·n_embd")
+    tensors = read_safetensors(source)
+    # Checkpoints saved from GPT2Model (or old ones) have no "transformer." prefix.
+    p = "transformer." if any(k.startswith("transformer.") for k in tensors) else ""
+    # attn.bias / attn.masked_bias: the causal mask as a buffer (older transformers saved it); tokennet builds it.
+    m = NameMap(tensors, str(source / "model.safetensors"), derived=rf"{p}h\.\d+\.attn\.(bias|masked_bias)")
+    t = linear_from_conv1d
+    m.put("tok_emb.weight", f"{p}wte.weight")
+    m.put("pos_emb.weight", f"{p}wpe.weight")
+    for i in range(config.num_layers):
+        h, b = f"{p}h.{i}.", f"decoder.blocks.{i}."
+        for ours, theirs in (("norm1", "ln_1"), ("norm2", "ln_2")):
+            m.put(f"{b}{ours}.weight", f"{h}{theirs}.weight")
+            m.put(f"{b}{ours}.bias", f"{h}{theirs}.bias")
+        for ours, theirs in (("attn.qkv_proj", "attn.c_attn"), ("attn.out_proj", "attn.c_proj"),
+                             ("mlp.fc1", "mlp.c_fc"), ("mlp.fc2", "mlp.c_proj")):
+            m.put(f"{b}{ours}.weight", f"{h}{theirs}.weight", t)
+            m.put(f"{b}{ours}.bias", f"{h}{theirs}.bias")
+    m.put("decoder.norm.weight", f"{p}ln_f.weight")
+    m.put("decoder.norm.bias", f"{p}ln_f.bias")
+    if config.tie_weights:
+        # save_pretrained drops the tied copy; a file that keeps it must hold the same matrix.
+        if m.has("lm_head.weight"):
+            if not m.tensors["lm_head.weight"].equal(m.tensors[f"{p}wte.weight"]):
+                raise ConfigError("tie_word_embeddings is true but lm_head.weight differs from wte.weight; "
+                                  "nothing was written")
+            m.used.add("lm_head.weight")
+        m.put("lm_head.weight", f"{p}wte.weight")
+    else:
+        m.put("lm_head.weight", "lm_head.weight")
+    model = GPT(config)
+    model.load_state_dict(m.finish(model))
+    notes = []
+    if (source / "tokenizer.json").is_file() or (source / "vocab.json").is_file():
+        notes.append("the source's tokenizer was not imported (tokennet reads only its own tokenizers): "
+                     "the run takes token ids, and `generate` needs a tokenizer.json")
+    return model.eval(), notes, None

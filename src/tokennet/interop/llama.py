@@ -1,0 +1,241 @@
+"""Llama family → tokennet :class:`~tokennet.models.gpt.GPT` with Llama's options, from an HF directory or a GGUF file.
+
+Llama (Touvron et al. 2023, https://arxiv.org/abs/2302.13971) is tokennet's GPT with four options
+switched: RMSNorm instead of LayerNorm (``norm_layer="rmsnorm"``), a SwiGLU MLP
+(``gated_mlp=True, activation="silu"``), rotary positions with a chosen base (``position="rope",
+rope_base``), no biases (``bias=False``), grouped-query attention (``num_kv_heads``) and, in most
+sizes, an LM head of its own (``tie_weights=False``; SmolLM2 ties it).
+
+Two sources:
+
+- a Hugging Face directory of ``LlamaForCausalLM`` (``config.json`` + ``model.safetensors``);
+- a GGUF file (llama.cpp's format), read with the ``gguf`` package: quantized tensors (Q4_0, Q4_1,
+  Q8_0, k-quants, …) are dequantized to float32, and llama.cpp's Q/K row permutation is undone.
+  llama.cpp's converter reorders each head's query/key rows from the "rotate-half" pairing
+  (channel j with j + E/2, which HF and tokennet use) to interleaved pairs (2j, 2j + 1):
+  ``W.reshape(H, 2, E/2, D).swapaxes(1, 2)``; :func:`unpermute` is its inverse.
+
+HF name → GGUF name → tokennet name (``i`` = layer)::
+
+    model.embed_tokens                   token_embd      tok_emb
+    model.layers.i.input_layernorm       blk.i.attn_norm decoder.blocks.i.norm1
+    model.layers.i.self_attn.{q,k,v}_proj blk.i.attn_{q,k,v} decoder.blocks.i.attn.qkv_proj (rows stacked)
+    model.layers.i.self_attn.o_proj      blk.i.attn_output decoder.blocks.i.attn.out_proj
+    model.layers.i.post_attention_layernorm blk.i.ffn_norm decoder.blocks.i.norm2
+    model.layers.i.mlp.gate_proj         blk.i.ffn_gate  decoder.blocks.i.mlp.gate
+    model.layers.i.mlp.up_proj           blk.i.ffn_up    decoder.blocks.i.mlp.fc1
+    model.layers.i.mlp.down_proj         blk.i.ffn_down  decoder.blocks.i.mlp.fc2
+    model.norm                           output_norm     decoder.norm
+    lm_head                              output          lm_head (absent when tied)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..errors import ConfigError, DataError
+from ..models.gpt import GPT, GPTConfig
+from .hf import NameMap, check_fields, read_safetensors
+
+__all__ = ["convert_llama", "convert_llama_gguf", "unpermute", "read_gguf"]
+
+# Tokennet names of one layer → (HF name, GGUF name).
+LAYER_NAMES = {
+    "norm1.weight": ("input_layernorm.weight", "attn_norm.weight"),
+    "attn.out_proj.weight": ("self_attn.o_proj.weight", "attn_output.weight"),
+    "norm2.weight": ("post_attention_layernorm.weight", "ffn_norm.weight"),
+    "mlp.gate.weight": ("mlp.gate_proj.weight", "ffn_gate.weight"),
+    "mlp.fc1.weight": ("mlp.up_proj.weight", "ffn_up.weight"),
+    "mlp.fc2.weight": ("mlp.down_proj.weight", "ffn_down.weight"),
+}
+
+
+def llama_config(*, vocab_size: int, context: int, dim: int, hidden: int, layers: int, heads: int, kv_heads: int,
+                 rope_base: float, eps: float, tied: bool) -> GPTConfig:
+    """The tokennet GPT config of a Llama model."""
+    config = GPTConfig(vocab_size=vocab_size, block_size=context, dim=dim, num_layers=layers, num_heads=heads,
+                       num_kv_heads=kv_heads, mlp_ratio=hidden / dim, position="rope", rope_base=float(rope_base),
+                       tie_weights=tied, bias=False, activation="silu", gated_mlp=True, norm_layer="rmsnorm",
+                       norm_eps=float(eps))
+    if round(config.mlp_ratio * dim) != hidden:
+        raise ConfigError(f"intermediate size {hidden} cannot be expressed as mlp_ratio·{dim}; nothing was written")
+    return config
+
+
+def _fill(m: NameMap, config: GPTConfig, *, gguf: bool) -> None:
+    """Put every tensor of a Llama checkpoint into ``m`` (HF or GGUF names)."""
+    k = 1 if gguf else 0
+    emb, final, head = ("token_embd.weight", "output_norm.weight", "output.weight") if gguf else \
+        ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight")
+    m.put("tok_emb.weight", emb)
+    for i in range(config.num_layers):
+        theirs = f"blk.{i}." if gguf else f"model.layers.{i}."
+        ours = f"decoder.blocks.{i}."
+        for name, pair in LAYER_NAMES.items():
+            m.put(ours + name, theirs + pair[k])
+        qkv = [theirs + (f"attn_{n}.weight" if gguf else f"self_attn.{n}_proj.weight") for n in "qkv"]
+        m.put(ours + "attn.qkv_proj.weight", qkv, lambda q, kk, v: torch.cat([q, kk, v]))  # [W_q; W_k; W_v]
+    m.put("decoder.norm.weight", final)
+    if config.tie_weights:
+        m.put("lm_head.weight", emb)
+    else:
+        m.put("lm_head.weight", head)
+
+
+def _hf_rope_base(cfg: dict[str, Any]) -> float:
+    params = cfg.get("rope_parameters")
+    if params is not None:  # transformers ≥ 5 writes rope_parameters
+        if params.get("rope_type", "default") != "default":
+            raise ConfigError(f"config field rope_parameters.rope_type={params.get('rope_type')!r} is not supported "
+                              "by the llama converter (tokennet implements plain RoPE); nothing was written")
+        return params.get("rope_theta", cfg.get("rope_theta", 10000.0))
+    return cfg.get("rope_theta", 10000.0)
+
+
+def convert_llama(source: Path, cfg: dict[str, Any]) -> tuple[GPT, list[str], None]:
+    """A tokennet GPT holding the weights of the ``LlamaForCausalLM`` checkpoint directory ``source``."""
+    check_fields(
+        cfg, "llama",
+        mapped=("vocab_size", "max_position_embeddings", "hidden_size", "intermediate_size", "num_hidden_layers",
+                "num_attention_heads", "num_key_value_heads", "rope_theta", "rope_parameters", "rms_norm_eps",
+                "tie_word_embeddings", "head_dim"),
+        required={"hidden_act": "silu", "attention_bias": False, "mlp_bias": False, "rope_scaling": None,
+                  "pretraining_tp": 1},
+        ignored=("attention_dropout",),
+    )
+    dim, heads = cfg.get("hidden_size", 4096), cfg.get("num_attention_heads", 32)
+    if cfg.get("head_dim", dim // heads) != dim // heads:
+        raise ConfigError(f"config field head_dim={cfg['head_dim']} differs from hidden_size/num_attention_heads="
+                          f"{dim // heads}; tokennet implements the latter; nothing was written")
+    config = llama_config(
+        vocab_size=cfg.get("vocab_size", 32000), context=cfg.get("max_position_embeddings", 2048), dim=dim,
+        hidden=cfg.get("intermediate_size", 11008), layers=cfg.get("num_hidden_layers", 32), heads=heads,
+        kv_heads=cfg.get("num_key_value_heads") or heads, rope_base=_hf_rope_base(cfg),
+        eps=cfg.get("rms_norm_eps", 1e-6), tied=cfg.get("tie_word_embeddings", False))
+    m = NameMap(read_safetensors(source), str(source / "model.safetensors"))
+    _fill(m, config, gguf=False)
+    model = GPT(config)
+    model.load_state_dict(m.finish(model))
+    notes = []
+    if (source / "tokenizer.json").is_file():
+        notes.append("the source's tokenizer.json was not imported (import the GGUF file to get its tokenizer)")
+    return model.eval(), notes, None
+
+
+# -- GGUF -------------------------------------------------------------------------------------------
+def unpermute(w: Tensor, num_heads: int) -> Tensor:
+    """Undo llama.cpp's Q/K row permutation: interleaved rotary pairs (2j, 2j+1) → rotate-half pairs (j, j+E/2).
+
+    llama.cpp's ``convert_hf_to_gguf.py`` applies ``w.reshape(H, 2, E/2, D).swapaxes(1, 2).reshape(H·E, D)``;
+    this is its inverse.
+    """
+    rows, d = w.shape
+    e = rows // num_heads
+    return w.reshape(num_heads, e // 2, 2, d).transpose(1, 2).reshape(rows, d)  # (H, 2, E/2, D) → (H·E, D)
+
+
+def _field(reader, key: str, default=None):
+    f = reader.fields.get(key)
+    if f is None:
+        return default
+    from gguf import GGUFValueType
+
+    if f.types[0] == GGUFValueType.STRING:
+        return bytes(f.parts[f.data[0]]).decode("utf-8")
+    if f.types[0] == GGUFValueType.ARRAY:
+        if f.types[-1] == GGUFValueType.STRING:
+            return [bytes(f.parts[i]).decode("utf-8", errors="replace") for i in f.data]
+        return [f.parts[i].tolist()[0] for i in f.data]
+    return f.parts[f.data[0]].tolist()[0]
+
+
+def read_gguf(path: Path):
+    """Open a GGUF file with the ``gguf`` package; a one-line error when it is not one (or is truncated)."""
+    try:
+        from gguf import GGUFReader
+    except ImportError:
+        raise DataError("reading GGUF files needs the gguf package: pip install gguf") from None
+    if not path.is_file():
+        raise DataError(f"{path} does not exist")
+    try:
+        return GGUFReader(str(path))
+    except (ValueError, OSError, KeyError, IndexError, EOFError) as e:
+        first = (str(e).splitlines() or [type(e).__name__])[0]
+        raise DataError(f"{path} is not a readable GGUF file (truncated or damaged?): {first}") from None
+
+
+# llama.* metadata keys the converter maps; others (e.g. rope scaling) stop the import.
+GGUF_LLAMA_KEYS = ("block_count", "context_length", "embedding_length", "feed_forward_length",
+                   "attention.head_count", "attention.head_count_kv", "rope.freq_base",
+                   "attention.layer_norm_rms_epsilon", "vocab_size", "rope.dimension_count")
+
+
+def _dequantize(t) -> Tensor:
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    try:
+        a = dequantize(t.data, t.tensor_type)
+    except (NotImplementedError, KeyError, ValueError) as e:
+        raise ConfigError(f"tensor {t.name} has GGUF type {GGMLQuantizationType(t.tensor_type).name}, which the gguf "
+                          f"package cannot dequantize ({e}); nothing was written") from None
+    shape = tuple(reversed([int(n) for n in t.shape]))  # GGUF lists dims innermost first
+    return torch.from_numpy(a.astype("float32", copy=False).reshape(shape).copy())
+
+
+def convert_llama_gguf(path: Path) -> tuple[GPT, Any, list[str]]:
+    """A tokennet GPT (and its tokenizer) from a Llama-architecture GGUF file.
+
+    Returns:
+        ``(model, tokenizer, notes)``.
+    """
+    from ..tokens.pretrained import PretrainedTokenizer
+
+    reader = read_gguf(path)
+    arch = _field(reader, "general.architecture")
+    if arch != "llama":
+        raise ConfigError(f"{path}: GGUF architecture {arch!r} has no tokennet converter (supported: llama); "
+                          "nothing was written")
+    for key in reader.fields:
+        if key.startswith("llama.") and key[len("llama."):] not in GGUF_LLAMA_KEYS:
+            raise ConfigError(f"{path}: GGUF field {key!r} is not known to the llama converter; nothing was written")
+    g = {k: _field(reader, "llama." + k) for k in GGUF_LLAMA_KEYS}
+    dim, heads = g["embedding_length"], g["attention.head_count"]
+    kv_heads = g["attention.head_count_kv"] or heads
+    if g["rope.dimension_count"] not in (None, dim // heads):
+        raise ConfigError(f"{path}: llama.rope.dimension_count={g['rope.dimension_count']} (partial rotary) is not "
+                          "supported; nothing was written")
+    tensors = {t.name: t for t in reader.tensors}
+    tokens = _field(reader, "tokenizer.ggml.tokens") or []
+    vocab = g["vocab_size"] or len(tokens)
+    config = llama_config(vocab_size=vocab, context=g["context_length"], dim=dim, hidden=g["feed_forward_length"],
+                          layers=g["block_count"], heads=heads, kv_heads=kv_heads,
+                          rope_base=g["rope.freq_base"] or 10000.0, eps=g["attention.layer_norm_rms_epsilon"],
+                          tied="output.weight" not in tensors)
+    dense: dict[str, Tensor] = {}
+    for name, t in tensors.items():
+        w = _dequantize(t)
+        if name.endswith("attn_q.weight"):
+            w = unpermute(w, heads)
+        elif name.endswith("attn_k.weight"):
+            w = unpermute(w, kv_heads)
+        dense[name] = w
+    m = NameMap(dense, str(path))
+    _fill(m, config, gguf=True)
+    model = GPT(config)
+    model.load_state_dict(m.finish(model))
+    tokenizer = PretrainedTokenizer.from_gguf_fields(
+        model=_field(reader, "tokenizer.ggml.model"), pre=_field(reader, "tokenizer.ggml.pre"), tokens=tokens,
+        token_types=_field(reader, "tokenizer.ggml.token_type"), merges=_field(reader, "tokenizer.ggml.merges"),
+        bos_id=_field(reader, "tokenizer.ggml.bos_token_id"), eos_id=_field(reader, "tokenizer.ggml.eos_token_id"),
+        pad_id=_field(reader, "tokenizer.ggml.padding_token_id"),
+        unk_id=_field(reader, "tokenizer.ggml.unknown_token_id"),
+        chat_template=_field(reader, "tokenizer.chat_template"), where=str(path))
+    if tokenizer.vocab_size != config.vocab_size:
+        raise DataError(f"{path}: the tokenizer has {tokenizer.vocab_size} tokens but the model {config.vocab_size}; "
+                        "nothing was written")
+    return model.eval(), tokenizer, []

@@ -1,0 +1,247 @@
+"""Recipe ``graph``: nodes as tokens on a task that only structure can solve, with the position ablation.
+
+Data: the embedded generator of :mod:`tokennet.data.graphs` — random connected graphs with two marked
+nodes; the label is their shortest-path distance (1, 2, …, 6+). Node features only say which nodes are
+marked, so attention over the node tokens alone is a set model, blind to the answer.
+
+The run trains the configured model (default: full attention + Laplacian eigenvector positions) and,
+with ``ablation=true`` (the default), the same model with each other way of giving attention the
+structure — no positions, Laplacian positions, random-walk positions, an adjacency mask, a
+shortest-path distance bias (Graphormer) — for the same steps on the same batches, and writes the table
+to ``metrics.json`` as ``ablation``: the lecture's claim ("attention alone is blind to structure; the
+Laplacian positions give it back"), measured. ``test_accuracy`` is the configured model's.
+
+``--data qm9`` (or a directory with QM9's CSV files): real molecules from the PyPI package ``qm9pack``,
+atoms as tokens, bonds from interatomic distances; the target (``--set target=homo_lumo_gap``, any of
+:data:`~tokennet.data.qm9.TARGETS`) is regressed with an L1 loss on the standard random split
+(110k / 10k / rest, seeded). The profile uses the bond graph's Laplacian positions *and* a bias from the
+3-D distances (``attention=distance-3d``); ``--set attention=full`` keeps only the 2-D structure.
+``metrics.json``: ``test_mae`` (``test_mae_ev`` for energies), next to in-run baselines: the mean
+predictor and a linear model on atom-type counts.
+
+Not done yet (issue 13): the sphere recipe; a measured QM9 goal run.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from ..data.graphs import MarkedDistanceGraphs, marked_distance_set
+from ..errors import DataError, RecipeError
+from ..models.registry import create_model
+from ..train.trainer import Trainer
+from .base import Job, Recipe, register_recipe
+
+__all__ = ["VARIANTS", "evaluate_graphs"]
+
+log = logging.getLogger(__name__)
+
+# name → (attention, position)
+VARIANTS = {
+    "set model (no structure)": ("full", "none"),
+    "Laplacian positions": ("full", "laplacian"),
+    "random-walk positions": ("full", "random-walk"),
+    "adjacency mask": ("adjacency", "none"),
+    "distance bias (Graphormer)": ("distance-bias", "none"),
+}
+
+
+@torch.no_grad()
+def evaluate_graphs(model, batch, labels, batch_size: int = 500) -> dict[str, float]:
+    """Accuracy and mean cross-entropy over a collated set, in chunks."""
+    dev = next(model.parameters()).device
+    correct, loss, n = 0, 0.0, len(labels)
+    for i in range(0, n, batch_size):
+        idx = torch.arange(i, min(n, i + batch_size))
+        out = model(batch.select(idx).to(dev)).logits.float()
+        y = labels[idx].to(dev)
+        correct += int((out.argmax(-1) == y).sum())
+        loss += float(torch.nn.functional.cross_entropy(out, y, reduction="sum"))
+    return {"test_accuracy": correct / max(1, n), "test_loss": loss / max(1, n)}
+
+
+def _sets(settings: dict[str, Any]):
+    kw = dict(pe_dim=settings["pe_dim"], max_distance=settings["num_outputs"],
+              graph_max_distance=settings["max_distance"])
+    seed = settings["seed"]
+    return (marked_distance_set(settings["val_size"], f"val-{seed}", **kw),
+            marked_distance_set(settings["test_size"], f"test-{seed}", **kw), kw)
+
+
+def _is_qm9(data) -> bool:
+    from pathlib import Path
+
+    return data == "qm9" or (data not in (None, "", "embedded") and (Path(data) / "qm9_part1.csv").is_file())
+
+
+def data_defaults(data) -> dict[str, Any]:
+    """QM9's profile (molecule regression) replaces the generated task's defaults; other data: none."""
+    if data in (None, "", "embedded"):
+        return {}
+    if not _is_qm9(data):
+        raise DataError(f"the graph recipe takes its embedded generator or QM9 (qm9, or a directory with "
+                        f"qm9_part1..3.csv), got {data!r}")
+    return {"node_features": 5, "task": "regress", "num_outputs": 1, "attention": "distance-3d",
+            "position": "laplacian", "dim": 128, "num_layers": 4, "num_heads": 8, "max_distance": 8,
+            "max_iters": 200_000, "time_budget": 1200.0, "batch_size": 64, "lr": 5e-4, "warmup_iters": 500,
+            "eval_interval": 2000, "weight_decay": 0.01, "ablation": False, "val_size": 10_000, "test_size": 0}
+
+
+def _qm9_sets(settings: dict[str, Any], data):
+    from ..data.qm9 import TARGETS, load_qm9, molecule_batch, split_indices
+
+    target = settings["target"]
+    if target not in TARGETS:
+        raise RecipeError(f"unknown QM9 target {target!r}; one of: {', '.join(TARGETS)}")
+    mols = load_qm9(None if data == "qm9" else data)
+    tr, va, te = split_indices(len(mols), settings["seed"], settings["train_size"], settings["val_size"])
+    if settings["test_size"] > 0:
+        te = te[: settings["test_size"]]
+    kw = dict(pe_dim=settings["pe_dim"], max_distance=settings["max_distance"])
+    y = torch.from_numpy(mols.y[target]).float()[:, None]
+    val = (molecule_batch(mols, va.numpy(), **kw), y[va])
+    test = (molecule_batch(mols, te.numpy(), **kw), y[te])
+    return mols, (tr, va, te), kw, y, val, test
+
+
+@torch.no_grad()
+def evaluate_regression(model, batch, y, batch_size: int = 500) -> float:
+    """Mean absolute error (in the target's units) over a collated set, in chunks."""
+    dev = next(model.parameters()).device
+    err, n = 0.0, len(y)
+    for i in range(0, n, batch_size):
+        idx = torch.arange(i, min(n, i + batch_size))
+        err += float((model(batch.select(idx).to(dev)).logits.float().cpu() - y[idx]).abs().sum())
+    return err / max(1, n)
+
+
+def _mae_metrics(mae: float, target: str, prefix: str = "test") -> dict[str, float]:
+    from ..data.qm9 import HARTREE_EV, TARGETS
+
+    out = {f"{prefix}_mae": mae}
+    if TARGETS[target][1] == HARTREE_EV:
+        out[f"{prefix}_mae_ev"] = mae
+    return out
+
+
+def _baselines(mols, tr, te, y) -> dict[str, float]:
+    """The mean predictor and least squares on atom-type counts (+ a constant), fitted on the training set."""
+    import numpy as np
+
+    from ..data.qm9 import ELEMENTS
+
+    counts = np.stack([(mols.z == e).sum(1) for e in range(len(ELEMENTS))], axis=1).astype(np.float64)
+    X = np.concatenate([counts, np.ones((len(counts), 1))], axis=1)
+    yt = y[:, 0].double().numpy()
+    w, *_ = np.linalg.lstsq(X[tr.numpy()], yt[tr.numpy()], rcond=None)
+    return {"baseline_mean_mae": float(np.abs(yt[te.numpy()] - yt[tr.numpy()].mean()).mean()),
+            "baseline_linear_counts_mae": float(np.abs(X[te.numpy()] @ w - yt[te.numpy()]).mean())}
+
+
+def _build_qm9(settings, model_overrides, train, options, data, device) -> Job:
+    from ..data.qm9 import MoleculeBatches
+
+    mols, (tr, _, te), kw, y, (val, val_y), (test, test_y) = _qm9_sets(settings, data)
+    over = {**model_overrides, "task": "regress", "num_outputs": 1, "target_mean": float(y[tr].mean()),
+            "target_std": float(y[tr].std())}
+    torch.manual_seed(train.seed)
+    model = create_model("graph-small", **over)
+    src = MoleculeBatches(mols, tr, train.batch_size, options["target"], seed=train.seed, **kw)
+    log.info("qm9: %d train / %d val / %d test molecules, target %s; %.3fM parameters", len(tr), len(val_y),
+             len(test_y), options["target"], model.num_parameters() / 1e6)
+
+    def evaluate(m) -> dict[str, float]:
+        mae = evaluate_regression(m, val, val_y)
+        return {"val_loss": mae / m.config.target_std, **_mae_metrics(mae, options["target"], "val")}
+
+    def finish(m) -> dict[str, Any]:
+        mae = evaluate_regression(m, test, test_y)
+        return {"target": options["target"], **_mae_metrics(mae, options["target"]), "test_size": len(test_y),
+                "train_size": len(tr), **_baselines(mols, tr, te, y)}
+
+    return Job(model=model.to(device), source=src, evaluate=evaluate, tokens_per_batch=train.batch_size,
+               finish=finish)
+
+
+def build(*, settings, model_overrides, train, options, data, device, out_dir) -> Job:  # noqa: ARG001
+    if _is_qm9(data):
+        return _build_qm9(settings, model_overrides, train, options, data, device)
+    if data not in (None, "", "embedded"):
+        data_defaults(data)  # the one-line error naming what the recipe takes
+    if options["test_size"] < 1 or options["val_size"] < 1:
+        raise RecipeError("test_size and val_size must be >= 1")
+    (val, val_y), (test, test_y), kw = _sets(settings)
+    torch.manual_seed(train.seed)
+    model = create_model("graph-small", **model_overrides)
+    src = MarkedDistanceGraphs(train.batch_size, seed=train.seed, **kw)
+    log.info("graph: %s attention, %s positions, %.3fM parameters", model.config.attention, model.config.position,
+             model.num_parameters() / 1e6)
+
+    def evaluate(m) -> dict[str, float]:
+        r = evaluate_graphs(m, val, val_y)
+        return {"val_accuracy": r["test_accuracy"], "val_loss": r["test_loss"]}
+
+    def finish(m) -> dict[str, Any]:
+        out: dict[str, Any] = {**evaluate_graphs(m, test, test_y), "test_size": len(test_y)}
+        if options["ablation"]:
+            out["ablation"] = _ablation(settings, model_overrides, train, src, test, test_y, device, m)
+        return out
+
+    return Job(model=model.to(device), source=src, evaluate=evaluate, tokens_per_batch=train.batch_size,
+               finish=finish)
+
+
+def _ablation(settings, model_overrides, train, src, test, test_y, device, trained) -> dict[str, float]:
+    """Test accuracy of every structural variant, each trained like the configured model (same steps,
+    batches and seed); the configured model's own figure is reused, not retrained."""
+    import dataclasses
+    import tempfile
+
+    c = trained.config
+    table = {}
+    steps = dataclasses.replace(train, time_budget=None, eval_interval=0, checkpoint_interval=0, progress=False,
+                                log_interval=0, report=False, tensorboard=False)
+    for name, (attention, position) in VARIANTS.items():
+        if (attention, position) == (c.attention, c.position):
+            table[name] = evaluate_graphs(trained, test, test_y)["test_accuracy"]
+            continue
+        torch.manual_seed(train.seed)
+        m = create_model("graph-small", **{**model_overrides, "attention": attention, "position": position})
+        with tempfile.TemporaryDirectory() as scratch:  # the variants' checkpoints are not part of the run
+            Trainer(m.to(device), steps, src, out_dir=scratch, device=device).fit()
+        table[name] = evaluate_graphs(m, test, test_y)["test_accuracy"]
+        log.info("ablation: %-28s test accuracy %.4f", name, table[name])
+    return table
+
+
+def evaluate_run(run, data) -> dict[str, Any]:
+    """``tokennet eval``: the run's test metrics (accuracy on held-out graphs, or MAE on held-out molecules)."""
+    if _is_qm9(run.data):
+        if data is not None:
+            raise RecipeError("a QM9 run evaluates on its own test split; it takes no other data")
+        *_, (test, test_y) = _qm9_sets(run.settings, run.data)
+        mae = evaluate_regression(run.model, test, test_y)
+        return {**_mae_metrics(mae, run.settings["target"]), "test_size": len(test_y)}
+    if data is not None:
+        raise RecipeError("the graph recipe evaluates on its embedded held-out graphs; it takes no other data")
+    _, (test, test_y), _ = _sets(run.settings)
+    return {**evaluate_graphs(run.model, test, test_y), "test_size": len(test_y)}
+
+
+register_recipe(Recipe(
+    name="graph",
+    description="graph transformer on a structure-only task (distance between two marked nodes), with the "
+    "positions / mask / distance-bias ablation",
+    model="graph-small",
+    build=build,
+    options={"test_size": 2000, "val_size": 500, "ablation": True, "target": "homo_lumo_gap",
+             "train_size": 110_000},
+    model_defaults={"node_features": 2, "num_outputs": 6, "task": "classify"},
+    train_defaults={"max_iters": 800, "batch_size": 64, "lr": 1e-3, "warmup_iters": 100, "eval_interval": 400,
+                    "weight_decay": 0.01},
+    evaluate_run=evaluate_run,
+    data_defaults=data_defaults,
+))

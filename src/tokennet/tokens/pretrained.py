@@ -1,0 +1,166 @@
+"""A pretrained model's own tokenizer: its vocabulary, merges and special tokens, as they came.
+
+tokennet's own tokenizers (``text.py``) reserve ids 0..3 for ``<pad> <bos> <eos> <unk>``; an imported
+model was trained with another vocabulary whose ids are fixed by its weights, so its tokenizer keeps
+them: ``bos_id``, ``eos_id``, ``pad_id`` and ``unk_id`` are whatever the source says. The Rust engine
+of Hugging Face ``tokenizers`` does the work, as for tokennet's BPE.
+
+Unlike tokennet's own tokenizers, special-token strings in the text (``<|im_start|>``) encode to their
+ids: chat templates are written that way.
+
+Built from a GGUF file's ``tokenizer.ggml.*`` fields (byte-level BPE, llama.cpp's ``gpt2`` model) and
+saved as ``{"tokennet": {"kind": "pretrained", ...ids, chat template}, "engine": <tokenizer JSON>}``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tokenizers import AddedToken, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer as HFTokenizer
+
+from ..errors import ConfigError, DataError
+from .text import Tokenizer, _as_id_list
+
+__all__ = ["PretrainedTokenizer"]
+
+# llama.cpp's pre-tokenizer names (tokenizer.ggml.pre) → the Hugging Face pre-tokenizer that splits the same way.
+# "smollm" (like "starcoder", "refact"): each digit alone, then GPT-2's regex (llama-vocab.cpp's regex_exprs).
+_DIGITS_THEN_GPT2 = ("smollm", "starcoder", "refact", "codeshell", "exaone", "minerva")
+CONTROL = 3  # llama.cpp's token type of control tokens (<|endoftext|>, <|im_start|>, ...)
+
+
+def _pre_tokenizer(pre: str | None, where: str):
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if pre in (None, "default", "gpt2", "gpt-2"):
+        return byte_level
+    if pre in _DIGITS_THEN_GPT2:
+        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    raise ConfigError(f"{where}: GGUF field tokenizer.ggml.pre={pre!r} is not supported (supported: gpt2, "
+                      f"{', '.join(_DIGITS_THEN_GPT2)}); nothing was written")
+
+
+class PretrainedTokenizer(Tokenizer):
+    """A foreign vocabulary's tokenizer with its own special-token ids (see the module docstring).
+
+    Args:
+        engine: a ``tokenizers.Tokenizer``.
+        bos_id, eos_id, pad_id, unk_id: the source's special ids (None where it has none).
+        chat_template: the source's Jinja chat template, if any.
+    """
+
+    kind = "pretrained"
+
+    def __init__(self, engine: HFTokenizer, *, bos_id: int | None, eos_id: int | None, pad_id: int | None = None,
+                 unk_id: int | None = None, chat_template: str | None = None, add_special: bool = False):
+        self._engine = engine
+        self.add_special = add_special  # encode() applies the source's template, e.g. BERT's [CLS] … [SEP]
+        self._ids = {"bos_id": bos_id, "eos_id": eos_id, "pad_id": pad_id, "unk_id": unk_id}
+        n = self.vocab_size
+        for k, v in self._ids.items():
+            if v is not None and not 0 <= v < n:
+                raise DataError(f"{k}={v} is outside the tokenizer's vocabulary of {n} tokens")
+        self.chat_template = chat_template
+
+    @property
+    def vocab_size(self) -> int:
+        return self._engine.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def bos_id(self) -> int:
+        return self._ids["bos_id"] if self._ids["bos_id"] is not None else self._ids["eos_id"]
+
+    @property
+    def eos_id(self) -> int:
+        return self._ids["eos_id"]
+
+    @property
+    def pad_id(self) -> int:
+        return self._ids["pad_id"] if self._ids["pad_id"] is not None else self._ids["eos_id"]
+
+    @property
+    def unk_id(self) -> int | None:
+        return self._ids["unk_id"]
+
+    @property
+    def stop_ids(self) -> list[int]:
+        """Ids that end a generated text (the source's end of sequence / end of turn)."""
+        return [] if self._ids["eos_id"] is None else [self._ids["eos_id"]]
+
+    def encode(self, text: str | bytes, *, add_bos: bool = False, add_eos: bool = False) -> list[int]:
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", errors="replace")
+        text = text.encode("utf-8", errors="replace").decode("utf-8")  # lone surrogates → U+FFFD
+        ids = self._engine.encode(text, add_special_tokens=self.add_special).ids
+        return ([self.bos_id] if add_bos else []) + ids + ([self.eos_id] if add_eos else [])
+
+    def decode(self, ids: Any, *, skip_special: bool = True) -> str:
+        return self._engine.decode(_as_id_list(ids, self.vocab_size), skip_special_tokens=skip_special)
+
+    def apply_chat_template(self, messages: list[dict[str, str]], *, add_generation_prompt: bool = True) -> str:
+        """The prompt text of a conversation, rendered with the source's chat template (needs ``jinja2``)."""
+        if not self.chat_template:
+            raise DataError("this tokenizer has no chat template")
+        try:
+            import jinja2
+        except ImportError:
+            raise DataError("chat templates need the jinja2 package: pip install jinja2") from None
+        env = jinja2.Environment(undefined=jinja2.StrictUndefined)
+        return env.from_string(self.chat_template).render(messages=messages,
+                                                           add_generation_prompt=add_generation_prompt)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"tokennet": {"kind": self.kind, **self._ids, "chat_template": self.chat_template,
+                             "add_special": self.add_special},
+                "engine": json.loads(self._engine.to_str())}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PretrainedTokenizer:
+        meta = data["tokennet"]
+        try:
+            engine = HFTokenizer.from_str(json.dumps(data["engine"]))
+        except Exception as e:  # noqa: BLE001 - the engine raises a bare Exception on malformed JSON
+            raise DataError(f"not a valid pretrained tokenizer: {e}") from None
+        return cls(engine, **{k: meta.get(k) for k in ("bos_id", "eos_id", "pad_id", "unk_id", "chat_template")},
+                   add_special=bool(meta.get("add_special", False)))
+
+    @classmethod
+    def from_file(cls, path, *, add_special: bool = True) -> PretrainedTokenizer:
+        """A Hugging Face ``tokenizer.json`` (e.g. BERT's WordPiece); specials looked up by BERT's names.
+
+        The file's own truncation and padding settings are dropped: tokennet pads and truncates itself.
+        """
+        try:
+            engine = HFTokenizer.from_file(str(path))
+        except Exception as e:  # noqa: BLE001 - the engine raises a bare Exception on malformed files
+            raise DataError(f"{path} is not a Hugging Face tokenizer.json: {e}") from None
+        engine.no_truncation()
+        engine.no_padding()
+        ids = {k: engine.token_to_id(t) for k, t in
+               (("bos_id", "[CLS]"), ("eos_id", "[SEP]"), ("pad_id", "[PAD]"), ("unk_id", "[UNK]"))}
+        return cls(engine, **ids, add_special=add_special)
+
+    @classmethod
+    def from_gguf_fields(cls, *, model: str | None, pre: str | None, tokens: list[str], token_types: list[int] | None,
+                         merges: list[str] | None, bos_id: int | None, eos_id: int | None, pad_id: int | None = None,
+                         unk_id: int | None = None, chat_template: str | None = None,
+                         where: str = "GGUF") -> PretrainedTokenizer:
+        """Rebuild a byte-level BPE tokenizer from a GGUF file's ``tokenizer.ggml.*`` fields."""
+        if model != "gpt2":
+            raise ConfigError(f"{where}: GGUF field tokenizer.ggml.model={model!r} is not supported (tokennet reads "
+                              "byte-level BPE vocabularies, 'gpt2'); nothing was written")
+        if not tokens or not merges:
+            raise DataError(f"{where} has no tokenizer vocabulary or merges")
+        vocab = {t: i for i, t in enumerate(tokens)}
+        if len(vocab) != len(tokens):
+            raise DataError(f"{where}: the tokenizer vocabulary has duplicate tokens")
+        pairs = [tuple(m.split(" ", 1)) for m in merges]
+        engine = HFTokenizer(models.BPE(vocab=vocab, merges=pairs, unk_token=None, fuse_unk=False,
+                                        byte_fallback=False, ignore_merges=False))
+        engine.pre_tokenizer = _pre_tokenizer(pre, where)
+        engine.decoder = decoders.ByteLevel()
+        types = token_types or []
+        special = [AddedToken(tokens[i], special=True, normalized=False) for i, t in enumerate(types) if t == CONTROL]
+        engine.add_special_tokens(special)
+        return cls(engine, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, unk_id=unk_id, chat_template=chat_template)

@@ -1,0 +1,70 @@
+"""Pictures of an audio classifier (AST): the log-mel spectrogram with the <cls> (or mean-pooled) token's
+attention rollout over its patches — which time–frequency regions decided."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..data.spoken_digits import load_audio_dataset
+from ..errors import DataError, RunError
+from ..tokens.audio import load_audio
+from . import register_viz
+from .attention_maps import attention_rollout, plot_rollout
+from .vit import grid_geometry
+
+__all__ = ["audio_viz"]
+
+
+def audio_viz(run, out_dir: Path, *, index: int | None = None, data: str | None = None,
+              audio: str | Path | None = None, **_) -> list[Path]:
+    """Write ``rollout.png``: the clip's spectrogram (mel bin 0 at the top, time left to right), the pooled
+    query's last-layer attention and its attention rollout (Abnar & Zuidema 2020) over the patches.
+
+    Args:
+        run: a loaded :class:`~tokennet.run.Run` of an AST.
+        out_dir: where the PNG goes.
+        index: the test clip to draw (default 0), when no ``audio`` file is given.
+        data: the data of the test clip (default: the run's).
+        audio: draw this audio file instead (resampled to the model's rate; longer clips are an error).
+    """
+    model = run.model
+    c = model.config
+    dev = next(model.parameters()).device
+    names = run.task.label_names(run) or [str(i) for i in range(c.num_classes)]
+    if audio is not None:
+        wave = torch.from_numpy(load_audio(audio, c.sample_rate, max_samples=c.clip_samples))
+        label, source = "?", Path(audio).name
+    else:
+        if not run.info:
+            raise RunError(f"{run.path} has no run.json to say which data it was trained on; pass --audio FILE")
+        s = run.settings
+        ds = load_audio_dataset(data if data is not None else run.data, seed=s.get("seed", 0),
+                                per_voice=s.get("per_voice", 3), test_voices=s.get("test_voices", 20),
+                                sample_rate=c.sample_rate, clip_samples=c.clip_samples)
+        index = 0 if index is None else index
+        if not 0 <= index < len(ds.y_test):
+            raise DataError(f"index {index} out of range: 0..{len(ds.y_test) - 1}")
+        wave, label = ds.x_test[index], ds.labels[int(ds.y_test[index])]
+        voice = f", voice {ds.test_voices[index]}" if ds.test_voices else ""
+        source = f"test #{index}{voice}"
+    with torch.no_grad():
+        spec = model.spectrogram_image(wave[None].to(dev))[:, None]  # (1, 1, mels, frames)
+        prob = model(spec).logits.float().softmax(-1)[0]
+        maps = [a[0].float().cpu() for a in model.attention_maps(spec)["self"]]  # per layer (H, P + N, P + N)
+    P = c.num_prefix
+    roll = attention_rollout([m[None] for m in maps])[0]  # (P + N, P + N)
+    if P:
+        query, last, rel = "<cls>", maps[-1][:, 0, P:].mean(0), roll[0, P:]
+    else:  # mean pooling: the output is the mean of the patch tokens, so average their rows
+        query, last, rel = "mean-pooled output", maps[-1].mean((0, 1)), roll.mean(0)
+    geom = grid_geometry(c)
+    k = int(prob.argmax())
+    what = f"{source}: label {label}, predicted {names[k]} ({float(prob[k]):.2f})"
+    return [plot_rollout(spec[0].cpu(), last, rel, geom, out_dir / "rollout.png", query=query,
+                         title=f"log-mel spectrogram ({c.n_mels} mels × {c.num_frames} frames), attention "
+                               f"rollout — {what}")]
+
+
+register_viz("audio-classifier", audio_viz)

@@ -1,0 +1,96 @@
+"""Look at a report as a person would: render it with headless Chromium to a PNG screenshot.
+
+Used by the browser test (the page renders, with no console message, into a picture that is not
+blank) and to make the README's screenshots::
+
+    python -m tokennet.viz.report.browser RUN_DIR/report.html shot.png [--docs]
+
+Chromium is found as ``chromium`` or ``chromium-browser`` (Debian: ``apt-get install chromium``), or
+given with ``$CHROMIUM``. The page has no script, so any console message is a problem worth seeing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+__all__ = ["find_chromium", "screenshot", "crop_background"]
+
+
+def find_chromium() -> str | None:
+    """The Chromium executable, or None when it is not installed."""
+    env = os.environ.get("CHROMIUM")
+    if env:
+        return env if shutil.which(env) else None
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def screenshot(html: str | Path, png: str | Path, *, width: int = 1280, height: int = 9000,
+               timeout: float = 120.0) -> list[str]:
+    """Render ``html`` to ``png`` (``width`` × ``height`` px, the empty bottom cropped); return the page's
+    console messages (Chromium's ``CONSOLE`` log lines).
+
+    Raises ``FileNotFoundError`` when Chromium is missing and ``RuntimeError`` when it fails.
+    """
+    exe = find_chromium()
+    if exe is None:
+        raise FileNotFoundError("chromium is not installed (Debian: apt-get install chromium)")
+    html, png = Path(html).resolve(), Path(png).resolve()
+    with tempfile.TemporaryDirectory(prefix="tokennet-chromium-") as profile:
+        cmd = [exe, "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
+               "--disable-extensions", f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0",
+               f"--window-size={width},{height}", f"--screenshot={png}", html.as_uri()]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if r.returncode != 0 or not png.is_file():
+        raise RuntimeError(f"chromium failed ({r.returncode}): {r.stderr[-2000:]}")
+    crop_background(png)
+    return [line for line in r.stderr.splitlines() if ":CONSOLE" in line]
+
+
+def crop_background(png: str | Path, margin: int = 24) -> None:
+    """Cut the rows below the page's content (the uniform background colour) off a screenshot."""
+    from PIL import Image, ImageChops
+
+    im = Image.open(png).convert("RGB")
+    bg = Image.new("RGB", im.size, im.getpixel((im.width - 1, im.height - 1)))
+    box = ImageChops.difference(im, bg).getbbox()
+    if box is not None:
+        im.crop((0, 0, im.width, min(im.height, box[3] + margin))).save(png)
+
+
+def docs_image(png: str | Path, *, top: int = 2600, width: int = 760) -> None:
+    """Shrink a screenshot for the README: its first ``top`` px, ``width`` px wide, 256 colours (< 200 KB)."""
+    from PIL import Image
+
+    im = Image.open(png).convert("RGB")
+    im = im.crop((0, 0, im.width, min(im.height, top)))
+    im = im.resize((width, round(im.height * width / im.width)), Image.LANCZOS)
+    im.quantize(colors=256, method=Image.Quantize.FASTOCTREE).save(png, optimize=True)  # keeps saturated colours
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tokennet.viz.report.browser",
+                                description="Render an HTML report to a PNG with headless Chromium.")
+    p.add_argument("html")
+    p.add_argument("png")
+    p.add_argument("--docs", action="store_true", help="shrink it for the README (top of the page, < 200 KB)")
+    args = p.parse_args(argv)
+    messages = screenshot(args.html, args.png)
+    if args.docs:
+        docs_image(args.png)
+    for m in messages:
+        print(m)
+    print(f"{args.png}: {Path(args.png).stat().st_size // 1024} KB, {len(messages)} console message(s)")
+    return 1 if messages else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,130 @@
+"""The report panel of language models: samples at several temperatures, and where the model is surprised.
+
+*Surprise* is the per-token loss ``−log p(x_t | x_<t)`` (nats) over a snippet of the run's validation
+split, shaded on the text: white is a token the model saw coming, red one it found as unlikely as a
+uniform guess over the vocabulary (``log V`` nats), so shades compare across runs with one tokenizer.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .html import Section, esc, img, note, number
+
+__all__ = ["language_panel", "TEMPERATURES", "per_token_loss"]
+
+TEMPERATURES = (0.5, 0.8, 1.2)
+SAMPLE_TOKENS = 160
+SNIPPET_TOKENS = 256
+ATTENTION_TOKENS = 24
+
+
+def _samples(run) -> str:
+    rows = []
+    for t in TEMPERATURES:
+        text = run.generate("\n", SAMPLE_TOKENS, temperature=t, seed=0)
+        blank = '<p class="sub">(only white space: the model has learnt spaces and newlines first)</p>' \
+            if not text.strip() else ""
+        rows.append(f"<h3>temperature {t}</h3>{blank}<pre>{esc(text)}</pre>")
+    sample = run.metrics.get("sample")
+    if isinstance(sample, str):
+        rows.append("<h3>the sample in metrics.json (temperature 0.8, written at the end of training)</h3>"
+                    f"<pre>{esc(sample)}</pre>")
+    head = (f'<p class="sub">{SAMPLE_TOKENS} tokens after a newline, seed 0: low temperatures repeat what is '
+            "likely, high ones show what else the model has learnt.</p>")
+    return head + "".join(rows)
+
+
+@torch.no_grad()
+def per_token_loss(model, ids: list[int]) -> list[float]:
+    """``−log p(x_t | x_<t)`` for ``t = 1..len(ids)-1`` under the causal model (nats)."""
+    dev = next(model.parameters()).device
+    x = torch.tensor([ids], device=dev)
+    logits = model(x[:, :-1]).logits.float()  # (1, T-1, V)
+    return F.cross_entropy(logits[0], x[0, 1:], reduction="none").tolist()
+
+
+def _validation_snippet(run) -> list[int]:
+    from ...data.text import embedded_corpus, read_corpus
+
+    data = run.data
+    text = embedded_corpus() if data in (None, "", "embedded") else read_corpus(data)
+    ids = run.tokenizer.encode(text)
+    block = run.model.config.block_size
+    n_val = max(int(len(ids) * run.settings.get("val_fraction", 0.1)), block + 1)
+    return ids[-n_val:][: min(block, SNIPPET_TOKENS) + 1]  # the start of the validation split (as in training)
+
+
+def _shade(loss: float, top: float) -> str:
+    """White → orange → red as loss goes 0 → top/2 → top (the scale bar's gradient)."""
+    u = min(max(loss / top, 0.0), 1.0)
+    if u < 0.5:
+        a, b, f = (255, 255, 255), (255, 200, 120), u / 0.5
+    else:
+        a, b, f = (255, 200, 120), (230, 60, 40), (u - 0.5) / 0.5
+    r, g, bl = (round(x + (y - x) * f) for x, y in zip(a, b, strict=True))
+    return f"rgb({r},{g},{bl})"
+
+
+def _surprise(run) -> str:
+    tok, model = run.tokenizer, run.model
+    ids = _validation_snippet(run)
+    losses = per_token_loss(model, ids)
+    top = math.log(tok.vocab_size)
+    spans = [f'<span title="first token (no prediction)">{esc(tok.decode([ids[0]]))}</span>']
+    for i, loss in zip(ids[1:], losses, strict=True):
+        spans.append(f'<span style="background:{_shade(loss, top)}" title="loss {loss:.2f} nats, '
+                     f'p = {math.exp(-loss):.3f}">{esc(tok.decode([i]))}</span>')
+    mean = sum(losses) / len(losses)
+    scale = (f'<div class="scale">0 nats <span class="bar"></span> {top:.2f} nats = log V (a uniform guess over '
+             f"{tok.vocab_size} tokens)</div>")
+    return (f'<p class="sub">The first {len(ids)} tokens of the validation split, each shaded by the loss of '
+            f"predicting it from the tokens before it (hover for the value). Mean over this snippet: "
+            f"{mean:.3f} nats/token (the run's <code>val_loss</code> averages many such windows).</p>"
+            + scale + f'<div class="tokens mono">{"".join(spans)}</div>')
+
+
+def _short_text(tok, max_tokens: int = ATTENTION_TOKENS) -> str:
+    """The longest run of whole words of ``tokennet viz``'s sentence within ``max_tokens`` tokens (legible labels)."""
+    from ..language import DEFAULT_TEXT
+
+    words = DEFAULT_TEXT.split(" ")
+    text = words[0]
+    for w in words[1:]:
+        if len(tok.encode(f"{text} {w}")) > max_tokens:
+            break
+        text = f"{text} {w}"
+    return text
+
+
+def language_panel(run, log) -> list[Section]:  # noqa: ARG001
+    """Samples, per-token surprise on validation text, and the last layer's attention (from ``viz``)."""
+    from . import viz_pictures
+
+    out = [("Samples", _samples(run))]
+    try:
+        out.append(("Where the model is surprised", _surprise(run)))
+    except (OSError, ValueError) as e:  # the corpus moved or changed since training
+        out.append(("Where the model is surprised", note(f"The validation text could not be read: {esc(e)}",
+                                                         "warn")))
+    layer = run.model.config.num_layers - 1
+    text = _short_text(run.tokenizer)
+    pics = "".join(img(png, name, f"token-to-token attention, layer {layer} "
+                       f"(tokennet viz --layer {layer} --text {text!r})", cls="wide")
+                   for name, png in viz_pictures(run, layer=layer, text=text))
+    if "val_loss" in run.metrics:
+        pics = f'<p class="sub">val_loss {number(run.metrics["val_loss"], "val_loss")} nats/token.</p>' + pics
+    out.append(("Attention", pics))
+    return out
+
+
+def _register() -> None:
+    from . import register_panel
+
+    register_panel("language-model", language_panel)
+
+
+_register()

@@ -1,0 +1,104 @@
+"""The report panels of conditional decoders: translation and captioning.
+
+A table of held-out inputs, references and the model's outputs, where a miss is highlighted (the row,
+and the characters or words of the output that differ from the reference), and the cross-attention
+picture of ``tokennet viz`` (an alignment, or each caption word's attention over the image).
+"""
+
+from __future__ import annotations
+
+import difflib
+import io
+
+import torch
+
+from .html import Section, esc, img, inline_img, number, table
+
+__all__ = ["translation_panel", "captioning_panel", "mark_differences"]
+
+ROWS = 12
+
+
+def mark_differences(output: list[str], reference: list[str], sep: str = "") -> str:
+    """The output as HTML, with the pieces that are not in the reference (in order) inside ``<mark>``."""
+    sm = difflib.SequenceMatcher(a=output, b=reference, autojunk=False)
+    keep = [False] * len(output)
+    for block in sm.get_matching_blocks():
+        for i in range(block.a, block.a + block.size):
+            keep[i] = True
+    parts = [esc(p) if k else f'<mark class="diff">{esc(p)}</mark>' for p, k in zip(output, keep, strict=True)]
+    return sep.join(parts) if output else "<em>(empty)</em>"
+
+
+def _summary(run, misses: int, n: int, keys: tuple[str, ...]) -> str:
+    shown = " · ".join(f"{k} {number(run.metrics[k], k)}" for k in keys if k in run.metrics)
+    return (f'<p class="sub">{shown + " (metrics.json) · " if shown else ""}{n - misses} of the first {n} held-out '
+            "examples right; differences from the reference are marked in the output.</p>")
+
+
+def translation_panel(run, log) -> list[Section]:  # noqa: ARG001
+    from ...data.dates import held_out_pairs
+    from ...tasks.translation import translate_batch
+    from . import viz_pictures
+
+    s = run.settings
+    pairs = held_out_pairs(s["seed"], s["test_size"], s["test_fraction"], s["val_fraction"])[:ROWS]
+    sources, refs = [p[0] for p in pairs], [p[1] for p in pairs]
+    outs = translate_batch(run.model, run.tokenizer, sources, beam_size=s.get("beam_size", 4),
+                           alpha=s.get("alpha", 0.6))
+    rows, classes, misses = [], [], 0
+    for i, (src, ref, out) in enumerate(zip(sources, refs, outs, strict=True)):
+        misses += out != ref
+        rows.append([str(i), f"<code>{esc(src)}</code>", f"<code>{esc(ref)}</code>",
+                     f"<code>{mark_differences(list(out), list(ref))}</code>"])
+        classes.append("hit" if out == ref else "miss")
+    body = _summary(run, misses, len(rows), ("exact_match", "bleu", "chrf")) \
+        + table(["#", "input", "reference", "output"], rows, classes, col_classes={-1: "out"})
+    index = next((i for i, (o, r) in enumerate(zip(outs, refs, strict=True)) if o != r), 0)
+    layer = run.model.config.num_layers - 1 if hasattr(run.model.config, "num_layers") else None
+    pics = "".join(img(png, name, f"cross-attention of example #{index} (tokennet viz --index {index})",
+                       cls="wide") for name, png in viz_pictures(run, index=index, layer=layer))
+    return [("Translations", body), ("Alignment", pics)]
+
+
+def _png_of_image(x: torch.Tensor, scale: int = 2) -> bytes:
+    """A ``(3, H, W)`` image in [0, 1] as PNG bytes, enlarged ``scale`` times (nearest neighbour)."""
+    from PIL import Image
+
+    a = (x.clamp(0, 1) * 255).round().byte().permute(1, 2, 0).numpy()  # (H, W, 3)
+    im = Image.fromarray(a).resize((a.shape[1] * scale, a.shape[0] * scale), Image.NEAREST)
+    buf = io.BytesIO()
+    im.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def captioning_panel(run, log) -> list[Section]:  # noqa: ARG001
+    from ...data.shapes import caption, held_out_scenes, images_of
+    from . import viz_pictures
+
+    s = run.settings
+    scenes = held_out_scenes(s["seed"], s["test_size"], s["held_out_fraction"])[:ROWS]
+    images = images_of(scenes, run.model.config.image_size)  # (B, 3, H, W)
+    outs = run.caption(images)
+    refs = [caption(sc) for sc in scenes]
+    rows, classes, misses = [], [], 0
+    for i, (x, ref, out) in enumerate(zip(images, refs, outs, strict=True)):
+        misses += out != ref
+        rows.append([str(i), inline_img(_png_of_image(x), f"held-out image #{i}"), esc(ref),
+                     mark_differences(out.split(), ref.split(), " ")])
+        classes.append("hit" if out == ref else "miss")
+    html = table(["#", "image", "reference", "output"], rows, classes, col_classes={-1: "out"})
+    index = next((i for i, (o, r) in enumerate(zip(outs, refs, strict=True)) if o != r), 0)
+    pics = "".join(img(png, name, f"each word's attention over held-out image #{index} "
+                       f"(tokennet viz --index {index})", cls="wide") for name, png in viz_pictures(run, index=index))
+    return [("Captions", _summary(run, misses, len(rows), ("exact_match",)) + html), ("Caption attention", pics)]
+
+
+def _register() -> None:
+    from . import register_panel
+
+    register_panel("translation", translation_panel)
+    register_panel("captioning", captioning_panel)
+
+
+_register()

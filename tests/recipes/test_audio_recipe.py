@@ -1,0 +1,74 @@
+"""Recipe ``audio`` on a tiny directory of LABEL/*.wav (no espeak-ng needed): it learns, it reports the
+baseline next to the model, and the CLI classifies and draws audio files."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from scipy.io import wavfile
+from support import write_wav_dataset
+
+import tokennet
+from tokennet.cli import main
+from tokennet.recipes import get_recipe, train
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TINY = {"dim": 32, "num_layers": 1, "num_heads": 2, "batch_size": 16, "n_mels": 16, "clip_samples": 8000,
+        "eval_interval": 0, "warmup_iters": 5, "progress": False}
+
+
+@pytest.fixture(scope="module")
+def audio_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("audio")
+    data = write_wav_dataset(root / "wavs", per_label=20)
+    run_dir, metrics = train("audio", data=str(data), out=root / "run", device="cpu",
+                             sets={**TINY, "max_iters": 150})
+    return root, run_dir, metrics
+
+
+def test_learns_tones_and_reports_the_baseline(audio_run):
+    _, run_dir, metrics = audio_run
+    assert metrics["test_size"] == 12 and metrics["train_size"] == 48
+    assert metrics["test_accuracy"] >= 0.9, metrics
+    assert 0 <= metrics["baseline_accuracy"] <= 1 and "MFCC" in metrics["baseline"]
+    saved = json.loads((run_dir / "metrics.json").read_text())
+    assert saved["baseline_accuracy"] == metrics["baseline_accuracy"]
+    run = tokennet.load(run_dir)
+    assert run.task.kind == "audio-classifier" and run.task.label_names(run) == ["high", "low", "mid"]
+
+
+def test_generate_and_viz_audio_files(audio_run, capsys):
+    root, run_dir, _ = audio_run
+    files = [str(root / "wavs" / "low" / "000.wav"), str(root / "wavs" / "high" / "001.wav")]
+    assert main(["-q", "generate", str(run_dir), "--audio", *files]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [ln.split("\t")[2] for ln in lines] == ["low", "high"]
+    assert all(0 < float(ln.split("\t")[3]) <= 1 for ln in lines)
+    assert main(["-q", "viz", str(run_dir), "--audio", files[0], "--out", str(root / "viz")]) == 0
+    assert (root / "viz" / "rollout.png").stat().st_size > 1000
+    assert main(["-q", "viz", str(run_dir), "--index", "2", "--out", str(root / "viz2")]) == 0  # a test clip
+
+
+def test_classify_reads_stereo_at_another_rate(audio_run, tmp_path):
+    _, run_dir, _ = audio_run
+    rate = 22050
+    t = np.arange(int(rate * 0.3)) / rate
+    tone = 0.5 * np.sin(2 * np.pi * 2700 * t) * np.hanning(len(t))
+    tone += 0.01 * np.random.default_rng(0).standard_normal(len(t))  # the training clips' noise floor
+    wavfile.write(tmp_path / "s.wav", rate, np.stack([tone, tone], 1).astype(np.float32))
+    run = tokennet.load(run_dir)
+    [(label, prob)] = run.classify([tmp_path / "s.wav"])
+    assert run.task.label_names(run)[label] == "high" and prob > 0.5
+    wave = torch.zeros(1, 8000)
+    assert len(run.classify(wave)) == 1  # waveforms work too
+
+
+def test_show_settings_lists_the_spectrogram(capsys):
+    assert main(["train", "audio", "--show-settings"]) == 0
+    out = capsys.readouterr().out
+    for key in ("sample_rate = 16000", "n_mels = 40", "patch_size = 8", "patch_embed = 'conv-stem'", "hop_length = 160",
+                "freq_mask", "time_mask", "baseline = True"):
+        assert key in out
+    assert get_recipe("audio").defaults()["clip_samples"] == 16000
