@@ -161,3 +161,23 @@ def test_top_db_floors_digital_silence():
     assert float(floored.max() - floored.min()) == pytest.approx(60 * math.log(10) / 10, rel=1e-5)
     loud = raw >= raw.max() - 6 * math.log(10)
     torch.testing.assert_close(floored[loud], raw[loud])  # what is above the floor is unchanged
+
+
+@pytest.mark.parametrize("fmt, subtype, tol", [("FLAC", "PCM_16", 1 / 32767), ("OGG", "VORBIS", 0.05)])
+def test_flac_and_ogg_read_through_soundfile(tmp_path, fmt, subtype, tol):
+    sf = pytest.importorskip("soundfile")
+    from tokennet.tokens.audio import read_audio
+
+    rate = 16000
+    t = np.arange(rate // 4) / rate
+    tone = (0.5 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
+    path = tmp_path / f"tone.{fmt.lower()}"
+    sf.write(str(path), np.stack([tone, tone], axis=1), rate, format=fmt, subtype=subtype)  # stereo
+    got, got_rate = read_audio(path)
+    assert got_rate == rate and got.shape[0] == len(tone)
+    mono = got.mean(axis=1) if got.ndim == 2 else got
+    assert np.abs(mono - tone).max() <= tol  # lossless FLAC: one 16-bit step; Vorbis: lossy
+    bad = tmp_path / f"broken.{fmt.lower()}"
+    bad.write_bytes(path.read_bytes()[:40])
+    with pytest.raises(DataError, match="not a readable audio file"):
+        read_audio(bad)
