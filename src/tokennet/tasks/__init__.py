@@ -29,7 +29,8 @@ from ..errors import RunError
 if TYPE_CHECKING:
     from ..run import Run
 
-__all__ = ["Task", "register_task", "task_for", "list_tasks", "CausalLM", "ConditionalDecoder", "Classifier",
+__all__ = ["Task", "as_paths", "register_task", "task_for", "list_tasks", "CausalLM", "ConditionalDecoder",
+           "Classifier",
            "Embedder"]
 
 
@@ -92,6 +93,13 @@ class Task:
 
     def embed(self, run: Run, texts, **kw) -> Tensor:
         self._unsupported(run, "embed text")
+
+
+def as_paths(inputs) -> list:
+    """File inputs of a verb as a list: one path, or any iterable of paths."""
+    from pathlib import Path
+
+    return [inputs] if isinstance(inputs, (str, Path)) else list(inputs)
 
 
 _TASKS: dict[str, Task] = {}

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
 from ..errors import DataError
 from ..tokens.audio import load_audio
+from . import as_paths
 from .classification import ImageClassification
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ class AudioClassification(ImageClassification):
         if torch.is_tensor(inputs):
             return inputs
         c = run.model.config
-        paths = [inputs] if isinstance(inputs, (str, Path)) else list(inputs)
+        paths = as_paths(inputs)
         if not paths:
             raise DataError("no audio file given")
         clips = [torch.from_numpy(load_audio(p, c.sample_rate, max_samples=c.clip_samples)) for p in paths]

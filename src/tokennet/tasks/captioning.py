@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -10,7 +9,7 @@ import torch
 from ..data.image_files import read_image
 from ..decode import beam_search, greedy_search, strip_special
 from ..errors import DataError
-from . import ConditionalDecoder, Task
+from . import ConditionalDecoder, Task, as_paths
 
 if TYPE_CHECKING:
     from ..run import Run
@@ -61,7 +60,7 @@ class Captioning(Task):
         """A ``(B, C, H, W)`` tensor as given, or image files read at the model's size."""
         if torch.is_tensor(images):
             return images
-        paths = [images] if isinstance(images, (str, Path)) else list(images)
+        paths = as_paths(images)
         c = run.model.config
         return load_caption_images(paths, c.image_size, c.in_channels)
 

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
 from ..data.image_files import read_image
 from ..errors import DataError
-from . import Classifier, Task
+from . import Classifier, Task, as_paths
 
 if TYPE_CHECKING:
     from ..run import Run
@@ -32,7 +31,7 @@ class ImageClassification(Task):
         c = run.model.config
         if c.is_1d:
             raise DataError("this model classifies 1-D signals: pass a (B, C, L) tensor, not image files")
-        paths = [inputs] if isinstance(inputs, (str, Path)) else list(inputs)
+        paths = as_paths(inputs)
         if not paths:
             raise DataError("no image given")
         images = [read_image(p, channels=c.in_channels) for p in paths]
