@@ -110,5 +110,6 @@ def test_run_demo_writes_figure_and_metrics(tmp_path):
     assert json.loads(js.read_text()) == metrics
     assert metrics["mse_nonparametric"] < metrics["mse_average"]
     assert metrics["mse_parametric"] < metrics["mse_average"]
+    assert metrics["mse_parametric"] < metrics["mse_nonparametric"]  # learning the width beats the fixed one
     assert metrics["loo_loss_final"] < metrics["loo_loss_initial"]
     assert 0 < metrics["bandwidth_learned"] < metrics["bandwidth_nonparametric"]
