@@ -108,7 +108,10 @@ def _add_generate(sub) -> None:
 
 def _add_eval(sub) -> None:
     p = sub.add_parser("eval", help="evaluate a run and print its metrics as JSON",
-                       description="Evaluate a trained run on its own held-out split, or on --data.")
+                       description="Evaluate a trained run on its own held-out split, or on --data. An "
+                       "imported language model (`tokennet import`) has no split of its own: --data FILE is required, "
+                       "and its next-token loss and perplexity on that text file are printed (non-overlapping "
+                       "windows of up to 1,024 tokens, at most 262,144 tokens read).")
     p.add_argument("run_dir")
     p.add_argument("--data", help="evaluate on this data instead of the run's validation split")
     p.add_argument("--device", default="auto")
@@ -367,6 +370,23 @@ def cmd_eval(args) -> int:
     from .recipes import get_recipe
 
     run = _load_run(args.run_dir, resolve_device(args.device))
+    if run.recipe == "import":  # an imported checkpoint has no split of its own: it is evaluated on --data
+        if args.data is None:
+            raise CLIError(f"{args.run_dir} is an imported checkpoint with no held-out split of its own: "
+                           "give --data FILE (a text file) to measure its loss and perplexity on")
+        if not hasattr(run.task, "evaluate_text"):
+            raise CLIError(f"{args.run_dir} is an imported {run.task.name}: tokennet eval measures imported "
+                           "language models only")
+        path = Path(args.data)
+        if not path.is_file():
+            raise CLIError(f"--data {args.data}: no such file")
+        text = path.read_text(encoding="utf-8", errors="replace")
+        metrics = run.task.evaluate_text(run, text)
+        if metrics["truncated"]:
+            print(f"tokennet: {args.data} is longer than 262,144 tokens: evaluated on its first 262,144",
+                  file=sys.stderr)
+        print(json.dumps(metrics, indent=2))
+        return 0
     if run.recipe is None:
         raise CLIError(f"{args.run_dir} is a saved model without run.json: no recipe to evaluate it with")
     recipe = get_recipe(run.recipe)

@@ -29,6 +29,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..models.gpt import GPT, GPTConfig
+from ..tokens.pretrained import PretrainedTokenizer
 from .hf import NameMap, check_fields, linear_from_conv1d, read_safetensors
 
 __all__ = ["convert_gpt2"]
@@ -66,7 +67,7 @@ def gpt2_config(cfg: dict[str, Any]) -> GPTConfig:
     )
 
 
-def convert_gpt2(source: Path, cfg: dict[str, Any]) -> tuple[GPT, list[str], None]:
+def convert_gpt2(source: Path, cfg: dict[str, Any]) -> tuple[GPT, list[str], PretrainedTokenizer | None]:
     """Build a tokennet GPT holding the weights of the ``GPT2LMHeadModel`` checkpoint in ``source``.
 
     Returns:
@@ -106,8 +107,7 @@ def convert_gpt2(source: Path, cfg: dict[str, Any]) -> tuple[GPT, list[str], Non
         m.put("lm_head.weight", "lm_head.weight")
     model = GPT(config)
     model.load_state_dict(m.finish(model))
-    notes = []
-    if (source / "tokenizer.json").is_file() or (source / "vocab.json").is_file():
-        notes.append("the source's tokenizer was not imported (tokennet reads only its own tokenizers): "
-                     "the run takes token ids, and `generate` needs a tokenizer.json")
-    return model.eval(), notes, None
+    tokenizer = PretrainedTokenizer.from_hf_dir(source, vocab_size=config.vocab_size)
+    notes = [] if tokenizer else ["the source has no tokenizer (tokenizer.json, or vocab.json + merges.txt): "
+                                  "the run takes token ids, and `generate --prompt` needs a tokenizer"]
+    return model.eval(), notes, tokenizer

@@ -39,6 +39,7 @@ from torch import Tensor
 
 from ..errors import ConfigError, DataError
 from ..models.gpt import GPT, GPTConfig
+from ..tokens.pretrained import PretrainedTokenizer
 from .hf import NameMap, check_fields, read_safetensors
 
 __all__ = ["convert_llama", "convert_llama_gguf", "unpermute", "read_gguf"]
@@ -96,7 +97,7 @@ def _hf_rope_base(cfg: dict[str, Any]) -> float:
     return cfg.get("rope_theta", 10000.0)
 
 
-def convert_llama(source: Path, cfg: dict[str, Any]) -> tuple[GPT, list[str], None]:
+def convert_llama(source: Path, cfg: dict[str, Any]) -> tuple[GPT, list[str], PretrainedTokenizer | None]:
     """A tokennet GPT holding the weights of the ``LlamaForCausalLM`` checkpoint directory ``source``."""
     check_fields(
         cfg, "llama",
@@ -120,10 +121,10 @@ def convert_llama(source: Path, cfg: dict[str, Any]) -> tuple[GPT, list[str], No
     _fill(m, config, gguf=False)
     model = GPT(config)
     model.load_state_dict(m.finish(model))
-    notes = []
-    if (source / "tokenizer.json").is_file():
-        notes.append("the source's tokenizer.json was not imported (import the GGUF file to get its tokenizer)")
-    return model.eval(), notes, None
+    tokenizer = PretrainedTokenizer.from_hf_dir(source, vocab_size=config.vocab_size)
+    notes = [] if tokenizer else ["the source has no tokenizer.json: the run takes token ids, and "
+                                  "`generate --prompt` needs a tokenizer"]
+    return model.eval(), notes, tokenizer
 
 
 # -- GGUF -------------------------------------------------------------------------------------------
@@ -193,8 +194,6 @@ def convert_llama_gguf(path: Path) -> tuple[GPT, Any, list[str]]:
     Returns:
         ``(model, tokenizer, notes)``.
     """
-    from ..tokens.pretrained import PretrainedTokenizer
-
     reader = read_gguf(path)
     arch = _field(reader, "general.architecture")
     if arch != "llama":
@@ -212,6 +211,8 @@ def convert_llama_gguf(path: Path) -> tuple[GPT, Any, list[str]]:
     tensors = {t.name: t for t in reader.tensors}
     tokens = _field(reader, "tokenizer.ggml.tokens") or []
     vocab = g["vocab_size"] or len(tokens)
+    if tokens and len(tokens) != vocab:
+        raise DataError(f"{path}: the tokenizer has {len(tokens)} tokens but the model {vocab}; nothing was written")
     config = llama_config(vocab_size=vocab, context=g["context_length"], dim=dim, hidden=g["feed_forward_length"],
                           layers=g["block_count"], heads=heads, kv_heads=kv_heads,
                           rope_base=g["rope.freq_base"] or 10000.0, eps=g["attention.layer_norm_rms_epsilon"],

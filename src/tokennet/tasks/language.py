@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -63,3 +64,43 @@ class LanguageModel(Task):
     def generate(self, run: Run, prompt: str, max_new_tokens: int = 200, **kw) -> str:
         """The continuation of ``prompt`` (without the prompt); options as in :func:`stream_text`."""
         return "".join(stream_text(run, prompt, max_new_tokens, **kw))
+
+    def evaluate_text(self, run: Run, text: str, *, window: int = 1024, max_tokens: int = 262_144,
+                      batch_size: int = 8) -> dict[str, float]:
+        """Next-token loss and perplexity of the model on ``text`` (e.g. an imported checkpoint on a file).
+
+        The text is tokenized with the run's tokenizer (without added special tokens), cut into
+        non-overlapping windows of ``min(window, block_size)`` + 1 tokens, and every token after the first
+        of a window is predicted from the ones before it in that window: loss = mean over all those
+        tokens of −log p(token | window prefix), perplexity = exp(loss). At most ``max_tokens`` tokens are
+        read (``truncated`` says whether the text was longer).
+        """
+        model, tok = run.model, run.tokenizer
+        if tok is None:
+            raise RunError(f"{run.path} has no tokenizer.json: evaluating on text needs one")
+        ids = tok.encode(text)
+        if getattr(tok, "add_special", False):  # the source's template may add <s>/[CLS]: read raw text
+            ids = tok._engine.encode(text, add_special_tokens=False).ids
+        truncated = len(ids) > max_tokens
+        ids = ids[:max_tokens]
+        w = min(window, model.config.block_size)
+        if len(ids) < 2:
+            raise RunError("the text is shorter than two tokens: nothing to predict")
+        starts = list(range(0, len(ids) - 1, w))
+        dev = run.device
+        total, count = 0.0, 0
+        with torch.no_grad():
+            for i in range(0, len(starts), batch_size):
+                chunk = [ids[s:s + w + 1] for s in starts[i:i + batch_size]]
+                n = max(len(c) for c in chunk)
+                x = torch.full((len(chunk), n), -1, dtype=torch.long)
+                for r, c in enumerate(chunk):
+                    x[r, :len(c)] = torch.tensor(c)
+                inp, tgt = x[:, :-1].clamp(min=0).to(dev), x[:, 1:].to(dev)  # (B, n-1); -1 = padding, ignored
+                logits = model(inp).logits.float()
+                loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tgt.flatten(), ignore_index=-1,
+                                                         reduction="sum")
+                total += float(loss)
+                count += int((tgt >= 0).sum())
+        mean = total / count
+        return {"loss": mean, "perplexity": math.exp(mean), "tokens": count, "window": w, "truncated": truncated}

@@ -25,6 +25,19 @@ from .text import Tokenizer, _as_id_list
 
 __all__ = ["PretrainedTokenizer"]
 
+
+def _read_json(path) -> dict[str, Any]:
+    """A JSON object from ``path``; {} if the file is absent; DataError if it is not a JSON object."""
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise DataError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise DataError(f"{path} is not a JSON object")
+    return data
+
 # llama.cpp's pre-tokenizer names (tokenizer.ggml.pre) → the Hugging Face pre-tokenizer that splits the same way.
 # "smollm" (like "starcoder", "refact"): each digit alone, then GPT-2's regex (llama-vocab.cpp's regex_exprs).
 _DIGITS_THEN_GPT2 = ("smollm", "starcoder", "refact", "codeshell", "exaone", "minerva")
@@ -142,6 +155,70 @@ class PretrainedTokenizer(Tokenizer):
         return cls(engine, **ids, add_special=add_special)
 
     @classmethod
+    def from_hf_dir(cls, source, *, vocab_size: int | None = None) -> PretrainedTokenizer | None:
+        """A causal LM's tokenizer from a Hugging Face checkpoint directory, or None if it has none.
+
+        Reads ``tokenizer.json`` (any model the Rust engine knows: byte-level BPE for GPT-2 and Llama 3,
+        SentencePiece-style BPE for Llama 2) or, failing that, GPT-2's ``vocab.json`` + ``merges.txt``.
+        Special tokens and the chat template come from ``tokenizer_config.json`` (the template from
+        ``chat_template.jinja`` where present), ids missing there from
+        ``config.json``'s ``bos_token_id`` / ``eos_token_id``. ``encode`` applies the file's own
+        post-processor (Llama's leading ``<s>``), so ids equal ``AutoTokenizer(text).input_ids``.
+        ``vocab_size``: the model's; a tokenizer with ids outside it is refused.
+        """
+        from pathlib import Path
+
+        source = Path(source)
+        if (source / "tokenizer.json").is_file():
+            try:
+                engine = HFTokenizer.from_file(str(source / "tokenizer.json"))
+            except Exception as e:  # noqa: BLE001 - the engine raises a bare Exception on malformed files
+                raise DataError(f"{source / 'tokenizer.json'} is not a Hugging Face tokenizer.json: {e}") from None
+            engine.no_truncation()
+            engine.no_padding()
+        elif (source / "vocab.json").is_file() and (source / "merges.txt").is_file():
+            try:
+                engine = HFTokenizer(models.BPE.from_file(str(source / "vocab.json"), str(source / "merges.txt")))
+            except Exception as e:  # noqa: BLE001
+                raise DataError(f"{source}: vocab.json / merges.txt are not a BPE vocabulary: {e}") from None
+            engine.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+            engine.decoder = decoders.ByteLevel()
+        else:
+            return None
+        meta = _read_json(source / "tokenizer_config.json")
+        cfg = _read_json(source / "config.json")
+        for entry in (meta.get("added_tokens_decoder") or {}).values():  # vocab.json + merges.txt keep specials here
+            content = entry.get("content") if isinstance(entry, dict) else None
+            if content and entry.get("special") and engine.token_to_id(content) is None:
+                engine.add_special_tokens([AddedToken(entry["content"], special=True, normalized=False)])
+        if engine.token_to_id("<|endoftext|>") is not None and not (source / "tokenizer.json").is_file():
+            engine.add_special_tokens([AddedToken("<|endoftext|>", special=True, normalized=False)])
+
+        def special(name: str) -> int | None:
+            tok = meta.get(f"{name}_token")
+            if isinstance(tok, dict):
+                tok = tok.get("content")
+            if isinstance(tok, str):
+                i = engine.token_to_id(tok)
+                if i is None:
+                    raise DataError(f"{source / 'tokenizer_config.json'}: {name}_token {tok!r} is not in the "
+                                    "vocabulary")
+                return i
+            i = cfg.get(f"{name}_token_id")
+            return i if isinstance(i, int) else None
+
+        template = meta.get("chat_template")
+        if (source / "chat_template.jinja").is_file():  # where transformers ≥ 4.50 saves it
+            template = (source / "chat_template.jinja").read_text()
+        tokenizer = cls(engine, bos_id=special("bos"), eos_id=special("eos"), pad_id=special("pad"),
+                        unk_id=special("unk"), chat_template=template if isinstance(template, str) else None,
+                        add_special=True)
+        if vocab_size is not None and tokenizer.vocab_size > vocab_size:
+            raise DataError(f"{source}: the tokenizer has {tokenizer.vocab_size} tokens but the model {vocab_size}; "
+                            "they do not belong together; nothing was written")
+        return tokenizer
+
+    @classmethod
     def from_gguf_fields(cls, *, model: str | None, pre: str | None, tokens: list[str], token_types: list[int] | None,
                          merges: list[str] | None, bos_id: int | None, eos_id: int | None, pad_id: int | None = None,
                          unk_id: int | None = None, chat_template: str | None = None,
@@ -156,8 +233,11 @@ class PretrainedTokenizer(Tokenizer):
         if len(vocab) != len(tokens):
             raise DataError(f"{where}: the tokenizer vocabulary has duplicate tokens")
         pairs = [tuple(m.split(" ", 1)) for m in merges]
-        engine = HFTokenizer(models.BPE(vocab=vocab, merges=pairs, unk_token=None, fuse_unk=False,
-                                        byte_fallback=False, ignore_merges=False))
+        try:
+            engine = HFTokenizer(models.BPE(vocab=vocab, merges=pairs, unk_token=None, fuse_unk=False,
+                                            byte_fallback=False, ignore_merges=False))
+        except Exception as e:  # noqa: BLE001 - the engine raises a bare Exception (e.g. a merge of unknown tokens)
+            raise DataError(f"{where}: the tokenizer's vocabulary and merges do not fit together: {e}") from None
         engine.pre_tokenizer = _pre_tokenizer(pre, where)
         engine.decoder = decoders.ByteLevel()
         types = token_types or []
