@@ -77,3 +77,36 @@ def test_minilm_equals_transformers_and_ranks_paraphrases(tmp_path, caplog):
     with caplog.at_level("WARNING"):
         long = run.embed("word " * 600)
     assert long.shape == (1, 384) and "truncated" in caplog.text
+
+
+def test_viz_draws_bidirectional_attention_equal_to_transformers(tmp_path, randomized):
+    """``tokennet viz`` on an imported sentence encoder: the drawn maps are BERT's own attention weights."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokennet.cli import main
+
+    wp = tokenizers.BertWordPieceTokenizer()
+    wp.train_from_iterator(["the cat sat on the mat", "attention looks at every token", "queries keys values"] * 20,
+                           vocab_size=120, min_frequency=1)
+    wp._tokenizer.post_processor = tokenizers.processors.BertProcessing(("[SEP]", wp.token_to_id("[SEP]")),
+                                                                         ("[CLS]", wp.token_to_id("[CLS]")))
+    cfg = transformers.BertConfig(vocab_size=wp.get_vocab_size(), hidden_size=24, num_hidden_layers=2,
+                                  num_attention_heads=2, intermediate_size=40, max_position_embeddings=32,
+                                  attn_implementation="eager")
+    torch.manual_seed(0)
+    hf = randomized(transformers.BertModel(cfg))
+    hf.save_pretrained(tmp_path / "hf")
+    wp._tokenizer.save(str(tmp_path / "hf" / "tokenizer.json"))
+    run = tokennet.load(import_checkpoint(tmp_path / "hf", tmp_path / "run").path)
+    text = "the cat looks at every token"
+    ids = run.tokenizer.encode(text)
+    assert ids == wp.encode(text).ids and ids[0] == wp.token_to_id("[CLS]")
+    with torch.no_grad():
+        ours = run.attention_maps(torch.tensor([ids]))["self"]
+        ref = hf(input_ids=torch.tensor([ids]), output_attentions=True).attentions
+    assert len(ours) == len(ref) == 2
+    for a, b in zip(ours, ref):
+        assert (a - b).abs().max() <= 1e-5
+    assert ours[0][0, :, 0, -1].abs().min() > 0  # the first token attends to the last: not causal
+    assert main(["viz", str(tmp_path / "run"), "--text", text, "--out", str(tmp_path / "viz")]) == 0
+    png = tmp_path / "viz" / "token_attention.png"
+    assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
