@@ -42,6 +42,9 @@ CASES = {
     "graph": {"dim": 32, "num_layers": 1, "num_heads": 2, "batch_size": 16, "test_size": 64, "val_size": 16,
               "ablation": False},
 }
+CASES["sphere"] = {"num_centres": 48, "num_samples": 256, "patch_size": 8, "rings": 2, "sh_degree": 3, "dim": 32,
+                   "num_layers": 1, "num_heads": 2, "batch_size": 16, "test_size": 40, "val_size": 16,
+                   "ablation": False}
 CASES["audio"] = {"dim": 32, "num_layers": 1, "num_heads": 2, "batch_size": 8, "n_mels": 16, "clip_samples": 8000}
 # Evaluations at steps 3 and 6 and at the end: the final metrics come after earlier no-grad passes.
 STEPS = {"max_iters": 8, "eval_interval": 3, "warmup_iters": 2, "progress": False}

@@ -7,6 +7,7 @@ from . import (
     gpt,  # noqa: F401  (registers the family)
     graph,  # noqa: F401  (registers the family)
     seq2seq,  # noqa: F401  (registers the family)
+    sphere,  # noqa: F401  (registers the family)
     text_encoder,  # noqa: F401  (registers the family)
     vit,  # noqa: F401  (registers the family)
 )

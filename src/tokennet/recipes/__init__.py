@@ -6,6 +6,7 @@ from . import (
     gpt,  # noqa: F401  (registers gpt, gpt-char)
     graph,  # noqa: F401  (registers graph)
     seq2seq,  # noqa: F401  (registers seq2seq)
+    sphere,  # noqa: F401  (registers sphere)
     vit,  # noqa: F401  (registers vit)
 )
 from .base import Job, Recipe, RecipeError, get_recipe, list_recipes, parse_sets, register_recipe, train

@@ -127,6 +127,7 @@ from .classification import ImageClassification  # noqa: E402
 from .embedding import TextEmbedding  # noqa: E402
 from .graph import GraphPrediction  # noqa: E402
 from .language import LanguageModel  # noqa: E402
+from .sphere import SphereClassification  # noqa: E402
 from .translation import Translation  # noqa: E402
 
 register_task("gpt", LanguageModel())
@@ -138,3 +139,4 @@ register_task("vit", ImageClassification())
 register_task("text-encoder", TextEmbedding())
 register_task("ast", AudioClassification())
 register_task("graph", GraphPrediction())
+register_task("sphere", SphereClassification())

@@ -64,4 +64,5 @@ from . import alignment as _alignment  # noqa: E402, F401
 from . import audio as _audio  # noqa: E402, F401
 from . import graph as _graph  # noqa: E402, F401
 from . import language as _language  # noqa: E402, F401
+from . import sphere as _sphere  # noqa: E402, F401
 from . import vit as _vit  # noqa: E402, F401

@@ -317,3 +317,4 @@ from . import classification as _classification  # noqa: E402, F401
 from . import graphs as _graphs  # noqa: E402, F401
 from . import language as _language  # noqa: E402, F401
 from . import sequences as _sequences  # noqa: E402, F401
+from . import spheres as _spheres  # noqa: E402, F401

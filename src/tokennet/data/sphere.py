@@ -1,0 +1,119 @@
+"""Images projected onto the sphere, and uniformly random rotations of them (Spherical CNNs' data).
+
+As in Cohen et al. 2018 (Spherical CNNs, https://arxiv.org/abs/1801.10130, their "spherical MNIST"):
+the image lies on the plane tangent to the sphere at the north pole and is projected onto the northern
+hemisphere. Here by stereographic projection from the south pole (conformal: pixels keep their shape and
+roughly their size, where the gnomonic projection through the centre blows the central pixels up): a point
+``p`` with ``p_z > 0`` sees the image at ``(u, v) = (p_x, p_y) / ((1 + p_z) · extent)``, the image spanning
+``u, v ∈ [−1, 1]``; ``extent = tan(Θ/2)`` puts the image's edge midpoints Θ from the pole (the recipe's
+0.7: Θ = 70°). The rest of the sphere is 0. Pixels are interpolated bilinearly, so the signal is a
+continuous function ``f`` on the sphere.
+
+A rotation ``R`` gives the signal ``f_R(p) = f(Rᵀ p)``, sampled at the same points: the rotated
+*continuous* function re-sampled, never a permutation of samples. Rotations are uniform on SO(3)
+(normalized Gaussian quaternions, Shoemake 1992), drawn from a seeded generator.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["random_rotations", "project_images", "equirectangular_points", "SphereImages", "projected_set",
+           "rotation_seed"]
+
+
+def rotation_seed(*parts: int) -> int:
+    """One generator seed from integers (a split, a seed, a batch index), stable across processes."""
+    s = 0
+    for p in parts:
+        s = (s * 1_000_003 + int(p)) % (2**62)
+    return s
+
+
+def random_rotations(n: int, seed: int) -> Tensor:
+    """``n`` rotation matrices ``(n, 3, 3)``, uniform on SO(3), from the generator seeded with ``seed``."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(n, 4, generator=g, dtype=torch.float64)
+    w, x, y, z = (q / q.norm(dim=-1, keepdim=True)).unbind(-1)
+    return torch.stack([
+        1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w),
+        2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w),
+        2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y),
+    ], dim=-1).view(n, 3, 3)
+
+
+def project_images(images: Tensor, points: Tensor, rotations: Tensor | None = None, extent: float = 1.0) -> Tensor:
+    """Sample the projected images (rotated by ``rotations``) at unit vectors ``points``.
+
+    Args:
+        images: ``(B, C, H, W)``.
+        points: ``(P, 3)`` unit vectors.
+        rotations: ``(B, 3, 3)`` or None (unrotated): the signal is ``f(Rᵀ p)``.
+        extent: the image's half-width on the stereographic plane, ``tan(Θ/2)`` for an edge Θ from the pole.
+
+    Returns:
+        ``(B, C, P)`` float32.
+    """
+    B = images.shape[0]
+    p = points.double().expand(B, -1, -1)  # (B, P, 3)
+    if rotations is not None:
+        p = p @ rotations.double()  # row pᵀ R = (Rᵀ p)ᵀ
+    z = p[..., 2]
+    front = z > 1e-6
+    zs = (1.0 + z) * extent  # stereographic from the south pole
+    # grid_sample's x indexes columns (W), y rows (H); image row 0 is at v = −1.
+    grid = torch.stack([p[..., 0] / zs, p[..., 1] / zs], dim=-1).float()[:, :, None]  # (B, P, 1, 2)
+    grid = torch.where(front[:, :, None, None], grid, torch.full_like(grid, 4.0))  # far outside: zeros padding
+    out = F.grid_sample(images.float(), grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+    return out[..., 0]  # (B, C, P)
+
+
+def equirectangular_points(height: int, width: int) -> Tensor:
+    """The lat/lon grid's pixel centres as unit vectors ``(height·width, 3)``, row-major, north at row 0."""
+    theta = (torch.arange(height, dtype=torch.float64) + 0.5) * math.pi / height
+    phi = (torch.arange(width, dtype=torch.float64) + 0.5) * 2 * math.pi / width - math.pi
+    t, f = torch.meshgrid(theta, phi, indexing="ij")
+    return torch.stack([t.sin() * f.cos(), t.sin() * f.sin(), t.cos()], dim=-1).view(-1, 3)
+
+
+def projected_set(images: Tensor, points: Tensor, *, rotate: bool, seed: int, extent: float = 1.0,
+                  chunk: int = 512) -> Tensor:
+    """Project a whole set ``(B, C, H, W) → (B, C, P)``, each image rotated (seeded per chunk) or not."""
+    out = []
+    for k, i in enumerate(range(0, len(images), chunk)):
+        x = images[i:i + chunk]
+        rot = random_rotations(len(x), rotation_seed(seed, k)) if rotate else None
+        out.append(project_images(x, points, rot, extent))
+    return torch.cat(out) if out else torch.zeros(0, images.shape[1], len(points))
+
+
+class SphereImages:
+    """Batch source for the trainer: ``batch(i)`` projects ``batch_size`` images drawn with ``(seed, i)``,
+    each freshly rotated when ``rotate`` (a new uniform rotation per image per step).
+
+    Args:
+        images, labels: ``(N, C, H, W)`` and ``(N,)``.
+        points: ``(P, 3)`` where the model samples the sphere.
+        batch_size, seed, rotate, extent: as named.
+        shape: the model's input shape after the batch dimension (default ``(C, P)``; ``(C, h, w)`` for a
+            planar model on an equirectangular grid).
+    """
+
+    def __init__(self, images: Tensor, labels: Tensor, points: Tensor, batch_size: int, *, seed: int = 0,
+                 rotate: bool = False, extent: float = 1.0, shape: tuple[int, ...] | None = None):
+        self.images, self.labels, self.points = images, labels, points
+        self.batch_size, self.seed, self.rotate, self.extent = batch_size, seed, rotate, extent
+        self.shape = shape
+
+    def batch(self, index: int) -> tuple[Tensor, Tensor]:
+        g = torch.Generator().manual_seed(rotation_seed(self.seed, index))
+        idx = torch.randint(len(self.labels), (self.batch_size,), generator=g)
+        rot = random_rotations(self.batch_size, rotation_seed(self.seed, index, 1)) if self.rotate else None
+        x = project_images(self.images[idx], self.points, rot, self.extent)  # (B, C, P)
+        if self.shape is not None:
+            x = x.reshape(self.batch_size, *self.shape)
+        return x, self.labels[idx]

@@ -1,0 +1,223 @@
+"""Recipe ``sphere``: images projected onto the sphere, patches as tokens, and the rotation table.
+
+Data (:mod:`tokennet.data.sphere`): the embedded 8×8 digits by default (``--data fashion-mnist`` or a
+directory of Fashion-MNIST idx files for Fashion-MNIST), projected onto the northern hemisphere as in
+Spherical CNNs (Cohen et al. 2018, https://arxiv.org/abs/1801.10130), sampled on the model's Fibonacci
+grid. ``train_rotated=true`` trains on signals rotated by a fresh uniform rotation at every step (R);
+otherwise unrotated (NR). The last ``val_size`` training images are held out for validation.
+
+``metrics.json``: ``test_accuracy`` (unrotated test images) and ``test_accuracy_rotated`` (each test
+image under a seeded uniform rotation) of the configured model — what ``tokennet eval`` recomputes —
+and, with ``ablation=true`` (the default), ``ablation``: test accuracy in the three regimes NR/NR, R/R,
+NR/R (train/test) for
+
+- a planar ViT on the projected images sampled on a lat/lon (equirectangular) grid,
+- the sphere transformer with absolute spherical-harmonic positions (``position=sh``,
+  ``descriptor=ordered``),
+- the sphere transformer with the rotation-invariant angle bias (``position=angle-bias``,
+  ``descriptor=rings``),
+
+each trained for the same steps on the same images (a model whose settings match the configured model
+and regime reuses its figure). Anchor (MNIST, Cohen et al.): planar CNN NR/R 11 %, spherical CNN R/R 95 %,
+NR/R 94 %.
+
+Measured (digits, defaults, 400 steps × 32 per model and regime, one thread on a contended 2-core machine;
+the first two rows from one full run, the invariant row from two ``ablation=false`` runs after the angle
+bias got its gain and locality prior), test accuracy NR/NR, R/R, NR/R: planar ViT 73.5, 19.9, 12.1 %;
+absolute SH positions 83.8, 17.9, 9.8 %; invariant angle bias 45.1, 42.6, 40.6 %. The invariant model
+holds its accuracy under rotation (−4.5 points, goal ≤ 2 not met) but learns slowly: not done yet.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import tempfile
+from typing import Any
+
+import torch
+
+from ..data.sphere import SphereImages, equirectangular_points, projected_set
+from ..data.vision_data import VisionData, dataset_kind, load_dataset
+from ..errors import DataError, RecipeError
+from ..models.registry import create_model
+from ..train.trainer import Trainer
+from .base import Job, Recipe, register_recipe
+
+__all__ = ["MODELS", "REGIMES", "evaluate_sphere", "load_sphere_data"]
+
+log = logging.getLogger(__name__)
+
+# name → sphere-model overrides (None: the planar ViT on the lat/lon grid)
+MODELS = {
+    "planar ViT (lat/lon grid)": None,
+    "sphere, absolute SH positions": {"position": "sh", "descriptor": "ordered"},
+    "sphere, invariant angle bias": {"position": "angle-bias", "descriptor": "rings"},
+}
+REGIMES = ("NR/NR", "R/R", "NR/R")  # train / test
+TEST_SEED = 7919  # the rotations of the rotated test set: fixed, so every run and `tokennet eval` agree
+
+
+@torch.no_grad()
+def evaluate_sphere(model, x, y, batch_size: int = 256) -> dict[str, float]:
+    """Accuracy and mean cross-entropy of ``model`` on inputs ``x`` with labels ``y``, in chunks."""
+    dev = next(model.parameters()).device
+    correct, loss, n = 0, 0.0, len(y)
+    for i in range(0, n, batch_size):
+        out = model(x[i:i + batch_size].to(dev)).logits.float()
+        t = y[i:i + batch_size].to(dev)
+        correct += int((out.argmax(-1) == t).sum())
+        loss += float(torch.nn.functional.cross_entropy(out, t, reduction="sum"))
+    return {"accuracy": correct / max(1, n), "loss": loss / max(1, n)}
+
+
+def load_sphere_data(data) -> VisionData:
+    """The images a ``--data`` value names: digits or Fashion-MNIST (not 1-D signals)."""
+    if dataset_kind(data) == "mnist1d":
+        raise DataError("the sphere recipe projects images: use digits (default), fashion-mnist or a directory of "
+                        "Fashion-MNIST idx files")
+    return load_dataset(data)
+
+
+def data_defaults(data) -> dict[str, Any]:
+    """Fashion-MNIST's profile: finer grids for 28×28 images and more steps."""
+    if data in (None, "", "digits"):
+        return {}
+    if dataset_kind(data) == "fashion-mnist":
+        return {"num_centres": 400, "num_samples": 6400, "patch_size": 24, "rings": 4, "max_iters": 1500,
+                "grid_height": 24, "grid_width": 48, "val_size": 1000, "test_size": 2000}
+    load_sphere_data(data)  # the one-line error naming what the recipe takes
+    return {}
+
+
+def _split(vd: VisionData, options):
+    n_val = options["val_size"]
+    if not 1 <= n_val < len(vd.y_train):
+        raise RecipeError(f"val_size must be in 1..{len(vd.y_train) - 1}, got {n_val}")
+    test_n = options["test_size"] if options["test_size"] > 0 else len(vd.y_test)
+    return ((vd.x_train[:-n_val], vd.y_train[:-n_val]), (vd.x_train[-n_val:], vd.y_train[-n_val:]),
+            (vd.x_test[:test_n], vd.y_test[:test_n]))
+
+
+def _test_sets(images, points, extent, seed, shape=None):
+    """Unrotated and rotated projections of the test images (rotations fixed by ``seed``)."""
+    nr = projected_set(images, points, rotate=False, seed=seed, extent=extent)
+    r = projected_set(images, points, rotate=True, seed=seed, extent=extent)
+    if shape is not None:
+        nr, r = nr.reshape(len(nr), *shape), r.reshape(len(r), *shape)
+    return nr, r
+
+
+def _vit(settings, num_classes, in_channels):
+    return create_model("vit-micro", image_size=[settings["grid_height"], settings["grid_width"]], patch_size=4,
+                        in_channels=in_channels, num_classes=num_classes, dim=settings["dim"],
+                        num_layers=settings["num_layers"], num_heads=settings["num_heads"],
+                        mlp_ratio=settings["mlp_ratio"], pool="mean")
+
+
+def build(*, settings, model_overrides, train, options, data, device, out_dir) -> Job:  # noqa: ARG001
+    vd = load_sphere_data(data)
+    if options["test_size"] < 0:
+        raise RecipeError("test_size must be >= 0 (0: the whole test split)")
+    (xtr, ytr), (xva, yva), (xte, yte) = _split(vd, options)
+    extent, rotated = options["extent"], options["train_rotated"]
+    if not extent > 0:
+        raise RecipeError(f"extent must be positive, got {extent}")
+    over = {**model_overrides, "num_classes": vd.num_classes, "in_channels": vd.in_channels}
+    torch.manual_seed(train.seed)
+    model = create_model("sphere-small", **over)
+    points = model.samples
+    src = SphereImages(xtr, ytr, points, train.batch_size, seed=train.seed, rotate=rotated, extent=extent)
+    val = projected_set(xva, points, rotate=rotated, seed=train.seed + 1, extent=extent)
+    log.info("sphere: %s, %d train / %d val / %d test images, %s training, %s positions, %.3fM parameters",
+             vd.name, len(ytr), len(yva), len(yte), "rotated" if rotated else "unrotated", model.config.position,
+             model.num_parameters() / 1e6)
+
+    def evaluate(m) -> dict[str, float]:
+        r = evaluate_sphere(m, val, yva)
+        return {"val_accuracy": r["accuracy"], "val_loss": r["loss"]}
+
+    def finish(m) -> dict[str, Any]:
+        nr, r = _test_sets(xte, points, extent, TEST_SEED)
+        out: dict[str, Any] = {"test_accuracy": evaluate_sphere(m, nr, yte)["accuracy"],
+                               "test_accuracy_rotated": evaluate_sphere(m, r, yte)["accuracy"],
+                               "test_size": len(yte), "train_rotated": rotated}
+        if options["ablation"]:
+            out["ablation"] = _ablation(settings, model_overrides, train, (xtr, ytr), (xte, yte), vd, device, m,
+                                        (nr, r))
+            for name, row in out["ablation"].items():
+                log.info("ablation: %-32s %s", name, "  ".join(f"{k} {v:.4f}" for k, v in row.items()))
+        return out
+
+    return Job(model=model.to(device), source=src, evaluate=evaluate, tokens_per_batch=train.batch_size,
+               finish=finish)
+
+
+def _ablation(settings, model_overrides, train, trainset, testset, vd, device, trained, trained_tests):
+    """``{model: {regime: test accuracy}}`` for every model of :data:`MODELS`, trained NR and R with the
+    same steps, images and seed; the configured model's own training is reused for its regime."""
+    (xtr, ytr), (xte, yte) = trainset, testset
+    extent, c = settings["extent"], trained.config
+    steps = dataclasses.replace(train, time_budget=None, eval_interval=0, checkpoint_interval=0, progress=False,
+                                log_interval=0, report=False, tensorboard=False)
+    hw = (settings["grid_height"], settings["grid_width"])
+    planar_points = equirectangular_points(*hw)
+    table: dict[str, dict[str, float]] = {}
+    for name, over in MODELS.items():
+        points = planar_points if over is None else trained.samples
+        shape = (vd.in_channels, *hw) if over is None else None
+        tests = None
+        row: dict[str, float] = {}
+        for rotate in (False, True):
+            same = over is not None and all(getattr(c, k) == v for k, v in over.items()) \
+                and rotate == settings["train_rotated"]
+            if same:
+                m, nr, r = trained, *trained_tests
+            else:
+                if tests is None:
+                    tests = _test_sets(xte, points, extent, TEST_SEED, shape)
+                nr, r = tests
+                torch.manual_seed(train.seed)
+                m = _vit(settings, vd.num_classes, vd.in_channels) if over is None else \
+                    create_model("sphere-small", **{**model_overrides, **over, "num_classes": vd.num_classes,
+                                                    "in_channels": vd.in_channels})
+                src = SphereImages(xtr, ytr, points, train.batch_size, seed=train.seed, rotate=rotate, extent=extent,
+                                   shape=shape)
+                with tempfile.TemporaryDirectory() as scratch:  # the variants' checkpoints are not part of the run
+                    Trainer(m.to(device), steps, src, out_dir=scratch, device=device).fit()
+                m.eval()
+            if rotate:
+                row["R/R"] = evaluate_sphere(m, r, yte)["accuracy"]
+            else:
+                row["NR/NR"] = evaluate_sphere(m, nr, yte)["accuracy"]
+                row["NR/R"] = evaluate_sphere(m, r, yte)["accuracy"]
+        table[name] = {k: row[k] for k in REGIMES}
+    return table
+
+
+def evaluate_run(run, data) -> dict[str, Any]:
+    """``tokennet eval``: the configured model's test accuracy, unrotated and under the fixed test rotations."""
+    if data is not None:
+        raise RecipeError("the sphere recipe evaluates on its own test split; it takes no other data")
+    s = run.settings
+    vd = load_sphere_data(run.data)
+    _, _, (xte, yte) = _split(vd, s)
+    nr, r = _test_sets(xte, run.model.samples, s["extent"], TEST_SEED)
+    return {"test_accuracy": evaluate_sphere(run.model, nr, yte)["accuracy"],
+            "test_accuracy_rotated": evaluate_sphere(run.model, r, yte)["accuracy"], "test_size": len(yte)}
+
+
+register_recipe(Recipe(
+    name="sphere",
+    description="sphere transformer on images projected onto the sphere (digits / Fashion-MNIST), with the "
+    "NR/NR, R/R, NR/R rotation table: planar ViT vs absolute SH positions vs invariant angle bias",
+    model="sphere-small",
+    build=build,
+    options={"train_rotated": False, "ablation": True, "val_size": 100, "test_size": 0, "extent": 0.7,
+             "grid_height": 16, "grid_width": 32},
+    model_defaults={},
+    train_defaults={"max_iters": 400, "batch_size": 32, "lr": 2e-3, "warmup_iters": 40, "eval_interval": 200,
+                    "weight_decay": 0.05},
+    evaluate_run=evaluate_run,
+    data_defaults=data_defaults,
+))
