@@ -12,6 +12,14 @@ moves by one token per step (the last ``block_size`` tokens). With the cache, wh
 rebuilt from the last ``block_size // 2`` tokens, so the window moves in half-context jumps and each
 rebuild costs one prefill; outputs then differ from the uncached window, which is the price of
 keeping absolute positions valid.
+
+``quantize="bf16"`` or ``"int8"`` decodes with a low-precision inference copy of the model (see
+:mod:`tokennet.layers.quantize`), built at the start of each call, so the model itself is never modified
+and no copy outlives the call (the model may keep training). A decoding step reads every weight once, so
+fewer bytes per weight make it faster.
+
+Each step is the model's forward over the new token against the preallocated KV caches, the head over
+the last position, and the choice of the next token; the token ids live in one preallocated buffer.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from .errors import ConfigError
+from .layers import quantize as quantization
 
 __all__ = ["generate", "stream", "sample_next"]
 
@@ -36,7 +45,9 @@ def sample_next(
 ) -> Tensor:
     """Choose next tokens ``(B,)`` from last-position logits ``(B, V)``."""
     if temperature == 0:
-        return logits.argmax(dim=-1)
+        # bf16 logits (a quantized model): argmax is several times faster in float32, and the same.
+        low = logits.dtype in (torch.bfloat16, torch.float16)
+        return (logits.float() if low else logits).argmax(dim=-1)
     logits = logits.float() / temperature
     if top_k is not None and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1)
@@ -79,35 +90,40 @@ def stream(
     stop: Sequence[int] | int | None = None,
     use_cache: bool = True,
     generator: torch.Generator | None = None,
+    quantize: str = "none",
 ) -> Iterator[Tensor]:
     """Yield the next tokens ``(B,)`` one step at a time; stops early when every row hit a stop token.
 
     Rows that already stopped keep yielding their stop token. Arguments as in :func:`generate`.
     """
     _validate(model, idx, max_new_tokens, temperature, top_k, top_p)
+    quantization.check_mode(quantize)
     was_training = model.training
     model.eval()
     block = model.config.block_size
     stops = torch.tensor([stop] if isinstance(stop, int) else list(stop or []), device=idx.device)
     done = torch.zeros(idx.shape[0], dtype=torch.bool, device=idx.device)
-    seq = idx
+    B, T = idx.shape
+    seq = idx.new_empty(B, T + max_new_tokens)  # every token id, written in place (no per-step concatenation)
+    seq[:, :T] = idx
     try:
-        caches = model.make_caches(block) if use_cache else None
-        feed = seq[:, -block:]
-        for _ in range(max_new_tokens):
+        net = quantization.quantize(model, quantize)  # the model itself for "none"
+        caches = net.make_caches(block) if use_cache else None
+        feed = seq[:, max(0, T - block) : T]
+        for t in range(T, T + max_new_tokens):
             if use_cache and caches[0].length + feed.shape[1] > block:
                 for c in caches:  # sliding window: rebuild the cache from the recent half context
                     c.reset()
-                feed = seq[:, -(block // 2):]
-            h = model.forward_features(feed, caches=caches)  # (B, t, D)
-            logits = model.forward_head(h[:, -1:])[:, -1]  # (B, V): only the last position is needed
+                feed = seq[:, t - block // 2 : t]
+            h = net.forward_features(feed, caches=caches)  # (B, t, D)
+            logits = net.forward_head(h[:, -1:])[:, -1]  # (B, V): only the last position is needed
             nxt = sample_next(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
             if len(stops):
                 first = stops[0]
                 nxt = torch.where(done, first, nxt)
                 done = done | torch.isin(nxt, stops)
-            seq = torch.cat([seq, nxt[:, None]], dim=1)
-            feed = nxt[:, None] if use_cache else seq[:, -block:]
+            seq[:, t] = nxt
+            feed = seq[:, t : t + 1] if use_cache else seq[:, max(0, t + 1 - block) : t + 1]
             yield nxt
             if len(stops) and bool(done.all()):
                 return
@@ -127,6 +143,7 @@ def generate(
     use_cache: bool = True,
     callback: Callable[[Tensor], None] | None = None,
     generator: torch.Generator | None = None,
+    quantize: str = "none",
 ) -> Tensor:
     """Continue the token ids ``idx`` ``(B, T)`` by up to ``max_new_tokens``; returns ``(B, T + n)``.
 
@@ -141,10 +158,13 @@ def generate(
         use_cache: decode with the KV cache (False recomputes the whole window every step).
         callback: called with each step's new tokens ``(B,)`` (streaming).
         generator: random generator for reproducible sampling.
+        quantize: ``"none"`` (the model as it is), ``"bf16"`` or ``"int8"`` (weight-only, per-channel
+            scales): decode with a low-precision copy of every linear layer and the LM head, made for
+            this call (see :mod:`tokennet.layers.quantize`).
     """
     out = [idx]
     for nxt in stream(model, idx, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                      stop=stop, use_cache=use_cache, generator=generator):
+                      stop=stop, use_cache=use_cache, generator=generator, quantize=quantize):
         out.append(nxt[:, None])
         if callback is not None:
             callback(nxt)

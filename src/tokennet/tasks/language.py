@@ -20,11 +20,13 @@ __all__ = ["LanguageModel", "stream_text"]
 
 def stream_text(run: Run, prompt: str, max_new_tokens: int = 200, *, temperature: float = 0.8,
                 top_k: int | None = None, top_p: float | None = None, seed: int = 0,
-                use_cache: bool = True) -> Iterator[str]:
+                use_cache: bool = True, quantize: str = "none") -> Iterator[str]:
     """Yield the continuation of ``prompt`` as printable pieces of text, as the tokens come.
 
     A byte-level token may end inside a UTF-8 character: a piece is yielded only once it decodes
-    cleanly, and whatever is left is yielded at the end.
+    cleanly, and whatever is left is yielded at the end. ``quantize`` (``"none"``, ``"bf16"``, ``"int8"``)
+    decodes with a low-precision copy of the model's linear layers and head, made for this call (see
+    :func:`tokennet.sampling.generate`).
     """
     model, tok = run.model, run.tokenizer
     if tok is None:
@@ -41,7 +43,7 @@ def stream_text(run: Run, prompt: str, max_new_tokens: int = 200, *, temperature
     new: list[int] = []
     shown = ""
     for nxt in stream(model, torch.tensor([ids], device=dev), max_new_tokens, temperature=temperature,
-                      top_k=top_k, top_p=top_p, use_cache=use_cache, generator=g,
+                      top_k=top_k, top_p=top_p, use_cache=use_cache, generator=g, quantize=quantize,
                       stop=getattr(tok, "stop_ids", None)):  # imported tokenizers: stop at their end-of-turn
         new.append(int(nxt[0]))
         text = tok.decode(new)

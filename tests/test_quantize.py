@@ -1,0 +1,221 @@
+"""Low-precision inference copies (bf16, int8 weight-only): error bounds, no mutation, quality on a trained model."""
+
+import argparse
+import inspect
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import tokennet
+from tokennet.cli import main
+from tokennet.errors import ConfigError, TokennetError
+from tokennet.layers.quantize import Int8Linear, quantize, quantize_int8
+from tokennet.models import create_model
+from tokennet.sampling import generate, stream
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_int8_round_trip_is_within_half_a_step():
+    w = torch.randn(37, 64) * torch.rand(37, 1)  # rows of different ranges: per-channel scales matter
+    w[3] = 0.0  # an all-zero row must not divide by zero
+    q, s = quantize_int8(w)
+    assert q.dtype == torch.int8 and s.shape == (37,)
+    assert int(q.abs().max()) == 127  # the largest |w| of a row maps to ±127
+    err = (w - s[:, None] * q.float()).abs()
+    assert torch.all(err <= s[:, None] / 2 + 1e-7)
+    assert torch.equal(q[3], torch.zeros(64, dtype=torch.int8))
+
+
+@pytest.mark.parametrize("shape", [(1, 64), (3, 64), (2, 5, 128)])
+def test_int8_linear_matches_fp32_linear(shape):
+    torch.manual_seed(0)
+    lin = nn.Linear(shape[-1], 96)
+    x = torch.randn(*shape)
+    ql = Int8Linear(lin)
+    y = ql(x)
+    assert y.dtype == torch.bfloat16 and y.shape == (*shape[:-1], 96)
+    ref = lin(x).detach()
+    # Against fp32: int8 weights (≤ half a step per weight) and bf16 activations, a few % at most.
+    rel = (y.float() - ref).abs().max() / ref.abs().max()
+    assert rel < 0.03, rel
+    # Against the dequantized weights with the same bf16 input: only the kernel's bf16 rounding remains.
+    exact = F.linear(x.bfloat16().float(), ql.dequantized_weight(), lin.bias.detach().bfloat16().float())
+    torch.testing.assert_close(y.float(), exact, atol=2e-2 * exact.abs().max().item(), rtol=0)
+
+
+def test_bf16_copy_of_a_linear_is_close():
+    torch.manual_seed(0)
+    lin = nn.Linear(64, 32)
+    q = quantize(lin, "bf16")
+    x = torch.randn(4, 64)
+    rel = (q(x.bfloat16()).float() - lin(x)).abs().max() / lin(x).abs().max()
+    assert 0 < rel < 0.02
+
+
+def test_quantize_returns_a_copy_and_never_touches_the_model():
+    torch.manual_seed(0)
+    m = create_model("gpt-micro", vocab_size=48, block_size=16).train()
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    q = quantize(m, "int8")
+    assert quantize(m, "none") is m
+    assert m.training and not q.training
+    assert m.lm_head.weight is m.tok_emb.weight  # still tied, still fp32, still trainable
+    for k, v in m.state_dict().items():
+        assert v.dtype == before[k].dtype and torch.equal(v, before[k]), k
+    assert all(p.requires_grad for p in m.parameters())
+    linears = [n for n, mod in m.named_modules() if isinstance(mod, nn.Linear)]
+    qmods = dict(q.named_modules())
+    assert linears and all(isinstance(qmods[n], Int8Linear) for n in linears)  # the LM head too
+    assert q.tok_emb.weight.dtype == torch.bfloat16
+    # generate(quantize=...) leaves the model as it was, in training mode.
+    generate(m, torch.zeros(1, 2, dtype=torch.long), 3, temperature=0, quantize="int8")
+    assert m.training
+    for k, v in m.state_dict().items():
+        assert torch.equal(v, before[k]), k
+
+
+def test_layers_the_int8_kernel_cannot_take_stay_bf16():
+    # dim 36: the attention and MLP input widths (36) are not multiples of 8; the MLP's output layer's (144) is.
+    torch.manual_seed(0)
+    m = create_model("gpt-micro", vocab_size=30, block_size=16, dim=36, num_heads=4).eval()
+    q = quantize(m, "int8")
+    assert type(q.lm_head) is nn.Linear and q.lm_head.weight.dtype == torch.bfloat16
+    assert isinstance(q.decoder.blocks[0].mlp.fc2, Int8Linear)
+    out = generate(m, torch.zeros(2, 3, dtype=torch.long), 20, temperature=0, quantize="int8")  # past the context
+    assert out.shape == (2, 23)
+
+
+@pytest.mark.parametrize("bad", ["fp8", "INT8", "", None])
+def test_bad_mode_is_a_clear_error(bad):
+    m = create_model("gpt-micro", vocab_size=30, block_size=16)
+    with pytest.raises(ConfigError, match="quantize must be one of none, bf16, int8"):
+        quantize(m, bad)
+    with pytest.raises(TokennetError, match="quantize"):
+        generate(m, torch.zeros(1, 1, dtype=torch.long), 2, quantize=bad)
+
+
+def test_none_is_the_unquantized_model_exactly():
+    torch.manual_seed(0)
+    m = create_model("gpt-micro", vocab_size=40, block_size=16).eval()
+    prompt = torch.randint(40, (2, 4))
+    a = generate(m, prompt, 20, temperature=0)
+    b = generate(m, prompt, 20, temperature=0, quantize="none")
+    assert torch.equal(a, b)
+    c = generate(m, prompt, 20, temperature=0.8, top_k=5, generator=torch.Generator().manual_seed(1))
+    d = generate(m, prompt, 20, temperature=0.8, top_k=5, generator=torch.Generator().manual_seed(1), quantize="none")
+    assert torch.equal(c, d)
+
+
+# -- quality on a trained model ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def trained():
+    """A 2-layer × 64 character GPT trained for 300 steps on Python source text (loss ≈ 2), and held-out data."""
+    text = inspect.getsource(argparse) + inspect.getsource(inspect)
+    chars = sorted(set(text))
+    data = torch.tensor([chars.index(c) for c in text])
+    split = int(0.9 * len(data))
+    train, val = data[:split], data[split:]
+    torch.manual_seed(0)
+    m = create_model("gpt-micro", vocab_size=len(chars), block_size=64)
+    opt = torch.optim.AdamW(m.parameters(), lr=3e-3)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(300):
+        i = torch.randint(len(train) - 65, (16,), generator=g)
+        xy = torch.stack([train[j : j + 65] for j in i.tolist()])
+        loss = m(xy[:, :-1], xy[:, 1:]).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    m.eval()
+    n = (len(val) - 1) // 64
+    vx = val[: n * 64].view(n, 64)
+    vy = val[1 : n * 64 + 1].view(n, 64)
+    return m, vx, vy
+
+
+def _val_loss(model, vx, vy) -> float:
+    with torch.inference_mode():
+        logits = model(vx).logits.float()
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), vy.reshape(-1)).item()
+
+
+@pytest.mark.parametrize("mode", ["bf16", "int8"])
+def test_quantized_validation_loss_within_one_percent(trained, mode):
+    m, vx, vy = trained
+    ref = _val_loss(m, vx, vy)
+    assert ref < 2.6  # it did learn something (uniform over ~90 characters is 4.5)
+    q = _val_loss(quantize(m, mode), vx, vy)
+    assert q != ref  # the copy really is low precision
+    assert abs(q - ref) / ref < 0.01, (mode, ref, q)
+
+
+@pytest.mark.parametrize("mode", ["bf16", "int8"])
+def test_quantized_greedy_tokens_mostly_identical(trained, mode):
+    m, vx, _ = trained
+    prompt = vx[:8, :16]
+    ref = generate(m, prompt, 48, temperature=0)
+    out = generate(m, prompt, 48, temperature=0, quantize=mode)
+    same = (out[:, 16:] == ref[:, 16:]).float().mean().item()
+    assert same >= 0.8, (mode, same)
+    # The first token after each prompt depends on no earlier divergence: nearly all must agree.
+    assert (out[:, 16] == ref[:, 16]).float().mean().item() >= 7 / 8
+
+
+def test_quantized_cached_decoding_matches_uncached(trained):
+    m, vx, _ = trained
+    q = quantize(m, "int8")
+    prompt = vx[:2, :8]
+    a = generate(q, prompt, 24, temperature=0)
+    b = generate(q, prompt, 24, temperature=0, use_cache=False)
+    assert (a == b).float().mean().item() >= 0.9  # bf16 sums in a different order: rare near-ties may flip
+    assert len(list(stream(m, prompt, 5, temperature=0, quantize="bf16"))) == 5
+
+
+# -- the command ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def char_run(tmp_path_factory, corpus):
+    out = tmp_path_factory.mktemp("runs") / "char"
+    tiny = ["--set", "dim=32", "num_layers=1", "num_heads=2", "block_size=16", "batch_size=4", "eval_iters=2",
+            "sample_tokens=5", "warmup_iters=2", "eval_interval=0"]
+    assert main(["-q", "train", "gpt-char", "--data", str(corpus), "--out", str(out), "--max-iters", "4", *tiny]) == 0
+    return out
+
+
+def test_generate_help_explains_quantize(capsys):
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--quantize {none,bf16,int8}" in out and "int8 weight-only" in out and "LM head" in out
+
+
+def test_generate_quantized_from_the_command_line(char_run, capsys):
+    capsys.readouterr()
+    args = ["generate", str(char_run), "--prompt", "the ", "--max-new-tokens", "8", "--temperature", "0"]
+    assert main(args) == 0
+    plain = capsys.readouterr().out
+    for mode in ("bf16", "int8"):
+        assert main([*args, "--quantize", mode]) == 0
+        out = capsys.readouterr().out
+        assert out.startswith("the ") and len(out) >= len("the ") + 1
+    assert plain.startswith("the ")
+    run = tokennet.load(char_run)
+    text = run.generate("the ", 6, temperature=0, quantize="int8")
+    assert isinstance(text, str) and len(text) >= 1
+    with pytest.raises(ConfigError, match="quantize must be one of"):
+        run.generate("the ", 3, quantize="int4")
+
+
+def test_bad_quantize_flag_is_one_line_exit_2(char_run, capsys):
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(["generate", str(char_run), "--quantize", "int4"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--quantize" in err and "int4" in err
