@@ -95,6 +95,9 @@ class MultiHeadAttention(nn.Module):
         bias: use biases in the projections.
         dropout: dropout on the attention weights and the output.
         backend: attention backend, see :func:`tokennet.attention.attention`.
+        qk_norm: RMS-normalize each head's queries and keys (learned gain, per head width E) before the
+            scores, ``q ← q / rms(q) ⊙ g_q`` (Dehghani et al. 2023, https://arxiv.org/abs/2302.05442): the
+            logits stay bounded, so higher learning rates train stably.
     """
 
     def __init__(
@@ -108,6 +111,7 @@ class MultiHeadAttention(nn.Module):
         bias: bool = True,
         dropout: float = 0.0,
         backend: str = "auto",
+        qk_norm: bool = False,
     ):
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
@@ -137,6 +141,8 @@ class MultiHeadAttention(nn.Module):
             self.qkv_proj = nn.Linear(dim, self.q_dim + 2 * self.kv_dim, bias=bias)
         self.out_proj = nn.Linear(self.q_dim, dim, bias=bias)
         self.out_drop = (nn.Dropout(dropout) if dropout > 0 else nn.Identity())
+        self.q_norm = nn.RMSNorm(head_dim) if qk_norm else None
+        self.k_norm = nn.RMSNorm(head_dim) if qk_norm else None
 
     # -- projections --------------------------------------------------------------------------------
     def _heads(self, t: Tensor, h: int) -> Tensor:
@@ -213,6 +219,8 @@ class MultiHeadAttention(nn.Module):
             raise ValueError("rope applies to self-attention only; cross-attention has no shared positions")
         if cross:
             q = self._heads(self.project_q(x), self.num_heads)  # (B, H, N, E)
+            if self.q_norm is not None:
+                q = self.q_norm(q)
             if cache is not None and cache.static and cache.k is not None:
                 k, v = cache.k, cache.v  # cross-attention keys/values computed once
             else:
@@ -222,6 +230,8 @@ class MultiHeadAttention(nn.Module):
                 k, v = self.project_kv(context)
                 k = self._heads(k, self.num_kv_heads)  # (B, Hkv, M, E)
                 v = self._heads(v, self.num_kv_heads)  # (B, Hkv, M, E)
+                if self.k_norm is not None:
+                    k = self.k_norm(k)
                 if cache is not None:
                     k, v = cache.append(k, v)
         else:
@@ -229,6 +239,8 @@ class MultiHeadAttention(nn.Module):
             q = self._heads(q, self.num_heads)  # (B, H, N, E)
             k = self._heads(k, self.num_kv_heads)  # (B, Hkv, N, E)
             v = self._heads(v, self.num_kv_heads)  # (B, Hkv, N, E)
+            if self.k_norm is not None:  # before rope: normalize contents, then rotate by position
+                q, k = self.q_norm(q), self.k_norm(k)
             if rope is not None:
                 from ..position.rope import apply_rope
 

@@ -57,6 +57,7 @@ class Block(nn.Module):
         norm_eps: the norm's epsilon.
         norm_layer: ``"layernorm"`` or ``"rmsnorm"``.
         gated_mlp: a gated MLP (SwiGLU with ``activation="silu"``).
+        qk_norm: RMS-normalize the self-attention's per-head queries and keys.
     """
 
     def __init__(
@@ -78,6 +79,7 @@ class Block(nn.Module):
         norm_eps: float = 1e-5,
         norm_layer: str = "layernorm",
         gated_mlp: bool = False,
+        qk_norm: bool = False,
     ):
         super().__init__()
         if norm not in NORMS:
@@ -88,8 +90,11 @@ class Block(nn.Module):
         self.norm1 = make_norm(norm_layer, dim, eps=norm_eps, bias=bias)
         if mixer == "attention":
             self.attn = MultiHeadAttention(
-                dim, num_heads, num_kv_heads=num_kv_heads, bias=bias, dropout=dropout, backend=backend
+                dim, num_heads, num_kv_heads=num_kv_heads, bias=bias, dropout=dropout, backend=backend,
+                qk_norm=qk_norm,
             )
+        elif qk_norm:
+            raise ValueError("qk_norm needs mixer='attention'")
         else:
             if num_tokens is None:
                 raise ValueError("mixer='token' needs num_tokens (the largest sequence length)")

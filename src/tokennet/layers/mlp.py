@@ -6,11 +6,25 @@ with σ = SiLU this is SwiGLU, the MLP of Llama.
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
-__all__ = ["MLP", "ACTIVATIONS"]
+__all__ = ["MLP", "ACTIVATIONS", "ReLU2"]
 
-ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU, "gelu_tanh": lambda: nn.GELU(approximate="tanh"), "silu": nn.SiLU}
+
+class ReLU2(nn.Module):
+    """Squared ReLU, ``σ(x) = max(x, 0)²`` (So et al. 2021, Primer, https://arxiv.org/abs/2109.08668).
+
+    As cheap as ReLU, smooth at 0 in value; Primer found it trains language models to a given loss in
+    fewer steps than GELU (modded-nanogpt uses it).
+    """
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.relu(x).square()
+
+
+ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU, "gelu_tanh": lambda: nn.GELU(approximate="tanh"), "silu": nn.SiLU,
+               "relu2": ReLU2}
 
 
 class MLP(nn.Module):
@@ -20,8 +34,8 @@ class MLP(nn.Module):
         dim: input and output width D.
         hidden_dim: inner width (default ``mlp_ratio · dim``).
         mlp_ratio: inner width as a multiple of ``dim`` when ``hidden_dim`` is not given.
-        activation: ``"gelu"`` (ViT, GPT), ``"relu"`` (the original Transformer), ``"gelu_tanh"`` (GPT-2)
-            or ``"silu"``.
+        activation: ``"gelu"`` (ViT, GPT), ``"relu"`` (the original Transformer), ``"gelu_tanh"`` (GPT-2),
+            ``"silu"`` or ``"relu2"`` (squared ReLU, Primer).
         dropout: dropout after the activation and after the output projection.
         bias: use biases.
         gated: a gated MLP with a third projection ``gate`` (SwiGLU with ``activation="silu"``).

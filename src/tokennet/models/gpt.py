@@ -45,12 +45,14 @@ class GPTConfig(ModelConfig):
         tie_weights: share the token embedding with the LM head.
         bias: biases in linear layers and LayerNorms.
         mixer: ``"attention"`` or ``"token"`` (the learned token-mixing matrix, for comparison).
-        activation: MLP nonlinearity: ``"gelu"`` (erf), ``"gelu_tanh"`` (GPT-2's tanh approximation) or ``"relu"``.
+        activation: MLP nonlinearity: ``"gelu"`` (erf), ``"gelu_tanh"`` (GPT-2's tanh approximation), ``"relu"``,
+            ``"silu"`` or ``"relu2"`` (squared ReLU, Primer / modded-nanogpt).
         norm_eps: the norms' epsilon (GPT-2: 1e-5).
         norm_layer: ``"layernorm"`` (GPT-2) or ``"rmsnorm"`` (Llama).
         gated_mlp: a gated MLP, ``W₂ (σ(W_g x) ⊙ W₁ x)``: SwiGLU with ``activation="silu"`` (Llama).
         rope_base: RoPE's wavelength scale, θ_j = base^(−2j/E) (``position="rope"`` only; Llama: 1e4, SmolLM2: 1e5).
         backend: attention backend (``"auto"``, ``"sdpa"``, ``"math"``, ``"flash"``).
+        qk_norm: RMS-normalize each head's queries and keys (learned gains) before the scores.
     """
 
     vocab_size: int = 256
@@ -71,6 +73,7 @@ class GPTConfig(ModelConfig):
     gated_mlp: bool = False
     rope_base: float = 10000.0
     backend: str = "auto"
+    qk_norm: bool = False
 
     def __post_init__(self):
         self.family = "gpt"
@@ -85,6 +88,10 @@ class GPTConfig(ModelConfig):
         if isinstance(self.norm_eps, bool) or not isinstance(self.norm_eps, (int, float)) or not self.norm_eps > 0:
             raise ConfigError(f"norm_eps must be a positive number, got {self.norm_eps!r}")
         self._mlp_and_backend()
+        if not isinstance(self.qk_norm, bool):
+            raise ConfigError(f"qk_norm must be true or false, got {self.qk_norm!r}")
+        if self.qk_norm and self.mixer != "attention":
+            raise ConfigError("qk_norm needs mixer='attention' (the token mixer has no queries or keys)")
         if self.mixer == "token" and self.position in ("rope", "alibi"):
             raise ConfigError(f"mixer='token' takes no position={self.position!r} (its mixing matrix is already "
                               "position-specific); use position='learned' or 'sinusoidal'")
@@ -118,6 +125,7 @@ class GPT(nn.Module):
             c.dim, c.num_layers, c.num_heads, mlp_ratio=c.mlp_ratio, norm="pre", dropout=c.dropout,
             num_kv_heads=c.num_kv_heads, bias=c.bias, mixer=c.mixer, num_tokens=c.block_size, backend=c.backend,
             activation=c.activation, norm_eps=c.norm_eps, norm_layer=c.norm_layer, gated_mlp=c.gated_mlp,
+            qk_norm=c.qk_norm,
         )
         self.lm_head = nn.Linear(c.dim, c.vocab_size, bias=False)
         self.apply(self._init_weights)

@@ -83,6 +83,25 @@ class Recipe:
     evaluate_run: Callable[..., dict[str, Any]] | None = None
     data_defaults: Callable[[str | None], dict[str, Any]] | None = None
 
+    def field_defaults(self) -> dict[str, Any]:
+        """Each model and trainer setting's value when nothing sets it: the config classes' own field defaults.
+
+        A run saved before a setting existed was trained with this value, not with the recipe's current
+        default (a recipe may switch a new option on): resuming fills the settings its ``run.json`` lacks
+        from here.
+        """
+        family, preset, _ = preset_info(self.model)
+        cfg_cls = type(config_from_dict({"family": family, **preset, **self.model_defaults}))
+        out: dict[str, Any] = {}
+        for cls in (cfg_cls, TrainConfig):
+            for f in dataclasses.fields(cls):
+                if f.default is not dataclasses.MISSING:
+                    out[f.name] = f.default
+                elif f.default_factory is not dataclasses.MISSING:
+                    out[f.name] = f.default_factory()
+        out.pop("family", None)
+        return out
+
     def defaults(self, data: str | None = None) -> dict[str, Any]:
         """Every setting of this recipe with its default value for ``--data data`` (None: the default data)."""
         family, preset, _ = preset_info(self.model)
@@ -258,6 +277,10 @@ def _train(recipe, out, defaults, data, sets, dev, info, resume, overwrite, crea
     barrier(info)
     settings = dict(defaults)
     if saved is not None:
+        # Settings the saved run does not name were added later: it ran with their field defaults (e.g.
+        # optimizer="adamw"), not with what the recipe defaults to now.
+        older = recipe.field_defaults()
+        settings.update({k: older[k] for k in set(defaults) - set(saved["settings"]) if k in older})
         settings.update(saved["settings"])
         data = saved.get("data") if data is None else data
     if "max_iters" in sets and "time_budget" not in sets and saved is None:

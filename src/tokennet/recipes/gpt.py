@@ -99,8 +99,9 @@ register_recipe(Recipe(
     build=build,
     options={"tokenizer": "bpe", "vocab_size": 1024, **_COMMON_OPTS},
     model_defaults={"dim": 128, "num_layers": 4, "num_heads": 4, "block_size": 128, "dropout": 0.1},
+    # Muon + WSD: val loss 4.04 after 300 steps against 4.23 with AdamW + cosine, and a more readable sample.
     train_defaults={"max_iters": 100_000, "time_budget": 150.0, "batch_size": 16, "lr": 2e-3, "warmup_iters": 100,
-                    "eval_interval": 250},
+                    "eval_interval": 250, "optimizer": "muon", "muon_lr": 0.02, "schedule": "wsd"},
     evaluate_run=evaluate_run,
 ))
 
@@ -110,8 +111,12 @@ register_recipe(Recipe(
     model="gpt",
     build=build,
     options={"tokenizer": "char", "vocab_size": 0, **_COMMON_OPTS},
-    model_defaults={"dim": 128, "num_layers": 4, "num_heads": 4, "block_size": 128, "dropout": 0.0, "bias": False},
+    # Muon for the hidden matrices + QK-norm + a warm-up–stable–decay schedule: on Tiny Shakespeare, val loss
+    # 1.817 after 400 steps against 2.218 with AdamW + cosine (bench/gpt_train.py ablation).
+    model_defaults={"dim": 128, "num_layers": 4, "num_heads": 4, "block_size": 128, "dropout": 0.0, "bias": False,
+                    "qk_norm": True},
     train_defaults={"max_iters": 100_000, "time_budget": 150.0, "batch_size": 16, "lr": 3e-3, "min_lr": 3e-4,
-                    "warmup_iters": 50, "eval_interval": 250},
+                    "warmup_iters": 50, "eval_interval": 250, "optimizer": "muon", "muon_lr": 0.02,
+                    "schedule": "wsd"},
     evaluate_run=evaluate_run,
 ))

@@ -2,7 +2,7 @@
 
 from .checkpoint import Checkpoint, latest_checkpoint, read_checkpoint, save_checkpoint
 from .distributed import DistInfo, init_distributed
-from .optim import configure_optimizer, cosine_lr
+from .optim import MuonAdamW, configure_optimizer, cosine_lr, wsd_lr
 from .trainer import BatchSource, TrainConfig, Trainer, TrainingStopped
 
 __all__ = [
@@ -12,6 +12,8 @@ __all__ = [
     "BatchSource",
     "configure_optimizer",
     "cosine_lr",
+    "wsd_lr",
+    "MuonAdamW",
     "save_checkpoint",
     "read_checkpoint",
     "latest_checkpoint",

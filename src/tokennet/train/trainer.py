@@ -35,7 +35,7 @@ from .distributed import (
     load_full_state,
     wrap_model,
 )
-from .optim import configure_optimizer, cosine_lr
+from .optim import OPTIMIZERS, SCHEDULES, configure_optimizer, schedule_lr
 
 __all__ = ["TrainConfig", "Trainer", "BatchSource", "TrainingStopped"]
 
@@ -73,6 +73,13 @@ class TrainConfig:
         report: write ``report.html`` in the run directory at each checkpoint and at the end.
         tensorboard: also write TensorBoard event files to ``RUN_DIR/tensorboard`` (needs the
             ``tensorboard`` package; ``log.jsonl`` stays the source of truth).
+        optimizer: ``"adamw"``, or ``"muon"``: Muon for the hidden matrices, AdamW (``lr``) for embeddings,
+            head, gains and biases (see :class:`~tokennet.train.optim.MuonAdamW`).
+        muon_lr, muon_momentum, muon_weight_decay: Muon's peak learning rate (it follows the same schedule
+            as ``lr``, scaled), momentum and decoupled weight decay.
+        schedule: ``"cosine"`` (warm-up, cosine to min_lr) or ``"wsd"`` (warm-up, constant, linear decay to
+            min_lr over the last ``decay_fraction`` of the budget).
+        decay_fraction: the share of the budget (steps or seconds) the ``"wsd"`` decay takes.
     """
 
     max_iters: int = 1000
@@ -98,6 +105,12 @@ class TrainConfig:
     strategy: str = "ddp"
     report: bool = True
     tensorboard: bool = False
+    optimizer: str = "adamw"
+    muon_lr: float = 0.02
+    muon_momentum: float = 0.95
+    muon_weight_decay: float = 0.0
+    schedule: str = "cosine"
+    decay_fraction: float = 0.3
 
     def __post_init__(self):
         for k in ("max_iters", "batch_size", "grad_accum"):
@@ -122,6 +135,18 @@ class TrainConfig:
             raise ConfigError(f"precision must be 'fp32' or 'bf16', got {self.precision!r}")
         if self.strategy not in STRATEGIES:
             raise ConfigError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        if self.schedule not in SCHEDULES:
+            raise ConfigError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if not (self.muon_lr > 0 and math.isfinite(self.muon_lr)):
+            raise ConfigError(f"muon_lr must be a positive number, got {self.muon_lr}")
+        if not 0 <= self.muon_momentum < 1:
+            raise ConfigError(f"muon_momentum must be in [0, 1), got {self.muon_momentum}")
+        if not self.muon_weight_decay >= 0:
+            raise ConfigError(f"muon_weight_decay must be >= 0, got {self.muon_weight_decay}")
+        if not 0 < self.decay_fraction <= 1:
+            raise ConfigError(f"decay_fraction must be in (0, 1], got {self.decay_fraction}")
         if not (self.grad_clip >= 0 and self.weight_decay >= 0):
             raise ConfigError(f"grad_clip and weight_decay must be >= 0, got {self.grad_clip} and {self.weight_decay}")
 
@@ -168,7 +193,8 @@ class Trainer:
         self.tokens_per_batch = tokens_per_batch
         self.optimizer = configure_optimizer(
             self.module, lr=config.lr, weight_decay=config.weight_decay, betas=(config.beta1, config.beta2),
-            device_type=self.device.type,
+            device_type=self.device.type, optimizer=config.optimizer, muon_lr=config.muon_lr,
+            muon_momentum=config.muon_momentum, muon_weight_decay=config.muon_weight_decay,
         )
         self.step = 0
         self.elapsed = 0.0  # training seconds, carried across resumes
@@ -225,7 +251,8 @@ class Trainer:
         p = (self.step - c.warmup_iters) / max(1, c.max_iters - c.warmup_iters)
         if c.time_budget is not None:
             p = max(p, self.elapsed / c.time_budget)
-        return cosine_lr(self.step, p, lr=c.lr, min_lr=min_lr, warmup_iters=c.warmup_iters)
+        return schedule_lr(c.schedule, self.step, p, lr=c.lr, min_lr=min_lr, warmup_iters=c.warmup_iters,
+                           decay_fraction=c.decay_fraction)
 
     def _autocast(self):
         if self.c.precision == "bf16":
@@ -289,8 +316,8 @@ class Trainer:
             while not self._done():
                 t0 = time.perf_counter()
                 lr = self._lr()
-                for g in self.optimizer.param_groups:
-                    g["lr"] = lr
+                for g in self.optimizer.param_groups:  # Muon's groups follow the same schedule, scaled
+                    g["lr"] = lr * c.muon_lr / c.lr if g.get("kind") == "muon" else lr
                 loss_sum = torch.zeros((), device=self.device)
                 for micro in range(c.grad_accum):
                     # Each rank draws its own micro-batches: N ranks = one process accumulating N of them.
