@@ -28,7 +28,6 @@ import importlib.util
 import json
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -51,10 +50,15 @@ def find_gguf() -> Path:
     return files[0]
 
 
-def _rss() -> float:
+def _rss(field: str = "VmRSS") -> float:
+    """This process's resident memory (``VmRSS``) or its peak (``VmHWM``) in MiB, from /proc/self/status.
+
+    Not ``getrusage``'s ``ru_maxrss``: it survives fork + exec, so a worker would report its parent's
+    peak (the GGUF import) whenever that is higher than its own.
+    """
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024 / MiB
     return float("nan")
 
@@ -64,15 +68,18 @@ def worker(system: str, run_dir: str, gguf: str, new_tokens: int, repeats: int) 
     import torch
 
     t0 = time.perf_counter()
-    if system == "tokennet":
+    if system.startswith("tokennet"):
         import tokennet
+        from tokennet.layers.quantize import quantize
         from tokennet.sampling import generate
 
         run = tokennet.load(run_dir)
         ids = torch.tensor([run.tokenizer.encode(PROMPT)])
+        mode = system.partition(" ")[2] or "none"  # "tokennet int8": decode with an int8 copy (built once)
+        model = quantize(run.model, mode)
 
         def decode():
-            return generate(run.model, ids, new_tokens, temperature=0)
+            return generate(model, ids, new_tokens, temperature=0)
     else:
         import transformers
 
@@ -96,7 +103,7 @@ def worker(system: str, run_dir: str, gguf: str, new_tokens: int, repeats: int) 
         times.append(time.perf_counter() - t)
     med = statistics.median(times)
     return {"system": system, "load_s": load_s, "tokens_per_s": new_tokens / med, "median_s": med,
-            "rss_after_load_mib": rss_loaded, "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "rss_after_load_mib": rss_loaded, "peak_rss_mib": _rss("VmHWM"),
             "ids": out[0].tolist(), "prompt_len": ids.shape[1]}
 
 
@@ -124,7 +131,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="bench/results/interop.json")
-    ap.add_argument("--worker", choices=["tokennet", "transformers"], help=argparse.SUPPRESS)
+    ap.add_argument("--quantize", nargs="*", default=["bf16", "int8"], choices=["bf16", "int8"],
+                    help="also time tokennet decoding with these low-precision copies (not the same weights: "
+                    "reported beside the fp32 comparison, not in it)")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--gguf", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -147,7 +157,7 @@ def main() -> None:
         print(f"imported {gguf.name} → {run_dir} in {time.perf_counter() - t:.1f} s", file=sys.stderr)
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     results = {}
-    for system in ("tokennet", "transformers"):
+    for system in ("tokennet", "transformers", *(f"tokennet {m}" for m in args.quantize)):
         cmd = [sys.executable, __file__, "--worker", system, "--run", run_dir, "--gguf", str(gguf),
                "--new-tokens", str(args.new_tokens), "--repeats", str(args.repeats), "--threads", str(args.threads)]
         p = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True)
@@ -170,7 +180,10 @@ def main() -> None:
     for s, r in results.items():
         print(f"| {s} | {r['tokens_per_s']:.1f} | {r['load_s']:.1f} | {r['rss_after_load_mib']:.0f} | "
               f"{r['peak_rss_mib']:.0f} |")
-    print(f"\ntokennet / transformers speed: {ratio:.2f}× (goal ≥ 1.5×)")
+    print(f"\ntokennet / transformers speed (fp32, the same weights): {ratio:.2f}× (goal ≥ 1.5×)")
+    for m in args.quantize:
+        r = results[f"tokennet {m}"]["tokens_per_s"] / results["transformers"]["tokens_per_s"]
+        print(f"tokennet --quantize {m} / transformers fp32: {r:.2f}×")
     print(f"greedy ids identical before tokennet's first <|im_end|> ({stop - n} new tokens): {same}")
     print(f"max |logit diff| per prompt: {', '.join(f'{v:.2e}' for v in check['max_abs_logit_diff'].values())} "
           "(goal ≤ 1e-4)")
