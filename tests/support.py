@@ -145,3 +145,19 @@ def write_wav_dataset(d, labels=("low", "mid", "high"), per_label=10, rate=8000,
             x += 0.01 * rng.standard_normal(n)
             wavfile.write(d / name / f"{i:03d}.wav", rate, (np.clip(x, -1, 1) * 32767).astype(np.int16))
     return d
+
+
+class Crash(RuntimeError):
+    """The simulated crash of the resume tests."""
+
+
+class CrashingSource:
+    """Fails when asked for a batch at or past ``at``: a crash right after a checkpoint."""
+
+    def __init__(self, src, at):
+        self.src, self.at = src, at
+
+    def batch(self, i):
+        if i >= self.at:
+            raise Crash
+        return self.src.batch(i)

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from support import Crash, CrashingSource
 from torch import nn
 
 from tokennet.data.text import LMBatches
@@ -9,22 +10,6 @@ from tokennet.errors import ConfigError
 from tokennet.models import create_model
 from tokennet.train import MuonAdamW, TrainConfig, Trainer, configure_optimizer, wsd_lr
 from tokennet.train.optim import muon_param_names, newton_schulz, schedule_lr
-
-
-class Crash(RuntimeError):
-    pass
-
-
-class CrashingSource:
-    """Fails when asked for a batch at or past ``at``: a crash right after a checkpoint."""
-
-    def __init__(self, src, at):
-        self.src, self.at = src, at
-
-    def batch(self, i):
-        if i >= self.at:
-            raise Crash
-        return self.src.batch(i)
 
 
 def _groups(opt):

@@ -3,6 +3,7 @@ import math
 
 import pytest
 import torch
+from support import Crash, CrashingSource
 
 from tokennet.data.text import LMBatches
 from tokennet.models import create_model
@@ -19,22 +20,6 @@ def _setup(tmp_path, name, **cfg):
                             "progress": False, "lr": 3e-3, **cfg})
     ev = lambda m: {"val_loss": sum(float(m(x, y).loss) for x, y in val) / len(val)}  # noqa: E731
     return Trainer(model, config, src, evaluate=ev, out_dir=tmp_path / name, tokens_per_batch=32)
-
-
-class Crash(RuntimeError):
-    pass
-
-
-class CrashingSource:
-    """Fails when asked for a batch at or past ``at``: a crash right after a checkpoint."""
-
-    def __init__(self, src, at):
-        self.src, self.at = src, at
-
-    def batch(self, i):
-        if i >= self.at:
-            raise Crash
-        return self.src.batch(i)
 
 
 def test_resume_is_bitwise_exact(tmp_path):

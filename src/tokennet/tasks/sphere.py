@@ -9,7 +9,8 @@ import torch
 from ..data.image_files import read_image
 from ..data.sphere import project_images
 from ..errors import DataError
-from . import Classifier, Task, as_paths
+from . import as_paths
+from .classification import ImageClassification
 
 if TYPE_CHECKING:
     from ..run import Run
@@ -17,15 +18,13 @@ if TYPE_CHECKING:
 __all__ = ["SphereClassification"]
 
 
-class SphereClassification(Task):
+class SphereClassification(ImageClassification):
     """A sphere transformer: ``run.classify(x)`` → ``(class index, probability)`` per input, where ``x`` is
     a signal ``(B, C, M)`` on the model's sample grid (``run.model.samples``), images ``(B, C, H, W)``
     (projected onto the northern hemisphere, unrotated, as in training), or image files."""
 
     name = "sphere classification"
     kind = "sphere"
-    verbs = ("classify",)
-    protocol = Classifier
 
     def inputs(self, run: Run, inputs) -> torch.Tensor:
         c = run.model.config
@@ -43,10 +42,3 @@ class SphereClassification(Task):
             extent = float(run.settings.get("extent", 1.0)) if run.settings else 1.0
             inputs = project_images(inputs, run.model.samples.cpu(), None, extent)
         return inputs
-
-    @torch.no_grad()
-    def classify(self, run: Run, inputs) -> list[tuple[int, float]]:
-        x = self.inputs(run, inputs).to(run.device)
-        p = run.model(x).logits.float().softmax(-1)  # (B, K)
-        prob, idx = p.max(-1)
-        return [(int(i), float(q)) for i, q in zip(idx, prob, strict=True)]
