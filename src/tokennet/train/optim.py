@@ -11,6 +11,7 @@ import math
 
 import torch
 from torch import Tensor, nn
+from torch.optim.adamw import adamw as _adamw_update
 
 from ..errors import ConfigError
 
@@ -214,30 +215,23 @@ class MuonAdamW(torch.optim.Optimizer):
             _local(p).add_(_local_rows(p, o), alpha=-lr)
 
     def _adamw(self, g: dict) -> None:
+        """PyTorch's own AdamW update (``torch.optim.adamw.adamw``: fused on CPU and CUDA, foreach under FSDP)
+        on this group, with the state kept under ``torch.optim.AdamW``'s keys."""
         ps = [p for p in g["params"] if p.grad is not None]
         if not ps:
             return
-        (b1, b2), lr, wd, eps = g["betas"], g["lr"], g["weight_decay"], g["eps"]
-        m, v = [], []
         for p in ps:
             st = self.state[p]
             if "exp_avg" not in st:
-                st["step"] = torch.zeros((), dtype=torch.float32)
+                st["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
                 st["exp_avg"], st["exp_avg_sq"] = torch.zeros_like(p), torch.zeros_like(p)
-            m.append(st["exp_avg"])
-            v.append(st["exp_avg_sq"])
-        steps = [self.state[p]["step"] for p in ps]
-        torch._foreach_add_(steps, 1.0)
-        grads = [p.grad for p in ps]
-        if wd:
-            torch._foreach_mul_(ps, 1 - lr * wd)
-        torch._foreach_lerp_(m, grads, 1 - b1)
-        torch._foreach_mul_(v, b2)
-        torch._foreach_addcmul_(v, grads, grads, 1 - b2)
-        for p, mi, vi, t in zip(ps, m, v, steps, strict=True):
-            t = float(t)
-            denom = (vi.sqrt() / math.sqrt(1 - b2**t)).add_(eps)
-            p.addcdiv_(mi, denom, value=-lr / (1 - b1**t))
+        sts = [self.state[p] for p in ps]
+        fused = ps[0].device.type in ("cpu", "cuda") and not any(_is_dtensor(p) for p in ps)
+        (b1, b2) = g["betas"]
+        _adamw_update(ps, [p.grad for p in ps], [s["exp_avg"] for s in sts], [s["exp_avg_sq"] for s in sts],
+                                [], [s["step"] for s in sts], fused=fused, foreach=not fused, amsgrad=False,
+                                beta1=b1, beta2=b2, lr=g["lr"], weight_decay=g["weight_decay"], eps=g["eps"],
+                                maximize=False)
 
 
 def _is_dtensor(t: Tensor) -> bool:
