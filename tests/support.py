@@ -161,3 +161,22 @@ class CrashingSource:
         if i >= self.at:
             raise Crash
         return self.src.batch(i)
+
+
+def crash_and_resume(setup, tmp_path):
+    """Train ``setup(tmp_path, "a")`` straight through; train ``"b"`` until a crash right after the step-4
+    checkpoint, then resume it in a fresh trainer (as a new process would) and finish. Returns both
+    trainers ``(uninterrupted, resumed)`` for the caller to compare."""
+    import pytest
+    import torch
+
+    a = setup(tmp_path, "a")
+    a.fit()
+    b = setup(tmp_path, "b")
+    b.source = CrashingSource(b.source, at=4)
+    with pytest.raises(Crash):
+        b.fit()
+    c = setup(tmp_path, "b")  # a new process would start from scratch like this
+    torch.manual_seed(123)  # the checkpoint must restore the RNG, whatever the state now
+    assert c.resume() and c.step == 4
+    return a, c

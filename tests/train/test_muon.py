@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from support import Crash, CrashingSource
+from support import crash_and_resume
 from torch import nn
 
 from tokennet.data.text import LMBatches
@@ -124,15 +124,7 @@ def _setup(tmp_path, name, **cfg):
 
 
 def test_resume_with_muon_is_bitwise_exact(tmp_path):
-    a = _setup(tmp_path, "a")
-    a.fit()
-    b = _setup(tmp_path, "b")
-    b.source = CrashingSource(b.source, at=4)
-    with pytest.raises(Crash):
-        b.fit()
-    c = _setup(tmp_path, "b")
-    torch.manual_seed(123)
-    assert c.resume() and c.step == 4
+    a, c = crash_and_resume(_setup, tmp_path)
     assert any("momentum_buffer" in s for s in c.optimizer.state.values())  # Muon's state came back
     c.fit()
     for (na, pa), (_, pc) in zip(a.model.state_dict().items(), c.model.state_dict().items(), strict=True):

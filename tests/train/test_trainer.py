@@ -3,7 +3,7 @@ import math
 
 import pytest
 import torch
-from support import Crash, CrashingSource
+from support import crash_and_resume
 
 from tokennet.data.text import LMBatches
 from tokennet.models import create_model
@@ -23,15 +23,7 @@ def _setup(tmp_path, name, **cfg):
 
 
 def test_resume_is_bitwise_exact(tmp_path):
-    a = _setup(tmp_path, "a")
-    a.fit()
-    b = _setup(tmp_path, "b")
-    b.source = CrashingSource(b.source, at=4)
-    with pytest.raises(Crash):
-        b.fit()
-    c = _setup(tmp_path, "b")  # a new process would start from scratch like this
-    torch.manual_seed(123)  # the checkpoint must restore the RNG, whatever the state now
-    assert c.resume() and c.step == 4
+    a, c = crash_and_resume(_setup, tmp_path)
     c.fit()
     for (na, pa), (_, pc) in zip(a.model.state_dict().items(), c.model.state_dict().items()):
         assert torch.equal(pa, pc), na
