@@ -71,7 +71,7 @@ class LanguageModel(Task):
                       batch_size: int = 8) -> dict[str, float]:
         """Next-token loss and perplexity of the model on ``text`` (e.g. an imported checkpoint on a file).
 
-        The text is tokenized with the run's tokenizer (without added special tokens), cut into
+        The text is tokenized with the run's tokenizer (with the special tokens it adds itself), cut into
         non-overlapping windows of ``min(window, block_size)`` + 1 tokens, and every token after the first
         of a window is predicted from the ones before it in that window: loss = mean over all those
         tokens of −log p(token | window prefix), perplexity = exp(loss). At most ``max_tokens`` tokens are
@@ -80,9 +80,7 @@ class LanguageModel(Task):
         model, tok = run.model, run.tokenizer
         if tok is None:
             raise RunError(f"{run.path} has no tokenizer.json: evaluating on text needs one")
-        ids = tok.encode(text)
-        if getattr(tok, "add_special", False):  # the source's template may add <s>/[CLS]: read raw text
-            ids = tok._engine.encode(text, add_special_tokens=False).ids
+        ids = tok.encode(text)  # as the source's tokenizer reads it (Llama's: with a leading <s>)
         truncated = len(ids) > max_tokens
         ids = ids[:max_tokens]
         w = min(window, model.config.block_size)

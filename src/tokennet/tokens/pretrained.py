@@ -15,6 +15,7 @@ saved as ``{"tokennet": {"kind": "pretrained", ...ids, chat template}, "engine":
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
@@ -166,8 +167,6 @@ class PretrainedTokenizer(Tokenizer):
         post-processor (Llama's leading ``<s>``), so ids equal ``AutoTokenizer(text).input_ids``.
         ``vocab_size``: the model's; a tokenizer with ids outside it is refused.
         """
-        from pathlib import Path
-
         source = Path(source)
         if (source / "tokenizer.json").is_file():
             try:
