@@ -46,6 +46,16 @@ def test_export_matches_pytorch_on_two_shapes(tmp_path, family, fmt):
         if family == "gpt":
             x = torch.randint(67, (5, 7))
             assert torch.allclose(prog(x), run.model(x).logits, atol=1e-5)
+    elif family == "gpt":  # the written files, loaded fresh: the .onnx and the weights file it names
+        import onnxruntime as ort
+
+        assert sorted(f.name for f in tmp_path.iterdir() if f.name.startswith("model.")) == sorted(
+            f.name for f in r.files)  # nothing but what the result lists; no temporary directory left
+        assert not [f for f in tmp_path.iterdir() if f.name.startswith(".")]
+        sess = ort.InferenceSession(str(r.path), providers=["CPUExecutionProvider"])
+        x = torch.randint(67, (5, 7))
+        got = torch.from_numpy(sess.run(None, {"idx": x.numpy()})[0])
+        assert torch.allclose(got, run.model(x).logits, atol=1e-4)
 
 
 def test_unsupported_family_and_bad_output_are_one_line(tmp_path, capsys):
@@ -59,3 +69,20 @@ def test_unsupported_family_and_bad_output_are_one_line(tmp_path, capsys):
     assert main(["export", str(gpt.path), "--format", "pt2", "--out", str(tmp_path / "m.pt2")]) == 0
     assert "idx → logits" in capsys.readouterr().out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b", "gpt", "m.pt2"]  # no temporary files left
+
+
+def test_a_file_over_the_tolerance_is_refused_and_not_written(tmp_path, capsys, monkeypatch):
+    import tokennet.interop.export as export
+
+    gpt = saved(tmp_path, "gpt")
+    out = tmp_path / "m.pt2"
+    run_file = export._run_exported
+    monkeypatch.setattr(export, "_run_exported", lambda *a: run_file(*a) + 1e-3)  # an export that is off by 1e-3
+    assert main(["export", str(gpt.path), "--format", "pt2", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "differs from PyTorch's by 1.00e-03" in err and "nothing was written" in err
+    assert len(err.strip().splitlines()) == 1 and not out.exists()
+    assert main(["export", str(gpt.path), "--format", "pt2", "--out", str(out), "--tolerance", "2e-3"]) == 0
+    assert out.is_file()
+    assert main(["export", str(gpt.path), "--format", "pt2", "--out", str(out), "--tolerance", "0"]) == 2
+    assert "--tolerance must be > 0" in capsys.readouterr().err

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -45,13 +46,17 @@ EXPORTABLE = ("gpt", "vit", "seq2seq", "text-encoder")
 
 @dataclass
 class ExportResult:
-    """The written file, what it takes and returns, and the check: ``shape → max |exported − PyTorch|``."""
+    """The written file, what it takes and returns, and the check: ``shape → max |exported − PyTorch|``.
+
+    ``files``: every file written — the model, and beside a large ONNX model the weights file it names.
+    """
 
     path: Path
     format: str
     inputs: list[str]
     outputs: list[str]
     max_diff: dict[str, float]
+    files: list[Path] = field(default_factory=list)
 
 
 class _Logits(nn.Module):
@@ -130,14 +135,17 @@ def _run_exported(path: Path, fmt: str, x: Tensor) -> Tensor:
     return torch.from_numpy(sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0])
 
 
-def export_run(run: Run, out: str | Path, fmt: str) -> ExportResult:
+def export_run(run: Run, out: str | Path, fmt: str, *, tolerance: float = TOLERANCE) -> ExportResult:
     """Export a run's network to ``out`` in format ``fmt`` (``"onnx"`` or ``"pt2"``), and check the file.
 
     Args:
         run: a loaded run (``tokennet.load``); its model is exported on the CPU in eval mode.
         out: the file to write; it is written under a temporary name and renamed only once the check passes.
         fmt: ``"onnx"`` (opset chosen by PyTorch's dynamo exporter) or ``"pt2"`` (``torch.export.save``).
+        tolerance: the largest max |exported − PyTorch| accepted on the check's inputs.
     """
+    if not tolerance > 0:
+        raise ConfigError(f"tolerance must be > 0, got {tolerance}")
     if fmt not in FORMATS:
         raise ConfigError(f"format must be one of {list(FORMATS)}, got {fmt!r}")
     if fmt == "onnx":
@@ -154,7 +162,11 @@ def export_run(run: Run, out: str | Path, fmt: str) -> ExportResult:
     wrapper, in_name, out_name, dims, checks, example = _spec(model)
     wrapper.eval()
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}{out.suffix}")
+    # Written into a private directory under the final name, then moved out: a large ONNX model keeps its
+    # weights in a second file (``<name>.data``) that the .onnx file names, so both keep their names.
+    tmp_dir = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    tmp_dir.mkdir(exist_ok=True)
+    tmp = tmp_dir / out.name
     # The ONNX optimizer logs every folded constant at INFO: keep it to warnings while exporting.
     quiet = [logging.getLogger(n) for n in ("onnxscript", "onnx_ir")]
     levels = [q.level for q in quiet]
@@ -174,15 +186,17 @@ def export_run(run: Run, out: str | Path, fmt: str) -> ExportResult:
                 ref = wrapper(x)
                 got = _run_exported(tmp, fmt, x)
                 diffs["x".join(map(str, x.shape))] = float((got - ref).abs().max())
-        bad = {k: v for k, v in diffs.items() if not v <= TOLERANCE}
+        bad = {k: v for k, v in diffs.items() if not v <= tolerance}
         if bad:
             raise RunError(f"the exported {fmt} model differs from PyTorch's by {max(bad.values()):.2e} "
-                           f"(> {TOLERANCE}) on input shape {next(iter(bad))}; nothing was written")
-        tmp.replace(out)
+                           f"(> {tolerance}) on input shape {next(iter(bad))}; nothing was written (--tolerance sets "
+                           "the limit)")
+        files = sorted(tmp_dir.iterdir())
+        for f in files:
+            f.replace(out.parent / f.name)
     finally:
         for q, level in zip(quiet, levels):
             q.setLevel(level)
-        tmp.unlink(missing_ok=True)
-        tmp.with_name(tmp.name + ".data").unlink(missing_ok=True)
+        shutil.rmtree(tmp_dir, ignore_errors=True)
     logger.info("exported %s to %s; max |diff| vs PyTorch: %s", run.path, out, diffs)
-    return ExportResult(out, fmt, [in_name], [out_name], diffs)
+    return ExportResult(out, fmt, [in_name], [out_name], diffs, [out.parent / f.name for f in files])
