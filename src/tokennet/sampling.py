@@ -107,7 +107,7 @@ def stream(
     seq = idx.new_empty(B, T + max_new_tokens)  # every token id, written in place (no per-step concatenation)
     seq[:, :T] = idx
     try:
-        net = quantization.quantize(model, quantize)  # the model itself for "none"
+        net = quantization.decoding_copy(model, quantize)  # fp32: packed linears; bf16, int8: quantized
         caches = net.make_caches(block) if use_cache else None
         feed = seq[:, max(0, T - block) : T]
         for t in range(T, T + max_new_tokens):

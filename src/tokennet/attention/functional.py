@@ -97,6 +97,20 @@ def _expand_kv(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
     return k, v
 
 
+def _kv_for_sdpa(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, dict]:
+    """Keys and values for ``F.scaled_dot_product_attention``, and its keyword for grouped-query attention.
+
+    On the CPU, SDPA's own ``enable_gqa`` reads each key/value head for its group of query heads, so the
+    cache is not copied H/Hkv times at every decoding step; other devices get the expanded heads (not
+    every fused CUDA kernel takes ``enable_gqa``).
+    """
+    if q.shape[1] == k.shape[1]:
+        return k, v, {}
+    if q.device.type == "cpu":
+        return k, v, {"enable_gqa": True}
+    return *_expand_kv(q, k, v), {}
+
+
 def attention(
     q: Tensor,
     k: Tensor,
@@ -140,12 +154,15 @@ def attention(
         if Nk < Nq:
             raise ValueError(f"is_causal with fewer keys ({Nk}) than queries ({Nq}) is ambiguous")
         if mask is None and bias is None and backend == "sdpa" and Nq == Nk:
-            k, v = _expand_kv(q, k, v)
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, scale=scale)
+            k, v, gqa = _kv_for_sdpa(q, k, v)
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, scale=scale,
+                                                  **gqa)
         # One query over a cache sees every key: no mask needed; flash skips the future tiles itself.
         if backend != "flash" and (Nq > 1 or mask is not None):
             cm = causal_mask(Nq, Nk, device=q.device)
             mask = cm if mask is None else mask & cm
+    if backend == "sdpa":
+        return _sdpa(q, *_kv_for_sdpa(q, k, v), mask, bias, scale, dropout)
     k, v = _expand_kv(q, k, v)
     if backend == "math":
         return _math(q, k, v, mask, bias, scale, dropout, return_weights)
@@ -153,7 +170,7 @@ def attention(
         from .flash import flash_attention
 
         return flash_attention(q, k, v, mask, bias=bias, scale=scale, dropout=dropout, is_causal=is_causal)
-    return _sdpa(q, k, v, mask, bias, scale, dropout)
+    raise AssertionError(f"unhandled backend {backend!r}")  # _check admits only the ones above
 
 
 def _math(q, k, v, mask, bias, scale, dropout, return_weights):
@@ -166,13 +183,13 @@ def _math(q, k, v, mask, bias, scale, dropout, return_weights):
     return (out, a) if return_weights else out
 
 
-def _sdpa(q, k, v, mask, bias, scale, dropout):
+def _sdpa(q, k, v, gqa, mask, bias, scale, dropout):
     if mask is None:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout, scale=scale)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout, scale=scale, **gqa)
     # SDPA returns NaN for a fully masked row. Let such rows attend everywhere, then zero them:
     # the multiply also zeroes their gradients.
     has_any = mask.any(dim=-1, keepdim=True)  # (.., Nq, 1)
     mask = mask | ~has_any  # no host sync: cheaper than asking whether any row is empty
     attn_mask = mask if bias is None else bias.masked_fill(~mask, float("-inf"))
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout, scale=scale)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout, scale=scale, **gqa)
     return out * has_any.to(out.dtype)
