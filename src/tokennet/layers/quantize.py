@@ -243,6 +243,8 @@ def decoding_copy(model: nn.Module, mode: str = "none") -> nn.Module:
     linears = [m for m in model.modules() if type(m) is nn.Linear]
     if not linears or any(m.weight.device.type != "cpu" or m.weight.dtype != torch.float32 for m in linears):
         return model
+    if any(type(p.data) is not torch.Tensor for p in model.parameters()):  # sharded (DTensor) and the like
+        return model
     sig = _signature(model)
     hit = _PACKED.get(model)
     if sig is not None and hit is not None and hit[0] == sig:
