@@ -1,11 +1,12 @@
 """Spheres (recipe ``sphere``): what rotations do to a planar ViT, absolute SH positions and the invariant bias.
 
-Runs the recipe's default command (``tokennet train sphere``: the invariant angle-bias model trained on
-unrotated images, with ``ablation=true``) in this process: a planar ViT on the lat/lon-sampled projected
-images, the sphere transformer with absolute spherical-harmonic positions and with the rotation-invariant
-angle bias, each trained unrotated (NR) and under uniformly random rotations (R) with the same steps,
-images and seed, and tested unrotated and rotated. Prints the table (train/test: NR/NR, R/R, NR/R) and
-each model's NR/R − NR/NR gap (the goal: the invariant model within 2 points), and writes
+Runs the recipe's default command (``tokennet train sphere``: the invariant model — angle bias, centroid
+angle, zonal descriptors — trained on unrotated images, with ``ablation=true``) in this process: a planar
+ViT on the lat/lon-sampled projected images, the sphere transformer with absolute spherical-harmonic
+positions and the rotation-invariant one, each trained unrotated (NR) and under uniformly random
+rotations (R) with the same steps, images and seed, and tested unrotated and rotated. Prints the table
+(train/test: NR/NR, R/R, NR/R) and each model's NR/R − NR/NR gap (the goal: the invariant model within
+2 points), and writes
 ``bench/results/sphere.json``. Anchor (MNIST, Cohen et al. 2018): planar CNN NR/R 11 %, spherical CNN
 R/R 95 %, NR/R 94 %. Run it on an otherwise idle machine.
 

@@ -97,3 +97,51 @@ def test_equirectangular_points_are_row_major_from_the_north():
     assert p.shape == (32, 3)
     theta, _ = to_angles(p)
     assert (theta.view(4, 8).diff(dim=0) > 0).all()
+
+
+def test_zonal_descriptor_shape_constants_and_kernels():
+    p = SpherePatches(20, 400, 9, 3, "zonal")
+    assert p.out_features(2) == 2 * 3 * 3
+    t = p(torch.randn(4, 2, 400))
+    assert t.shape == (4, 20, 18)
+    # A constant signal: every ring mean is the constant, every |a_rm| (m = 1, 2) is 0 exactly.
+    d = p(torch.full((1, 1, 400), 2.5, dtype=torch.float64)).view(20, 3, 3)  # (N, R, orders)
+    torch.testing.assert_close(d[..., 0], torch.full((20, 3), 2.5, dtype=torch.float64), rtol=0, atol=1e-5)
+    assert d[..., 1:].abs().max() < 1e-5
+    # The ring kernels: non-negative, normalized, zero beyond the patch radius a = 4·√(4/N).
+    from tokennet.tokens.sphere import zonal_kernels
+
+    c, s = fibonacci_sphere(20), fibonacci_sphere(400)
+    idx, w = zonal_kernels(c, s, 3)
+    w0 = w.view(3, 5, 20, -1)[:, 0]  # (R, N, K')
+    assert (w0 >= 0).all()
+    torch.testing.assert_close(w0.sum(-1), torch.ones(3, 20, dtype=torch.float64))
+    angle = torch.acos((c[:, None] * s[idx]).sum(-1).clamp(-1, 1))
+    assert (w0[:, angle >= 4 * math.sqrt(4 / 20)] == 0).all()
+    assert (w0[:, angle < 3 * math.sqrt(4 / 20)] > 0).all()
+
+
+def test_zonal_descriptor_permutes_with_the_exact_grid_rotation():
+    """The moduli |a_rm| do not depend on the tangent frame, so under FLIP_X tokens permute i → N−1−i."""
+    p = SpherePatches(48, 400, 12, 3, "zonal")
+    x = torch.randn(2, 1, 400, dtype=torch.float64)
+    torch.testing.assert_close(p(x.flip(-1)), p(x).flip(1), rtol=0, atol=1e-6)
+    o = SpherePatches(48, 400, 12, 3, "ordered")  # a fixed frame: no such symmetry
+    assert not torch.allclose(o(x.flip(-1)), o(x).flip(1), atol=1e-3)
+
+
+def test_zonal_descriptor_moves_far_less_than_rings_under_random_rotations():
+    """Rotating a digit re-samples it on the grid. Pooled over the tokens, the smooth zonal descriptor moves
+    several times less than the sorted rings (which jump when samples cross between rings)."""
+    from tokennet.data.vision_data import load_digits
+
+    img = load_digits().x_test[:16]
+    rots = random_rotations(16, 11)
+
+    def change(p):
+        a = p(project_images(img, p.samples, extent=0.7)).mean(1)
+        b = p(project_images(img, p.samples, rots, extent=0.7)).mean(1)
+        return float((a - b).norm(dim=-1).mean() / torch.pdist(a).mean())
+
+    cz, cr = change(SpherePatches(256, 2048, 16, 4, "zonal")), change(SpherePatches(256, 2048, 16, 4, "rings"))
+    assert cz < 0.05 and cz < cr / 3, (cz, cr)

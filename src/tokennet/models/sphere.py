@@ -1,6 +1,7 @@
 """Sphere transformer: patches of a spherical signal are tokens; positions absolute or by angle only.
 
-    T⁰ = patches(f) W_in (+ W_pos Y(c_i))         patch tokens (+ real SH of the centre, degree ≤ L)
+    T⁰ = patches(f) W_in (+ W_pos Y(c_i))         patch tokens (+ real SH of the centre, degree ≤ L,
+                                                   or + W_c P(c_i·u), the angle to the signal's centroid u)
     Tˡ = Block(Tˡ⁻¹; bias)                         pre-norm blocks
     y  = head(LN(mean_i T^L_i))                    mean over the patches
 
@@ -16,12 +17,16 @@
 
   is a learned function of the angle between patch centres (a Legendre series: any smooth zonal kernel),
   with ``w = GAIN · w'`` for the learned ``w'``, started as a locality prior (see :class:`AngleBias`).
+- ``"angle-bias+centroid"``: the same bias, and each token told its angle to the signal's centre of mass
+  u (:class:`CentroidPosition`, a Legendre series in c_i·u): still invariant, since u turns with the
+  signal; the bias alone cannot say which patches lie in the middle of the pattern, and learns slowly.
 - ``"none"``: a set model.
 
-With ``position="angle-bias"`` and ``descriptor="rings"`` (patch descriptors invariant to a rotation
-about the centre) nothing in the model knows an orientation: rotating the signal permutes and
-resamples the tokens and leaves the output unchanged — exactly for rotations that map the grids onto
-themselves, approximately (resampling error) for others.
+With ``position="angle-bias"`` or ``"angle-bias+centroid"`` and ``descriptor="rings"`` or ``"zonal"``
+(patch descriptors invariant to a rotation about the centre) nothing in the model knows an orientation:
+rotating the signal permutes and resamples the tokens and leaves the output unchanged — exactly for
+rotations that map the grids onto themselves, approximately (resampling error) for others; ``"zonal"``,
+smooth in the rotation, keeps that error small (the default).
 """
 
 from __future__ import annotations
@@ -38,9 +43,9 @@ from ..position.spherical import SphericalHarmonicsPosition
 from ..tokens.sphere import DESCRIPTORS, SpherePatches, to_angles
 from .registry import ModelConfig, Output, register_family, register_preset
 
-__all__ = ["SphereConfig", "SphereTransformer", "AngleBias", "legendre", "POSITIONS"]
+__all__ = ["SphereConfig", "SphereTransformer", "AngleBias", "CentroidPosition", "legendre", "POSITIONS"]
 
-POSITIONS = ("sh", "angle-bias", "none")
+POSITIONS = ("sh", "angle-bias", "angle-bias+centroid", "none")
 
 
 def legendre(t: Tensor, L: int) -> Tensor:
@@ -84,6 +89,37 @@ class AngleBias(nn.Module):
         return self.GAIN * (k.to(self.weight.dtype) @ self.weight.T).permute(2, 0, 1)[None]  # (1, H, N, N)
 
 
+class CentroidPosition(nn.Module):
+    """Each token's angle to the signal's centre of mass, as a learned Legendre series:
+
+        u   = Σ_j |f(s_j)| s_j / ‖Σ_j |f(s_j)| s_j‖        (channels summed; the signal's mean direction)
+        p_i = W · (P_0(c_i·u), …, P_L(c_i·u))                 (N, D), added to the patch tokens
+
+    A rotation R of the signal turns u into R u (up to quadrature), and c_i·Ru = (Rᵀc_i)·u: the position
+    moves with the signal, like the descriptors, so it keeps the model invariant while telling each token
+    how far from the middle of the pattern it lies (which the angle bias alone, a function of c_i·c_j,
+    cannot). Meant for a pattern on a zero background (the projected images): a large constant offset
+    would leave Σ_j |f(s_j)| s_j near 0 and u ill-defined. A zero signal has no direction: u = 0 then,
+    and every token gets W·P(0).
+
+    Args:
+        L: the largest degree.
+        dim: D.
+    """
+
+    def __init__(self, L: int, dim: int):
+        super().__init__()
+        self.L = L
+        self.proj = nn.Linear(L + 1, dim)
+
+    def forward(self, signal: Tensor, samples: Tensor, centres: Tensor) -> Tensor:
+        """``signal (B, C, M)``, ``samples (M, 3)``, ``centres (N, 3)`` → ``(B, N, D)``."""
+        mass = signal.abs().sum(1).to(samples.dtype)  # (B, M)
+        u = F.normalize(mass @ samples, dim=-1)  # (B, 3)
+        t = (u @ centres.T).clamp(-1.0, 1.0)  # (B, N)
+        return self.proj(legendre(t, self.L).to(self.proj.weight.dtype))
+
+
 @dataclass
 class SphereConfig(ModelConfig):
     """Config of :class:`SphereTransformer`.
@@ -92,8 +128,10 @@ class SphereConfig(ModelConfig):
         num_classes, in_channels: classes K and signal channels C.
         num_centres: N patch centres (tokens); num_samples: M points of the input signal's grid.
         patch_size: samples per patch; rings: distance rings per patch (divides patch_size).
-        descriptor: ``"ordered"`` (local frame) or ``"rings"`` (rotation-invariant per ring).
-        position: ``"sh"``, ``"angle-bias"`` or ``"none"``.
+        descriptor: ``"ordered"`` (local frame), ``"rings"`` (rotation-invariant per ring) or ``"zonal"``
+            (smooth invariant ring-kernel quadrature; uses every sample within 4·√(4/N) rad, not patch_size).
+        position: ``"sh"``, ``"angle-bias"``, ``"angle-bias+centroid"`` (the bias plus
+            :class:`CentroidPosition`) or ``"none"``.
         sh_degree: L, the largest degree of the harmonics (or Legendre polynomials).
         dim, num_layers, num_heads, mlp_ratio, dropout, backend: the encoder.
     """
@@ -104,8 +142,8 @@ class SphereConfig(ModelConfig):
     num_samples: int = 2048
     patch_size: int = 16
     rings: int = 4
-    descriptor: str = "rings"
-    position: str = "angle-bias"
+    descriptor: str = "zonal"
+    position: str = "angle-bias+centroid"
     sh_degree: int = 8
     dim: int = 48
     num_layers: int = 2
@@ -144,9 +182,10 @@ class SphereTransformer(nn.Module):
         super().__init__()
         self.config = c = config
         self.patches = SpherePatches(c.num_centres, c.num_samples, c.patch_size, c.rings, c.descriptor)
-        self.patch_proj = nn.Linear(c.in_channels * c.patch_size, c.dim)
+        self.patch_proj = nn.Linear(self.patches.out_features(c.in_channels), c.dim)
         self.pos = SphericalHarmonicsPosition(c.sh_degree, c.dim) if c.position == "sh" else None
-        self.angle_bias = AngleBias(c.sh_degree, c.num_heads) if c.position == "angle-bias" else None
+        self.angle_bias = AngleBias(c.sh_degree, c.num_heads) if c.position.startswith("angle-bias") else None
+        self.centroid = CentroidPosition(c.sh_degree, c.dim) if c.position == "angle-bias+centroid" else None
         self.drop = nn.Dropout(c.dropout) if c.dropout > 0 else nn.Identity()
         self.encoder = Encoder(c.dim, c.num_layers, c.num_heads, mlp_ratio=c.mlp_ratio, norm="pre", dropout=c.dropout,
                                backend=c.backend)
@@ -172,6 +211,8 @@ class SphereTransformer(nn.Module):
         if self.pos is not None:
             theta, phi = to_angles(self.centres)
             h = h + self.pos(theta, phi)  # (N, D) broadcast over B
+        if self.centroid is not None:
+            h = h + self.centroid(x, self.samples, self.centres)  # (B, N, D)
         bias = self.angle_bias(self.centres) if self.angle_bias is not None else None
         return self.encoder(self.drop(h), bias=bias, return_weights=return_attention)
 
@@ -199,8 +240,8 @@ class SphereTransformer(nn.Module):
 
 
 register_family("sphere", SphereConfig, SphereTransformer)
-register_preset("sphere-small", "sphere", "Sphere transformer: 256 patches of 16 samples (2,048-point Fibonacci grid), "
-                "2 layers × 48, rotation-invariant angle bias (Legendre, L=8)")
+register_preset("sphere-small", "sphere", "Sphere transformer: 256 patches (2,048-point Fibonacci grid), zonal "
+                "descriptors, 2 layers × 48, rotation-invariant angle bias + centroid angle (Legendre, L=8)")
 register_preset("sphere-micro", "sphere", "Sphere transformer, 48 patches of 8 samples, 1 layer × 32 (tests)",
                 num_centres=48, num_samples=256, patch_size=8, rings=2, sh_degree=4, dim=32, num_layers=1,
                 num_heads=2)

@@ -2,7 +2,7 @@
 
 A signal is sampled at M points of a Fibonacci grid (the "pixels"); N coarser Fibonacci points are the
 patch centres; patch i is the K samples nearest centre i (a fixed neighbourhood, found once), split by
-distance into R rings of K/R samples. Two descriptors of a patch:
+distance into R rings of K/R samples. Three descriptors of a patch:
 
 - ``"ordered"``: ring by ring, the samples ordered by their azimuth in the centre's local east/north
   tangent frame — a picture of the patch in a fixed frame. Rotating the signal turns the patch in that
@@ -10,6 +10,31 @@ distance into R rings of K/R samples. Two descriptors of a patch:
 - ``"rings"``: ring by ring, the sample *values* sorted — invariant to any permutation inside a ring,
   hence (up to resampling) to rotations of the patch about its centre: the descriptor an invariant model
   needs, since a rotation of the sphere moves a patch *and* spins it.
+- ``"zonal"``: smooth, rotation-invariant quadrature of the signal against R ring kernels of radius
+  ρ_r and the angular harmonics m = 0, 1, 2 around the centre (below) — invariant to rotations about the
+  centre *and* smooth in where the signal lies relative to the grid, so a rotated signal gives nearly the
+  same tokens (the "rings" descriptor jumps when a sample crosses from one ring to the next).
+
+The zonal descriptor of centre c_i, for rings r = 0..R−1 and orders m = 0, 1, 2, over the samples s_j
+within the patch radius a (ψ_ij: the azimuth of s_j about c_i in any tangent frame at c_i, α_ij: the
+angle between them):
+
+    w_r(α)  = exp(−(α − ρ_r)² / (2σ²)) · (1 − (α/a)²)²      ρ_r = r·a/R,  σ = a/R,  α < a
+    a_irm   = Σ_j w_r(α_ij) e^{−i m ψ_ij} (f(s_j) − a_ir0) / Σ_j w_r(α_ij)   (m ≥ 1; a_ir0: same, m = 0, no −)
+    d_i     = ( a_ir0 , |a_ir1| , |a_ir2| )_r                                   (3R values per channel)
+
+(subtracting a_ir0 makes a constant signal give a_irm = 0 exactly, as the integral does; the samples never
+sit exactly symmetric about c_i, and would otherwise add a grid-fixed dipole and quadrupole.)
+
+a_ir0 is an isotropic spherical convolution sampled at c_i; the moduli |a_irm| (gradient- and line-like
+strength) do not depend on the tangent frame, since a rotation about c_i multiplies a_irm by e^{−imγ}.
+A rotation R of the sphere maps the kernels centred at c onto those centred at Rc, so the descriptor is
+rotation-equivariant up to quadrature error: d_i(f_R) ≈ d(f)(Rᵀ c_i), smooth in R. The tokens sample
+this smooth field at the centres; to keep that sampling from aliasing (a rotation moves the signal by a
+fraction of the centre spacing), the patch radius is a = 4·√(4/N), four times the radius of a token's
+own share of the sphere (area 4π/N): 0.5 rad for N = 256. Every sample within a is used (the index holds
+the largest such count over the centres; farther extra samples get weight 0), so ``patch_size`` does not
+apply to this descriptor; R = ``rings``.
 
 Fibonacci grid (González 2010, https://arxiv.org/abs/0912.4540), centred so that point i and point
 n−1−i are mirror images: ``z_i = 1 − (2i+1)/n``, ``φ_i = (i − (n−1)/2)·π(3 − √5)``. The grid is then
@@ -26,9 +51,12 @@ from torch import Tensor, nn
 
 from ..errors import DataError
 
-__all__ = ["fibonacci_sphere", "to_angles", "neighbourhoods", "SpherePatches", "DESCRIPTORS", "FLIP_X"]
+__all__ = ["fibonacci_sphere", "to_angles", "neighbourhoods", "zonal_kernels", "SpherePatches", "DESCRIPTORS",
+           "FLIP_X"]
 
-DESCRIPTORS = ("ordered", "rings")
+DESCRIPTORS = ("ordered", "rings", "zonal")
+ZONAL_ORDERS = 3  # angular orders m = 0, 1, 2 of the zonal descriptor
+ZONAL_SPAN = 4.0  # the zonal patch radius, in units of a token's own disc radius √(4/N)
 GOLDEN_ANGLE = math.pi * (3.0 - math.sqrt(5.0))
 # The rotation by π about the x-axis: maps the centred Fibonacci grid onto itself (point i → n−1−i).
 FLIP_X = torch.tensor([[1.0, 0.0, 0.0], [0.0, -1.0, 0.0], [0.0, 0.0, -1.0]], dtype=torch.float64)
@@ -76,16 +104,44 @@ def _local_azimuth(centres: Tensor, points: Tensor) -> Tensor:
     return torch.atan2((d * north[:, None]).sum(-1), (d * east[:, None]).sum(-1))
 
 
+def zonal_kernels(centres: Tensor, samples: Tensor, rings: int) -> tuple[Tensor, Tensor]:
+    """Neighbour indices ``(N, K')`` and quadrature weights ``(R·(2·ORDERS−1), N, K')`` of the zonal
+    descriptor (module docstring): per ring r the rows w_r, w_r cos ψ, w_r sin ψ, w_r cos 2ψ, w_r sin 2ψ,
+    each divided by Σ_j w_r, the last four with the constant removed. K' is the largest number of samples
+    within the patch radius a over the centres; a centre with fewer gets weight 0 on the extra (farther)
+    ones."""
+    a = ZONAL_SPAN * math.sqrt(4.0 / centres.shape[0])  # the patch radius (module docstring)
+    angle = torch.acos((centres.double() @ samples.double().T).clamp(-1.0, 1.0))  # (N, M)
+    k = max(int((angle < a).sum(dim=1).max()), 1)
+    idx = neighbourhoods(centres, samples, k)  # (N, K')
+    alpha = angle.gather(1, idx)
+    psi = _local_azimuth(centres, samples[idx])  # (N, K')
+    rho = torch.arange(rings, dtype=torch.float64) * a / rings  # (R,)
+    sigma = a / rings
+    taper = (1.0 - (alpha / a) ** 2).clamp_min(0.0) ** 2  # smooth to 0 at the patch radius
+    w = torch.exp(-((alpha[None] - rho[:, None, None]) ** 2) / (2 * sigma**2)) * taper  # (R, N, K')
+    w = w / w.sum(-1, keepdim=True).clamp_min(1e-300)
+    rows = [w]
+    for m in range(1, ZONAL_ORDERS):
+        for trig in (torch.cos, torch.sin):
+            v = w * trig(m * psi)
+            rows.append(v - v.sum(-1, keepdim=True) * w)  # Σ_j (v_j − (Σ_k v_k) w_j) f_j: f − a_ir0
+    return idx, torch.stack(rows, dim=1).reshape(-1, *idx.shape)  # (R·(2·ORDERS−1), N, K')
+
+
 class SpherePatches(nn.Module):
-    """Patch descriptors of signals on the Fibonacci sample grid: ``(B, C, M) → (B, N, C·K)``.
+    """Patch descriptors of signals on the Fibonacci sample grid: ``(B, C, M) → (B, N, F)``.
 
     Args:
         num_centres: N patch centres (a Fibonacci grid).
         num_samples: M sample points of the signal (a finer Fibonacci grid).
         patch_size: K samples per patch, the K nearest the centre.
         rings: R rings of K/R samples, by distance.
-        descriptor: ``"ordered"`` (a fixed local frame) or ``"rings"`` (sorted values per ring: invariant
-            to rotations about the centre).
+        descriptor: ``"ordered"`` (a fixed local frame), ``"rings"`` (sorted values per ring: invariant
+            to rotations about the centre) or ``"zonal"`` (smooth ring-kernel quadrature, invariant; it
+            uses every sample within 4·√(4/N) rad of the centre, not patch_size, see the module docstring).
+
+    ``out_features`` is the descriptor's width per token: C·K, or C·3R for ``"zonal"``.
     """
 
     def __init__(self, num_centres: int, num_samples: int, patch_size: int, rings: int, descriptor: str):
@@ -97,7 +153,11 @@ class SpherePatches(nn.Module):
         self.num_centres, self.num_samples, self.patch_size, self.rings = num_centres, num_samples, patch_size, rings
         self.descriptor = descriptor
         centres, samples = fibonacci_sphere(num_centres), fibonacci_sphere(num_samples)
-        idx = neighbourhoods(centres, samples, patch_size)  # (N, K), nearest first
+        if descriptor == "zonal":
+            idx, weight = zonal_kernels(centres, samples, rings)
+            self.register_buffer("weight", weight.float(), persistent=False)  # (R·(2·ORDERS−1), N, K')
+        else:
+            idx = neighbourhoods(centres, samples, patch_size)  # (N, K), nearest first
         if descriptor == "ordered":  # inside each ring, order by azimuth in the local frame
             az = _local_azimuth(centres, samples[idx]).view(num_centres, rings, -1)  # (N, R, K/R)
             order = az.argsort(dim=-1) + torch.arange(rings)[:, None] * (patch_size // rings)
@@ -106,6 +166,11 @@ class SpherePatches(nn.Module):
         self.register_buffer("centres", centres.float(), persistent=False)  # (N, 3)
         self.register_buffer("samples", samples.float(), persistent=False)  # (M, 3)
         self.register_buffer("index", idx, persistent=False)  # (N, K)
+
+    def out_features(self, channels: int) -> int:
+        """Width of a token's descriptor for a ``channels``-channel signal."""
+        per = self.rings * ZONAL_ORDERS if self.descriptor == "zonal" else self.patch_size
+        return channels * per
 
     def check(self, signal: Tensor, channels: int) -> Tensor:
         """``(B, M)`` or ``(B, C, M)`` finite floats → ``(B, C, M)``; a clear error otherwise."""
@@ -123,9 +188,17 @@ class SpherePatches(nn.Module):
         return signal
 
     def forward(self, signal: Tensor) -> Tensor:
-        """``(B, C, M) → (B, N, C·K)`` patch descriptors."""
+        """``(B, C, M) → (B, N, F)`` patch descriptors, F = :meth:`out_features`."""
         B, C, _ = signal.shape
         v = signal[:, :, self.index]  # (B, C, N, K)
+        if self.descriptor == "zonal":
+            a = torch.einsum("bcnk,fnk->bcnf", v, self.weight.to(v.dtype))  # (B, C, N, R·(2·ORDERS−1))
+            a = a.view(B, C, self.num_centres, self.rings, 2 * ZONAL_ORDERS - 1)
+            # |a_irm|, with a tiny floor under the root so that gradients at a = 0 (an empty patch) are finite.
+            mods = [a[..., 0]] + [(a[..., 2 * m - 1] ** 2 + a[..., 2 * m] ** 2 + 1e-12).sqrt()
+                                  for m in range(1, ZONAL_ORDERS)]
+            d = torch.stack(mods, dim=-1)  # (B, C, N, R, ORDERS)
+            return d.permute(0, 2, 1, 3, 4).reshape(B, self.num_centres, -1)
         if self.descriptor == "rings":
             v = v.view(B, C, self.num_centres, self.rings, -1).sort(dim=-1).values  # (B, C, N, R, K/R)
         return v.reshape(B, C, self.num_centres, self.patch_size).permute(0, 2, 1, 3).reshape(B, self.num_centres, -1)
