@@ -19,7 +19,9 @@ atoms as tokens, bonds from interatomic distances; the target (``--set target=ho
 ``metrics.json``: ``test_mae`` (``test_mae_ev`` for energies), next to in-run baselines: the mean
 predictor and a linear model on atom-type counts.
 
-Not done yet (issue 13): the sphere recipe; a measured QM9 goal run.
+Measured (``python bench/graph.py --qm9``, the profile's defaults, 2 threads, idle 2-core AMD EPYC, torch
+2.13): 20 minutes, 10,776 steps, test MAE 0.1311 eV on 10,831 molecules (baselines: mean 1.0889, linear
+on atom counts 0.8101). With AdamW instead of Muon (the profile before; measured at the previous stop) it reached 0.1744 eV.
 """
 
 from __future__ import annotations
@@ -88,8 +90,8 @@ def data_defaults(data) -> dict[str, Any]:
             "position": "laplacian", "dim": 128, "num_layers": 4, "num_heads": 8, "max_distance": 8,
             "max_iters": 200_000, "time_budget": 1200.0, "batch_size": 64, "lr": 5e-4, "warmup_iters": 500,
             "eval_interval": 2000, "weight_decay": 0.01, "ablation": False, "val_size": 10_000, "test_size": 0,
-            # Muon for the hidden matrices (AdamW at lr for the rest): at 2000 steps, one thread, validation
-            # MAE 0.182 eV against AdamW's 0.584 after 2000 steps each (one thread)
+            # Muon for the hidden matrices (AdamW at lr for the rest): validation MAE 0.182 eV against
+            # AdamW's 0.584 after 2000 steps each (one thread)
             "optimizer": "muon"}
 
 
