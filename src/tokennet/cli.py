@@ -461,8 +461,6 @@ def cmd_import(args) -> int:
 def cmd_export(args) -> int:
     from .interop.export import export_run
 
-    if not args.tolerance > 0:
-        raise CLIError(f"--tolerance must be > 0, got {args.tolerance}")
     r = export_run(_load_run(args.run_dir, "cpu"), args.out, args.format, tolerance=args.tolerance)
     checks = ", ".join(f"{shape}: {d:.1e}" for shape, d in r.max_diff.items())
     print(f"{r.path}: {r.format}, {', '.join(r.inputs)} → {', '.join(r.outputs)}; max |diff| vs PyTorch {checks}")

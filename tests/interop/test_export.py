@@ -85,4 +85,4 @@ def test_a_file_over_the_tolerance_is_refused_and_not_written(tmp_path, capsys, 
     assert main(["export", str(gpt.path), "--format", "pt2", "--out", str(out), "--tolerance", "2e-3"]) == 0
     assert out.is_file()
     assert main(["export", str(gpt.path), "--format", "pt2", "--out", str(out), "--tolerance", "0"]) == 2
-    assert "--tolerance must be > 0" in capsys.readouterr().err
+    assert "tolerance must be > 0" in capsys.readouterr().err

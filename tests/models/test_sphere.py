@@ -147,7 +147,7 @@ def test_centroid_position_turns_with_the_signal():
 
 def test_config_errors_and_bad_inputs():
     with pytest.raises(ConfigError, match="rings"):
-        create_model("sphere-micro", patch_size=8, rings=3)
+        create_model("sphere-micro", descriptor="rings", patch_size=8, rings=3)
     with pytest.raises(ConfigError, match="position"):
         create_model("sphere-micro", position="rope")
     m = create_model("sphere-micro")

@@ -61,7 +61,8 @@ def test_bad_settings_data_and_inputs_are_one_line_and_write_nothing(tmp_path, c
     out = tmp_path / "x"
     assert main(["-q", "train", "sphere", "--out", str(out), "--set", "position=rope"]) == 2
     assert "position must be one of" in capsys.readouterr().err
-    assert main(["-q", "train", "sphere", "--out", str(out), "--set", "patch_size=10", "rings=4"]) == 2
+    assert main(["-q", "train", "sphere", "--out", str(out), "--set", "descriptor=rings", "patch_size=10",
+                 "rings=4"]) == 2
     assert "rings=4 must divide patch_size=10" in capsys.readouterr().err
     assert main(["-q", "train", "sphere", "--out", str(out), "--data", "mnist1d"]) == 2
     assert "projects images" in capsys.readouterr().err

@@ -145,3 +145,11 @@ def test_zonal_descriptor_moves_far_less_than_rings_under_random_rotations():
 
     cz, cr = change(SpherePatches(256, 2048, 16, 4, "zonal")), change(SpherePatches(256, 2048, 16, 4, "rings"))
     assert cz < 0.05 and cz < cr / 3, (cz, cr)
+
+
+def test_zonal_takes_any_patch_size_others_need_rings_to_divide_it():
+    from tokennet.tokens.sphere import SpherePatches
+
+    assert SpherePatches(48, 256, 10, 4, "zonal").out_features(1) == 12  # 4 rings × 3 orders; patch_size unused
+    with pytest.raises(ValueError, match="rings=4 must divide patch_size=10"):
+        SpherePatches(48, 256, 10, 4, "rings")

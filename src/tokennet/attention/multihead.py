@@ -235,23 +235,21 @@ class MultiHeadAttention(nn.Module):
                     k = self.k_norm(k)
                 if cache is not None:
                     k, v = cache.append(k, v)
-        elif rope is not None and self.k_norm is None:
-            # Q and K are adjacent columns of [W_q; W_k; W_v]'s output: one rotation turns both.
-            qk, v = self.qkv_proj(x).split([self.q_dim + self.kv_dim, self.kv_dim], -1)
-            qk = apply_rope(self._heads(qk, self.num_heads + self.num_kv_heads), *rope)  # (B, H+Hkv, N, E)
-            q, k = qk.split([self.num_heads, self.num_kv_heads], 1)  # (B, H, N, E), (B, Hkv, N, E)
-            v = self._heads(v, self.num_kv_heads)  # (B, Hkv, N, E)
-            if cache is not None:
-                k, v = cache.append(k, v)
         else:
-            q, k, v = self.project_qkv(x)
-            q = self._heads(q, self.num_heads)  # (B, H, N, E)
-            k = self._heads(k, self.num_kv_heads)  # (B, Hkv, N, E)
+            if rope is not None and self.k_norm is None:
+                # Q and K are adjacent columns of [W_q; W_k; W_v]'s output: one rotation turns both.
+                qk, v = self.qkv_proj(x).split([self.q_dim + self.kv_dim, self.kv_dim], -1)
+                qk = apply_rope(self._heads(qk, self.num_heads + self.num_kv_heads), *rope)  # (B, H+Hkv, N, E)
+                q, k = qk.split([self.num_heads, self.num_kv_heads], 1)  # (B, H, N, E), (B, Hkv, N, E)
+            else:
+                q, k, v = self.project_qkv(x)
+                q = self._heads(q, self.num_heads)  # (B, H, N, E)
+                k = self._heads(k, self.num_kv_heads)  # (B, Hkv, N, E)
+                if self.k_norm is not None:  # before rope: normalize contents, then rotate by position
+                    q, k = self.q_norm(q), self.k_norm(k)
+                if rope is not None:
+                    q, k = apply_rope(q, *rope), apply_rope(k, *rope)
             v = self._heads(v, self.num_kv_heads)  # (B, Hkv, N, E)
-            if self.k_norm is not None:  # before rope: normalize contents, then rotate by position
-                q, k = self.q_norm(q), self.k_norm(k)
-            if rope is not None:
-                q, k = apply_rope(q, *rope), apply_rope(k, *rope)
             if cache is not None:
                 k, v = cache.append(k, v)
         out = attention(

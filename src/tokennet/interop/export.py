@@ -48,7 +48,7 @@ EXPORTABLE = ("gpt", "vit", "seq2seq", "text-encoder")
 class ExportResult:
     """The written file, what it takes and returns, and the check: ``shape → max |exported − PyTorch|``.
 
-    ``files``: every file written — the model, and beside a large ONNX model the weights file it names.
+    ``files``: every file written — the model, and beside an ONNX model the weights file it names.
     """
 
     path: Path
@@ -162,8 +162,8 @@ def export_run(run: Run, out: str | Path, fmt: str, *, tolerance: float = TOLERA
     wrapper, in_name, out_name, dims, checks, example = _spec(model)
     wrapper.eval()
     out.parent.mkdir(parents=True, exist_ok=True)
-    # Written into a private directory under the final name, then moved out: a large ONNX model keeps its
-    # weights in a second file (``<name>.data``) that the .onnx file names, so both keep their names.
+    # Written into a private directory under the final name, then moved out: the dynamo ONNX exporter puts
+    # the weights in a second file (``<name>.data``) that the .onnx file names, so both keep their names.
     tmp_dir = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     tmp_dir.mkdir(exist_ok=True)
     tmp = tmp_dir / out.name

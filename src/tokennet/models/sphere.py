@@ -127,7 +127,8 @@ class SphereConfig(ModelConfig):
     Args:
         num_classes, in_channels: classes K and signal channels C.
         num_centres: N patch centres (tokens); num_samples: M points of the input signal's grid.
-        patch_size: samples per patch; rings: distance rings per patch (divides patch_size).
+        patch_size: samples per patch; rings: distance rings per patch (divides patch_size, except with
+            ``descriptor="zonal"``, which does not use patch_size).
         descriptor: ``"ordered"`` (local frame), ``"rings"`` (rotation-invariant per ring) or ``"zonal"``
             (smooth invariant ring-kernel quadrature; uses every sample within 4·√(4/N) rad, not patch_size).
         position: ``"sh"``, ``"angle-bias"``, ``"angle-bias+centroid"`` (the bias plus
@@ -167,7 +168,7 @@ class SphereConfig(ModelConfig):
             raise ConfigError(f"sh_degree must be an integer >= 0, got {self.sh_degree!r}")
         if self.num_classes < 2:
             raise ConfigError(f"a classifier needs num_classes >= 2, got {self.num_classes}")
-        if self.patch_size % self.rings:
+        if self.descriptor != "zonal" and self.patch_size % self.rings:  # zonal: rings of the kernel, no patch_size
             raise ConfigError(f"rings={self.rings} must divide patch_size={self.patch_size}")
         if self.patch_size > self.num_samples:
             raise ConfigError(f"patch_size={self.patch_size} exceeds num_samples={self.num_samples}")

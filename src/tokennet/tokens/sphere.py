@@ -148,7 +148,7 @@ class SpherePatches(nn.Module):
         super().__init__()
         if descriptor not in DESCRIPTORS:
             raise ValueError(f"descriptor must be one of {list(DESCRIPTORS)}, got {descriptor!r}")
-        if patch_size % rings:
+        if descriptor != "zonal" and patch_size % rings:
             raise ValueError(f"rings={rings} must divide patch_size={patch_size}")
         self.num_centres, self.num_samples, self.patch_size, self.rings = num_centres, num_samples, patch_size, rings
         self.descriptor = descriptor
