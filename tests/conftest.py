@@ -1,7 +1,16 @@
 """Fixtures shared by several test modules (plain helper functions live in tests/support.py)."""
 
+from pathlib import Path
+
 import pytest
 import torch
+
+from tokennet import plugins
+
+# The example plugin (examples/count_ones.py) is registered in every test session, so the registry loops
+# (tests/recipes/test_every_recipe.py, test_exact_resume.py, ...) test it like tokennet's own recipes.
+EXAMPLE_PLUGIN = Path(__file__).resolve().parents[1] / "examples" / "count_ones.py"
+plugins.load_file(EXAMPLE_PLUGIN)
 
 
 @pytest.fixture(scope="module")

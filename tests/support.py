@@ -2,6 +2,7 @@
 
 import gzip
 import struct
+from html.parser import HTMLParser
 
 import numpy as np
 import torch
@@ -180,3 +181,50 @@ def crash_and_resume(setup, tmp_path):
     torch.manual_seed(123)  # the checkpoint must restore the RNG, whatever the state now
     assert c.resume() and c.step == 4
     return a, c
+
+
+# -- HTML pages (the report) ---------------------------------------------------------------------------
+VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
+
+
+class StrictParser(HTMLParser):
+    """The standard library's parser, checking that every element is closed, in order."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.stack, self.errors, self.tags = [], [], []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+        if tag not in VOID:
+            self.stack.append(tag)
+
+    def handle_endtag(self, tag):
+        if not self.stack or self.stack[-1] != tag:
+            self.errors.append(f"</{tag}> closes {self.stack[-1] if self.stack else 'nothing'}")
+        else:
+            self.stack.pop()
+
+
+def parse_html(text: str) -> StrictParser:
+    """Parse a page strictly (every element closed, in order; html5lib's strict HTML5 parse where installed)."""
+    assert text.startswith("<!DOCTYPE html>")
+    p = StrictParser()
+    p.feed(text)
+    p.close()
+    assert not p.errors, p.errors[:5]
+    assert not p.stack, f"unclosed: {p.stack}"
+    try:
+        import html5lib
+    except ImportError:
+        return p
+    html5lib.HTMLParser(strict=True).parse(text)  # raises on any HTML5 parse error
+    return p
+
+
+def data_uris(text: str) -> list[bytes]:
+    """The PNGs inlined in a page."""
+    import base64
+    import re
+
+    return [base64.b64decode(m) for m in re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', text)]

@@ -29,6 +29,7 @@ def world(tmp_path_factory):
     (root / "notext").mkdir()
     (root / "notext" / "blob.bin").write_bytes(b"\x00\x01")
     (root / "a_file").write_text("not a directory")
+    (root / "broken_plugin.py").write_text("import tokennet\nraise RuntimeError('this plugin is broken')\n")
     (root / "fmnist").mkdir()
     (root / "fmnist" / "train-images-idx3-ubyte").write_bytes(b"\x00\x00\x08\x03" + b"\x00" * 10)
     cwd = os.getcwd()
@@ -132,7 +133,7 @@ CASES = {
     # damaged or foreign run directories
     "pickle instead of safetensors": (["generate", "pickled"], "refusing to load pickle-based weights"),
     "truncated weights": (["generate", "truncated"], "checksum"),
-    "truncated checkpoint": (["train", "gpt-char", "--out", "badckpt", "--resume", "--max-iters", "4"],
+    "truncated checkpoint": (["-q", "train", "gpt-char", "--out", "badckpt", "--resume", "--max-iters", "4"],
                              "checkpoint"),
     "config is not JSON": (["generate", "badconfig"], "not valid JSON"),
     "generate from a vit run": (["generate", "vit_run"], "image classification run: pass --image"),
@@ -149,8 +150,17 @@ CASES = {
     "max-new-tokens 0": (["generate", "gpt_run", "--max-new-tokens", "0"], "max-new-tokens"),
     "negative temperature": (["generate", "gpt_run", "--temperature", "-1"], "temperature"),
     "top-p above 1": (["generate", "gpt_run", "--top-p", "2"], "top_p"),
-    "top-k 0": (["generate", "gpt_run", "--top-k", "0"], "top_k"),
-    "prompt longer than the context": (["generate", "gpt_run", "--prompt", "the " * 20], "longer than"),
+    "top-k 0": (["generate", "gpt_run", "--top-k", "0"], "top-k"),
+    "temperature nan": (["generate", "gpt_run", "--temperature", "nan"], "finite"),
+    "a flag the run's task does not take": (["generate", "gpt_run", "--beam-size", "3"], "does not apply"),
+    "--input for a run that takes no files": (["generate", "gpt_run", "--input", "corpus.txt"], "no input files"),
+    "a cpu device index": (["train", "gpt-char", "--data", "corpus.txt", "--device", "cpu:7"], "one device"),
+    "a setting that does not apply": (["train", "gpt-char", "--data", "corpus.txt", "--set", "vocab_size=0"],
+                                      "vocab_size does not apply"),
+    "a None-default setting with a bad value": (["train", "gpt-char", "--set", "time_budget=abc"],
+                                                "time_budget=abc: expected float or none"),
+    "a plugin file that does not exist": (["--plugin", "nope.py", "list"], "does not exist"),
+    "a plugin file that fails to import": (["--plugin", "broken_plugin.py", "list"], "failed to import"),
     "eval on missing data": (["eval", "gpt_run", "--data", "missing.txt"], "does not exist"),
     # audio
     "audio: missing file": (["generate", "audio_run", "--audio", "missing.wav"], "does not exist"),
@@ -164,7 +174,7 @@ CASES = {
     "audio: viz of a silent file": (["viz", "audio_run", "--audio", "silent.wav", "--out", "vizout"], "silence"),
     "audio: sample_rate 0": (["train", "audio", "--data", "wavs", "--set", "sample_rate=0"], "positive integer"),
     "audio: directory with no LABEL/*.wav": (["train", "audio", "--data", "notext"], "LABEL/*.wav"),
-    "audio: --audio on a language model": (["generate", "gpt_run", "--audio", "silent.wav"], "--audio is for audio"),
+    "audio: --audio on a language model": (["generate", "gpt_run", "--audio", "silent.wav"], "--audio does not apply"),
     "audio: no --audio for an audio run": (["generate", "audio_run"], "pass --audio"),
 }
 

@@ -61,7 +61,8 @@ def test_load_returns_a_run_with_the_task_verbs(lm_run):
     assert text == run.generate("line", 12, temperature=0, use_cache=False)  # the KV cache changes nothing
     others = (("translate", ("x",)), ("caption", (torch.zeros(1, 3, 8, 8),)), ("classify", (torch.zeros(1),)))
     for verb, args in others:
-        with pytest.raises(RunError, match=r"language model run: it cannot .* \(it supports: generate\)"):
+        with pytest.raises(RunError, match=r"language model run: it cannot .* \(it supports: evaluate_text, "
+                                           r"generate\)"):
             getattr(run, verb)(*args)
     maps = run.attention_maps(torch.tensor([[1, 2, 3, 4]]))["self"]
     assert len(maps) == 2 and maps[0].shape == (1, 2, 4, 4)

@@ -1,8 +1,9 @@
-"""The ``tokennet`` command: parses arguments, calls recipes / generate / viz, prints.
+"""The ``tokennet`` command: parses arguments, calls the library, prints.
 
 Expected failures (bad input, missing files, a run directory in the way) print one line
 ``tokennet: error: ...`` and exit with status 2; an interrupted run exits with 130 after saving a
-checkpoint.
+checkpoint. Nothing here branches on a task or model family: ``generate`` and ``viz`` take the flags every
+registered task declares (:mod:`tokennet.tasks`) and hand a run's values to its task.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 from pathlib import Path
@@ -17,12 +19,14 @@ from pathlib import Path
 __all__ = ["main", "build_parser"]
 
 EPILOG = """examples:
-  tokennet train gpt                         # BPE GPT on Python's docs, prints a sample
-  tokennet train gpt-char --data input.txt --max-iters 2000
-  tokennet generate runs/gpt --prompt "The " --max-new-tokens 200
-  tokennet eval runs/gpt
+  tokennet train gpt-char                    # a character GPT on Tiny Shakespeare (embedded), prints a sample
+  tokennet train gpt --data notes.txt --max-iters 2000
+  tokennet generate runs/gpt-char --prompt "ROMEO:" --max-new-tokens 200
+  tokennet eval runs/gpt-char
   tokennet train vit                         # ViT on 8x8 digits, next to an RBF SVM
+  tokennet generate runs/vit --input digit.png
   tokennet viz runs/vit --index 3            # attention maps, rollout, position similarity (PNG)
+  tokennet --plugin my_task.py train my-task # a task of your own, in a file (see examples/)
   tokennet list
 """
 
@@ -38,6 +42,29 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"tokennet: error: {message} (see `{self.prog} --help`)\n")
 
 
+def _declared():
+    """Every registered task's declared inputs, generation options and viz options (one entry per flag)."""
+    from .plugins import list_tasks
+
+    inputs, options, viz = {}, {}, {}
+    for task in list_tasks().values():
+        for i in task.inputs:
+            inputs.setdefault(i.name, i)
+        for o in task.options:
+            options.setdefault(o.name, o)
+        for o in task.viz_options:
+            viz.setdefault(o.name, o)
+    return inputs, options, viz
+
+
+def _add_option(p, o) -> None:
+    if o.flag:
+        p.add_argument(o.cli, dest=o.name, action="store_const", const=True, default=None, help=o.help)
+    else:
+        p.add_argument(o.cli, dest=o.name, type=o.type, default=None, choices=o.choices, metavar=o.metavar,
+                       help=o.help)
+
+
 def _add_train(sub) -> None:
     p = sub.add_parser(
         "train",
@@ -50,7 +77,9 @@ def _add_train(sub) -> None:
         "`tokennet train RECIPE --show-settings` lists them with their defaults.",
     )
     p.add_argument("recipe", help="recipe name, e.g. gpt, gpt-char")
-    p.add_argument("--data", help="data: a text file, directory or glob (recipe-specific; default: embedded)")
+    p.add_argument("--data", help="the recipe's data: an embedded dataset's name or a path (text recipes: shakespeare, "
+                   "python-docs, a file, directory or glob; vit: digits, fashion-mnist, mnist1d, ...; default: the "
+                   "recipe's own)")
     p.add_argument("--out", help="run directory (default: runs/RECIPE)")
     p.add_argument("--max-iters", type=int,
                    help="optimizer steps; given alone, it replaces the recipe's default time budget")
@@ -66,50 +95,10 @@ def _add_train(sub) -> None:
     p.add_argument("--show-settings", action="store_true",
                    help="print the recipe's settings with their defaults (for the --data given, where the recipe "
                    "has per-dataset profiles) and exit")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-
-
-def _add_generate(sub) -> None:
-    p = sub.add_parser(
-        "generate",
-        help="sample text (language models), translate (seq2seq), caption or classify --image files",
-        description="Language-model runs: continue a prompt, streaming tokens as they come. Decoding "
-        "uses a KV cache. Past the model's context length the model sees a sliding window: the cache is "
-        "rebuilt from the last block_size/2 tokens whenever it fills. Translation runs (seq2seq): translate "
-        "--prompt with beam search (characters outside the vocabulary are read as <unk> and listed on "
-        "stderr). Captioning runs: caption the --image files. Image classification runs (vit): print each --image "
-        "file's class index and probability. Audio classification runs (audio): print each --audio file's class "
-        "index, name and probability. What a run can do is its task's (see tokennet.tasks).",
-    )
-    p.add_argument("run_dir", help="a run directory from `tokennet train`")
-    p.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
-    p.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate (>= 1)")
-    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy; higher = more random")
-    p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
-    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling threshold in (0, 1]")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, ...")
-    p.add_argument("--no-cache", action="store_true", help="recompute the whole window every step")
-    p.add_argument("--quantize", choices=("none", "bf16", "int8"), default="none",
-                   help="language models: decode with low-precision weights in every linear layer and the LM head, "
-                   "converted when generation starts (the saved run is not changed): bf16, or int8 weight-only with "
-                   "one scale per output channel (bf16 activations). Fewer bytes per weight read per token make "
-                   "decoding faster, at a small cost in accuracy; which is faster depends on the CPU (default: none: float32 "
-                   "weights, which on the CPU decode from a copy packed in column blocks, one per thread)")
-    p.add_argument("--chat", action="store_true",
-                   help="language models with a chat template (imported GGUF models such as SmolLM2-Instruct): send "
-                   "--prompt as a user message through the template and print only the reply")
-    p.add_argument("--beam-size", type=int, default=None,
-                   help="translation and captioning runs: beam width, 1 = greedy (default: the run's beam_size)")
-    p.add_argument("--image", nargs="+", metavar="PATH",
-                   help="captioning runs: caption these image files (PNG, JPEG, ... or .npy) of the model's size "
-                   "(48×48 for the caption recipe; nothing is resized), one caption per line; image "
-                   "classification runs: classify them (PATH, class index, probability per line)")
-    p.add_argument("--audio", nargs="+", metavar="FILE",
-                   help="audio classification runs (the audio recipe): classify these audio files (WAV; OGG/FLAC "
-                   "with the soundfile package), read as mono and resampled to the model's rate; prints FILE, "
-                   "class index, class name and probability per line. A clip longer than the model's maximum "
-                   "(clip_samples, 1 s for spoken digits) is an error, not cropped; shorter ones are zero-padded")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (a line every ~10 s instead; also "
+                   "what a log file gets)")
+    p.add_argument("--json", action="store_true", help="print metrics.json's content at the end instead of the "
+                   "short summary")
 
 
 def _add_eval(sub) -> None:
@@ -124,46 +113,14 @@ def _add_eval(sub) -> None:
 
 
 def _add_demo(sub) -> None:
+    from .demos import list_demos
+
+    demos = list_demos()
     p = sub.add_parser("demo", help="small demonstrations from the lecture",
-                       description="nadaraya-watson: attention pooling as kernel regression on the lecture's "
-                       "toy problem; writes a figure and metrics.")
-    p.add_argument("name", choices=["nadaraya-watson"])
+                       description=" ".join(f"{d.name}: {d.description}." for d in demos))
+    p.add_argument("name", choices=[d.name for d in demos])
     p.add_argument("--out", default=None, help="output directory (default: runs/NAME)")
     p.add_argument("--seed", type=int, default=0)
-
-
-def _add_viz(sub) -> None:
-    p = sub.add_parser(
-        "viz",
-        help="draw a trained model's attention (PNG)",
-        description="Draw pictures of a trained run, chosen by its task. Language models: token-to-token "
-        "causal attention over --text, per layer and head. Graphs: the attention of one node (--patch, default a "
-        "marked node) over a test graph (--index), and its Laplacian positions as node colours. Spheres: one patch's "
-        "attention (--patch) over the sphere, per layer (view from the pole) and in a Mollweide map. Imported text "
-        "encoders: bidirectional token attention over --text. ViT: where one "
-        "patch looks "
-        "(per layer and head, over a test image or --image), the <cls> token's attention rollout, and the "
-        "similarity of the position embeddings. Translation: the cross-attention alignment (output × source "
-        "characters, per layer and head) of a test example or --text. Captioning: each generated word's "
-        "attention over the image patches, for a held-out test image or --image. Attention is recomputed "
-        "with the plain formula, so runs trained with the fused backend work.",
-    )
-    p.add_argument("run_dir", help="a run directory from `tokennet train`")
-    p.add_argument("--out", help="output directory (default: RUN_DIR/viz)")
-    p.add_argument("--index", type=int, help="which test example to draw (default 0)")
-    p.add_argument("--patch", type=int, help="the query patch, row-major (default: the centre patch)")
-    p.add_argument("--layer", type=int, help="only this layer (default: all)")
-    p.add_argument("--head", type=int, help="only this head (default: all, and their mean)")
-    p.add_argument("--data", help="the data to draw from (default: the run's)")
-    p.add_argument("--text", help="language models: the text whose attention to draw (default: a fixed sentence); "
-                   "translation (seq2seq) runs: draw the alignment of this source instead of a test example")
-    p.add_argument("--image", metavar="PATH",
-                   help="captioning runs: caption this image file (the model's size) and draw its attention; "
-                   "ViT runs: draw this image instead of a test image")
-    p.add_argument("--audio", metavar="FILE",
-                   help="audio classification runs: draw this audio file's spectrogram with the attention rollout "
-                   "over its patches instead of a test clip's (clips longer than the model's maximum are an error)")
-    p.add_argument("--device", default="cpu", help="cpu (default), cuda, ...")
 
 
 def _add_report(sub) -> None:
@@ -185,21 +142,6 @@ def _add_report(sub) -> None:
     p.add_argument("--out", metavar="FILE", help="where to write the page (default: RUN_DIR/report.html)")
     p.add_argument("--device", default="cpu", help="where to run the model for samples and predictions "
                    "(cpu by default; auto, cuda, ...)")
-
-
-def _add_import(sub) -> None:
-    p = sub.add_parser(
-        "import",
-        help="convert a foreign checkpoint (Hugging Face GPT-2, ViT) into a tokennet run directory",
-        description="Convert the checkpoint in SOURCE onto tokennet's own modules and write an ordinary run "
-        "directory (config.json, model.safetensors, run.json) that `generate`, `viz` and tokennet.load use "
-        "without transformers. SOURCE is a Hugging Face directory (config.json + model.safetensors) of "
-        "GPT2LMHeadModel (→ gpt) or ViTForImageClassification (→ vit). Every config field and every tensor must "
-        "be accounted for: an unknown field, an unused or missing tensor stops the import with one line, and "
-        "nothing is written. Not imported: tokenizers and image preprocessors (a note says so).",
-    )
-    p.add_argument("source", help="a Hugging Face checkpoint directory")
-    p.add_argument("--out", required=True, help="the new run directory (must not exist, or be empty)")
 
 
 def _add_embed(sub) -> None:
@@ -235,6 +177,84 @@ def _add_export(sub) -> None:
                    "even with onnxruntime's graph optimizations off, ~5e-4 with them on")
 
 
+def _add_generate(sub, declared) -> None:
+    inputs, options, _ = declared
+    p = sub.add_parser(
+        "generate",
+        help="use a run: continue text, translate, caption, classify, answer ... (whatever its task does)",
+        description="Use a trained or imported run on new inputs; what it takes and prints is its task's "
+        "(tokennet.tasks). Language models: continue --prompt, streaming tokens as they come, over a KV cache; "
+        "past the model's context the model sees a sliding window, and a prompt longer than the context is cut "
+        "to its last window (a note on stderr says so). Translation runs: translate --prompt with beam search. "
+        "Captioning runs: caption the --image files. Image classifiers: print each --image file's class index "
+        "and probability. Audio classifiers: each --audio file's class index, name and probability. Graph runs: "
+        "each graph of a --graphs JSON file. --input FILE ... is the run's first file input, whatever it is "
+        "called. A flag the run's task does not take is refused in one line.",
+    )
+    p.add_argument("run_dir", help="a run directory from `tokennet train` or `tokennet import`")
+    p.add_argument("--input", nargs="+", metavar="FILE", help="the run's input files (its task's first file input: "
+                   "--image, --audio, --graphs, ...)")
+    for i in inputs.values():
+        if i.file:
+            p.add_argument(i.flag, dest=i.name, nargs="+", metavar="FILE", default=None, help=i.help)
+        else:
+            p.add_argument(i.flag, dest=i.name, default=None, metavar=i.name.upper(), help=i.help)
+    for o in options.values():
+        _add_option(p, o)
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, ...")
+
+
+def _add_viz(sub, declared) -> None:
+    p = sub.add_parser(
+        "viz",
+        help="draw a trained model's attention (PNG)",
+        description="Draw the pictures a run's task declares. Language models: token-to-token causal attention "
+        "over --text, per layer and head. ViT: where one patch looks (per layer and head, over a test image or "
+        "--image), the <cls> token's attention rollout, and the similarity of the position embeddings. "
+        "Translation: the cross-attention alignment of a test example or --text. Captioning: each generated "
+        "word's attention over the image patches. Audio: the spectrogram with the attention rollout. Graphs: the "
+        "attention of one node (--patch) over a test graph (--index), and its Laplacian positions. Spheres: one "
+        "patch's attention over the sphere. Imported text encoders: bidirectional token attention over --text. "
+        "Attention is recomputed with the plain formula, so runs trained with the fused backend work.",
+    )
+    p.add_argument("run_dir", help="a run directory from `tokennet train`")
+    p.add_argument("--out", help="output directory (default: RUN_DIR/viz)")
+    p.add_argument("--index", type=int, help="which test example to draw (default 0)")
+    p.add_argument("--patch", type=int, help="the query patch (or node), row-major (default: the centre patch)")
+    p.add_argument("--layer", type=int, help="only this layer (default: all)")
+    p.add_argument("--head", type=int, help="only this head (default: all, and their mean)")
+    p.add_argument("--data", help="the data to draw from (default: the run's)")
+    p.add_argument("--text", help="language models and text encoders: the text whose attention to draw (default: a "
+                   "fixed sentence); translation runs: draw the alignment of this source instead of a test example")
+    p.add_argument("--image", metavar="PATH", help="captioning and image runs: draw this image file (the model's "
+                   "size) instead of a test image")
+    p.add_argument("--audio", metavar="FILE", help="audio classification runs: draw this audio file instead of a "
+                   "test clip")
+    for o in declared[2].values():
+        if o.cli not in p._option_string_actions:
+            _add_option(p, o)
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda, ...")
+
+
+def _add_import(sub) -> None:
+    p = sub.add_parser(
+        "import",
+        help="convert a foreign checkpoint (Hugging Face GPT-2, Llama, BERT, ViT; a GGUF file) into a run directory",
+        description="Convert the checkpoint in SOURCE onto tokennet's own modules and write an ordinary run "
+        "directory (config.json, model.safetensors, tokenizer.json, run.json) that `generate`, `viz`, `eval "
+        "--data`, `export` and tokennet.load use without transformers. SOURCE is a Hugging Face directory "
+        "(config.json + model.safetensors) of GPT2LMHeadModel or LlamaForCausalLM (→ gpt: its tokenizer.json, "
+        "or GPT-2's vocab.json + merges.txt, and its chat template come along), BertModel (→ text-encoder, with "
+        "its tokenizer: `tokennet embed`), ViTForImageClassification (→ vit; image preprocessors are not "
+        "imported), or a Llama-architecture .gguf file (its tensors dequantized, llama.cpp's Q/K permutation "
+        "undone, the tokenizer and chat template from the file's metadata). Every config field and every tensor "
+        "must be accounted for: an unknown field, an unused or missing tensor stops the import with one line, "
+        "and nothing is written.",
+    )
+    p.add_argument("source", help="a Hugging Face checkpoint directory or a .gguf file")
+    p.add_argument("--out", required=True, help="the new run directory (must not exist, or be empty)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="tokennet",
@@ -244,13 +264,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"tokennet {_version()}")
     parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors on stderr")
+    parser.add_argument("--plugin", action="append", default=[], metavar="FILE.py",
+                        help="import a plugin file first: its tasks, recipes and models work with every command "
+                        "(repeatable; installed packages register through the entry-point group tokennet.plugins)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    sub.add_parser("list", help="list models and recipes", description="List registered models and recipes.")
+    sub.add_parser("list", help="list models, recipes and tasks",
+                   description="List registered models, recipes and tasks (with the plugins loaded).")
+    declared = _declared()
     _add_train(sub)
-    _add_generate(sub)
+    _add_generate(sub, declared)
     _add_eval(sub)
     _add_demo(sub)
-    _add_viz(sub)
+    _add_viz(sub, declared)
     _add_report(sub)
     _add_import(sub)
     _add_export(sub)
@@ -266,6 +291,7 @@ def _version() -> str:
 
 def cmd_list(args) -> int:
     from .models.registry import list_models, preset_info
+    from .plugins import list_tasks, loaded
     from .recipes import list_recipes
 
     print("models:")
@@ -274,7 +300,34 @@ def cmd_list(args) -> int:
     print("recipes:")
     for r in list_recipes():
         print(f"  {r.name:<18} {r.description}")
+    print("tasks (model family: task, verbs):")
+    for family, t in list_tasks().items():
+        print(f"  {family:<18} {t.name}: {', '.join(sorted(t.verbs)) or '-'}")
+    if loaded():
+        print("plugins:")
+        for p in loaded():
+            print(f"  {p}")
     return 0
+
+
+def _summary(recipe: str, run_dir: Path, metrics: dict) -> str:
+    """The end of `tokennet train`: steps, time, the headline metrics, the sample, where the run and report are."""
+    from .run import REPORT_FILE
+
+    skip = {"step", "elapsed", "wall", "wall_seconds", "num_parameters", "world_size", "test_size", "train_size",
+            "epochs"}
+    scalars = [(k, v) for k, v in metrics.items() if k not in skip and isinstance(v, (int, float))
+               and not isinstance(v, bool)]
+    lines = [f"trained {recipe}: {metrics.get('step', '?')} steps, {metrics.get('wall_seconds', 0):.0f} s, "
+             f"{metrics.get('num_parameters', 0) / 1e6:.2f}M parameters"]
+    if scalars:
+        lines.append("  " + "  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in scalars))
+    if isinstance(metrics.get("sample"), str):
+        lines += ["", "--- sample ---", metrics["sample"].strip("\n"), "--- end of sample ---"]
+    lines += ["", f"run directory: {run_dir}  (metrics.json has every metric)"]
+    if (run_dir / REPORT_FILE).is_file():
+        lines.append(f"report: {run_dir / REPORT_FILE}")
+    return "\n".join(lines)
 
 
 def cmd_train(args) -> int:
@@ -286,7 +339,7 @@ def cmd_train(args) -> int:
         for k in sorted(defaults):
             print(f"{k} = {defaults[k]!r}")
         return 0
-    sets = parse_sets(args.sets, defaults)
+    sets = parse_sets(args.sets, defaults, recipe.setting_types())
     for flag, key in (("max_iters", "max_iters"), ("time_budget", "time_budget"), ("seed", "seed")):
         v = getattr(args, flag)
         if v is not None:
@@ -294,7 +347,7 @@ def cmd_train(args) -> int:
                 raise CLIError(f"--{flag.replace('_', '-')} {v} conflicts with --set {key}={sets[key]}")
             sets[key] = v
     if args.no_progress or not sys.stderr.isatty():
-        sets.setdefault("progress", False)
+        sets.setdefault("progress", False)  # a log file gets plain progress lines instead of a bar
     out = Path(args.out) if args.out else Path("runs") / recipe.name
     try:
         run_dir, metrics = train(recipe.name, data=args.data, out=out, sets=sets, device=args.device,
@@ -305,12 +358,7 @@ def cmd_train(args) -> int:
         return 130
     if os.environ.get("RANK", "0") != "0":  # under torchrun only rank 0 prints
         return 0
-    sample = metrics.pop("sample", None)
-    print(json.dumps(metrics, indent=2))
-    if sample is not None:
-        print("\n--- sample ---")
-        print(sample)
-    print(f"\nrun directory: {run_dir}")
+    print(json.dumps(metrics, indent=2) if args.json else _summary(recipe.name, run_dir, metrics))
     return 0
 
 
@@ -320,104 +368,80 @@ def _load_run(run_dir: str, device: str = "cpu"):
     return load(run_dir, device=device)
 
 
+def _check_option(o, value) -> None:
+    """The CLI's range checks of shared options (the library checks them again, in its own words)."""
+    if value is None or o.flag or o.choices:
+        return
+    if isinstance(value, float) and not math.isfinite(value):
+        raise CLIError(f"{o.cli} must be a finite number, got {value}")
+    if o.name in ("max_new_tokens", "beam_size", "top_k") and value < 1:
+        raise CLIError(f"{o.cli} must be >= 1, got {value}")
+
+
 def cmd_generate(args) -> int:
-    """Dispatch on the run's task verbs: generate text, translate the prompt, caption or classify --image."""
+    """Hand the run's task the values of the flags it declares; refuse, in one line, any flag it does not take."""
     from .device import resolve_device
+    from .tasks.base import check_values
 
-    if args.max_new_tokens < 1:
-        raise CLIError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    if args.beam_size is not None and args.beam_size < 1:
-        raise CLIError(f"--beam-size must be >= 1, got {args.beam_size}")
+    inputs, options, _ = _declared()
+    given = {n: getattr(args, n) for n in (*inputs, *options) if getattr(args, n, None) is not None}
+    for n, v in given.items():
+        if n in options:
+            _check_option(options[n], v)
     run = _load_run(args.run_dir, resolve_device(args.device))
-    verbs = run.task.verbs
-    if args.image and not {"caption", "classify"} & set(verbs):
-        raise CLIError(f"--image is for captioning and image classification runs; {args.run_dir} is a "
-                       f"{run.task.name} run")
-    if args.quantize != "none" and "generate" not in verbs:
-        raise CLIError(f"--quantize is for language-model runs; {args.run_dir} is a {run.task.name} run")
-    if args.audio and run.task.kind != "audio-classifier":
-        raise CLIError(f"--audio is for audio classification runs; {args.run_dir} is a {run.task.name} run")
-    if "caption" in verbs:
-        if not args.image:
-            raise CLIError(f"{args.run_dir} is a captioning run: it takes images, not a prompt; pass --image PATH")
-        for path, cap in zip(args.image, run.caption(args.image, beam_size=args.beam_size), strict=True):
-            print(cap if len(args.image) == 1 else f"{path}\t{cap}")
-    elif "classify" in verbs and run.task.kind == "audio-classifier":
-        if not args.audio:
-            raise CLIError(f"{args.run_dir} is an audio classification run: pass --audio FILE ...")
-        names = run.task.label_names(run)
-        for path, (label, prob) in zip(args.audio, run.classify(args.audio), strict=True):
-            print(f"{path}\t{label}\t{names[label] if names else label}\t{prob:.4f}")
-    elif "classify" in verbs:
-        if not args.image:
-            raise CLIError(f"{args.run_dir} is an image classification run: pass --image PATH ...")
-        for path, (label, prob) in zip(args.image, run.classify(args.image), strict=True):
-            print(f"{path}\t{label}\t{prob:.4f}")
-    elif "translate" in verbs:
-        out, unknown = run.translate(args.prompt, beam_size=args.beam_size, return_unknown=True)
-        if unknown:
-            print(f"tokennet: warning: characters outside the vocabulary read as <unk>: {''.join(unknown)!r}",
-                  file=sys.stderr)
-        print(out)
-    elif "generate" in verbs:
-        from .tasks.language import stream_text
-
-        prompt = args.prompt
-        if args.chat:
-            if not getattr(run.tokenizer, "chat_template", None):
-                raise CLIError(f"{args.run_dir} has no chat template (only imported chat models have one)")
-            prompt = run.tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}])
-        else:
-            sys.stdout.write(args.prompt)
-        for piece in stream_text(run, prompt, args.max_new_tokens, temperature=args.temperature,
-                                 top_k=args.top_k, top_p=args.top_p, seed=args.seed, use_cache=not args.no_cache,
-                                 quantize=args.quantize):
-            sys.stdout.write(piece)
-            sys.stdout.flush()
-        sys.stdout.write("\n")
-    else:
-        raise CLIError(f"{args.run_dir} is a {run.task.name} run: it has nothing to generate")
+    task = run.task
+    takes = [*(i.flag for i in task.inputs), *(o.cli for o in task.options)]
+    if args.input:
+        files = [i for i in task.inputs if i.file]
+        if not files:
+            raise CLIError(f"--input: {args.run_dir} is a {task.name} run, which takes no input files "
+                           f"(it takes: {', '.join(takes) or 'nothing'})")
+        if files[0].name in given:
+            raise CLIError(f"--input and {files[0].flag} name the same input; give one of them")
+        given[files[0].name] = args.input
+    mine = {i.name for i in task.inputs} | {o.name for o in task.options}
+    for n in given:
+        if n not in mine:
+            flag = (inputs[n].flag if n in inputs else options[n].cli)
+            raise CLIError(f"{flag} does not apply to {args.run_dir}, a {task.name} run (it takes: "
+                           f"{', '.join(takes) or 'nothing'})")
+    if not task.declares("respond"):
+        raise CLIError(f"{args.run_dir} is a {task.name} run: it has nothing to generate")
+    values = {i.name: given.get(i.name, i.default) for i in task.inputs}
+    values.update({o.name: given.get(o.name, o.default) for o in task.options})
+    try:
+        check_values(task, values)
+    except ValueError as e:
+        raise CLIError(f"{args.run_dir} is a {task.name} run: {str(e).split(': ', 1)[1]}") from None
+    for piece in task.respond(run, values):
+        sys.stdout.write(piece)
+        sys.stdout.flush()
     return 0
 
 
 def cmd_eval(args) -> int:
     from .device import resolve_device
+    from .errors import RecipeError
     from .recipes import get_recipe
 
     run = _load_run(args.run_dir, resolve_device(args.device))
-    if run.recipe == "import":  # an imported checkpoint has no split of its own: it is evaluated on --data
+    recipe = None
+    if run.recipe not in (None, "import"):
+        try:
+            recipe = get_recipe(run.recipe)
+        except RecipeError:
+            raise CLIError(f"{args.run_dir} was trained by recipe {run.recipe!r}, which is not registered here "
+                           "(load its plugin with --plugin FILE)") from None
+    if recipe is not None and recipe.evaluate_run is not None:
+        metrics = recipe.evaluate_run(run, args.data)
+    elif run.recipe is None:
+        raise CLIError(f"{args.run_dir} is a saved model without run.json: no recipe to evaluate it with")
+    else:  # an imported checkpoint has no split of its own: its task evaluates it on --data
         if args.data is None:
             raise CLIError(f"{args.run_dir} is an imported checkpoint with no held-out split of its own: "
                            "give --data FILE (a text file) to measure its loss and perplexity on")
-        if not hasattr(run.task, "evaluate_text"):
-            raise CLIError(f"{args.run_dir} is an imported {run.task.name}: tokennet eval measures imported "
-                           "language models only")
-        path = Path(args.data)
-        if not path.is_file():
-            raise CLIError(f"--data {args.data}: no such file")
-        text = path.read_text(encoding="utf-8", errors="replace")
-        metrics = run.task.evaluate_text(run, text)
-        if metrics["truncated"]:
-            print(f"tokennet: {args.data} is longer than 262,144 tokens: evaluated on its first 262,144",
-                  file=sys.stderr)
-        print(json.dumps(metrics, indent=2))
-        return 0
-    if run.recipe is None:
-        raise CLIError(f"{args.run_dir} is a saved model without run.json: no recipe to evaluate it with")
-    recipe = get_recipe(run.recipe)
-    if recipe.evaluate_run is None:
-        raise CLIError(f"recipe {recipe.name} has no evaluation")
-    print(json.dumps(recipe.evaluate_run(run, args.data), indent=2))
-    return 0
-
-
-def cmd_demo(args) -> int:
-    from .nadaraya_watson import run_demo
-
-    out = Path(args.out or f"runs/{args.name}")
-    metrics = run_demo(out, seed=args.seed)
+        metrics = run.task.evaluate(run, args.data)
     print(json.dumps(metrics, indent=2))
-    print(f"figure: {out / 'nadaraya_watson.png'}")
     return 0
 
 
@@ -425,11 +449,33 @@ def cmd_viz(args) -> int:
     from .device import resolve_device
     from .viz import visualize
 
-    # Every viz option goes to the task's function, which uses those it knows (see tokennet.viz).
-    options = {k: v for k, v in vars(args).items() if k not in ("command", "quiet", "run_dir", "out", "device")}
+    # Every viz option goes to the task's pictures, which use those they know (see tokennet.viz).
+    options = {k: v for k, v in vars(args).items() if k not in ("command", "quiet", "run_dir", "out", "device",
+                                                                "plugin")}
     run = _load_run(args.run_dir, str(resolve_device(args.device)))
     for f in visualize(run, args.out, **options):
         print(f)
+    return 0
+
+
+def cmd_import(args) -> int:
+    from .interop import import_checkpoint
+
+    r = import_checkpoint(args.source, args.out)
+    print(f"{r.path}: {r.converter} → tokennet {r.model.config.family} "
+          f"({sum(p.numel() for p in r.model.parameters()):,} parameters)")
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from .demos import get_demo
+
+    demo = get_demo(args.name)
+    out = Path(args.out or f"runs/{args.name}")
+    metrics = demo.run(out, seed=args.seed)
+    print(json.dumps(metrics, indent=2))
+    for f in demo.files:
+        print(f"{'figure' if f.endswith('.png') else 'written'}: {out / f}")
     return 0
 
 
@@ -446,15 +492,6 @@ def cmd_report(args) -> int:
     except RecipeError:
         defaults = None
     print(write_report(args.run_dir, args.out, defaults=defaults, device=str(resolve_device(args.device))))
-    return 0
-
-
-def cmd_import(args) -> int:
-    from .interop import import_checkpoint
-
-    r = import_checkpoint(args.source, args.out)
-    print(f"{r.path}: {r.converter} → tokennet {r.model.config.family} "
-          f"({sum(p.numel() for p in r.model.parameters()):,} parameters)")
     return 0
 
 
@@ -478,22 +515,57 @@ def cmd_embed(args) -> int:
     return 0
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Log to whatever ``sys.stderr`` is when a record is written (not the stream of the first ``main`` call:
+    callers, tests among them, may replace it between calls)."""
+
+    def __init__(self):
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _):  # logging.StreamHandler.__init__ assigns it
+        pass
+
+
 COMMANDS = {"embed": cmd_embed, "export": cmd_export, "import": cmd_import,
             "list": cmd_list, "train": cmd_train, "generate": cmd_generate, "eval": cmd_eval, "demo": cmd_demo,
             "viz": cmd_viz, "report": cmd_report}
 
 
+def _load_plugins(argv: list[str]) -> None:
+    """Import the ``--plugin`` files named before the command (their tasks add flags to the parser)."""
+    from .plugins import discover, load_file
+
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--plugin", action="append", default=[])
+    known, _ = pre.parse_known_args(argv)
+    discover()
+    for f in known.plugin:
+        load_file(f)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    from .errors import TokennetError
+
+    try:
+        _load_plugins(argv)
+    except TokennetError as e:
+        print(f"tokennet: error: {str(e).strip().splitlines()[0]}", file=sys.stderr)
+        return 2
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return 0
     quiet = args.quiet or os.environ.get("RANK", "0") != "0"  # under torchrun only rank 0 talks
-    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO,
-                        format="%(message)s", stream=sys.stderr)
-    from .errors import TokennetError
-
+    # tokennet's own progress and notes at INFO; other libraries' loggers only from WARNING up.
+    logging.basicConfig(level=logging.WARNING, format="%(message)s", handlers=[_StderrHandler()], force=True)
+    logging.getLogger("tokennet").setLevel(logging.WARNING if quiet else logging.INFO)
     try:
         return COMMANDS[args.command](args)
     except (CLIError, TokennetError) as e:
@@ -511,6 +583,7 @@ def main(argv: list[str] | None = None) -> int:
         print("tokennet: internal error (a bug): please report it with the traceback below and the command "
               "that caused it", file=sys.stderr)
         raise
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -23,6 +23,9 @@ def resolve_device(device: str) -> torch.device:
         raise ConfigError(f"unknown device {device!r}; use auto, cpu, cuda, cuda:N or mps") from None
     if dev.type not in ("cpu", "cuda", "mps"):
         raise ConfigError(f"tokennet does not run on device {device!r}; use auto, cpu, cuda, cuda:N or mps")
+    if dev.type == "cpu" and dev.index not in (None, 0):
+        # torch accepts "cpu:7", but there is one CPU device: an index other than 0 is a typo, not a choice.
+        raise ConfigError(f"device {device!r} does not exist: the CPU is one device, 'cpu' (or 'cpu:0')")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"device {device!r} requested but CUDA is not available; use device 'cpu' or 'auto'")
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():

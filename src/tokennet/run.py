@@ -2,7 +2,7 @@
 
 A run directory, as ``tokennet train`` writes it::
 
-    run.json            recipe, model preset, data, settings            (RUN_FILE)
+    run.json            recipe, model preset, data, data spec, settings  (RUN_FILE)
     config.json         the model's config + weights checksum           (models.registry)
     model.safetensors   the final weights                               (models.registry)
     tokenizer.json      text models only                                (TOKENIZER_FILE)
@@ -11,10 +11,14 @@ A run directory, as ``tokennet train`` writes it::
     checkpoints/        crash-safe checkpoints for --resume             (CHECKPOINT_DIR)
     .lock               held (flock) by the one process writing the run (LOCK_FILE)
 
-:func:`load` returns a :class:`Run` — the model, its tokenizer, settings, metrics and *task* — and the
-task's verbs (``run.generate``, ``run.translate``, ``run.caption``, ``run.classify``), like litgpt's
-``LLM.load`` or Hugging Face's ``from_pretrained``. Nothing else in tokennet opens ``run.json``,
-``config.json`` or ``tokenizer.json`` by hand: recipes, the CLI and ``viz`` go through here.
+:func:`load` returns a :class:`Run` — the model, its tokenizer, settings, metrics, data spec and *task* —
+and the task's verbs (``run.generate``, ``run.translate``, ``run.caption``, ``run.classify``, and whatever
+verbs a task declares), like litgpt's ``LLM.load`` or Hugging Face's ``from_pretrained``. Nothing else in
+tokennet opens ``run.json``, ``config.json`` or ``tokenizer.json`` by hand: recipes, the CLI and ``viz``
+go through here.
+
+The task of a run is the one registered for its model family (:mod:`tokennet.plugins` holds that
+registry at the bottom of the import layers, and imports the built-in and installed tasks on first use).
 
 Files are written atomically (a temporary name, then a rename), so a reader never sees half a file and
 needs no lock; a writer holds :class:`RunLock` for as long as it writes.
@@ -22,29 +26,28 @@ needs no lock; a writer holds :class:`RunLock` for as long as it writes.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
+from .data.spec import DataSpec, legacy_spec, spec_from_dict
 from .errors import RunError
 from .fileio import atomic_write_text
 from .models.registry import CONFIG_FILE, WEIGHTS_FILE, load_pretrained
-from .tasks import Task, task_for
+from .plugins import all_verbs, task_for
+from .run_files import CHECKPOINT_DIR, LOCK_FILE, LOG_FILE, METRICS_FILE, REPORT_FILE, RUN_FILE, TOKENIZER_FILE
+
+if TYPE_CHECKING:
+    from .tasks import Task
 
 __all__ = ["Run", "load", "RunLock", "is_run_dir", "read_run_info", "write_run_info", "read_metrics",
-           "write_metrics", "read_tokenizer", "save_tokenizer", "clear_run_dir", "RUN_FILE", "METRICS_FILE",
-           "TOKENIZER_FILE", "LOG_FILE", "CHECKPOINT_DIR", "LOCK_FILE"]
-
-RUN_FILE = "run.json"
-METRICS_FILE = "metrics.json"
-TOKENIZER_FILE = "tokenizer.json"
-LOG_FILE = "log.jsonl"
-CHECKPOINT_DIR = "checkpoints"
-LOCK_FILE = ".lock"
+           "write_metrics", "read_tokenizer", "save_tokenizer", "clear_run_dir", "read_data_spec", "RUN_FILE",
+           "METRICS_FILE", "TOKENIZER_FILE", "LOG_FILE", "CHECKPOINT_DIR", "LOCK_FILE", "REPORT_FILE"]
 
 
 # -- files --------------------------------------------------------------------------------------------
@@ -74,10 +77,26 @@ def read_run_info(path: str | Path) -> dict[str, Any]:
     return info
 
 
-def write_run_info(path: str | Path, *, recipe: str, model: str, data: str | None, settings: dict[str, Any]) -> None:
-    """Write ``run.json`` atomically."""
+def write_run_info(path: str | Path, *, recipe: str, model: str, data: str | None, settings: dict[str, Any],
+                   data_spec: DataSpec | None = None) -> None:
+    """Write ``run.json`` atomically: ``data`` is what ``--data`` said, ``data_spec`` what the data is."""
     info = {"recipe": recipe, "model": model, "data": data, "settings": settings}
+    if data_spec is not None:
+        info["data_spec"] = data_spec.to_dict()
     atomic_write_text(Path(path) / RUN_FILE, json.dumps(info, indent=2) + "\n")
+
+
+def read_data_spec(info: dict[str, Any]) -> DataSpec | None:
+    """The data spec of a ``run.json`` (rebuilt from the recipe's old settings for a run saved before specs;
+    None for a run with no data of its own, e.g. an imported checkpoint)."""
+    if "data_spec" in info:
+        try:
+            return spec_from_dict(info["data_spec"])
+        except (ValueError, TypeError) as e:
+            raise RunError(f"the data spec in {RUN_FILE} cannot be read: {e}") from None
+    if not info.get("recipe"):
+        return None
+    return legacy_spec(info["recipe"], info.get("data"), info.get("settings", {}))
 
 
 def read_metrics(path: str | Path) -> dict[str, Any]:
@@ -189,17 +208,39 @@ class Run:
     """A trained (or imported) run: ``model``, ``tokenizer``, ``settings``, ``metrics``, ``task`` and its verbs.
 
     Build it with :func:`load`. The verbs belong to the task (see :mod:`tokennet.tasks`): a language
-    model generates, a translation model translates, a captioner captions, a classifier classifies; a
-    verb the task lacks raises :class:`~tokennet.errors.RunError` naming the ones it has.
+    model generates, a translation model translates, a captioner captions, a classifier classifies — each
+    verb a task declares is ``run.<verb>(...)``; a verb the task lacks raises
+    :class:`~tokennet.errors.RunError` naming the ones it has.
     """
 
     def __init__(self, path: Path, model: nn.Module, tokenizer, info: dict[str, Any], metrics: dict[str, Any],
                  task: Task):
         self.path, self.model, self.tokenizer, self.task = path, model, tokenizer, task
         self.info, self.metrics = info, metrics
+        self._data = read_data_spec(info)
 
     def __repr__(self) -> str:
         return f"Run({str(self.path)!r}, task={self.task.name!r}, family={self.family!r})"
+
+    def __getattr__(self, name: str):
+        # Only reached for names that are not attributes: the task's verbs, then a clear refusal.
+        if name.startswith("_") or "task" not in self.__dict__:
+            raise AttributeError(name)
+        verbs = type(self.task).verb_methods()
+        if name in verbs:
+            return functools.partial(verbs[name], self.task, self)
+        if name in all_verbs():
+            have = ", ".join(sorted(verbs)) or "none"
+            raise RunError(f"{self.path} is a {self.task.name} run: it cannot {name} (it supports: {have})")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __dir__(self):
+        return sorted(set(super().__dir__()) | set(self.task.verbs))
+
+    @property
+    def verbs(self) -> list[str]:
+        """The verbs this run's task offers (``run.<verb>(...)``)."""
+        return sorted(self.task.verbs)
 
     @property
     def settings(self) -> dict[str, Any]:
@@ -211,9 +252,11 @@ class Run:
         return self.info.get("recipe")
 
     @property
-    def data(self) -> str | None:
-        """The ``--data`` the run was trained on (None: the recipe's default)."""
-        return self.info.get("data")
+    def data(self) -> DataSpec | None:
+        """What the run's data is: its data spec (:mod:`tokennet.data.spec`), or None for a run with no data of
+        its own (an imported checkpoint). **Changed**: it used to be the ``--data`` string, which is
+        ``run.info["data"]`` (and, for most data, ``run.data.source``)."""
+        return self._data
 
     @property
     def family(self) -> str:
@@ -226,27 +269,6 @@ class Run:
     def to(self, device) -> Run:
         self.model.to(device)
         return self
-
-    # -- the task's verbs --------------------------------------------------------------------------
-    def generate(self, prompt: str = "\n", max_new_tokens: int = 200, **kw) -> str:
-        """Continue ``prompt`` (language models); see :meth:`tokennet.tasks.Task.generate`."""
-        return self.task.generate(self, prompt, max_new_tokens, **kw)
-
-    def translate(self, text: str, **kw) -> str:
-        """Translate ``text`` (translation models)."""
-        return self.task.translate(self, text, **kw)
-
-    def caption(self, images, **kw) -> list[str]:
-        """Caption images: a ``(B, C, H, W)`` tensor or image file paths (captioning models)."""
-        return self.task.caption(self, images, **kw)
-
-    def classify(self, inputs, **kw) -> list[tuple[int, float]]:
-        """``(class index, probability)`` of each input: a tensor batch or file paths (classifiers)."""
-        return self.task.classify(self, inputs, **kw)
-
-    def embed(self, texts, **kw) -> torch.Tensor:
-        """Sentence embeddings ``(B, D)``, L2-normalized, of a text or a list of texts (text encoders)."""
-        return self.task.embed(self, texts, **kw)
 
     def attention_maps(self, inputs) -> dict[str, list[torch.Tensor]]:
         """Every layer's attention for ``inputs`` as returned data (see each model's ``attention_maps``)."""

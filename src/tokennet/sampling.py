@@ -24,6 +24,7 @@ the last position, and the choice of the next token; the token ids live in one p
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
@@ -68,11 +69,11 @@ def _validate(model: nn.Module, idx: Tensor, max_new_tokens: int, temperature: f
         raise ValueError(f"idx must be (B, T) token ids with T >= 1, got shape {tuple(idx.shape)}")
     if max_new_tokens < 1:
         raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if temperature < 0:
-        raise ConfigError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+    if not (temperature >= 0 and math.isfinite(temperature)):  # NaN fails every comparison: say so here
+        raise ConfigError(f"temperature must be a number >= 0 (0 = greedy), got {temperature}")
     if top_k is not None and top_k < 1:
         raise ConfigError(f"top_k must be >= 1, got {top_k}")
-    if top_p is not None and not 0 < top_p <= 1:
+    if top_p is not None and not (0 < top_p <= 1):
         raise ConfigError(f"top_p must be in (0, 1], got {top_p}")
     if not hasattr(model, "forward_features") or not hasattr(model.config, "block_size"):
         raise ValueError(f"{type(model).__name__} is not a causal language model")

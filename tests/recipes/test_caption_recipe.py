@@ -44,9 +44,9 @@ def test_eval_recomputes_the_metrics(runs, capsys):
 
 def test_bad_requests_are_one_line_errors(runs, capsys, tmp_path):
     assert main(["generate", str(runs["decoder-only"]), "--prompt", "a red"]) == 2
-    assert "takes images" in capsys.readouterr().err
+    assert "--prompt does not apply" in capsys.readouterr().err
     assert main(["-q", "train", "caption", "--out", str(tmp_path / "a"), "--set", "image_size=32"]) == 2
-    assert "48" in capsys.readouterr().err
+    assert "image_size=48" in capsys.readouterr().err
     assert main(["-q", "train", "caption", "--out", str(tmp_path / "b"), "--set", "form=both"]) == 2
     assert main(["eval", str(runs["decoder-only"]), "--data", "x"]) == 2
 

@@ -1,46 +1,39 @@
 """Exact resume through the recipes: 2n steps in one go equal n steps, a crash, and n resumed steps —
-bitwise, for the GPT and the ViT recipes."""
+bitwise, for every registered recipe (with dropout on where its model has any)."""
 
 import pytest
 import torch
 from safetensors.torch import load_file
+from support import Crash, CrashingSource
 
-from tokennet.data.image_batches import ImageBatches
-from tokennet.data.text import LMBatches
+import tokennet.lifecycle.runner as runner
+from tokennet.lifecycle import list_recipes
 from tokennet.recipes import train
 
-
-class Crash(RuntimeError):
-    pass
-
-
-CASES = {
-    "gpt-char": (LMBatches, {"dim": 32, "num_layers": 1, "num_heads": 2, "block_size": 16, "batch_size": 4,
-                             "eval_iters": 2, "sample_tokens": 0, "dropout": 0.1}),
-    "vit": (ImageBatches, {"dim": 32, "num_layers": 1, "svm_baseline": False, "dropout": 0.1, "batch_size": 16}),
-}
+RECIPES = [r.name for r in list_recipes()]
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.mark.parametrize("recipe", list(CASES))
-def test_killed_and_resumed_equals_uninterrupted(recipe, tmp_path, corpus, monkeypatch):
-    source_cls, sets = CASES[recipe]
-    sets = {**sets, "max_iters": 8, "checkpoint_interval": 4, "eval_interval": 0, "warmup_iters": 2,
-            "progress": False}
-    data = str(corpus) if recipe == "gpt-char" else None
-    a, _ = train(recipe, data=data, out=tmp_path / "a", sets=sets)
-    original = source_cls.batch
+@pytest.mark.parametrize("name", RECIPES)
+def test_killed_and_resumed_equals_uninterrupted(name, tmp_path, monkeypatch):
+    recipe = next(r for r in list_recipes() if r.name == name)
+    sets = {**recipe.smoke, "max_iters": 8, "checkpoint_interval": 4, "eval_interval": 0, "warmup_iters": 2,
+            "progress": False, "report": False}
+    if "dropout" in recipe.defaults():
+        sets["dropout"] = 0.1  # the dropout masks must come back too
+    data = recipe.smoke_data(tmp_path) if recipe.smoke_data is not None else None
+    a, _ = train(name, data=data, out=tmp_path / "a", sets=sets)
+    real = runner.Trainer
 
-    def crashing(self, index):
-        if index >= 4:  # right after the checkpoint at step 4
-            raise Crash
-        return original(self, index)
+    def crashing(model, config, source, **kw):  # crash right after the checkpoint at step 4
+        return real(model, config, CrashingSource(source, at=4 * config.grad_accum), **kw)
 
-    monkeypatch.setattr(source_cls, "batch", crashing)
+    monkeypatch.setattr(runner, "Trainer", crashing)
     with pytest.raises(Crash):
-        train(recipe, data=data, out=tmp_path / "b", sets=sets)
-    monkeypatch.setattr(source_cls, "batch", original)
+        train(name, data=data, out=tmp_path / "b", sets=sets)
+    monkeypatch.setattr(runner, "Trainer", real)
     torch.manual_seed(12345)  # the checkpoint, not the current RNG state, must decide what follows
-    b, metrics = train(recipe, out=tmp_path / "b", resume=True)
+    b, metrics = train(name, out=tmp_path / "b", resume=True)
     assert metrics["step"] == 8
     wa, wb = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
     assert wa.keys() == wb.keys()

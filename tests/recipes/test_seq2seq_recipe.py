@@ -34,11 +34,19 @@ def test_train_writes_a_run_with_the_metrics(run):
 
 
 def test_bahdanau_trains_on_the_same_data(tmp_path):
-    sets = {**TINY, "arch": "bahdanau"}
+    sets = {k: v for k, v in TINY.items() if k != "num_heads"} | {"arch": "bahdanau"}
     run_dir, metrics = train("seq2seq", out=tmp_path / "b", sets=sets, device="cpu")
     cfg = json.loads((run_dir / "config.json").read_text())
     assert cfg["family"] == "bahdanau" and cfg["dim"] == 32
     assert metrics["arch"] == "bahdanau" and "exact_match" in metrics
+
+
+def test_a_transformer_setting_does_not_apply_to_the_gru_baseline(tmp_path, capsys):
+    """The GRU baseline is built from the shared settings: a Transformer-only one is refused, not ignored."""
+    assert main(["-q", "train", "seq2seq", "--out", str(tmp_path / "c"), "--set", "arch=bahdanau",
+                 "num_heads=8"]) == 2
+    err = capsys.readouterr().err
+    assert "num_heads does not apply" in err and not (tmp_path / "c").exists()
 
 
 def test_settings_include_arch():
@@ -77,7 +85,7 @@ def test_bad_input_is_an_error_or_a_stated_unk(run, capsys, tmp_path):
     assert main(["eval", str(run_dir), "--data", str(tmp_path / "missing.tsv")]) == 2
     assert main(["generate", str(run_dir), "--prompt", "1999/3/3", "--beam-size", "0"]) == 2
     assert main(["generate", str(run_dir), "--image", str(tmp_path / "x.png")]) == 2
-    assert "--image is for captioning and image classification runs" in capsys.readouterr().err
+    assert "--image does not apply" in capsys.readouterr().err
     assert main(["-q", "train", "seq2seq", "--out", str(tmp_path / "x"), "--set", "arch=lstm"]) == 2
     assert "arch must be one of" in capsys.readouterr().err
 

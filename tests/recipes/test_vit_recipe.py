@@ -50,7 +50,7 @@ def test_a_vit_run_classifies_tensors_and_image_files(tmp_path, capsys):
     assert main(["generate", str(run_dir), "--image", str(path)]) == 0
     name, label, prob = capsys.readouterr().out.strip().split("\t")
     assert name == str(path) and int(label) == out[0][0] and 0 < float(prob) <= 1
-    with pytest.raises(tokennet.TokennetError, match="cannot generate text"):
+    with pytest.raises(tokennet.TokennetError, match="cannot generate"):
         run.generate("x")
 
 
@@ -107,4 +107,4 @@ def test_bad_data_is_a_one_line_error(tmp_path, capsys):
     assert main(["train", "vit", "--data", "cifar", "--out", out, "--overwrite"]) == 2
     assert "unknown data 'cifar'" in capsys.readouterr().err
     assert main(["train", "vit", "--out", out, "--overwrite", "--set", "in_channels=3", "--max-iters", "1"]) == 2
-    assert "in_channels=3 does not match the data: digits has in_channels=1" in capsys.readouterr().err
+    assert "in_channels=3 does not match the data, which has in_channels=1" in capsys.readouterr().err

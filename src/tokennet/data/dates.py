@@ -18,16 +18,20 @@ format.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import random
 from collections.abc import Callable, Sequence
+from typing import ClassVar
 
 import torch
 from torch import Tensor
 
 from ..errors import ConfigError, DataError
+from .spec import DataSpec, register_data
 
 __all__ = [
+    "DateTranslations",
     "FIRST_DATE",
     "LAST_DATE",
     "FORMATS",
@@ -234,3 +238,35 @@ class DatePairs:
     def batch(self, index: int) -> tuple[tuple[Tensor, Tensor], Tensor]:
         pairs = sample_pairs(self.dates, self.batch_size, f"train-{self.seed}-{index}")
         return encode_pairs(pairs, self.tokenizer, self.tokenizer.pad_id)
+
+
+@register_data
+@dataclasses.dataclass
+class DateTranslations(DataSpec):
+    """The date-translation data: the split of the dates (by ``seed``, fractions of the date range held out)
+    and the sizes of the validation and test sets drawn from the held-out dates."""
+
+    kind: ClassVar[str] = "dates"
+    legacy_recipes: ClassVar[tuple[str, ...]] = ("seq2seq",)
+    seed: int = 0
+    test_fraction: float = 0.1
+    val_fraction: float = 0.02
+    test_size: int = 2000
+    val_size: int = 500
+
+    def __post_init__(self):
+        if self.test_size < 1 or self.val_size < 1:
+            raise ConfigError(f"test_size and val_size must be >= 1, got {self.test_size} and {self.val_size}")
+        split_dates(self.seed, self.test_fraction, self.val_fraction)  # the fractions' one check
+
+    def split(self) -> tuple[list[dt.date], list[dt.date], list[dt.date]]:
+        """``(train, val, test)`` dates."""
+        return split_dates(self.seed, self.test_fraction, self.val_fraction)
+
+    def val_pairs(self) -> list[tuple[str, str]]:
+        """The validation pairs (monitoring during training)."""
+        return sample_pairs(self.split()[1], self.val_size, f"val-{self.seed}")
+
+    def held_out(self) -> list[tuple[str, str, str]]:
+        """The test set: ``(source, target, format)`` triples over dates training never saw."""
+        return held_out_pairs(self.seed, self.test_size, self.test_fraction, self.val_fraction)

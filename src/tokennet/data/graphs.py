@@ -14,15 +14,18 @@ uninterrupted one would, and the test graphs come from a separate seed space.
 
 from __future__ import annotations
 
+import dataclasses
 import random
+from typing import ClassVar
 
 import torch
 from torch import Tensor
 
 from ..errors import DataError
 from ..tokens.graph import GraphBatch, collate_graphs
+from .spec import DataSpec, register_data
 
-__all__ = ["marked_distance_graph", "marked_distance_set", "MarkedDistanceGraphs"]
+__all__ = ["marked_distance_graph", "marked_distance_set", "MarkedDistanceGraphs", "MarkedDistance"]
 
 
 def _networkx():
@@ -70,3 +73,41 @@ class MarkedDistanceGraphs:
 
     def batch(self, index: int) -> tuple[GraphBatch, Tensor]:
         return marked_distance_set(self.batch_size, f"train-{self.seed}-{index}", **self.kw)
+
+
+@register_data
+@dataclasses.dataclass
+class MarkedDistance(DataSpec):
+    """The generated marked-distance task: graphs drawn from ``seed``; ``num_outputs`` distance classes
+    (the last: at least that far); collated with ``pe_dim`` Laplacian / random-walk positions and hop
+    distances capped at ``max_distance`` (the model's settings of the same names)."""
+
+    kind: ClassVar[str] = "marked-distance"
+    legacy_recipes: ClassVar[tuple[str, ...]] = ("graph",)
+    seed: int = 0
+    pe_dim: int = 8
+    num_outputs: int = 6
+    max_distance: int = 8
+    val_size: int = 500
+    test_size: int = 2000
+
+    def __post_init__(self):
+        if self.test_size < 1 or self.val_size < 1:
+            raise DataError(f"test_size and val_size must be >= 1, got {self.test_size} and {self.val_size}")
+
+    @classmethod
+    def from_legacy(cls, data, settings):
+        return cls.from_settings(None, settings) if data in (None, "", "embedded") else None
+
+    def _kw(self) -> dict:
+        return dict(pe_dim=self.pe_dim, max_distance=self.num_outputs, graph_max_distance=self.max_distance)
+
+    def train_source(self, batch_size: int) -> MarkedDistanceGraphs:
+        return MarkedDistanceGraphs(batch_size, seed=self.seed, **self._kw())
+
+    def val(self) -> tuple[GraphBatch, Tensor]:
+        return marked_distance_set(self.val_size, f"val-{self.seed}", **self._kw())
+
+    def held_out(self) -> tuple[GraphBatch, Tensor]:
+        """The test graphs, collated, and their labels."""
+        return marked_distance_set(self.test_size, f"test-{self.seed}", **self._kw())

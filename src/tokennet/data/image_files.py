@@ -10,7 +10,7 @@ from torch import Tensor
 
 from .text import DataError
 
-__all__ = ["read_image"]
+__all__ = ["read_image", "write_image"]
 
 
 def read_image(path: str | Path, channels: int | None = None) -> Tensor:
@@ -75,3 +75,18 @@ def _read_image_file(path: Path) -> Tensor:
     else:
         a = a.transpose(2, 0, 1)
     return torch.from_numpy(np.ascontiguousarray(a / 255.0, dtype=np.float32))
+
+
+def write_image(x: Tensor, path: str | Path) -> Path:
+    """Write an image ``(C, H, W)`` in [0, 1] as :func:`read_image` reads it back: ``.npy`` exactly (float32),
+    an image format (PNG, ...) rounded to 8 bits."""
+    path = Path(path)
+    a = x.detach().float().clamp(0, 1).cpu().numpy()
+    if path.suffix.lower() == ".npy":
+        np.save(path, a.astype(np.float32))
+        return path
+    from PIL import Image
+
+    u8 = (a * 255).round().astype(np.uint8)
+    Image.fromarray(u8[0] if u8.shape[0] == 1 else u8.transpose(1, 2, 0)).save(path)
+    return path

@@ -13,12 +13,14 @@ Atoms are the tokens. Bonds come from geometry — atoms ``i, j`` are bonded whe
 from __future__ import annotations
 
 import csv
+import dataclasses
 import hashlib
 import json
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -26,9 +28,10 @@ from torch import Tensor
 
 from ..errors import DataError
 from ..tokens.graph import GraphBatch, collate_graphs
+from .spec import DataSpec, register_data
 
 __all__ = ["ELEMENTS", "TARGETS", "HARTREE_EV", "Molecules", "find_qm9", "load_qm9", "bonds", "molecule_batch",
-           "MoleculeBatches", "split_indices"]
+           "MoleculeBatches", "split_indices", "QM9Targets", "is_qm9"]
 
 ELEMENTS = ("H", "C", "N", "O", "F")
 COVALENT_RADIUS = {"H": 0.31, "C": 0.76, "N": 0.71, "O": 0.66, "F": 0.57}  # Å, Cordero et al. 2008
@@ -196,3 +199,56 @@ class MoleculeBatches:
         rows = self.idx[perm[step * self.batch_size:(step + 1) * self.batch_size]].numpy()
         y = torch.from_numpy(self.mols.y[self.target][rows]).float()[:, None]
         return molecule_batch(self.mols, rows, **self.kw), y
+
+
+def is_qm9(data: str | None) -> bool:
+    """Whether a ``--data`` value names QM9: ``qm9``, or a directory holding ``qm9_part1.csv``."""
+    return data == "qm9" or (data not in (None, "", "embedded") and (Path(data) / PARTS[0]).is_file())
+
+
+@register_data
+@dataclasses.dataclass
+class QM9Targets(DataSpec):
+    """QM9 regression: one ``target`` of :data:`TARGETS`, the standard random split (``train_size`` /
+    ``val_size`` / the rest, by ``seed``; ``test_size`` > 0 keeps only the first that many test molecules),
+    molecules collated with ``pe_dim`` bond-graph Laplacian positions and hops capped at ``max_distance``."""
+
+    kind: ClassVar[str] = "qm9"
+    legacy_recipes: ClassVar[tuple[str, ...]] = ("graph",)
+    source: str = "qm9"
+    target: str = "homo_lumo_gap"
+    seed: int = 0
+    train_size: int = 110_000
+    val_size: int = 10_000
+    test_size: int = 0
+    pe_dim: int = 8
+    max_distance: int = 8
+
+    def __post_init__(self):
+        if self.target not in TARGETS:
+            raise DataError(f"unknown QM9 target {self.target!r}; one of: {', '.join(TARGETS)}")
+
+    @classmethod
+    def from_legacy(cls, data, settings):
+        return cls.from_settings(data, settings) if is_qm9(data) else None
+
+    def molecules(self) -> Molecules:
+        return load_qm9(None if self.source == "qm9" else self.source)
+
+    def split(self, mols: Molecules) -> tuple[Tensor, Tensor, Tensor]:
+        """``(train, val, test)`` molecule indices."""
+        tr, va, te = split_indices(len(mols), self.seed, self.train_size, self.val_size)
+        return tr, va, te[: self.test_size] if self.test_size > 0 else te
+
+    def targets(self, mols: Molecules) -> Tensor:
+        """The target of every molecule ``(M, 1)``, in the reported unit."""
+        return torch.from_numpy(mols.y[self.target]).float()[:, None]
+
+    def collate(self, mols: Molecules, index: Tensor) -> GraphBatch:
+        return molecule_batch(mols, index.numpy(), pe_dim=self.pe_dim, max_distance=self.max_distance)
+
+    def held_out(self) -> tuple[GraphBatch, Tensor]:
+        """The test molecules, collated, and their targets ``(n, 1)``."""
+        mols = self.molecules()
+        te = self.split(mols)[2]
+        return self.collate(mols, te), self.targets(mols)[te]

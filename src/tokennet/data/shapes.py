@@ -20,19 +20,23 @@ not new words.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from ..errors import ConfigError
+from .spec import DataSpec, register_data
 
 __all__ = [
+    "ShapeScenes",
     "IMAGE_SIZE",
     "GRID",
     "SIZES",
@@ -219,3 +223,30 @@ class ShapeCaptions:
                                split_seed=self.split_seed, fraction=self.fraction)
         tgt_in, tgt_out = encode_captions([caption(s) for s in scenes], self.tokenizer, self.tokenizer.pad_id)
         return (images_of(scenes), tgt_in), tgt_out
+
+
+@register_data
+@dataclasses.dataclass
+class ShapeScenes(DataSpec):
+    """The captioning data: generated scenes split by combination of object kinds (``seed``,
+    ``held_out_fraction``), and the sizes of the held-out validation and test sets."""
+
+    kind: ClassVar[str] = "shapes"
+    legacy_recipes: ClassVar[tuple[str, ...]] = ("caption",)
+    seed: int = 0
+    held_out_fraction: float = 0.2
+    test_size: int = 1000
+    val_size: int = 250
+
+    def __post_init__(self):
+        if not 0 < self.held_out_fraction < 1 or self.test_size < 1 or self.val_size < 1:
+            raise ConfigError("held_out_fraction must be in (0, 1); test_size and val_size >= 1")
+
+    def val_scenes(self) -> list[Scene]:
+        """Validation scenes: held-out combinations too, a different draw from the test set."""
+        return sample_scenes(self.val_size, f"val-{self.seed}", held_out=True, split_seed=self.seed,
+                             fraction=self.held_out_fraction)
+
+    def held_out(self) -> list[Scene]:
+        """The test scenes, whose combinations training never sees."""
+        return held_out_scenes(self.seed, self.test_size, self.held_out_fraction)

@@ -16,14 +16,21 @@ A rotation ``R`` gives the signal ``f_R(p) = f(Rᵀ p)``, sampled at the same po
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..errors import DataError
+from .spec import DataSpec, register_data
+
 __all__ = ["random_rotations", "project_images", "equirectangular_points", "SphereImages", "projected_set",
-           "rotation_seed"]
+           "rotation_seed", "SphereProjection", "TEST_SEED"]
+
+TEST_SEED = 7919  # the rotations of the rotated test set: fixed, so every run and `tokennet eval` agree
 
 
 def rotation_seed(*parts: int) -> int:
@@ -117,3 +124,63 @@ class SphereImages:
         if self.shape is not None:
             x = x.reshape(self.batch_size, *self.shape)
         return x, self.labels[idx]
+
+
+@register_data
+@dataclasses.dataclass
+class SphereProjection(DataSpec):
+    """Images (``source``: digits or Fashion-MNIST, as for ``vit``) projected onto the northern hemisphere with
+    ``extent`` (see the module docstring), trained unrotated or under fresh rotations (``train_rotated``). The
+    last ``val_size`` training images validate; the test set is the first ``test_size`` test images (0: all),
+    unrotated and under the fixed rotations of :data:`TEST_SEED`."""
+
+    kind: ClassVar[str] = "sphere-images"
+    legacy_recipes: ClassVar[tuple[str, ...]] = ("sphere",)
+    source: str = "digits"
+    val_size: int = 100
+    test_size: int = 0
+    extent: float = 0.7
+    train_rotated: bool = False
+
+    def __post_init__(self):
+        if not self.extent > 0:
+            raise DataError(f"extent must be positive, got {self.extent}")
+        if self.test_size < 0:
+            raise DataError("test_size must be >= 0 (0: the whole test split)")
+
+    @classmethod
+    def from_legacy(cls, data, settings) -> SphereProjection:
+        return cls(source=data if data not in (None, "") else "digits", val_size=settings.get("val_size", 100),
+                   test_size=settings.get("test_size", 0), extent=settings.get("extent", 0.7),
+                   train_rotated=settings.get("train_rotated", False))
+
+    def images(self):
+        """The flat images (:class:`~tokennet.data.vision_data.VisionData`); 1-D signals are refused."""
+        from .vision_data import dataset_kind, load_dataset
+
+        if dataset_kind(self.source) == "mnist1d":
+            raise DataError("the sphere recipe projects images: use digits (default), fashion-mnist or a directory "
+                            "of Fashion-MNIST idx files")
+        return load_dataset(self.source)
+
+    def split(self):
+        """``((x, y) train, (x, y) validation, (x, y) test)`` of the flat images."""
+        vd = self.images()
+        n_val = self.val_size
+        if not 1 <= n_val < len(vd.y_train):
+            raise DataError(f"val_size must be in 1..{len(vd.y_train) - 1}, got {n_val}")
+        test_n = self.test_size if self.test_size > 0 else len(vd.y_test)
+        return ((vd.x_train[:-n_val], vd.y_train[:-n_val]), (vd.x_train[-n_val:], vd.y_train[-n_val:]),
+                (vd.x_test[:test_n], vd.y_test[:test_n]))
+
+    def project(self, images: Tensor, points: Tensor, *, rotate: bool = False, seed: int = TEST_SEED) -> Tensor:
+        """Images ``(B, C, H, W)`` as signals ``(B, C, P)`` at ``points``, as this data projects them."""
+        return projected_set(images, points, rotate=rotate, seed=seed, extent=self.extent)
+
+    def held_out(self, points: Tensor, shape: tuple[int, ...] | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """``(unrotated signals, rotated signals, labels)`` of the test images at ``points``."""
+        _, _, (x, y) = self.split()
+        nr, r = self.project(x, points), self.project(x, points, rotate=True)
+        if shape is not None:
+            nr, r = nr.reshape(len(nr), *shape), r.reshape(len(r), *shape)
+        return nr, r, y

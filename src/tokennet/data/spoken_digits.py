@@ -29,6 +29,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -36,9 +37,10 @@ from torch import Tensor
 
 from ..errors import DataError
 from ..tokens.audio import SILENCE, load_audio, resample
+from .spec import DataSpec, register_data
 
 __all__ = ["AudioSet", "DIGITS", "ACCENTS", "VARIANTS", "synthesize_spoken_digits", "load_spoken_digits",
-           "load_label_dir", "load_audio_dataset", "espeak_synth", "cache_dir", "DEFAULT_DATA"]
+           "load_label_dir", "load_audio_dataset", "espeak_synth", "cache_dir", "DEFAULT_DATA", "SpokenWords"]
 
 log = logging.getLogger(__name__)
 
@@ -242,3 +244,41 @@ def load_audio_dataset(data: str | None, *, seed: int = 0, per_voice: int = 3, t
                             "clip_samples=16000, or pass --data DIR")
         return load_spoken_digits(synthesize_spoken_digits(seed=seed, per_voice=per_voice, test_voices=test_voices))
     return load_label_dir(data, sample_rate=sample_rate, clip_samples=clip_samples, seed=seed)
+
+
+@register_data
+@dataclass
+class SpokenWords(DataSpec):
+    """An audio classification dataset: the generated spoken digits (``source="spoken-digits"``: ``per_voice``
+    takes of each digit per voice, ``test_voices`` whole voices held out, drawn by ``seed``) or a directory
+    of ``LABEL/*.wav`` (``source`` its path), read at the model's ``sample_rate`` as clips of at most
+    ``clip_samples``. ``labels`` — the class names — come from the data when training starts."""
+
+    kind: ClassVar[str] = "spoken-words"
+    legacy_recipes: ClassVar[tuple[str, ...]] = ("audio",)
+    derived: ClassVar[tuple[str, ...]] = ("labels",)
+    source: str = DEFAULT_DATA
+    seed: int = 0
+    per_voice: int = 3
+    test_voices: int = 20
+    sample_rate: int = 16000
+    clip_samples: int = 16000
+    labels: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_legacy(cls, data, settings) -> SpokenWords:
+        names = settings.get("class_names") or ""
+        return cls(source=data if data not in (None, "") else DEFAULT_DATA, seed=settings.get("seed", 0),
+                   per_voice=settings.get("per_voice", 3), test_voices=settings.get("test_voices", 20),
+                   sample_rate=settings.get("sample_rate", 16000), clip_samples=settings.get("clip_samples", 16000),
+                   labels=names.split(",") if names else [])
+
+    def load(self) -> AudioSet:
+        """The clips (synthesized once and cached, or read from the directory)."""
+        return load_audio_dataset(None if self.source == DEFAULT_DATA else self.source, seed=self.seed,
+                                  per_voice=self.per_voice, test_voices=self.test_voices,
+                                  sample_rate=self.sample_rate, clip_samples=self.clip_samples)
+
+    def held_out(self) -> AudioSet:
+        """The dataset, whose ``x_test``/``y_test`` (and ``test_voices``) are the held-out clips."""
+        return self.load()

@@ -1,24 +1,42 @@
-"""Text corpora: the embedded default, user files (file, directory or glob), LM batches.
+"""Text corpora: the embedded ones, user files (file, directory or glob), the language-model split, LM batches.
 
-The embedded default is real English text that every Python installation has: the topics of the
-Python language reference that ship with CPython for ``help()`` (``pydoc_data.topics``), about 0.46 MB.
+Two corpora are embedded, so a fresh machine trains on real text with no download:
+
+- ``shakespeare``: Tiny Shakespeare (1.1 MB, 40,000 lines of the plays; public domain), the corpus of
+  char-rnn's and nanoGPT's character-level examples, shipped gzipped in the package (``corpora/``);
+- ``python-docs``: the topics of the Python language reference that ship with CPython for ``help()``
+  (``pydoc_data.topics``), about 0.46 MB of English prose with code.
+
+:class:`TextCorpus` is the data spec of the language-model recipes: which corpus, and the split — the
+last ``val_fraction`` of the token stream (at least one block) validates, the rest trains.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 from torch import Tensor
 
 from ..errors import DataError
+from .spec import DataSpec, register_data
 
-__all__ = ["embedded_corpus", "read_corpus", "LMBatches", "DataError", "TEXT_SUFFIXES"]
+__all__ = ["embedded_corpus", "read_corpus", "LMBatches", "DataError", "TEXT_SUFFIXES", "TextCorpus", "CORPORA",
+           "shakespeare"]
 
 TEXT_SUFFIXES = {".txt", ".md", ".rst", ".text", ".py", ".csv", ".tsv", ".json", ".jsonl", ".tex", ".html", ""}
 
+
+
+def shakespeare() -> str:
+    """Tiny Shakespeare, the embedded copy (``corpora/tinyshakespeare.txt.gz``)."""
+    import gzip
+
+    return gzip.decompress((Path(__file__).parent / "corpora" / "tinyshakespeare.txt.gz").read_bytes()).decode("utf-8")
 
 
 def embedded_corpus() -> str:
@@ -109,3 +127,48 @@ class LMBatches:
     def eval_batches(self, n: int) -> list[tuple[Tensor, Tensor]]:
         """``n`` fixed batches (the same in every call), for a stable validation loss."""
         return [self.batch(-(i + 1)) for i in range(n)]
+
+
+# The embedded corpora by name (``--data shakespeare``); anything else is a path, a directory or a glob.
+CORPORA = {"shakespeare": shakespeare, "python-docs": embedded_corpus}
+
+
+@register_data
+@dataclasses.dataclass
+class TextCorpus(DataSpec):
+    """A language model's data: a corpus (an embedded one by name, or a file, directory or glob) and its split.
+
+    The split is by tokens, so it needs the tokenizer: the last ``max(⌊n · val_fraction⌋, block_size + 1)``
+    of the ``n`` token ids validate, the rest train (:meth:`split`).
+    """
+
+    kind: ClassVar[str] = "text"
+    legacy_recipes: ClassVar[tuple[str, ...]] = ("gpt", "gpt-char")
+    source: str = "python-docs"
+    val_fraction: float = 0.1
+
+    def __post_init__(self):
+        if not 0 < self.val_fraction < 1:
+            raise DataError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
+
+    @classmethod
+    def from_legacy(cls, data, settings) -> TextCorpus:
+        # Before the spec, no --data meant the Python docs (the default of both recipes then).
+        return cls(source=data if data not in (None, "", "embedded") else "python-docs",
+                   val_fraction=settings.get("val_fraction", 0.1))
+
+    def read(self) -> str:
+        """The corpus text."""
+        if self.source in CORPORA:
+            return CORPORA[self.source]()
+        return read_corpus(self.source)
+
+    def split(self, ids: Tensor, block_size: int) -> tuple[Tensor, Tensor]:
+        """``(train ids, validation ids)`` of a token stream: validation is its tail, at least one block + 1."""
+        n_val = max(int(len(ids) * self.val_fraction), block_size + 1)
+        return ids[:-n_val], ids[-n_val:]
+
+    def held_out(self, tokenizer, block_size: int) -> Tensor:
+        """The validation token ids of this corpus under ``tokenizer``."""
+        ids = torch.tensor(tokenizer.encode(self.read()), dtype=torch.long)
+        return self.split(ids, block_size)[1]

@@ -15,16 +15,19 @@ what a ``--data`` value names.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from .idx import read_idx
+from .spec import DataSpec, register_data
 from .text import DataError
 
 __all__ = [
@@ -39,6 +42,7 @@ __all__ = [
     "DATASETS",
     "dataset_kind",
     "load_dataset",
+    "ImageDataset",
 ]
 
 FASHION_MNIST_DIRS = ("/usr/share/datasets/fashion-mnist",)
@@ -245,3 +249,26 @@ def load_dataset(spec: str | None) -> VisionData:
         return load_mnist1d()
     low = str(spec).lower().replace("_", "-") if spec else ""
     return load_fashion_mnist(None if low in ("fashion-mnist", "fashion", "fashionmnist") else spec)
+
+
+@register_data
+@dataclasses.dataclass
+class ImageDataset(DataSpec):
+    """An image (or 1-D signal) classification dataset: ``source`` is what ``--data`` names (see
+    :func:`dataset_kind`); its own train/test split is the split (the test split is the held-out set)."""
+
+    kind: ClassVar[str] = "images"
+    legacy_recipes: ClassVar[tuple[str, ...]] = ("vit",)
+    source: str = "digits"
+
+    @classmethod
+    def from_legacy(cls, data, settings) -> ImageDataset:  # noqa: ARG003
+        return cls(source=data if data not in (None, "") else "digits")
+
+    def load(self) -> VisionData:
+        """The dataset (loaded once per process)."""
+        return load_dataset(self.source)
+
+    def held_out(self) -> VisionData:
+        """The dataset, whose ``x_test``/``y_test`` are the held-out inputs and labels."""
+        return self.load()

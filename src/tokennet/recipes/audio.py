@@ -42,37 +42,21 @@ import numpy as np
 import torch
 
 from ..data.image_batches import ImageBatches
-from ..data.spoken_digits import AudioSet, load_audio_dataset
+from ..data.spoken_digits import AudioSet, SpokenWords
 from ..errors import DataError
+from ..lifecycle import BuildContext, Job, Recipe, register_recipe
 from ..models.registry import create_model
 from ..tokens.audio import LogMelSpectrogram
-from .base import Job, Recipe, register_recipe
 
-__all__ = ["load_audio_data", "mfcc_stats", "mfcc_baseline"]
+__all__ = ["mfcc_stats", "mfcc_baseline"]
 
 log = logging.getLogger(__name__)
 
-# class_names: filled in from the data (comma-separated), for printing predictions; not a knob.
-_OPTIONS = {"per_voice": 3, "test_voices": 20, "baseline": True, "eval_batch_size": 200, "num_mfcc": 13,
-            "class_names": ""}
+_OPTIONS = {"baseline": True, "eval_batch_size": 200, "num_mfcc": 13}
 # 600 steps: 100% on the held-out voices (measured, see the module docstring); time_budget caps the training
 # time on slower machines (the cosine schedule then follows the clock).
 _TRAIN_DEFAULTS = {"max_iters": 600, "time_budget": 270.0, "batch_size": 64, "lr": 2e-3, "warmup_iters": 100,
                    "weight_decay": 0.05, "beta2": 0.99, "eval_interval": 200, "log_interval": 50}
-
-
-def load_audio_data(data: str | None, settings: dict[str, Any]) -> AudioSet:
-    """The recipe's data (see :func:`~tokennet.data.spoken_digits.load_audio_dataset`)."""
-    return load_audio_dataset(data, seed=settings["seed"], per_voice=settings["per_voice"],
-                              test_voices=settings["test_voices"], sample_rate=settings["sample_rate"],
-                              clip_samples=settings["clip_samples"])
-
-
-def _model_fields(settings: dict[str, Any]) -> dict[str, Any]:
-    from ..models.ast import ASTConfig
-
-    names = {f for f in ASTConfig.__dataclass_fields__ if f not in ("family", "image_size")}
-    return {k: v for k, v in settings.items() if k in names}
 
 
 def mfcc_stats(x: torch.Tensor, spec: LogMelSpectrogram, num_mfcc: int = 13, batch: int = 500) -> np.ndarray:
@@ -141,15 +125,15 @@ def _by_voice(ds: AudioSet, pred: np.ndarray) -> dict[str, float]:
     return {v: round(float(ok[voices == v].mean()), 4) for v in sorted(set(ds.test_voices))}
 
 
-def _metrics(model, ds: AudioSet, settings: dict[str, Any]) -> dict[str, Any]:
+def _metrics(model, ds: AudioSet, options: dict[str, Any]) -> dict[str, Any]:
     """Everything measured on the test split: the model, per voice, and the baseline (what eval recomputes)."""
-    m, pred = _evaluate(model, ds, settings["eval_batch_size"])
+    m, pred = _evaluate(model, ds, options["eval_batch_size"])
     out: dict[str, Any] = {**m, "dataset": ds.name, "train_size": len(ds.y_train), "test_size": len(ds.y_test)}
     if ds.test_voices:
         out["accuracy_by_voice"] = _by_voice(ds, pred)
-    if settings["baseline"]:
+    if options["baseline"]:
         spec = model.spectrogram.cpu()
-        acc, bpred, desc = mfcc_baseline(ds, spec, settings["num_mfcc"])
+        acc, bpred, desc = mfcc_baseline(ds, spec, options["num_mfcc"])
         model.spectrogram.to(next(model.parameters()).device)
         out.update({"baseline_accuracy": acc, "baseline": desc})
         if ds.test_voices:
@@ -157,15 +141,13 @@ def _metrics(model, ds: AudioSet, settings: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def build(*, settings, model_overrides, train, options, data, device, out_dir) -> Job:  # noqa: ARG001
-    ds = load_audio_data(data, settings)
+def build(ctx: BuildContext) -> Job:
+    ds = ctx.data.load()
+    train, device, options = ctx.train, ctx.device, ctx.options
     torch.manual_seed(train.seed)
-    fields = _model_fields(settings)
-    fields["num_classes"] = ds.num_classes
-    model = create_model("ast", **fields)
-    settings["num_classes"] = ds.num_classes
-    settings["class_names"] = ",".join(ds.labels)
-    feats = spectrograms(model, ds.x_train, settings["eval_batch_size"])  # (N, 1, mels, frames), once
+    ctx.from_data("num_classes", ds.num_classes)
+    model = create_model("ast", **{k: v for k, v in ctx.model.items() if k != "image_size"})
+    feats = spectrograms(model, ds.x_train, options["eval_batch_size"])  # (N, 1, mels, frames), once
     src = ImageBatches(feats, ds.y_train, train.batch_size, seed=train.seed, num_classes=ds.num_classes)
     c = model.config
     log.info("%s: %d train / %d test clips, %d classes; AST %.3fM parameters, spectrogram %d×%d, %d tokens, "
@@ -173,26 +155,44 @@ def build(*, settings, model_overrides, train, options, data, device, out_dir) -
              model.num_parameters() / 1e6, c.n_mels, c.num_frames, c.grid[0] * c.grid[1] + c.num_prefix,
              src.steps_per_epoch)
 
-    test_feats = spectrograms(model, ds.x_test, settings["eval_batch_size"])
+    test_feats = spectrograms(model, ds.x_test, options["eval_batch_size"])
 
     def evaluate(m) -> dict[str, float]:
-        return _evaluate(m, ds, settings["eval_batch_size"], test_feats)[0]
+        return _evaluate(m, ds, options["eval_batch_size"], test_feats)[0]
 
-    def finish(m) -> dict[str, Any]:
-        return {**_metrics(m, ds, settings), "epochs": round((src.max_index + 1) / src.steps_per_epoch, 2)}
+    def finish(m) -> dict[str, Any]:  # noqa: ARG001
+        return {"epochs": round((src.max_index + 1) / src.steps_per_epoch, 2)}
 
     return Job(model=model.to(device), source=src, evaluate=evaluate, tokens_per_batch=train.batch_size,
-               finish=finish)
+               finish=finish, data=ctx.data.replace(labels=list(ds.labels)))
 
 
 def evaluate_run(run, data) -> dict[str, Any]:
     """``tokennet eval``: the run's test metrics recomputed from the saved model (and the baseline refitted)."""
-    settings = {**run.settings, **{k: getattr(run.model.config, k) for k in ("sample_rate", "clip_samples")}}
-    ds = load_audio_data(data if data is not None else run.data, settings)
+    spec = run.data if data is None else run.data.replace(source=data)
+    ds = spec.held_out()
     if ds.num_classes != run.model.config.num_classes:
         raise DataError(f"{run.path} was trained on {run.model.config.num_classes} classes, but the data has "
                         f"{ds.num_classes}; evaluate it on data like its own")
-    return _metrics(run.model, ds, settings)
+    opts = {k: run.settings.get(k, v) for k, v in _OPTIONS.items()}
+    return _metrics(run.model, ds, opts)
+
+
+def smoke_data(directory) -> str:
+    """A tiny ``LABEL/*.wav`` set (two synthetic tones per label pitch, 0.5 s at 8 kHz) for the registry tests."""
+    from pathlib import Path
+
+    from scipy.io import wavfile
+
+    root = Path(directory) / "tones"
+    rng = np.random.default_rng(0)
+    for label, hz in (("low", 300.0), ("high", 1200.0)):
+        (root / label).mkdir(parents=True, exist_ok=True)
+        for i in range(6):
+            t = np.arange(4000) / 8000
+            wave = np.sin(2 * np.pi * hz * (1 + 0.02 * i) * t) * 0.5 + rng.normal(0, 0.01, t.shape)
+            wavfile.write(root / label / f"{i:03d}.wav", 8000, (wave * 32767).astype(np.int16))
+    return str(root)
 
 
 RECIPE = register_recipe(Recipe(
@@ -200,8 +200,12 @@ RECIPE = register_recipe(Recipe(
     description="AST on spoken digits (espeak-ng voices, held-out voices; vs MFCC + SVM), or --data DIR of LABEL/*.wav",
     model="ast-digits",
     build=build,
+    data=SpokenWords,
     options=dict(_OPTIONS),
     model_defaults={},
     train_defaults=dict(_TRAIN_DEFAULTS),
     evaluate_run=evaluate_run,
+    smoke={"dim": 32, "num_layers": 1, "num_heads": 2, "batch_size": 8, "n_mels": 16, "clip_samples": 8000,
+           "sample_rate": 8000, "baseline": False},
+    smoke_data=smoke_data,
 ))

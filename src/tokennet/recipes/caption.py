@@ -22,21 +22,12 @@ from typing import Any
 
 import torch
 
-from ..data.shapes import (
-    IMAGE_SIZE,
-    ShapeCaptions,
-    caption,
-    caption_corpus,
-    encode_captions,
-    held_out_scenes,
-    images_of,
-    sample_scenes,
-)
+from ..data.shapes import IMAGE_SIZE, ShapeCaptions, ShapeScenes, caption, caption_corpus, encode_captions, images_of
+from ..errors import RecipeError
+from ..lifecycle import BuildContext, Job, Recipe, register_recipe
 from ..models.registry import create_model
-from ..run import read_tokenizer
 from ..tasks.captioning import caption_images
 from ..tokens.text import train_tokenizer
-from .base import Job, Recipe, RecipeError, register_recipe
 
 __all__ = ["FORMS"]
 
@@ -44,11 +35,6 @@ log = logging.getLogger(__name__)
 
 FORMS = {"encoder-decoder": "captioner-small", "decoder-only": "captioner-prefix-small"}
 TOKENIZER_VOCAB = 320
-
-
-def _test_scenes(settings: dict[str, Any]):
-    """The held-out test scenes of a run's settings."""
-    return held_out_scenes(settings["seed"], settings["test_size"], settings["held_out_fraction"])
 
 
 def _evaluate(model, tok, scenes, beam_size: int) -> dict[str, Any]:
@@ -75,25 +61,24 @@ def _evaluate(model, tok, scenes, beam_size: int) -> dict[str, Any]:
     }
 
 
-def build(*, settings, model_overrides, train, options, data, device, out_dir) -> Job:
-    if data not in (None, "", "embedded"):
+def build(ctx: BuildContext) -> Job:
+    if ctx.source not in (None, "", "embedded"):
         raise RecipeError("the caption recipe trains on its embedded shapes generator; it takes no data "
                           "(leave data unset)")
+    options, train, spec = ctx.options, ctx.train, ctx.data
     form = options["form"]
     if form not in FORMS:
         raise RecipeError(f"form must be one of {', '.join(FORMS)}, got {form!r}")
-    if model_overrides.get("image_size", IMAGE_SIZE) != IMAGE_SIZE or model_overrides.get("in_channels", 3) != 3:
-        raise RecipeError(f"the shapes generator draws 3×{IMAGE_SIZE}×{IMAGE_SIZE} images; keep image_size="
-                          f"{IMAGE_SIZE} and in_channels=3")
-    if not 0 < options["held_out_fraction"] < 1 or options["test_size"] < 1 or options["val_size"] < 1:
-        raise RecipeError("held_out_fraction must be in (0, 1); test_size and val_size >= 1")
-    tok = read_tokenizer(out_dir) or train_tokenizer("bpe", caption_corpus(), vocab_size=TOKENIZER_VOCAB)
-    ids = dict(vocab_size=tok.vocab_size, pad_id=tok.pad_id, bos_id=tok.bos_id, eos_id=tok.eos_id)
-    model = create_model(FORMS[form], **{**model_overrides, **ids})
-    seed, frac = train.seed, options["held_out_fraction"]
+    ctx.from_data("image_size", IMAGE_SIZE)  # the generator draws 3 × 48 × 48 images
+    ctx.from_data("in_channels", 3)
+    tok = ctx.tokenizer or train_tokenizer("bpe", caption_corpus(), vocab_size=TOKENIZER_VOCAB)
+    for k in ("vocab_size", "pad_id", "bos_id", "eos_id"):
+        ctx.from_data(k, getattr(tok, k))
+    model = create_model(FORMS[form], **ctx.model)
+    seed, frac = spec.seed, spec.held_out_fraction
     src = ShapeCaptions(tok, train.batch_size, seed=seed, split_seed=seed, fraction=frac)
     # Validation: held-out combinations too (a different draw from the test set), for monitoring only.
-    val = sample_scenes(options["val_size"], f"val-{seed}", held_out=True, split_seed=seed, fraction=frac)
+    val = spec.val_scenes()
     val_images = images_of(val)
     val_in, val_out = encode_captions([caption(s) for s in val], tok, tok.pad_id)
     val_refs = [caption(s) for s in val]
@@ -108,12 +93,10 @@ def build(*, settings, model_overrides, train, options, data, device, out_dir) -
         em = 100.0 * sum(h == r for h, r in zip(hyps, val_refs, strict=True)) / len(val_refs)
         return {"val_loss": loss, "val_exact_match": em}
 
-    def finish(m) -> dict[str, Any]:
-        m.eval()
-        s = {**settings, "seed": seed}
-        return {"form": form, **_evaluate(m, tok, _test_scenes(s), options["beam_size"])}
+    def finish(m) -> dict[str, Any]:  # noqa: ARG001
+        return {"form": form}
 
-    return Job(model=model.to(device), source=src, evaluate=evaluate, tokens_per_batch=train.batch_size,
+    return Job(model=model.to(ctx.device), source=src, evaluate=evaluate, tokens_per_batch=train.batch_size,
                tokenizer=tok, finish=finish)
 
 
@@ -121,8 +104,7 @@ def evaluate_run(run, data) -> dict[str, Any]:
     """``tokennet eval``: exact caption match on the run's held-out test scenes."""
     if data is not None:
         raise RecipeError("the caption recipe evaluates on its embedded held-out scenes; it takes no other data")
-    s = run.settings
-    return _evaluate(run.model, run.tokenizer, _test_scenes(s), s["beam_size"])
+    return _evaluate(run.model, run.tokenizer, run.data.held_out(), run.settings["beam_size"])
 
 
 register_recipe(Recipe(
@@ -131,10 +113,12 @@ register_recipe(Recipe(
     "prefix-mask form",
     model="captioner-small",
     build=build,
-    options={"form": "encoder-decoder", "held_out_fraction": 0.2, "test_size": 1000, "val_size": 250,
-             "beam_size": 1},
+    data=ShapeScenes,
+    options={"form": "encoder-decoder", "beam_size": 1},
     model_defaults={"dim": 128, "num_layers": 2, "num_heads": 4, "dropout": 0.0},
     train_defaults={"max_iters": 4000, "batch_size": 64, "lr": 2e-3, "warmup_iters": 100, "eval_interval": 500,
                     "weight_decay": 0.05},
     evaluate_run=evaluate_run,
+    variants={"decoder-only": {"form": "decoder-only"}},
+    smoke={"dim": 32, "num_layers": 1, "num_heads": 2, "batch_size": 16, "test_size": 24, "val_size": 8},
 ))

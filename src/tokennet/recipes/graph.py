@@ -21,7 +21,8 @@ predictor and a linear model on atom-type counts.
 
 Measured (``python bench/graph.py --qm9``, the profile's defaults, 2 threads, idle 2-core AMD EPYC, torch
 2.13): 20 minutes, 10,776 steps, test MAE 0.1311 eV on 10,831 molecules (baselines: mean 1.0889, linear
-on atom counts 0.8101). With AdamW instead of Muon (the profile before; measured at the previous stop) it reached 0.1744 eV.
+on atom counts 0.8101). With AdamW instead of Muon (the profile before; measured at the previous stop) it
+reached 0.1744 eV.
 """
 
 from __future__ import annotations
@@ -31,11 +32,12 @@ from typing import Any
 
 import torch
 
-from ..data.graphs import MarkedDistanceGraphs, marked_distance_set
+from ..data.graphs import MarkedDistance
+from ..data.qm9 import QM9Targets, is_qm9
 from ..errors import DataError, RecipeError
+from ..lifecycle import BuildContext, Job, Recipe, register_recipe
 from ..models.registry import create_model
 from ..train.trainer import Trainer
-from .base import Job, Recipe, register_recipe
 
 __all__ = ["VARIANTS", "evaluate_graphs"]
 
@@ -65,25 +67,11 @@ def evaluate_graphs(model, batch, labels, batch_size: int = 500) -> dict[str, fl
     return {"test_accuracy": correct / max(1, n), "test_loss": loss / max(1, n)}
 
 
-def _sets(settings: dict[str, Any]):
-    kw = dict(pe_dim=settings["pe_dim"], max_distance=settings["num_outputs"],
-              graph_max_distance=settings["max_distance"])
-    seed = settings["seed"]
-    return (marked_distance_set(settings["val_size"], f"val-{seed}", **kw),
-            marked_distance_set(settings["test_size"], f"test-{seed}", **kw), kw)
-
-
-def _is_qm9(data) -> bool:
-    from pathlib import Path
-
-    return data == "qm9" or (data not in (None, "", "embedded") and (Path(data) / "qm9_part1.csv").is_file())
-
-
 def data_defaults(data) -> dict[str, Any]:
     """QM9's profile (molecule regression) replaces the generated task's defaults; other data: none."""
     if data in (None, "", "embedded"):
         return {}
-    if not _is_qm9(data):
+    if not is_qm9(data):
         raise DataError(f"the graph recipe takes its embedded generator or QM9 (qm9, or a directory with "
                         f"qm9_part1..3.csv), got {data!r}")
     return {"node_features": 5, "task": "regress", "num_outputs": 1, "attention": "distance-3d",
@@ -93,23 +81,6 @@ def data_defaults(data) -> dict[str, Any]:
             # Muon for the hidden matrices (AdamW at lr for the rest): validation MAE 0.182 eV against
             # AdamW's 0.584 after 2000 steps each (one thread)
             "optimizer": "muon"}
-
-
-def _qm9_sets(settings: dict[str, Any], data):
-    from ..data.qm9 import TARGETS, load_qm9, molecule_batch, split_indices
-
-    target = settings["target"]
-    if target not in TARGETS:
-        raise RecipeError(f"unknown QM9 target {target!r}; one of: {', '.join(TARGETS)}")
-    mols = load_qm9(None if data == "qm9" else data)
-    tr, va, te = split_indices(len(mols), settings["seed"], settings["train_size"], settings["val_size"])
-    if settings["test_size"] > 0:
-        te = te[: settings["test_size"]]
-    kw = dict(pe_dim=settings["pe_dim"], max_distance=settings["max_distance"])
-    y = torch.from_numpy(mols.y[target]).float()[:, None]
-    val = (molecule_batch(mols, va.numpy(), **kw), y[va])
-    test = (molecule_batch(mols, te.numpy(), **kw), y[te])
-    return mols, (tr, va, te), kw, y, val, test
 
 
 @torch.no_grad()
@@ -146,42 +117,53 @@ def _baselines(mols, tr, te, y) -> dict[str, float]:
             "baseline_linear_counts_mae": float(np.abs(X[te.numpy()] @ w - yt[te.numpy()]).mean())}
 
 
-def _build_qm9(settings, model_overrides, train, options, data, device) -> Job:
+def _build_qm9(ctx: BuildContext, spec: QM9Targets) -> Job:
     from ..data.qm9 import MoleculeBatches
 
-    mols, (tr, _, te), kw, y, (val, val_y), (test, test_y) = _qm9_sets(settings, data)
-    over = {**model_overrides, "task": "regress", "num_outputs": 1, "target_mean": float(y[tr].mean()),
+    train = ctx.train
+    mols = spec.molecules()
+    tr, va, te = spec.split(mols)
+    y = spec.targets(mols)
+    val, val_y = spec.collate(mols, va), y[va]
+    over = {**ctx.model, "task": "regress", "num_outputs": 1, "target_mean": float(y[tr].mean()),
             "target_std": float(y[tr].std())}
     torch.manual_seed(train.seed)
     model = create_model("graph-small", **over)
-    src = MoleculeBatches(mols, tr, train.batch_size, options["target"], seed=train.seed, **kw)
-    log.info("qm9: %d train / %d val / %d test molecules, target %s; %.3fM parameters", len(tr), len(val_y),
-             len(test_y), options["target"], model.num_parameters() / 1e6)
+    src = MoleculeBatches(mols, tr, train.batch_size, spec.target, seed=train.seed, pe_dim=spec.pe_dim,
+                          max_distance=spec.max_distance)
+    log.info("qm9: %d train / %d val / %d test molecules, target %s; %.3fM parameters", len(tr), len(va), len(te),
+             spec.target, model.num_parameters() / 1e6)
 
     def evaluate(m) -> dict[str, float]:
         mae = evaluate_regression(m, val, val_y)
-        return {"val_loss": mae / m.config.target_std, **_mae_metrics(mae, options["target"], "val")}
+        return {"val_loss": mae / m.config.target_std, **_mae_metrics(mae, spec.target, "val")}
 
-    def finish(m) -> dict[str, Any]:
-        mae = evaluate_regression(m, test, test_y)
-        return {"target": options["target"], **_mae_metrics(mae, options["target"]), "test_size": len(test_y),
-                "train_size": len(tr), **_baselines(mols, tr, te, y)}
+    def finish(m) -> dict[str, Any]:  # noqa: ARG001
+        return {"target": spec.target, "train_size": len(tr), **_baselines(mols, tr, te, y)}
 
-    return Job(model=model.to(device), source=src, evaluate=evaluate, tokens_per_batch=train.batch_size,
-               finish=finish)
+    return Job(model=model.to(ctx.device), source=src, evaluate=evaluate, tokens_per_batch=train.batch_size,
+               finish=finish, data=spec)
 
 
-def build(*, settings, model_overrides, train, options, data, device, out_dir) -> Job:  # noqa: ARG001
-    if _is_qm9(data):
-        return _build_qm9(settings, model_overrides, train, options, data, device)
-    if data not in (None, "", "embedded"):
-        data_defaults(data)  # the one-line error naming what the recipe takes
-    if options["test_size"] < 1 or options["val_size"] < 1:
-        raise RecipeError("test_size and val_size must be >= 1")
-    (val, val_y), (test, test_y), kw = _sets(settings)
+def make_data(source: str | None, settings: dict[str, Any]):
+    """The generated task's spec, or QM9's, by ``--data`` (the recipe's declared spec is the generated task's)."""
+    if is_qm9(source):
+        return QM9Targets.from_settings(source, settings)
+    if source not in (None, "", "embedded"):
+        data_defaults(source)  # the one-line error naming what the recipe takes
+    return MarkedDistance.from_settings(None, settings)
+
+
+def build(ctx: BuildContext) -> Job:
+    spec = ctx.data
+    if isinstance(spec, QM9Targets):
+        return _build_qm9(ctx, spec)
+    train, model_overrides, device, options = ctx.train, ctx.model, ctx.device, ctx.options
+    val, val_y = spec.val()
+    test, test_y = spec.held_out()
     torch.manual_seed(train.seed)
     model = create_model("graph-small", **model_overrides)
-    src = MarkedDistanceGraphs(train.batch_size, seed=train.seed, **kw)
+    src = spec.train_source(train.batch_size)
     log.info("graph: %s attention, %s positions, %.3fM parameters", model.config.attention, model.config.position,
              model.num_parameters() / 1e6)
 
@@ -190,16 +172,16 @@ def build(*, settings, model_overrides, train, options, data, device, out_dir) -
         return {"val_accuracy": r["test_accuracy"], "val_loss": r["test_loss"]}
 
     def finish(m) -> dict[str, Any]:
-        out: dict[str, Any] = {**evaluate_graphs(m, test, test_y), "test_size": len(test_y)}
+        out: dict[str, Any] = {}
         if options["ablation"]:
-            out["ablation"] = _ablation(settings, model_overrides, train, src, test, test_y, device, m)
+            out["ablation"] = _ablation(model_overrides, train, src, test, test_y, device, m)
         return out
 
     return Job(model=model.to(device), source=src, evaluate=evaluate, tokens_per_batch=train.batch_size,
                finish=finish)
 
 
-def _ablation(settings, model_overrides, train, src, test, test_y, device, trained) -> dict[str, float]:
+def _ablation(model_overrides, train, src, test, test_y, device, trained) -> dict[str, float]:
     """Test accuracy of every structural variant, each trained like the configured model (same steps,
     batches and seed); the configured model's own figure is reused, not retrained."""
     import dataclasses
@@ -224,16 +206,19 @@ def _ablation(settings, model_overrides, train, src, test, test_y, device, train
 
 def evaluate_run(run, data) -> dict[str, Any]:
     """``tokennet eval``: the run's test metrics (accuracy on held-out graphs, or MAE on held-out molecules)."""
-    if _is_qm9(run.data):
-        if data is not None:
-            raise RecipeError("a QM9 run evaluates on its own test split; it takes no other data")
-        *_, (test, test_y) = _qm9_sets(run.settings, run.data)
-        mae = evaluate_regression(run.model, test, test_y)
-        return {**_mae_metrics(mae, run.settings["target"]), "test_size": len(test_y)}
     if data is not None:
-        raise RecipeError("the graph recipe evaluates on its embedded held-out graphs; it takes no other data")
-    _, (test, test_y), _ = _sets(run.settings)
+        raise RecipeError("the graph recipe evaluates on the run's own held-out split; it takes no other data")
+    test, test_y = run.data.held_out()
+    if isinstance(run.data, QM9Targets):
+        mae = evaluate_regression(run.model, test, test_y)
+        return {**_mae_metrics(mae, run.data.target), "test_size": len(test_y)}
     return {**evaluate_graphs(run.model, test, test_y), "test_size": len(test_y)}
+
+
+def unused(settings: dict[str, Any]) -> set[str]:
+    """QM9's settings (``target``, ``train_size``) do not apply to the generated task; its ablation does not
+    apply to QM9 (it is not computed there)."""
+    return set() if settings.get("task") == "regress" else {"target", "train_size"}
 
 
 register_recipe(Recipe(
@@ -242,11 +227,15 @@ register_recipe(Recipe(
     "positions / mask / distance-bias ablation",
     model="graph-small",
     build=build,
-    options={"test_size": 2000, "val_size": 500, "ablation": True, "target": "homo_lumo_gap",
-             "train_size": 110_000},
+    data=MarkedDistance,
+    make_data=make_data,
+    options={"ablation": True, "target": "homo_lumo_gap", "train_size": 110_000},
     model_defaults={"node_features": 2, "num_outputs": 6, "task": "classify"},
     train_defaults={"max_iters": 800, "batch_size": 64, "lr": 1e-3, "warmup_iters": 100, "eval_interval": 400,
                     "weight_decay": 0.01},
     evaluate_run=evaluate_run,
     data_defaults=data_defaults,
+    unused=unused,
+    smoke={"dim": 32, "num_layers": 1, "num_heads": 2, "batch_size": 16, "test_size": 64, "val_size": 16,
+           "ablation": False},
 ))

@@ -27,13 +27,13 @@ from typing import Any
 
 import torch
 
-from ..data.dates import DatePairs, alphabet, encode_pairs, held_out_pairs, sample_pairs, split_dates
+from ..data.dates import DatePairs, DateTranslations, alphabet, encode_pairs
 from ..data.text import DataError
-from ..models.registry import create_model
-from ..run import read_tokenizer
+from ..errors import RecipeError
+from ..lifecycle import BuildContext, Job, Recipe, register_recipe
+from ..models.registry import create_model, preset_info
 from ..tasks.translation import translate_batch
 from ..tokens.text import CharTokenizer
-from .base import Job, Recipe, RecipeError, register_recipe
 
 __all__ = ["text_metrics", "ARCHS"]
 
@@ -63,10 +63,6 @@ def text_metrics(hyps: list[str], refs: list[str]) -> dict[str, float]:
     return {"exact_match": em, "bleu": bleu, "chrf": chrf}
 
 
-def _test_pairs(options: dict[str, Any], seed: int) -> list[tuple[str, str, str]]:
-    return held_out_pairs(seed, options["test_size"], options["test_fraction"], options["val_fraction"])
-
-
 def _evaluate_pairs(model, tok, triples, options) -> dict[str, Any]:
     srcs, refs = [t[0] for t in triples], [t[1] for t in triples]
     k, alpha = options["beam_size"], options["alpha"]
@@ -86,27 +82,29 @@ def _evaluate_pairs(model, tok, triples, options) -> dict[str, Any]:
     return m
 
 
-def build(*, settings, model_overrides, train, options, data, device, out_dir) -> Job:
+def build(ctx: BuildContext) -> Job:
     _check_sacrebleu()
-    if data not in (None, "", "embedded"):
+    if ctx.source not in (None, "", "embedded"):
         raise RecipeError("the seq2seq recipe trains on its embedded date generator; a data file is only for "
                           "evaluating a run")
+    options, train, spec = ctx.options, ctx.train, ctx.data
     arch = options["arch"]
     if arch not in ARCHS:
         raise RecipeError(f"arch must be one of {', '.join(ARCHS)}, got {arch!r}")
-    if options["beam_size"] < 1 or options["test_size"] < 1 or options["val_size"] < 1:
-        raise RecipeError("beam_size, test_size and val_size must be >= 1")
-    tok = read_tokenizer(out_dir) or CharTokenizer(alphabet())
-    ids = dict(vocab_size=tok.vocab_size, pad_id=tok.pad_id, bos_id=tok.bos_id, eos_id=tok.eos_id)
+    if options["beam_size"] < 1:
+        raise RecipeError("beam_size must be >= 1")
+    tok = ctx.tokenizer or CharTokenizer(alphabet())
+    for k in ("vocab_size", "pad_id", "bos_id", "eos_id"):
+        ctx.from_data(k, getattr(tok, k))
+    ids = {k: ctx.model[k] for k in ("vocab_size", "pad_id", "bos_id", "eos_id")}
     if arch == "transformer":
-        model = create_model("seq2seq-small", **{**model_overrides, **ids})
+        model = create_model("seq2seq-small", **ctx.model)
     else:
-        model = create_model("bahdanau-small", **{k: model_overrides[k] for k in _SHARED if k in model_overrides},
-                             **ids)
+        model = create_model("bahdanau-small", **{k: ctx.model[k] for k in _SHARED if k in ctx.model}, **ids)
     seed = train.seed
-    train_dates, val_dates, _ = split_dates(seed, options["test_fraction"], options["val_fraction"])
+    train_dates, val_dates, _ = spec.split()
     src = DatePairs(train_dates, tok, train.batch_size, seed=seed)
-    val_pairs = sample_pairs(val_dates, options["val_size"], f"val-{seed}")
+    val_pairs = spec.val_pairs()
     val_batch = encode_pairs(val_pairs, tok, tok.pad_id)
     torch.manual_seed(seed)
     log.info("seq2seq (%s): %d train / %d val dates, vocab %d, %.2fM parameters", arch, len(train_dates),
@@ -120,12 +118,23 @@ def build(*, settings, model_overrides, train, options, data, device, out_dir) -
         em = 100.0 * sum(h == r for h, (_, r) in zip(hyps, val_pairs, strict=True)) / len(val_pairs)
         return {"val_loss": loss, "val_exact_match": em}
 
-    def finish(m) -> dict[str, Any]:
-        m.eval()
-        return {"arch": arch, **_evaluate_pairs(m, tok, _test_pairs(options, seed), options)}
+    def finish(m) -> dict[str, Any]:  # noqa: ARG001
+        return {"arch": arch}
 
-    return Job(model=model.to(device), source=src, evaluate=evaluate, tokens_per_batch=train.batch_size,
+    return Job(model=model.to(ctx.device), source=src, evaluate=evaluate, tokens_per_batch=train.batch_size,
                tokenizer=tok, finish=finish)
+
+
+def unused(settings: dict[str, Any]) -> set[str]:
+    """The GRU baseline (``arch=bahdanau``) is built from the shared settings only: the Transformer's own
+    settings (heads, MLP, norms, positions, ...) do not apply to it."""
+    if settings.get("arch") != "bahdanau":
+        return set()
+    family, preset, _ = preset_info("seq2seq-small")
+    from ..models.registry import config_from_dict
+
+    transformer = set(config_from_dict({"family": family, **preset}).to_dict()) - {"family"}
+    return transformer - set(_SHARED) - {"vocab_size", "pad_id", "bos_id", "eos_id"}
 
 
 def _read_tsv(path: str) -> list[tuple[str, str, str]]:
@@ -149,7 +158,7 @@ def evaluate_run(run, data) -> dict[str, Any]:
     """``tokennet eval``: test-set metrics of a trained run (or on a TSV file given as data)."""
     s, model, tok = run.settings, run.model, run.tokenizer
     if data is None:
-        triples = _test_pairs(s, s["seed"])
+        triples = run.data.held_out()
     else:
         triples = _read_tsv(data)
         limit = model.config.max_source_len
@@ -166,11 +175,15 @@ register_recipe(Recipe(
     "RNN baseline",
     model="seq2seq-small",
     build=build,
-    options={"arch": "transformer", "test_fraction": 0.1, "val_fraction": 0.02, "test_size": 2000,
-             "val_size": 500, "beam_size": 4, "alpha": 0.6},
+    data=DateTranslations,
+    options={"arch": "transformer", "beam_size": 4, "alpha": 0.6},
     model_defaults={"dim": 128, "num_layers": 2, "num_heads": 4, "max_source_len": 40, "max_target_len": 16,
                     "dropout": 0.0},
     train_defaults={"max_iters": 1800, "batch_size": 64, "lr": 2e-3, "warmup_iters": 100, "eval_interval": 600,
                     "weight_decay": 0.01},
     evaluate_run=evaluate_run,
+    unused=unused,
+    variants={"bahdanau": {"arch": "bahdanau"}},
+    smoke={"dim": 32, "num_layers": 1, "num_heads": 2, "batch_size": 16, "test_size": 40, "val_size": 16,
+           "beam_size": 2},
 ))

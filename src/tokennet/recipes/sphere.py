@@ -42,14 +42,14 @@ from typing import Any
 
 import torch
 
-from ..data.sphere import SphereImages, equirectangular_points, projected_set
-from ..data.vision_data import VisionData, dataset_kind, load_dataset
-from ..errors import DataError, RecipeError
+from ..data.sphere import TEST_SEED, SphereImages, SphereProjection, equirectangular_points
+from ..data.vision_data import dataset_kind
+from ..errors import RecipeError
+from ..lifecycle import BuildContext, Job, Recipe, register_recipe
 from ..models.registry import create_model
 from ..train.trainer import Trainer
-from .base import Job, Recipe, register_recipe
 
-__all__ = ["MODELS", "REGIMES", "evaluate_sphere", "load_sphere_data"]
+__all__ = ["MODELS", "REGIMES", "evaluate_sphere", "TEST_SEED"]
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,6 @@ MODELS = {
     "sphere, invariant angle bias": {"position": "angle-bias+centroid", "descriptor": "zonal"},
 }
 REGIMES = ("NR/NR", "R/R", "NR/R")  # train / test
-TEST_SEED = 7919  # the rotations of the rotated test set: fixed, so every run and `tokennet eval` agree
 
 
 @torch.no_grad()
@@ -76,14 +75,6 @@ def evaluate_sphere(model, x, y, batch_size: int = 256) -> dict[str, float]:
     return {"accuracy": correct / max(1, n), "loss": loss / max(1, n)}
 
 
-def load_sphere_data(data) -> VisionData:
-    """The images a ``--data`` value names: digits or Fashion-MNIST (not 1-D signals)."""
-    if dataset_kind(data) == "mnist1d":
-        raise DataError("the sphere recipe projects images: use digits (default), fashion-mnist or a directory of "
-                        "Fashion-MNIST idx files")
-    return load_dataset(data)
-
-
 def data_defaults(data) -> dict[str, Any]:
     """Fashion-MNIST's profile: finer grids for 28×28 images and more steps."""
     if data in (None, "", "digits"):
@@ -91,26 +82,8 @@ def data_defaults(data) -> dict[str, Any]:
     if dataset_kind(data) == "fashion-mnist":
         return {"num_centres": 400, "num_samples": 6400, "patch_size": 24, "rings": 4, "max_iters": 1500,
                 "grid_height": 24, "grid_width": 48, "val_size": 1000, "test_size": 2000}
-    load_sphere_data(data)  # the one-line error naming what the recipe takes
+    SphereProjection(source=data).images()  # the one-line error naming what the recipe takes
     return {}
-
-
-def _split(vd: VisionData, options):
-    n_val = options["val_size"]
-    if not 1 <= n_val < len(vd.y_train):
-        raise RecipeError(f"val_size must be in 1..{len(vd.y_train) - 1}, got {n_val}")
-    test_n = options["test_size"] if options["test_size"] > 0 else len(vd.y_test)
-    return ((vd.x_train[:-n_val], vd.y_train[:-n_val]), (vd.x_train[-n_val:], vd.y_train[-n_val:]),
-            (vd.x_test[:test_n], vd.y_test[:test_n]))
-
-
-def _test_sets(images, points, extent, seed, shape=None):
-    """Unrotated and rotated projections of the test images (rotations fixed by ``seed``)."""
-    nr = projected_set(images, points, rotate=False, seed=seed, extent=extent)
-    r = projected_set(images, points, rotate=True, seed=seed, extent=extent)
-    if shape is not None:
-        nr, r = nr.reshape(len(nr), *shape), r.reshape(len(r), *shape)
-    return nr, r
 
 
 def _vit(settings, num_classes, in_channels):
@@ -120,20 +93,19 @@ def _vit(settings, num_classes, in_channels):
                         mlp_ratio=settings["mlp_ratio"], pool="mean")
 
 
-def build(*, settings, model_overrides, train, options, data, device, out_dir) -> Job:  # noqa: ARG001
-    vd = load_sphere_data(data)
-    if options["test_size"] < 0:
-        raise RecipeError("test_size must be >= 0 (0: the whole test split)")
-    (xtr, ytr), (xva, yva), (xte, yte) = _split(vd, options)
-    extent, rotated = options["extent"], options["train_rotated"]
-    if not extent > 0:
-        raise RecipeError(f"extent must be positive, got {extent}")
-    over = {**model_overrides, "num_classes": vd.num_classes, "in_channels": vd.in_channels}
+def build(ctx: BuildContext) -> Job:
+    spec: SphereProjection = ctx.data
+    train, device = ctx.train, ctx.device
+    vd = spec.images()
+    (xtr, ytr), (xva, yva), (xte, yte) = spec.split()
+    extent, rotated = spec.extent, spec.train_rotated
+    ctx.from_data("num_classes", vd.num_classes)
+    ctx.from_data("in_channels", vd.in_channels)
     torch.manual_seed(train.seed)
-    model = create_model("sphere-small", **over)
+    model = create_model("sphere-small", **ctx.model)
     points = model.samples
     src = SphereImages(xtr, ytr, points, train.batch_size, seed=train.seed, rotate=rotated, extent=extent)
-    val = projected_set(xva, points, rotate=rotated, seed=train.seed + 1, extent=extent)
+    val = spec.project(xva, points, rotate=rotated, seed=train.seed + 1)
     log.info("sphere: %s, %d train / %d val / %d test images, %s training, %s positions, %.3fM parameters",
              vd.name, len(ytr), len(yva), len(yte), "rotated" if rotated else "unrotated", model.config.position,
              model.num_parameters() / 1e6)
@@ -143,13 +115,10 @@ def build(*, settings, model_overrides, train, options, data, device, out_dir) -
         return {"val_accuracy": r["accuracy"], "val_loss": r["loss"]}
 
     def finish(m) -> dict[str, Any]:
-        nr, r = _test_sets(xte, points, extent, TEST_SEED)
-        out: dict[str, Any] = {"test_accuracy": evaluate_sphere(m, nr, yte)["accuracy"],
-                               "test_accuracy_rotated": evaluate_sphere(m, r, yte)["accuracy"],
-                               "test_size": len(yte), "train_rotated": rotated}
-        if options["ablation"]:
-            out["ablation"] = _ablation(settings, model_overrides, train, (xtr, ytr), (xte, yte), vd, device, m,
-                                        (nr, r))
+        out: dict[str, Any] = {"train_rotated": rotated}
+        if ctx.options["ablation"]:
+            nr, r, _ = spec.held_out(points)
+            out["ablation"] = _ablation(ctx.settings, ctx.model, train, spec, (xtr, ytr), vd, device, m, (nr, r))
             for name, row in out["ablation"].items():
                 log.info("ablation: %-32s %s", name, "  ".join(f"{k} {v:.4f}" for k, v in row.items()))
         return out
@@ -158,11 +127,12 @@ def build(*, settings, model_overrides, train, options, data, device, out_dir) -
                finish=finish)
 
 
-def _ablation(settings, model_overrides, train, trainset, testset, vd, device, trained, trained_tests):
+def _ablation(settings, model_overrides, train, spec, trainset, vd, device, trained, trained_tests):
     """``{model: {regime: test accuracy}}`` for every model of :data:`MODELS`, trained NR and R with the
     same steps, images and seed; the configured model's own training is reused for its regime."""
-    (xtr, ytr), (xte, yte) = trainset, testset
-    extent, c = settings["extent"], trained.config
+    (xtr, ytr) = trainset
+    yte = spec.split()[2][1]
+    extent, c = spec.extent, trained.config
     steps = dataclasses.replace(train, time_budget=None, eval_interval=0, checkpoint_interval=0, progress=False,
                                 log_interval=0, report=False, tensorboard=False)
     hw = (settings["grid_height"], settings["grid_width"])
@@ -175,13 +145,13 @@ def _ablation(settings, model_overrides, train, trainset, testset, vd, device, t
         row: dict[str, float] = {}
         for rotate in (False, True):
             same = over is not None and all(getattr(c, k) == v for k, v in over.items()) \
-                and rotate == settings["train_rotated"]
+                and rotate == spec.train_rotated
             if same:
                 m, nr, r = trained, *trained_tests
             else:
                 if tests is None:
-                    tests = _test_sets(xte, points, extent, TEST_SEED, shape)
-                nr, r = tests
+                    tests = spec.held_out(points, shape)
+                nr, r, _ = tests
                 torch.manual_seed(train.seed)
                 m = _vit(settings, vd.num_classes, vd.in_channels) if over is None else \
                     create_model("sphere-small", **{**model_overrides, **over, "num_classes": vd.num_classes,
@@ -204,10 +174,7 @@ def evaluate_run(run, data) -> dict[str, Any]:
     """``tokennet eval``: the configured model's test accuracy, unrotated and under the fixed test rotations."""
     if data is not None:
         raise RecipeError("the sphere recipe evaluates on its own test split; it takes no other data")
-    s = run.settings
-    vd = load_sphere_data(run.data)
-    _, _, (xte, yte) = _split(vd, s)
-    nr, r = _test_sets(xte, run.model.samples, s["extent"], TEST_SEED)
+    nr, r, yte = run.data.held_out(run.model.samples.cpu())
     return {"test_accuracy": evaluate_sphere(run.model, nr, yte)["accuracy"],
             "test_accuracy_rotated": evaluate_sphere(run.model, r, yte)["accuracy"], "test_size": len(yte)}
 
@@ -218,11 +185,14 @@ register_recipe(Recipe(
     "NR/NR, R/R, NR/R rotation table: planar ViT vs absolute SH positions vs invariant angle bias",
     model="sphere-small",
     build=build,
-    options={"train_rotated": False, "ablation": True, "val_size": 100, "test_size": 0, "extent": 0.7,
-             "grid_height": 16, "grid_width": 32},
+    data=SphereProjection,
+    default_data="digits",
+    options={"ablation": True, "grid_height": 16, "grid_width": 32},
     model_defaults={},
     train_defaults={"max_iters": 400, "batch_size": 32, "lr": 2e-3, "warmup_iters": 40, "eval_interval": 200,
                     "weight_decay": 0.05},
     evaluate_run=evaluate_run,
     data_defaults=data_defaults,
+    smoke={"num_centres": 48, "num_samples": 256, "patch_size": 8, "rings": 2, "sh_degree": 3, "dim": 32,
+           "num_layers": 1, "num_heads": 2, "batch_size": 16, "test_size": 40, "val_size": 16, "ablation": False},
 ))

@@ -44,9 +44,9 @@ import torch
 from ..data.augment import Augment
 from ..data.image_batches import ImageBatches, evaluate_classifier
 from ..data.text import DataError
-from ..data.vision_data import VisionData, dataset_kind, load_dataset
+from ..data.vision_data import ImageDataset, VisionData, dataset_kind
+from ..lifecycle import BuildContext, Job, Recipe, register_recipe
 from ..models.registry import config_from_dict, create_model, preset_info
-from .base import Job, Recipe, register_recipe
 
 __all__ = ["PROFILES", "svm_baseline"]
 
@@ -95,23 +95,6 @@ def data_defaults(data: str | None) -> dict[str, Any]:
     return {**model_cfg, **prof["settings"]}
 
 
-def _check_data_fields(settings: dict[str, Any], data: VisionData, nominal: dict[str, Any]) -> None:
-    """Make the data fields match the loaded data; a user-set value that disagrees is an error."""
-    for k in DATA_FIELDS:
-        have = getattr(data, k)
-        if settings[k] not in (nominal[k], have):
-            raise DataError(f"{k}={settings[k]} does not match the data: {data.name} has {k}={have} "
-                            f"(the data sets it; leave {k} unset)")
-        settings[k] = have  # e.g. a directory of idx files with another image size
-
-
-def _model_fields(settings: dict[str, Any]) -> dict[str, Any]:
-    from ..models.vit import ViTConfig
-
-    names = {f for f in ViTConfig.__dataclass_fields__ if f != "family"}
-    return {k: v for k, v in settings.items() if k in names}
-
-
 def svm_baseline(data: VisionData, gamma: float | str = 0.001) -> dict[str, Any]:
     """The classical baseline on the same split: an RBF SVM on raw pixels (scikit-learn's digits example)."""
     from sklearn.svm import SVC
@@ -123,13 +106,15 @@ def svm_baseline(data: VisionData, gamma: float | str = 0.001) -> dict[str, Any]
             "baseline_svm": f"sklearn.svm.SVC(kernel='rbf', gamma={gamma!r}, C=1.0) on raw pixels 0..16"}
 
 
-def build(*, settings, model_overrides, train, options, data, device, out_dir) -> Job:  # noqa: ARG001
-    kind = dataset_kind(data)
-    ds = load_dataset(data)
-    _check_data_fields(settings, ds, data_defaults(data))
-    opts = {k: settings[k] for k in _OPTIONS}
+def build(ctx: BuildContext) -> Job:
+    spec: ImageDataset = ctx.data
+    kind = dataset_kind(spec.source)
+    ds = spec.load()
+    for k in DATA_FIELDS:  # e.g. a directory of idx files with another image size
+        ctx.from_data(k, getattr(ds, k))
+    opts, train, device = ctx.options, ctx.train, ctx.device
     torch.manual_seed(train.seed)
-    model = create_model("vit", **_model_fields(settings))
+    model = create_model("vit", **ctx.model)
     aug = Augment(translate=int(opts["translate"]), flip=bool(opts["flip"]), erase=float(opts["erase"]),
                   rotate=float(opts["rotate"]), scale=float(opts["scale"]))
     src = ImageBatches(ds.x_train, ds.y_train, train.batch_size, seed=train.seed, augment=aug if aug.active else None,
@@ -154,13 +139,14 @@ def build(*, settings, model_overrides, train, options, data, device, out_dir) -
 
 def evaluate_run(run, data) -> dict[str, Any]:
     """``tokennet eval``: test accuracy of a trained run on its dataset's test split (or on another dataset)."""
-    spec = data if data is not None else run.data
-    ds = load_dataset(spec)
+    spec = run.data if data is None else ImageDataset(source=data)
+    ds = spec.held_out()
     c = run.model.config
-    for k, have in (("image_size", ds.image_size), ("in_channels", ds.in_channels), ("num_classes", ds.num_classes)):
+    for k in DATA_FIELDS:
+        have = getattr(ds, k)
         if getattr(c, k) != have:
-            raise DataError(f"{run.path} was trained with {k}={getattr(c, k)}, but {ds.name} ({spec}) has {k}={have}; "
-                            "evaluate it on data like its own")
+            raise DataError(f"{run.path} was trained with {k}={getattr(c, k)}, but {ds.name} ({spec.source}) has "
+                            f"{k}={have}; evaluate it on data like its own")
     m = evaluate_classifier(run.model, ds.x_test, ds.y_test, batch_size=run.settings.get("eval_batch_size", 500))
     return {"dataset": ds.name, "test_size": len(ds.y_test), **m}
 
@@ -170,9 +156,12 @@ RECIPE = register_recipe(Recipe(
     description="ViT classifier: digits (default; vs an RBF SVM), --data fashion-mnist | DIR, --data mnist1d",
     model="vit-digits",
     build=build,
+    data=ImageDataset,
+    default_data="digits",
     options=dict(_OPTIONS),
     model_defaults={},
     train_defaults=dict(_TRAIN_DEFAULTS),
     evaluate_run=evaluate_run,
     data_defaults=data_defaults,
+    smoke={"dim": 32, "num_layers": 1, "num_heads": 2, "batch_size": 32, "svm_baseline": False},
 ))

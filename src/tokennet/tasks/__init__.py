@@ -1,11 +1,13 @@
-"""Tasks are types, not strings: what a model family can do at inference, and one registry for it.
+"""Tasks are types, not strings: what a model family does at inference, declared in one module per task.
 
-A *task adapter* knows how to use a model of some family: decode text from it, translate with it,
-caption or classify with it. :func:`task_for` maps a model family to its adapter; ``tokennet.load``
-attaches it to the :class:`~tokennet.run.Run`, whose verbs (``run.generate``, ``run.translate``,
-``run.caption``, ``run.classify``) call it, and ``tokennet viz`` picks its pictures by the task's
-``kind``. A new family is one model module plus one :func:`register_task` line below; nothing in the
-CLI or ``viz`` branches on family names.
+A *task adapter* (:class:`Task`, see :mod:`tokennet.tasks.base`) knows how to use a model of some
+families: its verbs (``run.generate``, ``run.translate``, ``run.caption``, ``run.classify``, ...), the
+inputs and options ``tokennet generate`` takes for it, its pictures (``tokennet viz``) and its report
+panel. ``tokennet.load`` attaches the task of the run's model family to the
+:class:`~tokennet.run.Run`, whose verbs call it; the CLI, ``viz`` and the report dispatch through it and
+never branch on a family or task name. A new task is one module here with one ``@register_task`` class
+(every module of this package is imported, so nothing else is edited); a plugin's task is the same
+class in its own file (:mod:`tokennet.plugins`).
 
 The protocols say what a model must offer for each task (structural typing: any module with these
 methods fits):
@@ -20,18 +22,18 @@ Every model also returns its attention as data: ``attention_maps(inputs) -> {kin
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+import importlib
+import pkgutil
+from typing import Any, Protocol, runtime_checkable
 
 from torch import Tensor
 
-from ..errors import RunError
+from ..plugins import list_tasks as _list_tasks
+from ..plugins import task_for as _task_for
+from .base import OPTIONS, Input, Option, Task, all_verbs, as_paths, register_task, verb
 
-if TYPE_CHECKING:
-    from ..run import Run
-
-__all__ = ["Task", "as_paths", "register_task", "task_for", "list_tasks", "CausalLM", "ConditionalDecoder",
-           "Classifier",
-           "Embedder"]
+__all__ = ["Task", "Input", "Option", "OPTIONS", "verb", "as_paths", "register_task", "task_for", "list_tasks",
+           "all_verbs", "CausalLM", "ConditionalDecoder", "Classifier", "Embedder"]
 
 
 @runtime_checkable
@@ -57,86 +59,17 @@ class Embedder(Protocol):
     def embed(self, ids: Tensor, mask: Tensor | None = None) -> Tensor: ...
 
 
-class Task:
-    """Base task adapter: every verb says it is not supported, naming the verbs that are.
-
-    Subclasses set ``name`` (for messages), ``kind`` (what ``viz`` draws) and ``verbs``, and override
-    the verbs they support. Verbs take the :class:`~tokennet.run.Run` first.
-    """
-
-    name = "model"
-    kind = "model"
-    verbs: tuple[str, ...] = ()
-    protocol: type | None = None
-
-    def _unsupported(self, run: Run, verb: str):
-        have = ", ".join(self.verbs) or "none"
-        raise RunError(f"{run.path} is a {self.name} run: it cannot {verb} (it supports: {have})")
-
-    def check(self, model) -> None:
-        """Raise ``RunError`` unless the model offers what this task needs (its protocol)."""
-        if self.protocol is not None and not isinstance(model, self.protocol):
-            raise RunError(f"{type(model).__name__} does not implement {self.protocol.__name__}, "
-                           f"which a {self.name} task needs")
-
-    def generate(self, run: Run, prompt: str, max_new_tokens: int, **kw) -> str:
-        self._unsupported(run, "generate text")
-
-    def translate(self, run: Run, text: str, **kw) -> str:
-        self._unsupported(run, "translate")
-
-    def caption(self, run: Run, images, **kw) -> list[str]:
-        self._unsupported(run, "caption images")
-
-    def classify(self, run: Run, inputs, **kw) -> list[tuple[int, float]]:
-        self._unsupported(run, "classify")
-
-    def embed(self, run: Run, texts, **kw) -> Tensor:
-        self._unsupported(run, "embed text")
-
-
-def as_paths(inputs) -> list:
-    """File inputs of a verb as a list: one path, or any iterable of paths."""
-    from pathlib import Path
-
-    return [inputs] if isinstance(inputs, (str, Path)) else list(inputs)
-
-
-_TASKS: dict[str, Task] = {}
-
-
-def register_task(family: str, task: Task) -> None:
-    """Register the task adapter of a model family."""
-    _TASKS[family] = task
-
-
 def task_for(family: str) -> Task:
-    """The task adapter of a model family (a generic one, with no verbs, for an unregistered family)."""
-    return _TASKS.get(family, Task())
+    """The task adapter of a model family (the generic one, with no verbs, for a family no task serves)."""
+    return _task_for(family) or Task()
 
 
 def list_tasks() -> dict[str, str]:
     """Model family → task name."""
-    return {f: t.name for f, t in sorted(_TASKS.items())}
+    return {f: t.name for f, t in _list_tasks().items()}
 
 
-# The registrations: one line per model family.
-from .audio import AudioClassification  # noqa: E402
-from .captioning import Captioning  # noqa: E402
-from .classification import ImageClassification  # noqa: E402
-from .embedding import TextEmbedding  # noqa: E402
-from .graph import GraphPrediction  # noqa: E402
-from .language import LanguageModel  # noqa: E402
-from .sphere import SphereClassification  # noqa: E402
-from .translation import Translation  # noqa: E402
-
-register_task("gpt", LanguageModel())
-register_task("seq2seq", Translation())
-register_task("bahdanau", Translation())
-register_task("captioner", Captioning())
-register_task("captioner-prefix", Captioning())
-register_task("vit", ImageClassification())
-register_task("text-encoder", TextEmbedding())
-register_task("ast", AudioClassification())
-register_task("graph", GraphPrediction())
-register_task("sphere", SphereClassification())
+# Every module of this package declares one task and registers it with @register_task: import them all.
+for _m in pkgutil.iter_modules(__path__):
+    if _m.name != "base" and not _m.name.startswith("_"):
+        importlib.import_module(f"{__name__}.{_m.name}")

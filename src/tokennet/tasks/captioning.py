@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..data.image_files import read_image
 from ..decode import beam_search, greedy_search, strip_special
 from ..errors import DataError
-from . import ConditionalDecoder, Task, as_paths
+from . import ConditionalDecoder
+from .base import HELP, OPTIONS, Input, Task, as_paths, image_file_bad_inputs, register_task, verb
 
 if TYPE_CHECKING:
     from ..run import Run
@@ -48,13 +51,48 @@ def load_caption_images(paths, image_size: int, in_channels: int = 3) -> torch.T
     return torch.stack(out)
 
 
+@register_task
 class Captioning(Task):
     """A captioner: ``run.caption(images or paths, beam_size=None)`` → one caption per image."""
 
     name = "captioning"
     kind = "captioning"
-    verbs = ("caption",)
+    families = ("captioner", "captioner-prefix")
     protocol = ConditionalDecoder
+    inputs = (Input("image", HELP["image"]),)
+    options = (OPTIONS["beam_size"],)
+
+    def respond(self, run: Run, values: dict[str, Any]) -> Iterator[str]:
+        """One caption per ``--image`` (``PATH<TAB>caption`` when there are several)."""
+        paths = values["image"]
+        for path, cap in zip(paths, self.caption(run, paths, beam_size=values["beam_size"]), strict=True):
+            yield (cap if len(paths) == 1 else f"{path}\t{cap}") + "\n"
+
+    def draw(self, run: Run, out_dir: Path, **options) -> list[Path]:
+        """``caption_attention.png``: each generated word's attention over a held-out image (or ``--image``)."""
+        from ..viz.alignment import caption_viz
+
+        return caption_viz(run, out_dir, **options)
+
+    def panel(self, run: Run, log) -> list[tuple[str, str]]:
+        from ..viz.report.sequences import captioning_panel
+
+        return captioning_panel(run, log)
+
+    def examples(self, run: Run, directory: Path) -> dict[str, Any]:
+        from ..data.image_files import write_image
+        from ..data.shapes import images_of
+
+        path = write_image(images_of(run.data.held_out()[:1], run.model.config.image_size)[0],
+                           Path(directory) / "held_out_0.npy")
+        return {"image": [str(path)]}
+
+    def bad_inputs(self, run: Run, directory: Path) -> list[tuple[dict[str, Any], str]]:
+        import numpy as np
+
+        wrong = Path(directory) / "wrong_size.npy"
+        np.save(wrong, np.zeros((3, 7, 7), np.float32))
+        return [*image_file_bad_inputs(directory), ({"image": [str(wrong)]}, "resize it first")]
 
     def images(self, run: Run, images) -> torch.Tensor:
         """A ``(B, C, H, W)`` tensor as given, or image files read at the model's size."""
@@ -64,6 +102,7 @@ class Captioning(Task):
         c = run.model.config
         return load_caption_images(paths, c.image_size, c.in_channels)
 
+    @verb
     def caption(self, run: Run, images, *, beam_size: int | None = None) -> list[str]:
         k = beam_size if beam_size is not None else run.settings.get("beam_size", 1)
         if k < 1:

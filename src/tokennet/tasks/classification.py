@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
-from ..data.image_files import read_image
+from ..data.image_files import read_image, write_image
 from ..errors import DataError
-from . import Classifier, Task, as_paths
+from . import Classifier
+from .base import HELP, Input, Task, as_paths, image_file_bad_inputs, register_task, verb
 
 if TYPE_CHECKING:
     from ..run import Run
@@ -16,33 +20,85 @@ if TYPE_CHECKING:
 __all__ = ["ImageClassification"]
 
 
+def read_signal(path: str | Path, channels: int, length: int) -> torch.Tensor:
+    """A 1-D signal from a ``.npy`` file: ``(L,)`` or ``(C, L)`` floats, of the model's length and channels."""
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"signal file {p} does not exist")
+    if p.suffix.lower() != ".npy":
+        raise DataError(f"{p}: a 1-D model reads signals from .npy files (an array (L,) or (C, L))")
+    try:
+        a = np.load(p, allow_pickle=False)
+    except (ValueError, OSError) as e:
+        raise DataError(f"{p} is not a readable .npy array ({e})") from None
+    a = a[None] if a.ndim == 1 else a
+    if a.ndim != 2 or a.dtype.kind not in "fiu" or tuple(a.shape) != (channels, length):
+        raise DataError(f"{p}: the model takes signals of shape ({channels}, {length}), got {tuple(a.shape)}")
+    if not np.isfinite(a).all():
+        raise DataError(f"{p}: the signal has NaN or infinite values")
+    return torch.from_numpy(a.astype(np.float32))
+
+
+@register_task
 class ImageClassification(Task):
     """A ViT: ``run.classify(images or paths)`` → ``(class index, probability)`` per input."""
 
     name = "image classification"
     kind = "image-classifier"
-    verbs = ("classify",)
+    families = ("vit",)
     protocol = Classifier
+    inputs = (Input("image", HELP["image"]),)
 
-    def inputs(self, run: Run, inputs) -> torch.Tensor:
-        """A tensor batch as given, or image files read with the model's channels (2-D models only)."""
+    def respond(self, run: Run, values: dict[str, Any]) -> Iterator[str]:
+        """``PATH<TAB>class index<TAB>probability`` per ``--image``."""
+        paths = values["image"]
+        for path, (label, prob) in zip(paths, self.classify(run, paths), strict=True):
+            yield f"{path}\t{label}\t{prob:.4f}\n"
+
+    def draw(self, run: Run, out_dir: Path, **options) -> list[Path]:
+        """Patch attention per layer and head, the <cls> rollout and the position similarity of a test image."""
+        from ..viz.vit import vit_viz
+
+        return vit_viz(run, out_dir, **options)
+
+    def panel(self, run: Run, log) -> list[tuple[str, str]]:
+        from ..viz.report.classification import classifier_panel
+
+        return classifier_panel(run, log)
+
+    def examples(self, run: Run, directory: Path) -> dict[str, Any]:
+        x = run.data.held_out().x_test[0]
+        if run.model.config.is_1d:  # (C, L): a signal file
+            path = Path(directory) / "held_out_0.npy"
+            np.save(path, x.numpy())
+            return {"image": [str(path)]}
+        return {"image": [str(write_image(x, Path(directory) / "held_out_0.png"))]}
+
+    def bad_inputs(self, run: Run, directory: Path) -> list[tuple[dict[str, Any], str]]:
+        return image_file_bad_inputs(directory)
+
+    def inputs_of(self, run: Run, inputs) -> torch.Tensor:
+        """A tensor batch as given, or files: images read with the model's channels, or ``.npy`` signals for a
+        1-D model."""
         if torch.is_tensor(inputs):
             return inputs
         c = run.model.config
-        if c.is_1d:
-            raise DataError("this model classifies 1-D signals: pass a (B, C, L) tensor, not image files")
         paths = as_paths(inputs)
         if not paths:
             raise DataError("no image given")
+        if c.is_1d:
+            return torch.stack([read_signal(p, c.in_channels, c.image_hw[1]) for p in paths])
         images = [read_image(p, channels=c.in_channels) for p in paths]
         shapes = {tuple(x.shape) for x in images}
         if len(shapes) > 1:
             raise DataError(f"the images have different sizes {sorted(shapes)}; classify them one size at a time")
         return torch.stack(images)
 
+    @verb
     @torch.no_grad()
     def classify(self, run: Run, inputs) -> list[tuple[int, float]]:
-        x = self.inputs(run, inputs).to(run.device)
+        """``(class index, probability)`` of each input: a tensor batch, or files (see :meth:`inputs_of`)."""
+        x = self.inputs_of(run, inputs).to(run.device)
         p = run.model(x).logits.float().softmax(-1)  # (B, K)
         prob, idx = p.max(-1)
         return [(int(i), float(q)) for i, q in zip(idx, prob, strict=True)]

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
 from ..errors import RunError
-from . import Embedder, Task
+from . import Embedder
+from .base import Task, register_task, verb
 
 if TYPE_CHECKING:
     from ..run import Run
@@ -18,14 +20,22 @@ __all__ = ["TextEmbedding"]
 logger = logging.getLogger(__name__)
 
 
+@register_task
 class TextEmbedding(Task):
     """A sentence encoder: ``run.embed(texts) → (B, D)`` unit vectors; cosine similarity is their dot product."""
 
     name = "text embedding"
     kind = "text-embedding"
-    verbs = ("embed",)
+    families = ("text-encoder",)
     protocol = Embedder
 
+    def draw(self, run: Run, out_dir: Path, **options) -> list[Path]:
+        """``token_attention.png``: bidirectional self-attention over ``--text``."""
+        from ..viz.language import text_encoder_viz
+
+        return text_encoder_viz(run, out_dir, **options)
+
+    @verb
     def embed(self, run: Run, texts, *, batch_size: int = 32, **kw) -> torch.Tensor:
         """Embed ``texts`` (a string or a list of strings). Texts longer than the model's context are
         truncated (keeping the final separator), and a warning says so."""

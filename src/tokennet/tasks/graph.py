@@ -1,39 +1,151 @@
-"""The graph task: whole-graph prediction (a class, or values) from a graph transformer."""
+"""The graph task: whole-graph prediction (a class, or values) from a graph transformer.
+
+``tokennet generate RUN --input graphs.json`` (or ``--graphs``) reads graphs from a JSON file: one graph or a
+list of them, each ``{"nodes": [[feature, ...], ...], "edges": [[i, j], ...]}`` (node indices from 0, undirected), plus
+``"positions": [[x, y, z], ...]`` for a model that reads 3-D geometry (``attention=distance-3d``, the QM9
+profile). It prints one line per graph: ``index<TAB>class<TAB>probability``, or ``index<TAB>value`` for a
+regression model.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..errors import RunError
+from ..errors import DataError, RunError
 from ..tokens.graph import GraphBatch, collate_graphs
-from . import Task
+from .base import Input, Task, register_task, verb
 
 if TYPE_CHECKING:
     from ..run import Run
 
-__all__ = ["GraphPrediction"]
+__all__ = ["GraphPrediction", "read_graphs", "write_graphs"]
 
 
+def read_graphs(path: str | Path, *, node_features: int, needs_positions: bool = False) -> list[dict[str, Any]]:
+    """The graphs of a JSON file (see the module docstring), checked: a ``DataError`` naming the file and graph."""
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"graph file {p} does not exist")
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DataError(f"{p} is not a JSON file of graphs ({e})") from None
+    graphs = [data] if isinstance(data, dict) else data
+    if not isinstance(graphs, list) or not graphs:
+        raise DataError(f"{p}: expected a graph object or a non-empty list of them")
+    out = []
+    for i, g in enumerate(graphs):
+        if not isinstance(g, dict) or "nodes" not in g or "edges" not in g:
+            raise DataError(f"{p}: graph {i} must be an object with 'nodes' and 'edges'")
+        try:
+            x = torch.tensor(g["nodes"], dtype=torch.float32)
+            e = torch.tensor(g["edges"], dtype=torch.long).reshape(-1, 2)
+            pos = torch.tensor(g["positions"], dtype=torch.float32) if "positions" in g else None
+        except (TypeError, ValueError, RuntimeError) as err:
+            raise DataError(f"{p}: graph {i} has malformed nodes, edges or positions ({err})") from None
+        if x.dim() != 2 or x.shape[0] < 1 or x.shape[1] != node_features:
+            raise DataError(f"{p}: graph {i}: nodes must be a list of {node_features} features per node, got shape "
+                            f"{tuple(x.shape)}")
+        if e.numel() and (e.min() < 0 or e.max() >= len(x)):
+            raise DataError(f"{p}: graph {i}: an edge names a node outside 0..{len(x) - 1}")
+        if needs_positions and (pos is None or tuple(pos.shape) != (len(x), 3)):
+            raise DataError(f"{p}: graph {i}: this model reads 3-D geometry: give 'positions', one [x, y, z] per node")
+        out.append({"x": x, "edges": e, "pos": pos})
+    return out
+
+
+def write_graphs(batch: GraphBatch, path: str | Path, count: int | None = None) -> Path:
+    """Write the first ``count`` graphs of a batch in the file format :func:`read_graphs` reads."""
+    graphs = []
+    for b in range(len(batch.x) if count is None else count):
+        n = int(batch.node_mask[b].sum())
+        i, j = torch.triu(batch.adj[b, :n, :n], diagonal=1).nonzero(as_tuple=True)
+        g = {"nodes": batch.x[b, :n].tolist(), "edges": torch.stack([i, j], 1).tolist()}
+        if batch.pos is not None:
+            g["positions"] = batch.pos[b, :n].tolist()
+        graphs.append(g)
+    Path(path).write_text(json.dumps(graphs))
+    return Path(path)
+
+
+@register_task
 class GraphPrediction(Task):
-    """A graph transformer: ``run.classify(graphs)`` → ``(class index, probability)`` per graph, where
-    ``graphs`` is a :class:`~tokennet.tokens.graph.GraphBatch` or a list of ``(node features, edges)``."""
+    """A graph transformer: ``run.classify(graphs)`` → ``(class index, probability)`` per graph, and
+    ``run.predict(graphs)`` → the raw outputs (a regression's values), where ``graphs`` is a
+    :class:`~tokennet.tokens.graph.GraphBatch`, a list of ``(node features, edges)`` or a JSON file of graphs."""
 
     name = "graph prediction"
     kind = "graph"
-    verbs = ("classify",)
+    families = ("graph",)
+    inputs = (Input("graphs", "graph runs: JSON files of graphs ({\"nodes\": [[features]], \"edges\": [[i, j]]}, one "
+                    "graph or a list per file)"),)
 
     def batch(self, run: Run, graphs) -> GraphBatch:
         if isinstance(graphs, GraphBatch):
             return graphs
         c = run.model.config
-        return collate_graphs(list(graphs), k=c.pe_dim, rw_steps=c.pe_dim, max_distance=c.max_distance)
+        kw = dict(k=c.pe_dim, rw_steps=c.pe_dim, max_distance=c.max_distance)
+        if isinstance(graphs, (str, Path)):
+            read = read_graphs(graphs, node_features=c.node_features, needs_positions=c.attention == "distance-3d")
+            batch = collate_graphs([(g["x"], g["edges"]) for g in read], **kw)
+            if c.attention == "distance-3d":
+                pos = torch.zeros(len(read), batch.x.shape[1], 3)
+                for b, g in enumerate(read):
+                    pos[b, :len(g["x"])] = g["pos"]
+                batch.pos = pos
+            return batch
+        return collate_graphs(list(graphs), **kw)
 
+    @verb
     @torch.no_grad()
+    def predict(self, run: Run, graphs) -> torch.Tensor:
+        """The model's outputs ``(B, K)`` for the graphs: class logits, or a regression's values in its units."""
+        return run.model(self.batch(run, graphs).to(run.device)).logits.float().cpu()
+
+    @verb
     def classify(self, run: Run, graphs) -> list[tuple[int, float]]:
         if run.model.config.task != "classify":
-            raise RunError(f"{run.path} is a regression model: it predicts values, not classes (call run.model)")
-        p = run.model(self.batch(run, graphs).to(run.device)).logits.float().softmax(-1)
-        prob, idx = p.max(-1)
+            raise RunError(f"{run.path} is a regression model: it predicts values, not classes (run.predict)")
+        prob, idx = self.predict(run, graphs).softmax(-1).max(-1)
         return [(int(i), float(q)) for i, q in zip(idx, prob, strict=True)]
+
+    def respond(self, run: Run, values: dict[str, Any]) -> Iterator[str]:
+        for path in values["graphs"]:
+            if run.model.config.task == "classify":
+                for i, (label, prob) in enumerate(self.classify(run, path)):
+                    yield f"{i}\t{label}\t{prob:.4f}\n"
+            else:
+                for i, row in enumerate(self.predict(run, path).tolist()):
+                    yield f"{i}\t" + "\t".join(f"{v:.6g}" for v in row) + "\n"
+
+    def draw(self, run: Run, out_dir: Path, **options) -> list[Path]:
+        """``node_attention.png`` and ``laplacian_positions.png`` of a held-out graph (the generated task)."""
+        from ..viz.graph import graph_viz
+
+        return graph_viz(run, out_dir, **options)
+
+    def panel(self, run: Run, log) -> list[tuple[str, str]]:
+        from ..viz.report.graphs import graph_panel
+
+        return graph_panel(run, log)
+
+    def examples(self, run: Run, directory: Path) -> dict[str, Any]:
+        batch = run.data.held_out()[0]
+        return {"graphs": [str(write_graphs(batch, Path(directory) / "held_out_0.json", count=1))]}
+
+    def bad_inputs(self, run: Run, directory: Path) -> list[tuple[dict[str, Any], str]]:
+        d = Path(directory)
+        (d / "broken.json").write_text("{not json")
+        (d / "wide.json").write_text(json.dumps({"nodes": [[1.0] * (run.model.config.node_features + 3)],
+                                                 "edges": []}))
+        (d / "far_edge.json").write_text(json.dumps({"nodes": [[0.0] * run.model.config.node_features] * 2,
+                                                     "edges": [[0, 5]]}))
+        return [({"graphs": [str(d / "missing.json")]}, "does not exist"),
+                ({"graphs": [str(d / "broken.json")]}, "JSON"),
+                ({"graphs": [str(d / "wide.json")]}, "features per node"),
+                ({"graphs": [str(d / "far_edge.json")]}, "outside")]

@@ -1,21 +1,26 @@
-"""The language-model task: continue a prompt, token by token, over the KV cache."""
+"""The language-model task: continue a prompt, token by token, over the KV cache; pictures and panel."""
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..errors import RunError
 from ..sampling import stream
-from . import CausalLM, Task
+from . import CausalLM
+from .base import HELP, OPTIONS, Input, Task, register_task, verb
 
 if TYPE_CHECKING:
     from ..run import Run
 
 __all__ = ["LanguageModel", "stream_text"]
+
+log = logging.getLogger(__name__)
 
 
 def stream_text(run: Run, prompt: str, max_new_tokens: int = 200, *, temperature: float = 0.8,
@@ -36,8 +41,10 @@ def stream_text(run: Run, prompt: str, max_new_tokens: int = 200, *, temperature
     dev = run.device
     ids = tok.encode(prompt) or [tok.bos_id]
     block = model.config.block_size
-    if len(ids) > block:
-        raise RunError(f"the prompt is {len(ids)} tokens, longer than the model's context of {block} tokens")
+    if len(ids) > block:  # as nanoGPT does: the model reads the last window of the prompt
+        log.warning("the prompt is %d tokens, longer than the model's context of %d: only its last %d tokens are "
+                    "read", len(ids), block, block)
+        ids = ids[-block:]
     torch.manual_seed(seed)
     g = torch.Generator(device=dev).manual_seed(seed)
     new: list[int] = []
@@ -55,18 +62,70 @@ def stream_text(run: Run, prompt: str, max_new_tokens: int = 200, *, temperature
         yield rest
 
 
+PROMPT = Input("prompt", HELP["prompt"], file=False, required=False, default="\n")
+
+
+@register_task
 class LanguageModel(Task):
     """A causal language model (GPT): ``run.generate(prompt, max_new_tokens, temperature=..., ...)``."""
 
     name = "language model"
     kind = "language-model"
-    verbs = ("generate",)
+    families = ("gpt",)
     protocol = CausalLM
+    inputs = (PROMPT,)
+    options = tuple(OPTIONS[k] for k in ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "no_cache",
+                                         "quantize", "chat"))
 
-    def generate(self, run: Run, prompt: str, max_new_tokens: int = 200, **kw) -> str:
+    @verb
+    def generate(self, run: Run, prompt: str = "\n", max_new_tokens: int = 200, **kw) -> str:
         """The continuation of ``prompt`` (without the prompt); options as in :func:`stream_text`."""
         return "".join(stream_text(run, prompt, max_new_tokens, **kw))
 
+    def respond(self, run: Run, values: dict[str, Any]) -> Iterator[str]:
+        """Echo the prompt, then stream the continuation (``--chat``: the reply to the prompt as a user message)."""
+        prompt = values["prompt"]
+        if values["chat"]:
+            if not getattr(run.tokenizer, "chat_template", None):
+                raise RunError(f"{run.path} has no chat template (only imported chat models have one)")
+            prompt = run.tokenizer.apply_chat_template([{"role": "user", "content": values["prompt"]}])
+        else:
+            yield prompt
+        yield from stream_text(run, prompt, values["max_new_tokens"], temperature=values["temperature"],
+                               top_k=values["top_k"], top_p=values["top_p"], seed=values["seed"],
+                               use_cache=not values["no_cache"], quantize=values["quantize"])
+        yield "\n"
+
+    def draw(self, run: Run, out_dir: Path, **options) -> list[Path]:
+        """``token_attention.png``: causal self-attention over ``--text``, per layer and head."""
+        from ..viz.language import language_viz
+
+        return language_viz(run, out_dir, **options)
+
+    def panel(self, run: Run, log) -> list[tuple[str, str]]:
+        from ..viz.report.language import language_panel
+
+        return language_panel(run, log)
+
+    def examples(self, run: Run, directory: Path) -> dict[str, Any]:
+        """The first tokens of the run's validation split, as a prompt."""
+        val = run.data.held_out(run.tokenizer, run.model.config.block_size)
+        return {"prompt": run.tokenizer.decode(val[:8].tolist()) or "\n"}
+
+    def evaluate(self, run: Run, data: str | None) -> dict[str, Any]:
+        """``tokennet eval`` of an imported language model: loss and perplexity on the text file ``data``."""
+        if data is None:
+            raise RunError(f"{run.path} is an imported checkpoint with no held-out split of its own: give a text "
+                           "file to measure its loss and perplexity on")
+        p = Path(data)
+        if not p.is_file():
+            raise RunError(f"{data}: no such file")
+        metrics = self.evaluate_text(run, p.read_text(encoding="utf-8", errors="replace"))
+        if metrics["truncated"]:
+            log.warning("%s is longer than 262,144 tokens: evaluated on its first 262,144", data)
+        return metrics
+
+    @verb
     def evaluate_text(self, run: Run, text: str, *, window: int = 1024, max_tokens: int = 262_144,
                       batch_size: int = 8) -> dict[str, float]:
         """Next-token loss and perplexity of the model on ``text`` (e.g. an imported checkpoint on a file).

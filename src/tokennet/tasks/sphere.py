@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..data.image_files import read_image
-from ..data.sphere import project_images
-from ..errors import DataError
-from . import as_paths
+from ..data.image_files import read_image, write_image
+from ..errors import DataError, RunError
+from .base import as_paths, register_task
 from .classification import ImageClassification
 
 if TYPE_CHECKING:
@@ -18,15 +18,32 @@ if TYPE_CHECKING:
 __all__ = ["SphereClassification"]
 
 
+@register_task
 class SphereClassification(ImageClassification):
     """A sphere transformer: ``run.classify(x)`` → ``(class index, probability)`` per input, where ``x`` is
     a signal ``(B, C, M)`` on the model's sample grid (``run.model.samples``), images ``(B, C, H, W)``
-    (projected onto the northern hemisphere, unrotated, as in training), or image files."""
+    (projected onto the northern hemisphere, unrotated, as the run's data projects them), or image files."""
 
     name = "sphere classification"
     kind = "sphere"
+    families = ("sphere",)
 
-    def inputs(self, run: Run, inputs) -> torch.Tensor:
+    def draw(self, run: Run, out_dir: Path, **options) -> list[Path]:
+        """``patch_attention.png``: one patch's attention over the sphere, per layer, for a test image."""
+        from ..viz.sphere import sphere_viz
+
+        return sphere_viz(run, out_dir, **options)
+
+    def panel(self, run: Run, log) -> list[tuple[str, str]]:
+        from ..viz.report.spheres import sphere_panel
+
+        return sphere_panel(run, log)
+
+    def examples(self, run: Run, directory: Path) -> dict[str, Any]:
+        _, _, (x, _) = run.data.split()
+        return {"image": [str(write_image(x[0], Path(directory) / "held_out_0.png"))]}
+
+    def inputs_of(self, run: Run, inputs) -> torch.Tensor:
         c = run.model.config
         if not torch.is_tensor(inputs):
             paths = as_paths(inputs)
@@ -36,9 +53,11 @@ class SphereClassification(ImageClassification):
             if len({tuple(x.shape) for x in images}) > 1:
                 raise DataError("the images have different sizes; classify them one size at a time")
             inputs = torch.stack(images)
-        if inputs.dim() == 4:  # images: project them as the recipe does
+        if inputs.dim() == 4:  # images: project them as the run's data does
             if not torch.isfinite(inputs).all():
                 raise DataError("the images have NaN or infinite values")
-            extent = float(run.settings.get("extent", 1.0)) if run.settings else 1.0
-            inputs = project_images(inputs, run.model.samples.cpu(), None, extent)
+            if run.data is None:
+                raise RunError(f"{run.path} has no run.json to say how its images were projected; pass signals "
+                               "(B, C, M) on the model's sample grid")
+            inputs = run.data.project(inputs, run.model.samples.cpu())
         return inputs

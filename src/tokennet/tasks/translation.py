@@ -7,14 +7,17 @@ tokenizer serves source and target.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..data.dates import encode_pairs
 from ..decode import beam_search, greedy_search, strip_special
 from ..errors import DataError
-from . import ConditionalDecoder, Task
+from . import ConditionalDecoder
+from .base import HELP, OPTIONS, Input, Task, register_task, verb
 
 if TYPE_CHECKING:
     from ..run import Run
@@ -59,14 +62,43 @@ def translate(model, tokenizer, text: str, *, beam_size: int = 4, alpha: float =
     return translate_batch(model, tokenizer, [text], beam_size=beam_size, alpha=alpha)[0], unknown
 
 
+@register_task
 class Translation(Task):
     """An encoder–decoder over strings: ``run.translate(text, beam_size=None)``."""
 
     name = "translation"
     kind = "translation"
-    verbs = ("translate",)
+    families = ("seq2seq", "bahdanau")
     protocol = ConditionalDecoder
+    inputs = (Input("prompt", HELP["prompt"], file=False),)
+    options = (OPTIONS["beam_size"],)
 
+    def respond(self, run: Run, values: dict[str, Any]) -> Iterator[str]:
+        """The translation of ``--prompt``; characters outside the vocabulary are listed on stderr."""
+        out, unknown = self.translate(run, values["prompt"], beam_size=values["beam_size"], return_unknown=True)
+        if unknown:
+            log.warning("tokennet: warning: characters outside the vocabulary read as <unk>: %r", "".join(unknown))
+        yield out + "\n"
+
+    def draw(self, run: Run, out_dir: Path, **options) -> list[Path]:
+        """``alignment.png``: the cross-attention of a test example (or ``--text``), per layer and head."""
+        from ..viz.alignment import seq2seq_viz
+
+        return seq2seq_viz(run, out_dir, **options)
+
+    def panel(self, run: Run, log) -> list[tuple[str, str]]:
+        from ..viz.report.sequences import translation_panel
+
+        return translation_panel(run, log)
+
+    def examples(self, run: Run, directory: Path) -> dict[str, Any]:
+        return {"prompt": run.data.held_out()[0][0]}
+
+    def bad_inputs(self, run: Run, directory: Path) -> list[tuple[dict[str, Any], str]]:
+        limit = run.model.config.max_source_len
+        return [({"prompt": "   "}, "empty"), ({"prompt": "1" * (limit + 1)}, "longer than")]
+
+    @verb
     def translate(self, run: Run, text: str, *, beam_size: int | None = None, return_unknown: bool = False):
         """The translation of ``text`` with the run's beam settings (``beam_size`` overrides the run's).
 

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError, RunError, TrainingStopped
+from ..run_files import CHECKPOINT_DIR, LOG_FILE
 from ..state import check_state_dict
 from .checkpoint import capture_rng, latest_checkpoint, read_checkpoint, restore_rng, save_checkpoint
 from .distributed import (
@@ -189,7 +190,7 @@ class Trainer:
         self.source = source
         self.evaluate_fn = evaluate
         self.out_dir = Path(out_dir)
-        self.ckpt_dir = self.out_dir / "checkpoints"
+        self.ckpt_dir = self.out_dir / CHECKPOINT_DIR
         self.tokens_per_batch = tokens_per_batch
         self.optimizer = configure_optimizer(
             self.module, lr=config.lr, weight_decay=config.weight_decay, betas=(config.beta1, config.beta2),
@@ -245,6 +246,13 @@ class Trainer:
         return True
 
     # -- loop ----------------------------------------------------------------------------------
+    def _progress_line(self, loss: float, rate: float) -> str:
+        """``step 250/1000 · 31 s of 150 s · loss 1.9234 · 12,345 items/s``: what a log file shows while training."""
+        c = self.c
+        budget = f" of {c.time_budget:.0f} s" if c.time_budget is not None else ""
+        return (f"step {self.step}/{c.max_iters} · {self.elapsed:.0f} s{budget} · loss {loss:.4f} · "
+                f"{rate:,.0f} items/s")
+
     def _lr(self) -> float:
         c = self.c
         min_lr = c.lr / 10 if c.min_lr is None else c.min_lr
@@ -281,7 +289,7 @@ class Trainer:
     def _log(self, record: dict[str, Any]) -> None:
         if not self.dist.is_main:
             return
-        with open(self.out_dir / "log.jsonl", "a") as f:
+        with open(self.out_dir / LOG_FILE, "a") as f:
             f.write(json.dumps(record) + "\n")
         if self._tb is not None:
             self._tb.write(record)
@@ -308,8 +316,11 @@ class Trainer:
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)} \
             if _main_thread() else {}
         bar = _progress(c, self.step) if self.dist.is_main else None
+        lines = self.dist.is_main and bar is None  # no bar (a log file, --no-progress): a plain line now and then
+        t_line = time.perf_counter()
         self.model.train()
         tokens, t_window, last_loss = 0, time.perf_counter(), float("nan")
+        line_tokens, t_line_window = 0, time.perf_counter()
         t_fit = time.perf_counter()
         self._reached = False
         try:
@@ -353,8 +364,14 @@ class Trainer:
                         self._stop_signal = signal.SIGTERM
                 last_loss = loss_val
                 tokens += (self.tokens_per_batch or 0) * c.grad_accum
+                line_tokens += (self.tokens_per_batch or 0) * c.grad_accum
                 if bar is not None:
                     bar.update(1)
+                elif lines and time.perf_counter() - t_line >= PROGRESS_SECONDS:
+                    rate = line_tokens / max(1e-9, time.perf_counter() - t_line_window)
+                    log.info("%s", self._progress_line(loss_val, rate))
+                    t_line = t_line_window = time.perf_counter()
+                    line_tokens = 0
                 if c.log_interval and self.step % c.log_interval == 0:
                     dt = time.perf_counter() - t_window
                     rate = tokens / dt if dt > 0 else 0.0
@@ -373,9 +390,11 @@ class Trainer:
                         self._reached = True
                     self.history.append(rec)
                     self._log(rec)
+                    shown = " ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in rec.items())
                     if bar is not None:
-                        bar.write(" ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
-                                           for k, v in rec.items()))
+                        bar.write(shown)
+                    elif lines:
+                        log.info("eval: %s", shown)
                 if ckpt_every and self.step % ckpt_every == 0 and not self._done():
                     self.save()
                 if self._stop_signal is not None:
@@ -393,6 +412,9 @@ class Trainer:
         self._log(final)
         self.save()
         return final
+
+
+PROGRESS_SECONDS = 10.0  # without a progress bar, one progress line at most this often
 
 
 def _main_thread() -> bool:

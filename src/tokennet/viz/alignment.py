@@ -172,12 +172,7 @@ def plot_caption_attention(image: Tensor, weights: Tensor, words: list[str], gri
 
 
 # -- `tokennet viz` -----------------------------------------------------------------------------------
-def _select(n: int, which: int | None, what: str) -> list[int]:
-    if which is None:
-        return list(range(n))
-    if not 0 <= which < n:
-        raise DataError(f"{what} {which} out of range: 0..{n - 1}")
-    return [which]
+from .attention_maps import select as _select  # noqa: E402
 
 
 def _tokens_out(model, tok, ids: list[int]) -> tuple[Tensor, list[str]]:
@@ -201,15 +196,12 @@ def seq2seq_viz(run, out_dir: Path, *, index: int | None = None, layer: int | No
     from ..decode import greedy_search, strip_special
 
     out_dir = Path(out_dir)
-    model, tok, settings = run.model, run.tokenizer, run.settings
+    model, tok = run.model, run.tokenizer
     c = model.config
     if text is None:
-        if not settings:
+        if run.data is None:
             raise RunError(f"{run.path} has no run.json to draw test examples from; give a source text")
-        from ..data.dates import held_out_pairs
-
-        pairs = held_out_pairs(settings["seed"], settings["test_size"], settings["test_fraction"],
-                               settings["val_fraction"])
+        pairs = run.data.held_out()
         index = 0 if index is None else index
         _select(len(pairs), index, "index")
         text, ref = pairs[index][0], pairs[index][1]
@@ -249,19 +241,19 @@ def caption_viz(run, out_dir: Path, *, index: int | None = None, layer: int | No
         image: caption this image file instead (the model's size; see
             :func:`~tokennet.tasks.captioning.load_caption_images`).
     """
-    from ..data.shapes import caption, held_out_scenes, images_of
+    from ..data.shapes import caption, images_of
     from ..decode import greedy_search, strip_special
 
     out_dir = Path(out_dir)
-    model, tok, settings = run.model, run.tokenizer, run.settings
+    model, tok = run.model, run.tokenizer
     c = model.config
     dev = next(model.parameters()).device
     if image is not None:
         ref, image = None, run.task.images(run, [image]).to(dev)
     else:
-        if not settings:
+        if run.data is None:
             raise RunError(f"{run.path} has no run.json to draw the test images from; give an image file")
-        scenes = held_out_scenes(settings["seed"], settings["test_size"], settings["held_out_fraction"])
+        scenes = run.data.held_out()
         index = 0 if index is None else index
         _select(len(scenes), index, "index")
         ref = caption(scenes[index])
@@ -279,12 +271,3 @@ def caption_viz(run, out_dir: Path, *, index: int | None = None, layer: int | No
     return [plot_caption_attention(image[0], w, [s.strip() for s in words], c.grid,
                                    out_dir / "caption_attention.png", title=title)]
 
-
-def _register() -> None:
-    from . import register_viz
-
-    register_viz("translation", seq2seq_viz)
-    register_viz("captioning", caption_viz)
-
-
-_register()

@@ -30,6 +30,10 @@ __all__ = [
     "plot_patch_attention",
     "plot_rollout",
     "plot_position_similarity",
+    "select",
+    "pyplot",
+    "save_figure",
+    "show_image",
 ]
 
 
@@ -327,3 +331,19 @@ def _save(fig, path) -> Path:
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
+
+
+def select(n: int, which: int | None, what: str) -> list[int]:
+    """The indices a ``--layer`` / ``--head`` / ``--index`` option picks: all of ``0..n-1``, or the one given
+    (a ``DataError`` naming the range when it is out of it)."""
+    if which is None:
+        return list(range(n))
+    if not 0 <= which < n:
+        raise DataError(f"{what} {which} out of range: 0..{n - 1}")
+    return [which]
+
+
+# Public names of the plotting helpers that task modules draw with.
+pyplot = _plt
+save_figure = _save
+show_image = _show_image

@@ -7,10 +7,8 @@ from pathlib import Path
 
 import torch
 
-from ..data.spoken_digits import load_audio_dataset
 from ..errors import DataError, RunError
 from ..tokens.audio import load_audio
-from . import register_viz
 from .attention_maps import attention_rollout, plot_rollout
 from .vit import grid_geometry
 
@@ -37,12 +35,9 @@ def audio_viz(run, out_dir: Path, *, index: int | None = None, data: str | None 
         wave = torch.from_numpy(load_audio(audio, c.sample_rate, max_samples=c.clip_samples))
         label, source = "?", Path(audio).name
     else:
-        if not run.info:
+        if run.data is None:
             raise RunError(f"{run.path} has no run.json to say which data it was trained on; pass --audio FILE")
-        s = run.settings
-        ds = load_audio_dataset(data if data is not None else run.data, seed=s.get("seed", 0),
-                                per_voice=s.get("per_voice", 3), test_voices=s.get("test_voices", 20),
-                                sample_rate=c.sample_rate, clip_samples=c.clip_samples)
+        ds = (run.data if data is None else run.data.replace(source=data)).held_out()
         index = 0 if index is None else index
         if not 0 <= index < len(ds.y_test):
             raise DataError(f"index {index} out of range: 0..{len(ds.y_test) - 1}")
@@ -66,5 +61,3 @@ def audio_viz(run, out_dir: Path, *, index: int | None = None, data: str | None 
                          title=f"log-mel spectrogram ({c.n_mels} mels × {c.num_frames} frames), attention "
                                f"rollout — {what}")]
 
-
-register_viz("audio-classifier", audio_viz)

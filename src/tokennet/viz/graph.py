@@ -14,8 +14,7 @@ from pathlib import Path
 import torch
 
 from ..errors import DataError, RunError
-from . import register_viz
-from .alignment import _select
+from .attention_maps import select as _select
 
 __all__ = ["graph_viz"]
 
@@ -63,15 +62,16 @@ def graph_viz(run, out_dir: Path, *, index: int | None = None, patch: int | None
         layer: only this layer (default: all).
         head: only this head (default: the mean of heads).
     """
-    from ..data.graphs import marked_distance_set
     from .attention_maps import _plt, _save
 
-    s, c = run.settings, run.model.config
-    if not s:
+    c, spec = run.model.config, run.data
+    if spec is None or not hasattr(spec, "held_out"):
         raise RunError(f"{run.path} has no run.json to say which graphs it was trained on")
+    if spec.kind != "marked-distance":
+        raise RunError(f"{run.path} was trained on {spec.kind} data: node attention is drawn for the generated "
+                       "marked-distance graphs")
     index = 0 if index is None else index
-    test, labels = marked_distance_set(s["test_size"], f"test-{s['seed']}", pe_dim=c.pe_dim,
-                                       max_distance=c.num_outputs, graph_max_distance=c.max_distance)
+    test, labels = spec.held_out()
     _select(len(labels), index, "index")
     g1 = test.select(torch.tensor([index]))
     n = int(g1.node_mask.sum())
@@ -106,5 +106,3 @@ def graph_viz(run, out_dir: Path, *, index: int | None = None, patch: int | None
     files.append(_save(fig, Path(out_dir) / "laplacian_positions.png"))
     return files
 
-
-register_viz("graph", graph_viz)

@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 
 from ..errors import DataError
-from . import register_viz
-from .alignment import _select, plot_alignment
+from .alignment import plot_alignment
+from .attention_maps import select as _select
 
 __all__ = ["language_viz", "text_encoder_viz", "DEFAULT_TEXT"]
 
@@ -63,6 +63,3 @@ def _token_attention(run, out_dir: Path, *, text, layer, head, context: int, kin
     return [plot_alignment(a[layers][:, heads], labels, labels, Path(out_dir) / "token_attention.png",
                            layers=layers, heads=heads, title=title)]
 
-
-register_viz("language-model", language_viz)
-register_viz("text-embedding", text_encoder_viz)

@@ -13,11 +13,9 @@ from pathlib import Path
 
 import torch
 
-from ..data.sphere import projected_set
 from ..errors import DataError, RunError
 from ..tokens.sphere import to_angles
-from . import register_viz
-from .alignment import _select
+from .attention_maps import select as _select
 
 __all__ = ["sphere_viz"]
 
@@ -52,21 +50,20 @@ def sphere_viz(run, out_dir: Path, *, index: int | None = None, patch: int | Non
         layer: only this layer (default: all).
         head: only this head (default: the mean of heads).
     """
-    from ..data.vision_data import load_dataset
     from .attention_maps import _plt, _save
 
-    m, s = run.model, run.settings
-    if not s:
+    m, spec = run.model, run.data
+    if spec is None:
         raise RunError(f"{run.path} has no run.json to say which images it was trained on")
-    vd = load_dataset(run.data)
+    _, _, (x_test, y_test) = spec.split()
+    classes = spec.images().classes
     index = 0 if index is None else index
-    _select(len(vd.y_test), index, "index")
+    _select(len(y_test), index, "index")
     centres, samples = m.centres.cpu().double(), m.samples.cpu().double()
     query = int(centres[:, 2].argmax()) if patch is None else patch
     if not 0 <= query < len(centres):
         raise DataError(f"patch {query} out of range: the model has patches 0..{len(centres) - 1}")
-    x = projected_set(vd.x_test[index:index + 1], m.samples.cpu(), rotate=False, seed=0,
-                      extent=float(s.get("extent", 1.0)))  # (1, C, M)
+    x = spec.project(x_test[index:index + 1], m.samples.cpu())  # (1, C, M)
     with torch.no_grad():
         maps = run.attention_maps(x.to(run.device))["self"]  # per layer (1, H, N, N)
         pred = int(m(x.to(run.device)).logits.argmax(-1))
@@ -94,11 +91,10 @@ def sphere_viz(run, out_dir: Path, *, index: int | None = None, patch: int | Non
     ax.set_yticklabels([])
     ax.grid(True, alpha=0.3)
     ax.set_title(f"layer {layers[-1]}, whole sphere (Mollweide)", fontsize=8)
-    name = vd.classes[int(vd.y_test[index])] if vd.classes else str(int(vd.y_test[index]))
-    fig.suptitle(f"test image {index} (class {name}, predicted {vd.classes[pred]}): attention of patch {query} "
+    name = classes[int(y_test[index])] if classes else str(int(y_test[index]))
+    guess = classes[pred] if classes else str(pred)
+    fig.suptitle(f"test image {index} (class {name}, predicted {guess}): attention of patch {query} "
                  f"(ringed)", fontsize=9)
     fig.tight_layout()
     return [_save(fig, Path(out_dir) / "patch_attention.png")]
 
-
-register_viz("sphere", sphere_viz)

@@ -12,7 +12,6 @@ import torch
 
 from ..errors import DataError, RunError
 from ..tokens.image import patch_padding
-from . import register_viz
 from .attention_maps import (
     attention_rollout,
     cosine_similarity_matrix,
@@ -62,16 +61,15 @@ def vit_viz(run, out_dir: Path, *, index: int | None = None, patch: int | None =
         image: draw this image file instead of a test image (2-D models; grey images are repeated to the
             model's channels; another size works when the patches tile it: positions are interpolated).
     """
-    from ..data.vision_data import load_dataset
+    from ..data.vision_data import ImageDataset
 
     model = run.model
     dev = next(model.parameters()).device
     c = model.config
-    if data is None:
-        if not run.info:
-            raise RunError(f"{run.path} has no run.json to say which data it was trained on; name the data")
-        data = run.data
-    ds = load_dataset(data)
+    spec = ImageDataset(source=data) if data is not None else run.data
+    if spec is None:
+        raise RunError(f"{run.path} has no run.json to say which data it was trained on; name the data")
+    ds = spec.load()
     if image is not None:
         from ..data.image_files import read_image
 
@@ -129,5 +127,3 @@ def vit_viz(run, out_dir: Path, *, index: int | None = None, patch: int | None =
                                                     f"({gh}×{gw} patches)"))
     return files
 
-
-register_viz("image-classifier", vit_viz)

@@ -9,14 +9,13 @@ throughput; ``metrics.json`` exactly as stored; the curves of ``log.jsonl`` (los
 against seconds, learning rate, gradient norm, evaluation metrics); the command that reproduces the
 run with the settings that differ from the recipe's defaults highlighted; the machine.
 
-What a task shows comes from a *panel*, registered by task kind (:mod:`tokennet.tasks`) like
-:func:`tokennet.viz.register_viz`::
+What a task shows comes from its *panel*, which the task declares (:meth:`tokennet.tasks.Task.panel`)::
 
-    register_panel("image-classifier", fn)   # fn(run: Run, log: LogData) -> list[(heading, html)]
+    def panel(self, run: Run, log: LogData) -> list[(heading, html)]
 
-A new task adds a panel module and one :func:`register_panel` call; the core does not change.
-Attention pictures in panels come from the task's ``viz`` function (:func:`viz_pictures`): the
-report does not redraw what ``tokennet viz`` draws.
+The core does not change for a new task. :func:`register_panel` (kept from before tasks declared their
+panels) replaces the panel of a task kind. Attention pictures in panels come from the task's pictures
+(:func:`viz_pictures`): the report does not redraw what ``tokennet viz`` draws.
 
 Bad input never gives a traceback: a directory that is not a run is a :class:`~tokennet.errors.RunError`;
 a run with no ``log.jsonl`` gets a page that says training has not logged anything yet; lines of
@@ -38,7 +37,7 @@ from typing import Any
 
 from ...errors import RunError, TokennetError
 from ...fileio import atomic_write_text
-from ...run import LOG_FILE, METRICS_FILE, read_metrics, read_run_info
+from ...run import LOG_FILE, METRICS_FILE, REPORT_FILE, read_metrics, read_run_info
 from .curves import curve_figures
 from .html import Section, esc, note, number, page, section, table
 from .logs import LogData, read_log
@@ -49,8 +48,6 @@ __all__ = ["write_report", "build_report", "register_panel", "list_panels", "viz
 
 log = logging.getLogger(__name__)
 
-REPORT_FILE = "report.html"
-
 Panel = Callable[..., list[Section]]
 _PANELS: dict[str, Panel] = {}
 
@@ -59,20 +56,22 @@ _EXPECTED = (TokennetError, OSError, ValueError, KeyError)
 
 
 def register_panel(kind: str, fn: Panel) -> None:
-    """Register the report panel of a task kind: ``fn(run, log) -> [(heading, html), ...]``."""
+    """Replace the report panel of a task kind with ``fn(run, log) -> [(heading, html), ...]``."""
     _PANELS[kind] = fn
 
 
 def list_panels() -> list[str]:
-    """The task kinds with a report panel."""
-    return sorted(_PANELS)
+    """The task kinds with a report panel: every registered task that declares one."""
+    from ...plugins import list_tasks
+
+    return sorted({t.kind for t in list_tasks().values() if t.declares("panel")} | set(_PANELS))
 
 
 def viz_pictures(run, **options) -> list[tuple[str, bytes]]:
-    """The PNGs the task's ``viz`` function draws for ``options``, as ``(file name, bytes)``."""
-    from .. import get_viz
+    """The PNGs the task's pictures draw for ``options``, as ``(file name, bytes)``."""
+    from .. import _VIZ
 
-    fn = get_viz(run.task.kind)
+    fn = _VIZ.get(run.task.kind, run.task.draw)
     with tempfile.TemporaryDirectory(prefix="tokennet-report-") as tmp:
         return [(p.name, p.read_bytes()) for p in fn(run, Path(tmp), **options)]
 
@@ -81,14 +80,14 @@ def viz_pictures(run, **options) -> list[tuple[str, bytes]]:
 def _task_of(info: dict[str, Any]) -> tuple[str, str]:
     """``(task name, task kind)`` of a run from its model preset (no weights needed)."""
     from ...models.registry import preset_info
-    from ...tasks import task_for
+    from ...plugins import task_for
 
     try:
         family = preset_info(info.get("model", ""))[0]
     except (TokennetError, KeyError, ValueError):
         return "model", "model"
     t = task_for(family)
-    return t.name, t.kind
+    return (t.name, t.kind) if t is not None else ("model", "model")
 
 
 def _fact(key: str, value_html: str) -> str:
@@ -207,9 +206,9 @@ def _log_problems(data: LogData) -> str:
 def _panel_sections(run, data: LogData) -> list[Section]:
     import torch
 
-    fn = _PANELS.get(run.task.kind)
-    if fn is None:
-        return [(run.task.name, note(f"No report panel is registered for {esc(run.task.kind)!s} runs."))]
+    fn = _PANELS.get(run.task.kind, run.task.panel)
+    if run.task.kind not in _PANELS and not run.task.declares("panel"):
+        return [(run.task.name, note(f"No report panel is declared for {esc(run.task.kind)!s} runs."))]
     threads = torch.get_num_threads()
     try:
         # Panels run small batches and token-by-token decoding: on a CPU that is latency-bound, and extra
@@ -311,10 +310,3 @@ class CheckpointReports:
         took = time.monotonic() - now
         self._next = time.monotonic() + max(self.min_interval, 10 * took)
 
-
-# Task kinds register their panels on import, after register_panel exists.
-from . import classification as _classification  # noqa: E402, F401
-from . import graphs as _graphs  # noqa: E402, F401
-from . import language as _language  # noqa: E402, F401
-from . import sequences as _sequences  # noqa: E402, F401
-from . import spheres as _spheres  # noqa: E402, F401

@@ -7,7 +7,6 @@ One panel serves every classifier kind; what differs is how the held-out set is 
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -90,27 +89,20 @@ class TestSet:
 
 def image_test_set(run) -> TestSet:
     """The test split of the run's image (or 1-D signal) dataset."""
-    from ...data.vision_data import load_dataset
-
-    ds = load_dataset(run.data)
+    ds = run.data.held_out()
     return TestSet(ds.x_test, ds.y_test, ds.classes, ds.name)
 
 
 @torch.no_grad()
 def audio_test_set(run, batch_size: int = 256) -> TestSet:
     """The test clips of an audio run, as the log-mel spectrogram images ``(N, 1, mels, frames)`` the AST reads."""
-    from ...data.spoken_digits import load_audio_dataset
-
-    s, m = run.settings, run.model
-    c = m.config
-    ds = load_audio_dataset(run.data, seed=s.get("seed", 0), per_voice=s.get("per_voice", 3),
-                            test_voices=s.get("test_voices", 20), sample_rate=c.sample_rate,
-                            clip_samples=c.clip_samples)
+    m = run.model
+    ds = run.data.held_out()
     dev = next(m.parameters()).device
     x = torch.cat([m.spectrogram_image(ds.x_test[i:i + batch_size].to(dev))[:, None].cpu()  # (b, 1, mels, frames)
                    for i in range(0, len(ds.x_test), batch_size)])
     names = run.task.label_names(run) or list(ds.labels)
-    return TestSet(x, ds.y_test, tuple(names), run.data or "spoken digits")
+    return TestSet(x, ds.y_test, tuple(names), ds.name)
 
 
 def classifier_panel(run, log, test_set: Callable[..., TestSet] = image_test_set) -> list[Section]:  # noqa: ARG001
@@ -158,12 +150,3 @@ def classifier_panel(run, log, test_set: Callable[..., TestSet] = image_test_set
                 f'<div class="plots">{"".join(pics)}{similarity or ""}</div>'))
     return out
 
-
-def _register() -> None:
-    from . import register_panel
-
-    register_panel("image-classifier", classifier_panel)
-    register_panel("audio-classifier", functools.partial(classifier_panel, test_set=audio_test_set))
-
-
-_register()

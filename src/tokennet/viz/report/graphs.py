@@ -25,18 +25,10 @@ def graph_panel(run, log) -> list[Section]:  # noqa: ARG001
                  for k, v in m.items() if k.startswith("baseline_")]
         out.append((f"Test mean absolute error ({esc(m.get('target', ''))})",
                     table(["predictor", "test MAE"], rows, num_cols=(1,))))
-    elif run.settings:  # the generated task: pictures of a held-out graph
+    elif run.data is not None and run.data.kind == "marked-distance":  # pictures of a held-out graph
         from . import viz_pictures
 
         for name, png in viz_pictures(run, index=0):
             out.append((f"Held-out graph 0: {name.removesuffix('.png').replace('_', ' ')}", img(png, name)))
     return out
 
-
-def _register() -> None:
-    from . import register_panel
-
-    register_panel("graph", graph_panel)
-
-
-_register()

@@ -48,14 +48,9 @@ def per_token_loss(model, ids: list[int]) -> list[float]:
 
 
 def _validation_snippet(run) -> list[int]:
-    from ...data.text import embedded_corpus, read_corpus
-
-    data = run.data
-    text = embedded_corpus() if data in (None, "", "embedded") else read_corpus(data)
-    ids = run.tokenizer.encode(text)
     block = run.model.config.block_size
-    n_val = max(int(len(ids) * run.settings.get("val_fraction", 0.1)), block + 1)
-    return ids[-n_val:][: min(block, SNIPPET_TOKENS) + 1]  # the start of the validation split (as in training)
+    val = run.data.held_out(run.tokenizer, block)  # the validation split, as in training
+    return val[: min(block, SNIPPET_TOKENS) + 1].tolist()
 
 
 def _shade(loss: float, top: float) -> str:
@@ -106,6 +101,8 @@ def language_panel(run, log) -> list[Section]:  # noqa: ARG001
 
     out = [("Samples", _samples(run))]
     try:
+        if run.data is None:
+            raise ValueError("the run has no training data of its own (an imported checkpoint)")
         out.append(("Where the model is surprised", _surprise(run)))
     except (OSError, ValueError) as e:  # the corpus moved or changed since training
         out.append(("Where the model is surprised", note(f"The validation text could not be read: {esc(e)}",
@@ -120,11 +117,3 @@ def language_panel(run, log) -> list[Section]:  # noqa: ARG001
     out.append(("Attention", pics))
     return out
 
-
-def _register() -> None:
-    from . import register_panel
-
-    register_panel("language-model", language_panel)
-
-
-_register()

@@ -37,15 +37,11 @@ def _summary(run, misses: int, n: int, keys: tuple[str, ...]) -> str:
 
 
 def translation_panel(run, log) -> list[Section]:  # noqa: ARG001
-    from ...data.dates import held_out_pairs
-    from ...tasks.translation import translate_batch
     from . import viz_pictures
 
-    s = run.settings
-    pairs = held_out_pairs(s["seed"], s["test_size"], s["test_fraction"], s["val_fraction"])[:ROWS]
+    pairs = run.data.held_out()[:ROWS]
     sources, refs = [p[0] for p in pairs], [p[1] for p in pairs]
-    outs = translate_batch(run.model, run.tokenizer, sources, beam_size=s.get("beam_size", 4),
-                           alpha=s.get("alpha", 0.6))
+    outs = [run.translate(src) for src in sources]
     rows, classes, misses = [], [], 0
     for i, (src, ref, out) in enumerate(zip(sources, refs, outs, strict=True)):
         misses += out != ref
@@ -73,11 +69,10 @@ def _png_of_image(x: torch.Tensor, scale: int = 2) -> bytes:
 
 
 def captioning_panel(run, log) -> list[Section]:  # noqa: ARG001
-    from ...data.shapes import caption, held_out_scenes, images_of
+    from ...data.shapes import caption, images_of
     from . import viz_pictures
 
-    s = run.settings
-    scenes = held_out_scenes(s["seed"], s["test_size"], s["held_out_fraction"])[:ROWS]
+    scenes = run.data.held_out()[:ROWS]
     images = images_of(scenes, run.model.config.image_size)  # (B, 3, H, W)
     outs = run.caption(images)
     refs = [caption(sc) for sc in scenes]
@@ -93,12 +88,3 @@ def captioning_panel(run, log) -> list[Section]:  # noqa: ARG001
                        f"(tokennet viz --index {index})", cls="wide") for name, png in viz_pictures(run, index=index))
     return [("Captions", _summary(run, misses, len(rows), ("exact_match",)) + html), ("Caption attention", pics)]
 
-
-def _register() -> None:
-    from . import register_panel
-
-    register_panel("translation", translation_panel)
-    register_panel("captioning", captioning_panel)
-
-
-_register()

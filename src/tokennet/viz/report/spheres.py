@@ -24,18 +24,10 @@ def sphere_panel(run, log) -> list[Section]:  # noqa: ARG001
                 for name, row in m["ablation"].items()]
         out.append(("Rotations: test accuracy by train/test regime (same steps and images)",
                     table(["model"] + [esc(r) for r in regimes], rows, num_cols=tuple(range(1, len(regimes) + 1)))))
-    if run.settings:
+    if run.data is not None:
         from . import viz_pictures
 
         for name, png in viz_pictures(run, index=0):
             out.append((f"Test image 0: {name.removesuffix('.png').replace('_', ' ')}", img(png, name)))
     return out
 
-
-def _register() -> None:
-    from . import register_panel
-
-    register_panel("sphere", sphere_panel)
-
-
-_register()

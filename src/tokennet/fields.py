@@ -1,0 +1,107 @@
+"""Typed settings: the type of every setting comes from a dataclass annotation, and text is parsed against it.
+
+Every setting ``tokennet train --set key=value`` accepts is a field of a dataclass — a model config, the
+:class:`~tokennet.train.TrainConfig`, a data spec or a recipe's options — and its annotation says what
+the text must be: ``int``, ``float``, ``bool``, ``str``, ``X | None`` (``none`` or an X), ``int |
+list[int]`` (``28`` or ``24,48``). A value that does not parse is one :class:`~tokennet.errors.RecipeError`
+naming the setting and the type, whatever the default is (a field defaulting to None still has a type).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from typing import Any
+
+from .errors import RecipeError
+
+__all__ = ["field_types", "coerce", "type_name"]
+
+_NONE = ("none", "null")
+
+
+def field_types(cls) -> dict[str, Any]:
+    """``name → annotation`` (resolved) of a dataclass's init fields."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints.get(f.name, Any) for f in dataclasses.fields(cls) if f.init}
+
+
+def _args(annotation) -> tuple:
+    """The members of a union (``X | None`` → ``(X, NoneType)``), or the annotation alone."""
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        return typing.get_args(annotation)
+    return (annotation,)
+
+
+def type_name(annotation) -> str:
+    """How a message names a type: ``int``, ``float or none``, ``true/false``, ``int or a list of int``."""
+    return _names(_args(annotation))
+
+
+def _names(members: tuple) -> str:
+    names = []
+    for a in members:
+        if a is type(None):
+            continue
+        if a is bool:
+            names.append("true/false")
+        elif typing.get_origin(a) in (list, tuple):
+            inner = typing.get_args(a)[0] if typing.get_args(a) else Any
+            names.append(f"a comma-separated list of {getattr(inner, '__name__', inner)}")
+        else:
+            names.append(getattr(a, "__name__", str(a)))
+    if type(None) in members:
+        names.append("none")
+    return " or ".join(names)
+
+
+def _parse_one(text: str, a) -> Any:
+    low = text.strip().lower()
+    if a is bool:
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off"):
+            return False
+        raise ValueError
+    if a is int:
+        return int(text)
+    if a is float:
+        v = float(text)
+        if math.isnan(v):  # a NaN setting passes every range check (nan > 0 is False, nan < 1 is False ...)
+            raise ValueError
+        return v
+    if a is str:
+        return text
+    if typing.get_origin(a) in (list, tuple):
+        inner = (typing.get_args(a) or (str,))[0]
+        parts = [p for p in text.replace(" ", "").split(",") if p]
+        if not parts:
+            raise ValueError
+        return [_parse_one(p, inner) for p in parts]
+    raise ValueError
+
+
+def coerce(key: str, text: str, annotation, default: Any = None) -> Any:
+    """Parse ``text`` as the setting ``key`` of type ``annotation``; a ``RecipeError`` when it does not parse.
+
+    ``none``/``null`` is None only where the type admits None (a string setting keeps "none" as a value,
+    e.g. ``position=none``). With no usable annotation (``Any``), the default's type decides, and a
+    setting whose default is None takes an int, a float, or the text.
+    """
+    members = _args(annotation)
+    if annotation is Any or not members:
+        members = (type(default),) if default is not None else (int, float, str, type(None))
+    low = text.strip().lower()
+    if low in _NONE and type(None) in members:
+        return None
+    # In a union, try the narrow types first: "3" is an int before it is a float or a string.
+    order = sorted((m for m in members if m is not type(None)),
+                   key=lambda m: {bool: 0, int: 1, float: 2}.get(m, 3 if typing.get_origin(m) else 4))
+    for m in order:
+        try:
+            return _parse_one(text, m)
+        except (ValueError, TypeError):
+            continue
+    raise RecipeError(f"setting {key}={text}: expected {_names(members)}")

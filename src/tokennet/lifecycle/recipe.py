@@ -1,0 +1,257 @@
+"""What a recipe is: a declaration — which data, which model preset, which training settings, which metrics.
+
+A recipe says *what* to train and nothing about *how* a run directory is locked, resumed, saved or
+reported (that is :func:`tokennet.lifecycle.train`). Its settings are one flat namespace, so ``--set``
+needs no prefixes (``--set dim=256 lr=3e-4 val_fraction=0.2``):
+
+- the model config's fields (the preset's family), typed by the config dataclass;
+- :class:`~tokennet.train.TrainConfig`'s fields;
+- the data spec's fields (:mod:`tokennet.data.spec`: split fractions, sizes, ...), typed by the spec;
+- the recipe's own ``options`` (typed by their defaults).
+
+``build(ctx: BuildContext) -> Job`` turns resolved settings into a model, a batch source and the
+functions that evaluate it; ``evaluate_run(run, data)`` computes the metrics of a *saved* run — the same
+function at the end of training (on the run reloaded from disk) and in ``tokennet eval``, so
+``metrics.json`` is what a fresh process recomputes, by construction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from ..data.spec import DataSpec
+from ..errors import RecipeError
+from ..fields import field_types
+from ..models.registry import config_from_dict, preset_info
+from ..train.trainer import TrainConfig
+
+__all__ = ["Recipe", "Job", "BuildContext", "register_recipe", "get_recipe", "list_recipes"]
+
+
+@dataclass
+class Job:
+    """What a recipe's ``build`` hands to the lifecycle.
+
+    Args:
+        model: the model to train (on the context's device).
+        source: the training batch source (``batch(i)``, a pure function of ``i``).
+        evaluate: ``evaluate(model) -> metrics`` during training (validation; monitoring only).
+        tokens_per_batch: items (tokens, images, ...) per micro-batch, for the throughput figure.
+        tokenizer: the text tokenizer to save with the run (text models).
+        finish: ``finish(model) -> metrics`` after training, for what only the training process can
+            measure (a sample, an ablation that trains other models, the epochs seen); the held-out metrics
+            come from the recipe's ``evaluate_run`` on the saved run.
+        data: the data spec to save with the run (default: the context's; a recipe whose data fills in
+            derived fields, such as class names, returns the filled spec).
+    """
+
+    model: nn.Module
+    source: Any
+    evaluate: Callable[[nn.Module], dict[str, float]]
+    tokens_per_batch: int
+    tokenizer: Any = None
+    finish: Callable[[nn.Module], dict[str, Any]] | None = None
+    data: DataSpec | None = None
+
+
+@dataclass
+class BuildContext:
+    """Everything a recipe's ``build`` may read: resolved settings, split by kind, and where to build.
+
+    Attributes:
+        recipe: the recipe being built.
+        settings: every setting, resolved (recipe defaults < the dataset's profile < the saved run < the user).
+        given: the names the user set on this invocation (``--set``, ``--max-iters``, ...).
+        model: the settings that are fields of the preset's model config.
+        train: the :class:`~tokennet.train.TrainConfig`.
+        options: the recipe's own options.
+        data: the data spec (None for a recipe without one).
+        source: ``--data`` as given (None: the recipe's default).
+        device: where the model goes.
+        out_dir: the run directory.
+        tokenizer: the run's saved tokenizer when resuming (a resumed run keeps its vocabulary), else None.
+    """
+
+    recipe: Recipe
+    settings: dict[str, Any]
+    given: set[str]
+    model: dict[str, Any]
+    train: TrainConfig
+    options: dict[str, Any]
+    data: DataSpec | None
+    source: str | None
+    device: Any
+    out_dir: Path
+    tokenizer: Any = None
+
+    def from_data(self, name: str, value: Any) -> Any:
+        """Fill a setting the data decides (``vocab_size`` from the tokenizer, ``num_classes`` from the labels,
+        ``image_size`` from the images): a value the user set to something else is a ``RecipeError``."""
+        if name in self.given and self.settings.get(name) != value:
+            raise RecipeError(f"{name}={self.settings[name]} does not match the data, which has {name}={value!r} "
+                              f"(the data sets it; leave {name} unset)")
+        self.settings[name] = value
+        if name in self.model or name in self.recipe.model_fields():
+            self.model[name] = value
+        return value
+
+
+@dataclass
+class Recipe:
+    """A named training recipe (see the module docstring).
+
+    Args:
+        name: what ``tokennet train NAME`` looks up.
+        description: one line for ``tokennet list``.
+        model: the model preset.
+        build: ``build(ctx: BuildContext) -> Job``.
+        data: the data spec class; its fields are settings, and the spec is saved with the run.
+        default_data: the data source when ``--data`` is not given (None: the spec's default).
+        options: the recipe's own settings and their defaults (a tokenizer, a decoding beam, ...).
+        model_defaults: config values replacing the preset's.
+        train_defaults: TrainConfig values replacing the trainer's defaults.
+        evaluate_run: ``evaluate_run(run, data) -> metrics`` of a saved run (``data``: another source, or None
+            for the run's own held-out split): ``tokennet eval``, and the end of training.
+        data_defaults: ``data_defaults(source) -> settings`` replacing the recipe defaults for that data (a
+            dataset's profile: model size, steps, augmentation). Precedence, lowest first: the preset,
+            ``model_defaults``/``train_defaults``/``options``/the spec's defaults, ``data_defaults(data)``,
+            then what the user sets.
+        unused: ``unused(settings) -> names`` of settings that do not apply given the others (``vocab_size``
+            with a character tokenizer): setting one of them is an error, not silently ignored.
+        smoke: tiny settings with which the recipe trains in seconds (the registry tests use them).
+        smoke_data: ``smoke_data(directory) -> --data`` writes a tiny dataset for those tests (None: the
+            recipe's default data is small or generated).
+        make_data: ``make_data(source, settings) -> DataSpec`` where the kind of data depends on ``--data``
+            (``graph``: generated graphs, or QM9); default: ``data.from_settings``.
+        variants: named settings that select another architecture or form of the recipe
+            (``{"bahdanau": {"arch": "bahdanau"}}``); the registry tests train each one too.
+    """
+
+    name: str
+    description: str
+    model: str
+    build: Callable[[BuildContext], Job]
+    data: type[DataSpec] | None = None
+    default_data: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    model_defaults: dict[str, Any] = field(default_factory=dict)
+    train_defaults: dict[str, Any] = field(default_factory=dict)
+    evaluate_run: Callable[..., dict[str, Any]] | None = None
+    data_defaults: Callable[[str | None], dict[str, Any]] | None = None
+    unused: Callable[[dict[str, Any]], set[str]] | None = None
+    smoke: dict[str, Any] = field(default_factory=dict)
+    smoke_data: Callable[[Path], str] | None = None
+    make_data: Callable[[str | None, dict[str, Any]], DataSpec] | None = None
+    variants: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.data is not None:
+            clash = sorted(set(self.options) & self.data.setting_names())
+            if clash:
+                raise ValueError(f"recipe {self.name!r}: options {clash} are already fields of {self.data.__name__}")
+
+    # -- the settings ----------------------------------------------------------------------------------
+    def _config_class(self):
+        family, preset, _ = preset_info(self.model)
+        return type(config_from_dict({"family": family, **preset, **self.model_defaults}))
+
+    def model_fields(self) -> set[str]:
+        return {f.name for f in dataclasses.fields(self._config_class()) if f.init and f.name != "family"}
+
+    def setting_types(self) -> dict[str, Any]:
+        """``name → type`` of every setting: annotations of the model config, TrainConfig and data spec; the
+        recipe options' default types."""
+        types: dict[str, Any] = {}
+        types.update(field_types(self._config_class()))
+        types.update(field_types(TrainConfig))
+        if self.data is not None:
+            types.update({k: v for k, v in field_types(self.data).items() if k in self.data.setting_names()})
+        types.update({k: type(v) for k, v in self.options.items() if v is not None})
+        types.pop("family", None)
+        return types
+
+    def field_defaults(self) -> dict[str, Any]:
+        """Each model and trainer setting's value when nothing sets it: the config classes' own field defaults.
+
+        A run saved before a setting existed was trained with this value, not with the recipe's current
+        default (a recipe may switch a new option on): resuming fills the settings its ``run.json`` lacks
+        from here.
+        """
+        out: dict[str, Any] = {}
+        for cls in (self._config_class(), TrainConfig):
+            for f in dataclasses.fields(cls):
+                if f.default is not dataclasses.MISSING:
+                    out[f.name] = f.default
+                elif f.default_factory is not dataclasses.MISSING:
+                    out[f.name] = f.default_factory()
+        out.pop("family", None)
+        return out
+
+    def defaults(self, data: str | None = None) -> dict[str, Any]:
+        """Every setting of this recipe with its default value for ``--data data`` (None: the default data)."""
+        family, preset, _ = preset_info(self.model)
+        model_cfg = config_from_dict({"family": family, **preset, **self.model_defaults}).to_dict()
+        model_cfg.pop("family")
+        train_cfg = dataclasses.asdict(TrainConfig(**self.train_defaults))
+        spec: dict[str, Any] = {}
+        if self.data is not None:
+            d = self.data().to_dict()
+            spec = {k: d[k] for k in self.data.setting_names() if k not in model_cfg and k not in train_cfg}
+        out = {**model_cfg, **train_cfg, **spec, **self.options}
+        if self.data_defaults is not None:
+            extra = self.data_defaults(data)
+            unknown = sorted(set(extra) - set(out))
+            if unknown:
+                raise RecipeError(f"recipe {self.name!r}: data defaults name unknown settings {unknown}")
+            out.update(extra)
+        return out
+
+    def split(self, settings: dict[str, Any]) -> tuple[dict[str, Any], TrainConfig, dict[str, Any]]:
+        """``(model overrides, TrainConfig, options)`` from flat settings."""
+        model_keys = self.model_fields()
+        train_keys = {f.name for f in dataclasses.fields(TrainConfig)}
+        model = {k: v for k, v in settings.items() if k in model_keys}
+        train = TrainConfig(**{k: v for k, v in settings.items() if k in train_keys})
+        opts = {k: v for k, v in settings.items() if k in self.options}
+        return model, train, opts
+
+    def data_spec(self, data: str | None, settings: dict[str, Any]) -> DataSpec | None:
+        """The run's data spec: ``--data`` (or the recipe's default source) and the spec's fields in ``settings``."""
+        source = data if data is not None else self.default_data
+        if self.make_data is not None:
+            return self.make_data(source, settings)
+        if self.data is None:
+            return None
+        return self.data.from_settings(source, settings)
+
+
+_RECIPES: dict[str, Recipe] = {}
+
+
+def register_recipe(recipe: Recipe) -> Recipe:
+    """Register a recipe under its name (the last registration of a name wins); returns it."""
+    _RECIPES[recipe.name] = recipe
+    return recipe
+
+
+def list_recipes() -> list[Recipe]:
+    from ..plugins import discover
+
+    discover()
+    return [_RECIPES[k] for k in sorted(_RECIPES)]
+
+
+def get_recipe(name: str) -> Recipe:
+    from ..plugins import discover
+
+    if name not in _RECIPES:
+        discover()
+    if name not in _RECIPES:
+        raise RecipeError(f"unknown recipe {name!r}; available: {', '.join(sorted(_RECIPES))}")
+    return _RECIPES[name]

@@ -1,0 +1,205 @@
+"""The run lifecycle, once for every recipe: lock, resume or overwrite, distributed setup, build, train, save,
+metrics, report.
+
+:func:`train` takes a recipe's declaration and owns the run directory from the first check to the last
+file: the writer's lock (:class:`~tokennet.run.RunLock`) for the whole run; ``--resume`` (the saved
+settings, data spec and tokenizer come back) or ``--overwrite`` (only of a run directory); the process
+group under torchrun (only rank 0 writes); the recipe's ``build``; the trainer; the final model; the
+metrics — the trainer's, the recipe's ``finish`` extras, and the recipe's ``evaluate_run`` on the run
+*reloaded from disk*, so ``metrics.json`` is what ``tokennet eval`` recomputes; the report page. A start
+that fails leaves nothing behind; an interrupted run keeps its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from ..device import resolve_device
+from ..errors import RecipeError
+from ..models.registry import model_from_config, save_pretrained
+from ..run import (
+    LOCK_FILE,
+    RUN_FILE,
+    RunLock,
+    clear_run_dir,
+    is_run_dir,
+    load,
+    read_data_spec,
+    read_run_info,
+    read_tokenizer,
+    save_tokenizer,
+    write_metrics,
+    write_run_info,
+)
+from ..train.distributed import barrier, full_state, init_distributed
+from ..train.trainer import Trainer
+from .recipe import BuildContext, Recipe, get_recipe
+from .settings import check_applicable, check_known, resolve_settings
+
+__all__ = ["train", "write_report"]
+
+log = logging.getLogger(__name__)
+
+
+def _prepare_out_dir(out: Path, recipe: str, resume: bool, overwrite: bool, main: bool = True) -> dict[str, Any] | None:
+    """Check the output directory (its writer holds the run lock); return the saved run.json when resuming."""
+    if out.exists() and not out.is_dir():
+        raise RecipeError(f"output path {out} exists and is not a directory")
+    if resume:
+        if not is_run_dir(out):
+            raise RecipeError(f"cannot resume: {out} is not a tokennet run directory (no {RUN_FILE})")
+        saved = read_run_info(out)
+        if saved.get("recipe") != recipe:
+            raise RecipeError(f"cannot resume: {out} is a run of recipe {saved.get('recipe')!r}, not {recipe!r}")
+        return saved
+    if out.exists() and any(p.name != LOCK_FILE for p in out.iterdir()):
+        if not overwrite:
+            raise RecipeError(f"output directory {out} already exists; resume it, overwrite it, "
+                              "or choose another output directory")
+        if not is_run_dir(out):
+            raise RecipeError(f"refusing to overwrite {out}: it is not a tokennet run directory")
+        if main:
+            clear_run_dir(out)
+    return None
+
+
+def train(
+    recipe: str | Recipe,
+    *,
+    data: str | None = None,
+    out: str | Path | None = None,
+    sets: dict[str, Any] | None = None,
+    device: str = "auto",
+    resume: bool = False,
+    overwrite: bool = False,
+) -> tuple[Path, dict[str, Any]]:
+    """Train a recipe into a run directory; return ``(run_dir, metrics)``.
+
+    The run directory holds ``run.json`` (recipe, settings, data and its spec), ``config.json`` and
+    ``model.safetensors`` (the final model), ``tokenizer.json`` for text, ``metrics.json``, ``log.jsonl``,
+    ``checkpoints/`` and ``report.html``.
+    """
+    recipe = get_recipe(recipe) if isinstance(recipe, str) else recipe
+    sets = dict(sets or {})
+    out = Path(out) if out is not None else Path("runs") / recipe.name
+    defaults = recipe.defaults(data)  # a resumed run takes its saved settings over these
+    check_known(recipe, sets, defaults)
+    dev = resolve_device(device)
+    info, dev = init_distributed(dev)
+    if out.exists() and not out.is_dir():
+        raise RecipeError(f"output path {out} exists and is not a directory")
+    created = not out.exists()
+    lock = RunLock(out).acquire() if info.is_main else None  # one writer per run directory, for the whole run
+    finished = False
+    try:
+        result = _run(recipe, out, defaults, data, sets, dev, info, resume, overwrite, created)
+        finished = True
+        return result
+    finally:
+        if lock is not None:
+            if not is_run_dir(out) or (lock.created and not finished):
+                (out / LOCK_FILE).unlink(missing_ok=True)  # a refused or failed start leaves no lock file behind
+                if created and not is_run_dir(out):
+                    shutil.rmtree(out, ignore_errors=True)
+            lock.release()
+        if info.enabled:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+
+
+def _seed_everything(seed: int) -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _run(recipe: Recipe, out: Path, defaults, data, sets, dev, info, resume, overwrite, created):
+    saved = _prepare_out_dir(out, recipe.name, resume, overwrite, main=info.is_main)
+    barrier(info)
+    if saved is not None:
+        data = saved.get("data") if data is None else data
+    settings = resolve_settings(recipe, defaults, None if saved is None else saved["settings"], sets)
+    given = set(sets)
+    check_applicable(recipe, settings, given)
+    model_over, tcfg, opts = recipe.split(settings)
+    spec = read_data_spec(saved) if saved is not None else recipe.data_spec(data, settings)
+    barrier(info)
+    if info.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+    t_start = time.perf_counter()
+    _seed_everything(tcfg.seed)  # the same initial weights on every rank
+    ctx = BuildContext(recipe=recipe, settings=settings, given=given, model=model_over, train=tcfg, options=opts,
+                       data=spec, source=data, device=dev, out_dir=out,
+                       tokenizer=read_tokenizer(out) if saved is not None else None)
+    try:
+        job = recipe.build(ctx)
+    except BaseException:
+        if created and info.is_main:  # a run that never started leaves nothing behind
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+    spec = job.data if job.data is not None else spec
+    if info.enabled:
+        _seed_everything(tcfg.seed + 1000 * info.rank)  # different dropout masks per rank
+    report_defaults = recipe.defaults(data)
+    trainer = Trainer(job.model, tcfg, job.source, evaluate=job.evaluate, out_dir=out, device=dev,
+                      tokens_per_batch=job.tokens_per_batch, dist=info,
+                      on_checkpoint=_checkpoint_reports(out, report_defaults) if tcfg.report else None)
+    if resume:
+        trainer.resume()  # a damaged checkpoint stops here, before any file of the run is touched
+    if info.is_main:
+        write_run_info(out, recipe=recipe.name, model=recipe.model, data=data, settings=ctx.settings,
+                       data_spec=spec)
+        if job.tokenizer is not None:
+            save_tokenizer(out, job.tokenizer)
+    final = trainer.fit()
+    if not info.enabled:
+        model = job.model
+    else:  # gather the full weights into a plain, unsharded copy on rank 0
+        msd, _ = full_state(trainer.model, None)
+        if not info.is_main:
+            return out, final
+        model = model_from_config(job.model.config).to(dev)
+        model.load_state_dict(msd)
+    save_pretrained(model, out, extra={"recipe": recipe.name})
+    metrics = {**final, "wall_seconds": 0.0, "num_parameters": sum(p.numel() for p in model.parameters())}
+    if info.enabled:
+        metrics["world_size"] = info.world_size
+    if job.finish is not None:
+        model.eval()  # the final metrics are inference: no dropout, no training-time randomness (sign flips, ...)
+        metrics.update(job.finish(model))
+    if recipe.evaluate_run is not None:
+        # The held-out metrics of the run as saved: what `tokennet eval` recomputes in a fresh process.
+        metrics.update(recipe.evaluate_run(load(out, device=dev), None))
+    metrics["wall_seconds"] = round(time.perf_counter() - t_start, 2)
+    write_metrics(out, metrics)
+    if tcfg.report:
+        write_report(out, report_defaults, panels=True, device=str(dev))
+    return out, metrics
+
+
+def _checkpoint_reports(out: Path, defaults: dict[str, Any]):
+    """The trainer's checkpoint hook: the curves page (no model yet), refreshed at most every 30 s."""
+    from ..viz.report import CheckpointReports
+
+    return CheckpointReports(lambda: write_report(out, defaults, panels=False))
+
+
+def write_report(out: Path, defaults: dict[str, Any] | None, **kw) -> Path | None:
+    """Refresh ``report.html``; a report that fails never fails the run it reports on (a warning says why)."""
+    from ..viz.report import write_report as _write
+
+    try:
+        return _write(out, defaults=defaults, **kw)
+    except Exception as e:  # noqa: BLE001 - the run's files are written; the page is a view of them
+        log.warning("could not write %s/report.html: %s", out, e, exc_info=not isinstance(e, (OSError,)))
+        return None

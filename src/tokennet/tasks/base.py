@@ -1,0 +1,225 @@
+"""What a task is: verbs, declared inputs and options, pictures and a report panel — in one class, registered once.
+
+A task adapter knows how to use a model of some families at inference. It declares, where it is defined:
+
+- its **verbs**: methods marked :func:`verb`; :class:`~tokennet.run.Run` offers each as ``run.<verb>(...)``
+  (``run.generate``, ``run.classify``, ``run.answer``, ...), so a task with a new verb edits nothing else;
+- its **inputs** (:class:`Input`) and generation **options** (:class:`Option`): what ``tokennet generate RUN``
+  takes (``--image``, ``--audio``, ``--prompt``, ``--input`` for the first file input; ``--temperature``,
+  ``--beam-size``, ...). The CLI builds its flags from every registered task's declarations, sends a run's
+  values to :meth:`Task.respond` and refuses, in one line, a flag the run's task does not take;
+- its **pictures** (:meth:`Task.draw`, what ``tokennet viz`` writes) and **report panel** (:meth:`Task.panel`);
+- one held-out input (:meth:`Task.examples`) and bad inputs that must fail in one line (:meth:`Task.bad_inputs`),
+  which the registry tests use for every task.
+
+``register_task(TaskClass)`` (a class decorator) registers one instance for each of ``TaskClass.families``.
+Held-out data always comes from the run's data spec (``run.data``), never from loose settings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import DataError, RunError
+from ..plugins import all_verbs
+from ..plugins import register_task as _register
+
+if TYPE_CHECKING:
+    from ..run import Run
+
+__all__ = ["Task", "verb", "Input", "Option", "register_task", "all_verbs", "as_paths", "OPTIONS", "HELP",
+           "image_file_bad_inputs", "check_values"]
+
+
+def verb(fn: Callable) -> Callable:
+    """Mark a task method as a verb: ``run.<name>(*args)`` calls ``task.<name>(run, *args)``."""
+    fn.__tokennet_verb__ = True
+    return fn
+
+
+@dataclasses.dataclass(frozen=True)
+class Input:
+    """One input of a task's ``tokennet generate``: a file flag (``--image PATH ...``) or a text flag (``--prompt``).
+
+    Args:
+        name: the flag (``--name``) and the key in :meth:`Task.respond`'s values.
+        help: the flag's help text (every task declaring the flag shares one help: the first one registered).
+        file: file paths (``nargs="+"``, several at once) rather than one text.
+        required: ``tokennet generate`` refuses to run without it.
+        default: the value when it is not given (text inputs).
+    """
+
+    name: str
+    help: str
+    file: bool = True
+    required: bool = True
+    default: str | None = None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """A generation option of ``tokennet generate`` (``--temperature 0.5``); ``flag=True``: a switch."""
+
+    name: str
+    help: str
+    type: type = str
+    default: Any = None
+    choices: tuple | None = None
+    flag: bool = False
+    metavar: str | None = None
+
+    @property
+    def cli(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+def _quantize_choices() -> tuple[str, ...]:
+    from ..layers.quantize import QUANTIZE_MODES
+
+    return tuple(QUANTIZE_MODES)
+
+
+# The options several tasks share, declared once.
+OPTIONS = {
+    "max_new_tokens": Option("max_new_tokens", "tokens to generate (>= 1; default 200)", int, 200),
+    "temperature": Option("temperature", "0 = greedy; higher = more random (default 0.8)", float, 0.8),
+    "top_k": Option("top_k", "sample among the k most likely tokens", int),
+    "top_p": Option("top_p", "nucleus sampling threshold in (0, 1]", float),
+    "seed": Option("seed", "sampling seed (default 0)", int, 0),
+    "no_cache": Option("no_cache", "recompute the whole window every step (no KV cache)", flag=True),
+    "quantize": Option("quantize", "language models: decode with low-precision weights in every linear layer and the "
+                       "LM head, converted when generation starts (the saved run is not changed): bf16, or int8 "
+                       "weight-only with one scale per output channel (bf16 activations); fewer bytes per weight "
+                       "read per token make decoding faster, at a small cost in accuracy (default none: float32 "
+                       "weights, which on the CPU decode from a copy packed in column blocks, one per thread)",
+                       str, "none", choices=_quantize_choices()),
+    "chat": Option("chat", "language models with a chat template (imported chat models such as SmolLM2-Instruct): "
+                   "send --prompt as a user message through the template and print only the reply", flag=True),
+    "beam_size": Option("beam_size", "translation and captioning runs: beam width, 1 = greedy (default: the run's "
+                        "beam_size)", int),
+}
+
+
+# The help of the inputs several tasks share (a flag has one help text, whichever task declares it).
+HELP = {
+    "prompt": "language models: the text to continue (default: a newline); translation runs: the text to "
+              "translate; question-answering runs: the question",
+    "image": "image files (PNG, JPEG, ... or .npy) of the model's size (nothing is resized): captioning runs caption "
+             "them, classifier runs print PATH, class index and probability per line",
+    "audio": "audio classification runs: classify these audio files (WAV; OGG/FLAC with the soundfile package), read "
+             "as mono and resampled to the model's rate; prints FILE, class index, class name and probability per line",
+}
+
+
+def as_paths(inputs) -> list:
+    """File inputs of a verb as a list: one path, or any iterable of paths."""
+    return [inputs] if isinstance(inputs, (str, Path)) else list(inputs)
+
+
+class _VerbNames:
+    """``Task.verbs``: the names of the task's verbs, in declaration order (on the class and on instances)."""
+
+    def __get__(self, obj, cls) -> tuple[str, ...]:
+        return tuple(cls.verb_methods())
+
+
+class Task:
+    """Base task adapter (no verbs). Subclasses set the class attributes and override what they support."""
+
+    name = "model"  # for messages: "a language model run"
+    kind = "model"  # what `tokennet viz` and the report call the task (stable, used in old registries)
+    families: tuple[str, ...] = ()  # the model families this task serves
+    protocol: type | None = None  # what a model must offer (structural typing; see tokennet.tasks)
+    inputs: tuple[Input, ...] = ()
+    options: tuple[Option, ...] = ()
+    viz_options: tuple[Option, ...] = ()  # `tokennet viz` flags beyond the common ones (index, patch, layer, ...)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+    verbs = _VerbNames()
+
+    @classmethod
+    def verb_methods(cls) -> dict[str, Callable]:
+        """``name → method`` of every verb (methods marked :func:`verb`, inherited ones included)."""
+        out = {}
+        for klass in reversed(cls.__mro__):
+            for name, fn in vars(klass).items():
+                if callable(fn) and getattr(fn, "__tokennet_verb__", False):
+                    out[name] = fn
+        return out
+
+    def declares(self, what: str) -> bool:
+        """Whether this task overrides the base's ``what`` (``"draw"``, ``"panel"``, ``"respond"``, ...)."""
+        return getattr(type(self), what) is not getattr(Task, what)
+
+    def check(self, model) -> None:
+        """Raise ``RunError`` unless the model offers what this task needs (its protocol)."""
+        if self.protocol is not None and not isinstance(model, self.protocol):
+            raise RunError(f"{type(model).__name__} does not implement {self.protocol.__name__}, "
+                           f"which a {self.name} task needs")
+
+    # -- the command line ---------------------------------------------------------------------------
+    def respond(self, run: Run, values: dict[str, Any]) -> Iterator[str]:
+        """``tokennet generate``: the text to print for ``values`` (every declared input and option, defaults
+        filled in). Yields pieces (a language model streams its tokens)."""
+        raise RunError(f"{run.path} is a {self.name} run: it has nothing to generate")
+
+    # -- pictures and the report ----------------------------------------------------------------------
+    def draw(self, run: Run, out_dir: Path, **options) -> list[Path]:
+        """``tokennet viz``: write the task's pictures into ``out_dir``; return the files."""
+        raise RunError(f"no pictures for a {self.name} run")
+
+    def panel(self, run: Run, log) -> list[tuple[str, str]]:
+        """The report's task sections: ``[(heading, html), ...]`` (see :mod:`tokennet.viz.report`)."""
+        return []
+
+    # -- evaluation without a recipe (imported checkpoints) ------------------------------------------------
+    def evaluate(self, run: Run, data: str | None) -> dict[str, Any]:
+        raise RunError(f"{run.path}: tokennet eval has no evaluation for an imported {self.name}")
+
+    # -- for tests and documentation ---------------------------------------------------------------------
+    def examples(self, run: Run, directory: Path) -> dict[str, Any]:
+        """One held-out input as ``tokennet generate`` values (files written into ``directory``)."""
+        raise RunError(f"a {self.name} run has no example input")
+
+    def bad_inputs(self, run: Run, directory: Path) -> list[tuple[dict[str, Any], str]]:
+        """Inputs that must fail in one line: ``(values, a fragment of the message)`` pairs."""
+        return []
+
+
+def register_task(cls: type[Task]) -> type[Task]:
+    """Register a task class for each of its ``families`` (a class decorator); returns the class."""
+    if not cls.families:
+        raise ValueError(f"{cls.__name__} serves no model family (set families = (...))")
+    task = cls()
+    for family in cls.families:
+        _register(family, task)
+    return cls
+
+
+_register(None, Task())  # the generic task (no verbs) of a family no task serves
+
+
+def image_file_bad_inputs(directory: Path, name: str = "image") -> list[tuple[dict[str, Any], str]]:
+    """Bad image files every image input must refuse in one line: missing, empty, not an image."""
+    directory = Path(directory)
+    empty, text = directory / "empty.png", directory / "not-an-image.png"
+    empty.write_bytes(b"")
+    text.write_text("this is text, not an image\n" * 10)
+    return [({name: [str(directory / "missing.png")]}, "missing.png"), ({name: [str(empty)]}, "empty.png"),
+            ({name: [str(text)]}, "not-an-image.png")]
+
+
+def check_values(task: Task, values: dict[str, Any]) -> None:
+    """Refuse missing required inputs, in one line naming the flag."""
+    for i in task.inputs:
+        if i.required and values.get(i.name) in (None, [], ""):
+            raise DataError(f"a {task.name} run takes {i.flag}: pass {i.flag} ({i.help})")
