@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -162,6 +162,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self.steps = 0  # decode steps taken (for tests and statistics)
         self.batch_sizes: list[int] = []  # rows of each decode step, the last 1000
+        self.finished: Counter[str] = Counter()  # sequences ended, by finish reason
 
     # -- the caller's side (any thread) ------------------------------------------------------------
     def start(self) -> Engine:
@@ -311,6 +312,7 @@ class Engine:
 
     def _finish(self, s: Sequence, reason: str, *, error: str | None = None) -> None:
         s.finish_reason = reason
+        self.finished[reason] += 1
         try:
             s.emit(Event(finish_reason=reason, error=error))
         except Exception:  # noqa: BLE001 - the owner's callback must not stop the engine
