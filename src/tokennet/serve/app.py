@@ -49,6 +49,7 @@ __all__ = ["create_app", "serve", "engine_for_run"]
 
 log = logging.getLogger(__name__)
 MAX_BODY = 8 << 20  # bytes of a request body at most
+DISCONNECT_POLL = 0.25  # seconds between checks that a client waiting for a whole completion is still there
 
 
 def _error(e: APIError) -> JSONResponse:
@@ -227,13 +228,18 @@ async def _collect(request: Request, r: _Request) -> Response:
     """A whole completion; a client that goes away meanwhile cancels it."""
     texts = [""] * len(r.seqs)
     reasons: list[str | None] = [None] * len(r.seqs)
+    checked = time.monotonic()
     try:
         while None in reasons:
             try:
-                i, ev = await asyncio.wait_for(r.queue.get(), timeout=0.5)
+                i, ev = await asyncio.wait_for(r.queue.get(), timeout=DISCONNECT_POLL)
             except asyncio.TimeoutError:
+                i, ev = -1, None
+            if time.monotonic() - checked >= DISCONNECT_POLL:  # whether or not text keeps coming
+                checked = time.monotonic()
                 if await request.is_disconnected():
                     return Response(status_code=499)  # nobody reads it (the rows are freed below)
+            if ev is None:
                 continue
             texts[i] += ev.text
             if ev.finish_reason == "error":
