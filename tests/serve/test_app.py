@@ -245,3 +245,12 @@ def test_ctrl_c_drains_the_requests_in_flight_and_exits(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_serve_refuses_a_run_that_is_not_a_language_model(tmp_path, capsys):
+    from tokennet.cli import main
+
+    save_pretrained(create_model("vit-micro"), tmp_path / "vit")
+    assert main(["serve", str(tmp_path / "vit"), "--port", str(_free_port())]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("tokennet: error:") and "serves language models" in err and "\n" not in err
