@@ -132,6 +132,9 @@ def _common(body: dict[str, Any], served: str, *, default_max: int | None, conte
         v = body.get(name)
         if v not in (None, {}, []):
             raise APIError(400, f"{name} is not supported by this server", param=name)
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise APIError(400, f"user must be a string, got {type(user).__name__}", param="user")
     seed = body.get("seed")
     if seed is not None and (not _is_int(seed) or not -(2**63) <= seed < 2**63):
         raise APIError(400, f"seed must be an integer, got {seed!r}", param="seed")
