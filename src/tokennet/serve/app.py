@@ -106,6 +106,9 @@ class _Request:
         except RuntimeError:
             self.cancel()
             raise APIError(503, "the server is shutting down") from None
+        except ValueError as e:  # the context (checked before, so only as a last line of defence)
+            self.cancel()
+            raise APIError(400, str(e), code="context_length_exceeded") from None
 
     def cancel(self) -> None:
         for s in self.seqs:

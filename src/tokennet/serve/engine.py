@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -86,7 +85,6 @@ class Sequence:
         self.cancelled = False
         self.generator = None if params.seed is None else torch.Generator().manual_seed(params.seed)
         self.next_token: int | None = None  # sampled, not yet fed to the model
-        self.submitted = time.perf_counter()
 
     @property
     def length(self) -> int:
