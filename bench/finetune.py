@@ -17,7 +17,9 @@ Both systems start from the same weights — SmolLM2-135M-Instruct's GGUF from t
 - the same loss: mean next-token cross-entropy over every position (tokennet's ``GPT(x, y).loss``; for
   peft, ``F.cross_entropy`` on the model's logits).
 
-Each system runs in its own fresh process (``--rounds`` rounds, alternating which goes first); reported per
+Each system runs in its own fresh process (``--rounds`` rounds, alternating which goes first); then both run
+in one process, a step of each in turn on the same batch (``--interleaved`` steps: a machine whose load
+changes slows both alike, so the ratio holds on a shared machine). Reported per
 system: the validation-loss curve, training tokens/s (median over the steps after the first two), peak
 memory (CPU: the process's peak RSS, and its rise over the RSS once the model is loaded — the memory that
 evaluation and training add — sampled every 2 ms; CUDA: ``max_memory_allocated``). Goal: tokennet ≥ 1.2×
@@ -107,27 +109,15 @@ def prepare_data(path: Path) -> None:
     save_file({"train": ids[:cut].contiguous(), "val": ids[cut:].contiguous()}, str(path))
 
 
-def child(args) -> dict:
+def build(side: str, args, dev):
+    """The adapted model of one system and its loss function ``loss_of(x, y)``, with the shared initial A."""
     import torch
     import torch.nn.functional as F
 
-    from tokennet.data.text import LMBatches
     from tokennet.interop.init import load_init
-    from tokennet.train.optim import cosine_lr
-
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    dev = torch.device(args.device)
-    from safetensors.torch import load_file
 
     gguf = smollm2_gguf()
-    data = load_file(str(args.data))  # token ids made once by the parent: neither side pays for the other's loader
-    train = LMBatches(data["train"], args.seq, args.batch, seed=0)
-    val_ids = data["val"]
-    n_val = min(8, (len(val_ids) - 1) // (args.seq + 1))
-    val = [(val_ids[i * (args.seq + 1): (i + 1) * (args.seq + 1) - 1][None],
-            val_ids[i * (args.seq + 1) + 1: (i + 1) * (args.seq + 1)][None]) for i in range(n_val)]
-    if args.side == "tokennet":
+    if side == "tokennet":
         from tokennet.layers.lora import LoRAConfig, apply_lora, lora_layers
 
         model = apply_lora(load_init(gguf).model, LoRAConfig(rank=args.rank, alpha=args.alpha, dropout=args.dropout,
@@ -162,7 +152,27 @@ def child(args) -> dict:
         def loss_of(x, y):
             logits = model(input_ids=x).logits
             return F.cross_entropy(logits.flatten(0, 1), y.flatten())
-    model.to(dev).train()
+    return model.to(dev).train(), loss_of
+
+
+def child(args) -> dict:
+    import torch
+
+    from tokennet.data.text import LMBatches
+    from tokennet.train.optim import cosine_lr
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    dev = torch.device(args.device)
+    from safetensors.torch import load_file
+
+    data = load_file(str(args.data))  # token ids made once by the parent: neither side pays for the other's loader
+    train = LMBatches(data["train"], args.seq, args.batch, seed=0)
+    val_ids = data["val"]
+    n_val = min(8, (len(val_ids) - 1) // (args.seq + 1))
+    val = [(val_ids[i * (args.seq + 1): (i + 1) * (args.seq + 1) - 1][None],
+            val_ids[i * (args.seq + 1) + 1: (i + 1) * (args.seq + 1)][None]) for i in range(n_val)]
+    model, loss_of = build(args.side, args, dev)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
                             fused=dev.type in ("cpu", "cuda"))
@@ -217,6 +227,42 @@ def child(args) -> dict:
     return out
 
 
+def interleaved(args) -> dict:
+    """Both systems in one process, one training step each in turn on the same batch: tokens/s that a
+    changing machine load affects alike (the per-process runs measure memory; their times drift with load)."""
+    import torch
+    from safetensors.torch import load_file
+
+    from tokennet.data.text import LMBatches
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    dev = torch.device(args.device)
+    train = LMBatches(load_file(str(args.data))["train"], args.seq, args.batch, seed=0)
+    sides = {}
+    for side in args.systems:
+        model, loss_of = build(side, args, dev)
+        params = [p for p in model.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+                                fused=dev.type in ("cpu", "cuda"))
+        sides[side] = (loss_of, params, opt, [])
+    for step in range(args.interleaved):
+        x, y = (t.to(dev) for t in train.batch(step))
+        for loss_of, params, opt, times in (sides[k] for k in (args.systems if step % 2 == 0 else args.systems[::-1])):
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            loss_of(x, y).backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+    return {k: {"tokens_per_s": args.batch * args.seq / statistics.median(v[3][1:] or v[3]),
+                "step_times": [round(t, 4) for t in v[3]]} for k, v in sides.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=40)
@@ -231,13 +277,15 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--systems", nargs="+", default=["tokennet", "peft"])
+    ap.add_argument("--interleaved", type=int, default=10,
+                    help="then this many steps of each system alternating in one process (0: skip)")
     ap.add_argument("--side", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--json", type=Path, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--data", type=Path, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "finetune.json")
     args = ap.parse_args()
     if args.side:
-        args.json.write_text(json.dumps(child(args)))
+        args.json.write_text(json.dumps(interleaved(args) if args.side == "interleaved" else child(args)))
         return
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": str(args.threads)}
     data = ROOT / "bench" / "results" / f".finetune-data-{os.getpid()}.safetensors"
@@ -262,9 +310,21 @@ def main() -> None:
             print(f"round {r + 1} {side}: {res['tokens_per_s']:.1f} tokens/s, peak RSS {res['peak_rss_mib']:.0f} MiB "
                   f"(+{res['train_rss_rise_mib']:.0f} over the loaded model), final val loss "
                   f"{res['val_curve'][-1][1]:.4f} (load average before: {la:.2f})", flush=True)
+    inter = None
+    if args.interleaved and len(args.systems) > 1:
+        tmp = ROOT / "bench" / "results" / f".finetune-interleaved-{os.getpid()}.json"
+        subprocess.run([sys.executable, __file__, "--side", "interleaved", "--json", str(tmp), "--data", str(data),
+                        f"--interleaved={args.interleaved}", "--systems", *args.systems, *passthrough], env=env,
+                       check=True)
+        inter = json.loads(tmp.read_text())
+        tmp.unlink()
+        print("interleaved in one process: " + ", ".join(f"{k} {v['tokens_per_s']:.1f} tokens/s"
+                                                        for k, v in inter.items()), flush=True)
     data.unlink()
     summary = {}
     for side, rs in runs.items():
+        if not rs:  # --rounds 0: the interleaved comparison only
+            continue
         summary[side] = {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in rs),
                          "peak_rss_mib": statistics.median(r["peak_rss_mib"] for r in rs),
                          "train_rss_rise_mib": statistics.median(r["train_rss_rise_mib"] for r in rs),
@@ -293,6 +353,11 @@ def main() -> None:
               f"max |Δ val loss| along the curve {diff:.4f}")
         summary["ratio_tokens_per_s"] = a["tokens_per_s"] / b["tokens_per_s"]
         summary["max_val_loss_diff"] = diff
+    if inter is not None and {"tokennet", "peft"} <= set(inter):
+        summary["interleaved"] = inter
+        ratio = inter["tokennet"]["tokens_per_s"] / inter["peft"]["tokens_per_s"]
+        summary["ratio_tokens_per_s_interleaved"] = ratio
+        print(f"tokennet / peft, interleaved in one process ({args.interleaved} steps each): tokens/s {ratio:.2f}×")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "summary": summary,
                                     "runs": runs}, indent=2) + "\n")
