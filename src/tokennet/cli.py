@@ -255,6 +255,29 @@ def _add_import(sub) -> None:
     p.add_argument("--out", required=True, help="the new run directory (must not exist, or be empty)")
 
 
+def _add_serve(sub) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="serve a language-model run over HTTP in the OpenAI format (completions, chat, streaming)",
+        description="An OpenAI-compatible server for RUN_DIR (trained or imported): POST /v1/completions and "
+        "/v1/chat/completions (stream: true as server-sent events), GET /v1/models, GET /health. Concurrent "
+        "requests decode together, one batched step for all of them, joining and leaving between steps. Chat "
+        "prompts use the run's chat template (plain ChatML for a tokenizer without one). Ctrl-C lets the "
+        "requests in flight finish, then exits. Needs the serve extra: pip install 'tokennet[serve]'.",
+    )
+    p.add_argument("run_dir", help="a language-model run directory (trained, or imported with tokennet import)")
+    p.add_argument("--host", default="127.0.0.1", help="the address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="the port (default 8000)")
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on every /v1 request (default: no key)")
+    p.add_argument("--model-name", default=None,
+                   help="the model id clients ask for (default: the run's directory name)")
+    p.add_argument("--max-batch", type=int, default=16, help="the most requests decoded together (default 16)")
+    p.add_argument("--context", type=int, default=None,
+                   help="the longest prompt + reply served, in tokens (default: the model's context)")
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda, or auto")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="tokennet",
@@ -280,6 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_import(sub)
     _add_export(sub)
     _add_embed(sub)
+    _add_serve(sub)
     return parser
 
 
@@ -531,9 +555,27 @@ class _StderrHandler(logging.StreamHandler):
         pass
 
 
+def cmd_serve(args) -> int:
+    from .device import resolve_device
+
+    if not 0 < args.port < 65536:
+        raise CLIError(f"--port must be in 1..65535, got {args.port}")
+    if args.max_batch < 1:
+        raise CLIError(f"--max-batch must be >= 1, got {args.max_batch}")
+    try:
+        from .serve.app import serve
+    except ImportError as e:
+        raise CLIError(f"tokennet serve needs starlette and uvicorn ({e.name} is missing): "
+                       "pip install 'tokennet[serve]'") from None
+    serve(args.run_dir, host=args.host, port=args.port, api_key=args.api_key, model_name=args.model_name,
+          max_batch=args.max_batch, context=args.context, device=str(resolve_device(args.device)),
+          log_level="warning" if args.quiet else "info")
+    return 0
+
+
 COMMANDS = {"embed": cmd_embed, "export": cmd_export, "import": cmd_import,
             "list": cmd_list, "train": cmd_train, "generate": cmd_generate, "eval": cmd_eval, "demo": cmd_demo,
-            "viz": cmd_viz, "report": cmd_report}
+            "viz": cmd_viz, "report": cmd_report, "serve": cmd_serve}
 
 
 def _load_plugins(argv: list[str]) -> None:

@@ -15,6 +15,9 @@ HF dir, ``llama``      ``LlamaForCausalLM``             ``gpt`` with Llama's opt
 HF dir, ``bert``       ``BertModel``                    ``text-encoder`` + its tokenizer (:mod:`.bert`)
 =====================  ===============================  ===========================================
 
+:func:`tokennet.interop.init.load_init` reads the same sources (or a tokennet run) as starting weights for
+fine-tuning, converted in memory.
+
 Anything else — another family, a config field a converter does not map, a tensor it does not use or
 cannot find — stops the import with one line, and nothing is written.
 """
@@ -41,7 +44,7 @@ from .hf import read_hf_config
 from .llama import convert_llama, convert_llama_gguf
 from .vit import convert_vit
 
-__all__ = ["import_checkpoint", "convert", "ImportResult", "CONVERTERS"]
+__all__ = ["import_checkpoint", "convert", "ImportResult", "CONVERTERS", "load_init", "InitSource"]
 
 logger = logging.getLogger(__name__)
 
@@ -131,3 +134,6 @@ def import_checkpoint(source: str | Path, out: str | Path) -> ImportResult:
     for n in notes:
         logger.warning("%s", n)
     return ImportResult(out, name, model, notes, tokenizer)
+
+
+from .init import InitSource, load_init  # noqa: E402 - it uses convert, defined above

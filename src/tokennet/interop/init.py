@@ -1,0 +1,140 @@
+"""Starting weights for training: a tokennet run, or anything ``tokennet import`` reads, converted on the fly.
+
+``load_init(SOURCE)`` gives the model and tokenizer to fine-tune from:
+
+- a tokennet run directory (or a bare saved model, ``config.json`` + ``model.safetensors``): loaded as
+  :func:`tokennet.load` loads it;
+- a Hugging Face checkpoint directory or a ``.gguf`` file: converted in memory by
+  :func:`tokennet.interop.convert`, the converter ``tokennet import`` uses; nothing is written.
+
+Anything else is one :class:`~tokennet.errors.RunError` line. A fine-tuned run remembers where its weights
+came from; :func:`check_resume_vocabulary` refuses to resume it on a source whose vocabulary differs
+from the run's own tokenizer. :func:`with_num_classes` gives a classifier a new head when the fine-tuning
+data has other classes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import ConfigError, RunError
+from ..models.registry import CONFIG_FILE, WEIGHTS_FILE, model_from_config
+from ..run import load, read_tokenizer
+from . import convert
+
+__all__ = ["InitSource", "load_init", "check_resume_vocabulary", "with_num_classes"]
+
+
+@dataclass
+class InitSource:
+    """Weights to start from: the model, its tokenizer (None for a model without text), where they came from.
+
+    ``kind`` is ``"run"`` for a tokennet run directory, else the converter's name (``"gguf/llama"``,
+    ``"llama/LlamaForCausalLM"``, ...); ``notes`` are the converter's remarks for the user.
+    """
+
+    model: nn.Module
+    tokenizer: Any
+    kind: str
+    path: Path
+    notes: list[str] = field(default_factory=list)
+
+
+def _is_tokennet_model_dir(path: Path) -> bool:
+    f = path / CONFIG_FILE
+    if not f.is_file():
+        return False
+    try:
+        cfg = json.loads(f.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        return False
+    return isinstance(cfg, dict) and "family" in cfg  # Hugging Face's config.json has "model_type" instead
+
+
+def load_init(source: str | Path, *, device: str | torch.device = "cpu") -> InitSource:
+    """The model and tokenizer in ``source``: a tokennet run, a Hugging Face directory or a GGUF file.
+
+    The model is in train mode on ``device``, every parameter trainable (apply LoRA or freeze afterwards).
+
+    Raises:
+        RunError: ``source`` does not exist, or is neither a tokennet run nor a checkpoint tokennet imports.
+        ConfigError: an importable format whose architecture or fields tokennet does not convert.
+    """
+    path = Path(source)
+    if not path.exists():
+        raise RunError(f"initial weights {path} do not exist")
+    if path.is_dir() and _is_tokennet_model_dir(path):
+        if not (path / WEIGHTS_FILE).is_file():
+            raise RunError(f"{path} is a tokennet run without weights ({WEIGHTS_FILE}); has its training finished?")
+        run = load(path, device=device)
+        model, tokenizer, kind, notes = run.model, run.tokenizer, "run", []
+    elif (path.is_dir() and (path / CONFIG_FILE).is_file()) or path.suffix == ".gguf" or _gguf_magic(path):
+        model, tokenizer, kind, notes = convert(path)
+        model = model.to(device)
+    else:
+        raise RunError(f"{path} is neither a tokennet run (config.json + model.safetensors) nor a checkpoint "
+                       "tokennet imports (a Hugging Face directory with config.json, or a .gguf file)")
+    model.train()
+    for p in model.parameters():
+        p.requires_grad_(True)
+    return InitSource(model, tokenizer, kind, path, notes)
+
+
+def _gguf_magic(path: Path) -> bool:
+    if not path.is_file():
+        return False
+    with open(path, "rb") as f:
+        return f.read(4) == b"GGUF"
+
+
+def check_resume_vocabulary(init: InitSource, run_dir: str | Path) -> None:
+    """Refuse to resume ``run_dir`` from initial weights whose vocabulary is not the run's.
+
+    The run saved its tokenizer when it started; a different source (another vocabulary size, or the same
+    size with other tokens) would train the checkpoint's embeddings against the wrong tokens.
+
+    Raises:
+        RunError: the vocabularies differ (the message gives both sizes).
+    """
+    saved = read_tokenizer(run_dir)
+    ours = init.tokenizer
+    n_model = getattr(init.model.config, "vocab_size", None)
+    if saved is None and ours is None:
+        return
+    if saved is None or ours is None:
+        have = "has no tokenizer" if ours is None else f"has a tokenizer of {ours.vocab_size} tokens"
+        raise RunError(f"the initial weights {init.path} {have}, the run {run_dir} being resumed "
+                       f"{'has none' if saved is None else f'one of {saved.vocab_size}'}; resume from the "
+                       "weights it started from")
+    if saved.vocab_size != ours.vocab_size or saved.to_dict() != ours.to_dict():
+        size = f"{ours.vocab_size} tokens" + (f", model {n_model}" if n_model not in (None, ours.vocab_size) else "")
+        raise RunError(f"the vocabulary of the initial weights {init.path} ({size}) differs from the run {run_dir} "
+                       f"being resumed ({saved.vocab_size} tokens); resume from the weights it started from")
+
+
+def with_num_classes(model: nn.Module, num_classes: int) -> tuple[nn.Module, list[str]]:
+    """A classifier with ``num_classes`` outputs: the same weights, a freshly initialized head where the count differs.
+
+    Builds the family's model with ``num_classes`` and copies every tensor of ``model`` whose shape still
+    fits; the ones that do not (the head's output layer) keep the new model's initialization.
+
+    Returns:
+        ``(model, names of the re-initialized tensors)``; the model itself and ``[]`` when nothing changes.
+    """
+    cfg = model.config
+    if not hasattr(cfg, "num_classes"):
+        raise ConfigError(f"a {cfg.family} model has no classification head (no num_classes)")
+    if cfg.num_classes == num_classes:
+        return model, []
+    new = model_from_config(cfg.replace(num_classes=num_classes))
+    old_sd, new_sd = model.state_dict(), new.state_dict()
+    fresh = [k for k in new_sd if k not in old_sd or old_sd[k].shape != new_sd[k].shape]
+    new.load_state_dict({k: (new_sd[k] if k in fresh else old_sd[k]) for k in new_sd})
+    device = next(model.parameters()).device
+    return new.to(device).train(model.training), fresh

@@ -1,0 +1,326 @@
+"""LoRA: low-rank adapters on a frozen model's linear layers (Hu et al. 2021, https://arxiv.org/abs/2106.09685).
+
+A frozen linear layer ``y = W x + b`` gets a trainable low-rank update::
+
+    y = W x + b + (α / r) · B A dropout(x),    A ∈ R^(r × K),  B ∈ R^(N × r),  r ≪ min(N, K)
+
+``A`` starts Kaiming-uniform and ``B`` at zero (peft's default), so the adapted model starts exactly
+at the base model; only ``A`` and ``B`` train, so the optimizer keeps moments for ``r (N + K)`` numbers
+per layer instead of ``N K``. After training the update folds into the weight, ``W' = W + (α/r) B A``
+(:func:`merge_lora`), and the model is an ordinary one again: nothing at inference knows about LoRA.
+
+A fused projection holds several maps in one matrix (``qkv_proj = [W_q; W_k; W_v]``). It gets one
+adapter per map, as separate ``q``/``k``/``v`` layers would (peft on Llama, litgpt's ``LoRAQKVLinear``):
+the ``S`` maps' ``A`` matrices are stacked into one ``(S·r, K)`` matrix, so the down-projection of all
+of them is one matmul, and ``B`` is block-diagonal (``B_s`` maps ``A_s x`` to map ``s``'s rows only).
+
+Targets are leaf module names (``qkv_proj``, ``out_proj``, ``fc1``, ``fc2``, ``gate``, ...) or the groups
+``attn`` and ``mlp`` (:data:`TARGET_GROUPS`). A target that names no linear layer, or a rank larger
+than a layer allows, is a :class:`~tokennet.errors.ConfigError`.
+
+An adapter can be saved alone (:func:`save_adapter`): a safetensors file of the ``A``/``B`` tensors,
+with the SHA-256 of its base model's weights (:func:`base_sha256`) in the header; :func:`load_adapter`
+refuses it on any other base.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import numbers
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..errors import ConfigError, DataError
+from ..fileio import safetensors_write
+
+__all__ = ["LoRAConfig", "LoRALinear", "TARGET_GROUPS", "apply_lora", "merge_lora", "strip_lora", "lora_layers",
+           "lora_state_dict", "base_sha256", "save_adapter", "load_adapter", "ADAPTER_FORMAT"]
+
+TARGET_GROUPS = {"attn": ("qkv_proj", "q_proj", "kv_proj", "out_proj"), "mlp": ("fc1", "fc2", "gate")}
+ADAPTER_FORMAT = "tokennet-lora/1"
+_ADAPTER_KEYS = ("lora_A", "lora_B")
+
+
+@dataclass
+class LoRAConfig:
+    """What to adapt and how.
+
+    Args:
+        rank: r, the rank of each update ``B A``.
+        alpha: α; the update is scaled by ``α / r`` (so changing r at fixed α keeps its size comparable).
+        dropout: dropout on the adapter's input (the base layer sees ``x`` unchanged).
+        targets: leaf names of the linear layers to adapt, or the groups ``"attn"`` and ``"mlp"``; a
+            comma-separated string is accepted (``"attn,mlp"``).
+    """
+
+    rank: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.0
+    targets: tuple[str, ...] = field(default=("attn", "mlp"))
+
+    def __post_init__(self):
+        if isinstance(self.targets, str):
+            self.targets = tuple(t.strip() for t in self.targets.split(",") if t.strip())
+        self.targets = tuple(self.targets)
+        if isinstance(self.rank, bool) or not isinstance(self.rank, numbers.Integral) or self.rank < 1:
+            raise ConfigError(f"lora_rank must be a positive integer, got {self.rank!r}")
+        if isinstance(self.alpha, bool) or not isinstance(self.alpha, numbers.Real) or not (
+                self.alpha > 0 and math.isfinite(self.alpha)):
+            raise ConfigError(f"lora_alpha must be a positive number, got {self.alpha!r}")
+        if isinstance(self.dropout, bool) or not isinstance(self.dropout, numbers.Real) or not 0 <= self.dropout < 1:
+            raise ConfigError(f"lora_dropout must be in [0, 1), got {self.dropout!r}")
+        if not self.targets or not all(isinstance(t, str) and t for t in self.targets):
+            raise ConfigError(f"lora_targets must name at least one layer (e.g. 'attn,mlp'), got {self.targets!r}")
+
+    @property
+    def scaling(self) -> float:
+        """``α / r``."""
+        return self.alpha / self.rank
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "targets": list(self.targets)}
+
+
+class LoRALinear(nn.Linear):
+    """A frozen ``nn.Linear`` plus a trainable low-rank update: ``y = x Wᵀ + b + s · dropout(x) Aᵀ B_bdᵀ``.
+
+    It *is* an ``nn.Linear`` holding the base layer's own ``weight`` and ``bias`` (the same parameters, under
+    the same names, frozen), so code that reads ``.weight`` keeps working and a state dict keeps the base's
+    keys beside ``lora_A`` and ``lora_B``.
+
+    Args:
+        base: the layer to adapt (its parameters are shared, not copied).
+        rank, alpha, dropout: see :class:`LoRAConfig`.
+        splits: output rows of each map of a fused projection (e.g. ``[q_dim, kv_dim, kv_dim]``); one
+            adapter per map. Default: one map.
+    """
+
+    def __init__(self, base: nn.Linear, rank: int, alpha: float, dropout: float = 0.0,
+                 splits: list[int] | None = None):
+        nn.Module.__init__(self)
+        self.in_features, self.out_features = base.in_features, base.out_features
+        self.splits = list(splits or [base.out_features])
+        if sum(self.splits) != base.out_features:
+            raise ValueError(f"splits {self.splits} must add up to out_features={base.out_features}")
+        self.rank, self.alpha, self.scaling = rank, alpha, alpha / rank
+        self.weight = base.weight
+        self.bias = base.bias
+        self.weight.requires_grad_(False)
+        if self.bias is not None:
+            self.bias.requires_grad_(False)
+        S, K = len(self.splits), self.in_features
+        w = base.weight
+        self.lora_A = nn.Parameter(torch.empty(S * rank, K, device=w.device, dtype=w.dtype))  # (S·r, K)
+        self.lora_B = nn.Parameter(torch.zeros(self.out_features, rank, device=w.device, dtype=w.dtype))  # (N, r)
+        for a in self.lora_A.split(rank):  # peft's init, per map: U(±1/√K)
+            nn.init.kaiming_uniform_(a, a=math.sqrt(5))
+        self.lora_dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+
+    def block_b(self) -> Tensor:
+        """``B`` as the block-diagonal ``(N, S·r)`` matrix: rows of map ``s`` read only ``A_s x``."""
+        if len(self.splits) == 1:
+            return self.lora_B
+        return torch.block_diag(*self.lora_B.split(self.splits))  # (N, S·r)
+
+    def delta_weight(self) -> Tensor:
+        """The update ``ΔW = (α / r) B_bd A`` ``(N, K)``."""
+        return (self.block_b() @ self.lora_A) * self.scaling
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``(..., K) → (..., N)``."""
+        y = F.linear(x, self.weight, self.bias)  # (..., N)
+        z = F.linear(self.lora_dropout(x), self.lora_A) * self.scaling  # (..., S·r): scale the narrow side
+        # y + z B_bdᵀ as one GEMM that accumulates into y (no separate pass over the N-wide output).
+        return torch.addmm(y.reshape(-1, self.out_features), z.reshape(-1, z.shape[-1]),
+                           self.block_b().t()).view(y.shape)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, rank={self.rank}, "
+                f"alpha={self.alpha}, splits={self.splits}")
+
+
+def _splits(parent: nn.Module, name: str, lin: nn.Linear) -> list[int]:
+    """The maps fused in a projection of an attention layer (``[W_q; W_k; W_v]``, ``[W_k; W_v]``)."""
+    q_dim, kv_dim = getattr(parent, "q_dim", None), getattr(parent, "kv_dim", None)
+    if q_dim is not None and kv_dim is not None:
+        if name == "qkv_proj" and lin.out_features == q_dim + 2 * kv_dim:
+            return [q_dim, kv_dim, kv_dim]
+        if name == "kv_proj" and lin.out_features == 2 * kv_dim:
+            return [kv_dim, kv_dim]
+    return [lin.out_features]
+
+
+def _resolve_targets(model: nn.Module, targets: tuple[str, ...]) -> set[str]:
+    leaves = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear) and n}
+    wanted: set[str] = set()
+    for t in targets:
+        names = TARGET_GROUPS.get(t, (t,))
+        found = leaves.intersection(names)
+        if not found:
+            raise ConfigError(f"lora target {t!r} names no linear layer of this {type(model).__name__} "
+                              f"(its linear layers: {', '.join(sorted(leaves))}; groups: {', '.join(TARGET_GROUPS)})")
+        wanted |= found
+    return wanted
+
+
+def apply_lora(model: nn.Module, config: LoRAConfig) -> nn.Module:
+    """Freeze every parameter of ``model`` and put a :class:`LoRALinear` on each targeted linear layer, in place.
+
+    Returns the model. Only the adapters' ``lora_A``/``lora_B`` require gradients afterwards, so the
+    trainer's optimizer (which skips frozen parameters) keeps state for them alone. A layer whose weight
+    is shared with an embedding (a tied LM head) is not adapted: merging would untie it.
+
+    Raises:
+        ConfigError: a target names no linear layer; the rank exceeds ``min(in, out)`` of a layer (of each
+            map of a fused one); the model already has adapters.
+    """
+    if lora_layers(model):
+        raise ConfigError("the model already has LoRA adapters; merge or strip them first")
+    wanted = _resolve_targets(model, config.targets)
+    embed_ids = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    plan = []
+    for pname, parent in model.named_modules():
+        for name, child in parent.named_children():
+            if type(child) is not nn.Linear or name not in wanted or id(child.weight) in embed_ids:
+                continue
+            splits = _splits(parent, name, child)
+            limit = min(child.in_features, *splits)
+            if config.rank > limit:
+                full = f"{pname}.{name}" if pname else name
+                raise ConfigError(f"lora_rank={config.rank} is larger than layer {full} allows "
+                                  f"(min(in, out) = {limit}); choose a rank <= {limit}")
+            plan.append((parent, name, child, splits))
+    if not plan:
+        raise ConfigError(f"lora targets {list(config.targets)} match only layers tied to an embedding; "
+                          "nothing to adapt")
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for parent, name, child, splits in plan:
+        setattr(parent, name, LoRALinear(child, config.rank, config.alpha, config.dropout, splits))
+    return model
+
+
+def lora_layers(model: nn.Module) -> dict[str, LoRALinear]:
+    """``{module name: LoRALinear}`` of every adapted layer."""
+    return {n: m for n, m in model.named_modules() if isinstance(m, LoRALinear)}
+
+
+def _replace(model: nn.Module, weight_of) -> nn.Module:
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, LoRALinear):
+                lin = nn.Linear(child.in_features, child.out_features, bias=child.bias is not None,
+                                device=child.weight.device, dtype=child.weight.dtype)
+                with torch.no_grad():
+                    lin.weight.copy_(weight_of(child))
+                    if child.bias is not None:
+                        lin.bias.copy_(child.bias)
+                setattr(parent, name, lin)
+    for p in model.parameters():
+        p.requires_grad_(True)
+    return model
+
+
+@torch.no_grad()
+def merge_lora(model: nn.Module) -> nn.Module:
+    """Fold every adapter into its weight, ``W ← W + (α/r) B A``, as plain ``nn.Linear`` layers, in place.
+
+    The result is an ordinary model (every parameter trainable again) whose outputs equal the adapted
+    model's up to float rounding; it saves, loads and exports as any other.
+    """
+    return _replace(model, lambda m: m.weight + m.delta_weight())
+
+
+@torch.no_grad()
+def strip_lora(model: nn.Module) -> nn.Module:
+    """Drop every adapter, leaving the base weights as plain ``nn.Linear`` layers, in place."""
+    return _replace(model, lambda m: m.weight)
+
+
+def lora_state_dict(model: nn.Module) -> dict[str, Tensor]:
+    """The adapters' tensors alone: ``{"<layer>.lora_A": (S·r, K), "<layer>.lora_B": (N, r)}``."""
+    return {k: v for k, v in model.state_dict().items() if k.rsplit(".", 1)[-1] in _ADAPTER_KEYS}
+
+
+def base_sha256(model: nn.Module) -> str:
+    """SHA-256 of the base model's weights: every state-dict tensor except the adapters, by name, dtype, shape, bytes.
+
+    A checksum of tensor contents rather than of a file, so a base imported on the fly and the same base
+    saved as a run have one checksum, and adapting a model does not change it.
+    """
+    h = hashlib.sha256()
+    for k, t in sorted(model.state_dict().items()):
+        if k.rsplit(".", 1)[-1] in _ADAPTER_KEYS:
+            continue
+        t = t.detach().cpu().contiguous()
+        h.update(f"{k}|{t.dtype}|{tuple(t.shape)}\n".encode())
+        h.update(t.view(-1).view(torch.uint8).numpy() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def save_adapter(model: nn.Module, path: str | Path, config: LoRAConfig, *, base: str | None = None) -> Path:
+    """Write the adapters of ``model`` alone as safetensors, with the base weights' checksum in the header.
+
+    Args:
+        model: an adapted model (:func:`apply_lora`), before merging.
+        path: the ``.safetensors`` file to write (atomically).
+        config: the adapters' settings, stored with them.
+        base: the base checksum (default :func:`base_sha256` of ``model``).
+    """
+    from safetensors.torch import save_file
+
+    tensors = {k: v.detach().contiguous() for k, v in lora_state_dict(model).items()}
+    if not tensors:
+        raise ConfigError("the model has no LoRA adapters to save")
+    path = Path(path)
+    meta = {"format": ADAPTER_FORMAT, "base_sha256": base or base_sha256(model), "lora": json.dumps(config.to_dict())}
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with safetensors_write(tmp):
+            save_file(tensors, str(tmp), metadata=meta)
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load_adapter(model: nn.Module, path: str | Path) -> LoRAConfig:
+    """Put the adapters saved in ``path`` onto ``model`` (a plain base model), in place; returns their config.
+
+    Raises:
+        DataError: the file is not a tokennet adapter, or its base checksum is not this model's weights'
+            (an adapter is only meaningful on the exact base it was trained on).
+    """
+    from safetensors import SafetensorError, safe_open
+
+    path = Path(path)
+    try:
+        with safe_open(str(path), "pt") as f:
+            meta = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open has no __iter__
+    except (SafetensorError, OSError) as e:
+        raise DataError(f"{path} is not a safetensors file: {e}") from None
+    if meta.get("format") != ADAPTER_FORMAT:
+        raise DataError(f"{path} is not a tokennet LoRA adapter (no '{ADAPTER_FORMAT}' header)")
+    got = base_sha256(model)
+    if meta.get("base_sha256") != got:
+        raise DataError(f"{path} was trained on base weights {str(meta.get('base_sha256'))[:12]}…, not on this "
+                        f"model ({got[:12]}…); load it onto the base it was trained on")
+    try:
+        config = LoRAConfig(**json.loads(meta["lora"]))
+    except (KeyError, TypeError, ValueError) as e:
+        raise DataError(f"{path}: unreadable LoRA settings in the header ({e})") from None
+    apply_lora(model, config)
+    expected = lora_state_dict(model)
+    if set(expected) != set(tensors) or any(expected[k].shape != tensors[k].shape for k in expected):
+        strip_lora(model)
+        raise DataError(f"{path}: its adapters do not fit this model's layers")
+    model.load_state_dict(tensors, strict=False)
+    return config

@@ -1,0 +1,291 @@
+"""The OpenAI API's request fields, checked one by one, and its response bodies.
+
+Every request field a client may send is either used (``model, prompt, messages, max_tokens,
+max_completion_tokens, temperature, top_p, stop, stream, stream_options, seed, n=1``, and vLLM's
+``top_k``), accepted when it asks for nothing (``user``, ``logprobs: false``, penalties of 0, ...), or
+refused with a 400 that names it: a client must never believe a setting took effect when it did not.
+Unknown fields are ignored, as the OpenAI API ignores them. An error body is OpenAI's::
+
+    {"error": {"message": "...", "type": "invalid_request_error", "param": "max_tokens", "code": null}}
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from .engine import SamplingParams
+
+__all__ = ["APIError", "CompletionRequest", "parse_completion", "parse_chat", "error_body", "completion_body",
+           "chat_body", "completion_chunk", "chat_chunk", "usage"]
+
+MAX_STOP = 4
+
+
+class APIError(Exception):
+    """An error answered with ``status`` and OpenAI's error body."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 type: str | None = None):  # noqa: A002 - OpenAI's field name
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.type = type or {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error",
+                             503: "server_error", 500: "server_error"}.get(status, "invalid_request_error")
+
+
+def error_body(e: APIError) -> dict[str, Any]:
+    return {"error": {"message": e.message, "type": e.type, "param": e.param, "code": e.code}}
+
+
+@dataclass
+class CompletionRequest:
+    """A checked request: prompts as token ids, the sampling settings, streaming options."""
+
+    prompts: list[list[int]]
+    params: SamplingParams
+    stream: bool = False
+    include_usage: bool = False
+    model: str = ""
+    chat: bool = False
+    id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+def parse_json(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise APIError(400, f"the request body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise APIError(400, "the request body must be a JSON object")
+    return body
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _is_num(v) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _number(body, name, default, lo, hi, *, lo_open=False):
+    v = body.get(name)
+    if v is None:
+        return default
+    if not _is_num(v) or v > hi or v < lo or (lo_open and v == lo):
+        where = f"({lo}, {hi}]" if lo_open else f"[{lo}, {hi}]"
+        raise APIError(400, f"{name} must be a number in {where}, got {v!r}", param=name)
+    return float(v)
+
+
+def _refuse_unless(body, name, allowed: tuple, what: str) -> None:
+    v = body.get(name)
+    if v is not None and v not in allowed:
+        raise APIError(400, f"{name}={v!r} is not supported by this server ({what})", param=name)
+
+
+def _common(body: dict[str, Any], served: str, *, default_max: int | None, context: int,
+            prompt_len: int, stop_ids: list[int], extra_stop: list[str],
+            prompt_param: str) -> tuple[SamplingParams, bool, bool, str]:
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise APIError(400, f"model must be a string, got {type(model).__name__}", param="model")
+    if model is not None and model != served:
+        raise APIError(404, f"the model {model!r} does not exist; this server serves {served!r}", param="model",
+                       code="model_not_found")
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise APIError(400, f"stream must be true or false, got {stream!r}", param="stream")
+    opts = body.get("stream_options")
+    include_usage = False
+    if opts is not None:
+        if not isinstance(opts, dict) or not isinstance(opts.get("include_usage", False), bool):
+            raise APIError(400, "stream_options must be an object like {\"include_usage\": true}",
+                           param="stream_options")
+        include_usage = bool(opts.get("include_usage", False))
+    n = body.get("n")
+    if n is not None and (not _is_int(n) or n != 1):
+        raise APIError(400, f"n must be 1 (one choice per prompt), got {n!r}", param="n")
+    temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
+    top_p = _number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True)
+    top_k = body.get("top_k")
+    if top_k is not None and (not _is_int(top_k) or top_k < -1):
+        raise APIError(400, f"top_k must be an integer >= -1 (-1 or 0: off), got {top_k!r}", param="top_k")
+    for name in ("presence_penalty", "frequency_penalty"):
+        v = body.get(name)
+        if v is not None and (not _is_num(v) or v != 0):
+            raise APIError(400, f"{name} must be 0 (penalties are not supported by this server), got {v!r}",
+                           param=name)
+    _refuse_unless(body, "logprobs", (False, 0), "no log probabilities")
+    _refuse_unless(body, "top_logprobs", (0,), "no log probabilities")
+    _refuse_unless(body, "echo", (False,), "no echo")
+    _refuse_unless(body, "best_of", (1,), "one candidate")
+    for name in ("logit_bias", "tools", "functions", "response_format", "suffix"):
+        v = body.get(name)
+        if v not in (None, {}, []):
+            raise APIError(400, f"{name} is not supported by this server", param=name)
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise APIError(400, f"user must be a string, got {type(user).__name__}", param="user")
+    seed = body.get("seed")
+    if seed is not None and (not _is_int(seed) or not -(2**63) <= seed < 2**63):
+        raise APIError(400, f"seed must be an integer, got {seed!r}", param="seed")
+    stop = body.get("stop")
+    if stop is None:
+        stop = []
+    elif isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or len(stop) > MAX_STOP or not all(isinstance(s, str) and s for s in stop):
+        raise APIError(400, f"stop must be a non-empty string or a list of at most {MAX_STOP} of them",
+                       param="stop")
+    name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = body.get(name)
+    room = context - prompt_len
+    if room < 1:
+        raise APIError(400, f"the prompt is {prompt_len} tokens; this model's context is {context} tokens, so "
+                       "there is no room for a reply: shorten the prompt", param=prompt_param,
+                       code="context_length_exceeded")
+    if max_tokens is None:
+        max_tokens = room if default_max is None else min(default_max, room)
+    elif not _is_int(max_tokens) or max_tokens < 1:
+        raise APIError(400, f"{name} must be a positive integer, got {max_tokens!r}", param=name)
+    elif max_tokens > room:
+        raise APIError(400, f"this model's context is {context} tokens; the prompt is {prompt_len} tokens and "
+                       f"{name}={max_tokens} asks for {prompt_len + max_tokens}: lower {name} to at most {room} "
+                       "or shorten the prompt", param=name, code="context_length_exceeded")
+    params = SamplingParams(max_tokens=int(max_tokens), temperature=temperature, top_p=top_p,
+                            top_k=max(0, int(top_k or 0)), stop=list(stop) + list(extra_stop or []),
+                            stop_ids=list(stop_ids), seed=None if seed is None else int(seed))
+    return params, stream, include_usage, served
+
+
+def _prompts(body: dict[str, Any], tokenizer, vocab: int) -> list[list[int]]:
+    p = body.get("prompt")
+    if p is None:
+        raise APIError(400, "prompt is required: a string, a list of strings, or token ids", param="prompt")
+    if isinstance(p, str):
+        items = [p]
+    elif isinstance(p, list) and p and all(_is_int(t) for t in p):
+        items = [p]
+    elif isinstance(p, list) and p and all(isinstance(x, str) or (isinstance(x, list) and x and all(_is_int(t)
+                                                                                         for t in x)) for x in p):
+        items = p
+    else:
+        raise APIError(400, "prompt must be a string, a list of strings, a list of token ids, or a list of lists "
+                       "of token ids", param="prompt")
+    out = []
+    for x in items:
+        if isinstance(x, str):
+            ids = tokenizer.encode(x) or [tokenizer.bos_id]
+        else:
+            if any(not 0 <= t < vocab for t in x):
+                raise APIError(400, f"prompt token ids must be in [0, {vocab})", param="prompt")
+            ids = list(x)
+        out.append(ids)
+    return out
+
+
+def parse_completion(body: dict[str, Any], *, tokenizer, served: str, context: int, vocab: int,
+                     stop_ids: list[int]) -> CompletionRequest:
+    """``POST /v1/completions``: one sequence per prompt (OpenAI's default ``max_tokens`` is 16)."""
+    prompts = _prompts(body, tokenizer, vocab)
+    longest = max(len(p) for p in prompts)
+    params, stream, include_usage, model = _common(body, served, default_max=16, context=context,
+                                                   prompt_len=longest, stop_ids=stop_ids, extra_stop=[],
+                                                   prompt_param="prompt")
+    return CompletionRequest(prompts, params, stream, include_usage, model)
+
+
+def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise APIError(400, "messages must be a non-empty list of {role, content} objects", param="messages")
+    out = []
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict):
+            raise APIError(400, f"messages[{i}] must be an object", param="messages")
+        role = m.get("role")
+        if role == "developer":  # OpenAI's newer name for the system role
+            role = "system"
+        if role not in ("system", "user", "assistant", "tool"):
+            raise APIError(400, f"messages[{i}].role must be system, developer, user, assistant or tool, got "
+                           f"{role!r}", param="messages")
+        content = m.get("content")
+        if content is None and role == "assistant":
+            content = ""
+        if isinstance(content, list):  # content parts: text only
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                       for p in content):
+                raise APIError(400, f"messages[{i}].content: only text parts are supported", param="messages")
+            content = "".join(p["text"] for p in content)
+        if not isinstance(content, str):
+            raise APIError(400, f"messages[{i}].content must be a string, got {type(content).__name__}",
+                           param="messages")
+        out.append({"role": role, "content": content})
+    return out
+
+
+def parse_chat(body: dict[str, Any], *, tokenizer, served: str, context: int, stop_ids: list[int]) -> CompletionRequest:
+    """``POST /v1/chat/completions``: the conversation rendered with the run's chat template, one reply."""
+    from ..data.chats import chat_stop_strings, render_chat
+    from ..errors import DataError
+
+    messages = _messages(body)
+    try:
+        prompt = render_chat(tokenizer, messages, add_generation_prompt=True)
+    except DataError as e:
+        raise APIError(400, f"the conversation cannot be rendered with this model's chat template: {e}",
+                       param="messages") from None
+    except Exception as e:  # noqa: BLE001 - a template raising on these messages (jinja2 errors) is the request's
+        raise APIError(400, f"the chat template refused these messages: {e}", param="messages") from None
+    ids = tokenizer.encode(prompt) or [tokenizer.bos_id]
+    params, stream, include_usage, model = _common(body, served, default_max=None, context=context,
+                                                   prompt_len=len(ids), stop_ids=stop_ids,
+                                                   extra_stop=chat_stop_strings(tokenizer), prompt_param="messages")
+    return CompletionRequest([ids], params, stream, include_usage, model, chat=True)
+
+
+# -- responses ---------------------------------------------------------------------------------------
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def completion_body(req: CompletionRequest, texts: list[str], reasons: list[str], use: dict) -> dict[str, Any]:
+    return {"id": f"cmpl-{req.id}", "object": "text_completion", "created": req.created, "model": req.model,
+            "choices": [{"index": i, "text": t, "logprobs": None, "finish_reason": r}
+                        for i, (t, r) in enumerate(zip(texts, reasons))], "usage": use}
+
+
+def chat_body(req: CompletionRequest, text: str, reason: str, use: dict) -> dict[str, Any]:
+    return {"id": f"chatcmpl-{req.id}", "object": "chat.completion", "created": req.created, "model": req.model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                         "finish_reason": reason}], "usage": use}
+
+
+def completion_chunk(req: CompletionRequest, index: int, text: str, reason: str | None,
+                     use: dict | None = None) -> dict[str, Any]:
+    choices = [] if index < 0 else [{"index": index, "text": text, "logprobs": None, "finish_reason": reason}]
+    out = {"id": f"cmpl-{req.id}", "object": "text_completion", "created": req.created, "model": req.model,
+           "choices": choices}
+    if use is not None or req.include_usage:
+        out["usage"] = use
+    return out
+
+
+def chat_chunk(req: CompletionRequest, delta: dict[str, str] | None, reason: str | None,
+               use: dict | None = None) -> dict[str, Any]:
+    choices = [] if delta is None else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}]
+    out = {"id": f"chatcmpl-{req.id}", "object": "chat.completion.chunk", "created": req.created,
+           "model": req.model, "choices": choices}
+    if use is not None or req.include_usage:
+        out["usage"] = use
+    return out
