@@ -87,6 +87,13 @@ def _add_train(sub) -> None:
                    help="stop after SEC seconds of training (evaluation excluded); the learning-rate schedule "
                    "then follows time")
     p.add_argument("--seed", type=int, help="random seed (data order, init, dropout)")
+    p.add_argument("--init", metavar="SOURCE",
+                   help="fine-tune: start from these weights instead of a fresh model — a tokennet run, or anything "
+                   "`tokennet import` reads (a Hugging Face directory, a .gguf file), converted on the fly; text "
+                   "recipes then read the data with the source's own tokenizer (and a --data chats.jsonl of "
+                   '{"messages": [...]} records through its chat template, the loss on the replies only). '
+                   "--set lora_rank=R trains LoRA adapters instead of every weight (lora_alpha, lora_dropout, "
+                   "lora_targets=attn,mlp, lora_save=merged|adapter)")
     p.add_argument("--device", default="auto", help="auto (CUDA if present, else CPU), cpu, cuda, cuda:N, mps")
     p.add_argument("--set", dest="sets", nargs="+", default=[], metavar="KEY=VALUE", help="override settings")
     g = p.add_mutually_exclusive_group()
@@ -375,7 +382,7 @@ def cmd_train(args) -> int:
     out = Path(args.out) if args.out else Path("runs") / recipe.name
     try:
         run_dir, metrics = train(recipe.name, data=args.data, out=out, sets=sets, device=args.device,
-                                 resume=args.resume, overwrite=args.overwrite)
+                                 resume=args.resume, overwrite=args.overwrite, init=args.init)
     except KeyboardInterrupt:
         print(f"tokennet: interrupted; a checkpoint is in {out / 'checkpoints'}; "
               f"continue with: tokennet train {recipe.name} --out {out} --resume", file=sys.stderr)

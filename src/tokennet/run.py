@@ -9,6 +9,7 @@ A run directory, as ``tokennet train`` writes it::
     metrics.json        the final metrics                               (METRICS_FILE)
     log.jsonl           one JSON record per log/eval step               (LOG_FILE)
     checkpoints/        crash-safe checkpoints for --resume             (CHECKPOINT_DIR)
+    adapter.safetensors a LoRA run's adapters alone, on request         (ADAPTER_FILE)
     .lock               held (flock) by the one process writing the run (LOCK_FILE)
 
 :func:`load` returns a :class:`Run` — the model, its tokenizer, settings, metrics, data spec and *task* —
@@ -40,14 +41,23 @@ from .errors import RunError
 from .fileio import atomic_write_text
 from .models.registry import CONFIG_FILE, WEIGHTS_FILE, load_pretrained
 from .plugins import all_verbs, task_for
-from .run_files import CHECKPOINT_DIR, LOCK_FILE, LOG_FILE, METRICS_FILE, REPORT_FILE, RUN_FILE, TOKENIZER_FILE
+from .run_files import (
+    ADAPTER_FILE,
+    CHECKPOINT_DIR,
+    LOCK_FILE,
+    LOG_FILE,
+    METRICS_FILE,
+    REPORT_FILE,
+    RUN_FILE,
+    TOKENIZER_FILE,
+)
 
 if TYPE_CHECKING:
     from .tasks import Task
 
 __all__ = ["Run", "load", "RunLock", "is_run_dir", "read_run_info", "write_run_info", "read_metrics",
            "write_metrics", "read_tokenizer", "save_tokenizer", "clear_run_dir", "read_data_spec", "RUN_FILE",
-           "METRICS_FILE", "TOKENIZER_FILE", "LOG_FILE", "CHECKPOINT_DIR", "LOCK_FILE", "REPORT_FILE"]
+           "METRICS_FILE", "TOKENIZER_FILE", "LOG_FILE", "CHECKPOINT_DIR", "LOCK_FILE", "REPORT_FILE", "ADAPTER_FILE"]
 
 
 # -- files --------------------------------------------------------------------------------------------
@@ -78,11 +88,14 @@ def read_run_info(path: str | Path) -> dict[str, Any]:
 
 
 def write_run_info(path: str | Path, *, recipe: str, model: str, data: str | None, settings: dict[str, Any],
-                   data_spec: DataSpec | None = None) -> None:
-    """Write ``run.json`` atomically: ``data`` is what ``--data`` said, ``data_spec`` what the data is."""
+                   data_spec: DataSpec | None = None, init: str | None = None) -> None:
+    """Write ``run.json`` atomically: ``data`` is what ``--data`` said, ``data_spec`` what the data is, ``init``
+    where the starting weights came from (a fine-tuned run)."""
     info = {"recipe": recipe, "model": model, "data": data, "settings": settings}
     if data_spec is not None:
         info["data_spec"] = data_spec.to_dict()
+    if init is not None:
+        info["init"] = init
     atomic_write_text(Path(path) / RUN_FILE, json.dumps(info, indent=2) + "\n")
 
 

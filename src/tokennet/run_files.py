@@ -7,7 +7,8 @@ names live here rather than as literals in each.
 
 from __future__ import annotations
 
-__all__ = ["RUN_FILE", "METRICS_FILE", "TOKENIZER_FILE", "LOG_FILE", "CHECKPOINT_DIR", "LOCK_FILE", "REPORT_FILE"]
+__all__ = ["RUN_FILE", "METRICS_FILE", "TOKENIZER_FILE", "LOG_FILE", "CHECKPOINT_DIR", "LOCK_FILE", "REPORT_FILE",
+           "ADAPTER_FILE"]
 
 RUN_FILE = "run.json"
 METRICS_FILE = "metrics.json"
@@ -16,3 +17,4 @@ LOG_FILE = "log.jsonl"
 CHECKPOINT_DIR = "checkpoints"
 LOCK_FILE = ".lock"
 REPORT_FILE = "report.html"
+ADAPTER_FILE = "adapter.safetensors"  # a LoRA run's adapters alone (--set lora_save=adapter)

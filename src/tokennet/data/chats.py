@@ -20,18 +20,21 @@ pieces are tokenized one by one and concatenated, as a server tokenizes a prompt
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
 from ..errors import DataError
+from .spec import DataSpec, register_data
 
-__all__ = ["ChatExample", "ChatBatches", "read_chats", "render_chat", "encode_chat", "check_messages",
-           "chat_stop_strings", "ROLES", "END_OF_TURN"]
+__all__ = ["ChatConversations", "ChatExample", "ChatBatches", "read_chats", "render_chat", "encode_chat",
+           "check_messages", "chat_stop_strings", "is_chat_file", "ROLES", "END_OF_TURN"]
 
 ROLES = ("system", "user", "assistant", "tool")
 IGNORE = -100
@@ -190,3 +193,48 @@ class ChatBatches:
         """Every conversation once, in order, in batches (for a validation loss over all of them)."""
         return [self.collate(self.examples[i : i + self.batch_size])
                 for i in range(0, len(self.examples), self.batch_size)]
+
+
+def is_chat_file(source: str | None) -> bool:
+    """Whether a ``--data`` value is a chat file: a ``.jsonl`` file whose first record has ``messages``."""
+    if not source or not str(source).endswith(".jsonl") or not Path(source).is_file():
+        return False
+    with open(source, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if line.strip():
+                try:
+                    return isinstance(json.loads(line), dict) and "messages" in json.loads(line)
+                except json.JSONDecodeError:
+                    return True  # a malformed chat file: read_chats names the line
+    return False
+
+
+@register_data
+@dataclasses.dataclass
+class ChatConversations(DataSpec):
+    """A chat file for fine-tuning: the conversations of ``source``, a seeded ``val_fraction`` of them held out
+    (at least one) to validate on."""
+
+    kind: ClassVar[str] = "chats"
+    source: str = ""
+    val_fraction: float = 0.1
+    seed: int = 0
+
+    def __post_init__(self):
+        if not 0 < self.val_fraction < 1:
+            raise DataError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
+
+    def split(self, tokenizer) -> tuple[list[ChatExample], list[ChatExample]]:
+        """``(training, validation)`` conversations, encoded with ``tokenizer``."""
+        examples = read_chats(self.source, tokenizer)
+        if len(examples) < 2:
+            raise DataError(f"{self.source} holds {len(examples)} conversation; fine-tuning needs at least 2 "
+                            "(one to validate on)")
+        order = list(range(len(examples)))
+        random.Random(f"chats-{self.seed}").shuffle(order)
+        n_val = max(1, int(len(examples) * self.val_fraction))
+        return [examples[i] for i in sorted(order[n_val:])], [examples[i] for i in sorted(order[:n_val])]
+
+    def held_out(self, tokenizer) -> list[ChatExample]:
+        """The validation conversations."""
+        return self.split(tokenizer)[1]

@@ -31,7 +31,48 @@ from ..fields import field_types
 from ..models.registry import config_from_dict, preset_info
 from ..train.trainer import TrainConfig
 
-__all__ = ["Recipe", "Job", "BuildContext", "register_recipe", "get_recipe", "list_recipes"]
+__all__ = ["Recipe", "Job", "BuildContext", "FineTune", "register_recipe", "get_recipe", "list_recipes"]
+
+
+@dataclass
+class FineTune:
+    """The settings of fine-tuning, which every recipe that can start from existing weights
+    (``tokennet train RECIPE --init SOURCE``, ``Recipe.init``) takes.
+
+    Args:
+        lora_rank: 0: train every weight (full fine-tuning); r > 0: freeze them and train LoRA adapters of rank
+            r on the ``lora_targets`` layers (:mod:`tokennet.layers.lora`).
+        lora_alpha: α, the adapters' update is scaled by α / r.
+        lora_dropout: dropout on the adapters' input.
+        lora_targets: the layers to adapt: leaf names (``qkv_proj``, ``out_proj``, ``fc1``, ``fc2``, ``gate``) or
+            the groups ``attn`` and ``mlp``, comma-separated.
+        lora_save: ``merged``: the run holds the merged weights ``W + (α/r) B A`` (every command works on it
+            unchanged); ``adapter``: also write the adapters alone (``adapter.safetensors``, with the base's
+            SHA-256, refused on another base).
+    """
+
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+    lora_dropout: float = 0.0
+    lora_targets: str = "attn,mlp"
+    lora_save: str = "merged"
+
+    def __post_init__(self):
+        if self.lora_save not in ("merged", "adapter"):
+            raise RecipeError(f"lora_save must be 'merged' or 'adapter', got {self.lora_save!r}")
+        if self.lora_rank < 0:
+            raise RecipeError(f"lora_rank must be >= 0 (0: no adapters), got {self.lora_rank}")
+
+    @classmethod
+    def from_settings(cls, settings: dict[str, Any]) -> FineTune:
+        return cls(**{f.name: settings[f.name] for f in dataclasses.fields(cls) if f.name in settings})
+
+    def lora(self):
+        """The adapters' :class:`~tokennet.layers.lora.LoRAConfig` (None without adapters)."""
+        from ..layers.lora import LoRAConfig
+
+        return None if self.lora_rank == 0 else LoRAConfig(self.lora_rank, self.lora_alpha, self.lora_dropout,
+                                                            self.lora_targets)
 
 
 @dataclass
@@ -76,6 +117,8 @@ class BuildContext:
         device: where the model goes.
         out_dir: the run directory.
         tokenizer: the run's saved tokenizer when resuming (a resumed run keeps its vocabulary), else None.
+        init: the starting weights of a fine-tuning run (``--init``: an
+            :class:`~tokennet.interop.init.InitSource` with ``model`` and ``tokenizer``), else None.
     """
 
     recipe: Recipe
@@ -89,6 +132,7 @@ class BuildContext:
     device: Any
     out_dir: Path
     tokenizer: Any = None
+    init: Any = None
 
     def from_data(self, name: str, value: Any) -> Any:
         """Fill a setting the data decides (``vocab_size`` from the tokenizer, ``num_classes`` from the labels,
@@ -131,6 +175,8 @@ class Recipe:
             (``graph``: generated graphs, or QM9); default: ``data.from_settings``.
         variants: named settings that select another architecture or form of the recipe
             (``{"bahdanau": {"arch": "bahdanau"}}``); the registry tests train each one too.
+        init: the recipe can start from existing weights (``--init``: ``build`` reads ``ctx.init``), and takes
+            the :class:`FineTune` settings.
     """
 
     name: str
@@ -149,6 +195,7 @@ class Recipe:
     smoke_data: Callable[[Path], str] | None = None
     make_data: Callable[[str | None, dict[str, Any]], DataSpec] | None = None
     variants: dict[str, dict[str, Any]] = field(default_factory=dict)
+    init: bool = False
 
     def __post_init__(self):
         if self.data is not None:
@@ -172,6 +219,8 @@ class Recipe:
         types.update(field_types(TrainConfig))
         if self.data is not None:
             types.update({k: v for k, v in field_types(self.data).items() if k in self.data.setting_names()})
+        if self.init:
+            types.update(field_types(FineTune))
         types.update({k: type(v) for k, v in self.options.items() if v is not None})
         types.pop("family", None)
         return types
@@ -203,7 +252,8 @@ class Recipe:
         if self.data is not None:
             d = self.data().to_dict()
             spec = {k: d[k] for k in self.data.setting_names() if k not in model_cfg and k not in train_cfg}
-        out = {**model_cfg, **train_cfg, **spec, **self.options}
+        tune = dataclasses.asdict(FineTune()) if self.init else {}
+        out = {**model_cfg, **train_cfg, **spec, **tune, **self.options}
         if self.data_defaults is not None:
             extra = self.data_defaults(data)
             unknown = sorted(set(extra) - set(out))

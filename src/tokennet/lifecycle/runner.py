@@ -35,9 +35,10 @@ from ..run import (
     write_metrics,
     write_run_info,
 )
+from ..run_files import ADAPTER_FILE
 from ..train.distributed import barrier, full_state, init_distributed
 from ..train.trainer import Trainer
-from .recipe import BuildContext, Recipe, get_recipe
+from .recipe import BuildContext, FineTune, Recipe, get_recipe
 from .settings import check_applicable, check_known, resolve_settings
 
 __all__ = ["train", "write_report"]
@@ -76,8 +77,14 @@ def train(
     device: str = "auto",
     resume: bool = False,
     overwrite: bool = False,
+    init: str | Path | None = None,
 ) -> tuple[Path, dict[str, Any]]:
     """Train a recipe into a run directory; return ``(run_dir, metrics)``.
+
+    ``init`` starts from existing weights instead of a fresh model: a tokennet run, or anything ``tokennet
+    import`` reads, converted on the fly (:func:`tokennet.interop.init.load_init`); with ``lora_rank`` > 0
+    only LoRA adapters train, and the run saves the merged weights (see
+    :class:`~tokennet.lifecycle.recipe.FineTune`).
 
     The run directory holds ``run.json`` (recipe, settings, data and its spec), ``config.json`` and
     ``model.safetensors`` (the final model), ``tokenizer.json`` for text, ``metrics.json``, ``log.jsonl``,
@@ -96,7 +103,7 @@ def train(
     lock = RunLock(out).acquire() if info.is_main else None  # one writer per run directory, for the whole run
     finished = False
     try:
-        result = _run(recipe, out, defaults, data, sets, dev, info, resume, overwrite, created)
+        result = _run(recipe, out, defaults, data, sets, dev, info, resume, overwrite, created, init)
         finished = True
         return result
     finally:
@@ -123,14 +130,39 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _run(recipe: Recipe, out: Path, defaults, data, sets, dev, info, resume, overwrite, created):
+def _check_fine_tuning(recipe: Recipe, init, settings: dict[str, Any], given: set[str]) -> FineTune | None:
+    """The run's fine-tuning settings; refuse ``--init`` where the recipe cannot start from weights, LoRA
+    settings without ``--init``, and architecture settings that the starting weights decide."""
+    if not recipe.init:
+        if init is not None:
+            raise RecipeError(f"recipe {recipe.name!r} trains from scratch: it cannot start from --init weights")
+        return None
+    tune = FineTune.from_settings(settings)
+    lora = {f for f in ("lora_alpha", "lora_dropout", "lora_targets", "lora_save") if f in given}
+    if tune.lora_rank == 0 and lora:
+        raise RecipeError(f"{', '.join(sorted(lora))} does not apply without adapters: set lora_rank")
+    if init is None and tune.lora_rank > 0:
+        raise RecipeError("LoRA adapts existing weights: give --init (a run, or a checkpoint tokennet imports)")
+    if init is not None:
+        shape = sorted(given & (recipe.model_fields() - {"block_size", "dropout", "label_smoothing"}))
+        if shape:
+            raise RecipeError(f"{', '.join(shape)} does not apply with --init: the model comes from {init}")
+    return tune
+
+
+def _run(recipe: Recipe, out: Path, defaults, data, sets, dev, info, resume, overwrite, created, init=None):
     saved = _prepare_out_dir(out, recipe.name, resume, overwrite, main=info.is_main)
     barrier(info)
     if saved is not None:
         data = saved.get("data") if data is None else data
+        if init is not None and str(init) != saved.get("init"):
+            raise RecipeError(f"cannot resume {out} from --init {init}: it was started from "
+                              f"{saved.get('init') or 'scratch'} (resume without --init)")
+        init = saved.get("init")
     settings = resolve_settings(recipe, defaults, None if saved is None else saved["settings"], sets)
     given = set(sets)
     check_applicable(recipe, settings, given)
+    tune = _check_fine_tuning(recipe, init, settings, given)
     model_over, tcfg, opts = recipe.split(settings)
     spec = read_data_spec(saved) if saved is not None else recipe.data_spec(data, settings)
     barrier(info)
@@ -141,8 +173,19 @@ def _run(recipe: Recipe, out: Path, defaults, data, sets, dev, info, resume, ove
     ctx = BuildContext(recipe=recipe, settings=settings, given=given, model=model_over, train=tcfg, options=opts,
                        data=spec, source=data, device=dev, out_dir=out,
                        tokenizer=read_tokenizer(out) if saved is not None else None)
+    lora = tune.lora() if tune is not None else None
     try:
+        if init is not None:
+            from ..interop.init import check_resume_vocabulary, load_init
+
+            ctx.init = load_init(init, device=dev)
+            if saved is not None:
+                check_resume_vocabulary(ctx.init, out)
         job = recipe.build(ctx)
+        if lora is not None:
+            from ..layers.lora import apply_lora
+
+            apply_lora(job.model, lora)  # the base frozen, adapters of rank r on the targets (seeded above)
     except BaseException:
         if created and info.is_main:  # a run that never started leaves nothing behind
             shutil.rmtree(out, ignore_errors=True)
@@ -158,7 +201,7 @@ def _run(recipe: Recipe, out: Path, defaults, data, sets, dev, info, resume, ove
         trainer.resume()  # a damaged checkpoint stops here, before any file of the run is touched
     if info.is_main:
         write_run_info(out, recipe=recipe.name, model=recipe.model, data=data, settings=ctx.settings,
-                       data_spec=spec)
+                       data_spec=spec, init=None if init is None else str(init))
         if job.tokenizer is not None:
             save_tokenizer(out, job.tokenizer)
     final = trainer.fit()
@@ -169,7 +212,17 @@ def _run(recipe: Recipe, out: Path, defaults, data, sets, dev, info, resume, ove
         if not info.is_main:
             return out, final
         model = model_from_config(job.model.config).to(dev)
+        if lora is not None:
+            from ..layers.lora import apply_lora
+
+            apply_lora(model, lora)
         model.load_state_dict(msd)
+    if lora is not None:
+        from ..layers.lora import merge_lora, save_adapter
+
+        if tune.lora_save == "adapter":  # the adapters alone, with the base weights' checksum
+            save_adapter(model, out / ADAPTER_FILE, lora)
+        merge_lora(model)  # W + (α/r) B A: an ordinary model again, which every command reads
     save_pretrained(model, out, extra={"recipe": recipe.name})
     metrics = {**final, "wall_seconds": 0.0, "num_parameters": sum(p.numel() for p in model.parameters())}
     if info.enabled:

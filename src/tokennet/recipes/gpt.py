@@ -6,6 +6,13 @@ ships with CPython, 0.46 MB, the default of ``gpt``) — or ``--data`` a text fi
 The first ``1 - val_fraction`` of the token stream trains, the rest validates; ``metrics.json`` reports
 ``val_loss`` (nats per token), ``val_perplexity`` and a sample.
 
+Fine-tuning (``--init SOURCE``: a run, a Hugging Face directory, a GGUF file): the model and tokenizer are the
+source's; ``block_size`` is then the training window (at most the model's context). ``--data`` may also be
+a chat file (:class:`~tokennet.data.chats.ChatConversations`: ``{"messages": [...]}`` JSON lines, rendered
+with the source's chat template, the loss on the assistant's tokens only; a seeded ``val_fraction`` of the
+conversations validates). ``--set lora_rank=R`` trains LoRA adapters only
+(:class:`~tokennet.lifecycle.recipe.FineTune`).
+
 ``gpt-char`` on Tiny Shakespeare is nanoGPT's ``shakespeare_char`` CPU example; its 150-s default
 budget reaches a validation loss near 1.6 on 2 cores, where the text reads as recognisable dialogue.
 """
@@ -18,6 +25,7 @@ from typing import Any
 
 import torch
 
+from ..data.chats import ChatBatches, ChatConversations, is_chat_file, read_chats
 from ..data.text import LMBatches, TextCorpus
 from ..errors import DataError
 from ..lifecycle import BuildContext, Job, Recipe, register_recipe
@@ -37,11 +45,34 @@ def lm_eval(model, batches: list) -> dict[str, float]:
     return {"val_loss": sum(losses) / len(losses)}
 
 
-def build(ctx: BuildContext) -> Job:
-    corpus: TextCorpus = ctx.data
-    text = corpus.read()
-    kind = ctx.options["tokenizer"]
+def make_data(source: str | None, settings: dict[str, Any]):
+    """A chat file (JSON lines of ``{"messages": ...}``) or a text corpus, by what ``--data`` holds."""
+    if is_chat_file(source):
+        return ChatConversations(source=source, val_fraction=settings["val_fraction"], seed=settings["seed"])
+    return TextCorpus.from_settings(source, settings)
+
+
+def _pad(tok) -> int:
+    """The id fed at padded positions of chat batches (any id: their targets are ignored)."""
+    pad = getattr(tok, "pad_id", None)
+    return pad if isinstance(pad, int) and pad >= 0 else 0
+
+
+def window(settings: dict[str, Any], model) -> int:
+    """The training window: ``block_size``, at most the model's context (a fine-tuned model's may be 8192)."""
+    return min(settings["block_size"], model.config.block_size)
+
+
+def _model_and_tokenizer(ctx: BuildContext, text: str | None):
+    """A fresh model with a tokenizer trained on the corpus, or the ``--init`` source's model and tokenizer."""
+    if ctx.init is not None:
+        if ctx.init.tokenizer is None:
+            raise DataError(f"{ctx.init.path} has no tokenizer: a language model starts from a source with one")
+        return ctx.init.model, ctx.init.tokenizer
+    if text is None:
+        raise DataError("chat data fine-tunes a model with its own tokenizer and chat template: give --init")
     tok = ctx.tokenizer  # resuming: the vocabulary must be the one the checkpoint was trained with
+    kind = ctx.options["tokenizer"]
     if tok is None:
         if kind == "char":
             tok = train_tokenizer("char", text)
@@ -49,16 +80,31 @@ def build(ctx: BuildContext) -> Job:
             tok = train_tokenizer("bpe", text, vocab_size=ctx.options["vocab_size"])
         else:
             raise DataError(f"tokenizer must be 'char' or 'bpe', got {kind!r}")
-    ids = torch.tensor(tok.encode(text), dtype=torch.long)
-    train_ids, val_ids = corpus.split(ids, ctx.model["block_size"])
-    model = create_model("gpt", **{**ctx.model, "vocab_size": tok.vocab_size})
+    return create_model("gpt", **{**ctx.model, "vocab_size": tok.vocab_size}), tok
+
+
+def build(ctx: BuildContext) -> Job:
     t = ctx.train
-    src = LMBatches(train_ids, model.config.block_size, t.batch_size, seed=t.seed)
-    torch.manual_seed(t.seed)
-    val_batches = LMBatches(val_ids, model.config.block_size, t.batch_size, seed=t.seed + 1).eval_batches(
-        ctx.options["eval_iters"])
-    log.info("corpus %s: %d chars → %d tokens (%s, vocab %d); model %.2fM parameters", corpus.source, len(text),
-             len(ids), tok.kind, tok.vocab_size, model.num_parameters() / 1e6)
+    if isinstance(ctx.data, ChatConversations):
+        model, tok = _model_and_tokenizer(ctx, None)
+        T = window(ctx.settings, model)
+        train_chats, val_chats = ctx.data.split(tok)
+        src = ChatBatches(train_chats, T, t.batch_size, pad_id=_pad(tok), seed=t.seed)
+        val_batches = ChatBatches(val_chats, T, t.batch_size, pad_id=_pad(tok)).eval_batches()
+        log.info("chats %s: %d train / %d validation conversations; model %.2fM parameters", ctx.data.source,
+                 len(train_chats), len(val_chats), model.num_parameters() / 1e6)
+    else:
+        corpus: TextCorpus = ctx.data
+        text = corpus.read()
+        model, tok = _model_and_tokenizer(ctx, text)
+        T = window(ctx.settings, model)
+        ids = torch.tensor(tok.encode(text), dtype=torch.long)
+        train_ids, val_ids = corpus.split(ids, T)
+        src = LMBatches(train_ids, T, t.batch_size, seed=t.seed)
+        torch.manual_seed(t.seed)
+        val_batches = LMBatches(val_ids, T, t.batch_size, seed=t.seed + 1).eval_batches(ctx.options["eval_iters"])
+        log.info("corpus %s: %d chars → %d tokens (%s, vocab %d); model %.2fM parameters", corpus.source,
+                 len(text), len(ids), getattr(tok, "kind", "imported"), tok.vocab_size, model.num_parameters() / 1e6)
 
     def finish(m) -> dict[str, Any]:
         n = ctx.options["sample_tokens"]
@@ -70,20 +116,21 @@ def build(ctx: BuildContext) -> Job:
         return {"sample": tok.decode(out[0].tolist())}
 
     return Job(model=model.to(ctx.device), source=src, evaluate=lambda m: lm_eval(m, val_batches),
-               tokens_per_batch=t.batch_size * model.config.block_size, tokenizer=tok, finish=finish)
+               tokens_per_batch=t.batch_size * T, tokenizer=tok, finish=finish)
 
 
 def evaluate_run(run, data) -> dict[str, Any]:
     """``tokennet eval``: validation loss of a trained run on its split (or on the whole of another corpus)."""
     model, tok, s = run.model, run.tokenizer, run.settings
-    block = model.config.block_size
-    if data is None:  # the run's own validation split
-        ids = run.data.held_out(tok, block)
-    else:
-        ids = torch.tensor(tok.encode(TextCorpus(source=data).read()), dtype=torch.long)
-    src = LMBatches(ids, block, s["batch_size"], seed=s["seed"] + 1)
+    T = window(s, model)
+    spec = run.data if data is None else make_data(data, s)
     with torch.no_grad():
-        m = lm_eval(model, src.eval_batches(s["eval_iters"]))
+        if isinstance(spec, ChatConversations):  # conversations, the loss on the replies
+            chats = spec.held_out(tok) if data is None else read_chats(data, tok)
+            m = lm_eval(model, ChatBatches(chats, T, s["batch_size"], pad_id=_pad(tok)).eval_batches())
+        else:  # the run's validation split, or the whole of another corpus
+            ids = spec.held_out(tok, T) if data is None else torch.tensor(tok.encode(spec.read()), dtype=torch.long)
+            m = lm_eval(model, LMBatches(ids, T, s["batch_size"], seed=s["seed"] + 1).eval_batches(s["eval_iters"]))
     m["val_perplexity"] = math.exp(m["val_loss"])
     return m
 
@@ -113,6 +160,8 @@ register_recipe(Recipe(
     model="gpt",
     build=build,
     data=TextCorpus,
+    make_data=make_data,
+    init=True,
     default_data="python-docs",
     options={"tokenizer": "bpe", "vocab_size": 1024, **_COMMON_OPTS},
     model_defaults={"dim": 128, "num_layers": 4, "num_heads": 4, "block_size": 128, "dropout": 0.1},
@@ -131,6 +180,8 @@ register_recipe(Recipe(
     model="gpt",
     build=build,
     data=TextCorpus,
+    make_data=make_data,
+    init=True,
     default_data="shakespeare",
     options={"tokenizer": "char", "vocab_size": 0, **_COMMON_OPTS},
     # Muon for the hidden matrices + QK-norm + a warm-up–stable–decay schedule: on Tiny Shakespeare, val loss

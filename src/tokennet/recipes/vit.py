@@ -106,15 +106,35 @@ def svm_baseline(data: VisionData, gamma: float | str = 0.001) -> dict[str, Any]
             "baseline_svm": f"sklearn.svm.SVC(kernel='rbf', gamma={gamma!r}, C=1.0) on raw pixels 0..16"}
 
 
+def _init_model(init, ds: VisionData):
+    """An image classifier from ``--init`` for this data: its image size and channels must be the data's; a new
+    head when the number of classes differs (:func:`~tokennet.interop.init.with_num_classes`)."""
+    from ..interop.init import with_num_classes
+
+    c = init.model.config
+    if not hasattr(c, "num_classes") or not hasattr(c, "image_size"):
+        raise DataError(f"{init.path} is not an image classifier (a {c.family} model): vit fine-tunes one")
+    for k in ("image_size", "in_channels"):
+        if getattr(c, k) != getattr(ds, k):
+            raise DataError(f"{init.path} takes {k}={getattr(c, k)}, but {ds.name} has {k}={getattr(ds, k)}")
+    model, fresh = with_num_classes(init.model, ds.num_classes)
+    if fresh:
+        log.info("a new classification head for %d classes (%s)", ds.num_classes, ", ".join(fresh))
+    return model
+
+
 def build(ctx: BuildContext) -> Job:
     spec: ImageDataset = ctx.data
     kind = dataset_kind(spec.source)
     ds = spec.load()
-    for k in DATA_FIELDS:  # e.g. a directory of idx files with another image size
-        ctx.from_data(k, getattr(ds, k))
     opts, train, device = ctx.options, ctx.train, ctx.device
     torch.manual_seed(train.seed)
-    model = create_model("vit", **ctx.model)
+    if ctx.init is not None:  # fine-tuning: the source's model, with a new head where the classes differ
+        model = _init_model(ctx.init, ds)
+    else:
+        for k in DATA_FIELDS:  # e.g. a directory of idx files with another image size
+            ctx.from_data(k, getattr(ds, k))
+        model = create_model("vit", **ctx.model)
     aug = Augment(translate=int(opts["translate"]), flip=bool(opts["flip"]), erase=float(opts["erase"]),
                   rotate=float(opts["rotate"]), scale=float(opts["scale"]))
     src = ImageBatches(ds.x_train, ds.y_train, train.batch_size, seed=train.seed, augment=aug if aug.active else None,
@@ -163,5 +183,6 @@ RECIPE = register_recipe(Recipe(
     train_defaults=dict(_TRAIN_DEFAULTS),
     evaluate_run=evaluate_run,
     data_defaults=data_defaults,
+    init=True,
     smoke={"dim": 32, "num_layers": 1, "num_heads": 2, "batch_size": 32, "svm_baseline": False},
 ))

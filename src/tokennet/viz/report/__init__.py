@@ -157,6 +157,8 @@ def _settings(info: dict[str, Any], run_dir: Path, defaults: dict[str, Any] | No
     settings = info.get("settings", {})
     changed = {k: v for k, v in settings.items() if defaults is not None and (k not in defaults or defaults[k] != v)}
     cmd = ["tokennet", "train", str(info.get("recipe", "?"))]
+    if info.get("init"):
+        cmd += ["--init", str(info["init"])]
     if info.get("data"):
         cmd += ["--data", str(info["data"])]
     cmd += ["--out", str(run_dir)]

@@ -1,0 +1,122 @@
+"""Fine-tuning through the CLI: ``tokennet train RECIPE --init SOURCE`` (full or LoRA), chat data, and its errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tokennet.cli import main
+from tokennet.layers.lora import load_adapter, lora_layers
+from tokennet.models.registry import load_pretrained
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SMALL = ["block_size=32", "batch_size=16", "eval_iters=4", "sample_tokens=0", "eval_interval=0", "report=false"]
+
+
+def _train(*argv) -> int:
+    return main(["-q", "train", *map(str, argv)])
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """A base GPT (byte-level BPE) trained on one kind of line; text of another kind; a chat file."""
+    root = tmp_path_factory.mktemp("finetune")
+    (root / "a.txt").write_text("".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n"
+                                        for i in range(400)))
+    (root / "b.txt").write_text("".join(f"row {i}: a lazy dog sleeps under the quick brown fox.\n" for i in range(400)))
+    chats = [{"messages": [{"role": "user", "content": f"what is {i} plus one?"},
+                           {"role": "assistant", "content": f"{i + 1}"}]} for i in range(40)]
+    (root / "chats.jsonl").write_text("".join(json.dumps(c) + "\n" for c in chats))
+    assert _train("gpt", "--data", root / "a.txt", "--out", root / "base", "--max-iters", 150, "--set", "dim=32",
+                  "num_layers=2", "num_heads=2", "vocab_size=300", *SMALL, "block_size=96") == 0
+    return root
+
+
+def _eval(run, *extra, capsys) -> dict:
+    capsys.readouterr()
+    assert main(["-q", "eval", str(run), *map(str, extra)]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_lora_learns_a_held_out_shift_and_saves_merged_weights_and_the_adapter(world, tmp_path, capsys):
+    before = _eval(world / "base", "--data", world / "b.txt", capsys=capsys)["val_loss"]
+    out = tmp_path / "lora"
+    assert _train("gpt", "--init", world / "base", "--data", world / "b.txt", "--out", out, "--max-iters", 60,
+                  "--set", *SMALL, "lora_rank=4", "lora_alpha=8", "lora_save=adapter", "lr=3e-3") == 0
+    after = json.loads((out / "metrics.json").read_text())["val_loss"]
+    assert after < 0.8 * before, (before, after)  # the shifted text is learnt through the adapters alone
+    assert _eval(out, capsys=capsys)["val_loss"] == pytest.approx(after, rel=1e-6)
+    assert json.loads((out / "run.json").read_text())["init"] == str(world / "base")
+    # The run holds W + (α/r)·B·A; the adapter file holds B, A and refuses another base.
+    adapted = load_pretrained(world / "base")
+    config = load_adapter(adapted, out / "adapter.safetensors")
+    assert (config.rank, config.alpha) == (4, 8.0)
+    merged = load_file(str(out / "model.safetensors"))
+    layers = lora_layers(adapted)
+    assert layers
+    for name, layer in layers.items():
+        want = layer.weight + layer.delta_weight()
+        torch.testing.assert_close(merged[f"{name}.weight"], want.detach(), rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="base"):
+        load_adapter(load_pretrained(out), out / "adapter.safetensors")  # the merged run is another base
+
+
+def test_a_lora_run_resumes_bitwise(world, tmp_path):
+    sets = [*SMALL, "lora_rank=4", "lora_dropout=0.1", "checkpoint_interval=4"]
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert _train("gpt", "--init", world / "base", "--data", world / "b.txt", "--out", a, "--max-iters", 8,
+                  "--set", *sets) == 0
+    assert _train("gpt", "--init", world / "base", "--data", world / "b.txt", "--out", b, "--max-iters", 4,
+                  "--set", *sets) == 0
+    assert _train("gpt", "--out", b, "--resume", "--max-iters", 8) == 0
+    wa, wb = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_chat_data_trains_on_the_replies_and_eval_recomputes_it(world, tmp_path, capsys):
+    out = tmp_path / "chat"
+    assert _train("gpt", "--init", world / "base", "--data", world / "chats.jsonl", "--out", out, "--max-iters", 20,
+                  "--set", *SMALL, "block_size=96") == 0
+    m = json.loads((out / "metrics.json").read_text())
+    spec = json.loads((out / "run.json").read_text())["data_spec"]
+    assert spec["kind"] == "chats" and m["val_loss"] > 0
+    assert _eval(out, capsys=capsys)["val_loss"] == pytest.approx(m["val_loss"], rel=1e-6)
+
+
+def test_fine_tuning_errors_are_one_line_and_write_nothing(world, tmp_path, capsys):
+    (tmp_path / "bad.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"}]}\n{not json\n')
+    other = tmp_path / "other"
+    assert _train("gpt", "--data", world / "a.txt", "--out", other, "--max-iters", 1, "--set", "dim=32",
+                  "num_layers=1", "num_heads=2", "vocab_size=280", *SMALL) == 0
+    out = tmp_path / "x"
+    cases = [
+        (["gpt", "--init", tmp_path / "nowhere"], "do not exist"),
+        (["gpt", "--init", world / "a.txt"], "neither a tokennet run"),
+        (["gpt", "--init", world / "base", "--set", "lora_rank=4", "lora_targets=nothing"], "names no linear layer"),
+        (["gpt", "--init", world / "base", "--set", "lora_rank=4096"], "rank"),
+        (["gpt", "--init", world / "base", "--data", tmp_path / "bad.jsonl"], "bad.jsonl:1"),
+        (["gpt", "--init", world / "base", "--set", "dim=64"], "does not apply with --init"),
+        (["gpt", "--data", world / "a.txt", "--set", "lora_rank=4"], "give --init"),
+        (["gpt", "--init", world / "base", "--set", "lora_alpha=4"], "set lora_rank"),
+        (["caption", "--init", world / "base"], "cannot start from --init"),
+    ]
+    for argv, fragment in cases:
+        capsys.readouterr()
+        assert _train(*argv, "--out", out, "--max-iters", 2) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("tokennet: error:") and "\n" not in err and fragment in err, (argv, err)
+        assert not out.exists(), argv
+    # Resuming a fine-tuned run from weights whose vocabulary is not the run's.
+    run = tmp_path / "ft"
+    assert _train("gpt", "--init", world / "base", "--data", world / "b.txt", "--out", run, "--max-iters", 2,
+                  "--set", *SMALL) == 0
+    info = json.loads((run / "run.json").read_text())
+    info["init"] = str(other)
+    (run / "run.json").write_text(json.dumps(info))
+    capsys.readouterr()
+    assert _train("gpt", "--out", run, "--resume", "--max-iters", 4) == 2
+    assert "vocabulary" in capsys.readouterr().err
