@@ -134,7 +134,7 @@ def main() -> None:
     for mode in args.modes:
         ts = []
         for _ in range(3):
-            quantization._PACKED.pop(ours, None)  # time a fresh build, not the cached fp32 copy
+            quantization._COPIES.pop(ours, None)  # time a fresh build, not the cached fp32 copy
             t = time.perf_counter()
             nets[mode] = quantization.decoding_copy(ours, mode)
             ts.append(time.perf_counter() - t)

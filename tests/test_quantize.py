@@ -192,7 +192,7 @@ def test_generate_help_explains_quantize(capsys):
     with pytest.raises(SystemExit):
         main(["generate", "--help"])
     out = " ".join(capsys.readouterr().out.split())
-    assert "--quantize {none,bf16,int8}" in out and "int8 weight-only" in out and "LM head" in out
+    assert "--quantize {none,bf16,int8,int4}" in out and "int8 weight-only" in out and "LM head" in out
 
 
 def test_generate_quantized_from_the_command_line(char_run, capsys):
@@ -209,13 +209,13 @@ def test_generate_quantized_from_the_command_line(char_run, capsys):
     text = run.generate("the ", 6, temperature=0, quantize="int8")
     assert isinstance(text, str) and len(text) >= 1
     with pytest.raises(ConfigError, match="quantize must be one of"):
-        run.generate("the ", 3, quantize="int4")
+        run.generate("the ", 3, quantize="int3")
 
 
 def test_bad_quantize_flag_is_one_line_exit_2(char_run, capsys):
     capsys.readouterr()
     with pytest.raises(SystemExit) as e:
-        main(["generate", str(char_run), "--quantize", "int4"])
+        main(["generate", str(char_run), "--quantize", "int3"])
     assert e.value.code == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "--quantize" in err and "int4" in err
+    assert len(err.splitlines()) == 1 and "--quantize" in err and "int3" in err

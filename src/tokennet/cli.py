@@ -90,11 +90,14 @@ def _add_generate(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, ...")
     p.add_argument("--no-cache", action="store_true", help="recompute the whole window every step")
-    p.add_argument("--quantize", choices=("none", "bf16", "int8"), default="none",
+    p.add_argument("--quantize", choices=("none", "bf16", "int8", "int4"), default="none",
                    help="language models: decode with low-precision weights in every linear layer and the LM head, "
-                   "converted when generation starts (the saved run is not changed): bf16, or int8 weight-only with "
-                   "one scale per output channel (bf16 activations). Fewer bytes per weight read per token make "
-                   "decoding faster, at a small cost in accuracy; which is faster depends on the CPU (default: none: float32 "
+                   "converted when generation starts (the saved run is not changed): bf16; int8 weight-only with "
+                   "one scale per output channel (bf16 activations); int4: 4-bit blocks of 32 weights with a scale "
+                   "and a minimum each (GGUF's Q4_1; the LM head in Q8_0), and a run imported from a GGUF file "
+                   "keeps the file's own Q4_0/Q4_1/Q8_0 blocks as they are (layers whose width is not a multiple "
+                   "of 32 stay float32, with a note). Fewer bytes per weight read per token make decoding faster, "
+                   "at a small cost in accuracy; which is faster depends on the CPU (default: none: float32 "
                    "weights, which on the CPU decode from a copy packed in column blocks, one per thread)")
     p.add_argument("--chat", action="store_true",
                    help="language models with a chat template (imported GGUF models such as SmolLM2-Instruct): send "

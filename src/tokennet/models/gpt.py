@@ -8,7 +8,8 @@ softmax(h_t W_eᵀ)`` when the head is tied to the embedding (Press & Wolf 2017)
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 
 import torch
 import torch.nn.functional as F
@@ -17,6 +18,8 @@ from torch import Tensor, nn
 from ..attention.multihead import KVCache
 from ..errors import ConfigError
 from ..layers.block import NORM_LAYERS
+from ..layers.blockquant import FORMATS as BLOCK_FORMATS
+from ..layers.blockquant import BlockEmbedding, BlockLinear
 from ..layers.mlp import ACTIVATIONS
 from ..layers.stack import AttentionMaps, Decoder
 from ..position.alibi import ALiBi
@@ -53,6 +56,10 @@ class GPTConfig(ModelConfig):
         rope_base: RoPE's wavelength scale, θ_j = base^(−2j/E) (``position="rope"`` only; Llama: 1e4, SmolLM2: 1e5).
         backend: attention backend (``"auto"``, ``"sdpa"``, ``"math"``, ``"flash"``).
         qk_norm: RMS-normalize each head's queries and keys (learned gains) before the scores.
+        quantized: weights held in GGUF blocks, kept as a GGUF file stores them (an imported file's Q4_0, Q4_1
+            and Q8_0 tensors): module name (``*`` for any layer index, e.g. ``"decoder.blocks.*.mlp.fc1"``) →
+            block format (see :mod:`tokennet.layers.blockquant`). ``"tok_emb"`` is the embedding table; tied to
+            the LM head, the two share one set of blocks. Empty (the default): float weights everywhere.
     """
 
     vocab_size: int = 256
@@ -74,6 +81,7 @@ class GPTConfig(ModelConfig):
     rope_base: float = 10000.0
     backend: str = "auto"
     qk_norm: bool = False
+    quantized: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self):
         self.family = "gpt"
@@ -104,6 +112,10 @@ class GPTConfig(ModelConfig):
             raise ConfigError("rope needs an even head width dim/num_heads")
         if self.position == "sinusoidal" and self.dim % 2:
             raise ConfigError(f"position='sinusoidal' needs an even dim (sin/cos pairs), got dim={self.dim}")
+        if not isinstance(self.quantized, dict) or not all(
+                isinstance(k, str) and v in BLOCK_FORMATS for k, v in self.quantized.items()):
+            raise ConfigError(f"quantized must map module names to block formats {list(BLOCK_FORMATS)}, "
+                              f"got {self.quantized!r}")
 
 
 class GPT(nn.Module):
@@ -135,6 +147,45 @@ class GPT(nn.Module):
                 nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * c.num_layers))
         if c.tie_weights:
             self.lm_head.weight = self.tok_emb.weight
+        if c.quantized:
+            self._use_blocks(c.quantized)
+
+    def _use_blocks(self, formats: dict[str, str]) -> None:
+        """Replace the modules ``formats`` names by empty block-quantized ones (filled by ``load_state_dict``)."""
+        def fmt_of(name: str) -> str | None:
+            hits = {f for pattern, f in formats.items() if fnmatchcase(name, pattern)}
+            if len(hits) > 1:
+                raise ConfigError(f"quantized gives {name} two formats: {sorted(hits)}")
+            return hits.pop() if hits else None
+
+        used: set[str] = set()
+        emb = fmt_of("tok_emb")
+        if self.config.tie_weights and emb != fmt_of("lm_head") and None not in (emb, fmt_of("lm_head")):
+            raise ConfigError(f"the tied embedding and LM head need one format, got {emb} and {fmt_of('lm_head')}")
+        for name, mod in list(self.named_modules()):
+            fmt = fmt_of(name)
+            if fmt is None or name == "tok_emb":
+                continue
+            if type(mod) is not nn.Linear:
+                raise ConfigError(f"quantized names {name}, which is not a linear layer")
+            if mod.in_features % 32:
+                raise ConfigError(f"quantized: {name} has in_features={mod.in_features}, not a multiple of 32")
+            parent, _, child = name.rpartition(".")
+            setattr(self.get_submodule(parent) if parent else self, child,
+                    BlockLinear(mod.in_features, mod.out_features, fmt, bias=mod.bias is not None))
+            used.update(p for p in formats if fnmatchcase(name, p))
+        if emb is not None or (self.config.tie_weights and isinstance(self.lm_head, BlockLinear)):
+            if self.config.tie_weights:
+                if not isinstance(self.lm_head, BlockLinear):
+                    self.lm_head = BlockLinear(self.config.dim, self.config.vocab_size, emb)
+                table = self.lm_head
+            else:
+                table = BlockLinear(self.config.dim, self.config.vocab_size, emb)
+            self.tok_emb = BlockEmbedding(table)
+            used.update(p for p in formats if fnmatchcase("tok_emb", p) or fnmatchcase("lm_head", p))
+        unused = sorted(set(formats) - used)
+        if unused:
+            raise ConfigError(f"quantized names modules this model does not have: {unused}")
 
     @staticmethod
     def _init_weights(m: nn.Module) -> None:
@@ -146,7 +197,11 @@ class GPT(nn.Module):
             nn.init.normal_(m.weight, 0.0, 0.02)
 
     def num_parameters(self, exclude_embeddings: bool = False) -> int:
+        """Parameters, counting each weight held in blocks (see ``quantized``) as one; tied tensors once."""
         n = sum(p.numel() for p in self.parameters())
+        n += sum(m.in_features * m.out_features for m in self.modules() if isinstance(m, BlockLinear))
+        if isinstance(self.tok_emb, BlockEmbedding) and not self.config.tie_weights:
+            n += self.tok_emb.num_embeddings * self.tok_emb.embedding_dim
         if exclude_embeddings and isinstance(self.pos_emb, LearnedPosition):
             n -= self.pos_emb.weight.numel()
         return n
