@@ -9,11 +9,15 @@ sizes, an LM head of its own (``tie_weights=False``; SmolLM2 ties it).
 Two sources:
 
 - a Hugging Face directory of ``LlamaForCausalLM`` (``config.json`` + ``model.safetensors``);
-- a GGUF file (llama.cpp's format), read with the ``gguf`` package: quantized tensors (Q4_0, Q4_1,
-  Q8_0, k-quants, …) are dequantized to float32, and llama.cpp's Q/K row permutation is undone.
-  llama.cpp's converter reorders each head's query/key rows from the "rotate-half" pairing
-  (channel j with j + E/2, which HF and tokennet use) to interleaved pairs (2j, 2j + 1):
-  ``W.reshape(H, 2, E/2, D).swapaxes(1, 2)``; :func:`unpermute` is its inverse.
+- a GGUF file (llama.cpp's format), read with the ``gguf`` package. Q8_0, Q4_0 and Q4_1 tensors are kept as
+  they are, block for block (:mod:`tokennet.layers.blockquant`; the config's ``quantized`` field says which
+  layers hold blocks): the run reads the weights llama.cpp reads, in a sixth of float32's bytes. Other
+  quantized types (k-quants, …) are dequantized to float32, with a one-line note. llama.cpp's Q/K row
+  permutation is undone (a permutation of whole rows, so blocks survive it): llama.cpp's converter
+  reorders each head's query/key rows from the "rotate-half" pairing (channel j with j + E/2, which HF and
+  tokennet use) to interleaved pairs (2j, 2j + 1): ``W.reshape(H, 2, E/2, D).swapaxes(1, 2)``;
+  :func:`unpermute` is its inverse. Q, K and V (rows stacked into ``qkv_proj``) stay blocks when all three
+  are in one format.
 
 HF name → GGUF name → tokennet name (``i`` = layer)::
 
@@ -31,13 +35,16 @@ HF name → GGUF name → tokennet name (``i`` = layer)::
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from ..errors import ConfigError, DataError
+from ..layers.blockquant import dequantize_blocks
 from ..models.gpt import GPT, GPTConfig
 from ..tokens.pretrained import PretrainedTokenizer
 from .hf import NameMap, check_fields, read_safetensors
@@ -67,8 +74,9 @@ def llama_config(*, vocab_size: int, context: int, dim: int, hidden: int, layers
     return config
 
 
-def _fill(m: NameMap, config: GPTConfig, *, gguf: bool) -> None:
-    """Put every tensor of a Llama checkpoint into ``m`` (HF or GGUF names)."""
+def _fill(m: NameMap, config: GPTConfig, *, gguf: bool, stack=None) -> None:
+    """Put every tensor of a Llama checkpoint into ``m`` (HF or GGUF names); ``stack(name)`` makes the function that
+    stacks Q, K and V rows (default ``torch.cat``)."""
     k = 1 if gguf else 0
     emb, final, head = ("token_embd.weight", "output_norm.weight", "output.weight") if gguf else \
         ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight")
@@ -79,7 +87,8 @@ def _fill(m: NameMap, config: GPTConfig, *, gguf: bool) -> None:
         for name, pair in LAYER_NAMES.items():
             m.put(ours + name, theirs + pair[k])
         qkv = [theirs + (f"attn_{n}.weight" if gguf else f"self_attn.{n}_proj.weight") for n in "qkv"]
-        m.put(ours + "attn.qkv_proj.weight", qkv, lambda q, kk, v: torch.cat([q, kk, v]))  # [W_q; W_k; W_v]
+        cat = stack(ours + "attn.qkv_proj") if stack else (lambda *parts: torch.cat(parts))
+        m.put(ours + "attn.qkv_proj.weight", qkv, cat)  # [W_q; W_k; W_v]
     m.put("decoder.norm.weight", final)
     if config.tie_weights:
         m.put("lm_head.weight", emb)
@@ -188,12 +197,108 @@ def _dequantize(t) -> Tensor:
     return torch.from_numpy(a.astype("float32", copy=False).reshape(shape).copy())
 
 
-def convert_llama_gguf(path: Path) -> tuple[GPT, Any, list[str]]:
+@dataclass
+class Blocks:
+    """A GGUF matrix kept in its blocks: ``qs``, ``d``, ``m`` row by row (see :mod:`tokennet.layers.blockquant`)."""
+
+    fmt: str
+    qs: Tensor
+    d: Tensor
+    m: Tensor | None = None
+
+    def rows(self, index: Tensor) -> Blocks:
+        """The blocks of the rows ``index`` (a permutation or a selection of output channels)."""
+        return Blocks(self.fmt, self.qs[index], self.d[index], None if self.m is None else self.m[index])
+
+    def dense(self) -> Tensor:
+        return dequantize_blocks(self.fmt, self.qs, self.d, self.m)
+
+    @staticmethod
+    def cat(parts: list[Blocks]) -> Blocks:
+        """Rows stacked (Q, K, V into one projection); all parts in one format."""
+        m = None if parts[0].m is None else torch.cat([p.m for p in parts])
+        return Blocks(parts[0].fmt, torch.cat([p.qs for p in parts]), torch.cat([p.d for p in parts]), m)
+
+
+KEPT_TYPES = {"Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_1": "q4_1"}
+
+
+def _blocks(t) -> Blocks:
+    """The raw bytes of a Q8_0/Q4_0/Q4_1 tensor ``(N, bytes per row)`` split into ``qs``, ``d`` and ``m``."""
+    from gguf import GGMLQuantizationType
+
+    fmt = KEPT_TYPES[GGMLQuantizationType(t.tensor_type).name]
+    K, N = (int(n) for n in t.shape)
+    raw = np.ascontiguousarray(t.data).reshape(N, K // 32, -1)  # (N, G, bytes per block)
+    d = torch.from_numpy(raw[..., :2].copy().view(np.float16)[..., 0])  # (N, G)
+    m = torch.from_numpy(raw[..., 2:4].copy().view(np.float16)[..., 0]) if fmt == "q4_1" else None
+    body = raw[..., 4:] if fmt == "q4_1" else raw[..., 2:]
+    qs = torch.from_numpy(body.copy().reshape(N, -1))  # (N, K) int8 or (N, K/2) packed nibbles
+    return Blocks(fmt, qs.view(torch.int8) if fmt == "q8_0" else qs, d, m)
+
+
+def _unpermute_rows(w, num_heads: int):
+    """:func:`unpermute` of a dense matrix, or the same permutation of a matrix's rows of blocks."""
+    if isinstance(w, Tensor):
+        return unpermute(w, num_heads)
+    order = unpermute(torch.arange(w.qs.shape[0])[:, None], num_heads)[:, 0]  # where each row comes from
+    return w.rows(order)
+
+
+def _stack(mixed: list[str], name: str):
+    """``[W_q; W_k; W_v]`` (or any rows stacked): blocks when all parts share a format, float32 otherwise (and
+    ``name`` joins ``mixed``)."""
+    def cat(*parts):
+        if all(isinstance(p, Blocks) for p in parts) and len({p.fmt for p in parts}) == 1:
+            return Blocks.cat(list(parts))
+        if any(isinstance(p, Blocks) for p in parts):
+            mixed.append(name)
+        return torch.cat([p.dense() if isinstance(p, Blocks) else p for p in parts])
+    return cat
+
+
+def _expand(state: dict[str, Any]) -> dict[str, Tensor]:
+    """State-dict entries: ``X.weight`` held as :class:`Blocks` becomes ``X.qs``, ``X.d`` (and ``X.m``)."""
+    out = {}
+    for k, v in state.items():
+        if isinstance(v, Blocks):
+            base = k.removesuffix(".weight")
+            out[base + ".qs"], out[base + ".d"] = v.qs, v.d
+            if v.m is not None:
+                out[base + ".m"] = v.m
+        else:
+            out[k] = v
+    return out
+
+
+def _formats(state: dict[str, Any], num_layers: int) -> dict[str, str]:
+    """The config's ``quantized`` field: module → block format, one ``*`` entry when every layer agrees."""
+    named = {k.removesuffix(".weight"): v.fmt for k, v in state.items() if isinstance(v, Blocks)}
+    out: dict[str, str] = {}
+    for name, fmt in sorted(named.items()):
+        parts = name.split(".")
+        if name.startswith("decoder.blocks."):
+            pattern = ".".join(parts[:2] + ["*"] + parts[3:])
+            same = [named.get(".".join(parts[:2] + [str(i)] + parts[3:])) for i in range(num_layers)]
+            if all(f == fmt for f in same):
+                out[pattern] = fmt
+                continue
+        out[name] = fmt
+    return out
+
+
+def convert_llama_gguf(path: Path, *, keep_blocks: bool = True) -> tuple[GPT, Any, list[str]]:
     """A tokennet GPT (and its tokenizer) from a Llama-architecture GGUF file.
+
+    Args:
+        path: the file.
+        keep_blocks: keep Q8_0/Q4_0/Q4_1 tensors as blocks (False: dequantize every tensor to float32).
 
     Returns:
         ``(model, tokenizer, notes)``.
     """
+    from gguf import GGMLQuantizationType
+
     reader = read_gguf(path)
     arch = _field(reader, "general.architecture")
     if arch != "llama":
@@ -217,17 +322,34 @@ def convert_llama_gguf(path: Path) -> tuple[GPT, Any, list[str]]:
                           layers=g["block_count"], heads=heads, kv_heads=kv_heads,
                           rope_base=g["rope.freq_base"] or 10000.0, eps=g["attention.layer_norm_rms_epsilon"],
                           tied="output.weight" not in tensors)
-    dense: dict[str, Tensor] = {}
+    weights: dict[str, Any] = {}
+    notes: list[str] = []
+    dequantized: set[str] = set()
     for name, t in tensors.items():
-        w = _dequantize(t)
+        kind = GGMLQuantizationType(t.tensor_type).name
+        if keep_blocks and kind in KEPT_TYPES and len(t.shape) == 2:
+            w = _blocks(t)
+        else:
+            w = _dequantize(t)
+            if kind not in ("F32", "F16", "BF16", "F64"):
+                dequantized.add(kind)
         if name.endswith("attn_q.weight"):
-            w = unpermute(w, heads)
+            w = _unpermute_rows(w, heads)
         elif name.endswith("attn_k.weight"):
-            w = unpermute(w, kv_heads)
-        dense[name] = w
-    m = NameMap(dense, str(path))
-    _fill(m, config, gguf=True)
+            w = _unpermute_rows(w, kv_heads)
+        weights[name] = w
+    if dequantized:
+        notes.append(f"{path.name}: tensors of GGUF type {', '.join(sorted(dequantized))} were dequantized to float32 "
+                     f"(tokennet keeps {', '.join(KEPT_TYPES)} blocks as they are)")
+    m = NameMap(weights, str(path))
+    mixed: list[str] = []
+    _fill(m, config, gguf=True, stack=lambda name: _stack(mixed, name))
+    if mixed:
+        notes.append(f"{len(mixed)} fused projection(s) ({mixed[0]}, …) mix GGUF types in their parts and were "
+                     "dequantized to float32")
+    config = config.replace(quantized=_formats(m.state, config.num_layers))
     model = GPT(config)
+    m.state = _expand(m.state)
     model.load_state_dict(m.finish(model))
     tokenizer = PretrainedTokenizer.from_gguf_fields(
         model=_field(reader, "tokenizer.ggml.model"), pre=_field(reader, "tokenizer.ggml.pre"), tokens=tokens,
@@ -239,4 +361,4 @@ def convert_llama_gguf(path: Path) -> tuple[GPT, Any, list[str]]:
     if tokenizer.vocab_size != config.vocab_size:
         raise DataError(f"{path}: the tokenizer has {tokenizer.vocab_size} tokens but the model {config.vocab_size}; "
                         "nothing was written")
-    return model.eval(), tokenizer, []
+    return model.eval(), tokenizer, notes

@@ -83,7 +83,7 @@ def dequantize_blocks(fmt: str, qs: Tensor, d: Tensor, m: Tensor | None = None) 
 
 
 def quantize_blocks(w: Tensor, fmt: str) -> tuple[Tensor, Tensor, Tensor | None]:
-    """Quantize float weights ``(N, K)`` into blocks ``(qs, d, m)`` the way llama.cpp does (``gguf`` package's formulas).
+    """Quantize float weights ``(N, K)`` into blocks ``(qs, d, m)`` as llama.cpp does (the ``gguf`` package's formulas).
 
     Q8_0: ``d = max|w| / 127``, ``q = round(w / d)`` (half away from zero). Q4_0: ``d = w* / −8`` for the
     weight ``w*`` of largest magnitude, ``q = min(15, ⌊w / d + 8.5⌋)``. Q4_1: ``d = (max − min) / 15``,
@@ -193,7 +193,8 @@ class BlockLinear(nn.Module):
                 y = y + self.bias
             y = y.to(x.dtype)
         else:
-            y = F.linear(x2, self.dequantized_weight().to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
+            b = None if self.bias is None else self.bias.to(x.dtype)
+            y = F.linear(x2, self.dequantized_weight().to(x.dtype), b)
         return y.view(*lead, self.out_features)
 
     def extra_repr(self) -> str:
