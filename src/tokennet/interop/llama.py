@@ -35,21 +35,19 @@ HF name → GGUF name → tokennet name (``i`` = layer)::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from ..errors import ConfigError, DataError
-from ..layers.blockquant import dequantize_blocks
 from ..models.gpt import GPT, GPTConfig
 from ..tokens.pretrained import PretrainedTokenizer
+from .gguf_in import block_formats, expand_blocks, field, gguf_tokenizer, load_tensors, read_gguf, stack_rows
 from .hf import NameMap, check_fields, read_safetensors
 
-__all__ = ["convert_llama", "convert_llama_gguf", "unpermute", "read_gguf"]
+__all__ = ["convert_llama", "convert_llama_gguf", "unpermute", "permute", "llama_config", "LAYER_NAMES"]
 
 # Tokennet names of one layer → (HF name, GGUF name).
 LAYER_NAMES = {
@@ -137,6 +135,14 @@ def convert_llama(source: Path, cfg: dict[str, Any]) -> tuple[GPT, list[str], Pr
 
 
 # -- GGUF -------------------------------------------------------------------------------------------
+def permute(w: Tensor, num_heads: int) -> Tensor:
+    """llama.cpp's Q/K row permutation (``convert_hf_to_gguf.py``): rotate-half pairs (j, j+E/2) → interleaved pairs
+    (2j, 2j+1), ``w.reshape(H, 2, E/2, …).swapaxes(1, 2)``; for a weight ``(H·E, D)`` or a bias ``(H·E,)``."""
+    rows = w.shape[0]
+    e = rows // num_heads
+    return w.reshape(num_heads, 2, e // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)  # (H, E/2, 2, …)
+
+
 def unpermute(w: Tensor, num_heads: int) -> Tensor:
     """Undo llama.cpp's Q/K row permutation: interleaved rotary pairs (2j, 2j+1) → rotate-half pairs (j, j+E/2).
 
@@ -148,93 +154,10 @@ def unpermute(w: Tensor, num_heads: int) -> Tensor:
     return w.reshape(num_heads, e // 2, 2, d).transpose(1, 2).reshape(rows, d)  # (H, 2, E/2, D) → (H·E, D)
 
 
-def _field(reader, key: str, default=None):
-    f = reader.fields.get(key)
-    if f is None:
-        return default
-    from gguf import GGUFValueType
-
-    if f.types[0] == GGUFValueType.STRING:
-        return bytes(f.parts[f.data[0]]).decode("utf-8")
-    if f.types[0] == GGUFValueType.ARRAY:
-        if f.types[-1] == GGUFValueType.STRING:
-            return [bytes(f.parts[i]).decode("utf-8", errors="replace") for i in f.data]
-        return [f.parts[i].tolist()[0] for i in f.data]
-    return f.parts[f.data[0]].tolist()[0]
-
-
-def read_gguf(path: Path):
-    """Open a GGUF file with the ``gguf`` package; a one-line error when it is not one (or is truncated)."""
-    try:
-        from gguf import GGUFReader
-    except ImportError:
-        raise DataError("reading GGUF files needs the gguf package: pip install gguf") from None
-    if not path.is_file():
-        raise DataError(f"{path} does not exist")
-    try:
-        return GGUFReader(str(path))
-    except (ValueError, OSError, KeyError, IndexError, EOFError) as e:
-        first = (str(e).splitlines() or [type(e).__name__])[0]
-        raise DataError(f"{path} is not a readable GGUF file (truncated or damaged?): {first}") from None
-
-
 # llama.* metadata keys the converter maps; others (e.g. rope scaling) stop the import.
 GGUF_LLAMA_KEYS = ("block_count", "context_length", "embedding_length", "feed_forward_length",
                    "attention.head_count", "attention.head_count_kv", "rope.freq_base",
                    "attention.layer_norm_rms_epsilon", "vocab_size", "rope.dimension_count")
-
-
-def _dequantize(t) -> Tensor:
-    from gguf import GGMLQuantizationType
-    from gguf.quants import dequantize
-
-    try:
-        a = dequantize(t.data, t.tensor_type)
-    except (NotImplementedError, KeyError, ValueError) as e:
-        raise ConfigError(f"tensor {t.name} has GGUF type {GGMLQuantizationType(t.tensor_type).name}, which the gguf "
-                          f"package cannot dequantize ({e}); nothing was written") from None
-    shape = tuple(reversed([int(n) for n in t.shape]))  # GGUF lists dims innermost first
-    return torch.from_numpy(a.astype("float32", copy=False).reshape(shape).copy())
-
-
-@dataclass
-class Blocks:
-    """A GGUF matrix kept in its blocks: ``qs``, ``d``, ``m`` row by row (see :mod:`tokennet.layers.blockquant`)."""
-
-    fmt: str
-    qs: Tensor
-    d: Tensor
-    m: Tensor | None = None
-
-    def rows(self, index: Tensor) -> Blocks:
-        """The blocks of the rows ``index`` (a permutation or a selection of output channels)."""
-        return Blocks(self.fmt, self.qs[index], self.d[index], None if self.m is None else self.m[index])
-
-    def dense(self) -> Tensor:
-        return dequantize_blocks(self.fmt, self.qs, self.d, self.m)
-
-    @staticmethod
-    def cat(parts: list[Blocks]) -> Blocks:
-        """Rows stacked (Q, K, V into one projection); all parts in one format."""
-        m = None if parts[0].m is None else torch.cat([p.m for p in parts])
-        return Blocks(parts[0].fmt, torch.cat([p.qs for p in parts]), torch.cat([p.d for p in parts]), m)
-
-
-KEPT_TYPES = {"Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_1": "q4_1"}
-
-
-def _blocks(t) -> Blocks:
-    """The raw bytes of a Q8_0/Q4_0/Q4_1 tensor ``(N, bytes per row)`` split into ``qs``, ``d`` and ``m``."""
-    from gguf import GGMLQuantizationType
-
-    fmt = KEPT_TYPES[GGMLQuantizationType(t.tensor_type).name]
-    K, N = (int(n) for n in t.shape)
-    raw = np.ascontiguousarray(t.data).reshape(N, K // 32, -1)  # (N, G, bytes per block)
-    d = torch.from_numpy(raw[..., :2].copy().view(np.float16)[..., 0])  # (N, G)
-    m = torch.from_numpy(raw[..., 2:4].copy().view(np.float16)[..., 0]) if fmt == "q4_1" else None
-    body = raw[..., 4:] if fmt == "q4_1" else raw[..., 2:]
-    qs = torch.from_numpy(body.copy().reshape(N, -1))  # (N, K) int8 or (N, K/2) packed nibbles
-    return Blocks(fmt, qs.view(torch.int8) if fmt == "q8_0" else qs, d, m)
 
 
 def _unpermute_rows(w, num_heads: int):
@@ -245,120 +168,52 @@ def _unpermute_rows(w, num_heads: int):
     return w.rows(order)
 
 
-def _stack(mixed: list[str], name: str):
-    """``[W_q; W_k; W_v]`` (or any rows stacked): blocks when all parts share a format, float32 otherwise (and
-    ``name`` joins ``mixed``)."""
-    def cat(*parts):
-        if all(isinstance(p, Blocks) for p in parts) and len({p.fmt for p in parts}) == 1:
-            return Blocks.cat(list(parts))
-        if any(isinstance(p, Blocks) for p in parts):
-            mixed.append(name)
-        return torch.cat([p.dense() if isinstance(p, Blocks) else p for p in parts])
-    return cat
-
-
-def _expand(state: dict[str, Any]) -> dict[str, Tensor]:
-    """State-dict entries: ``X.weight`` held as :class:`Blocks` becomes ``X.qs``, ``X.d`` (and ``X.m``)."""
-    out = {}
-    for k, v in state.items():
-        if isinstance(v, Blocks):
-            base = k.removesuffix(".weight")
-            out[base + ".qs"], out[base + ".d"] = v.qs, v.d
-            if v.m is not None:
-                out[base + ".m"] = v.m
-        else:
-            out[k] = v
-    return out
-
-
-def _formats(state: dict[str, Any], num_layers: int) -> dict[str, str]:
-    """The config's ``quantized`` field: module → block format, one ``*`` entry when every layer agrees."""
-    named = {k.removesuffix(".weight"): v.fmt for k, v in state.items() if isinstance(v, Blocks)}
-    out: dict[str, str] = {}
-    for name, fmt in sorted(named.items()):
-        parts = name.split(".")
-        if name.startswith("decoder.blocks."):
-            pattern = ".".join(parts[:2] + ["*"] + parts[3:])
-            same = [named.get(".".join(parts[:2] + [str(i)] + parts[3:])) for i in range(num_layers)]
-            if all(f == fmt for f in same):
-                out[pattern] = fmt
-                continue
-        out[name] = fmt
-    return out
-
-
-def convert_llama_gguf(path: Path, *, keep_blocks: bool = True) -> tuple[GPT, Any, list[str]]:
+def convert_llama_gguf(path: Path, *, reader=None, keep_blocks: bool = True) -> tuple[GPT, Any, list[str]]:
     """A tokennet GPT (and its tokenizer) from a Llama-architecture GGUF file.
 
     Args:
         path: the file.
+        reader: the file already opened with :func:`~.gguf_in.read_gguf`.
         keep_blocks: keep Q8_0/Q4_0/Q4_1 tensors as blocks (False: dequantize every tensor to float32).
 
     Returns:
         ``(model, tokenizer, notes)``.
     """
-    from gguf import GGMLQuantizationType
-
-    reader = read_gguf(path)
-    arch = _field(reader, "general.architecture")
+    reader = reader or read_gguf(path)
+    arch = field(reader, "general.architecture")
     if arch != "llama":
-        raise ConfigError(f"{path}: GGUF architecture {arch!r} has no tokennet converter (supported: llama); "
-                          "nothing was written")
+        raise ConfigError(f"{path}: GGUF architecture {arch!r} is not llama; nothing was written")
     for key in reader.fields:
         if key.startswith("llama.") and key[len("llama."):] not in GGUF_LLAMA_KEYS:
             raise ConfigError(f"{path}: GGUF field {key!r} is not known to the llama converter; nothing was written")
-    g = {k: _field(reader, "llama." + k) for k in GGUF_LLAMA_KEYS}
+    g = {k: field(reader, "llama." + k) for k in GGUF_LLAMA_KEYS}
     dim, heads = g["embedding_length"], g["attention.head_count"]
     kv_heads = g["attention.head_count_kv"] or heads
     if g["rope.dimension_count"] not in (None, dim // heads):
         raise ConfigError(f"{path}: llama.rope.dimension_count={g['rope.dimension_count']} (partial rotary) is not "
                           "supported; nothing was written")
-    tensors = {t.name: t for t in reader.tensors}
-    tokens = _field(reader, "tokenizer.ggml.tokens") or []
+    tokens = field(reader, "tokenizer.ggml.tokens") or []
     vocab = g["vocab_size"] or len(tokens)
     if tokens and len(tokens) != vocab:
         raise DataError(f"{path}: the tokenizer has {len(tokens)} tokens but the model {vocab}; nothing was written")
+    weights, notes = load_tensors(reader, path, keep_blocks=keep_blocks)
     config = llama_config(vocab_size=vocab, context=g["context_length"], dim=dim, hidden=g["feed_forward_length"],
                           layers=g["block_count"], heads=heads, kv_heads=kv_heads,
                           rope_base=g["rope.freq_base"] or 10000.0, eps=g["attention.layer_norm_rms_epsilon"],
-                          tied="output.weight" not in tensors)
-    weights: dict[str, Any] = {}
-    notes: list[str] = []
-    dequantized: set[str] = set()
-    for name, t in tensors.items():
-        kind = GGMLQuantizationType(t.tensor_type).name
-        if keep_blocks and kind in KEPT_TYPES and len(t.shape) == 2:
-            w = _blocks(t)
-        else:
-            w = _dequantize(t)
-            if kind not in ("F32", "F16", "BF16", "F64"):
-                dequantized.add(kind)
+                          tied="output.weight" not in weights)
+    for name in weights:
         if name.endswith("attn_q.weight"):
-            w = _unpermute_rows(w, heads)
+            weights[name] = _unpermute_rows(weights[name], heads)
         elif name.endswith("attn_k.weight"):
-            w = _unpermute_rows(w, kv_heads)
-        weights[name] = w
-    if dequantized:
-        notes.append(f"{path.name}: tensors of GGUF type {', '.join(sorted(dequantized))} were dequantized to float32 "
-                     f"(tokennet keeps {', '.join(KEPT_TYPES)} blocks as they are)")
+            weights[name] = _unpermute_rows(weights[name], kv_heads)
     m = NameMap(weights, str(path))
     mixed: list[str] = []
-    _fill(m, config, gguf=True, stack=lambda name: _stack(mixed, name))
+    _fill(m, config, gguf=True, stack=lambda name: stack_rows(mixed, name))
     if mixed:
         notes.append(f"{len(mixed)} fused projection(s) ({mixed[0]}, …) mix GGUF types in their parts and were "
                      "dequantized to float32")
-    config = config.replace(quantized=_formats(m.state, config.num_layers))
+    config = config.replace(quantized=block_formats(m.state, config.num_layers))
     model = GPT(config)
-    m.state = _expand(m.state)
+    m.state = expand_blocks(m.state)
     model.load_state_dict(m.finish(model))
-    tokenizer = PretrainedTokenizer.from_gguf_fields(
-        model=_field(reader, "tokenizer.ggml.model"), pre=_field(reader, "tokenizer.ggml.pre"), tokens=tokens,
-        token_types=_field(reader, "tokenizer.ggml.token_type"), merges=_field(reader, "tokenizer.ggml.merges"),
-        bos_id=_field(reader, "tokenizer.ggml.bos_token_id"), eos_id=_field(reader, "tokenizer.ggml.eos_token_id"),
-        pad_id=_field(reader, "tokenizer.ggml.padding_token_id"),
-        unk_id=_field(reader, "tokenizer.ggml.unknown_token_id"),
-        chat_template=_field(reader, "tokenizer.chat_template"), where=str(path))
-    if tokenizer.vocab_size != config.vocab_size:
-        raise DataError(f"{path}: the tokenizer has {tokenizer.vocab_size} tokens but the model {config.vocab_size}; "
-                        "nothing was written")
-    return model.eval(), tokenizer, notes
+    return model.eval(), gguf_tokenizer(reader, path, config.vocab_size), notes
