@@ -145,21 +145,27 @@ def convert_gpt2_gguf(path: Path, *, reader=None, keep_blocks: bool = True) -> t
     vocab = g["vocab_size"] or (emb.qs if hasattr(emb, "qs") else emb).shape[0]
     hidden = g["feed_forward_length"] or 4 * dim
     kv = g["attention.head_count_kv"]
+    biases = [n for n in weights if n.endswith(".bias")]
+    # llama.cpp's GPT-2 graph needs biases; a model without them (tokennet's bias=False) is written with zeros
+    bias = not biases or any(bool(dense(weights[n]).any()) for n in biases)
     config = GPTConfig(vocab_size=vocab, block_size=g["context_length"], dim=dim, num_layers=g["block_count"],
                        num_heads=heads, num_kv_heads=None if kv in (None, heads) else kv, mlp_ratio=hidden / dim,
-                       position="learned", tie_weights="output.weight" not in weights, bias=True,
+                       position="learned", tie_weights="output.weight" not in weights, bias=bias,
                        activation="gelu_tanh", norm_eps=float(g["attention.layer_norm_epsilon"] or 1e-5))
     if round(config.mlp_ratio * dim) != hidden:
         raise ConfigError(f"feed_forward_length {hidden} cannot be expressed as mlp_ratio·{dim}; nothing was written")
     m = NameMap(weights, str(path))
+    parts = ("weight", "bias") if bias else ("weight",)
+    if not bias:
+        m.used.update(biases)  # all zero: the same function as no bias
     m.put("tok_emb.weight", "token_embd.weight")
     m.put("pos_emb.weight", "position_embd.weight")
     for i in range(config.num_layers):
         for ours, theirs in GGUF_LAYER_NAMES.items():
-            for part in ("weight", "bias"):
+            for part in parts:
                 m.put(f"decoder.blocks.{i}.{ours}.{part}", f"blk.{i}.{theirs}.{part}")
-    m.put("decoder.norm.weight", "output_norm.weight")
-    m.put("decoder.norm.bias", "output_norm.bias")
+    for part in parts:
+        m.put(f"decoder.norm.{part}", f"output_norm.{part}")
     m.put("lm_head.weight", "token_embd.weight" if config.tie_weights else "output.weight")
     for k, v in m.state.items():  # only matrices stay blocks: tokennet's position table and norms are float
         if k == "pos_emb.weight" or "norm" in k or not k.endswith(".weight"):
