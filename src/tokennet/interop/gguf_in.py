@@ -24,7 +24,7 @@ from ..errors import ConfigError, DataError
 from ..layers.blockquant import dequantize_blocks
 from ..tokens.pretrained import PretrainedTokenizer
 
-__all__ = ["read_gguf", "field", "Blocks", "KEPT_TYPES", "load_tensors", "expand_blocks", "block_formats",
+__all__ = ["read_gguf", "field", "f32", "Blocks", "KEPT_TYPES", "load_tensors", "expand_blocks", "block_formats",
            "gguf_tokenizer", "convert_gguf", "GGUF_ARCHS", "LLAMA3_PATTERN"]
 
 KEPT_TYPES = {"Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_1": "q4_1"}
@@ -50,6 +50,11 @@ def field(reader, key: str, default=None):
             return [bytes(f.parts[i]).decode("utf-8", errors="replace") for i in f.data]
         return [f.parts[i].tolist()[0] for i in f.data]
     return f.parts[f.data[0]].tolist()[0]
+
+
+def f32(value: float | None) -> float | None:
+    """A float32 field as the shortest decimal that is the same float32 (``1e-05``, not ``9.99999974e-06``)."""
+    return None if value is None else float(str(np.float32(value)))
 
 
 def read_gguf(path: Path):

@@ -35,7 +35,7 @@ from typing import Any
 from ..errors import ConfigError, DataError
 from ..models.gpt import GPT, GPTConfig
 from ..tokens.pretrained import PretrainedTokenizer
-from .gguf_in import block_formats, dense, expand_blocks, field, gguf_tokenizer, load_tensors, read_gguf
+from .gguf_in import block_formats, dense, expand_blocks, f32, field, gguf_tokenizer, load_tensors, read_gguf
 from .hf import NameMap, check_fields, linear_from_conv1d, read_safetensors
 
 __all__ = ["convert_gpt2", "convert_gpt2_gguf", "GGUF_LAYER_NAMES", "GGUF_GPT2_KEYS"]
@@ -151,7 +151,7 @@ def convert_gpt2_gguf(path: Path, *, reader=None, keep_blocks: bool = True) -> t
     config = GPTConfig(vocab_size=vocab, block_size=g["context_length"], dim=dim, num_layers=g["block_count"],
                        num_heads=heads, num_kv_heads=None if kv in (None, heads) else kv, mlp_ratio=hidden / dim,
                        position="learned", tie_weights="output.weight" not in weights, bias=bias,
-                       activation="gelu_tanh", norm_eps=float(g["attention.layer_norm_epsilon"] or 1e-5))
+                       activation="gelu_tanh", norm_eps=f32(g["attention.layer_norm_epsilon"]) or 1e-5)
     if round(config.mlp_ratio * dim) != hidden:
         raise ConfigError(f"feed_forward_length {hidden} cannot be expressed as mlp_ratio·{dim}; nothing was written")
     m = NameMap(weights, str(path))

@@ -44,7 +44,7 @@ from torch import Tensor
 from ..errors import ConfigError, DataError
 from ..models.gpt import GPT, GPTConfig
 from ..tokens.pretrained import PretrainedTokenizer
-from .gguf_in import block_formats, expand_blocks, field, gguf_tokenizer, load_tensors, read_gguf, stack_rows
+from .gguf_in import block_formats, expand_blocks, f32, field, gguf_tokenizer, load_tensors, read_gguf, stack_rows
 from .hf import NameMap, check_fields, read_safetensors
 
 __all__ = ["convert_llama", "convert_llama_gguf", "unpermute", "permute", "llama_config", "LAYER_NAMES"]
@@ -199,7 +199,7 @@ def convert_llama_gguf(path: Path, *, reader=None, keep_blocks: bool = True) -> 
     weights, notes = load_tensors(reader, path, keep_blocks=keep_blocks)
     config = llama_config(vocab_size=vocab, context=g["context_length"], dim=dim, hidden=g["feed_forward_length"],
                           layers=g["block_count"], heads=heads, kv_heads=kv_heads,
-                          rope_base=g["rope.freq_base"] or 10000.0, eps=g["attention.layer_norm_rms_epsilon"],
+                          rope_base=f32(g["rope.freq_base"]) or 10000.0, eps=f32(g["attention.layer_norm_rms_epsilon"]),
                           tied="output.weight" not in weights)
     for name in weights:
         if name.endswith("attn_q.weight"):
