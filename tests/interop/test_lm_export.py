@@ -13,7 +13,6 @@ import torch
 
 import tokennet
 from tokennet.cli import main
-from tokennet.errors import TokennetError
 from tokennet.interop import import_checkpoint
 from tokennet.interop.export import export_run
 from tokennet.models import create_model
@@ -97,7 +96,7 @@ def test_gguf_reads_back_with_the_gguf_package_and_tokennet_import(runs, style, 
 def test_gguf_file_types_and_blocks_written_as_they_are(runs, gguf_type, kind, tmp_path):
     run = runs["llama"]
     r = export_run(run, tmp_path / "m.gguf", "gguf", gguf_type=gguf_type)
-    types = r_types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(r.path)).tensors}
+    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(r.path)).tensors}
     assert types["blk.0.attn_norm.weight"] == "F32" and types["output_norm.weight"] == "F32"
     assert types["blk.0.ffn_up.weight"] == kind and types["token_embd.weight"] == kind
     if gguf_type != "q8_0":
@@ -107,7 +106,7 @@ def test_gguf_file_types_and_blocks_written_as_they_are(runs, gguf_type, kind, t
     again = export_run(back, tmp_path / "again.gguf", "gguf", gguf_type="f32")  # blocks stay as they are
     first = {t.name: np.asarray(t.data) for t in gguf.GGUFReader(str(r.path)).tensors}
     for t in gguf.GGUFReader(str(again.path)).tensors:
-        assert t.tensor_type.name == r_types[t.name], t.name
+        assert t.tensor_type.name == types[t.name], t.name
         assert np.array_equal(np.asarray(t.data), first[t.name]), t.name
 
 
