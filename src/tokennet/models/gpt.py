@@ -17,10 +17,11 @@ from torch import Tensor, nn
 
 from ..attention.multihead import KVCache
 from ..errors import ConfigError
-from ..layers.block import NORM_LAYERS
+from ..layers.block import NORM_LAYERS, mlp_kind
 from ..layers.blockquant import FORMATS as BLOCK_FORMATS
 from ..layers.blockquant import BlockEmbedding, BlockLinear
 from ..layers.mlp import ACTIVATIONS
+from ..layers.norm import Norm
 from ..layers.stack import AttentionMaps, Decoder
 from ..position.alibi import ALiBi
 from ..position.learned import LearnedPosition
@@ -134,10 +135,11 @@ class GPT(nn.Module):
         self.alibi = ALiBi(c.num_heads) if c.position == "alibi" else None
         self.drop = (nn.Dropout(c.dropout) if c.dropout > 0 else nn.Identity())
         self.decoder = Decoder(
-            c.dim, c.num_layers, c.num_heads, mlp_ratio=c.mlp_ratio, norm="pre", dropout=c.dropout,
-            num_kv_heads=c.num_kv_heads, bias=c.bias, mixer=c.mixer, num_tokens=c.block_size, backend=c.backend,
-            activation=c.activation, norm_eps=c.norm_eps, norm_layer=c.norm_layer, gated_mlp=c.gated_mlp,
-            qk_norm=c.qk_norm,
+            c.dim, c.num_layers, c.num_heads, norm="pre", dropout=c.dropout, num_kv_heads=c.num_kv_heads, bias=c.bias,
+            mixer=c.mixer, num_tokens=c.block_size, backend=c.backend, qk_norm=c.qk_norm,
+            norm_layer=Norm(c.norm_layer, eps=c.norm_eps, bias=c.bias),  # LayerNorm (GPT-2) or RMSNorm (Llama)
+            mlp=mlp_kind(mlp_ratio=c.mlp_ratio, activation=c.activation, gated=c.gated_mlp, dropout=c.dropout,
+                         bias=c.bias),  # GELU MLP (GPT-2) or SwiGLU (Llama)
         )
         self.lm_head = nn.Linear(c.dim, c.vocab_size, bias=False)
         self.apply(self._init_weights)
