@@ -92,6 +92,7 @@ class CompiledStep:
         h = self.net.forward_features(tok, caches=caches)  # (B, 1, D)
         return self.net.forward_head(h)[:, -1]  # (B, V)
 
+    @torch.inference_mode()
     def __call__(self, tok: Tensor, caches: list[KVCache]) -> Tensor:
         """Logits ``(B, V)`` of the token after ``tok (B, 1)``; its key and value join ``caches``."""
         n = caches[0].length + 1
@@ -101,7 +102,9 @@ class CompiledStep:
             self._positions = torch.arange(max(n, 2 * self._positions.numel()), device=tok.device)
         keys = self._positions[:n]  # only its length is read: the number of keys after this step
         torch._dynamo.mark_dynamic(keys, 0)
-        tok = tok.reshape(-1)[:, None]  # (B, 1) with strides (1, 1): a column of a longer buffer has others
+        # (B, 1) with strides (1, 1) (a column of a longer buffer has others), an inference tensor whoever made it:
+        # the compiled graph's guards check both
+        tok = tok.reshape(-1).clone()[:, None]
         buffers = []
         for c in caches:
             for t in (c.k, c.v):
