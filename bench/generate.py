@@ -127,7 +127,8 @@ def build(work: Path) -> dict[str, str]:
     save_pretrained(ours, paths["run"])
     save_tokenizer(paths["run"], tok)
     if importlib.util.find_spec("gguf") is not None:
-        for kind, model, ftype in (("f32", ours, "f32"), ("q8_0", ours, "q8_0"), ("q4_1", quantize(ours, "int4"), "q8_0")):
+        files = (("f32", ours, "f32"), ("q8_0", ours, "q8_0"), ("q4_1", quantize(ours, "int4"), "q8_0"))
+        for kind, model, ftype in files:
             paths[kind] = str(write_gguf(model, tok, work / f"m-{kind}.gguf", file_type=ftype).path)
     return paths
 
@@ -245,7 +246,8 @@ def main() -> None:
     bandwidth = copy_bandwidth()
     tmp = tempfile.TemporaryDirectory()
     paths = build(Path(tmp.name))
-    systems = [s for s in args.systems if available(s) and not (s.startswith("llama.cpp") and s.split()[1] not in paths)]
+    systems = [s for s in args.systems
+               if available(s) and not (s.startswith("llama.cpp") and s.split()[1] not in paths)]
     for s in sorted(set(args.systems) - set(systems)):
         print(f"{s}: not installed, skipped", file=sys.stderr)
     jobs = [(B, s) for B in args.batches for s in systems
@@ -270,7 +272,8 @@ def main() -> None:
           f"before: {load_before:.2f}, after: {os.getloadavg()[0]:.2f}")
     print(f"memory bandwidth (copy, read + write): {bandwidth:.1f} GB/s\n")
     print("| batch | system | median s | new tokens/s | × HF fp32 | × llama.cpp (same weights) | weights MB/step | "
-          "ceiling tokens/s | of ceiling | first call s | same greedy tokens as fp32 | same next token (teacher-forced) |")
+          "ceiling tokens/s | of ceiling | first call s | same greedy tokens as fp32 | "
+          "same next token (teacher-forced) |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     twin = {"tokennet fp32": "llama.cpp f32", "tokennet int8": "llama.cpp q8_0", "tokennet int4": "llama.cpp q4_1"}
     rows = []
@@ -291,8 +294,8 @@ def main() -> None:
             forced = sum(x == y for x, y in zip(rs[0]["forced"], ref[0]["forced"])) / len(ref[0]["forced"])
         fmt = lambda v, s="{:.1%}": "—" if v is None else s.format(v)  # noqa: E731
         print(f"| {B} | {name} | {med:.3f} | {tps:,.1f} | {fmt(vs_hf, '{:.2f}×')} | {fmt(vs_lc, '{:.2f}×')} | "
-              f"{wbytes / 1e6:.1f} | {ceiling:,.0f} | {tps / ceiling:.1%} | {rs[0]['first_call_s']:.1f} | {fmt(same)} | "
-              f"{fmt(forced)} |")
+              f"{wbytes / 1e6:.1f} | {ceiling:,.0f} | {tps / ceiling:.1%} | {rs[0]['first_call_s']:.1f} | "
+              f"{fmt(same)} | {fmt(forced)} |")
         rows.append({"batch": B, "system": name, "median_s": round(med, 4), "tokens_per_s": round(tps, 1),
                      "vs_hf_fp32": vs_hf, "vs_llama_cpp_same_weights": vs_lc, "weight_bytes_per_step": wbytes,
                      "ceiling_tokens_per_s": round(ceiling, 1), "fraction_of_ceiling": round(tps / ceiling, 3),
