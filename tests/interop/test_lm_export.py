@@ -196,3 +196,51 @@ def test_smollm2_blocks_go_back_to_gguf_bit_for_bit(tmp_path):
     f = gguf.GGUFReader(str(r.path)).fields
     assert "tokenizer.chat_template" in f and bytes(f["tokenizer.ggml.pre"].parts[-1]).decode() == "smollm"
     assert json.loads(json.dumps(run.model.config.quantized))  # the run says which layers hold blocks
+
+
+def test_blocks_of_every_kept_format_survive_export_and_import(runs, tmp_path):
+    """A run holding Q4_0, Q4_1 and Q8_0 blocks (Q/K rows permuted for llama.cpp) → GGUF → import: the same bits."""
+    from tokennet.layers.blockquant import BlockLinear, quantize_blocks
+
+    run = runs["llama"]
+    formats = {"decoder.blocks.*.mlp.fc1": "q4_0", "decoder.blocks.*.mlp.gate": "q4_1",
+               "decoder.blocks.*.attn.qkv_proj": "q8_0"}
+    m = create_model("gpt-micro", **{**run.model.config.to_dict(), "quantized": formats}).eval()
+    state = dict(run.model.state_dict())
+    for name, mod in run.model.named_modules():
+        target = m.get_submodule(name) if name else m
+        if isinstance(target, BlockLinear):
+            target.set_blocks(*quantize_blocks(mod.weight, target.fmt))
+            state = {k: v for k, v in state.items() if not k.startswith(name + ".")}
+    m.load_state_dict(state, strict=False)
+    d = save_pretrained(m, tmp_path / "blocks")
+    save_tokenizer(d, run.tokenizer)
+    r = export_run(tokennet.load(d), tmp_path / "b.gguf", "gguf", gguf_type="f32")
+    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(r.path)).tensors}
+    assert (types["blk.0.ffn_up.weight"], types["blk.0.ffn_gate.weight"], types["blk.0.attn_k.weight"]) == \
+        ("Q4_0", "Q4_1", "Q8_0")
+    back = tokennet.load(import_checkpoint(r.path, tmp_path / "back").path)
+    assert back.model.config.quantized == formats
+    for k, v in m.state_dict().items():
+        assert torch.equal(back.model.state_dict()[k], v), k
+
+
+def test_a_quantized_type_tokennet_does_not_keep_is_dequantized_with_one_note(tmp_path):
+    from gguf.quants import dequantize, quantize
+
+    from tokennet.interop.gguf_in import Blocks, load_tensors, read_gguf
+
+    g = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(8, 64, generator=g).numpy() for _ in range(2))
+    w = gguf.GGUFWriter(str(tmp_path / "t.gguf"), "llama")
+    w.add_tensor("a.weight", quantize(a, gguf.GGMLQuantizationType.Q5_0), raw_dtype=gguf.GGMLQuantizationType.Q5_0)
+    w.add_tensor("b.weight", quantize(b, gguf.GGMLQuantizationType.Q4_1), raw_dtype=gguf.GGMLQuantizationType.Q4_1)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    tensors, notes = load_tensors(read_gguf(tmp_path / "t.gguf"), tmp_path / "t.gguf")
+    assert isinstance(tensors["b.weight"], Blocks) and tensors["b.weight"].fmt == "q4_1"
+    want = dequantize(quantize(a, gguf.GGMLQuantizationType.Q5_0), gguf.GGMLQuantizationType.Q5_0)
+    assert torch.equal(tensors["a.weight"], torch.from_numpy(want))
+    assert len(notes) == 1 and "Q5_0" in notes[0] and "dequantized to float32" in notes[0]
