@@ -47,8 +47,10 @@ _SERIAL = itertools.count()
 
 # Inductor settings of the compiled step. realize_opcount_threshold: a pointwise result read by a matrix–vector
 # product (the normalized hidden state) is stored once instead of being recomputed for every weight it meets
-# (measured: the LM head 3× slower with the norm fused into its inner loop).
-INDUCTOR_OPTIONS = {"realize_opcount_threshold": 8}
+# (measured: the LM head 3× slower with the norm fused into its inner loop). size_asserts: the generated
+# wrapper would check the size and strides of every weight at every step (~600 checks per step of a 30-layer
+# model; measured in one process, alternating: ~15% of the fixed cost of a step).
+INDUCTOR_OPTIONS = {"realize_opcount_threshold": 8, "size_asserts": False}
 
 
 class CompiledStep:

@@ -7,6 +7,7 @@ softmax(h_t W_eᵀ)`` when the head is tied to the embedding (Press & Wolf 2017)
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
@@ -125,7 +126,12 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.config = c = config
-        self.tok_emb = nn.Embedding(c.vocab_size, c.dim)
+        # A model holding GGUF blocks (an imported file) does not build its float32 weights first (538 MB for
+        # SmolLM2-135M, to be thrown away): its layers are made on the meta device and the blocks replace them.
+        # (Modules are registered in the same order either way: optimizer states follow that order.)
+        meta = (lambda: torch.device("meta")) if c.quantized else contextlib.nullcontext
+        with meta():
+            self.tok_emb = nn.Embedding(c.vocab_size, c.dim)
         self.pos_emb = None
         if c.position == "learned":
             self.pos_emb = LearnedPosition(c.block_size, c.dim)
@@ -134,23 +140,35 @@ class GPT(nn.Module):
         self.rope = RotaryEmbedding(c.dim // c.num_heads, base=c.rope_base) if c.position == "rope" else None
         self.alibi = ALiBi(c.num_heads) if c.position == "alibi" else None
         self.drop = (nn.Dropout(c.dropout) if c.dropout > 0 else nn.Identity())
-        self.decoder = Decoder(
-            c.dim, c.num_layers, c.num_heads, norm="pre", dropout=c.dropout, num_kv_heads=c.num_kv_heads, bias=c.bias,
-            mixer=c.mixer, num_tokens=c.block_size, backend=c.backend, qk_norm=c.qk_norm,
-            norm_layer=Norm(c.norm_layer, eps=c.norm_eps, bias=c.bias),  # LayerNorm (GPT-2) or RMSNorm (Llama)
-            mlp=mlp_kind(mlp_ratio=c.mlp_ratio, activation=c.activation, gated=c.gated_mlp, dropout=c.dropout,
-                         bias=c.bias),  # GELU MLP (GPT-2) or SwiGLU (Llama)
-        )
-        self.lm_head = nn.Linear(c.dim, c.vocab_size, bias=False)
-        self.apply(self._init_weights)
-        # GPT-2: scale the residual projections by 1/√(2L) so the residual stream's variance stays put.
-        for name, p in self.named_parameters():
-            if name.endswith(("out_proj.weight", "fc2.weight")):
-                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * c.num_layers))
+        with meta():
+            self.decoder = Decoder(
+                c.dim, c.num_layers, c.num_heads, norm="pre", dropout=c.dropout, num_kv_heads=c.num_kv_heads,
+                bias=c.bias, mixer=c.mixer, num_tokens=c.block_size, backend=c.backend, qk_norm=c.qk_norm,
+                norm_layer=Norm(c.norm_layer, eps=c.norm_eps, bias=c.bias),  # LayerNorm (GPT-2) or RMSNorm (Llama)
+                mlp=mlp_kind(mlp_ratio=c.mlp_ratio, activation=c.activation, gated=c.gated_mlp, dropout=c.dropout,
+                             bias=c.bias),  # GELU MLP (GPT-2) or SwiGLU (Llama)
+            )
+            self.lm_head = nn.Linear(c.dim, c.vocab_size, bias=False)
+        self._init(self)
         if c.tie_weights:
             self.lm_head.weight = self.tok_emb.weight
         if c.quantized:
             self._use_blocks(c.quantized)
+            for m in self.modules():  # what the blocks did not replace (norms, a float table) on the CPU
+                if any(t.is_meta for t in [*m.parameters(recurse=False), *m.buffers(recurse=False)]):
+                    m.to_empty(device="cpu", recurse=False)
+                    if hasattr(m, "reset_parameters"):
+                        m.reset_parameters()
+            self._init(self)
+            if c.tie_weights and type(self.lm_head) is nn.Linear and type(self.tok_emb) is nn.Embedding:
+                self.lm_head.weight = self.tok_emb.weight  # to_empty made each its own tensor
+
+    def _init(self, module: nn.Module) -> None:
+        module.apply(self._init_weights)
+        # GPT-2: scale the residual projections by 1/√(2L) so the residual stream's variance stays put.
+        for name, p in module.named_parameters():
+            if name.endswith(("out_proj.weight", "fc2.weight")):
+                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * self.config.num_layers))
 
     def _use_blocks(self, formats: dict[str, str]) -> None:
         """Replace the modules ``formats`` names by empty block-quantized ones (filled by ``load_state_dict``)."""
