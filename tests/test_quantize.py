@@ -248,7 +248,7 @@ def test_generate_quantized_from_the_command_line(char_run, capsys):
     args = ["generate", str(char_run), "--prompt", "the ", "--max-new-tokens", "8", "--temperature", "0"]
     assert main(args) == 0
     plain = capsys.readouterr().out
-    for mode in ("bf16", "int8"):
+    for mode in ("bf16", "int8", "int4"):
         assert main([*args, "--quantize", mode]) == 0
         out = capsys.readouterr().out
         assert out.startswith("the ") and len(out) >= len("the ") + 1

@@ -13,13 +13,18 @@ rebuilt from the last ``block_size // 2`` tokens, so the window moves in half-co
 rebuild costs one prefill; outputs then differ from the uncached window, which is the price of
 keeping absolute positions valid.
 
-``quantize="bf16"`` or ``"int8"`` decodes with a low-precision inference copy of the model (see
-:mod:`tokennet.layers.quantize`), built at the start of each call, so the model itself is never modified
-and no copy outlives the call (the model may keep training). A decoding step reads every weight once, so
-fewer bytes per weight make it faster.
+``quantize="bf16"``, ``"int8"`` or ``"int4"`` decodes with a low-precision inference copy of the model (see
+:mod:`tokennet.layers.quantize`); the model itself is never modified. The copy is kept with the model and
+rebuilt as soon as any parameter changes (the model may keep training: a stale copy is never used). A
+decoding step reads every weight once, so fewer bytes per weight make it faster.
 
 Each step is the model's forward over the new token against the preallocated KV caches, the head over
-the last position, and the choice of the next token; the token ids live in one preallocated buffer.
+the last position, and the choice of the next token; the token ids live in one preallocated buffer. With
+``compile=True`` the steps after the prompt run as one graph compiled by ``torch.compile``
+(:class:`CompiledStep`): eager PyTorch spends most of a small model's step launching ~20 operations per
+layer, and its matrix kernels read one-row products' weights far below memory speed; the compiled step
+fuses each layer into a few C++ loops that read every weight once. The prompt itself (the prefill, a
+matrix–matrix product) runs eagerly.
 """
 
 from __future__ import annotations

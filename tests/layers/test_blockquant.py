@@ -140,3 +140,14 @@ def test_a_width_blocks_cannot_take_is_a_config_error():
     with pytest.raises(ConfigError, match="multiple of 32"):
         create_model("gpt-micro", vocab_size=64, block_size=32, dim=48, num_heads=4,
                      quantized={"decoder.blocks.*.mlp.fc1": "q4_0"})
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8])
+def test_gemv_is_the_linear_product(dtype):
+    """The sum of products a compiled step fuses (``gemv``) against ``F.linear`` on the same (converted) weight."""
+    from tokennet.layers.blockquant import gemv
+
+    g = torch.Generator().manual_seed(0)
+    w = (torch.randn(40, 64, generator=g) * 20).to(dtype)
+    x = torch.randn(3, 64, generator=g)
+    torch.testing.assert_close(gemv(x, w), F.linear(x.double(), w.double()).float(), rtol=1e-5, atol=1e-4)
