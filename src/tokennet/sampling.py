@@ -13,27 +13,140 @@ rebuilt from the last ``block_size // 2`` tokens, so the window moves in half-co
 rebuild costs one prefill; outputs then differ from the uncached window, which is the price of
 keeping absolute positions valid.
 
-``quantize="bf16"`` or ``"int8"`` decodes with a low-precision inference copy of the model (see
-:mod:`tokennet.layers.quantize`), built at the start of each call, so the model itself is never modified
-and no copy outlives the call (the model may keep training). A decoding step reads every weight once, so
-fewer bytes per weight make it faster.
+``quantize="bf16"``, ``"int8"`` or ``"int4"`` decodes with a low-precision inference copy of the model (see
+:mod:`tokennet.layers.quantize`); the model itself is never modified. The copy is kept with the model and
+rebuilt as soon as any parameter changes (the model may keep training: a stale copy is never used). A
+decoding step reads every weight once, so fewer bytes per weight make it faster.
 
 Each step is the model's forward over the new token against the preallocated KV caches, the head over
-the last position, and the choice of the next token; the token ids live in one preallocated buffer.
+the last position, and the choice of the next token; the token ids live in one preallocated buffer. With
+``compile=True`` the steps after the prompt run as one graph compiled by ``torch.compile``
+(:class:`CompiledStep`): eager PyTorch spends most of a small model's step launching ~20 operations per
+layer, and its matrix kernels read one-row products' weights far below memory speed; the compiled step
+fuses each layer into a few C++ loops that read every weight once. The prompt itself (the prefill, a
+matrix–matrix product) runs eagerly.
 """
 
 from __future__ import annotations
 
+import copy
+import itertools
+import logging
 import math
+import time
+import types
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor, nn
 
+from .attention.multihead import KVCache
 from .errors import ConfigError
 from .layers import quantize as quantization
 
-__all__ = ["generate", "stream", "sample_next"]
+__all__ = ["generate", "stream", "sample_next", "CompiledStep", "compiled_step"]
+
+logger = logging.getLogger(__name__)
+
+_SERIAL = itertools.count()
+
+# Inductor settings of the compiled step. realize_opcount_threshold: a pointwise result read by a matrix–vector
+# product (the normalized hidden state) is stored once instead of being recomputed for every weight it meets
+# (measured: the LM head 3× slower with the norm fused into its inner loop). size_asserts: the generated
+# wrapper would check the size and strides of every weight at every step (~600 checks per step of a 30-layer
+# model; measured in one process, alternating: ~15% of the fixed cost of a step).
+INDUCTOR_OPTIONS = {"realize_opcount_threshold": 8, "size_asserts": False}
+
+
+class CompiledStep:
+    """One decoding step compiled by ``torch.compile``: a token per row against preallocated KV caches.
+
+    ``step(tok (B, 1), caches) → logits (B, V)`` computes what ``net.forward_head(net.forward_features(tok,
+    caches=caches))[:, -1]`` computes, as one Inductor graph: the norms, RoPE, the cache writes, attention, the
+    residuals and every linear layer (through :func:`~tokennet.layers.quantize.gemv`: one fused loop per weight,
+    read once) become a few C++ loops instead of ~20 PyTorch calls per layer. The caches are the same
+    :class:`KVCache` objects eager prefill fills; the graph reads and writes their buffers in place. Their
+    length (the number of cached tokens) and capacity are symbolic, so one compilation serves every step.
+
+    The compiled graph is kept here (and Inductor's on-disk cache keeps the generated code across processes);
+    ``compile_s`` is the time the first call took. When compilation fails (no C++ compiler, an unsupported
+    operation), the step says so once in the log and runs eagerly: ``compiled`` is then False.
+
+    Args:
+        net: a causal LM with ``forward_features`` / ``forward_head`` (a decoding copy; its linear layers
+            are traced through ``gemv``).
+    """
+
+    def __init__(self, net: nn.Module):
+        self.eager = net
+        self.net = copy.deepcopy(net, quantization._share_tensors(net))  # same tensors, GEMV linears
+        quantization._replace_linears(self.net, quantization.GemvLinear)
+        # torch.compile keeps its compiled graphs per code object, so every CompiledStep would share (and
+        # evict, past Dynamo's recompile limit) one list of graphs: give each its own copy of the code.
+        code = CompiledStep._step.__code__.replace(co_name=f"_step_{next(_SERIAL)}")
+        step = types.MethodType(types.FunctionType(code, CompiledStep._step.__globals__), self)
+        self.fn = torch.compile(step, fullgraph=True, dynamic=False, options=INDUCTOR_OPTIONS)
+        self.compiled: bool | None = None  # None: not tried yet
+        self.compile_s: float | None = None
+        self._positions = torch.arange(0)
+
+    def _step(self, tok: Tensor, keys: Tensor, buffers: list[tuple[Tensor, Tensor]]) -> Tensor:
+        caches = []
+        for k, v in buffers:  # a KVCache over the given buffers, holding keys.shape[0] − 1 tokens
+            c = KVCache(k.shape[2])
+            c.k, c.v, c.length = k, v, keys.shape[0] - 1
+            caches.append(c)
+        h = self.net.forward_features(tok, caches=caches)  # (B, 1, D)
+        return self.net.forward_head(h)[:, -1]  # (B, V)
+
+    @torch.inference_mode()
+    def __call__(self, tok: Tensor, caches: list[KVCache]) -> Tensor:
+        """Logits ``(B, V)`` of the token after ``tok (B, 1)``; its key and value join ``caches``."""
+        n = caches[0].length + 1
+        if self.compiled is False:
+            return self.eager.forward_head(self.eager.forward_features(tok, caches=caches))[:, -1]
+        if self._positions.numel() < n:
+            self._positions = torch.arange(max(n, 2 * self._positions.numel()), device=tok.device)
+        keys = self._positions[:n]  # only its length is read: the number of keys after this step
+        torch._dynamo.mark_dynamic(keys, 0)
+        # (B, 1) with strides (1, 1) (a column of a longer buffer has others), an inference tensor whoever made it:
+        # the compiled graph's guards check both
+        tok = tok.reshape(-1).clone()[:, None]
+        buffers = []
+        for c in caches:
+            for t in (c.k, c.v):
+                if not hasattr(t, "_dynamo_dynamic_indices"):
+                    torch._dynamo.mark_dynamic(t, 2)  # the capacity: one graph for every cache size
+            buffers.append((c.k, c.v))
+        if self.compiled is None:
+            t0 = time.perf_counter()
+            try:
+                logits = self.fn(tok, keys, buffers)
+            except (torch._dynamo.exc.TorchDynamoException, RuntimeError, OSError) as e:
+                first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                logger.warning("torch.compile is unavailable for decoding (%s); decoding eagerly", first[:200])
+                self.compiled = False
+                return self(tok, caches)
+            self.compiled, self.compile_s = True, time.perf_counter() - t0
+            logger.info("compiled the decoding step in %.1f s", self.compile_s)
+        else:
+            logits = self.fn(tok, keys, buffers)
+        for c in caches:
+            c.length = n
+        return logits
+
+
+# decoding copy → its CompiledStep (weak keys: a step lives no longer than its copy)
+_STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def compiled_step(net: nn.Module) -> CompiledStep:
+    """The :class:`CompiledStep` of a decoding copy, made once and kept with it."""
+    step = _STEPS.get(net)
+    if step is None:
+        step = _STEPS[net] = CompiledStep(net)
+    return step
 
 
 def sample_next(
@@ -92,6 +205,7 @@ def stream(
     use_cache: bool = True,
     generator: torch.Generator | None = None,
     quantize: str = "none",
+    compile: bool = False,
 ) -> Iterator[Tensor]:
     """Yield the next tokens ``(B,)`` one step at a time; stops early when every row hit a stop token.
 
@@ -109,15 +223,19 @@ def stream(
     seq[:, :T] = idx
     try:
         net = quantization.decoding_copy(model, quantize)  # fp32: packed linears; bf16, int8: quantized
-        caches = net.make_caches(block) if use_cache else None
+        step = compiled_step(net) if compile and use_cache else None
+        caches = net.make_caches(min(block, T + max_new_tokens)) if use_cache else None
         feed = seq[:, max(0, T - block) : T]
         for t in range(T, T + max_new_tokens):
             if use_cache and caches[0].length + feed.shape[1] > block:
                 for c in caches:  # sliding window: rebuild the cache from the recent half context
                     c.reset()
                 feed = seq[:, t - block // 2 : t]
-            h = net.forward_features(feed, caches=caches)  # (B, t, D)
-            logits = net.forward_head(h[:, -1:])[:, -1]  # (B, V): only the last position is needed
+            if step is not None and feed.shape[1] == 1:
+                logits = step(feed, caches)  # (B, V)
+            else:  # the prompt (prefill), or decoding without the compiled step
+                h = net.forward_features(feed, caches=caches)  # (B, t, D)
+                logits = net.forward_head(h[:, -1:])[:, -1]  # (B, V): only the last position is needed
             nxt = sample_next(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
             if len(stops):
                 first = stops[0]
@@ -145,6 +263,7 @@ def generate(
     callback: Callable[[Tensor], None] | None = None,
     generator: torch.Generator | None = None,
     quantize: str = "none",
+    compile: bool = False,
 ) -> Tensor:
     """Continue the token ids ``idx`` ``(B, T)`` by up to ``max_new_tokens``; returns ``(B, T + n)``.
 
@@ -162,10 +281,13 @@ def generate(
         quantize: ``"none"`` (the model as it is), ``"bf16"`` or ``"int8"`` (weight-only, per-channel
             scales): decode with a low-precision copy of every linear layer and the LM head, made for
             this call (see :mod:`tokennet.layers.quantize`).
+        compile: decode one token at a time with a :class:`CompiledStep` (``torch.compile``; eager where
+            it is unavailable). The first call compiles (tens of seconds for a 30-layer model; Inductor's
+            disk cache shortens it in later processes), so it pays off for long generations and servers.
     """
     out = [idx]
     for nxt in stream(model, idx, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                      stop=stop, use_cache=use_cache, generator=generator, quantize=quantize):
+                      stop=stop, use_cache=use_cache, generator=generator, quantize=quantize, compile=compile):
         out.append(nxt[:, None])
         if callback is not None:
             callback(nxt)

@@ -343,3 +343,17 @@ def test_checkpoints_with_separate_qkv_projections_still_load(context_dim):
     x = torch.randn(2, 5, 16)
     ctx = None if context_dim is None else torch.randn(2, 3, context_dim)
     torch.testing.assert_close(fresh(x, ctx), m(x, ctx))
+
+
+@pytest.mark.parametrize("num_kv_heads", [1, 2, 6])
+def test_one_query_attention_equals_sdpa(num_kv_heads):
+    """The elementwise form a compiled decoding step uses: one query per head against a cache, GQA included."""
+    import torch.nn.functional as F
+
+    from tokennet.attention.multihead import one_query_attention
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 6, 1, 8, generator=g)
+    k, v = (torch.randn(2, num_kv_heads, 13, 8, generator=g) for _ in range(2))
+    want = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    torch.testing.assert_close(one_query_attention(q, k, v), want, rtol=1e-5, atol=1e-6)

@@ -86,3 +86,56 @@ def test_a_file_over_the_tolerance_is_refused_and_not_written(tmp_path, capsys, 
     assert out.is_file()
     assert main(["export", str(gpt.path), "--format", "pt2", "--out", str(out), "--tolerance", "0"]) == 2
     assert "tolerance must be > 0" in capsys.readouterr().err
+
+
+def _imported(tmp_path, family):
+    """A tiny random Hugging Face model of every family tokennet imports, imported into a run."""
+    transformers = pytest.importorskip("transformers")
+    from tests.interop.conftest import randomize
+    from tokennet.interop import import_checkpoint
+
+    make = {
+        "gpt2": lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(
+            vocab_size=101, n_positions=24, n_embd=48, n_layer=2, n_head=3)),
+        "llama": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(
+            vocab_size=101, hidden_size=48, intermediate_size=80, num_hidden_layers=2, num_attention_heads=6,
+            num_key_value_heads=2, max_position_embeddings=32)),
+        "vit": lambda: transformers.ViTForImageClassification(transformers.ViTConfig(
+            hidden_size=36, num_hidden_layers=2, num_attention_heads=3, intermediate_size=50, image_size=20,
+            patch_size=4, num_labels=7)),
+        "bert": lambda: transformers.BertModel(transformers.BertConfig(
+            vocab_size=103, hidden_size=36, num_hidden_layers=2, num_attention_heads=3, intermediate_size=50,
+            max_position_embeddings=20)),
+    }
+    torch.manual_seed(0)
+    randomize(make[family](), std=0.5).save_pretrained(tmp_path / "hf")  # large weights: logits in the tens
+    return tokennet.load(import_checkpoint(tmp_path / "hf", tmp_path / "run").path)
+
+
+@pytest.mark.parametrize("fmt", ["pt2", "onnx"])
+@pytest.mark.parametrize("family", ["gpt2", "llama", "vit", "bert"])
+def test_every_importable_family_exports_with_default_settings(tmp_path, family, fmt):
+    if fmt == "onnx":
+        pytest.importorskip("onnxruntime")
+        pytest.importorskip("onnxscript")
+    run = _imported(tmp_path, family)
+    r = export_run(run, tmp_path / f"model.{fmt}", fmt)  # no --tolerance: the default check passes
+    assert r.path.is_file() and len(r.max_diff) == 2
+
+
+def test_the_default_check_scales_with_the_outputs_and_still_refuses_a_real_mismatch(tmp_path, monkeypatch):
+    import tokennet.interop.export as export
+
+    run = saved(tmp_path, "gpt")
+    with torch.no_grad():  # logits of magnitude ~30, like a deep pretrained model's
+        run.model.lm_head.weight.mul_(300)
+        scale = run.model(run.model.example_input(1)).logits.abs().max().item()
+    assert scale > 10
+    run_file = export._run_exported
+    monkeypatch.setattr(export, "_run_exported", lambda *a: run_file(*a) * (1 + 1e-5))  # float32-sized rounding
+    r = export_run(run, tmp_path / "a.pt2", "pt2")
+    assert max(r.max_diff.values()) > 1e-4  # more than the old absolute limit, and accepted
+    monkeypatch.setattr(export, "_run_exported", lambda *a: run_file(*a) + 0.01 * scale)  # a real mismatch
+    with pytest.raises(TokennetError, match="differs from PyTorch's"):
+        export_run(run, tmp_path / "b.pt2", "pt2")
+    assert not (tmp_path / "b.pt2").exists()

@@ -11,10 +11,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .functional import BACKENDS, attention
 from ..position.rope import apply_rope
+from .functional import BACKENDS, attention
 
-__all__ = ["MultiHeadAttention", "KVCache"]
+__all__ = ["MultiHeadAttention", "KVCache", "one_query_attention"]
 
 
 class KVCache:
@@ -65,6 +65,22 @@ class KVCache:
         if self.k is not None:
             self.k = self.k.index_select(0, index)
             self.v = self.v.index_select(0, index)
+
+
+def one_query_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """``softmax(q Kᵀ / √E) V`` for one query per head, written elementwise, grouped-query heads included.
+
+    ``q (B, H, 1, E)``, ``k, v (B, Hkv, L, E)`` → ``(B, H, 1, E)``. A decoding step's attention, as a compiled
+    step computes it: Inductor fuses these sums into the step's own loops, where a call of the fused
+    attention kernel per layer would cost more than the few thousand multiplications it does.
+    """
+    B, H, _, E = q.shape
+    Hkv = k.shape[1]
+    qg = q.reshape(B, Hkv, H // Hkv, 1, E).float()  # (B, Hkv, g, 1, E): the g query heads of each key head
+    scores = (qg * k[:, :, None].float()).sum(-1) * E**-0.5  # (B, Hkv, g, L)
+    a = torch.softmax(scores, dim=-1)
+    out = (a[..., None] * v[:, :, None].float()).sum(-2)  # (B, Hkv, g, E)
+    return out.reshape(B, H, 1, E).to(q.dtype)
 
 
 class MultiHeadAttention(nn.Module):
@@ -252,17 +268,21 @@ class MultiHeadAttention(nn.Module):
             v = self._heads(v, self.num_kv_heads)  # (B, Hkv, N, E)
             if cache is not None:
                 k, v = cache.append(k, v)
-        out = attention(
-            q,
-            k,
-            v,
-            mask,
-            bias=bias,
-            is_causal=is_causal and not cross,
-            dropout=self.dropout if self.training else 0.0,
-            backend="math" if return_weights else self.backend,
-            return_weights=return_weights,
-        )
+        if (torch.compiler.is_compiling() and N == 1 and not cross and mask is None and bias is None
+                and not return_weights and not (self.training and self.dropout > 0)):
+            out = one_query_attention(q, k, v)  # a compiled decoding step: no kernel call per layer
+        else:
+            out = attention(
+                q,
+                k,
+                v,
+                mask,
+                bias=bias,
+                is_causal=is_causal and not cross,
+                dropout=self.dropout if self.training else 0.0,
+                backend="math" if return_weights else self.backend,
+                return_weights=return_weights,
+            )
         if return_weights:
             out, a = out
         out = out.transpose(1, 2).reshape(B, N, self.q_dim)  # (B, N, H·E)

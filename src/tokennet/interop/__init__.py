@@ -11,7 +11,7 @@ source                 architecture                     tokennet family
 HF dir, ``gpt2``       ``GPT2LMHeadModel``              ``gpt`` (:mod:`.gpt2`)
 HF dir, ``vit``        ``ViTForImageClassification``    ``vit`` (:mod:`.vit`)
 HF dir, ``llama``      ``LlamaForCausalLM``             ``gpt`` with Llama's options (:mod:`.llama`)
-``*.gguf`` file        ``llama``                        ``gpt`` with Llama's options + its tokenizer
+``*.gguf`` file        ``llama``, ``gpt2``              ``gpt`` (Q8_0/Q4_0/Q4_1 kept as blocks) + its tokenizer
 HF dir, ``bert``       ``BertModel``                    ``text-encoder`` + its tokenizer (:mod:`.bert`)
 =====================  ===============================  ===========================================
 
@@ -39,9 +39,10 @@ from ..errors import ConfigError, RunError
 from ..models.registry import save_pretrained
 from ..run import save_tokenizer, write_run_info
 from .bert import convert_bert
+from .gguf_in import convert_gguf
 from .gpt2 import convert_gpt2
 from .hf import read_hf_config
-from .llama import convert_llama, convert_llama_gguf
+from .llama import convert_llama
 from .vit import convert_vit
 
 __all__ = ["import_checkpoint", "convert", "ImportResult", "CONVERTERS", "load_init", "InitSource"]
@@ -76,16 +77,16 @@ def _magic(path: Path) -> bytes:
         return f.read(4)
 
 
-def convert(source: str | Path) -> tuple[nn.Module, Any, str, list[str]]:
+def convert(source: str | Path, *, keep_blocks: bool = True) -> tuple[nn.Module, Any, str, list[str]]:
     """Convert a checkpoint in memory: ``(tokennet model, tokenizer or None, converter name, notes)``; writes nothing.
 
     Args:
         source: a Hugging Face checkpoint directory, or a ``.gguf`` file.
+        keep_blocks: a GGUF file's Q8_0/Q4_0/Q4_1 tensors stay blocks (False: float32 everywhere).
     """
     source = Path(source)
     if source.suffix == ".gguf" or (source.is_file() and _magic(source) == b"GGUF"):
-        model, tokenizer, notes = convert_llama_gguf(source)
-        return model, tokenizer, "gguf/llama", notes
+        return convert_gguf(source, keep_blocks=keep_blocks)
     cfg = read_hf_config(source)
     archs = cfg.get("architectures") or []
     model_type = cfg["model_type"]
@@ -99,7 +100,7 @@ def convert(source: str | Path) -> tuple[nn.Module, Any, str, list[str]]:
                       "nothing was written")
 
 
-def import_checkpoint(source: str | Path, out: str | Path) -> ImportResult:
+def import_checkpoint(source: str | Path, out: str | Path, *, keep_blocks: bool = True) -> ImportResult:
     """Convert the checkpoint in ``source`` and write it as a tokennet run directory ``out``.
 
     The conversion happens in memory and is checked completely (config fields, every tensor's name and
@@ -109,11 +110,12 @@ def import_checkpoint(source: str | Path, out: str | Path) -> ImportResult:
     Args:
         source: a Hugging Face checkpoint directory (``config.json`` + ``model.safetensors``) or a GGUF file.
         out: the new run directory; it must not exist, or be empty.
+        keep_blocks: a GGUF file's Q8_0/Q4_0/Q4_1 tensors stay blocks (False: dequantized to float32).
     """
     source, out = Path(source), Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise RunError(f"{out} already exists and is not an empty directory; choose another --out")
-    model, tokenizer, name, notes = convert(source)
+    model, tokenizer, name, notes = convert(source, keep_blocks=keep_blocks)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.import-", dir=out.parent))
     try:

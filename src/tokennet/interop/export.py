@@ -1,4 +1,5 @@
-"""Standard formats out: a run's network as ONNX (``torch.onnx.export(dynamo=True)``) or a ``torch.export`` program.
+"""Standard formats out: a run's network as ONNX (``torch.onnx.export(dynamo=True)``) or a ``torch.export`` program;
+a ``gpt`` run also as a GGUF file for llama.cpp (:mod:`.gguf_out`) or a Hugging Face directory (:mod:`.hf_out`).
 
 What is exported is the network's forward pass, one call from inputs to outputs, with dynamic batch (and,
 for token models, sequence length):
@@ -12,11 +13,21 @@ family          input                                  output                   
 ``text-encoder`` ``ids`` (B, N) int64, ``pad_id`` padded ``embeddings`` (B, D), normalized B, N ≤ max_len
 ==============  =====================================  ================================  ===============
 
-Not exported: the decoding loop (sampling, beam search, the KV cache), the seq2seq decoder, the
-tokenizer and the input checks (a Python ``raise`` on bad ids cannot be traced). Every export is
-checked: the written file is loaded back (onnxruntime for ONNX, ``torch.export.load`` for pt2) and run
-on two input shapes (other than the one traced; sequences up to :data:`CHECK_LEN` tokens) against the
-PyTorch model; max |difference| must be ≤ :data:`TOLERANCE`, or nothing is written.
+Not exported (ONNX, pt2): the decoding loop (sampling, beam search, the KV cache), the seq2seq decoder, the
+tokenizer and the input checks (a Python ``raise`` on bad ids cannot be traced). GGUF and Hugging Face
+directories carry the whole language model with its tokenizer (and chat template), for other engines.
+
+Every export is checked: the written file is loaded back (onnxruntime for ONNX, ``torch.export.load`` for
+pt2, tokennet's own importers for GGUF and Hugging Face) and run on two input shapes (other than the one
+traced; sequences up to :data:`CHECK_LEN` tokens) against the PyTorch model, or nothing is written. The
+default check is a combined tolerance, like ``torch.testing.assert_close`` with the absolute part scaled to
+the outputs: every element must satisfy ``|got − ref| ≤ atol · max|ref| + rtol · |ref|`` with
+:data:`RTOL` = :data:`ATOL` = 1e-4. Float32 rounding across a deep network grows with the size of the
+logits (SmolLM2-135M's ONNX logits, up to ~34, differ by ~5e-4: a relative error near 1e-5), which a fixed
+absolute limit mistakes for a failed export; a real mismatch (a wrong operation, a swapped tensor) is off
+by a sizeable fraction of the outputs and is still refused. GGUF files in float16 or Q8_0 are checked with
+their rounding's tolerance (:data:`GGUF_TOLERANCE`). ``tolerance=`` replaces the check by an absolute limit
+on max |difference|.
 """
 
 from __future__ import annotations
@@ -38,8 +49,10 @@ __all__ = ["export_run", "ExportResult", "FORMATS", "TOLERANCE", "EXPORTABLE"]
 
 logger = logging.getLogger(__name__)
 
-FORMATS = ("onnx", "pt2")
-TOLERANCE = 1e-4
+FORMATS = ("onnx", "pt2", "gguf", "hf")
+RTOL, ATOL = 1e-4, 1e-4  # the default check: |got − ref| ≤ ATOL · max|ref| + RTOL · |ref|
+TOLERANCE = None  # the default: the combined check above (a number: an absolute limit on max |got − ref|)
+GGUF_TOLERANCE = {"f32": (RTOL, ATOL), "f16": (1e-2, 1e-2), "q8_0": (5e-2, 5e-2)}  # (rtol, atol) of each file type
 CHECK_LEN = 64  # the longest sequence of the check (a long context would cost minutes and gigabytes)
 EXPORTABLE = ("gpt", "vit", "seq2seq", "text-encoder")
 
@@ -135,19 +148,57 @@ def _run_exported(path: Path, fmt: str, x: Tensor) -> Tensor:
     return torch.from_numpy(sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0])
 
 
-def export_run(run: Run, out: str | Path, fmt: str, *, tolerance: float = TOLERANCE) -> ExportResult:
-    """Export a run's network to ``out`` in format ``fmt`` (``"onnx"`` or ``"pt2"``), and check the file.
+def _check(got: Tensor, ref: Tensor, tolerance: float | None, rtol: float = RTOL, atol: float = ATOL):
+    """``(max |got − ref|, passed, what was allowed)`` under the combined check or an absolute ``tolerance``."""
+    diff = (got.float() - ref.float()).abs()
+    worst = float(diff.max()) if diff.numel() else 0.0
+    if tolerance is not None:
+        return worst, worst <= tolerance, f"{tolerance:g}"
+    scale = float(ref.abs().max()) if ref.numel() else 0.0
+    ok = bool((diff <= atol * scale + rtol * ref.float().abs()).all())
+    return worst, ok, f"{atol:g}·max|logits| + {rtol:g}·|logit| with max|logits| = {scale:.3g}"
+
+
+def _replace(tmp_files: list[Path], out: Path, overwrite: bool) -> list[Path]:
+    """Move checked files into place (``tmp_files[0]`` becomes ``out``; others keep their names beside it)."""
+    placed = []
+    for i, f in enumerate(tmp_files):
+        dest = out if i == 0 else out.parent / f.name
+        if dest.exists() and overwrite:
+            if dest.is_dir() and not dest.is_symlink():
+                shutil.rmtree(dest)
+            else:
+                dest.unlink()
+        f.replace(dest)
+        placed.append(dest)
+    return placed
+
+
+def export_run(run: Run, out: str | Path, fmt: str, *, tolerance: float | None = TOLERANCE, overwrite: bool = False,
+               gguf_type: str = "f16") -> ExportResult:
+    """Export a run's network to ``out`` in format ``fmt`` and check the result; see the module docstring.
 
     Args:
         run: a loaded run (``tokennet.load``); its model is exported on the CPU in eval mode.
-        out: the file to write; it is written under a temporary name and renamed only once the check passes.
-        fmt: ``"onnx"`` (opset chosen by PyTorch's dynamo exporter) or ``"pt2"`` (``torch.export.save``).
-        tolerance: the largest max |exported − PyTorch| accepted on the check's inputs.
+        out: the file (a directory for ``"hf"``) to write; written under a temporary name and renamed only once
+            the check passes.
+        fmt: ``"onnx"`` (opset chosen by PyTorch's dynamo exporter), ``"pt2"`` (``torch.export.save``),
+            ``"gguf"`` (llama.cpp) or ``"hf"`` (a Hugging Face directory); the last two for ``gpt`` runs.
+        tolerance: None for the combined check; a number: the largest max |exported − PyTorch| accepted.
+        overwrite: replace an existing ``out`` (otherwise an existing path is refused).
+        gguf_type: ``"f32"``, ``"f16"`` or ``"q8_0"``, the GGUF file type of the matrices.
     """
-    if not tolerance > 0:
+    if tolerance is not None and not tolerance > 0:
         raise ConfigError(f"tolerance must be > 0, got {tolerance}")
     if fmt not in FORMATS:
         raise ConfigError(f"format must be one of {list(FORMATS)}, got {fmt!r}")
+    out = Path(out)
+    if fmt != "hf" and out.is_dir():
+        raise RunError(f"{out} is a directory; give a file name for the exported model")
+    if out.exists() and not overwrite:
+        raise RunError(f"{out} exists; pass --overwrite to replace it (nothing was written)")
+    if fmt in ("gguf", "hf"):
+        return _export_lm(run, out, fmt, tolerance=tolerance, overwrite=overwrite, gguf_type=gguf_type)
     if fmt == "onnx":
         try:
             import onnxruntime  # noqa: F401
@@ -155,9 +206,6 @@ def export_run(run: Run, out: str | Path, fmt: str, *, tolerance: float = TOLERA
         except ImportError as e:
             raise RunError(f"ONNX export needs the packages onnx, onnxscript and onnxruntime ({e.name} is missing): "
                            "pip install onnx onnxscript onnxruntime") from None
-    out = Path(out)
-    if out.is_dir():
-        raise RunError(f"{out} is a directory; give a file name for the exported model")
     model = run.model.to("cpu").eval()
     wrapper, in_name, out_name, dims, checks, example = _spec(model)
     wrapper.eval()
@@ -181,22 +229,66 @@ def export_run(run: Run, out: str | Path, fmt: str, *, tolerance: float = TOLERA
                 torch.onnx.export(wrapper, (example,), str(tmp), dynamo=True, verbose=False,
                                   input_names=[in_name], output_names=[out_name],
                                   dynamic_shapes=(dims,))
-            diffs = {}
+            diffs, bad = {}, None
             for x in checks:
-                ref = wrapper(x)
-                got = _run_exported(tmp, fmt, x)
-                diffs["x".join(map(str, x.shape))] = float((got - ref).abs().max())
-        bad = {k: v for k, v in diffs.items() if not v <= tolerance}
+                shape = "x".join(map(str, x.shape))
+                diffs[shape], ok, allowed = _check(_run_exported(tmp, fmt, x), wrapper(x), tolerance)
+                if not ok and bad is None:
+                    bad = (shape, allowed)
         if bad:
-            raise RunError(f"the exported {fmt} model differs from PyTorch's by {max(bad.values()):.2e} "
-                           f"(> {tolerance}) on input shape {next(iter(bad))}; nothing was written (--tolerance sets "
-                           "the limit)")
-        files = sorted(tmp_dir.iterdir())
-        for f in files:
-            f.replace(out.parent / f.name)
+            raise RunError(f"the exported {fmt} model differs from PyTorch's by {diffs[bad[0]]:.2e} (allowed: "
+                           f"{bad[1]}) on input shape {bad[0]}; nothing was written (--tolerance sets an absolute "
+                           "limit)")
+        files = sorted(tmp_dir.iterdir(), key=lambda f: f.name != out.name)  # the model first, then its weights
+        placed = _replace(files, out, overwrite)
     finally:
         for q, level in zip(quiet, levels):
             q.setLevel(level)
         shutil.rmtree(tmp_dir, ignore_errors=True)
     logger.info("exported %s to %s; max |diff| vs PyTorch: %s", run.path, out, diffs)
-    return ExportResult(out, fmt, [in_name], [out_name], diffs, [out.parent / f.name for f in files])
+    return ExportResult(out, fmt, [in_name], [out_name], diffs, placed)
+
+
+def _export_lm(run: Run, out: Path, fmt: str, *, tolerance, overwrite: bool, gguf_type: str) -> ExportResult:
+    """A language model as a GGUF file or a Hugging Face directory, read back by tokennet's importers and checked."""
+    from . import convert
+    from .gguf_out import FILE_TYPES, write_gguf
+    from .hf_out import write_hf
+
+    if fmt == "gguf" and gguf_type not in FILE_TYPES:
+        raise ConfigError(f"GGUF file type must be one of {list(FILE_TYPES)}, got {gguf_type!r}")
+    model = run.model.to("cpu").eval()
+    if model.config.family != "gpt":
+        raise ConfigError(f"{fmt} export is for gpt runs (language models); {run.path} is a {model.config.family} run")
+    _, _, _, _, checks, _ = _spec(model)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    notes: list[str] = []
+    try:
+        if fmt == "gguf":
+            notes = write_gguf(model, run.tokenizer, tmp, file_type=gguf_type, name=run.path.name).notes
+        else:
+            write_hf(model, run.tokenizer, tmp)
+        back, _, _, _ = convert(tmp)  # the file as another program would read it
+        back.eval()
+        rtol, atol = GGUF_TOLERANCE[gguf_type] if fmt == "gguf" else (RTOL, ATOL)
+        diffs, bad = {}, None
+        with torch.no_grad():
+            for x in checks:
+                shape = "x".join(map(str, x.shape))
+                diffs[shape], ok, allowed = _check(back(x).logits, model(x).logits, tolerance, rtol, atol)
+                if not ok and bad is None:
+                    bad = (shape, allowed)
+        if bad:
+            raise RunError(f"the {fmt} export read back differs from the run's model by {diffs[bad[0]]:.2e} (allowed: "
+                           f"{bad[1]}) on input shape {bad[0]}; nothing was written")
+        _replace([tmp], out, overwrite)
+    finally:
+        if tmp.is_dir():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
+    for n in notes:
+        logger.warning("%s", n)
+    files = sorted(out.iterdir()) if out.is_dir() else [out]
+    return ExportResult(out, fmt, ["idx"], ["logits"], diffs, files)

@@ -9,17 +9,22 @@ ways, both handled here:
 - ``c_attn`` is already the fused ``[W_q | W_k | W_v]`` along its output axis, exactly tokennet's
   ``qkv_proj`` rows after the transpose (Q rows first, then K, then V, head-major inside each).
 
-Name map (``i`` = layer)::
+Name map (``i`` = layer), HF and GGUF (llama.cpp's ``gpt2`` architecture, written by its converter with the
+same ``(out, in)`` layout as ``nn.Linear``)::
 
-    transformer.wte            → tok_emb            transformer.wpe → pos_emb
-    transformer.h.i.ln_1       → decoder.blocks.i.norm1
-    transformer.h.i.attn.c_attn → decoder.blocks.i.attn.qkv_proj   (transposed)
-    transformer.h.i.attn.c_proj → decoder.blocks.i.attn.out_proj   (transposed)
-    transformer.h.i.ln_2       → decoder.blocks.i.norm2
-    transformer.h.i.mlp.c_fc   → decoder.blocks.i.mlp.fc1          (transposed)
-    transformer.h.i.mlp.c_proj → decoder.blocks.i.mlp.fc2          (transposed)
-    transformer.ln_f           → decoder.norm
-    lm_head (absent when tied) → lm_head
+    transformer.wte             token_embd       → tok_emb
+    transformer.wpe             position_embd    → pos_emb
+    transformer.h.i.ln_1        blk.i.attn_norm  → decoder.blocks.i.norm1
+    transformer.h.i.attn.c_attn blk.i.attn_qkv   → decoder.blocks.i.attn.qkv_proj   (HF: transposed)
+    transformer.h.i.attn.c_proj blk.i.attn_output → decoder.blocks.i.attn.out_proj  (HF: transposed)
+    transformer.h.i.ln_2        blk.i.ffn_norm   → decoder.blocks.i.norm2
+    transformer.h.i.mlp.c_fc    blk.i.ffn_up     → decoder.blocks.i.mlp.fc1         (HF: transposed)
+    transformer.h.i.mlp.c_proj  blk.i.ffn_down   → decoder.blocks.i.mlp.fc2         (HF: transposed)
+    transformer.ln_f            output_norm      → decoder.norm
+    lm_head (absent when tied)  output (absent when tied) → lm_head
+
+(``.weight`` and ``.bias`` each.) llama.cpp's GPT-2 graph uses the tanh approximation of GELU, so a GGUF file
+imports with ``activation="gelu_tanh"``.
 """
 
 from __future__ import annotations
@@ -27,12 +32,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, DataError
 from ..models.gpt import GPT, GPTConfig
 from ..tokens.pretrained import PretrainedTokenizer
+from .gguf_in import block_formats, dense, expand_blocks, f32, field, gguf_tokenizer, load_tensors, read_gguf
 from .hf import NameMap, check_fields, linear_from_conv1d, read_safetensors
 
-__all__ = ["convert_gpt2"]
+__all__ = ["convert_gpt2", "convert_gpt2_gguf", "GGUF_LAYER_NAMES", "GGUF_GPT2_KEYS"]
+
+# tokennet module of a layer → llama.cpp's GGUF name (each with .weight and .bias)
+GGUF_LAYER_NAMES = {"norm1": "attn_norm", "attn.qkv_proj": "attn_qkv", "attn.out_proj": "attn_output",
+                    "norm2": "ffn_norm", "mlp.fc1": "ffn_up", "mlp.fc2": "ffn_down"}
+# gpt2.* metadata keys the converter maps; others stop the import.
+GGUF_GPT2_KEYS = ("block_count", "context_length", "embedding_length", "feed_forward_length",
+                  "attention.head_count", "attention.head_count_kv", "attention.layer_norm_epsilon", "vocab_size")
 
 ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
 
@@ -111,3 +124,54 @@ def convert_gpt2(source: Path, cfg: dict[str, Any]) -> tuple[GPT, list[str], Pre
     notes = [] if tokenizer else ["the source has no tokenizer (tokenizer.json, or vocab.json + merges.txt): "
                                   "the run takes token ids, and `generate --prompt` needs a tokenizer"]
     return model.eval(), notes, tokenizer
+
+
+def convert_gpt2_gguf(path: Path, *, reader=None, keep_blocks: bool = True) -> tuple[GPT, Any, list[str]]:
+    """A tokennet GPT (and its tokenizer) from a GGUF file of llama.cpp's ``gpt2`` architecture.
+
+    Returns:
+        ``(model, tokenizer, notes)``.
+    """
+    reader = reader or read_gguf(path)
+    for key in reader.fields:
+        if key.startswith("gpt2.") and key[len("gpt2."):] not in GGUF_GPT2_KEYS:
+            raise ConfigError(f"{path}: GGUF field {key!r} is not known to the gpt2 converter; nothing was written")
+    g = {k: field(reader, "gpt2." + k) for k in GGUF_GPT2_KEYS}
+    weights, notes = load_tensors(reader, path, keep_blocks=keep_blocks)
+    dim, heads = g["embedding_length"], g["attention.head_count"]
+    emb = weights.get("token_embd.weight")
+    if emb is None or dim is None or heads is None or g["block_count"] is None:
+        raise DataError(f"{path} lacks the gpt2 fields or the token embedding the converter needs; nothing was written")
+    vocab = g["vocab_size"] or (emb.qs if hasattr(emb, "qs") else emb).shape[0]
+    hidden = g["feed_forward_length"] or 4 * dim
+    kv = g["attention.head_count_kv"]
+    biases = [n for n in weights if n.endswith(".bias")]
+    # llama.cpp's GPT-2 graph needs biases; a model without them (tokennet's bias=False) is written with zeros
+    bias = not biases or any(bool(dense(weights[n]).any()) for n in biases)
+    config = GPTConfig(vocab_size=vocab, block_size=g["context_length"], dim=dim, num_layers=g["block_count"],
+                       num_heads=heads, num_kv_heads=None if kv in (None, heads) else kv, mlp_ratio=hidden / dim,
+                       position="learned", tie_weights="output.weight" not in weights, bias=bias,
+                       activation="gelu_tanh", norm_eps=f32(g["attention.layer_norm_epsilon"]) or 1e-5)
+    if round(config.mlp_ratio * dim) != hidden:
+        raise ConfigError(f"feed_forward_length {hidden} cannot be expressed as mlp_ratio·{dim}; nothing was written")
+    m = NameMap(weights, str(path))
+    parts = ("weight", "bias") if bias else ("weight",)
+    if not bias:
+        m.used.update(biases)  # all zero: the same function as no bias
+    m.put("tok_emb.weight", "token_embd.weight")
+    m.put("pos_emb.weight", "position_embd.weight")
+    for i in range(config.num_layers):
+        for ours, theirs in GGUF_LAYER_NAMES.items():
+            for part in parts:
+                m.put(f"decoder.blocks.{i}.{ours}.{part}", f"blk.{i}.{theirs}.{part}")
+    for part in parts:
+        m.put(f"decoder.norm.{part}", f"output_norm.{part}")
+    m.put("lm_head.weight", "token_embd.weight" if config.tie_weights else "output.weight")
+    for k, v in m.state.items():  # only matrices stay blocks: tokennet's position table and norms are float
+        if k == "pos_emb.weight" or "norm" in k or not k.endswith(".weight"):
+            m.state[k] = dense(v)
+    config = config.replace(quantized=block_formats(m.state, config.num_layers))
+    model = GPT(config)
+    m.state = expand_blocks(m.state)
+    model.load_state_dict(m.finish(model))
+    return model.eval(), gguf_tokenizer(reader, path, config.vocab_size), notes

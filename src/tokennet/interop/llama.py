@@ -9,11 +9,15 @@ sizes, an LM head of its own (``tie_weights=False``; SmolLM2 ties it).
 Two sources:
 
 - a Hugging Face directory of ``LlamaForCausalLM`` (``config.json`` + ``model.safetensors``);
-- a GGUF file (llama.cpp's format), read with the ``gguf`` package: quantized tensors (Q4_0, Q4_1,
-  Q8_0, k-quants, …) are dequantized to float32, and llama.cpp's Q/K row permutation is undone.
-  llama.cpp's converter reorders each head's query/key rows from the "rotate-half" pairing
-  (channel j with j + E/2, which HF and tokennet use) to interleaved pairs (2j, 2j + 1):
-  ``W.reshape(H, 2, E/2, D).swapaxes(1, 2)``; :func:`unpermute` is its inverse.
+- a GGUF file (llama.cpp's format), read with the ``gguf`` package. Q8_0, Q4_0 and Q4_1 tensors are kept as
+  they are, block for block (:mod:`tokennet.layers.blockquant`; the config's ``quantized`` field says which
+  layers hold blocks): the run reads the weights llama.cpp reads, in a sixth of float32's bytes. Other
+  quantized types (k-quants, …) are dequantized to float32, with a one-line note. llama.cpp's Q/K row
+  permutation is undone (a permutation of whole rows, so blocks survive it): llama.cpp's converter
+  reorders each head's query/key rows from the "rotate-half" pairing (channel j with j + E/2, which HF and
+  tokennet use) to interleaved pairs (2j, 2j + 1): ``W.reshape(H, 2, E/2, D).swapaxes(1, 2)``;
+  :func:`unpermute` is its inverse. Q, K and V (rows stacked into ``qkv_proj``) stay blocks when all three
+  are in one format.
 
 HF name → GGUF name → tokennet name (``i`` = layer)::
 
@@ -40,9 +44,10 @@ from torch import Tensor
 from ..errors import ConfigError, DataError
 from ..models.gpt import GPT, GPTConfig
 from ..tokens.pretrained import PretrainedTokenizer
+from .gguf_in import block_formats, expand_blocks, f32, field, gguf_tokenizer, load_tensors, read_gguf, stack_rows
 from .hf import NameMap, check_fields, read_safetensors
 
-__all__ = ["convert_llama", "convert_llama_gguf", "unpermute", "read_gguf"]
+__all__ = ["convert_llama", "convert_llama_gguf", "unpermute", "permute", "llama_config", "LAYER_NAMES"]
 
 # Tokennet names of one layer → (HF name, GGUF name).
 LAYER_NAMES = {
@@ -67,8 +72,9 @@ def llama_config(*, vocab_size: int, context: int, dim: int, hidden: int, layers
     return config
 
 
-def _fill(m: NameMap, config: GPTConfig, *, gguf: bool) -> None:
-    """Put every tensor of a Llama checkpoint into ``m`` (HF or GGUF names)."""
+def _fill(m: NameMap, config: GPTConfig, *, gguf: bool, stack=None) -> None:
+    """Put every tensor of a Llama checkpoint into ``m`` (HF or GGUF names); ``stack(name)`` makes the function that
+    stacks Q, K and V rows (default ``torch.cat``)."""
     k = 1 if gguf else 0
     emb, final, head = ("token_embd.weight", "output_norm.weight", "output.weight") if gguf else \
         ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight")
@@ -79,7 +85,8 @@ def _fill(m: NameMap, config: GPTConfig, *, gguf: bool) -> None:
         for name, pair in LAYER_NAMES.items():
             m.put(ours + name, theirs + pair[k])
         qkv = [theirs + (f"attn_{n}.weight" if gguf else f"self_attn.{n}_proj.weight") for n in "qkv"]
-        m.put(ours + "attn.qkv_proj.weight", qkv, lambda q, kk, v: torch.cat([q, kk, v]))  # [W_q; W_k; W_v]
+        cat = stack(ours + "attn.qkv_proj") if stack else (lambda *parts: torch.cat(parts))
+        m.put(ours + "attn.qkv_proj.weight", qkv, cat)  # [W_q; W_k; W_v]
     m.put("decoder.norm.weight", final)
     if config.tie_weights:
         m.put("lm_head.weight", emb)
@@ -128,6 +135,14 @@ def convert_llama(source: Path, cfg: dict[str, Any]) -> tuple[GPT, list[str], Pr
 
 
 # -- GGUF -------------------------------------------------------------------------------------------
+def permute(w: Tensor, num_heads: int) -> Tensor:
+    """llama.cpp's Q/K row permutation (``convert_hf_to_gguf.py``): rotate-half pairs (j, j+E/2) → interleaved pairs
+    (2j, 2j+1), ``w.reshape(H, 2, E/2, …).swapaxes(1, 2)``; for a weight ``(H·E, D)`` or a bias ``(H·E,)``."""
+    rows = w.shape[0]
+    e = rows // num_heads
+    return w.reshape(num_heads, 2, e // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)  # (H, E/2, 2, …)
+
+
 def unpermute(w: Tensor, num_heads: int) -> Tensor:
     """Undo llama.cpp's Q/K row permutation: interleaved rotary pairs (2j, 2j+1) → rotate-half pairs (j, j+E/2).
 
@@ -139,104 +154,66 @@ def unpermute(w: Tensor, num_heads: int) -> Tensor:
     return w.reshape(num_heads, e // 2, 2, d).transpose(1, 2).reshape(rows, d)  # (H, 2, E/2, D) → (H·E, D)
 
 
-def _field(reader, key: str, default=None):
-    f = reader.fields.get(key)
-    if f is None:
-        return default
-    from gguf import GGUFValueType
-
-    if f.types[0] == GGUFValueType.STRING:
-        return bytes(f.parts[f.data[0]]).decode("utf-8")
-    if f.types[0] == GGUFValueType.ARRAY:
-        if f.types[-1] == GGUFValueType.STRING:
-            return [bytes(f.parts[i]).decode("utf-8", errors="replace") for i in f.data]
-        return [f.parts[i].tolist()[0] for i in f.data]
-    return f.parts[f.data[0]].tolist()[0]
-
-
-def read_gguf(path: Path):
-    """Open a GGUF file with the ``gguf`` package; a one-line error when it is not one (or is truncated)."""
-    try:
-        from gguf import GGUFReader
-    except ImportError:
-        raise DataError("reading GGUF files needs the gguf package: pip install gguf") from None
-    if not path.is_file():
-        raise DataError(f"{path} does not exist")
-    try:
-        return GGUFReader(str(path))
-    except (ValueError, OSError, KeyError, IndexError, EOFError) as e:
-        first = (str(e).splitlines() or [type(e).__name__])[0]
-        raise DataError(f"{path} is not a readable GGUF file (truncated or damaged?): {first}") from None
-
-
 # llama.* metadata keys the converter maps; others (e.g. rope scaling) stop the import.
 GGUF_LLAMA_KEYS = ("block_count", "context_length", "embedding_length", "feed_forward_length",
                    "attention.head_count", "attention.head_count_kv", "rope.freq_base",
                    "attention.layer_norm_rms_epsilon", "vocab_size", "rope.dimension_count")
 
 
-def _dequantize(t) -> Tensor:
-    from gguf import GGMLQuantizationType
-    from gguf.quants import dequantize
-
-    try:
-        a = dequantize(t.data, t.tensor_type)
-    except (NotImplementedError, KeyError, ValueError) as e:
-        raise ConfigError(f"tensor {t.name} has GGUF type {GGMLQuantizationType(t.tensor_type).name}, which the gguf "
-                          f"package cannot dequantize ({e}); nothing was written") from None
-    shape = tuple(reversed([int(n) for n in t.shape]))  # GGUF lists dims innermost first
-    return torch.from_numpy(a.astype("float32", copy=False).reshape(shape).copy())
+def _unpermute_rows(w, num_heads: int):
+    """:func:`unpermute` of a dense matrix, or the same permutation of a matrix's rows of blocks."""
+    if isinstance(w, Tensor):
+        return unpermute(w, num_heads)
+    order = unpermute(torch.arange(w.qs.shape[0])[:, None], num_heads)[:, 0]  # where each row comes from
+    return w.rows(order)
 
 
-def convert_llama_gguf(path: Path) -> tuple[GPT, Any, list[str]]:
+def convert_llama_gguf(path: Path, *, reader=None, keep_blocks: bool = True) -> tuple[GPT, Any, list[str]]:
     """A tokennet GPT (and its tokenizer) from a Llama-architecture GGUF file.
+
+    Args:
+        path: the file.
+        reader: the file already opened with :func:`~.gguf_in.read_gguf`.
+        keep_blocks: keep Q8_0/Q4_0/Q4_1 tensors as blocks (False: dequantize every tensor to float32).
 
     Returns:
         ``(model, tokenizer, notes)``.
     """
-    reader = read_gguf(path)
-    arch = _field(reader, "general.architecture")
+    reader = reader or read_gguf(path)
+    arch = field(reader, "general.architecture")
     if arch != "llama":
-        raise ConfigError(f"{path}: GGUF architecture {arch!r} has no tokennet converter (supported: llama); "
-                          "nothing was written")
+        raise ConfigError(f"{path}: GGUF architecture {arch!r} is not llama; nothing was written")
     for key in reader.fields:
         if key.startswith("llama.") and key[len("llama."):] not in GGUF_LLAMA_KEYS:
             raise ConfigError(f"{path}: GGUF field {key!r} is not known to the llama converter; nothing was written")
-    g = {k: _field(reader, "llama." + k) for k in GGUF_LLAMA_KEYS}
+    g = {k: field(reader, "llama." + k) for k in GGUF_LLAMA_KEYS}
     dim, heads = g["embedding_length"], g["attention.head_count"]
     kv_heads = g["attention.head_count_kv"] or heads
     if g["rope.dimension_count"] not in (None, dim // heads):
         raise ConfigError(f"{path}: llama.rope.dimension_count={g['rope.dimension_count']} (partial rotary) is not "
                           "supported; nothing was written")
-    tensors = {t.name: t for t in reader.tensors}
-    tokens = _field(reader, "tokenizer.ggml.tokens") or []
+    tokens = field(reader, "tokenizer.ggml.tokens") or []
     vocab = g["vocab_size"] or len(tokens)
     if tokens and len(tokens) != vocab:
         raise DataError(f"{path}: the tokenizer has {len(tokens)} tokens but the model {vocab}; nothing was written")
+    weights, notes = load_tensors(reader, path, keep_blocks=keep_blocks)
     config = llama_config(vocab_size=vocab, context=g["context_length"], dim=dim, hidden=g["feed_forward_length"],
                           layers=g["block_count"], heads=heads, kv_heads=kv_heads,
-                          rope_base=g["rope.freq_base"] or 10000.0, eps=g["attention.layer_norm_rms_epsilon"],
-                          tied="output.weight" not in tensors)
-    dense: dict[str, Tensor] = {}
-    for name, t in tensors.items():
-        w = _dequantize(t)
+                          rope_base=f32(g["rope.freq_base"]) or 10000.0, eps=f32(g["attention.layer_norm_rms_epsilon"]),
+                          tied="output.weight" not in weights)
+    for name in weights:
         if name.endswith("attn_q.weight"):
-            w = unpermute(w, heads)
+            weights[name] = _unpermute_rows(weights[name], heads)
         elif name.endswith("attn_k.weight"):
-            w = unpermute(w, kv_heads)
-        dense[name] = w
-    m = NameMap(dense, str(path))
-    _fill(m, config, gguf=True)
+            weights[name] = _unpermute_rows(weights[name], kv_heads)
+    m = NameMap(weights, str(path))
+    mixed: list[str] = []
+    _fill(m, config, gguf=True, stack=lambda name: stack_rows(mixed, name))
+    if mixed:
+        notes.append(f"{len(mixed)} fused projection(s) ({mixed[0]}, …) mix GGUF types in their parts and were "
+                     "dequantized to float32")
+    config = config.replace(quantized=block_formats(m.state, config.num_layers))
     model = GPT(config)
+    m.state = expand_blocks(m.state)
     model.load_state_dict(m.finish(model))
-    tokenizer = PretrainedTokenizer.from_gguf_fields(
-        model=_field(reader, "tokenizer.ggml.model"), pre=_field(reader, "tokenizer.ggml.pre"), tokens=tokens,
-        token_types=_field(reader, "tokenizer.ggml.token_type"), merges=_field(reader, "tokenizer.ggml.merges"),
-        bos_id=_field(reader, "tokenizer.ggml.bos_token_id"), eos_id=_field(reader, "tokenizer.ggml.eos_token_id"),
-        pad_id=_field(reader, "tokenizer.ggml.padding_token_id"),
-        unk_id=_field(reader, "tokenizer.ggml.unknown_token_id"),
-        chat_template=_field(reader, "tokenizer.chat_template"), where=str(path))
-    if tokenizer.vocab_size != config.vocab_size:
-        raise DataError(f"{path}: the tokenizer has {tokenizer.vocab_size} tokens but the model {config.vocab_size}; "
-                        "nothing was written")
-    return model.eval(), tokenizer, []
+    return model.eval(), gguf_tokenizer(reader, path, config.vocab_size), notes

@@ -10,31 +10,36 @@ Post-norm (the original Transformer, Vaswani et al. 2017)::
 
 Both use the same parameter names (``norm1, attn, norm2, mlp``; ``norm_cross, cross_attn`` for a
 decoder block's cross-attention), so a checkpoint says nothing about which was used: the config does.
+
+Variants are composed parts, not flags: the normalization is a :class:`~tokennet.layers.norm.Norm` (LayerNorm or
+RMSNorm, with its ε), the MLP a kind (a callable ``dim → module``: :class:`~tokennet.layers.mlp.MLP`, or
+:class:`~tokennet.layers.mlp.GatedMLP` for Llama's SwiGLU). The older keywords (``norm_layer="rmsnorm"``,
+``norm_eps``, ``gated_mlp``, ``activation``, ``mlp_ratio``) still build the same parts.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
 
 from torch import Tensor, nn
 
 from ..attention.multihead import KVCache, MultiHeadAttention
 from .mixer import TokenMixing
-from .mlp import MLP
+from .mlp import MLP, GatedMLP
+from .norm import NORM_LAYERS, Norm, make_norm
 
-__all__ = ["Block", "NORMS", "MIXERS", "NORM_LAYERS", "make_norm"]
+__all__ = ["Block", "NORMS", "MIXERS", "NORM_LAYERS", "make_norm", "Norm", "mlp_kind"]
 
 NORMS = ("pre", "post")
 MIXERS = ("attention", "token")
-NORM_LAYERS = ("layernorm", "rmsnorm")
 
 
-def make_norm(kind: str, dim: int, *, eps: float = 1e-5, bias: bool = True) -> nn.Module:
-    """The normalization of a block: LayerNorm ``(x − μ)/√(σ² + ε) ⊙ γ + β`` or RMSNorm ``x/√(mean(x²) + ε) ⊙ γ``
-    (Zhang & Sennrich 2019, https://arxiv.org/abs/1910.07467; Llama's choice), which has no bias."""
-    if kind == "layernorm":
-        return nn.LayerNorm(dim, eps=eps, bias=bias)
-    if kind == "rmsnorm":
-        return nn.RMSNorm(dim, eps=eps)
-    raise ValueError(f"norm_layer must be one of {NORM_LAYERS}, got {kind!r}")
+def mlp_kind(*, mlp_ratio: float = 4.0, activation: str = "gelu", gated: bool = False, dropout: float = 0.0,
+             bias: bool = True) -> Callable[[int], nn.Module]:
+    """The MLP kind ``dim → module`` the older keywords describe: :class:`MLP`, or :class:`GatedMLP` when ``gated``."""
+    return partial(GatedMLP if gated else MLP, mlp_ratio=mlp_ratio, activation=activation, dropout=dropout,
+                   bias=bias)
 
 
 class Block(nn.Module):
@@ -54,10 +59,12 @@ class Block(nn.Module):
         num_tokens: maximum sequence length, needed by the token mixer.
         bias: biases in linear layers and norms.
         backend: attention backend.
-        norm_eps: the norm's epsilon.
-        norm_layer: ``"layernorm"`` or ``"rmsnorm"``.
-        gated_mlp: a gated MLP (SwiGLU with ``activation="silu"``).
+        norm_eps: the norm's epsilon (with a string ``norm_layer``).
+        norm_layer: a :class:`Norm`, or ``"layernorm"`` / ``"rmsnorm"`` (with ``norm_eps`` and ``bias``).
+        gated_mlp: a gated MLP (SwiGLU with ``activation="silu"``), when ``mlp`` is not given.
         qk_norm: RMS-normalize the self-attention's per-head queries and keys.
+        mlp: the MLP kind, ``dim → module`` (default: :func:`mlp_kind` of ``mlp_ratio``, ``activation``,
+            ``gated_mlp``, ``dropout``, ``bias``).
     """
 
     def __init__(
@@ -77,9 +84,10 @@ class Block(nn.Module):
         bias: bool = True,
         backend: str = "auto",
         norm_eps: float = 1e-5,
-        norm_layer: str = "layernorm",
+        norm_layer: str | Norm = "layernorm",
         gated_mlp: bool = False,
         qk_norm: bool = False,
+        mlp: Callable[[int], nn.Module] | None = None,
     ):
         super().__init__()
         if norm not in NORMS:
@@ -87,7 +95,10 @@ class Block(nn.Module):
         if mixer not in MIXERS:
             raise ValueError(f"mixer must be one of {MIXERS}, got {mixer!r}")
         self.pre = norm == "pre"
-        self.norm1 = make_norm(norm_layer, dim, eps=norm_eps, bias=bias)
+        norm_layer = norm_layer if isinstance(norm_layer, Norm) else Norm(norm_layer, eps=norm_eps, bias=bias)
+        if mlp is None:
+            mlp = mlp_kind(mlp_ratio=mlp_ratio, activation=activation, gated=gated_mlp, dropout=dropout, bias=bias)
+        self.norm1 = norm_layer(dim)
         if mixer == "attention":
             self.attn = MultiHeadAttention(
                 dim, num_heads, num_kv_heads=num_kv_heads, bias=bias, dropout=dropout, backend=backend,
@@ -101,12 +112,12 @@ class Block(nn.Module):
             self.attn = TokenMixing(dim, num_tokens, bias=bias, dropout=dropout)
         self.cross_attn = None
         if cross_attention:
-            self.norm_cross = make_norm(norm_layer, dim, eps=norm_eps, bias=bias)
+            self.norm_cross = norm_layer(dim)
             self.cross_attn = MultiHeadAttention(
                 dim, num_heads, context_dim=context_dim or dim, bias=bias, dropout=dropout, backend=backend
             )
-        self.norm2 = make_norm(norm_layer, dim, eps=norm_eps, bias=bias)
-        self.mlp = MLP(dim, mlp_ratio=mlp_ratio, activation=activation, dropout=dropout, bias=bias, gated=gated_mlp)
+        self.norm2 = norm_layer(dim)
+        self.mlp = mlp(dim)
         self.drop = (nn.Dropout(dropout) if dropout > 0 else nn.Identity())
 
     def _residual(self, x: Tensor, norm: nn.Module, f) -> Tensor:

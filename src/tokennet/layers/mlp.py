@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-__all__ = ["MLP", "ACTIVATIONS", "ReLU2"]
+__all__ = ["MLP", "GatedMLP", "ACTIVATIONS", "ReLU2"]
 
 
 class ReLU2(nn.Module):
@@ -27,6 +27,15 @@ ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU, "gelu_tanh": lambda: nn.GELU(ap
                "relu2": ReLU2}
 
 
+def _hidden(dim: int, hidden_dim: int | None, mlp_ratio: float, activation: str) -> int:
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {activation!r}; expected one of {', '.join(ACTIVATIONS)}")
+    hidden_dim = int(round(mlp_ratio * dim)) if hidden_dim is None else hidden_dim
+    if hidden_dim < 1:
+        raise ValueError(f"hidden_dim must be positive, got {hidden_dim}")
+    return hidden_dim
+
+
 class MLP(nn.Module):
     """Two linear layers with a nonlinearity in between, applied to every token independently.
 
@@ -38,33 +47,42 @@ class MLP(nn.Module):
             ``"silu"`` or ``"relu2"`` (squared ReLU, Primer).
         dropout: dropout after the activation and after the output projection.
         bias: use biases.
-        gated: a gated MLP with a third projection ``gate`` (SwiGLU with ``activation="silu"``).
     """
 
-    def __init__(
-        self,
-        dim: int,
-        hidden_dim: int | None = None,
-        *,
-        mlp_ratio: float = 4.0,
-        activation: str = "gelu",
-        dropout: float = 0.0,
-        bias: bool = True,
-        gated: bool = False,
-    ):
+    def __init__(self, dim: int, hidden_dim: int | None = None, *, mlp_ratio: float = 4.0, activation: str = "gelu",
+                 dropout: float = 0.0, bias: bool = True):
         super().__init__()
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"unknown activation {activation!r}; expected one of {', '.join(ACTIVATIONS)}")
-        hidden_dim = int(round(mlp_ratio * dim)) if hidden_dim is None else hidden_dim
-        if hidden_dim < 1:
-            raise ValueError(f"hidden_dim must be positive, got {hidden_dim}")
+        hidden_dim = _hidden(dim, hidden_dim, mlp_ratio, activation)
         self.fc1 = nn.Linear(dim, hidden_dim, bias=bias)
-        self.gate = nn.Linear(dim, hidden_dim, bias=bias) if gated else None
         self.act = ACTIVATIONS[activation]()
         self.fc2 = nn.Linear(hidden_dim, dim, bias=bias)
         self.drop = (nn.Dropout(dropout) if dropout > 0 else nn.Identity())
 
     def forward(self, x: Tensor) -> Tensor:
         """``(B, N, D) → (B, N, D)``."""
-        h = self.act(self.fc1(x)) if self.gate is None else self.act(self.gate(x)) * self.fc1(x)  # (B, N, hidden)
+        return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
+
+
+class GatedMLP(nn.Module):
+    """The gated MLP ``W₂ (σ(W_g x) ⊙ W₁ x)`` (Shazeer 2020, https://arxiv.org/abs/2002.05202): SwiGLU with σ = SiLU,
+    the MLP of Llama. A third projection ``gate``; otherwise :class:`MLP`'s names (``fc1`` is Llama's up
+    projection, ``fc2`` its down projection), registered in the order checkpoints and optimizer states
+    were saved with (``fc1, gate, fc2``).
+
+    Args: as :class:`MLP` (``activation`` defaults to ``"silu"``).
+    """
+
+    def __init__(self, dim: int, hidden_dim: int | None = None, *, mlp_ratio: float = 4.0, activation: str = "silu",
+                 dropout: float = 0.0, bias: bool = True):
+        super().__init__()
+        hidden_dim = _hidden(dim, hidden_dim, mlp_ratio, activation)
+        self.fc1 = nn.Linear(dim, hidden_dim, bias=bias)
+        self.gate = nn.Linear(dim, hidden_dim, bias=bias)
+        self.act = ACTIVATIONS[activation]()
+        self.fc2 = nn.Linear(hidden_dim, dim, bias=bias)
+        self.drop = (nn.Dropout(dropout) if dropout > 0 else nn.Identity())
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``(B, N, D) → (B, N, D)``."""
+        h = self.act(self.gate(x)) * self.fc1(x)  # (B, N, hidden)
         return self.drop(self.fc2(self.drop(h)))

@@ -1,14 +1,23 @@
-"""Low-precision inference copies of a model: bf16 weights, or int8 weights with per-channel scales.
+"""Low-precision inference copies of a model: bf16 weights, int8 weights with per-channel scales, or 4-bit blocks.
 
 Decoding one token at a time reads every weight once per token and does little arithmetic with it, so
-its speed is set by the bytes of weights read: fp32 → bf16 halves them, int8 quarters them.
+its speed is set by the bytes of weights read: fp32 → bf16 halves them, int8 quarters them, 4-bit blocks
+(with their scales) take 5/32 of them.
 
 - ``"bf16"``: every floating-point parameter and buffer in bfloat16 (activations follow);
 - ``"int8"``: as ``"bf16"``, and every ``nn.Linear`` (the LM head too, also when tied to the embedding)
   becomes an :class:`Int8Linear`: weight-only int8 with one scale per output channel,
   ``W ≈ s ⊙ Q``, ``s_n = max_k |W_nk| / 127``, ``Q = round(W / s)``, multiplied by PyTorch's
   ``_weight_int8pack_mm`` (bf16 activations × int8 weights, dequantized inside the kernel);
-- ``"none"``: the model itself, unchanged.
+- ``"int4"``: every ``nn.Linear`` becomes a :class:`~tokennet.layers.blockquant.BlockLinear` in GGUF's
+  Q4_1 blocks (32 weights, a scale and a minimum each), the LM head in Q8_0 (llama.cpp's choice for its
+  Q4 files: the head is the layer most sensitive to rounding); layers already held in blocks (an
+  imported GGUF file's) stay exactly as they are, so the weights are the file's; a layer whose width is
+  not a multiple of 32 stays float32, with a note; everything else stays float32 (activations too);
+- ``"none"``: the model itself, unchanged (a model holding blocks decodes from their float32 values).
+
+Each layer type has a fused form for a decoding step compiled by torch.compile (:func:`gemv`): see
+:class:`tokennet.sampling.CompiledStep`.
 
 Decoding in float32 on the CPU goes through :func:`decoding_copy`, which also changes the *layout* of
 every linear layer's weight (not its values): a :class:`PackedLinear` holds ``Wᵀ`` cut into P column
@@ -27,6 +36,7 @@ else: it returns a separate inference copy, to be built again after the model's 
 from __future__ import annotations
 
 import copy
+import logging
 import weakref
 
 import torch
@@ -34,10 +44,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import ConfigError
+from .blockquant import GEMV_ROWS, BlockEmbedding, BlockLinear, gemv
 
-__all__ = ["QUANTIZE_MODES", "Int8Linear", "PackedLinear", "quantize", "quantize_int8", "check_mode", "decoding_copy"]
+__all__ = ["QUANTIZE_MODES", "Int8Linear", "PackedLinear", "GemvLinear", "quantize", "quantize_int8", "check_mode",
+           "decoding_copy", "gemv"]
 
-QUANTIZE_MODES = ("none", "bf16", "int8")
+logger = logging.getLogger(__name__)
+
+QUANTIZE_MODES = ("none", "bf16", "int8", "int4")
 
 # _weight_int8pack_mm reads its input in blocks of 8 along K; other widths crash the CPU kernel
 # (PyTorch 2.13), so such a layer stays bf16.
@@ -99,7 +113,12 @@ class Int8Linear(nn.Module):
         """``(..., K) → (..., N)`` in bf16."""
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features).to(torch.bfloat16)  # (M, K)
-        if x2.device.type == "cpu":
+        if torch.compiler.is_compiling() and x2.shape[0] <= GEMV_ROWS:  # one fused loop over Q (see gemv)
+            y = gemv(x2, self.qweight) * self.scale.float()
+            if self.bias is not None:
+                y = y + self.bias.float()
+            y = y.to(torch.bfloat16)
+        elif x2.device.type == "cpu":
             y = torch.ops.aten._weight_int8pack_mm(x2, self.qweight, self.scale)  # (M, N)
             if self.bias is not None:
                 y += self.bias
@@ -167,6 +186,33 @@ class PackedLinear(nn.Module):
                 f"bias={self.bias is not None}")
 
 
+class GemvLinear(nn.Module):
+    """``y = x Wᵀ + b`` over a float weight of any dtype; traced by torch.compile, a few rows go through :func:`gemv`.
+
+    For compiled decoding: PyTorch's matrix kernels at one row read a bfloat16 weight at a fraction of the
+    memory bandwidth; the fused loop Inductor writes for :func:`gemv` reads it at full speed. In eager mode,
+    or for more rows, it is ``F.linear``. The weight and bias are the given layer's own tensors (no copy).
+
+    Args:
+        linear: the layer whose tensors are used.
+    """
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight, self.bias = linear.weight, linear.bias
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``(..., K) → (..., N)`` in x's dtype."""
+        x2 = x.reshape(-1, self.in_features)  # (M, K)
+        if not (torch.compiler.is_compiling() and x2.shape[0] <= GEMV_ROWS):
+            return F.linear(x, self.weight, self.bias)
+        y = gemv(x2, self.weight)
+        if self.bias is not None:
+            y = y + self.bias.float()
+        return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
+
+
 def _replace_linears(model: nn.Module, make, keep_if=lambda lin: True) -> None:
     """Replace every plain ``nn.Linear`` of ``model`` (for which ``keep_if`` holds) by ``make(linear)``, in
     place; a layer registered in two places (tied) becomes one new layer in both."""
@@ -188,18 +234,72 @@ def _share_tensors(model: nn.Module) -> dict[int, object]:
     return memo
 
 
+def _to_float(model: nn.Module) -> None:
+    """Replace every block-quantized layer of ``model`` (a copy) by a float32 one holding its dequantized weight,
+    in place; an embedding and an LM head that share blocks share the float weight."""
+    weights: dict[int, nn.Parameter] = {}
+
+    def weight(blocks) -> nn.Parameter:
+        if id(blocks.qs) not in weights:
+            w = BlockLinear.dequantized_weight(blocks) if isinstance(blocks, BlockLinear) else \
+                blocks.forward(torch.arange(blocks.num_embeddings, device=blocks.qs.device))
+            weights[id(blocks.qs)] = nn.Parameter(w, requires_grad=False)
+        return weights[id(blocks.qs)]
+
+    for m in list(model.modules()):
+        for name, child in list(m.named_children()):
+            if isinstance(child, BlockLinear):
+                new = nn.Linear(child.in_features, child.out_features, bias=child.bias is not None, device="meta")
+                new.weight = weight(child)
+                if child.bias is not None:
+                    new.bias = nn.Parameter(child.bias.float(), requires_grad=False)
+            elif isinstance(child, BlockEmbedding):
+                new = nn.Embedding(child.num_embeddings, child.embedding_dim, device="meta")
+                new.weight = weight(child)
+            else:
+                continue
+            setattr(m, name, new)
+
+
+def _to_int4(model: nn.Module) -> list[str]:
+    """Every float linear layer of ``model`` (a copy) → Q4_1 blocks, the LM head → Q8_0, in place; layers already
+    in blocks stay as they are. Returns the layers that cannot take blocks (in_features not a multiple of 32)."""
+    from .blockquant import GROUP
+
+    kept, made = [], {}
+    for mname, m in list(model.named_modules()):
+        for name, child in list(m.named_children()):
+            if type(child) is not nn.Linear:
+                continue
+            full = f"{mname}.{name}" if mname else name
+            if child.in_features % GROUP:
+                kept.append(full)
+                continue
+            if id(child) not in made:
+                made[id(child)] = BlockLinear.from_float(child, "q8_0" if full == "lm_head" else "q4_1")
+            setattr(m, name, made[id(child)])
+    return kept
+
+
 def quantize(model: nn.Module, mode: str = "int8") -> nn.Module:
     """An inference copy of ``model`` in ``mode`` (``"none"``: the model itself); the model is not modified.
 
     Args:
-        model: any module; its ``nn.Linear`` layers are quantized in ``"int8"`` mode.
-        mode: ``"none"``, ``"bf16"`` or ``"int8"`` (see the module docstring).
+        model: any module; its ``nn.Linear`` layers are quantized in ``"int8"`` and ``"int4"`` modes.
+        mode: ``"none"``, ``"bf16"``, ``"int8"`` or ``"int4"`` (see the module docstring).
     """
     check_mode(mode)
     if mode == "none":
         return model
     out = copy.deepcopy(model, _share_tensors(model))
     out.eval()
+    if mode == "int4":
+        kept = _to_int4(out)
+        if kept:
+            logger.warning("int4: %d linear layer(s) stay float32 (4-bit blocks need in_features divisible by 32): "
+                           "%s", len(kept), ", ".join(kept[:4]) + (" …" if len(kept) > 4 else ""))
+        return out
+    _to_float(out)
     if mode == "int8":
         _replace_linears(out, Int8Linear, lambda lin: lin.in_features % _K_ALIGN == 0)
     converted: dict[int, Tensor] = {}  # tied tensors (embedding = LM head) stay tied in the copy
@@ -229,39 +329,47 @@ def _signature(model: nn.Module) -> tuple | None:
         return None
 
 
-# model → (signature, packed copy). Weak keys: a copy lives no longer than its model.
-_PACKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# model → (signature, {mode: decoding copy}). Weak keys: a copy lives no longer than its model.
+_COPIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def decoding_copy(model: nn.Module, mode: str = "none") -> nn.Module:
     """The copy of ``model`` that :func:`tokennet.sampling.stream` decodes with; the model is not modified.
 
-    ``"bf16"``/``"int8"``: :func:`quantize`'s copy, built at each call. ``"none"``: for a float32 model on
-    the CPU, a copy whose ``nn.Linear`` layers are :class:`PackedLinear` (same weights, decoding layout;
-    every other tensor is the model's own), elsewhere the model itself (cuBLAS needs no repacking).
+    ``"bf16"``/``"int8"``: :func:`quantize`'s copy. ``"none"``: for a float32 model on the CPU, a copy whose
+    ``nn.Linear`` layers are :class:`PackedLinear` (same weights, decoding layout; every other tensor is the
+    model's own), elsewhere the model itself (cuBLAS needs no repacking).
 
-    Packing the weights costs a pass over them (0.35 s for SmolLM2-135M, copy included), so the copy is kept
-    with the model (weakly: it goes when the model goes) and reused while every parameter and buffer is
-    the same tensor, at the same address, with the same in-place version counter. Any optimizer step,
-    ``load_state_dict``, ``.to()`` or in-place edit changes one of those, and the next call packs again:
-    a stale copy is never used. The price is memory: the packed weights live beside the model's.
+    Building a copy costs a pass over the weights (packing SmolLM2-135M: 0.35 s, copy included), and a
+    compiled decoding step is kept with its copy, so each mode's copy is kept with the model (weakly: it
+    goes when the model goes) and reused while every parameter and buffer is the same tensor, at the same
+    address, with the same in-place version counter. Any optimizer step, ``load_state_dict``, ``.to()`` or
+    in-place edit changes one of those, and the next call builds it again: a stale copy is never used. The
+    price is memory: the copy's weights live beside the model's.
     """
     check_mode(mode)
-    if mode != "none":
-        return quantize(model, mode)
-    linears = [m for m in model.modules() if type(m) is nn.Linear]
-    if not linears or any(m.weight.device.type != "cpu" or m.weight.dtype != torch.float32 for m in linears):
-        return model
+    blocks = any(isinstance(m, (BlockLinear, BlockEmbedding)) for m in model.modules())
+    if mode == "none" and not blocks:
+        linears = [m for m in model.modules() if type(m) is nn.Linear]
+        if not linears or any(m.weight.device.type != "cpu" or m.weight.dtype != torch.float32 for m in linears):
+            return model
     if any(type(p.data) is not torch.Tensor for p in model.parameters()):  # sharded (DTensor) and the like
-        return model
+        return model if mode == "none" else quantize(model, mode)
     sig = _signature(model)
-    hit = _PACKED.get(model)
-    if sig is not None and hit is not None and hit[0] == sig:
-        return hit[1]
-    _PACKED.pop(model, None)  # drop a stale copy before building the next one
-    out = copy.deepcopy(model, _share_tensors(model))
-    out.eval()
-    _replace_linears(out, PackedLinear)
+    kept = _COPIES.get(model)
+    if kept is not None and (sig is None or kept[0] != sig):
+        del _COPIES[model]  # stale: drop every mode's copy before building the next one
+        kept = None
+    if kept is not None and mode in kept[1]:
+        return kept[1][mode]
+    if mode == "none":  # float32: blocks dequantized, every linear layer packed
+        out = copy.deepcopy(model, _share_tensors(model))
+        out.eval()
+        _to_float(out)
+        if all(m.weight.device.type == "cpu" for m in out.modules() if type(m) is nn.Linear):
+            _replace_linears(out, PackedLinear)
+    else:
+        out = quantize(model, mode)
     if sig is not None:
-        _PACKED[model] = (sig, out)
+        _COPIES.setdefault(model, (sig, {}))[1][mode] = out
     return out

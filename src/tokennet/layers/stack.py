@@ -9,7 +9,8 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from ..attention.multihead import KVCache
-from .block import Block, make_norm
+from .block import Block
+from .norm import Norm
 
 __all__ = ["Encoder", "Decoder", "AttentionMaps"]
 
@@ -29,9 +30,11 @@ class _Stack(nn.Module):
         n_distinct = 1 if share_weights else num_layers
         self.blocks = nn.ModuleList(Block(dim, num_heads, **block_kw) for _ in range(n_distinct))
         pre = block_kw.get("norm", "pre") == "pre"
-        # Pre-norm leaves the residual stream unnormalized: one final LayerNorm closes the stack.
-        self.norm = make_norm(block_kw.get("norm_layer", "layernorm"), dim, eps=block_kw.get("norm_eps", 1e-5),
-                              bias=block_kw.get("bias", True)) if pre else nn.Identity()
+        # Pre-norm leaves the residual stream unnormalized: one final norm (the blocks' kind) closes the stack.
+        kind = block_kw.get("norm_layer", "layernorm")
+        if not isinstance(kind, Norm):
+            kind = Norm(kind, eps=block_kw.get("norm_eps", 1e-5), bias=block_kw.get("bias", True))
+        self.norm = kind(dim) if pre else nn.Identity()
 
     def layers(self):
         """The block applied at each depth (the same module repeated when weights are shared)."""

@@ -7,8 +7,10 @@ softmax(h_t W_eᵀ)`` when the head is tied to the embedding (Press & Wolf 2017)
 
 from __future__ import annotations
 
+import contextlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 
 import torch
 import torch.nn.functional as F
@@ -16,8 +18,11 @@ from torch import Tensor, nn
 
 from ..attention.multihead import KVCache
 from ..errors import ConfigError
-from ..layers.block import NORM_LAYERS
+from ..layers.block import NORM_LAYERS, mlp_kind
+from ..layers.blockquant import FORMATS as BLOCK_FORMATS
+from ..layers.blockquant import BlockEmbedding, BlockLinear
 from ..layers.mlp import ACTIVATIONS
+from ..layers.norm import Norm
 from ..layers.stack import AttentionMaps, Decoder
 from ..position.alibi import ALiBi
 from ..position.learned import LearnedPosition
@@ -53,6 +58,10 @@ class GPTConfig(ModelConfig):
         rope_base: RoPE's wavelength scale, θ_j = base^(−2j/E) (``position="rope"`` only; Llama: 1e4, SmolLM2: 1e5).
         backend: attention backend (``"auto"``, ``"sdpa"``, ``"math"``, ``"flash"``).
         qk_norm: RMS-normalize each head's queries and keys (learned gains) before the scores.
+        quantized: weights held in GGUF blocks, kept as a GGUF file stores them (an imported file's Q4_0, Q4_1
+            and Q8_0 tensors): module name (``*`` for any layer index, e.g. ``"decoder.blocks.*.mlp.fc1"``) →
+            block format (see :mod:`tokennet.layers.blockquant`). ``"tok_emb"`` is the embedding table; tied to
+            the LM head, the two share one set of blocks. Empty (the default): float weights everywhere.
     """
 
     vocab_size: int = 256
@@ -74,6 +83,7 @@ class GPTConfig(ModelConfig):
     rope_base: float = 10000.0
     backend: str = "auto"
     qk_norm: bool = False
+    quantized: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self):
         self.family = "gpt"
@@ -104,6 +114,10 @@ class GPTConfig(ModelConfig):
             raise ConfigError("rope needs an even head width dim/num_heads")
         if self.position == "sinusoidal" and self.dim % 2:
             raise ConfigError(f"position='sinusoidal' needs an even dim (sin/cos pairs), got dim={self.dim}")
+        if not isinstance(self.quantized, dict) or not all(
+                isinstance(k, str) and v in BLOCK_FORMATS for k, v in self.quantized.items()):
+            raise ConfigError(f"quantized must map module names to block formats {list(BLOCK_FORMATS)}, "
+                              f"got {self.quantized!r}")
 
 
 class GPT(nn.Module):
@@ -112,7 +126,12 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.config = c = config
-        self.tok_emb = nn.Embedding(c.vocab_size, c.dim)
+        # A model holding GGUF blocks (an imported file) does not build its float32 weights first (538 MB for
+        # SmolLM2-135M, to be thrown away): its layers are made on the meta device and the blocks replace them.
+        # (Modules are registered in the same order either way: optimizer states follow that order.)
+        meta = (lambda: torch.device("meta")) if c.quantized else contextlib.nullcontext
+        with meta():
+            self.tok_emb = nn.Embedding(c.vocab_size, c.dim)
         self.pos_emb = None
         if c.position == "learned":
             self.pos_emb = LearnedPosition(c.block_size, c.dim)
@@ -121,20 +140,72 @@ class GPT(nn.Module):
         self.rope = RotaryEmbedding(c.dim // c.num_heads, base=c.rope_base) if c.position == "rope" else None
         self.alibi = ALiBi(c.num_heads) if c.position == "alibi" else None
         self.drop = (nn.Dropout(c.dropout) if c.dropout > 0 else nn.Identity())
-        self.decoder = Decoder(
-            c.dim, c.num_layers, c.num_heads, mlp_ratio=c.mlp_ratio, norm="pre", dropout=c.dropout,
-            num_kv_heads=c.num_kv_heads, bias=c.bias, mixer=c.mixer, num_tokens=c.block_size, backend=c.backend,
-            activation=c.activation, norm_eps=c.norm_eps, norm_layer=c.norm_layer, gated_mlp=c.gated_mlp,
-            qk_norm=c.qk_norm,
-        )
-        self.lm_head = nn.Linear(c.dim, c.vocab_size, bias=False)
-        self.apply(self._init_weights)
-        # GPT-2: scale the residual projections by 1/√(2L) so the residual stream's variance stays put.
-        for name, p in self.named_parameters():
-            if name.endswith(("out_proj.weight", "fc2.weight")):
-                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * c.num_layers))
+        with meta():
+            self.decoder = Decoder(
+                c.dim, c.num_layers, c.num_heads, norm="pre", dropout=c.dropout, num_kv_heads=c.num_kv_heads,
+                bias=c.bias, mixer=c.mixer, num_tokens=c.block_size, backend=c.backend, qk_norm=c.qk_norm,
+                norm_layer=Norm(c.norm_layer, eps=c.norm_eps, bias=c.bias),  # LayerNorm (GPT-2) or RMSNorm (Llama)
+                mlp=mlp_kind(mlp_ratio=c.mlp_ratio, activation=c.activation, gated=c.gated_mlp, dropout=c.dropout,
+                             bias=c.bias),  # GELU MLP (GPT-2) or SwiGLU (Llama)
+            )
+            self.lm_head = nn.Linear(c.dim, c.vocab_size, bias=False)
+        self._init(self)
         if c.tie_weights:
             self.lm_head.weight = self.tok_emb.weight
+        if c.quantized:
+            self._use_blocks(c.quantized)
+            for m in self.modules():  # what the blocks did not replace (norms, a float table) on the CPU
+                if any(t.is_meta for t in [*m.parameters(recurse=False), *m.buffers(recurse=False)]):
+                    m.to_empty(device="cpu", recurse=False)
+                    if hasattr(m, "reset_parameters"):
+                        m.reset_parameters()
+            self._init(self)
+            if c.tie_weights and type(self.lm_head) is nn.Linear and type(self.tok_emb) is nn.Embedding:
+                self.lm_head.weight = self.tok_emb.weight  # to_empty made each its own tensor
+
+    def _init(self, module: nn.Module) -> None:
+        module.apply(self._init_weights)
+        # GPT-2: scale the residual projections by 1/√(2L) so the residual stream's variance stays put.
+        for name, p in module.named_parameters():
+            if name.endswith(("out_proj.weight", "fc2.weight")):
+                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * self.config.num_layers))
+
+    def _use_blocks(self, formats: dict[str, str]) -> None:
+        """Replace the modules ``formats`` names by empty block-quantized ones (filled by ``load_state_dict``)."""
+        def fmt_of(name: str) -> str | None:
+            hits = {f for pattern, f in formats.items() if fnmatchcase(name, pattern)}
+            if len(hits) > 1:
+                raise ConfigError(f"quantized gives {name} two formats: {sorted(hits)}")
+            return hits.pop() if hits else None
+
+        used: set[str] = set()
+        emb = fmt_of("tok_emb")
+        if self.config.tie_weights and emb != fmt_of("lm_head") and None not in (emb, fmt_of("lm_head")):
+            raise ConfigError(f"the tied embedding and LM head need one format, got {emb} and {fmt_of('lm_head')}")
+        for name, mod in list(self.named_modules()):
+            fmt = fmt_of(name)
+            if fmt is None or name == "tok_emb":
+                continue
+            if type(mod) is not nn.Linear:
+                raise ConfigError(f"quantized names {name}, which is not a linear layer")
+            if mod.in_features % 32:
+                raise ConfigError(f"quantized: {name} has in_features={mod.in_features}, not a multiple of 32")
+            parent, _, child = name.rpartition(".")
+            setattr(self.get_submodule(parent) if parent else self, child,
+                    BlockLinear(mod.in_features, mod.out_features, fmt, bias=mod.bias is not None))
+            used.update(p for p in formats if fnmatchcase(name, p))
+        if emb is not None or (self.config.tie_weights and isinstance(self.lm_head, BlockLinear)):
+            if self.config.tie_weights:
+                if not isinstance(self.lm_head, BlockLinear):
+                    self.lm_head = BlockLinear(self.config.dim, self.config.vocab_size, emb)
+                table = self.lm_head
+            else:
+                table = BlockLinear(self.config.dim, self.config.vocab_size, emb)
+            self.tok_emb = BlockEmbedding(table)
+            used.update(p for p in formats if fnmatchcase("tok_emb", p) or fnmatchcase("lm_head", p))
+        unused = sorted(set(formats) - used)
+        if unused:
+            raise ConfigError(f"quantized names modules this model does not have: {unused}")
 
     @staticmethod
     def _init_weights(m: nn.Module) -> None:
@@ -146,7 +217,11 @@ class GPT(nn.Module):
             nn.init.normal_(m.weight, 0.0, 0.02)
 
     def num_parameters(self, exclude_embeddings: bool = False) -> int:
+        """Parameters, counting each weight held in blocks (see ``quantized``) as one; tied tensors once."""
         n = sum(p.numel() for p in self.parameters())
+        n += sum(m.in_features * m.out_features for m in self.modules() if isinstance(m, BlockLinear))
+        if isinstance(self.tok_emb, BlockEmbedding) and not self.config.tie_weights:
+            n += self.tok_emb.num_embeddings * self.tok_emb.embedding_dim
         if exclude_embeddings and isinstance(self.pos_emb, LearnedPosition):
             n -= self.pos_emb.weight.numel()
         return n

@@ -1,0 +1,239 @@
+"""Reading GGUF files (llama.cpp's format) with the ``gguf`` package: fields, tensors, blocks, the tokenizer.
+
+A GGUF file holds metadata fields (``general.architecture``, ``llama.block_count``, ``tokenizer.ggml.tokens``,
+…) and named tensors (``blk.0.attn_q.weight``). What is general to every architecture lives here; each
+family's converter (:mod:`.llama`, :mod:`.gpt2`) maps its names. :func:`convert_gguf` dispatches on
+``general.architecture``.
+
+Tensors come back as float32 tensors or, for Q8_0/Q4_0/Q4_1 (whose layout tokennet keeps, see
+:mod:`tokennet.layers.blockquant`), as :class:`Blocks`: the file's bits, row by row. Any other quantized
+type is dequantized to float32 and named in a one-line note.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..errors import ConfigError, DataError
+from ..layers.blockquant import dequantize_blocks
+from ..tokens.pretrained import PretrainedTokenizer
+
+__all__ = ["read_gguf", "field", "f32", "Blocks", "KEPT_TYPES", "load_tensors", "expand_blocks", "block_formats",
+           "gguf_tokenizer", "convert_gguf", "GGUF_ARCHS", "LLAMA3_PATTERN"]
+
+KEPT_TYPES = {"Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_1": "q4_1"}
+FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
+# llama.cpp's regex for its "llama-bpe" pre-tokenizer (Llama 3's; llama.cpp also uses it for cl100k vocabularies,
+# "dbrx"): tokennet's "gpt4" pattern with greedy instead of possessive quantifiers, which split text the same way.
+LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_LLAMA3_NAMES = ("llama-bpe", "llama3", "dbrx", "smaug-bpe")
+
+
+def field(reader, key: str, default=None):
+    """The value of a metadata field (a string, a number, or a list of them), or ``default``."""
+    f = reader.fields.get(key)
+    if f is None:
+        return default
+    from gguf import GGUFValueType
+
+    if f.types[0] == GGUFValueType.STRING:
+        return bytes(f.parts[f.data[0]]).decode("utf-8")
+    if f.types[0] == GGUFValueType.ARRAY:
+        if f.types[-1] == GGUFValueType.STRING:
+            return [bytes(f.parts[i]).decode("utf-8", errors="replace") for i in f.data]
+        return [f.parts[i].tolist()[0] for i in f.data]
+    return f.parts[f.data[0]].tolist()[0]
+
+
+def f32(value: float | None) -> float | None:
+    """A float32 field as the shortest decimal that is the same float32 (``1e-05``, not ``9.99999974e-06``)."""
+    return None if value is None else float(str(np.float32(value)))
+
+
+def read_gguf(path: Path):
+    """Open a GGUF file with the ``gguf`` package; a one-line error when it is not one (or is truncated)."""
+    try:
+        from gguf import GGUFReader
+    except ImportError:
+        raise DataError("reading GGUF files needs the gguf package: pip install gguf") from None
+    if not path.is_file():
+        raise DataError(f"{path} does not exist")
+    try:
+        return GGUFReader(str(path))
+    except (ValueError, OSError, KeyError, IndexError, EOFError) as e:
+        first = (str(e).splitlines() or [type(e).__name__])[0]
+        raise DataError(f"{path} is not a readable GGUF file (truncated or damaged?): {first}") from None
+
+
+def _dequantize(t) -> Tensor:
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    try:
+        a = dequantize(t.data, t.tensor_type)
+    except (NotImplementedError, KeyError, ValueError) as e:
+        raise ConfigError(f"tensor {t.name} has GGUF type {GGMLQuantizationType(t.tensor_type).name}, which the gguf "
+                          f"package cannot dequantize ({e}); nothing was written") from None
+    shape = tuple(reversed([int(n) for n in t.shape]))  # GGUF lists dims innermost first
+    return torch.from_numpy(a.astype("float32", copy=False).reshape(shape).copy())
+
+
+@dataclass
+class Blocks:
+    """A GGUF matrix kept in its blocks: ``qs``, ``d``, ``m`` row by row (see :mod:`tokennet.layers.blockquant`)."""
+
+    fmt: str
+    qs: Tensor
+    d: Tensor
+    m: Tensor | None = None
+
+    def rows(self, index: Tensor) -> Blocks:
+        """The blocks of the rows ``index`` (a permutation or a selection of output channels)."""
+        return Blocks(self.fmt, self.qs[index], self.d[index], None if self.m is None else self.m[index])
+
+    def dense(self) -> Tensor:
+        return dequantize_blocks(self.fmt, self.qs, self.d, self.m)
+
+    @staticmethod
+    def cat(parts: list[Blocks]) -> Blocks:
+        """Rows stacked (Q, K, V into one projection); all parts in one format."""
+        m = None if parts[0].m is None else torch.cat([p.m for p in parts])
+        return Blocks(parts[0].fmt, torch.cat([p.qs for p in parts]), torch.cat([p.d for p in parts]), m)
+
+
+def _blocks(t) -> Blocks:
+    """The raw bytes of a Q8_0/Q4_0/Q4_1 tensor ``(N, bytes per row)`` split into ``qs``, ``d`` and ``m``."""
+    from gguf import GGMLQuantizationType
+
+    fmt = KEPT_TYPES[GGMLQuantizationType(t.tensor_type).name]
+    K, N = (int(n) for n in t.shape)
+    raw = np.ascontiguousarray(t.data).reshape(N, K // 32, -1)  # (N, G, bytes per block)
+    d = torch.from_numpy(raw[..., :2].copy().view(np.float16)[..., 0])  # (N, G)
+    m = torch.from_numpy(raw[..., 2:4].copy().view(np.float16)[..., 0]) if fmt == "q4_1" else None
+    body = raw[..., 4:] if fmt == "q4_1" else raw[..., 2:]
+    qs = torch.from_numpy(body.copy().reshape(N, -1))  # (N, K) int8 or (N, K/2) packed nibbles
+    return Blocks(fmt, qs.view(torch.int8) if fmt == "q8_0" else qs, d, m)
+
+
+def load_tensors(reader, path: Path, *, keep_blocks: bool = True) -> tuple[dict[str, Any], list[str]]:
+    """Every tensor of the file by name: :class:`Blocks` for the kept types (matrices), float32 otherwise.
+
+    Returns:
+        ``(tensors, notes)``: a note names the quantized types that were dequantized.
+    """
+    from gguf import GGMLQuantizationType
+
+    out: dict[str, Any] = {}
+    dequantized: set[str] = set()
+    for t in reader.tensors:
+        kind = GGMLQuantizationType(t.tensor_type).name
+        if keep_blocks and kind in KEPT_TYPES and len(t.shape) == 2:
+            out[t.name] = _blocks(t)
+        else:
+            out[t.name] = _dequantize(t)
+            if kind not in FLOAT_TYPES:
+                dequantized.add(kind)
+    notes = []
+    if dequantized and keep_blocks:
+        notes.append(f"{path.name}: tensors of GGUF type {', '.join(sorted(dequantized))} were dequantized to float32 "
+                     f"(tokennet keeps {', '.join(KEPT_TYPES)} blocks as they are)")
+    return out, notes
+
+
+def dense(w) -> Tensor:
+    """A float32 tensor, whether ``w`` is one or :class:`Blocks`."""
+    return w.dense() if isinstance(w, Blocks) else w
+
+
+def stack_rows(mixed: list[str], name: str):
+    """``f(*parts)`` stacking rows (``[W_q; W_k; W_v]``): blocks when all parts share a format, float32 otherwise
+    (and ``name`` joins ``mixed``)."""
+    def cat(*parts):
+        if all(isinstance(p, Blocks) for p in parts) and len({p.fmt for p in parts}) == 1:
+            return Blocks.cat(list(parts))
+        if any(isinstance(p, Blocks) for p in parts):
+            mixed.append(name)
+        return torch.cat([dense(p) for p in parts])
+    return cat
+
+
+def expand_blocks(state: dict[str, Any]) -> dict[str, Tensor]:
+    """State-dict entries: ``X.weight`` held as :class:`Blocks` becomes ``X.qs``, ``X.d`` (and ``X.m``)."""
+    out = {}
+    for k, v in state.items():
+        if isinstance(v, Blocks):
+            base = k.removesuffix(".weight")
+            out[base + ".qs"], out[base + ".d"] = v.qs, v.d
+            if v.m is not None:
+                out[base + ".m"] = v.m
+        else:
+            out[k] = v
+    return out
+
+
+def block_formats(state: dict[str, Any], num_layers: int) -> dict[str, str]:
+    """The GPT config's ``quantized`` field: module → block format, one ``*`` entry when every layer agrees."""
+    named = {k.removesuffix(".weight"): v.fmt for k, v in state.items() if isinstance(v, Blocks)}
+    out: dict[str, str] = {}
+    for name, fmt in sorted(named.items()):
+        parts = name.split(".")
+        if name.startswith("decoder.blocks."):
+            same = [named.get(".".join(parts[:2] + [str(i)] + parts[3:])) for i in range(num_layers)]
+            if all(f == fmt for f in same):
+                out[".".join(parts[:2] + ["*"] + parts[3:])] = fmt
+                continue
+        out[name] = fmt
+    return out
+
+
+def gguf_tokenizer(reader, path: Path, vocab_size: int) -> PretrainedTokenizer:
+    """The file's byte-level BPE tokenizer (``tokenizer.ggml.*``), checked against the model's vocabulary."""
+    get = lambda k: field(reader, "tokenizer." + k)  # noqa: E731
+    pre = get("ggml.pre")
+    kw = dict(model=get("ggml.model"), tokens=get("ggml.tokens") or [], token_types=get("ggml.token_type"),
+              merges=get("ggml.merges"), bos_id=get("ggml.bos_token_id"), eos_id=get("ggml.eos_token_id"),
+              pad_id=get("ggml.padding_token_id"), unk_id=get("ggml.unknown_token_id"),
+              chat_template=get("chat_template"), where=str(path))
+    if pre in _LLAMA3_NAMES:  # a pre-tokenizer tokens/pretrained.py does not name: set its regex here
+        import json
+
+        from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+
+        split = Tokenizer(models.BPE())
+        split.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        data = PretrainedTokenizer.from_gguf_fields(pre="gpt2", **kw).to_dict()
+        data["engine"]["pre_tokenizer"] = json.loads(split.to_str())["pre_tokenizer"]
+        tok = PretrainedTokenizer.from_dict(data)
+    else:
+        tok = PretrainedTokenizer.from_gguf_fields(pre=pre, **kw)
+    if tok.vocab_size != vocab_size:
+        raise DataError(f"{path}: the tokenizer has {tok.vocab_size} tokens but the model {vocab_size}; "
+                        "nothing was written")
+    return tok
+
+
+GGUF_ARCHS = ("llama", "gpt2")
+
+
+def convert_gguf(path: Path, *, keep_blocks: bool = True):
+    """A tokennet GPT and its tokenizer from a GGUF file: ``(model, tokenizer, converter name, notes)``."""
+    from .gpt2 import convert_gpt2_gguf
+    from .llama import convert_llama_gguf
+
+    reader = read_gguf(path)
+    arch = field(reader, "general.architecture")
+    converters = {"llama": convert_llama_gguf, "gpt2": convert_gpt2_gguf}
+    if arch not in converters:
+        raise ConfigError(f"{path}: GGUF architecture {arch!r} has no tokennet converter (supported: "
+                          f"{', '.join(GGUF_ARCHS)}); nothing was written")
+    model, tokenizer, notes = converters[arch](path, reader=reader, keep_blocks=keep_blocks)
+    return model, tokenizer, f"gguf/{arch}", notes

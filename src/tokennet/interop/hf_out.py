@@ -1,0 +1,198 @@
+"""A ``gpt`` run as a Hugging Face directory: what ``AutoModelForCausalLM`` and ``AutoTokenizer`` load.
+
+The inverse of the importers (:mod:`.gpt2`, :mod:`.llama`), for the two configurations ``transformers`` has
+a class for:
+
+============  ===========================================================  ========================================
+class         tokennet configuration                                       layout
+============  ===========================================================  ========================================
+``GPT2``      learned positions, LayerNorm, GELU (tanh or erf) / ReLU MLP   ``Conv1D`` weights: ``(in, out)``, so
+              (no grouped-query heads)                                      every projection is transposed; a model
+                                                                            without biases gets zero biases
+``Llama``     RoPE, RMSNorm, SwiGLU MLP, no biases (grouped-query ok)       ``qkv_proj`` rows split into
+                                                                            ``q_proj``, ``k_proj``, ``v_proj``
+                                                                            (same rotate-half pairing: no
+                                                                            permutation)
+============  ===========================================================  ========================================
+
+The directory holds ``config.json``, ``model.safetensors`` (float32; weights held in GGUF blocks are
+dequantized), ``generation_config.json`` and the tokenizer: ``tokenizer.json`` (the Hugging Face tokenizer
+JSON tokennet's BPE already is), ``tokenizer_config.json`` (special tokens, chat template) and
+``special_tokens_map.json``. Nothing here imports ``transformers``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..errors import ConfigError
+from ..layers.blockquant import BlockEmbedding, BlockLinear
+from ..layers.quantize import _to_float
+
+__all__ = ["write_hf", "hf_class"]
+
+_ACT = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
+
+
+def hf_class(config) -> str:
+    """``"gpt2"`` or ``"llama"``: the transformers model class for this GPT config, or a one-line ConfigError."""
+    if getattr(config, "family", None) != "gpt":
+        raise ConfigError(f"Hugging Face export is for gpt runs (language models); this is a {config.family} run")
+    if config.mixer != "attention" or config.qk_norm:
+        bad = "mixer" if config.mixer != "attention" else "qk_norm"
+        raise ConfigError(f"Hugging Face export: {bad}={getattr(config, bad)!r} has no GPT-2 or Llama equivalent; "
+                          "nothing was written")
+    if config.position == "rope":
+        want = {"norm_layer": "rmsnorm", "gated_mlp": True, "activation": "silu", "bias": False}
+        kind = "llama"
+    elif config.position == "learned":
+        want = {"norm_layer": "layernorm", "gated_mlp": False, "num_kv_heads": None}
+        kind = "gpt2"
+        if config.activation not in _ACT:
+            raise ConfigError(f"Hugging Face export: activation={config.activation!r} is not one of GPT-2's "
+                              f"({', '.join(_ACT)}); nothing was written")
+    else:
+        raise ConfigError(f"Hugging Face export: position={config.position!r} is neither GPT-2's (learned) nor "
+                          "Llama's (rope); nothing was written")
+    for k, v in want.items():
+        got = getattr(config, k)
+        if k == "num_kv_heads" and got == config.num_heads:
+            continue
+        if got != v:
+            need = ", ".join(f"{a}={b!r}" for a, b in want.items())
+            raise ConfigError(f"Hugging Face export: {k}={got!r} does not fit {kind} ({need}); nothing was written")
+    return kind
+
+
+def _float_model(model: nn.Module) -> nn.Module:
+    """The model itself, or a copy with its GGUF blocks dequantized to float32."""
+    if not any(isinstance(m, (BlockLinear, BlockEmbedding)) for m in model.modules()):
+        return model
+    import copy
+
+    from ..layers.quantize import _share_tensors
+
+    out = copy.deepcopy(model, _share_tensors(model))
+    _to_float(out)
+    return out
+
+
+def _gpt2(model: nn.Module) -> tuple[dict[str, Any], dict[str, Tensor]]:
+    c = model.config
+    hidden = round(c.mlp_ratio * c.dim)
+    cfg = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": c.vocab_size,
+           "n_positions": c.block_size, "n_embd": c.dim, "n_layer": c.num_layers, "n_head": c.num_heads,
+           "n_inner": hidden, "activation_function": _ACT[c.activation], "layer_norm_epsilon": c.norm_eps,
+           "tie_word_embeddings": c.tie_weights, "attn_pdrop": 0.0, "embd_pdrop": 0.0, "resid_pdrop": 0.0}
+    sd = {"transformer.wte.weight": model.tok_emb.weight, "transformer.wpe.weight": model.pos_emb.weight}
+
+    def bias(mod, n):
+        b = getattr(mod, "bias", None)
+        return torch.zeros(n) if b is None else b
+
+    for i, blk in enumerate(model.decoder.blocks):
+        h = f"transformer.h.{i}."
+        for ours, theirs in ((blk.norm1, "ln_1"), (blk.norm2, "ln_2")):
+            sd[h + theirs + ".weight"], sd[h + theirs + ".bias"] = ours.weight, bias(ours, c.dim)
+        for ours, theirs in ((blk.attn.qkv_proj, "attn.c_attn"), (blk.attn.out_proj, "attn.c_proj"),
+                             (blk.mlp.fc1, "mlp.c_fc"), (blk.mlp.fc2, "mlp.c_proj")):
+            sd[h + theirs + ".weight"] = ours.weight.T  # Conv1D: (in, out)
+            sd[h + theirs + ".bias"] = bias(ours, ours.out_features)
+    sd["transformer.ln_f.weight"], sd["transformer.ln_f.bias"] = model.decoder.norm.weight, bias(model.decoder.norm,
+                                                                                                  c.dim)
+    if not c.tie_weights:
+        sd["lm_head.weight"] = model.lm_head.weight
+    return cfg, sd
+
+
+def _llama(model: nn.Module) -> tuple[dict[str, Any], dict[str, Tensor]]:
+    c = model.config
+    H, Hkv, E = c.num_heads, c.num_kv_heads or c.num_heads, c.dim // c.num_heads
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": c.vocab_size,
+           "max_position_embeddings": c.block_size, "hidden_size": c.dim,
+           "intermediate_size": round(c.mlp_ratio * c.dim), "num_hidden_layers": c.num_layers,
+           "num_attention_heads": H, "num_key_value_heads": Hkv, "head_dim": E, "hidden_act": "silu",
+           "rms_norm_eps": c.norm_eps, "rope_theta": c.rope_base, "tie_word_embeddings": c.tie_weights,
+           "attention_bias": False, "mlp_bias": False, "attention_dropout": 0.0}
+    sd = {"model.embed_tokens.weight": model.tok_emb.weight}
+    for i, blk in enumerate(model.decoder.blocks):
+        p = f"model.layers.{i}."
+        q, k, v = blk.attn.qkv_proj.weight.split([H * E, Hkv * E, Hkv * E])
+        sd.update({p + "input_layernorm.weight": blk.norm1.weight, p + "self_attn.q_proj.weight": q,
+                   p + "self_attn.k_proj.weight": k, p + "self_attn.v_proj.weight": v,
+                   p + "self_attn.o_proj.weight": blk.attn.out_proj.weight,
+                   p + "post_attention_layernorm.weight": blk.norm2.weight,
+                   p + "mlp.gate_proj.weight": blk.mlp.gate.weight, p + "mlp.up_proj.weight": blk.mlp.fc1.weight,
+                   p + "mlp.down_proj.weight": blk.mlp.fc2.weight})
+    sd["model.norm.weight"] = model.decoder.norm.weight
+    if not c.tie_weights:
+        sd["lm_head.weight"] = model.lm_head.weight
+    return cfg, sd
+
+
+def _tokenizer_files(tokenizer, block_size: int) -> dict[str, Any]:
+    """``tokenizer.json``, ``tokenizer_config.json`` and ``special_tokens_map.json`` of a BPE tokenizer."""
+    kind = getattr(tokenizer, "kind", None)
+    if kind not in ("bpe", "pretrained"):
+        raise ConfigError(f"Hugging Face export needs a BPE tokenizer (tokennet's own or an imported one); this "
+                          f"run's is {kind or 'missing'}; nothing was written")
+    data = tokenizer.to_dict()
+    engine = data if kind == "bpe" else data["engine"]
+    vocab = {**engine["model"]["vocab"], **{t["content"]: t["id"] for t in engine.get("added_tokens") or []}}
+    name = {i: t for t, i in vocab.items()}
+    ids = {"bos_id": 1, "eos_id": 2, "pad_id": 0, "unk_id": 3} if kind == "bpe" else data["tokennet"]
+    special = {f"{k[:-3]}_token": name[ids[k]] for k in ("bos_id", "eos_id", "pad_id", "unk_id")
+               if ids.get(k) is not None}
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": block_size,
+              "clean_up_tokenization_spaces": False, "add_bos_token": False, **special}
+    template = getattr(tokenizer, "chat_template", None)
+    if template:
+        config["chat_template"] = template
+    return {"tokenizer.json": engine, "tokenizer_config.json": config, "special_tokens_map.json": special}
+
+
+def write_hf(model: nn.Module, tokenizer, out: str | Path) -> list[Path]:
+    """Write ``model`` (a tokennet GPT) and its tokenizer as the Hugging Face directory ``out``; returns the files.
+
+    Everything is checked first; the directory is written beside ``out`` under a temporary name and renamed,
+    so a failure leaves nothing behind. ``out`` must not exist (the caller removes an old one).
+    """
+    from safetensors.torch import save_file
+
+    kind = hf_class(model.config)
+    files = _tokenizer_files(tokenizer, model.config.block_size)
+    model = _float_model(model)
+    cfg, sd = (_gpt2 if kind == "gpt2" else _llama)(model)
+    tok = tokenizer.to_dict()
+    ids = {"bos_id": 1, "eos_id": 2, "pad_id": 0} if tokenizer.kind == "bpe" else tok["tokennet"]
+    for k in ("bos", "eos", "pad"):
+        if ids.get(f"{k}_id") is not None:
+            cfg[f"{k}_token_id"] = int(ids[f"{k}_id"])
+    cfg["torch_dtype"] = "float32"
+    gen = {k: cfg[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in cfg}
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.hf-", dir=out.parent))
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        tmp.chmod(0o777 & ~umask)
+        tensors = {k: v.detach().float().contiguous().clone() for k, v in sd.items()}  # no shared storage
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+        (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
+        for name, content in files.items():
+            (tmp / name).write_text(json.dumps(content, indent=2, ensure_ascii=False) + "\n")
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return sorted(out.iterdir())
