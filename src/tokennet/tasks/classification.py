@@ -41,11 +41,11 @@ def read_signal(path: str | Path, channels: int, length: int) -> torch.Tensor:
 
 @register_task
 class ImageClassification(Task):
-    """A ViT: ``run.classify(images or paths)`` → ``(class index, probability)`` per input."""
+    """A ViT or Swin: ``run.classify(images or paths)`` → ``(class index, probability)`` per input."""
 
     name = "image classification"
     kind = "image-classifier"
-    families = ("vit",)
+    families = ("vit", "swin")
     protocol = Classifier
     inputs = (Input("image", HELP["image"]),)
 
