@@ -91,6 +91,16 @@ def test_shifted_windows_straddle_the_borders_and_the_wrap_is_masked():
     assert not bool(m[i, j]) and not bool(m[j, i]) and bool(m[i, i]) and bool(m[j, j])
 
 
+@pytest.mark.parametrize("grid,window,shifted", [((8, 8), 4, True), ((6, 9), 3, True), ((6, 6), 4, True)])
+def test_groups_are_the_full_attention_mask(grid, window, shifted):
+    torch.manual_seed(0)
+    attn = WindowAttention(8, 2, window, shifted=shifted).eval()
+    x = torch.randn(1, *grid, 8)
+    _, a = attn(x, return_weights=True)
+    g = attn.layout(grid).groups()
+    torch.testing.assert_close(a[0, 0] > 0, g[:, None] == g[None])  # softmax weights are positive inside
+
+
 def test_a_grid_no_larger_than_the_window_is_one_unshifted_window():
     lay = window_layout((4, 4), 7, shifted=True)
     assert lay.window == (4, 4) and lay.shift == (0, 0) and lay.num_windows == 1 and lay.mask() is None

@@ -77,6 +77,12 @@ class WindowLayout:
         grid, or −1 for padding. Windows are row-major over the rolled, padded grid; so are slots in a window."""
         return _token_index(self)
 
+    def groups(self) -> Tensor:
+        """``(gh·gw,)`` long, row-major: the attention group of each token. Two tokens attend to each other iff
+        their groups are equal (the same window and the same side of the shift's wrap), so the whole layout is
+        full attention under the mask ``M[i, j] = (g_i == g_j)``."""
+        return _groups(self)
+
     def mask(self) -> Tensor | None:
         """``(nW, N, N)`` bool, True = may attend, or None where every pair in a window may attend.
 
@@ -115,8 +121,8 @@ def _token_index(lay: WindowLayout) -> Tensor:
     return idx.reshape(lay.num_windows, lay.tokens)  # (nW, N)
 
 
-@functools.lru_cache(maxsize=64)
-def _window_mask(lay: WindowLayout) -> Tensor:
+def _regions(lay: WindowLayout) -> Tensor:
+    """``(nW, N)`` in 0..3: which side of the wrap each window slot is on, per axis (row wrap · 2 + column wrap)."""
     (wh, ww), (sh, sw), (Hp, Wp) = lay.window, lay.shift, lay.padded
     rr = torch.arange(Hp).view(Hp // wh, wh)  # rolled rows, per window row
     rc = torch.arange(Wp).view(Wp // ww, ww)
@@ -124,9 +130,23 @@ def _window_mask(lay: WindowLayout) -> Tensor:
     wrap_r = (rr >= Hp - sh) if sh else torch.zeros_like(rr, dtype=torch.bool)
     wrap_c = (rc >= Wp - sw) if sw else torch.zeros_like(rc, dtype=torch.bool)
     region = wrap_r.long()[:, None, :, None] * 2 + wrap_c.long()[None, :, None, :]  # (nh, nw, wh, ww)
-    region = region.reshape(lay.num_windows, lay.tokens)  # (nW, N)
+    return region.reshape(lay.num_windows, lay.tokens)  # (nW, N)
+
+
+@functools.lru_cache(maxsize=64)
+def _window_mask(lay: WindowLayout) -> Tensor:
+    region = _regions(lay)  # (nW, N)
     real = _token_index(lay) >= 0  # (nW, N)
     return (region[:, :, None] == region[:, None, :]) & real[:, None, :]  # (nW, N, N)
+
+
+@functools.lru_cache(maxsize=64)
+def _groups(lay: WindowLayout) -> Tensor:
+    idx = _token_index(lay)  # (nW, N)
+    g = torch.arange(lay.num_windows)[:, None] * 4 + _regions(lay)  # (nW, N)
+    out = torch.empty(lay.grid[0] * lay.grid[1], dtype=torch.long)
+    out[idx[idx >= 0]] = g[idx >= 0]
+    return out
 
 
 def window_partition(x: Tensor, window: tuple[int, int]) -> Tensor:
