@@ -152,8 +152,10 @@ def load_teacher(path: str, ds: VisionData, device) -> tuple[Callable[[torch.Ten
 
     try:
         run = load(path, device=device)
-    except RunError as e:
-        raise RecipeError(f"teacher={path}: {e}") from None
+    except RunError as e:  # "PATH is not a run directory ...": say it of teacher=PATH
+        msg = str(e)
+        raise RecipeError(f"teacher={path}{msg[len(str(path)):]}" if msg.startswith(str(path))
+                          else f"teacher={path}: {msg}") from None
     if "classify" not in run.task.verbs:
         raise RecipeError(f"teacher={path} is a {run.task.name} run, not an image classifier")
     model, c = run.model.eval(), run.model.config
