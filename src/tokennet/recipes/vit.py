@@ -27,6 +27,25 @@ Overlapping patches (stride < patch) help on these small datasets: on digits, 4�
 reached 96.3–98.1% (3 seeds, 1,500 steps; 97.2% for 2 seeds at 2,500 steps) where 2×2 patches reached
 93.7%; on MNIST-1D, patches of 4 at stride 2 reached 95.9% where stride 4 reached 91.0% (same steps).
 
+The rest of the lecture's vision family is one setting away:
+
+- ``--set arch=swin`` trains :class:`~tokennet.models.swin.Swin` (shifted windows, relative position bias,
+  patch merging) from the shared settings (``dim`` = the first stage's width, ``num_heads`` its heads,
+  ``patch_size``, ``patch_embed``, ``mlp_ratio``, ``dropout``, ``drop_path``, ``label_smoothing``, ...) and its
+  own ``depths`` (blocks per stage, ``2,2,6,2``) and ``window_size``; ViT's own settings (``num_layers``,
+  ``pool``, ``position``, ``patch_stride``, ...) are refused with it. The dataset's profile is ViT's, so
+  give Swin its patch size: e.g. ``--set arch=swin patch_size=2 patch_embed=conv dim=32 num_heads=2
+  depths=2,2,2`` on Fashion-MNIST (14 × 14 tokens, 7 × 7 windows).
+- ``--set teacher=RUN_DIR`` trains DeiT: a distillation token beside the class token (``distill``), whose
+  head learns the hard labels of any image classifier run on the same data (a CNN, a Swin, a longer ViT)
+  while the class head learns the true labels; the test logits average the two heads. The teacher labels
+  each training batch as the student sees it (augmented, mixed), and is fixed, so batches stay a pure
+  function of their index (exact resume). A run that is no classifier, has other classes, or takes images
+  of another size or channel count is refused in one line.
+- DeiT's augmentation: ``randaugment`` (operations per image, with ``magnitude`` 0–10), ``cutmix`` and
+  ``mixup`` (Beta α; both: one per batch), ``erase``, ``repeats`` (repeated augmentation), ``drop_path``
+  (stochastic depth).
+
 The profile replaces the recipe's defaults through the recipe's ``data_defaults`` hook
 (``tokennet train vit --data fashion-mnist --show-settings`` lists them); anything given with
 ``--set``/``--max-iters``/``--time-budget`` wins over it. ``image_size``, ``in_channels`` and
