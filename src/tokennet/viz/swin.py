@@ -7,6 +7,10 @@
 - ``window_attention.png``: one panel per block, the attention of the token under a query pixel (default
   the image centre; ``--patch`` picks a first-stage patch) over the image, mean of heads (or ``--head``):
   zero outside its window, and the windows grow as the stages merge patches.
+- ``rollout.png``: attention rollout (Abnar & Zuidema 2020) through the hierarchy: ``Â = ½ mean_h A + ½ I``
+  per block, and between stages the patch merging as the row-stochastic matrix that averages each merged
+  token's 2 × 2 children, so the relevance of the mean-pooled output comes back to the first stage's
+  patches.
 """
 
 from __future__ import annotations
@@ -15,16 +19,64 @@ from pathlib import Path
 
 import torch
 
-from .attention_maps import _outline, _overlay, _signal_strip, patch_map, pyplot, save_figure, select, show_image
+from .attention_maps import (
+    _outline,
+    _overlay,
+    _signal_strip,
+    patch_map,
+    plot_rollout,
+    pyplot,
+    save_figure,
+    select,
+    show_image,
+)
 from .vit import _check_index, drawn_input
 
-__all__ = ["swin_viz", "plot_windows"]
+__all__ = ["swin_viz", "plot_windows", "merge_matrix", "swin_rollout"]
 
 
 def _cell_of(pixel: tuple[int, int], cell: tuple[int, int], grid: tuple[int, int]) -> int:
     """The row-major token index whose cell holds ``pixel``."""
     r, c = min(pixel[0] // cell[0], grid[0] - 1), min(pixel[1] // cell[1], grid[1] - 1)
     return r * grid[1] + c
+
+
+def merge_matrix(grid: tuple[int, int], factor: tuple[int, int]) -> torch.Tensor:
+    """Patch merging as a token map ``(L_out, L_in)``: row ``(r, c)`` averages the children ``(fh·r + i, fw·c + j)``
+    that exist (an odd grid's padding is no child)."""
+    gh, gw = grid
+    fh, fw = factor
+    oh, ow = -(-gh // fh), -(-gw // fw)
+    m = torch.zeros(oh * ow, gh * gw)
+    for r in range(gh):
+        for c in range(gw):
+            m[(r // fh) * ow + c // fw, r * gw + c] = 1.0
+    return m / m.sum(1, keepdim=True)
+
+
+def swin_rollout(maps: list[torch.Tensor], grids: list[tuple[int, int]], factor: tuple[int, int],
+                 residual: float = 0.5) -> tuple[torch.Tensor, torch.Tensor]:
+    """Relevance of the mean-pooled output over the first stage's tokens: ``(last block's row (L_first,),
+    rollout (L_first,))``, both spread down to the first stage (see the module docstring).
+
+    Args:
+        maps: per block ``(H, L, L)`` on that block's grid (first block first).
+        grids: per block, its grid.
+        factor: the patch merging's ``(fh, fw)``.
+    """
+    v = torch.full((1, maps[-1].shape[-1]), 1.0 / maps[-1].shape[-1])  # the mean pool over the last tokens
+    last = v @ maps[-1].float().mean(0)  # (1, L_last): the last block's attention of the pooled output
+    down = None  # maps a row over the current stage's tokens to the first stage's
+    for i in range(len(maps) - 1, -1, -1):
+        a = maps[i].float().mean(0)
+        a = (1 - residual) * a + residual * torch.eye(a.shape[0])
+        v = v @ (a / a.sum(-1, keepdim=True))
+        if i > 0 and grids[i - 1] != grids[i]:  # going down through a patch merging
+            m = merge_matrix(grids[i - 1], factor)
+            v = v @ m
+            down = m if down is None else down @ m
+    last = last if down is None else last @ down
+    return last[0], v[0]
 
 
 def plot_windows(image: torch.Tensor, layouts: list[dict], path: str | Path, *, title: str = "") -> Path:
@@ -150,4 +202,9 @@ def swin_viz(run, out_dir: Path, *, index: int | None = None, patch: int | None 
     fig.suptitle(f"where the token under pixel {pixel} looks, per block ({who}) — {what}", fontsize=9)
     fig.tight_layout()
     files.append(save_figure(fig, out_dir / "window_attention.png"))
+
+    last, rel = swin_rollout([m[0].cpu() for m in maps], [b["grid"] for b in blocks], c.merge_factor)
+    geom0 = {"grid": grid0, "patch": c.patch_hw, "stride": c.patch_hw, "offset": (0, 0), "image_hw": hw}
+    files.append(plot_rollout(x, last, rel, geom0, out_dir / "rollout.png", query="mean-pooled output",
+                              title=f"attention rollout through {len(blocks)} blocks and the merges — {what}"))
     return files
