@@ -6,8 +6,8 @@ the table reports what it measured:
 | data | goal |
 | --- | --- |
 | digits | test accuracy ≥ the RBF SVM's on the same split (computed in the same run), within 60 s |
-| fashion-mnist | test accuracy ≥ 92% within 10 minutes |
-| mnist1d | test accuracy ≥ 95% |
+| fashion-mnist | test accuracy ≥ 95% (past ResNet-18's 94.9%; issue 24) within 10 minutes |
+| mnist1d | test accuracy ≥ 98% (issue 24) |
 
 "wall s" is the whole command, from process start (imports, data, training, evaluation, SVM, saving)
 to exit; "train s" is the trainer's clock. The load average before and after each run is recorded:
@@ -39,8 +39,8 @@ from pathlib import Path
 GOALS = {
     "digits": ("≥ SVM, ≤ 60 s", lambda m, wall: m["test_accuracy"] >= m.get("baseline_svm_accuracy", 1.0)
                and wall <= 60),
-    "fashion-mnist": ("≥ 92%, ≤ 600 s", lambda m, wall: m["test_accuracy"] >= 0.92 and wall <= 600),
-    "mnist1d": ("≥ 95%", lambda m, wall: m["test_accuracy"] >= 0.95),
+    "fashion-mnist": ("≥ 95%, ≤ 600 s", lambda m, wall: m["test_accuracy"] >= 0.95 and wall <= 600),
+    "mnist1d": ("≥ 98%", lambda m, wall: m["test_accuracy"] >= 0.98),
 }
 
 
@@ -64,6 +64,7 @@ def run_one(name: str, data: str, out: Path, sets: list[str], threads: int | Non
     return {"data": name, "test_accuracy": m["test_accuracy"], "baseline_svm_accuracy": m.get("baseline_svm_accuracy"),
             "goal": goal, "met": bool(ok(m, wall)), "wall_s": round(wall, 1), "train_s": m.get("elapsed"),
             "steps": m.get("step"), "epochs": m.get("epochs"), "parameters": m.get("num_parameters"),
+            "arch": m.get("arch", "vit"),
             "load_before": [round(v, 2) for v in load_before], "load_after": [round(v, 2) for v in load_after],
             "command": " ".join(cmd[1:])}
 
@@ -96,15 +97,16 @@ def main() -> None:
         rows.append(run_one(name, data, out, args.sets, args.threads))
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
 
-    print("| data | test accuracy | RBF SVM | goal | met | wall s | train s | steps | epochs "
+    print("| data | arch | test accuracy | RBF SVM | goal | met | wall s | train s | steps | epochs "
           "| load avg before → after |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         if "error" in r:
-            print(f"| {r['data']} | {r['error']} | | | | | | | | |")
+            print(f"| {r['data']} | | {r['error']} | | | | | | | | |")
             continue
         svm = f"{r['baseline_svm_accuracy']:.4f}" if r["baseline_svm_accuracy"] is not None else ""
-        print(f"| {r['data']} | {r['test_accuracy']:.4f} | {svm} | {r['goal']} | {'yes' if r['met'] else 'no'} | "
+        print(f"| {r['data']} | {r['arch']} | {r['test_accuracy']:.4f} | {svm} | {r['goal']} | "
+              f"{'yes' if r['met'] else 'no'} | "
               f"{r['wall_s']} | {r['train_s']} | {r['steps']} | {r['epochs']} | "
               f"{r['load_before'][0]} → {r['load_after'][0]} |")
     res = Path(args.results)

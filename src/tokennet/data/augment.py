@@ -1,4 +1,5 @@
-"""Batch augmentation for small-data ViTs: translation, affine warps, flips, random erasing, mixup.
+"""Batch augmentation for small-data ViTs: translation, affine warps, flips, RandAugment, random erasing, mixup,
+cutmix.
 
 Every function works on a whole batch with torch ops and draws from an explicit ``torch.Generator``,
 so the same generator state gives the same batch; :class:`~tokennet.data.image_batches.ImageBatches`
@@ -14,8 +15,9 @@ import torch
 from torch import Tensor
 
 from ..errors import ConfigError
+from .randaugment import rand_augment
 
-__all__ = ["Augment", "random_translate", "random_affine", "random_flip", "random_erase", "mixup"]
+__all__ = ["Augment", "random_translate", "random_affine", "random_flip", "random_erase", "mixup", "cutmix"]
 
 
 def _uniform(n: int, generator: torch.Generator) -> Tensor:
@@ -107,6 +109,26 @@ def mixup(x: Tensor, y: Tensor, num_classes: int, alpha: float, generator: torch
     return lam * x + (1 - lam) * x[perm], lam * onehot + (1 - lam) * onehot[perm]
 
 
+def cutmix(x: Tensor, y: Tensor, num_classes: int, alpha: float, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """CutMix (Yun et al. 2019, https://arxiv.org/abs/1905.04899): paste a box of the paired image ``x_j`` into
+    ``x_i`` and mix the one-hot labels by the area each keeps. ``λ ~ Beta(α, α)`` per batch sets the box's
+    share ``1 − λ`` of the area (a box clipped at the border keeps the label weights exact: they are the
+    areas actually pasted). ``(B, C, H, W)``, or ``(B, C, L)`` (a segment). Returns class probabilities."""
+    lam = _beta(alpha, generator)
+    perm = torch.randperm(len(x), generator=generator)
+    sizes = x.shape[2:]
+    cut = [int(round(n * (1 - lam) ** (1 / len(sizes)))) for n in sizes]  # the box's side per axis
+    centre = [int(torch.randint(n, (1,), generator=generator)) for n in sizes]
+    lo = [max(0, c - k // 2) for c, k in zip(centre, cut, strict=True)]
+    hi = [min(n, c + k - k // 2) for c, k, n in zip(centre, cut, sizes, strict=True)]
+    box = (slice(None), slice(None), *(slice(a, b) for a, b in zip(lo, hi, strict=True)))
+    out = x.clone()
+    out[box] = x[perm][box]
+    kept = 1 - float(np.prod([b - a for a, b in zip(lo, hi, strict=True)])) / float(np.prod(sizes))
+    onehot = torch.nn.functional.one_hot(y, num_classes).to(x.dtype)  # (B, K)
+    return out, kept * onehot + (1 - kept) * onehot[perm]
+
+
 def _beta(alpha: float, generator: torch.Generator) -> float:
     """One draw of Beta(α, α), reproducible from ``generator`` (torch's Beta sampler takes no generator,
     so numpy's is seeded from it)."""
@@ -116,7 +138,8 @@ def _beta(alpha: float, generator: torch.Generator) -> float:
 
 @dataclass
 class Augment:
-    """Batch augmentation for small-data ViTs: random translation, horizontal flip, random erasing.
+    """Batch augmentation for small-data ViTs: an affine warp, random translation, horizontal flip, RandAugment,
+    random erasing, in that order (DeiT's: crop and flip, RandAugment, erasing).
 
     Args:
         translate: largest shift in pixels (0 = none).
@@ -124,6 +147,9 @@ class Augment:
         erase: probability of erasing a random rectangle (0 = never; 2-D images only).
         rotate: largest random rotation in degrees (2-D images; with ``scale``, one affine warp).
         scale: largest relative zoom, e.g. 0.1 for 0.9..1.1 (2-D images).
+        randaugment: RandAugment's operations per image, n (0 = off; 2-D images only; see
+            :mod:`~tokennet.data.randaugment`).
+        magnitude: RandAugment's magnitude m on the 0–10 scale.
     """
 
     translate: int = 0
@@ -131,6 +157,8 @@ class Augment:
     erase: float = 0.0
     rotate: float = 0.0
     scale: float = 0.0
+    randaugment: int = 0
+    magnitude: float = 9.0
 
     def __post_init__(self):
         if self.translate < 0:
@@ -139,10 +167,14 @@ class Augment:
             raise ConfigError(f"rotate must be >= 0 degrees and scale in [0, 1), got {self.rotate}, {self.scale}")
         if not 0 <= self.erase <= 1:
             raise ConfigError(f"erase must be a probability in [0, 1], got {self.erase}")
+        if self.randaugment < 0 or not 0 <= self.magnitude <= 10:
+            raise ConfigError(f"randaugment must be >= 0 operations and magnitude in [0, 10], got "
+                              f"{self.randaugment}, {self.magnitude}")
 
     @property
     def active(self) -> bool:
-        return self.translate > 0 or self.flip or self.erase > 0 or self.rotate > 0 or self.scale > 0
+        return (self.translate > 0 or self.flip or self.erase > 0 or self.rotate > 0 or self.scale > 0
+                or self.randaugment > 0)
 
     def __call__(self, x: Tensor, generator: torch.Generator) -> Tensor:
         """Augment a batch ``(B, C, H, W)`` (or ``(B, C, L)``); the same generator state gives the same result."""
@@ -151,6 +183,8 @@ class Augment:
         x = random_translate(x, self.translate, generator)
         if self.flip:
             x = random_flip(x, generator)
+        if self.randaugment > 0 and x.dim() == 4:
+            x = rand_augment(x, generator, n=self.randaugment, magnitude=self.magnitude)
         if self.erase > 0 and x.dim() == 4:
             x = random_erase(x, generator, p=self.erase)
         return x

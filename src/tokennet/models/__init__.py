@@ -8,6 +8,7 @@ from . import (
     graph,  # noqa: F401  (registers the family)
     seq2seq,  # noqa: F401  (registers the family)
     sphere,  # noqa: F401  (registers the family)
+    swin,  # noqa: F401  (registers the family)
     text_encoder,  # noqa: F401  (registers the family)
     vit,  # noqa: F401  (registers the family)
 )

@@ -9,6 +9,14 @@ Reads top to bottom like the paper (https://arxiv.org/abs/2010.11929, eq. 1–4)
 With ``pool="mean"`` there is no <cls> token and the head reads the mean of the patch tokens
 (as in timm's ``global_pool="avg"``, whose LayerNorm also comes after pooling). The same model
 classifies 1-D signals: ``image_size=[L]`` cuts a ``(B, C, L)`` signal into ``(1, p)`` patches.
+
+DeiT (Touvron et al. 2021, https://arxiv.org/abs/2012.12877) adds, with ``distill=True``, a distillation
+token beside the class token, ``z₀ = [x_cls; x_dist; x_p¹E; …]``, read by a second head. In training the
+class head learns the true label and the distillation head the teacher's hard label::
+
+    L = ½ CE(ψ(z_L^cls), y) + ½ CE(ψ_dist(z_L^dist), y_t),   y_t = argmax teacher(x)
+
+and at test time the two heads' logits are averaged. ``drop_path`` adds stochastic depth to the blocks.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import ConfigError, DataError
+from ..layers.drop_path import DropPath, drop_path_rates
 from ..layers.stack import AttentionMaps, Encoder
 from ..position.fourier import Fourier2DPosition
 from ..position.learned import LearnedPosition2D
@@ -51,6 +60,9 @@ class ViTConfig(ModelConfig):
             Liu et al. 2022, https://arxiv.org/abs/2208.07220): fewer tokens make training steps cheaper and
             regularize; evaluation sees every patch.
         pool: ``"cls"`` (a learned <cls> token) or ``"mean"`` (mean of the patch tokens).
+        distill: a DeiT distillation token (after the <cls> token, if any) and its own head; the logits are
+            the mean of the two heads'. Train it with targets ``(labels, teacher labels)``.
+        drop_path: stochastic depth rate of the last block, growing linearly from 0 at the first (DeiT: 0.1).
         position: ``"learned"`` (interpolated for other sizes), ``"fourier"`` (2-D sin-cos) or ``"none"``.
         patch_embed: ``"conv"`` or ``"linear"`` (the same weights, see :class:`PatchEmbed`), or
             ``"conv-stem"``: early convolutions with total stride ``patch_size`` (:class:`ConvStem`, ViT_C).
@@ -75,6 +87,8 @@ class ViTConfig(ModelConfig):
     dropout: float = 0.0
     patch_dropout: float = 0.0
     pool: str = "cls"
+    distill: bool = False
+    drop_path: float = 0.0
     position: str = "learned"
     patch_embed: str = "conv"
     stem_width: int | None = None
@@ -102,7 +116,8 @@ class ViTConfig(ModelConfig):
             raise ConfigError(f"norm_eps must be a positive number, got {self.norm_eps!r}")
         if self.position == "fourier" and self.dim % 4:
             raise ConfigError(f"position='fourier' needs dim divisible by 4, got dim={self.dim}")
-        self._fraction(dropout=self.dropout, patch_dropout=self.patch_dropout, label_smoothing=self.label_smoothing)
+        self._fraction(dropout=self.dropout, patch_dropout=self.patch_dropout, label_smoothing=self.label_smoothing,
+                       drop_path=self.drop_path)
         one_d = self.is_1d
         for k in ("patch_size", "patch_stride"):
             v = getattr(self, k)
@@ -159,7 +174,13 @@ class ViTConfig(ModelConfig):
 
     @property
     def num_prefix(self) -> int:
-        return 1 if self.pool == "cls" else 0
+        """Tokens before the patches: <cls> (``pool="cls"``), then the distillation token (``distill``)."""
+        return int(self.pool == "cls") + int(self.distill)
+
+    @property
+    def dist_index(self) -> int | None:
+        """The distillation token's position, or None."""
+        return self.num_prefix - 1 if self.distill else None
 
 
 class ViT(nn.Module):
@@ -177,6 +198,7 @@ class ViT(nn.Module):
             self.patch_embed = PatchEmbed(c.in_channels, c.dim, c.patch_hw, c.stride_hw, pad=c.pad,
                                           mode=c.patch_embed, bias=c.bias)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, c.dim)) if c.pool == "cls" else None
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, c.dim)) if c.distill else None
         self.pos_emb = None
         if c.position == "learned":
             self.pos_emb = LearnedPosition2D(c.grid, c.dim, num_prefix=c.num_prefix)
@@ -189,13 +211,24 @@ class ViT(nn.Module):
         # The head's LayerNorm closes the pre-norm stack instead of the encoder's own final norm: for
         # <cls> pooling that is the same function, and for mean pooling it normalizes the pooled token.
         self.encoder.norm = nn.Identity()
-        self.head = nn.Sequential(OrderedDict(
+        # Stochastic depth: a block applies its `drop` module to both residual branches (attention, MLP), so a
+        # per-sample DropPath there drops whole branches, with an independent draw per branch (as timm's).
+        for blk, rate in zip(self.encoder.layers(), drop_path_rates(c.drop_path, c.num_layers), strict=True):
+            if rate > 0:
+                blk.drop = nn.Sequential(blk.drop, DropPath(rate))
+        self.head = self._head()
+        self.head_dist = self._head() if c.distill else None
+        self.apply(self._init_weights)
+        for t in (self.cls_token, self.dist_token):
+            if t is not None:
+                nn.init.normal_(t, 0.0, 0.02)
+
+    def _head(self) -> nn.Module:
+        c = self.config
+        return nn.Sequential(OrderedDict(
             norm=nn.LayerNorm(c.dim, eps=c.norm_eps, bias=c.bias),
             fc=nn.Linear(c.dim, c.num_classes, bias=c.bias),
         ))
-        self.apply(self._init_weights)
-        if self.cls_token is not None:
-            nn.init.normal_(self.cls_token, 0.0, 0.02)
 
     @staticmethod
     def _init_weights(m: nn.Module) -> None:
@@ -250,7 +283,8 @@ class ViT(nn.Module):
 
     # -- the model ---------------------------------------------------------------------------------
     def forward_features(self, x: Tensor, *, return_attention: bool = False):
-        """Images → final tokens ``(B, P + N, D)``: P = 1 <cls> token (if any), then N patches row-major.
+        """Images → final tokens ``(B, P + N, D)``: the P prefix tokens (<cls>, distillation), then N patches
+        row-major.
 
         With ``return_attention``, ``(tokens, maps)``: each block's weights (see :meth:`Encoder.forward`).
 
@@ -261,8 +295,9 @@ class ViT(nn.Module):
         grid = self.patch_embed.grid(x.shape[-2:])
         z = self.patch_embed(x)  # (B, N, D)
         B = z.shape[0]
-        if self.cls_token is not None:
-            z = torch.cat([self.cls_token.expand(B, 1, -1).to(z.dtype), z], dim=1)  # (B, 1 + N, D)
+        prefix = [t.expand(B, 1, -1).to(z.dtype) for t in (self.cls_token, self.dist_token) if t is not None]
+        if prefix:
+            z = torch.cat([*prefix, z], dim=1)  # (B, P + N, D)
         if self.pos_emb is not None:
             z = self.pos_emb(z, grid)
         if self.training and self.config.patch_dropout > 0:
@@ -280,19 +315,41 @@ class ViT(nn.Module):
 
     def pool(self, h: Tensor) -> Tensor:
         """Tokens ``(B, P + N, D)`` → one vector per image ``(B, D)``: the <cls> token or the patches' mean."""
-        return h[:, 0] if self.config.pool == "cls" else h.mean(dim=1)
+        return h[:, 0] if self.config.pool == "cls" else h[:, self.config.num_prefix:].mean(dim=1)
+
+    def forward_heads(self, h: Tensor) -> tuple[Tensor, Tensor | None]:
+        """Final tokens → ``(class head logits, distillation head logits or None)``, each ``(B, num_classes)``."""
+        cls = self.head(self.pool(h))
+        if self.head_dist is None:
+            return cls, None
+        return cls, self.head_dist(h[:, self.config.dist_index])
 
     def forward_head(self, h: Tensor) -> Tensor:
-        """Final tokens ``(B, P + N, D)`` → class logits ``(B, num_classes)``: pool, LayerNorm, linear."""
-        return self.head(self.pool(h))
+        """Final tokens ``(B, P + N, D)`` → class logits ``(B, num_classes)``: pool, LayerNorm, linear (DeiT: the
+        mean of the class and distillation heads' logits)."""
+        cls, dist = self.forward_heads(h)
+        return cls if dist is None else (cls + dist) / 2
 
-    def forward(self, x: Tensor, targets: Tensor | None = None) -> Output:
+    def forward(self, x: Tensor, targets=None) -> Output:
         """Class logits, and the (label-smoothed) cross-entropy when ``targets`` are given: class ids ``(B,)``
-        or class probabilities ``(B, num_classes)`` (e.g. from mixup)."""
-        logits = self.forward_head(self.forward_features(x))  # (B, K)
+        or class probabilities ``(B, num_classes)`` (e.g. from mixup).
+
+        A distilled model (``distill``) takes ``targets = (labels, teacher labels)``: its class head learns the
+        labels and its distillation head the teacher's class ids (DeiT's hard distillation, ½ + ½); given
+        labels alone, both heads learn them.
+        """
+        cls, dist = self.forward_heads(self.forward_features(x))  # (B, K) each
+        logits = cls if dist is None else (cls + dist) / 2
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits, targets, label_smoothing=self.config.label_smoothing)
+            labels, teacher = targets if isinstance(targets, (tuple, list)) else (targets, None)
+            if teacher is not None and dist is None:
+                raise ValueError("teacher labels need a distillation token (distill=True)")
+            loss = F.cross_entropy(cls, labels, label_smoothing=self.config.label_smoothing)
+            if dist is not None:
+                d = F.cross_entropy(dist, labels, label_smoothing=self.config.label_smoothing) if teacher is None \
+                    else F.cross_entropy(dist, teacher)
+                loss = (loss + d) / 2
         return Output(logits, loss)
 
     # -- inspection --------------------------------------------------------------------------------
@@ -300,7 +357,8 @@ class ViT(nn.Module):
         """Every layer's attention ``A = softmax(Q Kᵀ / √E)``: ``{"self": [(B, H, P + N, P + N)] * L}``.
 
         Computed with the plain formula whatever the backend, so a model trained with a fused kernel can
-        be inspected. Token 0 is <cls> when ``pool="cls"``, then the patches row-major.
+        be inspected. Token 0 is <cls> when ``pool="cls"``, then the distillation token (``distill``), then the
+        patches row-major.
 
         Args:
             x: images, as for :meth:`forward`.
@@ -336,3 +394,6 @@ register_preset("vit-1d", "vit", "ViT for 1-D signals (MNIST-1D, length 40): ove
                 num_heads=4, mlp_ratio=2.0, pool="mean", label_smoothing=0.1)
 register_preset("vit-micro", "vit", "ViT, 16×16 RGB, 4×4 patches, 2 layers × 32 (tests and demos)",
                 image_size=16, patch_size=4, in_channels=3, num_classes=10, dim=32, num_layers=2, num_heads=2)
+register_preset("deit-micro", "vit", "DeiT: ViT-micro with a distillation token and stochastic depth (tests and demos)",
+                image_size=16, patch_size=4, in_channels=3, num_classes=10, dim=32, num_layers=2, num_heads=2,
+                distill=True, drop_path=0.1)

@@ -27,6 +27,25 @@ Overlapping patches (stride < patch) help on these small datasets: on digits, 4�
 reached 96.3–98.1% (3 seeds, 1,500 steps; 97.2% for 2 seeds at 2,500 steps) where 2×2 patches reached
 93.7%; on MNIST-1D, patches of 4 at stride 2 reached 95.9% where stride 4 reached 91.0% (same steps).
 
+The rest of the lecture's vision family is one setting away:
+
+- ``--set arch=swin`` trains :class:`~tokennet.models.swin.Swin` (shifted windows, relative position bias,
+  patch merging) from the shared settings (``dim`` = the first stage's width, ``num_heads`` its heads,
+  ``patch_size``, ``patch_embed``, ``mlp_ratio``, ``dropout``, ``drop_path``, ``label_smoothing``, ...) and its
+  own ``depths`` (blocks per stage, ``2,2,6,2``) and ``window_size``; ViT's own settings (``num_layers``,
+  ``pool``, ``position``, ``patch_stride``, ...) are refused with it. The dataset's profile is ViT's, so
+  give Swin its patch size: e.g. ``--set arch=swin patch_size=2 patch_embed=conv dim=32 num_heads=2
+  depths=2,2,2`` on Fashion-MNIST (14 × 14 tokens, 7 × 7 windows).
+- ``--set teacher=RUN_DIR`` trains DeiT: a distillation token beside the class token (``distill``), whose
+  head learns the hard labels of any image classifier run on the same data (a CNN, a Swin, a longer ViT)
+  while the class head learns the true labels; the test logits average the two heads. The teacher labels
+  each training batch as the student sees it (augmented, mixed), and is fixed, so batches stay a pure
+  function of their index (exact resume). A run that is no classifier, has other classes, or takes images
+  of another size or channel count is refused in one line.
+- DeiT's augmentation: ``randaugment`` (operations per image, with ``magnitude`` 0–10), ``cutmix`` and
+  ``mixup`` (Beta α; both: one per batch), ``erase``, ``repeats`` (repeated augmentation), ``drop_path``
+  (stochastic depth).
+
 The profile replaces the recipe's defaults through the recipe's ``data_defaults`` hook
 (``tokennet train vit --data fashion-mnist --show-settings`` lists them); anything given with
 ``--set``/``--max-iters``/``--time-budget`` wins over it. ``image_size``, ``in_channels`` and
@@ -37,6 +56,7 @@ training for monitoring only: the trainer selects no checkpoint on it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -45,10 +65,12 @@ from ..data.augment import Augment
 from ..data.image_batches import ImageBatches, evaluate_classifier
 from ..data.text import DataError
 from ..data.vision_data import ImageDataset, VisionData, dataset_kind
+from ..errors import RecipeError, RunError
 from ..lifecycle import BuildContext, Job, Recipe, register_recipe
-from ..models.registry import config_from_dict, create_model, preset_info
+from ..models.registry import config_from_dict, create_model, model_from_config, preset_info
+from ..models.swin import SwinConfig
 
-__all__ = ["PROFILES", "svm_baseline"]
+__all__ = ["PROFILES", "ARCHS", "svm_baseline", "load_teacher"]
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +96,16 @@ PROFILES: dict[str, dict[str, Any]] = {
     },
 }
 
-_OPTIONS = {"translate": 1, "flip": False, "erase": 0.0, "rotate": 0.0, "scale": 0.0, "mixup": 0.0,
-            "svm_baseline": True, "eval_batch_size": 500}
+ARCHS = ("vit", "swin")
+# The settings only one architecture reads: the other refuses them (Recipe.unused).
+SWIN_ONLY = ("depths", "window_size")
+VIT_ONLY = ("patch_stride", "num_layers", "pool", "position", "patch_dropout", "distill", "teacher")
+SHARED = ("image_size", "patch_size", "in_channels", "num_classes", "dim", "num_heads", "mlp_ratio", "dropout",
+          "drop_path", "patch_embed", "stem_width", "pad", "label_smoothing", "bias", "norm_eps", "backend")
+
+_OPTIONS = {"arch": "vit", "depths": "2,2", "window_size": 7, "teacher": "",
+            "translate": 1, "flip": False, "erase": 0.0, "rotate": 0.0, "scale": 0.0, "randaugment": 0,
+            "magnitude": 9.0, "mixup": 0.0, "cutmix": 0.0, "repeats": 1, "svm_baseline": True, "eval_batch_size": 500}
 _TRAIN_DEFAULTS = {"max_iters": 2500, "time_budget": 45.0, "batch_size": 64, "lr": 2e-3, "warmup_iters": 100,
                    "weight_decay": 0.05, "beta2": 0.99, "eval_interval": 500, "log_interval": 50}
 
@@ -123,32 +153,119 @@ def _init_model(init, ds: VisionData):
     return model
 
 
+def _depths(text: str) -> list[int]:
+    try:
+        depths = [int(p) for p in str(text).replace(" ", "").split(",") if p]
+    except ValueError:
+        depths = []
+    if not depths or min(depths) < 1:
+        raise RecipeError(f"depths={text}: expected Swin's blocks per stage as comma-separated positive integers, "
+                          "e.g. depths=2,2,6,2")
+    return depths
+
+
+def _model(ctx: BuildContext):
+    """The ViT of the settings, or (``arch=swin``) the Swin built from the shared settings and its own."""
+    arch = ctx.options["arch"]
+    if arch not in ARCHS:
+        raise RecipeError(f"arch must be one of {', '.join(ARCHS)}, got {arch!r}")
+    if arch == "vit":
+        return create_model("vit", **ctx.model)
+    cfg = SwinConfig(**{k: ctx.model[k] for k in SHARED if k in ctx.model}, depths=_depths(ctx.options["depths"]),
+                     window_size=int(ctx.options["window_size"]))
+    return model_from_config(cfg)
+
+
+def load_teacher(path: str, ds: VisionData, device) -> tuple[Callable[[torch.Tensor], torch.Tensor], dict[str, Any]]:
+    """DeiT's teacher: a trained image classifier run, as ``teacher(images) → class ids`` (eval mode, frozen),
+    and what the metrics say about it (its path and test accuracy).
+
+    Raises:
+        RecipeError: one line, when ``path`` is not a run, not a classifier, or classifies other classes or
+            images of another size or channel count than ``ds``.
+    """
+    from ..run import load
+
+    try:
+        run = load(path, device=device)
+    except RunError as e:  # "PATH is not a run directory ...": say it of teacher=PATH
+        msg = str(e)
+        raise RecipeError(f"teacher={path}{msg[len(str(path)):]}" if msg.startswith(str(path))
+                          else f"teacher={path}: {msg}") from None
+    if "classify" not in run.task.verbs:
+        raise RecipeError(f"teacher={path} is a {run.task.name} run, not an image classifier")
+    model, c = run.model.eval(), run.model.config
+    k = getattr(c, "num_classes", None)
+    if k is not None and k != ds.num_classes:
+        raise RecipeError(f"teacher={path} classifies {k} classes, but {ds.name} has {ds.num_classes}")
+    for name in ("in_channels", "image_size"):
+        have = getattr(c, name, None)
+        if have is not None and have != getattr(ds, name):
+            raise RecipeError(f"teacher={path} takes images with {name}={have}, but {ds.name} has "
+                              f"{name}={getattr(ds, name)}")
+    try:  # whatever its config says, it must classify this data's images into its classes
+        with torch.no_grad():
+            out = model(ds.x_train[:2].to(device)).logits
+    except (ValueError, RuntimeError) as e:
+        raise RecipeError(f"teacher={path} cannot classify {ds.name}'s images: {str(e).splitlines()[0]}") from None
+    if tuple(out.shape) != (2, ds.num_classes):
+        raise RecipeError(f"teacher={path} gives logits of shape {tuple(out.shape[1:])} per image; {ds.name} has "
+                          f"{ds.num_classes} classes")
+    for p in model.parameters():
+        p.requires_grad_(False)
+
+    def teacher(x: torch.Tensor) -> torch.Tensor:
+        return model(x.to(device)).logits.argmax(-1).to(x.device)  # (B,) the teacher's hard labels
+
+    info = {"teacher": str(path)}
+    if "test_accuracy" in run.metrics:
+        info["teacher_test_accuracy"] = run.metrics["test_accuracy"]
+    return teacher, info
+
+
 def build(ctx: BuildContext) -> Job:
     spec: ImageDataset = ctx.data
     kind = dataset_kind(spec.source)
     ds = spec.load()
     opts, train, device = ctx.options, ctx.train, ctx.device
+    teacher, teacher_info = None, {}
+    if opts["teacher"]:
+        if opts["arch"] != "vit":
+            raise RecipeError("teacher= trains DeiT's distillation token, which is ViT's: set arch=vit")
+        if "distill" in ctx.given and not ctx.settings["distill"]:
+            raise RecipeError("teacher= trains the distillation token: leave distill unset (or true)")
+        teacher, teacher_info = load_teacher(opts["teacher"], ds, device)
+        ctx.settings["distill"] = ctx.model["distill"] = True  # the teacher's labels are read by the distillation token
     torch.manual_seed(train.seed)
     if ctx.init is not None:  # fine-tuning: the source's model, with a new head where the classes differ
+        if teacher is not None and not getattr(ctx.init.model.config, "distill", False):
+            raise RecipeError(f"teacher= trains DeiT's distillation token, which {ctx.init.path} does not have: "
+                              "fine-tune without teacher=, or train from scratch with it")
         model = _init_model(ctx.init, ds)
     else:
         for k in DATA_FIELDS:  # e.g. a directory of idx files with another image size
             ctx.from_data(k, getattr(ds, k))
-        model = create_model("vit", **ctx.model)
+        model = _model(ctx)
+    if model.config.is_1d and opts["randaugment"]:
+        raise RecipeError("randaugment applies to 2-D images; this data is 1-D signals")
     aug = Augment(translate=int(opts["translate"]), flip=bool(opts["flip"]), erase=float(opts["erase"]),
-                  rotate=float(opts["rotate"]), scale=float(opts["scale"]))
+                  rotate=float(opts["rotate"]), scale=float(opts["scale"]), randaugment=int(opts["randaugment"]),
+                  magnitude=float(opts["magnitude"]))
     src = ImageBatches(ds.x_train, ds.y_train, train.batch_size, seed=train.seed, augment=aug if aug.active else None,
-                       mixup=float(opts["mixup"]), num_classes=ds.num_classes)
-    log.info("%s: %d train / %d test, input %s; ViT %.3fM parameters, %d tokens, %d steps per epoch", ds.name,
-             len(ds.y_train), len(ds.y_test), tuple(ds.x_train.shape[1:]), model.num_parameters() / 1e6,
-             model.config.grid[0] * model.config.grid[1] + model.config.num_prefix, src.steps_per_epoch)
+                       mixup=float(opts["mixup"]), cutmix=float(opts["cutmix"]), num_classes=ds.num_classes,
+                       repeats=int(opts["repeats"]), teacher=teacher)
+    c = model.config
+    log.info("%s: %d train / %d test, input %s; %s %.3fM parameters, %d tokens, %d steps per epoch", ds.name,
+             len(ds.y_train), len(ds.y_test), tuple(ds.x_train.shape[1:]), opts["arch"], model.num_parameters() / 1e6,
+             c.grid[0] * c.grid[1] + c.num_prefix, src.steps_per_epoch)
 
     def evaluate(m) -> dict[str, float]:
         return evaluate_classifier(m, ds.x_test, ds.y_test, batch_size=opts["eval_batch_size"])
 
     def finish(m) -> dict[str, Any]:  # noqa: ARG001
-        out: dict[str, Any] = {"dataset": ds.name, "train_size": len(ds.y_train), "test_size": len(ds.y_test),
-                               "epochs": round((src.max_index + 1) / src.steps_per_epoch, 2)}
+        out: dict[str, Any] = {"dataset": ds.name, "arch": opts["arch"], "train_size": len(ds.y_train),
+                               "test_size": len(ds.y_test),
+                               "epochs": round((src.max_index + 1) / src.steps_per_epoch, 2), **teacher_info}
         if kind == "digits" and opts["svm_baseline"]:
             out.update(svm_baseline(ds))
         return out
@@ -171,6 +288,11 @@ def evaluate_run(run, data) -> dict[str, Any]:
     return {"dataset": ds.name, "test_size": len(ds.y_test), **m}
 
 
+def unused(settings: dict[str, Any]) -> set[str]:
+    """Swin reads the shared settings and its own (``depths``, ``window_size``); ViT does not read Swin's."""
+    return set(VIT_ONLY) if settings.get("arch") == "swin" else set(SWIN_ONLY)
+
+
 RECIPE = register_recipe(Recipe(
     name="vit",
     description="ViT classifier: digits (default; vs an RBF SVM), --data fashion-mnist | DIR, --data mnist1d",
@@ -184,5 +306,7 @@ RECIPE = register_recipe(Recipe(
     evaluate_run=evaluate_run,
     data_defaults=data_defaults,
     init=True,
+    unused=unused,
+    variants={"swin": {"arch": "swin"}},
     smoke={"dim": 32, "num_layers": 1, "num_heads": 2, "batch_size": 32, "svm_baseline": False},
 ))

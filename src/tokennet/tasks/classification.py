@@ -41,11 +41,11 @@ def read_signal(path: str | Path, channels: int, length: int) -> torch.Tensor:
 
 @register_task
 class ImageClassification(Task):
-    """A ViT: ``run.classify(images or paths)`` → ``(class index, probability)`` per input."""
+    """A ViT or Swin: ``run.classify(images or paths)`` → ``(class index, probability)`` per input."""
 
     name = "image classification"
     kind = "image-classifier"
-    families = ("vit",)
+    families = ("vit", "swin")
     protocol = Classifier
     inputs = (Input("image", HELP["image"]),)
 
@@ -56,7 +56,13 @@ class ImageClassification(Task):
             yield f"{path}\t{label}\t{prob:.4f}\n"
 
     def draw(self, run: Run, out_dir: Path, **options) -> list[Path]:
-        """Patch attention per layer and head, the <cls> rollout and the position similarity of a test image."""
+        """ViT: patch attention per layer and head, the <cls> rollout, the position similarity of a test image (and
+        a DeiT's distillation token beside its class token). Swin: its windows on the image and, per block,
+        where one token looks."""
+        if run.model.config.family == "swin":
+            from ..viz.swin import swin_viz
+
+            return swin_viz(run, out_dir, **options)
         from ..viz.vit import vit_viz
 
         return vit_viz(run, out_dir, **options)

@@ -20,7 +20,7 @@ from .attention_maps import (
     plot_rollout,
 )
 
-__all__ = ["vit_viz", "grid_geometry"]
+__all__ = ["vit_viz", "grid_geometry", "drawn_input"]
 
 
 def grid_geometry(config, input_hw: tuple[int, int] | None = None) -> dict:
@@ -45,26 +45,13 @@ def _check_index(name: str, value: int | None, n: int) -> None:
         raise DataError(f"{name} {value} out of range: 0..{n - 1}")
 
 
-def vit_viz(run, out_dir: Path, *, index: int | None = None, patch: int | None = None,
-            layer: int | None = None, head: int | None = None, data: str | None = None,
-            image: str | Path | None = None, **_) -> list[Path]:
-    """Write ``patch_attention.png``, ``rollout.png`` and ``position_similarity.png`` for a ViT run.
-
-    Args:
-        run: a loaded :class:`~tokennet.run.Run` of a ViT.
-        out_dir: where the PNGs go.
-        index: test image to draw (default 0).
-        patch: the query patch (default: the centre of the grid).
-        layer: draw only this layer (default: all).
-        head: draw only this head (default: all, and their mean).
-        data: the dataset (default: the run's).
-        image: draw this image file instead of a test image (2-D models; grey images are repeated to the
-            model's channels; another size works when the patches tile it: positions are interpolated).
-    """
+def drawn_input(run, *, data: str | None = None, index: int | None = None,
+                image: str | Path | None = None) -> tuple[torch.Tensor, object, str]:
+    """The input a picture draws: test image ``index`` (default 0) of the run's data (or ``data``), or an image
+    file; returns ``(x (C, H, W) or (C, L), the dataset, "what: label …, predicted …")``."""
     from ..data.vision_data import ImageDataset
 
     model = run.model
-    dev = next(model.parameters()).device
     c = model.config
     spec = ImageDataset(source=data) if data is not None else run.data
     if spec is None:
@@ -82,6 +69,33 @@ def vit_viz(run, out_dir: Path, *, index: int | None = None, patch: int | None =
         _check_index("index", index, len(ds.y_test))
         x = ds.x_test[index]  # (C, H, W) or (C, L)
         label, source = ds.classes[int(ds.y_test[index])], f"{ds.name} test #{index}"
+    with torch.no_grad():
+        logits = model(x[None].to(next(model.parameters()).device)).logits
+    pred = ds.classes[int(logits.argmax(-1))] if c.num_classes == ds.num_classes else "?"
+    return x, ds, f"{source}: label {label}, predicted {pred}"
+
+
+def vit_viz(run, out_dir: Path, *, index: int | None = None, patch: int | None = None,
+            layer: int | None = None, head: int | None = None, data: str | None = None,
+            image: str | Path | None = None, **_) -> list[Path]:
+    """Write ``patch_attention.png``, ``rollout.png`` and ``position_similarity.png`` for a ViT run, and for a
+    DeiT (``distill``) ``distillation.png``: its distillation token's attention beside its class token's.
+
+    Args:
+        run: a loaded :class:`~tokennet.run.Run` of a ViT.
+        out_dir: where the PNGs go.
+        index: test image to draw (default 0).
+        patch: the query patch (default: the centre of the grid).
+        layer: draw only this layer (default: all).
+        head: draw only this head (default: all, and their mean).
+        data: the dataset (default: the run's).
+        image: draw this image file instead of a test image (2-D models; grey images are repeated to the
+            model's channels; another size works when the patches tile it: positions are interpolated).
+    """
+    model = run.model
+    dev = next(model.parameters()).device
+    c = model.config
+    x, ds, what = drawn_input(run, data=data, index=index, image=image)
 
     n_layers, n_heads = c.num_layers, c.num_heads
     _check_index("layer", layer, n_layers)
@@ -93,10 +107,7 @@ def vit_viz(run, out_dir: Path, *, index: int | None = None, patch: int | None =
     _check_index("patch", patch, n_patches)
 
     with torch.no_grad():
-        xb = x[None].to(dev)
-        pred = ds.classes[int(model(xb).logits.argmax(-1))] if c.num_classes == ds.num_classes else "?"
-        maps = [a[0].float().cpu() for a in model.attention_maps(xb)["self"]]  # per layer (H, P + N, P + N)
-    what = f"{source}: label {label}, predicted {pred}"
+        maps = [a[0].float().cpu() for a in model.attention_maps(x[None].to(dev))["self"]]  # per layer (H, P+N, P+N)
     files = []
 
     layers = list(range(n_layers)) if layer is None else [layer]
@@ -112,12 +123,15 @@ def vit_viz(run, out_dir: Path, *, index: int | None = None, patch: int | None =
                                       title=f"where patch {patch} ({where}) looks — {what}"))
 
     roll = attention_rollout([m[None] for m in maps])[0]  # (P + N, P + N)
-    if P:
+    if c.pool == "cls":
         query, last, rel = "<cls>", maps[-1][:, 0, P:].mean(0), roll[0, P:]
     else:  # mean pooling: the output is the mean of the patch tokens, so average their rows
-        query, last, rel = "mean-pooled output", maps[-1].mean((0, 1)), roll.mean(0)
+        query, last, rel = "mean-pooled output", maps[-1][:, P:, P:].mean((0, 1)), roll[P:, P:].mean(0)
     files.append(plot_rollout(x, last, rel, geom, out_dir / "rollout.png", query=query,
                               title=f"attention rollout ({n_layers} layers) — {what}"))
+
+    if c.distill:
+        files.append(plot_distillation(model, x, maps, roll, geom, out_dir / "distillation.png", what=what))
 
     if c.position != "none":
         sim = cosine_similarity_matrix(model.position_table(geom["grid"]).cpu())
@@ -127,3 +141,37 @@ def vit_viz(run, out_dir: Path, *, index: int | None = None, patch: int | None =
                                                     f"({gh}×{gw} patches)"))
     return files
 
+
+
+def plot_distillation(model, x: torch.Tensor, maps: list[torch.Tensor], roll: torch.Tensor, geom: dict,
+                      path: Path, *, what: str = "") -> Path:
+    """DeiT's two tokens side by side: the class token's and the distillation token's last-layer attention
+    (mean of heads) and rollout over the image, and how alike the two tokens end up (DeiT's Table 1 note:
+    they start almost orthogonal and converge in depth, without becoming the same)."""
+    from .attention_maps import _overlay, _signal_strip, patch_map, pyplot, save_figure
+
+    c = model.config
+    P, d = c.num_prefix, c.dist_index
+    tokens = ([("<cls>", 0)] if c.pool == "cls" else []) + [("<dist>", d)]
+    with torch.no_grad():
+        h = model.forward_features(x[None].to(next(model.parameters()).device))[0].float().cpu()  # (P + N, D)
+        cls_vec = h[0] if c.pool == "cls" else h[P:].mean(0)
+        cos = float(torch.nn.functional.cosine_similarity(cls_vec, h[d], dim=0))
+    plt = pyplot()
+    one_d = x.dim() == 2
+    fig, axes = plt.subplots(len(tokens), 2, squeeze=False, figsize=(7.0, 1.9 * len(tokens) + 0.4) if one_d
+                             else (5.6, 2.8 * len(tokens) + 0.4))
+    for row, (name, t) in zip(axes, tokens, strict=True):
+        for ax, (kind, vals) in zip(row, [("last layer (mean of heads)", maps[-1][:, t, P:].mean(0)),
+                                          ("rollout", roll[t, P:])], strict=True):
+            if one_d:
+                _signal_strip(ax, x, vals, geom, peak=float(vals.max()))
+            else:
+                _overlay(ax, x, patch_map(vals, geom["grid"], geom["image_hw"], geom["patch"], geom["stride"],
+                                          geom["offset"]), peak=float(vals.max()))
+            ax.set_title(f"{name}: {kind}", fontsize=9)
+    head = "class" if c.pool == "cls" else "mean-pooled class"
+    fig.suptitle(f"DeiT: the distillation token beside the {head} token (final cosine {cos:.2f}) — {what}",
+                 fontsize=9)
+    fig.tight_layout()
+    return save_figure(fig, path)
