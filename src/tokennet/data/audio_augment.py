@@ -1,0 +1,116 @@
+"""Waveform augmentation for spoken-word training: speed perturbation and background noise, per batch.
+
+:class:`WaveFeatures` plugs into :class:`~tokennet.data.image_batches.ImageBatches` (its ``augment`` hook,
+seeded by the batch index, so a resumed run sees the same batches) over the training *waveforms*: it
+perturbs each clip of a batch and turns the batch into the model's inputs with ``features`` (e.g. an AST's
+parameter-free ``spectrogram_image``). The perturbations (:class:`WaveAugment`), each applied to a clip
+with its own probability:
+
+- **speed** (Ko et al. 2015, "Audio augmentation for speech recognition"): the clip is resampled by a
+  factor ``s ~ U(speed)``, ``y(t) = x(s·t)`` (linear interpolation), which changes tempo and pitch
+  together, as playing a tape faster; a slowed clip keeps its loudest ``samples`` (the word), a sped-up
+  one is zero-padded at the end.
+- **noise**: white, pink or babble noise (:mod:`tokennet.data.noise`; the babble made of words that no
+  evaluation set uses) at an SNR ``~ U(noise_snr)`` dB of the clip's active speech power.
+
+SpecAugment (frequency and time masks) is the model's own (``freq_mask``, ``time_mask`` of the AST).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .noise import NOISES, babble_noise, mix_at_snr, pink_noise, white_noise
+
+__all__ = ["WaveAugment", "speed_perturb", "WaveFeatures"]
+
+
+@dataclass
+class WaveAugment:
+    """What :class:`WaveFeatures` does to a training clip (module docstring).
+
+    Args:
+        speed: the range of the speed factor (None: off).
+        speed_prob: the share of clips perturbed.
+        noises: kinds of noise mixed in, one drawn per clip (empty: off).
+        noise_prob: the share of clips that get noise.
+        noise_snr: the SNR range in dB.
+    """
+
+    speed: tuple[float, float] | None = None
+    speed_prob: float = 1.0
+    noises: tuple[str, ...] = ()
+    noise_prob: float = 0.5
+    noise_snr: tuple[float, float] = (0.0, 20.0)
+
+    def __post_init__(self):
+        bad = [n for n in self.noises if n not in NOISES]
+        if bad:
+            raise ValueError(f"noises must be among {list(NOISES)}, got {bad}")
+        if self.speed is not None and not 0 < self.speed[0] <= self.speed[1]:
+            raise ValueError(f"speed must be a range 0 < lo <= hi, got {self.speed}")
+
+
+def speed_perturb(x: Tensor, factor: float) -> Tensor:
+    """One clip ``(samples,)`` played ``factor`` times faster, the same length (module docstring)."""
+    n = x.shape[-1]
+    m = max(2, round(n / factor))
+    y = F.interpolate(x[None, None], size=m, mode="linear", align_corners=True)[0, 0]  # (m,)
+    if m <= n:
+        return F.pad(y, (0, n - m))
+    energy = F.pad(y.double().square().cumsum(0), (1, 0))  # (m + 1,)
+    start = int(torch.argmax(energy[n:] - energy[:-n]))
+    return y[start:start + n]
+
+
+class WaveFeatures:
+    """``augment(waves, generator) → features`` for :class:`~tokennet.data.image_batches.ImageBatches`'s
+    ``augment`` hook: the batch source then draws waveforms exactly as it draws precomputed features
+    (the same clips in the same order for the same seed), perturbs them (:class:`WaveAugment`, seeded by the
+    batch's generator) and turns them into the model's inputs.
+
+    Args:
+        augment: a :class:`WaveAugment` (None: no perturbation).
+        features: waveforms ``(B, samples)`` → model inputs, e.g. ``lambda w: ast.spectrogram_image(w)[:, None]``.
+        words: the babble's word bank (waveforms at ``sample_rate``) when ``"babble"`` is among the noises.
+        sample_rate: of the clips.
+    """
+
+    def __init__(self, augment: WaveAugment | None, features: Callable[[Tensor], Tensor], *,
+                 words: list[np.ndarray] | None = None, sample_rate: int = 16000):
+        self.augment, self.features = augment or WaveAugment(), features
+        self.words, self.sample_rate = words, sample_rate
+        if "babble" in self.augment.noises and not words:
+            raise ValueError("babble noise needs a word bank (words=...)")
+
+    def _noise(self, kind: str, n: int, rng: np.random.Generator) -> np.ndarray:
+        if kind == "white":
+            return white_noise(n, rng)
+        if kind == "pink":
+            return pink_noise(n, rng)
+        return babble_noise(n, self.words, rng, sample_rate=self.sample_rate)
+
+    def perturb(self, x: Tensor, rng: np.random.Generator) -> Tensor:
+        """Each clip of ``x`` ``(B, samples)`` perturbed as :attr:`augment` says (a new tensor)."""
+        x = x.clone()
+        a = self.augment
+        for b in range(len(x)):
+            if a.speed is not None and rng.random() < a.speed_prob:
+                x[b] = speed_perturb(x[b], float(rng.uniform(*a.speed)))
+            if a.noises and rng.random() < a.noise_prob and float(x[b].abs().max()) > 0:
+                kind = a.noises[int(rng.integers(len(a.noises)))]
+                clip = x[b].numpy()
+                snr = float(rng.uniform(*a.noise_snr))
+                x[b] = torch.from_numpy(mix_at_snr(clip, self._noise(kind, len(clip), rng), snr, self.sample_rate))
+        return x
+
+    def __call__(self, x: Tensor, generator: torch.Generator) -> Tensor:
+        rng = np.random.default_rng(int(torch.randint(2**62, (1,), generator=generator)))
+        with torch.no_grad():
+            return self.features(self.perturb(x, rng))

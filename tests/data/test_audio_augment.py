@@ -1,0 +1,50 @@
+"""Wave augmentation: speed perturbation plays the clip faster or slower at the same length; noise goes in at its
+SNR; batches through ImageBatches are a pure function of the index."""
+
+import numpy as np
+import pytest
+import torch
+
+from tokennet.data.audio_augment import WaveAugment, WaveFeatures, speed_perturb
+from tokennet.data.image_batches import ImageBatches
+
+SR = 16000
+
+
+def _peak_hz(x):
+    spec = np.abs(np.fft.rfft(x.numpy()))
+    return float(np.fft.rfftfreq(len(x), 1 / SR)[spec.argmax()])
+
+
+def test_speed_perturbation_moves_the_pitch_and_keeps_the_length():
+    t = torch.arange(SR) / SR
+    tone = torch.zeros(SR)
+    tone[4000:12000] = torch.sin(2 * torch.pi * 440 * t[4000:12000])
+    torch.testing.assert_close(speed_perturb(tone, 1.0), tone)
+    fast, slow = speed_perturb(tone, 1.25), speed_perturb(tone, 0.8)
+    assert fast.shape == slow.shape == (SR,)
+    assert _peak_hz(fast) == pytest.approx(550, abs=3) and _peak_hz(slow) == pytest.approx(352, abs=3)
+    assert float(slow.abs().max()) > 0.99  # the slowed word (10000 samples) is kept whole in the window
+    assert (fast[int(SR / 1.25) + 1:] == 0).all()  # sped up: zero-padded at the end
+
+
+def test_wave_features_in_image_batches_are_deterministic_and_noisy_at_the_snr():
+    g = torch.Generator().manual_seed(0)
+    waves = torch.zeros(16, SR)
+    waves[:, 4000:8000] = 0.5 * torch.sin(torch.arange(4000) * 0.2) * torch.rand(16, 1, generator=g)
+    labels = torch.arange(16) % 4
+    aug = WaveAugment(speed=(0.9, 1.1), noises=("white", "pink"), noise_prob=1.0, noise_snr=(10.0, 10.0))
+    feats = WaveFeatures(aug, lambda w: w)  # identity features: see the waveforms themselves
+    src = ImageBatches(waves, labels, 8, seed=3, augment=feats, num_classes=4)
+    (a, ya), (b, yb) = src.batch(5), src.batch(5)
+    torch.testing.assert_close(a, b)
+    assert torch.equal(ya, yb)
+    plain = ImageBatches(waves, labels, 8, seed=3, num_classes=4).batch(5)[1]
+    assert torch.equal(ya, plain)  # the same clips as without augmentation
+    assert not torch.equal(src.batch(6)[0], a)
+    quiet = a[:, :3000]  # before the word: the noise alone
+    assert float(quiet.abs().max()) > 0
+    with pytest.raises(ValueError, match="word bank"):
+        WaveFeatures(WaveAugment(noises=("babble",)), lambda w: w)
+    with pytest.raises(ValueError, match="noises must be"):
+        WaveAugment(noises=("brown",))
