@@ -8,11 +8,17 @@ change at a time:
 
 - ``baseline``: the recipe as it is (SpecAugment on: two masks of ≤ 6 mel bins and two of ≤ 12 frames);
 - ``no-specaug``: SpecAugment off;
-- ``speed``: speed perturbation, factor U(0.85, 1.15) (tempo and pitch together);
-- ``noise``: half the clips get white, pink or babble noise (babble of words no test uses) at U(0, 20) dB SNR;
-- ``voices``: 30 more espeak-ng voice variants × 8 accents (240 voices, training only; the held-out test
+- ``fresh-noise``: the same clips generated clean, with the recipe's white noise (U(5, 30) dB) drawn afresh
+  at every step — the start of every variant below (a perturbation must come before the noise);
+- ``speed``: + speed perturbation, factor U(0.85, 1.15) (tempo and pitch together);
+- ``noise``: white, pink or babble noise (babble of words no test uses) at U(0, 30) dB instead;
+- ``voices``: + 30 more espeak-ng voice variants × 8 accents (240 voices, training only; the held-out test
   voices and their clips are unchanged);
-- ``all``: speed + noise + voices.
+- ``eq``: + half the clips through a random smooth equalizer (tilt ±3 dB/octave, a ±6 dB bump);
+- ``lowpass``: + 30 % of the clips low-passed at U(3.5, 7.5) kHz;
+- ``warp``: + the model's frequency warp (VTLP), α ~ U(0.85, 1.15);
+- ``cmn``: + the model's per-band mean normalization (``normalize=mel``);
+- ``all``: every change above.
 
 Evaluated on (names as the recipe would write ``test_accuracy_<name>``): ``test`` (the held-out voices, as
 generated), ``clean`` (the same clips without their noise), ``white|pink|babble_{20,10,0}db`` (the clean
@@ -35,6 +41,7 @@ import json
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -63,17 +70,26 @@ EXTRA_VARIANTS = ("Alex", "Andy", "Annie", "aunty", "belinda", "benjamin", "davi
                   "john", "linda", "max", "Michael", "paul", "rob", "robert", "steph", "travis", "victor", "zac",
                   "anika", "grandma", "grandpa", "klatt", "klatt2", "klatt3", "m8", "norbert")
 EXTRA_VOICES = tuple(f"{a}+{v}" for a in ACCENTS for v in EXTRA_VARIANTS)
-SPEED = WaveAugment(speed=(0.85, 1.15))
-NOISE = WaveAugment(noises=("white", "pink", "babble"), noise_prob=0.5, noise_snr=(0.0, 20.0))
-ALL = WaveAugment(speed=(0.85, 1.15), noises=("white", "pink", "babble"), noise_prob=0.5, noise_snr=(0.0, 20.0))
-# name → (wave augmentation, extra voices, model overrides)
+# The recipe's clips carry white noise at U(5, 30) dB from generation; a perturbation such as a speed change must
+# come before the noise (or it reshapes the noise and leaves a silent tail), so the variants start from the same
+# clips generated clean and add that noise at every step instead (``fresh-noise``), then change one thing.
+WHITE = WaveAugment(noises=("white",), noise_prob=1.0, noise_snr=(5.0, 30.0))
+MIXED = replace(WHITE, noises=("white", "pink", "babble"), noise_snr=(0.0, 30.0))
+SPEED = (0.85, 1.15)
+# name → (training clips "noisy" (the recipe's) or "clean", extra voices, wave augmentation, model overrides)
 VARIANTS_TABLE = {
-    "baseline": (None, False, {}),
-    "no-specaug": (None, False, {"freq_mask": 0, "time_mask": 0}),
-    "speed": (SPEED, False, {}),
-    "noise": (NOISE, False, {}),
-    "voices": (None, True, {}),
-    "all": (ALL, True, {}),
+    "baseline": ("noisy", False, None, {}),
+    "no-specaug": ("noisy", False, None, {"freq_mask": 0, "time_mask": 0}),
+    "fresh-noise": ("clean", False, WHITE, {}),
+    "speed": ("clean", False, replace(WHITE, speed=SPEED), {}),
+    "noise": ("clean", False, MIXED, {}),
+    "voices": ("clean", True, WHITE, {}),
+    "eq": ("clean", False, replace(WHITE, eq_db=6.0), {}),
+    "lowpass": ("clean", False, replace(WHITE, lowpass=(3500.0, 7500.0)), {}),
+    "warp": ("clean", False, WHITE, {"freq_warp": 0.15}),
+    "cmn": ("clean", False, WHITE, {"normalize": "mel"}),
+    "all": ("clean", True, replace(MIXED, speed=SPEED, eq_db=6.0, lowpass=(3500.0, 7500.0)),
+            {"freq_warp": 0.15, "normalize": "mel"}),
 }
 TRAIN = dict(max_iters=600, batch_size=64, lr=2e-3, warmup_iters=100, weight_decay=0.05, beta2=0.99)
 
@@ -132,7 +148,7 @@ def main() -> None:
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "audio_robust.json"))
     args = p.parse_args()
     torch.set_num_threads(1)
-    base = load_spoken_digits(synthesize_spoken_digits(seed=args.seed))
+    base = load_spoken_digits(synthesize_spoken_digits(seed=args.seed))  # the recipe's set: its noisy test split
     evals = evaluation_sets(seed=args.seed)
     clean_x, clean_y, clean_v = evals["clean"]
     longs = long_sets(args.seed, clean_x, clean_y, clean_v)
@@ -140,9 +156,10 @@ def main() -> None:
     words = training_word_bank(args.seed)
     results = {}
     for name in args.variants:
-        augment, more_voices, over = VARIANTS_TABLE[name]
-        ds = load_spoken_digits(synthesize_spoken_digits(seed=args.seed, extra_voices=EXTRA_VOICES)) \
-            if more_voices else base
+        kind, more_voices, augment, over = VARIANTS_TABLE[name]
+        snr = None if kind == "clean" else (5.0, 30.0)
+        ds = load_spoken_digits(synthesize_spoken_digits(seed=args.seed, snr_db=snr,
+                                                         extra_voices=EXTRA_VOICES if more_voices else ()))
         torch.manual_seed(args.seed)
         model = create_model("ast-digits", num_classes=10, **over)
         feats = WaveFeatures(augment, lambda w, m=model: m.spectrogram_image(w)[:, None], words=words)
@@ -153,7 +170,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as scratch:
             Trainer(model, cfg, src, out_dir=scratch).fit()
         row = {"train_clips": len(ds.y_train), "wall_s_shared_machine": round(time.perf_counter() - t0, 1),
-               "test": accuracy(model, ds.x_test, ds.y_test)}
+               "test": accuracy(model, base.x_test, base.y_test)}
         for key, (x, y, _) in evals.items():
             row[key] = accuracy(model, x, y)
         ox, oy, _ = evals["other_synth"]

@@ -48,3 +48,22 @@ def test_wave_features_in_image_batches_are_deterministic_and_noisy_at_the_snr()
         WaveFeatures(WaveAugment(noises=("babble",)), lambda w: w)
     with pytest.raises(ValueError, match="noises must be"):
         WaveAugment(noises=("brown",))
+
+
+def test_equalize_and_lowpass_shape_the_spectrum():
+    from tokennet.data.audio_augment import equalize, lowpass
+
+    x = torch.from_numpy(np.random.default_rng(0).standard_normal(SR)).float()
+
+    def band(y, lo, hi):
+        spec = np.abs(np.fft.rfft(y.numpy())) ** 2
+        f = np.fft.rfftfreq(SR, 1 / SR)
+        return spec[(f >= lo) & (f < hi)].sum()
+
+    tilted = equalize(x, 6.0, 0.0, 1000.0, SR)  # +6 dB per octave around 1 kHz
+    ratio = 10 * np.log10((band(tilted, 3600, 4400) / band(x, 3600, 4400)))
+    assert ratio == pytest.approx(12.0, abs=1.0)  # two octaves above 1 kHz
+    torch.testing.assert_close(equalize(x, 0.0, 0.0, 1000.0, SR), x, atol=1e-5, rtol=0)
+    low = lowpass(x, 3000.0, SR)
+    assert band(low, 3100, 8000) < 1e-12 * band(x, 3100, 8000)
+    assert band(low, 100, 2600) == pytest.approx(band(x, 100, 2600), rel=1e-6)

@@ -10,6 +10,11 @@ with its own probability:
   factor ``s ~ U(speed)``, ``y(t) = x(s·t)`` (linear interpolation), which changes tempo and pitch
   together, as playing a tape faster; a slowed clip keeps its loudest ``samples`` (the word), a sped-up
   one is zero-padded at the end.
+- **equalization** (``eq_db``): a random smooth filter, a spectral tilt of U(−½, ½)·eq_db dB per octave
+  around 1 kHz plus a bump of U(−1, 1)·eq_db dB, one octave wide, at a log-uniform 300 Hz–5 kHz — a
+  different microphone, room, or synthesizer's average envelope;
+- **low-pass** (``lowpass``): frequencies above a cut-off ~ U(lowpass) Hz removed (a cosine taper over
+  10 % of the cut-off), as a narrow-band recording or an 8 kHz voice has nothing up there;
 - **noise**: white, pink or babble noise (:mod:`tokennet.data.noise`; the babble made of words that no
   evaluation set uses) at an SNR ``~ U(noise_snr)`` dB of the clip's active speech power.
 
@@ -28,7 +33,7 @@ from torch import Tensor
 
 from .noise import NOISES, babble_noise, mix_at_snr, pink_noise, white_noise
 
-__all__ = ["WaveAugment", "speed_perturb", "WaveFeatures"]
+__all__ = ["WaveAugment", "speed_perturb", "equalize", "lowpass", "WaveFeatures"]
 
 
 @dataclass
@@ -41,10 +46,16 @@ class WaveAugment:
         noises: kinds of noise mixed in, one drawn per clip (empty: off).
         noise_prob: the share of clips that get noise.
         noise_snr: the SNR range in dB.
+        eq_db: the size of the random equalization in dB (0: off); eq_prob: the share of clips equalized.
+        lowpass: the range of the low-pass cut-off in Hz (None: off); lowpass_prob: the share of clips.
     """
 
     speed: tuple[float, float] | None = None
     speed_prob: float = 1.0
+    eq_db: float = 0.0
+    eq_prob: float = 0.5
+    lowpass: tuple[float, float] | None = None
+    lowpass_prob: float = 0.3
     noises: tuple[str, ...] = ()
     noise_prob: float = 0.5
     noise_snr: tuple[float, float] = (0.0, 20.0)
@@ -55,6 +66,23 @@ class WaveAugment:
             raise ValueError(f"noises must be among {list(NOISES)}, got {bad}")
         if self.speed is not None and not 0 < self.speed[0] <= self.speed[1]:
             raise ValueError(f"speed must be a range 0 < lo <= hi, got {self.speed}")
+
+
+def equalize(x: Tensor, tilt_db: float, bump_db: float, bump_hz: float, sample_rate: int) -> Tensor:
+    """``x`` through the filter ``g(f) = tilt·log2(f/1 kHz) + bump·exp(−log2(f/f_b)²/(2·0.5²))`` dB."""
+    spec = torch.fft.rfft(x.double())
+    f = torch.fft.rfftfreq(x.shape[-1], 1 / sample_rate, dtype=torch.float64).clamp_min(20.0)
+    octaves = torch.log2(f / 1000.0)
+    g_db = tilt_db * octaves + bump_db * torch.exp(-torch.log2(f / bump_hz) ** 2 / (2 * 0.5**2))
+    return torch.fft.irfft(spec * 10 ** (g_db / 20), n=x.shape[-1]).to(x.dtype)
+
+
+def lowpass(x: Tensor, cutoff: float, sample_rate: int) -> Tensor:
+    """``x`` without frequencies above ``cutoff`` Hz (a raised-cosine taper from 0.9·cutoff to cutoff)."""
+    spec = torch.fft.rfft(x.double())
+    f = torch.fft.rfftfreq(x.shape[-1], 1 / sample_rate, dtype=torch.float64)
+    t = ((f - 0.9 * cutoff) / (0.1 * cutoff)).clamp(0.0, 1.0)
+    return torch.fft.irfft(spec * 0.5 * (1 + torch.cos(torch.pi * t)), n=x.shape[-1]).to(x.dtype)
 
 
 def speed_perturb(x: Tensor, factor: float) -> Tensor:
@@ -103,6 +131,11 @@ class WaveFeatures:
         for b in range(len(x)):
             if a.speed is not None and rng.random() < a.speed_prob:
                 x[b] = speed_perturb(x[b], float(rng.uniform(*a.speed)))
+            if a.eq_db > 0 and rng.random() < a.eq_prob:
+                x[b] = equalize(x[b], float(rng.uniform(-0.5, 0.5)) * a.eq_db, float(rng.uniform(-1, 1)) * a.eq_db,
+                                float(np.exp(rng.uniform(np.log(300.0), np.log(5000.0)))), self.sample_rate)
+            if a.lowpass is not None and rng.random() < a.lowpass_prob:
+                x[b] = lowpass(x[b], float(rng.uniform(*a.lowpass)), self.sample_rate)
             if a.noises and rng.random() < a.noise_prob and float(x[b].abs().max()) > 0:
                 kind = a.noises[int(rng.integers(len(a.noises)))]
                 clip = x[b].numpy()
