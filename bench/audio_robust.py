@@ -18,7 +18,10 @@ change at a time:
 - ``lowpass``: + 30 % of the clips low-passed at U(3.5, 7.5) kHz;
 - ``warp``: + the model's frequency warp (VTLP), α ~ U(0.85, 1.15);
 - ``cmn``: + the model's per-band mean normalization (``normalize=mel``);
-- ``all``: every change above.
+- ``resynth``: + half the clips re-synthesized from their LPC envelope with a new voice source at a pitch of
+  U(80, 260) Hz (pitch perturbation at the same tempo, and a source unlike espeak-ng's);
+- ``resynth+voices``: both;
+- ``all``: speed, mixed noise, voices, equalizer, low-pass, warp and per-band normalization together.
 
 Evaluated on (names as the recipe would write ``test_accuracy_<name>``): ``test`` (the held-out voices, as
 generated), ``clean`` (the same clips without their noise), ``white|pink|babble_{20,10,0}db`` (the clean
@@ -88,6 +91,8 @@ VARIANTS_TABLE = {
     "lowpass": ("clean", False, replace(WHITE, lowpass=(3500.0, 7500.0)), {}),
     "warp": ("clean", False, WHITE, {"freq_warp": 0.15}),
     "cmn": ("clean", False, WHITE, {"normalize": "mel"}),
+    "resynth": ("clean", False, replace(WHITE, resynth=(80.0, 260.0)), {}),
+    "resynth+voices": ("clean", True, replace(WHITE, resynth=(80.0, 260.0)), {}),
     "all": ("clean", True, replace(MIXED, speed=SPEED, eq_db=6.0, lowpass=(3500.0, 7500.0)),
             {"freq_warp": 0.15, "normalize": "mel"}),
 }

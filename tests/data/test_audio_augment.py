@@ -67,3 +67,39 @@ def test_equalize_and_lowpass_shape_the_spectrum():
     low = lowpass(x, 3000.0, SR)
     assert band(low, 3100, 8000) < 1e-12 * band(x, 3100, 8000)
     assert band(low, 100, 2600) == pytest.approx(band(x, 100, 2600), rel=1e-6)
+
+
+def _vowel(f0=120.0, seconds=0.5):
+    """A pulse train at f0 through two formant resonators (700 Hz, 1200 Hz): a crude /a/."""
+    from scipy.signal import lfilter
+
+    n = int(seconds * SR)
+    src = np.zeros(n)
+    src[::int(SR / f0)] = 1.0
+    y = src
+    for f, bw in ((700.0, 90.0), (1200.0, 110.0)):
+        r = np.exp(-np.pi * bw / SR)
+        y = lfilter([1.0], [1.0, -2 * r * np.cos(2 * np.pi * f / SR), r * r], y)
+    return torch.from_numpy(0.5 * y / np.abs(y).max()).float()
+
+
+def test_lpc_resynthesis_keeps_the_envelope_and_takes_the_new_pitch():
+    from tokennet.data.audio_augment import lpc_resynthesize
+
+    x = torch.stack([_vowel(), torch.zeros(SR // 2)])
+    y = lpc_resynthesize(x, SR, torch.tensor([200.0, 150.0]), torch.Generator().manual_seed(0))
+    assert y.shape == x.shape and torch.isfinite(y).all() and (y[1] == 0).all()  # silence stays silence
+    assert float(y[0].abs().max()) == pytest.approx(float(x[0].abs().max()), rel=1e-5)  # the peak level kept
+    mid = y[0, 2000:6000].double().numpy()
+    ac = np.correlate(mid, mid, "full")[len(mid) - 1:]
+    lag = 40 + int(np.argmax(ac[40:200]))  # 80–400 Hz
+    assert SR / lag == pytest.approx(200.0, rel=0.03)  # the new pitch (the input's was 120 Hz)
+    spec_x = np.abs(np.fft.rfft(x[0, 2000:6000].numpy() * np.hanning(4000)))
+    spec_y = np.abs(np.fft.rfft(mid * np.hanning(4000)))
+    f = np.fft.rfftfreq(4000, 1 / SR)
+
+    def envelope(spec):  # the largest harmonic in each 200-Hz band up to 3 kHz, in dB
+        return np.array([20 * np.log10(spec[(f >= lo) & (f < lo + 200)].max()) for lo in range(400, 3000, 200)])
+
+    ex, ey = envelope(spec_x), envelope(spec_y)
+    assert np.corrcoef(ex, ey)[0, 1] > 0.9  # the formants stay where they were
