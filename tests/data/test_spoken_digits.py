@@ -85,8 +85,8 @@ def test_label_directory_split_and_errors(tmp_path):
     ds = sd.load_label_dir(d, sample_rate=16000, clip_samples=16000)
     assert ds.labels == ["high", "low", "mid"] and len(ds.y_train) == 12 and len(ds.y_test) == 3
     assert ds.x_train.shape == (12, 16000) and float(ds.x_train[:, 8000:].abs().max()) == 0  # 0.5 s, padded
-    with pytest.raises(DataError, match="longer than the model's maximum"):
-        sd.load_label_dir(d, sample_rate=16000, clip_samples=4000)
+    short = sd.load_label_dir(d, sample_rate=16000, clip_samples=4000)  # longer clips keep their loudest 0.25 s
+    assert short.x_train.shape == (12, 4000) and float(short.x_train.abs().amax(1).min()) > 0.1
     (tmp_path / "none" / "x").mkdir(parents=True)
     with pytest.raises(DataError, match="LABEL/\\*.wav"):
         sd.load_label_dir(tmp_path / "none", sample_rate=16000, clip_samples=16000)
@@ -102,3 +102,22 @@ def test_real_synthesizer_builds_a_small_set(tmp_path):
     assert ds.name == "spoken-digits (espeak-ng)" and len(ds.y_train) == len(ds.y_test) == 10
     assert set(ds.test_voices) in ({"en-us+m1"}, {"en-us+f2"})
     assert float(ds.x_test.abs().amax(1).min()) > 0.05  # every clip holds a word
+
+
+def test_clean_test_clips_are_the_noisy_sets_without_the_noise(tmp_path):
+    noisy = sd.load_spoken_digits(sd.synthesize_spoken_digits(tmp_path, seed=3, **KW))
+    clean = sd.load_spoken_digits(sd.synthesize_spoken_digits(tmp_path, seed=3, snr_db=None, only_test=True, **KW))
+    assert len(clean.y_train) == 0 and clean.test_voices == noisy.test_voices
+    assert clean.y_test.tolist() == noisy.y_test.tolist()
+    word = clean.x_test.abs() > 0
+    assert float((noisy.x_test - clean.x_test)[~word].abs().max()) > 0  # the noise, outside the word
+    resid = (noisy.x_test - clean.x_test)[word]
+    assert float(resid.pow(2).mean().sqrt()) < 0.2 * float(clean.x_test[word].pow(2).mean().sqrt())
+
+
+def test_extra_voices_train_only_and_leave_the_test_alone(tmp_path):
+    base = sd.load_spoken_digits(sd.synthesize_spoken_digits(tmp_path, seed=3, **KW))
+    more = sd.load_spoken_digits(sd.synthesize_spoken_digits(tmp_path, seed=3, extra_voices=("d+m1", "d+f1"), **KW))
+    assert len(more.y_train) == len(base.y_train) + 2 * 10 * 2
+    assert more.test_voices == base.test_voices
+    assert bool((more.x_test == base.x_test).all()) and bool((more.x_train[:len(base.y_train)] == base.x_train).all())

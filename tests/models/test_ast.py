@@ -59,3 +59,38 @@ def test_spec_augment_masks_bands_and_spans_only_in_training():
     with torch.no_grad():
         a, b = m(x).logits, m(x).logits
     torch.testing.assert_close(a, b)  # evaluation: no masks
+
+
+def test_mel_normalization_removes_a_fixed_filter():
+    """A fixed filter adds (nearly) a constant to each band's log energy: per-band mean normalization removes
+    most of it (the clip-wide standardization does not)."""
+    from tokennet.data.audio_augment import equalize
+
+    torch.manual_seed(0)
+    wave = torch.randn(1, 16000) * (1 + torch.sin(torch.linspace(0, 20, 16000)))  # a pulsing noise
+    tilted = equalize(wave[0], 3.0, 0.0, 1000.0, 16000)[None]  # a tilt: nearly constant within a band
+    diff = {}
+    for normalize in ("mel", "clip"):
+        m = create_model("ast-digits", num_classes=10, normalize=normalize)
+        diff[normalize] = float((m.spectrogram_image(wave) - m.spectrogram_image(tilted)).abs().mean())
+    # measured: mel 0.066, clip 0.29 (what is left: the tilt is not constant inside the widest low bands)
+    assert diff["mel"] < diff["clip"] / 3, diff
+
+
+def test_frequency_warp_moves_a_tone_up_only_in_training():
+    from tokennet.models.ast import freq_warp
+
+    m = create_model("ast-digits", num_classes=10, freq_warp=0.2, freq_mask=0, time_mask=0)
+    c = m.band_centres()
+    assert (c[1:] > c[:-1]).all() and 0 < float(c[0]) < 100 and 7000 < float(c[-1]) < 8000
+    spec = torch.zeros(2, 40, 3)
+    spec[:, 20] = 1.0  # a tone in band 20
+    w = freq_warp(spec, c, torch.tensor([1.0, 1.15]))
+    torch.testing.assert_close(w[0], spec[0])
+    assert int(w[1, :, 0].argmax()) > 20  # α > 1 scales the formants up
+    x = m.example_input(2)
+    m.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(m(x).logits, m(x).logits)  # evaluation is not warped (deterministic)
+    with pytest.raises(Exception, match="freq_warp"):
+        create_model("ast-digits", num_classes=10, freq_warp=0.7)

@@ -72,3 +72,32 @@ def test_regression_head_uses_l1():
     y = torch.tensor([[1.0], [-2.0]])
     out = m(g, y)
     torch.testing.assert_close(out.loss, (out.logits - y).abs().mean())
+
+
+@pytest.mark.parametrize("attention", ["full", "adjacency"])
+def test_spectral_kernel_positions_are_exactly_permutation_equivariant(attention):
+    """The kernel V φ(Λ) Vᵀ does not depend on the eigenvectors' signs or bases, so relabelling the nodes
+    (which recomputes them) permutes the outputs exactly — with every eigenvector kept (pe_dim ≥ n − 1)."""
+    torch.manual_seed(0)
+    m = create_model("graph-micro", node_features=3, attention=attention, position="spectral-kernel",
+                     pe_dim=8).eval()
+    perms = [torch.randperm(7), torch.randperm(5)]
+    a = collate_graphs(GRAPHS, k=8, rw_steps=8, max_distance=4)
+    b = collate_graphs(_relabel(GRAPHS, perms), k=8, rw_steps=8, max_distance=4)
+    with torch.no_grad():
+        ha, hb = m.forward_features(a), m.forward_features(b)
+        for g, p in enumerate(perms):
+            torch.testing.assert_close(hb[g, :len(p)], ha[g, p], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(m(b).logits, m(a).logits, atol=1e-4, rtol=1e-4)
+
+
+def test_spectral_positions_need_no_eigenvectors_in_the_batch():
+    """commute-time and spectral-kernel compute the eigenpairs from the adjacency: a batch collated with
+    any k works, and the result does not depend on it."""
+    for position in ("commute-time", "spectral-kernel"):
+        torch.manual_seed(0)
+        m = create_model("graph-micro", node_features=3, position=position, pe_dim=6).eval()
+        with torch.no_grad():
+            a = m(collate_graphs(GRAPHS, k=2, rw_steps=2, max_distance=4)).logits
+            b = m(collate_graphs(GRAPHS, k=5, rw_steps=5, max_distance=4)).logits
+        torch.testing.assert_close(a, b)

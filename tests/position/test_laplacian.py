@@ -3,7 +3,13 @@ import math
 import pytest
 import torch
 
-from tokennet.position import LaplacianPosition, laplacian_eigenvectors
+from tokennet.position import (
+    CommuteTimePosition,
+    LaplacianPosition,
+    SpectralKernelBias,
+    laplacian_eigenvectors,
+    laplacian_spectrum,
+)
 
 
 def cycle(n):
@@ -114,3 +120,82 @@ def test_random_sign_flip_in_training_only():
     torch.testing.assert_close(out, vecs * sign[:, None, :])  # one sign for the whole eigenvector
     assert (sign > 0).any() and (sign < 0).any()
     assert not torch.equal(sign[0], sign[1]) or not torch.equal(sign[0], sign[2])  # drawn per graph
+
+
+# -- the padded batch spectrum, commute-time positions, the spectral kernel ---------------------------
+
+def _tree_adj(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    a = torch.zeros(n, n)
+    for i in range(1, n):
+        j = int(torch.randint(i, (1,), generator=g))
+        a[i, j] = a[j, i] = 1
+    return a
+
+
+def _padded(adjs):
+    N = max(len(a) for a in adjs)
+    out, mask = torch.zeros(len(adjs), N, N), torch.zeros(len(adjs), N, dtype=torch.bool)
+    for b, a in enumerate(adjs):
+        out[b, :len(a), :len(a)], mask[b, :len(a)] = a, True
+    return out, mask
+
+
+@pytest.mark.parametrize("normalized", [True, False])
+def test_padded_spectrum_is_each_graphs_own(normalized):
+    adjs = [_tree_adj(5, 0), _tree_adj(9, 1), cycle(7).float()]
+    adj, mask = _padded(adjs)
+    vecs, vals = laplacian_spectrum(adj, mask, 6, normalized)
+    assert vecs.shape == (3, 9, 6) and vals.shape == (3, 6)
+    for b, a in enumerate(adjs):
+        n = len(a)
+        want_v, want_l = laplacian_eigenvectors(a.double(), 6, normalized, return_eigenvalues=True)
+        m = min(6, n - 1)
+        torch.testing.assert_close(vals[b, :m].double(), want_l[:m], atol=1e-5, rtol=0)
+        # up to sign and rotation within repeated eigenvalues: the projectors onto the whole first m agree
+        # when λ_m < λ_{m+1}; compare eigenpairs instead (L u = λ u on the graph's own block)
+        lap = laplacian(a.double(), normalized)
+        u = vecs[b, :n, :m].double()
+        torch.testing.assert_close(lap @ u, u * vals[b, :m].double(), atol=1e-5, rtol=0)
+        assert (vecs[b, n:] == 0).all() and (vecs[b, :, m:] == 0).all() and (vals[b, m:] == 0).all()
+
+
+def test_commute_time_distances_are_tree_distances():
+    """‖p_i − p_j‖² with every eigenvector is the effective resistance: on a tree, the hop distance."""
+    import networkx as nx
+
+    a = _tree_adj(10, 3)
+    vecs, vals = laplacian_spectrum(a[None], torch.ones(1, 10, dtype=torch.bool), 9, normalized=False)
+    p = CommuteTimePosition.embedding(vecs[0].double(), vals[0].double())  # (n, k)
+    d2 = torch.cdist(p, p) ** 2
+    g = nx.from_numpy_array(a.numpy())
+    hops = torch.tensor([[nx.shortest_path_length(g, i, j) for j in range(10)] for i in range(10)],
+                        dtype=torch.float64)
+    torch.testing.assert_close(d2, hops, atol=1e-4, rtol=0)
+    pos = CommuteTimePosition(9, 16)
+    assert pos(vecs, vals).shape == (1, 10, 16)
+    with pytest.raises(ValueError, match="expected eigvecs"):
+        pos(vecs[..., :4], vals)
+
+
+def test_spectral_kernel_is_the_plain_sum_and_sign_and_basis_invariant():
+    torch.manual_seed(0)
+    kern = SpectralKernelBias(num_heads=3, dim=8, channels=4, hidden=16)
+    a = cycle(8).float()  # repeated eigenvalues: a basis rotation inside each pair is allowed
+    vecs, vals = laplacian_spectrum(a[None], torch.ones(1, 8, dtype=torch.bool), 7, normalized=False)
+    K = kern.kernels(vecs, vals)  # (1, N, N, M)
+    w = kern.phi(vals[0, :, None])  # (k, M)
+    plain = sum(w[k, None, None, :] * vecs[0, :, k, None, None] * vecs[0, None, :, k, None] for k in range(7))
+    torch.testing.assert_close(K[0], plain, atol=1e-5, rtol=1e-5)
+    sign = torch.tensor([1.0, -1, -1, 1, -1, 1, -1])
+    node, bias = kern(vecs, vals)
+    node_f, bias_f = kern(vecs * sign, vals)
+    torch.testing.assert_close(bias_f, bias, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(node_f, node, atol=1e-5, rtol=1e-5)
+    # rotate the basis of the first eigenvalue pair (λ_1 = λ_2 on the cycle)
+    assert vals[0, 0] == pytest.approx(float(vals[0, 1]), abs=1e-5)
+    c, s = math.cos(0.7), math.sin(0.7)
+    rot = vecs.clone()
+    rot[0, :, 0], rot[0, :, 1] = c * vecs[0, :, 0] - s * vecs[0, :, 1], s * vecs[0, :, 0] + c * vecs[0, :, 1]
+    torch.testing.assert_close(kern(rot, vals)[1], bias, atol=1e-5, rtol=1e-5)
+    assert bias.shape == (1, 3, 8, 8) and node.shape == (1, 8, 8)

@@ -14,7 +14,9 @@ named by its generation parameters and seed: the same seed gives the same file, 
 
 :func:`load_label_dir` reads any user dataset instead: ``DIR/LABEL/*.wav`` (class names sorted), or
 ``DIR/train/LABEL/*.wav`` + ``DIR/test/LABEL/*.wav`` for a given split; without a given split a seeded
-20% of each class is held out. Every clip is read as mono at the model's rate (:func:`load_audio`).
+20% of each class is held out. Every clip is read as mono at the model's rate, its leading and trailing
+silence trimmed, and a clip still longer than the model's window keeps its loudest window
+(:func:`~tokennet.tokens.clips.load_fitted`).
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ import torch
 from torch import Tensor
 
 from ..errors import DataError
-from ..tokens.audio import SILENCE, load_audio, resample
+from ..tokens.audio import SILENCE, resample
+from ..tokens.clips import load_fitted
 from .spec import DataSpec, register_data
 
 __all__ = ["AudioSet", "DIGITS", "ACCENTS", "VARIANTS", "synthesize_spoken_digits", "load_spoken_digits",
@@ -98,8 +101,9 @@ def _trim(x: np.ndarray, threshold: float = 0.02) -> np.ndarray:
 
 
 def _clip(word: np.ndarray, rate: int, *, sample_rate: int, clip_samples: int, rng: np.random.Generator,
-          snr_db: tuple[float, float]) -> np.ndarray:
-    """One training clip: the trimmed word resampled, at a random offset and level, with noise at a random SNR."""
+          snr_db: tuple[float, float] | None) -> np.ndarray:
+    """One clip: the trimmed word resampled, at a random offset and level, with white noise at a random SNR
+    (``snr_db=None``: clean, the same clip without the noise)."""
     x = word.astype(np.float32) / (32768.0 if word.dtype == np.int16 else 1.0)
     x = resample(_trim(x), rate, sample_rate)
     if len(x) > clip_samples:  # a very slow rendition: keep the middle second
@@ -108,6 +112,8 @@ def _clip(word: np.ndarray, rate: int, *, sample_rate: int, clip_samples: int, r
     out = np.zeros(clip_samples, np.float32)
     off = int(rng.integers(0, clip_samples - len(x) + 1))
     out[off:off + len(x)] = x * (10 ** rng.uniform(-1.0, 0.0) * 0.9 / max(float(np.abs(x).max()), 1e-6))
+    if snr_db is None:
+        return out
     snr = rng.uniform(*snr_db)
     signal_power = float(np.mean(out[off:off + len(x)] ** 2))
     noise = rng.standard_normal(clip_samples).astype(np.float32) * np.sqrt(signal_power / 10 ** (snr / 10))
@@ -116,9 +122,9 @@ def _clip(word: np.ndarray, rate: int, *, sample_rate: int, clip_samples: int, r
 
 def synthesize_spoken_digits(root: str | Path | None = None, *, seed: int = 0, per_voice: int = 3,
                              test_voices: int = 20, sample_rate: int = 16000, clip_samples: int = 16000,
-                             snr_db: tuple[float, float] = (5.0, 30.0), accents=ACCENTS, variants=VARIANTS,
+                             snr_db: tuple[float, float] | None = (5.0, 30.0), accents=ACCENTS, variants=VARIANTS,
                              synth: Callable[[str, str, int, int], tuple[np.ndarray, int]] | None = None,
-                             workers: int = 2) -> Path:
+                             workers: int = 2, only_test: bool = False, extra_voices: tuple[str, ...] = ()) -> Path:
     """Generate the spoken-digit set (or find it in the cache) and return the path of its ``.npz``.
 
     Voices are ``accent+variant``; a seeded choice of ``test_voices`` of them forms the test set.
@@ -128,7 +134,12 @@ def synthesize_spoken_digits(root: str | Path | None = None, *, seed: int = 0, p
     Args:
         root: the cache directory (default :func:`cache_dir`).
         seed: draws rates, pitches, offsets, levels, noise and the held-out voices.
+        snr_db: the range of the white noise's SNR; None: clean clips (the same clips, without the noise).
         synth: ``synth(word, voice, rate, pitch) -> (samples, rate)``; default :func:`espeak_synth`.
+        only_test: synthesize only the held-out voices' clips (the same ones as in the full set): e.g. the
+            clean test clips that evaluation sets mix their own noise into.
+        extra_voices: more voices (``accent+variant``) for training only, appended after the held-out
+            voices are drawn (so the test voices and their clips stay those of the set without them).
     """
     synth = espeak_synth if synth is None else synth
     voices = [f"{a}+{v}" for a in accents for v in variants]
@@ -136,8 +147,13 @@ def synthesize_spoken_digits(root: str | Path | None = None, *, seed: int = 0, p
         raise DataError(f"test_voices must be in 1..{len(voices) - 1} (there are {len(voices)} voices), "
                         f"got {test_voices}")
     params = {"version": FORMAT_VERSION, "seed": seed, "per_voice": per_voice, "test_voices": test_voices,
-              "sample_rate": sample_rate, "clip_samples": clip_samples, "snr_db": list(snr_db),
-              "voices": voices, "synth": getattr(synth, "__name__", "custom")}
+              "sample_rate": sample_rate, "clip_samples": clip_samples,
+              "snr_db": None if snr_db is None else list(snr_db), "voices": voices,
+              "synth": getattr(synth, "__name__", "custom")}
+    if only_test:
+        params["only_test"] = True
+    if extra_voices:
+        params["extra_voices"] = list(extra_voices)
     key = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:12]
     root = cache_dir() if root is None else Path(root)
     path = root / f"spoken-digits-{key}.npz"
@@ -147,6 +163,15 @@ def synthesize_spoken_digits(root: str | Path | None = None, *, seed: int = 0, p
     held = set(rng.choice(len(voices), size=test_voices, replace=False).tolist())
     jobs = [(vi, d, int(rng.integers(120, 221)), int(rng.integers(20, 81)))
             for vi in range(len(voices)) for d in range(len(DIGITS)) for _ in range(per_voice)]
+    if extra_voices:  # drawn after the original jobs: those keep their rates, pitches and clip seeds
+        extra = [v for v in extra_voices if v not in voices]
+        jobs += [(len(voices) + k, d, int(rng.integers(120, 221)), int(rng.integers(20, 81)))
+                 for k in range(len(extra)) for d in range(len(DIGITS)) for _ in range(per_voice)]
+        voices = voices + extra
+    index = list(range(len(jobs)))  # each clip's seed is its place in the full list
+    if only_test:
+        index = [i for i in index if jobs[i][0] in held]
+        jobs = [jobs[i] for i in index]
     log.info("synthesizing %d clips: %d voices × %d digits × %d (this happens once; cached in %s)", len(jobs),
              len(voices), len(DIGITS), per_voice, root)
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
@@ -155,7 +180,7 @@ def synthesize_spoken_digits(root: str | Path | None = None, *, seed: int = 0, p
     for i, ((vi, _, _, _), (w, rate)) in enumerate(zip(jobs, words, strict=True)):
         if np.abs(w.astype(np.float32)).max() < SILENCE * (32768.0 if w.dtype == np.int16 else 1.0):
             raise DataError(f"the synthesizer returned silence for voice {voices[vi]}")
-        g = np.random.default_rng([seed, i])  # per clip: the same clip whatever the thread order
+        g = np.random.default_rng([seed, index[i]])  # per clip: the same clip whatever the thread order
         c = _clip(w, rate, sample_rate=sample_rate, clip_samples=clip_samples, rng=g, snr_db=snr_db)
         clips[i] = np.round(c * 32767).astype(np.int16)
     root.mkdir(parents=True, exist_ok=True)
@@ -190,7 +215,7 @@ def _label_folders(d: Path) -> dict[str, list[Path]]:
 def _read_clips(files: list[Path], sample_rate: int, clip_samples: int) -> Tensor:
     out = torch.zeros(len(files), clip_samples)
     for i, f in enumerate(files):
-        x = load_audio(f, sample_rate, max_samples=clip_samples)
+        x = load_fitted(f, sample_rate, clip_samples)
         out[i, :len(x)] = torch.from_numpy(x)
     return out
 
@@ -199,8 +224,9 @@ def load_label_dir(directory: str | Path, *, sample_rate: int, clip_samples: int
                    test_fraction: float = 0.2) -> AudioSet:
     """A user dataset: ``DIR/LABEL/*.wav``, or ``DIR/train/LABEL/*.wav`` and ``DIR/test/LABEL/*.wav``.
 
-    A clip longer than ``clip_samples`` (after resampling to ``sample_rate``), a silent, unreadable or
-    empty file is a :class:`DataError` naming the file (clips are not cropped).
+    Clips are trimmed of leading and trailing silence; one still longer than ``clip_samples`` (after
+    resampling to ``sample_rate``) keeps its loudest ``clip_samples`` (:func:`~tokennet.tokens.clips.fit_window`).
+    A silent, unreadable or empty file is a :class:`DataError` naming the file.
     """
     d = Path(directory)
     if not d.is_dir():

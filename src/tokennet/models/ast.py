@@ -7,16 +7,23 @@ patch tokens (98.1% on Speech Commands V2). Here the model is composed of existi
 else:
 
     S = standardize(max(log(Mᵀ |STFT(x)|² + ε), max S − 60 dB))   per clip (tokens.audio.LogMelSpectrogram)
-    S ← SpecAugment(S)                              training only: frequency and time masks (Park et al. 2019)
+    S ← warp(S), SpecAugment(S)                     training only: a random frequency warp (VTLP) and
+                                                    frequency and time masks (Park et al. 2019)
     logits = ViT(S as a (B, 1, mels, frames) image)  :class:`~tokennet.models.vit.ViT`, unchanged
 
 Each clip's log-mel spectrogram is floored ``top_db`` = 60 dB below its loudest bin, then standardized to
 mean 0 and variance 1 over all its bins (no dataset statistics to store, and the loudness of a recording
-does not matter). The training clips are noisy: without the floor, a clean file's digital silence (``log ε``)
+does not matter); ``normalize="mel"`` first subtracts each mel band's mean over the clip's time (cepstral
+mean normalization, Atal 1974, on the log-mel bands: a fixed filter on the signal — a channel, a
+synthesizer's or a speaker's average spectral envelope — adds a constant to each band's log energy, and
+this removes it). The training clips are noisy: without the floor, a clean file's digital silence (``log ε``)
 put 4 of 10 clean espeak-ng words off a model that scored 99% on the noisy held-out voices; with it, 10 of
 10, at the same 99% (measured by applying the floor at inference to that model). SpecAugment
 (https://arxiv.org/abs/1904.08779) sets ``num_masks`` random bands of up to ``freq_mask`` mel bins and
-``num_masks`` random spans of up to ``time_mask`` frames to 0 (the standardized mean) in training.
+``num_masks`` random spans of up to ``time_mask`` frames to 0 (the standardized mean) in training. With
+``freq_warp`` = w > 0, each training spectrogram is first warped along frequency by a factor
+α ~ U(1 − w, 1 + w), ``S'(f) = S(f / α)`` (vocal tract length perturbation, Jaitly & Hinton 2013: a
+longer or shorter vocal tract scales the formants), by linear interpolation between mel bands.
 
 Inputs are waveforms ``(B, samples)`` at ``sample_rate``, at most ``clip_samples`` long (shorter clips are
 zero-padded at the end), or the standardized spectrograms ``(B, 1, mels, frames)`` that
@@ -34,11 +41,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..errors import ConfigError, DataError
-from ..tokens.audio import MEL_SCALES, LogMelSpectrogram
+from ..tokens.audio import MEL_SCALES, LogMelSpectrogram, hz_to_mel, mel_to_hz
 from .registry import register_family, register_preset
 from .vit import ViT, ViTConfig
 
-__all__ = ["ASTConfig", "AST", "spec_augment"]
+__all__ = ["ASTConfig", "AST", "spec_augment", "freq_warp", "NORMALIZE"]
+
+NORMALIZE = ("clip", "mel")
 
 
 @dataclass
@@ -57,6 +66,8 @@ class ASTConfig(ViTConfig):
             that digital silence in a clean file looks like a quiet noise floor, as in the (noisy) training clips.
         freq_mask, time_mask: SpecAugment's widest frequency band (mel bins) and time span (frames); 0 = off.
         num_masks: masks of each kind per clip.
+        normalize: ``"clip"`` (standardize over all bins) or ``"mel"`` (subtract each band's time mean first).
+        freq_warp: the largest relative frequency warp in training (VTLP), 0 = off.
         image_size: derived, ``[n_mels, frames]``; leave it unset.
         in_channels: 1 (the spectrogram).
 
@@ -78,11 +89,16 @@ class ASTConfig(ViTConfig):
     freq_mask: int = 0
     time_mask: int = 0
     num_masks: int = 2
+    normalize: str = "clip"
+    freq_warp: float = 0.0
 
     def __post_init__(self):
         self._positive(sample_rate=self.sample_rate, clip_samples=self.clip_samples, n_fft=self.n_fft,
                        hop_length=self.hop_length, n_mels=self.n_mels)
         self._choice("mel_scale", self.mel_scale, MEL_SCALES)
+        self._choice("normalize", self.normalize, NORMALIZE)
+        if isinstance(self.freq_warp, bool) or not 0 <= self.freq_warp < 0.5:
+            raise ConfigError(f"freq_warp must be in [0, 0.5) (a relative warp), got {self.freq_warp!r}")
         for k in ("freq_mask", "time_mask", "num_masks"):
             v = getattr(self, k)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -131,6 +147,20 @@ def spec_augment(spec: Tensor, freq_mask: int, time_mask: int, num_masks: int) -
     return spec * keep
 
 
+def freq_warp(spec: Tensor, fbank_hz: Tensor, alpha: Tensor) -> Tensor:
+    """Warp spectrograms ``(B, mels, frames)`` along frequency: band m takes the value the unwarped
+    spectrogram has at ``f_m / α_b`` (``fbank_hz``: the bands' centre frequencies ``(mels,)``, ascending;
+    ``alpha`` ``(B,)``), linearly interpolated between bands, the edge bands repeated beyond the ends."""
+    B, M, T = spec.shape
+    src = fbank_hz[None, :] / alpha[:, None]  # (B, M): where each band reads from, in Hz
+    pos = torch.searchsorted(fbank_hz.contiguous(), src.contiguous()).clamp(1, M - 1)  # (B, M) right neighbour
+    lo, hi = fbank_hz[pos - 1], fbank_hz[pos]
+    t = ((src - lo) / (hi - lo)).clamp(0.0, 1.0)[..., None]  # (B, M, 1)
+    left = spec.gather(1, (pos - 1)[..., None].expand(B, M, T))
+    right = spec.gather(1, pos[..., None].expand(B, M, T))
+    return left + t * (right - left)
+
+
 class AST(ViT):
     """Audio Spectrogram Transformer: ``forward(waveforms (B, samples), targets=None) → Output(logits, loss)``.
 
@@ -165,8 +195,17 @@ class AST(ViT):
                             f"({c.clip_samples / c.sample_rate:.2f} s at {c.sample_rate} Hz)")
         wave = F.pad(wave, (0, c.clip_samples - wave.shape[1]))  # (B, clip_samples)
         s = self.spectrogram(wave)  # (B, mels, frames)
+        if c.normalize == "mel":  # cepstral mean normalization: each band's mean over time
+            s = s - s.mean(dim=2, keepdim=True)
         s = (s - s.mean(dim=(1, 2), keepdim=True)) / (s.std(dim=(1, 2), keepdim=True) + 1e-5)
         return s
+
+    def band_centres(self) -> Tensor:
+        """Centre frequency (Hz) of each mel band ``(mels,)``: the peak of its triangle (equally spaced mels)."""
+        c = self.config
+        f_max = c.sample_rate / 2 if c.f_max is None else c.f_max
+        lo, hi = (hz_to_mel(torch.tensor(float(f), dtype=torch.float64), c.mel_scale) for f in (c.f_min, f_max))
+        return mel_to_hz(torch.linspace(lo, hi, c.n_mels + 2, dtype=torch.float64), c.mel_scale)[1:-1].float()
 
     def _images(self, x: Tensor) -> Tensor:
         """Waveforms ``(B, samples)``, or spectrograms ``(B, 1, mels, frames)`` from :meth:`spectrogram_image`
@@ -179,6 +218,9 @@ class AST(ViT):
             s = x[:, 0]
         else:
             s = self.spectrogram_image(x)
+        if self.training and c.freq_warp > 0:
+            alpha = 1 + (torch.rand(len(s), device=s.device) * 2 - 1) * c.freq_warp  # (B,)
+            s = freq_warp(s, self.band_centres().to(s.device, s.dtype), alpha)
         if self.training and (c.freq_mask or c.time_mask) and c.num_masks:
             s = spec_augment(s, c.freq_mask, c.time_mask, c.num_masks)
         return super()._images(s[:, None])  # (B, 1, mels, frames)

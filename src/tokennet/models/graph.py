@@ -11,8 +11,14 @@ Ying et al. 2021, https://arxiv.org/abs/2106.05234: a learned bias per head and 
 added to every score), or ``"distance-3d"`` (for graphs with a geometry, e.g. molecules: a bias per head
 from the Euclidean distance expanded in Gaussian radial basis functions,
 ``b_h(i, j) = Σ_k w_hk exp(−γ (|r_i − r_j| − μ_k)²)``, as in Graphormer-3D and SchNet's filters).
-``position`` adds ``"laplacian"`` eigenvector positions (random sign flips in training) or
-``"random-walk"`` encodings, or ``"none"``.
+``position`` adds ``"laplacian"`` eigenvector positions (random sign flips in training),
+``"random-walk"`` encodings, or ``"none"``; or, from the eigenpairs of ``D − A`` computed in the forward
+pass from the batch's adjacency (:func:`~tokennet.position.laplacian.laplacian_spectrum`),
+``"commute-time"`` node positions ``u_k(i)/√λ_k`` (distances between them are effective resistances) or
+``"spectral-kernel"``, relative positions: per-head attention biases from learned kernels
+``V diag(φ(λ)) Vᵀ``, invariant to the eigenvectors' signs and bases by construction (SPE). On the
+marked-distance task (graph recipe, 800 steps × 64, seed 0) these two reach 90 % and 97.5 % where the
+raw eigenvectors stay near the majority class; ``bench/graph_positions.py`` has the table.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from torch import Tensor, nn
 
 from ..attention.masks import adjacency, padding
 from ..layers.stack import AttentionMaps, Encoder
-from ..position.laplacian import LaplacianPosition
+from ..position.laplacian import CommuteTimePosition, LaplacianPosition, SpectralKernelBias, laplacian_spectrum
 from ..tokens.graph import GraphBatch, collate_graphs
 from .registry import ModelConfig, Output, register_family, register_preset
 
@@ -33,7 +39,8 @@ __all__ = ["GraphConfig", "GraphTransformer", "ATTENTIONS", "POSITIONS", "TASKS"
 
 ATTENTIONS = ("full", "adjacency", "distance-bias", "distance-3d")
 RBF_CENTERS, RBF_MAX = 32, 6.0  # Gaussian centres μ_k on [0, 6] Å
-POSITIONS = ("none", "laplacian", "random-walk")
+POSITIONS = ("none", "laplacian", "random-walk", "commute-time", "spectral-kernel")
+SPECTRAL = ("commute-time", "spectral-kernel")  # eigenpairs computed in forward, from the adjacency
 TASKS = ("classify", "regress")
 
 
@@ -48,7 +55,7 @@ class GraphConfig(ModelConfig):
         num_outputs: classes or regression targets.
         dim, num_layers, num_heads, mlp_ratio, dropout: the encoder.
         attention: ``"full"``, ``"adjacency"`` or ``"distance-bias"``.
-        position: ``"none"``, ``"laplacian"`` or ``"random-walk"``.
+        position: ``"none"``, ``"laplacian"``, ``"random-walk"``, ``"commute-time"`` or ``"spectral-kernel"``.
         pe_dim: Laplacian eigenvectors k (also the random-walk steps K).
         max_distance: distances kept apart by the bias; farther and unreachable pairs share one bucket.
         target_mean, target_std: a regressor predicts ``mean + std · head(h)``, so its head works on
@@ -102,6 +109,8 @@ class GraphTransformer(nn.Module):
         self.node_proj = nn.Linear(c.node_features, c.dim)
         self.lap_pos = LaplacianPosition(c.pe_dim, c.dim) if c.position == "laplacian" else None
         self.rw_pos = nn.Linear(c.pe_dim, c.dim) if c.position == "random-walk" else None
+        self.ct_pos = CommuteTimePosition(c.pe_dim, c.dim) if c.position == "commute-time" else None
+        self.kernel_pos = SpectralKernelBias(c.num_heads, c.dim) if c.position == "spectral-kernel" else None
         # Graphormer's spatial encoding: one learned scalar per head and distance bucket 0..max+1.
         self.dist_bias = nn.Embedding(c.max_distance + 2, c.num_heads) if c.attention == "distance-bias" else None
         if self.dist_bias is not None:
@@ -124,7 +133,7 @@ class GraphTransformer(nn.Module):
                              f"got {type(g).__name__}")
         if g.x.shape[-1] != c.node_features:
             raise ValueError(f"node features are {g.x.shape[-1]} wide, the model expects {c.node_features}")
-        if c.position != "none" and (g.lap.shape[-1] != c.pe_dim or g.rw.shape[-1] != c.pe_dim):
+        if c.position in ("laplacian", "random-walk") and (g.lap.shape[-1] != c.pe_dim or g.rw.shape[-1] != c.pe_dim):
             raise ValueError(f"the batch has {g.lap.shape[-1]} eigenvectors / {g.rw.shape[-1]} walk steps, the model "
                              f"expects pe_dim={c.pe_dim}: collate with k=rw_steps={c.pe_dim}")
         return g
@@ -146,15 +155,31 @@ class GraphTransformer(nn.Module):
             bias = self.rbf_bias(phi).permute(0, 3, 1, 2)  # (B, H, N, N)
         return mask, bias
 
+    def positions(self, g: GraphBatch) -> tuple[Tensor | None, Tensor | None]:
+        """The position terms of a batch: added to the node tokens ``(B, N, D)`` and to the attention
+        scores ``(B, H, N, N)`` (either None)."""
+        if self.lap_pos is not None:
+            return self.lap_pos(g.lap), None
+        if self.rw_pos is not None:
+            return self.rw_pos(g.rw), None
+        if self.config.position in SPECTRAL:
+            kernel = self.kernel_pos is not None
+            with torch.no_grad():  # the eigenpairs are data: no gradient flows into eigh
+                vecs, vals = laplacian_spectrum(g.adj, g.node_mask, self.config.pe_dim, normalized=False,
+                                                skip_trivial=not kernel)
+            return self.kernel_pos(vecs, vals) if kernel else (self.ct_pos(vecs, vals), None)
+        return None, None
+
     def forward_features(self, g: GraphBatch, *, return_attention: bool = False):
         """Node tokens after the encoder ``(B, N, D)`` (padding rows are not meaningful)."""
         g = self._check(g)
         h = self.node_proj(g.x)  # (B, N, D)
-        if self.lap_pos is not None:
-            h = h + self.lap_pos(g.lap)
-        elif self.rw_pos is not None:
-            h = h + self.rw_pos(g.rw)
+        node_pos, pos_bias = self.positions(g)
+        if node_pos is not None:
+            h = h + node_pos
         mask, bias = self.structure(g)
+        if pos_bias is not None:
+            bias = pos_bias if bias is None else bias + pos_bias
         return self.encoder(self.drop(h), mask=mask, bias=bias, return_weights=return_attention)
 
     def readout(self, h: Tensor, node_mask: Tensor) -> Tensor:

@@ -7,7 +7,13 @@ down to the attention layers.
 
 from tokennet.position.alibi import ALiBi, alibi_bias, alibi_slopes
 from tokennet.position.fourier import Fourier2DPosition, fourier_2d, random_fourier_features
-from tokennet.position.laplacian import LaplacianPosition, laplacian_eigenvectors
+from tokennet.position.laplacian import (
+    CommuteTimePosition,
+    LaplacianPosition,
+    SpectralKernelBias,
+    laplacian_eigenvectors,
+    laplacian_spectrum,
+)
 from tokennet.position.learned import LearnedPosition, LearnedPosition2D
 from tokennet.position.rope import RotaryEmbedding, apply_rope, rotate_half
 from tokennet.position.sinusoidal import SinusoidalPosition, sinusoidal_table
@@ -25,6 +31,9 @@ __all__ = [
     "SphericalHarmonicsPosition",
     "laplacian_eigenvectors",
     "LaplacianPosition",
+    "laplacian_spectrum",
+    "CommuteTimePosition",
+    "SpectralKernelBias",
     "RotaryEmbedding",
     "apply_rope",
     "rotate_half",

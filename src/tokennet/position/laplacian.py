@@ -8,6 +8,23 @@ the graph analogue of the sinusoids of a sequence: on a cycle graph C_n they are
 modes cos(2πkj/n), sin(2πkj/n) with eigenvalues 2 − 2cos(2πk/n) (times 1/2 when normalized).
 Eigenvectors are defined only up to sign (and up to rotation within repeated eigenvalues), so
 :class:`LaplacianPosition` flips signs at random during training.
+
+Raw eigenvectors are hard to use: on the marked-distance task (how far apart are two marked nodes?) the
+node's normalized-Laplacian coordinates give no better than the majority class. Two encodings built from
+the same eigenpairs carry the structure, because they put the eigenvalues where the geometry needs them:
+
+- :class:`CommuteTimePosition`, absolute: ``p_i = (u_1(i)/√λ_1, …, u_k(i)/√λ_k)`` of the combinatorial
+  Laplacian ``L = D − A``, the commute-time embedding (Qiu & Hancock 2007). With every eigenvector,
+  ``‖p_i − p_j‖² = L⁺_ii + L⁺_jj − 2L⁺_ij`` is the effective resistance between i and j (Klein & Randić
+  1993), which on a tree *is* the hop distance, and it does not depend on the eigenvectors' signs.
+- :class:`SpectralKernelBias`, relative: ``K_m = V diag(φ_m(λ)) Vᵀ`` for m learned filters φ of the
+  eigenvalues (the stable positional encoding SPE, Huang et al. 2024, https://arxiv.org/abs/2310.02579;
+  GraphiT's diffusion kernel ``exp(−βL)`` is one such filter, Mialon et al. 2021), turned into one
+  attention bias per head. ``V diag(φ(λ)) Vᵀ`` is the same for every choice of signs and of basis
+  within a repeated eigenvalue: invariant by construction, not by augmentation.
+
+:func:`laplacian_spectrum` computes the eigenpairs of a padded batch of graphs of different sizes in one
+batched eigendecomposition (so a model can do it in its forward pass from the adjacency alone).
 """
 
 from __future__ import annotations
@@ -15,7 +32,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-__all__ = ["laplacian_eigenvectors", "LaplacianPosition"]
+__all__ = ["laplacian_eigenvectors", "laplacian_spectrum", "LaplacianPosition", "CommuteTimePosition",
+           "SpectralKernelBias"]
 
 
 def laplacian_eigenvectors(adj: Tensor, k: int, normalized: bool = True, *,
@@ -100,3 +118,151 @@ class LaplacianPosition(nn.Module):
 
     def extra_repr(self) -> str:
         return f"k={self.k}, dim={self.dim}"
+
+
+def laplacian_spectrum(adj: Tensor, node_mask: Tensor, k: int, normalized: bool = False, *,
+                       skip_trivial: bool = True) -> tuple[Tensor, Tensor]:
+    """The k smallest non-trivial Laplacian eigenpairs of each graph of a padded batch, one batched ``eigh``.
+
+    Padding nodes would add isolated nodes (spurious zero eigenvalues mixing with the real ones), so
+    their diagonal entry is set to ``c = 2·d_max + 1``, above every real eigenvalue (``λ ≤ 2·d_max``
+    for ``D − A``, ``λ ≤ 2`` normalized): the matrix is block-diagonal, the padding block is ``c·I``, and
+    the lowest n eigenpairs are exactly the graph's own. As in :func:`laplacian_eigenvectors` the trivial
+    first eigenpair is skipped (unless ``skip_trivial=False``), and columns beyond a graph's own (``n − 1``,
+    or ``n``) are zero (vectors and values).
+
+    Skipping one vector is basis-dependent when λ = 0 is repeated (a disconnected graph: one zero per
+    component): a kernel ``V φ(Λ) Vᵀ`` that must not depend on the basis keeps the trivial eigenpair.
+
+    Args:
+        adj: (B, N, N) symmetric adjacency (bool or weighted); padding rows and columns zero.
+        node_mask: (B, N) bool, True at real nodes.
+        k: eigenpairs per graph.
+        normalized: ``I − D^(−1/2) A D^(−1/2)`` instead of ``D − A``.
+        skip_trivial: leave out the first (λ = 0) eigenpair.
+
+    Returns:
+        ``(eigvecs (B, N, k), eigvals (B, k))`` in float32.
+    """
+    if adj.dim() != 3 or adj.shape[-1] != adj.shape[-2] or node_mask.shape != adj.shape[:2]:
+        raise ValueError(f"adj must be (B, N, N) and node_mask (B, N), got {tuple(adj.shape)} and "
+                         f"{tuple(node_mask.shape)}")
+    a = adj.to(torch.float64)
+    B, N, _ = a.shape
+    real = node_mask.to(torch.float64)  # (B, N)
+    a = a * real[:, :, None] * real[:, None, :]
+    deg = a.sum(-1)  # (B, N)
+    if normalized:
+        d = torch.where(deg > 0, deg.clamp_min(1e-12).rsqrt(), torch.zeros_like(deg))
+        lap = torch.diag_embed(real) - d[:, :, None] * a * d[:, None, :]
+    else:
+        lap = torch.diag_embed(deg) - a
+    c = 2 * float(deg.max()) + 1 if deg.numel() else 1.0
+    lap = lap + torch.diag_embed((1 - real) * c)  # padding block c·I: above the real spectrum
+    evals, evecs = torch.linalg.eigh(lap)  # ascending: (B, N), (B, N, N)
+    first = 1 if skip_trivial else 0
+    evals, evecs = evals[:, first:k + first], evecs[:, :, first:k + first]
+    if evecs.shape[-1] < k:  # fewer than k + first padded nodes
+        evecs = torch.cat([evecs, evecs.new_zeros(B, N, k - evecs.shape[-1])], dim=-1)
+        evals = torch.cat([evals, evals.new_zeros(B, k - evals.shape[-1])], dim=-1)
+    n = node_mask.sum(1)  # (B,)
+    valid = torch.arange(k, device=adj.device)[None, :] < (n[:, None] - first)  # (B, k): the graph's own columns
+    evecs = evecs * valid[:, None, :] * real[:, :, None]  # (B, N, k)
+    evals = evals * valid
+    return evecs.float(), evals.float()
+
+
+def _random_signs(batch_shape, k: int, device, dtype) -> Tensor:
+    """±1 of shape (*batch_shape, 1, k): one sign per graph and eigenvector."""
+    return torch.randint(0, 2, (*batch_shape, 1, k), device=device).to(dtype) * 2 - 1
+
+
+class CommuteTimePosition(nn.Module):
+    """Node positions ``W p_i + b`` from the commute-time embedding ``p_i = (u_k(i) / √λ_k)_k``.
+
+    Use the combinatorial Laplacian ``D − A`` (:func:`laplacian_spectrum` with ``normalized=False``):
+    then ``‖p_i − p_j‖²`` is the effective resistance between i and j (exactly, with all n − 1
+    eigenvectors; the k smallest eigenvalues carry most of it, being divided by the smallest λ), and a
+    tree's resistance is its hop distance. Columns with λ = 0 (padding, or the extra zero eigenvalues of a
+    disconnected graph) contribute zeros. Signs are flipped at random in training, as in
+    :class:`LaplacianPosition` (distances do not depend on them; the linear map does).
+
+    Args:
+        k: eigenpairs per node (input width).
+        dim: output width D.
+    """
+
+    def __init__(self, k: int, dim: int):
+        super().__init__()
+        if k < 1 or dim < 1:
+            raise ValueError(f"k and dim must be >= 1, got k={k}, dim={dim}")
+        self.k, self.dim = k, dim
+        self.proj = nn.Linear(k, dim)
+
+    @staticmethod
+    def embedding(eigvecs: Tensor, eigvals: Tensor, eps: float = 1e-6) -> Tensor:
+        """``p = U Λ^(−1/2)`` ``(..., n, k)``, zero where ``λ ≤ eps``."""
+        scale = torch.where(eigvals > eps, eigvals.clamp_min(eps).rsqrt(), torch.zeros_like(eigvals))
+        return eigvecs * scale[..., None, :]
+
+    def forward(self, eigvecs: Tensor, eigvals: Tensor) -> Tensor:
+        """``(..., n, k)`` eigenvectors and ``(..., k)`` eigenvalues → positions ``(..., n, D)``."""
+        if eigvecs.shape[-1] != self.k or eigvals.shape[-1] != self.k:
+            raise ValueError(f"expected eigvecs (..., n, {self.k}) and eigvals (..., {self.k}), got "
+                             f"{tuple(eigvecs.shape)} and {tuple(eigvals.shape)}")
+        p = self.embedding(eigvecs, eigvals)
+        if self.training:
+            p = p * _random_signs(p.shape[:-2], self.k, p.device, p.dtype)
+        return self.proj(p.to(self.proj.weight.dtype))  # (..., n, D)
+
+    def extra_repr(self) -> str:
+        return f"k={self.k}, dim={self.dim}"
+
+
+class SpectralKernelBias(nn.Module):
+    """Relative positions from the spectrum: per-head attention biases and node terms from learned kernels.
+
+        K_m = V diag(φ_m(λ)) Vᵀ,   m = 1..M        (B, M, N, N): M learned filters φ: ℝ → ℝ^M of the eigenvalues
+        b_h(i, j) = ρ_h(K_1(i, j), …, K_M(i, j))    an MLP over the M kernel values of each pair → one bias per head
+        t_i = W [K_1(i, i), …, K_M(i, i)]           the diagonal as a node term (its "return" profile)
+
+    ``V diag(φ(λ)) Vᵀ = Σ_k φ(λ_k) u_k u_kᵀ`` does not change when an eigenvector's sign flips or a
+    repeated eigenvalue's basis rotates, so neither does anything computed from it (SPE, Huang et al.
+    2024, https://arxiv.org/abs/2310.02579). With ``φ(λ) = 1/λ`` it is the pseudo-inverse ``L⁺`` (effective
+    resistances), with ``φ(λ) = e^(−βλ)`` the diffusion kernel of GraphiT (Mialon et al. 2021); the
+    filters are learned. Zero eigenvector columns (padding) contribute nothing. Feed it
+    ``laplacian_spectrum(..., skip_trivial=False)``: with the trivial eigenpair the kernel does not depend on
+    the basis of a repeated λ = 0 (a disconnected graph), and with k ≥ n it is exact for every graph;
+    a k that cuts through a repeated eigenvalue makes it basis-dependent again.
+
+    Args:
+        num_heads: H, one bias per head.
+        dim: width D of the node term.
+        channels: M filters.
+        hidden: width of the MLPs φ and ρ.
+    """
+
+    def __init__(self, num_heads: int, dim: int, channels: int = 16, hidden: int = 64):
+        super().__init__()
+        if min(num_heads, dim, channels, hidden) < 1:
+            raise ValueError(f"num_heads, dim, channels and hidden must be >= 1, got {num_heads}, {dim}, {channels}, "
+                             f"{hidden}")
+        self.num_heads, self.channels = num_heads, channels
+        self.phi = nn.Sequential(nn.Linear(1, hidden), nn.GELU(), nn.Linear(hidden, channels))
+        self.rho = nn.Sequential(nn.Linear(channels, hidden), nn.GELU(), nn.Linear(hidden, num_heads))
+        self.node = nn.Linear(channels, dim)
+
+    def kernels(self, eigvecs: Tensor, eigvals: Tensor) -> Tensor:
+        """``K = V diag(φ(λ)) Vᵀ`` per channel: ``(B, N, k), (B, k) → (B, N, N, M)``."""
+        w = self.phi(eigvals[..., None].to(self.node.weight.dtype))  # (B, k, M)
+        v = eigvecs.to(w.dtype)
+        return torch.einsum("bik,bkm,bjk->bijm", v, w, v)  # (B, N, N, M)
+
+    def forward(self, eigvecs: Tensor, eigvals: Tensor) -> tuple[Tensor, Tensor]:
+        """``(node terms (B, N, D), bias (B, H, N, N))``."""
+        ker = self.kernels(eigvecs, eigvals)  # (B, N, N, M)
+        diag = torch.diagonal(ker, dim1=1, dim2=2).transpose(1, 2)  # (B, N, M)
+        return self.node(diag), self.rho(ker).permute(0, 3, 1, 2)  # (B, N, D), (B, H, N, N)
+
+    def extra_repr(self) -> str:
+        return f"heads={self.num_heads}, channels={self.channels}"

@@ -36,6 +36,18 @@ own share of the sphere (area 4π/N): 0.5 rad for N = 256. Every sample within a
 the largest such count over the centres; farther extra samples get weight 0), so ``patch_size`` does not
 apply to this descriptor; R = ``rings``.
 
+**The signal's own frame** (:func:`signal_frame`): ``u``, the direction of the signal's centre of mass
+``Σ_j |f(s_j)| s_j``, and ``e1``, the principal axis of the ``|f|``-weighted second moment of the samples
+projected onto the tangent plane at u, ``Σ_j |f_j| (P s_j)(P s_j)ᵀ`` with ``P = I − u uᵀ``; ``e2 = u × e1``.
+A rotation R of the signal rotates the frame with it (``u → Ru``, ``e1 → ±R e1``, up to quadrature), so
+anything expressed in the frame does not change. ``e1`` has no sign (a principal axis), so the frame is
+known up to the half-turn about u, ``(e1, e2) → (−e1, −e2)``; a model averages over both (a "frame
+average", Puny et al. 2022, https://arxiv.org/abs/2110.03336). The ``"zonal-frame"`` descriptor is the
+zonal one with its m = 1, 2 coefficients *kept as complex numbers* in the gauge of the frame: at centre
+c_i the reference direction is ``t_i = e1 − (e1·c_i) c_i`` (e1 projected onto the tangent plane at c_i),
+at angle γ_i from the local east, and ``a'_irm = a_irm e^{−i m γ_i}`` — the orientation of a stroke
+relative to the pattern's axis, which the moduli ``|a_irm|`` discard, still invariant.
+
 Fibonacci grid (González 2010, https://arxiv.org/abs/0912.4540), centred so that point i and point
 n−1−i are mirror images: ``z_i = 1 − (2i+1)/n``, ``φ_i = (i − (n−1)/2)·π(3 − √5)``. The grid is then
 mapped onto itself by the rotation by π about the x-axis, ``(x, y, z) → (x, −y, −z)`` — one exact
@@ -51,10 +63,10 @@ from torch import Tensor, nn
 
 from ..errors import DataError
 
-__all__ = ["fibonacci_sphere", "to_angles", "neighbourhoods", "zonal_kernels", "SpherePatches", "DESCRIPTORS",
-           "FLIP_X"]
+__all__ = ["fibonacci_sphere", "to_angles", "neighbourhoods", "zonal_kernels", "signal_frame", "SpherePatches",
+           "DESCRIPTORS", "FLIP_X"]
 
-DESCRIPTORS = ("ordered", "rings", "zonal")
+DESCRIPTORS = ("ordered", "rings", "zonal", "zonal-frame")
 ZONAL_ORDERS = 3  # angular orders m = 0, 1, 2 of the zonal descriptor
 ZONAL_SPAN = 4.0  # the zonal patch radius, in units of a token's own disc radius √(4/N)
 GOLDEN_ANGLE = math.pi * (3.0 - math.sqrt(5.0))
@@ -93,13 +105,19 @@ def neighbourhoods(centres: Tensor, samples: Tensor, k: int) -> Tensor:
     return torch.sort(angle, dim=-1, stable=True).indices[:, :k]
 
 
-def _local_azimuth(centres: Tensor, points: Tensor) -> Tensor:
-    """Azimuth ``(N, K)`` of points ``(N, K, 3)`` in each centre's east/north tangent frame."""
+def _east_north(centres: Tensor) -> tuple[Tensor, Tensor]:
+    """Each centre's local east and north unit vectors ``(N, 3)`` (float64)."""
     c = centres.double()
     up = torch.tensor([0.0, 0.0, 1.0], dtype=torch.float64).expand_as(c)
     east = torch.linalg.cross(up, c)
     east = east / east.norm(dim=-1, keepdim=True).clamp_min(1e-12)
-    north = torch.linalg.cross(c, east)
+    return east, torch.linalg.cross(c, east)
+
+
+def _local_azimuth(centres: Tensor, points: Tensor) -> Tensor:
+    """Azimuth ``(N, K)`` of points ``(N, K, 3)`` in each centre's east/north tangent frame."""
+    c = centres.double()
+    east, north = _east_north(c)
     d = points.double() - c[:, None]
     return torch.atan2((d * north[:, None]).sum(-1), (d * east[:, None]).sum(-1))
 
@@ -129,6 +147,24 @@ def zonal_kernels(centres: Tensor, samples: Tensor, rings: int) -> tuple[Tensor,
     return idx, torch.stack(rows, dim=1).reshape(-1, *idx.shape)  # (R·(2·ORDERS−1), N, K')
 
 
+def signal_frame(signal: Tensor, samples: Tensor) -> Tensor:
+    """The signal's own frame (module docstring): ``(B, 3, 3)``, rows ``e1, e2, u``, a rotation matrix.
+
+    Args:
+        signal: ``(B, C, M)`` on the grid ``samples`` ``(M, 3)`` (channels' magnitudes summed as weights).
+
+    ``e1`` is defined up to sign (eigh's choice); a zero signal has u = 0 and an arbitrary frame.
+    """
+    w = signal.abs().sum(1).double()  # (B, M)
+    s = samples.double()
+    u = torch.nn.functional.normalize(w @ s, dim=-1)  # (B, 3)
+    ps = s[None] - (s[None] * u[:, None]).sum(-1, keepdim=True) * u[:, None]  # (B, M, 3): onto the tangent plane
+    moment = torch.einsum("bm,bmi,bmj->bij", w, ps, ps)  # (B, 3, 3), u is in its null space
+    e1 = torch.linalg.eigh(moment).eigenvectors[..., 2]  # (B, 3): the largest eigenvalue's axis
+    e2 = torch.linalg.cross(u, e1)
+    return torch.stack([e1, e2, u], dim=1).to(signal.dtype if signal.is_floating_point() else torch.float32)
+
+
 class SpherePatches(nn.Module):
     """Patch descriptors of signals on the Fibonacci sample grid: ``(B, C, M) → (B, N, F)``.
 
@@ -138,24 +174,30 @@ class SpherePatches(nn.Module):
         patch_size: K samples per patch, the K nearest the centre.
         rings: R rings of K/R samples, by distance.
         descriptor: ``"ordered"`` (a fixed local frame), ``"rings"`` (sorted values per ring: invariant
-            to rotations about the centre) or ``"zonal"`` (smooth ring-kernel quadrature, invariant; it
-            uses every sample within 4·√(4/N) rad of the centre, not patch_size, see the module docstring).
+            to rotations about the centre), ``"zonal"`` (smooth ring-kernel quadrature, invariant; it
+            uses every sample within 4·√(4/N) rad of the centre, not patch_size, see the module docstring)
+            or ``"zonal-frame"`` (the same quadrature, its m = 1, 2 coefficients in the gauge of the signal's
+            frame: pass ``frame`` to :meth:`forward`).
 
-    ``out_features`` is the descriptor's width per token: C·K, or C·3R for ``"zonal"``.
+    ``out_features`` is the descriptor's width per token: C·K, C·3R for ``"zonal"``, C·5R for ``"zonal-frame"``.
     """
 
     def __init__(self, num_centres: int, num_samples: int, patch_size: int, rings: int, descriptor: str):
         super().__init__()
         if descriptor not in DESCRIPTORS:
             raise ValueError(f"descriptor must be one of {list(DESCRIPTORS)}, got {descriptor!r}")
-        if descriptor != "zonal" and patch_size % rings:
+        zonal = descriptor.startswith("zonal")
+        if not zonal and patch_size % rings:
             raise ValueError(f"rings={rings} must divide patch_size={patch_size}")
         self.num_centres, self.num_samples, self.patch_size, self.rings = num_centres, num_samples, patch_size, rings
         self.descriptor = descriptor
         centres, samples = fibonacci_sphere(num_centres), fibonacci_sphere(num_samples)
-        if descriptor == "zonal":
+        if zonal:
             idx, weight = zonal_kernels(centres, samples, rings)
             self.register_buffer("weight", weight.float(), persistent=False)  # (R·(2·ORDERS−1), N, K')
+            east, north = _east_north(centres)
+            self.register_buffer("east", east.float(), persistent=False)  # (N, 3)
+            self.register_buffer("north", north.float(), persistent=False)  # (N, 3)
         else:
             idx = neighbourhoods(centres, samples, patch_size)  # (N, K), nearest first
         if descriptor == "ordered":  # inside each ring, order by azimuth in the local frame
@@ -169,8 +211,11 @@ class SpherePatches(nn.Module):
 
     def out_features(self, channels: int) -> int:
         """Width of a token's descriptor for a ``channels``-channel signal."""
-        per = self.rings * ZONAL_ORDERS if self.descriptor == "zonal" else self.patch_size
-        return channels * per
+        if self.descriptor == "zonal":
+            return channels * self.rings * ZONAL_ORDERS
+        if self.descriptor == "zonal-frame":
+            return channels * self.rings * (2 * ZONAL_ORDERS - 1)
+        return channels * self.patch_size
 
     def check(self, signal: Tensor, channels: int) -> Tensor:
         """``(B, M)`` or ``(B, C, M)`` finite floats → ``(B, C, M)``; a clear error otherwise."""
@@ -187,13 +232,31 @@ class SpherePatches(nn.Module):
             raise DataError("the signal has NaN or infinite values")
         return signal
 
-    def forward(self, signal: Tensor) -> Tensor:
-        """``(B, C, M) → (B, N, F)`` patch descriptors, F = :meth:`out_features`."""
+    def gauge(self, frame: Tensor) -> Tensor:
+        """γ ``(B, N)``: the angle from each centre's east to the frame's e1 projected onto its tangent plane."""
+        e1 = frame[:, 0].to(self.centres.dtype)  # (B, 3)
+        t = e1[:, None] - (self.centres[None] * e1[:, None]).sum(-1, keepdim=True) * self.centres[None]  # (B, N, 3)
+        return torch.atan2((t * self.north).sum(-1), (t * self.east).sum(-1))
+
+    def forward(self, signal: Tensor, frame: Tensor | None = None) -> Tensor:
+        """``(B, C, M) → (B, N, F)`` patch descriptors, F = :meth:`out_features` (``frame`` ``(B, 3, 3)``:
+        :func:`signal_frame`, for ``"zonal-frame"``)."""
         B, C, _ = signal.shape
         v = signal[:, :, self.index]  # (B, C, N, K)
-        if self.descriptor == "zonal":
+        if self.descriptor.startswith("zonal"):
             a = torch.einsum("bcnk,fnk->bcnf", v, self.weight.to(v.dtype))  # (B, C, N, R·(2·ORDERS−1))
             a = a.view(B, C, self.num_centres, self.rings, 2 * ZONAL_ORDERS - 1)
+            if self.descriptor == "zonal-frame":
+                if frame is None:
+                    raise ValueError("the zonal-frame descriptor needs the signal's frame (signal_frame)")
+                g = self.gauge(frame).to(a.dtype)[:, None, :, None]  # (B, 1, N, 1)
+                parts = [a[..., 0]]
+                for m in range(1, ZONAL_ORDERS):  # a' = a e^{−imγ}: (c + i s)(cos mγ − i sin mγ)
+                    c, sn = a[..., 2 * m - 1], a[..., 2 * m]
+                    cos, sin = torch.cos(m * g), torch.sin(m * g)
+                    parts += [c * cos + sn * sin, sn * cos - c * sin]
+                d = torch.stack(parts, dim=-1)  # (B, C, N, R, 2·ORDERS−1)
+                return d.permute(0, 2, 1, 3, 4).reshape(B, self.num_centres, -1)
             # |a_irm|, with a tiny floor under the root so that gradients at a = 0 (an empty patch) are finite.
             mods = [a[..., 0]] + [(a[..., 2 * m - 1] ** 2 + a[..., 2 * m] ** 2 + 1e-12).sqrt()
                                   for m in range(1, ZONAL_ORDERS)]
