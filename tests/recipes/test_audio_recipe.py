@@ -2,6 +2,7 @@
 baseline next to the model, and the CLI classifies and draws audio files."""
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -72,3 +73,51 @@ def test_show_settings_lists_the_spectrogram(capsys):
                 "freq_mask", "time_mask", "baseline = True"):
         assert key in out
     assert get_recipe("audio").defaults()["clip_samples"] == 16000
+
+
+def test_clips_of_any_length_through_the_cli(audio_run, tmp_path, capsys):
+    """A word with silence around it and a clip three windows long are answered (trimmed, windowed), the
+    long clip's deciding window is drawn; silence only and a 1 Hz sample rate are one-line errors."""
+    root, run_dir, _ = audio_run
+    rate, word = wavfile.read(root / "wavs" / "low" / "000.wav")
+    word = word.astype(np.float32)
+    quiet = np.zeros(int(0.4 * rate), np.float32)
+    padded = np.concatenate([quiet, word, quiet])  # longer than the 0.5 s window only because of the silence
+    wavfile.write(tmp_path / "padded.wav", rate, padded)
+    noise = 0.01 * np.random.default_rng(1).standard_normal(3 * 8000).astype(np.float32)
+    noise[8000:8000 + len(word)] += word  # the word in the middle window of a 1.5 s noisy clip
+    wavfile.write(tmp_path / "long.wav", rate, noise)
+    wavfile.write(tmp_path / "silence.wav", rate, np.zeros(8000, np.float32))
+    wavfile.write(tmp_path / "one_hz.wav", 1, np.ones(10, np.float32))
+    files = [str(tmp_path / "padded.wav"), str(tmp_path / "long.wav")]
+    assert main(["-q", "generate", str(run_dir), "--audio", *files]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [ln.split("\t")[2] for ln in lines] == ["low", "low"]
+    assert main(["-q", "viz", str(run_dir), "--audio", str(tmp_path / "long.wav"), "--out", str(tmp_path / "v")]) == 0
+    assert (tmp_path / "v" / "rollout.png").stat().st_size > 1000
+    for name, msg in (("silence.wav", "silence"), ("one_hz.wav", "1 Hz")):
+        assert main(["-q", "generate", str(run_dir), "--audio", str(tmp_path / name)]) == 2
+        err = capsys.readouterr().err
+        assert msg in err and err.strip().count("\n") == 0, err
+
+
+@pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng is not installed")
+def test_robustness_metrics_are_the_evaluation_sets_accuracies():
+    """test_accuracy_<name> for every evaluation set, each the plain accuracy of the model on that set."""
+    from tokennet.data.speech_eval import evaluation_sets
+    from tokennet.data.spoken_digits import SpokenWords
+    from tokennet.models.registry import create_model
+    from tokennet.recipes.audio import robustness
+
+    torch.manual_seed(0)
+    model = create_model("ast-digits", num_classes=10, dim=32, num_layers=1, num_heads=2).eval()
+    spec = SpokenWords(per_voice=1, test_voices=2)
+    r = robustness(model, spec, batch_size=64)
+    other = shutil.which("flite") is not None or shutil.which("festival") is not None
+    names = {"clean", "other_synth"} if other else {"clean"}
+    names |= {f"{n}_{s}db" for n in ("white", "pink", "babble") for s in (20, 10, 0)}
+    assert set(r) == {f"test_accuracy_{n}" for n in names}
+    x, y, _ = evaluation_sets(seed=0, per_voice=1, test_voices=2, other=False)["pink_10db"]
+    with torch.no_grad():
+        pred = model(model.spectrogram_image(x)[:, None]).logits.argmax(-1)
+    assert r["test_accuracy_pink_10db"] == pytest.approx(float((pred == y).float().mean()))

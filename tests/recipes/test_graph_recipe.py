@@ -20,8 +20,9 @@ def test_run_with_the_ablation_table(tmp_path):
     run_dir, metrics = train("graph", out=tmp_path / "g", sets=TINY, device="cpu")
     assert set(metrics["ablation"]) == set(VARIANTS)
     assert all(0 <= v <= 1 for v in metrics["ablation"].values())
-    # the configured model (full attention + Laplacian positions) is reported, not retrained
-    assert metrics["ablation"]["Laplacian positions"] == metrics["test_accuracy"]
+    # the configured model (the default: full attention + the spectral-kernel bias) is reported, not retrained
+    assert metrics["variant"] == "spectral-kernel bias"
+    assert metrics["ablation"]["spectral-kernel bias"] == metrics["test_accuracy"]
     assert json.loads((run_dir / "metrics.json").read_text())["ablation"] == metrics["ablation"]
     assert not any(p.name.startswith("tmp") for p in run_dir.iterdir())  # variants' checkpoints not kept
     run = tokennet.load(run_dir)

@@ -3,8 +3,17 @@
 Data (``--data``): ``spoken-digits`` (the default) synthesizes the ten digit words with ``espeak-ng``
 over 112 voices (8 English accents × 14 voice variants), holding out whole voices for the test set
 (:mod:`tokennet.data.spoken_digits`; cached after the first run); ``--data DIR`` reads ``DIR/LABEL/*.wav``
-(or ``DIR/train/…`` and ``DIR/test/…``) instead. Clips longer than the model's ``clip_samples`` are an
-error, not cropped.
+(or ``DIR/train/…`` and ``DIR/test/…``) instead; a file of any length has its leading and trailing silence
+trimmed and, if the word is still longer than ``clip_samples``, keeps its most energetic window
+(:func:`~tokennet.tokens.clips.fit_window`). ``tokennet generate --audio`` and ``viz --audio`` read any
+length as overlapping windows (:mod:`tokennet.tokens.clips`).
+
+Speech it never trained on (``robustness=true``, the default, on the generated digits): ``metrics.json``
+adds ``test_accuracy_<name>`` for the sets of :func:`~tokennet.data.speech_eval.evaluation_sets` —
+``other_synth`` (Flite and Festival voices, when those Debian packages are installed; never used in
+training), ``clean`` (the held-out voices' clips without their noise) and ``white|pink|babble_{20,10,0}db``
+(those clips with the noise at that SNR of the active speech). ``tokennet eval`` recomputes them;
+``bench/audio_robust.py`` measures the training changes meant to raise them, one at a time.
 
 Model: the ``ast-digits`` preset (:mod:`tokennet.models.ast`): a 40-mel log spectrogram of 1-s clips
 (25 ms windows every 10 ms: 40 × 101), tokenized by a conv stem (ViT_C, as the ``vit`` recipe's
@@ -42,7 +51,7 @@ import numpy as np
 import torch
 
 from ..data.image_batches import ImageBatches
-from ..data.spoken_digits import AudioSet, SpokenWords
+from ..data.spoken_digits import DEFAULT_DATA, DIGITS, AudioSet, SpokenWords
 from ..errors import DataError
 from ..lifecycle import BuildContext, Job, Recipe, register_recipe
 from ..models.registry import create_model
@@ -52,7 +61,7 @@ __all__ = ["mfcc_stats", "mfcc_baseline"]
 
 log = logging.getLogger(__name__)
 
-_OPTIONS = {"baseline": True, "eval_batch_size": 200, "num_mfcc": 13}
+_OPTIONS = {"baseline": True, "eval_batch_size": 200, "num_mfcc": 13, "robustness": True}
 # 600 steps: 100% on the held-out voices (measured, see the module docstring); time_budget caps the training
 # time on slower machines (the cosine schedule then follows the clock).
 _TRAIN_DEFAULTS = {"max_iters": 600, "time_budget": 270.0, "batch_size": 64, "lr": 2e-3, "warmup_iters": 100,
@@ -125,8 +134,27 @@ def _by_voice(ds: AudioSet, pred: np.ndarray) -> dict[str, float]:
     return {v: round(float(ok[voices == v].mean()), 4) for v in sorted(set(ds.test_voices))}
 
 
-def _metrics(model, ds: AudioSet, options: dict[str, Any]) -> dict[str, Any]:
-    """Everything measured on the test split: the model, per voice, and the baseline (what eval recomputes)."""
+def robustness(model, spec: SpokenWords, batch_size: int = 200) -> dict[str, float]:
+    """``test_accuracy_<name>`` on every set of :func:`~tokennet.data.speech_eval.evaluation_sets` for the
+    generated digits of ``spec`` (``other_synth`` only where Flite or Festival speaks on this machine)."""
+    from ..data.other_speech import available_other_voices
+    from ..data.speech_eval import evaluation_sets
+
+    other = bool(available_other_voices())
+    if not other:
+        log.warning("robustness: neither flite nor festival speaks on this machine; test_accuracy_other_synth is "
+                    "not measured (apt-get install flite festival)")
+    sets = evaluation_sets(seed=spec.seed, per_voice=spec.per_voice, test_voices=spec.test_voices, other=other)
+    out = {}
+    for name, (x, y, voices) in sets.items():
+        ds = AudioSet(name, list(DIGITS), spec.sample_rate, x[:0], y[:0], x, y, list(voices))
+        out[f"test_accuracy_{name}"] = _evaluate(model, ds, batch_size)[0]["test_accuracy"]
+    return out
+
+
+def _metrics(model, ds: AudioSet, options: dict[str, Any], data: SpokenWords | None = None) -> dict[str, Any]:
+    """Everything measured on the test split: the model, per voice, the baseline, and (generated digits,
+    ``robustness``) the speech it never trained on — what ``tokennet eval`` recomputes."""
     m, pred = _evaluate(model, ds, options["eval_batch_size"])
     out: dict[str, Any] = {**m, "dataset": ds.name, "train_size": len(ds.y_train), "test_size": len(ds.y_test)}
     if ds.test_voices:
@@ -138,6 +166,9 @@ def _metrics(model, ds: AudioSet, options: dict[str, Any]) -> dict[str, Any]:
         out.update({"baseline_accuracy": acc, "baseline": desc})
         if ds.test_voices:
             out["baseline_accuracy_by_voice"] = _by_voice(ds, bpred)
+    if (options.get("robustness") and data is not None and data.source == DEFAULT_DATA
+            and (data.sample_rate, data.clip_samples) == (16000, 16000)):
+        out.update(robustness(model, data, options["eval_batch_size"]))
     return out
 
 
@@ -175,7 +206,7 @@ def evaluate_run(run, data) -> dict[str, Any]:
         raise DataError(f"{run.path} was trained on {run.model.config.num_classes} classes, but the data has "
                         f"{ds.num_classes}; evaluate it on data like its own")
     opts = {k: run.settings.get(k, v) for k, v in _OPTIONS.items()}
-    return _metrics(run.model, ds, opts)
+    return _metrics(run.model, ds, opts, spec)
 
 
 def smoke_data(directory) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -9,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..errors import DataError
-from ..tokens.audio import load_audio
+from ..tokens.clips import classify_clip, load_clip
 from .base import HELP, Input, as_paths, register_task
 from .classification import ImageClassification
 
@@ -18,14 +19,19 @@ if TYPE_CHECKING:
 
 __all__ = ["AudioClassification"]
 
+log = logging.getLogger(__name__)
+
 
 @register_task
 class AudioClassification(ImageClassification):
     """An AST: ``run.classify(wav paths or waveforms (B, samples))`` → ``(class index, probability)`` per clip.
 
-    Files are read as mono and resampled to the model's rate; a clip longer than the model's maximum
-    (``clip_samples``) is an error, not cropped; shorter clips are zero-padded at the end. ``classify`` is
-    the image task's (softmax over the logits of :meth:`inputs_of`); only reading the inputs differs.
+    Files of any length are read as :mod:`tokennet.tokens.clips` says: mono, resampled to the model's rate,
+    leading and trailing silence trimmed (40 dB below the loudest 10-ms frame), then one window of
+    ``clip_samples`` (zero-padded) or, for a longer clip, overlapping windows whose log-probabilities are
+    combined (the most confident window's); a clip of silence only is a one-line error, and one longer than
+    10 minutes is read up to there with a note. Waveform tensors ``(B, samples)`` are the model's inputs as
+    given.
     """
 
     name = "audio classification"
@@ -53,8 +59,17 @@ class AudioClassification(ImageClassification):
 
     def panel(self, run: Run, log) -> list[tuple[str, str]]:
         from ..viz.report.classification import audio_test_set, classifier_panel
+        from ..viz.report.html import esc, number, table
 
-        return classifier_panel(run, log, test_set=audio_test_set)
+        out = classifier_panel(run, log, test_set=audio_test_set)
+        rows = [[esc(k.removeprefix("test_accuracy_").replace("_", " ")), number(v, k)]
+                for k, v in run.metrics.items() if k.startswith("test_accuracy_")]
+        if rows:
+            out.insert(1, ("Speech it never trained on (test accuracy)",
+                           '<p class="sub">other synth: Flite and Festival voices; clean: the held-out voices '
+                           "without noise; NOISE SNR: the same clips with that noise at that SNR of the active "
+                           "speech.</p>" + table(["set", "test accuracy"], rows, num_cols=(1,))))
+        return out
 
     def examples(self, run: Run, directory: Path) -> dict[str, Any]:
         from scipy.io import wavfile
@@ -72,16 +87,44 @@ class AudioClassification(ImageClassification):
         return [({"audio": [str(d / "missing.wav")]}, "does not exist"), ({"audio": [str(d / "empty.wav")]}, "empty"),
                 ({"audio": [str(d / "notaudio.wav")]}, "notaudio.wav")]
 
-    def inputs_of(self, run: Run, inputs) -> torch.Tensor:
-        """A waveform batch ``(B, samples)`` as given, or audio files read at the model's sample rate."""
+    def classify(self, run: Run, inputs) -> list[tuple[int, float]]:
+        """``(class index, probability)`` per clip: a waveform batch as the model's inputs, or files of any
+        length (trimmed, windowed, the windows combined; see the class docstring)."""
         if torch.is_tensor(inputs):
-            return inputs
+            return super().classify(run, inputs)
+        out = []
+        for clip in self.clips_of(run, inputs):
+            lp, _ = classify_clip(run.model, torch.from_numpy(clip.windows))
+            k = int(lp.argmax())
+            out.append((k, float(lp[k].exp())))
+        return out
+
+    def clips_of(self, run: Run, inputs) -> list:
+        """Audio files read as :class:`~tokennet.tokens.clips.ClipWindows` at the model's rate and window
+        (every file is checked before any is classified; notes, such as the 10-minute cap, go to the log)."""
         c = run.model.config
         paths = as_paths(inputs)
         if not paths:
             raise DataError("no audio file given")
-        clips = [torch.from_numpy(load_audio(p, c.sample_rate, max_samples=c.clip_samples)) for p in paths]
-        out = torch.zeros(len(clips), c.clip_samples)
-        for i, x in enumerate(clips):
+        clips = [load_clip(p, c.sample_rate, c.clip_samples) for p in paths]
+        for clip in clips:
+            for note in clip.notes:
+                log.warning("%s", note)
+        return clips
+
+    def inputs_of(self, run: Run, inputs) -> torch.Tensor:
+        """A waveform batch ``(B, samples)`` as given, or audio files as one window each (a longer clip's
+        most energetic window, :func:`~tokennet.tokens.clips.fit_window`), zero-padded to ``clip_samples``."""
+        if torch.is_tensor(inputs):
+            return inputs
+        from ..tokens.clips import load_fitted
+
+        c = run.model.config
+        paths = as_paths(inputs)
+        if not paths:
+            raise DataError("no audio file given")
+        out = torch.zeros(len(paths), c.clip_samples)
+        for i, p in enumerate(paths):
+            x = torch.from_numpy(load_fitted(p, c.sample_rate, c.clip_samples))
             out[i, :len(x)] = x
         return out

@@ -41,7 +41,7 @@ from .audio import SILENCE, read_audio, resample, to_mono
 
 __all__ = ["TRIM_DB", "FRAME_SECONDS", "MARGIN_SECONDS", "MAX_SECONDS", "MIN_SAMPLE_RATE", "COMBINES", "COMBINE",
            "frame_levels_db", "trim_silence", "split_windows", "fit_window", "combine_windows", "ClipWindows",
-           "prepare_clip", "load_clip", "load_fitted"]
+           "prepare_clip", "load_clip", "load_fitted", "classify_clip"]
 
 TRIM_DB = 40.0  # frames this far below the loudest frame are silence at the ends
 FRAME_SECONDS = 0.010
@@ -196,3 +196,12 @@ def load_clip(path: str | Path, sample_rate: int, window: int, **kw) -> ClipWind
     rate below :data:`MIN_SAMPLE_RATE`, silence only.
     """
     return prepare_clip(_read_mono(path, sample_rate), sample_rate, window, name=str(path), **kw)
+
+
+@torch.no_grad()
+def classify_clip(model, windows: torch.Tensor, how: str = COMBINE) -> tuple[torch.Tensor, int]:
+    """One clip's class log-probabilities ``(K,)`` from its windows ``(W, samples)``
+    (:func:`combine_windows`), and the window that decided (the most confident)."""
+    dev = next(model.parameters()).device
+    lp = torch.log_softmax(model(windows.to(dev)).logits.float(), dim=-1).cpu()  # (W, K)
+    return combine_windows(lp, how), int(lp.max(-1).values.argmax())

@@ -8,7 +8,6 @@ from pathlib import Path
 import torch
 
 from ..errors import DataError, RunError
-from ..tokens.audio import load_audio
 from .attention_maps import attention_rollout, plot_rollout
 from .vit import grid_geometry
 
@@ -25,15 +24,23 @@ def audio_viz(run, out_dir: Path, *, index: int | None = None, data: str | None 
         out_dir: where the PNG goes.
         index: the test clip to draw (default 0), when no ``audio`` file is given.
         data: the data of the test clip (default: the run's).
-        audio: draw this audio file instead (resampled to the model's rate; longer clips are an error).
+        audio: draw this audio file instead, read as ``tokennet generate`` reads it (resampled to the model's
+            rate, silence trimmed; of a longer clip, the window that decided the answer is drawn).
     """
     model = run.model
     c = model.config
     dev = next(model.parameters()).device
     names = run.task.label_names(run) or [str(i) for i in range(c.num_classes)]
     if audio is not None:
-        wave = torch.from_numpy(load_audio(audio, c.sample_rate, max_samples=c.clip_samples))
+        from ..tokens.clips import classify_clip, load_clip
+
+        clip = load_clip(audio, c.sample_rate, c.clip_samples)
+        _, w = classify_clip(model, torch.from_numpy(clip.windows))
+        wave = torch.from_numpy(clip.windows[w])
         label, source = "?", Path(audio).name
+        if len(clip) > 1:
+            source += f" ({clip.seconds:.2f} s trimmed; window {w + 1} of {len(clip)}, from "
+            source += f"{clip.starts[w] / c.sample_rate:.2f} s)"
     else:
         if run.data is None:
             raise RunError(f"{run.path} has no run.json to say which data it was trained on; pass --audio FILE")

@@ -15,9 +15,11 @@ def graph_panel(run, log) -> list[Section]:  # noqa: ARG001
     out: list[Section] = []
     if "ablation" in m:
         best = max(m["ablation"].values())
-        rows = [[esc(name), number(acc, f"ablation.{name}")] for name, acc in m["ablation"].items()]
+        this = m.get("variant")
+        rows = [[esc(name) + (" (this run's model)" if name == this else ""), number(acc, f"ablation.{name}")]
+                for name, acc in m["ablation"].items()]
         classes = ["hit" if acc == best else "" for acc in m["ablation"].values()]
-        out.append(("Structure ablation (test accuracy, same steps and batches)",
+        out.append(("Structure ablation (test accuracy, same steps and batches; the best row highlighted)",
                     table(["variant", "test accuracy"], rows, classes, num_cols=(1,))))
     if "test_mae" in m:
         rows = [[esc("this model"), number(m["test_mae"], "test_mae")]]
