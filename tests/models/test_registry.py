@@ -175,3 +175,21 @@ def test_pickle_with_code_is_not_executed(tmp_path):
     with pytest.raises(ValueError, match="could not be loaded as plain tensors"):
         load_pretrained(tmp_path, allow_pickle=True)
     assert not marker.exists()
+
+
+def test_the_shared_transformer_fields_are_declared_once():
+    """Every transformer family's dim/num_layers/num_heads/mlp_ratio/dropout/backend come from TransformerConfig,
+    with the family's own defaults; a default for a field that is not shared is refused at class creation."""
+    from tokennet.models.gpt import GPTConfig
+    from tokennet.models.registry import TransformerConfig
+    from tokennet.models.seq2seq import Seq2SeqConfig
+
+    shared = [f.name for f in dataclasses.fields(TransformerConfig) if f.init]
+    assert shared == ["dim", "num_layers", "num_heads", "mlp_ratio", "dropout", "backend"]
+    assert (GPTConfig().dim, GPTConfig().num_heads, Seq2SeqConfig().dropout, Seq2SeqConfig().dim) == (384, 6, 0.1, 128)
+    assert TransformerConfig().dim == 128  # the family's default did not leak into the base
+    assert GPTConfig.from_dict(GPTConfig(dim=64, num_heads=4).to_dict()).dim == 64
+    with pytest.raises(TypeError, match="not shared"):
+        @dataclasses.dataclass
+        class Bad(TransformerConfig, defaults=dict(vocab_size=3)):
+            pass

@@ -32,14 +32,14 @@ from ..errors import ConfigError
 from ..layers.stack import AttentionMaps, Decoder, Encoder
 from ..position.learned import LearnedPosition, LearnedPosition2D
 from ..tokens.image import PatchEmbed
-from .registry import ModelConfig, Output, register_family, register_preset
+from .registry import Output, TransformerConfig, register_family, register_preset
 from .seqio import EncoderDecoderState, check_token_ids, condition_target, seq_loss
 
 __all__ = ["CaptionerConfig", "PrefixCaptionerConfig", "Captioner", "PrefixCaptioner", "PrefixState"]
 
 
 @dataclass
-class CaptionerConfig(ModelConfig):
+class CaptionerConfig(TransformerConfig):
     """Config of :class:`Captioner` (and, as :class:`PrefixCaptionerConfig`, of :class:`PrefixCaptioner`).
 
     Args:
@@ -64,15 +64,9 @@ class CaptionerConfig(ModelConfig):
     patch_size: int = 8
     in_channels: int = 3
     max_target_len: int = 24
-    dim: int = 128
-    num_layers: int = 2
     num_decoder_layers: int | None = None
-    num_heads: int = 4
-    mlp_ratio: float = 4.0
-    dropout: float = 0.0
     tie_weights: bool = True
     bias: bool = True
-    backend: str = "auto"
     pad_id: int = 0
     bos_id: int = 1
     eos_id: int = 2

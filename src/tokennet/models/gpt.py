@@ -28,7 +28,7 @@ from ..position.alibi import ALiBi
 from ..position.learned import LearnedPosition
 from ..position.rope import RotaryEmbedding
 from ..position.sinusoidal import SinusoidalPosition
-from .registry import ModelConfig, Output, register_family, register_preset
+from .registry import Output, TransformerConfig, register_family, register_preset
 
 __all__ = ["GPTConfig", "GPT", "POSITIONS"]
 
@@ -36,7 +36,7 @@ POSITIONS = ("learned", "sinusoidal", "rope", "alibi")
 
 
 @dataclass
-class GPTConfig(ModelConfig):
+class GPTConfig(TransformerConfig, defaults=dict(dim=384, num_layers=6, num_heads=6)):
     """Config of :class:`GPT`.
 
     Args:
@@ -66,12 +66,7 @@ class GPTConfig(ModelConfig):
 
     vocab_size: int = 256
     block_size: int = 256
-    dim: int = 384
-    num_layers: int = 6
-    num_heads: int = 6
     num_kv_heads: int | None = None
-    mlp_ratio: float = 4.0
-    dropout: float = 0.0
     position: str = "learned"
     tie_weights: bool = True
     bias: bool = True
@@ -81,7 +76,6 @@ class GPTConfig(ModelConfig):
     norm_layer: str = "layernorm"
     gated_mlp: bool = False
     rope_base: float = 10000.0
-    backend: str = "auto"
     qk_norm: bool = False
     quantized: dict[str, str] = field(default_factory=dict)
 

@@ -33,7 +33,7 @@ from ..attention.masks import adjacency, padding
 from ..layers.stack import AttentionMaps, Encoder
 from ..position.laplacian import CommuteTimePosition, LaplacianPosition, SpectralKernelBias, laplacian_spectrum
 from ..tokens.graph import GraphBatch, collate_graphs
-from .registry import ModelConfig, Output, register_family, register_preset
+from .registry import Output, TransformerConfig, register_family, register_preset
 
 __all__ = ["GraphConfig", "GraphTransformer", "ATTENTIONS", "POSITIONS", "TASKS"]
 
@@ -45,7 +45,7 @@ TASKS = ("classify", "regress")
 
 
 @dataclass
-class GraphConfig(ModelConfig):
+class GraphConfig(TransformerConfig, defaults=dict(dim=64, num_layers=4, mlp_ratio=2.0)):
     """Config of :class:`GraphTransformer`.
 
     Args:
@@ -67,18 +67,12 @@ class GraphConfig(ModelConfig):
     node_features: int = 1
     task: str = "classify"
     num_outputs: int = 2
-    dim: int = 64
-    num_layers: int = 4
-    num_heads: int = 4
-    mlp_ratio: float = 2.0
-    dropout: float = 0.0
     attention: str = "full"
     position: str = "laplacian"
     pe_dim: int = 8
     max_distance: int = 8
     target_mean: float = 0.0
     target_std: float = 1.0
-    backend: str = "auto"
 
     def __post_init__(self):
         self.family = "graph"

@@ -23,6 +23,7 @@ from ..state import check_state_dict
 
 __all__ = [
     "ModelConfig",
+    "TransformerConfig",
     "Output",
     "register_family",
     "register_preset",
@@ -94,6 +95,62 @@ class ModelConfig:
         if isinstance(r, bool) or not isinstance(r, numbers.Real) or not (r > 0 and round(r * self.dim) >= 1):
             raise ConfigError(f"mlp_ratio must be positive (the MLP needs mlp_ratio·dim >= 1 units), got {r!r}")
         self._choice("backend", self.backend, BACKENDS)
+
+
+@dataclass
+class TransformerConfig(ModelConfig):
+    """The fields every transformer family shares, declared once (a family adds its own after them).
+
+    Args:
+        dim: width ``D`` of every token vector.
+        num_layers: depth ``L``, the number of blocks.
+        num_heads: attention heads ``H``, each of width ``D / H``.
+        mlp_ratio: the MLP's hidden width as a multiple of ``D``.
+        dropout: dropout probability (on tokens, attention weights and residual branches, as the family says).
+        backend: attention backend (``"auto"``, ``"sdpa"``, ``"math"``, ``"flash"``).
+
+    A family gives them its own defaults in its class statement, and declares nothing else about them::
+
+        @dataclass
+        class GPTConfig(TransformerConfig, defaults=dict(dim=384, num_layers=6, num_heads=6)):
+            vocab_size: int = 256
+            ...
+
+    :meth:`_check_transformer` validates them (the family's ``__post_init__`` calls it).
+    """
+
+    dim: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    mlp_ratio: float = 4.0
+    dropout: float = 0.0
+    backend: str = "auto"
+
+    def __init_subclass__(cls, defaults: dict[str, Any] | None = None, **kw):
+        # Runs when the class statement ends, before @dataclass reads it: a shared field given a new default
+        # is re-declared on the subclass (dataclasses keep an overridden field in its first position).
+        super().__init_subclass__(**kw)
+        if not defaults:
+            return
+        shared = {f.name: f.type for f in dataclasses.fields(TransformerConfig) if f.init}
+        unknown = sorted(set(defaults) - set(shared))
+        if unknown:
+            raise TypeError(f"{cls.__name__}: defaults for {unknown}, which are not shared transformer fields "
+                            f"{sorted(shared)}; declare them in the class body")
+        annotations = dict(cls.__dict__.get("__annotations__", {}))
+        for name, value in defaults.items():
+            annotations.setdefault(name, shared[name])
+            setattr(cls, name, value)
+        cls.__annotations__ = annotations
+
+    def _check_transformer(self) -> None:
+        """Positive width, depth and heads, heads dividing the width, dropout in ``[0, 1)``, the MLP's ratio and
+        the backend."""
+        self._positive(dim=self.dim, num_layers=self.num_layers, num_heads=self.num_heads)
+        if self.dim % self.num_heads:
+            raise ConfigError(f"num_heads={self.num_heads} must divide dim={self.dim}")
+        self._fraction(dropout=self.dropout)
+        self._mlp_and_backend()
 
 
 _FAMILIES: dict[str, tuple[type[ModelConfig], type[nn.Module]]] = {}

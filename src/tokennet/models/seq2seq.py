@@ -34,14 +34,14 @@ from ..layers.block import NORMS
 from ..layers.mlp import ACTIVATIONS
 from ..layers.stack import AttentionMaps, Decoder, Encoder
 from ..position.sinusoidal import SinusoidalPosition
-from .registry import ModelConfig, Output, register_family, register_preset
+from .registry import Output, TransformerConfig, register_family, register_preset
 from .seqio import EncoderDecoderState, check_token_ids, seq_loss, source_target
 
 __all__ = ["Seq2SeqConfig", "Seq2Seq"]
 
 
 @dataclass
-class Seq2SeqConfig(ModelConfig):
+class Seq2SeqConfig(TransformerConfig, defaults=dict(dropout=0.1)):
     """Config of :class:`Seq2Seq`.
 
     Args:
@@ -65,18 +65,12 @@ class Seq2SeqConfig(ModelConfig):
     vocab_size: int = 64
     max_source_len: int = 64
     max_target_len: int = 32
-    dim: int = 128
-    num_layers: int = 2
     num_decoder_layers: int | None = None
-    num_heads: int = 4
-    mlp_ratio: float = 4.0
-    dropout: float = 0.1
     norm: str = "post"
     activation: str = "relu"
     tie_weights: bool = True
     label_smoothing: float = 0.0
     bias: bool = True
-    backend: str = "auto"
     pad_id: int = 0
     bos_id: int = 1
     eos_id: int = 2

@@ -50,7 +50,7 @@ from torch import Tensor, nn
 from ..layers.stack import AttentionMaps, Encoder
 from ..position.spherical import SphericalHarmonicsPosition
 from ..tokens.sphere import DESCRIPTORS, SpherePatches, signal_frame, to_angles
-from .registry import ModelConfig, Output, register_family, register_preset
+from .registry import Output, TransformerConfig, register_family, register_preset
 
 __all__ = ["SphereConfig", "SphereTransformer", "AngleBias", "CentroidPosition", "legendre", "POSITIONS"]
 
@@ -130,7 +130,7 @@ class CentroidPosition(nn.Module):
 
 
 @dataclass
-class SphereConfig(ModelConfig):
+class SphereConfig(TransformerConfig, defaults=dict(dim=48, mlp_ratio=2.0)):
     """Config of :class:`SphereTransformer`.
 
     Args:
@@ -156,12 +156,6 @@ class SphereConfig(ModelConfig):
     descriptor: str = "zonal"
     position: str = "angle-bias+centroid"
     sh_degree: int = 8
-    dim: int = 48
-    num_layers: int = 2
-    num_heads: int = 4
-    mlp_ratio: float = 2.0
-    dropout: float = 0.0
-    backend: str = "auto"
 
     def __post_init__(self):
         self.family = "sphere"

@@ -21,13 +21,13 @@ from ..attention.masks import padding
 from ..errors import ConfigError
 from ..layers.stack import AttentionMaps, Encoder
 from ..position.learned import LearnedPosition
-from .registry import ModelConfig, Output, register_family
+from .registry import Output, TransformerConfig, register_family
 
 __all__ = ["TextEncoderConfig", "TextEncoder"]
 
 
 @dataclass
-class TextEncoderConfig(ModelConfig):
+class TextEncoderConfig(TransformerConfig, defaults=dict(dim=384, num_layers=6, num_heads=12)):
     """Config of :class:`TextEncoder`.
 
     Args:
@@ -36,6 +36,8 @@ class TextEncoderConfig(ModelConfig):
         type_vocab_size: token types (segments A/B); 0 = none.
         dim, num_layers, num_heads: width D, depth L, heads H.
         mlp_ratio: MLP width as a multiple of D.
+        dropout: dropout in the blocks while training (BERT: 0.1; 0 here, as for inference and fine-tuning on
+            little data).
         norm_eps: LayerNorm epsilon (BERT: 1e-12).
         activation: MLP nonlinearity (BERT: erf ``"gelu"``).
         pad_id: the padding token id (masked out of attention and pooling).
@@ -45,14 +47,9 @@ class TextEncoderConfig(ModelConfig):
     vocab_size: int = 30522
     max_len: int = 512
     type_vocab_size: int = 2
-    dim: int = 384
-    num_layers: int = 6
-    num_heads: int = 12
-    mlp_ratio: float = 4.0
     norm_eps: float = 1e-12
     activation: str = "gelu"
     pad_id: int = 0
-    backend: str = "auto"
 
     def __post_init__(self):
         self.family = "text-encoder"
@@ -75,7 +72,7 @@ class TextEncoder(nn.Module):
         self.pos_emb = LearnedPosition(c.max_len, c.dim)
         self.type_emb = nn.Embedding(c.type_vocab_size, c.dim) if c.type_vocab_size else None
         self.emb_norm = nn.LayerNorm(c.dim, eps=c.norm_eps)
-        self.encoder = Encoder(c.dim, c.num_layers, c.num_heads, mlp_ratio=c.mlp_ratio, norm="post",
+        self.encoder = Encoder(c.dim, c.num_layers, c.num_heads, mlp_ratio=c.mlp_ratio, norm="post", dropout=c.dropout,
                                activation=c.activation, norm_eps=c.norm_eps, backend=c.backend)
 
     def example_input(self, batch_size: int = 2) -> Tensor:

@@ -34,7 +34,7 @@ from ..layers.stack import AttentionMaps, Encoder
 from ..position.fourier import Fourier2DPosition
 from ..position.learned import LearnedPosition2D
 from ..tokens.image import EMBED_MODES, ConvStem, PatchEmbed, grid_size, to_pair
-from .registry import ModelConfig, Output, register_family, register_preset
+from .registry import Output, TransformerConfig, register_family, register_preset
 
 __all__ = ["ViTConfig", "ViT", "POOLS", "POSITIONS"]
 
@@ -43,7 +43,7 @@ POSITIONS = ("learned", "fourier", "none")
 
 
 @dataclass
-class ViTConfig(ModelConfig):
+class ViTConfig(TransformerConfig, defaults=dict(dim=192, num_layers=12, num_heads=3)):
     """Config of :class:`ViT`.
 
     Args:
@@ -80,11 +80,6 @@ class ViTConfig(ModelConfig):
     patch_stride: int | list[int] | None = None
     in_channels: int = 3
     num_classes: int = 1000
-    dim: int = 192
-    num_layers: int = 12
-    num_heads: int = 3
-    mlp_ratio: float = 4.0
-    dropout: float = 0.0
     patch_dropout: float = 0.0
     pool: str = "cls"
     distill: bool = False
@@ -96,7 +91,6 @@ class ViTConfig(ModelConfig):
     label_smoothing: float = 0.0
     bias: bool = True
     norm_eps: float = 1e-5
-    backend: str = "auto"
 
     def __post_init__(self):
         self.family = "vit"
