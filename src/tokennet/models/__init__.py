@@ -4,12 +4,14 @@ from . import (
     ast,  # noqa: F401  (registers the family)
     bahdanau,  # noqa: F401  (registers the family)
     captioner,  # noqa: F401  (registers the families)
+    cnn,  # noqa: F401  (registers the family)
     gpt,  # noqa: F401  (registers the family)
     graph,  # noqa: F401  (registers the family)
     seq2seq,  # noqa: F401  (registers the family)
     sphere,  # noqa: F401  (registers the family)
     text_encoder,  # noqa: F401  (registers the family)
     vit,  # noqa: F401  (registers the family)
+    vqa,  # noqa: F401  (registers the families)
 )
 from .registry import (
     ModelConfig,
