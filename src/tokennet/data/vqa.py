@@ -4,9 +4,11 @@ The lecture's opening question, as data: *how many birds are in this image?* and
 the same species as the bottom left bird?*. A scene is a ``64 × 64`` RGB picture on a 4 × 4 grid of
 16-pixel cells; 1–9 animals sit in distinct cells (at a random offset inside the cell, either facing),
 with clutter — grey pebbles and brown twigs — scattered anywhere. An animal is a (species, colour) pair:
-five species drawn as distinct silhouettes (bird, fish, cat, impala, turtle) in five colours.
+five species drawn as distinct silhouettes (bird, fish, cat, impala, turtle) in five named colours (red,
+green, blue, yellow, purple) — or, a quarter of the time, in a colour no question names (teal, pink,
+charcoal), so that every species is seen in many colours and its shape, not its colour, is what names it.
 
-Questions come from four templates, as text; every answer is one word of :data:`ANSWERS`:
+Questions come from five templates, as text; every answer is one word of :data:`ANSWERS`:
 
 =================  ==========================================================  ===============
 template           question                                                    answer
@@ -15,12 +17,16 @@ template           question                                                    a
 ``count_colour``   how many red animals are there?                             ``0`` … ``9``
 ``same_species``   is the top right animal the same species as the bottom      ``yes`` / ``no``
                    left animal? (any of the six pairs of corners)
+``species``        what species is the top right animal? (any corner)          a species
 ``colour``         what colour is the impala?  (exactly one impala in the      a colour
                    scene)
 =================  ==========================================================  ===============
 
-A *corner* animal is the one in that corner's cell of the grid; a ``same_species`` question is asked only
-of a scene with both corners occupied, and its answers are balanced (half yes). Count answers are drawn
+A *corner* animal is the one in that corner's cell of the grid; a ``same_species`` or ``species`` question is
+asked only of a scene with its corners occupied, and ``same_species`` answers are balanced (half yes). As in
+CLEVR (Johnson et al. 2017), a question that compares two things comes with one that queries one: looking a
+corner up (``species``) gives a learner a first-order signal that the comparison alone does not — equality of
+two unseen variables is invisible until both are found. Count answers are drawn
 uniformly from what the scene can hold, so every count is as frequent as every other.
 
 **Held out of training** (whole combinations, chosen by ``seed``): one colour per species — five
@@ -86,10 +92,16 @@ COLOURS = {"red": (0.86, 0.14, 0.12), "green": (0.14, 0.62, 0.2), "blue": (0.16,
 CORNERS = {"top left": (0, 0), "top right": (0, GRID - 1), "bottom left": (GRID - 1, 0),
            "bottom right": (GRID - 1, GRID - 1)}
 CORNER_PAIRS = tuple((a, b) for i, a in enumerate(CORNERS) for b in list(CORNERS)[i + 1:])  # the 6 pairs
-TEMPLATES = ("count", "count_colour", "same_species", "colour")
+TEMPLATES = ("count", "count_colour", "same_species", "species", "colour")
 MAX_ANIMALS = 9
-ANSWERS = (*(str(i) for i in range(MAX_ANIMALS + 1)), "yes", "no", *COLOURS)
+ANSWERS = (*(str(i) for i in range(MAX_ANIMALS + 1)), "yes", "no", *COLOURS, *SPECIES)
+# Colours no question names, worn by every species in training and test alike: each species is seen in many
+# colours, so what makes a bird a bird cannot be its colour (the held-out kinds are named colours only).
+EXTRA_COLOURS = {"teal": (0.08, 0.62, 0.62), "pink": (0.96, 0.56, 0.76), "charcoal": (0.22, 0.22, 0.26)}
+EXTRA_SHARE = 0.25
+ALL_COLOURS = {**COLOURS, **EXTRA_COLOURS}
 BACKGROUND = (0.95, 0.93, 0.87)
+COLOUR_JITTER = 0.12
 ANSWERS_FILE = "answers.tsv"
 
 
@@ -231,8 +243,8 @@ def _clutter_sprite(kind: str, length: float, angle: float) -> np.ndarray:
 def render(scene: Scene, image_size: int = IMAGE_SIZE, seed: int = 0) -> np.ndarray:
     """The scene as float32 ``(3, H, W)`` in [0, 1]: background, clutter, then the animals on top.
 
-    Colours vary a little per animal (a seeded jitter of ±0.06 per channel), so a colour is a region of
-    colour space rather than one exact value.
+    Colours vary per animal (a seeded jitter of ±``COLOUR_JITTER`` per channel), so a colour is a region of
+    colour space rather than one exact value (and a species is seen in many shades).
     """
     rng = np.random.default_rng(seed)
     img = np.empty((3, image_size, image_size), np.float32)
@@ -243,8 +255,8 @@ def render(scene: Scene, image_size: int = IMAGE_SIZE, seed: int = 0) -> np.ndar
         col = np.array([grey, grey, grey] if kind == "pebble" else [0.55, 0.42, 0.3], np.float32)
         _paste(img, a, col, int(round(y - a.shape[0] / 2)), int(round(x - a.shape[1] / 2)))
     for an in scene.animals:
-        col = np.clip(np.asarray(COLOURS[an.colour], np.float32) + rng.uniform(-0.06, 0.06, 3).astype(np.float32),
-                      0, 1)
+        jitter = rng.uniform(-COLOUR_JITTER, COLOUR_JITTER, 3).astype(np.float32)
+        col = np.clip(np.asarray(ALL_COLOURS[an.colour], np.float32) + jitter, 0, 1)
         _paste(img, sprite(an.species, an.size, an.flip), col, an.top, an.left)
     return img
 
@@ -294,8 +306,12 @@ def _place(rng: random.Random, kinds: list[tuple[str, str]], cells: list[tuple[i
 
 
 def _kind(rng: random.Random, allowed, species: str | None = None, colour: str | None = None,
-          not_species: str | None = None, not_colour: str | None = None) -> tuple[str, str]:
-    """A random allowed (species, colour) kind under the constraints."""
+          not_species: str | None = None, not_colour: str | None = None, named: bool = False) -> tuple[str, str]:
+    """A random allowed (species, colour) kind under the constraints: a named colour, or (a quarter of the
+    time, unless a named colour is asked for) one of the unnamed :data:`EXTRA_COLOURS`."""
+    if colour is None and not named and rng.random() < EXTRA_SHARE:
+        opts = [(s, c) for s in SPECIES for c in EXTRA_COLOURS if (species is None or s == species) and s != not_species]
+        return rng.choice(opts)
     opts = [(s, c) for s, c in allowed if (species is None or s == species) and (colour is None or c == colour)
             and s != not_species and c != not_colour]
     return rng.choice(opts)
@@ -375,10 +391,18 @@ def _try_item(rng, t, allowed, hc, num_clutter) -> Item | None:
         scene = _place(rng, kinds, [CORNERS[ca], CORNERS[cb], *rng.sample(rest, n - 2)], num_clutter)
         q = f"is the {ca} animal the same species as the {cb} animal?"
         return Item(scene, q, "yes" if same else "no", t, (scene.at(CORNERS[ca]), scene.at(CORNERS[cb])))
+    if t == "species":
+        corner = rng.choice(list(CORNERS))
+        n = rng.randint(1, MAX_ANIMALS)
+        rest = [c for c in cells_all if c != CORNERS[corner]]
+        kinds = [_kind(rng, allowed) for _ in range(n)]
+        scene = _place(rng, kinds, [CORNERS[corner], *rng.sample(rest, n - 1)], num_clutter)
+        target = scene.at(CORNERS[corner])
+        return Item(scene, f"what species is the {corner} animal?", target.species, t, (target,))
     if t == "colour":
         s = rng.choice(SPECIES)
         n = rng.randint(1, MAX_ANIMALS)
-        kinds = [_kind(rng, allowed, species=s)] + [_kind(rng, allowed, not_species=s) for _ in range(n - 1)]
+        kinds = [_kind(rng, allowed, species=s, named=True)] + [_kind(rng, allowed, not_species=s) for _ in range(n - 1)]
         rng.shuffle(kinds)
         scene = _place(rng, kinds, rng.sample(cells_all, n), num_clutter)
         target = next(a for a in scene.animals if a.species == s)
@@ -398,15 +422,31 @@ def sample_items(n: int, key: str, *, seed: int, held_out: bool, num_clutter: in
 PAD = "<pad>"
 
 
+# Corner names are one token each, as a word-piece tokenizer would learn them (the two words always come
+# together): "top right" is one place, and its token can look that place up in one step of attention.
+PHRASES = tuple(CORNERS)
+
+
 def tokenize_question(text: str) -> list[str]:
-    """Lower-case, drop punctuation, split on white space: ``"How many birds?"`` → ``["how", "many", "birds"]``."""
-    return re.sub(r"[^\w\s]", " ", str(text).lower()).split()
+    """Lower-case, drop punctuation, split on white space, and join each corner name into one token:
+    ``"Is the top right animal ...?"`` → ``["is", "the", "top right", "animal", ...]``."""
+    words = re.sub(r"[^\w\s]", " ", str(text).lower()).split()
+    out, i = [], 0
+    while i < len(words):
+        pair = " ".join(words[i:i + 2])
+        if pair in PHRASES:
+            out.append(pair)
+            i += 2
+        else:
+            out.append(words[i])
+            i += 1
+    return out
 
 
 def question_words() -> list[str]:
     """The vocabulary of the generated questions (``<pad>`` first), in a fixed order."""
     words = {"how", "many", "are", "there", "animals", "is", "the", "animal", "same", "species", "as", "what",
-             "colour", "top", "bottom", "left", "right"}
+             "colour", *PHRASES}
     words |= set(SPECIES) | {PLURAL[s] for s in SPECIES} | set(COLOURS)
     return [PAD, *sorted(words)]
 
