@@ -620,6 +620,8 @@ def read_question_dir(directory: str, seed: int = 0, test_fraction: float = 0.2)
 
 # -- the spec ---------------------------------------------------------------------------------------------------
 GENERATED = "generated"
+GENERATED_PIXEL_MEAN = (0.91, 0.89, 0.84)
+GENERATED_PIXEL_STD = (0.14, 0.14, 0.14)
 
 
 @register_data
@@ -663,6 +665,15 @@ class AnimalQuestions(DataSpec):
             return self.replace(words=question_words(), answers=list(ANSWERS))
         u = self.user()
         return self.replace(words=u.words, answers=u.answers)
+
+    def pixel_stats(self) -> tuple[list[float], list[float]]:
+        """Per-channel mean and standard deviation of the training pictures (the generator's, measured once on
+        640 pictures and rounded; a directory's, computed from its training images)."""
+        if self.generated:
+            return list(GENERATED_PIXEL_MEAN), list(GENERATED_PIXEL_STD)
+        x = self.user().train.images
+        return ([round(float(v), 4) for v in x.mean((0, 2, 3))],
+                [round(max(float(v), 1e-3), 4) for v in x.std((0, 2, 3))])
 
     @property
     def image_size(self) -> int:

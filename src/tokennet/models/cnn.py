@@ -325,7 +325,7 @@ register_preset("cnn", "cnn", "a small ResNet classifier: 3 stages 32/64/128, on
                 "(28×28 grey, 10 classes)")
 register_preset("cnn-plain", "cnn", "a plain conv stack: conv–BN–ReLU, stages 32/64/128, one layer each",
                 arch="plain")
-register_preset("cnn-fashion", "cnn", "ResNet for 28×28 Fashion-MNIST: stages 24/48/96, one block each "
-                "(about the ViT_C profile's size)", widths=[24, 48, 96])
+register_preset("cnn-fashion", "cnn", "ResNet for 28×28 Fashion-MNIST: a stride-2 stem, stages 24/48/96, one block "
+                "each", widths=[24, 48, 96], stem_stride=2)
 register_preset("cnn-digits", "cnn", "ResNet for 8×8 digits: stages 16/32, one block each",
                 image_size=8, widths=[16, 32], depths=[1, 1])

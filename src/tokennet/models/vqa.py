@@ -5,14 +5,20 @@ new question, you'll just attend to the parts of the input signal that matter"*.
 the image is tokens, and one generic encoder processes the sequence (single-stream, as in ViLT, Kim et al.
 2021, https://arxiv.org/abs/2102.03334)::
 
-    z₀ = [q; w₁ … w_T; x_p¹E … x_pᴺE] + type + position      q: a learned summary token
-    z_ℓ = z_ℓ + MSA(LN(z_ℓ)),  z_ℓ = z_ℓ + MLP(LN(z_ℓ))      L pre-norm blocks
-    answer = argmax Linear(LN(z_L^q))                         read from the question's summary token
+    z₀ = [q; s; w₁ … w_T; x̂_p¹E … x̂_pᴺE] + type + position    q: the summary token, s: a sink
+    z_ℓ = z_ℓ + MSA(LN(z_ℓ)),  z_ℓ = z_ℓ + MLP(LN(z_ℓ))       L pre-norm blocks
+    answer = argmax Linear(LN(z_L^q))                          read from the question's summary token
 
 Row ``q`` of each layer's ``A = softmax(Q Kᵀ / √E)`` is where the question looks: its query is matched
-against the keys of the patch tokens. Padding words are masked as keys. ``modality_mask="image-first"``
-lets the patches attend only to patches (the image is encoded without the question, and only the question
-tokens read it); ``"full"`` lets every token attend to every token.
+against the keys of the patch tokens. Choices made for learning that routing in CPU minutes (the ``vqa``
+recipe's docstring says which of them were measured, and how): the summary token starts as
+the question's mean word embedding plus a learned vector (so the first layer's query already depends on
+the question); pixels are standardized with the data's statistics, ``x̂ = (x − μ) / σ`` (the background, the
+same in every patch, becomes ≈ 0); positions start at the scale of the content (``N(0, 0.5²)``, not ViT's
+0.02). The sink ``s`` is a learned token any query can rest on, so that attention which picks ``k``
+objects can tell how many — the construction of ``tokennet demo counting``, learned. Padding words are
+masked as keys. ``modality_mask="image-first"`` lets the patches attend only to patches; ``"full"`` (the
+default) lets every token attend to every token.
 
 **The CNN baseline** (family ``vqa-cnn``) answers the same questions the way a CNN can: a GRU reads the
 question, and FiLM (Perez et al. 2018, https://arxiv.org/abs/1709.07871) conditions every block of a conv
@@ -39,54 +45,6 @@ from .registry import ModelConfig, Output, register_family, register_preset
 __all__ = ["VQATransformerConfig", "VQATransformer", "VQACNNConfig", "VQACNN", "MODALITY_MASKS"]
 
 MODALITY_MASKS = ("full", "image-first")
-PATCH_EMBEDS = ("linear", "patchify-stem", "patch-cnn")
-
-
-class PatchifyStem(nn.Module):
-    """Patches → tokens by a small CNN whose every kernel equals its stride: ``2×2/2 → ReLU → 2×2/2 → ReLU →
-    (p/4)×(p/4)/(p/4)``. Each token is still computed from its own ``p × p`` patch and nothing else (the
-    receptive field is the patch), but nonlinearly, with filters shared across the patch's sub-cells."""
-
-    def __init__(self, in_channels: int, dim: int, patch_size: int, width: int = 16):
-        super().__init__()
-        if patch_size % 4 or patch_size < 4:
-            raise ConfigError(f"patch_embed='patchify-stem' needs patch_size a multiple of 4, got {patch_size}")
-        self.layers = nn.Sequential(
-            nn.Conv2d(in_channels, width, 2, 2), nn.ReLU(),
-            nn.Conv2d(width, 2 * width, 2, 2), nn.ReLU(),
-            nn.Conv2d(2 * width, dim, patch_size // 4, patch_size // 4))
-
-    def forward(self, images: Tensor) -> Tensor:
-        return self.layers(images).flatten(2).transpose(1, 2)  # (B, D, gh, gw) → (B, N, D)
-
-
-class PatchCNN(nn.Module):
-    """Patches → tokens by one small CNN applied to every patch on its own (the patches are cut first, so no
-    filter crosses a patch border: a token's receptive field is its patch). ``3×3 conv → ReLU → 2×2 max-pool``
-    twice, a third ``3×3 conv → ReLU``, then the ``(p/4)²`` positions flattened and projected to ``D``: filters
-    shared across the patch, as a CNN's are, so a shape is recognized wherever it sits in its patch."""
-
-    def __init__(self, in_channels: int, dim: int, patch_size: int, width: int = 8):
-        super().__init__()
-        if patch_size % 4 or patch_size < 4:
-            raise ConfigError(f"patch_embed='patch-cnn' needs patch_size a multiple of 4, got {patch_size}")
-        self.patch_size = patch_size
-        self.convs = nn.Sequential(
-            nn.Conv2d(in_channels, width, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(width, 2 * width, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(2 * width, 4 * width, 3, padding=1), nn.ReLU())
-        self.proj = nn.Linear(4 * width * (patch_size // 4) ** 2, dim)
-
-    def forward(self, images: Tensor) -> Tensor:
-        B, C, H, W = images.shape
-        p = self.patch_size
-        gh, gw = H // p, W // p
-        x = images.reshape(B, C, gh, p, gw, p).permute(0, 2, 4, 1, 3, 5)  # (B, gh, gw, C, p, p)
-        x = x.reshape(B * gh * gw, C, p, p)  # every patch an image of its own
-        h = self.convs(x).flatten(1)  # (B·N, 4w·(p/4)²)
-        return self.proj(h).view(B, gh * gw, -1)  # (B, N, D)
-
-
 def _standardize(config, images: Tensor) -> Tensor:
     """``(x − μ) / σ`` per channel, with the data's pixel statistics (``pixel_mean``, ``pixel_std``): the
     background becomes ≈ 0 and an animal a large signal, where raw pixels would give every patch token the
@@ -108,11 +66,10 @@ def _check_pixels(config) -> None:
         raise ConfigError(f"pixel_std must be positive, got {config.pixel_std}")
 
 
-# The generated scenes' pixel statistics per channel (measured on 320 training pictures; a user's data
-# replaces them with its own).
-PIXEL_MEAN = [0.92, 0.89, 0.83]
+# Neutral defaults; a recipe sets the data's own statistics (tokennet.data.vqa.pixel_stats).
+PIXEL_MEAN = [0.5, 0.5, 0.5]
 POSITION_STD = 0.5
-PIXEL_STD = [0.13, 0.15, 0.14]
+PIXEL_STD = [0.25, 0.25, 0.25]
 
 
 def _example(config, batch_size: int) -> tuple[Tensor, Tensor]:
@@ -150,8 +107,9 @@ class VQATransformerConfig(ModelConfig):
         max_question_len: most words in a question.
         dim, num_layers, num_heads, mlp_ratio, dropout: the encoder.
         modality_mask: ``"full"`` or ``"image-first"`` (patches attend only to patches).
-        patch_embed: ``"linear"`` (ViT's ``x_p E``), ``"patchify-stem"`` (:class:`PatchifyStem`) or
-            ``"patch-cnn"`` (:class:`PatchCNN`): how a patch becomes a token (each sees only its own patch).
+        sink: a learned sink token after the summary token: a key every query can put weight on, so that
+            attention that picks ``k`` objects among the patches can say how many (its weight on the sink
+            falls as ``k`` grows; see ``tokennet demo counting``, where the same trick is built by hand).
         pixel_mean, pixel_std: per-channel statistics the images are standardized with (from the data).
         label_smoothing: the loss's label smoothing.
         backend: attention backend.
@@ -163,13 +121,13 @@ class VQATransformerConfig(ModelConfig):
     vocab_size: int = 32
     num_answers: int = 17
     max_question_len: int = 12
-    dim: int = 96
-    num_layers: int = 4
+    dim: int = 64
+    num_layers: int = 3
     num_heads: int = 4
     mlp_ratio: float = 2.0
     dropout: float = 0.0
     modality_mask: str = "full"
-    patch_embed: str = "linear"
+    sink: bool = True
     pixel_mean: list[float] = field(default_factory=lambda: list(PIXEL_MEAN))
     pixel_std: list[float] = field(default_factory=lambda: list(PIXEL_STD))
     label_smoothing: float = 0.0
@@ -178,7 +136,6 @@ class VQATransformerConfig(ModelConfig):
     def __post_init__(self):
         self.family = "vqa-transformer"
         _check_pixels(self)
-        self._choice("patch_embed", self.patch_embed, PATCH_EMBEDS)
         self._positive(image_size=self.image_size, patch_size=self.patch_size, in_channels=self.in_channels,
                        vocab_size=self.vocab_size, num_answers=self.num_answers,
                        max_question_len=self.max_question_len, dim=self.dim, num_layers=self.num_layers,
@@ -202,24 +159,24 @@ class VQATransformerConfig(ModelConfig):
 
     @property
     def num_text(self) -> int:
-        """Question positions: the summary token and ``max_question_len`` words."""
-        return 1 + self.max_question_len
+        """Question positions: the summary token, the sink (if any) and ``max_question_len`` words."""
+        return 1 + int(self.sink) + self.max_question_len
 
 
 class VQATransformer(nn.Module):
     """``forward((images (B, 3, H, W), questions (B, T)), answers=None) → Output(logits (B, A), loss)``.
 
-    Token order: the summary token ``q`` (index 0), the ``max_question_len`` word slots, then the patches
-    row-major (index ``num_text + n`` is patch ``n``).
+    Token order: the summary token ``q`` (index 0), the sink (index 1, when ``sink``), the
+    ``max_question_len`` word slots, then the patches row-major (index ``num_text + n`` is patch ``n``).
     """
 
     def __init__(self, config: VQATransformerConfig):
         super().__init__()
         self.config = c = config
-        embed = {"linear": PatchEmbed, "patchify-stem": PatchifyStem, "patch-cnn": PatchCNN}[c.patch_embed]
-        self.patch_embed = embed(c.in_channels, c.dim, c.patch_size)
+        self.patch_embed = PatchEmbed(c.in_channels, c.dim, c.patch_size)
         self.word_emb = nn.Embedding(c.vocab_size, c.dim, padding_idx=0)
         self.summary = nn.Parameter(torch.zeros(1, 1, c.dim))
+        self.sink = nn.Parameter(torch.randn(1, 1, c.dim) * POSITION_STD) if c.sink else None
         self.type_emb = nn.Parameter(torch.zeros(2, c.dim))  # 0: question, 1: image
         self.text_pos = nn.Parameter(torch.zeros(c.num_text, c.dim))
         self.patch_pos = nn.Parameter(torch.zeros(c.num_patches, c.dim))
@@ -263,10 +220,11 @@ class VQATransformer(nn.Module):
         # the question asks (a learned constant alone would make its first query the same for every question).
         n_words = (questions != 0).sum(1, keepdim=True).clamp_min(1)  # (B, 1)
         bag = (words.sum(1) / n_words)[:, None]  # (B, 1, D)
-        text = torch.cat([self.summary + bag, words], 1) + self.text_pos + self.type_emb[0]  # (B, 1 + T, D)
+        head = [self.summary + bag] + ([self.sink.expand(B, 1, -1)] if self.sink is not None else [])
+        text = torch.cat([*head, words], 1) + self.text_pos + self.type_emb[0]  # (B, num_text, D)
         patches = self.patch_embed(_standardize(c, images)) + self.patch_pos + self.type_emb[1]  # (B, N, D)
         z = torch.cat([text, patches], 1)  # (B, L, D)
-        is_pad = torch.cat([torch.zeros(B, 1, dtype=torch.bool, device=z.device), questions == 0,
+        is_pad = torch.cat([torch.zeros(B, len(head), dtype=torch.bool, device=z.device), questions == 0,
                             torch.zeros(B, c.num_patches, dtype=torch.bool, device=z.device)], 1)  # (B, L)
         mask = padding(is_pad)  # (B, 1, 1, L): nobody attends to padding words
         if c.modality_mask == "image-first":
@@ -408,11 +366,11 @@ class VQACNN(nn.Module):
 
 register_family("vqa-transformer", VQATransformerConfig, VQATransformer)
 register_family("vqa-cnn", VQACNNConfig, VQACNN)
-register_preset("vqa-transformer", "vqa-transformer", "answers questions about 64×64 pictures: [question; 16×16 "
-                "patches] in one encoder, 4 layers × 96, the answer read from the question's summary token")
+register_preset("vqa-transformer", "vqa-transformer", "answers questions about 64×64 pictures: [question; sink; "
+                "16×16 patches] in one encoder, 3 layers × 64, the answer read from the question's summary token")
 register_preset("vqa-cnn", "vqa-cnn", "the CNN baseline for vqa: GRU question → FiLM on a small ResNet (4×4 "
-                "patchify stem, stages 32/64/128; the receptive field covers the 64×64 image), GAP + linear",
-                stem_kernel=4, stem_stride=4, widths=[32, 64, 128], depths=[1, 1, 1])
+                "patchify stem, stages 20/40/80; a 92-pixel receptive field covers the 64×64 image), GAP + linear",
+                stem_kernel=4, stem_stride=4, widths=[20, 40, 80], depths=[1, 1, 1])
 register_preset("vqa-cnn-shallow", "vqa-cnn", "a shallow CNN for vqa: FiLM on two conv layers after a 4×4 "
                 "patchify stem (a 20-pixel receptive field: no unit sees two corners of the 64×64 image)",
-                arch="plain", stem_kernel=4, stem_stride=4, widths=[64, 128], depths=[1, 1])
+                arch="plain", stem_kernel=4, stem_stride=4, widths=[64, 112], depths=[1, 1])

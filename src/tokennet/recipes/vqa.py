@@ -21,9 +21,10 @@ the same number of steps, each with about the transformer's parameter count (``c
 ``metrics.json``: ``exact_match`` (%) and ``exact_match_<template>`` (``count``, ``count_colour``,
 ``same_species``, ``colour``), ``exact_match_unseen_count`` (count questions asking a held-out
 (question, count) pair), the same with the ``cnn_`` and ``shallow_cnn_`` prefixes, each CNN's
-``…receptive_field`` and ``…num_parameters``, and ``attention_mass_ratio`` (and per template): the share of
-the question's rolled-out attention over the patches that falls on the patches of the objects it asks
-about, divided by their share of the image (:func:`~tokennet.tasks.vqa.attention_mass`). ``tokennet eval``
+``…receptive_field`` and ``…num_parameters``, and ``attention_mass_ratio``: on the questions about one or
+two objects, the share of the question's rolled-out attention over the patches that falls on the patches
+of those objects, divided by their share of the image (per template and per layer too;
+:func:`~tokennet.tasks.vqa.attention_mass`). ``tokennet eval``
 recomputes the transformer's figures from the saved run; the CNNs' come from training (they are not saved).
 """
 
@@ -48,7 +49,7 @@ __all__ = ["evaluate", "train_baseline", "BASELINES"]
 log = logging.getLogger(__name__)
 
 BASELINES = {"cnn_": "vqa-cnn", "shallow_cnn_": "vqa-cnn-shallow"}
-DATA_FIELDS = ("vocab_size", "num_answers", "image_size")
+DATA_FIELDS = ("vocab_size", "num_answers", "image_size", "pixel_mean", "pixel_std")
 
 
 def evaluate(model, spec: AnimalQuestions, qa: QASet | None = None, prefix: str = "") -> dict[str, float]:
@@ -89,6 +90,9 @@ def build(ctx: BuildContext) -> Job:
     ctx.from_data("vocab_size", len(spec.words))
     ctx.from_data("num_answers", len(spec.answers))
     ctx.from_data("image_size", spec.image_size)
+    mean, std = spec.pixel_stats()
+    ctx.from_data("pixel_mean", mean)
+    ctx.from_data("pixel_std", std)
     train, opts, device = ctx.train, ctx.options, ctx.device
     max_len = ctx.model["max_question_len"]
     _check_lengths(spec, max_len)
@@ -142,10 +146,10 @@ register_recipe(Recipe(
     build=build,
     data=AnimalQuestions,
     default_data=GENERATED,
-    options={"baselines": True, "cnn_lr": 2e-3},
+    options={"baselines": True, "cnn_lr": 3e-3},
     model_defaults={},
-    train_defaults={"max_iters": 6000, "batch_size": 64, "lr": 2e-3, "warmup_iters": 200, "eval_interval": 1000,
-                    "weight_decay": 0.05, "log_interval": 50},
+    train_defaults={"max_iters": 6000, "batch_size": 64, "lr": 3e-3, "warmup_iters": 100, "eval_interval": 1000,
+                    "weight_decay": 0.05, "log_interval": 50, "optimizer": "muon", "muon_lr": 0.02},
     evaluate_run=evaluate_run,
     smoke={"dim": 32, "num_layers": 1, "num_heads": 2, "batch_size": 16, "test_size": 48, "val_size": 16},
 ))

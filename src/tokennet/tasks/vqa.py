@@ -69,15 +69,25 @@ def object_patches(boxes, grid: tuple[int, int], patch: int) -> list[int]:
     return sorted(out)
 
 
+SPARSE = 2  # questions about at most this many objects: where "looking at them" can be far above their share
+
+
 @torch.no_grad()
 def attention_mass(model, qa: QASet, words, *, limit: int = 500) -> dict[str, float]:
     """How much of the question's attention to the image lands on the objects it asks about.
 
     For each held-out question with objects (a count of 0 has none): ``mass`` = the share of the summary
-    token's rolled-out attention over the patches that falls on the patches its objects overlap; ``share`` =
-    those patches' share of all patches. Returns ``attention_mass_ratio`` = mean mass / mean share overall
-    and per template (``attention_mass_ratio_<template>``), and the mean mass and share; a model that
-    looked everywhere alike would score 1.
+    token's attention over the patches (renormalized over the patches) that falls on the patches its objects
+    overlap; ``share`` = those patches' share of all patches; the ratio of their means is 1 for a model that
+    looks everywhere alike and at most ``1 / share``. Attention is rolled out through the layers
+    (:func:`~tokennet.viz.vqa.question_rollout`), or taken in one layer (the mean of its heads).
+
+    Returns:
+        ``attention_mass_ratio``: the rolled-out ratio over the questions about one or two objects (a colour, a
+        species, two corners, a count of 1 or 2 — a question about many objects has a low ceiling);
+        ``attention_mass`` and ``attention_object_share``, its two means; ``attention_mass_ratio_<template>``:
+        the rolled-out ratio over all of a template's questions; ``attention_mass_ratio_layer<ℓ>``: layer ℓ's
+        ratio over the questions about one or two objects.
     """
     c = model.config
     idx = [i for i in range(min(limit, len(qa))) if qa.boxes and qa.boxes[i]]
@@ -86,20 +96,30 @@ def attention_mass(model, qa: QASet, words, *, limit: int = 500) -> dict[str, fl
     images = qa.images[idx]
     questions = encode_questions([qa.questions[i] for i in idx], words, c.max_question_len)
     dev = next(model.parameters()).device
-    rolls = []
+    rolls, layers = [], []
     for s in range(0, len(idx), EVAL_BATCH):
-        maps = model.attention_maps((images[s:s + EVAL_BATCH].to(dev), questions[s:s + EVAL_BATCH].to(dev)))["self"]
-        rolls.append(question_rollout([m.float() for m in maps], c.num_text).cpu())
-    roll = torch.cat(rolls)  # (n, N)
-    mass, share, templates = [], [], []
-    for row, i in zip(roll, idx, strict=True):
+        maps = [m.float() for m in model.attention_maps((images[s:s + EVAL_BATCH].to(dev),
+                                                         questions[s:s + EVAL_BATCH].to(dev)))["self"]]
+        rolls.append(question_rollout(maps, c.num_text).cpu())
+        rows = [m[:, :, 0, c.num_text:].mean(1) for m in maps]  # per layer (b, N): the summary's row, mean of heads
+        layers.append(torch.stack([r / r.sum(-1, keepdim=True).clamp_min(1e-12) for r in rows], 1).cpu())
+    roll, per_layer = torch.cat(rolls), torch.cat(layers)  # (n, N), (n, L, N)
+    mass, share, sparse, templates, layer_mass = [], [], [], [], []
+    for row, lrow, i in zip(roll, per_layer, idx, strict=True):
         p = object_patches(qa.boxes[i], c.grid, c.patch_size)
         mass.append(float(row[p].sum()))
+        layer_mass.append(lrow[:, p].sum(-1))  # (L,)
         share.append(len(p) / c.num_patches)
+        sparse.append(len(qa.boxes[i]) <= SPARSE)
         templates.append(qa.templates[i])
-    m, s = torch.tensor(mass), torch.tensor(share)
-    out = {"attention_mass_ratio": round(float(m.mean() / s.mean()), 4),
-           "attention_mass": round(float(m.mean()), 4), "attention_object_share": round(float(s.mean()), 4)}
+    m, s, sp, lm = torch.tensor(mass), torch.tensor(share), torch.tensor(sparse), torch.stack(layer_mass)
+    out = {}
+    if sp.any():
+        out.update({"attention_mass_ratio": round(float(m[sp].mean() / s[sp].mean()), 4),
+                    "attention_mass": round(float(m[sp].mean()), 4),
+                    "attention_object_share": round(float(s[sp].mean()), 4)})
+        for layer in range(lm.shape[1]):
+            out[f"attention_mass_ratio_layer{layer}"] = round(float(lm[sp, layer].mean() / s[sp].mean()), 4)
     for t in sorted(set(templates)):
         sel = torch.tensor([x == t for x in templates])
         out[f"attention_mass_ratio_{t}"] = round(float(m[sel].mean() / s[sel].mean()), 4)

@@ -36,7 +36,7 @@ def overlay(ax, image: Tensor, heat: Tensor, boxes=(), label: str | None = None)
     h = heat.detach().float().cpu()
     h = (h / h.max().clamp_min(1e-12)).numpy()
     rgba = colormaps["inferno"](h)
-    rgba[..., 3] = 0.85 * h
+    rgba[..., 3] = 0.75 * h
     ax.imshow(rgba, interpolation="nearest")
     for top, left, bh, bw in boxes:
         ax.add_patch(Rectangle((left - 0.5, top - 0.5), bw, bh, fill=False, edgecolor="cyan", linewidth=1.2))

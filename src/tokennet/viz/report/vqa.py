@@ -38,9 +38,11 @@ def _comparison(run) -> str:
     if "attention_mass_ratio" in m:
         per = ", ".join(f"{esc(k[len('attention_mass_ratio_'):])} {_cell(m, k)}" for k in sorted(m)
                         if k.startswith("attention_mass_ratio_"))
-        body += (f'<p class="sub">Attention on the objects asked about: {_cell(m, "attention_mass_ratio")}× their '
-                 f"share of the image (rolled-out attention of the question's summary token; by template: {per}; "
-                 "1× would be looking everywhere alike).</p>")
+        body += (f'<p class="sub">Where the question looks: on questions about one or two objects, the question\'s '
+                 f"summary token puts {_cell(m, 'attention_mass')} of its (rolled-out) attention to the image on "
+                 f"them, which cover {_cell(m, 'attention_object_share')} of it: "
+                 f"{_cell(m, 'attention_mass_ratio')}× their share (1× would be looking everywhere alike). By "
+                 f"template (all questions) and by layer: {per}.</p>")
     return body
 
 
