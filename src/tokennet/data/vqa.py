@@ -310,7 +310,8 @@ def _kind(rng: random.Random, allowed, species: str | None = None, colour: str |
     """A random allowed (species, colour) kind under the constraints: a named colour, or (a quarter of the
     time, unless a named colour is asked for) one of the unnamed :data:`EXTRA_COLOURS`."""
     if colour is None and not named and rng.random() < EXTRA_SHARE:
-        opts = [(s, c) for s in SPECIES for c in EXTRA_COLOURS if (species is None or s == species) and s != not_species]
+        opts = [(s, c) for s in SPECIES for c in EXTRA_COLOURS
+                if (species is None or s == species) and s != not_species]
         return rng.choice(opts)
     opts = [(s, c) for s, c in allowed if (species is None or s == species) and (colour is None or c == colour)
             and s != not_species and c != not_colour]
@@ -402,7 +403,8 @@ def _try_item(rng, t, allowed, hc, num_clutter) -> Item | None:
     if t == "colour":
         s = rng.choice(SPECIES)
         n = rng.randint(1, MAX_ANIMALS)
-        kinds = [_kind(rng, allowed, species=s, named=True)] + [_kind(rng, allowed, not_species=s) for _ in range(n - 1)]
+        kinds = [_kind(rng, allowed, species=s, named=True)]
+        kinds += [_kind(rng, allowed, not_species=s) for _ in range(n - 1)]
         rng.shuffle(kinds)
         scene = _place(rng, kinds, rng.sample(cells_all, n), num_clutter)
         target = next(a for a in scene.animals if a.species == s)

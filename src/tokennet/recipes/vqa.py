@@ -26,6 +26,25 @@ two objects, the share of the question's rolled-out attention over the patches t
 of those objects, divided by their share of the image (per template and per layer too;
 :func:`~tokennet.tasks.vqa.attention_mass`). ``tokennet eval``
 recomputes the transformer's figures from the saved run; the CNNs' come from training (they are not saved).
+
+**Measured** (``tokennet train vqa``, the defaults: 3000 steps of 64, seed 0, 1 thread; held-out test set of
+2000 questions; exact match in %):
+
+==================  ===========  =====  ============  ============  =======  ======  ============
+model               all          count  count_colour  same_species  species  colour  unseen_count
+==================  ===========  =====  ============  ============  =======  ======  ============
+transformer         75.5         80.7   59.6          72.1          68.8     95.4    2.4
+``cnn_``            78.6         84.4   99.8          46.1          93.7     67.6    20.0
+``shallow_cnn_``    78.2         83.7   97.3          46.1          95.0     67.6    6.4
+==================  ===========  =====  ============  ============  =======  ======  ============
+
+``attention_mass_ratio`` 3.11. Both CNNs answer *same species?* at chance, as the lecture says; the FiLM
+CNNs count colours better than the transformer, whose linear patch embedding mixes an animal's colour with
+its shape (it misses most ``count_colour`` questions whose counted animals include a held-out kind). The
+issue's goals (≥ 97 % on counting, ≥ 95 % on corner pairs) are not reached at this budget; 3000 steps keep
+the whole run (the transformer and both CNNs, 3000 steps each) within minutes on 2 cores — the CNNs' steps
+cost about 3.3× the transformer's. A 6000-step run of seed 1 reached, on its 400 validation questions,
+89.5 % overall (count 84.1, count_colour 72.9, same_species 100, species 99.0, colour 90.6).
 """
 
 from __future__ import annotations
@@ -148,7 +167,7 @@ register_recipe(Recipe(
     default_data=GENERATED,
     options={"baselines": True, "cnn_lr": 3e-3},
     model_defaults={},
-    train_defaults={"max_iters": 6000, "batch_size": 64, "lr": 3e-3, "warmup_iters": 100, "eval_interval": 1000,
+    train_defaults={"max_iters": 3000, "batch_size": 64, "lr": 3e-3, "warmup_iters": 100, "eval_interval": 1000,
                     "weight_decay": 0.05, "log_interval": 50, "optimizer": "muon", "muon_lr": 0.02},
     evaluate_run=evaluate_run,
     smoke={"dim": 32, "num_layers": 1, "num_heads": 2, "batch_size": 16, "test_size": 48, "val_size": 16},
