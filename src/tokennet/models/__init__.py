@@ -4,6 +4,7 @@ from . import (
     ast,  # noqa: F401  (registers the family)
     bahdanau,  # noqa: F401  (registers the family)
     captioner,  # noqa: F401  (registers the families)
+    cnn,  # noqa: F401  (registers the family)
     gpt,  # noqa: F401  (registers the family)
     graph,  # noqa: F401  (registers the family)
     seq2seq,  # noqa: F401  (registers the family)
@@ -11,6 +12,7 @@ from . import (
     swin,  # noqa: F401  (registers the family)
     text_encoder,  # noqa: F401  (registers the family)
     vit,  # noqa: F401  (registers the family)
+    vqa,  # noqa: F401  (registers the families)
 )
 from .registry import (
     ModelConfig,

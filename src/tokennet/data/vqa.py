@@ -1,0 +1,753 @@
+"""Questions about a picture: generated scenes of animals, template questions, one-word answers.
+
+The lecture's opening question, as data: *how many birds are in this image?* and *is the top right bird
+the same species as the bottom left bird?*. A scene is a ``64 × 64`` RGB picture on a 4 × 4 grid of
+16-pixel cells; 1–9 animals sit in distinct cells (at a random offset inside the cell, either facing),
+with clutter — grey pebbles and brown twigs — scattered anywhere. An animal is a (species, colour) pair:
+five species drawn as distinct silhouettes (bird, fish, cat, impala, turtle) in five named colours (red,
+green, blue, yellow, purple) — or, a quarter of the time, in a colour no question names (teal, pink,
+charcoal), so that every species is seen in many colours and its shape, not its colour, is what names it.
+
+Questions come from five templates, as text; every answer is one word of :data:`ANSWERS`:
+
+=================  ==========================================================  ===============
+template           question                                                    answer
+=================  ==========================================================  ===============
+``count``          how many birds are there? / how many animals are there?     ``0`` … ``9``
+``count_colour``   how many red animals are there?                             ``0`` … ``9``
+``same_species``   is the top right animal the same species as the bottom      ``yes`` / ``no``
+                   left animal? (any of the six pairs of corners)
+``species``        what species is the top right animal? (any corner)          a species
+``colour``         what colour is the impala?  (exactly one impala in the      a colour
+                   scene)
+=================  ==========================================================  ===============
+
+A *corner* animal is the one in that corner's cell of the grid; a ``same_species`` or ``species`` question is
+asked only of a scene with its corners occupied, and ``same_species`` answers are balanced (half yes). As in
+CLEVR (Johnson et al. 2017), a question that compares two things comes with one that queries one: looking a
+corner up (``species``) gives a learner a first-order signal that the comparison alone does not — equality of
+two unseen variables is invisible until both are found. Count answers are drawn
+uniformly from what the scene can hold, so every count is as frequent as every other.
+
+**Held out of training** (whole combinations, chosen by ``seed``): one colour per species — five
+(species, colour) kinds no training picture ever shows, a Latin square so that every species and every
+colour still appears in training, in four other pairings — and, for each count question, one count
+(*how many fish are there?* is never answered ``7`` in training). Every held-out test picture shows at least
+one held-out kind; the held-out counts are asked by a test set of their own (template ``unseen_count``).
+
+Everything is a pure function of the seed and an index: batch ``i`` of training is the same in every run
+(exact resume), and the test set is the same in every process.
+
+**Your own pictures** (``--data DIR``): a directory with an answers file ``answers.tsv`` — tab-separated,
+UTF-8, one question per line under a header line::
+
+    image	question	answer	split	template
+    pics/0001.png	how many birds are there?	3	train	count
+    pics/0001.png	what colour is the impala?	red	test	colour
+
+``image`` is a path relative to ``DIR`` (PNG, JPEG, ... or ``.npy``; RGB; every image the same size, a
+multiple of the model's patch size), ``question`` any text (lower-cased, punctuation dropped, split on
+spaces), ``answer`` one word. The ``split`` (``train``/``test``) and ``template`` (a label for per-template
+metrics) columns are optional: without ``split`` a seeded 20% of the images (with all their questions) is
+the test set; without ``template`` every question counts as ``question``. :func:`write_question_dir`
+writes generated scenes in this format (a starting point, and what the tests use).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import functools
+import random
+import re
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..errors import ConfigError, DataError
+from .spec import DataSpec, register_data
+
+__all__ = [
+    "SPECIES", "PLURAL", "COLOURS", "CORNERS", "TEMPLATES", "ANSWERS", "IMAGE_SIZE", "GRID", "CELL",
+    "Animal", "Scene", "Item", "QASet", "AnimalQuestions", "held_out_kinds", "held_out_counts", "render",
+    "sample_item", "sample_items", "question_words", "tokenize_question", "encode_questions",
+    "write_question_dir", "read_question_dir", "ANSWERS_FILE",
+]
+
+IMAGE_SIZE = 64
+GRID = 4
+CELL = IMAGE_SIZE // GRID  # 16 pixels
+SPECIES = ("bird", "fish", "cat", "impala", "turtle")
+PLURAL = {"bird": "birds", "fish": "fish", "cat": "cats", "impala": "impalas", "turtle": "turtles",
+          "animal": "animals"}
+COLOURS = {"red": (0.86, 0.14, 0.12), "green": (0.14, 0.62, 0.2), "blue": (0.16, 0.32, 0.92),
+           "yellow": (0.95, 0.8, 0.08), "purple": (0.6, 0.2, 0.74)}
+# Corner name → grid cell (row, column).
+CORNERS = {"top left": (0, 0), "top right": (0, GRID - 1), "bottom left": (GRID - 1, 0),
+           "bottom right": (GRID - 1, GRID - 1)}
+CORNER_PAIRS = tuple((a, b) for i, a in enumerate(CORNERS) for b in list(CORNERS)[i + 1:])  # the 6 pairs
+TEMPLATES = ("count", "count_colour", "same_species", "species", "colour")
+MAX_ANIMALS = 9
+ANSWERS = (*(str(i) for i in range(MAX_ANIMALS + 1)), "yes", "no", *COLOURS, *SPECIES)
+# Colours no question names, worn by every species in training and test alike: each species is seen in many
+# colours, so what makes a bird a bird cannot be its colour (the held-out kinds are named colours only).
+EXTRA_COLOURS = {"teal": (0.08, 0.62, 0.62), "pink": (0.96, 0.56, 0.76), "charcoal": (0.22, 0.22, 0.26)}
+EXTRA_SHARE = 0.25
+ALL_COLOURS = {**COLOURS, **EXTRA_COLOURS}
+BACKGROUND = (0.95, 0.93, 0.87)
+COLOUR_JITTER = 0.12
+ANSWERS_FILE = "answers.tsv"
+
+
+# -- scenes ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Animal:
+    """One animal: its kind, its grid cell and where its sprite's top-left pixel is; ``size`` in pixels."""
+
+    species: str
+    colour: str
+    row: int
+    col: int
+    top: int
+    left: int
+    size: int
+    flip: bool
+
+    @property
+    def kind(self) -> tuple[str, str]:
+        return (self.species, self.colour)
+
+    @property
+    def box(self) -> tuple[int, int, int, int]:
+        """``(top, left, height, width)`` in pixels."""
+        return (self.top, self.left, self.size, self.size)
+
+
+@dataclass(frozen=True)
+class Scene:
+    """Animals (in distinct cells) and clutter: ``(kind, y, x, length, angle)`` with kind pebble or twig."""
+
+    animals: tuple[Animal, ...]
+    clutter: tuple[tuple[str, float, float, float, float], ...] = ()
+
+    def at(self, cell: tuple[int, int]) -> Animal | None:
+        return next((a for a in self.animals if (a.row, a.col) == cell), None)
+
+
+@dataclass(frozen=True)
+class Item:
+    """One question about one scene: the text, its answer, its template and the animals it is about."""
+
+    scene: Scene
+    question: str
+    answer: str
+    template: str
+    about: tuple[Animal, ...]  # the animals the question asks about (what its attention should find)
+
+
+# -- drawing -----------------------------------------------------------------------------------------------
+def _silhouette(species: str, n: int) -> np.ndarray:
+    """The species' shape as a boolean mask ``(n, n)`` in unit coordinates (u right, v down, both in [-1, 1])."""
+    c = (np.arange(n) + 0.5) / n * 2 - 1
+    v, u = np.meshgrid(c, c, indexing="ij")
+
+    def ell(cu, cv, ru, rv):
+        return ((u - cu) / ru) ** 2 + ((v - cv) / rv) ** 2 <= 1
+
+    def tri(p, q, r):  # inside the triangle pqr (either orientation)
+        def side(a, b):
+            return (u - b[0]) * (a[1] - b[1]) - (a[0] - b[0]) * (v - b[1])
+
+        d1, d2, d3 = side(p, q), side(q, r), side(r, p)
+        return ~(((d1 < 0) | (d2 < 0) | (d3 < 0)) & ((d1 > 0) | (d2 > 0) | (d3 > 0)))
+
+    def rect(u0, v0, u1, v1):
+        return (u >= u0) & (u <= u1) & (v >= v0) & (v <= v1)
+
+    if species == "bird":  # body, head and beak, a raised wing, a tail
+        m = ell(-0.05, 0.2, 0.55, 0.3) | ell(0.5, -0.15, 0.25, 0.25) | tri((0.7, -0.28), (1.0, -0.12), (0.7, -0.02))
+        m |= tri((-0.35, 0.05), (0.25, 0.05), (-0.55, -0.85)) | tri((-0.5, 0.15), (-1.0, -0.05), (-0.95, 0.4))
+        return m
+    if species == "fish":  # an oval body with an eye, a forked tail
+        m = ell(0.1, 0.0, 0.62, 0.38) | tri((-0.45, 0.0), (-1.0, -0.55), (-1.0, 0.55))
+        return m & ~ell(0.42, -0.08, 0.1, 0.1)
+    if species == "cat":  # a round head with two pointed ears and two eyes
+        m = ell(0.0, 0.2, 0.62, 0.55) | tri((-0.62, -0.05), (-0.1, -0.3), (-0.55, -0.95))
+        m |= tri((0.62, -0.05), (0.1, -0.3), (0.55, -0.95))
+        return m & ~ell(-0.25, 0.1, 0.11, 0.11) & ~ell(0.25, 0.1, 0.11, 0.11)
+    if species == "impala":  # a body on four thin legs, a neck, a head with two horns
+        m = ell(-0.1, 0.05, 0.55, 0.25)
+        for x0 in (-0.55, -0.35, 0.1, 0.3):
+            m |= rect(x0, 0.1, x0 + 0.12, 0.95)
+        m |= tri((0.25, 0.05), (0.45, -0.1), (0.62, -0.6)) | tri((0.25, 0.05), (0.62, -0.6), (0.45, 0.1))
+        m |= ell(0.68, -0.58, 0.2, 0.14)
+        m |= tri((0.55, -0.65), (0.63, -0.65), (0.45, -1.0)) | tri((0.7, -0.65), (0.78, -0.65), (0.72, -1.0))
+        return m
+    if species == "turtle":  # a domed shell over four stubby legs, a head in front
+        m = ell(0.0, 0.25, 0.7, 0.6) & (v <= 0.3)
+        m |= rect(-0.75, 0.25, 0.75, 0.42)
+        for x0 in (-0.6, 0.35):
+            m |= rect(x0, 0.4, x0 + 0.25, 0.7)
+        return m | ell(0.82, 0.1, 0.18, 0.16)
+    raise ValueError(f"unknown species {species!r}")
+
+
+SUPERSAMPLE = 4
+SPRITE = 14  # an animal's side in pixels: it sits in its 16-pixel cell at an offset of 0–2 pixels
+
+
+@functools.lru_cache(maxsize=64)
+def sprite(species: str, size: int, flip: bool = False) -> np.ndarray:
+    """The species' alpha mask ``(size, size)`` in [0, 1], antialiased (drawn at 4× and averaged)."""
+    n = size * SUPERSAMPLE
+    m = _silhouette(species, n).astype(np.float32)
+    a = m.reshape(size, SUPERSAMPLE, size, SUPERSAMPLE).mean((1, 3))  # (size, size)
+    return np.ascontiguousarray(a[:, ::-1]) if flip else a
+
+
+def _paste(img: np.ndarray, alpha: np.ndarray, colour: np.ndarray, top: int, left: int) -> None:
+    """Alpha-blend a sprite of one colour into ``img`` ``(3, H, W)`` in place, clipped to the image."""
+    H, W = img.shape[1:]
+    h, w = alpha.shape
+    t0, l0 = max(0, top), max(0, left)
+    t1, l1 = min(H, top + h), min(W, left + w)
+    if t0 >= t1 or l0 >= l1:
+        return
+    a = alpha[t0 - top:t1 - top, l0 - left:l1 - left][None]  # (1, h', w')
+    region = img[:, t0:t1, l0:l1]
+    region *= 1 - a
+    region += a * colour[:, None, None]
+
+
+@functools.lru_cache(maxsize=64)
+def _clutter_sprite(kind: str, length: float, angle: float) -> np.ndarray:
+    n = int(np.ceil(length)) + 2
+    n += n % 2
+    c = np.arange(n * SUPERSAMPLE) / SUPERSAMPLE + 0.5 / SUPERSAMPLE - n / 2
+    y, x = np.meshgrid(c, c, indexing="ij")
+    if kind == "pebble":
+        m = x * x + (y * 1.3) ** 2 <= (length / 2) ** 2
+    else:  # a twig: a thin segment at an angle
+        d = np.abs(-np.sin(angle) * x + np.cos(angle) * y)
+        along = np.abs(np.cos(angle) * x + np.sin(angle) * y)
+        m = (d <= 0.55) & (along <= length / 2)
+    return m.astype(np.float32).reshape(n, SUPERSAMPLE, n, SUPERSAMPLE).mean((1, 3))
+
+
+def render(scene: Scene, image_size: int = IMAGE_SIZE, seed: int = 0) -> np.ndarray:
+    """The scene as float32 ``(3, H, W)`` in [0, 1]: background, clutter, then the animals on top.
+
+    Colours vary per animal (a seeded jitter of ±``COLOUR_JITTER`` per channel), so a colour is a region of
+    colour space rather than one exact value (and a species is seen in many shades).
+    """
+    rng = np.random.default_rng(seed)
+    img = np.empty((3, image_size, image_size), np.float32)
+    img[:] = np.asarray(BACKGROUND, np.float32)[:, None, None]
+    for kind, y, x, length, angle in scene.clutter:
+        a = _clutter_sprite(kind, length, angle)
+        grey = 0.45 + 0.2 * rng.random()
+        col = np.array([grey, grey, grey] if kind == "pebble" else [0.55, 0.42, 0.3], np.float32)
+        _paste(img, a, col, int(round(y - a.shape[0] / 2)), int(round(x - a.shape[1] / 2)))
+    for an in scene.animals:
+        jitter = rng.uniform(-COLOUR_JITTER, COLOUR_JITTER, 3).astype(np.float32)
+        col = np.clip(np.asarray(ALL_COLOURS[an.colour], np.float32) + jitter, 0, 1)
+        _paste(img, sprite(an.species, an.size, an.flip), col, an.top, an.left)
+    return img
+
+
+# -- held-out combinations ----------------------------------------------------------------------------------
+def _rng(seed, *key) -> random.Random:
+    return random.Random(zlib.crc32(repr((seed, *key)).encode()))
+
+
+@functools.lru_cache(maxsize=16)
+def held_out_kinds(seed: int) -> frozenset[tuple[str, str]]:
+    """Five (species, colour) kinds training never shows: species ``i`` with colour ``π(i)``, a seeded
+    permutation, so every species and every colour keeps four pairings in training."""
+    colours = list(COLOURS)
+    _rng(seed, "kinds").shuffle(colours)
+    return frozenset(zip(SPECIES, colours, strict=True))
+
+
+@functools.lru_cache(maxsize=16)
+def held_out_counts(seed: int) -> frozenset[tuple[str, int]]:
+    """One held-out count per count question (``(question, count)`` pairs training never asks): the
+    questions of ``count`` (each species and "animals") and of ``count_colour`` (each colour)."""
+    rng = _rng(seed, "counts")
+    out = set()
+    for s in (*SPECIES, "animal"):
+        out.add((f"how many {PLURAL[s]} are there", rng.randint(1 if s == "animal" else 0, MAX_ANIMALS)))
+    for c in COLOURS:
+        out.add((f"how many {c} animals are there", rng.randint(0, MAX_ANIMALS)))
+    return frozenset(out)
+
+
+# -- sampling questions and scenes ----------------------------------------------------------------------------
+def _place(rng: random.Random, kinds: list[tuple[str, str]], cells: list[tuple[int, int]],
+           num_clutter: int) -> Scene:
+    animals = []
+    for (species, colour), (r, c) in zip(kinds, cells, strict=True):
+        size = SPRITE
+        slack = CELL - size
+        animals.append(Animal(species, colour, r, c, r * CELL + rng.randint(0, slack), c * CELL + rng.randint(0, slack),
+                              size, rng.random() < 0.5))
+    # Sizes and angles from small sets, so each piece's sprite is drawn once and cached.
+    clutter = tuple(("pebble" if k == 0 else "twig", rng.uniform(0, IMAGE_SIZE), rng.uniform(0, IMAGE_SIZE),
+                     rng.choice((3.0, 4.0, 5.0)) if k == 0 else rng.choice((5.0, 7.0, 9.0)),
+                     0.0 if k == 0 else rng.randrange(8) * np.pi / 8)
+                    for k in (rng.randrange(2) for _ in range(rng.randint(0, num_clutter))))
+    return Scene(tuple(sorted(animals, key=lambda a: (a.row, a.col))), clutter)
+
+
+def _kind(rng: random.Random, allowed, species: str | None = None, colour: str | None = None,
+          not_species: str | None = None, not_colour: str | None = None, named: bool = False) -> tuple[str, str]:
+    """A random allowed (species, colour) kind under the constraints: a named colour, or (a quarter of the
+    time, unless a named colour is asked for) one of the unnamed :data:`EXTRA_COLOURS`."""
+    if colour is None and not named and rng.random() < EXTRA_SHARE:
+        opts = [(s, c) for s in SPECIES for c in EXTRA_COLOURS
+                if (species is None or s == species) and s != not_species]
+        return rng.choice(opts)
+    opts = [(s, c) for s, c in allowed if (species is None or s == species) and (colour is None or c == colour)
+            and s != not_species and c != not_colour]
+    return rng.choice(opts)
+
+
+def sample_item(rng: random.Random, *, seed: int, held_out: bool, num_clutter: int = 6,
+                template: str | None = None) -> Item:
+    """One (scene, question, answer): training side (``held_out=False``: no held-out kind in the picture) or
+    test side (at least one held-out kind). A count question never asks a held-out (question, count) pair —
+    except with ``template="unseen_count"``, which asks only those (a ``count`` or ``count_colour`` question
+    whose count training never answered it with).
+
+    The template is drawn uniformly from :data:`TEMPLATES` (or given); then its answer (uniform over what a
+    scene can hold), then a scene that fits it: every answer of a template is equally frequent.
+    """
+    hk, hc = held_out_kinds(seed), held_out_counts(seed)
+    all_kinds = [(s, c) for s in SPECIES for c in COLOURS]
+    allowed = all_kinds if held_out else [k for k in all_kinds if k not in hk]
+    t = template or rng.choice(TEMPLATES)
+    for _ in range(1000):
+        item = _try_item(rng, t, allowed, hc, num_clutter)
+        if item is None:
+            continue
+        if held_out and not any(a.kind in hk for a in item.scene.animals):
+            continue
+        return item
+    raise RuntimeError("no scene fits the constraints")  # pragma: no cover - the constraints are satisfiable
+
+
+def _try_item(rng, t, allowed, hc, num_clutter) -> Item | None:
+    cells_all = [(r, c) for r in range(GRID) for c in range(GRID)]
+    unseen = t == "unseen_count"
+    if unseen:
+        t = rng.choice(("count", "count_colour"))
+    if t in ("count", "count_colour"):
+        if t == "count":
+            s = rng.choice((*SPECIES, "animal"))
+            q = f"how many {PLURAL[s]} are there"
+        else:
+            colour = rng.choice(list(COLOURS))
+            q = f"how many {colour} animals are there"
+        held = sorted(k for qq, k in hc if qq == q)
+        if unseen:
+            k = held[0]
+        else:
+            k = rng.randint(1 if t == "count" and s == "animal" else 0, MAX_ANIMALS)
+            if k in held:
+                return None
+        n = rng.randint(max(1, k), MAX_ANIMALS)
+        if t == "count":
+            if s == "animal":
+                if k < 1:
+                    return None
+                n = k
+                kinds = [_kind(rng, allowed) for _ in range(n)]
+            else:
+                kinds = [_kind(rng, allowed, species=s) for _ in range(k)]
+                kinds += [_kind(rng, allowed, not_species=s) for _ in range(n - k)]
+        else:
+            kinds = [_kind(rng, allowed, colour=colour) for _ in range(k)]
+            kinds += [_kind(rng, allowed, not_colour=colour) for _ in range(n - k)]
+        rng.shuffle(kinds)
+        scene = _place(rng, kinds, rng.sample(cells_all, n), num_clutter)
+        about = tuple(a for a in scene.animals if (t == "count" and (s == "animal" or a.species == s))
+                      or (t == "count_colour" and a.colour == colour))
+        return Item(scene, q + "?", str(k), "unseen_count" if unseen else t, about)
+    if t == "same_species":
+        ca, cb = rng.choice(CORNER_PAIRS)
+        if rng.random() < 0.5:
+            ca, cb = cb, ca  # either order of the two corners
+        same = rng.random() < 0.5
+        n = rng.randint(2, MAX_ANIMALS)
+        ka = _kind(rng, allowed)
+        kb = _kind(rng, allowed, species=ka[0]) if same else _kind(rng, allowed, not_species=ka[0])
+        rest = [c for c in cells_all if c not in (CORNERS[ca], CORNERS[cb])]
+        kinds = [ka, kb] + [_kind(rng, allowed) for _ in range(n - 2)]
+        scene = _place(rng, kinds, [CORNERS[ca], CORNERS[cb], *rng.sample(rest, n - 2)], num_clutter)
+        q = f"is the {ca} animal the same species as the {cb} animal?"
+        return Item(scene, q, "yes" if same else "no", t, (scene.at(CORNERS[ca]), scene.at(CORNERS[cb])))
+    if t == "species":
+        corner = rng.choice(list(CORNERS))
+        n = rng.randint(1, MAX_ANIMALS)
+        rest = [c for c in cells_all if c != CORNERS[corner]]
+        kinds = [_kind(rng, allowed) for _ in range(n)]
+        scene = _place(rng, kinds, [CORNERS[corner], *rng.sample(rest, n - 1)], num_clutter)
+        target = scene.at(CORNERS[corner])
+        return Item(scene, f"what species is the {corner} animal?", target.species, t, (target,))
+    if t == "colour":
+        s = rng.choice(SPECIES)
+        n = rng.randint(1, MAX_ANIMALS)
+        kinds = [_kind(rng, allowed, species=s, named=True)]
+        kinds += [_kind(rng, allowed, not_species=s) for _ in range(n - 1)]
+        rng.shuffle(kinds)
+        scene = _place(rng, kinds, rng.sample(cells_all, n), num_clutter)
+        target = next(a for a in scene.animals if a.species == s)
+        return Item(scene, f"what colour is the {s}?", target.colour, t, (target,))
+    raise ValueError(f"unknown template {t!r}; templates: {', '.join(TEMPLATES)}")
+
+
+def sample_items(n: int, key: str, *, seed: int, held_out: bool, num_clutter: int = 6,
+                 template: str | None = None) -> list[Item]:
+    """``n`` items drawn from ``(seed, key)`` alone (a pure function of its arguments)."""
+    rng = _rng(seed, key)
+    return [sample_item(rng, seed=seed, held_out=held_out, num_clutter=num_clutter, template=template)
+            for _ in range(n)]
+
+
+# -- questions as tokens -----------------------------------------------------------------------------------------
+PAD = "<pad>"
+
+
+# Corner names are one token each, as a word-piece tokenizer would learn them (the two words always come
+# together): "top right" is one place, and its token can look that place up in one step of attention.
+PHRASES = tuple(CORNERS)
+
+
+def tokenize_question(text: str) -> list[str]:
+    """Lower-case, drop punctuation, split on white space, and join each corner name into one token:
+    ``"Is the top right animal ...?"`` → ``["is", "the", "top right", "animal", ...]``."""
+    words = re.sub(r"[^\w\s]", " ", str(text).lower()).split()
+    out, i = [], 0
+    while i < len(words):
+        pair = " ".join(words[i:i + 2])
+        if pair in PHRASES:
+            out.append(pair)
+            i += 2
+        else:
+            out.append(words[i])
+            i += 1
+    return out
+
+
+def question_words() -> list[str]:
+    """The vocabulary of the generated questions (``<pad>`` first), in a fixed order."""
+    words = {"how", "many", "are", "there", "animals", "is", "the", "animal", "same", "species", "as", "what",
+             "colour", *PHRASES}
+    words |= set(SPECIES) | {PLURAL[s] for s in SPECIES} | set(COLOURS)
+    return [PAD, *sorted(words)]
+
+
+def encode_questions(questions: Sequence[str], words: Sequence[str], max_len: int) -> Tensor:
+    """Questions → word ids ``(B, max_len)``, padded with 0 (``<pad>``).
+
+    Raises:
+        DataError: an empty question, a word outside ``words``, or more than ``max_len`` words.
+    """
+    index = {w: i for i, w in enumerate(words)}
+    out = torch.zeros(len(questions), max_len, dtype=torch.long)
+    for b, q in enumerate(questions):
+        toks = tokenize_question(q)
+        if not toks:
+            raise DataError(f"the question {q!r} is empty; ask something, e.g. 'how many birds are there?'")
+        unknown = [w for w in toks if w not in index or w == PAD]
+        if unknown:
+            shown = ", ".join(sorted(set(unknown))[:5])
+            raise DataError(f"the question {q!r} has words outside the model's vocabulary: {shown} (it knows "
+                            f"{len(words) - 1} words, e.g. {', '.join(list(words)[1:9])})")
+        if len(toks) > max_len:
+            raise DataError(f"the question {q!r} has {len(toks)} words; the model takes at most {max_len}")
+        out[b, :len(toks)] = torch.tensor([index[w] for w in toks])
+    return out
+
+
+# -- a set of questions, as tensors ---------------------------------------------------------------------------------
+@dataclass
+class QASet:
+    """Questions about images as the models take them.
+
+    Attributes:
+        images: float32 ``(N, 3, H, W)`` in [0, 1] (one per question; the same picture may repeat).
+        questions: the question texts; ``answers``: answer ids into the spec's ``answers``.
+        templates: each question's template (per-template metrics).
+        boxes: per question, the ``(top, left, height, width)`` pixel boxes of the objects it is about
+            (generated scenes; empty for a user's data).
+    """
+
+    images: Tensor
+    questions: list[str]
+    answers: Tensor
+    templates: list[str]
+    boxes: list[list[tuple[int, int, int, int]]] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.questions)
+
+
+def _qaset(items: Sequence[Item], answers: Sequence[str], image_size: int, seed: int) -> QASet:
+    index = {a: i for i, a in enumerate(answers)}
+    images = torch.from_numpy(np.stack([render(it.scene, image_size, seed=zlib.crc32(f"{seed}-{i}".encode()))
+                                        for i, it in enumerate(items)]))
+    return QASet(images, [it.question for it in items], torch.tensor([index[it.answer] for it in items]),
+                 [it.template for it in items], [[a.box for a in it.about] for it in items])
+
+
+# -- the user's own pictures ---------------------------------------------------------------------------------------
+def write_question_dir(directory: str | Path, n: int, *, seed: int = 0, test_fraction: float = 0.25) -> Path:
+    """Write ``n`` generated questions as a ``--data DIR`` directory (PNG images and ``answers.tsv``)."""
+    from PIL import Image
+
+    d = Path(directory)
+    (d / "images").mkdir(parents=True, exist_ok=True)
+    items = sample_items(n, "export", seed=seed, held_out=False)
+    rows = ["image\tquestion\tanswer\tsplit\ttemplate"]
+    for i, it in enumerate(items):
+        img = render(it.scene, seed=i)
+        name = f"images/{i:05d}.png"
+        Image.fromarray((img.transpose(1, 2, 0) * 255 + 0.5).astype(np.uint8)).save(d / name)
+        split = "test" if i >= round(n * (1 - test_fraction)) else "train"
+        rows.append(f"{name}\t{it.question}\t{it.answer}\t{split}\t{it.template}")
+    (d / ANSWERS_FILE).write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return d
+
+
+@dataclass
+class QuestionDir:
+    """A user's directory, read: the train and test sets, the vocabulary and the answers."""
+
+    train: QASet
+    test: QASet
+    words: list[str]
+    answers: list[str]
+    image_size: int
+
+
+@functools.lru_cache(maxsize=4)
+def read_question_dir(directory: str, seed: int = 0, test_fraction: float = 0.2) -> QuestionDir:
+    """Read a ``--data DIR`` directory (the format is in the module docstring).
+
+    Raises:
+        DataError: no directory, no or a malformed ``answers.tsv`` (a missing column, a short line, an empty
+            field, a bad split), a missing or unreadable image, images of different sizes or not RGB.
+    """
+    from .image_files import read_image
+
+    d = Path(directory)
+    if not d.is_dir():
+        raise DataError(f"question data {d} is not a directory (expected a directory with {ANSWERS_FILE} and "
+                        "the images it names)")
+    f = d / ANSWERS_FILE
+    if not f.is_file():
+        raise DataError(f"{d} has no {ANSWERS_FILE}: a tab-separated file with the header "
+                        "image<TAB>question<TAB>answer[<TAB>split][<TAB>template]")
+    try:
+        lines = f.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise DataError(f"{f} is not UTF-8 text ({e})") from None
+    rows = list(csv.reader([ln for ln in lines if ln.strip()], delimiter="\t", quoting=csv.QUOTE_NONE))
+    if not rows:
+        raise DataError(f"{f} is empty; its first line is the header image<TAB>question<TAB>answer")
+    header = [h.strip().lower() for h in rows[0]]
+    missing = [c for c in ("image", "question", "answer") if c not in header]
+    if missing:
+        raise DataError(f"{f}: the header line has no column {', '.join(missing)} (it has {', '.join(header)}); "
+                        "expected image<TAB>question<TAB>answer[<TAB>split][<TAB>template]")
+    col = {h: i for i, h in enumerate(header)}
+    if len(rows) < 2:
+        raise DataError(f"{f} has a header but no questions")
+    recs = []
+    for ln, r in enumerate(rows[1:], start=2):
+        if len(r) != len(header):
+            raise DataError(f"{f}, line {ln}: {len(r)} tab-separated fields, but the header has {len(header)}")
+        rec = {h: r[i].strip() for h, i in col.items()}
+        for k in ("image", "question", "answer"):
+            if not rec[k]:
+                raise DataError(f"{f}, line {ln}: the {k} is empty")
+        if not tokenize_question(rec["question"]):
+            raise DataError(f"{f}, line {ln}: the question {rec['question']!r} has no words")
+        if len(rec["answer"].split()) != 1:
+            raise DataError(f"{f}, line {ln}: the answer {rec['answer']!r} is not one word")
+        if "split" in rec and rec["split"] not in ("train", "test"):
+            raise DataError(f"{f}, line {ln}: split must be train or test, got {rec['split']!r}")
+        recs.append(rec)
+    images: dict[str, Tensor] = {}
+    for rec in recs:
+        name = rec["image"]
+        if name not in images:
+            x = read_image(d / name)
+            if x.shape[0] != 3:
+                raise DataError(f"{d / name}: question images are RGB; this one has {x.shape[0]} channel(s)")
+            images[name] = x
+    shapes = {tuple(x.shape) for x in images.values()}
+    if len(shapes) > 1:
+        raise DataError(f"the images of {d} have different sizes {sorted(shapes)}; give them one size")
+    (_, h, w), = shapes
+    if h != w:
+        raise DataError(f"the images of {d} are {h}×{w}; the model takes square images")
+    if "split" in col:
+        test_names = {r["image"] for r in recs if r["split"] == "test"}
+    else:
+        names = sorted(images)
+        rng = random.Random(seed)
+        test_names = set(rng.sample(names, max(1, round(test_fraction * len(names)))))
+    train = [r for r in recs if r["image"] not in test_names or r.get("split") == "train"]
+    test = [r for r in recs if r not in train]
+    if not train or not test:
+        raise DataError(f"{f} needs questions in both splits: it has {len(train)} train and {len(test)} test")
+    words = [PAD, *sorted({w for r in recs for w in tokenize_question(r["question"])} - {PAD})]
+    answers = sorted({r["answer"] for r in recs})
+
+    def qa(rs):
+        return QASet(torch.stack([images[r["image"]] for r in rs]), [r["question"] for r in rs],
+                     torch.tensor([answers.index(r["answer"]) for r in rs]),
+                     [r.get("template") or "question" for r in rs], [[] for _ in rs])
+
+    return QuestionDir(qa(train), qa(test), words, answers, h)
+
+
+# -- the spec ---------------------------------------------------------------------------------------------------
+GENERATED = "generated"
+GENERATED_PIXEL_MEAN = (0.91, 0.89, 0.84)
+GENERATED_PIXEL_STD = (0.14, 0.14, 0.14)
+
+
+@register_data
+@dataclasses.dataclass
+class AnimalQuestions(DataSpec):
+    """Questions about pictures: the generated animal scenes (``source="generated"``; held-out kinds and
+    counts chosen by ``seed``, ``test_size`` held-out test questions, ``unseen_size`` questions asking held-out
+    counts, ``val_size`` for monitoring, up to
+    ``clutter`` pieces of clutter per picture) or a user's directory (``source`` its path; ``test_fraction``
+    of its images are the test set when it names no split). ``words`` and ``answers`` — the question
+    vocabulary and the answer classes — come from the data when training starts."""
+
+    kind: ClassVar[str] = "animal-questions"
+    derived: ClassVar[tuple[str, ...]] = ("words", "answers")
+    source: str = GENERATED
+    seed: int = 0
+    test_size: int = 2000
+    unseen_size: int = 250
+    val_size: int = 400
+    clutter: int = 6
+    test_fraction: float = 0.2
+    words: list[str] = field(default_factory=list)
+    answers: list[str] = field(default_factory=list)
+
+    def __post_init__(self):
+        if self.test_size < 1 or self.val_size < 1 or self.unseen_size < 0 or self.clutter < 0:
+            raise ConfigError("test_size and val_size must be >= 1, unseen_size and clutter >= 0")
+        if not 0 < self.test_fraction < 1:
+            raise ConfigError(f"test_fraction must be in (0, 1), got {self.test_fraction}")
+
+    @property
+    def generated(self) -> bool:
+        return self.source in (None, "", GENERATED)
+
+    def user(self) -> QuestionDir:
+        return read_question_dir(str(self.source), self.seed, self.test_fraction)
+
+    def filled(self) -> AnimalQuestions:
+        """This spec with ``words`` and ``answers`` read from the data."""
+        if self.generated:
+            return self.replace(words=question_words(), answers=list(ANSWERS))
+        u = self.user()
+        return self.replace(words=u.words, answers=u.answers)
+
+    def pixel_stats(self) -> tuple[list[float], list[float]]:
+        """Per-channel mean and standard deviation of the training pictures (the generator's, measured once on
+        640 pictures and rounded; a directory's, computed from its training images)."""
+        if self.generated:
+            return list(GENERATED_PIXEL_MEAN), list(GENERATED_PIXEL_STD)
+        x = self.user().train.images
+        return ([round(float(v), 4) for v in x.mean((0, 2, 3))],
+                [round(max(float(v), 1e-3), 4) for v in x.std((0, 2, 3))])
+
+    @property
+    def image_size(self) -> int:
+        return IMAGE_SIZE if self.generated else self.user().image_size
+
+    def val(self) -> QASet:
+        """Validation questions (test side, another draw than the test set): monitoring only."""
+        if not self.generated:
+            return self.user().test
+        return _generated_set(self.seed, "val", self.val_size, self.clutter)
+
+    def held_out(self) -> QASet:
+        """The test questions: held-out kinds in every picture, held-out counts in half the count questions
+        (generated), or the directory's test split."""
+        if not self.generated:
+            return self.user().test
+        return _generated_set(self.seed, "test", self.test_size, self.clutter)
+
+    def unseen_counts(self) -> QASet:
+        """Count questions that ask only held-out (question, count) pairs (``unseen_size`` of them, template
+        ``unseen_count``), about test-side pictures; empty for a user's directory."""
+        if not self.generated:
+            return QASet(torch.zeros(0, 3, self.image_size, self.image_size), [], torch.zeros(0, dtype=torch.long),
+                         [])
+        return _generated_set(self.seed, "unseen", self.unseen_size, self.clutter, "unseen_count")
+
+    def train_like(self, n: int = 1000) -> QASet:
+        """``n`` questions drawn like the training ones (no held-out kind), from a seed of their own: to tell
+        what the model learned from how far it generalizes."""
+        return _generated_set(self.seed, "train-like", n, self.clutter, None, False)
+
+    def batch_items(self, index: int, batch_size: int) -> list[Item]:
+        """Training batch ``index`` of generated items (a pure function of ``(seed, index)``)."""
+        return sample_items(batch_size, f"train-{index}", seed=self.seed, held_out=False, num_clutter=self.clutter)
+
+
+@functools.lru_cache(maxsize=8)
+def _generated_set(seed: int, split: str, n: int, clutter: int, template: str | None = None,
+                   held_out: bool = True) -> QASet:
+    items = sample_items(n, split, seed=seed, held_out=held_out, num_clutter=clutter, template=template)
+    return _qaset(items, ANSWERS, IMAGE_SIZE, seed=zlib.crc32(f"{seed}-{split}".encode()))
+
+
+class QABatches:
+    """The trainer's batch source: ``batch(i) → ((images (B, 3, H, W), questions (B, T)), answers (B,))``.
+
+    Generated data: batch ``i`` is drawn fresh from ``(seed, i)`` (no picture is seen twice). A user's
+    directory: shuffled epochs of its training questions, epoch ``e`` permuted by ``(seed, e)``.
+    """
+
+    def __init__(self, spec: AnimalQuestions, batch_size: int, max_len: int):
+        self.spec, self.batch_size, self.max_len = spec, batch_size, max_len
+        self.words, self.answers = spec.words, spec.answers
+        self._index = {a: i for i, a in enumerate(self.answers)}
+        self.train = None if spec.generated else spec.user().train
+        self.max_index = -1  # the furthest batch drawn so far (batches trained = max_index + 1)
+        if self.train is not None and not 1 <= batch_size <= len(self.train):
+            raise DataError(f"batch_size must be in 1..{len(self.train)} (the training questions), got {batch_size}")
+
+    def batch(self, index: int):
+        self.max_index = max(self.max_index, index)
+        if self.train is None:
+            items = self.spec.batch_items(index, self.batch_size)
+            images = torch.from_numpy(np.stack([render(it.scene, seed=zlib.crc32(f"{index}-{i}".encode()))
+                                                for i, it in enumerate(items)]))
+            questions = [it.question for it in items]
+            answers = torch.tensor([self._index[it.answer] for it in items])
+        else:
+            per_epoch = len(self.train) // self.batch_size
+            epoch, pos = divmod(index, per_epoch)
+            g = torch.Generator().manual_seed((self.spec.seed * 1_000_003 + epoch) % 2**63)
+            idx = torch.randperm(len(self.train), generator=g)[pos * self.batch_size:(pos + 1) * self.batch_size]
+            images, answers = self.train.images[idx], self.train.answers[idx]
+            questions = [self.train.questions[i] for i in idx.tolist()]
+        return (images, encode_questions(questions, self.words, self.max_len)), answers

@@ -1,0 +1,370 @@
+"""Answering questions about a picture: one transformer over question and patch tokens, and a CNN baseline.
+
+**The transformer** (family ``vqa-transformer``) is the lecture's picture of attention — *"when you get a
+new question, you'll just attend to the parts of the input signal that matter"*. The question is tokens,
+the image is tokens, and one generic encoder processes the sequence (single-stream, as in ViLT, Kim et al.
+2021, https://arxiv.org/abs/2102.03334)::
+
+    z₀ = [q; s; w₁ … w_T; x̂_p¹E … x̂_pᴺE] + type + position    q: the summary token, s: a sink
+    z_ℓ = z_ℓ + MSA(LN(z_ℓ)),  z_ℓ = z_ℓ + MLP(LN(z_ℓ))       L pre-norm blocks
+    answer = argmax Linear(LN(z_L^q))                          read from the question's summary token
+
+Row ``q`` of each layer's ``A = softmax(Q Kᵀ / √E)`` is where the question looks: its query is matched
+against the keys of the patch tokens. Choices made for learning that routing in CPU minutes (the ``vqa``
+recipe's docstring says which of them were measured, and how): the summary token starts as
+the question's mean word embedding plus a learned vector (so the first layer's query already depends on
+the question); pixels are standardized with the data's statistics, ``x̂ = (x − μ) / σ`` (the background, the
+same in every patch, becomes ≈ 0); positions start at the scale of the content (``N(0, 0.5²)``, not ViT's
+0.02). The sink ``s`` is a learned token any query can rest on, so that attention which picks ``k``
+objects can tell how many — the construction of ``tokennet demo counting``, learned. Padding words are
+masked as keys. ``modality_mask="image-first"`` lets the patches attend only to patches; ``"full"`` (the
+default) lets every token attend to every token.
+
+**The CNN baseline** (family ``vqa-cnn``) answers the same questions the way a CNN can: a GRU reads the
+question, and FiLM (Perez et al. 2018, https://arxiv.org/abs/1709.07871) conditions every block of a conv
+trunk on it — ``h ← (1 + γ(q)) ⊙ h + β(q)`` — followed by global average pooling and one linear layer
+(:mod:`tokennet.models.cnn`). The question changes *what every filter computes*, but every unit still sees
+only its receptive field, and the answer is the mean of the units' votes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..attention.masks import padding
+from ..errors import ConfigError
+from ..layers.stack import AttentionMaps, Encoder
+from ..tokens.image import PatchEmbed, grid_size
+from .cnn import ConvTrunk, ConvTrunkConfig, ReceptiveField, init_conv_weights
+from .registry import Output, TransformerConfig, register_family, register_preset
+
+__all__ = ["VQATransformerConfig", "VQATransformer", "VQACNNConfig", "VQACNN", "MODALITY_MASKS"]
+
+MODALITY_MASKS = ("full", "image-first")
+def _standardize(config, images: Tensor) -> Tensor:
+    """``(x − μ) / σ`` per channel, with the data's pixel statistics (``pixel_mean``, ``pixel_std``): the
+    background becomes ≈ 0 and an animal a large signal, where raw pixels would give every patch token the
+    same large background component and leave attention nothing to tell apart at the start."""
+    mean = images.new_tensor(config.pixel_mean)[:, None, None]
+    std = images.new_tensor(config.pixel_std)[:, None, None]
+    return (images - mean) / std
+
+
+def _check_pixels(config) -> None:
+    for k in ("pixel_mean", "pixel_std"):
+        v = getattr(config, k)
+        if isinstance(v, tuple):
+            setattr(config, k, list(v))
+        v = getattr(config, k)
+        if not isinstance(v, list) or len(v) != config.in_channels or not all(isinstance(x, (int, float)) for x in v):
+            raise ConfigError(f"{k} must be a list of {config.in_channels} numbers (one per channel), got {v!r}")
+    if not all(x > 0 for x in config.pixel_std):
+        raise ConfigError(f"pixel_std must be positive, got {config.pixel_std}")
+
+
+# Neutral defaults; a recipe sets the data's own statistics (tokennet.data.vqa.pixel_stats).
+PIXEL_MEAN = [0.5, 0.5, 0.5]
+POSITION_STD = 0.5
+PIXEL_STD = [0.25, 0.25, 0.25]
+
+
+def _example(config, batch_size: int) -> tuple[Tensor, Tensor]:
+    g = torch.Generator().manual_seed(0)
+    images = torch.rand(batch_size, config.in_channels, config.image_size, config.image_size, generator=g)
+    questions = torch.randint(1, config.vocab_size, (batch_size, config.max_question_len), generator=g)
+    questions[:, config.max_question_len // 2:] = 0  # padding after the words
+    return images, questions
+
+
+def _check_inputs(config, inputs) -> tuple[Tensor, Tensor]:
+    if not (isinstance(inputs, (tuple, list)) and len(inputs) == 2):
+        raise ValueError("a question-answering model takes (images (B, 3, H, W), questions (B, T)) as one pair")
+    images, questions = inputs
+    c = config
+    if images.dim() != 4 or tuple(images.shape[1:]) != (c.in_channels, c.image_size, c.image_size):
+        raise ValueError(f"images must be (B, {c.in_channels}, {c.image_size}, {c.image_size}), got "
+                         f"{tuple(images.shape)}")
+    if questions.dim() != 2 or questions.shape[0] != images.shape[0] or questions.shape[1] > c.max_question_len:
+        raise ValueError(f"questions must be word ids (B, T ≤ {c.max_question_len}) for the B images, got "
+                         f"{tuple(questions.shape)}")
+    return images, questions
+
+
+@dataclass
+class VQATransformerConfig(TransformerConfig, defaults=dict(dim=64, num_layers=3, mlp_ratio=2.0)):
+    """Config of :class:`VQATransformer`.
+
+    Args:
+        image_size: square images of ``image_size`` pixels; ``patch_size`` must divide it.
+        patch_size: side of the square patches (one token each).
+        in_channels: image channels.
+        vocab_size: question words (id 0 is padding).
+        num_answers: answer classes.
+        max_question_len: most words in a question.
+        dim, num_layers, num_heads, mlp_ratio, dropout: the encoder.
+        modality_mask: ``"full"`` or ``"image-first"`` (patches attend only to patches).
+        sink: a learned sink token after the summary token: a key every query can put weight on, so that
+            attention that picks ``k`` objects among the patches can say how many (its weight on the sink
+            falls as ``k`` grows; see ``tokennet demo counting``, where the same trick is built by hand).
+        pixel_mean, pixel_std: per-channel statistics the images are standardized with (from the data).
+        label_smoothing: the loss's label smoothing.
+        backend: attention backend.
+    """
+
+    image_size: int = 64
+    patch_size: int = 16
+    in_channels: int = 3
+    vocab_size: int = 32
+    num_answers: int = 17
+    max_question_len: int = 12
+    modality_mask: str = "full"
+    sink: bool = True
+    pixel_mean: list[float] = field(default_factory=lambda: list(PIXEL_MEAN))
+    pixel_std: list[float] = field(default_factory=lambda: list(PIXEL_STD))
+    label_smoothing: float = 0.0
+
+    def __post_init__(self):
+        self.family = "vqa-transformer"
+        _check_pixels(self)
+        self._positive(image_size=self.image_size, patch_size=self.patch_size, in_channels=self.in_channels,
+                       vocab_size=self.vocab_size, num_answers=self.num_answers,
+                       max_question_len=self.max_question_len, dim=self.dim, num_layers=self.num_layers,
+                       num_heads=self.num_heads)
+        self._choice("modality_mask", self.modality_mask, MODALITY_MASKS)
+        self._mlp_and_backend()
+        self._fraction(dropout=self.dropout, label_smoothing=self.label_smoothing)
+        if self.dim % self.num_heads:
+            raise ConfigError(f"num_heads={self.num_heads} must divide dim={self.dim}")
+        if self.image_size % self.patch_size:
+            raise ConfigError(f"patch_size={self.patch_size} must divide image_size={self.image_size}")
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        return grid_size(self.image_size, self.patch_size)
+
+    @property
+    def num_patches(self) -> int:
+        gh, gw = self.grid
+        return gh * gw
+
+    @property
+    def num_text(self) -> int:
+        """Question positions: the summary token, the sink (if any) and ``max_question_len`` words."""
+        return 1 + int(self.sink) + self.max_question_len
+
+
+class VQATransformer(nn.Module):
+    """``forward((images (B, 3, H, W), questions (B, T)), answers=None) → Output(logits (B, A), loss)``.
+
+    Token order: the summary token ``q`` (index 0), the sink (index 1, when ``sink``), the
+    ``max_question_len`` word slots, then the patches row-major (index ``num_text + n`` is patch ``n``).
+    """
+
+    def __init__(self, config: VQATransformerConfig):
+        super().__init__()
+        self.config = c = config
+        self.patch_embed = PatchEmbed(c.in_channels, c.dim, c.patch_size)
+        self.word_emb = nn.Embedding(c.vocab_size, c.dim, padding_idx=0)
+        self.summary = nn.Parameter(torch.zeros(1, 1, c.dim))
+        self.sink = nn.Parameter(torch.randn(1, 1, c.dim) * POSITION_STD) if c.sink else None
+        self.type_emb = nn.Parameter(torch.zeros(2, c.dim))  # 0: question, 1: image
+        self.text_pos = nn.Parameter(torch.zeros(c.num_text, c.dim))
+        self.patch_pos = nn.Parameter(torch.zeros(c.num_patches, c.dim))
+        self.drop = nn.Dropout(c.dropout)
+        self.encoder = Encoder(c.dim, c.num_layers, c.num_heads, mlp_ratio=c.mlp_ratio, norm="pre",
+                               dropout=c.dropout, activation="gelu", backend=c.backend)
+        self.head = nn.Linear(c.dim, c.num_answers)
+        for p in (self.summary, self.type_emb):
+            nn.init.normal_(p, 0.0, 0.02)
+        # Positions start as large as the content (words: N(0, 1), standardized patches: about as much), not at
+        # ViT's 0.02: a question about the top right corner must be able to find it from the first steps.
+        for p in (self.text_pos, self.patch_pos):
+            nn.init.normal_(p, 0.0, POSITION_STD)
+        self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(m: nn.Module) -> None:
+        if isinstance(m, nn.Linear):
+            nn.init.trunc_normal_(m.weight, std=0.02)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def example_input(self, batch_size: int = 2) -> tuple[Tensor, Tensor]:
+        return _example(self.config, batch_size)
+
+    def example_targets(self, batch_size: int = 2) -> Tensor:
+        return torch.randint(self.config.num_answers, (batch_size,), generator=torch.Generator().manual_seed(1))
+
+    def _tokens(self, inputs) -> tuple[Tensor, Tensor]:
+        """``(tokens (B, L, D), mask (B, 1, L, L) or (B, 1, 1, L))`` with ``L = num_text + num_patches``."""
+        c = self.config
+        images, questions = _check_inputs(c, inputs)
+        B, T = questions.shape
+        if T < c.max_question_len:  # pad to the fixed slots (positions are per slot)
+            questions = F.pad(questions, (0, c.max_question_len - T))
+        words = self.word_emb(questions)  # (B, T, D)
+        # The summary token starts as the question's bag of words, so the first layer can already look for what
+        # the question asks (a learned constant alone would make its first query the same for every question).
+        n_words = (questions != 0).sum(1, keepdim=True).clamp_min(1)  # (B, 1)
+        bag = (words.sum(1) / n_words)[:, None]  # (B, 1, D)
+        head = [self.summary + bag] + ([self.sink.expand(B, 1, -1)] if self.sink is not None else [])
+        text = torch.cat([*head, words], 1) + self.text_pos + self.type_emb[0]  # (B, num_text, D)
+        patches = self.patch_embed(_standardize(c, images)) + self.patch_pos + self.type_emb[1]  # (B, N, D)
+        z = torch.cat([text, patches], 1)  # (B, L, D)
+        is_pad = torch.cat([torch.zeros(B, len(head), dtype=torch.bool, device=z.device), questions == 0,
+                            torch.zeros(B, c.num_patches, dtype=torch.bool, device=z.device)], 1)  # (B, L)
+        mask = padding(is_pad)  # (B, 1, 1, L): nobody attends to padding words
+        if c.modality_mask == "image-first":
+            L = z.shape[1]
+            allowed = torch.ones(L, L, dtype=torch.bool, device=z.device)
+            allowed[c.num_text:, :c.num_text] = False  # a patch's query never meets a question key
+            mask = mask & allowed  # (B, 1, L, L)
+        return self.drop(z), mask
+
+    def forward_features(self, inputs, *, return_attention: bool = False):
+        """Final tokens ``(B, L, D)`` (with ``return_attention``: ``(tokens, per-layer weights)``)."""
+        z, mask = self._tokens(inputs)
+        return self.encoder(z, mask=mask, return_weights=return_attention)
+
+    def forward_head(self, h: Tensor) -> Tensor:
+        """Final tokens → answer logits ``(B, A)``, read from the summary token."""
+        return self.head(h[:, 0])
+
+    def forward(self, inputs, targets: Tensor | None = None) -> Output:
+        logits = self.forward_head(self.forward_features(inputs))  # (B, A)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits, targets, label_smoothing=self.config.label_smoothing)
+        return Output(logits, loss)
+
+    def attention_maps(self, inputs) -> AttentionMaps:
+        """Every layer's ``A = softmax(Q Kᵀ / √E)``: ``{"self": [(B, H, L, L)] * num_layers}`` (plain formula)."""
+        _, maps = self.forward_features(inputs, return_attention=True)
+        return {"self": [m["self"] for m in maps]}
+
+    def question_attention(self, inputs) -> list[Tensor]:
+        """Per layer, the summary token's attention over the patches ``(B, H, N)`` (its row of ``A``,
+        the patch columns; the rest of the row went to the question's own tokens)."""
+        n = self.config.num_text
+        return [a[:, :, 0, n:] for a in self.attention_maps(inputs)["self"]]
+
+
+# -- the CNN baseline -------------------------------------------------------------------------------------------
+@dataclass
+class VQACNNConfig(ConvTrunkConfig):
+    """Config of :class:`VQACNN`: the conv trunk's fields (:class:`~tokennet.models.cnn.ConvTrunkConfig`),
+    then the question's.
+
+    Args:
+        image_size: square images of this size.
+        vocab_size, num_answers, max_question_len: as for the transformer.
+        word_dim: word embedding width.
+        question_dim: the GRU's hidden width (the question vector FiLM reads).
+        pixel_mean, pixel_std: per-channel statistics the images are standardized with (from the data).
+        label_smoothing: the loss's label smoothing.
+    """
+
+    image_size: int = 64
+    vocab_size: int = 32
+    num_answers: int = 17
+    max_question_len: int = 12
+    word_dim: int = 32
+    question_dim: int = 64
+    pixel_mean: list[float] = field(default_factory=lambda: list(PIXEL_MEAN))
+    pixel_std: list[float] = field(default_factory=lambda: list(PIXEL_STD))
+    label_smoothing: float = 0.0
+
+    def __post_init__(self):
+        self.family = "vqa-cnn"
+        self._check_trunk()
+        _check_pixels(self)
+        self._positive(image_size=self.image_size, vocab_size=self.vocab_size, num_answers=self.num_answers,
+                       max_question_len=self.max_question_len, word_dim=self.word_dim,
+                       question_dim=self.question_dim)
+        self._fraction(label_smoothing=self.label_smoothing)
+
+
+class VQACNN(nn.Module):
+    """``forward((images, questions), answers=None) → Output(logits, loss)``: GRU → FiLM → conv trunk → GAP →
+    linear."""
+
+    def __init__(self, config: VQACNNConfig):
+        super().__init__()
+        self.config = c = config
+        self.word_emb = nn.Embedding(c.vocab_size, c.word_dim, padding_idx=0)
+        self.gru = nn.GRU(c.word_dim, c.question_dim, batch_first=True)
+        self.trunk = ConvTrunk(c)
+        self.channels = self.trunk.film_channels()
+        self.film = nn.Linear(c.question_dim, 2 * sum(self.channels))
+        self.head = nn.Linear(self.trunk.out_channels, c.num_answers)
+        self.apply(init_conv_weights)
+        nn.init.zeros_(self.film.weight)  # start as the unconditioned trunk: γ = β = 0
+        nn.init.zeros_(self.film.bias)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def receptive_field(self) -> ReceptiveField:
+        return self.trunk.receptive_field()
+
+    def example_input(self, batch_size: int = 2) -> tuple[Tensor, Tensor]:
+        return _example(self.config, batch_size)
+
+    def example_targets(self, batch_size: int = 2) -> Tensor:
+        return torch.randint(self.config.num_answers, (batch_size,), generator=torch.Generator().manual_seed(1))
+
+    def encode_question(self, questions: Tensor) -> Tensor:
+        """Word ids ``(B, T)`` → the GRU's state after the last word ``(B, question_dim)``."""
+        lengths = (questions != 0).sum(1).clamp_min(1)  # (B,)
+        out, _ = self.gru(self.word_emb(questions))  # (B, T, Dq)
+        return out[torch.arange(len(questions), device=questions.device), lengths - 1]  # (B, Dq)
+
+    def films(self, questions: Tensor) -> list[tuple[Tensor, Tensor]]:
+        """Per block, FiLM's ``(γ, β)`` ``(B, C_block)`` each."""
+        gb = self.film(self.encode_question(questions))  # (B, 2 ΣC)
+        out, i = [], 0
+        for ch in self.channels:
+            out.append((gb[:, i:i + ch], gb[:, i + ch:i + 2 * ch]))
+            i += 2 * ch
+        return out
+
+    def forward_features(self, inputs) -> Tensor:
+        """The conditioned feature map ``(B, C', H', W')``."""
+        images, questions = _check_inputs(self.config, inputs)
+        return self.trunk(_standardize(self.config, images), self.films(questions))
+
+    def forward_head(self, h: Tensor) -> Tensor:
+        return self.head(h.mean((2, 3)))  # (B, A): the mean of the units' linear votes
+
+    def forward(self, inputs, targets: Tensor | None = None) -> Output:
+        logits = self.forward_head(self.forward_features(inputs))
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits, targets, label_smoothing=self.config.label_smoothing)
+        return Output(logits, loss)
+
+    def answer_map(self, inputs, answer: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Each unit's vote for the answer (a class activation map): ``(maps (B, H', W'), answers (B,))``."""
+        h = self.forward_features(inputs)
+        if answer is None:
+            answer = self.forward_head(h).argmax(-1)
+        return torch.einsum("bc,bchw->bhw", self.head.weight[answer], h), answer
+
+
+register_family("vqa-transformer", VQATransformerConfig, VQATransformer)
+register_family("vqa-cnn", VQACNNConfig, VQACNN)
+register_preset("vqa-transformer", "vqa-transformer", "answers questions about 64×64 pictures: [question; sink; "
+                "16×16 patches] in one encoder, 3 layers × 64, the answer read from the question's summary token")
+register_preset("vqa-cnn", "vqa-cnn", "the CNN baseline for vqa: GRU question → FiLM on a small ResNet (4×4 "
+                "patchify stem, stages 20/40/80; a 92-pixel receptive field covers the 64×64 image), GAP + linear",
+                stem_kernel=4, stem_stride=4, widths=[20, 40, 80], depths=[1, 1, 1])
+register_preset("vqa-cnn-shallow", "vqa-cnn", "a shallow CNN for vqa: FiLM on two conv layers after a 4×4 "
+                "patchify stem (a 20-pixel receptive field: no unit sees two corners of the 64×64 image)",
+                arch="plain", stem_kernel=4, stem_stride=4, widths=[64, 112], depths=[1, 1])

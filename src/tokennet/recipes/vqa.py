@@ -1,0 +1,174 @@
+"""Recipe ``vqa``: the lecture's own argument — questions about a picture, a transformer, and CNNs beside it.
+
+Data (:mod:`tokennet.data.vqa`): generated 64×64 scenes of 1–9 animals (five species, five colours) with
+clutter, and template questions — *how many birds are there?*, *how many red animals are there?*, *is the
+top right animal the same species as the bottom left animal?*, *what colour is the impala?* — with
+one-word answers. Five (species, colour) kinds and one count per count question are held out of training;
+every test picture shows a held-out kind. ``--data DIR`` trains on a directory of your own pictures and
+questions (``answers.tsv``; the format is in :mod:`tokennet.data.vqa`).
+
+The model (:class:`~tokennet.models.vqa.VQATransformer`): the question's words and the image's 16×16
+patches in one sequence, one encoder, the answer read from the question's summary token. After training,
+with ``baselines=true`` (the default), two CNNs answer the same questions, trained on the same batches for
+the same number of steps, each with about the transformer's parameter count (``cnn_lr`` their peak rate):
+
+- ``cnn_…``: a small ResNet conditioned on the question by FiLM, whose units' receptive field covers the
+  whole image (preset ``vqa-cnn``);
+- ``shallow_cnn_…``: two FiLM-conditioned conv layers after a patchify stem, whose 20-pixel field is smaller
+  than the 32 pixels between two corner cells (preset ``vqa-cnn-shallow``): its answer is a mean of local
+  votes, additive in the two corners, so "same species?" is out of its reach — the lecture's x1 … x7.
+
+``metrics.json``: ``exact_match`` (%) and ``exact_match_<template>`` (``count``, ``count_colour``,
+``same_species``, ``colour``), ``exact_match_unseen_count`` (count questions asking a held-out
+(question, count) pair), the same with the ``cnn_`` and ``shallow_cnn_`` prefixes, each CNN's
+``…receptive_field`` and ``…num_parameters``, and ``attention_mass_ratio``: on the questions about one or
+two objects, the share of the question's rolled-out attention over the patches that falls on the patches
+of those objects, divided by their share of the image (per template and per layer too;
+:func:`~tokennet.tasks.vqa.attention_mass`). ``tokennet eval``
+recomputes the transformer's figures from the saved run; the CNNs' come from training (they are not saved).
+
+**Measured** (``tokennet train vqa``, the defaults: 3000 steps of 64, seed 0, 1 thread; held-out test set of
+2000 questions; exact match in %):
+
+==================  ===========  =====  ============  ============  =======  ======  ============
+model               all          count  count_colour  same_species  species  colour  unseen_count
+==================  ===========  =====  ============  ============  =======  ======  ============
+transformer         75.5         80.7   59.6          72.1          68.8     95.4    2.4
+``cnn_``            78.6         84.4   99.8          46.1          93.7     67.6    20.0
+``shallow_cnn_``    78.2         83.7   97.3          46.1          95.0     67.6    6.4
+==================  ===========  =====  ============  ============  =======  ======  ============
+
+``attention_mass_ratio`` 3.11. Both CNNs answer *same species?* at chance, as the lecture says; the FiLM
+CNNs count colours better than the transformer, whose linear patch embedding mixes an animal's colour with
+its shape (it misses most ``count_colour`` questions whose counted animals include a held-out kind). The
+issue's goals (≥ 97 % on counting, ≥ 95 % on corner pairs) are not reached at this budget; 3000 steps keep
+the whole run (the transformer and both CNNs, 3000 steps each) within minutes on 2 cores — the CNNs' steps
+cost about 3.3× the transformer's. A 6000-step run of seed 1 reached, on its 400 validation questions,
+89.5 % overall (count 84.1, count_colour 72.9, same_species 100, species 99.0, colour 90.6).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import tempfile
+from typing import Any
+
+import torch
+
+from ..data.vqa import GENERATED, AnimalQuestions, QABatches, QASet, tokenize_question
+from ..errors import RecipeError
+from ..lifecycle import BuildContext, Job, Recipe, register_recipe
+from ..models.registry import create_model
+from ..tasks.vqa import attention_mass, exact_match
+from ..train.trainer import Trainer
+
+__all__ = ["evaluate", "train_baseline", "BASELINES"]
+
+log = logging.getLogger(__name__)
+
+BASELINES = {"cnn_": "vqa-cnn", "shallow_cnn_": "vqa-cnn-shallow"}
+DATA_FIELDS = ("vocab_size", "num_answers", "image_size", "pixel_mean", "pixel_std")
+
+
+def evaluate(model, spec: AnimalQuestions, qa: QASet | None = None, prefix: str = "") -> dict[str, float]:
+    """Exact match overall and per template on the test questions (``qa``, default the spec's), and on the
+    held-out counts (``…exact_match_unseen_count``; generated data)."""
+    qa = spec.held_out() if qa is None else qa
+    out = exact_match(model, qa, spec.words, model.config.max_question_len, prefix=prefix)
+    unseen = spec.unseen_counts()
+    if len(unseen):
+        out[f"{prefix}exact_match_unseen_count"] = exact_match(model, unseen, spec.words, model.config.max_question_len,
+                                                               prefix=prefix)[f"{prefix}exact_match"]
+    return out
+
+
+def _check_lengths(spec: AnimalQuestions, max_len: int) -> None:
+    if spec.generated:
+        return
+    u = spec.user()
+    longest = max(len(tokenize_question(q)) for q in u.train.questions + u.test.questions)
+    if longest > max_len:
+        raise RecipeError(f"{spec.source} has questions of {longest} words; set max_question_len={longest} or more")
+
+
+def train_baseline(preset: str, model_settings: dict[str, Any], train, source, device, *, lr: float):
+    """Train a CNN baseline like the transformer: the same batches, the same number of steps (``train``'s
+    ``max_iters``), its own peak learning rate ``lr``; returns the trained model."""
+    steps = dataclasses.replace(train, lr=lr, time_budget=None, eval_interval=0, checkpoint_interval=0,
+                                progress=False, log_interval=0, report=False, tensorboard=False)
+    torch.manual_seed(train.seed)
+    m = create_model(preset, **model_settings).to(device)
+    with tempfile.TemporaryDirectory() as scratch:  # the baselines' checkpoints are not part of the run
+        Trainer(m, steps, source, out_dir=scratch, device=device).fit()
+    return m.eval()
+
+
+def build(ctx: BuildContext) -> Job:
+    spec: AnimalQuestions = ctx.data.filled()  # a bad --data directory fails here, before anything is written
+    ctx.from_data("vocab_size", len(spec.words))
+    ctx.from_data("num_answers", len(spec.answers))
+    ctx.from_data("image_size", spec.image_size)
+    mean, std = spec.pixel_stats()
+    ctx.from_data("pixel_mean", mean)
+    ctx.from_data("pixel_std", std)
+    train, opts, device = ctx.train, ctx.options, ctx.device
+    max_len = ctx.model["max_question_len"]
+    _check_lengths(spec, max_len)
+    torch.manual_seed(train.seed)
+    model = create_model("vqa-transformer", **ctx.model)
+    src = QABatches(spec, train.batch_size, max_len)
+    val = spec.val()
+    log.info("vqa: %s data, %d words, %d answers; transformer %.3fM parameters, %d tokens",
+             "generated" if spec.generated else spec.source, len(spec.words), len(spec.answers),
+             model.num_parameters() / 1e6, model.config.num_text + model.config.num_patches)
+
+    def monitor(m) -> dict[str, float]:
+        out = exact_match(m, val, spec.words, max_len, prefix="val_")
+        return {k: v for k, v in out.items() if k == "val_exact_match" or k.startswith("val_exact_match_")}
+
+    def finish(m) -> dict[str, Any]:  # noqa: ARG001
+        out: dict[str, Any] = {}
+        if not opts["baselines"]:
+            return out
+        steps = dataclasses.replace(train, max_iters=src.max_index + 1)  # what the transformer trained
+        qa = spec.held_out()
+        shared = {k: ctx.settings[k] for k in (*DATA_FIELDS, "max_question_len")}
+        for prefix, preset in BASELINES.items():
+            cnn = train_baseline(preset, shared, steps, src, device, lr=opts["cnn_lr"])
+            out.update(evaluate(cnn, spec, qa, prefix=prefix))
+            out[f"{prefix}num_parameters"] = cnn.num_parameters()
+            out[f"{prefix}receptive_field"] = cnn.receptive_field().size
+            log.info("vqa baseline %s: %s", preset, {k: v for k, v in out.items() if k.startswith(prefix)})
+        return out
+
+    return Job(model=model.to(device), source=src, evaluate=monitor, tokens_per_batch=train.batch_size,
+               finish=finish, data=spec)
+
+
+def evaluate_run(run, data) -> dict[str, Any]:
+    """``tokennet eval``: exact match per template on the run's held-out questions, and the attention mass."""
+    if data is not None and data != run.data.source:
+        raise RecipeError("the vqa recipe evaluates on the run's own held-out questions; it takes no other data")
+    spec, qa = run.data, run.data.held_out()
+    out: dict[str, Any] = {**evaluate(run.model, spec, qa), "test_size": len(qa)}
+    if hasattr(run.model, "question_attention"):
+        out.update(attention_mass(run.model, qa, spec.words))
+    return out
+
+
+register_recipe(Recipe(
+    name="vqa",
+    description="questions about pictures of animals (how many birds? is the top right animal the same species as "
+    "the bottom left one?): a transformer over question + patch tokens, against FiLM CNNs",
+    model="vqa-transformer",
+    build=build,
+    data=AnimalQuestions,
+    default_data=GENERATED,
+    options={"baselines": True, "cnn_lr": 3e-3},
+    model_defaults={},
+    train_defaults={"max_iters": 3000, "batch_size": 64, "lr": 3e-3, "warmup_iters": 100, "eval_interval": 1000,
+                    "weight_decay": 0.05, "log_interval": 50, "optimizer": "muon", "muon_lr": 0.02},
+    evaluate_run=evaluate_run,
+    smoke={"dim": 32, "num_layers": 1, "num_heads": 2, "batch_size": 16, "test_size": 48, "val_size": 16},
+))

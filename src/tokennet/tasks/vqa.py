@@ -1,0 +1,263 @@
+"""Questions about a picture: ``run.answer(images, questions)``, where the question looks, and the report panel.
+
+The task serves the question-answering transformer and its CNN baseline (:mod:`tokennet.models.vqa`). Its
+verb answers questions (text) about images (tensors or files of the model's size, RGB); ``tokennet generate
+RUN --image FILE --prompt "how many birds are there?"`` prints the answer. Its pictures are the lecture's
+claim made visible — *"when you get a new question, you'll just attend to the parts of the input signal
+that matter"*: the summary token's row of each layer's attention, over the patches, drawn on the image, per
+layer and head and rolled out through the layers (Abnar & Zuidema 2020). For a CNN run the picture is the
+answer's class activation map (each unit's vote) and one unit's receptive field.
+
+:func:`attention_mass` measures what the pictures show: the share of the question's attention to the image
+that lands on the patches of the objects it asks about, divided by those patches' share of the image.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..data.image_files import read_image
+from ..data.vqa import QASet, encode_questions
+from ..errors import DataError, RunError
+from ..viz.vqa import question_rollout
+from .base import HELP, Input, Option, Task, as_paths, image_file_bad_inputs, register_task, verb
+
+if TYPE_CHECKING:
+    from ..run import Run
+
+__all__ = ["VisualQuestionAnswering", "predict", "exact_match", "attention_mass", "question_rollout",
+           "object_patches", "load_question_images"]
+
+EVAL_BATCH = 250
+
+
+# -- evaluation -------------------------------------------------------------------------------------------------
+@torch.no_grad()
+def predict(model, images: torch.Tensor, questions: torch.Tensor, batch_size: int = EVAL_BATCH) -> torch.Tensor:
+    """Answer ids ``(N,)`` for images ``(N, 3, H, W)`` and word ids ``(N, T)``, in batches."""
+    dev = next(model.parameters()).device
+    out = [model((images[i:i + batch_size].to(dev), questions[i:i + batch_size].to(dev))).logits.argmax(-1).cpu()
+           for i in range(0, len(images), batch_size)]
+    return torch.cat(out) if out else torch.zeros(0, dtype=torch.long)
+
+
+def exact_match(model, qa: QASet, words, max_len: int, *, prefix: str = "") -> dict[str, float]:
+    """``exact_match`` (% of questions answered exactly) and ``exact_match_<template>`` per template, each
+    named with ``prefix`` (``cnn_exact_match_count``, ...)."""
+    pred = predict(model, qa.images, encode_questions(qa.questions, words, max_len))
+    hit = (pred == qa.answers).float()
+    out = {f"{prefix}exact_match": round(100.0 * float(hit.mean()), 3)}
+    for t in sorted(set(qa.templates)):
+        sel = torch.tensor([x == t for x in qa.templates])
+        out[f"{prefix}exact_match_{t}"] = round(100.0 * float(hit[sel].mean()), 3)
+    return out
+
+
+def object_patches(boxes, grid: tuple[int, int], patch: int) -> list[int]:
+    """The patches (row-major on ``grid``) that a pixel box ``(top, left, height, width)`` of any of ``boxes``
+    overlaps."""
+    gh, gw = grid
+    out = set()
+    for top, left, h, w in boxes:
+        for r in range(max(0, top // patch), min(gh, (top + h - 1) // patch + 1)):
+            for c in range(max(0, left // patch), min(gw, (left + w - 1) // patch + 1)):
+                out.add(r * gw + c)
+    return sorted(out)
+
+
+SPARSE = 2  # questions about at most this many objects: where "looking at them" can be far above their share
+
+
+@torch.no_grad()
+def attention_mass(model, qa: QASet, words, *, limit: int = 500) -> dict[str, float]:
+    """How much of the question's attention to the image lands on the objects it asks about.
+
+    For each held-out question with objects (a count of 0 has none): ``mass`` = the share of the summary
+    token's attention over the patches (renormalized over the patches) that falls on the patches its objects
+    overlap; ``share`` = those patches' share of all patches; the ratio of their means is 1 for a model that
+    looks everywhere alike and at most ``1 / share``. Attention is rolled out through the layers
+    (:func:`~tokennet.viz.vqa.question_rollout`), or taken in one layer (the mean of its heads).
+
+    Returns:
+        ``attention_mass_ratio``: the rolled-out ratio over the questions about one or two objects (a colour, a
+        species, two corners, a count of 1 or 2 — a question about many objects has a low ceiling);
+        ``attention_mass`` and ``attention_object_share``, its two means; ``attention_mass_ratio_<template>``:
+        the rolled-out ratio over all of a template's questions; ``attention_mass_ratio_layer<ℓ>``: layer ℓ's
+        ratio over the questions about one or two objects.
+    """
+    c = model.config
+    idx = [i for i in range(min(limit, len(qa))) if qa.boxes and qa.boxes[i]]
+    if not idx:
+        return {}
+    images = qa.images[idx]
+    questions = encode_questions([qa.questions[i] for i in idx], words, c.max_question_len)
+    dev = next(model.parameters()).device
+    rolls, layers = [], []
+    for s in range(0, len(idx), EVAL_BATCH):
+        maps = [m.float() for m in model.attention_maps((images[s:s + EVAL_BATCH].to(dev),
+                                                         questions[s:s + EVAL_BATCH].to(dev)))["self"]]
+        rolls.append(question_rollout(maps, c.num_text).cpu())
+        rows = [m[:, :, 0, c.num_text:].mean(1) for m in maps]  # per layer (b, N): the summary's row, mean of heads
+        layers.append(torch.stack([r / r.sum(-1, keepdim=True).clamp_min(1e-12) for r in rows], 1).cpu())
+    roll, per_layer = torch.cat(rolls), torch.cat(layers)  # (n, N), (n, L, N)
+    mass, share, sparse, templates, layer_mass = [], [], [], [], []
+    for row, lrow, i in zip(roll, per_layer, idx, strict=True):
+        p = object_patches(qa.boxes[i], c.grid, c.patch_size)
+        mass.append(float(row[p].sum()))
+        layer_mass.append(lrow[:, p].sum(-1))  # (L,)
+        share.append(len(p) / c.num_patches)
+        sparse.append(len(qa.boxes[i]) <= SPARSE)
+        templates.append(qa.templates[i])
+    m, s, sp, lm = torch.tensor(mass), torch.tensor(share), torch.tensor(sparse), torch.stack(layer_mass)
+    out = {}
+    if sp.any():
+        out.update({"attention_mass_ratio": round(float(m[sp].mean() / s[sp].mean()), 4),
+                    "attention_mass": round(float(m[sp].mean()), 4),
+                    "attention_object_share": round(float(s[sp].mean()), 4)})
+        for layer in range(lm.shape[1]):
+            out[f"attention_mass_ratio_layer{layer}"] = round(float(lm[sp, layer].mean() / s[sp].mean()), 4)
+    for t in sorted(set(templates)):
+        sel = torch.tensor([x == t for x in templates])
+        out[f"attention_mass_ratio_{t}"] = round(float(m[sel].mean() / s[sel].mean()), 4)
+    return out
+
+
+# -- inputs -----------------------------------------------------------------------------------------------------
+def load_question_images(paths, image_size: int) -> torch.Tensor:
+    """RGB image files of the model's size as ``(B, 3, H, W)``; another size or mode is a one-line error."""
+    out = []
+    for p in paths:
+        x = read_image(p)
+        if x.shape[0] != 3:
+            raise DataError(f"{p}: the model takes RGB images; this one has {x.shape[0]} channel (grey); convert it "
+                            "to RGB first")
+        if tuple(x.shape[1:]) != (image_size, image_size):
+            raise DataError(f"{p}: the model takes {image_size}×{image_size} images, got {x.shape[1]}×{x.shape[2]}; "
+                            "resize it first")
+        out.append(x)
+    if not out:
+        raise DataError("no image given")
+    return torch.stack(out)
+
+
+# -- the task ---------------------------------------------------------------------------------------------------
+@register_task
+class VisualQuestionAnswering(Task):
+    """``run.answer(images, questions)`` → one answer word per (image, question)."""
+
+    name = "visual question answering"
+    kind = "vqa"
+    families = ("vqa-transformer", "vqa-cnn")
+    inputs = (Input("image", HELP["image"]), Input("prompt", HELP["prompt"], file=False))
+    viz_options = (Option("question", "question-answering runs: with --image, the question whose attention to "
+                          "draw (default: held-out questions, one per template)"),)
+
+    def _spec(self, run: Run):
+        if run.data is None or not run.data.words:
+            raise RunError(f"{run.path} has no question vocabulary (no data spec in run.json); it was not trained "
+                           "by tokennet train vqa")
+        return run.data
+
+    def images(self, run: Run, images) -> torch.Tensor:
+        if torch.is_tensor(images):
+            return images[None] if images.dim() == 3 else images
+        return load_question_images(as_paths(images), run.model.config.image_size)
+
+    @verb
+    @torch.no_grad()
+    def answer(self, run: Run, images, questions) -> list[str]:
+        """The answer to each question about each image: images (a tensor ``(B, 3, H, W)`` or files) and
+        questions (one text, or one per image); one image with several questions, or several images with one
+        question, pair up by repetition."""
+        spec = self._spec(run)
+        x = self.images(run, images)
+        qs = [questions] if isinstance(questions, str) else list(questions)
+        if not qs:
+            raise DataError("no question given")
+        if len(qs) == 1 and len(x) > 1:
+            qs = qs * len(x)
+        elif len(x) == 1 and len(qs) > 1:
+            x = x.expand(len(qs), -1, -1, -1)
+        if len(qs) != len(x):
+            raise DataError(f"{len(x)} images but {len(qs)} questions; give one question per image (or one for all)")
+        ids = encode_questions(qs, spec.words, run.model.config.max_question_len)
+        return [spec.answers[int(i)] for i in predict(run.model, x, ids)]
+
+    def respond(self, run: Run, values: dict[str, Any]) -> Iterator[str]:
+        """The answer (``PATH<TAB>answer`` per ``--image`` when there are several)."""
+        paths = values["image"]
+        for path, a in zip(paths, self.answer(run, paths, values["prompt"]), strict=True):
+            yield (a if len(paths) == 1 else f"{path}\t{a}") + "\n"
+
+    # -- pictures ---------------------------------------------------------------------------------------------
+    def _items(self, run: Run, index, image, question) -> list[tuple[torch.Tensor, str, str | None, list]]:
+        """``(image, question, expected answer, object boxes)`` to draw."""
+        if image is not None:
+            if not question:
+                raise DataError("drawing an image file needs --question (what to ask about it)")
+            x = load_question_images([image], run.model.config.image_size)[0]
+            return [(x, question, None, [])]
+        qa = run.data.held_out()
+        if index is not None:
+            if not 0 <= index < len(qa):
+                raise DataError(f"index {index} out of range: 0..{len(qa) - 1}")
+            picks = [index]
+        else:  # one held-out question of each template
+            picks = [qa.templates.index(t) for t in dict.fromkeys(qa.templates)]
+        return [(qa.images[i], qa.questions[i], run.data.answers[int(qa.answers[i])],
+                 qa.boxes[i] if qa.boxes else []) for i in picks]
+
+    def draw(self, run: Run, out_dir: Path, *, index: int | None = None, image=None, question: str | None = None,
+             layer: int | None = None, head: int | None = None, **_) -> list[Path]:
+        """Transformer: ``question_attention_<k>.png`` per question — the summary token's attention over the
+        patches per layer and head, their mean, and the rollout. CNN: ``answer_map_<k>.png`` — each unit's vote
+        for the answer, and one unit's receptive field."""
+        from ..viz.vqa import draw_cnn_item, draw_transformer_item
+
+        spec = self._spec(run)
+        files = []
+        for k, (x, q, expected, boxes) in enumerate(self._items(run, index, image, question)):
+            got = self.answer(run, x[None], q)[0]
+            if run.family == "vqa-cnn":
+                files.append(draw_cnn_item(run.model, spec, x, q, got, expected, Path(out_dir) / f"answer_map_{k}.png"))
+            else:
+                files.append(draw_transformer_item(run.model, spec, x, q, got, expected, boxes,
+                                                   Path(out_dir) / f"question_attention_{k}.png", layer=layer,
+                                                   head=head))
+        return files
+
+    def panel(self, run: Run, log) -> list[tuple[str, str]]:
+        from ..viz.report.vqa import vqa_panel
+
+        return vqa_panel(run)
+
+    # -- for tests and documentation ------------------------------------------------------------------------
+    def examples(self, run: Run, directory: Path) -> dict[str, Any]:
+        from ..data.image_files import write_image
+
+        qa = run.data.held_out()
+        return {"image": [str(write_image(qa.images[0], Path(directory) / "held_out_0.npy"))],
+                "prompt": qa.questions[0]}
+
+    def bad_inputs(self, run: Run, directory: Path) -> list[tuple[dict[str, Any], str]]:
+        import numpy as np
+
+        d = Path(directory)
+        qa = run.data.held_out()
+        good = str(d / "good.npy")
+        np.save(good, qa.images[0].numpy())
+        wrong = d / "wrong_size.npy"
+        np.save(wrong, np.zeros((3, 7, 7), np.float32))
+        grey = d / "grey.npy"
+        s = run.model.config.image_size
+        np.save(grey, np.zeros((s, s), np.float32))
+        q = qa.questions[0]
+        return [({"image": [good], "prompt": "how many dragons are there?"}, "outside the model's vocabulary"),
+                ({"image": [good], "prompt": " ? "}, "is empty"),
+                ({"image": [str(wrong)], "prompt": q}, "resize it first"),
+                ({"image": [str(grey)], "prompt": q}, "RGB"),
+                *(({**v, "prompt": q}, frag) for v, frag in image_file_bad_inputs(d))]

@@ -1,0 +1,87 @@
+"""The report panel of question-answering runs: the transformer against the CNNs per question template,
+held-out questions with the model's answers, the misses, and where the question looks."""
+
+from __future__ import annotations
+
+from .html import Section, esc, img, inline_img, number, table
+
+__all__ = ["vqa_panel"]
+
+ROWS = 12
+MISSES = 4
+
+MODELS = (("", "transformer"), ("cnn_", "CNN (FiLM, full receptive field)"),
+          ("shallow_cnn_", "shallow CNN (FiLM, local receptive field)"))
+
+
+def _cell(metrics, key: str) -> str:
+    return number(metrics[key], key) if key in metrics else "—"
+
+
+def _comparison(run) -> str:
+    m = run.metrics
+    templates = sorted({k[len("exact_match_"):] for k in m if k.startswith("exact_match_")
+                        and isinstance(m[k], (int, float))})
+    shown = [(p, name) for p, name in MODELS if f"{p}exact_match" in m]
+    rows = [[f"<code>{esc(t)}</code>", *(_cell(m, f"{p}exact_match_{t}") for p, _ in shown)] for t in templates]
+    rows.append(["<b>all</b>", *(_cell(m, f"{p}exact_match") for p, _ in shown)])
+    head = ["template", *(esc(n) for _, n in shown)]
+    body = '<p class="sub">Exact match (%) on the held-out test questions (metrics.json).'
+    if "cnn_exact_match" in m:
+        body += " The CNNs answer the same questions after the same number of steps, with about the same " \
+                "parameter budget."
+    rf = [f"{name}: {_cell(m, p + 'receptive_field')} px" for p, name in shown[1:] if f"{p}receptive_field" in m]
+    if rf:
+        body += " Receptive field of one unit of the last feature map: " + "; ".join(rf) + " (the image is " \
+                f"{run.model.config.image_size} px)."
+    body += "</p>" + table(head, rows, num_cols=tuple(range(1, len(head))))
+    if "attention_mass_ratio" in m:
+        per = ", ".join(f"{esc(k[len('attention_mass_ratio_'):])} {_cell(m, k)}" for k in sorted(m)
+                        if k.startswith("attention_mass_ratio_"))
+        body += (f'<p class="sub">Where the question looks: on questions about one or two objects, the question\'s '
+                 f"summary token puts {_cell(m, 'attention_mass')} of its (rolled-out) attention to the image on "
+                 f"them, which cover {_cell(m, 'attention_object_share')} of it: "
+                 f"{_cell(m, 'attention_mass_ratio')}× their share (1× would be looking everywhere alike). By "
+                 f"template (all questions) and by layer: {per}.</p>")
+    return body
+
+
+def _thumb(x) -> str:
+    from .sequences import _png_of_image
+
+    return inline_img(_png_of_image(x, scale=2), "held-out image")
+
+
+def vqa_panel(run) -> list[Section]:
+    from . import viz_pictures
+
+    qa = run.data.held_out()
+    n = min(ROWS, len(qa))
+    got = run.answer(qa.images[:n], qa.questions[:n])
+    want = [run.data.answers[int(a)] for a in qa.answers[:n]]
+    rows, classes = [], []
+    for i in range(n):
+        rows.append([str(i), _thumb(qa.images[i]), esc(qa.questions[i]), f"<code>{esc(qa.templates[i])}</code>",
+                     esc(want[i]), esc(got[i])])
+        classes.append("hit" if got[i] == want[i] else "miss")
+    held = (f'<p class="sub">{sum(g == w for g, w in zip(got, want, strict=True))} of the first {n} held-out '
+            "questions right.</p>" + table(["#", "image", "question", "template", "answer", "model"], rows, classes,
+                                           col_classes={-1: "out"}))
+    out = [("Answers by question template", _comparison(run)), ("Held-out questions", held)]
+
+    # Misses: the first few wrong answers among the held-out questions, with where the question looked.
+    limit = min(len(qa), 400)
+    all_got = run.answer(qa.images[:limit], qa.questions[:limit])
+    wrong = [i for i in range(limit) if all_got[i] != run.data.answers[int(qa.answers[i])]][:MISSES]
+    if wrong:
+        pics = "".join(img(png, f"miss #{i}", f"held-out #{i} (tokennet viz --index {i})")
+                       for i in wrong for _, png in viz_pictures(run, index=i))
+        miss = (f'<p class="sub">{len(wrong)} of the wrong answers among the first {limit} held-out questions.</p>'
+                f'<div class="plots">{pics}</div>')
+    else:
+        miss = f'<p class="sub">No wrong answer among the first {limit} held-out questions.</p>'
+    out.append(("Misses", miss))
+    pics = "".join(img(png, name, "one held-out question per template (tokennet viz)", cls="wide")
+                   for name, png in viz_pictures(run))
+    out.append(("Where the question looks", pics))
+    return out

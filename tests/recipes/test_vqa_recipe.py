@@ -1,0 +1,136 @@
+"""Recipe ``vqa`` end to end on tiny settings: metrics per template for the transformer and the CNNs, answers
+from Python and the CLI, a user's directory, bad input in one line, and what the question looks at."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from tokennet.cli import main
+from tokennet.data.vqa import ANSWERS, AnimalQuestions, write_question_dir
+from tokennet.recipes import train
+from tokennet.run import load
+from tokennet.tasks.vqa import attention_mass, object_patches
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TINY = {"dim": 32, "num_layers": 1, "num_heads": 2, "batch_size": 16, "max_iters": 4, "eval_interval": 0,
+        "warmup_iters": 1, "test_size": 24, "unseen_size": 8, "val_size": 8, "progress": False}
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    out, _ = train("vqa", out=tmp_path_factory.mktemp("runs") / "vqa", sets=TINY, device="cpu")
+    return out
+
+
+def test_metrics_per_template_for_the_transformer_and_both_cnns(run_dir):
+    m = json.loads((run_dir / "metrics.json").read_text())
+    for prefix in ("", "cnn_", "shallow_cnn_"):
+        for t in ("count", "count_colour", "same_species", "species", "colour", "unseen_count"):
+            assert 0 <= m[f"{prefix}exact_match_{t}"] <= 100
+        assert 0 <= m[f"{prefix}exact_match"] <= 100
+    assert m["cnn_receptive_field"] >= 64 > 32 >= m["shallow_cnn_receptive_field"]
+    assert m["attention_mass_ratio"] > 0 and m["test_size"] == 24
+
+
+def test_answer_from_python_and_from_the_cli(run_dir, tmp_path, capsys):
+    from PIL import Image
+
+    run = load(run_dir)
+    qa = run.data.held_out()
+    got = run.answer(qa.images[:3], qa.questions[:3])
+    assert len(got) == 3 and set(got) <= set(ANSWERS)
+    assert len(run.answer(qa.images[0], ["how many birds are there?", "what colour is the cat?"])) == 2
+    png = tmp_path / "scene.png"
+    Image.fromarray((qa.images[0].permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)).save(png)
+    capsys.readouterr()
+    assert main(["generate", str(run_dir), "--image", str(png), "--prompt", "how many birds are there?"]) == 0
+    assert capsys.readouterr().out.strip() in ANSWERS
+
+
+def test_bad_questions_and_images_are_one_line_errors(run_dir, tmp_path, capsys):
+    from PIL import Image
+
+    grey = tmp_path / "grey.png"
+    Image.fromarray(np.zeros((64, 64), np.uint8)).save(grey)
+    small = tmp_path / "small.png"
+    Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(small)
+    rgb = tmp_path / "ok.png"
+    Image.fromarray(np.zeros((64, 64, 3), np.uint8)).save(rgb)
+    for image, prompt, fragment in [(rgb, "how many unicorns are there?", "unicorns"), (rgb, "?!", "empty"),
+                                    (grey, "how many birds are there?", "RGB"),
+                                    (small, "how many birds are there?", "64×64")]:
+        capsys.readouterr()
+        assert main(["generate", str(run_dir), "--image", str(image), "--prompt", prompt]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("tokennet: error:") and "\n" not in err and fragment in err, err
+
+
+def test_a_users_directory_trains_and_a_bad_one_fails_in_one_line_writing_nothing(tmp_path, capsys):
+    d = write_question_dir(tmp_path / "mine", 40, seed=1)
+    out, m = train("vqa", data=str(d), out=tmp_path / "run", sets={**TINY, "baselines": False}, device="cpu")
+    assert m["test_size"] == 10 and "exact_match_count" in m or "exact_match" in m
+    assert load(out).data.source == str(d)
+    bad = write_question_dir(tmp_path / "bad", 6, seed=1)
+    (bad / "answers.tsv").write_text("image\tquestion\n" + "images/00000.png\thow many birds are there?\n")
+    for directory, fragment in [(bad, "no column answer"), (tmp_path / "nowhere", "not a directory")]:
+        capsys.readouterr()
+        target = tmp_path / f"out-{directory.name}"
+        assert main(["-q", "train", "vqa", "--data", str(directory), "--out", str(target)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("tokennet: error:") and "\n" not in err and fragment in err, err
+        assert not target.exists()
+
+
+def test_object_patches_and_the_attention_mass_of_a_model_that_looks_at_the_objects():
+    assert object_patches([(0, 0, 14, 14)], (4, 4), 16) == [0]
+    assert object_patches([(10, 10, 14, 14)], (4, 4), 16) == [0, 1, 4, 5]
+    assert object_patches([(0, 50, 14, 14), (50, 0, 14, 14)], (4, 4), 16) == [3, 12]
+
+    class Oracle(torch.nn.Module):
+        """A fake one-layer model whose summary token attends only to the patches of the asked objects."""
+
+        def __init__(self, qa):
+            super().__init__()
+            from tokennet.models.vqa import VQATransformerConfig
+
+            self.config = VQATransformerConfig(vocab_size=40, max_question_len=16)
+            self.qa, self.w = qa, torch.nn.Parameter(torch.zeros(1))
+
+        def attention_maps(self, inputs):
+            images, _ = inputs
+            c = self.config
+            L = c.num_text + c.num_patches
+            a = torch.zeros(len(images), 1, L, L)
+            for b, x in enumerate(images):
+                i = next(j for j in range(len(self.qa)) if torch.equal(self.qa.images[j], x))
+                p = object_patches(self.qa.boxes[i], c.grid, c.patch_size)
+                a[b, 0, 0, [c.num_text + k for k in p]] = 1 / len(p)
+            a[:, 0, 1:, 0] = 1
+            return {"self": [a]}
+
+    spec = AnimalQuestions(test_size=40).filled()
+    qa = spec.held_out()
+    m = attention_mass(Oracle(qa), qa, spec.words)
+    # Rollout mixes in the identity (½ A + ½ I): the summary's own half goes nowhere in the image, so the
+    # renormalized mass on the objects is 1 and the ratio is 1 / share.
+    assert m["attention_mass"] == pytest.approx(1.0)
+    assert m["attention_mass_ratio"] == pytest.approx(1 / m["attention_object_share"], rel=1e-3)
+    assert m["attention_mass_ratio"] > 3
+
+
+@pytest.mark.slow
+def test_a_trained_run_looks_at_the_objects_it_is_asked_about(tmp_path):
+    """The lecture's picture, measured: after the default training (3000 steps, seed 0), the question's attention
+    to the image lands on the objects it asks about far more than their share of the image, and the answers are
+    far above chance. Measured on 1 thread with these settings: attention-mass ratio 3.02, exact match 75.0 (count
+    86.8, colour 95.8). Over four 3000-step variants of seed 0 (4 or 8 heads, peak learning rate 3e-3 or 5e-3, MLP
+    ratio 2 or 4) the lowest were 2.96, 64.9, 70.5 and 71.5: the thresholds leave that margin. Minutes on 2 cores;
+    the fast test above holds the measurement itself to an oracle."""
+    sets = {"max_iters": 3000, "eval_interval": 0, "baselines": False, "test_size": 400, "val_size": 50,
+            "progress": False, "report": False}
+    _, m = train("vqa", out=tmp_path / "vqa", sets=sets, device="cpu")
+    assert m["attention_mass_ratio"] >= 2.5, m  # 1 = looking everywhere alike
+    assert m["exact_match"] > 55 and m["exact_match_count"] > 60 and m["exact_match_colour"] > 60, m  # chance: 10-20
