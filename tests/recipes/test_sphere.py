@@ -23,8 +23,9 @@ def test_run_with_the_rotation_table_eval_classify_and_viz(tmp_path):
     table = metrics["ablation"]
     assert set(table) == set(MODELS) and all(list(row) == list(REGIMES) for row in table.values())
     assert all(0 <= v <= 1 for row in table.values() for v in row.values())
-    # The configured model (invariant bias, trained unrotated) is reported, not retrained.
-    inv = table["sphere, invariant angle bias"]
+    # The configured model (the default: invariant in the signal's frame, trained unrotated) is reported, not
+    # retrained.
+    inv = table["sphere, invariant frame"]
     assert inv["NR/NR"] == metrics["test_accuracy"] and inv["NR/R"] == metrics["test_accuracy_rotated"]
     assert json.loads((run_dir / "metrics.json").read_text())["ablation"] == table
     assert not any(p.name.startswith("tmp") for p in run_dir.iterdir())  # variants' checkpoints not kept
@@ -48,7 +49,7 @@ def test_run_with_the_rotation_table_eval_classify_and_viz(tmp_path):
     page = write_report(run_dir, tmp_path / "r.html").read_text()
     assert "Rotations: test accuracy by train/test regime" in page and "patch attention" in page
     shown = dict(re.findall(r'data-metric="([^"]+)"[^>]*>([^<]+)<', page))
-    assert shown["ablation.sphere, invariant angle bias.NR/R"] == json.dumps(inv["NR/R"])
+    assert shown["ablation.sphere, invariant frame.NR/R"] == json.dumps(inv["NR/R"])
 
 
 def get_eval(run):
