@@ -32,7 +32,7 @@ def test_presets_have_the_documented_shapes():
     assert create_model("vit-digits").config.grid == (3, 3)  # overlapping 4×4 patches at stride 2
     assert create_model("vit-fashion").config.grid == (4, 4)  # conv stem, total stride 8
     one_d = create_model("vit-1d").config
-    assert one_d.is_1d and one_d.grid == (1, 19)  # patches of 4 at stride 2
+    assert one_d.is_1d and one_d.grid == (1, 17)  # patches of 8 at stride 2
 
 
 @pytest.mark.parametrize("pool", ["cls", "mean"])

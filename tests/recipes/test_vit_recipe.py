@@ -58,7 +58,7 @@ def test_mnist1d_profile_builds_a_1d_vit(tmp_path):
     run, metrics = train("vit", data="mnist1d", out=tmp_path / "r", sets={**TINY, "svm_baseline": False},
                          device="cpu")
     cfg = json.loads((run / "config.json").read_text())
-    assert cfg["image_size"] == [40] and cfg["patch_size"] == 4
+    assert cfg["image_size"] == [40] and cfg["patch_size"] == 8
     settings = json.loads((run / "run.json").read_text())["settings"]
     assert settings["translate"] == 4 and settings["max_iters"] == 6  # profile where default, user value kept
     assert metrics["dataset"] == "mnist1d" and "baseline_svm_accuracy" not in metrics

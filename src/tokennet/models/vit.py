@@ -382,9 +382,9 @@ register_preset("vit-fashion", "vit", "ViT_C for 28×28 Fashion-MNIST: a conv st
                 "1 block × 96 (the depth 10 CPU minutes pay for best), mean pooling",
                 image_size=28, patch_size=8, patch_embed="conv-stem", in_channels=1, num_classes=10, dim=96,
                 num_layers=1, num_heads=4, mlp_ratio=2.0, pool="mean", label_smoothing=0.1)
-register_preset("vit-1d", "vit", "ViT for 1-D signals (MNIST-1D, length 40): overlapping patches of 4 at stride 2 "
-                "(19 tokens), 4 layers × 64",
-                image_size=[40], patch_size=4, patch_stride=2, in_channels=1, num_classes=10, dim=64, num_layers=4,
+register_preset("vit-1d", "vit", "ViT for 1-D signals (MNIST-1D, length 40): overlapping patches of 8 at stride 2 "
+                "(17 tokens), 4 layers × 64",
+                image_size=[40], patch_size=8, patch_stride=2, in_channels=1, num_classes=10, dim=64, num_layers=4,
                 num_heads=4, mlp_ratio=2.0, pool="mean", label_smoothing=0.1)
 register_preset("vit-micro", "vit", "ViT, 16×16 RGB, 4×4 patches, 2 layers × 32 (tests and demos)",
                 image_size=16, patch_size=4, in_channels=3, num_classes=10, dim=32, num_layers=2, num_heads=2)
