@@ -58,8 +58,8 @@ from tokennet.data.image_batches import ImageBatches  # noqa: E402
 from tokennet.data.noise import pink_noise  # noqa: E402
 from tokennet.data.speech_eval import evaluation_sets, training_word_bank  # noqa: E402
 from tokennet.data.spoken_digits import (  # noqa: E402
-    ACCENTS,
     DIGITS,
+    EXTRA_VOICES,
     espeak_synth,
     load_spoken_digits,
     synthesize_spoken_digits,
@@ -69,10 +69,6 @@ from tokennet.tokens.audio import resample  # noqa: E402
 from tokennet.tokens.clips import COMBINES, combine_windows, prepare_clip  # noqa: E402
 from tokennet.train.trainer import TrainConfig, Trainer  # noqa: E402
 
-EXTRA_VARIANTS = ("Alex", "Andy", "Annie", "aunty", "belinda", "benjamin", "david", "ed", "edward", "Gene", "iven",
-                  "john", "linda", "max", "Michael", "paul", "rob", "robert", "steph", "travis", "victor", "zac",
-                  "anika", "grandma", "grandpa", "klatt", "klatt2", "klatt3", "m8", "norbert")
-EXTRA_VOICES = tuple(f"{a}+{v}" for a in ACCENTS for v in EXTRA_VARIANTS)
 # The recipe's clips carry white noise at U(5, 30) dB from generation; a perturbation such as a speed change must
 # come before the noise (or it reshapes the noise and leaves a silent tail), so the variants start from the same
 # clips generated clean and add that noise at every step instead (``fresh-noise``), then change one thing.
@@ -93,6 +89,7 @@ VARIANTS_TABLE = {
     "cmn": ("clean", False, WHITE, {"normalize": "mel"}),
     "resynth": ("clean", False, replace(WHITE, resynth=(80.0, 260.0)), {}),
     "resynth+voices": ("clean", True, replace(WHITE, resynth=(80.0, 260.0)), {}),
+    "noise+resynth+voices": ("clean", True, replace(MIXED, resynth=(80.0, 260.0)), {}),
     "all": ("clean", True, replace(MIXED, speed=SPEED, eq_db=6.0, lowpass=(3500.0, 7500.0)),
             {"freq_warp": 0.15, "normalize": "mel"}),
 }

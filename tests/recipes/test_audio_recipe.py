@@ -121,3 +121,30 @@ def test_robustness_metrics_are_the_evaluation_sets_accuracies():
     with torch.no_grad():
         pred = model(model.spectrogram_image(x)[:, None]).logits.argmax(-1)
     assert r["test_accuracy_pink_10db"] == pytest.approx(float((pred == y).float().mean()))
+
+
+def test_wave_augment_draws_fresh_noise_into_the_training_clips(audio_run):
+    """wave_augment=noise: each training batch is the clips with noise drawn for that batch (a pure function of
+    the batch index, as every batch source), turned into the model's spectrograms; none: the clips as read."""
+    import dataclasses
+
+    from tokennet.data.spoken_digits import SpokenWords
+    from tokennet.errors import DataError
+    from tokennet.models.registry import create_model
+    from tokennet.recipes.audio import _OPTIONS, _train_source
+    from tokennet.train.trainer import TrainConfig
+
+    root, _, _ = audio_run
+    spec = SpokenWords(source=str(root / "wavs"), sample_rate=16000, clip_samples=8000)
+    ds = spec.load()
+    model = create_model("ast-digits", num_classes=ds.num_classes, n_mels=16, clip_samples=8000, dim=32,
+                         num_layers=1, num_heads=2)
+    train = dataclasses.replace(TrainConfig(), batch_size=8)
+    plain = _train_source(model, spec, ds, train, {**_OPTIONS, "wave_augment": "none"})
+    noisy = _train_source(model, spec, ds, train, {**_OPTIONS, "wave_augment": "noise"})
+    (xp, yp), (xn, yn) = plain.batch(0), noisy.batch(0)
+    assert xp.shape == xn.shape and torch.equal(yp, yn)  # the same clips, in the same order
+    assert not torch.allclose(xp, xn) and torch.equal(noisy.batch(0)[0], xn)  # fresh noise, the same for batch 0
+    assert not torch.equal(noisy.batch(1)[0], xn)
+    with pytest.raises(DataError, match="wave_augment must be one of"):
+        _train_source(model, spec, ds, train, {**_OPTIONS, "wave_augment": "reverb"})

@@ -42,8 +42,9 @@ from ..tokens.audio import SILENCE, resample
 from ..tokens.clips import load_fitted
 from .spec import DataSpec, register_data
 
-__all__ = ["AudioSet", "DIGITS", "ACCENTS", "VARIANTS", "synthesize_spoken_digits", "load_spoken_digits",
-           "load_label_dir", "load_audio_dataset", "espeak_synth", "cache_dir", "DEFAULT_DATA", "SpokenWords"]
+__all__ = ["AudioSet", "DIGITS", "ACCENTS", "VARIANTS", "EXTRA_VOICES", "synthesize_spoken_digits",
+           "load_spoken_digits", "load_label_dir", "load_audio_dataset", "espeak_synth", "cache_dir", "DEFAULT_DATA",
+           "SpokenWords"]
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,11 @@ DIGITS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight"
 ACCENTS = ("en-gb", "en-us", "en-gb-scotland", "en-gb-x-gbclan", "en-gb-x-rp", "en-gb-x-gbcwmd", "en-029",
            "en-us-nyc")
 VARIANTS = ("m1", "m2", "m3", "m4", "m5", "m6", "m7", "f1", "f2", "f3", "f4", "f5", "croak", "whisper")
+# More espeak-ng voice variants, for training only (the held-out test voices are drawn from VARIANTS).
+EXTRA_VARIANTS = ("Alex", "Andy", "Annie", "aunty", "belinda", "benjamin", "david", "ed", "edward", "Gene", "iven",
+                  "john", "linda", "max", "Michael", "paul", "rob", "robert", "steph", "travis", "victor", "zac",
+                  "anika", "grandma", "grandpa", "klatt", "klatt2", "klatt3", "m8", "norbert")
+EXTRA_VOICES = tuple(f"{a}+{v}" for a in ACCENTS for v in EXTRA_VARIANTS)
 ESPEAK_RATE = 22050  # espeak-ng's output rate
 FORMAT_VERSION = 1
 DEFAULT_DATA = "spoken-digits"
