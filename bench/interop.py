@@ -235,9 +235,14 @@ def compare_with_transformers(run_dir: str, gguf: Path, threads: int) -> dict:
             diffs[p] = float((run.model(ids).logits - hf(ids).logits).abs().max())
         ids = torch.tensor([run.tokenizer.encode(PROMPT)])
         ours = generate(run.model, ids, 32, temperature=0)[0].tolist()
-        ref = hf.generate(ids, max_new_tokens=32, min_new_tokens=32, do_sample=False,
-                          attention_mask=torch.ones_like(ids), pad_token_id=0)[0].tolist()
-    return {"max_abs_logit_diff": diffs, "greedy_identical_32": ours == ref}
+        # transformers' greedy decoding over its own KV cache, by hand: generate() would stop at <|im_end|>, and
+        # min_new_tokens (to go on) masks the end token's logit, which changes the argmax where it would win
+        out, ref = hf(ids, use_cache=True), ids
+        for _ in range(32):
+            nxt = out.logits[:, -1].argmax(-1, keepdim=True)  # (1, 1)
+            ref = torch.cat([ref, nxt], dim=1)
+            out = hf(nxt, past_key_values=out.past_key_values, use_cache=True)
+    return {"max_abs_logit_diff": diffs, "greedy_identical_32": ours == ref[0].tolist()}
 
 
 def main() -> None:

@@ -108,3 +108,15 @@ def test_bad_data_is_a_one_line_error(tmp_path, capsys):
     assert "unknown data 'cifar'" in capsys.readouterr().err
     assert main(["train", "vit", "--out", out, "--overwrite", "--set", "in_channels=3", "--max-iters", "1"]) == 2
     assert "in_channels=3 does not match the data, which has in_channels=1" in capsys.readouterr().err
+
+
+def test_cnn_baseline_beside_the_vit(tmp_path, capsys):
+    """cnn_baseline=true: the cnn recipe's CNN for the same steps on the same split, its test accuracy as
+    baseline_cnn_accuracy (a CNN that learns: well above chance after 300 steps on digits); 1-D data refuses it."""
+    _, m = train("vit", out=tmp_path / "r", device="cpu",
+                 sets={**TINY, "max_iters": 300, "eval_interval": 0, "svm_baseline": False, "cnn_baseline": True})
+    assert m["baseline_cnn_accuracy"] > 0.7 and m["baseline_cnn_parameters"] > 0, m
+    assert "300 steps" in m["baseline_cnn"] and "cnn-digits" in m["baseline_cnn"]
+    assert main(["-q", "train", "vit", "--data", "mnist1d", "--out", str(tmp_path / "x"), "--set",
+                 "cnn_baseline=true"]) == 2
+    assert "1-D signals" in capsys.readouterr().err and not (tmp_path / "x").exists()

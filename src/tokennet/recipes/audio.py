@@ -32,8 +32,9 @@ all (+ speed, EQ, …)  99.0     64.2         98.2       99.3      87.5        3
 
 The default run (``tokennet train audio``, seed 0, one thread, 600 steps in 122 s): held-out voices 99.5%
 (the baseline 99.17%), other synthesizers 68.3%, at 10 dB white 99.8%, pink 100%, babble 98.5%, at 0 dB
-92.7%, 94.2%, 51.5%. The goal at 10 dB (≥ 95%) is met; the other synthesizers' voices (Flite and Festival: 70.8%) stay short of
-the 90% goal — their voices differ from every espeak-ng voice, resynthesized or not. Clips of any length:
+92.7%, 94.2%, 51.5%. The goal at 10 dB (≥ 95%) is met; the other synthesizers' voices (Flite and Festival:
+68.3% in the run, 70.8% in the bench) stay short of the 90% goal — their voices differ from every espeak-ng
+voice, resynthesized or not. Clips of any length:
 untrimmed slow words of the held-out voices 97.0% and words at a random place in 4 s of pink noise 99.5%
 (the most confident window; the mean of the windows' log-probabilities 97.3% and 62.3%).
 
