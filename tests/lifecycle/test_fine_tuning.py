@@ -120,3 +120,19 @@ def test_fine_tuning_errors_are_one_line_and_write_nothing(world, tmp_path, caps
     capsys.readouterr()
     assert _train("gpt", "--out", run, "--resume", "--max-iters", 4) == 2
     assert "vocabulary" in capsys.readouterr().err
+
+
+def test_lora_from_a_quantized_gguf_file_but_not_from_a_run_holding_blocks(world, tmp_path, capsys):
+    """--init FILE.gguf with Q8_0 tensors trains (they are dequantized to float32 for training); a run that holds
+    GGUF blocks (tokennet import of that file) is refused in one line, nothing written."""
+    gguf = tmp_path / "base.gguf"
+    assert main(["-q", "export", str(world / "base"), "--format", "gguf", "--gguf-type", "q8_0", "--out", str(gguf)]) == 0
+    assert _train("gpt", "--data", world / "b.txt", "--out", tmp_path / "ft", "--init", gguf, "--max-iters", 5,
+                  "--set", "lora_rank=4", *SMALL) == 0
+    assert (tmp_path / "ft" / "model.safetensors").is_file()
+    assert main(["-q", "import", str(gguf), "--out", str(tmp_path / "imported")]) == 0
+    capsys.readouterr()
+    assert _train("gpt", "--data", world / "b.txt", "--out", tmp_path / "ft2", "--init", tmp_path / "imported",
+                  "--max-iters", 5, "--set", "lora_rank=4", *SMALL) == 2
+    err = capsys.readouterr().err
+    assert "GGUF blocks" in err and err.strip().count("\n") == 0 and not (tmp_path / "ft2").exists()

@@ -60,7 +60,9 @@ def _is_tokennet_model_dir(path: Path) -> bool:
 def load_init(source: str | Path, *, device: str | torch.device = "cpu") -> InitSource:
     """The model and tokenizer in ``source``: a tokennet run, a Hugging Face directory or a GGUF file.
 
-    The model is in train mode on ``device``, every parameter trainable (apply LoRA or freeze afterwards).
+    The model is in train mode on ``device``, every parameter trainable (apply LoRA or freeze afterwards), in
+    float32: a GGUF file's quantized tensors are dequantized (a run that holds GGUF blocks is refused: pass its
+    file).
 
     Raises:
         RunError: ``source`` does not exist, or is neither a tokennet run nor a checkpoint tokennet imports.
@@ -74,8 +76,12 @@ def load_init(source: str | Path, *, device: str | torch.device = "cpu") -> Init
             raise RunError(f"{path} is a tokennet run without weights ({WEIGHTS_FILE}); has its training finished?")
         run = load(path, device=device)
         model, tokenizer, kind, notes = run.model, run.tokenizer, "run", []
+        if getattr(model.config, "quantized", None):
+            raise RunError(f"{path} holds its weights in GGUF blocks (imported from a GGUF file), which do not train; "
+                           "pass the .gguf file itself as --init (its weights are dequantized to float32 for training)")
     elif (path.is_dir() and (path / CONFIG_FILE).is_file()) or path.suffix == ".gguf" or _gguf_magic(path):
-        model, tokenizer, kind, notes = convert(path)
+        # training needs float weights: a GGUF file's Q8_0/Q4_0/Q4_1 tensors are dequantized, not kept as blocks
+        model, tokenizer, kind, notes = convert(path, keep_blocks=False)
         model = model.to(device)
     else:
         raise RunError(f"{path} is neither a tokennet run (config.json + model.safetensors) nor a checkpoint "
