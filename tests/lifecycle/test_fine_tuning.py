@@ -126,7 +126,8 @@ def test_lora_from_a_quantized_gguf_file_but_not_from_a_run_holding_blocks(world
     """--init FILE.gguf with Q8_0 tensors trains (they are dequantized to float32 for training); a run that holds
     GGUF blocks (tokennet import of that file) is refused in one line, nothing written."""
     gguf = tmp_path / "base.gguf"
-    assert main(["-q", "export", str(world / "base"), "--format", "gguf", "--gguf-type", "q8_0", "--out", str(gguf)]) == 0
+    assert main(["-q", "export", str(world / "base"), "--format", "gguf", "--gguf-type", "q8_0",
+                 "--out", str(gguf)]) == 0
     assert _train("gpt", "--data", world / "b.txt", "--out", tmp_path / "ft", "--init", gguf, "--max-iters", 5,
                   "--set", "lora_rank=4", *SMALL) == 0
     assert (tmp_path / "ft" / "model.safetensors").is_file()
