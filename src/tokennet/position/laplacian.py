@@ -172,12 +172,7 @@ def laplacian_spectrum(adj: Tensor, node_mask: Tensor, k: int, normalized: bool 
     return evecs.float(), evals.float()
 
 
-def _random_signs(batch_shape, k: int, device, dtype) -> Tensor:
-    """±1 of shape (*batch_shape, 1, k): one sign per graph and eigenvector."""
-    return torch.randint(0, 2, (*batch_shape, 1, k), device=device).to(dtype) * 2 - 1
-
-
-class CommuteTimePosition(nn.Module):
+class CommuteTimePosition(LaplacianPosition):
     """Node positions ``W p_i + b`` from the commute-time embedding ``p_i = (u_k(i) / √λ_k)_k``.
 
     Use the combinatorial Laplacian ``D − A`` (:func:`laplacian_spectrum` with ``normalized=False``):
@@ -192,13 +187,6 @@ class CommuteTimePosition(nn.Module):
         dim: output width D.
     """
 
-    def __init__(self, k: int, dim: int):
-        super().__init__()
-        if k < 1 or dim < 1:
-            raise ValueError(f"k and dim must be >= 1, got k={k}, dim={dim}")
-        self.k, self.dim = k, dim
-        self.proj = nn.Linear(k, dim)
-
     @staticmethod
     def embedding(eigvecs: Tensor, eigvals: Tensor, eps: float = 1e-6) -> Tensor:
         """``p = U Λ^(−1/2)`` ``(..., n, k)``, zero where ``λ ≤ eps``."""
@@ -210,13 +198,7 @@ class CommuteTimePosition(nn.Module):
         if eigvecs.shape[-1] != self.k or eigvals.shape[-1] != self.k:
             raise ValueError(f"expected eigvecs (..., n, {self.k}) and eigvals (..., {self.k}), got "
                              f"{tuple(eigvecs.shape)} and {tuple(eigvals.shape)}")
-        p = self.embedding(eigvecs, eigvals)
-        if self.training:
-            p = p * _random_signs(p.shape[:-2], self.k, p.device, p.dtype)
-        return self.proj(p.to(self.proj.weight.dtype))  # (..., n, D)
-
-    def extra_repr(self) -> str:
-        return f"k={self.k}, dim={self.dim}"
+        return super().forward(self.embedding(eigvecs, eigvals))  # random signs in training, then W p + b
 
 
 class SpectralKernelBias(nn.Module):
