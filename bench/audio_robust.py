@@ -34,7 +34,8 @@ at a random place in 4 s of pink noise at 20 dB), read through :func:`~tokennet.
     python bench/audio_robust.py                          # every variant, 600 steps, seed 0
     python bench/audio_robust.py --variants baseline all --steps 600 --seed 0
 
-Writes ``bench/results/audio_robust.json``. Accuracies at fixed steps do not depend on the machine's load.
+Writes ``bench/results/audio_robust.json`` (rows of variants not run this time stay in it when the steps and seed
+match). Accuracies at fixed steps do not depend on the machine's load.
 """
 
 from __future__ import annotations
@@ -190,10 +191,15 @@ def main() -> None:
                 for k, v in row.items() if not isinstance(v, dict)}
         print(name, flat, {k: {h: round(100 * row[k][h], 1) for h in COMBINES} for k in longs},
               f"by voice {row['other_synth_by_voice']}", flush=True)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"steps": args.steps, "seed": args.seed, "results": results,
-                                          "torch": torch.__version__}, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.exists():  # rows of other variants measured at the same steps and seed stay in the table
+        old = json.loads(out.read_text())
+        if (old.get("steps"), old.get("seed")) == (args.steps, args.seed):
+            results = {**{k: v for k, v in old.get("results", {}).items() if k not in results}, **results}
+    out.write_text(json.dumps({"steps": args.steps, "seed": args.seed, "results": results,
+                               "torch": torch.__version__}, indent=2) + "\n")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@ seed. Rows (``--rows``):
 
 Prints test accuracy per regime, the parameter count and the training CPU seconds (``time.process_time``,
 one thread: far less sensitive to a shared machine than the wall clock, which is also printed), and writes
-``bench/results/sphere_invariant.json``. ``--data fashion-mnist`` uses the recipe's Fashion-MNIST profile
+``bench/results/sphere_invariant.json`` (rows measured before with another row, seed, step count or data stay in
+it). ``--data fashion-mnist`` uses the recipe's Fashion-MNIST profile
 (400 centres, 6,400 samples, 1,000 validation and 2,000 test images, a 24 × 48 lat/lon grid).
 
     python bench/sphere_invariant.py                                  # digits, 400 steps, seed 0
@@ -130,9 +131,14 @@ def main() -> None:
             cells = " | ".join(f"{100 * out[k]:.1f}" if k in out else "–" for k in ("NR/NR", "R/R", "NR/R"))
             print(f"| {row} | {desc} | {seed} | {cells} | {out['parameters']:,} | {out.get('cpu_s_NR', '–')} |",
                   flush=True)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"results": results, "torch": torch.__version__}, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    out_path = Path(args.out)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    key = lambda r: (r["row"], r["seed"], r["steps"], r["data"])  # noqa: E731
+    if out_path.exists():  # rows measured before (other rows, seeds, steps or data) stay in the file
+        new = {key(r) for r in results}
+        results = [r for r in json.loads(out_path.read_text())["results"] if key(r) not in new] + results
+    out_path.write_text(json.dumps({"results": results, "torch": torch.__version__}, indent=2) + "\n")
+    print(f"wrote {out_path}")
 
 
 if __name__ == "__main__":
