@@ -5,7 +5,7 @@ import pytest
 import torch
 from PIL import Image
 
-from tokennet.data.image_files import read_image
+from tokennet.data.image_files import read_image, read_images
 from tokennet.data.text import DataError
 
 
@@ -68,3 +68,18 @@ def test_errors_name_the_file_and_the_problem(tmp_path):
     (tmp_path / "bad.npy").write_bytes(b"\x93NUMPY garbage")
     with pytest.raises(DataError, match="not a readable .npy"):
         read_image(tmp_path / "bad.npy")
+
+
+def test_read_images_batches_checks_the_size_and_says_what_grey_does(tmp_path):
+    Image.fromarray(np.full((4, 4), 51, np.uint8)).save(tmp_path / "g.png")
+    Image.fromarray(np.zeros((4, 4, 3), np.uint8)).save(tmp_path / "c.png")
+    Image.fromarray(np.zeros((5, 4, 3), np.uint8)).save(tmp_path / "big.png")
+    x = read_images([tmp_path / "g.png", tmp_path / "c.png"], 4)
+    assert x.shape == (2, 3, 4, 4) and torch.allclose(x[0], torch.full((3, 4, 4), 0.2))  # grey repeated
+    with pytest.raises(DataError, match=r"g\.png: the model takes RGB images; this one has 1 channel \(grey\)"):
+        read_images([tmp_path / "g.png"], 4, grey="refuse")
+    with pytest.raises(DataError, match=r"big\.png: the model takes 4×4 images, got 5×4; resize it first"):
+        read_images([tmp_path / "c.png", tmp_path / "big.png"], 4)
+    with pytest.raises(DataError, match="no image given"):
+        read_images([], 4)
+    assert read_images([tmp_path / "g.png"], 4, channels=1).shape == (1, 1, 4, 4)

@@ -10,7 +10,7 @@ from torch import Tensor
 
 from .text import DataError
 
-__all__ = ["read_image", "write_image"]
+__all__ = ["read_image", "read_images", "write_image"]
 
 
 def read_image(path: str | Path, channels: int | None = None) -> Tensor:
@@ -30,6 +30,31 @@ def read_image(path: str | Path, channels: int | None = None) -> Tensor:
             return x.expand(3, -1, -1)
         raise DataError(f"{path}: the model takes images with {channels} channel(s), got {x.shape[0]}")
     return x
+
+
+def read_images(paths, image_size: int, channels: int = 3, grey: str = "repeat") -> Tensor:
+    """Image files for a model that takes ``image_size``×``image_size`` images: ``(B, C, H, W)`` in [0, 1].
+
+    Nothing is resized: another size is a :class:`DataError` saying what is expected. ``grey="repeat"`` repeats a
+    grey image to 3 channels (:func:`read_image`); ``grey="refuse"`` makes it an error, for a model whose answers
+    depend on colour. No paths at all is an error too.
+    """
+    if grey not in ("repeat", "refuse"):
+        raise ValueError(f"grey must be 'repeat' or 'refuse', not {grey!r}")
+    out = []
+    for p in paths:
+        x = read_image(p) if grey == "refuse" else read_image(p, channels=channels)
+        if x.shape[0] != channels:
+            raise DataError(f"{p}: the model takes {'RGB' if channels == 3 else f'{channels}-channel'} images; this "
+                            f"one has {x.shape[0]} channel{'s' if x.shape[0] > 1 else ''}"
+                            f"{' (grey); convert it to RGB first' if x.shape[0] == 1 else ''}")
+        if tuple(x.shape[1:]) != (image_size, image_size):
+            raise DataError(f"{p}: the model takes {image_size}×{image_size} images, got {x.shape[1]}×{x.shape[2]}; "
+                            "resize it first")
+        out.append(x)
+    if not out:
+        raise DataError("no image given")
+    return torch.stack(out)
 
 
 def _read_image_file(path: Path) -> Tensor:

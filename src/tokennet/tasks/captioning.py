@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..data.image_files import read_image
+from ..data.image_files import read_images
 from ..decode import beam_search, greedy_search, strip_special
 from ..errors import DataError
 from . import ConditionalDecoder
@@ -39,16 +39,7 @@ def load_caption_images(paths, image_size: int, in_channels: int = 3) -> torch.T
     :func:`~tokennet.data.image_files.read_image`); the size must be the model's ``image_size`` —
     nothing is resized, a different size is a ``DataError`` that says what is expected.
     """
-    out = []
-    for p in paths:
-        x = read_image(p, channels=in_channels)
-        if tuple(x.shape[1:]) != (image_size, image_size):
-            raise DataError(f"{p}: the model takes {image_size}×{image_size} images, got {x.shape[1]}×{x.shape[2]}; "
-                            "resize it first")
-        out.append(x)
-    if not out:
-        raise DataError("no image given")
-    return torch.stack(out)
+    return read_images(paths, image_size, in_channels)
 
 
 @register_task

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..data.image_files import read_image
+from ..data.image_files import read_images
 from ..data.vqa import QASet, encode_questions
 from ..errors import DataError, RunError
 from ..viz.vqa import question_rollout
@@ -128,20 +128,9 @@ def attention_mass(model, qa: QASet, words, *, limit: int = 500) -> dict[str, fl
 
 # -- inputs -----------------------------------------------------------------------------------------------------
 def load_question_images(paths, image_size: int) -> torch.Tensor:
-    """RGB image files of the model's size as ``(B, 3, H, W)``; another size or mode is a one-line error."""
-    out = []
-    for p in paths:
-        x = read_image(p)
-        if x.shape[0] != 3:
-            raise DataError(f"{p}: the model takes RGB images; this one has {x.shape[0]} channel (grey); convert it "
-                            "to RGB first")
-        if tuple(x.shape[1:]) != (image_size, image_size):
-            raise DataError(f"{p}: the model takes {image_size}×{image_size} images, got {x.shape[1]}×{x.shape[2]}; "
-                            "resize it first")
-        out.append(x)
-    if not out:
-        raise DataError("no image given")
-    return torch.stack(out)
+    """RGB image files of the model's size as ``(B, 3, H, W)``; another size or a grey image (the answers depend on
+    colour) is a one-line error."""
+    return read_images(paths, image_size, 3, grey="refuse")
 
 
 # -- the task ---------------------------------------------------------------------------------------------------
