@@ -252,8 +252,9 @@ def build(ctx: BuildContext) -> Job:
     model = create_model("ast", **{k: v for k, v in ctx.model.items() if k != "image_size"})
     src = _train_source(model, ctx.data, ds, train, options)
     c = model.config
-    log.info("%s: %d train / %d test clips, %d classes; AST %.3fM parameters, spectrogram %d×%d, %d tokens, "
-             "%d steps per epoch", ds.name, len(ds.y_train), len(ds.y_test), ds.num_classes,
+    more = f" (training on {len(src.y)} with wave_augment's extra voices)" if len(src.y) != len(ds.y_train) else ""
+    log.info("%s: %d train%s / %d test clips, %d classes; AST %.3fM parameters, spectrogram %d×%d, %d tokens, "
+             "%d steps per epoch", ds.name, len(ds.y_train), more, len(ds.y_test), ds.num_classes,
              model.num_parameters() / 1e6, c.n_mels, c.num_frames, c.grid[0] * c.grid[1] + c.num_prefix,
              src.steps_per_epoch)
 
