@@ -21,6 +21,8 @@ change at a time:
 - ``resynth``: + half the clips re-synthesized from their LPC envelope with a new voice source at a pitch of
   U(80, 260) Hz (pitch perturbation at the same tempo, and a source unlike espeak-ng's);
 - ``resynth+voices``: both;
+- ``noise+resynth+voices``: the mixed noise too (the recipe's ``wave_augment=auto``); ``…-specaug`` without
+  SpecAugment, ``…+cmn`` with per-band normalization, ``…-specaug+cmn`` both;
 - ``all``: speed, mixed noise, voices, equalizer, low-pass, warp and per-band normalization together.
 
 Evaluated on (names as the recipe would write ``test_accuracy_<name>``): ``test`` (the held-out voices, as
@@ -91,6 +93,11 @@ VARIANTS_TABLE = {
     "resynth": ("clean", False, replace(WHITE, resynth=(80.0, 260.0)), {}),
     "resynth+voices": ("clean", True, replace(WHITE, resynth=(80.0, 260.0)), {}),
     "noise+resynth+voices": ("clean", True, replace(MIXED, resynth=(80.0, 260.0)), {}),
+    "noise+resynth+voices-specaug": ("clean", True, replace(MIXED, resynth=(80.0, 260.0)),
+                                     {"freq_mask": 0, "time_mask": 0}),
+    "noise+resynth+voices+cmn": ("clean", True, replace(MIXED, resynth=(80.0, 260.0)), {"normalize": "mel"}),
+    "noise+resynth+voices-specaug+cmn": ("clean", True, replace(MIXED, resynth=(80.0, 260.0)),
+                                         {"freq_mask": 0, "time_mask": 0, "normalize": "mel"}),
     "all": ("clean", True, replace(MIXED, speed=SPEED, eq_db=6.0, lowpass=(3500.0, 7500.0)),
             {"freq_warp": 0.15, "normalize": "mel"}),
 }

@@ -8,7 +8,11 @@ differ only in what the table names:
 - **+ augmentation**: DeiT's — RandAugment (n = 2, m = 9), mixup 0.8 / cutmix 1.0 (one per batch), random
   erasing 0.25, repeated augmentation ×3, stochastic depth 0.1 (``--aug`` replaces them);
 - **+ distillation**: the augmentation, and ``teacher=RUN_DIR``: the distillation token learns the teacher's
-  hard labels.
+  hard labels;
+- **distillation alone**: the profile's own augmentation and ``teacher=RUN_DIR`` (what the token adds without
+  DeiT's heavy augmentation, which a short schedule may not pay for).
+
+``--rows`` runs some of them; rows measured before at the same data and steps stay in the results file.
 
 The teacher is ``--teacher RUN_DIR`` (any image classifier run on the same data: a CNN, a Swin, a longer ViT),
 or, without it, a run this script trains first with ``--teacher-set`` (default: Swin, ``--teacher-steps``).
@@ -33,6 +37,7 @@ import time
 from pathlib import Path
 
 DEIT_AUG = ["randaugment=2", "magnitude=9", "mixup=0.8", "cutmix=1.0", "erase=0.25", "repeats=3", "drop_path=0.1"]
+ROWS = ("ViT", "+ augmentation", "+ distillation", "distillation alone")
 TEACHER = ["arch=swin", "patch_size=2", "dim=32", "num_heads=2", "depths=2,2,2", "window_size=7"]
 
 
@@ -64,6 +69,7 @@ def main() -> None:
     ap.add_argument("--set", dest="sets", nargs="+", default=[], help="settings added to every row")
     ap.add_argument("--out", default="runs/bench-deit")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
     args = ap.parse_args()
     out = Path(args.out) / args.data.replace("/", "_")
     rows = {}
@@ -74,17 +80,25 @@ def main() -> None:
         rows["teacher"] = train(args.data, Path(teacher), args.teacher_steps or args.steps, args.teacher_set,
                                 args.threads)
     plan = {"ViT": args.sets, "+ augmentation": [*args.sets, *args.aug],
-            "+ distillation": [*args.sets, *args.aug, f"teacher={teacher}"]}
+            "+ distillation": [*args.sets, *args.aug, f"teacher={teacher}"],
+            "distillation alone": [*args.sets, f"teacher={teacher}"]}
+    res = Path(__file__).parent / "results" / f"deit-{args.data.replace('/', '_')}.json"
+    if res.exists():  # rows measured before on the same data, steps and teacher stay in the table
+        old = json.loads(res.read_text())
+        if (old.get("steps"), old.get("teacher")) == (args.steps, teacher):
+            rows = {**old["rows"], **rows}
     for name, sets in plan.items():
+        if name not in args.rows:
+            continue
         print(f"{name} ...", file=sys.stderr, flush=True)
         rows[name] = train(args.data, out / name.strip("+ ").replace(" ", "-"), args.steps, sets, args.threads)
+        rows[name]["load_average"] = os.getloadavg()
         print(json.dumps(rows[name]), file=sys.stderr, flush=True)
     print(f"\n{args.data}, {args.steps} steps each (teacher: {teacher})\n")
     print("| row | test accuracy | epochs | wall s (shared machine?) |")
     print("| --- | --- | --- | --- |")
     for name, r in rows.items():
         print(f"| {name} | {r['test_accuracy']:.4f} | {r['epochs']} | {r['wall_s']} |")
-    res = Path(__file__).parent / "results" / f"deit-{args.data.replace('/', '_')}.json"
     res.parent.mkdir(parents=True, exist_ok=True)
     res.write_text(json.dumps({"date": datetime.datetime.now().isoformat(timespec="seconds"), "data": args.data,
                                "steps": args.steps, "teacher": teacher, "load_average": os.getloadavg(),

@@ -88,7 +88,8 @@ def test_label_directory_split_and_errors(tmp_path):
     short = sd.load_label_dir(d, sample_rate=16000, clip_samples=4000)  # longer clips keep their loudest 0.25 s
     assert short.x_train.shape == (12, 4000) and float(short.x_train.abs().amax(1).min()) > 0.1
     (tmp_path / "none" / "x").mkdir(parents=True)
-    with pytest.raises(DataError, match="LABEL/\\*.wav"):
+    (tmp_path / "none" / "y").mkdir()
+    with pytest.raises(DataError, match=r"has 0 LABEL/\*.wav folder\(s\) \(x, y hold no .wav file\)"):
         sd.load_label_dir(tmp_path / "none", sample_rate=16000, clip_samples=16000)
     with pytest.raises(DataError, match="not a directory"):
         sd.load_label_dir(tmp_path / "missing", sample_rate=16000, clip_samples=16000)

@@ -247,7 +247,9 @@ def load_label_dir(directory: str | Path, *, sample_rate: int, clip_samples: int
     else:
         folders = _label_folders(d)
         if len(folders) < 2:
-            raise DataError(f"{d} has {len(folders)} LABEL/*.wav folder(s); a classifier needs at least 2 "
+            empty = sorted(p.name for p in d.iterdir() if p.is_dir() and p.name not in folders)
+            said = f" ({', '.join(empty[:5])}{', …' if len(empty) > 5 else ''} hold no .wav file)" if empty else ""
+            raise DataError(f"{d} has {len(folders)} LABEL/*.wav folder(s){said}; a classifier needs at least 2 "
                             "(DIR/LABEL/*.wav, or DIR/train/LABEL/*.wav and DIR/test/LABEL/*.wav)")
         labels = sorted(folders)
         rng = np.random.default_rng(seed)
