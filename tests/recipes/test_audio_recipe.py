@@ -121,6 +121,10 @@ def test_robustness_metrics_are_the_evaluation_sets_accuracies():
     with torch.no_grad():
         pred = model(model.spectrogram_image(x)[:, None]).logits.argmax(-1)
     assert r["test_accuracy_pink_10db"] == pytest.approx(float((pred == y).float().mean()))
+    # the baseline beside each set: a classifier that always says "zero" scores the share of zeros
+    b = robustness(model, spec, batch_size=64, baseline=lambda w: np.zeros(len(w), np.int64))
+    assert {k for k in b if k.startswith("baseline_")} == {f"baseline_accuracy_{n}" for n in names}
+    assert b["baseline_accuracy_pink_10db"] == pytest.approx(float((y == 0).float().mean()))
 
 
 def test_wave_augment_draws_fresh_noise_into_the_training_clips(audio_run):
@@ -148,3 +152,17 @@ def test_wave_augment_draws_fresh_noise_into_the_training_clips(audio_run):
     assert not torch.equal(noisy.batch(1)[0], xn)
     with pytest.raises(DataError, match="wave_augment must be one of"):
         _train_source(model, spec, ds, train, {**_OPTIONS, "wave_augment": "reverb"})
+
+
+def test_report_panel_sets_the_baseline_beside_each_evaluation_set(audio_run):
+    """The report's "speech it never trained on" table: the model's and the MFCC + SVM's accuracy per set."""
+    from tokennet.viz.report import read_log
+
+    _, run_dir, _ = audio_run
+    run = tokennet.load(run_dir)
+    run.metrics = {**run.metrics, "test_accuracy_other_synth": 0.625, "baseline_accuracy_other_synth": 0.375,
+                   "test_accuracy_clean": 1.0}
+    panels = dict(run.task.panel(run, read_log(run_dir)))
+    html = panels["Speech it never trained on (test accuracy)"]
+    assert "MFCC + SVM" in html and 'data-metric="baseline_accuracy_other_synth"' in html
+    assert html.index("other synth") < html.index("0.375") and "clean" in html

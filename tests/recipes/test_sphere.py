@@ -15,7 +15,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 TINY = {"num_centres": 48, "num_samples": 256, "patch_size": 8, "rings": 2, "sh_degree": 3, "dim": 16,
         "num_layers": 1, "num_heads": 2, "batch_size": 8, "max_iters": 3, "eval_interval": 0, "warmup_iters": 1,
-        "test_size": 20, "val_size": 8, "grid_height": 8, "grid_width": 16, "progress": False}
+        "test_size": 20, "val_size": 8, "grid_height": 8, "grid_width": 16, "progress": False, "ablation_steps": 3}
 
 
 def test_run_with_the_rotation_table_eval_classify_and_viz(tmp_path):
@@ -28,6 +28,7 @@ def test_run_with_the_rotation_table_eval_classify_and_viz(tmp_path):
     inv = table["sphere, invariant frame"]
     assert inv["NR/NR"] == metrics["test_accuracy"] and inv["NR/R"] == metrics["test_accuracy_rotated"]
     assert json.loads((run_dir / "metrics.json").read_text())["ablation"] == table
+    assert metrics["ablation_steps"] == 3
     assert not any(p.name.startswith("tmp") for p in run_dir.iterdir())  # variants' checkpoints not kept
 
     run = tokennet.load(run_dir)
@@ -50,6 +51,25 @@ def test_run_with_the_rotation_table_eval_classify_and_viz(tmp_path):
     assert "Rotations: test accuracy by train/test regime" in page and "patch attention" in page
     shown = dict(re.findall(r'data-metric="([^"]+)"[^>]*>([^<]+)<', page))
     assert shown["ablation.sphere, invariant frame.NR/R"] == json.dumps(inv["NR/R"])
+
+
+def test_the_table_trains_every_model_for_ablation_steps(tmp_path, monkeypatch):
+    """With ablation_steps ≠ max_iters the configured model is trained again for the table's step count (its
+    row compares like with like), so all eight (model, regime) trainings run for ablation_steps."""
+    from tokennet.recipes import sphere
+
+    seen = []
+    real = sphere.Trainer
+
+    class Counting(real):
+        def __init__(self, model, config, *a, **k):
+            seen.append(config.max_iters)
+            super().__init__(model, config, *a, **k)
+
+    monkeypatch.setattr(sphere, "Trainer", Counting)
+    _, metrics = train("sphere", out=tmp_path / "s", sets={**TINY, "ablation_steps": 2}, device="cpu")
+    assert seen == [2] * 2 * len(MODELS) and metrics["ablation_steps"] == 2
+    assert set(metrics["ablation"]) == set(MODELS)
 
 
 def get_eval(run):

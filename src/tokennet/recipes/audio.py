@@ -109,8 +109,9 @@ def mfcc_stats(x: torch.Tensor, spec: LogMelSpectrogram, num_mfcc: int = 13, bat
     return np.concatenate(out)
 
 
-def mfcc_baseline(ds: AudioSet, spec: LogMelSpectrogram, num_mfcc: int = 13) -> tuple[float, np.ndarray, str]:
-    """Fit the baseline on the training split; ``(test accuracy, test predictions, description)``."""
+def mfcc_baseline(ds: AudioSet, spec: LogMelSpectrogram, num_mfcc: int = 13, *, return_classifier: bool = False):
+    """Fit the baseline on the training split; ``(test accuracy, test predictions, description)``, and with
+    ``return_classifier`` a fourth item: ``predict(waveforms) → class ids``, for other test sets."""
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
     from sklearn.svm import SVC
@@ -120,7 +121,10 @@ def mfcc_baseline(ds: AudioSet, spec: LogMelSpectrogram, num_mfcc: int = 13) -> 
     pred = clf.predict(mfcc_stats(ds.x_test, spec, num_mfcc))
     desc = (f"{num_mfcc} MFCCs (DCT-II of the model's {spec.n_mels}-mel log spectrogram), mean and std over time, "
             "StandardScaler + sklearn.svm.SVC(kernel='rbf', C=10, gamma='scale')")
-    return float((pred == ds.y_test.numpy()).mean()), pred, desc
+    out = float((pred == ds.y_test.numpy()).mean()), pred, desc
+    if return_classifier:
+        return (*out, lambda x: clf.predict(mfcc_stats(x, spec, num_mfcc)))
+    return out
 
 
 def spectrograms(model, x: torch.Tensor, batch_size: int = 200) -> torch.Tensor:
@@ -161,9 +165,10 @@ def _by_voice(ds: AudioSet, pred: np.ndarray) -> dict[str, float]:
     return {v: round(float(ok[voices == v].mean()), 4) for v in sorted(set(ds.test_voices))}
 
 
-def robustness(model, spec: SpokenWords, batch_size: int = 200) -> dict[str, float]:
+def robustness(model, spec: SpokenWords, batch_size: int = 200, baseline=None) -> dict[str, float]:
     """``test_accuracy_<name>`` on every set of :func:`~tokennet.data.speech_eval.evaluation_sets` for the
-    generated digits of ``spec`` (``other_synth`` only where Flite or Festival speaks on this machine)."""
+    generated digits of ``spec`` (``other_synth`` only where Flite or Festival speaks on this machine), and with
+    ``baseline`` (``predict(waveforms) → class ids``) ``baseline_accuracy_<name>`` beside each."""
     from ..data.other_speech import available_other_voices
     from ..data.speech_eval import evaluation_sets
 
@@ -176,6 +181,8 @@ def robustness(model, spec: SpokenWords, batch_size: int = 200) -> dict[str, flo
     for name, (x, y, voices) in sets.items():
         ds = AudioSet(name, list(DIGITS), spec.sample_rate, x[:0], y[:0], x, y, list(voices))
         out[f"test_accuracy_{name}"] = _evaluate(model, ds, batch_size)[0]["test_accuracy"]
+        if baseline is not None:
+            out[f"baseline_accuracy_{name}"] = float((baseline(x) == y.numpy()).mean())
     return out
 
 
@@ -186,16 +193,18 @@ def _metrics(model, ds: AudioSet, options: dict[str, Any], data: SpokenWords | N
     out: dict[str, Any] = {**m, "dataset": ds.name, "train_size": len(ds.y_train), "test_size": len(ds.y_test)}
     if ds.test_voices:
         out["accuracy_by_voice"] = _by_voice(ds, pred)
+    predict = None
     if options["baseline"]:
         spec = model.spectrogram.cpu()
-        acc, bpred, desc = mfcc_baseline(ds, spec, options["num_mfcc"])
-        model.spectrogram.to(next(model.parameters()).device)
+        acc, bpred, desc, predict = mfcc_baseline(ds, spec, options["num_mfcc"], return_classifier=True)
         out.update({"baseline_accuracy": acc, "baseline": desc})
         if ds.test_voices:
             out["baseline_accuracy_by_voice"] = _by_voice(ds, bpred)
     if (options.get("robustness") and data is not None and data.source == DEFAULT_DATA
             and (data.sample_rate, data.clip_samples) == (16000, 16000)):
-        out.update(robustness(model, data, options["eval_batch_size"]))
+        out.update(robustness(model, data, options["eval_batch_size"], baseline=predict))
+    if options["baseline"]:
+        model.spectrogram.to(next(model.parameters()).device)
     return out
 
 

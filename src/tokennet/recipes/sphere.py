@@ -127,6 +127,7 @@ def build(ctx: BuildContext) -> Job:
         if ctx.options["ablation"]:
             nr, r, _ = spec.held_out(points)
             out["ablation"] = _ablation(ctx.settings, ctx.model, train, spec, (xtr, ytr), vd, device, m, (nr, r))
+            out["ablation_steps"] = ctx.options["ablation_steps"]
             for name, row in out["ablation"].items():
                 log.info("ablation: %-32s %s", name, "  ".join(f"{k} {v:.4f}" for k, v in row.items()))
         return out
@@ -136,13 +137,16 @@ def build(ctx: BuildContext) -> Job:
 
 
 def _ablation(settings, model_overrides, train, spec, trainset, vd, device, trained, trained_tests):
-    """``{model: {regime: test accuracy}}`` for every model of :data:`MODELS`, trained NR and R with the
-    same steps, images and seed; the configured model's own training is reused for its regime."""
+    """``{model: {regime: test accuracy}}`` for every model of :data:`MODELS`, trained NR and R for the same
+    ``ablation_steps`` on the same images from the same seed; the configured model's own training is reused for
+    its regime when it trained for that many steps."""
     (xtr, ytr) = trainset
     yte = spec.split()[2][1]
     extent, c = spec.extent, trained.config
-    steps = dataclasses.replace(train, time_budget=None, eval_interval=0, checkpoint_interval=0, progress=False,
-                                log_interval=0, report=False, tensorboard=False)
+    steps = dataclasses.replace(train, max_iters=int(settings["ablation_steps"]), time_budget=None, eval_interval=0,
+                                checkpoint_interval=0, progress=False, log_interval=0, report=False,
+                                tensorboard=False)
+    reuse = steps.max_iters == train.max_iters and train.time_budget is None
     hw = (settings["grid_height"], settings["grid_width"])
     planar_points = equirectangular_points(*hw)
     table: dict[str, dict[str, float]] = {}
@@ -152,7 +156,7 @@ def _ablation(settings, model_overrides, train, spec, trainset, vd, device, trai
         tests = None
         row: dict[str, float] = {}
         for rotate in (False, True):
-            same = over is not None and all(getattr(c, k) == v for k, v in over.items()) \
+            same = reuse and over is not None and all(getattr(c, k) == v for k, v in over.items()) \
                 and rotate == spec.train_rotated
             if same:
                 m, nr, r = trained, *trained_tests
@@ -195,7 +199,7 @@ register_recipe(Recipe(
     build=build,
     data=SphereProjection,
     default_data="digits",
-    options={"ablation": True, "grid_height": 16, "grid_width": 32},
+    options={"ablation": True, "ablation_steps": 400, "grid_height": 16, "grid_width": 32},
     # the best invariant row (bench/sphere_invariant.py; the module docstring)
     model_defaults={"position": "frame", "descriptor": "zonal-frame"},
     train_defaults={"max_iters": 400, "batch_size": 32, "lr": 2e-3, "warmup_iters": 40, "eval_interval": 200,

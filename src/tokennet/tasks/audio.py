@@ -62,13 +62,18 @@ class AudioClassification(ImageClassification):
         from ..viz.report.html import esc, number, table
 
         out = classifier_panel(run, log, test_set=audio_test_set)
-        rows = [[esc(k.removeprefix("test_accuracy_").replace("_", " ")), number(v, k)]
-                for k, v in run.metrics.items() if k.startswith("test_accuracy_")]
+        m = run.metrics
+        names = [k.removeprefix("test_accuracy_") for k in m if k.startswith("test_accuracy_")]
+        base = any(f"baseline_accuracy_{n}" in m for n in names)
+        rows = [[esc(n.replace("_", " ")), number(m[f"test_accuracy_{n}"], f"test_accuracy_{n}")]
+                + ([number(m[f"baseline_accuracy_{n}"], f"baseline_accuracy_{n}")
+                    if f"baseline_accuracy_{n}" in m else ""] if base else []) for n in names]
         if rows:
             out.insert(1, ("Speech it never trained on (test accuracy)",
                            '<p class="sub">other synth: Flite and Festival voices; clean: the held-out voices '
                            "without noise; NOISE SNR: the same clips with that noise at that SNR of the active "
-                           "speech.</p>" + table(["set", "test accuracy"], rows, num_cols=(1,))))
+                           "speech.</p>" + table(["set", "test accuracy", *(["MFCC + SVM"] if base else [])], rows,
+                                                 num_cols=(1, 2) if base else (1,))))
         return out
 
     def examples(self, run: Run, directory: Path) -> dict[str, Any]:
