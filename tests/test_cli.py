@@ -133,3 +133,13 @@ def test_a_prompt_longer_than_the_context_is_cut_to_its_last_window(char_run, ca
     out, err = capsys.readouterr()
     assert out.startswith(prompt) and len(out) > len(prompt)
     assert "longer than the model's context" in err and "last" in err and err.strip().count("\n") == 0
+
+
+def test_repeated_set_flags_add_up_and_the_last_value_of_a_key_wins(capsys):
+    assert main(["train", "audio", "--set", "n_mels=32", "--set", "freq_mask=3", "lr=0.01", "--set", "lr=0.02",
+                 "--show-settings"]) == 0
+    out = capsys.readouterr().out
+    assert "n_mels = 32" in out and "freq_mask = 3" in out and "lr = 0.02" in out
+    assert main(["train", "audio", "--max-iters", "7", "--show-settings"]) == 0  # as the run would: no time budget
+    out = capsys.readouterr().out
+    assert "max_iters = 7" in out and "time_budget = None" in out

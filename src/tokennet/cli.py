@@ -95,13 +95,16 @@ def _add_train(sub) -> None:
                    "--set lora_rank=R trains LoRA adapters instead of every weight (lora_alpha, lora_dropout, "
                    "lora_targets=attn,mlp, lora_save=merged|adapter)")
     p.add_argument("--device", default="auto", help="auto (CUDA if present, else CPU), cpu, cuda, cuda:N, mps")
-    p.add_argument("--set", dest="sets", nargs="+", default=[], metavar="KEY=VALUE", help="override settings")
+    p.add_argument("--set", dest="sets", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
+                   help="override settings (repeatable: --set a=1 --set b=2 sets both; a key given twice takes "
+                   "the last value)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
     g.add_argument("--overwrite", action="store_true", help="replace an existing run directory")
     p.add_argument("--show-settings", action="store_true",
-                   help="print the recipe's settings with their defaults (for the --data given, where the recipe "
-                   "has per-dataset profiles) and exit")
+                   help="print the settings a new run would use — the recipe's defaults (for the --data given, "
+                   "where the recipe has per-dataset profiles) with --set, --max-iters, --time-budget and --seed "
+                   "applied — and exit")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (a line every ~10 s instead; also "
                    "what a log file gets)")
     p.add_argument("--json", action="store_true", help="print metrics.json's content at the end instead of the "
@@ -205,11 +208,12 @@ def _add_generate(sub, declared) -> None:
         "called. A flag the run's task does not take is refused in one line.",
     )
     p.add_argument("run_dir", help="a run directory from `tokennet train` or `tokennet import`")
-    p.add_argument("--input", nargs="+", metavar="FILE", help="the run's input files (its task's first file input: "
-                   "--image, --audio, --graphs, ...)")
+    p.add_argument("--input", nargs="+", action="extend", metavar="FILE",
+                   help="the run's input files (its task's first file input: --image, --audio, --graphs, ...)")
     for i in inputs.values():
         if i.file:
-            p.add_argument(i.flag, dest=i.name, nargs="+", metavar="FILE", default=None, help=i.help)
+            p.add_argument(i.flag, dest=i.name, nargs="+", action="extend", metavar="FILE", default=None,
+                           help=i.help)
         else:
             p.add_argument(i.flag, dest=i.name, default=None, metavar=i.name.upper(), help=i.help)
     for o in options.values():
@@ -368,14 +372,11 @@ def _summary(recipe: str, run_dir: Path, metrics: dict) -> str:
 
 
 def cmd_train(args) -> int:
+    from .lifecycle import resolve_settings
     from .recipes import get_recipe, parse_sets, train
 
     recipe = get_recipe(args.recipe)
     defaults = recipe.defaults(args.data)  # the dataset's profile, where the recipe has one
-    if args.show_settings:
-        for k in sorted(defaults):
-            print(f"{k} = {defaults[k]!r}")
-        return 0
     sets = parse_sets(args.sets, defaults, recipe.setting_types())
     for flag, key in (("max_iters", "max_iters"), ("time_budget", "time_budget"), ("seed", "seed")):
         v = getattr(args, flag)
@@ -383,6 +384,11 @@ def cmd_train(args) -> int:
             if key in sets and sets[key] != v:
                 raise CLIError(f"--{flag.replace('_', '-')} {v} conflicts with --set {key}={sets[key]}")
             sets[key] = v
+    if args.show_settings:
+        shown = resolve_settings(recipe, defaults, None, sets)  # as a new run resolves them
+        for k in sorted(shown):
+            print(f"{k} = {shown[k]!r}")
+        return 0
     if args.no_progress or not sys.stderr.isatty():
         sets.setdefault("progress", False)  # a log file gets plain progress lines instead of a bar
     out = Path(args.out) if args.out else Path("runs") / recipe.name
