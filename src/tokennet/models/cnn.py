@@ -34,8 +34,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import ConfigError
+from ..layers.init import init_conv_weights
 from ..tokens.image import to_pair
-from .registry import ModelConfig, Output, register_family, register_preset
+from .registry import CountsParameters, ModelConfig, Output, register_family, register_preset
 
 __all__ = ["ReceptiveField", "receptive_field", "ConvTrunkConfig", "ConvTrunk", "CNNConfig", "CNN", "ARCHS",
            "NORMS"]
@@ -213,14 +214,6 @@ class ConvTrunk(nn.Module):
         return h  # (B, widths[-1], H', W')
 
 
-def init_conv_weights(m: nn.Module) -> None:
-    """He initialization for convolutions (ReLU networks), zero biases."""
-    if isinstance(m, nn.Conv2d):
-        nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
-        if m.bias is not None:
-            nn.init.zeros_(m.bias)
-
-
 # -- the classifier ---------------------------------------------------------------------------------------------
 @dataclass
 class CNNConfig(ConvTrunkConfig):
@@ -261,7 +254,7 @@ class CNNConfig(ConvTrunkConfig):
         return 1 + sum(self.depths) * (1 if self.arch == "plain" else 2)
 
 
-class CNN(nn.Module):
+class CNN(CountsParameters, nn.Module):
     """A CNN image classifier: ``forward(images (B, C, H, W), targets=None) → Output(logits, loss)``.
 
     ``logits = W · GAP(trunk(x)) + b``: global average pooling, then one linear layer.
@@ -274,9 +267,6 @@ class CNN(nn.Module):
         self.drop = nn.Dropout(c.dropout)
         self.head = nn.Linear(self.trunk.out_channels, c.num_classes)
         self.apply(init_conv_weights)
-
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters())
 
     def receptive_field(self) -> ReceptiveField:
         return self.trunk.receptive_field()

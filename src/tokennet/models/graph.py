@@ -33,7 +33,7 @@ from ..attention.masks import adjacency, padding
 from ..layers.stack import AttentionMaps, Encoder
 from ..position.laplacian import CommuteTimePosition, LaplacianPosition, SpectralKernelBias, laplacian_spectrum
 from ..tokens.graph import GraphBatch, collate_graphs
-from .registry import Output, TransformerConfig, register_family, register_preset
+from .registry import CountsParameters, Output, TransformerConfig, register_family, register_preset
 
 __all__ = ["GraphConfig", "GraphTransformer", "ATTENTIONS", "POSITIONS", "TASKS"]
 
@@ -94,7 +94,7 @@ class GraphConfig(TransformerConfig, defaults=dict(dim=64, num_layers=4, mlp_rat
             raise ConfigError(f"target_std must be positive, got {self.target_std}")
 
 
-class GraphTransformer(nn.Module):
+class GraphTransformer(CountsParameters, nn.Module):
     """``forward(GraphBatch, targets=None) → Output(logits (B, num_outputs), loss)``."""
 
     def __init__(self, config: GraphConfig):
@@ -116,9 +116,6 @@ class GraphTransformer(nn.Module):
         self.encoder = Encoder(c.dim, c.num_layers, c.num_heads, mlp_ratio=c.mlp_ratio, norm="pre", dropout=c.dropout,
                                backend=c.backend)
         self.head = nn.Linear(c.dim, c.num_outputs)
-
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters())
 
     def _check(self, g: GraphBatch) -> GraphBatch:
         c = self.config

@@ -22,6 +22,7 @@ from ..fileio import atomic_write_text, safetensors_write, sha256_file
 from ..state import check_state_dict
 
 __all__ = [
+    "CountsParameters",
     "ModelConfig",
     "TransformerConfig",
     "Output",
@@ -47,6 +48,13 @@ class Output:
 
     logits: Tensor
     loss: Tensor | None = None
+
+
+class CountsParameters:
+    """Mixin of the families' models: ``num_parameters()``, the count that run summaries and reports print."""
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
 
 
 @dataclass

@@ -50,7 +50,7 @@ from torch import Tensor, nn
 from ..layers.stack import AttentionMaps, Encoder
 from ..position.spherical import SphericalHarmonicsPosition
 from ..tokens.sphere import DESCRIPTORS, SpherePatches, signal_frame, to_angles
-from .registry import Output, TransformerConfig, register_family, register_preset
+from .registry import CountsParameters, Output, TransformerConfig, register_family, register_preset
 
 __all__ = ["SphereConfig", "SphereTransformer", "AngleBias", "CentroidPosition", "legendre", "POSITIONS"]
 
@@ -183,7 +183,7 @@ class SphereConfig(TransformerConfig, defaults=dict(dim=48, mlp_ratio=2.0)):
             raise ConfigError(f"num_heads={self.num_heads} must divide dim={self.dim}")
 
 
-class SphereTransformer(nn.Module):
+class SphereTransformer(CountsParameters, nn.Module):
     """``forward(signal (B, C, M), targets=None) → Output(logits (B, num_classes), loss)``."""
 
     def __init__(self, config: SphereConfig):
@@ -199,9 +199,6 @@ class SphereTransformer(nn.Module):
         self.encoder = Encoder(c.dim, c.num_layers, c.num_heads, mlp_ratio=c.mlp_ratio, norm="pre", dropout=c.dropout,
                                backend=c.backend)
         self.head = nn.Linear(c.dim, c.num_classes)
-
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters())
 
     @property
     def centres(self) -> Tensor:

@@ -27,10 +27,11 @@ from torch import Tensor, nn
 
 from ..errors import ConfigError, DataError
 from ..layers.drop_path import drop_path_rates
+from ..layers.init import init_trunc_normal
 from ..layers.stack import AttentionMaps
 from ..layers.windowed import PatchMerging, SwinBlock
 from ..tokens.image import EMBED_MODES, ConvStem, PatchEmbed, grid_size, to_pair
-from .registry import ModelConfig, Output, register_family, register_preset
+from .registry import CountsParameters, ModelConfig, Output, register_family, register_preset
 
 __all__ = ["SwinConfig", "Swin"]
 
@@ -186,7 +187,7 @@ class SwinStage(nn.Module):
                                                     bias=c.bias)
 
 
-class Swin(nn.Module):
+class Swin(CountsParameters, nn.Module):
     """Swin classifier: ``forward(images (B, C, H, W), targets=None) → Output(logits, loss)``."""
 
     def __init__(self, config: SwinConfig):
@@ -206,17 +207,7 @@ class Swin(nn.Module):
         width = c.stage_dims()[-1]
         self.norm = nn.LayerNorm(width, eps=c.norm_eps, bias=c.bias)
         self.head = nn.Linear(width, c.num_classes, bias=c.bias)
-        self.apply(self._init_weights)
-
-    @staticmethod
-    def _init_weights(m: nn.Module) -> None:
-        if isinstance(m, nn.Linear):
-            nn.init.trunc_normal_(m.weight, std=0.02)
-            if m.bias is not None:
-                nn.init.zeros_(m.bias)
-
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters())
+        self.apply(init_trunc_normal)
 
     # -- inputs ------------------------------------------------------------------------------------
     def example_input(self, batch_size: int = 2) -> Tensor:

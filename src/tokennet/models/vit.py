@@ -30,11 +30,12 @@ from torch import Tensor, nn
 
 from ..errors import ConfigError, DataError
 from ..layers.drop_path import DropPath, drop_path_rates
+from ..layers.init import init_trunc_normal
 from ..layers.stack import AttentionMaps, Encoder
 from ..position.fourier import Fourier2DPosition
 from ..position.learned import LearnedPosition2D
 from ..tokens.image import EMBED_MODES, ConvStem, PatchEmbed, grid_size, to_pair
-from .registry import Output, TransformerConfig, register_family, register_preset
+from .registry import CountsParameters, Output, TransformerConfig, register_family, register_preset
 
 __all__ = ["ViTConfig", "ViT", "POOLS", "POSITIONS"]
 
@@ -177,7 +178,7 @@ class ViTConfig(TransformerConfig, defaults=dict(dim=192, num_layers=12, num_hea
         return self.num_prefix - 1 if self.distill else None
 
 
-class ViT(nn.Module):
+class ViT(CountsParameters, nn.Module):
     """Vision transformer classifier: ``forward(images (B, C, H, W), targets=None) → Output(logits, loss)``.
 
     1-D models (``image_size=[L]``) take signals ``(B, C, L)`` (or ``(B, L)`` when C = 1).
@@ -212,7 +213,7 @@ class ViT(nn.Module):
                 blk.drop = nn.Sequential(blk.drop, DropPath(rate))
         self.head = self._head()
         self.head_dist = self._head() if c.distill else None
-        self.apply(self._init_weights)
+        self.apply(init_trunc_normal)
         for t in (self.cls_token, self.dist_token):
             if t is not None:
                 nn.init.normal_(t, 0.0, 0.02)
@@ -223,16 +224,6 @@ class ViT(nn.Module):
             norm=nn.LayerNorm(c.dim, eps=c.norm_eps, bias=c.bias),
             fc=nn.Linear(c.dim, c.num_classes, bias=c.bias),
         ))
-
-    @staticmethod
-    def _init_weights(m: nn.Module) -> None:
-        if isinstance(m, nn.Linear):
-            nn.init.trunc_normal_(m.weight, std=0.02)
-            if m.bias is not None:
-                nn.init.zeros_(m.bias)
-
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters())
 
     # -- inputs ------------------------------------------------------------------------------------
     def example_input(self, batch_size: int = 2) -> Tensor:

@@ -37,10 +37,11 @@ from torch import Tensor, nn
 
 from ..attention.masks import padding
 from ..errors import ConfigError
+from ..layers.init import init_conv_weights, init_trunc_normal
 from ..layers.stack import AttentionMaps, Encoder
 from ..tokens.image import PatchEmbed, grid_size
-from .cnn import ConvTrunk, ConvTrunkConfig, ReceptiveField, init_conv_weights
-from .registry import Output, TransformerConfig, register_family, register_preset
+from .cnn import ConvTrunk, ConvTrunkConfig, ReceptiveField
+from .registry import CountsParameters, Output, TransformerConfig, register_family, register_preset
 
 __all__ = ["VQATransformerConfig", "VQATransformer", "VQACNNConfig", "VQACNN", "MODALITY_MASKS"]
 
@@ -157,7 +158,7 @@ class VQATransformerConfig(TransformerConfig, defaults=dict(dim=64, num_layers=3
         return 1 + int(self.sink) + self.max_question_len
 
 
-class VQATransformer(nn.Module):
+class VQATransformer(CountsParameters, nn.Module):
     """``forward((images (B, 3, H, W), questions (B, T)), answers=None) → Output(logits (B, A), loss)``.
 
     Token order: the summary token ``q`` (index 0), the sink (index 1, when ``sink``), the
@@ -184,17 +185,7 @@ class VQATransformer(nn.Module):
         # ViT's 0.02: a question about the top right corner must be able to find it from the first steps.
         for p in (self.text_pos, self.patch_pos):
             nn.init.normal_(p, 0.0, POSITION_STD)
-        self.apply(self._init_weights)
-
-    @staticmethod
-    def _init_weights(m: nn.Module) -> None:
-        if isinstance(m, nn.Linear):
-            nn.init.trunc_normal_(m.weight, std=0.02)
-            if m.bias is not None:
-                nn.init.zeros_(m.bias)
-
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters())
+        self.apply(init_trunc_normal)
 
     def example_input(self, batch_size: int = 2) -> tuple[Tensor, Tensor]:
         return _example(self.config, batch_size)
@@ -291,7 +282,7 @@ class VQACNNConfig(ConvTrunkConfig):
         self._fraction(label_smoothing=self.label_smoothing)
 
 
-class VQACNN(nn.Module):
+class VQACNN(CountsParameters, nn.Module):
     """``forward((images, questions), answers=None) → Output(logits, loss)``: GRU → FiLM → conv trunk → GAP →
     linear."""
 
@@ -307,9 +298,6 @@ class VQACNN(nn.Module):
         self.apply(init_conv_weights)
         nn.init.zeros_(self.film.weight)  # start as the unconditioned trunk: γ = β = 0
         nn.init.zeros_(self.film.bias)
-
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters())
 
     def receptive_field(self) -> ReceptiveField:
         return self.trunk.receptive_field()
