@@ -1,19 +1,9 @@
-"""Models by name. Importing this package registers every family (one module each)."""
+"""Models by name. Every module of this package is imported, and each family's module registers itself
+(``register_family``, ``register_preset``), so a new family edits nothing else."""
 
-from . import (
-    ast,  # noqa: F401  (registers the family)
-    bahdanau,  # noqa: F401  (registers the family)
-    captioner,  # noqa: F401  (registers the families)
-    cnn,  # noqa: F401  (registers the family)
-    gpt,  # noqa: F401  (registers the family)
-    graph,  # noqa: F401  (registers the family)
-    seq2seq,  # noqa: F401  (registers the family)
-    sphere,  # noqa: F401  (registers the family)
-    swin,  # noqa: F401  (registers the family)
-    text_encoder,  # noqa: F401  (registers the family)
-    vit,  # noqa: F401  (registers the family)
-    vqa,  # noqa: F401  (registers the families)
-)
+import importlib as _importlib
+import pkgutil as _pkgutil
+
 from .registry import (
     ModelConfig,
     Output,
@@ -35,3 +25,7 @@ __all__ = [
     "save_pretrained",
     "load_pretrained",
 ]
+
+for _m in _pkgutil.iter_modules(__path__):
+    if not _m.name.startswith("_"):
+        _importlib.import_module(f"{__name__}.{_m.name}")
