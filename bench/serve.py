@@ -58,10 +58,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(run: Path, port: int, threads: int, max_batch: int) -> subprocess.Popen:
+def start_server(run: Path, port: int, threads: int, max_batch: int, quantize: str = "none") -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": str(threads)}
     proc = subprocess.Popen([sys.executable, "-m", "tokennet.cli", "-q", "serve", str(run), "--port", str(port),
-                             "--max-batch", str(max_batch), "--model-name", "bench"], env=env,
+                             "--max-batch", str(max_batch), "--model-name", "bench", "--quantize", quantize], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 300
     while time.time() < deadline:
@@ -184,6 +184,8 @@ def main() -> None:
     ap.add_argument("--load-seconds", type=float, default=60.0)
     ap.add_argument("--max-batch", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2, help="OMP threads of the server (1 on a shared machine)")
+    ap.add_argument("--quantize", default="none", choices=["none", "bf16", "int8", "int4"],
+                    help="the server's --quantize (default none: float32)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "serve.json")
     args = ap.parse_args()
     import openai
@@ -199,10 +201,11 @@ def main() -> None:
         subprocess.run([sys.executable, "-m", "tokennet.cli", "-q", "import", str(gguf), "--out", str(run)], check=True,
                        env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
     port = free_port()
-    print(f"server: {run} on port {port}, {args.threads} thread(s), max batch {args.max_batch}; "
-          f"load average {os.getloadavg()[0]:.2f}", flush=True)
-    proc = start_server(run, port, args.threads, args.max_batch)
-    results: dict = {"run": str(run), "threads": args.threads, "load_before": os.getloadavg()}
+    print(f"server: {run} on port {port}, {args.threads} thread(s), max batch {args.max_batch}, weights "
+          f"{args.quantize}; load average {os.getloadavg()[0]:.2f}", flush=True)
+    proc = start_server(run, port, args.threads, args.max_batch, args.quantize)
+    results: dict = {"run": str(run), "threads": args.threads, "quantize": args.quantize,
+                     "load_before": os.getloadavg()}
 
     async def go() -> None:
         client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0,

@@ -293,6 +293,9 @@ def _add_serve(sub) -> None:
     p.add_argument("--context", type=int, default=None,
                    help="the longest prompt + reply served, in tokens (default: the model's context)")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda, or auto")
+    p.add_argument("--quantize", default="none", choices=["none", "bf16", "int8", "int4"],
+                   help="decode with a low-precision copy of the weights, as generate --quantize does (default "
+                   "none: float32)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -591,7 +594,7 @@ def cmd_serve(args) -> int:
                        "pip install 'tokennet[serve]'") from None
     serve(args.run_dir, host=args.host, port=args.port, api_key=args.api_key, model_name=args.model_name,
           max_batch=args.max_batch, context=args.context, device=str(resolve_device(args.device)),
-          log_level="warning" if args.quiet else "info")
+          log_level="warning" if args.quiet else "info", quantize=args.quantize)
     return 0
 
 

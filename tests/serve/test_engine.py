@@ -138,3 +138,24 @@ def test_a_prompt_longer_than_the_context_is_refused():
     engine = Engine(_model(), TOK, max_batch=1, context=16)
     with pytest.raises(ValueError, match="exceed the context of 16"):
         engine.submit(Sequence(TOK.encode("a" * 10), SamplingParams(max_tokens=7), lambda e: None))
+
+
+@pytest.mark.parametrize("mode", ["bf16", "int8", "int4"])
+def test_a_quantized_engine_decodes_what_generate_decodes_with_that_copy(mode):
+    """quantize=MODE: the engine's batched greedy tokens are generate(..., quantize=MODE)'s, each prompt alone."""
+    m = _model("rope", num_kv_heads=2, dim=64, num_heads=4)  # int4 groups of 32: widths divisible by 32
+    engine = Engine(m, TOK, max_batch=2, quantize=mode).start()
+    try:
+        seqs = _run(engine, PROMPTS[:4], [SamplingParams(max_tokens=8, temperature=0) for _ in range(4)])
+    finally:
+        engine.stop()
+    if mode == "bf16":  # the cache holds the copy's activations' dtype
+        assert engine.caches.layers[0].k.dtype == torch.bfloat16
+    for s in seqs:
+        alone = generate(m, torch.tensor([s.prompt]), 8, temperature=0, quantize=mode)[0, len(s.prompt):]
+        assert s.generated == alone.tolist()
+
+
+def test_an_unknown_quantize_mode_is_refused():
+    with pytest.raises(ValueError, match="int3"):
+        Engine(_model(), TOK, quantize="int3")

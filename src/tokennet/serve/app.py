@@ -280,7 +280,7 @@ async def _stream(r: _Request) -> AsyncIterator[str]:
         r.cancel()  # a client that went away: free its rows
 
 
-def engine_for_run(run, *, max_batch: int = 16, context: int | None = None) -> Engine:
+def engine_for_run(run, *, max_batch: int = 16, context: int | None = None, quantize: str = "none") -> Engine:
     """An :class:`Engine` for a loaded language-model run; a RunError when the run is not one."""
     model = run.model
     if run.tokenizer is None or not hasattr(model, "forward_features") or not hasattr(model.config, "block_size"):
@@ -288,21 +288,21 @@ def engine_for_run(run, *, max_batch: int = 16, context: int | None = None) -> E
                        "tokenizer")
     if context is not None and context < 2:
         raise RunError(f"the context must be at least 2 tokens, got {context}")
-    return Engine(model, run.tokenizer, max_batch=max_batch, context=context)
+    return Engine(model, run.tokenizer, max_batch=max_batch, context=context, quantize=quantize)
 
 
 def serve(run_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
           model_name: str | None = None, max_batch: int = 16, context: int | None = None, device: str = "cpu",
-          log_level: str = "info") -> None:
+          log_level: str = "info", quantize: str = "none") -> None:
     """Serve a language-model run over HTTP until Ctrl-C (which lets the requests in flight finish)."""
     import uvicorn
 
     from ..run import load
 
     run = load(run_dir, device=device)
-    engine = engine_for_run(run, max_batch=max_batch, context=context)
+    engine = engine_for_run(run, max_batch=max_batch, context=context, quantize=quantize)
     name = model_name or Path(run_dir).resolve().name
     app = create_app(engine, model_name=name, api_key=api_key)
-    log.info("serving %s as model %r on http://%s:%d/v1 (batch %d, context %d)", run_dir, name, host, port,
-             max_batch, engine.context)
+    log.info("serving %s as model %r on http://%s:%d/v1 (batch %d, context %d%s)", run_dir, name, host, port,
+             max_batch, engine.context, "" if quantize == "none" else f", {quantize} weights")
     uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=None)

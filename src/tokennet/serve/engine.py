@@ -136,10 +136,13 @@ class Engine:
         prefill_tokens: prompt tokens prefilled per step at most (at least one prompt is), so arrivals do
             not stall the running sequences for long.
         seed: the seed of the generator shared by sequences without their own.
+        quantize: ``"none"``, ``"bf16"``, ``"int8"`` or ``"int4"``: decode with that copy of the model, as
+            :func:`tokennet.sampling.generate` does (:func:`~tokennet.layers.quantize.decoding_copy`; the model
+            itself is not modified).
     """
 
     def __init__(self, model: nn.Module, tokenizer, *, max_batch: int = 16, context: int | None = None,
-                 prefill_tokens: int = 2048, seed: int = 0):
+                 prefill_tokens: int = 2048, seed: int = 0, quantize: str = "none"):
         c = model.config
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
@@ -148,10 +151,14 @@ class Engine:
         self.max_batch, self.prefill_tokens = max_batch, prefill_tokens
         p = next(model.parameters())
         self.device = p.device
-        self.net = quantization.decoding_copy(model, "none")  # what tokennet.sampling.generate decodes with
+        quantization.check_mode(quantize)
+        self.quantize = quantize
+        self.net = quantization.decoding_copy(model, quantize)  # what tokennet.sampling.generate decodes with
+        with torch.no_grad():  # the activations' dtype (bf16 for the bf16 copy): the cache holds keys of it
+            act = self.net.tok_emb(torch.zeros(1, 1, dtype=torch.long, device=self.device)).dtype
         heads = c.num_kv_heads or c.num_heads
         self.caches = SlotCaches(c.num_layers, heads, c.dim // c.num_heads, max_batch, self.context,
-                                 device=self.device, dtype=p.dtype)
+                                 device=self.device, dtype=act)
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
