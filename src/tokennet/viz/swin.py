@@ -133,7 +133,7 @@ def plot_windows(image: torch.Tensor, layouts: list[dict], path: str | Path, *, 
             ax.set_yticks([])
         ax.set_title(item["name"], fontsize=8)
     fig.suptitle(title or "Swin's windows", fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.94))  # leave the suptitle its own row above the panels' titles
     return save_figure(fig, path)
 
 
@@ -200,7 +200,7 @@ def swin_viz(run, out_dir: Path, *, index: int | None = None, patch: int | None 
         ax.set_title(f"block {i} (stage {b['stage'] + 1}, {shifted})", fontsize=8)
     who = "mean of heads" if head is None else f"head {head}"
     fig.suptitle(f"where the token under pixel {pixel} looks, per block ({who}) — {what}", fontsize=9)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.94), h_pad=2.0)  # room for each row's titles
     files.append(save_figure(fig, out_dir / "window_attention.png"))
 
     last, rel = swin_rollout([m[0].cpu() for m in maps], [b["grid"] for b in blocks], c.merge_factor)
