@@ -67,9 +67,13 @@ def test_the_table_trains_every_model_for_ablation_steps(tmp_path, monkeypatch):
             super().__init__(model, config, *a, **k)
 
     monkeypatch.setattr(sphere, "Trainer", Counting)
-    _, metrics = train("sphere", out=tmp_path / "s", sets={**TINY, "ablation_steps": 2}, device="cpu")
+    run_dir, metrics = train("sphere", out=tmp_path / "s", sets={**TINY, "ablation_steps": 2}, device="cpu")
     assert seen == [2] * 2 * len(MODELS) and metrics["ablation_steps"] == 2
     assert set(metrics["ablation"]) == set(MODELS)
+    from tokennet.viz.report import write_report
+
+    page = write_report(run_dir, tmp_path / "r.html").read_text()  # the report says which steps each figure is
+    assert "each model trained 2 steps on the same images; this model&#x27;s figures above are after its 3" in page
 
 
 def get_eval(run):

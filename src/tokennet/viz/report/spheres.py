@@ -22,7 +22,11 @@ def sphere_panel(run, log) -> list[Section]:  # noqa: ARG001
         regimes = list(next(iter(m["ablation"].values()), {}))
         rows = [[esc(name)] + [number(v, f"ablation.{name}.{k}") for k, v in row.items()]
                 for name, row in m["ablation"].items()]
-        out.append(("Rotations: test accuracy by train/test regime (same steps and images)",
+        steps = m.get("ablation_steps")
+        each = f"each model trained {steps:,} steps on the same images" if steps else "same steps and images"
+        if steps and steps != m.get("step"):
+            each += f"; this model's figures above are after its {m.get('step'):,}"
+        out.append((f"Rotations: test accuracy by train/test regime ({each})",
                     table(["model"] + [esc(r) for r in regimes], rows, num_cols=tuple(range(1, len(regimes) + 1)))))
     if run.data is not None:
         from . import viz_pictures
