@@ -56,12 +56,15 @@ The default run (seed 0, idle, 2 threads: 1,500 steps in 181 s of training, 214 
 budget, which that command drops, never bound): held-out voices 100% (the MFCC + SVM baseline 99.17%); the other
 synthesizers (Flite and Festival) **82.1%** (the baseline 15.0%); at 10 dB white 100%, pink 100%, babble 99.5%; at 0
 dB 98.5%, 97.8%, 68.8% (the baseline's ``baseline_accuracy_<set>``: at 10 dB 98.7%, 52.5%, 10.0%). The goal at 10 dB
-(≥ 95%) is met; the other synthesizers stay short of the 90% goal — 80.0% after 3,000 steps in the bench, where
-Festival's HMM voice of the ``slt`` speaker is the hardest (57%): its voices differ from every espeak-ng voice,
-resynthesized or not, and more steps gain less and less (600 → 1,500 → 3,000 steps: 70.8 → 76.7 → 80.0%). Clips of
-any length (bench, 600 steps): untrimmed slow words of the held-out voices 97.0% and words at a random place in 4 s
-of pink noise 99.5% (the most confident window; the mean of the windows' log-probabilities 97.3% and 62.3%); after
-3,000 steps 99.3% and 100% (mean: 99.2%, 31.5%).
+(≥ 95%) is met. Seeds 1 and 2 (each also its own draw of held-out voices; one thread beside other jobs, the same
+1,500 steps): held-out 99.33% and 99.83% (baseline 97.17%, 96.67%), other synthesizers 80.4% and 80.8%, 10 dB
+white/pink/babble 98.8/99.0/98.0% and 99.8/99.8/99.7% — medians over the three seeds: other synthesizers 80.8%,
+babble at 10 dB 99.5%. The other synthesizers stay short of the 90% goal — 80.0% after 3,000 steps in the bench,
+where Festival's HMM voice of the ``slt`` speaker is the hardest (57%): its voices differ from every espeak-ng
+voice, resynthesized or not, and more steps gain less and less (600 → 1,500 → 3,000 steps: 70.8 → 76.7 → 80.0%).
+Clips of any length (bench, 600 steps): untrimmed slow words of the held-out voices 97.0% and words at a random
+place in 4 s of pink noise 99.5% (the most confident window; the mean of the windows' log-probabilities 97.3% and
+62.3%); after 3,000 steps 99.3% and 100% (mean: 99.2%, 31.5%).
 
 Model: the ``ast-digits`` preset (:mod:`tokennet.models.ast`): a 40-mel log spectrogram of 1-s clips
 (25 ms windows every 10 ms: 40 × 101), tokenized by a conv stem (ViT_C, as the ``vit`` recipe's
