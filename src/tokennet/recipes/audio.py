@@ -97,6 +97,7 @@ timed on an idle machine: 181 s of training, 214 s from launch to metrics (above
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -139,9 +140,10 @@ def mfcc_stats(x: torch.Tensor, spec: LogMelSpectrogram, num_mfcc: int = 13, bat
     return np.concatenate(out)
 
 
-def mfcc_baseline(ds: AudioSet, spec: LogMelSpectrogram, num_mfcc: int = 13, *, return_classifier: bool = False):
-    """Fit the baseline on the training split; ``(test accuracy, test predictions, description)``, and with
-    ``return_classifier`` a fourth item: ``predict(waveforms) → class ids``, for other test sets."""
+def mfcc_baseline(ds: AudioSet, spec: LogMelSpectrogram, num_mfcc: int = 13
+                  ) -> tuple[float, np.ndarray, str, Callable[[torch.Tensor], np.ndarray]]:
+    """Fit the baseline on the training split; ``(test accuracy, test predictions, description, predict)``,
+    ``predict(waveforms) → class ids`` for other test sets."""
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
     from sklearn.svm import SVC
@@ -151,10 +153,7 @@ def mfcc_baseline(ds: AudioSet, spec: LogMelSpectrogram, num_mfcc: int = 13, *, 
     pred = clf.predict(mfcc_stats(ds.x_test, spec, num_mfcc))
     desc = (f"{num_mfcc} MFCCs (DCT-II of the model's {spec.n_mels}-mel log spectrogram), mean and std over time, "
             "StandardScaler + sklearn.svm.SVC(kernel='rbf', C=10, gamma='scale')")
-    out = float((pred == ds.y_test.numpy()).mean()), pred, desc
-    if return_classifier:
-        return (*out, lambda x: clf.predict(mfcc_stats(x, spec, num_mfcc)))
-    return out
+    return float((pred == ds.y_test.numpy()).mean()), pred, desc, lambda x: clf.predict(mfcc_stats(x, spec, num_mfcc))
 
 
 def spectrograms(model, x: torch.Tensor, batch_size: int = 200) -> torch.Tensor:
@@ -226,7 +225,7 @@ def _metrics(model, ds: AudioSet, options: dict[str, Any], data: SpokenWords | N
     predict = None
     if options["baseline"]:
         spec = model.spectrogram.cpu()
-        acc, bpred, desc, predict = mfcc_baseline(ds, spec, options["num_mfcc"], return_classifier=True)
+        acc, bpred, desc, predict = mfcc_baseline(ds, spec, options["num_mfcc"])
         out.update({"baseline_accuracy": acc, "baseline": desc})
         if ds.test_voices:
             out["baseline_accuracy_by_voice"] = _by_voice(ds, bpred)
