@@ -149,6 +149,7 @@ def test_a_quantized_engine_decodes_what_generate_decodes_with_that_copy(mode):
         seqs = _run(engine, PROMPTS[:4], [SamplingParams(max_tokens=8, temperature=0) for _ in range(4)])
     finally:
         engine.stop()
+    assert engine.status()["quantize"] == mode  # what GET /health reports
     if mode == "bf16":  # the cache holds the copy's activations' dtype
         assert engine.caches.layers[0].k.dtype == torch.bfloat16
     for s in seqs:

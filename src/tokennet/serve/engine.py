@@ -324,4 +324,5 @@ class Engine:
             log.exception("a sequence's emit callback failed")
 
     def status(self) -> dict[str, Any]:
-        return {**self.load, "max_batch": self.max_batch, "context": self.context, "steps": self.steps}
+        return {**self.load, "max_batch": self.max_batch, "context": self.context, "steps": self.steps,
+                "quantize": self.quantize}
