@@ -1,10 +1,12 @@
-"""LoRA: adapters start at the base model, train alone, merge exactly, resume exactly, refuse a foreign base."""
+"""LoRA: adapters start at the base model, train alone (beside the modules trained in full), merge exactly, resume
+exactly, refuse a foreign base."""
 
 import pytest
 import torch
 from support import crash_and_resume
 
 from tokennet.errors import ConfigError, DataError
+from tokennet.interop.init import modules_of, with_num_classes
 from tokennet.layers.lora import (
     LoRAConfig,
     LoRALinear,
@@ -12,6 +14,7 @@ from tokennet.layers.lora import (
     base_sha256,
     load_adapter,
     lora_layers,
+    lora_state_dict,
     merge_lora,
     save_adapter,
     strip_lora,
@@ -132,21 +135,24 @@ def test_lora_lowers_validation_loss_on_a_shifted_task(tmp_path):
     assert all(torch.equal(sd[k], v) for k, v in frozen.items())  # the base did not move
 
 
-def _lora_setup(tmp_path, name):
-    m = apply_lora(_model(), LoRAConfig(rank=2, dropout=0.1))  # dropout: the RNG must resume too
+def _lora_setup(tmp_path, name, modules_to_save=()):
+    m = apply_lora(_model(), LoRAConfig(rank=2, dropout=0.1, modules_to_save=modules_to_save))  # dropout: the RNG
     cfg = TrainConfig(max_iters=8, warmup_iters=2, eval_interval=4, log_interval=2, progress=False, lr=3e-3,
                       report=False)
     return Trainer(m, cfg, Walk(2), out_dir=tmp_path / name)
 
 
-def test_lora_resume_is_bitwise_exact(tmp_path):
-    a, c = crash_and_resume(_lora_setup, tmp_path)
+@pytest.mark.parametrize("modules_to_save", [(), ("decoder.norm",)])
+def test_lora_resume_is_bitwise_exact(tmp_path, modules_to_save):
+    a, c = crash_and_resume(lambda t, n: _lora_setup(t, n, modules_to_save), tmp_path)
     c.fit()
     sa, sc = a.model.state_dict(), c.model.state_dict()
     assert sa.keys() == sc.keys()
     for k in sa:
         assert torch.equal(sa[k], sc[k]), k
     assert any(k.endswith("lora_B") and sa[k].abs().sum() > 0 for k in sa)  # the adapters did train
+    if modules_to_save:  # the module trained in full did train (its weight starts at ones)
+        assert not torch.equal(sa["decoder.norm.weight"], torch.ones_like(sa["decoder.norm.weight"]))
 
 
 def test_adapter_round_trip_and_refusal_on_another_base(tmp_path):
@@ -183,3 +189,105 @@ def test_bad_targets_and_ranks_are_one_line_errors():
     apply_lora(m, LoRAConfig(rank=2))
     with pytest.raises(ConfigError, match="already has LoRA adapters"):
         apply_lora(m, LoRAConfig(rank=2))
+
+
+# -- modules trained in full beside the adapters (peft's modules_to_save): a classifier's new head ------------
+class Blobs:
+    """Images of K classes, each a fixed random template plus noise: batch ``i`` is a pure function of ``i``."""
+
+    def __init__(self, k, batch_size=32, seed=0):
+        self.k, self.B, self.seed = k, batch_size, seed
+        self.templates = torch.randn(k, 3, 16, 16, generator=torch.Generator().manual_seed(99))
+
+    def batch(self, i):
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + i)
+        y = torch.randint(self.k, (self.B,), generator=g)
+        return self.templates[y] + 0.5 * torch.randn(self.B, 3, 16, 16, generator=g), y
+
+
+def _vit_with_new_head(k=3, seed=0, head_seed=5):
+    torch.manual_seed(seed)
+    base = create_model("vit-micro", num_classes=10)
+    torch.manual_seed(head_seed)
+    model, fresh = with_num_classes(base, k)
+    return model, modules_of(fresh)
+
+
+def test_a_new_head_trains_in_full_beside_the_adapters_and_the_base_stays_frozen(tmp_path):
+    m, new = _vit_with_new_head()
+    assert new == ("head.fc",)
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    apply_lora(m, LoRAConfig(rank=2, targets="attn,mlp,fc", modules_to_save=new))
+    trainable = {n for n, p in m.named_parameters() if p.requires_grad}
+    assert {n for n in trainable if not n.endswith(("lora_A", "lora_B"))} == {"head.fc.weight", "head.fc.bias"}
+    assert type(m.head.fc) is torch.nn.Linear  # no adapter inside a module trained in full ("fc" targets it)
+    t = _train(m, Blobs(3), tmp_path / "r", steps=5, lr=1e-2)
+    held = {id(p) for g in t.optimizer.param_groups for p in g["params"]}
+    assert held == {id(p) for p in m.parameters() if p.requires_grad}
+    assert id(m.head.fc.weight) in held and id(m.head.fc.bias) in held
+    after = m.state_dict()
+    for k, v in before.items():
+        if k.startswith("head.fc."):
+            assert not torch.equal(after[k], v), k  # the head trained
+        else:
+            assert torch.equal(after[k], v), k  # the base did not move
+
+
+def test_a_trained_new_head_learns_far_more_than_adapters_against_a_frozen_one(tmp_path):
+    """The same adapters, steps and data: with the new head frozen at its initialization they can only bend the
+    features towards a random projection; trained with them, the loss falls much further."""
+    losses = {}
+    for name, save in (("frozen", ()), ("trained", ("head.fc",))):
+        m, _ = _vit_with_new_head()
+        apply_lora(m, LoRAConfig(rank=2, modules_to_save=save))
+        _train(m, Blobs(3), tmp_path / name, steps=30, lr=1e-2)
+        losses[name] = _val_loss(m, Blobs(3, seed=1))
+    assert losses["trained"] < 0.5 * losses["frozen"], losses
+
+
+def test_the_adapter_file_holds_the_new_head_and_loads_onto_any_head_of_its_shape(tmp_path):
+    m, new = _vit_with_new_head()
+    cfg = LoRAConfig(rank=2, alpha=4.0, modules_to_save=new)
+    apply_lora(m, cfg)
+    _randomize_b(m)
+    with torch.no_grad():
+        m.head.fc.weight.normal_()  # a head unlike any fresh initialization
+    x = torch.randn(2, 3, 16, 16)
+    m.eval()
+    want = m(x).logits
+    path = save_adapter(m, tmp_path / "adapter.safetensors", cfg)
+    stored = lora_state_dict(m, cfg)
+    assert {"head.fc.weight", "head.fc.bias"} <= set(stored)
+    from safetensors.torch import load_file
+
+    assert set(load_file(str(path))) == set(stored)
+    base, _ = _vit_with_new_head(head_seed=6)  # the same base, another random head: the file replaces it
+    assert base_sha256(base, cfg) == base_sha256(m, cfg) and base_sha256(base) != base_sha256(m)
+    assert load_adapter(base, path) == cfg
+    assert torch.equal(base.eval()(x).logits, want)
+    merged = merge_lora(base)
+    torch.testing.assert_close(merged(x).logits, want, rtol=0, atol=1e-5)
+    assert torch.equal(merged.head.fc.weight, m.head.fc.weight)  # the merged model holds the trained head
+    other, _ = _vit_with_new_head(seed=1)
+    with pytest.raises(DataError, match="trained on base weights"):
+        load_adapter(other, path)
+    torch.manual_seed(0)
+    ten = create_model("vit-micro", num_classes=10)  # the base itself, with its 10-class head
+    with pytest.raises(DataError, match=r"head\.fc\.weight: the file holds \(3, 32\), the model \(10, 32\)"):
+        load_adapter(ten, path)
+    assert not lora_layers(ten)
+
+
+def test_modules_to_save_must_name_untied_modules():
+    with pytest.raises(ConfigError, match="'nowhere' names no module"):
+        apply_lora(_model(), LoRAConfig(rank=2, modules_to_save="nowhere"))
+    with pytest.raises(ConfigError, match="lm_head shares a parameter with tok_emb.weight"):
+        apply_lora(_model(), LoRAConfig(rank=2, modules_to_save="lm_head"))  # tied to the embedding
+    m, _ = _vit_with_new_head()
+    with pytest.raises(ConfigError, match=r"trained in full \(head\.fc\); nothing to adapt"):
+        apply_lora(m, LoRAConfig(rank=2, targets="fc", modules_to_save="fc"))
+    assert LoRAConfig(modules_to_save="head, head.fc").modules_to_save == ("head", "head.fc")
+    m, _ = _vit_with_new_head()
+    apply_lora(m, LoRAConfig(rank=2, modules_to_save=("head", "head.fc")))  # the outer one holds the inner
+    assert {n for n, p in m.named_parameters() if p.requires_grad and "lora" not in n} == {
+        "head.norm.weight", "head.norm.bias", "head.fc.weight", "head.fc.bias"}

@@ -9,8 +9,10 @@ import torch
 from safetensors.torch import load_file
 
 from tokennet.cli import main
-from tokennet.layers.lora import load_adapter, lora_layers
-from tokennet.models.registry import load_pretrained
+from tokennet.interop.init import load_init, with_num_classes
+from tokennet.layers.lora import load_adapter, lora_layers, merge_lora
+from tokennet.models.registry import load_pretrained, save_pretrained
+from tokennet.run import load
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -102,6 +104,9 @@ def test_fine_tuning_errors_are_one_line_and_write_nothing(world, tmp_path, caps
         (["gpt", "--init", world / "base", "--set", "dim=64"], "does not apply with --init"),
         (["gpt", "--data", world / "a.txt", "--set", "lora_rank=4"], "give --init"),
         (["gpt", "--init", world / "base", "--set", "lora_alpha=4"], "set lora_rank"),
+        (["gpt", "--init", world / "base", "--set", "lora_modules_to_save=lm_head"], "set lora_rank"),
+        (["gpt", "--init", world / "base", "--data", world / "b.txt", "--set", "lora_rank=4",
+          "lora_modules_to_save=lm_head"], "shares a parameter with"),  # tied to the embedding
         (["caption", "--init", world / "base"], "cannot start from --init"),
     ]
     for argv, fragment in cases:
@@ -137,3 +142,71 @@ def test_lora_from_a_quantized_gguf_file_but_not_from_a_run_holding_blocks(world
                   "--max-iters", 5, "--set", "lora_rank=4", *SMALL) == 2
     err = capsys.readouterr().err
     assert "GGUF blocks" in err and err.strip().count("\n") == 0 and not (tmp_path / "ft2").exists()
+
+
+# -- LoRA on a classifier whose data has other classes: the new head trains in full ---------------------------
+VIT = ["batch_size=32", "svm_baseline=false", "eval_interval=0", "report=false", "time_budget=none"]
+
+
+@pytest.fixture(scope="module")
+def vit_init(tmp_path_factory):
+    """A ViT trained on digits (10 classes), saved as a 4-class model: fine-tuning on digits gives it a new head."""
+    root = tmp_path_factory.mktemp("vit_init")
+    assert _train("vit", "--out", root / "base", "--max-iters", 600, "--set", *VIT, "dim=32", "num_layers=1",
+                  "num_heads=2") == 0
+    torch.manual_seed(5)
+    four, _ = with_num_classes(load(root / "base").model, 4)
+    save_pretrained(four, root / "init4")
+    return root / "init4"
+
+
+def _fresh_head(init, seed=0):
+    """The head the recipe creates for digits' 10 classes from ``init`` (seeded with the run's seed, as ``build``)."""
+    model = load_init(init).model
+    torch.manual_seed(seed)
+    return with_num_classes(model, 10)[0]
+
+
+def test_vit_lora_on_new_classes_trains_the_new_head_and_saves_it_with_the_adapter(vit_init, tmp_path):
+    out = tmp_path / "ft"
+    assert _train("vit", "--init", vit_init, "--out", out, "--max-iters", 100, "--set", *VIT, "lora_rank=4",
+                  "lora_save=adapter") == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    # Adapters against the frozen random head (before heads trained in full): test loss 1.90, accuracy 74.1%.
+    assert metrics["test_loss"] < 1.3, metrics
+    merged = load_file(str(out / "model.safetensors"))
+    fresh = _fresh_head(vit_init)
+    assert not torch.equal(merged["head.fc.weight"], fresh.head.fc.weight)  # the head trained
+    saved = load_file(str(out / "adapter.safetensors"))
+    assert torch.equal(saved["head.fc.weight"], merged["head.fc.weight"])
+    assert torch.equal(saved["head.fc.bias"], merged["head.fc.bias"])
+    # The base stayed frozen: every tensor that is neither adapted nor the head is the --init model's.
+    base = load_pretrained(vit_init).state_dict()
+    adapted = {f"{n}.weight" for n in {k.rsplit(".", 1)[0] for k in saved if k.endswith("lora_A")}}
+    assert adapted
+    for k, v in base.items():
+        if k not in adapted and not k.startswith("head.fc."):
+            assert torch.equal(merged[k], v), k
+    # The adapter file on the base with any new head (another seed's) is the run: the same outputs.
+    other = _fresh_head(vit_init, seed=7)
+    load_adapter(other, out / "adapter.safetensors")
+    x = torch.rand(8, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    want = load(out).model.eval()(x).logits
+    torch.testing.assert_close(merge_lora(other).eval()(x).logits, want, rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="base"):
+        load_adapter(load_pretrained(out), out / "adapter.safetensors")  # the merged run is another base
+
+
+def test_a_vit_lora_run_with_a_new_head_resumes_bitwise(vit_init, tmp_path):
+    sets = [*VIT, "lora_rank=4", "lora_dropout=0.1", "checkpoint_interval=4", "lora_save=adapter",
+            "lora_modules_to_save=head"]  # the whole head (its norm too), which holds the new head.fc
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert _train("vit", "--init", vit_init, "--out", a, "--max-iters", 8, "--set", *sets) == 0
+    assert _train("vit", "--init", vit_init, "--out", b, "--max-iters", 4, "--set", *sets) == 0
+    assert _train("vit", "--out", b, "--resume", "--max-iters", 8) == 0
+    for f in ("model.safetensors", "adapter.safetensors"):
+        wa, wb = load_file(str(a / f)), load_file(str(b / f))
+        assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa), f
+    saved = load_file(str(a / "adapter.safetensors"))
+    assert {"head.norm.weight", "head.fc.weight"} <= set(saved)
+    assert not torch.equal(saved["head.fc.weight"], _fresh_head(vit_init).head.fc.weight)

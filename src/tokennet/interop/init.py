@@ -10,7 +10,9 @@
 Anything else is one :class:`~tokennet.errors.RunError` line. A fine-tuned run remembers where its weights
 came from; :func:`check_resume_vocabulary` refuses to resume it on a source whose vocabulary differs
 from the run's own tokenizer. :func:`with_num_classes` gives a classifier a new head when the fine-tuning
-data has other classes.
+data has other classes, and says which tensors are new; :func:`modules_of` names the modules that hold them
+(what a recipe reports as its ``Job.new_modules``: with LoRA they train in full instead of staying frozen at
+their random initialization).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from ..models.registry import CONFIG_FILE, WEIGHTS_FILE, model_from_config
 from ..run import load, read_tokenizer
 from . import convert
 
-__all__ = ["InitSource", "load_init", "check_resume_vocabulary", "with_num_classes"]
+__all__ = ["InitSource", "load_init", "check_resume_vocabulary", "with_num_classes", "modules_of"]
 
 
 @dataclass
@@ -144,3 +146,18 @@ def with_num_classes(model: nn.Module, num_classes: int) -> tuple[nn.Module, lis
     new.load_state_dict({k: (new_sd[k] if k in fresh else old_sd[k]) for k in new_sd})
     device = next(model.parameters()).device
     return new.to(device).train(model.training), fresh
+
+
+def modules_of(tensor_names: list[str]) -> tuple[str, ...]:
+    """The modules that hold these state-dict tensors (``["head.fc.weight", "head.fc.bias"] → ("head.fc",)``),
+    in order of first appearance.
+
+    Raises:
+        ConfigError: a tensor belongs to the model itself rather than to a submodule (it has no module to name).
+    """
+    out: dict[str, None] = {}
+    for k in tensor_names:
+        if "." not in k:
+            raise ConfigError(f"the new tensor {k!r} is a parameter of the model itself, not of a submodule")
+        out[k.rsplit(".", 1)[0]] = None
+    return tuple(out)

@@ -18,9 +18,16 @@ Targets are leaf module names (``qkv_proj``, ``out_proj``, ``fc1``, ``fc2``, ``g
 ``attn`` and ``mlp`` (:data:`TARGET_GROUPS`). A target that names no linear layer, or a rank larger
 than a layer allows, is a :class:`~tokennet.errors.ConfigError`.
 
-An adapter can be saved alone (:func:`save_adapter`): a safetensors file of the ``A``/``B`` tensors,
-with the SHA-256 of its base model's weights (:func:`base_sha256`) in the header; :func:`load_adapter`
-refuses it on any other base.
+Some modules cannot be adapted: a classification head created afresh for new classes has no trained
+weight for a low-rank update to correct, so adapters trained against it would learn to fit a random
+projection. ``modules_to_save`` names modules that train in full beside the adapters instead (peft's
+``modules_to_save``, which sequence classification fills with the classifier on its own): their parameters
+stay trainable, no adapter goes inside them, and the adapter file holds their full weights.
+
+An adapter can be saved alone (:func:`save_adapter`): a safetensors file of the ``A``/``B`` tensors and of the
+modules trained in full, with the SHA-256 of its base model's weights (:func:`base_sha256`, which leaves the
+modules trained in full out: the file replaces them) in the header; :func:`load_adapter` refuses it on any
+other base.
 """
 
 from __future__ import annotations
@@ -40,7 +47,7 @@ from ..errors import ConfigError, DataError
 from ..fileio import safetensors_write
 
 __all__ = ["LoRAConfig", "LoRALinear", "TARGET_GROUPS", "apply_lora", "merge_lora", "strip_lora", "lora_layers",
-           "lora_state_dict", "base_sha256", "save_adapter", "load_adapter", "ADAPTER_FORMAT"]
+           "lora_state_dict", "saved_modules", "base_sha256", "save_adapter", "load_adapter", "ADAPTER_FORMAT"]
 
 TARGET_GROUPS = {"attn": ("qkv_proj", "q_proj", "kv_proj", "out_proj"), "mlp": ("fc1", "fc2", "gate")}
 ADAPTER_FORMAT = "tokennet-lora/1"
@@ -57,17 +64,20 @@ class LoRAConfig:
         dropout: dropout on the adapter's input (the base layer sees ``x`` unchanged).
         targets: leaf names of the linear layers to adapt, or the groups ``"attn"`` and ``"mlp"``; a
             comma-separated string is accepted (``"attn,mlp"``).
+        modules_to_save: modules that train in full (every parameter, no adapter inside them) and are saved
+            whole with the adapters: a module's dotted name or its last components (``"head.fc"``, ``"fc"``
+            names every module whose name ends in ``.fc``); a comma-separated string is accepted.
     """
 
     rank: int = 8
     alpha: float = 16.0
     dropout: float = 0.0
     targets: tuple[str, ...] = field(default=("attn", "mlp"))
+    modules_to_save: tuple[str, ...] = ()
 
     def __post_init__(self):
-        if isinstance(self.targets, str):
-            self.targets = tuple(t.strip() for t in self.targets.split(",") if t.strip())
-        self.targets = tuple(self.targets)
+        self.targets = _names(self.targets)
+        self.modules_to_save = _names(self.modules_to_save)
         if isinstance(self.rank, bool) or not isinstance(self.rank, numbers.Integral) or self.rank < 1:
             raise ConfigError(f"lora_rank must be a positive integer, got {self.rank!r}")
         if isinstance(self.alpha, bool) or not isinstance(self.alpha, numbers.Real) or not (
@@ -77,6 +87,8 @@ class LoRAConfig:
             raise ConfigError(f"lora_dropout must be in [0, 1), got {self.dropout!r}")
         if not self.targets or not all(isinstance(t, str) and t for t in self.targets):
             raise ConfigError(f"lora_targets must name at least one layer (e.g. 'attn,mlp'), got {self.targets!r}")
+        if not all(isinstance(t, str) and t.strip(".") == t and t for t in self.modules_to_save):
+            raise ConfigError(f"lora_modules_to_save must be module names (e.g. 'head'), got {self.modules_to_save!r}")
 
     @property
     def scaling(self) -> float:
@@ -84,7 +96,14 @@ class LoRAConfig:
         return self.alpha / self.rank
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "targets": list(self.targets)}
+        return {**asdict(self), "targets": list(self.targets), "modules_to_save": list(self.modules_to_save)}
+
+
+def _names(value) -> tuple:
+    """A tuple of names from a tuple, a list or a comma-separated string."""
+    if isinstance(value, str):
+        return tuple(t.strip() for t in value.split(",") if t.strip())
+    return tuple(value)
 
 
 class LoRALinear(nn.Linear):
@@ -169,25 +188,68 @@ def _resolve_targets(model: nn.Module, targets: tuple[str, ...]) -> set[str]:
     return wanted
 
 
+def _matches(full: str, name: str) -> bool:
+    return full == name or full.endswith("." + name)
+
+
+def saved_modules(model: nn.Module, config: LoRAConfig) -> dict[str, nn.Module]:
+    """``{dotted name: module}`` of the modules ``config.modules_to_save`` names in ``model`` (the outermost
+    where one holds another), in the model's order.
+
+    Raises:
+        ConfigError: a name matches no module (or only the model itself); a module shares a parameter with a
+            module outside it (a head tied to an embedding: training it in full would change the base).
+    """
+    if not config.modules_to_save:
+        return {}
+    named = [(n, m) for n, m in model.named_modules() if n]
+    found: dict[str, nn.Module] = {}
+    for want in config.modules_to_save:
+        hits = [(n, m) for n, m in named if _matches(n, want)]
+        if not hits:
+            top = ", ".join(n for n, _ in model.named_children())
+            raise ConfigError(f"lora_modules_to_save {want!r} names no module of this {type(model).__name__} "
+                              f"(a dotted name such as 'head' or 'head.fc'; its top-level modules: {top})")
+        found.update(hits)
+    outer = {n: m for n, m in found.items() if not any(n.startswith(o + ".") for o in found)}
+    inside = {id(p): n for n, m in outer.items() for p in m.parameters()}
+    for pname, p in model.named_parameters(remove_duplicate=False):
+        owner = inside.get(id(p))
+        if owner is not None and not pname.startswith(owner + "."):
+            raise ConfigError(f"lora_modules_to_save: {owner} shares a parameter with {pname}, outside it (tied "
+                              "weights); training it in full would change the base model")
+    return {n: m for n, m in named if n in outer}
+
+
+def _under(key: str, prefixes) -> bool:
+    return any(key.startswith(p + ".") for p in prefixes)
+
+
 def apply_lora(model: nn.Module, config: LoRAConfig) -> nn.Module:
     """Freeze every parameter of ``model`` and put a :class:`LoRALinear` on each targeted linear layer, in place.
 
-    Returns the model. Only the adapters' ``lora_A``/``lora_B`` require gradients afterwards, so the
-    trainer's optimizer (which skips frozen parameters) keeps state for them alone. A layer whose weight
-    is shared with an embedding (a tied LM head) is not adapted: merging would untie it.
+    Returns the model. Only the adapters' ``lora_A``/``lora_B`` and the parameters of the modules to save
+    (``config.modules_to_save``, :func:`saved_modules`) require gradients afterwards, so the trainer's optimizer
+    (which skips frozen parameters) keeps state for them alone. No adapter goes inside a module to save (it
+    trains in full). A layer whose weight is shared with an embedding (a tied LM head) is not adapted:
+    merging would untie it.
 
     Raises:
         ConfigError: a target names no linear layer; the rank exceeds ``min(in, out)`` of a layer (of each
-            map of a fused one); the model already has adapters.
+            map of a fused one); the model already has adapters; a module to save is unknown or tied to a
+            module outside it.
     """
     if lora_layers(model):
         raise ConfigError("the model already has LoRA adapters; merge or strip them first")
     wanted = _resolve_targets(model, config.targets)
+    saved = saved_modules(model, config)
+    in_saved = {id(m) for s in saved.values() for m in s.modules()}
     embed_ids = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     plan = []
     for pname, parent in model.named_modules():
         for name, child in parent.named_children():
-            if type(child) is not nn.Linear or name not in wanted or id(child.weight) in embed_ids:
+            if (type(child) is not nn.Linear or name not in wanted or id(child.weight) in embed_ids
+                    or id(child) in in_saved):
                 continue
             splits = _splits(parent, name, child)
             limit = min(child.in_features, *splits)
@@ -197,12 +259,15 @@ def apply_lora(model: nn.Module, config: LoRAConfig) -> nn.Module:
                                   f"(min(in, out) = {limit}); choose a rank <= {limit}")
             plan.append((parent, name, child, splits))
     if not plan:
-        raise ConfigError(f"lora targets {list(config.targets)} match only layers tied to an embedding; "
-                          "nothing to adapt")
+        raise ConfigError(f"lora targets {list(config.targets)} match only layers tied to an embedding or trained "
+                          f"in full ({', '.join(saved) or 'none'}); nothing to adapt")
     for p in model.parameters():
         p.requires_grad_(False)
     for parent, name, child, splits in plan:
         setattr(parent, name, LoRALinear(child, config.rank, config.alpha, config.dropout, splits))
+    for m in saved.values():
+        for p in m.parameters():
+            p.requires_grad_(True)
     return model
 
 
@@ -239,24 +304,34 @@ def merge_lora(model: nn.Module) -> nn.Module:
 
 @torch.no_grad()
 def strip_lora(model: nn.Module) -> nn.Module:
-    """Drop every adapter, leaving the base weights as plain ``nn.Linear`` layers, in place."""
+    """Drop every adapter, leaving the base weights as plain ``nn.Linear`` layers, in place.
+
+    Modules trained in full (``modules_to_save``) keep the weights they have (as peft's ``unload`` keeps
+    them): there is no adapter in them to drop.
+    """
     return _replace(model, lambda m: m.weight)
 
 
-def lora_state_dict(model: nn.Module) -> dict[str, Tensor]:
-    """The adapters' tensors alone: ``{"<layer>.lora_A": (S·r, K), "<layer>.lora_B": (N, r)}``."""
-    return {k: v for k, v in model.state_dict().items() if k.rsplit(".", 1)[-1] in _ADAPTER_KEYS}
+def lora_state_dict(model: nn.Module, config: LoRAConfig | None = None) -> dict[str, Tensor]:
+    """The adapters' tensors: ``{"<layer>.lora_A": (S·r, K), "<layer>.lora_B": (N, r)}``, and with ``config``
+    every tensor of its modules to save (``"head.fc.weight"``, ...), under their names in ``model``."""
+    saved = saved_modules(model, config) if config is not None else {}
+    return {k: v for k, v in model.state_dict().items()
+            if k.rsplit(".", 1)[-1] in _ADAPTER_KEYS or _under(k, saved)}
 
 
-def base_sha256(model: nn.Module) -> str:
-    """SHA-256 of the base model's weights: every state-dict tensor except the adapters, by name, dtype, shape, bytes.
+def base_sha256(model: nn.Module, config: LoRAConfig | None = None) -> str:
+    """SHA-256 of the base model's weights: every state-dict tensor except the adapters, by name, dtype, shape,
+    bytes; with ``config``, also except its modules to save (an adapter file holds them whole, so it fits a
+    base whatever those modules hold: a new head's random initialization is no part of the base).
 
     A checksum of tensor contents rather than of a file, so a base imported on the fly and the same base
     saved as a run have one checksum, and adapting a model does not change it.
     """
+    saved = saved_modules(model, config) if config is not None else {}
     h = hashlib.sha256()
     for k, t in sorted(model.state_dict().items()):
-        if k.rsplit(".", 1)[-1] in _ADAPTER_KEYS:
+        if k.rsplit(".", 1)[-1] in _ADAPTER_KEYS or _under(k, saved):
             continue
         t = t.detach().cpu().contiguous()
         h.update(f"{k}|{t.dtype}|{tuple(t.shape)}\n".encode())
@@ -267,19 +342,22 @@ def base_sha256(model: nn.Module) -> str:
 def save_adapter(model: nn.Module, path: str | Path, config: LoRAConfig, *, base: str | None = None) -> Path:
     """Write the adapters of ``model`` alone as safetensors, with the base weights' checksum in the header.
 
+    The file also holds the full weights of ``config.modules_to_save`` (peft's ``modules_to_save``).
+
     Args:
         model: an adapted model (:func:`apply_lora`), before merging.
         path: the ``.safetensors`` file to write (atomically).
         config: the adapters' settings, stored with them.
-        base: the base checksum (default :func:`base_sha256` of ``model``).
+        base: the base checksum (default :func:`base_sha256` of ``model`` and ``config``).
     """
     from safetensors.torch import save_file
 
-    tensors = {k: v.detach().contiguous() for k, v in lora_state_dict(model).items()}
-    if not tensors:
+    if not lora_layers(model):
         raise ConfigError("the model has no LoRA adapters to save")
+    tensors = {k: v.detach().contiguous() for k, v in lora_state_dict(model, config).items()}
     path = Path(path)
-    meta = {"format": ADAPTER_FORMAT, "base_sha256": base or base_sha256(model), "lora": json.dumps(config.to_dict())}
+    meta = {"format": ADAPTER_FORMAT, "base_sha256": base or base_sha256(model, config),
+            "lora": json.dumps(config.to_dict())}
     tmp = path.with_name(f".{path.name}.tmp")
     try:
         with safetensors_write(tmp):
@@ -294,9 +372,13 @@ def save_adapter(model: nn.Module, path: str | Path, config: LoRAConfig, *, base
 def load_adapter(model: nn.Module, path: str | Path) -> LoRAConfig:
     """Put the adapters saved in ``path`` onto ``model`` (a plain base model), in place; returns their config.
 
+    The modules the file holds whole (``modules_to_save``) get its weights; they must have its shapes (a
+    classifier with a new head: build the base with the adapter's number of classes, e.g. with
+    :func:`tokennet.interop.init.with_num_classes`; what that head holds before does not matter).
+
     Raises:
-        DataError: the file is not a tokennet adapter, or its base checksum is not this model's weights'
-            (an adapter is only meaningful on the exact base it was trained on).
+        DataError: the file is not a tokennet adapter, its base checksum is not this model's weights' (an
+            adapter is only meaningful on the exact base it was trained on), or its tensors do not fit.
     """
     from safetensors import SafetensorError, safe_open
 
@@ -309,18 +391,26 @@ def load_adapter(model: nn.Module, path: str | Path) -> LoRAConfig:
         raise DataError(f"{path} is not a safetensors file: {e}") from None
     if meta.get("format") != ADAPTER_FORMAT:
         raise DataError(f"{path} is not a tokennet LoRA adapter (no '{ADAPTER_FORMAT}' header)")
-    got = base_sha256(model)
+    try:
+        config = LoRAConfig(**json.loads(meta["lora"]))
+    except (KeyError, TypeError, ValueError) as e:  # ConfigError is a ValueError
+        raise DataError(f"{path}: unreadable LoRA settings in the header ({e})") from None
+    try:
+        got = base_sha256(model, config)
+    except ConfigError as e:
+        raise DataError(f"{path}: its modules trained in full do not fit this model: {e}") from None
     if meta.get("base_sha256") != got:
         raise DataError(f"{path} was trained on base weights {str(meta.get('base_sha256'))[:12]}…, not on this "
                         f"model ({got[:12]}…); load it onto the base it was trained on")
-    try:
-        config = LoRAConfig(**json.loads(meta["lora"]))
-    except (KeyError, TypeError, ValueError) as e:
-        raise DataError(f"{path}: unreadable LoRA settings in the header ({e})") from None
     apply_lora(model, config)
-    expected = lora_state_dict(model)
-    if set(expected) != set(tensors) or any(expected[k].shape != tensors[k].shape for k in expected):
+    expected = lora_state_dict(model, config)
+    bad = sorted(set(expected) ^ set(tensors)) or [k for k in expected if expected[k].shape != tensors[k].shape]
+    if bad:
         strip_lora(model)
-        raise DataError(f"{path}: its adapters do not fit this model's layers")
+        k = bad[0]
+        have = f"{tuple(tensors[k].shape)}" if k in tensors else "nothing"
+        want = f"{tuple(expected[k].shape)}" if k in expected else "nothing"
+        raise DataError(f"{path}: its adapters do not fit this model's layers ({k}: the file holds {have}, "
+                        f"the model {want})")
     model.load_state_dict(tensors, strict=False)
     return config

@@ -49,6 +49,10 @@ class FineTune:
         lora_save: ``merged``: the run holds the merged weights ``W + (α/r) B A`` (every command works on it
             unchanged); ``adapter``: also write the adapters alone (``adapter.safetensors``, with the base's
             SHA-256, refused on another base).
+        lora_modules_to_save: modules that train in full beside the adapters and are saved whole with them
+            (peft's ``modules_to_save``), comma-separated dotted names (``head``). The modules the recipe
+            creates afresh rather than loads from ``--init`` (a classifier's new head, :attr:`Job.new_modules`)
+            are always among them: adapters cannot correct a random projection.
     """
 
     lora_rank: int = 0
@@ -56,6 +60,7 @@ class FineTune:
     lora_dropout: float = 0.0
     lora_targets: str = "attn,mlp"
     lora_save: str = "merged"
+    lora_modules_to_save: str = ""
 
     def __post_init__(self):
         if self.lora_save not in ("merged", "adapter"):
@@ -67,12 +72,16 @@ class FineTune:
     def from_settings(cls, settings: dict[str, Any]) -> FineTune:
         return cls(**{f.name: settings[f.name] for f in dataclasses.fields(cls) if f.name in settings})
 
-    def lora(self):
-        """The adapters' :class:`~tokennet.layers.lora.LoRAConfig` (None without adapters)."""
+    def lora(self, new_modules: tuple[str, ...] | list[str] = ()):
+        """The adapters' :class:`~tokennet.layers.lora.LoRAConfig` (None without adapters); ``new_modules`` (the
+        modules the build created afresh) train in full beside ``lora_modules_to_save``."""
         from ..layers.lora import LoRAConfig
 
-        return None if self.lora_rank == 0 else LoRAConfig(self.lora_rank, self.lora_alpha, self.lora_dropout,
-                                                            self.lora_targets)
+        if self.lora_rank == 0:
+            return None
+        given = [t.strip() for t in self.lora_modules_to_save.split(",") if t.strip()]
+        return LoRAConfig(self.lora_rank, self.lora_alpha, self.lora_dropout, self.lora_targets,
+                          modules_to_save=tuple(dict.fromkeys([*given, *new_modules])))
 
 
 @dataclass
@@ -90,6 +99,9 @@ class Job:
             come from the recipe's ``evaluate_run`` on the saved run.
         data: the data spec to save with the run (default: the context's; a recipe whose data fills in
             derived fields, such as class names, returns the filled spec).
+        new_modules: dotted names of the modules of ``model`` that ``build`` created afresh instead of loading
+            them from ``--init`` (a classifier's head for other classes). With LoRA they train in full and are
+            saved with the adapters (:class:`FineTune`), instead of staying frozen at their initialization.
     """
 
     model: nn.Module
@@ -99,6 +111,7 @@ class Job:
     tokenizer: Any = None
     finish: Callable[[nn.Module], dict[str, Any]] | None = None
     data: DataSpec | None = None
+    new_modules: tuple[str, ...] = ()
 
 
 @dataclass

@@ -83,7 +83,8 @@ def train(
 
     ``init`` starts from existing weights instead of a fresh model: a tokennet run, or anything ``tokennet
     import`` reads, converted on the fly (:func:`tokennet.interop.init.load_init`); with ``lora_rank`` > 0
-    only LoRA adapters train, and the run saves the merged weights (see
+    only LoRA adapters train (and, in full, the modules to save: the recipe's new modules, such as a head for
+    other classes, and ``lora_modules_to_save``), and the run saves the merged weights (see
     :class:`~tokennet.lifecycle.recipe.FineTune`).
 
     The run directory holds ``run.json`` (recipe, settings, data and its spec), ``config.json`` and
@@ -138,7 +139,8 @@ def _check_fine_tuning(recipe: Recipe, init, settings: dict[str, Any], given: se
             raise RecipeError(f"recipe {recipe.name!r} trains from scratch: it cannot start from --init weights")
         return None
     tune = FineTune.from_settings(settings)
-    lora = {f for f in ("lora_alpha", "lora_dropout", "lora_targets", "lora_save") if f in given}
+    lora = {f for f in ("lora_alpha", "lora_dropout", "lora_targets", "lora_save", "lora_modules_to_save")
+            if f in given}
     if tune.lora_rank == 0 and lora:
         raise RecipeError(f"{', '.join(sorted(lora))} does not apply without adapters: set lora_rank")
     if init is None and tune.lora_rank > 0:
@@ -173,7 +175,7 @@ def _run(recipe: Recipe, out: Path, defaults, data, sets, dev, info, resume, ove
     ctx = BuildContext(recipe=recipe, settings=settings, given=given, model=model_over, train=tcfg, options=opts,
                        data=spec, source=data, device=dev, out_dir=out,
                        tokenizer=read_tokenizer(out) if saved is not None else None)
-    lora = tune.lora() if tune is not None else None
+    lora = tune.lora() if tune is not None else None  # its settings checked before anything is built
     try:
         if init is not None:
             from ..interop.init import check_resume_vocabulary, load_init
@@ -185,6 +187,10 @@ def _run(recipe: Recipe, out: Path, defaults, data, sets, dev, info, resume, ove
         if lora is not None:
             from ..layers.lora import apply_lora
 
+            if job.new_modules:  # a new head trains in full: adapters cannot correct a random projection
+                lora = tune.lora(job.new_modules)
+                log.info("LoRA: %s new (not in --init), trained in full beside the adapters",
+                         ", ".join(job.new_modules))
             apply_lora(job.model, lora)  # the base frozen, adapters of rank r on the targets (seeded above)
     except BaseException:
         if created and info.is_main:  # a run that never started leaves nothing behind
@@ -220,9 +226,9 @@ def _run(recipe: Recipe, out: Path, defaults, data, sets, dev, info, resume, ove
     if lora is not None:
         from ..layers.lora import merge_lora, save_adapter
 
-        if tune.lora_save == "adapter":  # the adapters alone, with the base weights' checksum
+        if tune.lora_save == "adapter":  # the adapters and the modules trained in full, with the base's checksum
             save_adapter(model, out / ADAPTER_FILE, lora)
-        merge_lora(model)  # W + (α/r) B A: an ordinary model again, which every command reads
+        merge_lora(model)  # W + (α/r) B A (the modules trained in full as trained): an ordinary model again
     save_pretrained(model, out, extra={"recipe": recipe.name})
     metrics = {**final, "wall_seconds": 0.0, "num_parameters": sum(p.numel() for p in model.parameters())}
     if info.enabled:

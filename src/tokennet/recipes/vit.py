@@ -162,8 +162,9 @@ def svm_baseline(data: VisionData, gamma: float | str = 0.001) -> dict[str, Any]
 
 def _init_model(init, ds: VisionData):
     """An image classifier from ``--init`` for this data: its image size and channels must be the data's; a new
-    head when the number of classes differs (:func:`~tokennet.interop.init.with_num_classes`)."""
-    from ..interop.init import with_num_classes
+    head when the number of classes differs (:func:`~tokennet.interop.init.with_num_classes`). Returns
+    ``(model, the new modules)``: with LoRA those train in full (``Job.new_modules``)."""
+    from ..interop.init import modules_of, with_num_classes
 
     c = init.model.config
     if not hasattr(c, "num_classes") or not hasattr(c, "image_size"):
@@ -174,7 +175,7 @@ def _init_model(init, ds: VisionData):
     model, fresh = with_num_classes(init.model, ds.num_classes)
     if fresh:
         log.info("a new classification head for %d classes (%s)", ds.num_classes, ", ".join(fresh))
-    return model
+    return model, modules_of(fresh)
 
 
 def _depths(text: str) -> list[int]:
@@ -261,11 +262,12 @@ def build(ctx: BuildContext) -> Job:
         teacher, teacher_info = load_teacher(opts["teacher"], ds, device)
         ctx.settings["distill"] = ctx.model["distill"] = True  # the teacher's labels are read by the distillation token
     torch.manual_seed(train.seed)
+    new_modules: tuple[str, ...] = ()
     if ctx.init is not None:  # fine-tuning: the source's model, with a new head where the classes differ
         if teacher is not None and not getattr(ctx.init.model.config, "distill", False):
             raise RecipeError(f"teacher= trains DeiT's distillation token, which {ctx.init.path} does not have: "
                               "fine-tune without teacher=, or train from scratch with it")
-        model = _init_model(ctx.init, ds)
+        model, new_modules = _init_model(ctx.init, ds)
     else:
         for k in DATA_FIELDS:  # e.g. a directory of idx files with another image size
             ctx.from_data(k, getattr(ds, k))
@@ -304,7 +306,7 @@ def build(ctx: BuildContext) -> Job:
         return out
 
     return Job(model=model.to(device), source=src, evaluate=evaluate, tokens_per_batch=train.batch_size,
-               finish=finish)
+               finish=finish, new_modules=new_modules)
 
 
 def evaluate_run(run, data) -> dict[str, Any]:
