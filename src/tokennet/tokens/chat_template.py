@@ -36,9 +36,8 @@ from typing import Any
 
 from ..errors import DataError
 
-__all__ = ["render_chat_template", "check_chat_template", "SPECIAL_TOKEN_NAMES"]
+__all__ = ["render_chat_template", "check_chat_template"]
 
-SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")  # transformers' names for a message's reasoning
 # Names no chat template needs: Python's dunders and the internals jinja's sandbox hides (is_internal_attribute).
 _INTERNAL = frozenset({"mro", "func_globals", "func_code", "func_closure", "im_func", "im_self", "im_class",
@@ -158,20 +157,22 @@ def _refusal(ast) -> str | None:
     from jinja2 import nodes
 
     for node in ast.find_all((nodes.Include, nodes.Import, nodes.FromImport, nodes.Extends)):
-        return f"it reads another template ({type(node).__name__.lower()}), which a chat template cannot"
+        return (f"it reads another template ({type(node).__name__.lower()}, line {node.lineno}), which a chat "
+                "template cannot")
     for node in ast.find_all((nodes.Getattr, nodes.Getitem, nodes.Filter)):
         if isinstance(node, nodes.Getattr):
             names, dunder_only = [node.attr], False
         elif isinstance(node, nodes.Getitem):  # a dict key may be any text but a dunder: `m['mro']` is fine
             names, dunder_only = [node.arg.value] if isinstance(node.arg, nodes.Const) else [], True
-        else:  # the filters and tests that read an attribute by name: |attr('__class__'), |map(attribute=...)
+        else:  # the filters that read an attribute by name: |attr('__class__'), |map(attribute=...)
             names = [k.value.value for k in node.kwargs if k.key == "attribute" and isinstance(k.value, nodes.Const)]
             if node.name in _BY_NAME and node.args and isinstance(node.args[0], nodes.Const):
                 names.append(node.args[0].value)
             dunder_only = node.name != "attr"
         for name in names:
             if _is_internal(name, dunder_only=dunder_only):
-                return f"it reads {name!r}, a Python internal (a template may read only its messages and settings)"
+                return (f"it reads {name!r} (line {node.lineno}), a Python internal (a template may read only its "
+                        "messages and settings)")
     return None
 
 
