@@ -57,14 +57,19 @@ def check_messages(messages: Any, where: str = "messages") -> list[dict[str, str
     return [{"role": m["role"], "content": m["content"]} for m in messages]
 
 
-def render_chat(tokenizer, messages: list[dict[str, str]], *, add_generation_prompt: bool = True) -> str:
+def render_chat(tokenizer, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
+                where: str | None = None, **variables: Any) -> str:
     """A conversation as prompt text: the tokenizer's own chat template, else plain ChatML.
 
+    A template renders as transformers renders it, in jinja2's sandbox (:mod:`tokennet.tokens.chat_template`):
+    the one renderer of ``tokennet generate --chat``, chat fine-tuning and ``tokennet serve``. ``where`` names the
+    template in its errors (the run); ``variables``: ``tools``, ``documents``, ... for the template.
     Plain ChatML is ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` per message and ``<|im_start|>assistant\\n``
     as the generation prompt; tokennet's own tokenizers read it as ordinary text.
     """
     if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, where=where,
+                                             **variables)
     text = "".join(f"<|im_start|>{m['role']}\n{m['content']}{END_OF_TURN}\n" for m in messages)
     return text + ("<|im_start|>assistant\n" if add_generation_prompt else "")
 
@@ -87,13 +92,19 @@ class ChatExample:
 
 def encode_chat(tokenizer, messages: list[dict[str, str]], where: str = "conversation") -> ChatExample:
     """Tokenize a conversation and mark the assistant's tokens (see the module docstring)."""
+    def render(upto: int, add_generation_prompt: bool) -> str:
+        try:
+            return render_chat(tokenizer, messages[:upto], add_generation_prompt=add_generation_prompt)
+        except DataError as e:  # the template's own error, prefixed with the conversation's line
+            raise DataError(f"{where}: {e}") from None
+
     pieces: list[tuple[str, bool]] = []
     done = ""
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
-        before = render_chat(tokenizer, messages[:i], add_generation_prompt=True)
-        after = render_chat(tokenizer, messages[: i + 1], add_generation_prompt=False)
+        before = render(i, True)
+        after = render(i + 1, False)
         if not (before.startswith(done) and after.startswith(before)):
             raise DataError(f"{where}: the chat template does not render this conversation incrementally "
                             "(a prefix of it renders differently), so its replies cannot be located")
@@ -101,7 +112,7 @@ def encode_chat(tokenizer, messages: list[dict[str, str]], where: str = "convers
         done = after
     if not pieces:
         raise DataError(f"{where}: the conversation has no assistant message (nothing to learn)")
-    rest = render_chat(tokenizer, messages, add_generation_prompt=False)
+    rest = render(len(messages), False)
     if rest.startswith(done) and len(rest) > len(done):
         pieces.append((rest[len(done):], False))
     # A tokenizer that adds specials to every text (Llama's leading <s>) adds them to the first piece only.

@@ -24,11 +24,11 @@ Q8_0 to float16. Weights the run holds in GGUF blocks (an imported file's Q4_1, 
 bit for bit. A GPT-2-style model without biases gets zero biases (llama.cpp's GPT-2 graph requires them).
 
 The tokenizer goes into ``tokenizer.ggml.*`` as a byte-level BPE vocabulary (``gpt2`` model): tokens in id
-order, their types (control for special tokens), merges, the special ids and llama.cpp's name of the
-pre-tokenizer (GPT-2's regex: ``gpt-2``; tokennet's ``gpt4`` pattern, cl100k's, which llama.cpp splits with
-its Llama-3 regex: ``llama-bpe``; SmolLM's digits-then-GPT-2: ``smollm``), and a chat template where the run
-has one. Anything else — not a language model, another configuration, a character tokenizer — is refused
-in one line before anything is written.
+order, their types (control for special tokens, user-defined for other added tokens, as llama.cpp's converter
+writes them), merges, the special ids and llama.cpp's name of the pre-tokenizer (GPT-2's regex: ``gpt-2``;
+tokennet's ``gpt4`` pattern, cl100k's, which llama.cpp splits with its Llama-3 regex: ``llama-bpe``; SmolLM's
+digits-then-GPT-2: ``smollm``), and a chat template where the run has one. Anything else — not a language
+model, another configuration, a character tokenizer — is refused in one line before anything is written.
 """
 
 from __future__ import annotations
@@ -226,16 +226,17 @@ def _vocab(tokenizer, vocab_size: int) -> dict[str, Any]:
                           "regex, cl100k's, SmolLM's); nothing was written")
     vocab = dict(model["vocab"])
     special = set(range(4)) if kind == "bpe" else set()
+    added = set()  # added tokens that are not special: llama.cpp's USER_DEFINED (matched whole, printed as text)
     for t in engine.get("added_tokens") or []:
         vocab[t["content"]] = t["id"]
-        if t.get("special"):
-            special.add(t["id"])
+        (special if t.get("special") else added).add(t["id"])
     if max(vocab.values()) >= vocab_size:
         raise ConfigError(f"GGUF export: the tokenizer has ids up to {max(vocab.values())} but the model only "
                           f"{vocab_size} rows; nothing was written")
     by_id = {i: t for t, i in vocab.items()}
     tokens = [by_id.get(i, f"[PAD{i}]") for i in range(vocab_size)]  # the converter's filler for unused rows
-    types = [3 if i in special else (1 if i in by_id else 5) for i in range(vocab_size)]  # control/normal/unused
+    # llama.cpp's token types, as its converter writes them: 3 control, 4 user-defined, 1 normal, 5 unused
+    types = [3 if i in special else 4 if i in added else 1 if i in by_id else 5 for i in range(vocab_size)]
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges") or []]
     fields = {"model": "gpt2", "pre": pre, "tokens": tokens, "types": types, "merges": merges,
               "ids": {k: meta.get(k) for k in ("bos_id", "eos_id", "pad_id", "unk_id")},

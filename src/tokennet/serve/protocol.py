@@ -240,7 +240,7 @@ def parse_chat(body: dict[str, Any], *, tokenizer, served: str, context: int, st
 
     messages = _messages(body)
     try:
-        prompt = render_chat(tokenizer, messages, add_generation_prompt=True)
+        prompt = render_chat(tokenizer, messages, add_generation_prompt=True, where=f"model {served!r}")
     except DataError as e:
         raise APIError(400, f"the conversation cannot be rendered with this model's chat template: {e}",
                        param="messages") from None

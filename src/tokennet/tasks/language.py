@@ -88,7 +88,9 @@ class LanguageModel(Task):
         if values["chat"]:
             if not getattr(run.tokenizer, "chat_template", None):
                 raise RunError(f"{run.path} has no chat template (only imported chat models have one)")
-            prompt = run.tokenizer.apply_chat_template([{"role": "user", "content": values["prompt"]}])
+            from ..data.chats import render_chat
+
+            prompt = render_chat(run.tokenizer, [{"role": "user", "content": values["prompt"]}], where=str(run.path))
         else:
             yield prompt
         yield from stream_text(run, prompt, values["max_new_tokens"], temperature=values["temperature"],

@@ -1,5 +1,6 @@
 """Modality → tokens: the only modality-specific step before the generic transformer."""
 
+from tokennet.tokens.chat_template import check_chat_template, render_chat_template
 from tokennet.tokens.image import EMBED_MODES, ConvStem, PatchEmbed, grid_size, patch_padding, patchify
 from tokennet.tokens.text import (
     GPT2_PATTERN,
@@ -33,4 +34,6 @@ __all__ = [
     "load_tokenizer",
     "tokenizer_from_dict",
     "train_tokenizer",
+    "render_chat_template",
+    "check_chat_template",
 ]

@@ -8,6 +8,8 @@ of Hugging Face ``tokenizers`` does the work, as for tokennet's BPE.
 Unlike tokennet's own tokenizers, special-token strings in the text (``<|im_start|>``) encode to their
 ids: chat templates are written that way.
 
+A chat template is rendered as transformers renders it, in jinja2's sandbox (:mod:`.chat_template`).
+
 Built from a GGUF file's ``tokenizer.ggml.*`` fields (byte-level BPE, llama.cpp's ``gpt2`` model) and
 saved as ``{"tokennet": {"kind": "pretrained", ...ids, chat template}, "engine": <tokenizer JSON>}``.
 """
@@ -22,6 +24,7 @@ from tokenizers import AddedToken, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from ..errors import ConfigError, DataError
+from .chat_template import render_chat_template
 from .text import Tokenizer, _as_id_list
 
 __all__ = ["PretrainedTokenizer"]
@@ -43,6 +46,7 @@ def _read_json(path) -> dict[str, Any]:
 # "smollm" (like "starcoder", "refact"): each digit alone, then GPT-2's regex (llama-vocab.cpp's regex_exprs).
 _DIGITS_THEN_GPT2 = ("smollm", "starcoder", "refact", "codeshell", "exaone", "minerva")
 CONTROL = 3  # llama.cpp's token type of control tokens (<|endoftext|>, <|im_start|>, ...)
+USER_DEFINED = 4  # llama.cpp's token type of added tokens that are not special (matched whole, printed as text)
 
 
 def _pre_tokenizer(pre: str | None, where: str):
@@ -62,12 +66,14 @@ class PretrainedTokenizer(Tokenizer):
         engine: a ``tokenizers.Tokenizer``.
         bos_id, eos_id, pad_id, unk_id: the source's special ids (None where it has none).
         chat_template: the source's Jinja chat template, if any.
+        chat_template_source: where the template came from (a file), named in the template's errors.
     """
 
     kind = "pretrained"
 
     def __init__(self, engine: HFTokenizer, *, bos_id: int | None, eos_id: int | None, pad_id: int | None = None,
-                 unk_id: int | None = None, chat_template: str | None = None, add_special: bool = False):
+                 unk_id: int | None = None, chat_template: str | None = None, add_special: bool = False,
+                 chat_template_source: str | None = None):
         self._engine = engine
         self.add_special = add_special  # encode() applies the source's template, e.g. BERT's [CLS] … [SEP]
         self._ids = {"bos_id": bos_id, "eos_id": eos_id, "pad_id": pad_id, "unk_id": unk_id}
@@ -76,6 +82,7 @@ class PretrainedTokenizer(Tokenizer):
             if v is not None and not 0 <= v < n:
                 raise DataError(f"{k}={v} is outside the tokenizer's vocabulary of {n} tokens")
         self.chat_template = chat_template
+        self.chat_template_source = chat_template_source
 
     @property
     def vocab_size(self) -> int:
@@ -112,21 +119,40 @@ class PretrainedTokenizer(Tokenizer):
     def decode(self, ids: Any, *, skip_special: bool = True) -> str:
         return self._engine.decode(_as_id_list(ids, self.vocab_size), skip_special_tokens=skip_special)
 
-    def apply_chat_template(self, messages: list[dict[str, str]], *, add_generation_prompt: bool = True) -> str:
-        """The prompt text of a conversation, rendered with the source's chat template (needs ``jinja2``)."""
+    @property
+    def special_tokens(self) -> dict[str, str]:
+        """The source's special tokens as text, ``{"bos_token": "<s>", "eos_token": ..., "pad_token": ...,
+        "unk_token": ...}`` where it has them: what transformers passes a chat template."""
+        out = {}
+        for name in ("bos", "eos", "unk", "pad"):
+            i = self._ids[f"{name}_id"]
+            token = None if i is None else self._engine.id_to_token(i)
+            if token is not None:
+                out[f"{name}_token"] = token
+        return out
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
+                            tools: list[dict[str, Any]] | None = None, documents: list[dict[str, Any]] | None = None,
+                            where: str | None = None, **variables: Any) -> str:
+        """The prompt text of a conversation, rendered with the source's chat template as transformers renders it,
+        in jinja2's sandbox (see :mod:`tokennet.tokens.chat_template`; needs ``jinja2``).
+
+        ``where`` names the template in errors (e.g. the run directory; by default this tokenizer and the file
+        the template came from); one-line DataErrors as there.
+        """
         if not self.chat_template:
-            raise DataError("this tokenizer has no chat template")
-        try:
-            import jinja2
-        except ImportError:
-            raise DataError("chat templates need the jinja2 package: pip install jinja2") from None
-        env = jinja2.Environment(undefined=jinja2.StrictUndefined)
-        return env.from_string(self.chat_template).render(messages=messages,
-                                                           add_generation_prompt=add_generation_prompt)
+            raise DataError(f"{where or 'this tokenizer'} has no chat template")
+        name = where or "this tokenizer" + (f" (from {self.chat_template_source})" if self.chat_template_source
+                                            else "")
+        return render_chat_template(self.chat_template, messages, where=name,
+                                    add_generation_prompt=add_generation_prompt, tools=tools, documents=documents,
+                                    special_tokens=self.special_tokens, **variables)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"tokennet": {"kind": self.kind, **self._ids, "chat_template": self.chat_template,
-                             "add_special": self.add_special},
+        meta = {"kind": self.kind, **self._ids, "chat_template": self.chat_template, "add_special": self.add_special}
+        if self.chat_template_source:
+            meta["chat_template_source"] = self.chat_template_source
+        return {"tokennet": meta,
                 "engine": json.loads(self._engine.to_str())}
 
     @classmethod
@@ -136,8 +162,10 @@ class PretrainedTokenizer(Tokenizer):
             engine = HFTokenizer.from_str(json.dumps(data["engine"]))
         except Exception as e:  # noqa: BLE001 - the engine raises a bare Exception on malformed JSON
             raise DataError(f"not a valid pretrained tokenizer: {e}") from None
+        source = meta.get("chat_template_source")
         return cls(engine, **{k: meta.get(k) for k in ("bos_id", "eos_id", "pad_id", "unk_id", "chat_template")},
-                   add_special=bool(meta.get("add_special", False)))
+                   add_special=bool(meta.get("add_special", False)),
+                   chat_template_source=source if isinstance(source, str) else None)
 
     @classmethod
     def from_file(cls, path, *, add_special: bool = True) -> PretrainedTokenizer:
@@ -206,12 +234,16 @@ class PretrainedTokenizer(Tokenizer):
             i = cfg.get(f"{name}_token_id")
             return i if isinstance(i, int) else None
 
-        template = meta.get("chat_template")
+        template, template_file = meta.get("chat_template"), source / "tokenizer_config.json"
+        if isinstance(template, list):  # named templates ([{"name": "default", "template": ...}, ...]): the default
+            template = next((t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"),
+                            None)
         if (source / "chat_template.jinja").is_file():  # where transformers ≥ 4.50 saves it
-            template = (source / "chat_template.jinja").read_text()
+            template, template_file = (source / "chat_template.jinja").read_text(), source / "chat_template.jinja"
+        template = template if isinstance(template, str) else None
         tokenizer = cls(engine, bos_id=special("bos"), eos_id=special("eos"), pad_id=special("pad"),
-                        unk_id=special("unk"), chat_template=template if isinstance(template, str) else None,
-                        add_special=True)
+                        unk_id=special("unk"), chat_template=template, add_special=True,
+                        chat_template_source=str(template_file) if template else None)
         if vocab_size is not None and tokenizer.vocab_size > vocab_size:
             raise DataError(f"{source}: the tokenizer has {tokenizer.vocab_size} tokens but the model {vocab_size}; "
                             "they do not belong together; nothing was written")
@@ -242,4 +274,9 @@ class PretrainedTokenizer(Tokenizer):
         types = token_types or []
         special = [AddedToken(tokens[i], special=True, normalized=False) for i, t in enumerate(types) if t == CONTROL]
         engine.add_special_tokens(special)
-        return cls(engine, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, unk_id=unk_id, chat_template=chat_template)
+        # llama.cpp matches user-defined tokens whole in any text, special or not: added tokens that are not special
+        added = [AddedToken(tokens[i], special=False, normalized=False) for i, t in enumerate(types)
+                 if t == USER_DEFINED]
+        engine.add_tokens(added)
+        return cls(engine, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, unk_id=unk_id, chat_template=chat_template,
+                   chat_template_source=where if chat_template else None)
