@@ -222,3 +222,57 @@ def test_a_lock_file_unlinked_before_the_flock_is_opened_again(tmp_path, monkeyp
         assert (st.st_dev, st.st_ino) == (cur.st_dev, cur.st_ino)
     finally:
         lock.release()
+
+
+# -- the swap itself ------------------------------------------------------------------------------------------
+def _tree(d: Path) -> dict[str, str]:
+    return {p.name: p.read_text() for p in d.iterdir()}
+
+
+def _two_dirs(tmp_path: Path) -> tuple[Path, Path]:
+    old, new = tmp_path / "a", tmp_path / ".a.new"
+    old.mkdir()
+    new.mkdir()
+    (old / "run.json").write_text("old")
+    (new / "run.json").write_text("new")
+    return old, new
+
+
+@pytest.mark.parametrize("exchange", [True, False])
+def test_swap_into_place_puts_the_new_one_at_the_name_and_the_old_one_aside(exchange, tmp_path, monkeypatch):
+    import tokennet.fileio as fileio
+
+    if not exchange:  # a filesystem without renameat2(RENAME_EXCHANGE): two renames
+        monkeypatch.setattr(fileio, "exchange_paths", lambda a, b: False)
+    old, new = _two_dirs(tmp_path)
+    trash = fileio.swap_into_place(new, old)
+    assert _tree(old) == {"run.json": "new"} and _tree(trash) == {"run.json": "old"}
+    assert trash.parent == tmp_path and trash.name.startswith(".a.old-") and not new.exists()
+
+
+def test_swap_into_place_puts_the_old_one_back_when_the_second_rename_fails(tmp_path, monkeypatch):
+    import tokennet.fileio as fileio
+
+    monkeypatch.setattr(fileio, "exchange_paths", lambda a, b: False)
+    old, new = _two_dirs(tmp_path)
+    real = Path.rename
+
+    def failing(self, target):
+        if self == new:
+            raise OSError(5, "Input/output error")
+        return real(self, target)
+
+    monkeypatch.setattr(Path, "rename", failing)
+    with pytest.raises(OSError):
+        fileio.swap_into_place(new, old)
+    assert _tree(old) == {"run.json": "old"} and _tree(new) == {"run.json": "new"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".a.new", "a"]
+
+
+def test_overwrite_without_an_atomic_exchange_still_replaces_the_run(run_dir, corpus, monkeypatch):
+    import tokennet.fileio as fileio
+
+    monkeypatch.setattr(fileio, "exchange_paths", lambda a, b: False)
+    _, metrics = train("gpt-char", data=str(corpus), out=run_dir, sets={**TINY_SETS, "max_iters": 1}, overwrite=True)
+    assert metrics["step"] == 1 and tokennet.load(run_dir).metrics["step"] == 1
+    assert sorted(p.name for p in run_dir.parent.iterdir()) == ["a"]
