@@ -139,8 +139,8 @@ def save_tokenizer(path: str | Path, tokenizer) -> None:
 
 
 def clear_run_dir(path: str | Path) -> None:
-    """Remove everything in a run directory except its lock file (the lock must outlive ``--overwrite``:
-    a new lock file would let a second writer in)."""
+    """Remove everything in a run directory except its lock file (a new lock file would let a second writer in).
+    ``train --overwrite`` no longer uses it: it replaces a run whole (:meth:`RunLock.swap_in`)."""
     import shutil
 
     for p in Path(path).iterdir():
@@ -159,7 +159,10 @@ class RunLock:
     ``fcntl.flock`` on ``RUN_DIR/.lock``: a second writer (another ``train``, ``--resume`` or
     ``--overwrite`` of the same directory) gets a :class:`RunError` naming the holder's PID. The OS
     releases the lock when the holder exits, however it exits, so a killed run never blocks the next one.
-    Readers need no lock: every file is replaced atomically.
+    A lock is taken only on the file that is at ``RUN_DIR/.lock`` once flocked (same inode): one unlinked or
+    replaced meanwhile is opened again, so two writers never hold locks on two different files. ``--overwrite``
+    keeps the lock across the replacement of the whole directory (:meth:`swap_in`). Readers need no lock:
+    every file is replaced atomically.
     """
 
     def __init__(self, path: str | Path):
