@@ -89,6 +89,11 @@ def test_an_export_of_another_format_is_not_replaced(fmt, runs, tmp_path, capsys
 
 
 def test_an_hf_export_must_hold_config_and_weights(runs, tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert _export(runs[0], empty, "hf") == 0  # an empty directory is as good as none
+    assert (empty / "model.safetensors").is_file() and not _hidden(tmp_path)
+    capsys.readouterr()
     out = tmp_path / "exported"
     out.mkdir()
     (out / "config.json").write_text('{"model_type": "gpt2"}')  # no model.safetensors: not an export

@@ -218,7 +218,8 @@ def _check_out(run: Run, out: Path, fmt: str, overwrite: bool) -> None:
         where = "is" if o == r else "is inside" if r in o.parents else "holds"
         raise RunError(f"--out {out} {where} the run being exported ({run.path}); write the export outside it "
                        "(nothing was written)")
-    if out.exists() or out.is_symlink():
+    empty_dir = fmt == "hf" and out.is_dir() and not out.is_symlink() and not any(out.iterdir())
+    if (out.exists() or out.is_symlink()) and not empty_dir:  # an empty directory is as good as none
         if not overwrite:
             raise RunError(f"{out} exists; pass --overwrite to replace it (nothing was written)")
         why = _not_an_export(out, fmt)
