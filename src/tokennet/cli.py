@@ -184,7 +184,11 @@ def _add_export(sub) -> None:
                    help="onnx (torch.onnx.export with dynamo=True; needs onnx, onnxscript, onnxruntime), pt2 "
                    "(torch.export.save), gguf (needs the gguf package) or hf")
     p.add_argument("--out", required=True, help="the file to write (a directory for --format hf), e.g. model.onnx")
-    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists (otherwise it is refused)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace --out if it exists (otherwise it is refused): only a previous export of the same "
+                   "format (hf: a directory with config.json naming a model_type and model.safetensors; gguf: a GGUF "
+                   "file; pt2: a torch.export archive; onnx: an ONNX model and its .data), never the run itself or a "
+                   "path inside it; the new export is checked before the old one is replaced")
     p.add_argument("--gguf-type", choices=["f32", "f16", "q8_0"], default="f16",
                    help="GGUF: the type of the matrices (default f16, as llama.cpp's converter); vectors and norms "
                    "stay f32, and weights the run holds in GGUF blocks (an imported file's) are written as they are")
@@ -271,6 +275,9 @@ def _add_import(sub) -> None:
     )
     p.add_argument("source", help="a Hugging Face checkpoint directory or a .gguf file")
     p.add_argument("--out", required=True, help="the new run directory (must not exist, or be empty)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the run in --out (only a directory whose run.json reads as a tokennet run; the new "
+                   "run is written beside it and swapped in once whole, so a failure leaves the old one as it was)")
 
 
 def _add_serve(sub) -> None:
@@ -508,7 +515,7 @@ def cmd_viz(args) -> int:
 def cmd_import(args) -> int:
     from .interop import import_checkpoint
 
-    r = import_checkpoint(args.source, args.out)
+    r = import_checkpoint(args.source, args.out, overwrite=args.overwrite)
     print(f"{r.path}: {r.converter} → tokennet {r.model.config.family} "
           f"({sum(p.numel() for p in r.model.parameters()):,} parameters)")
     return 0

@@ -8,7 +8,8 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["atomic_write_text", "sha256_file", "safetensors_write"]
+__all__ = ["atomic_write_text", "sha256_file", "safetensors_write", "exchange_paths", "swap_into_place",
+           "temp_dir_beside"]
 
 
 def atomic_write_text(path: str | Path, text: str) -> Path:
@@ -25,6 +26,74 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
         raise
     tmp.replace(path)
     return path
+
+
+_AT_FDCWD, _RENAME_EXCHANGE = -100, 2
+
+
+def exchange_paths(a: str | Path, b: str | Path) -> bool:
+    """Swap two existing paths in one atomic step (Linux ``renameat2(RENAME_EXCHANGE)``): at no moment is either
+    name missing. False, with nothing changed, where the OS or the filesystem cannot (the caller then falls back
+    on two renames); any other failure raises ``OSError``."""
+    import ctypes
+    import errno
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, getattr(errno, "ENOTSUP", errno.EOPNOTSUPP)):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def swap_into_place(new: str | Path, dest: str | Path) -> Path | None:
+    """Put ``new`` (a file or directory, on ``dest``'s filesystem) at ``dest``; return where the old ``dest`` now is
+    (a hidden sibling ``.NAME.old-PID-XXXXXX`` for the caller to delete), or None when there was none.
+
+    Crash story: the old ``dest`` and ``new`` trade names in one atomic step (:func:`exchange_paths`), so a
+    crash leaves ``dest`` either the old one or the new one, whole, and at most a hidden sibling behind. Where
+    the filesystem cannot exchange, the old ``dest`` is renamed to the trash name first and ``new`` renamed
+    after it: a crash between the two leaves no ``dest`` and the old one, whole, at ``.NAME.old-PID-XXXXXX``.
+    """
+    new, dest = Path(new), Path(dest)
+    if not dest.exists() and not dest.is_symlink():
+        new.rename(dest)
+        return None
+    trash = dest.with_name(f".{dest.name}.old-{os.getpid()}-{os.urandom(3).hex()}")
+    if exchange_paths(new, dest):
+        try:
+            new.rename(trash)  # the old one, now at the new one's temporary name
+        except OSError:
+            return new  # the swap is done; the old one stays at the temporary name
+    else:
+        dest.rename(trash)
+        try:
+            new.rename(dest)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                trash.rename(dest)  # put the old one back where it was
+            raise
+    return trash
+
+
+def temp_dir_beside(dest: str | Path, tag: str = "new") -> Path:
+    """A new, empty directory ``.NAME.TAG-PID-XXXXXX`` beside ``dest`` (same filesystem: it can be renamed into
+    place), with the permissions of an ordinary directory (``mkdtemp`` makes it private)."""
+    import tempfile
+
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.{tag}-{os.getpid()}-", dir=dest.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    tmp.chmod(0o777 & ~umask)
+    return tmp
 
 
 def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:

@@ -38,7 +38,7 @@ from torch import nn
 
 from .data.spec import DataSpec, legacy_spec, spec_from_dict
 from .errors import RunError
-from .fileio import atomic_write_text
+from .fileio import atomic_write_text, swap_into_place
 from .models.registry import CONFIG_FILE, WEIGHTS_FILE, load_pretrained
 from .plugins import all_verbs, task_for
 from .run_files import (
@@ -139,8 +139,8 @@ def save_tokenizer(path: str | Path, tokenizer) -> None:
 
 
 def clear_run_dir(path: str | Path) -> None:
-    """Remove everything in a run directory except its lock file (the lock must outlive ``--overwrite``:
-    a new lock file would let a second writer in)."""
+    """Remove everything in a run directory except its lock file (a new lock file would let a second writer in).
+    ``train --overwrite`` no longer uses it: it replaces a run whole (:meth:`RunLock.swap_in`)."""
     import shutil
 
     for p in Path(path).iterdir():
@@ -159,7 +159,10 @@ class RunLock:
     ``fcntl.flock`` on ``RUN_DIR/.lock``: a second writer (another ``train``, ``--resume`` or
     ``--overwrite`` of the same directory) gets a :class:`RunError` naming the holder's PID. The OS
     releases the lock when the holder exits, however it exits, so a killed run never blocks the next one.
-    Readers need no lock: every file is replaced atomically.
+    A lock is taken only on the file that is at ``RUN_DIR/.lock`` once flocked (same inode): one unlinked or
+    replaced meanwhile is opened again, so two writers never hold locks on two different files. ``--overwrite``
+    keeps the lock across the replacement of the whole directory (:meth:`swap_in`). Readers need no lock:
+    every file is replaced atomically.
     """
 
     def __init__(self, path: str | Path):
@@ -168,24 +171,65 @@ class RunLock:
         self.created = False  # this lock created the lock file
 
     def acquire(self) -> RunLock:
-        import fcntl
-
         if self.path.exists() and not self.path.is_dir():
             raise RunError(f"{self.path} exists and is not a directory")
         self.path.mkdir(parents=True, exist_ok=True)
-        lock = self.path / LOCK_FILE
-        self.created = not lock.exists()
-        # The file's contents are never written: a refused writer leaves the run exactly as it was.
-        fd = os.open(lock, os.O_RDONLY | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _flock_holder(fd)
-            os.close(fd)
-            raise RunError(f"{self.path} is being written by another process (PID {holder}); wait for it to "
-                           "finish or write to another directory") from None
-        self._fd = fd
+        self._fd, self.created = self._lock(self.path)
         return self
+
+    def _lock(self, directory: Path) -> tuple[int, bool]:
+        """Open and flock ``directory/.lock``: ``(descriptor, whether the file was created)``, once the locked file
+        is the one on disk."""
+        import fcntl
+
+        lock = directory / LOCK_FILE
+        for _ in range(LOCK_TRIES):
+            created = not lock.exists()
+            # The file's contents are never written: a refused writer leaves the run exactly as it was.
+            fd = os.open(lock, os.O_RDONLY | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _flock_holder(fd)
+                os.close(fd)
+                raise RunError(f"{self.path} is being written by another process (PID {holder}); wait for it to "
+                               "finish or write to another directory") from None
+            # The lock is on a file, not a name: if the file was unlinked or replaced between our open and our
+            # flock (a writer that swapped a new run in, or one that removed its lock file on the way out), this
+            # lock guards a file no other writer will open — two writers. Open the name again.
+            if _same_file(fd, lock):
+                return fd, created
+            os.close(fd)
+        raise RunError(f"{lock} keeps being replaced while it is being locked; is another process writing "
+                       f"{self.path}?")
+
+    def swap_in(self, new: str | Path) -> None:
+        """Replace the locked run directory by ``new`` — a directory beside it (:func:`~tokennet.fileio.
+        temp_dir_beside`) whose ``run.json`` is written — keeping one writer throughout; the old run is deleted.
+
+        ``new/.lock`` is locked first, while no other process knows ``new``; then the two directories trade
+        names atomically (:func:`~tokennet.fileio.swap_into_place`), so a writer that comes after finds the new
+        lock file, held; then the old lock is released and the old run removed. A writer that opened the old
+        lock file before the swap and flocks it after finds it is no longer the one on disk and opens the name
+        again (:meth:`acquire`). Crash story: before the exchange, the old run is whole under its name (and the
+        unfinished new one is a hidden sibling that can be deleted); after it, the name is the new run, which
+        has its ``run.json`` (``--resume`` continues it), and the old one is a hidden sibling being deleted.
+        """
+        new = Path(new)
+        fd, _ = self._lock(new)
+        try:
+            trash = swap_into_place(new, self.path)
+        except BaseException:
+            os.close(fd)
+            raise
+        old, self._fd = self._fd, fd
+        self.created = True  # the lock file under the name is this writer's
+        if old is not None:
+            os.close(old)
+        if trash is not None:
+            import shutil
+
+            shutil.rmtree(trash, ignore_errors=True)
 
     def release(self) -> None:
         if self._fd is not None:
@@ -197,6 +241,19 @@ class RunLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+LOCK_TRIES = 5  # reopen the lock file at most this often when it is replaced between open and flock
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """True when the open file ``fd`` is the file at ``path`` now (same device and inode)."""
+    st = os.fstat(fd)
+    try:
+        cur = os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (st.st_dev, st.st_ino) == (cur.st_dev, cur.st_ino)
 
 
 def _flock_holder(fd: int) -> str:

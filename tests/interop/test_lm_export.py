@@ -174,7 +174,12 @@ def test_bad_runs_and_existing_paths_are_one_line_and_write_nothing(runs, tmp_pa
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "--overwrite" in err, err
     assert existing.read_text() == "keep me"
-    assert main(["export", str(run.path), "--format", "gguf", "--out", str(existing), "--overwrite"]) == 0
+    # --overwrite replaces only a previous export of the same format, never a file of the user's.
+    assert main(["export", str(run.path), "--format", "gguf", "--out", str(existing), "--overwrite"]) == 2
+    assert "not a GGUF file" in capsys.readouterr().err and existing.read_text() == "keep me"
+    existing.unlink()
+    for _ in range(2):
+        assert main(["export", str(run.path), "--format", "gguf", "--out", str(existing), "--overwrite"]) == 0
     assert existing.read_bytes()[:4] == b"GGUF"
 
 

@@ -25,9 +25,7 @@ cannot find — stops the import with one line, and nothing is written.
 from __future__ import annotations
 
 import logging
-import os
 import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,7 +98,8 @@ def convert(source: str | Path, *, keep_blocks: bool = True) -> tuple[nn.Module,
                       "nothing was written")
 
 
-def import_checkpoint(source: str | Path, out: str | Path, *, keep_blocks: bool = True) -> ImportResult:
+def import_checkpoint(source: str | Path, out: str | Path, *, keep_blocks: bool = True,
+                      overwrite: bool = False) -> ImportResult:
     """Convert the checkpoint in ``source`` and write it as a tokennet run directory ``out``.
 
     The conversion happens in memory and is checked completely (config fields, every tensor's name and
@@ -109,30 +108,55 @@ def import_checkpoint(source: str | Path, out: str | Path, *, keep_blocks: bool 
 
     Args:
         source: a Hugging Face checkpoint directory (``config.json`` + ``model.safetensors``) or a GGUF file.
-        out: the new run directory; it must not exist, or be empty.
+        out: the new run directory; it must not exist, or be empty — or, with ``overwrite``, be a directory
+            whose ``run.json`` reads as a tokennet run (never the source, nor a directory holding it): the new
+            run replaces it only once it is written whole, under the run's lock
+            (:meth:`~tokennet.run.RunLock.swap_in`), and a failure leaves it as it was.
         keep_blocks: a GGUF file's Q8_0/Q4_0/Q4_1 tensors stay blocks (False: dequantized to float32).
+        overwrite: replace an existing run at ``out``.
     """
+    from ..fileio import temp_dir_beside
+    from ..run import LOCK_FILE, RunLock, read_run_info
+
     source, out = Path(source), Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise RunError(f"{out} already exists and is not an empty directory; choose another --out")
+    replacing = out.exists() and (not out.is_dir() or any(out.iterdir()))
+    if replacing:
+        if not overwrite:
+            raise RunError(f"{out} already exists and is not an empty directory; choose another --out "
+                           "(or --overwrite to replace the run there)")
+        s, o = source.resolve(), out.resolve()
+        if s == o or o in s.parents:
+            raise RunError(f"refusing to overwrite {out}: it holds the source {source} (nothing was written)")
+        try:  # --overwrite deletes what it replaces: only a directory whose run.json reads as a run
+            read_run_info(out)
+        except RunError as e:
+            raise RunError(f"refusing to overwrite {out}: it does not read as a tokennet run ({e}); nothing was "
+                           "written") from None
     model, tokenizer, name, notes = convert(source, keep_blocks=keep_blocks)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.import-", dir=out.parent))
+    lock = RunLock(out).acquire() if replacing else None  # a run being trained is not replaced under its writer
+    tmp, swapped = temp_dir_beside(out, "import"), False
     try:
-        umask = os.umask(0)
-        os.umask(umask)
-        tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; the run is an ordinary directory
         save_pretrained(model, tmp)
         if tokenizer is not None:
             save_tokenizer(tmp, tokenizer)
         write_run_info(tmp, recipe="import", model=model.config.family, data=str(source.resolve()),
                        settings={"imported_from": str(source.resolve()), "converter": name})
-        if out.exists():
-            out.rmdir()  # empty, checked above
-        tmp.rename(out)
+        if lock is not None:
+            lock.swap_in(tmp)  # raises only before the swap; afterwards the old run is deleted
+            swapped = True
+        else:
+            if out.exists():
+                out.rmdir()  # empty, checked above
+            tmp.rename(out)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if not swapped:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if lock is not None and lock.created:
+                (out / LOCK_FILE).unlink(missing_ok=True)  # the old run exactly as it was
         raise
+    finally:
+        if lock is not None:
+            lock.release()
     for n in notes:
         logger.warning("%s", n)
     return ImportResult(out, name, model, notes, tokenizer)

@@ -159,19 +159,101 @@ def _check(got: Tensor, ref: Tensor, tolerance: float | None, rtol: float = RTOL
     return worst, ok, f"{atol:g}·max|logits| + {rtol:g}·|logit| with max|logits| = {scale:.3g}"
 
 
-def _replace(tmp_files: list[Path], out: Path, overwrite: bool) -> list[Path]:
-    """Move checked files into place (``tmp_files[0]`` becomes ``out``; others keep their names beside it)."""
+HF_EXPORT_FILES = ("config.json", "model.safetensors")  # what makes a directory a Hugging Face export
+
+
+def _not_an_export(path: Path, fmt: str) -> str | None:
+    """Why ``path`` is not a previous ``fmt`` export that ``--overwrite`` may replace; None when it is one."""
+    import json
+    import zipfile
+
+    from ..run import is_run_dir
+
+    if fmt == "hf":
+        if not path.is_dir() or path.is_symlink():
+            return "it is not a directory"
+        if is_run_dir(path):
+            return "it is a tokennet run directory"
+        try:
+            cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            cfg = None
+        if not isinstance(cfg, dict) or not isinstance(cfg.get("model_type"), str):
+            return "it has no config.json with a model_type"
+        if not (path / "model.safetensors").is_file():
+            return "it has no model.safetensors"
+        return None
+    if not path.is_file() or path.is_symlink():
+        return "it is not a file"
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if fmt == "gguf":
+        return None if head == b"GGUF" else "it is not a GGUF file (no GGUF magic)"
+    if fmt == "pt2":
+        try:
+            with zipfile.ZipFile(path) as z:
+                if any(n.endswith("/archive_format") for n in z.namelist()):
+                    return None
+        except (zipfile.BadZipFile, OSError):
+            pass
+        return "it is not a torch.export archive"
+    try:  # onnx: a model proto with a graph (its weights file is not read)
+        import onnx
+
+        m = onnx.load_model(str(path), load_external_data=False)
+        if m.ir_version > 0 and len(m.graph.node) > 0:
+            return None
+    except Exception:  # noqa: BLE001 - any parse failure means: not an ONNX model
+        pass
+    return "it is not an ONNX model"
+
+
+def _check_out(run: Run, out: Path, fmt: str, overwrite: bool) -> None:
+    """Refuse, before anything is exported, an ``out`` that is the run (or inside it, or holding it), or an existing
+    path that is not a previous export of this format; an existing one is replaced only with ``overwrite``."""
+    if fmt != "hf" and out.is_dir():
+        raise RunError(f"{out} is a directory; give a file name for the exported model")
+    o, r = out.resolve(), run.path.resolve()
+    if o == r or r in o.parents or o in r.parents:
+        where = "is" if o == r else "is inside" if r in o.parents else "holds"
+        raise RunError(f"--out {out} {where} the run being exported ({run.path}); write the export outside it "
+                       "(nothing was written)")
+    empty_dir = fmt == "hf" and out.is_dir() and not out.is_symlink() and not any(out.iterdir())
+    if (out.exists() or out.is_symlink()) and not empty_dir:  # an empty directory is as good as none
+        if not overwrite:
+            raise RunError(f"{out} exists; pass --overwrite to replace it (nothing was written)")
+        why = _not_an_export(out, fmt)
+        if why is not None:
+            raise RunError(f"refusing to overwrite {out}: {why}; --overwrite replaces only a previous {fmt} export "
+                           "(nothing was written)")
+    if fmt == "onnx":  # the weights file beside the model is replaced with it, and only with it
+        data = out.with_name(f"{out.name}.data")
+        if (data.exists() or data.is_symlink()) and not (out.exists() and overwrite and data.is_file()):
+            raise RunError(f"{data} exists and is not the weights file of an ONNX export being replaced; move it or "
+                           "choose another --out (nothing was written)")
+
+
+def _replace(tmp_files: list[Path], out: Path) -> list[Path]:
+    """Move checked files into place (``tmp_files[0]`` becomes ``out``; others keep their names beside it).
+
+    A file replaces the old one in one rename; a directory (``hf``) trades names with the old one in one step
+    (:func:`~tokennet.fileio.swap_into_place`), which is then deleted: a crash leaves the old export or the new
+    one whole. An ONNX model and its weights file are two renames (weights first): a crash between them leaves
+    a mismatched pair, which exporting again replaces.
+    """
+    from ..fileio import swap_into_place
+
     placed = []
-    for i, f in enumerate(tmp_files):
-        dest = out if i == 0 else out.parent / f.name
-        if dest.exists() and overwrite:
-            if dest.is_dir() and not dest.is_symlink():
-                shutil.rmtree(dest)
-            else:
-                dest.unlink()
-        f.replace(dest)
+    for f in reversed(tmp_files):
+        dest = out if f is tmp_files[0] else out.parent / f.name
+        if f.is_dir():
+            trash = swap_into_place(f, dest)
+            if trash is not None:
+                shutil.rmtree(trash, ignore_errors=True)
+        else:
+            f.replace(dest)
         placed.append(dest)
-    return placed
+    return placed[::-1]
 
 
 def export_run(run: Run, out: str | Path, fmt: str, *, tolerance: float | None = TOLERANCE, overwrite: bool = False,
@@ -185,7 +267,11 @@ def export_run(run: Run, out: str | Path, fmt: str, *, tolerance: float | None =
         fmt: ``"onnx"`` (opset chosen by PyTorch's dynamo exporter), ``"pt2"`` (``torch.export.save``),
             ``"gguf"`` (llama.cpp) or ``"hf"`` (a Hugging Face directory); the last two for ``gpt`` runs.
         tolerance: None for the combined check; a number: the largest max |exported − PyTorch| accepted.
-        overwrite: replace an existing ``out`` (otherwise an existing path is refused).
+        overwrite: replace an existing ``out`` (otherwise an existing path is refused) — only a previous export of
+            the same format (a Hugging Face directory: ``config.json`` with a ``model_type`` and
+            ``model.safetensors``; a GGUF file; a ``torch.export`` archive; an ONNX model and its ``.data``), never
+            the run itself, a path inside it, or anything else. The new export is built and checked beside it
+            first; a failure leaves the old one in place.
         gguf_type: ``"f32"``, ``"f16"`` or ``"q8_0"``, the GGUF file type of the matrices.
     """
     if tolerance is not None and not tolerance > 0:
@@ -193,10 +279,7 @@ def export_run(run: Run, out: str | Path, fmt: str, *, tolerance: float | None =
     if fmt not in FORMATS:
         raise ConfigError(f"format must be one of {list(FORMATS)}, got {fmt!r}")
     out = Path(out)
-    if fmt != "hf" and out.is_dir():
-        raise RunError(f"{out} is a directory; give a file name for the exported model")
-    if out.exists() and not overwrite:
-        raise RunError(f"{out} exists; pass --overwrite to replace it (nothing was written)")
+    _check_out(run, out, fmt, overwrite)
     if fmt in ("gguf", "hf"):
         return _export_lm(run, out, fmt, tolerance=tolerance, overwrite=overwrite, gguf_type=gguf_type)
     if fmt == "onnx":
@@ -240,7 +323,7 @@ def export_run(run: Run, out: str | Path, fmt: str, *, tolerance: float | None =
                            f"{bad[1]}) on input shape {bad[0]}; nothing was written (--tolerance sets an absolute "
                            "limit)")
         files = sorted(tmp_dir.iterdir(), key=lambda f: f.name != out.name)  # the model first, then its weights
-        placed = _replace(files, out, overwrite)
+        placed = _replace(files, out)
     finally:
         for q, level in zip(quiet, levels):
             q.setLevel(level)
@@ -282,7 +365,7 @@ def _export_lm(run: Run, out: Path, fmt: str, *, tolerance, overwrite: bool, ggu
         if bad:
             raise RunError(f"the {fmt} export read back differs from the run's model by {diffs[bad[0]]:.2e} (allowed: "
                            f"{bad[1]}) on input shape {bad[0]}; nothing was written")
-        _replace([tmp], out, overwrite)
+        _replace([tmp], out)
     finally:
         if tmp.is_dir():
             shutil.rmtree(tmp, ignore_errors=True)

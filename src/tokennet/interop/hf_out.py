@@ -163,7 +163,7 @@ def write_hf(model: nn.Module, tokenizer, out: str | Path) -> list[Path]:
     """Write ``model`` (a tokennet GPT) and its tokenizer as the Hugging Face directory ``out``; returns the files.
 
     Everything is checked first; the directory is written beside ``out`` under a temporary name and renamed,
-    so a failure leaves nothing behind. ``out`` must not exist (the caller removes an old one).
+    so a failure leaves nothing behind. ``out`` must not exist (the caller swaps the result in for an old one).
     """
     from safetensors.torch import save_file
 

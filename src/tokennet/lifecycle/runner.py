@@ -3,7 +3,10 @@ metrics, report.
 
 :func:`train` takes a recipe's declaration and owns the run directory from the first check to the last
 file: the writer's lock (:class:`~tokennet.run.RunLock`) for the whole run; ``--resume`` (the saved
-settings, data spec and tokenizer come back) or ``--overwrite`` (only of a run directory); the process
+settings, data spec and tokenizer come back) or ``--overwrite`` (only of a directory whose ``run.json`` reads
+as a run; settings, data, ``--init``, the model and the trainer are built and checked before it is touched, and
+the new run, written beside it, replaces it only once its ``run.json`` exists: see
+:meth:`~tokennet.run.RunLock.swap_in`; a failure before that leaves the old run exactly as it was); the process
 group under torchrun (only rank 0 writes); the recipe's ``build``; the trainer; the final model; the
 metrics — the trainer's, the recipe's ``finish`` extras, and the recipe's ``evaluate_run`` on the run
 *reloaded from disk*, so ``metrics.json`` is what ``tokennet eval`` recomputes; the report page. A start
@@ -19,13 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from ..device import resolve_device
-from ..errors import RecipeError
+from ..errors import RecipeError, RunError
+from ..fileio import temp_dir_beside
 from ..models.registry import model_from_config, save_pretrained
 from ..run import (
     LOCK_FILE,
     RUN_FILE,
     RunLock,
-    clear_run_dir,
     is_run_dir,
     load,
     read_data_spec,
@@ -46,8 +49,9 @@ __all__ = ["train", "write_report"]
 log = logging.getLogger(__name__)
 
 
-def _prepare_out_dir(out: Path, recipe: str, resume: bool, overwrite: bool, main: bool = True) -> dict[str, Any] | None:
-    """Check the output directory (its writer holds the run lock); return the saved run.json when resuming."""
+def _prepare_out_dir(out: Path, recipe: str, resume: bool, overwrite: bool) -> tuple[dict[str, Any] | None, bool]:
+    """Check the output directory (its writer holds the run lock): ``(the saved run.json when resuming, whether
+    --overwrite replaces a run there)``. Nothing is written: an overwritten run is replaced only later, whole."""
     if out.exists() and not out.is_dir():
         raise RecipeError(f"output path {out} exists and is not a directory")
     if resume:
@@ -56,16 +60,21 @@ def _prepare_out_dir(out: Path, recipe: str, resume: bool, overwrite: bool, main
         saved = read_run_info(out)
         if saved.get("recipe") != recipe:
             raise RecipeError(f"cannot resume: {out} is a run of recipe {saved.get('recipe')!r}, not {recipe!r}")
-        return saved
+        return saved, False
     if out.exists() and any(p.name != LOCK_FILE for p in out.iterdir()):
         if not overwrite:
             raise RecipeError(f"output directory {out} already exists; resume it, overwrite it, "
                               "or choose another output directory")
         if not is_run_dir(out):
-            raise RecipeError(f"refusing to overwrite {out}: it is not a tokennet run directory")
-        if main:
-            clear_run_dir(out)
-    return None
+            raise RecipeError(f"refusing to overwrite {out}: it is not a tokennet run directory (no {RUN_FILE}); "
+                              "nothing was changed")
+        try:  # --overwrite deletes what it replaces: only a directory whose run.json reads as a run
+            read_run_info(out)
+        except RunError as e:
+            raise RecipeError(f"refusing to overwrite {out}: it does not read as a tokennet run ({e}); "
+                              "nothing was changed") from None
+        return None, True
+    return None, False
 
 
 def train(
@@ -104,7 +113,7 @@ def train(
     lock = RunLock(out).acquire() if info.is_main else None  # one writer per run directory, for the whole run
     finished = False
     try:
-        result = _run(recipe, out, defaults, data, sets, dev, info, resume, overwrite, created, init)
+        result = _run(recipe, out, defaults, data, sets, dev, info, resume, overwrite, created, init, lock)
         finished = True
         return result
     finally:
@@ -152,8 +161,9 @@ def _check_fine_tuning(recipe: Recipe, init, settings: dict[str, Any], given: se
     return tune
 
 
-def _run(recipe: Recipe, out: Path, defaults, data, sets, dev, info, resume, overwrite, created, init=None):
-    saved = _prepare_out_dir(out, recipe.name, resume, overwrite, main=info.is_main)
+def _run(recipe: Recipe, out: Path, defaults, data, sets, dev, info, resume, overwrite, created, init=None,
+         lock: RunLock | None = None):
+    saved, replacing = _prepare_out_dir(out, recipe.name, resume, overwrite)
     barrier(info)
     if saved is not None:
         data = saved.get("data") if data is None else data
@@ -168,7 +178,7 @@ def _run(recipe: Recipe, out: Path, defaults, data, sets, dev, info, resume, ove
     model_over, tcfg, opts = recipe.split(settings)
     spec = read_data_spec(saved) if saved is not None else recipe.data_spec(data, settings)
     barrier(info)
-    if info.is_main:
+    if info.is_main and not replacing:
         out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
     _seed_everything(tcfg.seed)  # the same initial weights on every rank
@@ -206,10 +216,23 @@ def _run(recipe: Recipe, out: Path, defaults, data, sets, dev, info, resume, ove
     if resume:
         trainer.resume()  # a damaged checkpoint stops here, before any file of the run is touched
     if info.is_main:
-        write_run_info(out, recipe=recipe.name, model=recipe.model, data=data, settings=ctx.settings,
-                       data_spec=spec, init=None if init is None else str(init))
-        if job.tokenizer is not None:
-            save_tokenizer(out, job.tokenizer)
+        # Everything up to the first step is checked: now the run is written. An overwritten run is replaced
+        # only here, by a new directory written beside it whose run.json exists (RunLock.swap_in tells the
+        # crash story); every failure before this line has left it exactly as it was.
+        where, swapped = (temp_dir_beside(out) if replacing else out), False
+        try:
+            write_run_info(where, recipe=recipe.name, model=recipe.model, data=data, settings=ctx.settings,
+                           data_spec=spec, init=None if init is None else str(init))
+            if job.tokenizer is not None:
+                save_tokenizer(where, job.tokenizer)
+            if replacing:
+                lock.swap_in(where)  # raises only before the swap, with both directories as they were
+                swapped = True
+        except BaseException:
+            if replacing and not swapped:
+                shutil.rmtree(where, ignore_errors=True)
+            raise
+    barrier(info)
     final = trainer.fit()
     if not info.enabled:
         model = job.model

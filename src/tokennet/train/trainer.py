@@ -114,6 +114,10 @@ class TrainConfig:
     decay_fraction: float = 0.3
 
     def __post_init__(self):
+        for f in dataclasses.fields(self):  # inf or nan in a setting can only train to NaN weights: refuse it here
+            v = getattr(self, f.name)
+            if isinstance(v, float) and not math.isfinite(v):
+                raise ConfigError(f"{f.name} must be a finite number, got {v}")
         for k in ("max_iters", "batch_size", "grad_accum"):
             if getattr(self, k) < 1:
                 raise ConfigError(f"{k} must be >= 1, got {getattr(self, k)}")
@@ -150,6 +154,12 @@ class TrainConfig:
             raise ConfigError(f"decay_fraction must be in (0, 1], got {self.decay_fraction}")
         if not (self.grad_clip >= 0 and self.weight_decay >= 0):
             raise ConfigError(f"grad_clip and weight_decay must be >= 0, got {self.grad_clip} and {self.weight_decay}")
+        # Decoupled decay multiplies each matrix by 1 − lr·weight_decay per step: at 1 or more it zeroes or flips them.
+        for lr, wd, name in ((self.lr, self.weight_decay, "lr·weight_decay"),
+                             (self.muon_lr, self.muon_weight_decay, "muon_lr·muon_weight_decay")):
+            if lr * wd >= 1:
+                raise ConfigError(f"{name} must be < 1 (each step multiplies the weights by 1 − {name}), got "
+                                  f"{lr:g}·{wd:g} = {lr * wd:g}; lower the weight decay")
 
 
 class Trainer:
@@ -204,11 +214,7 @@ class Trainer:
         self._reached = False  # target_val_loss met
         self._forward = torch.compile(self.model) if config.compile else self.model
         self.on_checkpoint = on_checkpoint
-        self._tb = None
-        if config.tensorboard and self.dist.is_main:
-            from .tensorboard import open_writer
-
-            self._tb = open_writer(self.out_dir / "tensorboard")
+        self._tb = None  # opened by fit(): building a Trainer writes nothing (an overwritten run is still intact)
 
     # -- state ---------------------------------------------------------------------------------
     def _state(self) -> dict[str, Any]:
@@ -294,6 +300,18 @@ class Trainer:
         if self._tb is not None:
             self._tb.write(record)
 
+    def _diverged(self, what: str) -> None:
+        """Stop a run whose loss or gradients are no longer finite, before the optimizer writes NaN into the weights."""
+        self.optimizer.zero_grad(set_to_none=True)
+        try:
+            last = latest_checkpoint(self.ckpt_dir)
+        except RunError:
+            last = None
+        kept = (f"the last good checkpoint ({last.name}) is kept: change the setting (e.g. a lower lr) and "
+                f"continue with --resume" if last is not None else
+                "no checkpoint was written yet: change the setting (e.g. a lower lr) and start again")
+        raise TrainingStopped(f"training stopped at step {self.step + 1}: {what}; {kept}")
+
     def _on_signal(self, signum, frame):  # noqa: ARG002
         self._stop_signal = signum
 
@@ -312,6 +330,10 @@ class Trainer:
         c = self.c
         if self.dist.is_main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
+            if c.tensorboard and self._tb is None:
+                from .tensorboard import open_writer
+
+                self._tb = open_writer(self.out_dir / "tensorboard")
         ckpt_every = c.eval_interval if c.checkpoint_interval is None else c.checkpoint_interval
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)} \
             if _main_thread() else {}
@@ -344,14 +366,12 @@ class Trainer:
                     loss_sum += loss.detach()
                 loss_val = float(all_reduce_mean(loss_sum, self.dist))
                 if not math.isfinite(loss_val):
-                    self.optimizer.zero_grad(set_to_none=True)
-                    raise TrainingStopped(
-                        f"loss became {loss_val} at step {self.step}; the last good checkpoint is kept in "
-                        f"{self.ckpt_dir} (try a lower lr)"
-                    )
+                    self._diverged(f"loss became {loss_val}")
                 # The norm before clipping is logged as grad_norm; max_norm=inf leaves the gradients as they are.
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(),
                                                            c.grad_clip if c.grad_clip > 0 else math.inf)
+                if not math.isfinite(float(grad_norm)):  # a finite loss can still have inf/nan gradients
+                    self._diverged(f"the gradient norm became {float(grad_norm)} (loss {loss_val:.4g})")
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
                 self.step += 1
