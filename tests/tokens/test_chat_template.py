@@ -560,8 +560,16 @@ def test_generate_chat_with_a_hostile_template_is_one_line_exit_2_and_runs_nothi
     from tokennet.cli import main
 
     target = tmp_path / "pwned"
-    src = hf_dir(HOSTILE["cycler globals"].replace("FILE", str(target)))
-    assert main(["import", str(src), "--out", str(tmp_path / "run")]) == 0
+    hostile = HOSTILE["cycler globals"].replace("FILE", str(target))
+    assert main(["import", str(hf_dir(hostile)), "--out", str(tmp_path / "run")]) == 2  # refused on import
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "__globals__" in err and "nothing was written" in err, err
+    assert not (tmp_path / "run").exists() and not target.exists()
+    # a run that holds such a template anyway (imported before the check, or edited by hand)
+    assert main(["import", str(hf_dir(MISTRAL)), "--out", str(tmp_path / "run")]) == 0
+    tok = json.loads((tmp_path / "run" / "tokenizer.json").read_text())
+    tok["tokennet"]["chat_template"] = hostile
+    (tmp_path / "run" / "tokenizer.json").write_text(json.dumps(tok))
     capsys.readouterr()
     assert main(["generate", str(tmp_path / "run"), "--chat", "--prompt", "hi", "--max-new-tokens", "2"]) == 2
     err = capsys.readouterr().err.strip()

@@ -24,6 +24,7 @@ cannot find — stops the import with one line, and nothing is written.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import shutil
 from collections.abc import Callable
@@ -33,7 +34,7 @@ from typing import Any
 
 from torch import nn
 
-from ..errors import ConfigError, RunError
+from ..errors import ConfigError, DataError, RunError
 from ..models.registry import save_pretrained
 from ..run import save_tokenizer, write_run_info
 from .bert import convert_bert
@@ -84,18 +85,35 @@ def convert(source: str | Path, *, keep_blocks: bool = True) -> tuple[nn.Module,
     """
     source = Path(source)
     if source.suffix == ".gguf" or (source.is_file() and _magic(source) == b"GGUF"):
-        return convert_gguf(source, keep_blocks=keep_blocks)
+        model, tokenizer, name, notes = convert_gguf(source, keep_blocks=keep_blocks)
+        _check_template(tokenizer, source)
+        return model, tokenizer, name, notes
     cfg = read_hf_config(source)
     archs = cfg.get("architectures") or []
     model_type = cfg["model_type"]
     for arch in archs:
         if (model_type, arch) in CONVERTERS:
             model, notes, tokenizer = CONVERTERS[(model_type, arch)](source, cfg)
+            _check_template(tokenizer, source)
             return model, tokenizer, f"{model_type}/{arch}", notes
     supported = ", ".join(f"{a} ({t})" for t, a in CONVERTERS)
     got = f"{model_type} / {', '.join(archs) or 'no architectures field'}"
     raise ConfigError(f"{source}: architecture {got} has no tokennet converter (supported: {supported}); "
                       "nothing was written")
+
+
+def _check_template(tokenizer: Any, source: Path) -> None:
+    """A checkpoint whose chat template the sandbox refuses (tokens/chat_template.py) is refused whole, before
+    anything is written; without jinja2 the template is checked when it is first rendered."""
+    template = getattr(tokenizer, "chat_template", None)
+    if not template or importlib.util.find_spec("jinja2") is None:
+        return
+    from ..tokens.chat_template import check_chat_template
+
+    try:
+        check_chat_template(template, where=str(source))
+    except DataError as e:
+        raise DataError(f"{e}; nothing was written") from None
 
 
 def import_checkpoint(source: str | Path, out: str | Path, *, keep_blocks: bool = True,
