@@ -222,3 +222,40 @@ def test_the_default_test_set_asks_counts_and_crowds_as_training_does():
     # Two samples of the same size: chi-square of homogeneity over the 9 sizes (8 degrees of freedom, p = 0.001).
     chi2 = sum((crowd[k] - crowd_like[k]) ** 2 / (crowd[k] + crowd_like[k]) for k in range(1, 10))
     assert chi2 < 26.1, (chi2, sorted(crowd.items()), sorted(crowd_like.items()))
+
+
+@pytest.mark.parametrize("with_split", [False, True])
+def test_a_large_question_directory_splits_right_in_one_pass(tmp_path, with_split):
+    """4,000 questions about 1,000 images (and 500 answers): every question on its image's side (a seeded 20% of
+    the images without a split column) or on its own ``split`` side, with its own image and answer. Splitting
+    looked each row up in the list of training rows before (about 8 million row comparisons here, quadratic in
+    the directory's size); now it is one pass."""
+    n_images, per_image = 1000, 4
+    (tmp_path / "img").mkdir()
+    for i in range(n_images):  # each image's pixels tell which it is
+        np.save(tmp_path / "img" / f"{i}.npy", np.full((3, 8, 8), i / n_images, np.float32))
+    rows, want = ["image\tquestion\tanswer" + ("\tsplit" if with_split else "")], {}
+    for i in range(n_images):
+        for j in range(per_image):
+            q, a = f"how many birds are there {j}", f"a{(i * per_image + j) % 500}"
+            split = "test" if (i * per_image + j) % 7 == 0 else "train"
+            rows.append(f"img/{i}.npy\t{q}\t{a}" + (f"\t{split}" if with_split else ""))
+            want[(i, q)] = (a, split)
+    (tmp_path / "answers.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    u = read_question_dir(str(tmp_path))
+    assert len(u.train) + len(u.test) == n_images * per_image and len(u.answers) == 500
+    sides = {}
+    for side, qa in (("train", u.train), ("test", u.test)):
+        ids = (qa.images[:, 0, 0, 0] * n_images).round().long().tolist()
+        for i, q, a in zip(ids, qa.questions, qa.answers.tolist(), strict=True):
+            answer, split = want.pop((i, q))  # each question once, with its own image
+            assert u.answers[a] == answer
+            if with_split:
+                assert side == split
+            sides.setdefault(i, set()).add(side)
+    assert not want
+    if with_split:
+        assert len(u.test) == sum(k % 7 == 0 for k in range(n_images * per_image))
+    else:  # whole images on one side, a fifth of them in the test set
+        assert all(len(s) == 1 for s in sides.values())
+        assert sum(s == {"test"} for s in sides.values()) == round(0.2 * n_images)

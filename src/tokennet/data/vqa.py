@@ -630,16 +630,18 @@ def read_question_dir(directory: str, seed: int = 0, test_fraction: float = 0.2)
         names = sorted(images)
         rng = random.Random(seed)
         test_names = set(rng.sample(names, max(1, round(test_fraction * len(names)))))
-    train = [r for r in recs if r["image"] not in test_names or r.get("split") == "train"]
-    test = [r for r in recs if r not in train]
+    train, test = [], []  # one pass (a row's side is its split, or its image's side without a split column)
+    for r in recs:
+        (train if r["image"] not in test_names or r.get("split") == "train" else test).append(r)
     if not train or not test:
         raise DataError(f"{f} needs questions in both splits: it has {len(train)} train and {len(test)} test")
     words = [PAD, *sorted({w for r in recs for w in tokenize_question(r["question"])} - {PAD})]
     answers = sorted({r["answer"] for r in recs})
+    answer_id = {a: i for i, a in enumerate(answers)}
 
     def qa(rs):
         return QASet(torch.stack([images[r["image"]] for r in rs]), [r["question"] for r in rs],
-                     torch.tensor([answers.index(r["answer"]) for r in rs]),
+                     torch.tensor([answer_id[r["answer"]] for r in rs]),
                      [r.get("template") or "question" for r in rs], [[] for _ in rs])
 
     return QuestionDir(qa(train), qa(test), words, answers, h)
