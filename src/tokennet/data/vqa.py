@@ -26,14 +26,21 @@ A *corner* animal is the one in that corner's cell of the grid; a ``same_species
 asked only of a scene with its corners occupied, and ``same_species`` answers are balanced (half yes). As in
 CLEVR (Johnson et al. 2017), a question that compares two things comes with one that queries one: looking a
 corner up (``species``) gives a learner a first-order signal that the comparison alone does not — equality of
-two unseen variables is invisible until both are found. Count answers are drawn
-uniformly from what the scene can hold, so every count is as frequent as every other.
+two unseen variables is invisible until both are found. A question's answer is drawn before its scene: a
+count question's count uniformly over ``0`` … ``9`` (``1`` … ``9`` for *animals*) less its held-out count, so
+every count but that one is as frequent as every other; then the number of animals, uniformly over what the
+answer allows (from the count, at least 1, to 9; exactly the count for *animals*; 2 to 9 for ``same_species``,
+1 to 9 otherwise).
 
 **Held out of training** (whole combinations, chosen by ``seed``): one colour per species — five
 (species, colour) kinds no training picture ever shows, a Latin square so that every species and every
 colour still appears in training, in four other pairings — and, for each count question, one count
-(*how many fish are there?* is never answered ``7`` in training). Every held-out test picture shows at least
-one held-out kind; the held-out counts are asked by a test set of their own (template ``unseen_count``).
+(*how many fish are there?* is never answered ``7`` in training). The test set (and the validation set) is
+drawn as training is — the same templates, questions, answers and numbers of animals, in the same proportions,
+no count question asking a held-out count — except that one animal of each picture, in a slot drawn uniformly,
+is a held-out kind on purpose, and the others may be any named kind (held-out ones included) or an unnamed
+colour; the held-out counts are asked by a test set of their own (template ``unseen_count``, drawn the same
+way with the held-out count as the answer).
 
 Everything is a pure function of the seed and an index: batch ``i`` of training is the same in every run
 (exact resume), and the test set is the same in every process.
@@ -318,31 +325,50 @@ def _kind(rng: random.Random, allowed, species: str | None = None, colour: str |
     return rng.choice(opts)
 
 
+def _held_kind(rng: random.Random, held, species: str | None = None, colour: str | None = None,
+               not_species: str | None = None, not_colour: str | None = None, named: bool = False) -> tuple[str, str]:
+    """A random held-out kind under the same constraints as :func:`_kind` (every held-out kind is a named
+    colour, and each species and each colour has exactly one, so every constraint a slot has is satisfiable)."""
+    del named
+    opts = [(s, c) for s, c in sorted(held) if (species is None or s == species) and (colour is None or c == colour)
+            and s != not_species and c != not_colour]
+    return rng.choice(opts)
+
+
+def _kinds(rng: random.Random, allowed, slots: list[dict], held, j: int) -> list[tuple[str, str]]:
+    """One kind per slot (each slot a dict of :func:`_kind`'s constraints); slot ``j`` holds a held-out kind
+    (``held``; none when ``held`` is empty)."""
+    return [_held_kind(rng, held, **c) if held and i == j else _kind(rng, allowed, **c) for i, c in enumerate(slots)]
+
+
 def sample_item(rng: random.Random, *, seed: int, held_out: bool, num_clutter: int = 6,
                 template: str | None = None) -> Item:
     """One (scene, question, answer): training side (``held_out=False``: no held-out kind in the picture) or
-    test side (at least one held-out kind). A count question never asks a held-out (question, count) pair —
-    except with ``template="unseen_count"``, which asks only those (a ``count`` or ``count_colour`` question
-    whose count training never answered it with).
+    test side (``held_out=True``: one animal, in a slot drawn uniformly, is a held-out kind on purpose; the
+    others are drawn from all named kinds, held-out ones included, and the unnamed colours). A count question
+    never asks a held-out (question, count) pair — except with ``template="unseen_count"``, which asks only
+    those (a ``count`` or ``count_colour`` question whose count training never answered it with).
 
-    The template is drawn uniformly from :data:`TEMPLATES` (or given); then its answer (uniform over what a
-    scene can hold), then a scene that fits it: every answer of a template is equally frequent.
+    The template is drawn uniformly from :data:`TEMPLATES` (or given); then its question and answer (a count
+    question's count uniform over ``0`` … ``9``, ``1`` … ``9`` for *animals*, less its held-out count: a held-out
+    count redraws question and count), then a scene that fits the answer. Nothing is drawn again for the
+    held-out kind, so the test side's questions, answers and numbers of animals follow exactly the training
+    side's distribution.
     """
     hk, hc = held_out_kinds(seed), held_out_counts(seed)
     all_kinds = [(s, c) for s in SPECIES for c in COLOURS]
     allowed = all_kinds if held_out else [k for k in all_kinds if k not in hk]
     t = template or rng.choice(TEMPLATES)
     for _ in range(1000):
-        item = _try_item(rng, t, allowed, hc, num_clutter)
-        if item is None:
-            continue
-        if held_out and not any(a.kind in hk for a in item.scene.animals):
-            continue
-        return item
+        item = _try_item(rng, t, allowed, hc, num_clutter, hk if held_out else frozenset())
+        if item is not None:
+            return item
     raise RuntimeError("no scene fits the constraints")  # pragma: no cover - the constraints are satisfiable
 
 
-def _try_item(rng, t, allowed, hc, num_clutter) -> Item | None:
+def _try_item(rng, t, allowed, hc, num_clutter, held) -> Item | None:
+    """One item of template ``t``, or None when the drawn count is a held-out one (the caller draws again).
+    With ``held`` (the held-out kinds; test side), one slot drawn uniformly holds one of them."""
     cells_all = [(r, c) for r in range(GRID) for c in range(GRID)]
     unseen = t == "unseen_count"
     if unseen:
@@ -354,26 +380,23 @@ def _try_item(rng, t, allowed, hc, num_clutter) -> Item | None:
         else:
             colour = rng.choice(list(COLOURS))
             q = f"how many {colour} animals are there"
-        held = sorted(k for qq, k in hc if qq == q)
+        held_counts = sorted(k for qq, k in hc if qq == q)
         if unseen:
-            k = held[0]
+            k = held_counts[0]
         else:
             k = rng.randint(1 if t == "count" and s == "animal" else 0, MAX_ANIMALS)
-            if k in held:
+            if k in held_counts:
                 return None
         n = rng.randint(max(1, k), MAX_ANIMALS)
         if t == "count":
             if s == "animal":
-                if k < 1:
-                    return None
-                n = k
-                kinds = [_kind(rng, allowed) for _ in range(n)]
+                n = k  # k >= 1 here
+                slots = [{}] * n
             else:
-                kinds = [_kind(rng, allowed, species=s) for _ in range(k)]
-                kinds += [_kind(rng, allowed, not_species=s) for _ in range(n - k)]
+                slots = [{"species": s}] * k + [{"not_species": s}] * (n - k)
         else:
-            kinds = [_kind(rng, allowed, colour=colour) for _ in range(k)]
-            kinds += [_kind(rng, allowed, not_colour=colour) for _ in range(n - k)]
+            slots = [{"colour": colour}] * k + [{"not_colour": colour}] * (n - k)
+        kinds = _kinds(rng, allowed, slots, held, rng.randrange(n) if held else -1)
         rng.shuffle(kinds)
         scene = _place(rng, kinds, rng.sample(cells_all, n), num_clutter)
         about = tuple(a for a in scene.animals if (t == "count" and (s == "animal" or a.species == s))
@@ -385,10 +408,12 @@ def _try_item(rng, t, allowed, hc, num_clutter) -> Item | None:
             ca, cb = cb, ca  # either order of the two corners
         same = rng.random() < 0.5
         n = rng.randint(2, MAX_ANIMALS)
-        ka = _kind(rng, allowed)
-        kb = _kind(rng, allowed, species=ka[0]) if same else _kind(rng, allowed, not_species=ka[0])
+        j = rng.randrange(n) if held else -1  # 0: corner a, 1: corner b, else one of the others
+        ka = _held_kind(rng, held) if j == 0 else _kind(rng, allowed)
+        pick = functools.partial(_held_kind, rng, held) if j == 1 else functools.partial(_kind, rng, allowed)
+        kb = pick(species=ka[0]) if same else pick(not_species=ka[0])
         rest = [c for c in cells_all if c not in (CORNERS[ca], CORNERS[cb])]
-        kinds = [ka, kb] + [_kind(rng, allowed) for _ in range(n - 2)]
+        kinds = [ka, kb] + _kinds(rng, allowed, [{}] * (n - 2), held, j - 2)
         scene = _place(rng, kinds, [CORNERS[ca], CORNERS[cb], *rng.sample(rest, n - 2)], num_clutter)
         q = f"is the {ca} animal the same species as the {cb} animal?"
         return Item(scene, q, "yes" if same else "no", t, (scene.at(CORNERS[ca]), scene.at(CORNERS[cb])))
@@ -396,15 +421,15 @@ def _try_item(rng, t, allowed, hc, num_clutter) -> Item | None:
         corner = rng.choice(list(CORNERS))
         n = rng.randint(1, MAX_ANIMALS)
         rest = [c for c in cells_all if c != CORNERS[corner]]
-        kinds = [_kind(rng, allowed) for _ in range(n)]
+        kinds = _kinds(rng, allowed, [{}] * n, held, rng.randrange(n) if held else -1)
         scene = _place(rng, kinds, [CORNERS[corner], *rng.sample(rest, n - 1)], num_clutter)
         target = scene.at(CORNERS[corner])
         return Item(scene, f"what species is the {corner} animal?", target.species, t, (target,))
     if t == "colour":
         s = rng.choice(SPECIES)
         n = rng.randint(1, MAX_ANIMALS)
-        kinds = [_kind(rng, allowed, species=s, named=True)]
-        kinds += [_kind(rng, allowed, not_species=s) for _ in range(n - 1)]
+        slots = [{"species": s, "named": True}] + [{"not_species": s}] * (n - 1)
+        kinds = _kinds(rng, allowed, slots, held, rng.randrange(n) if held else -1)
         rng.shuffle(kinds)
         scene = _place(rng, kinds, rng.sample(cells_all, n), num_clutter)
         target = next(a for a in scene.animals if a.species == s)
@@ -605,16 +630,18 @@ def read_question_dir(directory: str, seed: int = 0, test_fraction: float = 0.2)
         names = sorted(images)
         rng = random.Random(seed)
         test_names = set(rng.sample(names, max(1, round(test_fraction * len(names)))))
-    train = [r for r in recs if r["image"] not in test_names or r.get("split") == "train"]
-    test = [r for r in recs if r not in train]
+    train, test = [], []  # one pass (a row's side is its split, or its image's side without a split column)
+    for r in recs:
+        (train if r["image"] not in test_names or r.get("split") == "train" else test).append(r)
     if not train or not test:
         raise DataError(f"{f} needs questions in both splits: it has {len(train)} train and {len(test)} test")
     words = [PAD, *sorted({w for r in recs for w in tokenize_question(r["question"])} - {PAD})]
     answers = sorted({r["answer"] for r in recs})
+    answer_id = {a: i for i, a in enumerate(answers)}
 
     def qa(rs):
         return QASet(torch.stack([images[r["image"]] for r in rs]), [r["question"] for r in rs],
-                     torch.tensor([answers.index(r["answer"]) for r in rs]),
+                     torch.tensor([answer_id[r["answer"]] for r in rs]),
                      [r.get("template") or "question" for r in rs], [[] for _ in rs])
 
     return QuestionDir(qa(train), qa(test), words, answers, h)
@@ -682,14 +709,16 @@ class AnimalQuestions(DataSpec):
         return IMAGE_SIZE if self.generated else self.user().image_size
 
     def val(self) -> QASet:
-        """Validation questions (test side, another draw than the test set): monitoring only."""
+        """Validation questions (drawn like the test set, from another key): monitoring only."""
         if not self.generated:
             return self.user().test
         return _generated_set(self.seed, "val", self.val_size, self.clutter)
 
     def held_out(self) -> QASet:
-        """The test questions: held-out kinds in every picture, held-out counts in half the count questions
-        (generated), or the directory's test split."""
+        """The test questions: generated, ``test_size`` questions drawn as training's are (templates, answers
+        and numbers of animals in the same proportions; no count question asks a held-out count — those are
+        :meth:`unseen_counts`), each picture holding a held-out kind in one slot drawn uniformly; or the
+        directory's test split."""
         if not self.generated:
             return self.user().test
         return _generated_set(self.seed, "test", self.test_size, self.clutter)
