@@ -112,5 +112,7 @@ def test_grad_accumulation_equals_big_batch(tmp_path):
     kw = {"max_iters": 3, "warmup_iters": 0, "eval_interval": 0, "progress": False}
     Trainer(m1, TrainConfig(grad_accum=2, **kw), small, out_dir=tmp_path / "a").fit()
     Trainer(m2, TrainConfig(**kw), Big(), out_dir=tmp_path / "b").fit()
+    # The two sums round differently in their last bits, and AdamW's m / √v turns a near-zero gradient's rounding
+    # into a step of up to ~lr: 1.06e-6 seen on one of 192 weights on an AVX-512 Xeon.
     for p1, p2 in zip(m1.parameters(), m2.parameters()):
-        torch.testing.assert_close(p1, p2, atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(p1, p2, atol=1e-5, rtol=1e-5)
