@@ -42,11 +42,14 @@ def _greedy(m, prompt, n):
 def _seqs(prompts, params):
     """Sequences that record their events; ``done`` is released once per finished sequence."""
     done = threading.Semaphore(0)
+    def recorder(events):
+        return lambda e: (events.append(e), done.release() if e.finish_reason else None)
+
     seqs = []
     for p, prm in zip(prompts, params):
-        s = Sequence(TOK.encode(p), prm, None)
-        s.events = []
-        s.emit = (lambda s: lambda e: (s.events.append(e), done.release() if e.finish_reason else None))(s)
+        events = []
+        s = Sequence(TOK.encode(p), prm, recorder(events))
+        s.events = events
         seqs.append(s)
     return seqs, done
 
