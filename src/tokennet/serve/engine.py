@@ -144,8 +144,10 @@ def sample_rows(logits: Tensor, params: list[SamplingParams], generators: list[t
             rank = torch.arange(V, device=lg.device)
             drop = (top_k[:, None] > 0) & (rank[None, :] >= top_k[:, None])
             probs = torch.softmax(sorted_lg.masked_fill(drop, float("-inf")), dim=-1)
-            # Drop a token when the ones ranked above it already reach top_p (the first always stays).
+            # Drop a token when the ones ranked above it already reach top_p (the first always stays, also for
+            # a top_p that float32 rounds to 0).
             drop |= (probs.cumsum(dim=-1) - probs) >= top_p[:, None]
+            drop[:, 0] = False
             lg = torch.full_like(lg, float("-inf")).scatter(-1, order, sorted_lg.masked_fill(drop, float("-inf")))
         probs = torch.softmax(lg, dim=-1)  # (R, V)
         # Checked here, not left to multinomial: on CUDA its check is a device-side assert, fatal to the process.
