@@ -224,3 +224,32 @@ def test_the_engine_ends_at_the_earliest_of_overlapping_stop_strings():
     finally:
         engine.stop()
     assert seq.finish_reason == "stop" and "".join(pieces) == text[:i]
+
+
+# -- fair rows ---------------------------------------------------------------------------------------------
+def test_a_small_request_gets_the_next_free_row_before_a_huge_request_s_other_prompts():
+    engine = Engine(MODEL, TOK, max_batch=2)
+    order, done = [], threading.Semaphore(0)
+    ff = engine.net.forward_features
+
+    def recording(*a, **kw):
+        if engine.caches.mode == "prefill":
+            order.append(engine.feeding[0].group)
+        return ff(*a, **kw)
+
+    engine.net.forward_features = recording
+    emit = lambda e: done.release() if e.finish_reason else None  # noqa: E731
+    huge = [Sequence(TOK.encode(f"prompt {i}"), SamplingParams(max_tokens=5, temperature=0), emit, group="huge")
+            for i in range(6)]
+    small = Sequence(TOK.encode("hi"), SamplingParams(max_tokens=5, temperature=0), emit, group="small")
+    engine.submit_all(huge)
+    engine.submit(small)  # queued behind the huge request's six prompts
+    engine.start()
+    try:
+        for _ in range(7):
+            assert done.acquire(timeout=30)
+    finally:
+        engine.stop()
+    assert order == ["huge", "small", "huge", "huge", "huge", "huge", "huge"]  # a row while the huge one holds one
+    alone = generate(MODEL, torch.tensor([TOK.encode("hi")]), 5, temperature=0)[0, 2:].tolist()
+    assert small.generated == alone

@@ -99,7 +99,7 @@ class _Request:
         self.engine, self.req = engine, req
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue = asyncio.Queue()
-        self.seqs = [Sequence(p, req.params, self._emitter(i)) for i, p in enumerate(req.prompts)]
+        self.seqs = [Sequence(p, req.params, self._emitter(i), group=self) for i, p in enumerate(req.prompts)]
 
     def _emitter(self, i: int):
         def emit(ev: Event) -> None:

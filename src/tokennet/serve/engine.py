@@ -12,7 +12,9 @@ https://www.usenix.org/conference/osdi22/presentation/yu):
 3. **retire**: a sequence that hit a stop token, a stop string or its token budget — or whose client
    went away — leaves, and its row is refilled by the last one.
 
-Sequences join and leave between steps, so a short request never waits for a long one to end.
+Sequences join and leave between steps, so a short request never waits for a long one to end, and a free
+row goes to the request that holds the fewest rows (a small request queued behind one of hundreds of
+prompts gets the next row that frees; :meth:`Engine._next`).
 
 **One sequence's failure is its own.** Each row is sampled on its own terms (a row whose probabilities are
 not finite fails, the others are sampled); a temperature below :data:`SAMPLING_EPS` is greedy, as in vLLM,
@@ -96,10 +98,12 @@ class Event:
 class Sequence:
     """One request's prompt, sampling settings and progress; ``emit(event)`` is called from the engine's thread."""
 
-    def __init__(self, prompt: list[int], params: SamplingParams, emit: Callable[[Event], None]):
+    def __init__(self, prompt: list[int], params: SamplingParams, emit: Callable[[Event], None], *,
+                 group: object | None = None):
         if not prompt:
             raise ValueError("a sequence needs at least one prompt token")
         self.prompt, self.params, self.emit = list(prompt), params, emit
+        self.group = group  # the request it belongs to: rows are shared fairly between requests (Engine._next)
         self.generated: list[int] = []
         self.text = ""  # decoded text of ``generated`` (cleanly decodable part)
         self.sent = 0  # characters of ``text`` already emitted
@@ -338,9 +342,10 @@ class Engine:
         budget = self.prefill_tokens
         while len(self.running) < self.max_batch:
             with self._cv:
-                if not self.waiting or (budget < len(self.waiting[0].prompt) and budget < self.prefill_tokens):
+                seq = self._next()
+                if seq is None or (budget < len(seq.prompt) and budget < self.prefill_tokens):
                     return
-                seq = self.waiting.popleft()
+                self.waiting.remove(seq)
             budget -= len(seq.prompt)
             try:
                 token = self._prefill(seq, row=len(self.running))
@@ -352,6 +357,25 @@ class Engine:
                 self.feeding = []
             self.running.append(seq)
             self._accept_or_fail(len(self.running) - 1, token)
+
+    def _next(self) -> Sequence | None:
+        """The waiting sequence to get the next free row: the first of the request holding the fewest rows.
+
+        Sequences of one request each are served first come, first served; a request of many prompts takes
+        the free rows only while no other request waits with fewer, so a small request queued behind a huge
+        one gets the next row that frees instead of waiting for all of the huge one's prompts.
+        """
+        if not self.waiting:
+            return None
+        held = Counter(s.group for s in self.running if s.group is not None)
+        best, fewest = None, None
+        for s in self.waiting:
+            n = held.get(s.group, 0) if s.group is not None else 0
+            if n == 0:
+                return s
+            if fewest is None or n < fewest:
+                best, fewest = s, n
+        return best
 
     def _prefill(self, seq: Sequence, row: int) -> int:
         """Fill row ``row`` of the cache with the prompt; the first new token."""
