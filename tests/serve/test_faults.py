@@ -340,3 +340,22 @@ def test_over_http_a_tiny_temperature_beside_greedy_requests_all_succeed():
     for p, r in zip(PROMPTS, answers):
         assert r.status_code == 200, r.text
         assert r.json()["choices"][0]["text"] == TOK.decode(_greedy(MODEL, p, 10))
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the thread's end, on purpose
+def test_an_engine_thread_that_dies_answers_what_it_held_and_refuses_more():
+    engine = Engine(MODEL, TOK, max_batch=2)
+    seqs, done = _seqs(["a", "b", "c"], [SamplingParams(max_tokens=5, temperature=0)] * 3)
+
+    def dying(*a, **kw):
+        raise SystemExit("injected: the thread is told to end")  # not an Exception: nothing in a step catches it
+
+    engine.net.forward_features = dying
+    engine.submit_all(seqs)
+    engine.start()
+    for _ in seqs:
+        assert done.acquire(timeout=30)
+    engine._thread.join(10)
+    assert all(s.finish_reason == "error" for s in seqs)
+    with pytest.raises(RuntimeError, match="thread has ended"):
+        engine.submit(Sequence([1], SamplingParams(max_tokens=2), lambda e: None))

@@ -274,6 +274,8 @@ class Engine:
         with self._cv:
             if self._stop:
                 raise RuntimeError("the engine is shutting down")
+            if self._thread is not None and not self._thread.is_alive():  # nobody would ever serve them
+                raise RuntimeError("the engine's thread has ended")
             if self.max_queue is not None and len(self.waiting) + len(seqs) > self.max_queue:
                 raise QueueFull(f"{len(self.waiting)} sequences are waiting and the queue holds {self.max_queue}: "
                                 f"no room for {len(seqs)} more; try again later")
@@ -353,6 +355,9 @@ class Engine:
                 log.exception("prefill failed; that sequence ends with an error")
                 self._finish(seq, "error", error=_describe(e))
                 continue
+            except BaseException:  # the thread ends (the loop's finally answers the others): answer this one too
+                self._finish(seq, "error", error="the engine stopped")
+                raise
             finally:
                 self.feeding = []
             self.running.append(seq)
