@@ -27,7 +27,8 @@ rows fail and the rest go on at the old capacity. Every failure ends its sequenc
 event, so every client is answered, and the drain (:meth:`Engine.stop`) ends with every sequence finished.
 
 Each new token is turned into text at once (a token that ends inside a UTF-8 character waits for the
-next), checked against the stop strings (text that could be the start of one is held back), and handed
+next), checked against the stop strings (the earliest match of any of them ends the text; text that could
+be the start of one is held back), and handed
 to the sequence's ``emit`` callback, which a server uses to wake the waiting request. Greedy decoding
 (temperature 0) gives the tokens :func:`tokennet.sampling.generate` gives for the prompt alone.
 """
