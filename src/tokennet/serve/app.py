@@ -9,6 +9,14 @@ thread hands each new piece of text to the request's asyncio queue (``call_soon_
 event loop never waits on the model. A client that disconnects — mid-stream or while waiting for a whole
 completion — cancels its sequences, and their rows go to the next requests. On Ctrl-C (SIGINT) or SIGTERM
 uvicorn stops accepting connections, lets the requests in flight finish, then the engine's thread ends.
+
+Bounded work: a body of at most ``max_body`` bytes (8 MiB; 413 beyond), at most
+:data:`~tokennet.serve.protocol.MAX_PROMPTS` prompts a request (OpenAI's 2,048; 400 beyond), and at most the
+engine's ``max_queue`` sequences waiting for a row (429 ``rate_limit_error`` with ``Retry-After`` beyond, or
+400 for a request that could never fit). Parsing and tokenizing a body run in a worker thread, so the event
+loop keeps answering other clients while a big body is tokenized. A sequence that fails in the engine
+answers its request with a 500 ``server_error`` body (in a stream: an ``error`` event, then ``[DONE]``);
+the other requests are not affected (:mod:`.engine`).
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..errors import RunError
-from .engine import Engine, Event, Sequence
+from .engine import Engine, Event, QueueFull, Sequence
 from .protocol import (
     APIError,
     CompletionRequest,
@@ -49,11 +57,13 @@ __all__ = ["create_app", "serve", "engine_for_run"]
 
 log = logging.getLogger(__name__)
 MAX_BODY = 8 << 20  # bytes of a request body at most
+MAX_QUEUE = 256  # sequences waiting for a row at most (tokennet serve --max-queue)
 DISCONNECT_POLL = 0.25  # seconds between checks that a client waiting for a whole completion is still there
 
 
 def _error(e: APIError) -> JSONResponse:
-    return JSONResponse(error_body(e), status_code=e.status)
+    headers = {"Retry-After": "1"} if e.status == 429 else None
+    return JSONResponse(error_body(e), status_code=e.status, headers=headers)
 
 
 class _SSE(StreamingResponse):
@@ -89,7 +99,7 @@ class _Request:
         self.engine, self.req = engine, req
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue = asyncio.Queue()
-        self.seqs = [Sequence(p, req.params, self._emitter(i)) for i, p in enumerate(req.prompts)]
+        self.seqs = [Sequence(p, req.params, self._emitter(i), group=self) for i, p in enumerate(req.prompts)]
 
     def _emitter(self, i: int):
         def emit(ev: Event) -> None:
@@ -101,8 +111,9 @@ class _Request:
 
     def submit(self) -> None:
         try:
-            for s in self.seqs:
-                self.engine.submit(s)
+            self.engine.submit_all(self.seqs)
+        except QueueFull as e:
+            raise APIError(429, f"the server is busy: {e}", code="rate_limit_exceeded") from None
         except RuntimeError:
             self.cancel()
             raise APIError(503, "the server is shutting down") from None
@@ -132,8 +143,13 @@ def _sse(data: Any) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
-def create_app(engine: Engine, *, model_name: str, api_key: str | None = None) -> Starlette:
-    """The ASGI application serving ``engine`` as model ``model_name`` (the engine is started and drained with it)."""
+def create_app(engine: Engine, *, model_name: str, api_key: str | None = None, max_body: int = MAX_BODY) -> Starlette:
+    """The ASGI application serving ``engine`` as model ``model_name`` (the engine is started and drained with it).
+
+    Args:
+        api_key: the key every ``/v1`` request must send as ``Authorization: Bearer KEY`` (None: none).
+        max_body: the largest request body in bytes (413 beyond).
+    """
     tok = engine.tokenizer
     vocab = engine.model.config.vocab_size
     stop_ids = list(getattr(tok, "stop_ids", None) or [])
@@ -150,13 +166,40 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None) -
         if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
             raise APIError(401, "incorrect API key", code="invalid_api_key")
 
-    async def body_of(request: Request) -> dict[str, Any]:
-        raw = b""
+    too_big = APIError(413, f"the request body is larger than {max_body:,} bytes")
+
+    async def body_of(request: Request) -> bytes:
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > max_body:  # refused before reading it
+            raise too_big
+        raw = bytearray()
         async for chunk in request.stream():
             raw += chunk
-            if len(raw) > MAX_BODY:
-                raise APIError(413, f"the request body is larger than {MAX_BODY >> 20} MiB")
-        return parse_json(raw)
+            if len(raw) > max_body:
+                raise too_big
+        return bytes(raw)
+
+    def parse(raw: bytes, chat: bool) -> CompletionRequest:
+        """The body checked and tokenized (in a worker thread: a big body must not stall the event loop)."""
+        body = parse_json(raw)
+        try:
+            if chat:
+                return parse_chat(body, tokenizer=tok, served=model_name, context=engine.context, stop_ids=stop_ids)
+            return parse_completion(body, tokenizer=tok, served=model_name, context=engine.context, vocab=vocab,
+                                    stop_ids=stop_ids)
+        except UnicodeError as e:  # e.g. a lone surrogate escape ("\ud800") that no tokenizer can encode
+            raise APIError(400, f"the request's text cannot be encoded as UTF-8: {e}") from None
+
+    def check_room(n: int | None = None) -> None:
+        """429 when the queue is full now; 400 for ``n`` sequences that could never fit in it."""
+        if engine.max_queue is None:
+            return
+        if n is not None and n > engine.max_queue:
+            raise APIError(400, f"{n} prompts in one request; this server queues at most {engine.max_queue} "
+                           "sequences (--max-queue): split the request", param="prompt")
+        if engine.queue_room() <= 0:
+            raise APIError(429, f"the server is busy: {engine.max_queue} sequences are waiting; try again later",
+                           code="rate_limit_exceeded")
 
     def model_card() -> dict[str, Any]:
         return {"id": model_name, "object": "model", "created": created, "owned_by": "tokennet",
@@ -185,12 +228,10 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None) -
     async def handle(request: Request, chat: bool) -> Response:
         try:
             check_key(request)
-            body = await body_of(request)
-            if chat:
-                req = parse_chat(body, tokenizer=tok, served=model_name, context=engine.context, stop_ids=stop_ids)
-            else:
-                req = parse_completion(body, tokenizer=tok, served=model_name, context=engine.context,
-                                       vocab=vocab, stop_ids=stop_ids)
+            check_room()  # before reading and tokenizing what could not be queued anyway
+            raw = await body_of(request)
+            req = await asyncio.to_thread(parse, raw, chat)
+            check_room(len(req.prompts))
             r = _Request(engine, req)
             r.submit()
         except APIError as e:
@@ -280,7 +321,8 @@ async def _stream(r: _Request) -> AsyncIterator[str]:
         r.cancel()  # a client that went away: free its rows
 
 
-def engine_for_run(run, *, max_batch: int = 16, context: int | None = None, quantize: str = "none") -> Engine:
+def engine_for_run(run, *, max_batch: int = 16, context: int | None = None, quantize: str = "none",
+                   max_queue: int | None = MAX_QUEUE) -> Engine:
     """An :class:`Engine` for a loaded language-model run; a RunError when the run is not one."""
     model = run.model
     if run.tokenizer is None or not hasattr(model, "forward_features") or not hasattr(model.config, "block_size"):
@@ -288,21 +330,26 @@ def engine_for_run(run, *, max_batch: int = 16, context: int | None = None, quan
                        "tokenizer")
     if context is not None and context < 2:
         raise RunError(f"the context must be at least 2 tokens, got {context}")
-    return Engine(model, run.tokenizer, max_batch=max_batch, context=context, quantize=quantize)
+    return Engine(model, run.tokenizer, max_batch=max_batch, context=context, quantize=quantize, max_queue=max_queue)
 
 
 def serve(run_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
           model_name: str | None = None, max_batch: int = 16, context: int | None = None, device: str = "cpu",
-          log_level: str = "info", quantize: str = "none") -> None:
-    """Serve a language-model run over HTTP until Ctrl-C (which lets the requests in flight finish)."""
+          log_level: str = "info", quantize: str = "none", max_queue: int | None = MAX_QUEUE,
+          max_body: int = MAX_BODY) -> None:
+    """Serve a language-model run over HTTP until Ctrl-C (which lets the requests in flight finish).
+
+    ``api_key`` is used as given (the CLI reads ``--api-key`` or ``TOKENNET_API_KEY``); ``max_queue``: the most
+    sequences waiting for a row (429 beyond); ``max_body``: the largest request body in bytes.
+    """
     import uvicorn
 
     from ..run import load
 
     run = load(run_dir, device=device)
-    engine = engine_for_run(run, max_batch=max_batch, context=context, quantize=quantize)
+    engine = engine_for_run(run, max_batch=max_batch, context=context, quantize=quantize, max_queue=max_queue)
     name = model_name or Path(run_dir).resolve().name
-    app = create_app(engine, model_name=name, api_key=api_key)
+    app = create_app(engine, model_name=name, api_key=api_key, max_body=max_body)
     log.info("serving %s as model %r on http://%s:%d/v1 (batch %d, context %d%s)", run_dir, name, host, port,
              max_batch, engine.context, "" if quantize == "none" else f", {quantize} weights")
     uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=None)

@@ -8,7 +8,9 @@ sequence's row is refilled by moving the last row into it), so that slice is a v
 cache.
 
 The capacity grows by doubling (up to the context length) when a sequence needs more, so memory follows
-the longest sequence being served, not the model's context.
+the longest sequence being served, not the model's context. Growing allocates every layer's new buffers
+first and swaps them in only once all exist: an allocation that fails (out of memory) raises and leaves
+every layer as it was, all at the old capacity.
 
 The attention layers see an object with ``append(k, v)`` (and ``static = False``), like
 :class:`tokennet.attention.multihead.KVCache`; :class:`SlotCaches` tells every layer's cache what the
@@ -47,8 +49,7 @@ class SlotCache:
         rows = o.rows_index  # (B,)
         self.k[rows, :, o.write_at] = k[:, :, 0]  # (B, Hkv, E) into each row's next slot
         self.v[rows, :, o.write_at] = v[:, :, 0]
-        B = k.shape[0]
-        return self.k[:B, :, : o.n_keys], self.v[:B, :, : o.n_keys]
+        return self.k[o.rows, :, : o.n_keys], self.v[o.rows, :, : o.n_keys]
 
 
 class SlotCaches:
@@ -72,6 +73,7 @@ class SlotCaches:
         self.mode, self.row, self.offset, self.n_keys = "prefill", 0, 0, 0
         self.rows_index: Tensor | None = None
         self.write_at: Tensor | None = None
+        self.rows = slice(0, 0)  # the rows a decoding forward reads (a view of the buffers)
 
     def ensure(self, length: int) -> None:
         """Grow every buffer (doubling) so a row can hold ``length`` tokens."""
@@ -82,28 +84,38 @@ class SlotCaches:
         cap = self.capacity
         while cap < length:
             cap = min(2 * cap, self.max_len)
-        for c in self.layers:
-            for name in ("k", "v"):
-                old = getattr(c, name)
-                new = old.new_zeros(old.shape[0], old.shape[1], cap, old.shape[3])
-                new[:, :, : self.capacity] = old
-                setattr(c, name, new)
+        # Every new buffer first: an allocation that fails here leaves each layer at the old capacity.
+        grown = [(self._alloc(c.k, cap), self._alloc(c.v, cap)) for c in self.layers]
+        for c, (k, v) in zip(self.layers, grown):
+            k[:, :, : self.capacity] = c.k
+            v[:, :, : self.capacity] = c.v
+        for c, (k, v) in zip(self.layers, grown):
+            c.k, c.v = k, v
         self.capacity = cap
+
+    @staticmethod
+    def _alloc(like: Tensor, capacity: int) -> Tensor:
+        """A zeroed buffer like ``like`` ``(S, Hkv, capacity', E)`` with ``capacity`` tokens per row."""
+        return like.new_zeros(like.shape[0], like.shape[1], capacity, like.shape[3])
 
     def plan_prefill(self, row: int, length: int) -> None:
         """The next forward is one sequence's prompt ``(1, length)``, written to row ``row`` from position 0."""
         self.ensure(length)
         self.mode, self.row, self.offset = "prefill", row, 0
 
-    def plan_decode(self, lengths: Tensor) -> Tensor:
-        """The next forward feeds one token to each of rows ``0..B−1``, whose caches hold ``lengths`` ``(B,)``.
+    def plan_decode(self, lengths: Tensor, first: int = 0) -> Tensor:
+        """The next forward feeds one token to rows ``first..first+B−1``, whose caches hold ``lengths`` ``(B,)``.
 
-        Returns the key mask ``(B, 1, 1, Nk)``, ``Nk = max(lengths) + 1``: True where a row's key is real.
+        ``first`` is 0 for the whole batch; another value retries one row alone (the engine's fallback when a
+        batched forward fails). Returns the key mask ``(B, 1, 1, Nk)``, ``Nk = max(lengths) + 1``: True where a
+        row's key is real.
         """
         n_keys = int(lengths.max()) + 1
         self.ensure(n_keys)
+        B = len(lengths)
         self.mode, self.n_keys, self.offset = "decode", n_keys, n_keys - 1
-        self.rows_index = torch.arange(len(lengths), device=lengths.device)
+        self.rows_index = torch.arange(first, first + B, device=lengths.device)
+        self.rows = slice(first, first + B)
         self.write_at = lengths
         keys = torch.arange(n_keys, device=lengths.device)
         return (keys[None, :] <= lengths[:, None])[:, None, None, :]  # (B, 1, 1, Nk)

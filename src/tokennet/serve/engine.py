@@ -12,10 +12,23 @@ https://www.usenix.org/conference/osdi22/presentation/yu):
 3. **retire**: a sequence that hit a stop token, a stop string or its token budget — or whose client
    went away — leaves, and its row is refilled by the last one.
 
-Sequences join and leave between steps, so a short request never waits for a long one to end.
+Sequences join and leave between steps, so a short request never waits for a long one to end, and a free
+row goes to the request that holds the fewest rows (a small request queued behind one of hundreds of
+prompts gets the next row that frees; :meth:`Engine._next`).
+
+**One sequence's failure is its own.** Each row is sampled on its own terms (a row whose probabilities are
+not finite fails, the others are sampled); a temperature below :data:`SAMPLING_EPS` is greedy, as in vLLM,
+since ``logits / T`` would overflow. A prefill that raises (out of memory on a long prompt, a cache that
+cannot grow) fails that sequence alone. When a batched decoding forward raises, the step is retried one
+row at a time: the rows whose own forward raises fail, the others take the tokens of their own forward
+and go on batched from the next step (a persistent fault costs one slow step; a transient one, such as
+an out-of-memory of the whole batch, fails nobody). When the cache cannot grow for the longest rows, those
+rows fail and the rest go on at the old capacity. Every failure ends its sequence with an ``"error"``
+event, so every client is answered, and the drain (:meth:`Engine.stop`) ends with every sequence finished.
 
 Each new token is turned into text at once (a token that ends inside a UTF-8 character waits for the
-next), checked against the stop strings (text that could be the start of one is held back), and handed
+next), checked against the stop strings (the earliest match of any of them ends the text; text that could
+be the start of one is held back), and handed
 to the sequence's ``emit`` callback, which a server uses to wake the waiting request. Greedy decoding
 (temperature 0) gives the tokens :func:`tokennet.sampling.generate` gives for the prompt alone.
 """
@@ -35,9 +48,17 @@ from torch import Tensor, nn
 from ..layers import quantize as quantization
 from .cache import SlotCaches
 
-__all__ = ["Engine", "Sequence", "SamplingParams", "sample_rows"]
+__all__ = ["Engine", "Sequence", "SamplingParams", "QueueFull", "sample_rows", "SAMPLING_EPS"]
 
 log = logging.getLogger(__name__)
+
+# A temperature below this is greedy (vLLM's _SAMPLING_EPS): dividing logits by 1e-40 overflows to inf,
+# whose softmax is NaN.
+SAMPLING_EPS = 1e-5
+
+
+class QueueFull(Exception):
+    """The engine's queue of waiting sequences has no room for a request's sequences (try again later)."""
 
 
 @dataclass
@@ -46,12 +67,16 @@ class SamplingParams:
 
     Args:
         max_tokens: new tokens at most.
-        temperature: 0 = greedy; else logits are divided by it.
+        temperature: 0 (or below :data:`SAMPLING_EPS`) = greedy; else logits are divided by it.
         top_p: nucleus sampling (1 = off); top_k: the k most likely tokens only (0 = off).
         stop: strings that end the text (not included in it).
         stop_ids: token ids that end the text (not included), e.g. the tokenizer's end of turn.
         seed: a seed of this sequence's own generator (None: the engine's).
     """
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < SAMPLING_EPS
 
     max_tokens: int = 16
     temperature: float = 1.0
@@ -74,16 +99,18 @@ class Event:
 class Sequence:
     """One request's prompt, sampling settings and progress; ``emit(event)`` is called from the engine's thread."""
 
-    def __init__(self, prompt: list[int], params: SamplingParams, emit: Callable[[Event], None]):
+    def __init__(self, prompt: list[int], params: SamplingParams, emit: Callable[[Event], None], *,
+                 group: object | None = None):
         if not prompt:
             raise ValueError("a sequence needs at least one prompt token")
         self.prompt, self.params, self.emit = list(prompt), params, emit
+        self.group = group  # the request it belongs to: rows are shared fairly between requests (Engine._next)
         self.generated: list[int] = []
         self.text = ""  # decoded text of ``generated`` (cleanly decodable part)
         self.sent = 0  # characters of ``text`` already emitted
         self.finish_reason: str | None = None
         self.cancelled = False
-        self.generator = None if params.seed is None else torch.Generator().manual_seed(params.seed)
+        self.generator: torch.Generator | None = None  # of a seeded sequence, on the engine's device (submit)
         self.next_token: int | None = None  # sampled, not yet fed to the model
 
     @property
@@ -93,35 +120,62 @@ class Sequence:
 
 
 def sample_rows(logits: Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
-                default: torch.Generator | None = None) -> Tensor:
+                default: torch.Generator | None = None, *, errors: dict[int, str] | None = None) -> Tensor:
     """Next tokens ``(B,)`` from last-position logits ``(B, V)``, each row with its own settings.
 
-    Greedy rows take the argmax (as :func:`tokennet.sampling.sample_next` with temperature 0); the others
-    sample from ``softmax(logits / T)`` restricted to the top k and the nucleus of mass top p.
+    Greedy rows (temperature below :data:`SAMPLING_EPS`) take the argmax (as
+    :func:`tokennet.sampling.sample_next` with temperature 0); the others sample from ``softmax(logits / T)``
+    restricted to the top k and the nucleus of mass top p. A row that cannot be sampled (NaN logits,
+    probabilities that are not finite) raises ``ValueError``; with ``errors`` given it is recorded there
+    instead (row → message, its token −1) and the other rows are sampled as they would be without it.
     """
-    out = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
-    greedy = [i for i, p in enumerate(params) if p.temperature == 0]
+    B = logits.shape[0]
+    out = torch.empty(B, dtype=torch.long, device=logits.device)
+    bad: dict[int, str] = {}
+    for i in torch.isnan(logits).any(dim=-1).nonzero().flatten().tolist():
+        bad[i] = "the model's logits are NaN"
+    greedy = [i for i, p in enumerate(params) if p.greedy]
     if greedy:
         out[greedy] = logits[greedy].float().argmax(dim=-1)
-    rest = [i for i, p in enumerate(params) if p.temperature != 0]
-    if not rest:
-        return out
-    lg = logits[rest].float() / torch.tensor([params[i].temperature for i in rest], device=logits.device)[:, None]
-    top_k = torch.tensor([params[i].top_k for i in rest], device=logits.device)
-    top_p = torch.tensor([params[i].top_p for i in rest], device=logits.device)
-    if bool((top_k > 0).any()) or bool((top_p < 1).any()):
-        sorted_lg, order = lg.sort(dim=-1, descending=True)  # (R, V)
-        rank = torch.arange(lg.shape[-1], device=lg.device)
-        drop = (top_k[:, None] > 0) & (rank[None, :] >= top_k[:, None])
-        probs = torch.softmax(sorted_lg.masked_fill(drop, float("-inf")), dim=-1)
-        # Drop a token when the ones ranked above it already reach top_p (the first always stays).
-        drop |= (probs.cumsum(dim=-1) - probs) >= top_p[:, None]
-        lg = torch.full_like(lg, float("-inf")).scatter(-1, order, sorted_lg.masked_fill(drop, float("-inf")))
-    probs = torch.softmax(lg, dim=-1)
-    for j, i in enumerate(rest):
-        g = generators[i] if generators[i] is not None else default
-        out[i] = torch.multinomial(probs[j : j + 1], 1, generator=g)[0, 0]
+    rest = [i for i, p in enumerate(params) if not p.greedy and i not in bad]
+    if rest:
+        lg = logits[rest].float() / torch.tensor([params[i].temperature for i in rest],
+                                                 device=logits.device)[:, None]
+        V = lg.shape[-1]
+        top_k = torch.tensor([params[i].top_k if 0 < params[i].top_k < V else 0 for i in rest], device=lg.device)
+        top_p = torch.tensor([params[i].top_p for i in rest], device=logits.device)
+        if bool((top_k > 0).any()) or bool((top_p < 1).any()):
+            sorted_lg, order = lg.sort(dim=-1, descending=True)  # (R, V)
+            rank = torch.arange(V, device=lg.device)
+            drop = (top_k[:, None] > 0) & (rank[None, :] >= top_k[:, None])
+            probs = torch.softmax(sorted_lg.masked_fill(drop, float("-inf")), dim=-1)
+            # Drop a token when the ones ranked above it already reach top_p (the first always stays, also for
+            # a top_p that float32 rounds to 0).
+            drop |= (probs.cumsum(dim=-1) - probs) >= top_p[:, None]
+            drop[:, 0] = False
+            lg = torch.full_like(lg, float("-inf")).scatter(-1, order, sorted_lg.masked_fill(drop, float("-inf")))
+        probs = torch.softmax(lg, dim=-1)  # (R, V)
+        # Checked here, not left to multinomial: on CUDA its check is a device-side assert, fatal to the process.
+        finite = (torch.isfinite(probs).all(dim=-1) & (probs.sum(dim=-1) > 0)).tolist()
+        for j, i in enumerate(rest):
+            if not finite[j]:
+                bad[i] = f"the sampling probabilities are not finite (temperature {params[i].temperature:g})"
+                continue
+            g = generators[i] if generators[i] is not None else default
+            try:
+                out[i] = torch.multinomial(probs[j : j + 1], 1, generator=g)[0, 0]
+            except RuntimeError as e:
+                bad[i] = f"sampling failed: {e}"
+    if bad:
+        if errors is None:
+            raise ValueError("; ".join(f"row {i}: {m}" for i, m in sorted(bad.items())))
+        errors.update(bad)
+        out[sorted(bad)] = -1
     return out
+
+
+def _describe(e: BaseException) -> str:
+    return f"internal error: {type(e).__name__}: {e}"
 
 
 class Engine:
@@ -139,16 +193,20 @@ class Engine:
         quantize: ``"none"``, ``"bf16"``, ``"int8"`` or ``"int4"``: decode with that copy of the model, as
             :func:`tokennet.sampling.generate` does (:func:`~tokennet.layers.quantize.decoding_copy`; the model
             itself is not modified).
+        max_queue: the most sequences waiting for a row (None: no limit); :meth:`submit_all` raises
+            :class:`QueueFull` beyond it.
     """
 
     def __init__(self, model: nn.Module, tokenizer, *, max_batch: int = 16, context: int | None = None,
-                 prefill_tokens: int = 2048, seed: int = 0, quantize: str = "none"):
+                 prefill_tokens: int = 2048, seed: int = 0, quantize: str = "none", max_queue: int | None = None):
         c = model.config
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        if max_queue is not None and max_queue < 1:
+            raise ValueError(f"max_queue must be >= 1, got {max_queue}")
         self.model, self.tokenizer = model.eval(), tokenizer
         self.context = min(context or c.block_size, c.block_size)
-        self.max_batch, self.prefill_tokens = max_batch, prefill_tokens
+        self.max_batch, self.prefill_tokens, self.max_queue = max_batch, prefill_tokens, max_queue
         p = next(model.parameters())
         self.device = p.device
         quantization.check_mode(quantize)
@@ -162,8 +220,10 @@ class Engine:
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.feeding: list[Sequence] = []  # the sequences of the forward in progress (for fault injection, logs)
         self._cv = threading.Condition()
         self._stop = False
+        self._abort: str | None = None  # set when a drain runs out of time: fail what is left, end
         self._thread: threading.Thread | None = None
         self.steps = 0  # decode steps taken (for tests and statistics)
         self.batch_sizes: list[int] = []  # rows of each decode step, the last 1000
@@ -176,21 +236,51 @@ class Engine:
         return self
 
     def stop(self, timeout: float | None = 30.0) -> None:
-        """Finish every sequence already submitted, then end the thread (a drain)."""
+        """Finish every sequence already submitted, then end the thread (a drain).
+
+        Sequences still unfinished after ``timeout`` seconds end with an ``"error"`` event (the server is
+        shutting down), so every owner is answered; a sequence that was never started gets it too.
+        """
         with self._cv:
             self._stop = True
             self._cv.notify_all()
-        if self._thread is not None:
+        if self._thread is None:
+            self._fail_all("the server is shutting down")
+            return
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            with self._cv:
+                self._abort = f"the server is shutting down: unfinished after the drain's {timeout:g} s"
+                self._cv.notify_all()
             self._thread.join(timeout)
 
     def submit(self, seq: Sequence) -> None:
-        if len(seq.prompt) + seq.params.max_tokens > self.context:
-            raise ValueError(f"{len(seq.prompt)} prompt tokens + {seq.params.max_tokens} new tokens exceed the "
-                             f"context of {self.context}")
+        self.submit_all([seq])
+
+    def submit_all(self, seqs: list[Sequence]) -> None:
+        """Queue a request's sequences, all or none.
+
+        Raises:
+            ValueError: a sequence does not fit in the context.
+            QueueFull: the queue has no room for them now (``max_queue``).
+            RuntimeError: the engine is shutting down.
+        """
+        for seq in seqs:
+            if len(seq.prompt) + seq.params.max_tokens > self.context:
+                raise ValueError(f"{len(seq.prompt)} prompt tokens + {seq.params.max_tokens} new tokens exceed "
+                                 f"the context of {self.context}")
+        for seq in seqs:  # a seeded sequence's generator lives on the device its probabilities are on
+            if seq.params.seed is not None and seq.generator is None:
+                seq.generator = torch.Generator(device=self.device).manual_seed(seq.params.seed)
         with self._cv:
             if self._stop:
                 raise RuntimeError("the engine is shutting down")
-            self.waiting.append(seq)
+            if self._thread is not None and not self._thread.is_alive():  # nobody would ever serve them
+                raise RuntimeError("the engine's thread has ended")
+            if self.max_queue is not None and len(self.waiting) + len(seqs) > self.max_queue:
+                raise QueueFull(f"{len(self.waiting)} sequences are waiting and the queue holds {self.max_queue}: "
+                                f"no room for {len(seqs)} more; try again later")
+            self.waiting.extend(seqs)
             self._cv.notify_all()
 
     def cancel(self, seq: Sequence) -> None:
@@ -203,26 +293,42 @@ class Engine:
     def load(self) -> dict[str, int]:
         return {"running": len(self.running), "waiting": len(self.waiting)}
 
+    def queue_room(self) -> int | None:
+        """How many more sequences the queue takes now (None: no limit)."""
+        return None if self.max_queue is None else self.max_queue - len(self.waiting)
+
     # -- the engine's thread -----------------------------------------------------------------------
     def _loop(self) -> None:
         torch.set_grad_enabled(False)
-        while True:
-            with self._cv:
-                while not (self.waiting or self.running or self._stop):
-                    self._cv.wait()
-                if self._stop and not (self.waiting or self.running):
-                    return
-            try:
-                with torch.inference_mode():
-                    self._retire_cancelled()
-                    self._admit()
-                    if self.running:
-                        self._decode()
-            except Exception as e:  # noqa: BLE001 - a bug must not take the server down: fail the batch, go on
-                log.exception("decoding step failed")
-                for s in [*self.running]:
-                    self._finish(s, "error", error=f"internal error: {type(e).__name__}: {e}")
-                self.running.clear()
+        try:
+            while True:
+                with self._cv:
+                    while not (self.waiting or self.running or self._stop):
+                        self._cv.wait()
+                    if self._abort is not None or (self._stop and not (self.waiting or self.running)):
+                        return
+                try:
+                    with torch.inference_mode():
+                        self._retire_cancelled()
+                        self._admit()
+                        if self.running:
+                            self._decode()
+                except Exception as e:  # noqa: BLE001 - a bug outside any one sequence: fail the batch, go on
+                    log.exception("decoding step failed")
+                    for s in [*self.running]:
+                        self._finish(s, "error", error=_describe(e))
+                    self.running.clear()
+        finally:  # however the loop ends, nobody is left waiting for an answer
+            self._fail_all(self._abort or "the engine stopped")
+
+    def _fail_all(self, why: str) -> None:
+        with self._cv:
+            left = [*self.running, *self.waiting]
+            self.running.clear()
+            self.waiting.clear()
+        for s in left:
+            if s.finish_reason is None:
+                self._finish(s, "error", error=why)
 
     def _retire_cancelled(self) -> None:
         with self._cv:
@@ -239,31 +345,119 @@ class Engine:
         budget = self.prefill_tokens
         while len(self.running) < self.max_batch:
             with self._cv:
-                if not self.waiting or (budget < len(self.waiting[0].prompt) and budget < self.prefill_tokens):
+                seq = self._next()
+                if seq is None or (budget < len(seq.prompt) and budget < self.prefill_tokens):
                     return
-                seq = self.waiting.popleft()
+                self.waiting.remove(seq)
             budget -= len(seq.prompt)
-            row = len(self.running)
-            self.caches.plan_prefill(row, len(seq.prompt))
-            ids = torch.tensor([seq.prompt], device=self.device)  # (1, P)
-            h = self.net.forward_features(ids, caches=self.caches.layers)  # (1, P, D)
-            logits = self.net.forward_head(h[:, -1:])[:, -1]  # (1, V)
+            try:
+                token = self._prefill(seq, row=len(self.running))
+            except Exception as e:  # noqa: BLE001 - this prompt's failure (e.g. out of memory) is its own
+                log.exception("prefill failed; that sequence ends with an error")
+                self._finish(seq, "error", error=_describe(e))
+                continue
+            except BaseException:  # the thread ends (the loop's finally answers the others): answer this one too
+                self._finish(seq, "error", error="the engine stopped")
+                raise
+            finally:
+                self.feeding = []
             self.running.append(seq)
-            self._accept(row, int(sample_rows(logits, [seq.params], [seq.generator], self.generator)[0]))
+            self._accept_or_fail(len(self.running) - 1, token)
+
+    def _next(self) -> Sequence | None:
+        """The waiting sequence to get the next free row: the first of the request holding the fewest rows.
+
+        Sequences of one request each are served first come, first served; a request of many prompts takes
+        the free rows only while no other request waits with fewer, so a small request queued behind a huge
+        one gets the next row that frees instead of waiting for all of the huge one's prompts.
+        """
+        if not self.waiting:
+            return None
+        held = Counter(s.group for s in self.running if s.group is not None)
+        best, fewest = None, None
+        for s in self.waiting:
+            n = held.get(s.group, 0) if s.group is not None else 0
+            if n == 0:
+                return s
+            if fewest is None or n < fewest:
+                best, fewest = s, n
+        return best
+
+    def _prefill(self, seq: Sequence, row: int) -> int:
+        """Fill row ``row`` of the cache with the prompt; the first new token."""
+        self.feeding = [seq]
+        self.caches.plan_prefill(row, len(seq.prompt))
+        ids = torch.tensor([seq.prompt], device=self.device)  # (1, P)
+        h = self.net.forward_features(ids, caches=self.caches.layers)  # (1, P, D)
+        logits = self.net.forward_head(h[:, -1:])[:, -1]  # (1, V)
+        return int(sample_rows(logits, [seq.params], [seq.generator], self.generator)[0])
+
+    def _forward_rows(self, first: int, n: int) -> Tensor:
+        """One decoding forward of rows ``first..first+n−1``: their next tokens' logits ``(n, V)``."""
+        rows = self.running[first : first + n]
+        self.feeding = rows
+        feed = torch.tensor([[s.next_token] for s in rows], device=self.device)  # (n, 1)
+        lengths = torch.tensor([s.length for s in rows], device=self.device)  # (n,): tokens already cached
+        mask = self.caches.plan_decode(lengths, first)  # (n, 1, 1, Nk)
+        h = self.net.forward_features(feed, caches=self.caches.layers, positions=lengths[:, None], mask=mask)
+        return self.net.forward_head(h)[:, -1]  # (n, V)
+
+    def _grow(self) -> None:
+        """Make room for one more token in every row; when the cache cannot grow, the rows that need it fail."""
+        need = max(s.length for s in self.running) + 1
+        if need <= self.caches.capacity:
+            return
+        try:
+            self.caches.ensure(need)
+        except Exception as e:  # noqa: BLE001 - out of memory: the longest rows fail, the others fit as they are
+            log.exception("the KV cache could not grow to %d tokens", need)
+            for i in reversed(range(len(self.running))):
+                if self.running[i].length + 1 > self.caches.capacity:
+                    self._remove(i, "error", error=f"the KV cache could not grow to {need} tokens: "
+                                 f"{type(e).__name__}: {e}")
 
     def _decode(self) -> None:
-        rows = self.running
-        B = len(rows)
-        feed = torch.tensor([[s.next_token] for s in rows], device=self.device)  # (B, 1)
-        lengths = torch.tensor([s.length for s in rows], device=self.device)  # (B,): tokens already cached
-        mask = self.caches.plan_decode(lengths)  # (B, 1, 1, Nk)
-        h = self.net.forward_features(feed, caches=self.caches.layers, positions=lengths[:, None], mask=mask)
-        logits = self.net.forward_head(h)[:, -1]  # (B, V)
-        nxt = sample_rows(logits, [s.params for s in rows], [s.generator for s in rows], self.generator).tolist()
+        self._grow()
+        B = len(self.running)
+        if not B:
+            return
+        rows = list(self.running)
+        errors: dict[int, str] = {}
+        try:
+            logits = self._forward_rows(0, B)  # (B, V)
+            nxt = sample_rows(logits, [s.params for s in rows], [s.generator for s in rows], self.generator,
+                              errors=errors).tolist()
+        except Exception as e:  # noqa: BLE001 - find the row(s) at fault: retry the step one row at a time
+            log.warning("a batched decoding step of %d rows failed (%s: %s); retrying row by row", B,
+                        type(e).__name__, e)
+            nxt, errors = [-1] * B, {}
+            for i, s in enumerate(rows):
+                try:
+                    lg = self._forward_rows(i, 1)  # (1, V)
+                    nxt[i] = int(sample_rows(lg, [s.params], [s.generator], self.generator)[0])
+                except Exception as e1:  # noqa: BLE001 - this row's own failure
+                    log.exception("decoding failed for one sequence; it ends with an error")
+                    errors[i] = _describe(e1)
+        finally:
+            self.feeding = []
         self.steps += 1
         self.batch_sizes = self.batch_sizes[-999:] + [B]
         for i in reversed(range(B)):  # from the end: a retired row is refilled by the last, already handled
-            self._accept(i, nxt[i])
+            if i in errors:
+                self._remove(i, "error", error=errors[i])
+            else:
+                self._accept_or_fail(i, nxt[i])
+
+    def _accept_or_fail(self, row: int, token: int) -> None:
+        s = self.running[row]
+        try:
+            self._accept(row, token)
+        except Exception as e:  # noqa: BLE001 - e.g. the tokenizer cannot decode the token: this sequence only
+            log.exception("a sequence's new token could not be taken")
+            if row < len(self.running) and self.running[row] is s:
+                self._remove(row, "error", error=_describe(e))
+            elif s.finish_reason is None:
+                self._finish(s, "error", error=_describe(e))
 
     def _accept(self, row: int, token: int) -> None:
         """Take a sequence's newly sampled token: stop, or turn it into text and emit it."""
@@ -278,13 +472,12 @@ class Engine:
         text = self.tokenizer.decode(s.generated)
         if not text.endswith("\ufffd"):  # a token that ends inside a UTF-8 character waits for the next one
             s.text = text
-        for stop in p.stop:
-            at = s.text.find(stop, max(0, s.sent - len(stop)))
-            if at >= 0:
-                s.text = s.text[:at]
-                self._flush(s, final=True)
-                self._remove(row, "stop")
-                return
+        at = first_stop(s.text, p.stop, s.sent)
+        if at >= 0:
+            s.text = s.text[:at]
+            self._flush(s, final=True)
+            self._remove(row, "stop")
+            return
         if len(s.generated) >= p.max_tokens:
             s.text = self.tokenizer.decode(s.generated)
             self._flush(s, final=True)
@@ -294,35 +487,58 @@ class Engine:
 
     def _flush(self, s: Sequence, *, final: bool) -> None:
         """Emit the text not sent yet, holding back a tail that could begin a stop string."""
-        end = len(s.text)
-        if not final:
-            for stop in s.params.stop:
-                for k in range(min(len(stop) - 1, end - s.sent), 0, -1):
-                    if s.text.endswith(stop[:k]):
-                        end = min(end, len(s.text) - k)
-                        break
+        end = len(s.text) if final else held_back(s.text, s.sent, s.params.stop)
         if end > s.sent:
             piece = s.text[s.sent : end]
             s.sent = end
-            s.emit(Event(text=piece))
+            self._emit(s, Event(text=piece))
 
-    def _remove(self, row: int, reason: str) -> None:
+    def _remove(self, row: int, reason: str, *, error: str | None = None) -> None:
         s = self.running[row]
         last = len(self.running) - 1
         if row != last:
             self.caches.move(last, row, self.running[last].length)
             self.running[row] = self.running[last]
         self.running.pop()
-        self._finish(s, reason)
+        self._finish(s, reason, error=error)
 
     def _finish(self, s: Sequence, reason: str, *, error: str | None = None) -> None:
         s.finish_reason = reason
         self.finished[reason] += 1
+        self._emit(s, Event(finish_reason=reason, error=error))
+
+    @staticmethod
+    def _emit(s: Sequence, ev: Event) -> None:
         try:
-            s.emit(Event(finish_reason=reason, error=error))
+            s.emit(ev)
         except Exception:  # noqa: BLE001 - the owner's callback must not stop the engine
             log.exception("a sequence's emit callback failed")
 
     def status(self) -> dict[str, Any]:
         return {**self.load, "max_batch": self.max_batch, "context": self.context, "steps": self.steps,
-                "quantize": self.quantize}
+                "quantize": self.quantize, "max_queue": self.max_queue}
+
+
+def first_stop(text: str, stops: list[str], sent: int = 0) -> int:
+    """Where the earliest match of any stop string begins in ``text`` (−1: none).
+
+    Text before ``sent`` was emitted, so no match starts there (a tail that could begin a stop string is
+    held back, :func:`held_back`); only matches that reach past it are looked for.
+    """
+    best = -1
+    for stop in stops:
+        at = text.find(stop, max(0, sent - len(stop) + 1))
+        if at >= 0 and (best < 0 or at < best):
+            best = at
+    return best
+
+
+def held_back(text: str, sent: int, stops: list[str]) -> int:
+    """How much of ``text`` may be emitted: up to the longest tail after ``sent`` that begins a stop string."""
+    end = len(text)
+    for stop in stops:
+        for k in range(min(len(stop) - 1, len(text) - sent), 0, -1):
+            if text.endswith(stop[:k]):
+                end = min(end, len(text) - k)
+                break
+    return end

@@ -21,10 +21,11 @@ from typing import Any
 
 from .engine import SamplingParams
 
-__all__ = ["APIError", "CompletionRequest", "parse_completion", "parse_chat", "error_body", "completion_body",
-           "chat_body", "completion_chunk", "chat_chunk", "usage"]
+__all__ = ["APIError", "CompletionRequest", "MAX_PROMPTS", "parse_completion", "parse_chat", "error_body",
+           "completion_body", "chat_body", "completion_chunk", "chat_chunk", "usage"]
 
 MAX_STOP = 4
+MAX_PROMPTS = 2048  # prompts in one completions request at most (OpenAI's limit)
 
 
 class APIError(Exception):
@@ -162,7 +163,8 @@ def _common(body: dict[str, Any], served: str, *, default_max: int | None, conte
                        f"{name}={max_tokens} asks for {prompt_len + max_tokens}: lower {name} to at most {room} "
                        "or shorten the prompt", param=name, code="context_length_exceeded")
     params = SamplingParams(max_tokens=int(max_tokens), temperature=temperature, top_p=top_p,
-                            top_k=max(0, int(top_k or 0)), stop=list(stop) + list(extra_stop or []),
+                            top_k=min(max(0, int(top_k or 0)), 2**31 - 1),  # past the vocabulary = off
+                            stop=list(stop) + list(extra_stop or []),
                             stop_ids=list(stop_ids), seed=None if seed is None else int(seed))
     return params, stream, include_usage, served
 
@@ -181,6 +183,8 @@ def _prompts(body: dict[str, Any], tokenizer, vocab: int) -> list[list[int]]:
     else:
         raise APIError(400, "prompt must be a string, a list of strings, a list of token ids, or a list of lists "
                        "of token ids", param="prompt")
+    if len(items) > MAX_PROMPTS:  # before tokenizing any of them
+        raise APIError(400, f"{len(items)} prompts in one request; at most {MAX_PROMPTS}", param="prompt")
     out = []
     for x in items:
         if isinstance(x, str):
