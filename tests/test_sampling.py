@@ -79,3 +79,16 @@ def test_bad_arguments(model, kw, msg):
     args = {"max_new_tokens": 3, **kw}
     with pytest.raises(ValueError, match=msg):
         generate(model, torch.zeros(1, 1, dtype=torch.long), **args)
+
+
+@pytest.mark.parametrize("temperature", [1e-40, 1e-6])
+def test_a_temperature_below_the_epsilon_is_greedy(model, temperature):
+    """logits / 1e-40 overflows to inf and its softmax is NaN: below SAMPLING_EPS the choice is the argmax (vLLM)."""
+    from tokennet.sampling import SAMPLING_EPS
+
+    assert temperature < SAMPLING_EPS
+    prompt = torch.randint(40, (2, 4), generator=torch.Generator().manual_seed(1))
+    greedy = generate(model, prompt, 10, temperature=0)
+    assert torch.equal(generate(model, prompt, 10, temperature=temperature), greedy)
+    logits = torch.tensor([[0.0, 3.0, 1e30, -1e30]])
+    assert sample_next(logits, temperature=temperature).tolist() == [2]

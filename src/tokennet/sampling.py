@@ -45,7 +45,7 @@ from .attention.multihead import KVCache
 from .errors import ConfigError
 from .layers import quantize as quantization
 
-__all__ = ["generate", "stream", "sample_next", "CompiledStep", "compiled_step"]
+__all__ = ["generate", "stream", "sample_next", "SAMPLING_EPS", "CompiledStep", "compiled_step"]
 
 logger = logging.getLogger(__name__)
 
@@ -149,6 +149,11 @@ def compiled_step(net: nn.Module) -> CompiledStep:
     return step
 
 
+# A temperature below this is greedy (vLLM's _SAMPLING_EPS): dividing logits by 1e-40 overflows to inf,
+# whose softmax is NaN.
+SAMPLING_EPS = 1e-5
+
+
 def sample_next(
     logits: Tensor,
     *,
@@ -157,8 +162,9 @@ def sample_next(
     top_p: float | None = None,
     generator: torch.Generator | None = None,
 ) -> Tensor:
-    """Choose next tokens ``(B,)`` from last-position logits ``(B, V)``."""
-    if temperature == 0:
+    """Choose next tokens ``(B,)`` from last-position logits ``(B, V)``; a temperature below
+    :data:`SAMPLING_EPS` is greedy."""
+    if temperature < SAMPLING_EPS:
         # bf16 logits (a quantized model): argmax is several times faster in float32, and the same.
         low = logits.dtype in (torch.bfloat16, torch.float16)
         return (logits.float() if low else logits).argmax(dim=-1)

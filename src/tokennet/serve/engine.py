@@ -46,15 +46,13 @@ import torch
 from torch import Tensor, nn
 
 from ..layers import quantize as quantization
+from ..sampling import SAMPLING_EPS
 from .cache import SlotCaches
 
 __all__ = ["Engine", "Sequence", "SamplingParams", "QueueFull", "sample_rows", "SAMPLING_EPS"]
 
 log = logging.getLogger(__name__)
 
-# A temperature below this is greedy (vLLM's _SAMPLING_EPS): dividing logits by 1e-40 overflows to inf,
-# whose softmax is NaN.
-SAMPLING_EPS = 1e-5
 
 
 class QueueFull(Exception):
