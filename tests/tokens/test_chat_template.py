@@ -15,6 +15,7 @@ import datetime as dt
 import functools
 import importlib.util
 import json
+import socket
 import struct
 from pathlib import Path
 
@@ -575,6 +576,25 @@ def test_generate_chat_with_a_hostile_template_is_one_line_exit_2_and_runs_nothi
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "chat template" in err and str(tmp_path / "run") in err, err
     assert "__globals__" in err and not target.exists()
+
+
+def test_serve_refuses_a_run_with_a_hostile_template_at_start(hf_dir, tmp_path, capsys):
+    """tokennet serve checks the template once, before it binds a port: one line, exit 2, nothing run."""
+    from tokennet.cli import main
+
+    target = tmp_path / "pwned"
+    assert main(["import", str(hf_dir(MISTRAL)), "--out", str(tmp_path / "run")]) == 0
+    tok = json.loads((tmp_path / "run" / "tokenizer.json").read_text())
+    tok["tokennet"]["chat_template"] = HOSTILE["cycler globals"].replace("FILE", str(target))
+    (tmp_path / "run" / "tokenizer.json").write_text(json.dumps(tok))
+    capsys.readouterr()
+    with socket.socket() as taken:  # a port already bound: a server that got as far as binding fails, not hangs
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        assert main(["serve", str(tmp_path / "run"), "--port", str(taken.getsockname()[1])]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "__globals__" in err and str(tmp_path / "run") in err, err
+    assert not target.exists()
 
 
 def test_generate_chat_with_bos_and_eos_tokens_in_the_template(hf_dir, tmp_path, capsys):

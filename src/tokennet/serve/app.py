@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import importlib.util
 import json
 import logging
 import time
@@ -38,6 +39,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..errors import RunError
+from ..tokens.chat_template import check_chat_template
 from .engine import Engine, Event, QueueFull, Sequence
 from .protocol import (
     APIError,
@@ -330,6 +332,9 @@ def engine_for_run(run, *, max_batch: int = 16, context: int | None = None, quan
                        "tokenizer")
     if context is not None and context < 2:
         raise RunError(f"the context must be at least 2 tokens, got {context}")
+    template = getattr(run.tokenizer, "chat_template", None)
+    if template and importlib.util.find_spec("jinja2") is not None:  # refused at start, not on every chat request
+        check_chat_template(template, where=str(run.path))
     return Engine(model, run.tokenizer, max_batch=max_batch, context=context, quantize=quantize, max_queue=max_queue)
 
 
