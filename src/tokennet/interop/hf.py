@@ -48,7 +48,7 @@ def read_hf_config(source: Path) -> dict[str, Any]:
         raise DataError(f"{source} is not a Hugging Face checkpoint: it has no config.json")
     try:
         cfg = json.loads(f.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:  # RecursionError: nesting too deep
         raise DataError(f"{f} is not valid JSON: {e}") from None
     if not isinstance(cfg, dict) or "model_type" not in cfg:
         raise DataError(f"{f} is not a Hugging Face model config (no 'model_type' field)")

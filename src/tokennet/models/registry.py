@@ -252,7 +252,7 @@ def read_config(directory: str | Path) -> dict[str, Any]:
         raise RunError(f"{directory} is not a saved tokennet model: {CONFIG_FILE} is missing")
     try:
         d = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:  # RecursionError: nesting too deep
         raise RunError(f"{path} is not valid JSON: {e}") from None
     if not isinstance(d, dict) or "family" not in d:
         raise RunError(f"{path} is not a tokennet model config (no 'family' field)")

@@ -33,7 +33,7 @@ def _read_json(path) -> dict[str, Any]:
         return {}
     try:
         data = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:  # RecursionError: nesting too deep
         raise DataError(f"{path} is not valid JSON: {e}") from None
     if not isinstance(data, dict):
         raise DataError(f"{path} is not a JSON object")
@@ -136,8 +136,14 @@ class PretrainedTokenizer(Tokenizer):
             engine = HFTokenizer.from_str(json.dumps(data["engine"]))
         except Exception as e:  # noqa: BLE001 - the engine raises a bare Exception on malformed JSON
             raise DataError(f"not a valid pretrained tokenizer: {e}") from None
-        return cls(engine, **{k: meta.get(k) for k in ("bos_id", "eos_id", "pad_id", "unk_id", "chat_template")},
-                   add_special=bool(meta.get("add_special", False)))
+        ids = {k: meta.get(k) for k in ("bos_id", "eos_id", "pad_id", "unk_id")}
+        for k, v in ids.items():
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+                raise DataError(f"not a valid pretrained tokenizer: {k} is {type(v).__name__}, not a token id")
+        template = meta.get("chat_template")
+        if template is not None and not isinstance(template, str):
+            raise DataError("not a valid pretrained tokenizer: chat_template is not a string")
+        return cls(engine, **ids, chat_template=template, add_special=bool(meta.get("add_special", False)))
 
     @classmethod
     def from_file(cls, path, *, add_special: bool = True) -> PretrainedTokenizer:
@@ -186,9 +192,12 @@ class PretrainedTokenizer(Tokenizer):
             return None
         meta = _read_json(source / "tokenizer_config.json")
         cfg = _read_json(source / "config.json")
-        for entry in (meta.get("added_tokens_decoder") or {}).values():  # vocab.json + merges.txt keep specials here
+        added = meta.get("added_tokens_decoder") or {}
+        if not isinstance(added, dict):
+            raise DataError(f"{source / 'tokenizer_config.json'}: added_tokens_decoder is not an object")
+        for entry in added.values():  # vocab.json + merges.txt keep specials here
             content = entry.get("content") if isinstance(entry, dict) else None
-            if content and entry.get("special") and engine.token_to_id(content) is None:
+            if isinstance(content, str) and content and entry.get("special") and engine.token_to_id(content) is None:
                 engine.add_special_tokens([AddedToken(entry["content"], special=True, normalized=False)])
         if engine.token_to_id("<|endoftext|>") is not None and not (source / "tokenizer.json").is_file():
             engine.add_special_tokens([AddedToken("<|endoftext|>", special=True, normalized=False)])

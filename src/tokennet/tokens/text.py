@@ -412,6 +412,9 @@ class BPETokenizer(Tokenizer):
         byte_of = {c: b for b, c in bytes_to_unicode().items()}
         full = [b""] * engine.get_vocab_size()
         for token, i in engine.get_vocab().items():
+            if not 0 <= i < len(full):
+                raise DataError(f"token {token!r} has id {i}, outside 0..{len(full) - 1}: the vocabulary's ids have "
+                                "gaps")
             try:
                 full[i] = token.encode() if i < len(SPECIAL_TOKENS) else bytes(byte_of[c] for c in token)
             except KeyError as e:
@@ -555,8 +558,8 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
         )
     try:
         data = json.loads(file.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise DataError(f"{file} is not a tokenizer: not valid JSON ({e})") from e
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:  # RecursionError: nesting too deep
+        raise DataError(f"{file} is not a tokenizer: not valid JSON ({e})") from None
     try:
         return tokenizer_from_dict(data)
     except ValueError as e:
