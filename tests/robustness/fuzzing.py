@@ -18,6 +18,7 @@ import contextlib
 import hashlib
 import io
 import json
+import os
 import signal
 import struct
 from pathlib import Path
@@ -28,12 +29,25 @@ from hypothesis import strategies as st
 from tokennet.errors import TokennetError
 
 # Reproducible and fast: the same examples on every run (derandomize), no per-example deadline (the first call of a
-# reader imports its libraries), no example database written into the tree.
-FUZZ = settings(max_examples=30, deadline=None, derandomize=True, database=None, print_blob=True,
+# reader imports its libraries), no example database written into the tree. TOKENNET_FUZZ_EXAMPLES=1000 searches
+# harder (and, with TOKENNET_FUZZ_RANDOM=1, differently on each run) when a reader changes.
+FUZZ = settings(max_examples=int(os.environ.get("TOKENNET_FUZZ_EXAMPLES", "30")),
+                derandomize=not os.environ.get("TOKENNET_FUZZ_RANDOM"), deadline=None, database=None, print_blob=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
                                        HealthCheck.data_too_large])
 
 HUGE = (2**31 - 1, 2**32 - 1, 2**40, 2**62, 2**64 - 1)
+
+
+class Damaged:
+    """A damaged file's bytes and how they were damaged; its repr is short (a falsifying example prints it)."""
+
+    def __init__(self, kind: str, data: bytes):
+        self.kind, self.data = kind, data
+
+    def __repr__(self) -> str:
+        return f"Damaged({self.kind!r}, {len(self.data)} bytes, sha256 {hashlib.sha256(self.data).hexdigest()[:16]}, " \
+               f"starts {self.data[:48]!r})"
 
 
 def _offset(draw, n: int, hot: int | None) -> int:
@@ -45,8 +59,8 @@ def _offset(draw, n: int, hot: int | None) -> int:
 
 
 @st.composite
-def mutated(draw, seed: bytes, hot: int | None = None) -> tuple[str, bytes]:
-    """``(what was done, damaged bytes)`` from ``seed``: truncated, bit-flipped, extended, overwritten or inflated."""
+def mutated(draw, seed: bytes, hot: int | None = None) -> Damaged:
+    """``seed`` truncated, bit-flipped, extended, overwritten or with a length field inflated."""
     n = len(seed)
     kind = draw(st.sampled_from(["truncate", "flip", "append", "overwrite", "inflate", "flip+truncate"]))
     data = bytearray(seed)
@@ -67,7 +81,7 @@ def mutated(draw, seed: bytes, hot: int | None = None) -> tuple[str, bytes]:
         i = min(_offset(draw, n, hot), max(n - width, 0))
         value = draw(st.sampled_from(HUGE)) & ((1 << (8 * width)) - 1)
         data[i:i + width] = struct.pack(fmt, value)
-    return kind, bytes(data)
+    return Damaged(kind, bytes(data))
 
 
 def _json_values(leaf_text: bool = True):
@@ -77,14 +91,14 @@ def _json_values(leaf_text: bool = True):
 
 
 @st.composite
-def mutated_json(draw, seed: object) -> tuple[str, bytes]:
+def mutated_json(draw, seed: object) -> Damaged:
     """A JSON document with one value replaced (anywhere in the tree) by a random JSON value, a key dropped, or a
-    deeply nested list; the bytes of its text."""
+    deeply nested list (its text's bytes)."""
     doc = json.loads(json.dumps(seed))
     kind = draw(st.sampled_from(["replace", "drop", "nest"]))
     if kind == "nest":
         depth = draw(st.sampled_from([1000, 100_000]))
-        return kind, ("[" * depth + "]" * depth).encode()
+        return Damaged(kind, ("[" * depth + "]" * depth).encode())
     # collect the paths into the tree, then pick one
     paths: list[tuple] = []
 
@@ -100,7 +114,7 @@ def mutated_json(draw, seed: object) -> tuple[str, bytes]:
     walk(doc, ())
     path = draw(st.sampled_from(paths))
     if not path:
-        return kind, json.dumps(draw(_json_values())).encode()
+        return Damaged(kind, json.dumps(draw(_json_values())).encode())
     parent = doc
     for k in path[:-1]:
         parent = parent[k]
@@ -108,7 +122,7 @@ def mutated_json(draw, seed: object) -> tuple[str, bytes]:
         del parent[path[-1]]
     else:
         parent[path[-1]] = draw(_json_values())
-    return kind, json.dumps(doc, allow_nan=True).encode()
+    return Damaged(kind, json.dumps(doc, allow_nan=True).encode())
 
 
 def sha256(path: Path) -> str:

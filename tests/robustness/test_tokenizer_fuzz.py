@@ -85,7 +85,7 @@ def test_the_seeds_read(seeds, engine, kind):
 @given(data=st.data())
 def test_damaged_bytes_are_one_line(seeds, engine, kind, data):
     seed = json.dumps(seeds[kind]).encode()
-    _, damaged = data.draw(mutated(seed, hot=len(seed)), label="mutation")
+    damaged = data.draw(mutated(seed, hot=len(seed)), label="mutation").data
     _read(kind, damaged, engine)
 
 
@@ -94,7 +94,7 @@ def test_damaged_bytes_are_one_line(seeds, engine, kind, data):
 @given(data=st.data())
 def test_wrong_json_values_are_one_line(seeds, engine, kind, data):
     """Valid JSON with a value of another type anywhere in the tree, a key dropped, or nesting 100,000 deep."""
-    _, damaged = data.draw(mutated_json(seeds[kind]), label="mutation")
+    damaged = data.draw(mutated_json(seeds[kind]), label="mutation").data
     _read(kind, damaged, engine)
 
 
