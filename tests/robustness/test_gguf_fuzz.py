@@ -147,6 +147,18 @@ def test_inflated_model_sizes_are_checked_against_the_tensors(seed_gguf, tmp_pat
         assert left == ["m.gguf"], key
 
 
+def test_a_metadata_string_that_is_not_utf8_is_one_line(seed_gguf):
+    """Found by the fuzzing: ``general.architecture``'s bytes flipped to invalid UTF-8 raised UnicodeDecodeError."""
+    path, seed, _ = seed_gguf
+    f = gguf.GGUFReader(str(path)).fields["general.architecture"]
+    at = f.offset + sum(int(p.nbytes) for p in f.parts[:-1])  # the string's first byte
+    data = bytearray(seed)
+    data[at] = 0xFF
+    out, left = _import(bytes(data))
+    assert isinstance(out, TokennetError) and "general.architecture" in str(out), out
+    assert left == ["m.gguf"]
+
+
 @pytest.mark.parametrize("cut", [0, 3, 20, 200, -1])
 def test_cli_import_of_a_damaged_gguf_is_one_line(seed_gguf, tmp_path, cut):
     path, seed, header = seed_gguf

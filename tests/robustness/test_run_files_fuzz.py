@@ -78,6 +78,22 @@ def test_damaged_weights_are_one_line(runs, which, data):
         assert isinstance(out, TokennetError), "a changed file passed its checksum"
 
 
+def test_weights_holding_nan_are_one_line(runs):
+    """Found by the fuzzing: without a checksum, a flipped exponent bit gives NaN weights that loaded, and sampling
+    then failed with a traceback. The loader refuses non-finite weights, naming the tensor."""
+    from safetensors.torch import load_file, save_file
+
+    sd = load_file(str(runs["unchecked"] / "model.safetensors"))
+    sd["decoder.norm.weight"][0] = float("nan")
+    d = Path(tempfile.mkdtemp())
+    try:
+        save_file(sd, str(d / "w.safetensors"))
+        out = _load_damaged(runs["unchecked"], "model.safetensors", (d / "w.safetensors").read_bytes())
+    finally:
+        shutil.rmtree(d)
+    assert isinstance(out, TokennetError) and "decoder.norm.weight" in str(out) and "NaN" in str(out), out
+
+
 @pytest.mark.parametrize("name", ["run.json", "config.json", "metrics.json"])
 @FUZZ
 @given(data=st.data())
