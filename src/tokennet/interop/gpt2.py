@@ -47,7 +47,7 @@ from .gguf_in import (
     load_tensors,
     read_gguf,
 )
-from .hf import NameMap, check_fields, linear_from_conv1d, read_safetensors
+from .hf import NameMap, check_fields, check_layer_count, linear_from_conv1d, read_safetensors
 
 __all__ = ["convert_gpt2", "convert_gpt2_gguf", "GGUF_LAYER_NAMES", "GGUF_GPT2_KEYS"]
 
@@ -105,6 +105,7 @@ def convert_gpt2(source: Path, cfg: dict[str, Any]) -> tuple[GPT, list[str], Pre
     p = "transformer." if any(k.startswith("transformer.") for k in tensors) else ""
     # attn.bias / attn.masked_bias: the causal mask as a buffer (older transformers saved it); tokennet builds it.
     m = NameMap(tensors, str(source / "model.safetensors"), derived=rf"{p}h\.\d+\.attn\.(bias|masked_bias)")
+    check_layer_count(tensors, config.num_layers, m.where)
     t = linear_from_conv1d
     m.put("tok_emb.weight", f"{p}wte.weight")
     m.put("pos_emb.weight", f"{p}wpe.weight")
@@ -129,8 +130,7 @@ def convert_gpt2(source: Path, cfg: dict[str, Any]) -> tuple[GPT, list[str], Pre
         m.put("lm_head.weight", f"{p}wte.weight")
     else:
         m.put("lm_head.weight", "lm_head.weight")
-    model = GPT(config)
-    model.load_state_dict(m.finish(model))
+    model = build_checked(GPT, config, m)
     tokenizer = PretrainedTokenizer.from_hf_dir(source, vocab_size=config.vocab_size)
     notes = [] if tokenizer else ["the source has no tokenizer (tokenizer.json, or vocab.json + merges.txt): "
                                   "the run takes token ids, and `generate --prompt` needs a tokenizer"]

@@ -56,7 +56,7 @@ from .gguf_in import (
     read_gguf,
     stack_rows,
 )
-from .hf import NameMap, check_fields, read_safetensors
+from .hf import NameMap, check_fields, check_layer_count, read_safetensors
 
 __all__ = ["convert_llama", "convert_llama_gguf", "unpermute", "permute", "llama_config", "LAYER_NAMES"]
 
@@ -136,9 +136,9 @@ def convert_llama(source: Path, cfg: dict[str, Any]) -> tuple[GPT, list[str], Pr
         kv_heads=cfg.get("num_key_value_heads") or heads, rope_base=_hf_rope_base(cfg),
         eps=cfg.get("rms_norm_eps", 1e-6), tied=cfg.get("tie_word_embeddings", False))
     m = NameMap(read_safetensors(source), str(source / "model.safetensors"))
+    check_layer_count(m.tensors, config.num_layers, m.where)
     _fill(m, config, gguf=False)
-    model = GPT(config)
-    model.load_state_dict(m.finish(model))
+    model = build_checked(GPT, config, m)
     tokenizer = PretrainedTokenizer.from_hf_dir(source, vocab_size=config.vocab_size)
     notes = [] if tokenizer else ["the source has no tokenizer.json: the run takes token ids, and "
                                   "`generate --prompt` needs a tokenizer"]
