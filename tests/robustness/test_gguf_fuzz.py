@@ -130,6 +130,19 @@ def test_inflated_header_counts_fail_fast(seed_gguf, where, value):
     assert left == ["m.gguf"]
 
 
+def test_an_inflated_array_length_fails_fast(seed_gguf):
+    """Found by the fuzzing: the length of an array of numbers (``tokenizer.ggml.token_type``) set to 2**40 made the
+    gguf package loop over 2**40 empty reads past the end of the file; tokennet's reader refuses any read past it."""
+    path, seed, _ = seed_gguf
+    f = gguf.GGUFReader(str(path)).fields["tokenizer.ggml.token_type"]
+    at = f.offset + sum(int(p.nbytes) for p in f.parts[:4])  # key length, key, value type, item type → the count
+    data = bytearray(seed)
+    data[at:at + 8] = struct.pack("<Q", 2**40)
+    out, left = _import(bytes(data))
+    assert isinstance(out, TokennetError) and "past the end" in str(out), out
+    assert left == ["m.gguf"]
+
+
 def test_inflated_model_sizes_are_checked_against_the_tensors(seed_gguf, tmp_path):
     """``llama.block_count``, ``llama.embedding_length``, ... rewritten to 2**30: the header's sizes disagree with the
     tensors the file holds, and the converter says so before it builds (or loops over) a model of that size.

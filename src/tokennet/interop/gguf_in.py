@@ -135,8 +135,17 @@ def read_gguf(path: Path):
         raise DataError("reading GGUF files needs the gguf package: pip install gguf") from None
     if not path.is_file():
         raise DataError(f"{path} does not exist")
+    class BoundedReader(GGUFReader):
+        """The gguf package's reader, refusing every read past the end of the file: its own reads return short
+        arrays there, and a count inflated by one flipped bit then loops for ~2**40 empty reads of an array."""
+
+        def _get(self, offset, dtype, count=1, override_order=None):
+            if int(offset) + np.dtype(dtype).itemsize * int(count) > len(self.data):
+                raise ValueError(f"a field at byte {int(offset)} runs past the end of the file")
+            return super()._get(offset, dtype, count, override_order)
+
     try:
-        return GGUFReader(str(path))
+        return BoundedReader(str(path))
     except (ValueError, OSError, KeyError, IndexError, EOFError) as e:
         first = (str(e).splitlines() or [type(e).__name__])[0]
         raise DataError(f"{path} is not a readable GGUF file (truncated or damaged?): {first}") from None
@@ -184,6 +193,8 @@ def _blocks(t) -> Blocks:
 
     fmt = KEPT_TYPES[GGMLQuantizationType(t.tensor_type).name]
     K, N = (int(n) for n in t.shape)
+    if K % 32 or N < 1:
+        raise ValueError(f"rows of {K} values are not whole blocks of 32")
     raw = np.ascontiguousarray(t.data).reshape(N, K // 32, -1)  # (N, G, bytes per block)
     d = torch.from_numpy(raw[..., :2].copy().view(np.float16)[..., 0])  # (N, G)
     m = torch.from_numpy(raw[..., 2:4].copy().view(np.float16)[..., 0]) if fmt == "q4_1" else None
@@ -204,12 +215,18 @@ def load_tensors(reader, path: Path, *, keep_blocks: bool = True) -> tuple[dict[
     dequantized: set[str] = set()
     for t in reader.tensors:
         kind = GGMLQuantizationType(t.tensor_type).name
-        if keep_blocks and kind in KEPT_TYPES and len(t.shape) == 2:
-            out[t.name] = _blocks(t)
-        else:
-            out[t.name] = _dequantize(t)
-            if kind not in FLOAT_TYPES:
-                dequantized.add(kind)
+        try:
+            if keep_blocks and kind in KEPT_TYPES and len(t.shape) == 2:
+                out[t.name] = _blocks(t)
+            else:
+                out[t.name] = _dequantize(t)
+                if kind not in FLOAT_TYPES:
+                    dequantized.add(kind)
+        except (ConfigError, DataError):
+            raise
+        except (ValueError, IndexError) as e:  # a damaged tensor info: a shape its bytes cannot have
+            raise DataError(f"{path}: tensor {t.name} (GGUF type {kind}, shape {[int(n) for n in t.shape]}) cannot be "
+                            f"read ({(str(e).splitlines() or [type(e).__name__])[0]}); nothing was written") from None
     notes = []
     if dequantized and keep_blocks:
         notes.append(f"{path.name}: tensors of GGUF type {', '.join(sorted(dequantized))} were dequantized to float32 "

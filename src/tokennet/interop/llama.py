@@ -201,7 +201,8 @@ def convert_llama_gguf(path: Path, *, reader=None, keep_blocks: bool = True) -> 
     g = {k: field(reader, "llama." + k) for k in GGUF_LLAMA_KEYS}
     check_numbers(path, "llama", g, counts=tuple(k for k in GGUF_LLAMA_KEYS if k not in _GGUF_LLAMA_REALS),
                   reals=_GGUF_LLAMA_REALS,
-                  required=("block_count", "embedding_length", "feed_forward_length", "attention.head_count"))
+                  required=("block_count", "context_length", "embedding_length", "feed_forward_length",
+                            "attention.head_count", "attention.layer_norm_rms_epsilon"))
     dim, heads = g["embedding_length"], g["attention.head_count"]
     kv_heads = g["attention.head_count_kv"] or heads
     if g["rope.dimension_count"] not in (None, dim // heads):
