@@ -22,7 +22,7 @@ from tokenizers import AddedToken, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from ..errors import ConfigError, DataError
-from .text import Tokenizer, _as_id_list
+from .text import Tokenizer, _as_id_list, one_line
 
 __all__ = ["PretrainedTokenizer"]
 
@@ -135,7 +135,7 @@ class PretrainedTokenizer(Tokenizer):
         try:
             engine = HFTokenizer.from_str(json.dumps(data["engine"]))
         except Exception as e:  # noqa: BLE001 - the engine raises a bare Exception on malformed JSON
-            raise DataError(f"not a valid pretrained tokenizer: {e}") from None
+            raise DataError(f"not a valid pretrained tokenizer: {one_line(e)}") from None
         ids = {k: meta.get(k) for k in ("bos_id", "eos_id", "pad_id", "unk_id")}
         for k, v in ids.items():
             if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
@@ -154,7 +154,7 @@ class PretrainedTokenizer(Tokenizer):
         try:
             engine = HFTokenizer.from_file(str(path))
         except Exception as e:  # noqa: BLE001 - the engine raises a bare Exception on malformed files
-            raise DataError(f"{path} is not a Hugging Face tokenizer.json: {e}") from None
+            raise DataError(f"{path} is not a Hugging Face tokenizer.json: {one_line(e)}") from None
         engine.no_truncation()
         engine.no_padding()
         ids = {k: engine.token_to_id(t) for k, t in
@@ -178,14 +178,15 @@ class PretrainedTokenizer(Tokenizer):
             try:
                 engine = HFTokenizer.from_file(str(source / "tokenizer.json"))
             except Exception as e:  # noqa: BLE001 - the engine raises a bare Exception on malformed files
-                raise DataError(f"{source / 'tokenizer.json'} is not a Hugging Face tokenizer.json: {e}") from None
+                raise DataError(f"{source / 'tokenizer.json'} is not a Hugging Face tokenizer.json: "
+                                f"{one_line(e)}") from None
             engine.no_truncation()
             engine.no_padding()
         elif (source / "vocab.json").is_file() and (source / "merges.txt").is_file():
             try:
                 engine = HFTokenizer(models.BPE.from_file(str(source / "vocab.json"), str(source / "merges.txt")))
             except Exception as e:  # noqa: BLE001
-                raise DataError(f"{source}: vocab.json / merges.txt are not a BPE vocabulary: {e}") from None
+                raise DataError(f"{source}: vocab.json / merges.txt are not a BPE vocabulary: {one_line(e)}") from None
             engine.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
             engine.decoder = decoders.ByteLevel()
         else:
@@ -245,7 +246,8 @@ class PretrainedTokenizer(Tokenizer):
             engine = HFTokenizer(models.BPE(vocab=vocab, merges=pairs, unk_token=None, fuse_unk=False,
                                             byte_fallback=False, ignore_merges=False))
         except Exception as e:  # noqa: BLE001 - the engine raises a bare Exception (e.g. a merge of unknown tokens)
-            raise DataError(f"{where}: the tokenizer's vocabulary and merges do not fit together: {e}") from None
+            raise DataError(f"{where}: the tokenizer's vocabulary and merges do not fit together: "
+                            f"{one_line(e)}") from None
         engine.pre_tokenizer = _pre_tokenizer(pre, where)
         engine.decoder = decoders.ByteLevel()
         types = token_types or []

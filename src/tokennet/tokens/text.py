@@ -306,7 +306,8 @@ class CharTokenizer(Tokenizer):
             raise DataError(
                 "not a char tokenizer dict: expected {'tokennet': {'kind': 'char', 'chars': [...]}}"
             )
-        if tuple(meta.get("special_tokens", SPECIAL_TOKENS)) != SPECIAL_TOKENS:
+        specials = meta.get("special_tokens", list(SPECIAL_TOKENS))
+        if not isinstance(specials, list) or tuple(specials) != SPECIAL_TOKENS:
             raise DataError(
                 f"char tokenizer has special tokens {meta['special_tokens']}, expected {SPECIAL_TOKENS}"
             )
@@ -521,8 +522,13 @@ class BPETokenizer(Tokenizer):
         try:
             engine = HFTokenizer.from_str(json.dumps(data))
         except Exception as e:  # the engine raises a bare Exception on malformed JSON
-            raise DataError(f"not a valid Hugging Face tokenizer JSON: {e}") from e
+            raise DataError(f"not a valid Hugging Face tokenizer JSON: {one_line(e)}") from e
         return cls(engine)
+
+
+def one_line(e: BaseException) -> str:
+    """An exception's message on one line (the Rust engine's messages can span several)."""
+    return " ".join(str(e).split()) or type(e).__name__
 
 
 def tokenizer_from_dict(data: dict[str, Any]) -> Tokenizer:
@@ -563,7 +569,7 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     try:
         return tokenizer_from_dict(data)
     except ValueError as e:
-        raise DataError(f"{file}: {e}") from e
+        raise DataError(f"{file}: {one_line(e)}") from e
 
 
 def train_tokenizer(
