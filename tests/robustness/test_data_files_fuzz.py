@@ -105,6 +105,16 @@ def test_an_image_header_declaring_a_billion_pixels_is_refused_before_decoding()
     assert isinstance(out, TokennetError) and "Decompression" in str(out), out
 
 
+def test_a_wav_header_with_an_inflated_sample_rate_is_refused():
+    """Found by the fuzzing: a rate of ~2**31 Hz in the header made resampling design a 320 GiB filter."""
+    import struct
+
+    seed = bytearray(_audio("PCM_16", "wav"))
+    seed[24:32] = struct.pack("<II", 2**31 - 1, 2 * (2**31 - 1))  # the fmt chunk's sample rate and byte rate
+    out = _read_bytes("pcm16.wav", bytes(seed), lambda f: load_audio(f, 16000))
+    assert isinstance(out, TokennetError) and "sample rate" in str(out), out
+
+
 def test_an_npy_header_promising_more_than_the_file_holds_is_refused():
     seed = _image("npy").replace(b"(16, 16, 3)", b"(99999999, 16, 3)")
     out = _read_bytes("img.npy", seed, lambda f: read_images([f], 16))

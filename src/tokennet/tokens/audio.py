@@ -182,6 +182,9 @@ def resample(x: np.ndarray, orig_rate: int, new_rate: int) -> np.ndarray:
     return resample_poly(x, int(new_rate) // g, int(orig_rate) // g).astype(np.float32)
 
 
+MAX_SAMPLE_RATE = 1_536_000  # 8 × 192 kHz: above any recording format in use
+
+
 def _normalize(a: np.ndarray, path) -> np.ndarray:
     if a.dtype == np.uint8:
         return (a.astype(np.float32) - 128.0) / 128.0
@@ -233,6 +236,9 @@ def read_audio(path: str | Path) -> tuple[np.ndarray, int]:
             raise DataError(f"{p} is not a readable audio file ({type(e).__name__}: {first})") from None
     if isinstance(rate, bool) or not isinstance(rate, (int, np.integer)) or rate < 1:
         raise DataError(f"{p}: the sample rate must be a positive integer, got {rate!r}")
+    if rate > MAX_SAMPLE_RATE:  # a damaged header: resampling from it would design a filter of ~10·rate taps
+        raise DataError(f"{p}: a sample rate of {rate} Hz is not plausible (at most {MAX_SAMPLE_RATE}); the header "
+                        "is damaged")
     if a.size == 0:
         raise DataError(f"{p} has no samples")
     return _normalize(a, p), int(rate)
