@@ -64,7 +64,7 @@ __all__ = ["Run", "load", "RunLock", "is_run_dir", "read_run_info", "write_run_i
 def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:  # RecursionError: nesting too deep
         raise RunError(f"{path} is not valid JSON ({e}); the run directory is damaged") from None
 
 

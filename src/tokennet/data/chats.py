@@ -148,6 +148,8 @@ def read_chats(path: str | Path, tokenizer) -> list[ChatExample]:
             record = json.loads(line)
         except json.JSONDecodeError as e:
             raise DataError(f"{where}: not a JSON object ({e.msg} at column {e.colno})") from None
+        except RecursionError:
+            raise DataError(f"{where}: not a JSON object (nested too deeply)") from None
         if not isinstance(record, dict) or "messages" not in record:
             raise DataError(f"{where}: expected an object with a 'messages' list")
         examples.append(encode_chat(tokenizer, check_messages(record["messages"], where), where))
@@ -215,7 +217,7 @@ def is_chat_file(source: str | None) -> bool:
             if line.strip():
                 try:
                     return isinstance(json.loads(line), dict) and "messages" in json.loads(line)
-                except json.JSONDecodeError:
+                except (json.JSONDecodeError, RecursionError):
                     return True  # a malformed chat file: read_chats names the line
     return False
 

@@ -57,14 +57,33 @@ def read_images(paths, image_size: int, channels: int = 3, grey: str = "repeat")
     return torch.stack(out)
 
 
+def _load_npy(path: Path) -> np.ndarray:
+    """``np.load`` of a ``.npy`` file whose header is checked first: its shape may not promise more bytes than the
+    file holds (a damaged header must not make numpy allocate for it)."""
+    try:
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+                np.lib.format.read_array_header_2_0
+            shape, _, dtype = read_header(f)
+            need = int(np.prod(shape, dtype=object)) * dtype.itemsize
+            have = path.stat().st_size - f.tell()
+        if need > have:
+            raise DataError(f"{path}: the .npy header declares shape {shape} ({need} bytes) but the file holds "
+                            f"{have}; it is truncated or damaged")
+        return np.load(path, allow_pickle=False)
+    except DataError:
+        raise
+    except Exception as e:  # noqa: BLE001 - numpy fails on a damaged header in many ways (EOFError, TokenError, ...)
+        first = (str(e).splitlines() or [""])[0]
+        raise DataError(f"{path} is not a readable .npy array ({type(e).__name__}: {first})") from None
+
+
 def _read_image_file(path: Path) -> Tensor:
     if not path.is_file():
         raise DataError(f"image {path} does not exist" if not path.exists() else f"image {path} is not a file")
     if path.suffix.lower() == ".npy":
-        try:
-            a = np.load(path, allow_pickle=False)
-        except (ValueError, OSError) as e:
-            raise DataError(f"{path} is not a readable .npy array ({e})") from None
+        a = _load_npy(path)
         if a.ndim == 2:
             a = a[None]
         elif a.ndim == 3 and a.shape[-1] in (1, 3) and a.shape[0] not in (1, 3):
@@ -81,10 +100,16 @@ def _read_image_file(path: Path) -> Tensor:
         if not np.isfinite(a).all() or a.min() < 0 or a.max() > 1:
             raise DataError(f"{path}: float pixel values must lie in [0, 1]")
         return torch.from_numpy(np.ascontiguousarray(a))
-    from PIL import Image, UnidentifiedImageError
+    import warnings
+
+    from PIL import Image
 
     try:
-        with Image.open(path) as im:
+        with warnings.catch_warnings():
+            # Pillow's own bound on pixels (a header can declare 40000×40000 in a few bytes): an error, not a warning
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            im = Image.open(path)
+        with im:
             im.load()
             if im.mode in ("RGBA", "LA") or (im.mode == "P" and "transparency" in im.info):
                 im = im.convert("RGBA")
@@ -93,8 +118,9 @@ def _read_image_file(path: Path) -> Tensor:
             elif im.mode not in ("L", "RGB"):
                 im = im.convert("L" if im.mode in ("1", "I", "I;16", "F") else "RGB")
             a = np.asarray(im, dtype=np.float32)
-    except (UnidentifiedImageError, OSError, SyntaxError) as e:
-        raise DataError(f"{path} is not a readable image ({type(e).__name__}: {e})") from None
+    except Exception as e:  # noqa: BLE001 - Pillow fails on a damaged file in many ways (OSError, ValueError, ...)
+        first = (str(e).splitlines() or [""])[0]
+        raise DataError(f"{path} is not a readable image ({type(e).__name__}: {first})") from None
     if im.mode == "L":
         a = a[None]
     else:

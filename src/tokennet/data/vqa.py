@@ -584,7 +584,10 @@ def read_question_dir(directory: str, seed: int = 0, test_fraction: float = 0.2)
         lines = f.read_text(encoding="utf-8").splitlines()
     except UnicodeDecodeError as e:
         raise DataError(f"{f} is not UTF-8 text ({e})") from None
-    rows = list(csv.reader([ln for ln in lines if ln.strip()], delimiter="\t", quoting=csv.QUOTE_NONE))
+    try:
+        rows = list(csv.reader([ln for ln in lines if ln.strip()], delimiter="\t", quoting=csv.QUOTE_NONE))
+    except csv.Error as e:  # a field longer than csv's limit (128 KiB)
+        raise DataError(f"{f} is not a readable answers file: {e}") from None
     if not rows:
         raise DataError(f"{f} is empty; its first line is the header image<TAB>question<TAB>answer")
     header = [h.strip().lower() for h in rows[0]]

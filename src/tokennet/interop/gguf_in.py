@@ -24,7 +24,8 @@ from ..errors import ConfigError, DataError
 from ..layers.blockquant import dequantize_blocks
 from ..tokens.pretrained import PretrainedTokenizer
 
-__all__ = ["read_gguf", "field", "f32", "Blocks", "KEPT_TYPES", "load_tensors", "expand_blocks", "block_formats",
+__all__ = ["read_gguf", "field", "check_numbers", "check_block_count", "build_checked", "f32",
+           "Blocks", "KEPT_TYPES", "load_tensors", "expand_blocks", "block_formats",
            "gguf_tokenizer", "convert_gguf", "GGUF_ARCHS", "LLAMA3_PATTERN"]
 
 KEPT_TYPES = {"Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_1": "q4_1"}
@@ -43,13 +44,82 @@ def field(reader, key: str, default=None):
         return default
     from gguf import GGUFValueType
 
-    if f.types[0] == GGUFValueType.STRING:
-        return bytes(f.parts[f.data[0]]).decode("utf-8")
-    if f.types[0] == GGUFValueType.ARRAY:
-        if f.types[-1] == GGUFValueType.STRING:
-            return [bytes(f.parts[i]).decode("utf-8", errors="replace") for i in f.data]
-        return [f.parts[i].tolist()[0] for i in f.data]
-    return f.parts[f.data[0]].tolist()[0]
+    try:
+        if f.types[0] == GGUFValueType.STRING:
+            return bytes(f.parts[f.data[0]]).decode("utf-8")
+        if f.types[0] == GGUFValueType.ARRAY:
+            if f.types[-1] == GGUFValueType.STRING:
+                return [bytes(f.parts[i]).decode("utf-8", errors="replace") for i in f.data]
+            return [f.parts[i].tolist()[0] for i in f.data]
+        return f.parts[f.data[0]].tolist()[0]
+    except (UnicodeDecodeError, IndexError) as e:  # a damaged file: a string that is not UTF-8, a value cut short
+        where = getattr(reader.data, "filename", None) or "the GGUF file"
+        raise DataError(f"{where}: GGUF field {key!r} cannot be read ({type(e).__name__}): the file is "
+                        "damaged; nothing was written") from None
+
+
+def check_numbers(path: Path, prefix: str, values: dict[str, Any], *, counts: tuple[str, ...],
+                  reals: tuple[str, ...], required: tuple[str, ...] = ()) -> None:
+    """Refuse header fields of the wrong type before anything is built from them: ``counts`` must be positive
+    integers (or absent), ``reals`` finite numbers (or absent); the ``required`` ones may not be absent."""
+    absent = [k for k in required if values.get(k) is None]
+    if absent:
+        raise DataError(f"{path} lacks the GGUF field {prefix}.{absent[0]} the converter needs; nothing was written")
+    for k in counts:
+        v = values.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise DataError(f"{path}: GGUF field {prefix}.{k} = {_short(v)} is not a positive integer; "
+                            "nothing was written")
+    for k in reals:
+        v = values.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v)):
+            raise DataError(f"{path}: GGUF field {prefix}.{k} = {_short(v)} is not a finite number; "
+                            "nothing was written")
+
+
+def _short(v) -> str:
+    r = repr(v)
+    return r if len(r) <= 40 else r[:37] + "..."
+
+
+def check_block_count(path: Path, weights: dict[str, Any], layers: int) -> None:
+    """The header's layer count against the file's ``blk.N.*`` tensors, before a model of that depth is built
+    (a damaged count must not make the converter loop over, or allocate, a billion layers)."""
+    found = {int(name.split(".")[1]) for name in weights
+             if name.startswith("blk.") and name.split(".")[1].isdigit()}
+    if len(found) != layers or max(found, default=-1) != layers - 1:
+        raise DataError(f"{path}: the header says {layers} layer(s) but the file holds tensors of "
+                        f"{len(found)} (blk.N.*); nothing was written")
+
+
+def _shape(w) -> tuple[int, ...]:
+    """The shape of the matrix a tensor or :class:`Blocks` stands for."""
+    if isinstance(w, Blocks):
+        return (w.qs.shape[0], w.qs.shape[1] * (1 if w.fmt == "q8_0" else 2))
+    return tuple(w.shape)
+
+
+def build_checked(model_class, config, names) -> torch.nn.Module:
+    """``model_class(config)`` with the weights of the :class:`~.hf.NameMap` ``names`` (tensors and :class:`Blocks`)
+    loaded, their names and shapes checked first against a model without storage: sizes a damaged header
+    inflated are refused before the memory for them is asked for."""
+    try:
+        with torch.device("meta"):
+            probe = model_class(config.replace(quantized={}))  # every weight a float tensor, none allocated
+    except (RuntimeError, ValueError, OverflowError) as e:
+        raise DataError(f"{names.where}: the sizes in its header do not make a model "
+                        f"({(str(e).splitlines() or [type(e).__name__])[0]}); nothing was written") from None
+    expected = probe.state_dict()
+    if names.missing or names.unused():
+        names.finish(probe)  # raises, naming the tensors
+    for k, t in expected.items():
+        if k in names.state and _shape(names.state[k]) != tuple(t.shape):
+            raise DataError(f"{names.where}: tensor {k!r} has shape {_shape(names.state[k])}, the header's sizes "
+                            f"make {tuple(t.shape)}; nothing was written")
+    names.state = expand_blocks(names.state)
+    model = model_class(config)
+    model.load_state_dict(names.finish(model))
+    return model
 
 
 def f32(value: float | None) -> float | None:
@@ -65,8 +135,17 @@ def read_gguf(path: Path):
         raise DataError("reading GGUF files needs the gguf package: pip install gguf") from None
     if not path.is_file():
         raise DataError(f"{path} does not exist")
+    class BoundedReader(GGUFReader):
+        """The gguf package's reader, refusing every read past the end of the file: its own reads return short
+        arrays there, and a count inflated by one flipped bit then loops for ~2**40 empty reads of an array."""
+
+        def _get(self, offset, dtype, count=1, override_order=None):
+            if int(offset) + np.dtype(dtype).itemsize * int(count) > len(self.data):
+                raise ValueError(f"a field at byte {int(offset)} runs past the end of the file")
+            return super()._get(offset, dtype, count, override_order)
+
     try:
-        return GGUFReader(str(path))
+        return BoundedReader(str(path))
     except (ValueError, OSError, KeyError, IndexError, EOFError) as e:
         first = (str(e).splitlines() or [type(e).__name__])[0]
         raise DataError(f"{path} is not a readable GGUF file (truncated or damaged?): {first}") from None
@@ -114,6 +193,8 @@ def _blocks(t) -> Blocks:
 
     fmt = KEPT_TYPES[GGMLQuantizationType(t.tensor_type).name]
     K, N = (int(n) for n in t.shape)
+    if K % 32 or N < 1:
+        raise ValueError(f"rows of {K} values are not whole blocks of 32")
     raw = np.ascontiguousarray(t.data).reshape(N, K // 32, -1)  # (N, G, bytes per block)
     d = torch.from_numpy(raw[..., :2].copy().view(np.float16)[..., 0])  # (N, G)
     m = torch.from_numpy(raw[..., 2:4].copy().view(np.float16)[..., 0]) if fmt == "q4_1" else None
@@ -134,12 +215,18 @@ def load_tensors(reader, path: Path, *, keep_blocks: bool = True) -> tuple[dict[
     dequantized: set[str] = set()
     for t in reader.tensors:
         kind = GGMLQuantizationType(t.tensor_type).name
-        if keep_blocks and kind in KEPT_TYPES and len(t.shape) == 2:
-            out[t.name] = _blocks(t)
-        else:
-            out[t.name] = _dequantize(t)
-            if kind not in FLOAT_TYPES:
-                dequantized.add(kind)
+        try:
+            if keep_blocks and kind in KEPT_TYPES and len(t.shape) == 2:
+                out[t.name] = _blocks(t)
+            else:
+                out[t.name] = _dequantize(t)
+                if kind not in FLOAT_TYPES:
+                    dequantized.add(kind)
+        except (ConfigError, DataError):
+            raise
+        except (ValueError, IndexError) as e:  # a damaged tensor info: a shape its bytes cannot have
+            raise DataError(f"{path}: tensor {t.name} (GGUF type {kind}, shape {[int(n) for n in t.shape]}) cannot be "
+                            f"read ({(str(e).splitlines() or [type(e).__name__])[0]}); nothing was written") from None
     notes = []
     if dequantized and keep_blocks:
         notes.append(f"{path.name}: tensors of GGUF type {', '.join(sorted(dequantized))} were dequantized to float32 "

@@ -35,8 +35,19 @@ from typing import Any
 from ..errors import ConfigError, DataError
 from ..models.gpt import GPT, GPTConfig
 from ..tokens.pretrained import PretrainedTokenizer
-from .gguf_in import block_formats, dense, expand_blocks, f32, field, gguf_tokenizer, load_tensors, read_gguf
-from .hf import NameMap, check_fields, linear_from_conv1d, read_safetensors
+from .gguf_in import (
+    block_formats,
+    build_checked,
+    check_block_count,
+    check_numbers,
+    dense,
+    f32,
+    field,
+    gguf_tokenizer,
+    load_tensors,
+    read_gguf,
+)
+from .hf import NameMap, check_fields, check_layer_count, linear_from_conv1d, read_safetensors
 
 __all__ = ["convert_gpt2", "convert_gpt2_gguf", "GGUF_LAYER_NAMES", "GGUF_GPT2_KEYS"]
 
@@ -94,6 +105,7 @@ def convert_gpt2(source: Path, cfg: dict[str, Any]) -> tuple[GPT, list[str], Pre
     p = "transformer." if any(k.startswith("transformer.") for k in tensors) else ""
     # attn.bias / attn.masked_bias: the causal mask as a buffer (older transformers saved it); tokennet builds it.
     m = NameMap(tensors, str(source / "model.safetensors"), derived=rf"{p}h\.\d+\.attn\.(bias|masked_bias)")
+    check_layer_count(tensors, config.num_layers, m.where)
     t = linear_from_conv1d
     m.put("tok_emb.weight", f"{p}wte.weight")
     m.put("pos_emb.weight", f"{p}wpe.weight")
@@ -118,8 +130,7 @@ def convert_gpt2(source: Path, cfg: dict[str, Any]) -> tuple[GPT, list[str], Pre
         m.put("lm_head.weight", f"{p}wte.weight")
     else:
         m.put("lm_head.weight", "lm_head.weight")
-    model = GPT(config)
-    model.load_state_dict(m.finish(model))
+    model = build_checked(GPT, config, m)
     tokenizer = PretrainedTokenizer.from_hf_dir(source, vocab_size=config.vocab_size)
     notes = [] if tokenizer else ["the source has no tokenizer (tokenizer.json, or vocab.json + merges.txt): "
                                   "the run takes token ids, and `generate --prompt` needs a tokenizer"]
@@ -137,11 +148,14 @@ def convert_gpt2_gguf(path: Path, *, reader=None, keep_blocks: bool = True) -> t
         if key.startswith("gpt2.") and key[len("gpt2."):] not in GGUF_GPT2_KEYS:
             raise ConfigError(f"{path}: GGUF field {key!r} is not known to the gpt2 converter; nothing was written")
     g = {k: field(reader, "gpt2." + k) for k in GGUF_GPT2_KEYS}
+    check_numbers(path, "gpt2", g, counts=tuple(k for k in GGUF_GPT2_KEYS if k != "attention.layer_norm_epsilon"),
+                  reals=("attention.layer_norm_epsilon",))
     weights, notes = load_tensors(reader, path, keep_blocks=keep_blocks)
     dim, heads = g["embedding_length"], g["attention.head_count"]
     emb = weights.get("token_embd.weight")
     if emb is None or dim is None or heads is None or g["block_count"] is None:
         raise DataError(f"{path} lacks the gpt2 fields or the token embedding the converter needs; nothing was written")
+    check_block_count(path, weights, g["block_count"])
     vocab = g["vocab_size"] or (emb.qs if hasattr(emb, "qs") else emb).shape[0]
     hidden = g["feed_forward_length"] or 4 * dim
     kv = g["attention.head_count_kv"]
@@ -171,7 +185,5 @@ def convert_gpt2_gguf(path: Path, *, reader=None, keep_blocks: bool = True) -> t
         if k == "pos_emb.weight" or "norm" in k or not k.endswith(".weight"):
             m.state[k] = dense(v)
     config = config.replace(quantized=block_formats(m.state, config.num_layers))
-    model = GPT(config)
-    m.state = expand_blocks(m.state)
-    model.load_state_dict(m.finish(model))
+    model = build_checked(GPT, config, m)
     return model.eval(), gguf_tokenizer(reader, path, config.vocab_size), notes

@@ -14,6 +14,7 @@ Nothing here imports ``transformers``: the checkpoint is read as plain JSON and 
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -24,7 +25,8 @@ from torch import Tensor, nn
 from ..errors import ConfigError, DataError
 from ..state import check_state_dict
 
-__all__ = ["HF_GENERIC_FIELDS", "read_hf_config", "read_safetensors", "check_fields", "NameMap", "linear_from_conv1d"]
+__all__ = ["HF_GENERIC_FIELDS", "read_hf_config", "read_safetensors", "check_fields", "check_layer_count",
+           "NameMap", "linear_from_conv1d"]
 
 # Fields every transformers config carries (PretrainedConfig and generation bookkeeping): none changes
 # what the network computes for a given input.
@@ -48,11 +50,57 @@ def read_hf_config(source: Path) -> dict[str, Any]:
         raise DataError(f"{source} is not a Hugging Face checkpoint: it has no config.json")
     try:
         cfg = json.loads(f.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:  # RecursionError: nesting too deep
         raise DataError(f"{f} is not valid JSON: {e}") from None
     if not isinstance(cfg, dict) or "model_type" not in cfg:
         raise DataError(f"{f} is not a Hugging Face model config (no 'model_type' field)")
+    _check_types(cfg, f)
     return cfg
+
+
+# The fields tokennet's converters read, by the JSON type transformers writes: a hand-edited or damaged
+# config.json is refused here, naming the field, rather than failing deep in a converter's arithmetic.
+_COUNTS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+           "num_key_value_heads", "max_position_embeddings", "head_dim", "n_embd", "n_layer", "n_head", "n_positions",
+           "n_ctx", "n_inner", "image_size", "patch_size", "num_channels", "type_vocab_size")
+_NOT_NULL = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+             "max_position_embeddings", "n_embd", "n_layer", "n_head", "n_positions", "image_size", "patch_size")
+_REALS = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "rope_theta")
+
+
+def _check_types(cfg: dict[str, Any], f: Path) -> None:
+    def bad(k, what):
+        r = repr(cfg[k])
+        raise DataError(f"{f}: field {k} = {r if len(r) <= 40 else r[:37] + '...'} is not {what}")
+
+    if not isinstance(cfg["model_type"], str):
+        bad("model_type", "a string")
+    archs = cfg.get("architectures")
+    if archs is not None and not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
+        bad("architectures", "a list of class names")
+    for k in _COUNTS:
+        v = cfg.get(k)
+        if v is None and not (k in cfg and k in _NOT_NULL):
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            bad(k, "a positive integer")
+    for k in _REALS:
+        v = cfg.get(k)
+        if k in cfg and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
+            bad(k, "a finite number")
+    for k in ("rope_parameters", "rope_scaling"):
+        if cfg.get(k) is not None and not isinstance(cfg[k], dict):
+            bad(k, "an object")
+    params = cfg.get("rope_parameters") or {}
+    theta = params.get("rope_theta")
+    if "rope_theta" in params and (isinstance(theta, bool) or not isinstance(theta, (int, float))
+                              or not math.isfinite(theta)):
+        raise DataError(f"{f}: field rope_parameters.rope_theta is not a finite number")
+    for k in ("hidden_act", "activation_function"):
+        if cfg.get(k) is not None and not isinstance(cfg[k], str):
+            bad(k, "a string")
+    if cfg.get("tie_word_embeddings") is not None and not isinstance(cfg["tie_word_embeddings"], bool):
+        bad("tie_word_embeddings", "true or false")
 
 
 def read_safetensors(source: Path) -> dict[str, Tensor]:
@@ -87,6 +135,15 @@ def read_safetensors(source: Path) -> dict[str, Tensor]:
             first = (str(e).splitlines() or [type(e).__name__])[0]
             raise DataError(f"{path} is not a readable safetensors file (truncated or damaged?): {first}") from None
     return out
+
+
+def check_layer_count(tensors: dict[str, Tensor], layers: int, where: str) -> None:
+    """The config's layer count against the checkpoint's numbered layers (``model.layers.N.``, ``h.N.``,
+    ``layer.N.``), before a converter loops over it or builds a model that deep (a damaged count must not)."""
+    found = {int(m.group(1)) for k in tensors if (m := re.search(r"(?:^|\.)(?:layers|h|layer)\.(\d+)\.", k))}
+    if len(found) != layers or max(found, default=-1) != layers - 1:
+        raise DataError(f"{where}: the config says {layers} layer(s) but the file holds {len(found)}; "
+                        "nothing was written")
 
 
 def check_fields(cfg: dict[str, Any], family: str, *, mapped: Iterable[str], required: dict[str, Any],

@@ -44,8 +44,19 @@ from torch import Tensor
 from ..errors import ConfigError, DataError
 from ..models.gpt import GPT, GPTConfig
 from ..tokens.pretrained import PretrainedTokenizer
-from .gguf_in import block_formats, expand_blocks, f32, field, gguf_tokenizer, load_tensors, read_gguf, stack_rows
-from .hf import NameMap, check_fields, read_safetensors
+from .gguf_in import (
+    block_formats,
+    build_checked,
+    check_block_count,
+    check_numbers,
+    f32,
+    field,
+    gguf_tokenizer,
+    load_tensors,
+    read_gguf,
+    stack_rows,
+)
+from .hf import NameMap, check_fields, check_layer_count, read_safetensors
 
 __all__ = ["convert_llama", "convert_llama_gguf", "unpermute", "permute", "llama_config", "LAYER_NAMES"]
 
@@ -125,9 +136,9 @@ def convert_llama(source: Path, cfg: dict[str, Any]) -> tuple[GPT, list[str], Pr
         kv_heads=cfg.get("num_key_value_heads") or heads, rope_base=_hf_rope_base(cfg),
         eps=cfg.get("rms_norm_eps", 1e-6), tied=cfg.get("tie_word_embeddings", False))
     m = NameMap(read_safetensors(source), str(source / "model.safetensors"))
+    check_layer_count(m.tensors, config.num_layers, m.where)
     _fill(m, config, gguf=False)
-    model = GPT(config)
-    model.load_state_dict(m.finish(model))
+    model = build_checked(GPT, config, m)
     tokenizer = PretrainedTokenizer.from_hf_dir(source, vocab_size=config.vocab_size)
     notes = [] if tokenizer else ["the source has no tokenizer.json: the run takes token ids, and "
                                   "`generate --prompt` needs a tokenizer"]
@@ -158,6 +169,7 @@ def unpermute(w: Tensor, num_heads: int) -> Tensor:
 GGUF_LLAMA_KEYS = ("block_count", "context_length", "embedding_length", "feed_forward_length",
                    "attention.head_count", "attention.head_count_kv", "rope.freq_base",
                    "attention.layer_norm_rms_epsilon", "vocab_size", "rope.dimension_count")
+_GGUF_LLAMA_REALS = ("rope.freq_base", "attention.layer_norm_rms_epsilon")
 
 
 def _unpermute_rows(w, num_heads: int):
@@ -187,6 +199,10 @@ def convert_llama_gguf(path: Path, *, reader=None, keep_blocks: bool = True) -> 
         if key.startswith("llama.") and key[len("llama."):] not in GGUF_LLAMA_KEYS:
             raise ConfigError(f"{path}: GGUF field {key!r} is not known to the llama converter; nothing was written")
     g = {k: field(reader, "llama." + k) for k in GGUF_LLAMA_KEYS}
+    check_numbers(path, "llama", g, counts=tuple(k for k in GGUF_LLAMA_KEYS if k not in _GGUF_LLAMA_REALS),
+                  reals=_GGUF_LLAMA_REALS,
+                  required=("block_count", "context_length", "embedding_length", "feed_forward_length",
+                            "attention.head_count", "attention.layer_norm_rms_epsilon"))
     dim, heads = g["embedding_length"], g["attention.head_count"]
     kv_heads = g["attention.head_count_kv"] or heads
     if g["rope.dimension_count"] not in (None, dim // heads):
@@ -197,6 +213,7 @@ def convert_llama_gguf(path: Path, *, reader=None, keep_blocks: bool = True) -> 
     if tokens and len(tokens) != vocab:
         raise DataError(f"{path}: the tokenizer has {len(tokens)} tokens but the model {vocab}; nothing was written")
     weights, notes = load_tensors(reader, path, keep_blocks=keep_blocks)
+    check_block_count(path, weights, g["block_count"])
     config = llama_config(vocab_size=vocab, context=g["context_length"], dim=dim, hidden=g["feed_forward_length"],
                           layers=g["block_count"], heads=heads, kv_heads=kv_heads,
                           rope_base=f32(g["rope.freq_base"]) or 10000.0, eps=f32(g["attention.layer_norm_rms_epsilon"]),
@@ -213,7 +230,5 @@ def convert_llama_gguf(path: Path, *, reader=None, keep_blocks: bool = True) -> 
         notes.append(f"{len(mixed)} fused projection(s) ({mixed[0]}, …) mix GGUF types in their parts and were "
                      "dequantized to float32")
     config = config.replace(quantized=block_formats(m.state, config.num_layers))
-    model = GPT(config)
-    m.state = expand_blocks(m.state)
-    model.load_state_dict(m.finish(model))
+    model = build_checked(GPT, config, m)
     return model.eval(), gguf_tokenizer(reader, path, config.vocab_size), notes

@@ -252,7 +252,7 @@ def read_config(directory: str | Path) -> dict[str, Any]:
         raise RunError(f"{directory} is not a saved tokennet model: {CONFIG_FILE} is missing")
     try:
         d = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:  # RecursionError: nesting too deep
         raise RunError(f"{path} is not valid JSON: {e}") from None
     if not isinstance(d, dict) or "family" not in d:
         raise RunError(f"{path} is not a tokennet model config (no 'family' field)")
@@ -276,6 +276,8 @@ def load_pretrained(directory: str | Path, *, map_location: str | torch.device =
     directory = Path(directory)
     d = read_config(directory)
     meta = d.pop("tokennet", None) or {}
+    if not isinstance(meta, dict):
+        raise RunError(f"{directory / CONFIG_FILE} is not a valid model config: 'tokennet' is not an object")
     try:
         config = config_from_dict(d)
     except (ConfigError, TypeError) as e:  # a hand-edited or foreign config.json (TypeError: a field of the wrong type)
@@ -312,4 +314,9 @@ def load_pretrained(directory: str | Path, *, map_location: str | torch.device =
     if missing or unexpected:
         what = f"missing tensor {sorted(missing)[0]!r}" if missing else f"unexpected tensor {sorted(unexpected)[0]!r}"
         raise RunError(f"{wpath} does not match its config: {what}")
+    # A file without a recorded checksum (a hand-made or older run) can hold bit flips the format cannot see.
+    bad = next((n for n, p in model.named_parameters() if p.is_floating_point() and not torch.isfinite(p).all()), None)
+    if bad is not None:
+        raise RunError(f"{wpath}: tensor {bad!r} holds NaN or infinite values (a damaged file, or a run that "
+                       "diverged)")
     return model

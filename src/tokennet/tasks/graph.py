@@ -33,7 +33,7 @@ def read_graphs(path: str | Path, *, node_features: int, needs_positions: bool =
         raise DataError(f"graph file {p} does not exist")
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:  # RecursionError: nesting too deep
         raise DataError(f"{p} is not a JSON file of graphs ({e})") from None
     graphs = [data] if isinstance(data, dict) else data
     if not isinstance(graphs, list) or not graphs:

@@ -25,7 +25,7 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from ..errors import ConfigError, DataError
 from .chat_template import render_chat_template
-from .text import Tokenizer, _as_id_list
+from .text import Tokenizer, _as_id_list, one_line
 
 __all__ = ["PretrainedTokenizer"]
 
@@ -36,7 +36,7 @@ def _read_json(path) -> dict[str, Any]:
         return {}
     try:
         data = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:  # RecursionError: nesting too deep
         raise DataError(f"{path} is not valid JSON: {e}") from None
     if not isinstance(data, dict):
         raise DataError(f"{path} is not a JSON object")
@@ -161,10 +161,16 @@ class PretrainedTokenizer(Tokenizer):
         try:
             engine = HFTokenizer.from_str(json.dumps(data["engine"]))
         except Exception as e:  # noqa: BLE001 - the engine raises a bare Exception on malformed JSON
-            raise DataError(f"not a valid pretrained tokenizer: {e}") from None
+            raise DataError(f"not a valid pretrained tokenizer: {one_line(e)}") from None
+        ids = {k: meta.get(k) for k in ("bos_id", "eos_id", "pad_id", "unk_id")}
+        for k, v in ids.items():
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+                raise DataError(f"not a valid pretrained tokenizer: {k} is {type(v).__name__}, not a token id")
+        template = meta.get("chat_template")
+        if template is not None and not isinstance(template, str):
+            raise DataError("not a valid pretrained tokenizer: chat_template is not a string")
         source = meta.get("chat_template_source")
-        return cls(engine, **{k: meta.get(k) for k in ("bos_id", "eos_id", "pad_id", "unk_id", "chat_template")},
-                   add_special=bool(meta.get("add_special", False)),
+        return cls(engine, **ids, chat_template=template, add_special=bool(meta.get("add_special", False)),
                    chat_template_source=source if isinstance(source, str) else None)
 
     @classmethod
@@ -176,7 +182,7 @@ class PretrainedTokenizer(Tokenizer):
         try:
             engine = HFTokenizer.from_file(str(path))
         except Exception as e:  # noqa: BLE001 - the engine raises a bare Exception on malformed files
-            raise DataError(f"{path} is not a Hugging Face tokenizer.json: {e}") from None
+            raise DataError(f"{path} is not a Hugging Face tokenizer.json: {one_line(e)}") from None
         engine.no_truncation()
         engine.no_padding()
         ids = {k: engine.token_to_id(t) for k, t in
@@ -200,23 +206,27 @@ class PretrainedTokenizer(Tokenizer):
             try:
                 engine = HFTokenizer.from_file(str(source / "tokenizer.json"))
             except Exception as e:  # noqa: BLE001 - the engine raises a bare Exception on malformed files
-                raise DataError(f"{source / 'tokenizer.json'} is not a Hugging Face tokenizer.json: {e}") from None
+                raise DataError(f"{source / 'tokenizer.json'} is not a Hugging Face tokenizer.json: "
+                                f"{one_line(e)}") from None
             engine.no_truncation()
             engine.no_padding()
         elif (source / "vocab.json").is_file() and (source / "merges.txt").is_file():
             try:
                 engine = HFTokenizer(models.BPE.from_file(str(source / "vocab.json"), str(source / "merges.txt")))
             except Exception as e:  # noqa: BLE001
-                raise DataError(f"{source}: vocab.json / merges.txt are not a BPE vocabulary: {e}") from None
+                raise DataError(f"{source}: vocab.json / merges.txt are not a BPE vocabulary: {one_line(e)}") from None
             engine.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
             engine.decoder = decoders.ByteLevel()
         else:
             return None
         meta = _read_json(source / "tokenizer_config.json")
         cfg = _read_json(source / "config.json")
-        for entry in (meta.get("added_tokens_decoder") or {}).values():  # vocab.json + merges.txt keep specials here
+        added = meta.get("added_tokens_decoder") or {}
+        if not isinstance(added, dict):
+            raise DataError(f"{source / 'tokenizer_config.json'}: added_tokens_decoder is not an object")
+        for entry in added.values():  # vocab.json + merges.txt keep specials here
             content = entry.get("content") if isinstance(entry, dict) else None
-            if content and entry.get("special") and engine.token_to_id(content) is None:
+            if isinstance(content, str) and content and entry.get("special") and engine.token_to_id(content) is None:
                 engine.add_special_tokens([AddedToken(entry["content"], special=True, normalized=False)])
         if engine.token_to_id("<|endoftext|>") is not None and not (source / "tokenizer.json").is_file():
             engine.add_special_tokens([AddedToken("<|endoftext|>", special=True, normalized=False)])
@@ -268,7 +278,8 @@ class PretrainedTokenizer(Tokenizer):
             engine = HFTokenizer(models.BPE(vocab=vocab, merges=pairs, unk_token=None, fuse_unk=False,
                                             byte_fallback=False, ignore_merges=False))
         except Exception as e:  # noqa: BLE001 - the engine raises a bare Exception (e.g. a merge of unknown tokens)
-            raise DataError(f"{where}: the tokenizer's vocabulary and merges do not fit together: {e}") from None
+            raise DataError(f"{where}: the tokenizer's vocabulary and merges do not fit together: "
+                            f"{one_line(e)}") from None
         engine.pre_tokenizer = _pre_tokenizer(pre, where)
         engine.decoder = decoders.ByteLevel()
         types = token_types or []

@@ -306,7 +306,8 @@ class CharTokenizer(Tokenizer):
             raise DataError(
                 "not a char tokenizer dict: expected {'tokennet': {'kind': 'char', 'chars': [...]}}"
             )
-        if tuple(meta.get("special_tokens", SPECIAL_TOKENS)) != SPECIAL_TOKENS:
+        specials = meta.get("special_tokens", list(SPECIAL_TOKENS))
+        if not isinstance(specials, list) or tuple(specials) != SPECIAL_TOKENS:
             raise DataError(
                 f"char tokenizer has special tokens {meta['special_tokens']}, expected {SPECIAL_TOKENS}"
             )
@@ -412,6 +413,9 @@ class BPETokenizer(Tokenizer):
         byte_of = {c: b for b, c in bytes_to_unicode().items()}
         full = [b""] * engine.get_vocab_size()
         for token, i in engine.get_vocab().items():
+            if not 0 <= i < len(full):
+                raise DataError(f"token {token!r} has id {i}, outside 0..{len(full) - 1}: the vocabulary's ids have "
+                                "gaps")
             try:
                 full[i] = token.encode() if i < len(SPECIAL_TOKENS) else bytes(byte_of[c] for c in token)
             except KeyError as e:
@@ -518,8 +522,13 @@ class BPETokenizer(Tokenizer):
         try:
             engine = HFTokenizer.from_str(json.dumps(data))
         except Exception as e:  # the engine raises a bare Exception on malformed JSON
-            raise DataError(f"not a valid Hugging Face tokenizer JSON: {e}") from e
+            raise DataError(f"not a valid Hugging Face tokenizer JSON: {one_line(e)}") from e
         return cls(engine)
+
+
+def one_line(e: BaseException) -> str:
+    """An exception's message on one line (the Rust engine's messages can span several)."""
+    return " ".join(str(e).split()) or type(e).__name__
 
 
 def tokenizer_from_dict(data: dict[str, Any]) -> Tokenizer:
@@ -555,12 +564,12 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
         )
     try:
         data = json.loads(file.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise DataError(f"{file} is not a tokenizer: not valid JSON ({e})") from e
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:  # RecursionError: nesting too deep
+        raise DataError(f"{file} is not a tokenizer: not valid JSON ({e})") from None
     try:
         return tokenizer_from_dict(data)
     except ValueError as e:
-        raise DataError(f"{file}: {e}") from e
+        raise DataError(f"{file}: {one_line(e)}") from e
 
 
 def train_tokenizer(

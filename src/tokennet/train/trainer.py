@@ -243,11 +243,24 @@ class Trainer:
         expected, _ = full_state(self.model, None) if self.dist.enabled else (self.module.state_dict(), None)
         if self.dist.is_main or not self.dist.enabled:
             check_state_dict(expected, ck.model_state, f"checkpoint {path}", RunError)
-        load_full_state(self.model, self.optimizer, ck.model_state, ck.optim_state, self.dist)
-        js, tensors = ck.rng[self.dist.rank] if self.dist.rank < len(ck.rng) else ck.rng[0]
-        restore_rng(js, tensors)
-        self.step, self.elapsed = ck.step, ck.meta["elapsed"]
-        self.history = ck.meta.get("history", [])
+        step, elapsed, history = ck.meta["step"], ck.meta.get("elapsed"), ck.meta.get("history", [])
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0 or isinstance(elapsed, bool) \
+                or not isinstance(elapsed, (int, float)) or not isinstance(history, list):
+            raise RunError(f"checkpoint {path} is damaged: its trainer.json has no valid step, elapsed or history")
+        groups = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
+        try:  # the file's optimizer and random states, as torch, numpy and random take them
+            load_full_state(self.model, self.optimizer, ck.model_state, ck.optim_state, self.dist)
+            for old, new in zip(groups, self.optimizer.param_groups, strict=True):
+                for k, v in old.items():  # torch takes the hyperparameters as they come; the step would fail
+                    if not _same_kind(v, new.get(k)):
+                        raise ValueError(f"optimizer setting {k} is {new.get(k)!r}")
+            js, tensors = ck.rng[self.dist.rank] if self.dist.rank < len(ck.rng) else ck.rng[0]
+            restore_rng(js, tensors)
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError, RuntimeError) as e:
+            first = (str(e).splitlines() or [""])[0]
+            raise RunError(f"checkpoint {path} is damaged: its optimizer or random state cannot be restored "
+                           f"({type(e).__name__}: {first})") from None
+        self.step, self.elapsed, self.history = step, elapsed, history
         log.info("resumed from %s (step %d)", path, self.step)
         return True
 
@@ -449,3 +462,14 @@ def _progress(c: TrainConfig, initial: int):
     from tqdm.auto import tqdm
 
     return tqdm(total=c.max_iters, initial=initial, unit="it", dynamic_ncols=True, leave=False)
+
+
+def _same_kind(a: Any, b: Any) -> bool:
+    """Whether a hyperparameter read back from a checkpoint has the kind the optimizer was built with."""
+    if isinstance(a, bool) or a is None or isinstance(a, str):
+        return type(a) is type(b)
+    if isinstance(a, (int, float)):
+        return isinstance(b, (int, float)) and not isinstance(b, bool)
+    if isinstance(a, (tuple, list)):
+        return isinstance(b, (tuple, list)) and len(a) == len(b) and all(map(_same_kind, a, b))
+    return True
