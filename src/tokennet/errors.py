@@ -9,7 +9,7 @@ and how to fix it in library terms; they do not name CLI flags.
 
 from __future__ import annotations
 
-__all__ = ["TokennetError", "ConfigError", "DataError", "RecipeError", "RunError", "TrainingStopped"]
+__all__ = ["TokennetError", "ConfigError", "DataError", "RecipeError", "RunError", "TrainingStopped", "one_line"]
 
 
 class TokennetError(Exception):
@@ -34,3 +34,9 @@ class RunError(TokennetError, ValueError):
 
 class TrainingStopped(TokennetError, RuntimeError):
     """Training ended early for a reason the user must see (e.g. the loss became NaN)."""
+
+
+def one_line(message: object) -> str:
+    """A message on one line, as the CLI prints errors (a parser's or the Rust tokenizer engine's messages can
+    span several); an exception with no message gives its type's name."""
+    return " ".join(str(message).split()) or (type(message).__name__ if isinstance(message, BaseException) else "")

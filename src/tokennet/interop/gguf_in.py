@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..errors import ConfigError, DataError
+from ..errors import ConfigError, DataError, one_line
 from ..layers.blockquant import dequantize_blocks
 from ..tokens.pretrained import PretrainedTokenizer
 
@@ -108,7 +108,7 @@ def build_checked(model_class, config, names) -> torch.nn.Module:
             probe = model_class(config.replace(quantized={}))  # every weight a float tensor, none allocated
     except (RuntimeError, ValueError, OverflowError) as e:
         raise DataError(f"{names.where}: the sizes in its header do not make a model "
-                        f"({(str(e).splitlines() or [type(e).__name__])[0]}); nothing was written") from None
+                        f"({one_line(e)[:200]}); nothing was written") from None
     expected = probe.state_dict()
     if names.missing or names.unused():
         names.finish(probe)  # raises, naming the tensors

@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from ..errors import DataError
+from ..errors import DataError, one_line
 
 __all__ = ["render_chat_template", "check_chat_template"]
 
@@ -48,10 +48,6 @@ _MAX_SIZE = 10_000_000  # the longest string or list a template's `*` may build
 _MAX_BITS = 1_000_000  # the largest integer (in bits) a template's `**` may build
 _BY_NAME = ("attr", "selectattr", "rejectattr", "groupby")  # filters whose first argument names an attribute
 _MIN_JINJA = (3, 1, 6)  # older jinja2 releases have known sandbox escapes (CVE-2024-56326, CVE-2025-27516)
-
-
-def _one_line(text: Any) -> str:
-    return " ".join(str(text).split())
 
 
 def _is_internal(name: Any, *, dunder_only: bool = False) -> bool:
@@ -185,14 +181,14 @@ def _compile(template: str):
     try:
         ast = env.parse(template)
     except TemplateSyntaxError as e:
-        return None, f"is not a valid Jinja template: {_one_line(e.message)} (line {e.lineno})"
+        return None, f"is not a valid Jinja template: {one_line(e.message)} (line {e.lineno})"
     why = _refusal(ast)
     if why:
         return None, f"is refused: {why}; nothing was run"
     try:
         return env.from_string(ast), None
     except Exception as e:  # noqa: BLE001 - jinja's compiler may raise anything on an odd tree; the template's fault
-        return None, f"is not a valid Jinja template: {_one_line(e)}"
+        return None, f"is not a valid Jinja template: {one_line(e)}"
 
 
 def check_chat_template(template: str, where: str = "this tokenizer") -> None:
@@ -269,11 +265,11 @@ def render_chat_template(template: str, messages: list[dict[str, Any]], *, where
         return compiled.render(messages=chat, tools=_plain(tools, where), documents=_plain(documents, where),
                                add_generation_prompt=bool(add_generation_prompt), **values)
     except _Raised as e:
-        raise DataError(f"the chat template of {where} refused the conversation: {_one_line(e)}") from None
+        raise DataError(f"the chat template of {where} refused the conversation: {one_line(e)}") from None
     except SecurityError as e:
-        raise DataError(f"the chat template of {where} is refused: {_one_line(e)}; nothing was run") from None
+        raise DataError(f"the chat template of {where} is refused: {one_line(e)}; nothing was run") from None
     except RecursionError:
         raise DataError(f"the chat template of {where} recursed too deeply on this conversation") from None
     except Exception as e:  # noqa: BLE001 - whatever a template raises on these messages is the template's error
         raise DataError(f"the chat template of {where} failed on this conversation: "
-                        f"{type(e).__name__}: {_one_line(e)}") from None
+                        f"{type(e).__name__}: {one_line(e)}") from None

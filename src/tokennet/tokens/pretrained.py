@@ -23,9 +23,9 @@ from typing import Any
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
-from ..errors import ConfigError, DataError
+from ..errors import ConfigError, DataError, one_line
 from .chat_template import render_chat_template
-from .text import Tokenizer, _as_id_list, one_line
+from .text import Tokenizer, _as_id_list
 
 __all__ = ["PretrainedTokenizer"]
 

@@ -40,7 +40,7 @@ import numpy as np
 from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HFTokenizer
 
-from ..errors import ConfigError, DataError
+from ..errors import ConfigError, DataError, one_line
 from ..fileio import atomic_write_text
 
 logger = logging.getLogger(__name__)
@@ -524,11 +524,6 @@ class BPETokenizer(Tokenizer):
         except Exception as e:  # the engine raises a bare Exception on malformed JSON
             raise DataError(f"not a valid Hugging Face tokenizer JSON: {one_line(e)}") from e
         return cls(engine)
-
-
-def one_line(e: BaseException) -> str:
-    """An exception's message on one line (the Rust engine's messages can span several)."""
-    return " ".join(str(e).split()) or type(e).__name__
 
 
 def tokenizer_from_dict(data: dict[str, Any]) -> Tokenizer:

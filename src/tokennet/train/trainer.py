@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from ..errors import ConfigError, RunError, TrainingStopped
+from ..errors import ConfigError, RunError, TrainingStopped, one_line
 from ..run_files import CHECKPOINT_DIR, LOG_FILE
 from ..state import check_state_dict
 from .checkpoint import capture_rng, latest_checkpoint, read_checkpoint, restore_rng, save_checkpoint
@@ -257,9 +257,8 @@ class Trainer:
             js, tensors = ck.rng[self.dist.rank] if self.dist.rank < len(ck.rng) else ck.rng[0]
             restore_rng(js, tensors)
         except (KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError, RuntimeError) as e:
-            first = (str(e).splitlines() or [""])[0]
             raise RunError(f"checkpoint {path} is damaged: its optimizer or random state cannot be restored "
-                           f"({type(e).__name__}: {first})") from None
+                           f"({type(e).__name__}: {one_line(e)[:200]})") from None
         self.step, self.elapsed, self.history = step, elapsed, history
         log.info("resumed from %s (step %d)", path, self.step)
         return True
