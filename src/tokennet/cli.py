@@ -130,8 +130,11 @@ def _add_demo(sub) -> None:
     p = sub.add_parser("demo", help="small demonstrations from the lecture",
                        description=" ".join(f"{d.name}: {d.description}." for d in demos))
     p.add_argument("name", choices=[d.name for d in demos])
-    p.add_argument("--out", default=None, help="output directory (default: runs/NAME)")
+    p.add_argument("--out", default=None, help="output directory (default: runs/NAME); refused if it exists")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--only", metavar="PART", help="run one part of a demo made of parts (claims: one claim)")
+    p.add_argument("--list", action="store_true", help="list the demo's parts (claims: the claims) and exit")
+    p.add_argument("--overwrite", action="store_true", help="write into an output directory that exists")
 
 
 def _add_report(sub) -> None:
@@ -529,11 +532,21 @@ def cmd_import(args) -> int:
 
 def cmd_demo(args) -> int:
     from .demos import get_demo
+    from .errors import TokennetError
 
     demo = get_demo(args.name)
+    parts = demo.parts() if demo.parts else None
+    if args.list:
+        print("\n".join(parts) if parts else f"{demo.name} has no parts: run it whole")
+        return 0
+    if args.only is not None and (parts is None or args.only not in parts):
+        what = f"{demo.name}: {', '.join(parts)}" if parts else f"{demo.name} has no parts"
+        raise TokennetError(f"unknown --only {args.only!r}; {what}")
     out = Path(args.out or f"runs/{args.name}")
-    metrics = demo.run(out, seed=args.seed)
-    print(json.dumps(metrics, indent=2))
+    if out.exists() and not args.overwrite:
+        raise TokennetError(f"{out} exists; pass --overwrite to write into it, or choose another --out")
+    metrics = demo.run(out, seed=args.seed, **({"only": args.only} if args.only is not None else {}))
+    print(demo.summary(metrics) if demo.summary else json.dumps(metrics, indent=2))
     for f in demo.files:
         print(f"{'figure' if f.endswith('.png') else 'written'}: {out / f}")
     return 0

@@ -115,6 +115,9 @@ class MultiHeadAttention(nn.Module):
         qk_norm: RMS-normalize each head's queries and keys (learned gain, per head width E) before the
             scores, ``q ← q / rms(q) ⊙ g_q`` (Dehghani et al. 2023, https://arxiv.org/abs/2302.05442): the
             logits stay bounded, so higher learning rates train stably.
+        value_proj: learn ``W_v`` (default). ``False`` takes ``W_v = I``, ``V = C``: the lecture's *"One could
+            simply take W_v to be the identity; it's just extra expressivity"* (needs ``Hkv·E`` equal to the
+            context's width; ``W_o`` remains).
     """
 
     def __init__(
@@ -129,6 +132,7 @@ class MultiHeadAttention(nn.Module):
         dropout: float = 0.0,
         backend: str = "auto",
         qk_norm: bool = False,
+        value_proj: bool = True,
     ):
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
@@ -151,11 +155,16 @@ class MultiHeadAttention(nn.Module):
         self.is_cross = context_dim is not None
         self.dropout, self.backend = dropout, backend
         self.q_dim, self.kv_dim = num_heads * head_dim, num_kv_heads * head_dim  # H·E and Hkv·E
+        if not value_proj and self.kv_dim != self.context_dim:
+            raise ValueError(f"value_proj=False (W_v = I) needs num_kv_heads·head_dim = {self.kv_dim} equal to the "
+                             f"context's width {self.context_dim}")
+        self.value_proj = value_proj
+        self.v_dim = self.kv_dim if value_proj else 0  # the rows of W_v in the fused projection (none when W_v = I)
         if self.is_cross:
             self.q_proj = nn.Linear(dim, self.q_dim, bias=bias)
-            self.kv_proj = nn.Linear(context_dim, 2 * self.kv_dim, bias=bias)
+            self.kv_proj = nn.Linear(context_dim, self.kv_dim + self.v_dim, bias=bias)
         else:
-            self.qkv_proj = nn.Linear(dim, self.q_dim + 2 * self.kv_dim, bias=bias)
+            self.qkv_proj = nn.Linear(dim, self.q_dim + self.kv_dim + self.v_dim, bias=bias)
         self.out_proj = nn.Linear(self.q_dim, dim, bias=bias)
         self.out_drop = (nn.Dropout(dropout) if dropout > 0 else nn.Identity())
         self.q_norm = nn.RMSNorm(head_dim) if qk_norm else None
@@ -180,12 +189,16 @@ class MultiHeadAttention(nn.Module):
         else:  # a view of the fused matrix's K and V rows: no copy
             b = self.qkv_proj.bias
             kv = F.linear(context, self.qkv_proj.weight[self.q_dim :], None if b is None else b[self.q_dim :])
+        if not self.value_proj:  # W_v = I: the values are the context's tokens themselves
+            return kv, context
         return kv.split([self.kv_dim, self.kv_dim], -1)
 
     def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Self-attention's ``Q, K, V`` with one matmul against ``[W_q; W_k; W_v]``."""
         if self.is_cross:
             return (self.project_q(x), *self.project_kv(x))
+        if not self.value_proj:
+            return (*self.qkv_proj(x).split([self.q_dim, self.kv_dim], -1), x)
         return self.qkv_proj(x).split([self.q_dim, self.kv_dim, self.kv_dim], -1)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
@@ -254,7 +267,8 @@ class MultiHeadAttention(nn.Module):
         else:
             if rope is not None and self.k_norm is None:
                 # Q and K are adjacent columns of [W_q; W_k; W_v]'s output: one rotation turns both.
-                qk, v = self.qkv_proj(x).split([self.q_dim + self.kv_dim, self.kv_dim], -1)
+                qk, v = self.qkv_proj(x).split([self.q_dim + self.kv_dim, self.v_dim], -1)
+                v = v if self.value_proj else x
                 qk = apply_rope(self._heads(qk, self.num_heads + self.num_kv_heads), *rope)  # (B, H+Hkv, N, E)
                 q, k = qk.split([self.num_heads, self.num_kv_heads], 1)  # (B, H, N, E), (B, Hkv, N, E)
             else:

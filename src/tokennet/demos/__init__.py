@@ -20,12 +20,18 @@ __all__ = ["Demo", "register_demo", "get_demo", "list_demos"]
 
 @dataclass(frozen=True)
 class Demo:
-    """A demonstration: ``run(out_dir, seed=...) -> metrics``, the files it writes, one line for ``--help``."""
+    """A demonstration: ``run(out_dir, seed=...) -> metrics``, the files it writes, one line for ``--help``.
+
+    A demo made of parts (``tokennet demo claims``) names them with ``parts()``, and its ``run`` takes
+    ``only=NAME``; ``summary(metrics)`` is the text the CLI prints instead of the metrics' JSON.
+    """
 
     name: str
     run: Callable[..., dict[str, Any]]
     description: str
     files: tuple[str, ...] = ()
+    parts: Callable[[], list[str]] | None = None
+    summary: Callable[[dict[str, Any]], str] | None = None
 
 
 _DEMOS: dict[str, Demo] = {}

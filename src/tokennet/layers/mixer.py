@@ -5,6 +5,10 @@ Replace ``A(X)`` by a learned constant ``W`` (an ``N × N`` parameter) and you g
 every input is mixed the same way (as in MLP-Mixer, Tolstikhin et al. 2021,
 https://arxiv.org/abs/2105.01601). It is a drop-in for attention in :class:`~tokennet.layers.Block`,
 so the two can be compared on the same task.
+
+Two forms of ``W``: row-softmaxed (``free=False``, the default: each row a distribution, like attention's rows)
+and free (``free=True``: ``W`` is any real ``N × N`` matrix, the lecture's *"linear combination of tokens"*,
+``T_out = W T_in``, with no normalization at all).
 """
 
 from __future__ import annotations
@@ -21,24 +25,30 @@ class TokenMixing(nn.Module):
     Sequences shorter than ``num_tokens`` use the top-left block of ``W``. With a boolean mask
     (``True`` = may mix), masked entries of ``W`` are zeroed; with ``is_causal`` token t mixes only
     tokens 0..t. Rows are normalized by a softmax over the allowed entries, like attention rows, so
-    the comparison with attention changes only where the weights come from.
+    the comparison with attention changes only where the weights come from. With ``free=True`` they are
+    not: ``W`` is used as it is (masked entries zeroed), initialised to uniform rows ``1/N``.
 
     Args:
         dim: model width D.
         num_tokens: the largest N.
         bias: use biases in the value and output projections.
         dropout: dropout on the output.
+        free: use ``W`` itself, not its row softmax (a free linear token mixer).
     """
 
-    def __init__(self, dim: int, num_tokens: int, *, bias: bool = True, dropout: float = 0.0):
+    def __init__(self, dim: int, num_tokens: int, *, bias: bool = True, dropout: float = 0.0, free: bool = False):
         super().__init__()
         if num_tokens < 1:
             raise ValueError(f"num_tokens must be positive for the token mixer, got {num_tokens}")
-        self.num_tokens = num_tokens
-        self.W = nn.Parameter(torch.zeros(num_tokens, num_tokens))  # zero logits: uniform mixing at init
+        self.num_tokens, self.free = num_tokens, free
+        # Uniform mixing at init either way: zero logits under a softmax, or 1/N itself when W is free.
+        self.W = nn.Parameter(torch.full((num_tokens, num_tokens), 1.0 / num_tokens if free else 0.0))
         self.v_proj = nn.Linear(dim, dim, bias=bias)
         self.out_proj = nn.Linear(dim, dim, bias=bias)
         self.out_drop = (nn.Dropout(dropout) if dropout > 0 else nn.Identity())
+
+    def extra_repr(self) -> str:
+        return f"num_tokens={self.num_tokens}, free={self.free}"
 
     def forward(self, x: Tensor, context=None, *, mask: Tensor | None = None, is_causal: bool = False,
                 cache=None, rope=None, bias=None, return_weights: bool = False):
@@ -69,6 +79,11 @@ class TokenMixing(nn.Module):
         if is_causal:
             cm = causal(N, n_k, device=x.device)
             mask = cm if mask is None else mask & cm
-        w = masked_softmax(logits.expand(B, 1, N, n_k), mask)[:, 0]  # (B, N, n_k)
+        if self.free:  # W as it is: masked entries contribute nothing
+            w = logits.expand(B, N, n_k)  # (B, N, n_k)
+            if mask is not None:
+                w = w * torch.broadcast_to(mask, (B, 1, N, n_k))[:, 0].to(w.dtype)
+        else:
+            w = masked_softmax(logits.expand(B, 1, N, n_k), mask)[:, 0]  # (B, N, n_k)
         out = self.out_drop(self.out_proj(w @ v))
         return (out, w[:, None]) if return_weights else out
