@@ -1,0 +1,172 @@
+"""``tokennet demo claims``: each claim of the lecture as a test, calling the functions the command calls, at sizes
+where the assertion holds with a wide margin; the registry, the files, the bench records and the CLI."""
+
+import json
+import re
+
+import pytest
+import torch
+
+from tokennet.cli import main
+from tokennet.demos import get_demo
+from tokennet.demos.claims import claim_names, claims, format_table, run_claims
+from tokennet.demos.claims.architectures import bench_results_dir, layer_table, read_bench_claim
+from tokennet.demos.claims.causal import any_order_accuracy, permutation_test, train_with_and_without_mask
+from tokennet.demos.claims.linear_maps import linear_family, mlp_as_conv1x1, token_combination_rank
+from tokennet.demos.claims.mixing import compare_mixers, compare_position_modes, compare_value_proj
+from tokennet.demos.claims.scaling import score_variance
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+NAMES = ["linear-family", "low-rank", "mlp-is-conv1x1", "fixed-W-vs-attention", "identity-value", "concat-positions",
+         "causal-mask", "sqrt-d-scaling", "cnn-rnn-attention-table", "rnn-forgets-long-inputs", "vit-vs-cnn-data"]
+
+
+def test_every_claim_is_registered_in_the_issues_order_with_the_lectures_words():
+    assert claim_names() == NAMES
+    assert [c.number for c in claims()] == ["1", "2", "3", "4", "5", "6", "7", "8", "9", "9b", "10"]
+    for c in claims():
+        assert c.quote.startswith(('"', "An RNN")) and len(c.quote) > 40, c.name
+
+
+# -- 1–3: linear maps ------------------------------------------------------------------------------------------
+
+
+def test_1_dense_conv_and_attention_are_explicit_matrices_with_their_parameter_counts():
+    r = linear_family(0, sizes=(4, 16, 64))
+    assert r["shift_error"]["conv"] < 1e-6 < 0.1 < r["shift_error"]["dense"]  # conv commutes with a shift
+    assert r["toeplitz_error"] < 1e-6  # block-Toeplitz: block (i, j) depends on i − j only
+    assert r["attention_is_A_kron_I"] < 1e-6 and r["attention_layer_error"] < 1e-5
+    D, k = r["count_dim"], r["k"]
+    for c in r["counts"]:
+        assert c["dense"] == (c["N"] * D) ** 2 and c["conv"] == k * D * D
+        assert c["attention"] == 4 * D * D and c["learned_A"] == c["N"] ** 2  # 3D² + W_o, whatever N is
+
+
+def test_2_a_token_combination_is_rank_one_over_the_neurons():
+    r = token_combination_rank(0)
+    assert (r["token_weights"], r["neuron_weights"]) == (3, 12)
+    assert (r["rank_token"], r["rank_neuron"]) == (1, 3)
+    assert r["rank1_residual"] > 0.1
+
+
+def test_3_the_tokenwise_mlp_is_a_1x1_convolution():
+    r = mlp_as_conv1x1(0)
+    assert r["max_abs_difference"] < 1e-5 and r["mlp_params"] == r["conv_params"]
+    assert r["cross_token_gradient"] == 0 and r["permutation_error"] < 1e-6
+
+
+# -- 4–6: mixing, values, positions ------------------------------------------------------------------------------
+
+
+def test_4_a_fixed_w_cannot_do_associative_recall_and_attention_can():
+    r = compare_mixers(0, steps=250)
+    acc = {k: v["accuracy"] for k, v in r["runs"].items()}
+    assert acc["attention"] > 0.9, acc
+    assert acc["softmax-W"] < 0.4 and acc["free-W"] < 0.4, acc
+
+
+def test_5_identity_values_do_the_task_too():
+    r = compare_value_proj(0, steps=250)
+    assert all(v["accuracy"] > 0.9 for v in r["runs"].values()), r["runs"]
+    assert r["runs"]["learned W_v"]["params"] - r["runs"]["W_v = I"]["params"] == 32 * 32 + 32
+
+
+def test_6_concatenated_positions_work_like_added_ones_and_none_fail():
+    r = compare_position_modes(0, steps=300)
+    acc = {k: v["accuracy"] for k, v in r["runs"].items()}
+    assert acc["concat"] > 0.9 and acc["add"] > 0.9 and acc["none"] < 0.3, acc
+
+
+# -- 7: the causal mask ------------------------------------------------------------------------------------------
+
+
+def test_7_without_the_mask_the_loss_collapses_and_generation_fails():
+    r = train_with_and_without_mask(0, steps=200)
+    m, u = r["causal mask"], r["no mask"]
+    tail = lambda x: sum(x["losses"][-20:]) / 20  # noqa: E731
+    assert tail(u) < 0.3 * tail(m), (tail(u), tail(m))
+    assert tail(m) > r["floor"] * 0.8  # the masked model cannot beat the best causal loss
+    assert m["generation"][-1][1] > 0.9 and u["generation"][-1][1] < 0.3
+
+
+def test_7_the_causal_mask_breaks_permutation_equivariance():
+    err = permutation_test(0)
+    assert err["no mask"] < 1e-5 and err["causal mask"] > 0.05
+
+
+@pytest.mark.slow
+def test_7_a_model_trained_on_random_orders_generates_in_a_given_order():
+    acc = any_order_accuracy(0)
+    assert acc["left to right"] > 0.9 and acc["right to left"] > 0.9 and acc["shuffled"] > 0.9, acc
+
+
+def test_7_any_order_generation_learns_beyond_chance_quickly():
+    """The fast twin of the test above: 200 steps already generate whole sequences in orders other than left to
+    right far above chance (one in 11⁶ for six guessed tokens)."""
+    acc = any_order_accuracy(0, steps=200)
+    assert acc["right to left"] > 0.1 and acc["shuffled"] > 0.1, acc
+
+
+# -- 8–10 ---------------------------------------------------------------------------------------------------------
+
+
+def test_8_the_sqrt_d_scale_keeps_the_variance_at_one_and_the_softmax_unsaturated():
+    rows = score_variance(0, dims=(4, 64, 1024), samples=600)
+    for r in rows:
+        assert abs(r["scaled"]["variance"] - 1) < 0.25 and abs(r["unscaled"]["variance"] / r["d"] - 1) < 0.25
+    big = rows[-1]
+    assert big["unscaled"]["max_weight"] > 0.85 > 0.6 > big["scaled"]["max_weight"]
+    assert big["unscaled"]["grad_norm"] < 0.5 * big["scaled"]["grad_norm"]
+
+
+def test_9_the_cnn_rnn_attention_table_is_measured_and_matches_its_formulas():
+    r = layer_table(0, flop_sizes=(16, 64), path_sizes=(8, 16, 24))
+    for part in ("flops", "sequential", "path"):
+        for name, rows in r[part].items():
+            assert all(x["measured"] == x["formula"] for x in rows), (part, name, rows)
+    assert [x["measured"] for x in r["path"]["self-attention"]] == [1, 1, 1]
+    assert [x["measured"] for x in r["sequential"]["RNN"]] == [8, 16, 24]
+
+
+def test_9_and_10_the_long_experiments_are_read_from_their_bench_files(tmp_path):
+    absent = read_bench_claim("rnn_forgets.json", "rnn_forgets.py", results_dir=tmp_path)
+    assert absent.holds is None and absent.run == "not measured here: run python bench/rnn_forgets.py"
+    (tmp_path / "vit_vs_cnn.json").write_text(json.dumps({
+        "claim": {"holds": False, "measured": "no crossing up to 50,000 images", "run": "ViT and CNN, 6 sizes"},
+        "command": "python bench/vit_vs_cnn.py", "commit": "0123456789abcdef0123", "machine": {"cpus": 2}}))
+    read = read_bench_claim("vit_vs_cnn.json", "vit_vs_cnn.py", results_dir=tmp_path)
+    assert (read.holds, read.measured, read.run) == (False, "no crossing up to 50,000 images", "ViT and CNN, 6 sizes")
+    assert read.source == "from bench/results/vit_vs_cnn.json, measured at commit 0123456789ab"
+    (tmp_path / "rnn_forgets.json").write_text('{"claim": {"holds": "yes"}}')
+    bad = read_bench_claim("rnn_forgets.json", "rnn_forgets.py", results_dir=tmp_path)
+    assert bad.holds is None and "unreadable" in bad.run
+    assert bench_results_dir() is not None and bench_results_dir().name == "results"  # this checkout has bench/
+
+
+# -- the command --------------------------------------------------------------------------------------------------
+
+
+def test_run_claims_writes_a_self_contained_page_and_the_json(tmp_path):
+    m = run_claims(tmp_path, seed=0, only="low-rank")
+    assert list(m["claims"]) == ["low-rank"] and m["claims"]["low-rank"]["holds"] is True
+    assert json.loads((tmp_path / "claims.json").read_text()) == json.loads(json.dumps(m))
+    page = (tmp_path / "claims.html").read_text()
+    assert "data:image/png;base64," in page and not re.search(r"(src|href)=['\"]https?:", page)
+    assert "three weights that determine that combination" in page  # the lecture's words
+    table = format_table(m)
+    assert "| 2 | **low-rank**" in table and "| holds |" in table
+    assert get_demo("claims").files == ("claims.html", "claims.json")
+
+
+def test_cli_lists_refuses_unknown_names_and_existing_outputs(tmp_path, capsys):
+    assert main(["demo", "claims", "--list"]) == 0
+    assert capsys.readouterr().out.split() == NAMES
+    assert main(["demo", "claims", "--only", "nope", "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and all(n in err for n in NAMES) and not (tmp_path / "x").exists()
+    assert main(["demo", "claims", "--only", "low-rank", "--out", str(tmp_path)]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert main(["demo", "claims", "--only", "low-rank", "--out", str(tmp_path), "--overwrite"]) == 0
+    out = capsys.readouterr().out
+    assert "| 2 | **low-rank**" in out and (tmp_path / "claims.html").is_file()
