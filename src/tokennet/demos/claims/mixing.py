@@ -112,13 +112,13 @@ def train_task(model: MixerNet, batch, *, seed: int, steps: int, lr: float = 3e-
     return {"accuracy": acc, "losses": losses, "params": sum(p.numel() for p in model.parameters())}
 
 
-def compare_mixers(seed: int = 0, *, steps: int = 400, N: int = 16, V: int = 16, dim: int = 32) -> dict:
+def compare_mixers(seed: int = 0, *, steps: int = 400, N: int = 16, V: int = 16, dim: int = 32, B: int = 64) -> dict:
     """Associative recall with attention, a row-softmaxed W and a free W (the same model otherwise)."""
     out = {}
     for mixer in ("attention", "softmax-W", "free-W"):
         torch.manual_seed(seed)
         model = MixerNet(2 * (N - 1), V, N, dim, mixer=mixer)
-        out[mixer] = train_task(model, lambda g, B: recall_batch(g, B, N, V), seed=seed, steps=steps)
+        out[mixer] = train_task(model, lambda g, B: recall_batch(g, B, N, V), seed=seed, steps=steps, B=B)
     return {"runs": out, "chance": 1 / V, "N": N, "V": V, "steps": steps}
 
 
@@ -156,13 +156,14 @@ def claim_fixed_w(seed: int = 0) -> Result:
                   holds, fig, data)
 
 
-def compare_value_proj(seed: int = 0, *, steps: int = 400, N: int = 16, V: int = 16, dim: int = 32) -> dict:
+def compare_value_proj(seed: int = 0, *, steps: int = 400, N: int = 16, V: int = 16, dim: int = 32,
+                       B: int = 64) -> dict:
     """Associative recall with attention, learned ``W_v`` against ``W_v = I``."""
     out = {}
     for name, vp in (("learned W_v", True), ("W_v = I", False)):
         torch.manual_seed(seed)
         model = MixerNet(2 * (N - 1), V, N, dim, value_proj=vp)
-        out[name] = train_task(model, lambda g, B: recall_batch(g, B, N, V), seed=seed, steps=steps)
+        out[name] = train_task(model, lambda g, B: recall_batch(g, B, N, V), seed=seed, steps=steps, B=B)
     return {"runs": out, "chance": 1 / V, "N": N, "V": V, "steps": steps, "dim": dim}
 
 
@@ -184,13 +185,14 @@ def claim_identity_value(seed: int = 0) -> Result:
                   holds, fig, data)
 
 
-def compare_position_modes(seed: int = 0, *, steps: int = 500, N: int = 12, V: int = 16, dim: int = 32) -> dict:
+def compare_position_modes(seed: int = 0, *, steps: int = 400, N: int = 12, V: int = 16, dim: int = 32,
+                           B: int = 64) -> dict:
     """The read-at-a-place task with no positions, added positions and concatenated positions."""
     out = {}
     for mode in ("none", "add", "concat"):
         torch.manual_seed(seed)
         model = MixerNet(V + N, V, N, dim, position_mode=mode)
-        out[mode] = train_task(model, lambda g, B: index_batch(g, B, N, V), seed=seed, steps=steps)
+        out[mode] = train_task(model, lambda g, B: index_batch(g, B, N, V), seed=seed, steps=steps, B=B)
     return {"runs": out, "chance": 1 / V, "N": N, "V": V, "steps": steps}
 
 
