@@ -5,7 +5,6 @@ import json
 import re
 
 import pytest
-import torch
 
 from tokennet.cli import main
 from tokennet.demos import get_demo
