@@ -70,7 +70,7 @@ def run_claims(out_dir: str | Path, *, seed: int = 0, only: str | None = None) -
         torch.set_num_threads(threads)
     metrics = {"seed": seed, "claims": {
         name: {"number": c.number, "claim": c.quote, "run": r.run, "measured": r.measured, "holds": r.holds,
-               "source": r.source, "seconds": round(dt, 2), "data": _jsonable(r.data)}
+               "source": r.source, "seconds": round(dt, 2), "table": r.table, "data": _jsonable(r.data)}
         for name, (c, r, dt) in results.items()}}
     (out / "claims.json").write_text(json.dumps(metrics, indent=2) + "\n")
     (out / "claims.html").write_text(_page(results, seed))
@@ -98,6 +98,12 @@ def format_table(metrics: dict[str, Any]) -> str:
         run = m["run"] + (f" ({m['source']})" if m.get("source") else "")
         cells = [m["number"], f"**{name}**: {_short(m['claim'])}", run, m["measured"], _verdict(m["holds"])]
         lines.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
+    for name, m in metrics["claims"].items():  # a claim's own table, under the main one
+        if m.get("table"):
+            head, *body = m["table"]
+            lines += ["", f"Claim {m['number']} ({name}):", "", "| " + " | ".join(head) + " |",
+                      "|" + "---|" * len(head)]
+            lines += ["| " + " | ".join(row) + " |" for row in body]
     done = [m["holds"] for m in metrics["claims"].values()]
     lines.append(f"\n{done.count(True)} hold, {done.count(False)} do not, {done.count(None)} not measured here "
                  f"(seed {metrics['seed']}).")
@@ -125,6 +131,11 @@ def _page(results: dict[str, tuple[Claim, Result, float]], seed: int) -> str:
         fig = (f'<img alt="{esc(name)}" src="data:image/png;base64,{base64.b64encode(r.figure).decode("ascii")}">'
                if r.figure else "<p><i>no figure: not measured here</i></p>")
         source = f"<p>{esc(r.source)}</p>" if r.source else ""
+        if r.table:
+            head, *body = r.table
+            source += ("<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in head) + "</tr>"
+                       + "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in body)
+                       + "</table>")
         sections.append(f'<section id="{esc(name)}"><h2>{esc(c.number)}. {esc(name)} — {verdict}</h2>'
                         f"<blockquote>{esc(c.quote)}</blockquote><p><b>Run:</b> {esc(r.run)}</p>"
                         f"<p><b>Measured:</b> {esc(r.measured)} ({dt:.1f} s)</p>{source}{fig}</section>")

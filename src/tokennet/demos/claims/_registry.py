@@ -25,6 +25,7 @@ class Result:
         figure: a PNG, or ``None``.
         data: the numbers behind ``measured`` (written to ``claims.json``).
         source: where a figure read from a file came from (``None``: measured by this run).
+        table: a table of its own (a header row, then rows of text), shown under the claim.
     """
 
     run: str
@@ -33,6 +34,7 @@ class Result:
     figure: bytes | None = None
     data: dict[str, Any] = field(default_factory=dict)
     source: str | None = None
+    table: list[list[str]] | None = None
 
 
 @dataclass(frozen=True)

@@ -164,8 +164,10 @@ def layer_table(seed: int = 0, *, dim: int = 16, k: int = 5, flop_sizes: tuple[i
     return {"dim": d, "k": k, "flops": flops, "sequential": steps, "path": paths}
 
 
-TABLE_FORMULAS = {"CNN": ("O(k·n·d²)", "O(1)", "O(n/k)"), "RNN": ("O(n·d²)", "O(n)", "O(n)"),
-                  "self-attention": ("O(n²·d)", "O(1)", "O(1)")}
+# The lecture's table, each entry with the exact count the measurement is held to (multiply-adds as 2 FLOPs).
+TABLE_FORMULAS = {"CNN": ("O(k·n·d²): 2knd²", "O(1)", "O(n/k): ⌈(n−1)/⌊k/2⌋⌉"),
+                  "RNN": ("O(n·d²): 4nd² (W_x, W_h)", "O(n): n", "O(n): n−1"),
+                  "self-attention": ("O(n²·d): 4n²d + 8nd²", "O(1)", "O(1)")}
 
 
 @claim("cnn-rnn-attention-table", "9")
@@ -206,9 +208,19 @@ def claim_table(seed: int = 0) -> Result:
     fig.suptitle("CNN / RNN / self-attention, measured (dots: the formula's count)", fontsize=10)
     table = {name: {"cost": TABLE_FORMULAS[name][0], "sequential": TABLE_FORMULAS[name][1],
                     "path": TABLE_FORMULAS[name][2]} for name in TABLE_FORMULAS}
+    def cells(part: str, name: str) -> str:
+        return ", ".join(f"{x['measured']:,}" + ("" if x["measured"] == x["formula"] else f" (formula {x['formula']:,})")
+                         for x in r[part][name])
+
+    ns_f = "/".join(str(x["n"]) for x in r["flops"]["CNN"])
+    ns_p = "/".join(str(x["n"]) for x in r["path"]["CNN"])
+    rows = [["layer", "cost per layer", f"FLOPs measured, n={ns_f}", "sequential steps",
+             f"measured, n={ns_p}", "max path length", f"measured (gradient reach), n={ns_p}"]]
+    for name, (cost, seq, path) in TABLE_FORMULAS.items():
+        rows.append([name, cost, cells("flops", name), seq, cells("sequential", name), path, cells("path", name)])
     return Result(f"one Conv1d (k={r['k']}), one tanh RNN and one attention layer, d={r['dim']}, n in "
                   f"{[x['n'] for x in r['flops']['CNN']]} (FLOPs) and {[x['n'] for x in r['path']['CNN']]} (paths)",
-                  measured, holds, png(fig), {**r, "growth": growth, "formulas": table})
+                  measured, holds, png(fig), {**r, "growth": growth, "formulas": table}, table=rows)
 
 
 # -- the long experiments: read from their benches' results ------------------------------------------------
