@@ -208,8 +208,9 @@ def claim_table(seed: int = 0) -> Result:
     fig.suptitle("CNN / RNN / self-attention, measured (dots: the formula's count)", fontsize=10)
     table = {name: {"cost": TABLE_FORMULAS[name][0], "sequential": TABLE_FORMULAS[name][1],
                     "path": TABLE_FORMULAS[name][2]} for name in TABLE_FORMULAS}
-    def cells(part: str, name: str) -> str:
-        return ", ".join(f"{x['measured']:,}" + ("" if x["measured"] == x["formula"] else f" (formula {x['formula']:,})")
+
+    def cells(part: str, name: str) -> str:  # a measured figure, and the formula's count where they differ
+        return ", ".join(f"{x['measured']:,}" + ("" if x["measured"] == x["formula"] else f" (≠ {x['formula']:,})")
                          for x in r[part][name])
 
     ns_f = "/".join(str(x["n"]) for x in r["flops"]["CNN"])
