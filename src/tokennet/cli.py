@@ -616,7 +616,8 @@ def cmd_serve(args) -> int:
         raise CLIError(f"tokennet serve needs starlette and uvicorn ({e.name} is missing): "
                        "pip install 'tokennet[serve]'") from None
     serve(args.run_dir, host=args.host, port=args.port, api_key=api_key, model_name=args.model_name,
-          any_model_name=args.any_model_name, max_batch=args.max_batch, context=args.context, device=str(resolve_device(args.device)),
+          any_model_name=args.any_model_name, max_batch=args.max_batch, context=args.context,
+          device=str(resolve_device(args.device)),
           log_level="warning" if args.quiet else "info", quantize=args.quantize, max_queue=args.max_queue)
     return 0
 

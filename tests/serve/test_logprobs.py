@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-
 from api_support import TOK, client, post, running, tiny_model
 
 pytest.importorskip("uvicorn")

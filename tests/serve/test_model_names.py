@@ -1,7 +1,6 @@
 """--model-name aliases and --any-model-name: which names a request's ``model`` may give."""
 
 import pytest
-
 from api_support import TOK, client, post, running, tiny_model
 
 pytest.importorskip("uvicorn")

@@ -2,7 +2,9 @@
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (``stream: true`` as server-sent events,
 ``data: {chunk}`` lines ending with ``data: [DONE]``), ``GET /v1/models``, ``GET /v1/models/{id}`` and
-``GET /health`` (no key needed). With an API key every ``/v1`` route needs ``Authorization: Bearer KEY``.
+``GET /health`` (no key needed). A text-embedding run (an imported sentence encoder) serves
+``POST /v1/embeddings`` instead of the completions (:mod:`.embeddings`); each route on the other kind of run
+is a 400 that says which runs serve it. With an API key every ``/v1`` route needs ``Authorization: Bearer KEY``.
 
 Every request becomes one engine :class:`~tokennet.serve.engine.Sequence` per prompt; the engine's
 thread hands each new piece of text to the request's asyncio queue (``call_soon_threadsafe``), so the
@@ -40,6 +42,7 @@ from starlette.routing import Route
 
 from ..errors import RunError
 from ..tokens.chat_template import check_chat_template
+from .embeddings import Embedder, embeddings_body, parse_embeddings
 from .engine import Engine, Event, QueueFull, Sequence
 from .protocol import (
     APIError,
@@ -149,11 +152,12 @@ def _sse(data: Any) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
-def create_app(engine: Engine, *, model_name: str | list[str], api_key: str | None = None, max_body: int = MAX_BODY,
-               any_model_name: bool = False) -> Starlette:
+def create_app(engine: Engine | None, *, model_name: str | list[str], api_key: str | None = None,
+               max_body: int = MAX_BODY, any_model_name: bool = False, embedder: Embedder | None = None) -> Starlette:
     """The ASGI application serving ``engine`` as model ``model_name`` (the engine is started and drained with it).
 
     Args:
+        engine: the language model's engine; None for a text-embedding run, served by ``embedder``.
         model_name: the name, or the names (aliases, ``--model-name`` repeated), a request's ``model`` may
             give; the first is the one ``/v1/models`` lists first. Another name is a 404 naming them, unless
             ``any_model_name``: then any name is accepted (and echoed back), as a client's default name.
@@ -163,10 +167,13 @@ def create_app(engine: Engine, *, model_name: str | list[str], api_key: str | No
     names = [model_name] if isinstance(model_name, str) else list(dict.fromkeys(model_name))
     if not names:
         raise ValueError("at least one model name is needed")
-    tok = engine.tokenizer
+    if (engine is None) == (embedder is None):
+        raise ValueError("give an engine (a language model) or an embedder (a text-embedding run)")
+    tok = engine.tokenizer if engine is not None else embedder.tokenizer
     text_of = TokenText(tok)
-    vocab = engine.model.config.vocab_size
+    vocab = engine.model.config.vocab_size if engine is not None else None
     stop_ids = list(getattr(tok, "stop_ids", None) or [])
+    context = engine.context if engine is not None else embedder.context
     created = int(time.time())
 
     def check_key(request: Request) -> None:
@@ -207,6 +214,9 @@ def create_app(engine: Engine, *, model_name: str | list[str], api_key: str | No
 
     def check_room(n: int | None = None) -> None:
         """429 when the queue is full now; 400 for ``n`` sequences that could never fit in it."""
+        if engine is None:
+            raise APIError(400, f"this server serves the text-embedding model {names[0]!r}: it answers "
+                           "POST /v1/embeddings only; completions and chat are served for language-model runs")
         if engine.max_queue is None:
             return
         if n is not None and n > engine.max_queue:
@@ -218,9 +228,11 @@ def create_app(engine: Engine, *, model_name: str | list[str], api_key: str | No
 
     def model_card(name: str) -> dict[str, Any]:
         return {"id": name, "object": "model", "created": created, "owned_by": "tokennet",
-                "max_model_len": engine.context}
+                "max_model_len": context}
 
     async def health(request: Request) -> Response:
+        if engine is None:
+            return JSONResponse({"status": "ok", "embeddings": True, "dim": embedder.dim, "context": context})
         return JSONResponse({"status": "ok", **engine.status()})
 
     async def models(request: Request) -> Response:
@@ -259,6 +271,20 @@ def create_app(engine: Engine, *, model_name: str | list[str], api_key: str | No
     async def chat_completions(request: Request) -> Response:
         return await handle(request, chat=True)
 
+    async def embeddings(request: Request) -> Response:
+        try:
+            check_key(request)
+            if embedder is None:
+                raise APIError(400, f"this server serves the language model {names[0]!r}: /v1/embeddings is served "
+                               "for text-embedding runs (a sentence encoder imported with tokennet import, e.g. "
+                               "MiniLM); use /v1/completions or /v1/chat/completions", param="model")
+            body = parse_json(await body_of(request))
+            texts, fmt, name = parse_embeddings(body, served=names, any_model=any_model_name, dim=embedder.dim)
+            vecs, tokens = await asyncio.to_thread(embedder.embed, texts)
+        except APIError as e:
+            return _error(e)
+        return JSONResponse(embeddings_body(vecs, fmt, name, tokens))
+
     async def on_http_error(request: Request, exc: HTTPException) -> Response:
         return _error(APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}"))
 
@@ -268,15 +294,18 @@ def create_app(engine: Engine, *, model_name: str | list[str], api_key: str | No
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
-        engine.start()
+        if engine is not None:
+            engine.start()
         try:
             yield
         finally:
-            engine.stop()
+            if engine is not None:
+                engine.stop()
 
     routes = [Route("/health", health), Route("/v1/models", models), Route("/v1/models/{model:path}", model),
               Route("/v1/completions", completions, methods=["POST"]),
-              Route("/v1/chat/completions", chat_completions, methods=["POST"])]
+              Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+              Route("/v1/embeddings", embeddings, methods=["POST"])]
     return Starlette(routes=routes, lifespan=lifespan,
                      exception_handlers={HTTPException: on_http_error, Exception: on_error})
 
@@ -380,7 +409,7 @@ def engine_for_run(run, *, max_batch: int = 16, context: int | None = None, quan
     model = run.model
     if run.tokenizer is None or not hasattr(model, "forward_features") or not hasattr(model.config, "block_size"):
         raise RunError(f"{run.path} is a {run.task.name} run: tokennet serve serves language models with a "
-                       "tokenizer")
+                       "tokenizer (completions, chat) and text-embedding runs (/v1/embeddings)")
     if context is not None and context < 2:
         raise RunError(f"the context must be at least 2 tokens, got {context}")
     template = getattr(run.tokenizer, "chat_template", None)
@@ -390,7 +419,8 @@ def engine_for_run(run, *, max_batch: int = 16, context: int | None = None, quan
 
 
 def serve(run_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
-          model_name: str | list[str] | None = None, any_model_name: bool = False, max_batch: int = 16, context: int | None = None, device: str = "cpu",
+          model_name: str | list[str] | None = None, any_model_name: bool = False, max_batch: int = 16,
+          context: int | None = None, device: str = "cpu",
           log_level: str = "info", quantize: str = "none", max_queue: int | None = MAX_QUEUE,
           max_body: int = MAX_BODY) -> None:
     """Serve a language-model run over HTTP until Ctrl-C (which lets the requests in flight finish).
@@ -403,9 +433,15 @@ def serve(run_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, api
     from ..run import load
 
     run = load(run_dir, device=device)
-    engine = engine_for_run(run, max_batch=max_batch, context=context, quantize=quantize, max_queue=max_queue)
     name = ([model_name] if isinstance(model_name, str) else list(model_name or [])) or [Path(run_dir).resolve().name]
-    app = create_app(engine, model_name=name, api_key=api_key, max_body=max_body, any_model_name=any_model_name)
-    log.info("serving %s as model %s on http://%s:%d/v1 (batch %d, context %d%s)", run_dir, " / ".join(map(repr, name)) + (" (any name accepted)" if any_model_name else ""), host, port,
-             max_batch, engine.context, "" if quantize == "none" else f", {quantize} weights")
+    shown = " / ".join(map(repr, name)) + (" (any name accepted)" if any_model_name else "")
+    if getattr(run.task, "kind", None) == "text-embedding":  # a sentence encoder: POST /v1/embeddings
+        app = create_app(None, embedder=Embedder(run), model_name=name, api_key=api_key, max_body=max_body,
+                         any_model_name=any_model_name)
+        log.info("serving %s (text embeddings) as model %s on http://%s:%d/v1", run_dir, shown, host, port)
+    else:
+        engine = engine_for_run(run, max_batch=max_batch, context=context, quantize=quantize, max_queue=max_queue)
+        app = create_app(engine, model_name=name, api_key=api_key, max_body=max_body, any_model_name=any_model_name)
+        log.info("serving %s as model %s on http://%s:%d/v1 (batch %d, context %d%s)", run_dir, shown, host, port,
+                 max_batch, engine.context, "" if quantize == "none" else f", {quantize} weights")
     uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=None)
