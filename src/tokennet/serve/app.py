@@ -174,6 +174,11 @@ def create_app(engine: Engine | None, *, model_name: str | list[str], api_key: s
     vocab = engine.model.config.vocab_size if engine is not None else None
     stop_ids = list(getattr(tok, "stop_ids", None) or [])
     context = engine.context if engine is not None else embedder.context
+    constraints = None
+    if engine is not None and importlib.util.find_spec("llguidance") is not None:
+        from .constrained import Constraints
+
+        constraints = Constraints(tok, vocab)
     created = int(time.time())
 
     def check_key(request: Request) -> None:
@@ -206,9 +211,9 @@ def create_app(engine: Engine | None, *, model_name: str | list[str], api_key: s
         try:
             if chat:
                 return parse_chat(body, tokenizer=tok, served=names, context=engine.context, stop_ids=stop_ids,
-                                  any_model=any_model_name)
+                                  any_model=any_model_name, constraints=constraints)
             return parse_completion(body, tokenizer=tok, served=names, context=engine.context, vocab=vocab,
-                                    stop_ids=stop_ids, any_model=any_model_name)
+                                    stop_ids=stop_ids, any_model=any_model_name, constraints=constraints)
         except UnicodeError as e:  # e.g. a lone surrogate escape ("\ud800") that no tokenizer can encode
             raise APIError(400, f"the request's text cannot be encoded as UTF-8: {e}") from None
 

@@ -2,7 +2,7 @@
 
 Every request field a client may send is either used (``model, prompt, messages, max_tokens,
 max_completion_tokens, temperature, top_p, stop, stream, stream_options, seed, n=1, logprobs,
-top_logprobs, echo``, and vLLM's ``top_k``), accepted when it asks for nothing (``user``, penalties of 0,
+top_logprobs, echo, response_format``, and vLLM's ``top_k``), accepted when it asks for nothing (``user``, penalties of 0,
 ...), or
 refused with a 400 that names it: a client must never believe a setting took effect when it did not.
 Unknown fields are ignored, as the OpenAI API ignores them. An error body is OpenAI's::
@@ -139,10 +139,43 @@ def _logprobs(body: dict[str, Any], chat: bool) -> int | None:
     return int(lp)
 
 
+def _response_format(body: dict[str, Any], constraints) -> Any:
+    """``response_format``: None (text), or the compiled grammar of ``json_object`` / ``json_schema``.
+
+    ``{"type": "json_object"}``: any JSON object; ``{"type": "json_schema", "json_schema": {"name": ...,
+    "schema": {...}}}``: JSON valid under the schema (no schema: any JSON value). A schema the decoder cannot
+    compile is a 400 naming the problem (:mod:`.constrained`).
+    """
+    rf = body.get("response_format")
+    if rf is None:
+        return None
+    if not isinstance(rf, dict) or rf.get("type") not in ("text", "json_object", "json_schema"):
+        raise APIError(400, "response_format must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
+                       "{\"type\": \"json_schema\", \"json_schema\": {\"name\": ..., \"schema\": {...}}}",
+                       param="response_format")
+    if rf["type"] == "text":
+        return None
+    if constraints is None:
+        raise APIError(400, "response_format is not supported by this server (constrained decoding needs the "
+                       "llguidance package: pip install 'tokennet[serve]')", param="response_format")
+    schema = None
+    if rf["type"] == "json_schema":
+        js = rf.get("json_schema")
+        if not isinstance(js, dict) or not isinstance(js.get("schema", {}), dict):
+            raise APIError(400, "response_format.json_schema must be an object with a \"schema\" object",
+                           param="response_format")
+        schema = js.get("schema", {})
+    try:
+        return constraints.compile(schema)
+    except ValueError as e:
+        raise APIError(400, f"response_format: the JSON schema cannot be used for constrained decoding: {e}",
+                       param="response_format") from None
+
+
 def _common(body: dict[str, Any], served: str | list[str], *, default_max: int | None, context: int,
             prompt_len: int, stop_ids: list[int], extra_stop: list[str],
             prompt_param: str, any_model: bool = False, chat: bool = False,
-            zero_max: bool = False) -> tuple[SamplingParams, bool, bool, str]:
+            zero_max: bool = False, constraints=None) -> tuple[SamplingParams, bool, bool, str]:
     served = check_model(body.get("model"), served, any_model)
     stream = body.get("stream", False)
     if stream is None:
@@ -171,7 +204,7 @@ def _common(body: dict[str, Any], served: str | list[str], *, default_max: int |
                            param=name)
     logprobs = _logprobs(body, chat)
     _refuse_unless(body, "best_of", (1,), "one candidate")
-    for name in ("logit_bias", "tools", "functions", "response_format", "suffix"):
+    for name in ("logit_bias", "tools", "functions", "suffix"):
         v = body.get(name)
         if v not in (None, {}, []):
             raise APIError(400, f"{name} is not supported by this server", param=name)
@@ -210,7 +243,7 @@ def _common(body: dict[str, Any], served: str | list[str], *, default_max: int |
                             top_k=min(max(0, int(top_k or 0)), 2**31 - 1),  # past the vocabulary = off
                             stop=list(stop) + list(extra_stop or []),
                             stop_ids=list(stop_ids), seed=None if seed is None else int(seed),
-                            logprobs=logprobs)
+                            logprobs=logprobs, constraint=_response_format(body, constraints))
     return params, stream, include_usage, served
 
 
@@ -243,7 +276,7 @@ def _prompts(body: dict[str, Any], tokenizer, vocab: int) -> list[list[int]]:
 
 
 def parse_completion(body: dict[str, Any], *, tokenizer, served: str | list[str], context: int, vocab: int,
-                     stop_ids: list[int], any_model: bool = False) -> CompletionRequest:
+                     stop_ids: list[int], any_model: bool = False, constraints=None) -> CompletionRequest:
     """``POST /v1/completions``: one sequence per prompt (OpenAI's default ``max_tokens`` is 16).
 
     ``echo: true`` returns each prompt before its completion; with ``logprobs: k`` also the prompt tokens'
@@ -257,7 +290,8 @@ def parse_completion(body: dict[str, Any], *, tokenizer, served: str | list[str]
     longest = max(len(p) for p in prompts)
     params, stream, include_usage, model = _common(body, served, default_max=16, context=context,
                                                    prompt_len=longest, stop_ids=stop_ids, extra_stop=[],
-                                                   prompt_param="prompt", any_model=any_model, zero_max=bool(echo))
+                                                   prompt_param="prompt", any_model=any_model, zero_max=bool(echo),
+                                                   constraints=constraints)
     params.prompt_logprobs = bool(echo) and params.logprobs is not None
     texts = []
     if echo:
@@ -298,7 +332,7 @@ def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
 
 
 def parse_chat(body: dict[str, Any], *, tokenizer, served: str | list[str], context: int, stop_ids: list[int],
-               any_model: bool = False) -> CompletionRequest:
+               any_model: bool = False, constraints=None) -> CompletionRequest:
     """``POST /v1/chat/completions``: the conversation rendered with the run's chat template, one reply."""
     from ..data.chats import chat_stop_strings, render_chat
     from ..errors import DataError
@@ -315,7 +349,7 @@ def parse_chat(body: dict[str, Any], *, tokenizer, served: str | list[str], cont
     params, stream, include_usage, model = _common(body, served, default_max=None, context=context,
                                                    prompt_len=len(ids), stop_ids=stop_ids,
                                                    extra_stop=chat_stop_strings(tokenizer), prompt_param="messages",
-                                                   any_model=any_model, chat=True)
+                                                   any_model=any_model, chat=True, constraints=constraints)
     return CompletionRequest([ids], params, stream, include_usage, model, chat=True, logprobs=params.logprobs)
 
 
