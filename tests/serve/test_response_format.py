@@ -3,7 +3,6 @@
 import json
 
 import pytest
-
 from api_support import TOK, client, post, running, tiny_model
 
 pytest.importorskip("uvicorn")

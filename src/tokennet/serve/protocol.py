@@ -2,8 +2,8 @@
 
 Every request field a client may send is either used (``model, prompt, messages, max_tokens,
 max_completion_tokens, temperature, top_p, stop, stream, stream_options, seed, n=1, logprobs,
-top_logprobs, echo, response_format``, and vLLM's ``top_k``), accepted when it asks for nothing (``user``, penalties of 0,
-...), or
+top_logprobs, echo, response_format``, and vLLM's ``top_k``), accepted when it asks for nothing (``user``,
+penalties of 0, ...), or
 refused with a 400 that names it: a client must never believe a setting took effect when it did not.
 Unknown fields are ignored, as the OpenAI API ignores them. An error body is OpenAI's::
 
