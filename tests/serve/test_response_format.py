@@ -79,3 +79,48 @@ def test_a_schema_that_cannot_be_compiled_is_a_400_naming_the_problem(server, rf
     status, out = post(server["port"], "/v1/completions", {"prompt": "a", "response_format": rf})
     assert status == 400 and out["error"]["param"] == "response_format", out
     assert words.lower() in out["error"]["message"].lower(), out["error"]["message"]
+
+
+def _bpe_tokenizers():
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokennet.tokens.pretrained import PretrainedTokenizer
+    from tokennet.tokens.text import train_tokenizer
+
+    text = json.dumps([{"name": "ab cd", "n": 12, "tags": ["a", "bb"], "ok": True}] * 3) + " héllo wörld ✓ " * 5
+    bpe = tokenizers.ByteLevelBPETokenizer()
+    bpe.train_from_iterator([text], vocab_size=300, min_frequency=1, special_tokens=["<s>", "</s>"])
+    e = bpe._tokenizer
+    return {"bpe": train_tokenizer("bpe", text, vocab_size=300),
+            "pretrained": PretrainedTokenizer(e, bos_id=e.token_to_id("<s>"), eos_id=e.token_to_id("</s>"))}
+
+
+@pytest.mark.parametrize("kind", ["bpe", "pretrained"])
+def test_byte_level_vocabularies_are_read_and_constrained(kind):
+    """Multi-byte tokens: the bytes the grammar sees are the bytes the tokenizer decodes to."""
+    from tokennet.serve.constrained import token_bytes
+
+    tok = _bpe_tokenizers()[kind]
+    table, special = token_bytes(tok, tok.vocab_size + 3)  # an embedding padded past the tokenizer
+    assert set(range(tok.vocab_size, tok.vocab_size + 3)) <= set(special) and tok.eos_id in special
+    for i in range(tok.vocab_size):
+        if i not in special:
+            assert table[i].decode("utf-8", "replace") == tok.decode([i]), i
+    model = tiny_model(vocab_size=tok.vocab_size, block_size=256, std=0.3)
+    with running(create_app(Engine(model, tok, max_batch=10), model_name="tiny")) as port:
+        body = {"prompt": ["a"] * 10, "max_tokens": 150, "temperature": 1.0,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "t", "schema": SCHEMA}}}
+        status, out = post(port, "/v1/completions", body)
+    assert status == 200, out
+    for c in out["choices"]:
+        assert c["finish_reason"] == "stop"
+        jsonschema.validate(json.loads(c["text"]), SCHEMA)
+
+
+def test_a_vocabulary_that_cannot_write_json_fails_that_request_with_a_clear_error():
+    from tokennet.tokens.text import CharTokenizer
+
+    tok = CharTokenizer.train("abc ")  # no braces, no quotes
+    with running(create_app(Engine(tiny_model(vocab_size=tok.vocab_size), tok, max_batch=2), model_name="t")) as port:
+        status, out = post(port, "/v1/completions", {"prompt": "a", "response_format": {"type": "json_object"}})
+        assert status == 500 and "vocabulary" in out["error"]["message"], out
+        assert post(port, "/v1/completions", {"prompt": "a", "max_tokens": 3})[0] == 200  # the server goes on

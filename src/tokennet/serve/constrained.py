@@ -80,18 +80,24 @@ def token_bytes(tokenizer, vocab_size: int) -> tuple[list[bytes], list[int]]:
 class Matcher:
     """One sequence's parser state: :meth:`mask` the logits, :meth:`accept` the sampled token, :meth:`done`."""
 
-    def __init__(self, m, vocab_size: int):
-        self.m, self.V = m, vocab_size
+    def __init__(self, m, vocab_size: int, never: Tensor):
+        self.m, self.V, self.never = m, vocab_size, never
 
     def mask(self, logits: Tensor) -> None:
         """Set the logits ``(V,)`` of every token the grammar does not allow now to −∞ (in place)."""
         bits = torch.frombuffer(bytearray(self.m.compute_bitmask()), dtype=torch.uint8)  # (⌈V/32⌉·4,)
         allowed = ((bits[:, None] >> _SHIFTS) & 1).flatten()[: self.V].bool()  # (V,): little-endian bit order
+        allowed &= ~self.never  # special tokens other than the end of sequence are never part of a text
+        if self.m.is_error() or not bool(allowed.any()):
+            raise ValueError("constrained decoding: no token of this model's vocabulary can continue the text "
+                             f"under the schema ({self.m.get_error() or 'the vocabulary lacks what it needs'})")
         logits.masked_fill_(~allowed.to(logits.device), float("-inf"))
 
     def accept(self, token: int) -> None:
         if not self.m.consume_token(token):
-            raise ValueError(f"the grammar refused token {token}: {self.m.get_error()}")
+            why = (self.m.get_error() or "").strip().splitlines()
+            raise ValueError(f"constrained decoding: the grammar refused token {token}"
+                             + (f": {why[0]}" if why else ""))
 
     def done(self) -> bool:
         """The text is complete (the grammar allows nothing more, or the end of sequence was accepted)."""
@@ -104,13 +110,13 @@ _SHIFTS = torch.arange(8, dtype=torch.uint8)
 class Grammar:
     """A compiled grammar, shared by a request's sequences; :meth:`matcher` starts one sequence's parser."""
 
-    def __init__(self, lltok, grammar: str, vocab_size: int):
-        self.lltok, self.grammar, self.V = lltok, grammar, vocab_size
+    def __init__(self, lltok, grammar: str, vocab_size: int, never: Tensor):
+        self.lltok, self.grammar, self.V, self.never = lltok, grammar, vocab_size, never
 
     def matcher(self) -> Matcher:
         import llguidance
 
-        return Matcher(llguidance.LLMatcher(self.lltok, self.grammar), self.V)
+        return Matcher(llguidance.LLMatcher(self.lltok, self.grammar), self.V, self.never)
 
 
 class _Wrapped:
@@ -130,6 +136,7 @@ class Constraints:
     def __init__(self, tokenizer, vocab_size: int):
         self.tokenizer, self.V = tokenizer, vocab_size
         self._lltok = None
+        self._never: Tensor | None = None  # (V,) the special ids, the end of sequence excepted
         self._lock = threading.Lock()
 
     def _tokenizer(self):
@@ -142,6 +149,10 @@ class Constraints:
                 self._lltok = llguidance.LLTokenizer(
                     llguidance.TokenizerWrapper(_Wrapped(self.tokenizer, tokens, special, stops[0])),
                     n_vocab=self.V, eos_token=stops)
+                never = torch.zeros(self.V, dtype=torch.bool)
+                never[special] = True
+                never[[t for t in stops if 0 <= t < self.V]] = False
+                self._never = never
             return self._lltok
 
     def compile(self, schema: dict[str, Any] | None) -> Grammar:
@@ -157,4 +168,4 @@ class Constraints:
         err = llguidance.LLMatcher.validate_grammar(g, lltok)
         if err:
             raise ValueError(" ".join(err.split()))
-        return Grammar(lltok, g, self.V)
+        return Grammar(lltok, g, self.V, self._never)
