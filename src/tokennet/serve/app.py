@@ -61,6 +61,7 @@ from .protocol import (
     parse_json,
     usage,
 )
+from .tools import parse_tool_calls
 
 __all__ = ["create_app", "serve", "engine_for_run"]
 
@@ -363,7 +364,8 @@ async def _collect(request: Request, r: _Request, text_of: TokenText) -> Respons
     req = r.req
     if req.chat:
         lp = None if req.logprobs is None else chat_logprobs(text_of, entries[0])
-        return JSONResponse(chat_body(req, texts[0], reasons[0], r.usage(), lp))
+        message, reason = _reply(req, texts[0], reasons[0])
+        return JSONResponse(chat_body(req, texts[0], reason, r.usage(), lp, message=message))
     lps = None
     if req.logprobs is not None:
         lps = [completion_logprobs(text_of, e) for e in entries]
@@ -376,9 +378,19 @@ async def _collect(request: Request, r: _Request, text_of: TokenText) -> Respons
     return JSONResponse(completion_body(req, texts, reasons, r.usage(), lps))
 
 
+def _reply(req: CompletionRequest, text: str, reason: str) -> tuple[dict[str, Any], str]:
+    """A chat reply's message and finish reason: its tool calls parsed when the request has tools."""
+    if req.tools:
+        content, calls = parse_tool_calls(text)
+        if calls:
+            return {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
+    return {"role": "assistant", "content": text}, reason
+
+
 async def _stream(r: _Request, text_of: TokenText) -> AsyncIterator[str]:
     req = r.req
     echoed: set[int] = set()
+    held = ""  # a reply that may be tool calls is sent when complete
     try:
         if req.chat:
             yield _sse(chat_chunk(req, {"role": "assistant", "content": ""}, None))
@@ -390,6 +402,17 @@ async def _stream(r: _Request, text_of: TokenText) -> AsyncIterator[str]:
                 echoed.add(i)
                 head, head_lp = _echo(r, i, text_of)
                 yield _sse(completion_chunk(req, i, head, None, logprobs=head_lp))
+            if req.tools:
+                held += ev.text
+                if ev.finish_reason is None:
+                    continue
+                message, reason = _reply(req, held, ev.finish_reason)
+                delta = {k: v for k, v in message.items() if k != "role"}
+                if "tool_calls" in delta:
+                    delta["tool_calls"] = [{"index": j, **c} for j, c in enumerate(delta["tool_calls"])]
+                yield _sse(chat_chunk(req, delta, None))
+                yield _sse(chat_chunk(req, {}, reason))
+                continue
             if ev.text or ev.logprobs:
                 if req.chat:
                     lp = None if req.logprobs is None else chat_logprobs(text_of, ev.logprobs)

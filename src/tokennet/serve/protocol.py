@@ -2,8 +2,8 @@
 
 Every request field a client may send is either used (``model, prompt, messages, max_tokens,
 max_completion_tokens, temperature, top_p, stop, stream, stream_options, seed, n=1, logprobs,
-top_logprobs, echo, response_format``, and vLLM's ``top_k``), accepted when it asks for nothing (``user``,
-penalties of 0, ...), or
+top_logprobs, echo, response_format, tools, tool_choice``, and vLLM's ``top_k``), accepted when it asks for
+nothing (``user``, penalties of 0, ...), or
 refused with a 400 that names it: a client must never believe a setting took effect when it did not.
 Unknown fields are ignored, as the OpenAI API ignores them. An error body is OpenAI's::
 
@@ -58,6 +58,7 @@ class CompletionRequest:
     logprobs: int | None = None  # None: off; k: each token's log probability and the k most likely tokens'
     echo: bool = False  # completions: the prompt comes back before the completion (with its logprobs)
     prompt_texts: list[str] = field(default_factory=list)  # what echo returns, one per prompt
+    tools: bool = False  # chat: the reply is parsed for tool calls (:mod:`.tools`)
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -204,7 +205,7 @@ def _common(body: dict[str, Any], served: str | list[str], *, default_max: int |
                            param=name)
     logprobs = _logprobs(body, chat)
     _refuse_unless(body, "best_of", (1,), "one candidate")
-    for name in ("logit_bias", "tools", "functions", "suffix"):
+    for name in ("logit_bias", "functions", "suffix") + (() if chat else ("tools",)):
         v = body.get(name)
         if v not in (None, {}, []):
             raise APIError(400, f"{name} is not supported by this server", param=name)
@@ -336,10 +337,14 @@ def parse_chat(body: dict[str, Any], *, tokenizer, served: str | list[str], cont
     """``POST /v1/chat/completions``: the conversation rendered with the run's chat template, one reply."""
     from ..data.chats import chat_stop_strings, render_chat
     from ..errors import DataError
+    from .tools import check_tools, tool_messages
 
-    messages = _messages(body)
+    messages = tool_messages(_messages(body), body["messages"])
+    name = served if isinstance(served, str) else served[0]
+    tools, parse_calls = check_tools(body, tokenizer, where=f"model {name!r}")
+    extra = {} if tools is None else {"tools": tools}
     try:
-        prompt = render_chat(tokenizer, messages, add_generation_prompt=True, where=f"model {served!r}")
+        prompt = render_chat(tokenizer, messages, add_generation_prompt=True, where=f"model {name!r}", **extra)
     except DataError as e:
         raise APIError(400, f"the conversation cannot be rendered with this model's chat template: {e}",
                        param="messages") from None
@@ -350,7 +355,8 @@ def parse_chat(body: dict[str, Any], *, tokenizer, served: str | list[str], cont
                                                    prompt_len=len(ids), stop_ids=stop_ids,
                                                    extra_stop=chat_stop_strings(tokenizer), prompt_param="messages",
                                                    any_model=any_model, chat=True, constraints=constraints)
-    return CompletionRequest([ids], params, stream, include_usage, model, chat=True, logprobs=params.logprobs)
+    return CompletionRequest([ids], params, stream, include_usage, model, chat=True, logprobs=params.logprobs,
+                             tools=parse_calls)
 
 
 # -- responses ---------------------------------------------------------------------------------------
