@@ -4,7 +4,6 @@ import json
 
 import pytest
 import torch
-
 from api_support import TOK, client, post, running, tiny_model
 
 pytest.importorskip("uvicorn")
