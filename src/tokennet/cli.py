@@ -285,7 +285,9 @@ def _add_serve(sub) -> None:
         "serve",
         help="serve a language-model run over HTTP in the OpenAI format (completions, chat, streaming)",
         description="An OpenAI-compatible server for RUN_DIR (trained or imported): POST /v1/completions and "
-        "/v1/chat/completions (stream: true as server-sent events), GET /v1/models, GET /health. Concurrent "
+        "/v1/chat/completions (stream: true as server-sent events; logprobs, echo, response_format JSON "
+        "schemas by constrained decoding, tools where the chat template takes them), GET /v1/models, GET "
+        "/health; POST /v1/embeddings for a text-embedding run. Concurrent "
         "requests decode together, one batched step for all of them, joining and leaving between steps. Chat "
         "prompts use the run's chat template (plain ChatML for a tokenizer without one). Ctrl-C lets the "
         "requests in flight finish, then exits. Needs the serve extra: pip install 'tokennet[serve]'.",
