@@ -45,8 +45,14 @@ def test_completion_logprobs_equal_the_models_log_softmax(server):
     assert lp.text_offset == [sum(len(t) for t in lp.tokens[:j]) for j in range(10)]
 
 
-def test_echo_scores_the_prompt_as_lm_eval_asks(server):
-    """lm-eval's local-completions: token ids, ``echo``, ``logprobs: 1``, ``max_tokens`` 1 (or 0), temperature 0."""
+@pytest.mark.parametrize("chunk", [256, 3])
+def test_echo_scores_the_prompt_as_lm_eval_asks(server, monkeypatch, chunk):
+    """lm-eval's local-completions: token ids, ``echo``, ``logprobs: 1``, ``max_tokens`` 1 (or 0), temperature 0.
+
+    ``chunk``: prompt positions whose logits the engine holds at once (the same answer in pieces)."""
+    import tokennet.serve.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "PROMPT_LOGPROBS_CHUNK", chunk)
     prompts = [TOK.encode("the quick brown fox"), TOK.encode("ab")]
     for max_tokens in (0, 1):
         body = {"model": "tiny", "prompt": prompts, "temperature": 0, "max_tokens": max_tokens, "logprobs": 1,

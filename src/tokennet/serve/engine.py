@@ -56,6 +56,9 @@ log = logging.getLogger(__name__)
 
 
 
+PROMPT_LOGPROBS_CHUNK = 256  # prompt positions whose logits are held at once (echo with logprobs)
+
+
 class QueueFull(Exception):
     """The engine's queue of waiting sequences has no room for a request's sequences (try again later)."""
 
@@ -435,11 +438,13 @@ class Engine:
         ids = torch.tensor([seq.prompt], device=self.device)  # (1, P)
         h = self.net.forward_features(ids, caches=self.caches.layers)  # (1, P, D)
         p = seq.params
-        if p.prompt_logprobs:  # every position's logits, from this same forward
-            every = self.net.forward_head(h)[0]  # (P, V)
-            if len(seq.prompt) > 1:
-                seq.prompt_logprobs = token_logprobs(every[:-1], ids[0, 1:], [p.logprobs or 0] * (len(seq.prompt) - 1))
-            logits = every[-1:]  # (1, V)
+        if p.prompt_logprobs:  # every position's logits, from this same forward (in chunks: P × V can be large)
+            P, k = len(seq.prompt), p.logprobs or 0
+            for a in range(0, P - 1, PROMPT_LOGPROBS_CHUNK):
+                b = min(a + PROMPT_LOGPROBS_CHUNK, P - 1)
+                lg = self.net.forward_head(h[:, a:b])[0]  # (b - a, V): predicts prompt[a + 1 : b + 1]
+                seq.prompt_logprobs += token_logprobs(lg, ids[0, a + 1 : b + 1], [k] * (b - a))
+            logits = self.net.forward_head(h[:, -1:])[:, -1]  # (1, V)
         else:
             logits = self.net.forward_head(h[:, -1:])[:, -1]  # (1, V)
         if p.max_tokens == 0:
