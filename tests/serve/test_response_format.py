@@ -24,7 +24,7 @@ SCHEMA = {"type": "object", "properties": {
 @pytest.fixture(scope="module")
 def server():
     model = tiny_model(block_size=256, std=0.3)  # random: only the mask makes its text valid
-    with running(create_app(Engine(model, TOK, max_batch=16), model_name="tiny")) as port:
+    with running(create_app(Engine(model, TOK, max_batch=50), model_name="tiny")) as port:  # 50 rows: one batch
         yield {"port": port}
 
 
