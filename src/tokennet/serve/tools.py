@@ -1,0 +1,140 @@
+"""``tools`` and ``tool_calls`` in the OpenAI format, for runs whose chat template takes tools.
+
+transformers' convention: a chat template that supports tools reads the variable ``tools`` (the request's
+``[{"type": "function", "function": {"name", "description", "parameters"}}]``) and shows them to the model;
+the model answers a call as text, which the server parses back into OpenAI's ``tool_calls``::
+
+    {"role": "assistant", "content": null, "tool_calls": [{"id": "call_…", "type": "function",
+     "function": {"name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\"}"}}]}
+
+with ``finish_reason: "tool_calls"``. Two reply formats are read: Hermes' ``<tool_call>{"name": ...,
+"arguments": {...}}</tool_call>`` blocks (Qwen2/2.5, Hermes, SmolLM2/3 templates; text before the first
+block is the message's content), and a reply that is one JSON object ``{"name": ..., "arguments" |
+"parameters": {...}}`` (Llama 3.1's). A reply in neither format is ordinary content. Conversations may
+carry earlier calls (an assistant message's ``tool_calls``, whose JSON ``arguments`` the template gets as
+an object, as transformers expects) and results (``role: "tool"`` with ``tool_call_id``).
+
+A request with ``tools`` for a run whose template does not read ``tools`` (or that has no template) is a
+400 that says so; ``tool_choice`` may be ``"auto"`` or ``"none"`` (the tools are shown, no call is parsed).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from typing import Any
+
+from .protocol import APIError
+
+__all__ = ["template_takes_tools", "check_tools", "parse_tool_calls"]
+
+_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
+
+
+def template_takes_tools(tokenizer) -> bool:
+    """Whether the tokenizer's chat template reads the variable ``tools`` (transformers' convention)."""
+    template = getattr(tokenizer, "chat_template", None)
+    if not template:
+        return False
+    try:
+        from jinja2 import Environment, meta
+    except ImportError:
+        return False
+    try:
+        return "tools" in meta.find_undeclared_variables(Environment().parse(template))
+    except Exception:  # noqa: BLE001 - a template that does not parse is refused at start (check_chat_template)
+        return False
+
+
+def check_tools(body: dict[str, Any], tokenizer, where: str) -> tuple[list[dict[str, Any]] | None, bool]:
+    """The request's tools (None: none) and whether to parse tool calls from the reply; 400s name the field."""
+    tools = body.get("tools")
+    choice = body.get("tool_choice")
+    if tools in (None, []):
+        if choice not in (None, "none", "auto"):
+            raise APIError(400, "tool_choice needs tools", param="tool_choice")
+        return None, False
+    if not isinstance(tools, list) or not all(
+            isinstance(t, dict) and t.get("type") == "function" and isinstance(t.get("function"), dict)
+            and isinstance(t["function"].get("name"), str) and t["function"]["name"] for t in tools):
+        raise APIError(400, "tools must be a list of {\"type\": \"function\", \"function\": {\"name\": ..., "
+                       "\"parameters\": {...}}}", param="tools")
+    if choice not in (None, "auto", "none"):
+        raise APIError(400, f"tool_choice={choice!r} is not supported by this server (\"auto\" or \"none\": the "
+                       "model decides whether to call a tool)", param="tool_choice")
+    if not template_takes_tools(tokenizer):
+        what = "has no chat template" if not getattr(tokenizer, "chat_template", None) else \
+            "has a chat template that does not take tools (it never reads the variable `tools`)"
+        raise APIError(400, f"tools are not supported for {where}: its tokenizer {what}; a run imported from a "
+                       "checkpoint whose template supports tools (e.g. Qwen2.5, SmolLM3, Llama 3.1) serves them",
+                       param="tools")
+    return tools, choice != "none"
+
+
+def tool_messages(messages: list[dict[str, Any]], raw: list[Any]) -> list[dict[str, Any]]:
+    """Add the tool fields of the raw messages (``tool_calls``, ``tool_call_id``, ``name``) to the checked ones.
+
+    An assistant's ``tool_calls[i].function.arguments`` is JSON text in the OpenAI format; templates expect
+    an object (transformers), so it is parsed (text that is not JSON is left as is).
+    """
+    out = []
+    for m, r in zip(messages, raw):
+        m = dict(m)
+        if isinstance(r, dict):
+            calls = r.get("tool_calls")
+            if calls is not None:
+                if not isinstance(calls, list) or not all(isinstance(c, dict) and isinstance(c.get("function"), dict)
+                                                          for c in calls):
+                    raise APIError(400, "tool_calls must be a list of {\"id\", \"type\": \"function\", \"function\": "
+                                   "{\"name\", \"arguments\"}}", param="messages")
+                fixed = []
+                for c in calls:
+                    f = dict(c["function"])
+                    if isinstance(f.get("arguments"), str):
+                        try:
+                            f["arguments"] = json.loads(f["arguments"])
+                        except ValueError:
+                            pass
+                    fixed.append({**c, "function": f})
+                m["tool_calls"] = fixed
+            for k in ("tool_call_id", "name"):
+                if isinstance(r.get(k), str):
+                    m[k] = r[k]
+        out.append(m)
+    return out
+
+
+def _call(obj: Any) -> dict[str, Any] | None:
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+            "function": {"name": obj["name"], "arguments": args if isinstance(args, str) else json.dumps(args)}}
+
+
+def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
+    """The reply's content (None when it is only calls) and its tool calls in the OpenAI format (empty: none)."""
+    if "<tool_call>" in text:
+        calls = []
+        for block in _BLOCK.findall(text):
+            try:
+                obj = json.loads(block)
+            except ValueError:
+                return text, []  # not a well-formed call: the reply is content
+            items = obj if isinstance(obj, list) else [obj]
+            parsed = [_call(o) for o in items]
+            if not parsed or None in parsed:
+                return text, []
+            calls += parsed
+        head = text[: text.index("<tool_call>")].strip()
+        return (head or None), calls
+    stripped = text.strip()
+    if stripped.startswith("{"):
+        try:
+            call = _call(json.loads(stripped))
+        except ValueError:
+            call = None
+        if call is not None:
+            return None, [call]
+    return text, []
