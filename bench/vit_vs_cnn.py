@@ -8,8 +8,8 @@ convergence**, not for a fixed budget (the first version of this bench stopped t
 - the step budget scales with the data: ``--epochs`` passes over the subset (at least ``--min-steps``,
   at most ``--max-steps``), warm-up then cosine decay over that budget;
 - early stopping on a validation split held out of the training set before any subset is drawn
-  (``--val-size`` images, the same for every size): validation accuracy every ``--eval-every`` epochs,
-  stop after ``--patience`` evaluations without improvement, and test the best weights.
+  (``--val-size`` images, the same for every size): validation accuracy every ``--eval-every-epochs`` epochs
+  (and at most 20 times a run, so patience is never shorter than a quarter of the budget), stop after ``--patience`` evaluations without improvement, and test the best weights.
 
 Each row records the steps run, the step of the best validation accuracy and whether the run stopped early
 (patience exhausted) or ran its whole budget. Same batch size, learning rate, weight decay, augmentation
@@ -167,7 +167,7 @@ def sweep(pool: VisionData, x_val, y_val, *, sizes: list[int], models: dict, see
         n = min(n, len(pool.y_train))
         budget = step_budget(n, batch_size, epochs=epochs, min_steps=min_steps, max_steps=max_steps)
         per_epoch = max(1, n // min(batch_size, n))
-        every = max(1, round(eval_every_epochs * per_epoch))
+        every = max(1, round(eval_every_epochs * per_epoch), budget // 20)  # at most 20 evaluations a run
         row = {"train_size": n, "max_steps": budget, "eval_every": every}
         for name, cfg in models.items():
             runs = []
