@@ -9,7 +9,8 @@ convergence**, not for a fixed budget (the first version of this bench stopped t
   at most ``--max-steps``), warm-up then cosine decay over that budget;
 - early stopping on a validation split held out of the training set before any subset is drawn
   (``--val-size`` images, the same for every size): validation accuracy every ``--eval-every-epochs`` epochs
-  (and at most 20 times a run, so patience is never shorter than a quarter of the budget), stop after ``--patience`` evaluations without improvement, and test the best weights.
+  (and at most 20 times a run, so patience is never shorter than a quarter of the budget), stop after
+  ``--patience`` evaluations without improvement, and test the best weights.
 
 Each row records the steps run, the step of the best validation accuracy and whether the run stopped early
 (patience exhausted) or ran its whole budget. Same batch size, learning rate, weight decay, augmentation

@@ -16,8 +16,10 @@ the paper.
 https://arxiv.org/abs/1406.1078): the whole source is squeezed into one fixed vector
 ``c = [h→_S; h←_1]`` (the two directions' final states), and every step reads that same ``c``:
 ``s_t = GRU([E y_{t−1}; c], s_{t−1})``, ``p(y_t | …) = softmax(W_o tanh(W_h [s_t; c; E y_{t−1}]))`` — the
-same parameters less the additive score. However long the input, the decoder sees ``dim`` numbers of it. Same data interface as :class:`~tokennet.models.seq2seq.Seq2Seq` — ``forward((src, tgt_in),
-tgt_out)`` — and the same decoding protocol, so the two share the recipe, greedy and beam search.
+same parameters less the additive score. However long the input, the decoder sees ``dim`` numbers of it.
+
+Same data interface as :class:`~tokennet.models.seq2seq.Seq2Seq` — ``forward((src, tgt_in), tgt_out)`` —
+and the same decoding protocol, so the two share the recipe, greedy and beam search.
 """
 
 from __future__ import annotations
