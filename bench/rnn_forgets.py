@@ -285,7 +285,9 @@ def main(argv=None) -> int:
                            "seed": args.seed, "n_eval": args.n_eval},
               "exact_match_drop": c["drop"], "models": res["models"], "rows": rows}
     out.write_text(json.dumps(result, indent=2) + "\n")
-    plot(out.with_suffix(".png"), rows, (lo, hi), f"Reversing digit strings — {c['measured']}")
+    plot(out.with_suffix(".png"), rows, (lo, hi), f"Reversing digit strings, trained on lengths {lo}–{hi}\n"
+         f"exact match lost from length {c['short']} to {c['long']}: "
+         + ", ".join(f"{LABELS[a]} {d:.0f} points" for a, d in c["drop"].items()))
     print(f"wrote {out} and {out.with_suffix('.png')}")
     return 0
 
