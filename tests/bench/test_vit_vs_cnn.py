@@ -64,13 +64,19 @@ def test_claim_verdicts():
     widening = B.claim([row(50, 0.7, 0.8), row(500, 0.6, 0.9)], "digits")
     assert widening["holds"] is False
     assert "ViT 50.0%, CNN 80.0%" in crossed["measured"]
+    # a larger budget that lifts the ViT by > 2 points: no crossing is then "not decided", never "does not hold"
+    check = {"train_size": 500, "vit": 0.7, "cnn": 0.9, "epochs": 300, "base_epochs": 150}
+    limited = B.claim([row(50, 0.7, 0.8), row(500, 0.6, 0.9)], "digits", check)
+    assert limited["holds"] is None and "budget-limited" in limited["measured"] and limited["vit_budget_gain"] > 0.02
+    flat = B.claim([row(50, 0.7, 0.8), row(500, 0.6, 0.9)], "digits", {**check, "vit": 0.605})
+    assert flat["holds"] is False and "budget-limited" not in flat["measured"]
 
 
 def test_the_results_file_keeps_the_contract(tmp_path):
     out = tmp_path / "vit_vs_cnn.json"
     rc = B.main(["--sizes", "20", "200", "--seeds", "0", "--epochs", "4", "--min-steps", "4", "--max-steps", "12",
                  "--vit-dim", "16", "--vit-layers", "1", "--cnn-widths", "8", "16", "--val-size", "50",
-                 "--out", str(out)])
+                 "--budget-check", "20", "--out", str(out)])
     assert rc == 0
     r = json.loads(out.read_text())
     assert set(r["claim"]) >= {"holds", "measured", "run"} and r["claim"]["holds"] in (True, False, None)
@@ -81,5 +87,7 @@ def test_the_results_file_keeps_the_contract(tmp_path):
     for x in r["rows"]:
         for k in ("vit", "cnn"):
             assert 0 <= x[k] <= 1 and len(x[f"{k}_runs"]) == 1 and x[f"{k}_runs"][0]["steps"] <= x["max_steps"]
+    check = r["budget_check"]
+    assert check["train_size"] == 20 and check["epochs"] == 8 and check["vit_runs"][0]["max_steps"] == 8  # 2 × 4
     assert out.with_suffix(".png").stat().st_size > 0
     assert torch.get_num_threads() == 1
