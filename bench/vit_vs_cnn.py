@@ -34,6 +34,7 @@ Usage::
 
     python bench/vit_vs_cnn.py                                   # digits, sizes 50 … 698 (all), seeds 0 1
     python bench/vit_vs_cnn.py --sizes 100 698 --seeds 0         # a quick look
+    python bench/vit_vs_cnn.py --budget-check 200                # + size 200 again with twice the epochs
     python bench/vit_vs_cnn.py --data fashion-mnist --sizes 500 2000 8000 --val-size 5000
 
 The sweep's functions (:func:`step_budget`, :func:`fit_to_convergence`, :func:`sweep`, :func:`claim`) are
