@@ -246,7 +246,7 @@ def claim(rows: list[dict], dataset: str, budget_check: dict | None = None) -> d
     return out
 
 
-def plot(path: Path, rows: list[dict], title: str, dataset: str) -> None:
+def plot(path: Path, rows: list[dict], title: str, dataset: str, budget_check: dict | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -258,6 +258,10 @@ def plot(path: Path, rows: list[dict], title: str, dataset: str) -> None:
         ax.plot(sizes, [100 * r[name] for r in rows], mark, label=label)
         runs = [(r["train_size"], 100 * x["test_accuracy"]) for r in rows for x in r[f"{name}_runs"]]
         ax.scatter(*zip(*runs), s=8, alpha=0.4, color=ax.lines[-1].get_color())
+    if budget_check is not None:
+        for name, mark in (("vit", "o"), ("cnn", "s")):
+            ax.scatter([budget_check["train_size"]], [100 * budget_check[name]], s=60, marker=mark,
+                       facecolors="none", edgecolors="k", label=f"{name.upper()}, {budget_check['epochs']:g} epochs")
     ax.set_xscale("log")
     ax.set_xlabel(f"training images ({dataset} subset; early stopping on a held-out validation split)")
     ax.set_ylabel("test accuracy (%) — median, dots: seeds")
@@ -334,8 +338,9 @@ def main(argv=None) -> int:
     load.append(os.getloadavg())
     c = claim(rows, args.data, check)
     run = (f"{args.data}: subsets of {sizes[0]:,}–{sizes[-1]:,} training images ({args.val_size} more validate), "
-           f"each model trained to convergence ({args.epochs:g} epochs' budget in [{args.min_steps}, "
-           f"{args.max_steps}] steps, early stopping with patience {args.patience}), seeds {args.seeds} (median), "
+           f"each model trained for a step budget scaled with the data ({args.epochs:g} epochs in "
+           f"[{args.min_steps}, {args.max_steps}] steps) with early stopping (patience {args.patience}), "
+           f"seeds {args.seeds} (median), "
            f"tested on {len(full.y_test):,} images")
     print(f"\n{run}; ViT {rows[0]['vit_parameters']:,} parameters, CNN {rows[0]['cnn_parameters']:,}\n")
     print("| training images | step budget | ViT test acc. | ViT steps (best) | CNN test acc. | CNN steps (best) "
@@ -363,7 +368,8 @@ def main(argv=None) -> int:
                            "augment": {"translate": 1, "flip": aug.flip}},
               "models": models, "rows": rows, "budget_check": check}
     out.write_text(json.dumps(result, indent=2) + "\n")
-    plot(out.with_suffix(".png"), rows, f"{args.data}: ViT vs CNN, trained to convergence — {c['verdict']}", args.data)
+    plot(out.with_suffix(".png"), rows, f"{args.data}: ViT vs CNN, step budget ∝ data + early stopping\n{c['verdict']}",
+         args.data, check)
     print(f"wrote {out} and {out.with_suffix('.png')}")
     return 0
 
