@@ -10,8 +10,16 @@ https://arxiv.org/abs/1409.0473. The encoder is a bidirectional GRU over the sou
     p(y_t | y_{<t}, x) = softmax(W_o tanh(W_h [s_t; c_t; E y_{t−1}]))
 
 The decoder starts from ``s_0 = tanh(W_s h←_1)`` (the backward encoder's summary of the sentence), as in
-the paper. Same data interface as :class:`~tokennet.models.seq2seq.Seq2Seq` — ``forward((src, tgt_in),
-tgt_out)`` — and the same decoding protocol, so the two share the recipe, greedy and beam search.
+the paper.
+
+``attention=False`` is the encoder–decoder *without* attention that the paper improves on (Cho et al. 2014,
+https://arxiv.org/abs/1406.1078): the whole source is squeezed into one fixed vector
+``c = [h→_S; h←_1]`` (the two directions' final states), and every step reads that same ``c``:
+``s_t = GRU([E y_{t−1}; c], s_{t−1})``, ``p(y_t | …) = softmax(W_o tanh(W_h [s_t; c; E y_{t−1}]))`` — the
+same parameters less the additive score. However long the input, the decoder sees ``dim`` numbers of it.
+
+Same data interface as :class:`~tokennet.models.seq2seq.Seq2Seq` — ``forward((src, tgt_in), tgt_out)`` —
+and the same decoding protocol, so the two share the recipe, greedy and beam search.
 """
 
 from __future__ import annotations
@@ -44,6 +52,8 @@ class BahdanauConfig(ModelConfig):
             encoder states ``[h→; h←]`` are ``dim`` wide).
         num_layers: GRU layers of the encoder and of the decoder.
         attention_dim: hidden width of the additive score (None = dim).
+        attention: False drops the attention: every step reads the fixed summary ``c = [h→_S; h←_1]``
+            (Cho et al. 2014's encoder–decoder) instead of ``c_t = Σ_j α_tj h_j``.
         dropout: dropout on embeddings, between GRU layers and before the output layer.
         label_smoothing: ε of the smoothed cross-entropy.
         pad_id, bos_id, eos_id: special token ids.
@@ -55,6 +65,7 @@ class BahdanauConfig(ModelConfig):
     dim: int = 128
     num_layers: int = 1
     attention_dim: int | None = None
+    attention: bool = True
     dropout: float = 0.0
     label_smoothing: float = 0.0
     pad_id: int = 0
@@ -67,6 +78,8 @@ class BahdanauConfig(ModelConfig):
                        max_target_len=self.max_target_len, dim=self.dim, num_layers=self.num_layers)
         if self.attention_dim is not None:
             self._positive(attention_dim=self.attention_dim)
+        if not isinstance(self.attention, bool):
+            raise ConfigError(f"attention={self.attention!r} must be true or false")
         if self.dim % 2:
             raise ConfigError(f"dim={self.dim} must be even (each encoder direction gets dim // 2)")
         self._fraction(dropout=self.dropout, label_smoothing=self.label_smoothing)
@@ -82,8 +95,8 @@ class RNNState:
     ``hidden`` advances with each cached step; uncached steps rerun the GRU from ``hidden0``.
     """
 
-    memory: Tensor  # (B, S, D)
-    mask: Tensor  # (B, 1, S)
+    memory: Tensor  # (B, S, D); without attention (B, 1, D): the fixed summary c
+    mask: Tensor  # (B, 1, S); without attention (B, 1, 1), all True
     hidden0: Tensor  # (L, B, D)
     hidden: Tensor  # (L, B, D)
     use_cache: bool = True
@@ -111,14 +124,17 @@ class Bahdanau(nn.Module):
         self.drop = nn.Dropout(c.dropout)
         self.encoder = nn.GRU(D, D // 2, num_layers=L, batch_first=True, bidirectional=True, dropout=rnn_drop)
         self.init_proj = nn.Linear(D // 2, D)  # W_s: backward summary → s_0
-        self.score = AdditiveScore(D, D, c.attention_dim or D)
+        self.score = AdditiveScore(D, D, c.attention_dim or D) if c.attention else None
         self.decoder = nn.GRU(2 * D, D, num_layers=L, batch_first=True, dropout=rnn_drop)
         self.out_proj = nn.Linear(3 * D, D)  # W_h over [s_t; c_t; E y_{t-1}]
         self.lm_head = nn.Linear(D, c.vocab_size)
 
     # -- encoder -------------------------------------------------------------------------------
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Source ids ``(B, S)`` → ``(states (B, S, D), mask (B, 1, S), s_0 (L, B, D))``."""
+        """Source ids ``(B, S)`` → ``(states (B, S, D), mask (B, 1, S), s_0 (L, B, D))``.
+
+        Without attention the "states" are the one summary ``c = [h→_S; h←_1]`` ``(B, 1, D)``, mask all True.
+        """
         c = self.config
         check_token_ids(src, c.vocab_size, c.max_source_len, "source")
         B, S = src.shape
@@ -129,8 +145,12 @@ class Bahdanau(nn.Module):
         packed = pack_padded_sequence(self.drop(self.tok_emb(src)), lengths, batch_first=True, enforce_sorted=False)
         out, h_n = self.encoder(packed)
         memory, _ = pad_packed_sequence(out, batch_first=True, total_length=S)  # (B, S, D)
-        backward = h_n.view(c.num_layers, 2, B, c.dim // 2)[:, 1]  # (L, B, D/2): h←_1 of every layer
-        return memory, mask, torch.tanh(self.init_proj(backward))
+        finals = h_n.view(c.num_layers, 2, B, c.dim // 2)  # (L, 2, B, D/2): h→_S and h←_1 of every layer
+        s0 = torch.tanh(self.init_proj(finals[:, 1]))  # (L, B, D)
+        if not c.attention:  # the fixed-length summary of the top layer, [h→_S; h←_1]
+            summary = torch.cat([finals[-1, 0], finals[-1, 1]], dim=-1)[:, None]  # (B, 1, D)
+            return summary, torch.ones(B, 1, 1, dtype=torch.bool, device=src.device), s0
+        return memory, mask, s0
 
     # -- decoder -------------------------------------------------------------------------------
     def _steps(self, tgt: Tensor, memory: Tensor, mask: Tensor, hidden: Tensor, *, return_attention: bool = False):
@@ -140,8 +160,11 @@ class Bahdanau(nn.Module):
         outs, alphas = [], []
         for t in range(tgt.shape[1]):
             query = hidden[-1][:, None]  # (B, 1, D): s_{t-1} of the top layer
-            alpha = masked_softmax(self.score(query, memory), mask)  # (B, 1, S)
-            ctx = alpha @ memory  # (B, 1, D)
+            if self.score is None:  # no attention: the same summary c at every step
+                alpha, ctx = mask.to(memory.dtype), memory  # (B, 1, 1), (B, 1, D)
+            else:
+                alpha = masked_softmax(self.score(query, memory), mask)  # (B, 1, S)
+                ctx = alpha @ memory  # (B, 1, D)
             e = emb[:, t : t + 1]  # (B, 1, D)
             s, hidden = self.decoder(torch.cat([e, ctx], dim=-1), hidden)  # s: (B, 1, D)
             outs.append(torch.cat([s, ctx, e], dim=-1))
@@ -164,7 +187,13 @@ class Bahdanau(nn.Module):
 
     def attention_maps(self, inputs: tuple[Tensor, Tensor]) -> dict[str, list[Tensor]]:
         """The additive attention's alignments under teacher forcing, as one "layer" with one "head":
-        ``{"cross": [(B, 1, T, S)]}`` (Bahdanau et al. 2015, Fig. 3)."""
+        ``{"cross": [(B, 1, T, S)]}`` (Bahdanau et al. 2015, Fig. 3).
+
+        Raises:
+            ConfigError: the model has no attention (``attention=False``).
+        """
+        if not self.config.attention:
+            raise ConfigError("this GRU encoder–decoder has no attention (attention=false): no alignments to show")
         _, alphas = self._teacher_forced(inputs, return_attention=True)
         return {"cross": [alphas[:, None]]}  # (B, 1, T, S)
 
