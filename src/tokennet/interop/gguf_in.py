@@ -5,7 +5,7 @@ A GGUF file holds metadata fields (``general.architecture``, ``llama.block_count
 family's converter (:mod:`.llama`, :mod:`.gpt2`) maps its names. :func:`convert_gguf` dispatches on
 ``general.architecture``.
 
-Tensors come back as float32 tensors or, for Q8_0/Q4_0/Q4_1 (whose layout tokennet keeps, see
+Tensors come back as float32 tensors or, for Q8_0/Q4_0/Q4_1/Q5_0/Q4_K/Q5_K/Q6_K (whose layout tokennet keeps, see
 :mod:`tokennet.layers.blockquant`), as :class:`Blocks`: the file's bits, row by row. Any other quantized
 type is dequantized to float32 and named in a one-line note.
 """
@@ -21,14 +21,15 @@ import torch
 from torch import Tensor
 
 from ..errors import ConfigError, DataError, one_line
-from ..layers.blockquant import dequantize_blocks
+from ..layers.blockquant import RAW_FORMATS, block_bytes, dequantize_blocks, group_size
 from ..tokens.pretrained import PretrainedTokenizer
 
 __all__ = ["read_gguf", "field", "check_numbers", "check_block_count", "build_checked", "f32",
            "Blocks", "KEPT_TYPES", "load_tensors", "expand_blocks", "block_formats",
            "gguf_tokenizer", "convert_gguf", "GGUF_ARCHS", "LLAMA3_PATTERN"]
 
-KEPT_TYPES = {"Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_1": "q4_1"}
+KEPT_TYPES = {"Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_1": "q4_1", "Q5_0": "q5_0", "Q4_K": "q4_k", "Q5_K": "q5_k",
+              "Q6_K": "q6_k"}
 FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
 # llama.cpp's regex for its "llama-bpe" pre-tokenizer (Llama 3's; llama.cpp also uses it for cl100k vocabularies,
 # "dbrx"): tokennet's "gpt4" pattern with greedy instead of possessive quantifiers, which split text the same way.
@@ -95,6 +96,8 @@ def check_block_count(path: Path, weights: dict[str, Any], layers: int) -> None:
 def _shape(w) -> tuple[int, ...]:
     """The shape of the matrix a tensor or :class:`Blocks` stands for."""
     if isinstance(w, Blocks):
+        if w.fmt in RAW_FORMATS:
+            return (w.qs.shape[0], w.qs.shape[1] // block_bytes(w.fmt) * group_size(w.fmt))
         return (w.qs.shape[0], w.qs.shape[1] * (1 if w.fmt == "q8_0" else 2))
     return tuple(w.shape)
 
@@ -166,16 +169,18 @@ def _dequantize(t) -> Tensor:
 
 @dataclass
 class Blocks:
-    """A GGUF matrix kept in its blocks: ``qs``, ``d``, ``m`` row by row (see :mod:`tokennet.layers.blockquant`)."""
+    """A GGUF matrix kept in its blocks: ``qs``, ``d``, ``m`` row by row (see :mod:`tokennet.layers.blockquant`;
+    for Q5_0 and the K-quants ``qs`` is each row's bytes and ``d``, ``m`` are None)."""
 
     fmt: str
     qs: Tensor
-    d: Tensor
+    d: Tensor | None = None
     m: Tensor | None = None
 
     def rows(self, index: Tensor) -> Blocks:
         """The blocks of the rows ``index`` (a permutation or a selection of output channels)."""
-        return Blocks(self.fmt, self.qs[index], self.d[index], None if self.m is None else self.m[index])
+        return Blocks(self.fmt, self.qs[index], None if self.d is None else self.d[index],
+                      None if self.m is None else self.m[index])
 
     def dense(self) -> Tensor:
         return dequantize_blocks(self.fmt, self.qs, self.d, self.m)
@@ -184,17 +189,23 @@ class Blocks:
     def cat(parts: list[Blocks]) -> Blocks:
         """Rows stacked (Q, K, V into one projection); all parts in one format."""
         m = None if parts[0].m is None else torch.cat([p.m for p in parts])
-        return Blocks(parts[0].fmt, torch.cat([p.qs for p in parts]), torch.cat([p.d for p in parts]), m)
+        d = None if parts[0].d is None else torch.cat([p.d for p in parts])
+        return Blocks(parts[0].fmt, torch.cat([p.qs for p in parts]), d, m)
 
 
 def _blocks(t) -> Blocks:
-    """The raw bytes of a Q8_0/Q4_0/Q4_1 tensor ``(N, bytes per row)`` split into ``qs``, ``d`` and ``m``."""
+    """The raw bytes of a Q8_0/Q4_0/Q4_1 tensor ``(N, bytes per row)`` split into ``qs``, ``d`` and ``m``; of a
+    Q5_0/K-quant tensor, kept whole as ``qs``."""
     from gguf import GGMLQuantizationType
 
     fmt = KEPT_TYPES[GGMLQuantizationType(t.tensor_type).name]
     K, N = (int(n) for n in t.shape)
-    if K % 32 or N < 1:
-        raise ValueError(f"rows of {K} values are not whole blocks of 32")
+    Q = group_size(fmt)
+    if K % Q or N < 1:
+        raise ValueError(f"rows of {K} values are not whole blocks of {Q}")
+    if fmt in RAW_FORMATS:
+        raw = np.ascontiguousarray(t.data).reshape(N, K // Q * block_bytes(fmt))  # (N, bytes per row)
+        return Blocks(fmt, torch.from_numpy(raw.copy()))
     raw = np.ascontiguousarray(t.data).reshape(N, K // 32, -1)  # (N, G, bytes per block)
     d = torch.from_numpy(raw[..., :2].copy().view(np.float16)[..., 0])  # (N, G)
     m = torch.from_numpy(raw[..., 2:4].copy().view(np.float16)[..., 0]) if fmt == "q4_1" else None
@@ -257,7 +268,9 @@ def expand_blocks(state: dict[str, Any]) -> dict[str, Tensor]:
     for k, v in state.items():
         if isinstance(v, Blocks):
             base = k.removesuffix(".weight")
-            out[base + ".qs"], out[base + ".d"] = v.qs, v.d
+            out[base + ".qs"] = v.qs
+            if v.d is not None:
+                out[base + ".d"] = v.d
             if v.m is not None:
                 out[base + ".m"] = v.m
         else:

@@ -20,7 +20,7 @@ from ..attention.multihead import KVCache
 from ..errors import ConfigError
 from ..layers.block import NORM_LAYERS, mlp_kind
 from ..layers.blockquant import FORMATS as BLOCK_FORMATS
-from ..layers.blockquant import BlockEmbedding, BlockLinear
+from ..layers.blockquant import BlockEmbedding, BlockLinear, group_size
 from ..layers.mlp import ACTIVATIONS
 from ..layers.norm import Norm
 from ..layers.stack import AttentionMaps, Decoder
@@ -58,8 +58,8 @@ class GPTConfig(TransformerConfig, defaults=dict(dim=384, num_layers=6, num_head
         rope_base: RoPE's wavelength scale, θ_j = base^(−2j/E) (``position="rope"`` only; Llama: 1e4, SmolLM2: 1e5).
         backend: attention backend (``"auto"``, ``"sdpa"``, ``"math"``, ``"flash"``).
         qk_norm: RMS-normalize each head's queries and keys (learned gains) before the scores.
-        quantized: weights held in GGUF blocks, kept as a GGUF file stores them (an imported file's Q4_0, Q4_1
-            and Q8_0 tensors): module name (``*`` for any layer index, e.g. ``"decoder.blocks.*.mlp.fc1"``) →
+        quantized: weights held in GGUF blocks, kept as a GGUF file stores them (an imported file's Q4_0, Q4_1,
+            Q8_0, Q5_0, Q4_K, Q5_K and Q6_K tensors): module name (``*`` for any layer index, e.g. ``"decoder.blocks.*.mlp.fc1"``) →
             block format (see :mod:`tokennet.layers.blockquant`). ``"tok_emb"`` is the embedding table; tied to
             the LM head, the two share one set of blocks. Empty (the default): float weights everywhere.
     """
@@ -182,8 +182,9 @@ class GPT(nn.Module):
                 continue
             if type(mod) is not nn.Linear:
                 raise ConfigError(f"quantized names {name}, which is not a linear layer")
-            if mod.in_features % 32:
-                raise ConfigError(f"quantized: {name} has in_features={mod.in_features}, not a multiple of 32")
+            if mod.in_features % group_size(fmt):
+                raise ConfigError(f"quantized: {name} has in_features={mod.in_features}, not a multiple of "
+                                  f"{group_size(fmt)} ({fmt} blocks)")
             parent, _, child = name.rpartition(".")
             setattr(self.get_submodule(parent) if parent else self, child,
                     BlockLinear(mod.in_features, mod.out_features, fmt, bias=mod.bias is not None))
