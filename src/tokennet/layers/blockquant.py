@@ -287,7 +287,8 @@ class BlockLinear(nn.Module):
         """``(..., K) → (..., N)`` in x's dtype."""
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)  # (M, K)
-        if torch.compiler.is_compiling() and x2.shape[0] <= GEMV_ROWS:
+        # (torch.export traces with dynamic batch and length: a branch on the row count would pin them)
+        if torch.compiler.is_compiling() and not torch.compiler.is_exporting() and x2.shape[0] <= GEMV_ROWS:
             y = self._fused(x2)
             if self.bias is not None:
                 y = y + self.bias
