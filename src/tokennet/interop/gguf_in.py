@@ -321,17 +321,18 @@ def gguf_tokenizer(reader, path: Path, vocab_size: int) -> PretrainedTokenizer:
     return tok
 
 
-GGUF_ARCHS = ("llama", "gpt2")
+GGUF_ARCHS = ("llama", "gpt2", "qwen2")
 
 
 def convert_gguf(path: Path, *, keep_blocks: bool = True):
     """A tokennet GPT and its tokenizer from a GGUF file: ``(model, tokenizer, converter name, notes)``."""
     from .gpt2 import convert_gpt2_gguf
-    from .llama import convert_llama_gguf
+    from .llama import convert_llama_gguf, convert_qwen2_gguf
 
     reader = read_gguf(path)
     arch = field(reader, "general.architecture")
     converters = {"llama": convert_llama_gguf, "gpt2": convert_gpt2_gguf}
+    converters["qwen2"] = convert_qwen2_gguf
     if arch not in converters:
         raise ConfigError(f"{path}: GGUF architecture {arch!r} has no tokennet converter (supported: "
                           f"{', '.join(GGUF_ARCHS)}); nothing was written")
