@@ -115,6 +115,9 @@ def _hf(family, vocab: int):
         "llama": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(
             vocab_size=vocab, bos_token_id=0, eos_token_id=1, hidden_size=48, intermediate_size=80, num_hidden_layers=2, num_attention_heads=6,
             num_key_value_heads=2, max_position_embeddings=32)),
+        "qwen2": lambda: transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
+            vocab_size=vocab, bos_token_id=0, eos_token_id=1, hidden_size=64, intermediate_size=96,
+            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)),
         "vit": lambda: transformers.ViTForImageClassification(transformers.ViTConfig(
             hidden_size=36, num_hidden_layers=2, num_attention_heads=3, intermediate_size=50, image_size=20,
             patch_size=4, num_labels=7)),
@@ -126,7 +129,8 @@ def _hf(family, vocab: int):
     return randomize(make[family](), std=0.5)
 
 
-SOURCES = ("hf-gpt2", "hf-llama", "hf-bert", "hf-vit", "gguf-llama-blocks", "gguf-gpt2-q8_0")
+SOURCES = ("hf-gpt2", "hf-llama", "hf-qwen2", "hf-bert", "hf-vit", "gguf-llama-blocks", "gguf-gpt2-q8_0",
+           "gguf-qwen2-q8_0")
 
 
 @pytest.fixture(scope="module")
@@ -135,9 +139,11 @@ def imported(tmp_path_factory):
     d = tmp_path_factory.mktemp("every")
     out = {}
     engine = _bpe()
-    for fam in ("gpt2", "llama", "bert", "vit"):
-        _hf(fam, engine.get_vocab_size()).save_pretrained(d / f"hf-{fam}")
-        if fam in ("gpt2", "llama"):  # a language model's directory comes with its tokenizer
+    hf = {}
+    for fam in ("gpt2", "llama", "qwen2", "bert", "vit"):
+        hf[fam] = _hf(fam, engine.get_vocab_size())
+        hf[fam].save_pretrained(d / f"hf-{fam}")
+        if fam in ("gpt2", "llama", "qwen2"):  # a language model's directory comes with its tokenizer
             engine.save(str(d / f"hf-{fam}" / "tokenizer.json"))
         out[f"hf-{fam}"] = (tokennet.load(import_checkpoint(d / f"hf-{fam}", d / f"run-{fam}").path), None)
     torch.manual_seed(0)
@@ -152,6 +158,11 @@ def imported(tmp_path_factory):
     q8 = export_run(gpt2, d / "gpt2-q8.gguf", "gguf", gguf_type="q8_0", tolerance=100.0).path
     types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(q8)).tensors}
     out["gguf-gpt2-q8_0"] = (tokennet.load(import_checkpoint(q8, d / "run-gpt2-q8").path), types)
+    from tests.interop.test_qwen2 import write_qwen2_gguf
+
+    q = write_qwen2_gguf(d / "qwen2-q8.gguf", hf["qwen2"], engine, q8_0=True)
+    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(q)).tensors}
+    out["gguf-qwen2-q8_0"] = (tokennet.load(import_checkpoint(q, d / "run-qwen2-q8").path), types)
     return out
 
 
@@ -161,7 +172,7 @@ def test_the_gguf_sources_hold_blocks(imported):
     def fmts(run):
         return {m.fmt for m in run.model.modules() if isinstance(m, (BlockLinear, BlockEmbedding))}
 
-    assert fmts(imported["gguf-gpt2-q8_0"][0]) == {"q8_0"}
+    assert fmts(imported["gguf-gpt2-q8_0"][0]) == fmts(imported["gguf-qwen2-q8_0"][0]) == {"q8_0"}
     assert fmts(imported["gguf-llama-blocks"][0]) == \
         {"q8_0", "q4_0", "q4_1", "q5_0", "q4_k", "q5_k", "q6_k"}
 

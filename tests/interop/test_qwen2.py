@@ -65,9 +65,10 @@ def write_qwen2_gguf(path, hf, engine, *, q8_0=False):
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("gpt2")
     w.add_token_list(tokens)
-    w.add_token_types([3 if t == "<|endoftext|>" else 1 for t in tokens])
+    special = [t for t in tokens if t.startswith("<") and t.endswith(">") and len(t) > 2]
+    w.add_token_types([3 if t in special else 1 for t in tokens])
     w.add_token_merges(merges)
-    w.add_eos_token_id(vocab["<|endoftext|>"])
+    w.add_eos_token_id(vocab[special[-1]])
 
     def mat(name, a):
         if q8_0:

@@ -86,9 +86,11 @@ def gguf_arch(config) -> str:
             raise ConfigError(f"GGUF export: {k}={getattr(config, k)!r} has no llama.cpp equivalent (needs {k}={v!r}); "
                               "nothing was written")
     arch = "llama" if config.position == "rope" else "gpt2"
-    for k, v in styles[arch].items():
+    if getattr(config, "qkv_bias", False) and arch == "llama":
+        arch = "qwen2"  # Llama with biases on q, k, v
+    for k, v in styles["llama" if arch == "qwen2" else arch].items():
         if getattr(config, k) != v:
-            want = ", ".join(f"{a}={b!r}" for a, b in styles[arch].items())
+            want = ", ".join(f"{a}={b!r}" for a, b in styles["llama" if arch == "qwen2" else arch].items())
             raise ConfigError(f"GGUF export: {k}={getattr(config, k)!r} fits neither llama.cpp architecture "
                               f"({arch} needs {want}); nothing was written")
     if arch == "gpt2" and config.activation not in ("gelu_tanh", "gelu"):
@@ -141,9 +143,14 @@ def _tensors(model: nn.Module, arch: str) -> dict[str, Any]:
             H, Hkv, E = c.num_heads, c.num_kv_heads or c.num_heads, c.dim // c.num_heads
             q, k, v = _split_rows(_weight(blk.attn.qkv_proj), [H * E, Hkv * E, Hkv * E])
             out[p + "attn_norm.weight"] = _weight(blk.norm1)
-            out[p + "attn_q.weight"] = _permute_rows(q, H)
-            out[p + "attn_k.weight"] = _permute_rows(k, Hkv)
-            out[p + "attn_v.weight"] = v
+            if arch == "qwen2":  # llama.cpp's qwen2 graph rotates halves, as tokennet does: no permutation
+                out[p + "attn_q.weight"], out[p + "attn_k.weight"], out[p + "attn_v.weight"] = q, k, v
+                bq, bk, bv = blk.attn.qkv_proj.bias.detach().float().split([H * E, Hkv * E, Hkv * E])
+                out[p + "attn_q.bias"], out[p + "attn_k.bias"], out[p + "attn_v.bias"] = bq, bk, bv
+            else:
+                out[p + "attn_q.weight"] = _permute_rows(q, H)
+                out[p + "attn_k.weight"] = _permute_rows(k, Hkv)
+                out[p + "attn_v.weight"] = v
             for ours, (_, theirs) in LAYER_NAMES.items():
                 if ours != "norm1.weight":
                     out[p + theirs] = _weight(mods[ours.removesuffix(".weight")])
