@@ -113,7 +113,8 @@ def _hf(family, vocab: int):
         "gpt2": lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(
             vocab_size=vocab, n_positions=24, n_embd=64, n_layer=2, n_head=4, bos_token_id=0, eos_token_id=1)),
         "llama": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(
-            vocab_size=vocab, bos_token_id=0, eos_token_id=1, hidden_size=48, intermediate_size=80, num_hidden_layers=2, num_attention_heads=6,
+            vocab_size=vocab, bos_token_id=0, eos_token_id=1, hidden_size=48, intermediate_size=80,
+            num_hidden_layers=2, num_attention_heads=6,
             num_key_value_heads=2, max_position_embeddings=32)),
         "qwen2": lambda: transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
             vocab_size=vocab, bos_token_id=0, eos_token_id=1, hidden_size=64, intermediate_size=96,

@@ -12,6 +12,8 @@ from torch import nn
 from tokennet.errors import ConfigError
 from tokennet.layers.blockquant import (
     QUANTIZE_FORMATS as FORMATS,
+)
+from tokennet.layers.blockquant import (
     BlockEmbedding,
     BlockLinear,
     block_bytes,

@@ -103,7 +103,8 @@ def test_a_gpt_holding_k_quants_saves_loads_and_quantizes(tmp_path):
         # --quantize still works on a run holding them: int4 keeps the blocks (the float LM head becomes Q8_0),
         # int8 quantizes the dequantized weights (bfloat16 activations)
         q4 = quantize(m, "int4")
-        assert q4.decoder.blocks[0].mlp.fc2.fmt == "q6_k" and q4.decoder.blocks[0].mlp.fc2.qs is m.decoder.blocks[0].mlp.fc2.qs
+        fc2 = q4.decoder.blocks[0].mlp.fc2
+        assert fc2.fmt == "q6_k" and fc2.qs is m.decoder.blocks[0].mlp.fc2.qs
         for q in (q4, quantize(m, "int8")):  # random weights: 4-bit float layers and bf16 add ~5-10% error
             rel = (q(x).logits.float() - ref).norm() / ref.norm()
             assert rel < 0.2, rel

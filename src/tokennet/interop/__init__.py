@@ -12,7 +12,7 @@ HF dir, ``gpt2``       ``GPT2LMHeadModel``              ``gpt`` (:mod:`.gpt2`)
 HF dir, ``vit``        ``ViTForImageClassification``    ``vit`` (:mod:`.vit`)
 HF dir, ``llama``      ``LlamaForCausalLM``             ``gpt`` with Llama's options (:mod:`.llama`)
 HF dir, ``qwen2``      ``Qwen2ForCausalLM``             ``gpt``, Llama's options + ``qkv_bias`` (:mod:`.llama`)
-``*.gguf`` file        ``llama``, ``gpt2``, ``qwen2``   ``gpt`` (Q8_0/Q4_0/Q4_1/Q5_0/Q4_K/Q5_K/Q6_K kept as blocks) + its tokenizer
+``*.gguf`` file        ``llama``, ``gpt2``, ``qwen2``   ``gpt`` (GGUF blocks kept, see gguf_in) + its tokenizer
 HF dir, ``bert``       ``BertModel``                    ``text-encoder`` + its tokenizer (:mod:`.bert`)
 =====================  ===============================  ===========================================
 

@@ -46,10 +46,10 @@ from ..models.gpt import GPT, GPTConfig
 from ..tokens.pretrained import PretrainedTokenizer
 from .gguf_in import (
     block_formats,
-    dense,
     build_checked,
     check_block_count,
     check_numbers,
+    dense,
     f32,
     field,
     gguf_tokenizer,
@@ -59,7 +59,8 @@ from .gguf_in import (
 )
 from .hf import NameMap, check_fields, check_layer_count, read_safetensors
 
-__all__ = ["convert_llama", "convert_llama_gguf", "convert_qwen2", "convert_qwen2_gguf", "unpermute", "permute", "llama_config", "LAYER_NAMES"]
+__all__ = ["convert_llama", "convert_llama_gguf", "convert_qwen2", "convert_qwen2_gguf", "unpermute", "permute",
+           "llama_config", "LAYER_NAMES"]
 
 # Tokennet names of one layer → (HF name, GGUF name).
 LAYER_NAMES = {

@@ -1,4 +1,4 @@
-"""Weights in blocks with their own scales: GGUF's Q8_0, Q4_0, Q4_1, Q5_0 and the K-quants Q4_K, Q5_K, Q6_K, kept as they are.
+"""Weights in blocks with their own scales: GGUF's Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K and Q6_K, kept as they are.
 
 llama.cpp stores a quantized matrix ``W (N, K)`` row by row in blocks of 32 weights along K; block ``g`` of
 row ``n`` holds small integers ``q`` and a float16 scale ``d`` (and, in Q4_1, a float16 minimum ``m``)::
@@ -41,7 +41,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["FORMATS", "QUANTIZE_FORMATS", "RAW_FORMATS", "GROUP", "QK_K", "group_size", "raw_dequantize", "BlockLinear", "BlockEmbedding", "quantize_blocks", "dequantize_blocks",
+__all__ = ["FORMATS", "QUANTIZE_FORMATS", "RAW_FORMATS", "GROUP", "QK_K", "group_size", "raw_dequantize",
+           "BlockLinear", "BlockEmbedding", "quantize_blocks", "dequantize_blocks",
            "block_bytes", "gemv", "GEMV_ROWS"]
 
 FORMATS = ("q8_0", "q4_0", "q4_1", "q5_0", "q4_k", "q5_k", "q6_k")

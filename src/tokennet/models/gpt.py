@@ -59,7 +59,8 @@ class GPTConfig(TransformerConfig, defaults=dict(dim=384, num_layers=6, num_head
         backend: attention backend (``"auto"``, ``"sdpa"``, ``"math"``, ``"flash"``).
         qk_norm: RMS-normalize each head's queries and keys (learned gains) before the scores.
         quantized: weights held in GGUF blocks, kept as a GGUF file stores them (an imported file's Q4_0, Q4_1,
-            Q8_0, Q5_0, Q4_K, Q5_K and Q6_K tensors): module name (``*`` for any layer index, e.g. ``"decoder.blocks.*.mlp.fc1"``) →
+            Q8_0, Q5_0, Q4_K, Q5_K and Q6_K tensors):
+            module name (``*`` for any layer index, e.g. ``"decoder.blocks.*.mlp.fc1"``) →
             block format (see :mod:`tokennet.layers.blockquant`). ``"tok_emb"`` is the embedding table; tied to
             the LM head, the two share one set of blocks. Empty (the default): float weights everywhere.
         qkv_bias: biases on the query, key and value projections only, with ``bias=False`` elsewhere (Qwen2).
