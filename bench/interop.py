@@ -425,7 +425,7 @@ def kquant_worker(system: str, path: Path, threads: int) -> dict:
     return out
 
 
-def kquant_layer_times(reader, threads: int, repeats: int = 50) -> list[dict]:
+def kquant_layer_times(reader, threads: int, repeats: int = 20) -> list[dict]:
     """ms per call of ``y = x Wᵀ`` at one row, for the first tensor of each kept block type in the file: the
     ``BlockLinear`` eagerly (dequantize, then multiply), compiled (Inductor fuses the unpacking into the product),
     and a float32 ``F.linear`` on the dequantized weight for reference."""

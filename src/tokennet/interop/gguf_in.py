@@ -193,9 +193,21 @@ class Blocks:
         return Blocks(parts[0].fmt, torch.cat([p.qs for p in parts]), d, m)
 
 
-def _blocks(t) -> Blocks:
+def _tensor_bytes(t, f=None) -> np.ndarray:
+    """A tensor's bytes: read from the open file ``f`` when given — not through the reader's memory map, whose pages
+    would stay resident beside the copy (twice the file in memory at the end of an import) — else the map's view."""
+    if f is None:
+        return np.ascontiguousarray(t.data).reshape(-1).view(np.uint8)
+    buf = np.empty(int(t.n_bytes), dtype=np.uint8)
+    f.seek(int(t.data_offset))
+    if f.readinto(memoryview(buf)) != buf.nbytes:
+        raise ValueError(f"the file ends inside tensor {t.name}")
+    return buf
+
+
+def _blocks(t, f=None) -> Blocks:
     """The raw bytes of a Q8_0/Q4_0/Q4_1 tensor ``(N, bytes per row)`` split into ``qs``, ``d`` and ``m``; of a
-    Q5_0/K-quant tensor, kept whole as ``qs``."""
+    Q5_0/K-quant tensor, kept whole as ``qs`` (``f``: the file, open, to read the bytes from)."""
     from gguf import GGMLQuantizationType
 
     fmt = KEPT_TYPES[GGMLQuantizationType(t.tensor_type).name]
@@ -203,10 +215,11 @@ def _blocks(t) -> Blocks:
     Q = group_size(fmt)
     if K % Q or N < 1:
         raise ValueError(f"rows of {K} values are not whole blocks of {Q}")
+    data = _tensor_bytes(t, f)
     if fmt in RAW_FORMATS:
-        raw = np.ascontiguousarray(t.data).reshape(N, K // Q * block_bytes(fmt))  # (N, bytes per row)
-        return Blocks(fmt, torch.from_numpy(raw.copy()))
-    raw = np.ascontiguousarray(t.data).reshape(N, K // 32, -1)  # (N, G, bytes per block)
+        raw = data.reshape(N, K // Q * block_bytes(fmt))  # (N, bytes per row)
+        return Blocks(fmt, torch.from_numpy(raw if f is not None else raw.copy()))
+    raw = data.reshape(N, K // 32, -1)  # (N, G, bytes per block)
     d = torch.from_numpy(raw[..., :2].copy().view(np.float16)[..., 0])  # (N, G)
     m = torch.from_numpy(raw[..., 2:4].copy().view(np.float16)[..., 0]) if fmt == "q4_1" else None
     body = raw[..., 4:] if fmt == "q4_1" else raw[..., 2:]
@@ -224,20 +237,22 @@ def load_tensors(reader, path: Path, *, keep_blocks: bool = True) -> tuple[dict[
 
     out: dict[str, Any] = {}
     dequantized: set[str] = set()
-    for t in reader.tensors:
-        kind = GGMLQuantizationType(t.tensor_type).name
-        try:
-            if keep_blocks and kind in KEPT_TYPES and len(t.shape) == 2:
-                out[t.name] = _blocks(t)
-            else:
-                out[t.name] = _dequantize(t)
-                if kind not in FLOAT_TYPES:
-                    dequantized.add(kind)
-        except (ConfigError, DataError):
-            raise
-        except (ValueError, IndexError) as e:  # a damaged tensor info: a shape its bytes cannot have
-            raise DataError(f"{path}: tensor {t.name} (GGUF type {kind}, shape {[int(n) for n in t.shape]}) cannot be "
-                            f"read ({(str(e).splitlines() or [type(e).__name__])[0]}); nothing was written") from None
+    with open(path, "rb") as f:  # blocks are read from the file, not through the memory map
+        for t in reader.tensors:
+            kind = GGMLQuantizationType(t.tensor_type).name
+            try:
+                if keep_blocks and kind in KEPT_TYPES and len(t.shape) == 2:
+                    out[t.name] = _blocks(t, f)
+                else:
+                    out[t.name] = _dequantize(t)
+                    if kind not in FLOAT_TYPES:
+                        dequantized.add(kind)
+            except (ConfigError, DataError):
+                raise
+            except (ValueError, IndexError) as e:  # a damaged tensor info: a shape its bytes cannot have
+                shape = [int(n) for n in t.shape]
+                raise DataError(f"{path}: tensor {t.name} (GGUF type {kind}, shape {shape}) cannot be read "
+                                f"({(str(e).splitlines() or [type(e).__name__])[0]}); nothing was written") from None
     notes = []
     if dequantized and keep_blocks:
         notes.append(f"{path.name}: tensors of GGUF type {', '.join(sorted(dequantized))} were dequantized to float32 "
