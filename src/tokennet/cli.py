@@ -268,11 +268,13 @@ def _add_import(sub) -> None:
         description="Convert the checkpoint in SOURCE onto tokennet's own modules and write an ordinary run "
         "directory (config.json, model.safetensors, tokenizer.json, run.json) that `generate`, `viz`, `eval "
         "--data`, `export` and tokennet.load use without transformers. SOURCE is a Hugging Face directory "
-        "(config.json + model.safetensors) of GPT2LMHeadModel or LlamaForCausalLM (→ gpt: its tokenizer.json, "
+        "(config.json + model.safetensors) of GPT2LMHeadModel, LlamaForCausalLM or Qwen2ForCausalLM (→ gpt: its "
+        "tokenizer.json, "
         "or GPT-2's vocab.json + merges.txt, and its chat template come along), BertModel (→ text-encoder, with "
         "its tokenizer: `tokennet embed`), ViTForImageClassification (→ vit; image preprocessors are not "
-        "imported), or a Llama-architecture .gguf file (its tensors dequantized, llama.cpp's Q/K permutation "
-        "undone, the tokenizer and chat template from the file's metadata). Every config field and every tensor "
+        "imported), or a llama, gpt2 or qwen2 .gguf file (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K and Q6_K tensors kept as "
+        "blocks, other types dequantized with a note; llama.cpp's Q/K permutation undone, the tokenizer and chat "
+        "template from the file's metadata). Every config field and every tensor "
         "must be accounted for: an unknown field, an unused or missing tensor stops the import with one line, "
         "and nothing is written.",
     )

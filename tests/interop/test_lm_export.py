@@ -236,9 +236,12 @@ def test_a_quantized_type_tokennet_does_not_keep_is_dequantized_with_one_note(tm
     from tokennet.interop.gguf_in import Blocks, load_tensors, read_gguf
 
     g = torch.Generator().manual_seed(0)
-    a, b = (torch.randn(8, 64, generator=g).numpy() for _ in range(2))
+    b = torch.randn(8, 64, generator=g).numpy()
+    Q2 = gguf.GGMLQuantizationType.Q2_K  # 84 bytes per 256 weights; its f16 d, dmin at bytes 80..83
+    raw = np.random.default_rng(0).integers(0, 256, size=(8, 84), dtype=np.uint8)
+    raw[:, 80:84] = np.full((8, 2), 0.01, dtype=np.float16).view(np.uint8)
     w = gguf.GGUFWriter(str(tmp_path / "t.gguf"), "llama")
-    w.add_tensor("a.weight", quantize(a, gguf.GGMLQuantizationType.Q5_0), raw_dtype=gguf.GGMLQuantizationType.Q5_0)
+    w.add_tensor("a.weight", raw, raw_dtype=Q2)
     w.add_tensor("b.weight", quantize(b, gguf.GGMLQuantizationType.Q4_1), raw_dtype=gguf.GGMLQuantizationType.Q4_1)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -246,6 +249,6 @@ def test_a_quantized_type_tokennet_does_not_keep_is_dequantized_with_one_note(tm
     w.close()
     tensors, notes = load_tensors(read_gguf(tmp_path / "t.gguf"), tmp_path / "t.gguf")
     assert isinstance(tensors["b.weight"], Blocks) and tensors["b.weight"].fmt == "q4_1"
-    want = dequantize(quantize(a, gguf.GGMLQuantizationType.Q5_0), gguf.GGMLQuantizationType.Q5_0)
+    want = dequantize(raw, Q2)
     assert torch.equal(tensors["a.weight"], torch.from_numpy(want))
-    assert len(notes) == 1 and "Q5_0" in notes[0] and "dequantized to float32" in notes[0]
+    assert len(notes) == 1 and "Q2_K" in notes[0] and "dequantized to float32" in notes[0]

@@ -11,7 +11,9 @@ from torch import nn
 
 from tokennet.errors import ConfigError
 from tokennet.layers.blockquant import (
-    FORMATS,
+    QUANTIZE_FORMATS as FORMATS,
+)
+from tokennet.layers.blockquant import (
     BlockEmbedding,
     BlockLinear,
     block_bytes,
@@ -95,7 +97,9 @@ def test_bad_blocks_are_refused():
     with pytest.raises(ValueError, match="divisible by 32"):
         BlockLinear(48, 8, "q4_0")
     with pytest.raises(ValueError, match="block format"):
-        BlockLinear(64, 8, "q5_0")
+        BlockLinear(64, 8, "q5_1")
+    with pytest.raises(ValueError, match="divisible by 256"):
+        BlockLinear(64, 8, "q4_k")
     b = BlockLinear(64, 8, "q4_1")
     with pytest.raises(ValueError, match="block tensor qs"):
         b.set_blocks(torch.zeros(8, 64, dtype=torch.uint8), b.d, b.m)
@@ -126,7 +130,8 @@ def test_gpt_with_blocks_saves_loads_and_keeps_the_tie(tmp_path):
 
 
 @pytest.mark.parametrize("quantized, match", [
-    ({"decoder.blocks.*.mlp.fc1": "q5_k"}, "block formats"),
+    ({"decoder.blocks.*.mlp.fc1": "q5_1"}, "block formats"),
+    ({"decoder.blocks.*.mlp.fc1": "q4_k"}, "multiple of 256"),
     ({"decoder.blocks.*.mlp.fc9": "q4_0"}, "does not have"),
     ({"decoder.blocks.*.norm1": "q4_0"}, "not a linear layer"),
     ({"tok_emb": "q8_0", "lm_head": "q4_0"}, "one format"),

@@ -11,7 +11,8 @@ source                 architecture                     tokennet family
 HF dir, ``gpt2``       ``GPT2LMHeadModel``              ``gpt`` (:mod:`.gpt2`)
 HF dir, ``vit``        ``ViTForImageClassification``    ``vit`` (:mod:`.vit`)
 HF dir, ``llama``      ``LlamaForCausalLM``             ``gpt`` with Llama's options (:mod:`.llama`)
-``*.gguf`` file        ``llama``, ``gpt2``              ``gpt`` (Q8_0/Q4_0/Q4_1 kept as blocks) + its tokenizer
+HF dir, ``qwen2``      ``Qwen2ForCausalLM``             ``gpt``, Llama's options + ``qkv_bias`` (:mod:`.llama`)
+``*.gguf`` file        ``llama``, ``gpt2``, ``qwen2``   ``gpt`` (GGUF blocks kept, see gguf_in) + its tokenizer
 HF dir, ``bert``       ``BertModel``                    ``text-encoder`` + its tokenizer (:mod:`.bert`)
 =====================  ===============================  ===========================================
 
@@ -41,7 +42,7 @@ from .bert import convert_bert
 from .gguf_in import convert_gguf
 from .gpt2 import convert_gpt2
 from .hf import read_hf_config
-from .llama import convert_llama
+from .llama import convert_llama, convert_qwen2
 from .vit import convert_vit
 
 __all__ = ["import_checkpoint", "convert", "ImportResult", "CONVERTERS", "load_init", "InitSource"]
@@ -58,6 +59,7 @@ CONVERTERS: dict[tuple[str, str], Converter] = {
     ("llama", "LlamaForCausalLM"): convert_llama,
     ("bert", "BertModel"): convert_bert,
 }
+CONVERTERS[("qwen2", "Qwen2ForCausalLM")] = convert_qwen2
 
 
 @dataclass

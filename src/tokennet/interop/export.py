@@ -13,6 +13,10 @@ family          input                                  output                   
 ``text-encoder`` ``ids`` (B, N) int64, ``pad_id`` padded ``embeddings`` (B, D), normalized B, N ≤ max_len
 ==============  =====================================  ================================  ===============
 
+Weights a run holds in GGUF blocks (an imported GGUF file's) are dequantized to float32 for ONNX, which has no
+such type; pt2 keeps them (the program unpacks them), GGUF writes them as they are, and a Hugging Face directory
+holds their float32 values.
+
 Not exported (ONNX, pt2): the decoding loop (sampling, beam search, the KV cache), the seq2seq decoder, the
 tokenizer and the input checks (a Python ``raise`` on bad ids cannot be traced). GGUF and Hugging Face
 directories carry the whole language model with its tokenizer (and chat template), for other engines.
@@ -137,6 +141,15 @@ def _spec(model: nn.Module):
         ids[1][1:, N // 2:] = c.pad_id  # padding exercised
         return _Embeddings(model), "ids", "embeddings", {0: batch, 1: seq}, ids[1:], ids[0]
     raise ConfigError(f"exporting a {family} model is not supported (exportable families: {', '.join(EXPORTABLE)})")
+
+
+def _onnx_model(model: nn.Module) -> nn.Module:
+    """The model, or a copy with its GGUF blocks dequantized to float32: ONNX has no type for GGUF blocks (and the
+    bit unpacking of a traced dequantization mixes uint8 and int8 tensors that onnxruntime refuses), so the
+    exported file holds the float32 weights the blocks stand for — the same numbers the run computes with."""
+    from .hf_out import _float_model
+
+    return _float_model(model)
 
 
 def _run_exported(path: Path, fmt: str, x: Tensor) -> Tensor:
@@ -289,7 +302,7 @@ def export_run(run: Run, out: str | Path, fmt: str, *, tolerance: float | None =
         except ImportError as e:
             raise RunError(f"ONNX export needs the packages onnx, onnxscript and onnxruntime ({e.name} is missing): "
                            "pip install onnx onnxscript onnxruntime") from None
-    model = run.model.to("cpu").eval()
+    model = _onnx_model(run.model.to("cpu").eval()) if fmt == "onnx" else run.model.to("cpu").eval()
     wrapper, in_name, out_name, dims, checks, example = _spec(model)
     wrapper.eval()
     out.parent.mkdir(parents=True, exist_ok=True)

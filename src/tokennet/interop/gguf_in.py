@@ -5,7 +5,7 @@ A GGUF file holds metadata fields (``general.architecture``, ``llama.block_count
 family's converter (:mod:`.llama`, :mod:`.gpt2`) maps its names. :func:`convert_gguf` dispatches on
 ``general.architecture``.
 
-Tensors come back as float32 tensors or, for Q8_0/Q4_0/Q4_1 (whose layout tokennet keeps, see
+Tensors come back as float32 tensors or, for Q8_0/Q4_0/Q4_1/Q5_0/Q4_K/Q5_K/Q6_K (whose layout tokennet keeps, see
 :mod:`tokennet.layers.blockquant`), as :class:`Blocks`: the file's bits, row by row. Any other quantized
 type is dequantized to float32 and named in a one-line note.
 """
@@ -21,14 +21,15 @@ import torch
 from torch import Tensor
 
 from ..errors import ConfigError, DataError, one_line
-from ..layers.blockquant import dequantize_blocks
+from ..layers.blockquant import RAW_FORMATS, block_bytes, dequantize_blocks, group_size
 from ..tokens.pretrained import PretrainedTokenizer
 
 __all__ = ["read_gguf", "field", "check_numbers", "check_block_count", "build_checked", "f32",
            "Blocks", "KEPT_TYPES", "load_tensors", "expand_blocks", "block_formats",
            "gguf_tokenizer", "convert_gguf", "GGUF_ARCHS", "LLAMA3_PATTERN"]
 
-KEPT_TYPES = {"Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_1": "q4_1"}
+KEPT_TYPES = {"Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_1": "q4_1", "Q5_0": "q5_0", "Q4_K": "q4_k", "Q5_K": "q5_k",
+              "Q6_K": "q6_k"}
 FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
 # llama.cpp's regex for its "llama-bpe" pre-tokenizer (Llama 3's; llama.cpp also uses it for cl100k vocabularies,
 # "dbrx"): tokennet's "gpt4" pattern with greedy instead of possessive quantifiers, which split text the same way.
@@ -95,6 +96,8 @@ def check_block_count(path: Path, weights: dict[str, Any], layers: int) -> None:
 def _shape(w) -> tuple[int, ...]:
     """The shape of the matrix a tensor or :class:`Blocks` stands for."""
     if isinstance(w, Blocks):
+        if w.fmt in RAW_FORMATS:
+            return (w.qs.shape[0], w.qs.shape[1] // block_bytes(w.fmt) * group_size(w.fmt))
         return (w.qs.shape[0], w.qs.shape[1] * (1 if w.fmt == "q8_0" else 2))
     return tuple(w.shape)
 
@@ -166,16 +169,18 @@ def _dequantize(t) -> Tensor:
 
 @dataclass
 class Blocks:
-    """A GGUF matrix kept in its blocks: ``qs``, ``d``, ``m`` row by row (see :mod:`tokennet.layers.blockquant`)."""
+    """A GGUF matrix kept in its blocks: ``qs``, ``d``, ``m`` row by row (see :mod:`tokennet.layers.blockquant`;
+    for Q5_0 and the K-quants ``qs`` is each row's bytes and ``d``, ``m`` are None)."""
 
     fmt: str
     qs: Tensor
-    d: Tensor
+    d: Tensor | None = None
     m: Tensor | None = None
 
     def rows(self, index: Tensor) -> Blocks:
         """The blocks of the rows ``index`` (a permutation or a selection of output channels)."""
-        return Blocks(self.fmt, self.qs[index], self.d[index], None if self.m is None else self.m[index])
+        return Blocks(self.fmt, self.qs[index], None if self.d is None else self.d[index],
+                      None if self.m is None else self.m[index])
 
     def dense(self) -> Tensor:
         return dequantize_blocks(self.fmt, self.qs, self.d, self.m)
@@ -184,18 +189,37 @@ class Blocks:
     def cat(parts: list[Blocks]) -> Blocks:
         """Rows stacked (Q, K, V into one projection); all parts in one format."""
         m = None if parts[0].m is None else torch.cat([p.m for p in parts])
-        return Blocks(parts[0].fmt, torch.cat([p.qs for p in parts]), torch.cat([p.d for p in parts]), m)
+        d = None if parts[0].d is None else torch.cat([p.d for p in parts])
+        return Blocks(parts[0].fmt, torch.cat([p.qs for p in parts]), d, m)
 
 
-def _blocks(t) -> Blocks:
-    """The raw bytes of a Q8_0/Q4_0/Q4_1 tensor ``(N, bytes per row)`` split into ``qs``, ``d`` and ``m``."""
+def _tensor_bytes(t, f=None) -> np.ndarray:
+    """A tensor's bytes: read from the open file ``f`` when given — not through the reader's memory map, whose pages
+    would stay resident beside the copy (twice the file in memory at the end of an import) — else the map's view."""
+    if f is None:
+        return np.ascontiguousarray(t.data).reshape(-1).view(np.uint8)
+    buf = np.empty(int(t.n_bytes), dtype=np.uint8)
+    f.seek(int(t.data_offset))
+    if f.readinto(memoryview(buf)) != buf.nbytes:
+        raise ValueError(f"the file ends inside tensor {t.name}")
+    return buf
+
+
+def _blocks(t, f=None) -> Blocks:
+    """The raw bytes of a Q8_0/Q4_0/Q4_1 tensor ``(N, bytes per row)`` split into ``qs``, ``d`` and ``m``; of a
+    Q5_0/K-quant tensor, kept whole as ``qs`` (``f``: the file, open, to read the bytes from)."""
     from gguf import GGMLQuantizationType
 
     fmt = KEPT_TYPES[GGMLQuantizationType(t.tensor_type).name]
     K, N = (int(n) for n in t.shape)
-    if K % 32 or N < 1:
-        raise ValueError(f"rows of {K} values are not whole blocks of 32")
-    raw = np.ascontiguousarray(t.data).reshape(N, K // 32, -1)  # (N, G, bytes per block)
+    Q = group_size(fmt)
+    if K % Q or N < 1:
+        raise ValueError(f"rows of {K} values are not whole blocks of {Q}")
+    data = _tensor_bytes(t, f)
+    if fmt in RAW_FORMATS:
+        raw = data.reshape(N, K // Q * block_bytes(fmt))  # (N, bytes per row)
+        return Blocks(fmt, torch.from_numpy(raw if f is not None else raw.copy()))
+    raw = data.reshape(N, K // 32, -1)  # (N, G, bytes per block)
     d = torch.from_numpy(raw[..., :2].copy().view(np.float16)[..., 0])  # (N, G)
     m = torch.from_numpy(raw[..., 2:4].copy().view(np.float16)[..., 0]) if fmt == "q4_1" else None
     body = raw[..., 4:] if fmt == "q4_1" else raw[..., 2:]
@@ -213,20 +237,22 @@ def load_tensors(reader, path: Path, *, keep_blocks: bool = True) -> tuple[dict[
 
     out: dict[str, Any] = {}
     dequantized: set[str] = set()
-    for t in reader.tensors:
-        kind = GGMLQuantizationType(t.tensor_type).name
-        try:
-            if keep_blocks and kind in KEPT_TYPES and len(t.shape) == 2:
-                out[t.name] = _blocks(t)
-            else:
-                out[t.name] = _dequantize(t)
-                if kind not in FLOAT_TYPES:
-                    dequantized.add(kind)
-        except (ConfigError, DataError):
-            raise
-        except (ValueError, IndexError) as e:  # a damaged tensor info: a shape its bytes cannot have
-            raise DataError(f"{path}: tensor {t.name} (GGUF type {kind}, shape {[int(n) for n in t.shape]}) cannot be "
-                            f"read ({(str(e).splitlines() or [type(e).__name__])[0]}); nothing was written") from None
+    with open(path, "rb") as f:  # blocks are read from the file, not through the memory map
+        for t in reader.tensors:
+            kind = GGMLQuantizationType(t.tensor_type).name
+            try:
+                if keep_blocks and kind in KEPT_TYPES and len(t.shape) == 2:
+                    out[t.name] = _blocks(t, f)
+                else:
+                    out[t.name] = _dequantize(t)
+                    if kind not in FLOAT_TYPES:
+                        dequantized.add(kind)
+            except (ConfigError, DataError):
+                raise
+            except (ValueError, IndexError) as e:  # a damaged tensor info: a shape its bytes cannot have
+                shape = [int(n) for n in t.shape]
+                raise DataError(f"{path}: tensor {t.name} (GGUF type {kind}, shape {shape}) cannot be read "
+                                f"({(str(e).splitlines() or [type(e).__name__])[0]}); nothing was written") from None
     notes = []
     if dequantized and keep_blocks:
         notes.append(f"{path.name}: tensors of GGUF type {', '.join(sorted(dequantized))} were dequantized to float32 "
@@ -257,7 +283,9 @@ def expand_blocks(state: dict[str, Any]) -> dict[str, Tensor]:
     for k, v in state.items():
         if isinstance(v, Blocks):
             base = k.removesuffix(".weight")
-            out[base + ".qs"], out[base + ".d"] = v.qs, v.d
+            out[base + ".qs"] = v.qs
+            if v.d is not None:
+                out[base + ".d"] = v.d
             if v.m is not None:
                 out[base + ".m"] = v.m
         else:
@@ -308,17 +336,18 @@ def gguf_tokenizer(reader, path: Path, vocab_size: int) -> PretrainedTokenizer:
     return tok
 
 
-GGUF_ARCHS = ("llama", "gpt2")
+GGUF_ARCHS = ("llama", "gpt2", "qwen2")
 
 
 def convert_gguf(path: Path, *, keep_blocks: bool = True):
     """A tokennet GPT and its tokenizer from a GGUF file: ``(model, tokenizer, converter name, notes)``."""
     from .gpt2 import convert_gpt2_gguf
-    from .llama import convert_llama_gguf
+    from .llama import convert_llama_gguf, convert_qwen2_gguf
 
     reader = read_gguf(path)
     arch = field(reader, "general.architecture")
     converters = {"llama": convert_llama_gguf, "gpt2": convert_gpt2_gguf}
+    converters["qwen2"] = convert_qwen2_gguf
     if arch not in converters:
         raise ConfigError(f"{path}: GGUF architecture {arch!r} has no tokennet converter (supported: "
                           f"{', '.join(GGUF_ARCHS)}); nothing was written")

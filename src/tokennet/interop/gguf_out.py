@@ -20,7 +20,7 @@ As in the converter: ``nn.Linear``'s ``(out, in)`` layout is GGUF's; Llama's que
 from the rotate-half pairing to llama.cpp's interleaved pairs (:func:`~.llama.permute`); a tied LM head is
 not written (llama.cpp reuses ``token_embd``); the file type applies to matrices, while vectors, norms,
 biases and GPT-2's position table stay float32; a matrix whose width is not a multiple of 32 falls back from
-Q8_0 to float16. Weights the run holds in GGUF blocks (an imported file's Q4_1, say) are written as they are,
+Q8_0 to float16. Weights the run holds in GGUF blocks (an imported file's Q4_1 or Q4_K, say) are written as they are,
 bit for bit. A GPT-2-style model without biases gets zero biases (llama.cpp's GPT-2 graph requires them).
 
 The tokenizer goes into ``tokenizer.ggml.*`` as a byte-level BPE vocabulary (``gpt2`` model): tokens in id
@@ -52,7 +52,8 @@ from .llama import LAYER_NAMES, permute
 __all__ = ["write_gguf", "gguf_arch", "GGUFFile", "FILE_TYPES"]
 
 FILE_TYPES = ("f32", "f16", "q8_0")
-_TYPE_NAMES = {"q8_0": "Q8_0", "q4_0": "Q4_0", "q4_1": "Q4_1"}
+_TYPE_NAMES = {"q8_0": "Q8_0", "q4_0": "Q4_0", "q4_1": "Q4_1", "q5_0": "Q5_0", "q4_k": "Q4_K", "q5_k": "Q5_K",
+               "q6_k": "Q6_K"}
 
 
 @dataclass
@@ -85,9 +86,11 @@ def gguf_arch(config) -> str:
             raise ConfigError(f"GGUF export: {k}={getattr(config, k)!r} has no llama.cpp equivalent (needs {k}={v!r}); "
                               "nothing was written")
     arch = "llama" if config.position == "rope" else "gpt2"
-    for k, v in styles[arch].items():
+    if getattr(config, "qkv_bias", False) and arch == "llama":
+        arch = "qwen2"  # Llama with biases on q, k, v
+    for k, v in styles["llama" if arch == "qwen2" else arch].items():
         if getattr(config, k) != v:
-            want = ", ".join(f"{a}={b!r}" for a, b in styles[arch].items())
+            want = ", ".join(f"{a}={b!r}" for a, b in styles["llama" if arch == "qwen2" else arch].items())
             raise ConfigError(f"GGUF export: {k}={getattr(config, k)!r} fits neither llama.cpp architecture "
                               f"({arch} needs {want}); nothing was written")
     if arch == "gpt2" and config.activation not in ("gelu_tanh", "gelu"):
@@ -140,9 +143,14 @@ def _tensors(model: nn.Module, arch: str) -> dict[str, Any]:
             H, Hkv, E = c.num_heads, c.num_kv_heads or c.num_heads, c.dim // c.num_heads
             q, k, v = _split_rows(_weight(blk.attn.qkv_proj), [H * E, Hkv * E, Hkv * E])
             out[p + "attn_norm.weight"] = _weight(blk.norm1)
-            out[p + "attn_q.weight"] = _permute_rows(q, H)
-            out[p + "attn_k.weight"] = _permute_rows(k, Hkv)
-            out[p + "attn_v.weight"] = v
+            if arch == "qwen2":  # llama.cpp's qwen2 graph rotates halves, as tokennet does: no permutation
+                out[p + "attn_q.weight"], out[p + "attn_k.weight"], out[p + "attn_v.weight"] = q, k, v
+                bq, bk, bv = blk.attn.qkv_proj.bias.detach().float().split([H * E, Hkv * E, Hkv * E])
+                out[p + "attn_q.bias"], out[p + "attn_k.bias"], out[p + "attn_v.bias"] = bq, bk, bv
+            else:
+                out[p + "attn_q.weight"] = _permute_rows(q, H)
+                out[p + "attn_k.weight"] = _permute_rows(k, Hkv)
+                out[p + "attn_v.weight"] = v
             for ours, (_, theirs) in LAYER_NAMES.items():
                 if ours != "norm1.weight":
                     out[p + theirs] = _weight(mods[ours.removesuffix(".weight")])
@@ -157,6 +165,8 @@ def _tensors(model: nn.Module, arch: str) -> dict[str, Any]:
 
 def _raw_blocks(b: Blocks) -> np.ndarray:
     """The bytes a GGUF file holds for blocks: per block ``d`` (f16), [``m`` (f16)], ``qs``; ``(N, bytes per row)``."""
+    if b.d is None:  # Q5_0, K-quants: qs is already the file's bytes
+        return b.qs.contiguous().numpy()
     n, g = b.d.shape
     parts = [b.d.contiguous().view(torch.uint8).view(n, g, 2)]
     if b.m is not None:
@@ -303,7 +313,9 @@ def write_gguf(model: nn.Module, tokenizer, out: str | Path, *, file_type: str =
         main = max(set(kinds), key=kinds.count)  # general.file_type: the type of most matrices
         ftypes = {"F32": gguf.LlamaFileType.ALL_F32, "F16": gguf.LlamaFileType.MOSTLY_F16,
                   "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0, "Q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
-                  "Q4_1": gguf.LlamaFileType.MOSTLY_Q4_1}
+                  "Q4_1": gguf.LlamaFileType.MOSTLY_Q4_1, "Q5_0": gguf.LlamaFileType.MOSTLY_Q5_0,
+                  "Q4_K": gguf.LlamaFileType.MOSTLY_Q4_K_M, "Q5_K": gguf.LlamaFileType.MOSTLY_Q5_K_M,
+                  "Q6_K": gguf.LlamaFileType.MOSTLY_Q6_K}
         w.add_file_type(ftypes[main])
         w.add_tokenizer_model(vocab["model"])
         w.add_tokenizer_pre(vocab["pre"])

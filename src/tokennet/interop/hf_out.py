@@ -138,6 +138,19 @@ def _llama(model: nn.Module) -> tuple[dict[str, Any], dict[str, Tensor]]:
     return cfg, sd
 
 
+def _qwen2(model: nn.Module, cfg: dict[str, Any], sd: dict[str, Tensor]) -> None:
+    """A Llama directory made Qwen2's (``qkv_bias``): its config, and the q, k, v biases (in place)."""
+    c = model.config
+    H, Hkv, E = c.num_heads, c.num_kv_heads or c.num_heads, c.dim // c.num_heads
+    for k in ("attention_bias", "mlp_bias", "head_dim"):
+        cfg.pop(k)
+    cfg.update(architectures=["Qwen2ForCausalLM"], model_type="qwen2", use_sliding_window=False)
+    for i, blk in enumerate(model.decoder.blocks):
+        q, k, v = blk.attn.qkv_proj.bias.split([H * E, Hkv * E, Hkv * E])
+        p = f"model.layers.{i}.self_attn."
+        sd.update({p + "q_proj.bias": q, p + "k_proj.bias": k, p + "v_proj.bias": v})
+
+
 def _tokenizer_files(tokenizer, block_size: int) -> dict[str, Any]:
     """``tokenizer.json``, ``tokenizer_config.json`` and ``special_tokens_map.json`` of a BPE tokenizer."""
     kind = getattr(tokenizer, "kind", None)
@@ -171,6 +184,8 @@ def write_hf(model: nn.Module, tokenizer, out: str | Path) -> list[Path]:
     files = _tokenizer_files(tokenizer, model.config.block_size)
     model = _float_model(model)
     cfg, sd = (_gpt2 if kind == "gpt2" else _llama)(model)
+    if getattr(model.config, "qkv_bias", False):
+        _qwen2(model, cfg, sd)
     tok = tokenizer.to_dict()
     ids = {"bos_id": 1, "eos_id": 2, "pad_id": 0} if tokenizer.kind == "bpe" else tok["tokennet"]
     for k in ("bos", "eos", "pad"):

@@ -49,6 +49,7 @@ from .gguf_in import (
     build_checked,
     check_block_count,
     check_numbers,
+    dense,
     f32,
     field,
     gguf_tokenizer,
@@ -58,7 +59,8 @@ from .gguf_in import (
 )
 from .hf import NameMap, check_fields, check_layer_count, read_safetensors
 
-__all__ = ["convert_llama", "convert_llama_gguf", "unpermute", "permute", "llama_config", "LAYER_NAMES"]
+__all__ = ["convert_llama", "convert_llama_gguf", "convert_qwen2", "convert_qwen2_gguf", "unpermute", "permute",
+           "llama_config", "LAYER_NAMES"]
 
 # Tokennet names of one layer → (HF name, GGUF name).
 LAYER_NAMES = {
@@ -226,6 +228,97 @@ def convert_llama_gguf(path: Path, *, reader=None, keep_blocks: bool = True) -> 
     m = NameMap(weights, str(path))
     mixed: list[str] = []
     _fill(m, config, gguf=True, stack=lambda name: stack_rows(mixed, name))
+    if mixed:
+        notes.append(f"{len(mixed)} fused projection(s) ({mixed[0]}, …) mix GGUF types in their parts and were "
+                     "dequantized to float32")
+    config = config.replace(quantized=block_formats(m.state, config.num_layers))
+    model = build_checked(GPT, config, m)
+    return model.eval(), gguf_tokenizer(reader, path, config.vocab_size), notes
+
+
+# -- Qwen2 -------------------------------------------------------------------------------------------
+# Qwen2 (Yang et al. 2024, https://arxiv.org/abs/2407.10671) is Llama with biases on the query, key and value
+# projections (``qkv_bias``): ``[Q; K; V] = X [W_q; W_k; W_v]ᵀ + [b_q; b_k; b_v]``; every other layer has none.
+# HF ``model.layers.i.self_attn.{q,k,v}_proj.bias`` / GGUF ``blk.i.attn_{q,k,v}.bias`` → ``attn.qkv_proj.bias``.
+# llama.cpp's converter does not permute Qwen2's query/key rows (its graph rotates halves, as HF does).
+
+def _put_qkv_bias(m: NameMap, config: GPTConfig, *, gguf: bool) -> None:
+    for i in range(config.num_layers):
+        theirs = [f"blk.{i}.attn_{n}.bias" if gguf else f"model.layers.{i}.self_attn.{n}_proj.bias" for n in "qkv"]
+        m.put(f"decoder.blocks.{i}.attn.qkv_proj.bias", theirs, lambda *parts: torch.cat([dense(p) for p in parts]))
+
+
+def convert_qwen2(source: Path, cfg: dict[str, Any]) -> tuple[GPT, list[str], PretrainedTokenizer | None]:
+    """A tokennet GPT holding the weights of the ``Qwen2ForCausalLM`` checkpoint directory ``source``."""
+    check_fields(
+        cfg, "qwen2",
+        mapped=("vocab_size", "max_position_embeddings", "hidden_size", "intermediate_size", "num_hidden_layers",
+                "num_attention_heads", "num_key_value_heads", "rope_theta", "rope_parameters", "rms_norm_eps",
+                "tie_word_embeddings", "head_dim"),
+        required={"hidden_act": "silu", "rope_scaling": None, "use_sliding_window": False},
+        # without use_sliding_window, sliding_window and max_window_layers change nothing
+        ignored=("attention_dropout", "sliding_window", "max_window_layers", "layer_types"),
+    )
+    if any(t != "full_attention" for t in cfg.get("layer_types") or []):
+        raise ConfigError(f"config field layer_types={cfg['layer_types']!r}: tokennet's qwen2 converter implements "
+                          "full attention in every layer; nothing was written")
+    dim, heads = cfg.get("hidden_size", 4096), cfg.get("num_attention_heads", 32)
+    if cfg.get("head_dim", dim // heads) != dim // heads:
+        raise ConfigError(f"config field head_dim={cfg['head_dim']} differs from hidden_size/num_attention_heads="
+                          f"{dim // heads}; tokennet implements the latter; nothing was written")
+    config = llama_config(
+        vocab_size=cfg.get("vocab_size", 151936), context=cfg.get("max_position_embeddings", 32768), dim=dim,
+        hidden=cfg.get("intermediate_size", 22016), layers=cfg.get("num_hidden_layers", 32), heads=heads,
+        kv_heads=cfg.get("num_key_value_heads") or heads, rope_base=_hf_rope_base(cfg),
+        eps=cfg.get("rms_norm_eps", 1e-6), tied=cfg.get("tie_word_embeddings", False)).replace(qkv_bias=True)
+    m = NameMap(read_safetensors(source), str(source / "model.safetensors"))
+    check_layer_count(m.tensors, config.num_layers, m.where)
+    _fill(m, config, gguf=False)
+    _put_qkv_bias(m, config, gguf=False)
+    model = build_checked(GPT, config, m)
+    tokenizer = PretrainedTokenizer.from_hf_dir(source, vocab_size=config.vocab_size)
+    notes = [] if tokenizer else ["the source has no tokenizer.json: the run takes token ids, and "
+                                  "`generate --prompt` needs a tokenizer"]
+    return model.eval(), notes, tokenizer
+
+
+GGUF_QWEN2_KEYS = ("block_count", "context_length", "embedding_length", "feed_forward_length",
+                   "attention.head_count", "attention.head_count_kv", "rope.freq_base",
+                   "attention.layer_norm_rms_epsilon", "vocab_size", "rope.dimension_count")
+
+
+def convert_qwen2_gguf(path: Path, *, reader=None, keep_blocks: bool = True) -> tuple[GPT, Any, list[str]]:
+    """A tokennet GPT (and its tokenizer) from a ``qwen2``-architecture GGUF file: ``(model, tokenizer, notes)``."""
+    reader = reader or read_gguf(path)
+    arch = field(reader, "general.architecture")
+    if arch != "qwen2":
+        raise ConfigError(f"{path}: GGUF architecture {arch!r} is not qwen2; nothing was written")
+    for key in reader.fields:
+        if key.startswith("qwen2.") and key[len("qwen2."):] not in GGUF_QWEN2_KEYS:
+            raise ConfigError(f"{path}: GGUF field {key!r} is not known to the qwen2 converter; nothing was written")
+    g = {k: field(reader, "qwen2." + k) for k in GGUF_QWEN2_KEYS}
+    check_numbers(path, "qwen2", g, counts=tuple(k for k in GGUF_QWEN2_KEYS if k not in _GGUF_LLAMA_REALS),
+                  reals=_GGUF_LLAMA_REALS,
+                  required=("block_count", "context_length", "embedding_length", "feed_forward_length",
+                            "attention.head_count", "attention.layer_norm_rms_epsilon"))
+    dim, heads = g["embedding_length"], g["attention.head_count"]
+    if g["rope.dimension_count"] not in (None, dim // heads):
+        raise ConfigError(f"{path}: qwen2.rope.dimension_count={g['rope.dimension_count']} (partial rotary) is not "
+                          "supported; nothing was written")
+    tokens = field(reader, "tokenizer.ggml.tokens") or []
+    vocab = g["vocab_size"] or len(tokens)
+    if tokens and len(tokens) != vocab:
+        raise DataError(f"{path}: the tokenizer has {len(tokens)} tokens but the model {vocab}; nothing was written")
+    weights, notes = load_tensors(reader, path, keep_blocks=keep_blocks)
+    check_block_count(path, weights, g["block_count"])
+    config = llama_config(vocab_size=vocab, context=g["context_length"], dim=dim, hidden=g["feed_forward_length"],
+                          layers=g["block_count"], heads=heads, kv_heads=g["attention.head_count_kv"] or heads,
+                          rope_base=f32(g["rope.freq_base"]) or 10000.0, eps=f32(g["attention.layer_norm_rms_epsilon"]),
+                          tied="output.weight" not in weights).replace(qkv_bias=True)
+    m = NameMap(weights, str(path))
+    mixed: list[str] = []
+    _fill(m, config, gguf=True, stack=lambda name: stack_rows(mixed, name))
+    _put_qkv_bias(m, config, gguf=True)
     if mixed:
         notes.append(f"{len(mixed)} fused projection(s) ({mixed[0]}, …) mix GGUF types in their parts and were "
                      "dequantized to float32")

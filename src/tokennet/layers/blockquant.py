@@ -1,4 +1,4 @@
-"""Weights in blocks of 32 with their own scale: GGUF's Q8_0, Q4_0 and Q4_1, kept as they are.
+"""Weights in blocks with their own scales: GGUF's Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K and Q6_K, kept as they are.
 
 llama.cpp stores a quantized matrix ``W (N, K)`` row by row in blocks of 32 weights along K; block ``g`` of
 row ``n`` holds small integers ``q`` and a float16 scale ``d`` (and, in Q4_1, a float16 minimum ``m``)::
@@ -12,6 +12,23 @@ nibble and value ``j + 16`` in its high nibble. :class:`BlockLinear` keeps exact
 ``d``, ``m`` as tensors, one row of blocks per output channel), so a GGUF file's weights are read as
 llama.cpp reads them, and a 4-bit layer reads about a sixth of the bytes of float32 per token.
 
+Q5_0 and the K-quants (llama.cpp's ``ggml-common.h``) are kept as the file's bytes, ``qs`` ``(N, G·B)`` uint8 for
+``B`` bytes per block (no separate ``d``/``m``); their blocks and formulas::
+
+    Q5_0 (32 weights, 22 bytes):   d (f16) · qh (4 bytes: bit j = 5th bit of weight j) · qs (16 bytes of nibbles)
+                                   W_k = d · (q_k − 16),  q ∈ [0, 31]
+    Q4_K (256 weights, 144 bytes): d, dmin (f16) · 12 bytes of eight 6-bit (scale, min) pairs · 128 bytes of nibbles
+                                   W_k = d·s_j · q_k − dmin·m_j  for sub-block j = ⌊k / 32⌋, q ∈ [0, 15]
+    Q5_K (256 weights, 176 bytes): as Q4_K, plus qh (32 bytes: bit j of byte i = 5th bit of weight 32j + i)
+                                   W_k = d·s_j · q_k − dmin·m_j,  q ∈ [0, 31]
+    Q6_K (256 weights, 210 bytes): ql (128 bytes of low nibbles) · qh (64 bytes of 2-bit pairs) · 16 int8 scales · d
+                                   W_k = d·s_j · (q_k − 32)  for sub-block j = ⌊k / 16⌋, q ∈ [0, 63]
+
+In a K-quant, the 4-bit value of weight ``64c + 32h + i`` is nibble ``h`` (low, high) of byte ``32c + i``; in Q6_K
+the low nibble of weight ``128c + 32h + i`` is nibble ``⌊h/2⌋`` of byte ``64c + 32(h mod 2) + i`` and its two high
+bits are bits ``2h, 2h+1`` of ``qh[32c + i]``. The unpacking is a few vectorized shifts and masks over all
+blocks at once (no loop over blocks).
+
 Dequantization is the formula above in float32 (the ``gguf`` package's, bit for bit). A decoding step
 compiled by torch.compile computes ``y = x Wᵀ`` without forming ``W``: for Q4,
 ``y_n = Σ_g d_ng Σ_{j<16} (x_{g,j} lo_ngj + x_{g,j+16} hi_ngj) + Σ_g m_ng Σ_{k∈g} x_k``, which Inductor turns
@@ -24,12 +41,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["FORMATS", "GROUP", "BlockLinear", "BlockEmbedding", "quantize_blocks", "dequantize_blocks",
+__all__ = ["FORMATS", "QUANTIZE_FORMATS", "RAW_FORMATS", "GROUP", "QK_K", "group_size", "raw_dequantize",
+           "BlockLinear", "BlockEmbedding", "quantize_blocks", "dequantize_blocks",
            "block_bytes", "gemv", "GEMV_ROWS"]
 
-FORMATS = ("q8_0", "q4_0", "q4_1")
-GROUP = 32  # weights per block along K
-_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20}  # per block, as stored in a GGUF file
+FORMATS = ("q8_0", "q4_0", "q4_1", "q5_0", "q4_k", "q5_k", "q6_k")
+QUANTIZE_FORMATS = ("q8_0", "q4_0", "q4_1")  # the formats quantize_blocks makes (the others are read from files)
+RAW_FORMATS = ("q5_0", "q4_k", "q5_k", "q6_k")  # kept as the file's bytes: qs (N, G·B) uint8, no d or m
+GROUP = 32  # weights per block along K (Q8_0, Q4_0, Q4_1, Q5_0)
+QK_K = 256  # weights per K-quant super-block
+_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20, "q5_0": 22, "q4_k": 144, "q5_k": 176, "q6_k": 210}  # per block
+_GROUPS = {"q4_k": QK_K, "q5_k": QK_K, "q6_k": QK_K}
 
 # Up to this many rows, a linear layer traced by torch.compile is written as a sum of products (see gemv).
 GEMV_ROWS = 4
@@ -48,15 +70,83 @@ def gemv(x: Tensor, weight: Tensor) -> Tensor:
 
 
 def block_bytes(fmt: str) -> int:
-    """Bytes per block of 32 weights in a GGUF file (scales included)."""
+    """Bytes per block (32 weights, or 256 for a K-quant) in a GGUF file (scales included)."""
     return _BYTES[fmt]
+
+
+def group_size(fmt: str) -> int:
+    """Weights per block along K: 32, or 256 for the K-quants."""
+    return _GROUPS.get(fmt, GROUP)
 
 
 def _check(fmt: str, K: int) -> None:
     if fmt not in FORMATS:
         raise ValueError(f"block format must be one of {FORMATS}, got {fmt!r}")
-    if K % GROUP:
-        raise ValueError(f"{fmt} needs in_features divisible by {GROUP}, got {K}")
+    if K % group_size(fmt):
+        raise ValueError(f"{fmt} needs in_features divisible by {group_size(fmt)}, got {K}")
+
+
+def _f16(b: Tensor) -> Tensor:
+    """Two bytes per row ``(n, 2)`` uint8 → their float16 as float32 ``(n, 1)``."""
+    return b.contiguous().view(torch.float16).float()
+
+
+def _nibbles(qs: Tensor, width: int) -> Tensor:
+    """Bytes ``(n, C·width)`` → ``(n, C·2, width)``: chunk c's low nibbles, then its high nibbles."""
+    n = qs.shape[0]
+    b = qs.reshape(n, -1, 1, width)  # (n, C, 1, width)
+    return torch.cat([b & 15, b >> 4], dim=2).reshape(n, -1, width)  # (n, C, 2, width) → (n, 2C, width)
+
+
+def _k_scales(s: Tensor) -> tuple[Tensor, Tensor]:
+    """Q4_K/Q5_K's 12 bytes ``(n, 12)`` → eight 6-bit scales and eight 6-bit mins, each ``(n, 8)`` float32.
+
+    Bytes 0–3 hold scales 0–3 (low 6 bits) and the top 2 bits of scales 4–7; bytes 4–7 the same for the mins;
+    bytes 8–11 the low 4 bits of scales 4–7 (low nibble) and mins 4–7 (high nibble).
+    """
+    n = s.shape[0]
+    s = s.reshape(n, 3, 4)  # (n, 3, 4)
+    d, m, md = s[:, 0], s[:, 1], s[:, 2]
+    sc = torch.cat([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], -1)
+    mn = torch.cat([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], -1)
+    return sc.float(), mn.float()
+
+
+def raw_dequantize(fmt: str, raw: Tensor) -> Tensor:
+    """The float32 weights ``(..., K)`` of a row's GGUF bytes ``raw (..., G·B)`` in a :data:`RAW_FORMATS` format.
+
+    The same float32 operations, in the same order, as the ``gguf`` package's ``dequantize`` (bit for bit).
+    """
+    *lead, nbytes = raw.shape
+    B, Q = _BYTES[fmt], group_size(fmt)
+    b = raw.reshape(-1, B)  # (n blocks, B)
+    n = b.shape[0]
+    if fmt == "q5_0":
+        d = _f16(b[:, 0:2])
+        h = b[:, 2:6].to(torch.int64)
+        qh = h[:, 0] | (h[:, 1] << 8) | (h[:, 2] << 16) | (h[:, 3] << 24)  # (n,) the little-endian uint32
+        hi = (qh[:, None] >> torch.arange(32, device=b.device)) & 1  # (n, 32)
+        lo = _nibbles(b[:, 6:22], 16).reshape(n, 32)
+        w = d * ((lo.to(torch.int64) | (hi << 4)).float() - 16)
+    elif fmt in ("q4_k", "q5_k"):
+        d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])
+        sc, mn = _k_scales(b[:, 4:16])
+        ds, dm = (d * sc)[..., None], (dmin * mn)[..., None]  # (n, 8, 1)
+        q = _nibbles(b[:, 16:144] if fmt == "q4_k" else b[:, 48:176], 32)  # (n, 8, 32)
+        if fmt == "q5_k":
+            qh = b[:, 16:48].reshape(n, 1, 32) >> torch.arange(8, dtype=torch.uint8, device=b.device)[:, None]
+            q = q | ((qh & 1) << 4)  # (n, 8, 32): bit j of byte i is weight 32j + i's 5th bit
+        w = ds * q.float() - dm
+    elif fmt == "q6_k":
+        ql = _nibbles(b[:, 0:128], 64).reshape(n, 8, 32)  # (n, 2, 2, 64) → (n, 8, 32)
+        shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device=b.device)[:, None]
+        qh = ((b[:, 128:192].reshape(n, 2, 1, 32) >> shifts) & 3).reshape(n, 8, 32)  # (n, 2, 4, 32) → (n, 8, 32)
+        q = ((ql | (qh << 4)).float() - 32).reshape(n, 16, 16)  # (n, 16 sub-blocks, 16)
+        ds = _f16(b[:, 208:210]) * b[:, 192:208].view(torch.int8).float()  # (n, 16)
+        w = ds[..., None] * q
+    else:
+        raise ValueError(f"{fmt} is not a raw block format ({RAW_FORMATS})")
+    return w.reshape(*lead, nbytes // B * Q)
 
 
 def _unpack4(qs: Tensor) -> Tensor:
@@ -66,8 +156,11 @@ def _unpack4(qs: Tensor) -> Tensor:
     return torch.cat([b & 15, b >> 4], dim=-2).reshape(*lead, 2 * half)  # (..., G, 2, 16) → (..., K)
 
 
-def dequantize_blocks(fmt: str, qs: Tensor, d: Tensor, m: Tensor | None = None) -> Tensor:
-    """The float32 weights ``(..., K)`` of blocks ``qs (..., K or K/2)``, ``d (..., G)``, ``m (..., G)``."""
+def dequantize_blocks(fmt: str, qs: Tensor, d: Tensor | None = None, m: Tensor | None = None) -> Tensor:
+    """The float32 weights ``(..., K)`` of blocks ``qs (..., K or K/2)``, ``d (..., G)``, ``m (..., G)`` (for a
+    :data:`RAW_FORMATS` format, ``qs`` is the file's bytes and ``d``, ``m`` are None)."""
+    if fmt in RAW_FORMATS:
+        return raw_dequantize(fmt, qs)
     if fmt == "q8_0":
         q = qs.float()
     else:
@@ -91,6 +184,8 @@ def quantize_blocks(w: Tensor, fmt: str) -> tuple[Tensor, Tensor, Tensor | None]
     """
     N, K = w.shape
     _check(fmt, K)
+    if fmt not in QUANTIZE_FORMATS:
+        raise ValueError(f"quantize_blocks makes {QUANTIZE_FORMATS}; {fmt} blocks are read from GGUF files")
     b = w.detach().float().reshape(N, K // GROUP, GROUP)  # (N, G, 32)
     m = None
     if fmt == "q8_0":
@@ -116,10 +211,11 @@ def quantize_blocks(w: Tensor, fmt: str) -> tuple[Tensor, Tensor, Tensor | None]
 
 
 class BlockLinear(nn.Module):
-    """``y = x Wᵀ + b`` with ``W`` in GGUF blocks (``"q8_0"``, ``"q4_0"``, ``"q4_1"``); for inference.
+    """``y = x Wᵀ + b`` with ``W`` in GGUF blocks (one of :data:`FORMATS`); for inference.
 
     Buffers: ``qs`` (``(N, K)`` int8 for Q8_0, ``(N, K/2)`` uint8 of packed nibbles for Q4), ``d`` (``(N, K/32)``
-    float16 scales), ``m`` (Q4_1's float16 minimums) and ``bias`` (float32, optional). Outside torch.compile
+    float16 scales), ``m`` (Q4_1's float16 minimums) and ``bias`` (float32, optional); for Q5_0 and the
+    K-quants, ``qs`` is each row's GGUF bytes ``(N, G·B)`` uint8 and ``d``, ``m`` are None. Outside torch.compile
     the layer multiplies by the dequantized weight; traced by torch.compile with a few rows, it computes
     the fused sum of the module docstring.
 
@@ -133,10 +229,13 @@ class BlockLinear(nn.Module):
         super().__init__()
         _check(fmt, in_features)
         self.in_features, self.out_features, self.fmt = in_features, out_features, fmt
-        N, K, G = out_features, in_features, in_features // GROUP
-        qs = torch.zeros(N, K, dtype=torch.int8) if fmt == "q8_0" else torch.zeros(N, K // 2, dtype=torch.uint8)
+        N, K, G = out_features, in_features, in_features // group_size(fmt)
+        if fmt in RAW_FORMATS:
+            qs = torch.zeros(N, G * _BYTES[fmt], dtype=torch.uint8)
+        else:
+            qs = torch.zeros(N, K, dtype=torch.int8) if fmt == "q8_0" else torch.zeros(N, K // 2, dtype=torch.uint8)
         self.register_buffer("qs", qs)
-        self.register_buffer("d", torch.zeros(N, G, dtype=torch.float16))
+        self.register_buffer("d", None if fmt in RAW_FORMATS else torch.zeros(N, G, dtype=torch.float16))
         self.register_buffer("m", torch.zeros(N, G, dtype=torch.float16) if fmt == "q4_1" else None)
         self.register_buffer("bias", torch.zeros(N) if bias else None)
 
@@ -149,7 +248,7 @@ class BlockLinear(nn.Module):
             out.bias = linear.bias.detach().float().clone()
         return out
 
-    def set_blocks(self, qs: Tensor, d: Tensor, m: Tensor | None = None) -> None:
+    def set_blocks(self, qs: Tensor, d: Tensor | None = None, m: Tensor | None = None) -> None:
         """Use the given blocks (GGUF's bits, e.g.) as the weight; shapes must be this layer's."""
         for name, t in (("qs", qs), ("d", d), ("m", m)):
             mine = getattr(self, name)
@@ -168,6 +267,8 @@ class BlockLinear(nn.Module):
         """``x (M, K) → (M, N)`` without forming ``W``: the sums of the module docstring."""
         M, K = x.shape
         N, G = self.out_features, K // GROUP
+        if self.fmt in RAW_FORMATS:  # Inductor fuses the unpacking into the product's loop
+            return gemv(x, raw_dequantize(self.fmt, self.qs))
         if self.fmt == "q8_0":
             w = (self.qs.view(N, G, GROUP).float() * self.d.float()[:, :, None]).view(N, K)  # fused, never stored
             return gemv(x, w)
@@ -187,7 +288,8 @@ class BlockLinear(nn.Module):
         """``(..., K) → (..., N)`` in x's dtype."""
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)  # (M, K)
-        if torch.compiler.is_compiling() and x2.shape[0] <= GEMV_ROWS:
+        # (torch.export traces with dynamic batch and length: a branch on the row count would pin them)
+        if torch.compiler.is_compiling() and not torch.compiler.is_exporting() and x2.shape[0] <= GEMV_ROWS:
             y = self._fused(x2)
             if self.bias is not None:
                 y = y + self.bias
@@ -223,7 +325,8 @@ class BlockEmbedding(nn.Module):
     def forward(self, idx: Tensor) -> Tensor:
         """Token ids ``(...)`` → float32 rows ``(..., D)``."""
         m = None if self.m is None else self.m[idx]
-        return dequantize_blocks(self.fmt, self.qs[idx], self.d[idx], m)
+        d = None if self.d is None else self.d[idx]
+        return dequantize_blocks(self.fmt, self.qs[idx], d, m)
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, fmt={self.fmt}"

@@ -20,7 +20,7 @@ from ..attention.multihead import KVCache
 from ..errors import ConfigError
 from ..layers.block import NORM_LAYERS, mlp_kind
 from ..layers.blockquant import FORMATS as BLOCK_FORMATS
-from ..layers.blockquant import BlockEmbedding, BlockLinear
+from ..layers.blockquant import BlockEmbedding, BlockLinear, group_size
 from ..layers.mlp import ACTIVATIONS
 from ..layers.norm import Norm
 from ..layers.stack import AttentionMaps, Decoder
@@ -58,10 +58,12 @@ class GPTConfig(TransformerConfig, defaults=dict(dim=384, num_layers=6, num_head
         rope_base: RoPE's wavelength scale, θ_j = base^(−2j/E) (``position="rope"`` only; Llama: 1e4, SmolLM2: 1e5).
         backend: attention backend (``"auto"``, ``"sdpa"``, ``"math"``, ``"flash"``).
         qk_norm: RMS-normalize each head's queries and keys (learned gains) before the scores.
-        quantized: weights held in GGUF blocks, kept as a GGUF file stores them (an imported file's Q4_0, Q4_1
-            and Q8_0 tensors): module name (``*`` for any layer index, e.g. ``"decoder.blocks.*.mlp.fc1"``) →
+        quantized: weights held in GGUF blocks, kept as a GGUF file stores them (an imported file's Q4_0, Q4_1,
+            Q8_0, Q5_0, Q4_K, Q5_K and Q6_K tensors):
+            module name (``*`` for any layer index, e.g. ``"decoder.blocks.*.mlp.fc1"``) →
             block format (see :mod:`tokennet.layers.blockquant`). ``"tok_emb"`` is the embedding table; tied to
             the LM head, the two share one set of blocks. Empty (the default): float weights everywhere.
+        qkv_bias: biases on the query, key and value projections only, with ``bias=False`` elsewhere (Qwen2).
     """
 
     vocab_size: int = 256
@@ -78,6 +80,7 @@ class GPTConfig(TransformerConfig, defaults=dict(dim=384, num_layers=6, num_head
     rope_base: float = 10000.0
     qk_norm: bool = False
     quantized: dict[str, str] = field(default_factory=dict)
+    qkv_bias: bool = False
 
     def __post_init__(self):
         self.family = "gpt"
@@ -108,6 +111,8 @@ class GPTConfig(TransformerConfig, defaults=dict(dim=384, num_layers=6, num_head
             raise ConfigError("rope needs an even head width dim/num_heads")
         if self.position == "sinusoidal" and self.dim % 2:
             raise ConfigError(f"position='sinusoidal' needs an even dim (sin/cos pairs), got dim={self.dim}")
+        if not isinstance(self.qkv_bias, bool) or (self.qkv_bias and self.mixer != "attention"):
+            raise ConfigError(f"qkv_bias must be true or false (true needs mixer='attention'), got {self.qkv_bias!r}")
         if not isinstance(self.quantized, dict) or not all(
                 isinstance(k, str) and v in BLOCK_FORMATS for k, v in self.quantized.items()):
             raise ConfigError(f"quantized must map module names to block formats {list(BLOCK_FORMATS)}, "
@@ -143,6 +148,8 @@ class GPT(nn.Module):
                              bias=c.bias),  # GELU MLP (GPT-2) or SwiGLU (Llama)
             )
             self.lm_head = nn.Linear(c.dim, c.vocab_size, bias=False)
+            if c.qkv_bias and not c.bias:
+                self._qkv_biases()
         self._init(self)
         if c.tie_weights:
             self.lm_head.weight = self.tok_emb.weight
@@ -156,6 +163,12 @@ class GPT(nn.Module):
             self._init(self)
             if c.tie_weights and type(self.lm_head) is nn.Linear and type(self.tok_emb) is nn.Embedding:
                 self.lm_head.weight = self.tok_emb.weight  # to_empty made each its own tensor
+
+    def _qkv_biases(self) -> None:
+        """Qwen2's attention: ``[Q; K; V] = X [W_q; W_k; W_v]ᵀ + [b_q; b_k; b_v]``, the other layers without biases."""
+        for blk in self.decoder.blocks:
+            old = blk.attn.qkv_proj
+            blk.attn.qkv_proj = nn.Linear(old.in_features, old.out_features, bias=True, device=old.weight.device)
 
     def _init(self, module: nn.Module) -> None:
         module.apply(self._init_weights)
@@ -182,8 +195,9 @@ class GPT(nn.Module):
                 continue
             if type(mod) is not nn.Linear:
                 raise ConfigError(f"quantized names {name}, which is not a linear layer")
-            if mod.in_features % 32:
-                raise ConfigError(f"quantized: {name} has in_features={mod.in_features}, not a multiple of 32")
+            if mod.in_features % group_size(fmt):
+                raise ConfigError(f"quantized: {name} has in_features={mod.in_features}, not a multiple of "
+                                  f"{group_size(fmt)} ({fmt} blocks)")
             parent, _, child = name.rpartition(".")
             setattr(self.get_submodule(parent) if parent else self, child,
                     BlockLinear(mod.in_features, mod.out_features, fmt, bias=mod.bias is not None))

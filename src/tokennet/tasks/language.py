@@ -18,7 +18,7 @@ from .base import HELP, OPTIONS, Input, Task, register_task, verb
 if TYPE_CHECKING:
     from ..run import Run
 
-__all__ = ["LanguageModel", "stream_text"]
+__all__ = ["LanguageModel", "stream_text", "generate_batch"]
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +62,80 @@ def stream_text(run: Run, prompt: str, max_new_tokens: int = 200, *, temperature
         yield rest
 
 
+def generate_batch(run: Run, prompts: list[str], max_new_tokens: int = 200, *, temperature: float = 0.8,
+                   top_k: int | None = None, top_p: float | None = None, seed: int = 0, use_cache: bool = True,
+                   quantize: str = "none", max_batch: int = 16) -> list[str]:
+    """The continuations of several prompts, decoded together by the server's engine (:mod:`tokennet.serve.engine`).
+
+    Prompts of different lengths share one batched forward per decoding step (continuous batching: each
+    sequence at its own position, with its own key mask; no padding), up to ``max_batch`` at once; the others
+    wait for a free row. Greedy decoding (``temperature=0``) gives each prompt the text the one-prompt call gives;
+    sampled, each prompt draws from its own generator seeded ``seed`` (so its text does not depend on what else
+    is in the batch, though it is not the one-prompt call's draw). Each prompt plus its new tokens must fit in
+    the model's context: a longer prompt is cut to its last ``block_size − max_new_tokens`` tokens. ``use_cache``
+    is accepted for the one-prompt signature's sake (the engine always decodes over its cache).
+
+    Returns:
+        One text per prompt, in the prompts' order (each without its prompt).
+    """
+    import threading
+
+    from ..serve.engine import Engine, SamplingParams, Sequence
+
+    tok = run.tokenizer
+    if tok is None:
+        raise RunError(f"{run.path} has no tokenizer.json: a language model run needs one to read the prompt")
+    if max_new_tokens < 1:
+        raise RunError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if not all(isinstance(p, str) for p in prompts):
+        raise RunError("run.generate takes a prompt or a list of prompts (strings)")
+    if not prompts:
+        return []
+    block = run.model.config.block_size
+    keep = block - max_new_tokens
+    if keep < 1:
+        raise RunError(f"max_new_tokens={max_new_tokens} leaves no room for a prompt in the model's context of {block}")
+    params = dict(max_tokens=max_new_tokens, temperature=float(temperature), top_k=int(top_k or 0),
+                  top_p=1.0 if top_p is None else float(top_p), stop_ids=list(getattr(tok, "stop_ids", None) or []),
+                  seed=seed)
+    texts: list[list[str]] = [[] for _ in prompts]
+    errors: list[str | None] = [None] * len(prompts)
+    left = [len(prompts)]
+    done = threading.Condition()
+
+    def emit_to(i: int):
+        def emit(ev) -> None:
+            texts[i].append(ev.text)
+            if ev.finish_reason is not None:
+                with done:
+                    errors[i] = ev.error if ev.finish_reason == "error" else None
+                    left[0] -= 1
+                    done.notify_all()
+        return emit
+
+    seqs = []
+    for i, prompt in enumerate(prompts):
+        ids = tok.encode(prompt) or [tok.bos_id]
+        if len(ids) > keep:
+            log.warning("prompt %d is %d tokens: with %d new tokens in a context of %d, only its last %d are read",
+                        i, len(ids), max_new_tokens, block, keep)
+            ids = ids[-keep:]
+        seqs.append(Sequence(ids, SamplingParams(**params), emit_to(i)))
+    engine = Engine(run.model, tok, max_batch=max(1, min(max_batch, len(prompts))), seed=seed,
+                    quantize=quantize).start()
+    try:
+        engine.submit_all(seqs)
+        with done:
+            while left[0]:
+                done.wait()
+    finally:
+        engine.stop()
+    bad = [(i, e) for i, e in enumerate(errors) if e is not None]
+    if bad:
+        raise RunError(f"generating for prompt {bad[0][0]} failed: {bad[0][1]}")
+    return ["".join(t) for t in texts]
+
+
 PROMPT = Input("prompt", HELP["prompt"], file=False, required=False, default="\n")
 
 
@@ -78,8 +152,14 @@ class LanguageModel(Task):
                                          "quantize", "chat"))
 
     @verb
-    def generate(self, run: Run, prompt: str = "\n", max_new_tokens: int = 200, **kw) -> str:
-        """The continuation of ``prompt`` (without the prompt); options as in :func:`stream_text`."""
+    def generate(self, run: Run, prompt: str | list[str] = "\n", max_new_tokens: int = 200, **kw) -> str | list[str]:
+        """The continuation of ``prompt`` (without the prompt); options as in :func:`stream_text`.
+
+        A list of prompts is decoded in one batch by the serving engine (:func:`generate_batch`, which also takes
+        ``max_batch``): one text per prompt.
+        """
+        if isinstance(prompt, (list, tuple)):
+            return generate_batch(run, list(prompt), max_new_tokens, **kw)
         return "".join(stream_text(run, prompt, max_new_tokens, **kw))
 
     def respond(self, run: Run, values: dict[str, Any]) -> Iterator[str]:
