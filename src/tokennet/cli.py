@@ -117,9 +117,15 @@ def _add_eval(sub) -> None:
                        description="Evaluate a trained run on its own held-out split, or on --data. An "
                        "imported language model (`tokennet import`) has no split of its own: --data FILE is required, "
                        "and its next-token loss and perplexity on that text file are printed (non-overlapping "
-                       "windows of up to 1,024 tokens, at most 262,144 tokens read).")
+                       "windows of up to 1,024 tokens, at most 262,144 tokens read), with bits per byte "
+                       "(comparable across tokenizers). --stride S: sliding-window perplexity on --data, for any "
+                       "language-model run (each window starts S tokens after the last, so every token is "
+                       "predicted from at least window - S tokens before it).")
     p.add_argument("run_dir")
     p.add_argument("--data", help="evaluate on this data instead of the run's validation split")
+    p.add_argument("--stride", type=int, default=None, metavar="S",
+                   help="sliding-window perplexity and bits per byte on the text file --data: windows of "
+                   "min(1024, context) tokens every S tokens (S = the window: non-overlapping)")
     p.add_argument("--device", default="auto")
 
 
@@ -485,6 +491,13 @@ def cmd_eval(args) -> int:
     from .recipes import get_recipe
 
     run = _load_run(args.run_dir, resolve_device(args.device))
+    if args.stride is not None:  # a sliding window over a text file: any language-model run, trained or imported
+        if args.data is None:
+            raise CLIError("--stride needs --data FILE: the text file to slide the window over")
+        if not hasattr(run.task, "evaluate_text"):
+            raise CLIError(f"--stride applies to language-model runs; {args.run_dir} is a {run.task.name} run")
+        print(json.dumps(run.task.evaluate(run, args.data, stride=args.stride), indent=2))
+        return 0
     recipe = None
     if run.recipe not in (None, "import"):
         try:
