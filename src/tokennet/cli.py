@@ -344,7 +344,26 @@ def build_parser() -> argparse.ArgumentParser:
     _add_export(sub)
     _add_embed(sub)
     _add_serve(sub)
+    _add_lm_eval(sub)
     return parser
+
+
+def _add_lm_eval(sub) -> None:
+    sub.add_parser("lm-eval", add_help=False, help="EleutherAI's evaluation harness with the tokennet model registered",
+                   description="tokennet lm-eval ARGS...: lm-eval's own command line (pip install lm-eval) with "
+                   "`--model tokennet --model_args run=DIR` available; every argument goes to lm-eval unchanged, "
+                   "e.g. `tokennet lm-eval --model tokennet --model_args run=runs/gpt --tasks shakespeare_mc "
+                   "--include_path bench/lm_eval`. (lm-eval's own `lm-eval` command cannot find tokennet's model: "
+                   "it has no plugin discovery.)")
+
+
+def cmd_lm_eval(argv: list[str]) -> int:
+    """Every argument to lm-eval's command line, after importing tokennet's lm-eval model (which registers it)."""
+    try:
+        from .interop.lm_eval import main as lm_eval_main
+    except ImportError as e:
+        raise CLIError(f"tokennet lm-eval needs the evaluation harness: pip install lm-eval ({e})") from None
+    return lm_eval_main(argv)
 
 
 def _version() -> str:
@@ -657,6 +676,12 @@ def main(argv: list[str] | None = None) -> int:
     except TokennetError as e:
         print(f"tokennet: error: {str(e).strip().splitlines()[0]}", file=sys.stderr)
         return 2
+    if argv[:1] == ["lm-eval"]:  # lm-eval parses its own arguments (argparse cannot pass "--model ..." through)
+        try:
+            return cmd_lm_eval(argv[1:])
+        except (CLIError, TokennetError) as e:
+            print(f"tokennet: error: {str(e).strip().splitlines()[0]}", file=sys.stderr)
+            return 2
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
