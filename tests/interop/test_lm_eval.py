@@ -137,8 +137,10 @@ def test_accuracy_on_the_shipped_task_equals_a_hand_count(run, tmp_path):
     assert acc == pytest.approx(right / len(docs)) and res["results"]["shakespeare_mc"]["acc_norm,none"] >= 0
 
 
+@pytest.mark.slow  # about a minute: lm-eval's command line indexes its thousands of own tasks first
 def test_tokennet_lm_eval_command(run, tmp_path, capsys):
-    """``tokennet lm-eval ...`` is lm-eval's command line with the tokennet model registered."""
+    """``tokennet lm-eval ...`` is lm-eval's command line with the tokennet model registered (the fast
+    test_accuracy_on_the_shipped_task_equals_a_hand_count covers the same model through simple_evaluate)."""
     d = task_dir(tmp_path / "tasks", 12)
     assert main(["lm-eval", "--model", "tokennet", "--model_args", f"run={run.path}", "--tasks", "shakespeare_mc",
                  "--include_path", str(d), "--output_path", str(tmp_path / "out"), "--batch_size", "4"]) == 0
