@@ -303,8 +303,11 @@ def _add_serve(sub) -> None:
                    help="require 'Authorization: Bearer KEY' on every /v1 request. Default: the environment "
                    "variable TOKENNET_API_KEY (preferred: a flag is visible to every user in ps); --api-key wins "
                    "when both are set; neither: no key. An empty key is refused")
-    p.add_argument("--model-name", default=None,
-                   help="the model id clients ask for (default: the run's directory name)")
+    p.add_argument("--model-name", action="append", default=None, metavar="NAME",
+                   help="a model id clients may ask for; repeat it for aliases (default: the run's directory "
+                   "name). Another name is a 404 that names these")
+    p.add_argument("--any-model-name", action="store_true",
+                   help="accept whatever model name a client sends (e.g. a client's default 'gpt-3.5-turbo')")
     p.add_argument("--max-batch", type=int, default=16, help="the most requests decoded together (default 16)")
     p.add_argument("--context", type=int, default=None,
                    help="the longest prompt + reply served, in tokens (default: the model's context)")
@@ -645,7 +648,8 @@ def cmd_serve(args) -> int:
         raise CLIError(f"tokennet serve needs starlette and uvicorn ({e.name} is missing): "
                        "pip install 'tokennet[serve]'") from None
     serve(args.run_dir, host=args.host, port=args.port, api_key=api_key, model_name=args.model_name,
-          max_batch=args.max_batch, context=args.context, device=str(resolve_device(args.device)),
+          any_model_name=args.any_model_name, max_batch=args.max_batch, context=args.context,
+          device=str(resolve_device(args.device)),
           log_level="warning" if args.quiet else "info", quantize=args.quantize, max_queue=args.max_queue)
     return 0
 

@@ -143,7 +143,7 @@ BAD = [
     ("POST", "/v1/completions", json.dumps({"prompt": "a", "stop": 5}), 400, "stop"),
     ("POST", "/v1/completions", json.dumps({"prompt": "a", "n": 3}), 400, "n"),
     ("POST", "/v1/completions", json.dumps({"prompt": "a", "seed": 1.5}), 400, "seed"),
-    ("POST", "/v1/completions", json.dumps({"prompt": "a", "logprobs": 3}), 400, "logprobs"),
+    ("POST", "/v1/completions", json.dumps({"prompt": "a", "logprobs": 21}), 400, "logprobs"),
     ("POST", "/v1/completions", json.dumps({"prompt": "a", "model": "gpt-4"}), 404, "model"),
     ("POST", "/v1/completions", json.dumps({"prompt": "a", "user": ["me"]}), 400, "user"),
     ("POST", "/v1/completions", json.dumps({"prompt": "a", "stream_options": "usage"}), 400, "stream_options"),

@@ -2,7 +2,9 @@
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (``stream: true`` as server-sent events,
 ``data: {chunk}`` lines ending with ``data: [DONE]``), ``GET /v1/models``, ``GET /v1/models/{id}`` and
-``GET /health`` (no key needed). With an API key every ``/v1`` route needs ``Authorization: Bearer KEY``.
+``GET /health`` (no key needed). A text-embedding run (an imported sentence encoder) serves
+``POST /v1/embeddings`` instead of the completions (:mod:`.embeddings`); each route on the other kind of run
+is a 400 that says which runs serve it. With an API key every ``/v1`` route needs ``Authorization: Bearer KEY``.
 
 Every request becomes one engine :class:`~tokennet.serve.engine.Sequence` per prompt; the engine's
 thread hands each new piece of text to the request's asyncio queue (``call_soon_threadsafe``), so the
@@ -40,14 +42,19 @@ from starlette.routing import Route
 
 from ..errors import RunError
 from ..tokens.chat_template import check_chat_template
+from .embeddings import Embedder, embeddings_body, parse_embeddings
 from .engine import Engine, Event, QueueFull, Sequence
 from .protocol import (
     APIError,
     CompletionRequest,
+    TokenText,
     chat_body,
     chat_chunk,
+    chat_logprobs,
+    check_model,
     completion_body,
     completion_chunk,
+    completion_logprobs,
     error_body,
     parse_chat,
     parse_completion,
@@ -145,16 +152,28 @@ def _sse(data: Any) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
-def create_app(engine: Engine, *, model_name: str, api_key: str | None = None, max_body: int = MAX_BODY) -> Starlette:
+def create_app(engine: Engine | None, *, model_name: str | list[str], api_key: str | None = None,
+               max_body: int = MAX_BODY, any_model_name: bool = False, embedder: Embedder | None = None) -> Starlette:
     """The ASGI application serving ``engine`` as model ``model_name`` (the engine is started and drained with it).
 
     Args:
+        engine: the language model's engine; None for a text-embedding run, served by ``embedder``.
+        model_name: the name, or the names (aliases, ``--model-name`` repeated), a request's ``model`` may
+            give; the first is the one ``/v1/models`` lists first. Another name is a 404 naming them, unless
+            ``any_model_name``: then any name is accepted (and echoed back), as a client's default name.
         api_key: the key every ``/v1`` request must send as ``Authorization: Bearer KEY`` (None: none).
         max_body: the largest request body in bytes (413 beyond).
     """
-    tok = engine.tokenizer
-    vocab = engine.model.config.vocab_size
+    names = [model_name] if isinstance(model_name, str) else list(dict.fromkeys(model_name))
+    if not names:
+        raise ValueError("at least one model name is needed")
+    if (engine is None) == (embedder is None):
+        raise ValueError("give an engine (a language model) or an embedder (a text-embedding run)")
+    tok = engine.tokenizer if engine is not None else embedder.tokenizer
+    text_of = TokenText(tok)
+    vocab = engine.model.config.vocab_size if engine is not None else None
     stop_ids = list(getattr(tok, "stop_ids", None) or [])
+    context = engine.context if engine is not None else embedder.context
     created = int(time.time())
 
     def check_key(request: Request) -> None:
@@ -186,14 +205,18 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None, m
         body = parse_json(raw)
         try:
             if chat:
-                return parse_chat(body, tokenizer=tok, served=model_name, context=engine.context, stop_ids=stop_ids)
-            return parse_completion(body, tokenizer=tok, served=model_name, context=engine.context, vocab=vocab,
-                                    stop_ids=stop_ids)
+                return parse_chat(body, tokenizer=tok, served=names, context=engine.context, stop_ids=stop_ids,
+                                  any_model=any_model_name)
+            return parse_completion(body, tokenizer=tok, served=names, context=engine.context, vocab=vocab,
+                                    stop_ids=stop_ids, any_model=any_model_name)
         except UnicodeError as e:  # e.g. a lone surrogate escape ("\ud800") that no tokenizer can encode
             raise APIError(400, f"the request's text cannot be encoded as UTF-8: {e}") from None
 
     def check_room(n: int | None = None) -> None:
         """429 when the queue is full now; 400 for ``n`` sequences that could never fit in it."""
+        if engine is None:
+            raise APIError(400, f"this server serves the text-embedding model {names[0]!r}: it answers "
+                           "POST /v1/embeddings only; completions and chat are served for language-model runs")
         if engine.max_queue is None:
             return
         if n is not None and n > engine.max_queue:
@@ -203,11 +226,13 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None, m
             raise APIError(429, f"the server is busy: {engine.max_queue} sequences are waiting; try again later",
                            code="rate_limit_exceeded")
 
-    def model_card() -> dict[str, Any]:
-        return {"id": model_name, "object": "model", "created": created, "owned_by": "tokennet",
-                "max_model_len": engine.context}
+    def model_card(name: str) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": created, "owned_by": "tokennet",
+                "max_model_len": context}
 
     async def health(request: Request) -> Response:
+        if engine is None:
+            return JSONResponse({"status": "ok", "embeddings": True, "dim": embedder.dim, "context": context})
         return JSONResponse({"status": "ok", **engine.status()})
 
     async def models(request: Request) -> Response:
@@ -215,17 +240,15 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None, m
             check_key(request)
         except APIError as e:
             return _error(e)
-        return JSONResponse({"object": "list", "data": [model_card()]})
+        return JSONResponse({"object": "list", "data": [model_card(n) for n in names]})
 
     async def model(request: Request) -> Response:
         try:
             check_key(request)
-            if request.path_params["model"] != model_name:
-                raise APIError(404, f"the model {request.path_params['model']!r} does not exist", param="model",
-                               code="model_not_found")
+            name = check_model(request.path_params["model"], names, any_model_name)
         except APIError as e:
             return _error(e)
-        return JSONResponse(model_card())
+        return JSONResponse(model_card(name))
 
     async def handle(request: Request, chat: bool) -> Response:
         try:
@@ -239,14 +262,28 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None, m
         except APIError as e:
             return _error(e)
         if req.stream:
-            return _SSE(_stream(r), r.cancel)
-        return await _collect(request, r)
+            return _SSE(_stream(r, text_of), r.cancel)
+        return await _collect(request, r, text_of)
 
     async def completions(request: Request) -> Response:
         return await handle(request, chat=False)
 
     async def chat_completions(request: Request) -> Response:
         return await handle(request, chat=True)
+
+    async def embeddings(request: Request) -> Response:
+        try:
+            check_key(request)
+            if embedder is None:
+                raise APIError(400, f"this server serves the language model {names[0]!r}: /v1/embeddings is served "
+                               "for text-embedding runs (a sentence encoder imported with tokennet import, e.g. "
+                               "MiniLM); use /v1/completions or /v1/chat/completions", param="model")
+            body = parse_json(await body_of(request))
+            texts, fmt, name = parse_embeddings(body, served=names, any_model=any_model_name, dim=embedder.dim)
+            vecs, tokens = await asyncio.to_thread(embedder.embed, texts)
+        except APIError as e:
+            return _error(e)
+        return JSONResponse(embeddings_body(vecs, fmt, name, tokens))
 
     async def on_http_error(request: Request, exc: HTTPException) -> Response:
         return _error(APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}"))
@@ -257,21 +294,44 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None, m
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
-        engine.start()
+        if engine is not None:
+            engine.start()
         try:
             yield
         finally:
-            engine.stop()
+            if engine is not None:
+                engine.stop()
 
     routes = [Route("/health", health), Route("/v1/models", models), Route("/v1/models/{model:path}", model),
               Route("/v1/completions", completions, methods=["POST"]),
-              Route("/v1/chat/completions", chat_completions, methods=["POST"])]
+              Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+              Route("/v1/embeddings", embeddings, methods=["POST"])]
     return Starlette(routes=routes, lifespan=lifespan,
                      exception_handlers={HTTPException: on_http_error, Exception: on_error})
 
 
-async def _collect(request: Request, r: _Request) -> Response:
+def _echo(r: _Request, i: int, text_of: TokenText) -> tuple[str, dict | None]:
+    """An echoed prompt's text and (with logprobs) its completions ``logprobs`` object."""
+    req, s = r.req, r.seqs[i]
+    lp = None
+    if req.logprobs is not None:
+        lp = completion_logprobs(text_of, s.prompt_logprobs, first=s.prompt[0])
+    return req.prompt_texts[i], lp
+
+
+def _join(a: dict | None, b: dict) -> dict:
+    """Two completions ``logprobs`` objects, ``b``'s offsets moved past ``a``'s text."""
+    if a is None:
+        return b
+    end = sum(len(t) for t in a["tokens"])
+    return {"tokens": a["tokens"] + b["tokens"], "token_logprobs": a["token_logprobs"] + b["token_logprobs"],
+            "top_logprobs": a["top_logprobs"] + b["top_logprobs"],
+            "text_offset": a["text_offset"] + [o + end for o in b["text_offset"]]}
+
+
+async def _collect(request: Request, r: _Request, text_of: TokenText) -> Response:
     """A whole completion; a client that goes away meanwhile cancels it."""
+    entries: list[list] = [[] for _ in r.seqs]
     texts = [""] * len(r.seqs)
     reasons: list[str | None] = [None] * len(r.seqs)
     checked = time.monotonic()
@@ -288,6 +348,7 @@ async def _collect(request: Request, r: _Request) -> Response:
             if ev is None:
                 continue
             texts[i] += ev.text
+            entries[i] += ev.logprobs
             if ev.finish_reason == "error":
                 return _error(APIError(500, ev.error or "internal error"))
             if ev.finish_reason is not None:
@@ -296,12 +357,23 @@ async def _collect(request: Request, r: _Request) -> Response:
         r.cancel()
     req = r.req
     if req.chat:
-        return JSONResponse(chat_body(req, texts[0], reasons[0], r.usage()))
-    return JSONResponse(completion_body(req, texts, reasons, r.usage()))
+        lp = None if req.logprobs is None else chat_logprobs(text_of, entries[0])
+        return JSONResponse(chat_body(req, texts[0], reasons[0], r.usage(), lp))
+    lps = None
+    if req.logprobs is not None:
+        lps = [completion_logprobs(text_of, e) for e in entries]
+    if req.echo:
+        for i in range(len(texts)):
+            head, head_lp = _echo(r, i, text_of)
+            texts[i] = head + texts[i]
+            if lps is not None:
+                lps[i] = _join(head_lp, lps[i])
+    return JSONResponse(completion_body(req, texts, reasons, r.usage(), lps))
 
 
-async def _stream(r: _Request) -> AsyncIterator[str]:
+async def _stream(r: _Request, text_of: TokenText) -> AsyncIterator[str]:
     req = r.req
+    echoed: set[int] = set()
     try:
         if req.chat:
             yield _sse(chat_chunk(req, {"role": "assistant", "content": ""}, None))
@@ -309,9 +381,17 @@ async def _stream(r: _Request) -> AsyncIterator[str]:
             if ev.finish_reason == "error":
                 yield _sse(error_body(APIError(500, ev.error or "internal error")))
                 break
-            if ev.text:
-                yield _sse(chat_chunk(req, {"content": ev.text}, None) if req.chat
-                           else completion_chunk(req, i, ev.text, None))
+            if req.echo and i not in echoed:  # the prompt's text (and logprobs) first: it is prefilled by now
+                echoed.add(i)
+                head, head_lp = _echo(r, i, text_of)
+                yield _sse(completion_chunk(req, i, head, None, logprobs=head_lp))
+            if ev.text or ev.logprobs:
+                if req.chat:
+                    lp = None if req.logprobs is None else chat_logprobs(text_of, ev.logprobs)
+                    yield _sse(chat_chunk(req, {"content": ev.text}, None, logprobs=lp))
+                else:
+                    lp = None if req.logprobs is None else completion_logprobs(text_of, ev.logprobs)
+                    yield _sse(completion_chunk(req, i, ev.text, None, logprobs=lp))
             if ev.finish_reason is not None:
                 yield _sse(chat_chunk(req, {}, ev.finish_reason) if req.chat
                            else completion_chunk(req, i, "", ev.finish_reason))
@@ -329,7 +409,7 @@ def engine_for_run(run, *, max_batch: int = 16, context: int | None = None, quan
     model = run.model
     if run.tokenizer is None or not hasattr(model, "forward_features") or not hasattr(model.config, "block_size"):
         raise RunError(f"{run.path} is a {run.task.name} run: tokennet serve serves language models with a "
-                       "tokenizer")
+                       "tokenizer (completions, chat) and text-embedding runs (/v1/embeddings)")
     if context is not None and context < 2:
         raise RunError(f"the context must be at least 2 tokens, got {context}")
     template = getattr(run.tokenizer, "chat_template", None)
@@ -339,7 +419,8 @@ def engine_for_run(run, *, max_batch: int = 16, context: int | None = None, quan
 
 
 def serve(run_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
-          model_name: str | None = None, max_batch: int = 16, context: int | None = None, device: str = "cpu",
+          model_name: str | list[str] | None = None, any_model_name: bool = False, max_batch: int = 16,
+          context: int | None = None, device: str = "cpu",
           log_level: str = "info", quantize: str = "none", max_queue: int | None = MAX_QUEUE,
           max_body: int = MAX_BODY) -> None:
     """Serve a language-model run over HTTP until Ctrl-C (which lets the requests in flight finish).
@@ -352,9 +433,15 @@ def serve(run_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, api
     from ..run import load
 
     run = load(run_dir, device=device)
-    engine = engine_for_run(run, max_batch=max_batch, context=context, quantize=quantize, max_queue=max_queue)
-    name = model_name or Path(run_dir).resolve().name
-    app = create_app(engine, model_name=name, api_key=api_key, max_body=max_body)
-    log.info("serving %s as model %r on http://%s:%d/v1 (batch %d, context %d%s)", run_dir, name, host, port,
-             max_batch, engine.context, "" if quantize == "none" else f", {quantize} weights")
+    name = ([model_name] if isinstance(model_name, str) else list(model_name or [])) or [Path(run_dir).resolve().name]
+    shown = " / ".join(map(repr, name)) + (" (any name accepted)" if any_model_name else "")
+    if getattr(run.task, "kind", None) == "text-embedding":  # a sentence encoder: POST /v1/embeddings
+        app = create_app(None, embedder=Embedder(run), model_name=name, api_key=api_key, max_body=max_body,
+                         any_model_name=any_model_name)
+        log.info("serving %s (text embeddings) as model %s on http://%s:%d/v1", run_dir, shown, host, port)
+    else:
+        engine = engine_for_run(run, max_batch=max_batch, context=context, quantize=quantize, max_queue=max_queue)
+        app = create_app(engine, model_name=name, api_key=api_key, max_body=max_body, any_model_name=any_model_name)
+        log.info("serving %s as model %s on http://%s:%d/v1 (batch %d, context %d%s)", run_dir, shown, host, port,
+                 max_batch, engine.context, "" if quantize == "none" else f", {quantize} weights")
     uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=None)

@@ -49,7 +49,8 @@ from ..layers import quantize as quantization
 from ..sampling import SAMPLING_EPS
 from .cache import SlotCaches
 
-__all__ = ["Engine", "Sequence", "SamplingParams", "QueueFull", "sample_rows", "SAMPLING_EPS"]
+__all__ = ["Engine", "Sequence", "SamplingParams", "QueueFull", "sample_rows", "SAMPLING_EPS", "TokenLogprob",
+           "token_logprobs"]
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,12 @@ class SamplingParams:
         stop: strings that end the text (not included in it).
         stop_ids: token ids that end the text (not included), e.g. the tokenizer's end of turn.
         seed: a seed of this sequence's own generator (None: the engine's).
+        logprobs: None = off; k >= 0: record each new token's log probability and the k most likely tokens'
+            (:class:`TokenLogprob`), from the logits the token is sampled from, before temperature, top-k/p
+            and any constraint: ``log_softmax(logits)``, the model's own distribution.
+        prompt_logprobs: also record each prompt token's (from the prefill's forward; the first has none).
+        constraint: a grammar (:mod:`.constrained`) whose ``matcher()`` masks each step's logits to the tokens
+            that keep the output valid; the sequence stops when the grammar is complete.
     """
 
     @property
@@ -83,15 +90,48 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_ids: list[int] = field(default_factory=list)
     seed: int | None = None
+    logprobs: int | None = None
+    prompt_logprobs: bool = False
+    constraint: Any = None
+
+
+@dataclass
+class TokenLogprob:
+    """One token's log probability and the ``top`` most likely tokens' ``[(id, logprob), ...]`` at its position."""
+
+    token: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
 
 
 @dataclass
 class Event:
-    """What the engine tells a sequence's owner: new ``text``; at the end, ``finish_reason`` (and ``error``)."""
+    """What the engine tells a sequence's owner: new ``text``; at the end, ``finish_reason`` (and ``error``).
+
+    ``logprobs``: the :class:`TokenLogprob` of the tokens sampled since the last event (when asked for).
+    """
 
     text: str = ""
     finish_reason: str | None = None  # "stop", "length", "cancelled" or "error"
     error: str | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+
+
+def token_logprobs(logits: Tensor, tokens: Tensor, top: list[int]) -> list[TokenLogprob]:
+    """Each row's chosen token's ``log_softmax(logits)`` and its ``top[i]`` most likely tokens.
+
+    Shapes: logits ``(R, V)``, tokens ``(R,)``; the log-softmax is taken in float32,
+    :math:`\\log p_i = z_i - \\log \\sum_j e^{z_j}`.
+    """
+    lp = torch.log_softmax(logits.float(), dim=-1)  # (R, V)
+    chosen = lp.gather(-1, tokens.clamp(min=0)[:, None])[:, 0].tolist()  # (R,)
+    k = max(top, default=0)
+    vals, ids = lp.topk(k, dim=-1) if k else (None, None)  # (R, k)
+    out = []
+    for i, t in enumerate(tokens.tolist()):
+        pairs = list(zip(ids[i, : top[i]].tolist(), vals[i, : top[i]].tolist())) if top[i] else []
+        out.append(TokenLogprob(int(t), float(chosen[i]), pairs))
+    return out
 
 
 class Sequence:
@@ -110,6 +150,10 @@ class Sequence:
         self.cancelled = False
         self.generator: torch.Generator | None = None  # of a seeded sequence, on the engine's device (submit)
         self.next_token: int | None = None  # sampled, not yet fed to the model
+        self.logprobs: list[TokenLogprob] = []  # of the sampled tokens (params.logprobs is not None)
+        self.prompt_logprobs: list[TokenLogprob] = []  # of prompt[1:] (params.prompt_logprobs)
+        self.logprobs_sent = 0
+        self.matcher = params.constraint.matcher() if params.constraint is not None else None
 
     @property
     def length(self) -> int:
@@ -350,6 +394,9 @@ class Engine:
             budget -= len(seq.prompt)
             try:
                 token = self._prefill(seq, row=len(self.running))
+                if token is None:  # nothing to generate (max_tokens 0: the prompt's log probabilities only)
+                    self._finish(seq, "length")
+                    continue
             except Exception as e:  # noqa: BLE001 - this prompt's failure (e.g. out of memory) is its own
                 log.exception("prefill failed; that sequence ends with an error")
                 self._finish(seq, "error", error=_describe(e))
@@ -381,14 +428,39 @@ class Engine:
                 best, fewest = s, n
         return best
 
-    def _prefill(self, seq: Sequence, row: int) -> int:
-        """Fill row ``row`` of the cache with the prompt; the first new token."""
+    def _prefill(self, seq: Sequence, row: int) -> int | None:
+        """Fill row ``row`` of the cache with the prompt; the first new token (None: ``max_tokens`` is 0)."""
         self.feeding = [seq]
         self.caches.plan_prefill(row, len(seq.prompt))
         ids = torch.tensor([seq.prompt], device=self.device)  # (1, P)
         h = self.net.forward_features(ids, caches=self.caches.layers)  # (1, P, D)
-        logits = self.net.forward_head(h[:, -1:])[:, -1]  # (1, V)
-        return int(sample_rows(logits, [seq.params], [seq.generator], self.generator)[0])
+        p = seq.params
+        if p.prompt_logprobs:  # every position's logits, from this same forward
+            every = self.net.forward_head(h)[0]  # (P, V)
+            if len(seq.prompt) > 1:
+                seq.prompt_logprobs = token_logprobs(every[:-1], ids[0, 1:], [p.logprobs or 0] * (len(seq.prompt) - 1))
+            logits = every[-1:]  # (1, V)
+        else:
+            logits = self.net.forward_head(h[:, -1:])[:, -1]  # (1, V)
+        if p.max_tokens == 0:
+            return None
+        return int(self._sample(logits, [seq])[0])
+
+    def _sample(self, logits: Tensor, rows: list[Sequence], errors: dict[int, str] | None = None) -> Tensor:
+        """:func:`sample_rows` after each constrained row's mask; the log probabilities of the rows that ask."""
+        masked = logits
+        if any(s.matcher is not None for s in rows):
+            masked = logits.clone()
+            for i, s in enumerate(rows):
+                if s.matcher is not None:
+                    s.matcher.mask(masked[i])
+        nxt = sample_rows(masked, [s.params for s in rows], [s.generator for s in rows], self.generator,
+                          errors=errors)
+        want = [i for i, s in enumerate(rows) if s.params.logprobs is not None and nxt[i] >= 0]
+        if want:
+            for i, e in zip(want, token_logprobs(logits[want], nxt[want], [rows[i].params.logprobs for i in want])):
+                rows[i].logprobs.append(e)
+        return nxt
 
     def _forward_rows(self, first: int, n: int) -> Tensor:
         """One decoding forward of rows ``first..first+n−1``: their next tokens' logits ``(n, V)``."""
@@ -423,8 +495,7 @@ class Engine:
         errors: dict[int, str] = {}
         try:
             logits = self._forward_rows(0, B)  # (B, V)
-            nxt = sample_rows(logits, [s.params for s in rows], [s.generator for s in rows], self.generator,
-                              errors=errors).tolist()
+            nxt = self._sample(logits, rows, errors).tolist()
         except Exception as e:  # noqa: BLE001 - find the row(s) at fault: retry the step one row at a time
             log.warning("a batched decoding step of %d rows failed (%s: %s); retrying row by row", B,
                         type(e).__name__, e)
@@ -432,7 +503,7 @@ class Engine:
             for i, s in enumerate(rows):
                 try:
                     lg = self._forward_rows(i, 1)  # (1, V)
-                    nxt[i] = int(sample_rows(lg, [s.params], [s.generator], self.generator)[0])
+                    nxt[i] = int(self._sample(lg, [s])[0])
                 except Exception as e1:  # noqa: BLE001 - this row's own failure
                     log.exception("decoding failed for one sequence; it ends with an error")
                     errors[i] = _describe(e1)
@@ -465,6 +536,8 @@ class Engine:
             self._flush(s, final=True)
             self._remove(row, "stop")
             return
+        if s.matcher is not None:
+            s.matcher.accept(token)
         s.generated.append(token)
         s.next_token = token
         text = self.tokenizer.decode(s.generated)
@@ -473,6 +546,11 @@ class Engine:
         at = first_stop(s.text, p.stop, s.sent)
         if at >= 0:
             s.text = s.text[:at]
+            self._flush(s, final=True)
+            self._remove(row, "stop")
+            return
+        if s.matcher is not None and s.matcher.done():  # the grammar is complete: nothing may follow
+            s.text = self.tokenizer.decode(s.generated)
             self._flush(s, final=True)
             self._remove(row, "stop")
             return
@@ -489,7 +567,13 @@ class Engine:
         if end > s.sent:
             piece = s.text[s.sent : end]
             s.sent = end
-            self._emit(s, Event(text=piece))
+            self._emit(s, Event(text=piece, logprobs=self._new_logprobs(s)))
+
+    @staticmethod
+    def _new_logprobs(s: Sequence) -> list[TokenLogprob]:
+        new = s.logprobs[s.logprobs_sent :]
+        s.logprobs_sent = len(s.logprobs)
+        return new
 
     def _remove(self, row: int, reason: str, *, error: str | None = None) -> None:
         s = self.running[row]
@@ -503,7 +587,7 @@ class Engine:
     def _finish(self, s: Sequence, reason: str, *, error: str | None = None) -> None:
         s.finish_reason = reason
         self.finished[reason] += 1
-        self._emit(s, Event(finish_reason=reason, error=error))
+        self._emit(s, Event(finish_reason=reason, error=error, logprobs=self._new_logprobs(s)))
 
     @staticmethod
     def _emit(s: Sequence, ev: Event) -> None:

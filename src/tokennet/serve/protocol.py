@@ -1,8 +1,9 @@
 """The OpenAI API's request fields, checked one by one, and its response bodies.
 
 Every request field a client may send is either used (``model, prompt, messages, max_tokens,
-max_completion_tokens, temperature, top_p, stop, stream, stream_options, seed, n=1``, and vLLM's
-``top_k``), accepted when it asks for nothing (``user``, ``logprobs: false``, penalties of 0, ...), or
+max_completion_tokens, temperature, top_p, stop, stream, stream_options, seed, n=1, logprobs,
+top_logprobs, echo``, and vLLM's ``top_k``), accepted when it asks for nothing (``user``, penalties of 0,
+...), or
 refused with a 400 that names it: a client must never believe a setting took effect when it did not.
 Unknown fields are ignored, as the OpenAI API ignores them. An error body is OpenAI's::
 
@@ -25,6 +26,7 @@ __all__ = ["APIError", "CompletionRequest", "MAX_PROMPTS", "parse_completion", "
            "completion_body", "chat_body", "completion_chunk", "chat_chunk", "usage"]
 
 MAX_STOP = 4
+MAX_LOGPROBS = 20  # top_logprobs / logprobs at most (OpenAI's cap)
 MAX_PROMPTS = 2048  # prompts in one completions request at most (OpenAI's limit)
 
 
@@ -53,6 +55,9 @@ class CompletionRequest:
     include_usage: bool = False
     model: str = ""
     chat: bool = False
+    logprobs: int | None = None  # None: off; k: each token's log probability and the k most likely tokens'
+    echo: bool = False  # completions: the prompt comes back before the completion (with its logprobs)
+    prompt_texts: list[str] = field(default_factory=list)  # what echo returns, one per prompt
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -91,15 +96,54 @@ def _refuse_unless(body, name, allowed: tuple, what: str) -> None:
         raise APIError(400, f"{name}={v!r} is not supported by this server ({what})", param=name)
 
 
-def _common(body: dict[str, Any], served: str, *, default_max: int | None, context: int,
-            prompt_len: int, stop_ids: list[int], extra_stop: list[str],
-            prompt_param: str) -> tuple[SamplingParams, bool, bool, str]:
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
+def check_model(model: Any, served: str | list[str], any_model: bool = False) -> str:
+    """The model name a response carries: the one the client sent when it is served (any, with
+    ``any_model``), else the first served name; a 404 naming the served names for any other."""
+    names = [served] if isinstance(served, str) else list(served)
+    if model is None:
+        return names[0]
+    if not isinstance(model, str):
         raise APIError(400, f"model must be a string, got {type(model).__name__}", param="model")
-    if model is not None and model != served:
-        raise APIError(404, f"the model {model!r} does not exist; this server serves {served!r}", param="model",
+    if model not in names and not any_model:
+        listed = ", ".join(repr(n) for n in names)
+        raise APIError(404, f"the model {model!r} does not exist; this server serves {listed} (or start it with "
+                       "--model-name NAME, or --any-model-name to accept any name)", param="model",
                        code="model_not_found")
+    return model
+
+
+def _logprobs(body: dict[str, Any], chat: bool) -> int | None:
+    """How many top tokens each token's log probability comes with (None: no log probabilities).
+
+    Chat: ``logprobs: true`` and ``top_logprobs: k``; completions: ``logprobs: k``. At most
+    :data:`MAX_LOGPROBS`.
+    """
+    lp, top = body.get("logprobs"), body.get("top_logprobs")
+    if chat:
+        if lp is not None and not isinstance(lp, bool):
+            raise APIError(400, f"logprobs must be true or false, got {lp!r}", param="logprobs")
+        if top is not None and (not _is_int(top) or not 0 <= top <= MAX_LOGPROBS):
+            raise APIError(400, f"top_logprobs must be an integer in [0, {MAX_LOGPROBS}], got {top!r}",
+                           param="top_logprobs")
+        if top and not lp:
+            raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        return int(top or 0) if lp else None
+    if top not in (None, 0):
+        raise APIError(400, "top_logprobs is a chat completions field; completions take logprobs: k",
+                       param="top_logprobs")
+    if lp is None or lp is False:
+        return None
+    if not _is_int(lp) or not 0 <= lp <= MAX_LOGPROBS:
+        raise APIError(400, f"logprobs must be an integer in [0, {MAX_LOGPROBS}] (the most likely tokens "
+                       f"returned beside each token), got {lp!r}", param="logprobs")
+    return int(lp)
+
+
+def _common(body: dict[str, Any], served: str | list[str], *, default_max: int | None, context: int,
+            prompt_len: int, stop_ids: list[int], extra_stop: list[str],
+            prompt_param: str, any_model: bool = False, chat: bool = False,
+            zero_max: bool = False) -> tuple[SamplingParams, bool, bool, str]:
+    served = check_model(body.get("model"), served, any_model)
     stream = body.get("stream", False)
     if stream is None:
         stream = False
@@ -125,9 +169,7 @@ def _common(body: dict[str, Any], served: str, *, default_max: int | None, conte
         if v is not None and (not _is_num(v) or v != 0):
             raise APIError(400, f"{name} must be 0 (penalties are not supported by this server), got {v!r}",
                            param=name)
-    _refuse_unless(body, "logprobs", (False, 0), "no log probabilities")
-    _refuse_unless(body, "top_logprobs", (0,), "no log probabilities")
-    _refuse_unless(body, "echo", (False,), "no echo")
+    logprobs = _logprobs(body, chat)
     _refuse_unless(body, "best_of", (1,), "one candidate")
     for name in ("logit_bias", "tools", "functions", "response_format", "suffix"):
         v = body.get(name)
@@ -150,14 +192,16 @@ def _common(body: dict[str, Any], served: str, *, default_max: int | None, conte
     name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = body.get(name)
     room = context - prompt_len
-    if room < 1:
+    if room < 1 and not (zero_max and room == 0 and max_tokens == 0):
         raise APIError(400, f"the prompt is {prompt_len} tokens; this model's context is {context} tokens, so "
                        "there is no room for a reply: shorten the prompt", param=prompt_param,
                        code="context_length_exceeded")
     if max_tokens is None:
         max_tokens = room if default_max is None else min(default_max, room)
-    elif not _is_int(max_tokens) or max_tokens < 1:
-        raise APIError(400, f"{name} must be a positive integer, got {max_tokens!r}", param=name)
+    elif not _is_int(max_tokens) or max_tokens < (0 if zero_max else 1):
+        what = "a non-negative integer (0 with echo: the prompt's log probabilities only)" if zero_max else \
+            "a positive integer"
+        raise APIError(400, f"{name} must be {what}, got {max_tokens!r}", param=name)
     elif max_tokens > room:
         raise APIError(400, f"this model's context is {context} tokens; the prompt is {prompt_len} tokens and "
                        f"{name}={max_tokens} asks for {prompt_len + max_tokens}: lower {name} to at most {room} "
@@ -165,7 +209,8 @@ def _common(body: dict[str, Any], served: str, *, default_max: int | None, conte
     params = SamplingParams(max_tokens=int(max_tokens), temperature=temperature, top_p=top_p,
                             top_k=min(max(0, int(top_k or 0)), 2**31 - 1),  # past the vocabulary = off
                             stop=list(stop) + list(extra_stop or []),
-                            stop_ids=list(stop_ids), seed=None if seed is None else int(seed))
+                            stop_ids=list(stop_ids), seed=None if seed is None else int(seed),
+                            logprobs=logprobs)
     return params, stream, include_usage, served
 
 
@@ -197,15 +242,30 @@ def _prompts(body: dict[str, Any], tokenizer, vocab: int) -> list[list[int]]:
     return out
 
 
-def parse_completion(body: dict[str, Any], *, tokenizer, served: str, context: int, vocab: int,
-                     stop_ids: list[int]) -> CompletionRequest:
-    """``POST /v1/completions``: one sequence per prompt (OpenAI's default ``max_tokens`` is 16)."""
+def parse_completion(body: dict[str, Any], *, tokenizer, served: str | list[str], context: int, vocab: int,
+                     stop_ids: list[int], any_model: bool = False) -> CompletionRequest:
+    """``POST /v1/completions``: one sequence per prompt (OpenAI's default ``max_tokens`` is 16).
+
+    ``echo: true`` returns each prompt before its completion; with ``logprobs: k`` also the prompt tokens'
+    log probabilities (the first token's is null), so ``max_tokens: 0, echo: true, logprobs: 1`` scores a
+    text, as ``lm-eval``'s ``local-completions`` backend does.
+    """
+    echo = body.get("echo")
+    if echo is not None and not isinstance(echo, bool):
+        raise APIError(400, f"echo must be true or false, got {echo!r}", param="echo")
     prompts = _prompts(body, tokenizer, vocab)
     longest = max(len(p) for p in prompts)
     params, stream, include_usage, model = _common(body, served, default_max=16, context=context,
                                                    prompt_len=longest, stop_ids=stop_ids, extra_stop=[],
-                                                   prompt_param="prompt")
-    return CompletionRequest(prompts, params, stream, include_usage, model)
+                                                   prompt_param="prompt", any_model=any_model, zero_max=bool(echo))
+    params.prompt_logprobs = bool(echo) and params.logprobs is not None
+    texts = []
+    if echo:
+        p = body["prompt"]
+        items = [p] if isinstance(p, str) or (p and _is_int(p[0])) else p
+        texts = [x if isinstance(x, str) else tokenizer.decode(x, skip_special=False) for x in items]
+    return CompletionRequest(prompts, params, stream, include_usage, model, logprobs=params.logprobs,
+                             echo=bool(echo), prompt_texts=texts)
 
 
 def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
@@ -237,7 +297,8 @@ def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
     return out
 
 
-def parse_chat(body: dict[str, Any], *, tokenizer, served: str, context: int, stop_ids: list[int]) -> CompletionRequest:
+def parse_chat(body: dict[str, Any], *, tokenizer, served: str | list[str], context: int, stop_ids: list[int],
+               any_model: bool = False) -> CompletionRequest:
     """``POST /v1/chat/completions``: the conversation rendered with the run's chat template, one reply."""
     from ..data.chats import chat_stop_strings, render_chat
     from ..errors import DataError
@@ -253,8 +314,9 @@ def parse_chat(body: dict[str, Any], *, tokenizer, served: str, context: int, st
     ids = tokenizer.encode(prompt) or [tokenizer.bos_id]
     params, stream, include_usage, model = _common(body, served, default_max=None, context=context,
                                                    prompt_len=len(ids), stop_ids=stop_ids,
-                                                   extra_stop=chat_stop_strings(tokenizer), prompt_param="messages")
-    return CompletionRequest([ids], params, stream, include_usage, model, chat=True)
+                                                   extra_stop=chat_stop_strings(tokenizer), prompt_param="messages",
+                                                   any_model=any_model, chat=True)
+    return CompletionRequest([ids], params, stream, include_usage, model, chat=True, logprobs=params.logprobs)
 
 
 # -- responses ---------------------------------------------------------------------------------------
@@ -263,21 +325,77 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def completion_body(req: CompletionRequest, texts: list[str], reasons: list[str], use: dict) -> dict[str, Any]:
+class TokenText:
+    """Each token id's text (``decode([id])``, special tokens included), remembered."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.memo = tokenizer, {}
+
+    def __call__(self, token: int) -> str:
+        t = self.memo.get(token)
+        if t is None:
+            t = self.memo[token] = self.tokenizer.decode([token], skip_special=False)
+        return t
+
+
+def completion_logprobs(text_of: TokenText, entries: list, *, first: int | None = None,
+                        offset: int = 0) -> dict[str, Any]:
+    """Completions' ``logprobs`` object: ``tokens, token_logprobs, top_logprobs, text_offset``.
+
+    ``entries`` are :class:`~tokennet.serve.engine.TokenLogprob`; ``first``: a token before them with no
+    log probability (an echoed prompt's first token: null, as OpenAI's). ``text_offset`` counts characters of
+    the returned text from ``offset``.
+    """
+    tokens, lps, tops, offsets = [], [], [], []
+    at = offset
+    if first is not None:
+        tokens.append(text_of(first))
+        lps.append(None)
+        tops.append(None)
+        offsets.append(at)
+        at += len(tokens[-1])
+    for e in entries:
+        tokens.append(text_of(e.token))
+        lps.append(e.logprob)
+        top: dict[str, float] = {}
+        for t, lp in e.top:  # two ids with one text: the likelier one's
+            top.setdefault(text_of(t), lp)
+        tops.append(top)
+        offsets.append(at)
+        at += len(tokens[-1])
+    return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
+
+
+def chat_logprobs(text_of: TokenText, entries: list) -> dict[str, Any]:
+    """Chat's ``logprobs`` object: ``{"content": [{token, logprob, bytes, top_logprobs}], "refusal": null}``."""
+
+    def one(t: int, lp: float) -> dict[str, Any]:
+        s = text_of(t)
+        return {"token": s, "logprob": lp, "bytes": list(s.encode("utf-8", "surrogatepass"))}
+
+    return {"content": [{**one(e.token, e.logprob), "top_logprobs": [one(t, lp) for t, lp in e.top]}
+                        for e in entries], "refusal": None}
+
+
+def completion_body(req: CompletionRequest, texts: list[str], reasons: list[str], use: dict,
+                    logprobs: list | None = None) -> dict[str, Any]:
     return {"id": f"cmpl-{req.id}", "object": "text_completion", "created": req.created, "model": req.model,
-            "choices": [{"index": i, "text": t, "logprobs": None, "finish_reason": r}
+            "choices": [{"index": i, "text": t, "logprobs": None if logprobs is None else logprobs[i],
+                         "finish_reason": r}
                         for i, (t, r) in enumerate(zip(texts, reasons))], "usage": use}
 
 
-def chat_body(req: CompletionRequest, text: str, reason: str, use: dict) -> dict[str, Any]:
+def chat_body(req: CompletionRequest, text: str, reason: str, use: dict, logprobs: dict | None = None,
+              message: dict | None = None) -> dict[str, Any]:
+    msg = message or {"role": "assistant", "content": text}
     return {"id": f"chatcmpl-{req.id}", "object": "chat.completion", "created": req.created, "model": req.model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+            "choices": [{"index": 0, "message": msg, "logprobs": logprobs,
                          "finish_reason": reason}], "usage": use}
 
 
 def completion_chunk(req: CompletionRequest, index: int, text: str, reason: str | None,
-                     use: dict | None = None) -> dict[str, Any]:
-    choices = [] if index < 0 else [{"index": index, "text": text, "logprobs": None, "finish_reason": reason}]
+                     use: dict | None = None, logprobs: dict | None = None) -> dict[str, Any]:
+    choices = [] if index < 0 else [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason}]
     out = {"id": f"cmpl-{req.id}", "object": "text_completion", "created": req.created, "model": req.model,
            "choices": choices}
     if use is not None or req.include_usage:
@@ -285,9 +403,9 @@ def completion_chunk(req: CompletionRequest, index: int, text: str, reason: str 
     return out
 
 
-def chat_chunk(req: CompletionRequest, delta: dict[str, str] | None, reason: str | None,
-               use: dict | None = None) -> dict[str, Any]:
-    choices = [] if delta is None else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}]
+def chat_chunk(req: CompletionRequest, delta: dict[str, Any] | None, reason: str | None,
+               use: dict | None = None, logprobs: dict | None = None) -> dict[str, Any]:
+    choices = [] if delta is None else [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": reason}]
     out = {"id": f"chatcmpl-{req.id}", "object": "chat.completion.chunk", "created": req.created,
            "model": req.model, "choices": choices}
     if use is not None or req.include_usage:
