@@ -24,7 +24,7 @@ from tokennet.interop.lm_eval import TokennetLM  # noqa: E402
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "lm_eval"
-TINY = ["dim=32", "num_layers=1", "num_heads=2", "block_size=48", "batch_size=8", "eval_iters=1", "sample_tokens=0",
+TINY = ["dim=32", "num_layers=1", "num_heads=2", "block_size=64", "batch_size=8", "eval_iters=1", "sample_tokens=0",
         "eval_interval=0"]
 
 
@@ -74,14 +74,14 @@ def _req(kind, args, i=0):
 def test_loglikelihood_equals_the_model(run):
     lm = TokennetLM(run, batch_size=3)
     pairs = [("To be, or not to", " be"), ("ROMEO:\nBut soft", ", what light"), ("a", "bcdefg" * 3),
-             ("First Citizen:\nBefore we proceed any further, hear me speak. " * 2, " All: Speak, speak.")]
+             ("First Citizen:\nBefore we proceed any further, hear me speak. " * 3, " All: Speak, speak.")]
     got = lm.loglikelihood([_req("loglikelihood", p, i) for i, p in enumerate(pairs)])
     for (c, k), (lp, greedy) in zip(pairs[:3], got[:3]):
         want, want_greedy = _logprob(run, c, k)
         assert lp == pytest.approx(want, abs=1e-4) and greedy == want_greedy
-    # a context longer than the model's 48 tokens is cut on the left, as lm-eval does for every model
+    # a context longer than the model's 64 tokens is cut on the left, as lm-eval does for every model
     c, k = pairs[3]
-    ids = run.tokenizer.encode(c + k)[-49:]
+    ids = run.tokenizer.encode(c + k)[-65:]
     x = torch.tensor([ids])
     with torch.no_grad():
         logp = torch.log_softmax(run.model(x[:, :-1]).logits[0].float(), -1)
@@ -152,3 +152,80 @@ def test_tokennet_lm_eval_command(run, tmp_path, capsys):
     assert main(["lm-eval", "--model", "tokennet", "--model_args", f"run={tmp_path / 'nothing'}", "--tasks",
                  "shakespeare_mc", "--include_path", str(d)]) == 2
     assert "no such run directory" in capsys.readouterr().err
+
+
+# -- the other path: lm-eval's local-completions backend against tokennet serve -------------------------------
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def served(run):
+    """``tokennet serve`` of the run, in a thread (as tests/serve/test_app.py does), as model ``tiny``."""
+    import threading
+    import time
+
+    uvicorn = pytest.importorskip("uvicorn")
+    from tokennet.serve.app import create_app, engine_for_run
+
+    app = create_app(engine_for_run(run, max_batch=4), model_name="tiny")
+    port = _free_port()
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    t = threading.Thread(target=srv.run, daemon=True)
+    t.start()
+    deadline = time.time() + 20
+    while not srv.started:
+        assert time.time() < deadline and t.is_alive(), "the server did not start"
+        time.sleep(0.02)
+    yield f"http://127.0.0.1:{port}"
+    srv.should_exit = True
+    t.join(10)
+
+
+def _scores(res) -> list[list[float]]:
+    return [[r[0][0] for r in s["resps"]] for s in sorted(res["samples"]["shakespeare_mc"], key=lambda s: s["doc_id"])]
+
+
+def test_local_completions_against_serve_gives_the_same_accuracy(run, served, tmp_path):
+    """``--model local-completions`` (echo + logprobs over HTTP, the server's /tokenize) = ``--model tokennet``."""
+    pytest.importorskip("requests")
+    tasks = TaskManager(include_path=str(task_dir(tmp_path / "tasks", 30)), include_defaults=False)
+    common = {"tasks": ["shakespeare_mc"], "task_manager": tasks, "log_samples": True}
+    native = lm_eval.simple_evaluate(model="tokennet", model_args={"run": str(run.path)}, device="cpu", **common)
+    api = lm_eval.simple_evaluate(model="local-completions", model_args={
+        "base_url": f"{served}/v1/completions", "model": "tiny", "max_length": 64, "max_retries": 1}, **common)
+    for key in ("acc,none", "acc_norm,none"):
+        assert api["results"]["shakespeare_mc"][key] == native["results"]["shakespeare_mc"][key]
+    # the same log-likelihood for every (question, choice): the same tokens, the same model, another forward
+    a, n = _scores(api), _scores(native)
+    assert len(a) == len(n) == 30
+    for x, y in zip(a, n):
+        assert x == pytest.approx(y, abs=1e-3)
+
+
+def test_tokenizer_routes(run, served):
+    """/tokenize, /detokenize, /tokenizer_info: what lm-eval's remote tokenizer reads."""
+    import http.client
+
+    def call(method, path, body=None):
+        c = http.client.HTTPConnection(served.removeprefix("http://"), timeout=30)
+        c.request(method, path, body=None if body is None else json.dumps(body),
+                  headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        out = r.status, json.loads(r.read())
+        c.close()
+        return out
+
+    status, got = call("POST", "/tokenize", {"prompt": "To be, or not", "add_special_tokens": False})
+    assert status == 200 and got["tokens"] == run.tokenizer.encode("To be, or not") and got["count"] == 13
+    assert call("POST", "/detokenize", {"tokens": got["tokens"]}) == (200, {"prompt": "To be, or not"})
+    status, info = call("GET", "/tokenizer_info")
+    assert status == 200 and "eos_token" in info and info["max_model_len"] == 64
+    assert call("POST", "/tokenize", {"prompt": 3})[0] == 400
+    assert call("POST", "/detokenize", {"tokens": [10 ** 9]})[0] == 400

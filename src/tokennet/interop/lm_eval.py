@@ -1,4 +1,4 @@
-"""A tokennet run as a model of EleutherAI's evaluation harness (``lm-eval``): ``--model tokennet --model_args run=DIR``.
+"""A tokennet run as a model of EleutherAI's evaluation harness (lm-eval): ``--model tokennet --model_args run=DIR``.
 
 lm-eval asks a model three things; for a causal language model over tokens ``x_1 … x_n`` they are
 
@@ -36,6 +36,10 @@ try:
     from lm_eval.api.model import TemplateLM
     from lm_eval.api.registry import register_model
     from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+    # lm-eval fills its registry with its own models only while the registry is empty: register them first,
+    # or ours would hide them all (local-completions, hf, ...)
+    import lm_eval.models  # noqa: F401
 except ImportError as e:  # pragma: no cover - only without lm-eval
     raise ImportError("tokennet's lm-eval model needs the evaluation harness: pip install lm-eval") from e
 

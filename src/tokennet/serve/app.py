@@ -61,6 +61,7 @@ from .protocol import (
     parse_json,
     usage,
 )
+from .tokenizer_routes import tokenizer_routes
 
 __all__ = ["create_app", "serve", "engine_for_run"]
 
@@ -306,6 +307,8 @@ def create_app(engine: Engine | None, *, model_name: str | list[str], api_key: s
               Route("/v1/completions", completions, methods=["POST"]),
               Route("/v1/chat/completions", chat_completions, methods=["POST"]),
               Route("/v1/embeddings", embeddings, methods=["POST"])]
+    routes += tokenizer_routes(tok, context=engine.context if engine is not None else None, vocab=vocab,
+                               check_key=check_key, read_body=body_of, error=_error)  # lm-eval's remote tokenizer
     return Starlette(routes=routes, lifespan=lifespan,
                      exception_handlers={HTTPException: on_http_error, Exception: on_error})
 

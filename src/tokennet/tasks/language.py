@@ -180,7 +180,7 @@ class LanguageModel(Task):
                 rows = [ids[b:b + w + 1] for b, _ in chunk]
                 n = max(len(r) for r in rows)
                 x = torch.full((len(rows), n), -1, dtype=torch.long)
-                for r, (row, (_, first)) in enumerate(zip(rows, chunk)):
+                for r, row in enumerate(rows):
                     x[r, :len(row)] = torch.tensor(row)
                 inp, tgt = x[:, :-1].clamp(min=0), x[:, 1:].clone()  # (B, n-1); -1 = padding, ignored
                 for r, (_, first) in enumerate(chunk):
