@@ -81,15 +81,17 @@ def tokenizer_routes(tok, *, context: int | None, vocab: int | None, check_key: 
             return error(e)
         return JSONResponse({"prompt": tok.decode(ids)})
 
-    info = {"eos_token": _special(tok, "eos_id"), "bos_token": _special(tok, "bos_id"),
-            "pad_token": _special(tok, "pad_id"), "chat_template": getattr(tok, "chat_template", None),
-            "vocab_size": tok.vocab_size, "max_model_len": context}
+    info: dict[str, Any] = {}  # made on the first request (creating the app tokenizes nothing)
 
     async def tokenizer_info(request: Request) -> Response:
         try:
             check_key(request)
         except APIError as e:
             return error(e)
+        if not info:
+            info.update({"eos_token": _special(tok, "eos_id"), "bos_token": _special(tok, "bos_id"),
+                         "pad_token": _special(tok, "pad_id"), "chat_template": getattr(tok, "chat_template", None),
+                         "vocab_size": tok.vocab_size, "max_model_len": context})
         return JSONResponse(info)
 
     return [Route("/tokenize", tokenize, methods=["POST"]), Route("/detokenize", detokenize, methods=["POST"]),
