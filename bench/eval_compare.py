@@ -10,7 +10,7 @@ last 10% of the corpus, the gpt-char recipe's validation split; its first ``--ch
 - ``shakespeare_mc`` (bench/lm_eval, 200 line completions, 4 choices): lm-eval's accuracy through the
   native ``tokennet`` model and through ``local-completions`` against ``tokennet serve`` (they must agree).
 
-    python bench/eval_compare.py [--gpt-run DIR | --train-seconds 120] [--chars 30000]
+    python bench/eval_compare.py [--gpt-run DIR | --train-iters 600] [--chars 30000]
                                  [--out bench/results/eval_compare.json]
 
 Prints a markdown table; writes the JSON with the command, the git commit and the machine. Needs
@@ -100,7 +100,8 @@ def mc_accuracy(run_dir: Path, limit: int | None) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpt-run", type=Path, help="a trained gpt run (default: train gpt-char on Tiny Shakespeare)")
-    ap.add_argument("--train-seconds", type=float, default=120.0, help="time budget of that training (default 120)")
+    ap.add_argument("--train-iters", type=int, default=600,
+                    help="steps of that training (default 600; steps, not seconds: the same run on any machine)")
     ap.add_argument("--chars", type=int, default=30_000, help="characters of held-out text evaluated (default 30000)")
     ap.add_argument("--limit", type=int, default=None, help="questions of shakespeare_mc (default: all 200)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "eval_compare.json")
@@ -120,8 +121,8 @@ def main() -> None:
         tokennet("import", str(gguf), "--out", str(work / "smollm2"))
         runs["SmolLM2-135M-Instruct (GGUF, imported)"] = work / "smollm2"
     if args.gpt_run is None:
-        tokennet("train", "gpt-char", "--out", str(work / "gpt"), "--time-budget", str(args.train_seconds),
-                 "--set", "sample_tokens=0")
+        tokennet("train", "gpt-char", "--out", str(work / "gpt"), "--max-iters", str(args.train_iters),
+                 "--time-budget", "1e9", "--set", "sample_tokens=0")  # steps decide
         args.gpt_run = work / "gpt"
     runs[f"gpt-char ({args.gpt_run.name}, trained here)"] = args.gpt_run
     results = {"benchmark": "eval_compare", "command": " ".join(["python", "bench/eval_compare.py", *sys.argv[1:]]),
