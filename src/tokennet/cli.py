@@ -117,9 +117,15 @@ def _add_eval(sub) -> None:
                        description="Evaluate a trained run on its own held-out split, or on --data. An "
                        "imported language model (`tokennet import`) has no split of its own: --data FILE is required, "
                        "and its next-token loss and perplexity on that text file are printed (non-overlapping "
-                       "windows of up to 1,024 tokens, at most 262,144 tokens read).")
+                       "windows of up to 1,024 tokens, at most 262,144 tokens read), with bits per byte "
+                       "(comparable across tokenizers). --stride S: sliding-window perplexity on --data, for any "
+                       "language-model run (each window starts S tokens after the last, so every token is "
+                       "predicted from at least window - S tokens before it).")
     p.add_argument("run_dir")
     p.add_argument("--data", help="evaluate on this data instead of the run's validation split")
+    p.add_argument("--stride", type=int, default=None, metavar="S",
+                   help="sliding-window perplexity and bits per byte on the text file --data: windows of "
+                   "min(1024, context) tokens every S tokens (S = the window: non-overlapping)")
     p.add_argument("--device", default="auto")
 
 
@@ -348,7 +354,26 @@ def build_parser() -> argparse.ArgumentParser:
     _add_export(sub)
     _add_embed(sub)
     _add_serve(sub)
+    _add_lm_eval(sub)
     return parser
+
+
+def _add_lm_eval(sub) -> None:
+    sub.add_parser("lm-eval", add_help=False, help="EleutherAI's evaluation harness with the tokennet model registered",
+                   description="tokennet lm-eval ARGS...: lm-eval's own command line (pip install lm-eval) with "
+                   "`--model tokennet --model_args run=DIR` available; every argument goes to lm-eval unchanged, "
+                   "e.g. `tokennet lm-eval --model tokennet --model_args run=runs/gpt --tasks shakespeare_mc "
+                   "--include_path bench/lm_eval`. (lm-eval's own `lm-eval` command cannot find tokennet's model: "
+                   "it has no plugin discovery.)")
+
+
+def cmd_lm_eval(argv: list[str]) -> int:
+    """Every argument to lm-eval's command line, after importing tokennet's lm-eval model (which registers it)."""
+    try:
+        from .interop.lm_eval import main as lm_eval_main
+    except ImportError as e:
+        raise CLIError(f"tokennet lm-eval needs the evaluation harness: pip install lm-eval ({e})") from None
+    return lm_eval_main(argv)
 
 
 def _version() -> str:
@@ -495,6 +520,13 @@ def cmd_eval(args) -> int:
     from .recipes import get_recipe
 
     run = _load_run(args.run_dir, resolve_device(args.device))
+    if args.stride is not None:  # a sliding window over a text file: any language-model run, trained or imported
+        if args.data is None:
+            raise CLIError("--stride needs --data FILE: the text file to slide the window over")
+        if not hasattr(run.task, "evaluate_text"):
+            raise CLIError(f"--stride applies to language-model runs; {args.run_dir} is a {run.task.name} run")
+        print(json.dumps(run.task.evaluate(run, args.data, stride=args.stride), indent=2))
+        return 0
     recipe = None
     if run.recipe not in (None, "import"):
         try:
@@ -665,6 +697,12 @@ def main(argv: list[str] | None = None) -> int:
     except TokennetError as e:
         print(f"tokennet: error: {str(e).strip().splitlines()[0]}", file=sys.stderr)
         return 2
+    if argv[:1] == ["lm-eval"]:  # lm-eval parses its own arguments (argparse cannot pass "--model ..." through)
+        try:
+            return cmd_lm_eval(argv[1:])
+        except (CLIError, TokennetError) as e:
+            print(f"tokennet: error: {str(e).strip().splitlines()[0]}", file=sys.stderr)
+            return 2
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:

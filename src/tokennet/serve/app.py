@@ -5,6 +5,8 @@ Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (``stream: true`
 ``GET /health`` (no key needed). A text-embedding run (an imported sentence encoder) serves
 ``POST /v1/embeddings`` instead of the completions (:mod:`.embeddings`); each route on the other kind of run
 is a 400 that says which runs serve it. With an API key every ``/v1`` route needs ``Authorization: Bearer KEY``.
+``GET /`` is a chat page for a language model (:mod:`.chat_page`); ``POST /tokenize``, ``POST /detokenize`` and
+``GET /tokenizer_info`` expose the tokenizer, as lm-eval's ``local-completions`` reads it (:mod:`.tokenizer_routes`).
 
 Every request becomes one engine :class:`~tokennet.serve.engine.Sequence` per prompt; the engine's
 thread hands each new piece of text to the request's asyncio queue (``call_soon_threadsafe``), so the
@@ -42,6 +44,7 @@ from starlette.routing import Route
 
 from ..errors import RunError
 from ..tokens.chat_template import check_chat_template
+from .chat_page import chat_page_route
 from .embeddings import Embedder, embeddings_body, parse_embeddings
 from .engine import Engine, Event, QueueFull, Sequence
 from .protocol import (
@@ -61,6 +64,7 @@ from .protocol import (
     parse_json,
     usage,
 )
+from .tokenizer_routes import tokenizer_routes
 from .tools import parse_tool_calls
 
 __all__ = ["create_app", "serve", "engine_for_run"]
@@ -312,6 +316,10 @@ def create_app(engine: Engine | None, *, model_name: str | list[str], api_key: s
               Route("/v1/completions", completions, methods=["POST"]),
               Route("/v1/chat/completions", chat_completions, methods=["POST"]),
               Route("/v1/embeddings", embeddings, methods=["POST"])]
+    if engine is not None:  # GET /: the chat page (a language model; an embedding run has nothing to chat with)
+        routes.append(chat_page_route(names[0], engine.context))
+    routes += tokenizer_routes(tok, context=engine.context if engine is not None else None, vocab=vocab,
+                               check_key=check_key, read_body=body_of, error=_error)  # lm-eval's remote tokenizer
     return Starlette(routes=routes, lifespan=lifespan,
                      exception_handlers={HTTPException: on_http_error, Exception: on_error})
 

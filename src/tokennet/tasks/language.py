@@ -194,29 +194,43 @@ class LanguageModel(Task):
         val = run.data.held_out(run.tokenizer, run.model.config.block_size)
         return {"prompt": run.tokenizer.decode(val[:8].tolist()) or "\n"}
 
-    def evaluate(self, run: Run, data: str | None) -> dict[str, Any]:
-        """``tokennet eval`` of an imported language model: loss and perplexity on the text file ``data``."""
+    def evaluate(self, run: Run, data: str | None, *, stride: int | None = None) -> dict[str, Any]:
+        """``tokennet eval`` of a language model on the text file ``data``: loss, perplexity and bits per byte.
+
+        ``stride`` (``tokennet eval --stride``): the sliding-window evaluation of :meth:`evaluate_text`
+        (None: non-overlapping windows).
+        """
         if data is None:
             raise RunError(f"{run.path} is an imported checkpoint with no held-out split of its own: give a text "
                            "file to measure its loss and perplexity on")
         p = Path(data)
         if not p.is_file():
             raise RunError(f"{data}: no such file")
-        metrics = self.evaluate_text(run, p.read_text(encoding="utf-8", errors="replace"))
+        metrics = self.evaluate_text(run, p.read_text(encoding="utf-8", errors="replace"), stride=stride)
         if metrics["truncated"]:
             log.warning("%s is longer than 262,144 tokens: evaluated on its first 262,144", data)
         return metrics
 
     @verb
-    def evaluate_text(self, run: Run, text: str, *, window: int = 1024, max_tokens: int = 262_144,
-                      batch_size: int = 8) -> dict[str, float]:
-        """Next-token loss and perplexity of the model on ``text`` (e.g. an imported checkpoint on a file).
+    def evaluate_text(self, run: Run, text: str, *, window: int = 1024, stride: int | None = None,
+                      max_tokens: int = 262_144, batch_size: int = 8) -> dict[str, Any]:
+        """Next-token loss, perplexity and bits per byte of the model on ``text`` (e.g. a run on a file).
 
-        The text is tokenized with the run's tokenizer (with the special tokens it adds itself), cut into
-        non-overlapping windows of ``min(window, block_size)`` + 1 tokens, and every token after the first
-        of a window is predicted from the ones before it in that window: loss = mean over all those
-        tokens of −log p(token | window prefix), perplexity = exp(loss). At most ``max_tokens`` tokens are
-        read (``truncated`` says whether the text was longer).
+        The text is tokenized with the run's tokenizer (with the special tokens it adds itself) into
+        ``x_0 … x_{n-1}``; every token after the first is predicted exactly once. The model reads windows of
+        ``w = min(window, block_size)`` tokens starting every ``stride`` tokens (``s``, default ``w``):
+        window k reads ``x_{ks} … x_{ks+w-1}`` and scores only the targets no earlier window scored, so each
+        of them is predicted from at least ``w − s`` tokens before it (Hugging Face's sliding-window
+        perplexity, https://huggingface.co/docs/transformers/perplexity, with its ``max_length`` = w + 1).
+        ``s = w``: non-overlapping windows; a smaller ``s`` gives more context and costs ``w / s`` times the
+        compute.
+
+            loss = (1/(n−1)) Σ_{t≥1} −ln p(x_t | x_{<t} in its window),   perplexity = exp(loss)
+            bits_per_byte = Σ_t −log₂ p(x_t | …) / (UTF-8 bytes of the text)
+
+        Bits per byte does not depend on how a tokenizer cuts the text, so models with different
+        vocabularies compare on it. At most ``max_tokens`` tokens are read (``truncated`` says whether the
+        text was longer; the bytes are then those of the tokens read).
         """
         model, tok = run.model, run.tokenizer
         if tok is None:
@@ -225,23 +239,38 @@ class LanguageModel(Task):
         truncated = len(ids) > max_tokens
         ids = ids[:max_tokens]
         w = min(window, model.config.block_size)
+        s = w if stride is None else stride
+        if not 1 <= s <= w:
+            raise RunError(f"the stride must be between 1 and the window of {w} tokens, got {s}")
         if len(ids) < 2:
             raise RunError("the text is shorter than two tokens: nothing to predict")
-        starts = list(range(0, len(ids) - 1, w))
+        n_bytes = len((tok.decode(ids) if truncated else text).encode("utf-8"))
+        # (begin, first): window from x_begin; its targets x_{begin+1+j} count for j >= first (not scored before)
+        windows, scored = [], 0  # scored: the index of the last target scored so far
+        for b in range(0, len(ids) - 1, s):
+            windows.append((b, scored - b))
+            scored = min(b + w, len(ids) - 1)
+            if scored == len(ids) - 1:
+                break
         dev = run.device
         total, count = 0.0, 0
         with torch.no_grad():
-            for i in range(0, len(starts), batch_size):
-                chunk = [ids[s:s + w + 1] for s in starts[i:i + batch_size]]
-                n = max(len(c) for c in chunk)
-                x = torch.full((len(chunk), n), -1, dtype=torch.long)
-                for r, c in enumerate(chunk):
-                    x[r, :len(c)] = torch.tensor(c)
-                inp, tgt = x[:, :-1].clamp(min=0).to(dev), x[:, 1:].to(dev)  # (B, n-1); -1 = padding, ignored
-                logits = model(inp).logits.float()
+            for i in range(0, len(windows), batch_size):
+                chunk = windows[i:i + batch_size]
+                rows = [ids[b:b + w + 1] for b, _ in chunk]
+                n = max(len(r) for r in rows)
+                x = torch.full((len(rows), n), -1, dtype=torch.long)
+                for r, row in enumerate(rows):
+                    x[r, :len(row)] = torch.tensor(row)
+                inp, tgt = x[:, :-1].clamp(min=0), x[:, 1:].clone()  # (B, n-1); -1 = padding, ignored
+                for r, (_, first) in enumerate(chunk):
+                    tgt[r, :first] = -1  # scored by an earlier window, with less context
+                logits = model(inp.to(dev)).logits.float()
+                tgt = tgt.to(dev)
                 loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tgt.flatten(), ignore_index=-1,
                                                          reduction="sum")
                 total += float(loss)
                 count += int((tgt >= 0).sum())
         mean = total / count
-        return {"loss": mean, "perplexity": math.exp(mean), "tokens": count, "window": w, "truncated": truncated}
+        return {"loss": mean, "perplexity": math.exp(mean), "bits_per_byte": total / math.log(2) / n_bytes,
+                "tokens": count, "bytes": n_bytes, "window": w, "stride": s, "truncated": truncated}
