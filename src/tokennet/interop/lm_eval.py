@@ -33,13 +33,12 @@ import torch.nn.functional as F
 from ..errors import RunError
 
 try:
-    from lm_eval.api.model import TemplateLM
-    from lm_eval.api.registry import register_model
-    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
-
     # lm-eval fills its registry with its own models only while the registry is empty: register them first,
     # or ours would hide them all (local-completions, hf, ...)
     import lm_eval.models  # noqa: F401
+    from lm_eval.api.model import TemplateLM
+    from lm_eval.api.registry import register_model
+    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 except ImportError as e:  # pragma: no cover - only without lm-eval
     raise ImportError("tokennet's lm-eval model needs the evaluation harness: pip install lm-eval") from e
 

@@ -15,8 +15,9 @@ The matcher is **llguidance** (https://github.com/guidance-ai/llguidance): chose
 on Linux, outlines-core nothing but builds an index of the whole vocabulary per schema: about 1 s for
 SmolLM2's 49,152 tokens), compiles a schema in about a millisecond (xgrammar: tens of ms), runs on the CPU
 offline, and costs per token about what xgrammar costs, outlines-core several times more
-(``bench/constrained_backends.py``; the whole server's cost: ``bench/serve.py --modes constrained``). Whitespace between JSON tokens is not free (``{"a":1}``, not ``{ "a" : 1 }``): a
-sampling model cannot wander in whitespace forever.
+(``bench/constrained_backends.py``; the whole server's cost: ``bench/serve.py --modes constrained``).
+Whitespace between JSON tokens is not free (``{"a":1}``, not ``{ "a" : 1 }``): a sampling model cannot
+wander in whitespace forever.
 
 A schema llguidance cannot compile (an unknown type, a bad pattern, an unsatisfiable schema) is a
 :class:`ValueError` naming the problem; the server answers it with a 400.
