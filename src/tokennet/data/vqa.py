@@ -512,6 +512,8 @@ class QASet:
         templates: each question's template (per-template metrics).
         boxes: per question, the ``(top, left, height, width)`` pixel boxes of the objects it is about
             (generated scenes; empty for a user's data).
+        other_boxes: per question, the boxes of the picture's other animals (those it is not about; generated
+            scenes): the control that tells looking at *the asked* animal from looking at animals at all.
     """
 
     images: Tensor
@@ -519,6 +521,7 @@ class QASet:
     answers: Tensor
     templates: list[str]
     boxes: list[list[tuple[int, int, int, int]]] = field(default_factory=list)
+    other_boxes: list[list[tuple[int, int, int, int]]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.questions)
@@ -529,7 +532,8 @@ def _qaset(items: Sequence[Item], answers: Sequence[str], image_size: int, seed:
     images = torch.from_numpy(np.stack([render(it.scene, image_size, seed=zlib.crc32(f"{seed}-{i}".encode()))
                                         for i, it in enumerate(items)]))
     return QASet(images, [it.question for it in items], torch.tensor([index[it.answer] for it in items]),
-                 [it.template for it in items], [[a.box for a in it.about] for it in items])
+                 [it.template for it in items], [[a.box for a in it.about] for it in items],
+                 [[a.box for a in it.scene.animals if a not in it.about] for it in items])
 
 
 # -- the user's own pictures ---------------------------------------------------------------------------------------

@@ -46,6 +46,25 @@ from .registry import CountsParameters, Output, TransformerConfig, register_fami
 __all__ = ["VQATransformerConfig", "VQATransformer", "VQACNNConfig", "VQACNN", "MODALITY_MASKS"]
 
 MODALITY_MASKS = ("full", "image-first")
+PATCH_STEMS = ("linear", "conv")
+
+
+class ConvPatchStem(nn.Module):
+    """A two-level patch embedding: ``x → GELU(conv_{s×s, stride s}(x)) → conv_{p/s × p/s, stride p/s}``,
+    images ``(B, C, H, W)`` → tokens ``(B, N, D)`` row-major, one per ``p × p`` patch (``s = 4`` when it divides
+    ``p``, else 2 or 1). The first layer's units see ``s × s`` pixels and, through the nonlinearity, can tell
+    "this much red here" from "this shape here"; a linear embedding ``x_p E`` cannot: an animal's pixels are
+    ``α ⊙ (colour − background)``, so ``x_p E`` is bilinear in shape ``α`` and colour, one vector for both."""
+
+    def __init__(self, in_channels: int, dim: int, patch_size: int, hidden: int):
+        super().__init__()
+        sub = next(s for s in (4, 2, 1) if patch_size % s == 0)
+        self.conv1 = nn.Conv2d(in_channels, hidden, sub, sub)
+        self.conv2 = nn.Conv2d(hidden, dim, patch_size // sub, patch_size // sub)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.conv2(F.gelu(self.conv1(x)))  # (B, D, H/p, W/p)
+        return h.flatten(2).transpose(1, 2)  # (B, N, D)
 def _standardize(config, images: Tensor) -> Tensor:
     """``(x − μ) / σ`` per channel, with the data's pixel statistics (``pixel_mean``, ``pixel_std``): the
     background becomes ≈ 0 and an animal a large signal, where raw pixels would give every patch token the
@@ -124,6 +143,8 @@ class VQATransformerConfig(TransformerConfig, defaults=dict(dim=64, num_layers=3
     max_question_len: int = 12
     modality_mask: str = "full"
     sink: bool = True
+    patch_stem: str = "linear"
+    stem_channels: int = 32
     pixel_mean: list[float] = field(default_factory=lambda: list(PIXEL_MEAN))
     pixel_std: list[float] = field(default_factory=lambda: list(PIXEL_STD))
     label_smoothing: float = 0.0
@@ -136,6 +157,8 @@ class VQATransformerConfig(TransformerConfig, defaults=dict(dim=64, num_layers=3
                        max_question_len=self.max_question_len, dim=self.dim, num_layers=self.num_layers,
                        num_heads=self.num_heads)
         self._choice("modality_mask", self.modality_mask, MODALITY_MASKS)
+        self._choice("patch_stem", self.patch_stem, PATCH_STEMS)
+        self._positive(stem_channels=self.stem_channels)
         self._mlp_and_backend()
         self._fraction(dropout=self.dropout, label_smoothing=self.label_smoothing)
         if self.dim % self.num_heads:
@@ -168,7 +191,8 @@ class VQATransformer(CountsParameters, nn.Module):
     def __init__(self, config: VQATransformerConfig):
         super().__init__()
         self.config = c = config
-        self.patch_embed = PatchEmbed(c.in_channels, c.dim, c.patch_size)
+        self.patch_embed = (PatchEmbed(c.in_channels, c.dim, c.patch_size) if c.patch_stem == "linear"
+                            else ConvPatchStem(c.in_channels, c.dim, c.patch_size, c.stem_channels))
         self.word_emb = nn.Embedding(c.vocab_size, c.dim, padding_idx=0)
         self.summary = nn.Parameter(torch.zeros(1, 1, c.dim))
         self.sink = nn.Parameter(torch.randn(1, 1, c.dim) * POSITION_STD) if c.sink else None

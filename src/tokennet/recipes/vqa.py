@@ -70,7 +70,7 @@ from ..data.vqa import GENERATED, AnimalQuestions, QABatches, QASet, tokenize_qu
 from ..errors import RecipeError
 from ..lifecycle import BuildContext, Job, Recipe, register_recipe
 from ..models.registry import create_model
-from ..tasks.vqa import attention_mass, exact_match
+from ..tasks.vqa import attention_mass, attention_vs_others, exact_match, patch_grouping, sink_weights
 from ..train.trainer import Trainer
 
 __all__ = ["evaluate", "train_baseline", "BASELINES"]
@@ -164,6 +164,34 @@ def evaluate_run(run, data) -> dict[str, Any]:
     out: dict[str, Any] = {**evaluate(run.model, spec, qa), "test_size": len(qa)}
     if hasattr(run.model, "question_attention"):
         out.update(attention_mass(run.model, qa, spec.words))
+        out.update(attention_vs_others(run.model, qa, spec.words))
+        out.update(patch_grouping(run.model, qa, spec.words))
+        out.update(sink_summary(sink_weights(run.model, _count_questions(spec, qa), spec.words)))
+    return out
+
+
+def _count_questions(spec: AnimalQuestions, qa: QASet) -> QASet:
+    """The test set's count questions, and the held-out counts' (all the ``k`` a counter must handle)."""
+    unseen = spec.unseen_counts() if spec.generated else None
+    keep = [i for i, t in enumerate(qa.templates) if t in ("count", "count_colour")]
+    parts = [(qa, keep)] + ([(unseen, list(range(len(unseen))))] if unseen is not None and len(unseen) else [])
+    return QASet(torch.cat([q.images[i] for q, i in parts]), [q.questions[j] for q, i in parts for j in i],
+                 torch.cat([q.answers[i] for q, i in parts]), [q.templates[j] for q, i in parts for j in i],
+                 [q.boxes[j] for q, i in parts for j in i] if qa.boxes else [],
+                 [q.other_boxes[j] for q, i in parts for j in i] if qa.other_boxes else [])
+
+
+def sink_summary(sw: dict[str, Any]) -> dict[str, float]:
+    """:func:`~tokennet.tasks.vqa.sink_weights` as flat metrics: the head whose sink weight tracks ``1/(k+1)``
+    best (``sink_head`` = ``layer + head / 10``, e.g. ``2.1``), its correlation ``sink_vs_inverse_count_r``, its
+    mean weight per count ``sink_weight_k<k>`` and the largest gap from ``1/(k+1)``, ``sink_max_gap``."""
+    if not sw:
+        return {}
+    best = sw["heads"][sw["best"]]
+    layer, head = sw["best"].split(".")
+    out = {"sink_head": float(f"{layer}.{head}"), "sink_vs_inverse_count_r": best["r"]}
+    out.update({f"sink_weight_k{k}": w for k, w in best["by_k"].items()})
+    out["sink_max_gap"] = round(max(abs(w - 1 / (k + 1)) for k, w in best["by_k"].items()), 4)
     return out
 
 
