@@ -84,7 +84,7 @@ __all__ = [
     "SPECIES", "PLURAL", "COLOURS", "CORNERS", "TEMPLATES", "ANSWERS", "IMAGE_SIZE", "GRID", "CELL",
     "Animal", "Scene", "Item", "QASet", "AnimalQuestions", "held_out_kinds", "held_out_counts", "render",
     "sample_item", "sample_items", "question_words", "tokenize_question", "encode_questions",
-    "write_question_dir", "read_question_dir", "ANSWERS_FILE",
+    "write_question_dir", "read_question_dir", "ANSWERS_FILE", "object_patches",
 ]
 
 IMAGE_SIZE = 64
@@ -499,6 +499,18 @@ def encode_questions(questions: Sequence[str], words: Sequence[str], max_len: in
             raise DataError(f"the question {q!r} has {len(toks)} words; the model takes at most {max_len}")
         out[b, :len(toks)] = torch.tensor([index[w] for w in toks])
     return out
+
+
+def object_patches(boxes, grid: tuple[int, int], patch: int) -> list[int]:
+    """The patches (row-major on ``grid``) that a pixel box ``(top, left, height, width)`` of any of ``boxes``
+    overlaps."""
+    gh, gw = grid
+    out = set()
+    for top, left, h, w in boxes:
+        for r in range(max(0, top // patch), min(gh, (top + h - 1) // patch + 1)):
+            for c in range(max(0, left // patch), min(gw, (left + w - 1) // patch + 1)):
+                out.add(r * gw + c)
+    return sorted(out)
 
 
 # -- a set of questions, as tensors ---------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ only its receptive field, and the answer is the mean of the units' votes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 import torch.nn.functional as F
@@ -46,7 +46,8 @@ from .registry import CountsParameters, Output, TransformerConfig, register_fami
 __all__ = ["VQATransformerConfig", "VQATransformer", "VQACNNConfig", "VQACNN", "MODALITY_MASKS"]
 
 MODALITY_MASKS = ("full", "image-first")
-PATCH_STEMS = ("linear", "conv")
+PATCH_STEMS = ("linear", "conv", "conv+colour")
+CNN_READOUTS = ("mean", "coords")
 
 
 class ConvPatchStem(nn.Module):
@@ -65,6 +66,24 @@ class ConvPatchStem(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         h = self.conv2(F.gelu(self.conv1(x)))  # (B, D, H/p, W/p)
         return h.flatten(2).transpose(1, 2)  # (B, N, D)
+
+
+class PatchColour(nn.Module):
+    """A patch's colour, apart from its shape: with ``w = ‖x̂_pixel‖`` (standardized pixels: ≈ 0 on the
+    background), the foreground's mean colour ``Σ w x̂ / Σ w`` (3 numbers, whatever the shape) and how much of the
+    patch is foreground, ``mean w`` — 4 numbers per patch, embedded by one linear map: ``(B, C, H, W) → (B, N, D)``."""
+
+    def __init__(self, in_channels: int, dim: int, patch_size: int):
+        super().__init__()
+        self.p = patch_size
+        self.proj = nn.Linear(in_channels + 1, dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        w = x.norm(dim=1, keepdim=True)  # (B, 1, H, W)
+        mass = F.avg_pool2d(w, self.p)  # (B, 1, H/p, W/p)
+        colour = F.avg_pool2d(w * x, self.p) / mass.clamp_min(1e-3)  # (B, C, H/p, W/p)
+        f = torch.cat([colour, mass], 1).flatten(2).transpose(1, 2)  # (B, N, C + 1)
+        return self.proj(f)
 def _standardize(config, images: Tensor) -> Tensor:
     """``(x − μ) / σ`` per channel, with the data's pixel statistics (``pixel_mean``, ``pixel_std``): the
     background becomes ≈ 0 and an animal a large signal, where raw pixels would give every patch token the
@@ -193,6 +212,7 @@ class VQATransformer(CountsParameters, nn.Module):
         self.config = c = config
         self.patch_embed = (PatchEmbed(c.in_channels, c.dim, c.patch_size) if c.patch_stem == "linear"
                             else ConvPatchStem(c.in_channels, c.dim, c.patch_size, c.stem_channels))
+        self.patch_colour = PatchColour(c.in_channels, c.dim, c.patch_size) if c.patch_stem == "conv+colour" else None
         self.word_emb = nn.Embedding(c.vocab_size, c.dim, padding_idx=0)
         self.summary = nn.Parameter(torch.zeros(1, 1, c.dim))
         self.sink = nn.Parameter(torch.randn(1, 1, c.dim) * POSITION_STD) if c.sink else None
@@ -231,7 +251,10 @@ class VQATransformer(CountsParameters, nn.Module):
         bag = (words.sum(1) / n_words)[:, None]  # (B, 1, D)
         head = [self.summary + bag] + ([self.sink.expand(B, 1, -1)] if self.sink is not None else [])
         text = torch.cat([*head, words], 1) + self.text_pos + self.type_emb[0]  # (B, num_text, D)
-        patches = self.patch_embed(_standardize(c, images)) + self.patch_pos + self.type_emb[1]  # (B, N, D)
+        x = _standardize(c, images)
+        patches = self.patch_embed(x) + self.patch_pos + self.type_emb[1]  # (B, N, D)
+        if self.patch_colour is not None:
+            patches = patches + self.patch_colour(x)
         z = torch.cat([text, patches], 1)  # (B, L, D)
         is_pad = torch.cat([torch.zeros(B, len(head), dtype=torch.bool, device=z.device), questions == 0,
                             torch.zeros(B, c.num_patches, dtype=torch.bool, device=z.device)], 1)  # (B, L)
@@ -284,6 +307,9 @@ class VQACNNConfig(ConvTrunkConfig):
         question_dim: the GRU's hidden width (the question vector FiLM reads).
         pixel_mean, pixel_std: per-channel statistics the images are standardized with (from the data).
         label_smoothing: the loss's label smoothing.
+        readout: ``"mean"`` (global average pooling, then linear: where a unit is, is lost) or ``"coords"``
+            (two coordinate channels, ``y`` and ``x`` in [−1, 1], appended to the image as FiLM's own model
+            does — every unit knows where its field is — then the same pooling).
     """
 
     image_size: int = 64
@@ -295,10 +321,12 @@ class VQACNNConfig(ConvTrunkConfig):
     pixel_mean: list[float] = field(default_factory=lambda: list(PIXEL_MEAN))
     pixel_std: list[float] = field(default_factory=lambda: list(PIXEL_STD))
     label_smoothing: float = 0.0
+    readout: str = "mean"
 
     def __post_init__(self):
         self.family = "vqa-cnn"
         self._check_trunk()
+        self._choice("readout", self.readout, CNN_READOUTS)
         _check_pixels(self)
         self._positive(image_size=self.image_size, vocab_size=self.vocab_size, num_answers=self.num_answers,
                        max_question_len=self.max_question_len, word_dim=self.word_dim,
@@ -315,7 +343,9 @@ class VQACNN(CountsParameters, nn.Module):
         self.config = c = config
         self.word_emb = nn.Embedding(c.vocab_size, c.word_dim, padding_idx=0)
         self.gru = nn.GRU(c.word_dim, c.question_dim, batch_first=True)
-        self.trunk = ConvTrunk(c)
+        coords = c.readout == "coords"
+        trunk = {f.name: getattr(c, f.name) for f in fields(ConvTrunkConfig) if f.init}
+        self.trunk = ConvTrunk(ConvTrunkConfig(**{**trunk, "in_channels": c.in_channels + 2}) if coords else c)
         self.channels = self.trunk.film_channels()
         self.film = nn.Linear(c.question_dim, 2 * sum(self.channels))
         self.head = nn.Linear(self.trunk.out_channels, c.num_answers)
@@ -350,7 +380,13 @@ class VQACNN(CountsParameters, nn.Module):
     def forward_features(self, inputs) -> Tensor:
         """The conditioned feature map ``(B, C', H', W')``."""
         images, questions = _check_inputs(self.config, inputs)
-        return self.trunk(_standardize(self.config, images), self.films(questions))
+        x = _standardize(self.config, images)
+        if self.config.readout == "coords":
+            B, _, H, W = x.shape
+            yy = torch.linspace(-1, 1, H, device=x.device)[:, None].expand(H, W)
+            xx = torch.linspace(-1, 1, W, device=x.device)[None, :].expand(H, W)
+            x = torch.cat([x, torch.stack([yy, xx])[None].expand(B, 2, H, W)], 1)  # (B, C + 2, H, W)
+        return self.trunk(x, self.films(questions))
 
     def forward_head(self, h: Tensor) -> Tensor:
         return self.head(h.mean((2, 3)))  # (B, A): the mean of the units' linear votes

@@ -204,7 +204,7 @@ register_recipe(Recipe(
     data=AnimalQuestions,
     default_data=GENERATED,
     options={"baselines": True, "cnn_lr": 3e-3},
-    model_defaults={},
+    model_defaults={"patch_stem": "conv", "stem_channels": 48},
     train_defaults={"max_iters": 3000, "batch_size": 64, "lr": 3e-3, "warmup_iters": 100, "eval_interval": 1000,
                     "weight_decay": 0.05, "log_interval": 50, "optimizer": "muon", "muon_lr": 0.02},
     evaluate_run=evaluate_run,

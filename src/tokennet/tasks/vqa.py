@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from ..data.image_files import read_images
-from ..data.vqa import QASet, encode_questions
+from ..data.vqa import QASet, encode_questions, object_patches
 from ..errors import DataError, RunError
 from ..viz.vqa import question_rollout
 from .base import HELP, Input, Option, Task, as_paths, image_file_bad_inputs, register_task, verb
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from ..run import Run
 
 __all__ = ["VisualQuestionAnswering", "predict", "exact_match", "attention_mass", "attention_vs_others",
-           "sink_weights", "patch_grouping", "question_rollout", "object_patches", "load_question_images"]
+           "sink_weights", "patch_grouping", "two_corner_picture", "question_rollout", "object_patches", "load_question_images"]
 
 EVAL_BATCH = 250
 
@@ -56,18 +56,6 @@ def exact_match(model, qa: QASet, words, max_len: int, *, prefix: str = "") -> d
         sel = torch.tensor([x == t for x in qa.templates])
         out[f"{prefix}exact_match_{t}"] = round(100.0 * float(hit[sel].mean()), 3)
     return out
-
-
-def object_patches(boxes, grid: tuple[int, int], patch: int) -> list[int]:
-    """The patches (row-major on ``grid``) that a pixel box ``(top, left, height, width)`` of any of ``boxes``
-    overlaps."""
-    gh, gw = grid
-    out = set()
-    for top, left, h, w in boxes:
-        for r in range(max(0, top // patch), min(gh, (top + h - 1) // patch + 1)):
-            for c in range(max(0, left // patch), min(gw, (left + w - 1) // patch + 1)):
-                out.add(r * gw + c)
-    return sorted(out)
 
 
 SPARSE = 2  # questions about at most this many objects: where "looking at them" can be far above their share
@@ -263,6 +251,25 @@ def patch_grouping(model, qa: QASet, words, *, limit: int = 200) -> dict[str, fl
     return out
 
 
+def _subset(qa: QASet, idx: list[int]) -> QASet:
+    return QASet(qa.images[idx], [qa.questions[i] for i in idx], qa.answers[idx], [qa.templates[i] for i in idx],
+                 [qa.boxes[i] for i in idx] if qa.boxes else [], [qa.other_boxes[i] for i in idx] if qa.other_boxes
+                 else [])
+
+
+def two_corner_picture(qa: QASet, corners=("top right", "bottom left")):
+    """The first picture of ``qa`` with animals in both ``corners``: ``(index, {corner: box})``, or None. A box's
+    cell is ``(top // 16, left // 16)`` (an animal sits inside its 16-pixel cell)."""
+    from ..data.vqa import CELL, CORNERS
+
+    for i in range(len(qa)):
+        boxes = (qa.boxes[i] if qa.boxes else []) + (qa.other_boxes[i] if qa.other_boxes else [])
+        at = {(b[0] // CELL, b[1] // CELL): b for b in boxes}
+        if all(CORNERS[k] in at for k in corners):
+            return i, {k: at[CORNERS[k]] for k in corners}
+    return None
+
+
 # -- inputs -----------------------------------------------------------------------------------------------------
 def load_question_images(paths, image_size: int) -> torch.Tensor:
     """RGB image files of the model's size as ``(B, 3, H, W)``; another size or a grey image (the answers depend on
@@ -346,6 +353,8 @@ class VisualQuestionAnswering(Task):
 
         spec = self._spec(run)
         files = []
+        if index is None and image is None and run.family != "vqa-cnn":
+            files += self._extras(run, spec, Path(out_dir))
         for k, (x, q, expected, boxes) in enumerate(self._items(run, index, image, question)):
             got = self.answer(run, x[None], q)[0]
             if run.family == "vqa-cnn":
@@ -354,6 +363,29 @@ class VisualQuestionAnswering(Task):
                 files.append(draw_transformer_item(run.model, spec, x, q, got, expected, boxes,
                                                    Path(out_dir) / f"question_attention_{k}.png", layer=layer,
                                                    head=head))
+        return files
+
+    def _extras(self, run: Run, spec, out_dir: Path) -> list[Path]:
+        """``two_questions.png`` (one held-out picture asked about two corners), ``sink_curve.png`` (the sink's
+        weight against the count) and, with patches smaller than an animal, ``patch_grouping.png``."""
+        from ..viz.vqa import draw_patch_grouping, draw_sink_curve, draw_two_questions
+
+        qa, c, files = run.data.held_out(), run.model.config, []
+        pick = two_corner_picture(qa)
+        if pick is not None:
+            i, corner_boxes = pick
+            qs = [f"what species is the {name} animal?" for name in corner_boxes]
+            got = self.answer(run, qa.images[i][None], qs)
+            files.append(draw_two_questions(run.model, spec, qa.images[i], qs, got,
+                                            [[b] for b in corner_boxes.values()], out_dir / "two_questions.png"))
+        counts = [i for i, t in enumerate(qa.templates) if t in COUNT_TEMPLATES]
+        sw = sink_weights(run.model, _subset(qa, counts), spec.words) if counts else {}
+        if sw:
+            files.append(draw_sink_curve(sw, out_dir / "sink_curve.png"))
+        if qa.boxes and c.patch_size < 16:
+            i = max(range(min(len(qa), 50)), key=lambda j: len(qa.boxes[j]) + len(qa.other_boxes[j]))
+            files.append(draw_patch_grouping(run.model, spec, qa.images[i], qa.questions[i],
+                                             qa.boxes[i] + qa.other_boxes[i], out_dir / "patch_grouping.png"))
         return files
 
     def panel(self, run: Run, log) -> list[tuple[str, str]]:
