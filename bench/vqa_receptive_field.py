@@ -194,10 +194,13 @@ def run(args) -> int:
     spec = AnimalQuestions(seed=args.seed).filled()
     mean, std = spec.pixel_stats()
     data = {"vocab_size": len(spec.words), "num_answers": len(spec.answers), "pixel_mean": mean, "pixel_std": std}
+    from tokennet.recipes import get_recipe
+
+    transformer = {**data, **get_recipe("vqa").model_defaults}  # the recipe's transformer (its patch stem)
     torch.manual_seed(args.seed)
-    budget = create_model("vqa-transformer", **data).num_parameters()
+    budget = create_model("vqa-transformer", **transformer).num_parameters()
     batches, test = CornerBatches(spec, args.batch_size, 12), corner_test(spec, args.test_size)
-    plans = [("transformer", None, {**data})] if not args.no_transformer else []
+    plans = [("transformer", None, transformer)] if not args.no_transformer else []
     plans += [("cnn", f, cnn_settings(f, args.via, budget, data, args.readout)) for f in args.fields]
     rows = []
     for kind, f, settings in plans:

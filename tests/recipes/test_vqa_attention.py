@@ -114,3 +114,35 @@ def test_a_patch_size_that_does_not_divide_the_image_is_refused_in_one_line():
     assert "\n" not in str(e.value)
     with pytest.raises(TokennetError, match="patch_stem"):
         VQATransformerConfig(patch_stem="resnet")
+
+
+def _bench():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "vqa_receptive_field.py"
+    spec = importlib.util.spec_from_file_location("vqa_receptive_field", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_receptive_field_sweep_builds_its_fields_and_refuses_one_it_cannot_in_one_line(capsys):
+    from tokennet.models.registry import create_model
+
+    b = _bench()
+    data = {"vocab_size": 32, "num_answers": 22}
+    for f in b.FIELDS:
+        s = b.cnn_settings(f, "depth", 150_000, data, "coords")
+        m = create_model("vqa-cnn", **s)
+        assert m.receptive_field().size == f and abs(m.num_parameters() - 150_000) < 15_000
+    assert create_model("vqa-cnn", **b.cnn_settings(52, "dilation", 150_000, data, "coords")).receptive_field().size == 52
+    m = create_model("vqa-cnn", **b.cnn_settings(20, "depth", 150_000, data, "coords"))
+    assert m(m.example_input()).logits.shape == (2, 22)  # the coordinate channels go in with the image
+    for argv, fragment in [(["--fields", "30"], "cannot be built by depth"),
+                           (["--fields", "92", "--via", "dilation"], "cannot be built by dilation"),
+                           (["--via", "width"], "--via must be"), (["--readout", "max"], "--readout must be")]:
+        capsys.readouterr()
+        assert b.main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and fragment in err, err

@@ -35,6 +35,33 @@ def test_metrics_per_template_for_the_transformer_and_both_cnns(run_dir):
     assert m["attention_mass_ratio"] > 0 and m["test_size"] == 24
 
 
+def test_eval_recomputes_the_saved_metrics_and_viz_draws_two_questions_and_the_sink(run_dir, tmp_path, capsys):
+    m = json.loads((run_dir / "metrics.json").read_text())
+    for k in ("attention_vs_other_animals", "attention_image_share", "sink_vs_inverse_count_r",
+              "attention_vs_other_animals_same_species"):
+        assert k in m, k
+    capsys.readouterr()
+    assert main(["eval", str(run_dir)]) == 0
+    fresh = json.loads(capsys.readouterr().out)
+    assert fresh and all(m[k] == v for k, v in fresh.items()), {k: (m.get(k), v) for k, v in fresh.items()
+                                                               if m.get(k) != v}
+    capsys.readouterr()
+    assert main(["viz", str(run_dir), "--out", str(tmp_path / "viz")]) == 0
+    names = {p.name for p in (tmp_path / "viz").iterdir()}
+    assert {"two_questions.png", "sink_curve.png", "question_attention_0.png"} <= names, names
+
+
+def test_eight_pixel_patches_measure_how_an_animals_patches_group(tmp_path):
+    _, m = train("vqa", out=tmp_path / "p8", sets={**TINY, "patch_size": 8, "baselines": False, "report": False},
+                 device="cpu")
+    assert m["patch_grouping_ratio"] > 0 and "patch_grouping_ratio_layer0" in m
+    from tokennet.errors import TokennetError
+
+    with pytest.raises(TokennetError, match="must divide"):
+        train("vqa", out=tmp_path / "p12", sets={**TINY, "patch_size": 12}, device="cpu")
+    assert not (tmp_path / "p12").exists()
+
+
 def test_answer_from_python_and_from_the_cli(run_dir, tmp_path, capsys):
     from PIL import Image
 
