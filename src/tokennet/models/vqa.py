@@ -9,6 +9,12 @@ the image is tokens, and one generic encoder processes the sequence (single-stre
     z_ℓ = z_ℓ + MSA(LN(z_ℓ)),  z_ℓ = z_ℓ + MLP(LN(z_ℓ))       L pre-norm blocks
     answer = argmax Linear(LN(z_L^q))                          read from the question's summary token
 
+The patch embedding ``x̂_p E`` is linear (``patch_stem="linear"``, the model's default) or two-level
+(``"conv"``, the ``vqa`` recipe's default, :class:`ConvPatchStem`): ``GELU(conv_4×4/4(x̂))`` then a
+conv over the patch's 4 × 4 cells — an animal's pixels are ``α ⊙ (colour − background)``, which a linear map
+turns into one vector bilinear in shape and colour; the nonlinearity lets the token hold the two apart.
+``"conv+colour"`` adds :class:`PatchColour`, the foreground's mean colour as its own 4 numbers.
+
 Row ``q`` of each layer's ``A = softmax(Q Kᵀ / √E)`` is where the question looks: its query is matched
 against the keys of the patch tokens. Choices made for learning that routing in CPU minutes (the ``vqa``
 recipe's docstring says which of them were measured, and how): the summary token starts as
@@ -24,7 +30,9 @@ default) lets every token attend to every token.
 question, and FiLM (Perez et al. 2018, https://arxiv.org/abs/1709.07871) conditions every block of a conv
 trunk on it — ``h ← (1 + γ(q)) ⊙ h + β(q)`` — followed by global average pooling and one linear layer
 (:mod:`tokennet.models.cnn`). The question changes *what every filter computes*, but every unit still sees
-only its receptive field, and the answer is the mean of the units' votes.
+only its receptive field, and the answer is the mean of the units' votes. ``readout="coords"`` appends two
+coordinate channels to the image (as FiLM's own model does), so a unit's vote can depend on where it is:
+the receptive-field sweep (``bench/vqa_receptive_field.py``) uses it, so that pooling is not what fails.
 """
 
 from __future__ import annotations
@@ -146,6 +154,9 @@ class VQATransformerConfig(TransformerConfig, defaults=dict(dim=64, num_layers=3
         max_question_len: most words in a question.
         dim, num_layers, num_heads, mlp_ratio, dropout: the encoder.
         modality_mask: ``"full"`` or ``"image-first"`` (patches attend only to patches).
+        patch_stem: ``"linear"`` (``x_p E``), ``"conv"`` (:class:`ConvPatchStem`) or ``"conv+colour"`` (that
+            plus :class:`PatchColour`).
+        stem_channels: the conv stem's hidden channels.
         sink: a learned sink token after the summary token: a key every query can put weight on, so that
             attention that picks ``k`` objects among the patches can say how many (its weight on the sink
             falls as ``k`` grows; see ``tokennet demo counting``, where the same trick is built by hand).
