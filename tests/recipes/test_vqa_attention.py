@@ -136,7 +136,8 @@ def test_the_receptive_field_sweep_builds_its_fields_and_refuses_one_it_cannot_i
         s = b.cnn_settings(f, "depth", 150_000, data, "coords")
         m = create_model("vqa-cnn", **s)
         assert m.receptive_field().size == f and abs(m.num_parameters() - 150_000) < 15_000
-    assert create_model("vqa-cnn", **b.cnn_settings(52, "dilation", 150_000, data, "coords")).receptive_field().size == 52
+    dilated = create_model("vqa-cnn", **b.cnn_settings(52, "dilation", 150_000, data, "coords"))
+    assert dilated.receptive_field().size == 52
     m = create_model("vqa-cnn", **b.cnn_settings(20, "depth", 150_000, data, "coords"))
     assert m(m.example_input()).logits.shape == (2, 22)  # the coordinate channels go in with the image
     for argv, fragment in [(["--fields", "30"], "cannot be built by depth"),

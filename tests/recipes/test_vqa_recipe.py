@@ -162,4 +162,7 @@ def test_a_trained_run_looks_at_the_objects_it_is_asked_about(tmp_path):
             "progress": False, "report": False}
     _, m = train("vqa", out=tmp_path / "vqa", sets=sets, device="cpu")
     assert m["attention_mass_ratio"] >= 2.5, m  # 1 = looking everywhere alike
+    # Against the picture's other animals (1 = looking at every animal alike, whatever was asked).
+    assert m["attention_vs_other_animals"] >= ATTENTION_VS_OTHERS, m
+    assert m["attention_vs_other_animals_same_species"] >= ATTENTION_VS_OTHERS, m
     assert m["exact_match"] > 55 and m["exact_match_count"] > 60 and m["exact_match_colour"] > 60, m  # chance: 10-20

@@ -10,7 +10,9 @@ the held-out counts are asked only by a test set of their own (``unseen_count``)
 directory of your own pictures and questions (``answers.tsv``; the format is in :mod:`tokennet.data.vqa`).
 
 The model (:class:`~tokennet.models.vqa.VQATransformer`): the question's words and the image's 16×16
-patches in one sequence, one encoder, the answer read from the question's summary token. After training,
+patches in one sequence, one encoder, the answer read from the question's summary token; a patch is embedded
+by a two-level conv stem (``patch_stem="conv"``, 48 hidden channels: the recipe's default, measured below)
+instead of one linear map. After training,
 with ``baselines=true`` (the default), two CNNs answer the same questions, trained on the same batches for
 the same number of steps, each with about the transformer's parameter count (``cnn_lr`` their peak rate):
 
@@ -26,8 +28,16 @@ the same number of steps, each with about the transformer's parameter count (``c
 ``…receptive_field`` and ``…num_parameters``, and ``attention_mass_ratio``: on the questions about one or
 two objects, the share of the question's rolled-out attention over the patches that falls on the patches
 of those objects, divided by their share of the image (per template and per layer too;
-:func:`~tokennet.tasks.vqa.attention_mass`). ``tokennet eval``
-recomputes the transformer's figures from the saved run; the CNNs' come from training (they are not saved).
+:func:`~tokennet.tasks.vqa.attention_mass`); ``attention_vs_other_animals`` (``…_<template>``, ``…_layer<ℓ>``):
+the mass on one asked animal over the mass on one of the picture's *other* animals — 1 for a model that looks
+at every animal alike whatever is asked, the control ``attention_mass_ratio`` lacks — and
+``attention_image_share``, the share of the question's attention that reaches the image
+(:func:`~tokennet.tasks.vqa.attention_vs_others`); the learned counter, ``sink_weight_k<k>``: the mean weight
+on the sink of the head that tracks ``1/(k+1)`` best (``sink_head``, correlation ``sink_vs_inverse_count_r``,
+``sink_max_gap`` from the curve; :func:`~tokennet.tasks.vqa.sink_weights`) over the test set's count questions
+and the held-out counts; with patches smaller than an animal (``patch_size=8``), ``patch_grouping_ratio``
+(:func:`~tokennet.tasks.vqa.patch_grouping`). ``tokennet eval`` recomputes the transformer's figures from the
+saved run (the same numbers as ``metrics.json``); the CNNs' come from training (they are not saved).
 
 **Measured** (``tokennet train vqa``, the defaults: 3000 steps of 64, seed 0, 1 thread; the recipe has no
 time budget, so the steps are exact on any machine; held-out test set of 2000 questions; exact match in %;

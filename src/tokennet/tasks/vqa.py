@@ -31,7 +31,8 @@ if TYPE_CHECKING:
     from ..run import Run
 
 __all__ = ["VisualQuestionAnswering", "predict", "exact_match", "attention_mass", "attention_vs_others",
-           "sink_weights", "patch_grouping", "two_corner_picture", "question_rollout", "object_patches", "load_question_images"]
+           "sink_weights", "patch_grouping", "two_corner_picture", "question_rollout", "object_patches",
+           "load_question_images"]
 
 EVAL_BATCH = 250
 

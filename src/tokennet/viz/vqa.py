@@ -17,8 +17,8 @@ from torch import Tensor
 from ..data.vqa import encode_questions, object_patches
 from .attention_maps import attention_rollout, patch_map, pyplot, save_figure, select, show_image
 
-__all__ = ["question_rollout", "draw_transformer_item", "draw_cnn_item", "overlay", "draw_two_questions", "draw_sink_curve",
-           "draw_patch_grouping"]
+__all__ = ["question_rollout", "draw_transformer_item", "draw_cnn_item", "overlay", "draw_two_questions",
+           "draw_sink_curve", "draw_patch_grouping"]
 
 
 def question_rollout(maps: list[Tensor], num_text: int) -> Tensor:
@@ -133,7 +133,8 @@ def draw_two_questions(model, spec, image: Tensor, questions, answers, boxes, pa
     plt = pyplot()
     fig, axes = plt.subplots(1, len(questions), figsize=(2.9 * len(questions), 3.3), squeeze=False)
     for j, (text, got, b) in enumerate(zip(questions, answers, boxes, strict=True)):
-        overlay(axes[0, j], image, patch_map(roll[j], *geom), b, f"on the asked animal {float(roll[j][_patches(c, b)].sum()):.2f}")
+        on = float(roll[j][_patches(c, b)].sum())
+        overlay(axes[0, j], image, patch_map(roll[j], *geom), b, f"on the asked animal {on:.2f}")
         axes[0, j].set_title(f"{text}\n→ {got}", fontsize=7)
     fig.suptitle("the same picture, two questions: where the summary token looks (rollout)", fontsize=8)
     fig.tight_layout()
