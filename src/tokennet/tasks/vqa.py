@@ -385,8 +385,12 @@ class VisualQuestionAnswering(Task):
             files.append(draw_sink_curve(sw, out_dir / "sink_curve.png"))
         if qa.boxes and c.patch_size < 16:
             i = max(range(min(len(qa), 50)), key=lambda j: len(qa.boxes[j]) + len(qa.other_boxes[j]))
+            by_layer = {int(k.rsplit("layer", 1)[1]): v for k, v in (run.metrics or {}).items()
+                        if k.startswith("patch_grouping_ratio_layer")}
+            layer = max(by_layer, key=by_layer.get) if by_layer else c.num_layers - 1  # the layer that groups most
             files.append(draw_patch_grouping(run.model, spec, qa.images[i], qa.questions[i],
-                                             qa.boxes[i] + qa.other_boxes[i], out_dir / "patch_grouping.png"))
+                                             qa.boxes[i] + qa.other_boxes[i], out_dir / "patch_grouping.png",
+                                             layer=layer))
         return files
 
     def panel(self, run: Run, log) -> list[tuple[str, str]]:
