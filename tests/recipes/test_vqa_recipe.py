@@ -15,6 +15,11 @@ from tokennet.tasks.vqa import attention_mass, object_patches
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
+# The slow test's floor for attention_vs_other_animals (and on the corner pairs): the default 3000-step transformer
+# of seed 0 measured 2.04 (2.75 on the corner pairs) on 2000 test questions (bench/results/vqa_transformer.json;
+# a 1500-step conv-stem run 2.99 and 4.06). The goal is 3; this floor is what was measured, less a margin.
+ATTENTION_VS_OTHERS = 1.5
+
 TINY = {"dim": 32, "num_layers": 1, "num_heads": 2, "batch_size": 16, "max_iters": 4, "eval_interval": 0,
         "warmup_iters": 1, "test_size": 24, "unseen_size": 8, "val_size": 8, "progress": False}
 
@@ -33,6 +38,33 @@ def test_metrics_per_template_for_the_transformer_and_both_cnns(run_dir):
         assert 0 <= m[f"{prefix}exact_match"] <= 100
     assert m["cnn_receptive_field"] >= 64 > 32 >= m["shallow_cnn_receptive_field"]
     assert m["attention_mass_ratio"] > 0 and m["test_size"] == 24
+
+
+def test_eval_recomputes_the_saved_metrics_and_viz_draws_two_questions_and_the_sink(run_dir, tmp_path, capsys):
+    m = json.loads((run_dir / "metrics.json").read_text())
+    for k in ("attention_vs_other_animals", "attention_image_share", "sink_vs_inverse_count_r",
+              "attention_vs_other_animals_same_species"):
+        assert k in m, k
+    capsys.readouterr()
+    assert main(["eval", str(run_dir)]) == 0
+    fresh = json.loads(capsys.readouterr().out)
+    assert fresh and all(m[k] == v for k, v in fresh.items()), {k: (m.get(k), v) for k, v in fresh.items()
+                                                               if m.get(k) != v}
+    capsys.readouterr()
+    assert main(["viz", str(run_dir), "--out", str(tmp_path / "viz")]) == 0
+    names = {p.name for p in (tmp_path / "viz").iterdir()}
+    assert {"two_questions.png", "sink_curve.png", "question_attention_0.png"} <= names, names
+
+
+def test_eight_pixel_patches_measure_how_an_animals_patches_group(tmp_path):
+    _, m = train("vqa", out=tmp_path / "p8", sets={**TINY, "patch_size": 8, "baselines": False, "report": False},
+                 device="cpu")
+    assert m["patch_grouping_ratio"] > 0 and "patch_grouping_ratio_layer0" in m
+    from tokennet.errors import TokennetError
+
+    with pytest.raises(TokennetError, match="must divide"):
+        train("vqa", out=tmp_path / "p12", sets={**TINY, "patch_size": 12}, device="cpu")
+    assert not (tmp_path / "p12").exists()
 
 
 def test_answer_from_python_and_from_the_cli(run_dir, tmp_path, capsys):
@@ -135,4 +167,7 @@ def test_a_trained_run_looks_at_the_objects_it_is_asked_about(tmp_path):
             "progress": False, "report": False}
     _, m = train("vqa", out=tmp_path / "vqa", sets=sets, device="cpu")
     assert m["attention_mass_ratio"] >= 2.5, m  # 1 = looking everywhere alike
+    # Against the picture's other animals (1 = looking at every animal alike, whatever was asked).
+    assert m["attention_vs_other_animals"] >= ATTENTION_VS_OTHERS, m
+    assert m["attention_vs_other_animals_same_species"] >= ATTENTION_VS_OTHERS, m
     assert m["exact_match"] > 55 and m["exact_match_count"] > 60 and m["exact_match_colour"] > 60, m  # chance: 10-20

@@ -84,7 +84,7 @@ __all__ = [
     "SPECIES", "PLURAL", "COLOURS", "CORNERS", "TEMPLATES", "ANSWERS", "IMAGE_SIZE", "GRID", "CELL",
     "Animal", "Scene", "Item", "QASet", "AnimalQuestions", "held_out_kinds", "held_out_counts", "render",
     "sample_item", "sample_items", "question_words", "tokenize_question", "encode_questions",
-    "write_question_dir", "read_question_dir", "ANSWERS_FILE",
+    "write_question_dir", "read_question_dir", "ANSWERS_FILE", "object_patches",
 ]
 
 IMAGE_SIZE = 64
@@ -501,6 +501,18 @@ def encode_questions(questions: Sequence[str], words: Sequence[str], max_len: in
     return out
 
 
+def object_patches(boxes, grid: tuple[int, int], patch: int) -> list[int]:
+    """The patches (row-major on ``grid``) that a pixel box ``(top, left, height, width)`` of any of ``boxes``
+    overlaps."""
+    gh, gw = grid
+    out = set()
+    for top, left, h, w in boxes:
+        for r in range(max(0, top // patch), min(gh, (top + h - 1) // patch + 1)):
+            for c in range(max(0, left // patch), min(gw, (left + w - 1) // patch + 1)):
+                out.add(r * gw + c)
+    return sorted(out)
+
+
 # -- a set of questions, as tensors ---------------------------------------------------------------------------------
 @dataclass
 class QASet:
@@ -512,6 +524,8 @@ class QASet:
         templates: each question's template (per-template metrics).
         boxes: per question, the ``(top, left, height, width)`` pixel boxes of the objects it is about
             (generated scenes; empty for a user's data).
+        other_boxes: per question, the boxes of the picture's other animals (those it is not about; generated
+            scenes): the control that tells looking at *the asked* animal from looking at animals at all.
     """
 
     images: Tensor
@@ -519,6 +533,7 @@ class QASet:
     answers: Tensor
     templates: list[str]
     boxes: list[list[tuple[int, int, int, int]]] = field(default_factory=list)
+    other_boxes: list[list[tuple[int, int, int, int]]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.questions)
@@ -529,7 +544,8 @@ def _qaset(items: Sequence[Item], answers: Sequence[str], image_size: int, seed:
     images = torch.from_numpy(np.stack([render(it.scene, image_size, seed=zlib.crc32(f"{seed}-{i}".encode()))
                                         for i, it in enumerate(items)]))
     return QASet(images, [it.question for it in items], torch.tensor([index[it.answer] for it in items]),
-                 [it.template for it in items], [[a.box for a in it.about] for it in items])
+                 [it.template for it in items], [[a.box for a in it.about] for it in items],
+                 [[a.box for a in it.scene.animals if a not in it.about] for it in items])
 
 
 # -- the user's own pictures ---------------------------------------------------------------------------------------

@@ -9,6 +9,12 @@ the image is tokens, and one generic encoder processes the sequence (single-stre
     z_ℓ = z_ℓ + MSA(LN(z_ℓ)),  z_ℓ = z_ℓ + MLP(LN(z_ℓ))       L pre-norm blocks
     answer = argmax Linear(LN(z_L^q))                          read from the question's summary token
 
+The patch embedding ``x̂_p E`` is linear (``patch_stem="linear"``, the model's default) or two-level
+(``"conv"``, the ``vqa`` recipe's default, :class:`ConvPatchStem`): ``GELU(conv_4×4/4(x̂))`` then a
+conv over the patch's 4 × 4 cells — an animal's pixels are ``α ⊙ (colour − background)``, which a linear map
+turns into one vector bilinear in shape and colour; the nonlinearity lets the token hold the two apart.
+``"conv+colour"`` adds :class:`PatchColour`, the foreground's mean colour as its own 4 numbers.
+
 Row ``q`` of each layer's ``A = softmax(Q Kᵀ / √E)`` is where the question looks: its query is matched
 against the keys of the patch tokens. Choices made for learning that routing in CPU minutes (the ``vqa``
 recipe's docstring says which of them were measured, and how): the summary token starts as
@@ -24,12 +30,14 @@ default) lets every token attend to every token.
 question, and FiLM (Perez et al. 2018, https://arxiv.org/abs/1709.07871) conditions every block of a conv
 trunk on it — ``h ← (1 + γ(q)) ⊙ h + β(q)`` — followed by global average pooling and one linear layer
 (:mod:`tokennet.models.cnn`). The question changes *what every filter computes*, but every unit still sees
-only its receptive field, and the answer is the mean of the units' votes.
+only its receptive field, and the answer is the mean of the units' votes. ``readout="coords"`` appends two
+coordinate channels to the image (as FiLM's own model does), so a unit's vote can depend on where it is:
+the receptive-field sweep (``bench/vqa_receptive_field.py``) uses it, so that pooling is not what fails.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 import torch.nn.functional as F
@@ -46,6 +54,44 @@ from .registry import CountsParameters, Output, TransformerConfig, register_fami
 __all__ = ["VQATransformerConfig", "VQATransformer", "VQACNNConfig", "VQACNN", "MODALITY_MASKS"]
 
 MODALITY_MASKS = ("full", "image-first")
+PATCH_STEMS = ("linear", "conv", "conv+colour")
+CNN_READOUTS = ("mean", "coords")
+
+
+class ConvPatchStem(nn.Module):
+    """A two-level patch embedding: ``x → GELU(conv_{s×s, stride s}(x)) → conv_{p/s × p/s, stride p/s}``,
+    images ``(B, C, H, W)`` → tokens ``(B, N, D)`` row-major, one per ``p × p`` patch (``s = 4`` when it divides
+    ``p``, else 2 or 1). The first layer's units see ``s × s`` pixels and, through the nonlinearity, can tell
+    "this much red here" from "this shape here"; a linear embedding ``x_p E`` cannot: an animal's pixels are
+    ``α ⊙ (colour − background)``, so ``x_p E`` is bilinear in shape ``α`` and colour, one vector for both."""
+
+    def __init__(self, in_channels: int, dim: int, patch_size: int, hidden: int):
+        super().__init__()
+        sub = next(s for s in (4, 2, 1) if patch_size % s == 0)
+        self.conv1 = nn.Conv2d(in_channels, hidden, sub, sub)
+        self.conv2 = nn.Conv2d(hidden, dim, patch_size // sub, patch_size // sub)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.conv2(F.gelu(self.conv1(x)))  # (B, D, H/p, W/p)
+        return h.flatten(2).transpose(1, 2)  # (B, N, D)
+
+
+class PatchColour(nn.Module):
+    """A patch's colour, apart from its shape: with ``w = ‖x̂_pixel‖`` (standardized pixels: ≈ 0 on the
+    background), the foreground's mean colour ``Σ w x̂ / Σ w`` (3 numbers, whatever the shape) and how much of the
+    patch is foreground, ``mean w`` — 4 numbers per patch, embedded by one linear map: ``(B, C, H, W) → (B, N, D)``."""
+
+    def __init__(self, in_channels: int, dim: int, patch_size: int):
+        super().__init__()
+        self.p = patch_size
+        self.proj = nn.Linear(in_channels + 1, dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        w = x.norm(dim=1, keepdim=True)  # (B, 1, H, W)
+        mass = F.avg_pool2d(w, self.p)  # (B, 1, H/p, W/p)
+        colour = F.avg_pool2d(w * x, self.p) / mass.clamp_min(1e-3)  # (B, C, H/p, W/p)
+        f = torch.cat([colour, mass], 1).flatten(2).transpose(1, 2)  # (B, N, C + 1)
+        return self.proj(f)
 def _standardize(config, images: Tensor) -> Tensor:
     """``(x − μ) / σ`` per channel, with the data's pixel statistics (``pixel_mean``, ``pixel_std``): the
     background becomes ≈ 0 and an animal a large signal, where raw pixels would give every patch token the
@@ -108,6 +154,9 @@ class VQATransformerConfig(TransformerConfig, defaults=dict(dim=64, num_layers=3
         max_question_len: most words in a question.
         dim, num_layers, num_heads, mlp_ratio, dropout: the encoder.
         modality_mask: ``"full"`` or ``"image-first"`` (patches attend only to patches).
+        patch_stem: ``"linear"`` (``x_p E``), ``"conv"`` (:class:`ConvPatchStem`) or ``"conv+colour"`` (that
+            plus :class:`PatchColour`).
+        stem_channels: the conv stem's hidden channels.
         sink: a learned sink token after the summary token: a key every query can put weight on, so that
             attention that picks ``k`` objects among the patches can say how many (its weight on the sink
             falls as ``k`` grows; see ``tokennet demo counting``, where the same trick is built by hand).
@@ -124,6 +173,8 @@ class VQATransformerConfig(TransformerConfig, defaults=dict(dim=64, num_layers=3
     max_question_len: int = 12
     modality_mask: str = "full"
     sink: bool = True
+    patch_stem: str = "linear"
+    stem_channels: int = 32
     pixel_mean: list[float] = field(default_factory=lambda: list(PIXEL_MEAN))
     pixel_std: list[float] = field(default_factory=lambda: list(PIXEL_STD))
     label_smoothing: float = 0.0
@@ -136,6 +187,8 @@ class VQATransformerConfig(TransformerConfig, defaults=dict(dim=64, num_layers=3
                        max_question_len=self.max_question_len, dim=self.dim, num_layers=self.num_layers,
                        num_heads=self.num_heads)
         self._choice("modality_mask", self.modality_mask, MODALITY_MASKS)
+        self._choice("patch_stem", self.patch_stem, PATCH_STEMS)
+        self._positive(stem_channels=self.stem_channels)
         self._mlp_and_backend()
         self._fraction(dropout=self.dropout, label_smoothing=self.label_smoothing)
         if self.dim % self.num_heads:
@@ -168,7 +221,9 @@ class VQATransformer(CountsParameters, nn.Module):
     def __init__(self, config: VQATransformerConfig):
         super().__init__()
         self.config = c = config
-        self.patch_embed = PatchEmbed(c.in_channels, c.dim, c.patch_size)
+        self.patch_embed = (PatchEmbed(c.in_channels, c.dim, c.patch_size) if c.patch_stem == "linear"
+                            else ConvPatchStem(c.in_channels, c.dim, c.patch_size, c.stem_channels))
+        self.patch_colour = PatchColour(c.in_channels, c.dim, c.patch_size) if c.patch_stem == "conv+colour" else None
         self.word_emb = nn.Embedding(c.vocab_size, c.dim, padding_idx=0)
         self.summary = nn.Parameter(torch.zeros(1, 1, c.dim))
         self.sink = nn.Parameter(torch.randn(1, 1, c.dim) * POSITION_STD) if c.sink else None
@@ -207,7 +262,10 @@ class VQATransformer(CountsParameters, nn.Module):
         bag = (words.sum(1) / n_words)[:, None]  # (B, 1, D)
         head = [self.summary + bag] + ([self.sink.expand(B, 1, -1)] if self.sink is not None else [])
         text = torch.cat([*head, words], 1) + self.text_pos + self.type_emb[0]  # (B, num_text, D)
-        patches = self.patch_embed(_standardize(c, images)) + self.patch_pos + self.type_emb[1]  # (B, N, D)
+        x = _standardize(c, images)
+        patches = self.patch_embed(x) + self.patch_pos + self.type_emb[1]  # (B, N, D)
+        if self.patch_colour is not None:
+            patches = patches + self.patch_colour(x)
         z = torch.cat([text, patches], 1)  # (B, L, D)
         is_pad = torch.cat([torch.zeros(B, len(head), dtype=torch.bool, device=z.device), questions == 0,
                             torch.zeros(B, c.num_patches, dtype=torch.bool, device=z.device)], 1)  # (B, L)
@@ -260,6 +318,9 @@ class VQACNNConfig(ConvTrunkConfig):
         question_dim: the GRU's hidden width (the question vector FiLM reads).
         pixel_mean, pixel_std: per-channel statistics the images are standardized with (from the data).
         label_smoothing: the loss's label smoothing.
+        readout: ``"mean"`` (global average pooling, then linear: where a unit is, is lost) or ``"coords"``
+            (two coordinate channels, ``y`` and ``x`` in [−1, 1], appended to the image as FiLM's own model
+            does — every unit knows where its field is — then the same pooling).
     """
 
     image_size: int = 64
@@ -271,10 +332,12 @@ class VQACNNConfig(ConvTrunkConfig):
     pixel_mean: list[float] = field(default_factory=lambda: list(PIXEL_MEAN))
     pixel_std: list[float] = field(default_factory=lambda: list(PIXEL_STD))
     label_smoothing: float = 0.0
+    readout: str = "mean"
 
     def __post_init__(self):
         self.family = "vqa-cnn"
         self._check_trunk()
+        self._choice("readout", self.readout, CNN_READOUTS)
         _check_pixels(self)
         self._positive(image_size=self.image_size, vocab_size=self.vocab_size, num_answers=self.num_answers,
                        max_question_len=self.max_question_len, word_dim=self.word_dim,
@@ -291,7 +354,9 @@ class VQACNN(CountsParameters, nn.Module):
         self.config = c = config
         self.word_emb = nn.Embedding(c.vocab_size, c.word_dim, padding_idx=0)
         self.gru = nn.GRU(c.word_dim, c.question_dim, batch_first=True)
-        self.trunk = ConvTrunk(c)
+        coords = c.readout == "coords"
+        trunk = {f.name: getattr(c, f.name) for f in fields(ConvTrunkConfig) if f.init}
+        self.trunk = ConvTrunk(ConvTrunkConfig(**{**trunk, "in_channels": c.in_channels + 2}) if coords else c)
         self.channels = self.trunk.film_channels()
         self.film = nn.Linear(c.question_dim, 2 * sum(self.channels))
         self.head = nn.Linear(self.trunk.out_channels, c.num_answers)
@@ -326,7 +391,13 @@ class VQACNN(CountsParameters, nn.Module):
     def forward_features(self, inputs) -> Tensor:
         """The conditioned feature map ``(B, C', H', W')``."""
         images, questions = _check_inputs(self.config, inputs)
-        return self.trunk(_standardize(self.config, images), self.films(questions))
+        x = _standardize(self.config, images)
+        if self.config.readout == "coords":
+            B, _, H, W = x.shape
+            yy = torch.linspace(-1, 1, H, device=x.device)[:, None].expand(H, W)
+            xx = torch.linspace(-1, 1, W, device=x.device)[None, :].expand(H, W)
+            x = torch.cat([x, torch.stack([yy, xx])[None].expand(B, 2, H, W)], 1)  # (B, C + 2, H, W)
+        return self.trunk(x, self.films(questions))
 
     def forward_head(self, h: Tensor) -> Tensor:
         return self.head(h.mean((2, 3)))  # (B, A): the mean of the units' linear votes

@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import Tensor
 
 from ..data.image_files import read_images
-from ..data.vqa import QASet, encode_questions
+from ..data.vqa import QASet, encode_questions, object_patches
 from ..errors import DataError, RunError
 from ..viz.vqa import question_rollout
 from .base import HELP, Input, Option, Task, as_paths, image_file_bad_inputs, register_task, verb
@@ -29,8 +30,9 @@ from .base import HELP, Input, Option, Task, as_paths, image_file_bad_inputs, re
 if TYPE_CHECKING:
     from ..run import Run
 
-__all__ = ["VisualQuestionAnswering", "predict", "exact_match", "attention_mass", "question_rollout",
-           "object_patches", "load_question_images"]
+__all__ = ["VisualQuestionAnswering", "predict", "exact_match", "attention_mass", "attention_vs_others",
+           "sink_weights", "patch_grouping", "two_corner_picture", "question_rollout", "object_patches",
+           "load_question_images"]
 
 EVAL_BATCH = 250
 
@@ -55,18 +57,6 @@ def exact_match(model, qa: QASet, words, max_len: int, *, prefix: str = "") -> d
         sel = torch.tensor([x == t for x in qa.templates])
         out[f"{prefix}exact_match_{t}"] = round(100.0 * float(hit[sel].mean()), 3)
     return out
-
-
-def object_patches(boxes, grid: tuple[int, int], patch: int) -> list[int]:
-    """The patches (row-major on ``grid``) that a pixel box ``(top, left, height, width)`` of any of ``boxes``
-    overlaps."""
-    gh, gw = grid
-    out = set()
-    for top, left, h, w in boxes:
-        for r in range(max(0, top // patch), min(gh, (top + h - 1) // patch + 1)):
-            for c in range(max(0, left // patch), min(gw, (left + w - 1) // patch + 1)):
-                out.add(r * gw + c)
-    return sorted(out)
 
 
 SPARSE = 2  # questions about at most this many objects: where "looking at them" can be far above their share
@@ -124,6 +114,161 @@ def attention_mass(model, qa: QASet, words, *, limit: int = 500) -> dict[str, fl
         sel = torch.tensor([x == t for x in templates])
         out[f"attention_mass_ratio_{t}"] = round(float(m[sel].mean() / s[sel].mean()), 4)
     return out
+
+
+def _maps(model, qa: QASet, idx: list[int], words) -> list[Tensor]:
+    """Every layer's attention ``(n, H, L, L)`` (float, on the CPU) for the questions ``idx`` of ``qa``."""
+    c = model.config
+    images = qa.images[idx]
+    questions = encode_questions([qa.questions[i] for i in idx], words, c.max_question_len)
+    dev = next(model.parameters()).device
+    per_batch = [[m.float().cpu() for m in model.attention_maps((images[s:s + EVAL_BATCH].to(dev),
+                                                                 questions[s:s + EVAL_BATCH].to(dev)))["self"]]
+                 for s in range(0, len(idx), EVAL_BATCH)]
+    return [torch.cat([b[layer] for b in per_batch]) for layer in range(len(per_batch[0]))]
+
+
+@torch.no_grad()
+def attention_vs_others(model, qa: QASet, words, *, limit: int = 500) -> dict[str, float]:
+    """Does the question's attention follow *the question*, or just the animals? The control is the picture's
+    other animals.
+
+    For each held-out question about at least one animal, in a picture with at least one other animal: ``a`` =
+    the mean, over the animals it asks about, of the mass that the summary token's rolled-out attention over the
+    patches (:func:`~tokennet.viz.vqa.question_rollout`) puts on one animal's patches; ``o`` = the same mean over
+    the picture's *other* animals. A model that looks at every animal alike, whatever is asked, has
+    ``E[a] / E[o] = 1`` however well it finds animals; one that looks only at the asked ones, ``∞``.
+
+    Returns:
+        ``attention_vs_other_animals`` (``E[a] / E[o]`` over those questions), ``…_<template>`` per template,
+        ``…_layer<ℓ>`` from layer ℓ alone (the mean of its heads, renormalized over the patches); and
+        ``attention_image_share`` (``…_layer<ℓ>``): the share of the summary token's attention row (each layer,
+        mean of heads) that goes to the patches at all, the rest staying on the question's words and the sink.
+    """
+    c = model.config
+    n = min(limit, len(qa))
+    idx = [i for i in range(n) if qa.boxes and qa.boxes[i] and qa.other_boxes and qa.other_boxes[i]]
+    out: dict[str, float] = {}
+    if n:
+        share = torch.stack([m[:, :, 0, c.num_text:].sum(-1).mean(1) for m in _maps(model, qa, list(range(n)),
+                                                                                   words)], 1)  # (n, L)
+        out["attention_image_share"] = round(float(share.mean()), 4)
+        for layer in range(share.shape[1]):
+            out[f"attention_image_share_layer{layer}"] = round(float(share[:, layer].mean()), 4)
+    if not idx:
+        return out
+    maps = _maps(model, qa, idx, words)
+    roll = question_rollout(maps, c.num_text)  # (n, N)
+    rows = [m[:, :, 0, c.num_text:].mean(1) for m in maps]
+    layers = torch.stack([r / r.sum(-1, keepdim=True).clamp_min(1e-12) for r in rows], 1)  # (n, L, N)
+
+    def per_animal(row: Tensor, boxes) -> Tensor:  # (..., N) → mean over the animals of their patches' mass
+        return torch.stack([row[..., object_patches([b], c.grid, c.patch_size)].sum(-1) for b in boxes]).mean(0)
+
+    asked = torch.stack([per_animal(roll[j], qa.boxes[i]) for j, i in enumerate(idx)])  # (n,)
+    other = torch.stack([per_animal(roll[j], qa.other_boxes[i]) for j, i in enumerate(idx)])
+    asked_l = torch.stack([per_animal(layers[j], qa.boxes[i]) for j, i in enumerate(idx)])  # (n, L)
+    other_l = torch.stack([per_animal(layers[j], qa.other_boxes[i]) for j, i in enumerate(idx)])
+    out["attention_vs_other_animals"] = round(float(asked.mean() / other.mean().clamp_min(1e-12)), 4)
+    templates = [qa.templates[i] for i in idx]
+    for t in sorted(set(templates)):
+        sel = torch.tensor([x == t for x in templates])
+        out[f"attention_vs_other_animals_{t}"] = round(float(asked[sel].mean() / other[sel].mean().clamp_min(1e-12)),
+                                                       4)
+    for layer in range(asked_l.shape[1]):
+        out[f"attention_vs_other_animals_layer{layer}"] = round(
+            float(asked_l[:, layer].mean() / other_l[:, layer].mean().clamp_min(1e-12)), 4)
+    return out
+
+
+COUNT_TEMPLATES = ("count", "count_colour", "unseen_count")
+
+
+@torch.no_grad()
+def sink_weights(model, qa: QASet, words, *, limit: int = 1000) -> dict[str, Any]:
+    """Does the trained summary token count as the hand-built counter does (``tokennet demo counting``)?
+
+    The construction puts equal weight on the ``k`` counted animals and on the sink, so the sink's weight is
+    ``1 / (k + 1)``. Here, on the count questions of ``qa`` (``k`` = the answer, the number of animals
+    counted): the summary token's weight on the sink (its row of ``A``, the sink's column) in every layer and
+    head, its mean per ``k``, and for each head the correlation (Pearson ``r``, over questions) of its weight
+    with ``1 / (k + 1)``.
+
+    Returns:
+        ``{"heads": {"<ℓ>.<h>": {"r": r, "by_k": {k: mean weight}}}, "best": "<ℓ>.<h>", "k": [...]}``; an empty
+        dict for a model without a sink or questions without counts.
+    """
+    c = model.config
+    if not getattr(c, "sink", False):
+        return {}
+    idx = [i for i in range(min(limit, len(qa))) if qa.templates[i] in COUNT_TEMPLATES and qa.boxes]
+    if len(idx) < 2:
+        return {}
+    k = torch.tensor([len(qa.boxes[i]) for i in idx], dtype=torch.float)  # (n,): the animals counted
+    target = 1 / (k + 1)
+    heads: dict[str, Any] = {}
+    for layer, m in enumerate(_maps(model, qa, idx, words)):
+        for h in range(m.shape[1]):
+            w = m[:, h, 0, 1]  # (n,): the summary token's weight on the sink
+            r = float(torch.corrcoef(torch.stack([w, target]))[0, 1]) if w.std() > 0 else 0.0
+            heads[f"{layer}.{h}"] = {"r": round(r, 4), "by_k": {int(v): round(float(w[k == v].mean()), 4)
+                                                               for v in sorted(set(k.tolist()))}}
+    best = max(heads, key=lambda key: heads[key]["r"])
+    return {"heads": heads, "best": best, "k": sorted(int(v) for v in set(k.tolist()))}
+
+
+@torch.no_grad()
+def patch_grouping(model, qa: QASet, words, *, limit: int = 200) -> dict[str, float]:
+    """Do objects group themselves? For each patch of an animal that covers several patches, the share of that
+    patch token's attention over the patches (each layer, mean of heads, renormalized over the patches) that
+    falls on *its own animal's other patches*, divided by their share of the other patches (``(m − 1)/(N − 1)``
+    for an animal of ``m`` patches): 1 for attention blind to objects; ``patch_grouping_ratio_layer<ℓ>`` per
+    layer and ``patch_grouping_ratio`` their maximum. Empty when every animal fits in one patch."""
+    c = model.config
+    N, n0 = c.num_patches, c.num_text
+    idx = [i for i in range(min(limit, len(qa))) if qa.boxes or qa.other_boxes]
+    items = []  # (question position, the animal's patches)
+    for j, i in enumerate(idx):
+        for b in [*(qa.boxes[i] if qa.boxes else []), *(qa.other_boxes[i] if qa.other_boxes else [])]:
+            p = object_patches([b], c.grid, c.patch_size)
+            if len(p) > 1:
+                items.append((j, p))
+    if not items:
+        return {}
+    out, ratios = {}, []
+    for layer, m in enumerate(_maps(model, qa, idx, words)):
+        a = m.mean(1)[:, n0:, n0:]  # (n, N, N): patch → patch, mean of heads
+        a = a / a.sum(-1, keepdim=True).clamp_min(1e-12)
+        mass, share = [], []
+        for j, p in items:
+            for src in p:
+                own = [q for q in p if q != src]
+                mass.append(float(a[j, src, own].sum() / (1 - a[j, src, src]).clamp_min(1e-12)))
+                share.append(len(own) / (N - 1))
+        ratio = sum(mass) / sum(share)
+        ratios.append(ratio)
+        out[f"patch_grouping_ratio_layer{layer}"] = round(ratio, 4)
+    out["patch_grouping_ratio"] = round(max(ratios), 4)
+    return out
+
+
+def _subset(qa: QASet, idx: list[int]) -> QASet:
+    return QASet(qa.images[idx], [qa.questions[i] for i in idx], qa.answers[idx], [qa.templates[i] for i in idx],
+                 [qa.boxes[i] for i in idx] if qa.boxes else [], [qa.other_boxes[i] for i in idx] if qa.other_boxes
+                 else [])
+
+
+def two_corner_picture(qa: QASet, corners=("top right", "bottom left")):
+    """The first picture of ``qa`` with animals in both ``corners``: ``(index, {corner: box})``, or None. A box's
+    cell is ``(top // 16, left // 16)`` (an animal sits inside its 16-pixel cell)."""
+    from ..data.vqa import CELL, CORNERS
+
+    for i in range(len(qa)):
+        boxes = (qa.boxes[i] if qa.boxes else []) + (qa.other_boxes[i] if qa.other_boxes else [])
+        at = {(b[0] // CELL, b[1] // CELL): b for b in boxes}
+        if all(CORNERS[k] in at for k in corners):
+            return i, {k: at[CORNERS[k]] for k in corners}
+    return None
 
 
 # -- inputs -----------------------------------------------------------------------------------------------------
@@ -209,6 +354,8 @@ class VisualQuestionAnswering(Task):
 
         spec = self._spec(run)
         files = []
+        if index is None and image is None and run.family != "vqa-cnn":
+            files += self._extras(run, spec, Path(out_dir))
         for k, (x, q, expected, boxes) in enumerate(self._items(run, index, image, question)):
             got = self.answer(run, x[None], q)[0]
             if run.family == "vqa-cnn":
@@ -217,6 +364,33 @@ class VisualQuestionAnswering(Task):
                 files.append(draw_transformer_item(run.model, spec, x, q, got, expected, boxes,
                                                    Path(out_dir) / f"question_attention_{k}.png", layer=layer,
                                                    head=head))
+        return files
+
+    def _extras(self, run: Run, spec, out_dir: Path) -> list[Path]:
+        """``two_questions.png`` (one held-out picture asked about two corners), ``sink_curve.png`` (the sink's
+        weight against the count) and, with patches smaller than an animal, ``patch_grouping.png``."""
+        from ..viz.vqa import draw_patch_grouping, draw_sink_curve, draw_two_questions
+
+        qa, c, files = run.data.held_out(), run.model.config, []
+        pick = two_corner_picture(qa)
+        if pick is not None:
+            i, corner_boxes = pick
+            qs = [f"what species is the {name} animal?" for name in corner_boxes]
+            got = self.answer(run, qa.images[i][None], qs)
+            files.append(draw_two_questions(run.model, spec, qa.images[i], qs, got,
+                                            [[b] for b in corner_boxes.values()], out_dir / "two_questions.png"))
+        counts = [i for i, t in enumerate(qa.templates) if t in COUNT_TEMPLATES]
+        sw = sink_weights(run.model, _subset(qa, counts), spec.words) if counts else {}
+        if sw:
+            files.append(draw_sink_curve(sw, out_dir / "sink_curve.png"))
+        if qa.boxes and c.patch_size < 16:
+            i = max(range(min(len(qa), 50)), key=lambda j: len(qa.boxes[j]) + len(qa.other_boxes[j]))
+            by_layer = {int(k.rsplit("layer", 1)[1]): v for k, v in (run.metrics or {}).items()
+                        if k.startswith("patch_grouping_ratio_layer")}
+            layer = max(by_layer, key=by_layer.get) if by_layer else c.num_layers - 1  # the layer that groups most
+            files.append(draw_patch_grouping(run.model, spec, qa.images[i], qa.questions[i],
+                                             qa.boxes[i] + qa.other_boxes[i], out_dir / "patch_grouping.png",
+                                             layer=layer))
         return files
 
     def panel(self, run: Run, log) -> list[tuple[str, str]]:

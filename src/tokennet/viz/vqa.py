@@ -14,10 +14,11 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ..data.vqa import encode_questions
+from ..data.vqa import encode_questions, object_patches
 from .attention_maps import attention_rollout, patch_map, pyplot, save_figure, select, show_image
 
-__all__ = ["question_rollout", "draw_transformer_item", "draw_cnn_item", "overlay"]
+__all__ = ["question_rollout", "draw_transformer_item", "draw_cnn_item", "overlay", "draw_two_questions",
+           "draw_sink_curve", "draw_patch_grouping"]
 
 
 def question_rollout(maps: list[Tensor], num_text: int) -> Tensor:
@@ -114,5 +115,83 @@ def draw_cnn_item(model, spec, image: Tensor, question: str, got: str, expected:
         ax.set_xticks([])
         ax.set_yticks([])
     fig.suptitle(_title(question, got, expected), fontsize=8)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+@torch.no_grad()
+def draw_two_questions(model, spec, image: Tensor, questions, answers, boxes, path: Path) -> Path:
+    """One picture, two questions, side by side: the summary token's rolled-out attention over the patches for
+    each (cyan: the animal each asks about) — *if your problem changes, you'll attend to different things*."""
+    c = model.config
+    dev = next(model.parameters()).device
+    q = encode_questions(list(questions), spec.words, c.max_question_len)
+    x = image[None].expand(len(questions), -1, -1, -1)
+    maps = [m.float().cpu() for m in model.attention_maps((x.to(dev), q.to(dev)))["self"]]
+    roll = question_rollout(maps, c.num_text)  # (2, N)
+    geom = (c.grid, (c.image_size, c.image_size), (c.patch_size, c.patch_size), (c.patch_size, c.patch_size))
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(questions), figsize=(2.9 * len(questions), 3.3), squeeze=False)
+    for j, (text, got, b) in enumerate(zip(questions, answers, boxes, strict=True)):
+        on = float(roll[j][_patches(c, b)].sum())
+        overlay(axes[0, j], image, patch_map(roll[j], *geom), b, f"on the asked animal {on:.2f}")
+        axes[0, j].set_title(f"{text}\n→ {got}", fontsize=7)
+    fig.suptitle("the same picture, two questions: where the summary token looks (rollout)", fontsize=8)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def _patches(c, boxes) -> list[int]:
+    return object_patches(boxes, c.grid, c.patch_size)
+
+
+def draw_sink_curve(sw: dict, path: Path) -> Path:
+    """The learned counter against the hand-built one: per head (faint) and for the head that tracks it best
+    (bold), the summary token's mean weight on the sink against ``k``, the number of animals counted, beside the
+    construction's exact ``1 / (k + 1)`` (``tokennet demo counting``)."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(4.6, 3.2))
+    ks = sw["k"]
+    exact = [1 / (k + 1) for k in ks]
+    ax.plot(ks, exact, "k--", lw=1.5, label="hand-built counter: 1/(k+1)")
+    for name, h in sw["heads"].items():
+        best = name == sw["best"]
+        ax.plot(list(h["by_k"]), list(h["by_k"].values()), "o-" if best else "-", lw=2 if best else 0.7,
+                alpha=1 if best else 0.35, color="C3" if best else "C0",
+                label=f"layer.head {name} (r = {h['r']:.2f}), best" if best else None)
+    ax.set_xlabel("k: animals counted (the answer)")
+    ax.set_ylabel("summary token's weight on the sink")
+    ax.set_ylim(0, 1.02)
+    ax.legend(fontsize=6.5)
+    ax.set_title("does the trained model count with the sink? (each line: one head)", fontsize=8)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+@torch.no_grad()
+def draw_patch_grouping(model, spec, image: Tensor, question: str, boxes, path: Path, layer: int = 0) -> Path:
+    """Objects group themselves: for one patch of each animal (its top-left patch), that patch token's attention
+    over the other patches in ``layer`` (mean of heads), its own animal outlined. Needs patches smaller than an
+    animal (e.g. ``patch_size=8``: four per animal)."""
+    c = model.config
+    dev = next(model.parameters()).device
+    q = encode_questions([question], spec.words, c.max_question_len)
+    a = model.attention_maps((image[None].to(dev), q.to(dev)))["self"][layer].float().cpu()[0].mean(0)  # (L, L)
+    n = c.num_text
+    geom = (c.grid, (c.image_size, c.image_size), (c.patch_size, c.patch_size), (c.patch_size, c.patch_size))
+    shown = [b for b in boxes if len(_patches(c, [b])) > 1][:4]
+    plt = pyplot()
+    fig, axes = plt.subplots(1, max(1, len(shown)), figsize=(2.3 * max(1, len(shown)), 2.7), squeeze=False)
+    for j, b in enumerate(shown):
+        src = _patches(c, [b])[0]
+        row = a[n + src, n:].clone()
+        row[src] = 0  # its attention to itself is not grouping
+        overlay(axes[0, j], image, patch_map(row / row.sum().clamp_min(1e-12), *geom), [b],
+                f"own animal {float(row[_patches(c, [b])].sum() / row.sum().clamp_min(1e-12)):.2f}")
+        axes[0, j].set_title(f"patch {src}'s attention (layer {layer})", fontsize=7)
+    if not shown:
+        axes[0, 0].axis("off")
+        axes[0, 0].set_title(f"{c.patch_size}-px patches: one per animal, nothing to group", fontsize=7)
+    fig.suptitle("objects group themselves: a patch looks at its own animal's other patches (cyan)", fontsize=8)
     fig.tight_layout()
     return save_figure(fig, path)

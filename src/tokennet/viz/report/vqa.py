@@ -43,6 +43,24 @@ def _comparison(run) -> str:
                  f"them, which cover {_cell(m, 'attention_object_share')} of it: "
                  f"{_cell(m, 'attention_mass_ratio')}× their share (1× would be looking everywhere alike). By "
                  f"template (all questions) and by layer: {per}.</p>")
+    if "attention_vs_other_animals" in m:
+        per = ", ".join(f"{esc(k[len('attention_vs_other_animals_'):])} {_cell(m, k)}" for k in sorted(m)
+                        if k.startswith("attention_vs_other_animals_"))
+        body += (f'<p class="sub">Against the other animals (the control a question-blind model fails): the mass '
+                 f"on one asked animal is {_cell(m, 'attention_vs_other_animals')}× the mass on one of the picture's "
+                 f"other animals (1× = looking at every animal alike, whatever was asked); by template and layer: "
+                 f"{per}. Of the question's attention, {_cell(m, 'attention_image_share')} goes to the image at "
+                 "all (the rest to its words and the sink).</p>")
+    if "sink_vs_inverse_count_r" in m:
+        ks = sorted(int(k[len("sink_weight_k"):]) for k in m if k.startswith("sink_weight_k"))
+        curve = ", ".join(f"k={k}: {_cell(m, f'sink_weight_k{k}')} (1/(k+1) = {1 / (k + 1):.3f})" for k in ks)
+        body += (f'<p class="sub">The learned counter: the head whose weight on the sink tracks 1/(k+1) best '
+                 f"(layer.head {_cell(m, 'sink_head')}, r = {_cell(m, 'sink_vs_inverse_count_r')}) puts on it "
+                 f"{curve} — the hand-built counter (tokennet demo counting) puts exactly 1/(k+1).</p>")
+    if "patch_grouping_ratio" in m:
+        body += (f'<p class="sub">Objects group themselves: a patch token of an animal puts '
+                 f"{_cell(m, 'patch_grouping_ratio')}× their share of its attention on its own animal's other "
+                 "patches (the best layer; 1× = blind to objects).</p>")
     return body
 
 

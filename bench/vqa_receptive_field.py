@@ -1,0 +1,238 @@
+"""Corner pairs against the CNN's receptive field: *is the top right animal the same species as the bottom left
+animal?* answered by FiLM CNNs whose units see 20 … 92 pixels, beside the 3-layer transformer.
+
+The lecture's x1 … x7: no unit whose field misses one of the two corners can compare them, and a readout that
+averages the units' votes adds them up instead. So that pooling is not what fails, the CNNs here keep position:
+two coordinate channels are appended to the image (``readout="coords"``, as FiLM's own model does), so every
+unit knows where its field lies. The field is set by depth (plain conv layers of 3×3 at stride 1 after a 4×4
+patchify stem: ``r = 4 + 8·n``) or by dilation (two layers, ``r = 4 + 16·d``); each CNN's width is chosen so
+that it has about the transformer's parameter count. Every model trains on the same batches of the corner
+questions (``same_species`` and ``species``, half each; the generated data of ``tokennet train vqa``, no
+held-out kind in training) for the same steps, and answers the held-out corner pairs (each picture with a
+held-out kind; chance is 50 %).
+
+    PYTHONPATH=src OMP_NUM_THREADS=1 python bench/vqa_receptive_field.py            # the sweep, 1500 steps
+    PYTHONPATH=src python bench/vqa_receptive_field.py --fields 20 52 --steps 200     # a quick look
+
+Prints a markdown table and writes ``bench/results/vqa_receptive_field.json`` (the command, the commit, the
+machine) and ``bench/results/vqa_receptive_field.png``. A field the chosen ``--via`` cannot build is refused in
+one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+import zlib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from tokennet.data.vqa import AnimalQuestions, encode_questions, render, sample_items  # noqa: E402
+from tokennet.errors import ConfigError, TokennetError  # noqa: E402
+from tokennet.models.registry import create_model  # noqa: E402
+from tokennet.tasks.vqa import exact_match  # noqa: E402
+
+FIELDS = (20, 36, 52, 68, 92)
+TEMPLATES = ("same_species", "species")
+
+
+def machine() -> dict:
+    cpu = platform.processor() or "unknown"
+    if Path("/proc/cpuinfo").exists():
+        cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), cpu)
+    return {"cpu": cpu, "cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+            "torch": torch.__version__, "threads": torch.get_num_threads(), "load": list(os.getloadavg())}
+
+
+def commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except OSError:
+        return None
+    return (out.stdout.strip() + ("+dirty" if dirty else "")) or None
+
+
+def layout(field: int, via: str) -> dict:
+    """The trunk settings whose units see ``field`` pixels: depth (``4 + 8n``) or dilation (``4 + 16d``)."""
+    if via == "depth":
+        n, rem = divmod(field - 4, 8)
+        if rem or n < 1:
+            raise ConfigError(f"a {field}-pixel field cannot be built by depth (4 + 8·n pixels: 12, 20, 28, ...)")
+        return {"depths": [n], "dilation": 1}
+    if via == "dilation":
+        d, rem = divmod(field - 4, 16)
+        if rem or d < 1:
+            raise ConfigError(f"a {field}-pixel field cannot be built by dilation (two layers, 4 + 16·d pixels: "
+                              "20, 36, 52, 68, 84, ...)")
+        return {"depths": [2], "dilation": d}
+    raise ConfigError(f"--via must be depth or dilation, got {via!r}")
+
+
+def cnn_settings(field: int, via: str, budget: int, data: dict, readout: str) -> dict:
+    """A plain FiLM CNN with a ``field``-pixel field and about ``budget`` parameters (its width searched)."""
+    base = {**data, "arch": "plain", "stem_kernel": 4, "stem_stride": 4, "readout": readout, **layout(field, via)}
+    best = None
+    for w in range(8, 257, 2):
+        s = {**base, "widths": [w]}
+        n = create_model("vqa-cnn", **s).num_parameters()
+        if best is None or abs(n - budget) < abs(best[1] - budget):
+            best = (s, n)
+        if n > budget:
+            break
+    return best[0]
+
+
+class CornerBatches:
+    """Batch ``i``: half ``same_species``, half ``species`` questions, drawn from ``(seed, i)`` as the recipe's
+    training batches are (no held-out kind)."""
+
+    def __init__(self, spec: AnimalQuestions, batch_size: int, max_len: int):
+        self.spec, self.batch_size, self.max_len = spec, batch_size, max_len
+        self.index = {a: i for i, a in enumerate(spec.answers)}
+
+    def batch(self, i: int):
+        items = [it for t in TEMPLATES for it in sample_items(self.batch_size // 2, f"rf-train-{i}-{t}",
+                                                              seed=self.spec.seed, held_out=False, template=t)]
+        images = torch.from_numpy(np.stack([render(it.scene, seed=zlib.crc32(f"rf-{i}-{k}".encode()))
+                                            for k, it in enumerate(items)]))
+        q = encode_questions([it.question for it in items], self.spec.words, self.max_len)
+        return (images, q), torch.tensor([self.index[it.answer] for it in items])
+
+
+def corner_test(spec: AnimalQuestions, n: int):
+    from tokennet.data.vqa import _qaset
+
+    items = [it for t in TEMPLATES for it in sample_items(n // 2, f"rf-test-{t}", seed=spec.seed, held_out=True,
+                                                          template=t)]
+    return _qaset(items, spec.answers, 64, seed=zlib.crc32(f"{spec.seed}-rf-test".encode()))
+
+
+def train(model, batches, steps: int, lr: float) -> float:
+    """AdamW, linear warm-up over 5 % of the steps then cosine decay; returns the seconds it took."""
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.05)
+    warm = max(1, steps // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / steps))))
+    model.train()
+    t = time.perf_counter()
+    for i in range(steps):
+        x, y = batches.batch(i)
+        loss = model(x, y).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        sched.step()
+    model.eval()
+    return time.perf_counter() - t
+
+
+def plot(rows, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cnn = [r for r in rows if r["model"] == "cnn"]
+    fig, ax = plt.subplots(figsize=(5, 3.2), dpi=120)
+    ax.plot([r["receptive_field"] for r in cnn], [r["same_species"] for r in cnn], "o-", label="FiLM CNN + coords")
+    for r in rows:
+        if r["model"] == "transformer":
+            ax.axhline(r["same_species"], color="C1", ls="--", label="transformer (3 layers)")
+    ax.axhline(50, color="grey", ls=":", label="chance")
+    ax.axvline(64, color="grey", lw=0.6)
+    ax.text(64, 52, " 64 px: both corner cells", fontsize=7, color="grey")
+    ax.set_xlabel("receptive field (pixels)")
+    ax.set_ylabel("corner pairs correct (%)")
+    ax.set_ylim(40, 101)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--fields", type=int, nargs="+", default=list(FIELDS), help="receptive fields in pixels")
+    ap.add_argument("--via", default="depth", help="depth (4 + 8n px) or dilation (4 + 16d px)")
+    ap.add_argument("--readout", default="coords", help="coords (default) or mean (the plain GAP of the recipe)")
+    ap.add_argument("--steps", type=int, default=1500)
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--test-size", type=int, default=1000)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-transformer", action="store_true", help="only the CNNs")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "vqa_receptive_field.json"))
+    args = ap.parse_args(argv)
+    try:
+        if args.steps < 1 or args.batch_size < 2 or args.test_size < 2:
+            raise ConfigError("--steps must be >= 1, --batch-size and --test-size >= 2")
+        if args.readout not in ("coords", "mean"):
+            raise ConfigError(f"--readout must be coords or mean, got {args.readout!r}")
+        for f in args.fields:
+            layout(f, args.via)  # every setting checked before anything trains
+        return run(args)
+    except TokennetError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def run(args) -> int:
+    spec = AnimalQuestions(seed=args.seed).filled()
+    mean, std = spec.pixel_stats()
+    data = {"vocab_size": len(spec.words), "num_answers": len(spec.answers), "pixel_mean": mean, "pixel_std": std}
+    from tokennet.recipes import get_recipe
+
+    transformer = {**data, **get_recipe("vqa").model_defaults}  # the recipe's transformer (its patch stem)
+    torch.manual_seed(args.seed)
+    budget = create_model("vqa-transformer", **transformer).num_parameters()
+    batches, test = CornerBatches(spec, args.batch_size, 12), corner_test(spec, args.test_size)
+    plans = [("transformer", None, transformer)] if not args.no_transformer else []
+    plans += [("cnn", f, cnn_settings(f, args.via, budget, data, args.readout)) for f in args.fields]
+    rows = []
+    for kind, f, settings in plans:
+        torch.manual_seed(args.seed)
+        m = create_model("vqa-transformer" if kind == "transformer" else "vqa-cnn", **settings)
+        secs = train(m, batches, args.steps, args.lr)
+        em = exact_match(m, test, spec.words, 12)
+        row = {"model": kind, "receptive_field": f if f is not None else 64,
+               "layers": 3 if kind == "transformer" else 1 + settings["depths"][0],
+               "width": m.config.dim if kind == "transformer" else settings["widths"][0],
+               "dilation": settings.get("dilation", 1), "num_parameters": m.num_parameters(),
+               "same_species": em["exact_match_same_species"], "species": em["exact_match_species"],
+               "train_seconds": round(secs, 1)}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    print(f"\ncorner pairs vs receptive field ({args.steps} steps of {args.batch_size}, via {args.via}, readout "
+          f"{args.readout}; held-out test, {args.test_size} questions; chance 50 %)\n")
+    print("| model | field (px) | layers | width | params | same species % | species % | train s |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for r in rows:
+        print(f"| {r['model']} | {r['receptive_field']} | {r['layers']} | {r['width']} | {r['num_parameters']} | "
+              f"{r['same_species']:.1f} | {r['species']:.1f} | {r['train_seconds']} |")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    result = {"benchmark": "vqa_receptive_field", "command": "python " + " ".join([sys.argv[0], *sys.argv[1:]]),
+              "commit": commit(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "machine": machine(), "settings": vars(args), "rows": rows}
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    plot(rows, out.with_suffix(".png"))
+    print(f"\nwrote {out} and {out.with_suffix('.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,149 @@
+"""The vqa measurements held to fake models whose attention is known: attention that follows the question
+against the other animals, the sink's weight against 1/(k+1), patches that group by animal; and the configs
+and sweep settings that are refused in one line."""
+
+import pytest
+import torch
+
+from tokennet.data.vqa import AnimalQuestions
+from tokennet.errors import TokennetError
+from tokennet.models.vqa import VQATransformerConfig
+from tokennet.tasks.vqa import attention_vs_others, object_patches, patch_grouping, sink_weights
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+class Fake(torch.nn.Module):
+    """A one-layer model whose attention rows are written by ``fill(a, i, c)`` for the question ``i`` of ``qa``
+    (found by its image and its question)."""
+
+    def __init__(self, qa, fill, patch_size=16, heads=1):
+        super().__init__()
+        self.config = VQATransformerConfig(vocab_size=40, max_question_len=16, patch_size=patch_size)
+        self.qa, self.fill, self.heads = qa, fill, heads
+        self.w = torch.nn.Parameter(torch.zeros(1))
+
+    def attention_maps(self, inputs):
+        images, _ = inputs
+        c = self.config
+        L = c.num_text + c.num_patches
+        a = torch.zeros(len(images), self.heads, L, L)
+        seen = set()
+        for b, x in enumerate(images):
+            i = next(j for j in range(len(self.qa)) if j not in seen and torch.equal(self.qa.images[j], x))
+            seen.add(i)
+            self.fill(a[b], i, c)
+        return {"self": [a]}
+
+
+@pytest.fixture(scope="module")
+def qa():
+    return AnimalQuestions(test_size=60).filled().held_out()
+
+
+def _spread(a, patches, c, row=0):
+    a[:, row, :] = 0
+    a[:, row, [c.num_text + p for p in patches]] = 1 / len(patches)
+
+
+def test_attention_that_follows_the_question_beats_the_other_animals_and_a_blind_one_does_not(qa):
+    words = AnimalQuestions().filled().words
+
+    def asked(a, i, c):
+        _spread(a, object_patches(qa.boxes[i], c.grid, c.patch_size) if qa.boxes[i] else [0], c)
+
+    def blind(a, i, c):  # every animal alike, whatever was asked
+        _spread(a, object_patches(qa.boxes[i] + qa.other_boxes[i], c.grid, c.patch_size), c)
+
+    good = attention_vs_others(Fake(qa, asked), qa, words)
+    bad = attention_vs_others(Fake(qa, blind), qa, words)
+    assert good["attention_vs_other_animals"] > 100  # nothing on the others (up to the clamp)
+    assert bad["attention_vs_other_animals"] == pytest.approx(1.0, abs=1e-3)
+    assert bad["attention_vs_other_animals_same_species"] == pytest.approx(1.0, abs=1e-3)
+    assert good["attention_image_share"] == pytest.approx(1.0)  # the whole row is on patches
+    # Half the row on the sink: half the question's attention reaches the image.
+    def half(a, i, c):
+        blind(a, i, c)
+        a[:, 0] /= 2
+        a[:, 0, 1] = 0.5
+
+    assert attention_vs_others(Fake(qa, half), qa, words)["attention_image_share"] == pytest.approx(0.5)
+
+
+def test_a_hand_built_counter_puts_one_over_k_plus_one_on_the_sink(qa):
+    words = AnimalQuestions().filled().words
+
+    def counter(a, i, c):
+        p = object_patches(qa.boxes[i], c.grid, c.patch_size) if qa.boxes[i] else []
+        a[0, 0, :] = 0
+        a[0, 0, 1] = 1 / (len(p) + 1)
+        for q in p:
+            a[0, 0, c.num_text + q] = 1 / (len(p) + 1)
+        a[1, 0, 1] = 0.3  # head 1: a constant on the sink
+
+    sw = sink_weights(Fake(qa, counter, heads=2), qa, words)
+    assert sw["best"] == "0.0" and sw["heads"]["0.0"]["r"] == pytest.approx(1.0, abs=1e-4)
+    for k, w in sw["heads"]["0.0"]["by_k"].items():
+        assert w == pytest.approx(1 / (k + 1), abs=1e-4)
+    assert sw["heads"]["0.1"]["r"] == 0.0
+
+
+def test_patches_of_one_animal_that_attend_to_each_other_group_far_above_their_share(qa):
+    words = AnimalQuestions().filled().words
+
+    def grouped(a, i, c):
+        n = c.num_text
+        a[0, n:, n:] = 1.0  # everything alike ...
+        for b in qa.boxes[i] + qa.other_boxes[i]:
+            p = object_patches([b], c.grid, c.patch_size)
+            for s in p:
+                a[0, n + s, [n + q for q in p]] = 50.0  # ... but an animal's patches 50× more on each other
+
+    def uniform(a, i, c):
+        a[0, c.num_text:, c.num_text:] = 1.0
+
+    g = patch_grouping(Fake(qa, grouped, patch_size=8), qa, words, limit=20)
+    u = patch_grouping(Fake(qa, uniform, patch_size=8), qa, words, limit=20)
+    assert g["patch_grouping_ratio"] > 10 and u["patch_grouping_ratio"] == pytest.approx(1.0, abs=1e-3)
+    assert patch_grouping(Fake(qa, uniform), qa, words, limit=20) == {}  # 16-px patches: one per animal
+
+
+def test_a_patch_size_that_does_not_divide_the_image_is_refused_in_one_line():
+    with pytest.raises(TokennetError, match="must divide") as e:
+        VQATransformerConfig(patch_size=12)
+    assert "\n" not in str(e.value)
+    with pytest.raises(TokennetError, match="patch_stem"):
+        VQATransformerConfig(patch_stem="resnet")
+
+
+def _bench():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "vqa_receptive_field.py"
+    spec = importlib.util.spec_from_file_location("vqa_receptive_field", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_receptive_field_sweep_builds_its_fields_and_refuses_one_it_cannot_in_one_line(capsys):
+    from tokennet.models.registry import create_model
+
+    b = _bench()
+    data = {"vocab_size": 32, "num_answers": 22}
+    for f in b.FIELDS:
+        s = b.cnn_settings(f, "depth", 150_000, data, "coords")
+        m = create_model("vqa-cnn", **s)
+        assert m.receptive_field().size == f and abs(m.num_parameters() - 150_000) < 15_000
+    dilated = create_model("vqa-cnn", **b.cnn_settings(52, "dilation", 150_000, data, "coords"))
+    assert dilated.receptive_field().size == 52
+    m = create_model("vqa-cnn", **b.cnn_settings(20, "depth", 150_000, data, "coords"))
+    assert m(m.example_input()).logits.shape == (2, 22)  # the coordinate channels go in with the image
+    for argv, fragment in [(["--fields", "30"], "cannot be built by depth"),
+                           (["--fields", "92", "--via", "dilation"], "cannot be built by dilation"),
+                           (["--via", "width"], "--via must be"), (["--readout", "max"], "--readout must be")]:
+        capsys.readouterr()
+        assert b.main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and fragment in err, err
