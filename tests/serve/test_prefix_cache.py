@@ -147,3 +147,31 @@ def test_a_cache_larger_than_memory_is_refused_at_start():
     assert "\n" not in str(e.value)
     with pytest.raises(ConfigError, match=">= 0"):
         Engine(m, TOK, prefix_cache_mb=-1)
+
+
+def test_serve_refuses_a_prefix_cache_larger_than_memory_in_one_line(tmp_path, capsys):
+    pytest.importorskip("uvicorn")
+    from tokennet.cli import main
+    from tokennet.models import save_pretrained
+    from tokennet.run import save_tokenizer, write_run_info
+
+    run = tmp_path / "run"
+    save_pretrained(_model(), run)
+    save_tokenizer(run, TOK)
+    write_run_info(run, recipe="gpt-char", model="gpt-micro", data=None, settings={})
+    assert main(["serve", str(run), "--prefix-cache-mb", "1e12", "--port", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "does not fit" in err and "--prefix-cache-mb" in err and "\n" not in err
+    assert main(["serve", str(run), "--prefix-cache-mb", "-3"]) == 2
+
+
+def test_serve_decodes_with_its_fastest_copy_that_keeps_quality_and_says_which():
+    pytest.importorskip("starlette")
+    from tokennet.serve.app import serving_mode
+
+    m = _model()
+    assert serving_mode(m) == "int8"  # a float model on the CPU
+    assert serving_mode(m, "none") == "none" and serving_mode(m, "int4") == "int4"
+    engine = Engine(m, TOK, quantize=serving_mode(m), prefix_cache_mb=1)
+    st = engine.status()  # what GET /health reports
+    assert st["quantize"] == "int8" and st["prefix_cache"]["budget_bytes"] == 2**20
