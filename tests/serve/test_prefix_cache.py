@@ -175,3 +175,18 @@ def test_serve_decodes_with_its_fastest_copy_that_keeps_quality_and_says_which()
     engine = Engine(m, TOK, quantize=serving_mode(m), prefix_cache_mb=1)
     st = engine.status()  # what GET /health reports
     assert st["quantize"] == "int8" and st["prefix_cache"]["budget_bytes"] == 2**20
+
+
+def test_serve_int4_on_a_model_it_cannot_hold_falls_back_with_a_note_as_generate_does(caplog):
+    from tokennet.sampling import generate
+
+    torch.manual_seed(0)
+    m = create_model("gpt-micro", vocab_size=TOK.vocab_size, block_size=64, dim=40).eval()  # 40: not blocks of 32
+    with caplog.at_level("WARNING"):
+        engine = Engine(m, TOK, max_batch=2, quantize="int4").start()
+    assert "stay float32" in caplog.text
+    try:
+        s = _run(engine, ["hello world"], max_tokens=6)[0]
+    finally:
+        engine.stop()
+    assert s.generated == generate(m, torch.tensor([s.prompt]), 6, temperature=0, quantize="int4")[0, -6:].tolist()

@@ -380,4 +380,6 @@ def serve(run_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, api
              run_dir, name, host, port, max_batch, engine.context, weights,
              " chosen by --quantize auto" if quantize == "auto" else "",
              "off" if engine.prefix is None else f"{prefix_cache_mb:g} MiB")
+    log.info("batched decoding runs eagerly: the compiled decoding step (tokennet generate's default) does not "
+             "serve rows at their own lengths yet")
     uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=None)
