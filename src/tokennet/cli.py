@@ -305,9 +305,9 @@ def _add_serve(sub) -> None:
     p.add_argument("--device", default="cpu", help="cpu (default), cuda, or auto")
     p.add_argument("--quantize", default="auto", choices=["auto", "none", "bf16", "int8", "int4"],
                    help="decode with a low-precision copy of the weights, as generate --quantize does. Default "
-                   "auto: the fastest copy that keeps quality, int4 for a run imported from a GGUF file (its own "
-                   "Q4/Q8 blocks, as they are), int8 per-channel for a float model on the CPU, none (float32) "
-                   "elsewhere; the start log and GET /health say which")
+                   "auto: the fastest copy that keeps quality, int8 per-channel on the CPU (a GGUF run's blocks "
+                   "requantized; its own 4-bit blocks are slower outside a compiled step), none (float32) elsewhere; "
+                   "the start log and GET /health say which")
     p.add_argument("--prefix-cache-mb", type=float, default=256.0,
                    help="MiB of keys and values kept for prompt prefixes that requests share (a system prompt, "
                    "few-shot examples, a chat's earlier turns), so their next requests compute only what "

@@ -326,15 +326,12 @@ async def _stream(r: _Request) -> AsyncIterator[str]:
 
 def serving_mode(model, quantize: str = "auto") -> str:
     """The decoding copy ``tokennet serve`` uses: ``quantize`` itself, or for ``"auto"`` the fastest copy that keeps
-    the model's quality: ``"int4"`` for a model holding a GGUF file's own Q4/Q8 blocks (decoded as they are, as
-    llama.cpp decodes them), ``"int8"`` (per-channel weights, ~¼ of float32's bytes per token) for a float model
-    on the CPU, ``"none"`` elsewhere (cuBLAS' float32)."""
+    the model's quality for the engine's eager batched step: ``"int8"`` (per-channel weights, ~¼ of float32's bytes
+    per token; for a run imported from a GGUF file, its Q4/Q8 blocks requantized) on the CPU, ``"none"`` elsewhere
+    (cuBLAS' float32). Not ``"int4"``: outside a compiled step 4-bit blocks are dequantized at every forward
+    (measured on SmolLM2-135M Q4_1, 4 streams: ~1 token/s against int8's tens)."""
     if quantize != "auto":
         return quantization.check_mode(quantize)
-    from ..layers.blockquant import BlockEmbedding, BlockLinear
-
-    if any(isinstance(m, (BlockLinear, BlockEmbedding)) for m in model.modules()):
-        return "int4"
     return "int8" if next(model.parameters()).device.type == "cpu" else "none"
 
 
