@@ -110,8 +110,11 @@ def start_llamacpp(gguf: Path, port: int, threads: int, context: int) -> subproc
     return wait_for(proc, port, "/v1/models")
 
 
+START_S = 900  # a loaded machine can take minutes to load and start a server
+
+
 def wait_for(proc: subprocess.Popen, port: int, path: str) -> subprocess.Popen:
-    deadline = time.time() + 300
+    deadline = time.time() + START_S
     while time.time() < deadline:
         if proc.poll() is not None:
             if proc.stderr is not None:
@@ -126,7 +129,7 @@ def wait_for(proc: subprocess.Popen, port: int, path: str) -> subprocess.Popen:
         except OSError:
             time.sleep(0.2)
     proc.kill()
-    raise SystemExit("the server did not start within 300 s")
+    raise SystemExit(f"the server did not start within {START_S} s")
 
 
 def machine() -> dict:
