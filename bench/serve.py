@@ -424,8 +424,9 @@ def against_llamacpp(args) -> None:
     gguf = find_gguf(args.gguf)
     tmp = tempfile.TemporaryDirectory()
     run = import_gguf(gguf, Path(tmp.name) / "model")
-    results: dict = {"benchmark": "serve-vs-llama.cpp", "command": " ".join(["python", "bench/serve.py", *sys.argv[1:]]),
-                     "commit": commit(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    results: dict = {"benchmark": "serve-vs-llama.cpp",
+                     "command": " ".join(["python", "bench/serve.py", *sys.argv[1:]]), "commit": commit(),
+                     "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                      "machine": machine(), "gguf": gguf.name, "threads": args.threads, "max_batch": args.max_batch,
                      "new_tokens": args.new_tokens, "seconds_per_point": args.seconds, "streams": args.streams,
                      "sampling": "greedy (temperature 0), the same prompts for both", "load_before": os.getloadavg()}
@@ -449,7 +450,7 @@ def against_llamacpp(args) -> None:
         else:
             proc = start_llamacpp(gguf, port, args.threads, context)
 
-        async def go() -> list[dict]:
+        async def go(port: int = port) -> list[dict]:
             client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0,
                                         timeout=600)
             await client.completions.create(model="bench", prompt="warm up", max_tokens=4, temperature=0)
@@ -474,7 +475,8 @@ def against_llamacpp(args) -> None:
     ratios = []
     for a, b in zip(results["tokennet"], results["llama.cpp"]):
         for name, r in (("tokennet", a), ("llama.cpp", b)):
-            print(f"| {r['streams']} | {name} | {r['tokens_per_s']:.1f} | {r['ttft_p50_s']:.3f} | {r['ttft_p99_s']:.3f} | "
+            print(f"| {r['streams']} | {name} | {r['tokens_per_s']:.1f} | {r['ttft_p50_s']:.3f} | "
+                  f"{r['ttft_p99_s']:.3f} | "
                   f"{r['latency_p50_s']:.2f} | {r['latency_p99_s']:.2f} | {r['failures']} |")
         ratios.append({"streams": a["streams"], "tokens_per_s_ratio": a["tokens_per_s"] / max(b["tokens_per_s"], 1e-9),
                        "ttft_p99_ratio": a["ttft_p99_s"] / max(b["ttft_p99_s"], 1e-9)})

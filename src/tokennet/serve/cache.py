@@ -297,5 +297,6 @@ class PrefixCache:
         self.bytes = 0
 
     def stats(self) -> dict:
-        return {"blocks": len(self.blocks), "block_tokens": self.block, "bytes": self.bytes, "budget_bytes": self.budget,
+        return {"blocks": len(self.blocks), "block_tokens": self.block, "bytes": self.bytes,
+                "budget_bytes": self.budget,
                 "lookups": self.lookups, "hits": self.hits, "hit_tokens": self.hit_tokens, "evicted": self.evicted}

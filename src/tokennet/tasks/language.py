@@ -52,7 +52,8 @@ def stream_text(run: Run, prompt: str, max_new_tokens: int = 200, *, temperature
     shown = ""
     for nxt in stream(model, torch.tensor([ids], device=dev), max_new_tokens, temperature=temperature,
                       top_k=top_k, top_p=top_p, use_cache=use_cache, generator=g, quantize=quantize,
-                      compile=compile, stop=getattr(tok, "stop_ids", None)):  # imported tokenizers: stop at their end-of-turn
+                      compile=compile,
+                      stop=getattr(tok, "stop_ids", None)):  # imported tokenizers: stop at their end-of-turn
         new.append(int(nxt[0]))
         text = tok.decode(new)
         if not text.endswith("\ufffd"):
