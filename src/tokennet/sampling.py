@@ -19,12 +19,17 @@ rebuilt as soon as any parameter changes (the model may keep training: a stale c
 decoding step reads every weight once, so fewer bytes per weight make it faster.
 
 Each step is the model's forward over the new token against the preallocated KV caches, the head over
-the last position, and the choice of the next token; the token ids live in one preallocated buffer. With
-``compile=True`` the steps after the prompt run as one graph compiled by ``torch.compile``
+the last position, and the choice of the next token; the token ids live in one preallocated buffer. By
+default (``compile=None``: on, unless ``TOKENNET_COMPILE=0``; ``compile=False`` opts out) the steps after the
+prompt run as one graph compiled by ``torch.compile``
 (:class:`CompiledStep`): eager PyTorch spends most of a small model's step launching ~20 operations per
 layer, and its matrix kernels read one-row products' weights far below memory speed; the compiled step
 fuses each layer into a few C++ loops that read every weight once. The prompt itself (the prefill, a
-matrix–matrix product) runs eagerly.
+matrix–matrix product) runs eagerly. Where the step does not compile (no C++ compiler, an operation Dynamo
+cannot trace) it says so once in the log and decodes eagerly. The compile cost is paid once per machine:
+Inductor keeps the generated code on disk (:func:`inductor_cache_dir`, ``~/.cache/tokennet/inductor`` unless
+``TORCHINDUCTOR_CACHE_DIR`` or ``TOKENNET_CACHE`` says otherwise), and a later process loads it instead of
+compiling again.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import copy
 import itertools
 import logging
 import math
+import os
 import time
 import types
 import weakref
@@ -45,7 +51,8 @@ from .attention.multihead import KVCache
 from .errors import ConfigError
 from .layers import quantize as quantization
 
-__all__ = ["generate", "stream", "sample_next", "SAMPLING_EPS", "CompiledStep", "compiled_step"]
+__all__ = ["generate", "stream", "sample_next", "SAMPLING_EPS", "CompiledStep", "compiled_step", "compile_default",
+           "inductor_cache_dir"]
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +64,28 @@ _SERIAL = itertools.count()
 # wrapper would check the size and strides of every weight at every step (~600 checks per step of a 30-layer
 # model; measured in one process, alternating: ~15% of the fixed cost of a step).
 INDUCTOR_OPTIONS = {"realize_opcount_threshold": 8, "size_asserts": False}
+
+
+def compile_default(compile: bool | None = None) -> bool:
+    """Whether decoding uses the compiled step: ``compile`` when given, else ``$TOKENNET_COMPILE`` (default on;
+    ``0``, ``false``, ``no`` or ``off`` turn it off: the test suite decodes eagerly, tests/conftest.py)."""
+    if compile is not None:
+        return bool(compile)
+    return os.environ.get("TOKENNET_COMPILE", "1").strip().lower() not in ("0", "false", "no", "off", "")
+
+
+def inductor_cache_dir() -> str:
+    """Where Inductor keeps compiled code across processes: ``$TORCHINDUCTOR_CACHE_DIR`` when set, else
+    ``$TOKENNET_CACHE/inductor`` or ``~/.cache/tokennet/inductor`` (set when this module is imported, before
+    Inductor first reads it, so the cache outlives a reboot's cleaning of /tmp, Inductor's own default)."""
+    d = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if not d:
+        root = os.environ.get("TOKENNET_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "tokennet")
+        d = os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(root, "inductor")
+    return d
+
+
+inductor_cache_dir()
 
 
 class CompiledStep:
@@ -120,6 +149,7 @@ class CompiledStep:
                     torch._dynamo.mark_dynamic(t, 2)  # the capacity: one graph for every cache size
             buffers.append((c.k, c.v))
         if self.compiled is None:
+            where = inductor_cache_dir()
             t0 = time.perf_counter()
             try:
                 logits = self.fn(tok, keys, buffers)
@@ -129,7 +159,8 @@ class CompiledStep:
                 self.compiled = False
                 return self(tok, caches)
             self.compiled, self.compile_s = True, time.perf_counter() - t0
-            logger.info("compiled the decoding step in %.1f s", self.compile_s)
+            logger.info("compiled the decoding step in %.1f s (Inductor's cache: %s; --no-compile decodes eagerly)",
+                        self.compile_s, where)
         else:
             logits = self.fn(tok, keys, buffers)
         for c in caches:
@@ -211,7 +242,7 @@ def stream(
     use_cache: bool = True,
     generator: torch.Generator | None = None,
     quantize: str = "none",
-    compile: bool = False,
+    compile: bool | None = None,
 ) -> Iterator[Tensor]:
     """Yield the next tokens ``(B,)`` one step at a time; stops early when every row hit a stop token.
 
@@ -229,7 +260,7 @@ def stream(
     seq[:, :T] = idx
     try:
         net = quantization.decoding_copy(model, quantize)  # fp32: packed linears; bf16, int8: quantized
-        step = compiled_step(net) if compile and use_cache else None
+        step = compiled_step(net) if compile_default(compile) and use_cache else None
         caches = net.make_caches(min(block, T + max_new_tokens)) if use_cache else None
         feed = seq[:, max(0, T - block) : T]
         for t in range(T, T + max_new_tokens):
@@ -269,7 +300,7 @@ def generate(
     callback: Callable[[Tensor], None] | None = None,
     generator: torch.Generator | None = None,
     quantize: str = "none",
-    compile: bool = False,
+    compile: bool | None = None,
 ) -> Tensor:
     """Continue the token ids ``idx`` ``(B, T)`` by up to ``max_new_tokens``; returns ``(B, T + n)``.
 
@@ -287,9 +318,11 @@ def generate(
         quantize: ``"none"`` (the model as it is), ``"bf16"`` or ``"int8"`` (weight-only, per-channel
             scales): decode with a low-precision copy of every linear layer and the LM head, made for
             this call (see :mod:`tokennet.layers.quantize`).
-        compile: decode one token at a time with a :class:`CompiledStep` (``torch.compile``; eager where
-            it is unavailable). The first call compiles (tens of seconds for a 30-layer model; Inductor's
-            disk cache shortens it in later processes), so it pays off for long generations and servers.
+        compile: decode one token at a time with a :class:`CompiledStep` (``torch.compile``; eager, with one
+            note in the log, where it is unavailable). None (the default): on unless ``TOKENNET_COMPILE=0``
+            (:func:`compile_default`); False: eager. The first compilation on a machine takes tens of seconds
+            for a 30-layer model; later processes load it from Inductor's disk cache
+            (:func:`inductor_cache_dir`).
     """
     out = [idx]
     for nxt in stream(model, idx, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,

@@ -14,15 +14,31 @@ every layer as it was, all at the old capacity.
 
 The attention layers see an object with ``append(k, v)`` (and ``static = False``), like
 :class:`tokennet.attention.multihead.KVCache`; :class:`SlotCaches` tells every layer's cache what the
-next forward writes (:meth:`SlotCaches.plan_prefill`, :meth:`SlotCaches.plan_decode`).
+next forward writes (:meth:`SlotCaches.plan_prefill`, :meth:`SlotCaches.plan_decode`). A prefill may start
+past a row's first tokens (``plan_prefill(row, n, start=m)``): the row's first ``m`` keys and values were
+copied in from the :class:`PrefixCache`, and only the rest of the prompt is computed.
+
+**Prefix caching** (:class:`PrefixCache`; vLLM's automatic prefix caching, Kwon et al. 2023,
+https://arxiv.org/abs/2309.06180, and SGLang's RadixAttention, Zheng et al. 2024, https://arxiv.org/abs/2312.07104):
+requests that share a beginning — a system prompt, a few-shot block, a chat's earlier turns — share its keys
+and values. Causal attention makes the keys and values of token ``i`` a function of tokens ``0..i`` only, so
+those of a prompt's first ``m`` tokens can be reused by every prompt that begins with the same ``m`` tokens.
+The cache holds blocks of ``block`` tokens; a block is named by its parent block and its own token ids
+(vLLM's hash of blocks: ``key_j = (id(block_{j−1}), tokens[j·b : (j+1)·b])``), so a lookup walks a prompt
+block by block, as a radix tree of blocks. Keys compare the token ids themselves, never a hash of them: a
+block is reused only for exactly its tokens after exactly its parent. It is bounded in bytes and evicts the
+least recently used block (with its descendants, which no lookup can reach without it).
 """
 
 from __future__ import annotations
 
+import itertools
+from collections import OrderedDict
+
 import torch
 from torch import Tensor
 
-__all__ = ["SlotCache", "SlotCaches"]
+__all__ = ["SlotCache", "SlotCaches", "PrefixCache"]
 
 
 class SlotCache:
@@ -41,11 +57,11 @@ class SlotCache:
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write the new tokens' ``(B, Hkv, n, E)`` keys/values as planned; return the keys/values to attend over."""
         o = self._owner
-        if o.mode == "prefill":
-            r, n = o.row, k.shape[2]
-            self.k[r : r + 1, :, :n] = k
-            self.v[r : r + 1, :, :n] = v
-            return self.k[r : r + 1, :, :n], self.v[r : r + 1, :, :n]
+        if o.mode == "prefill":  # after the o.offset tokens already in the row (a cached prefix, or none)
+            r, a, b = o.row, o.offset, o.offset + k.shape[2]
+            self.k[r : r + 1, :, a:b] = k
+            self.v[r : r + 1, :, a:b] = v
+            return self.k[r : r + 1, :, :b], self.v[r : r + 1, :, :b]
         rows = o.rows_index  # (B,)
         self.k[rows, :, o.write_at] = k[:, :, 0]  # (B, Hkv, E) into each row's next slot
         self.v[rows, :, o.write_at] = v[:, :, 0]
@@ -98,10 +114,23 @@ class SlotCaches:
         """A zeroed buffer like ``like`` ``(S, Hkv, capacity', E)`` with ``capacity`` tokens per row."""
         return like.new_zeros(like.shape[0], like.shape[1], capacity, like.shape[3])
 
-    def plan_prefill(self, row: int, length: int) -> None:
-        """The next forward is one sequence's prompt ``(1, length)``, written to row ``row`` from position 0."""
+    def plan_prefill(self, row: int, length: int, start: int = 0) -> None:
+        """The next forward is one sequence's prompt tokens ``start..length−1`` ``(1, length − start)``, written to
+        row ``row`` after its first ``start`` tokens (a cached prefix already copied in, :meth:`load_prefix`)."""
         self.ensure(length)
-        self.mode, self.row, self.offset = "prefill", row, 0
+        self.mode, self.row, self.offset = "prefill", row, start
+
+    def read(self, row: int, start: int, end: int) -> list[tuple[Tensor, Tensor]]:
+        """Row ``row``'s keys and values of tokens ``start..end−1``, per layer: views ``(Hkv, end − start, E)``."""
+        return [(c.k[row, :, start:end], c.v[row, :, start:end]) for c in self.layers]
+
+    def load_prefix(self, row: int, kv: list[tuple[Tensor, Tensor]]) -> None:
+        """Write per-layer keys and values ``(Hkv, m, E)`` into row ``row``'s first ``m`` tokens."""
+        m = kv[0][0].shape[1]
+        self.ensure(m)
+        for c, (k, v) in zip(self.layers, kv):
+            c.k[row, :, :m] = k
+            c.v[row, :, :m] = v
 
     def plan_decode(self, lengths: Tensor, first: int = 0) -> Tensor:
         """The next forward feeds one token to rows ``first..first+B−1``, whose caches hold ``lengths`` ``(B,)``.
@@ -127,3 +156,147 @@ class SlotCaches:
         for c in self.layers:
             c.k[dst, :, :length] = c.k[src, :, :length]
             c.v[dst, :, :length] = c.v[src, :, :length]
+
+
+class _Block:
+    """One cached block: ``kv (L, 2, Hkv, block, E)``, its parent's id, and its children's keys."""
+
+    __slots__ = ("id", "key", "kv", "children")
+
+    def __init__(self, id: int, key: tuple, kv: Tensor):
+        self.id, self.key, self.kv, self.children = id, key, kv, set()
+
+
+class PrefixCache:
+    """Keys and values of prompt prefixes, in blocks of ``block`` tokens, least recently used evicted first.
+
+    Args:
+        budget_bytes: the most bytes of keys and values held (0: the cache holds nothing).
+        block: tokens per block (vLLM's default 16): a prefix is reused in whole blocks.
+
+    :meth:`match` finds the longest cached run of whole blocks a prompt begins with and returns its keys
+    and values; :meth:`insert` stores the whole blocks of a sequence's tokens read from its cache row. Both
+    mark the blocks they touch as just used, the deepest first, so a block is always more recently used
+    than its descendants and eviction takes leaves before the prefixes they extend.
+    """
+
+    ROOT = -1  # the parent id of a first block
+
+    def __init__(self, budget_bytes: int, block: int = 16):
+        if block < 1:
+            raise ValueError(f"block must be >= 1, got {block}")
+        if budget_bytes < 0:
+            raise ValueError(f"budget_bytes must be >= 0, got {budget_bytes}")
+        self.budget, self.block = int(budget_bytes), block
+        self.blocks: OrderedDict[tuple, _Block] = OrderedDict()  # key → block, least recently used first
+        self._by_id: dict[int, _Block] = {}
+        self._ids = itertools.count()
+        self.bytes = 0
+        self.hits = self.lookups = self.hit_tokens = self.evicted = 0
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+    def _walk(self, tokens: list[int], n_blocks: int) -> list[_Block]:
+        """The cached blocks of ``tokens``' first ``n_blocks`` whole blocks, as far as they are cached."""
+        out, parent, b = [], self.ROOT, self.block
+        for j in range(n_blocks):
+            blk = self.blocks.get((parent, tuple(tokens[j * b : (j + 1) * b])))
+            if blk is None:
+                break
+            out.append(blk)
+            parent = blk.id
+        return out
+
+    def _touch(self, chain: list[_Block]) -> None:
+        for blk in reversed(chain):  # the deepest first: every ancestor ends more recent than its descendants
+            self.blocks.move_to_end(blk.key)
+
+    def match(self, tokens: list[int], limit: int | None = None) -> tuple[int, list[tuple[Tensor, Tensor]] | None]:
+        """The longest cached prefix of ``tokens`` of at most ``limit`` tokens, in whole blocks: ``(m, kv)``,
+        ``kv`` per layer ``(Hkv, m, E)`` keys and values (``(0, None)``: nothing cached)."""
+        limit = len(tokens) if limit is None else min(limit, len(tokens))
+        self.lookups += 1
+        chain = self._walk(tokens, limit // self.block)
+        if not chain:
+            return 0, None
+        self._touch(chain)
+        self.hits += 1
+        m = len(chain) * self.block
+        self.hit_tokens += m
+        kv = torch.stack([blk.kv for blk in chain])  # (n, L, 2, Hkv, b, E)
+        n, L, _, H, b, E = kv.shape
+        kv = kv.permute(1, 2, 3, 0, 4, 5).reshape(L, 2, H, n * b, E)  # (L, 2, Hkv, m, E): the blocks in order
+        return m, [(kv[i, 0], kv[i, 1]) for i in range(L)]
+
+    def insert(self, tokens: list[int], read) -> int:
+        """Store the whole blocks of ``tokens`` not cached yet; ``read(start, end)`` gives their keys and values
+        per layer ``(Hkv, end − start, E)`` (views of a cache row). Returns the blocks added."""
+        b = self.block
+        n_blocks = len(tokens) // b
+        chain = self._walk(tokens, n_blocks)
+        if len(chain) == n_blocks or self.budget <= 0:
+            self._touch(chain)
+            return 0
+        start = len(chain) * b
+        kv = read(start, n_blocks * b)  # per layer (Hkv, m', E)
+        new = torch.stack([torch.stack([k, v]) for k, v in kv])  # (L, 2, Hkv, m', E): one copy, off the row
+        L, _, H, _, E = new.shape
+        per_block = new[..., :b, :].nelement() * new.element_size()
+        if per_block > self.budget:
+            self._touch(chain)
+            return 0
+        first = len(chain)  # the first block not cached
+        new = new.reshape(L, 2, H, n_blocks - first, b, E)
+        parent = chain[-1] if chain else None
+        added = 0
+        for j in range(first, n_blocks):
+            while self.bytes + per_block > self.budget:
+                if not self._evict_one(keep=chain):
+                    self._touch(chain)
+                    return added  # the budget holds no more of this sequence's blocks
+            key = (parent.id if parent is not None else self.ROOT, tuple(tokens[j * b : (j + 1) * b]))
+            blk = _Block(next(self._ids), key, new[:, :, :, j - first].clone())  # (L, 2, Hkv, b, E)
+            self.blocks[key] = blk
+            self._by_id[blk.id] = blk
+            if parent is not None:
+                parent.children.add(key)
+            self.bytes += per_block
+            chain.append(blk)
+            parent = blk
+            added += 1
+        self._touch(chain)
+        return added
+
+    def _evict_one(self, keep: list[_Block]) -> bool:
+        """Drop the least recently used block not in ``keep`` (the chain being extended), with its descendants;
+        False when every block is kept."""
+        kept = {blk.key for blk in keep}
+        for key in self.blocks:
+            if key not in kept:
+                self._drop(key)
+                return True
+        return False
+
+    def _drop(self, key: tuple) -> None:
+        blk = self.blocks.pop(key, None)
+        if blk is None:
+            return
+        del self._by_id[blk.id]
+        self.bytes -= blk.kv.nelement() * blk.kv.element_size()
+        self.evicted += 1
+        for child in list(blk.children):
+            self._drop(child)
+        parent = self._by_id.get(key[0])
+        if parent is not None:
+            parent.children.discard(key)
+
+    def clear(self) -> None:
+        self.blocks.clear()
+        self._by_id.clear()
+        self.bytes = 0
+
+    def stats(self) -> dict:
+        return {"blocks": len(self.blocks), "block_tokens": self.block, "bytes": self.bytes,
+                "budget_bytes": self.budget,
+                "lookups": self.lookups, "hits": self.hits, "hit_tokens": self.hit_tokens, "evicted": self.evicted}

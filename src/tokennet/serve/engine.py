@@ -31,11 +31,19 @@ next), checked against the stop strings (the earliest match of any of them ends 
 be the start of one is held back), and handed
 to the sequence's ``emit`` callback, which a server uses to wake the waiting request. Greedy decoding
 (temperature 0) gives the tokens :func:`tokennet.sampling.generate` gives for the prompt alone.
+
+**Prefix caching** (:class:`~tokennet.serve.cache.PrefixCache`, ``prefix_cache_mb``): a prefill first looks up
+the longest run of whole cached blocks its prompt begins with (at most all but its last token, whose logits
+give the first new token), copies their keys and values into its row and computes only the rest; after the
+prefill the prompt's whole blocks are stored, and when a sequence ends its prompt and reply are (a chat's
+next turn begins with them). The lookup happens when the prompt is prefilled, not when it is queued: a prefix
+evicted while its request waits is simply not found, and the prompt is computed in full.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections import Counter, deque
 from collections.abc import Callable
@@ -45,15 +53,32 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..errors import ConfigError
 from ..layers import quantize as quantization
 from ..sampling import SAMPLING_EPS
-from .cache import SlotCaches
+from .cache import PrefixCache, SlotCaches
 
 __all__ = ["Engine", "Sequence", "SamplingParams", "QueueFull", "sample_rows", "SAMPLING_EPS", "TokenLogprob",
-           "token_logprobs"]
+           "token_logprobs", "PREFIX_CACHE_MB", "available_memory"]
 
 log = logging.getLogger(__name__)
 
+PREFIX_CACHE_MB = 256.0  # the prefix cache's default bound (tokennet serve --prefix-cache-mb)
+
+
+def available_memory(device: torch.device) -> int | None:
+    """Bytes free for new tensors on ``device`` now (CUDA: free device memory; CPU: the kernel's MemAvailable);
+    None when it cannot be told."""
+    try:
+        if device.type == "cuda":
+            return int(torch.cuda.mem_get_info(device)[0])
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (OSError, ValueError, RuntimeError, AttributeError):
+        return None
 
 
 PROMPT_LOGPROBS_CHUNK = 256  # prompt positions whose logits are held at once (echo with logprobs)
@@ -152,6 +177,7 @@ class Sequence:
         self.finish_reason: str | None = None
         self.cancelled = False
         self.generator: torch.Generator | None = None  # of a seeded sequence, on the engine's device (submit)
+        self.cached_tokens = 0  # prompt tokens whose keys and values came from the prefix cache
         self.next_token: int | None = None  # sampled, not yet fed to the model
         self.logprobs: list[TokenLogprob] = []  # of the sampled tokens (params.logprobs is not None)
         self.prompt_logprobs: list[TokenLogprob] = []  # of prompt[1:] (params.prompt_logprobs)
@@ -240,10 +266,14 @@ class Engine:
             itself is not modified).
         max_queue: the most sequences waiting for a row (None: no limit); :meth:`submit_all` raises
             :class:`QueueFull` beyond it.
+        prefix_cache_mb: the prefix cache's bound in MiB of keys and values (0: no prefix caching); more than
+            the device's free memory is refused (:class:`~tokennet.errors.ConfigError`).
+        prefix_block: tokens per cached block (prefixes are reused in whole blocks).
     """
 
     def __init__(self, model: nn.Module, tokenizer, *, max_batch: int = 16, context: int | None = None,
-                 prefill_tokens: int = 2048, seed: int = 0, quantize: str = "none", max_queue: int | None = None):
+                 prefill_tokens: int = 2048, seed: int = 0, quantize: str = "none", max_queue: int | None = None,
+                 prefix_cache_mb: float = PREFIX_CACHE_MB, prefix_block: int = 16):
         c = model.config
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
@@ -262,6 +292,7 @@ class Engine:
         heads = c.num_kv_heads or c.num_heads
         self.caches = SlotCaches(c.num_layers, heads, c.dim // c.num_heads, max_batch, self.context,
                                  device=self.device, dtype=act)
+        self.prefix = self._prefix_cache(prefix_cache_mb, prefix_block)
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -273,6 +304,20 @@ class Engine:
         self.steps = 0  # decode steps taken (for tests and statistics)
         self.batch_sizes: list[int] = []  # rows of each decode step, the last 1000
         self.finished: Counter[str] = Counter()  # sequences ended, by finish reason
+
+    def _prefix_cache(self, mb: float, block: int) -> PrefixCache | None:
+        if not (mb >= 0) or mb == float("inf"):
+            raise ConfigError(f"the prefix cache's size must be a number of MiB >= 0, got {mb}")
+        if block < 1:
+            raise ConfigError(f"prefix_block must be >= 1, got {block}")
+        if mb == 0:
+            return None
+        budget = int(mb * 2**20)
+        free = available_memory(self.device)
+        if free is not None and budget > free:
+            raise ConfigError(f"a prefix cache of {mb:g} MiB does not fit: {free / 2**20:.0f} MiB of "
+                              f"{self.device.type} memory is free (--prefix-cache-mb; 0 turns it off)")
+        return PrefixCache(budget, block)
 
     # -- the caller's side (any thread) ------------------------------------------------------------
     def start(self) -> Engine:
@@ -432,21 +477,22 @@ class Engine:
         return best
 
     def _prefill(self, seq: Sequence, row: int) -> int | None:
-        """Fill row ``row`` of the cache with the prompt; the first new token (None: ``max_tokens`` is 0)."""
+        """Fill row ``row`` of the cache with the prompt (its cached prefix copied, the rest computed); the first
+        new token (None: ``max_tokens`` is 0). A request for the prompt's log probabilities computes it whole."""
         self.feeding = [seq]
-        self.caches.plan_prefill(row, len(seq.prompt))
-        ids = torch.tensor([seq.prompt], device=self.device)  # (1, P)
-        h = self.net.forward_features(ids, caches=self.caches.layers)  # (1, P, D)
         p = seq.params
+        start = 0 if p.prompt_logprobs else self._load_prefix(seq, row)
+        self.caches.plan_prefill(row, len(seq.prompt), start)
+        ids = torch.tensor([seq.prompt], device=self.device)  # (1, P)
+        h = self.net.forward_features(ids[:, start:], caches=self.caches.layers)  # (1, P − start, D)
         if p.prompt_logprobs:  # every position's logits, from this same forward (in chunks: P × V can be large)
             P, k = len(seq.prompt), p.logprobs or 0
             for a in range(0, P - 1, PROMPT_LOGPROBS_CHUNK):
                 b = min(a + PROMPT_LOGPROBS_CHUNK, P - 1)
                 lg = self.net.forward_head(h[:, a:b])[0]  # (b - a, V): predicts prompt[a + 1 : b + 1]
                 seq.prompt_logprobs += token_logprobs(lg, ids[0, a + 1 : b + 1], [k] * (b - a))
-            logits = self.net.forward_head(h[:, -1:])[:, -1]  # (1, V)
-        else:
-            logits = self.net.forward_head(h[:, -1:])[:, -1]  # (1, V)
+        logits = self.net.forward_head(h[:, -1:])[:, -1]  # (1, V)
+        self._remember(seq.prompt, row)
         if p.max_tokens == 0:
             return None
         return int(self._sample(logits, [seq])[0])
@@ -466,6 +512,27 @@ class Engine:
             for i, e in zip(want, token_logprobs(logits[want], nxt[want], [rows[i].params.logprobs for i in want])):
                 rows[i].logprobs.append(e)
         return nxt
+
+    def _load_prefix(self, seq: Sequence, row: int) -> int:
+        """Copy the longest cached prefix of ``seq``'s prompt (all but its last token at most) into row ``row``;
+        the tokens copied (0: none, or no prefix cache)."""
+        seq.cached_tokens = 0
+        if self.prefix is None or len(seq.prompt) <= self.prefix.block:
+            return 0
+        m, kv = self.prefix.match(seq.prompt, limit=len(seq.prompt) - 1)
+        if m:
+            self.caches.load_prefix(row, kv)
+            seq.cached_tokens = m
+        return m
+
+    def _remember(self, tokens: list[int], row: int) -> None:
+        """Store the whole blocks of ``tokens``, the first ``len(tokens)`` of row ``row``, in the prefix cache."""
+        if self.prefix is None or len(tokens) < self.prefix.block:
+            return
+        try:
+            self.prefix.insert(tokens, lambda a, b: [(k, v) for k, v in self.caches.read(row, a, b)])
+        except Exception:  # noqa: BLE001 - a cache that cannot store (out of memory) costs reuse, never a request
+            log.exception("the prefix cache could not store a sequence's blocks")
 
     def _forward_rows(self, first: int, n: int) -> Tensor:
         """One decoding forward of rows ``first..first+n−1``: their next tokens' logits ``(n, V)``."""
@@ -582,6 +649,8 @@ class Engine:
 
     def _remove(self, row: int, reason: str, *, error: str | None = None) -> None:
         s = self.running[row]
+        if reason != "error":  # its prompt and reply, for a chat's next turn (a failed row's keys are not trusted)
+            self._remember((s.prompt + s.generated)[: s.length], row)
         last = len(self.running) - 1
         if row != last:
             self.caches.move(last, row, self.running[last].length)
@@ -603,7 +672,8 @@ class Engine:
 
     def status(self) -> dict[str, Any]:
         return {**self.load, "max_batch": self.max_batch, "context": self.context, "steps": self.steps,
-                "quantize": self.quantize, "max_queue": self.max_queue}
+                "quantize": self.quantize, "max_queue": self.max_queue,
+                "prefix_cache": None if self.prefix is None else self.prefix.stats()}
 
 
 def first_stop(text: str, stops: list[str], sent: int = 0) -> int:

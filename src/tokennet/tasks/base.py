@@ -94,6 +94,10 @@ OPTIONS = {
     "top_p": Option("top_p", "nucleus sampling threshold in (0, 1]", float),
     "seed": Option("seed", "sampling seed (default 0)", int, 0),
     "no_cache": Option("no_cache", "recompute the whole window every step (no KV cache)", flag=True),
+    "no_compile": Option("no_compile", "language models: decode eagerly instead of with the decoding step compiled by "
+                         "torch.compile (the default where it compiles; its first compilation on a machine takes "
+                         "seconds to tens of seconds and is kept in Inductor's disk cache for later processes; "
+                         "TOKENNET_COMPILE=0 makes eager the default)", flag=True),
     "quantize": Option("quantize", "language models: decode with low-precision weights in every linear layer and the "
                        "LM head, converted when generation starts (the saved run is not changed): bf16; int8 "
                        "weight-only with one scale per output channel (bf16 activations); int4: 4-bit blocks of 32 "

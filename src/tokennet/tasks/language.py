@@ -25,13 +25,14 @@ log = logging.getLogger(__name__)
 
 def stream_text(run: Run, prompt: str, max_new_tokens: int = 200, *, temperature: float = 0.8,
                 top_k: int | None = None, top_p: float | None = None, seed: int = 0,
-                use_cache: bool = True, quantize: str = "none") -> Iterator[str]:
+                use_cache: bool = True, quantize: str = "none", compile: bool | None = None) -> Iterator[str]:
     """Yield the continuation of ``prompt`` as printable pieces of text, as the tokens come.
 
     A byte-level token may end inside a UTF-8 character: a piece is yielded only once it decodes
     cleanly, and whatever is left is yielded at the end. ``quantize`` (``"none"``, ``"bf16"``, ``"int8"``)
     decodes with a low-precision copy of the model's linear layers and head, made for this call (see
-    :func:`tokennet.sampling.generate`).
+    :func:`tokennet.sampling.generate`). ``compile``: decode with the compiled step (None, the default: on unless
+    ``TOKENNET_COMPILE=0``; eager with a note where it does not compile; see :func:`tokennet.sampling.stream`).
     """
     model, tok = run.model, run.tokenizer
     if tok is None:
@@ -51,6 +52,7 @@ def stream_text(run: Run, prompt: str, max_new_tokens: int = 200, *, temperature
     shown = ""
     for nxt in stream(model, torch.tensor([ids], device=dev), max_new_tokens, temperature=temperature,
                       top_k=top_k, top_p=top_p, use_cache=use_cache, generator=g, quantize=quantize,
+                      compile=compile,
                       stop=getattr(tok, "stop_ids", None)):  # imported tokenizers: stop at their end-of-turn
         new.append(int(nxt[0]))
         text = tok.decode(new)
@@ -149,7 +151,7 @@ class LanguageModel(Task):
     protocol = CausalLM
     inputs = (PROMPT,)
     options = tuple(OPTIONS[k] for k in ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "no_cache",
-                                         "quantize", "chat"))
+                                         "no_compile", "quantize", "chat"))
 
     @verb
     def generate(self, run: Run, prompt: str | list[str] = "\n", max_new_tokens: int = 200, **kw) -> str | list[str]:
@@ -175,7 +177,8 @@ class LanguageModel(Task):
             yield prompt
         yield from stream_text(run, prompt, values["max_new_tokens"], temperature=values["temperature"],
                                top_k=values["top_k"], top_p=values["top_p"], seed=values["seed"],
-                               use_cache=not values["no_cache"], quantize=values["quantize"])
+                               use_cache=not values["no_cache"], quantize=values["quantize"],
+                               compile=False if values["no_compile"] else None)
         yield "\n"
 
     def draw(self, run: Run, out_dir: Path, **options) -> list[Path]:
