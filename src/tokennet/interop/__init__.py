@@ -11,7 +11,7 @@ source                 architecture                     tokennet family
 HF dir, ``gpt2``       ``GPT2LMHeadModel``              ``gpt`` (:mod:`.gpt2`)
 HF dir, ``vit``        ``ViTForImageClassification``    ``vit`` (:mod:`.vit`)
 HF dir, ``llama``      ``LlamaForCausalLM``             ``gpt`` with Llama's options (:mod:`.llama`)
-``*.gguf`` file        ``llama``, ``gpt2``              ``gpt`` (Q8_0/Q4_0/Q4_1 kept as blocks) + its tokenizer
+``*.gguf`` file        ``llama``, ``gpt2``, ``gemma3``  ``gpt`` (Q8_0/Q4_0/Q4_1 kept as blocks) + its tokenizer
 HF dir, ``bert``       ``BertModel``                    ``text-encoder`` + its tokenizer (:mod:`.bert`)
 =====================  ===============================  ===========================================
 
