@@ -11,6 +11,7 @@ source                 architecture                     tokennet family
 HF dir, ``gpt2``       ``GPT2LMHeadModel``              ``gpt`` (:mod:`.gpt2`)
 HF dir, ``vit``        ``ViTForImageClassification``    ``vit`` (:mod:`.vit`)
 HF dir, ``llama``      ``LlamaForCausalLM``             ``gpt`` with Llama's options (:mod:`.llama`)
+HF dir, ``mistral``    ``MistralForCausalLM``           ``gpt``: Llama's, every layer a sliding window (:mod:`.llama`)
 ``*.gguf`` file        ``llama``, ``gpt2``, ``gemma3``  ``gpt`` (Q8_0/Q4_0/Q4_1 kept as blocks) + its tokenizer
 HF dir, ``bert``       ``BertModel``                    ``text-encoder`` + its tokenizer (:mod:`.bert`)
 =====================  ===============================  ===========================================
@@ -41,7 +42,7 @@ from .bert import convert_bert
 from .gguf_in import convert_gguf
 from .gpt2 import convert_gpt2
 from .hf import read_hf_config
-from .llama import convert_llama
+from .llama import convert_llama, convert_mistral
 from .vit import convert_vit
 
 __all__ = ["import_checkpoint", "convert", "ImportResult", "CONVERTERS", "load_init", "InitSource"]
@@ -56,6 +57,7 @@ CONVERTERS: dict[tuple[str, str], Converter] = {
     ("gpt2", "GPT2LMHeadModel"): convert_gpt2,
     ("vit", "ViTForImageClassification"): convert_vit,
     ("llama", "LlamaForCausalLM"): convert_llama,
+    ("mistral", "MistralForCausalLM"): convert_mistral,
     ("bert", "BertModel"): convert_bert,
 }
 
