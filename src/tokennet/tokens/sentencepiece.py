@@ -118,7 +118,7 @@ class SentencePieceTokenizer(Tokenizer):
     # -- encoding -----------------------------------------------------------------------------------
     def _fragments(self, text: str, special: bool) -> list[str | int]:
         """``text`` cut at its special pieces: a list of raw strings and ids (llama.cpp's tokenizer_st_partition)."""
-        parts: list[str | int] = [text]
+        parts: list[str | int] = [text] if text else []
         for i in self._special:
             if not special and self.types[i] != USER_DEFINED:
                 continue
@@ -226,13 +226,21 @@ class SentencePieceTokenizer(Tokenizer):
         return b""
 
     def decode(self, ids: Any, *, skip_special: bool = True) -> str:
+        """The text of ``ids``, as llama.cpp's ``llama_detokenize(remove_special=skip_special,
+        unparse_special=not skip_special)``: with ``add_space_prefix``, the first piece loses one leading space
+        (the one encode put there) — unless the ids start with a ``<bos>`` that is removed, where llama.cpp keeps it."""
         ids = _as_id_list(ids, self.vocab_size)
+        strip = self.add_space_prefix
         if skip_special and ids and self.add_bos and ids[0] == self.bos_id:
-            ids = ids[1:]
-        data = b"".join(self.piece_bytes(i, skip_special=skip_special) for i in ids)
-        if self.add_space_prefix and data.startswith(b" "):
-            data = data[1:]  # the space encode() put before the text
-        return data.decode("utf-8", errors="replace")
+            ids, strip = ids[1:], False
+        out = []
+        for i in ids:
+            b = self.piece_bytes(i, skip_special=skip_special)
+            if strip and b.startswith(b" "):
+                b = b[1:]
+            strip = False
+            out.append(b)
+        return b"".join(out).decode("utf-8", errors="replace")
 
     def apply_chat_template(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
                             tools: list[dict[str, Any]] | None = None, documents: list[dict[str, Any]] | None = None,
