@@ -356,8 +356,9 @@ def main() -> None:
           f"; load average before {load_before:.2f}, after {os.getloadavg()[0]:.2f}")
     print(f"copy bandwidth (read + write): {bandwidth:.1f} GB/s")
     if "error" not in memory:
-        print(f"tokennet import: peak RSS {memory['peak_rss_bytes'] / MiB:.0f} MiB for a {memory['file_bytes'] / MiB:.0f}"
-              f" MiB file ({memory['peak_over_file']:.2f}× its size), {memory['import_s']:.1f} s")
+        print(f"tokennet import: peak RSS {memory['peak_rss_bytes'] / MiB:.0f} MiB for a "
+              f"{memory['file_bytes'] / MiB:.0f} MiB file ({memory['peak_over_file']:.2f}× its size), "
+              f"{memory['import_s']:.1f} s")
     print()
     print("| system | decode tok/s | × llama.cpp | prefill tok/s | × llama.cpp | weights MB/token | "
           "of copy bandwidth | first call s | peak RSS MiB | same greedy tokens as llama.cpp (prefix) | "

@@ -44,6 +44,7 @@ from torch import Tensor
 
 from ..errors import ConfigError, DataError
 from ..models.gpt import GPT, GPTConfig
+from ..tokens.sentencepiece import SentencePieceTokenizer
 from .gguf_in import (
     block_formats,
     build_checked,
@@ -56,10 +57,10 @@ from .gguf_in import (
     read_gguf,
     stack_rows,
 )
-from ..tokens.sentencepiece import SentencePieceTokenizer
 from .hf import NameMap
 
-__all__ = ["convert_gemma3_gguf", "gguf_sentencepiece", "gemma3_config", "gemma3_windows", "GGUF_GEMMA3_KEYS", "SWA_PATTERN",
+__all__ = ["convert_gemma3_gguf", "gguf_sentencepiece", "gemma3_config", "gemma3_windows", "GGUF_GEMMA3_KEYS",
+           "SWA_PATTERN",
            "ROPE_LOCAL_BASE"]
 
 SWA_PATTERN = 6  # llama.cpp's gemma3: layer i is global when (i + 1) % 6 == 0, else sliding-window

@@ -60,7 +60,8 @@ from .gguf_in import (
 )
 from .hf import NameMap, check_fields, check_layer_count, read_safetensors
 
-__all__ = ["convert_llama", "convert_mistral", "convert_llama_gguf", "unpermute", "permute", "llama_config", "LAYER_NAMES"]
+__all__ = ["convert_llama", "convert_mistral", "convert_llama_gguf", "unpermute", "permute", "llama_config",
+           "LAYER_NAMES"]
 
 # Tokennet names of one layer → (HF name, GGUF name).
 LAYER_NAMES = {

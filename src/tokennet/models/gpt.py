@@ -23,9 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..attention.masks import sliding_window, window_band
 from ..attention.multihead import KVCache
 from ..errors import ConfigError
-from ..attention.masks import sliding_window, window_band
 from ..layers.block import NORM_LAYERS, mlp_kind
 from ..layers.blockquant import FORMATS as BLOCK_FORMATS
 from ..layers.blockquant import BlockEmbedding, BlockLinear
