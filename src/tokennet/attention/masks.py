@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["causal", "valid_lengths", "padding", "prefix", "adjacency", "check_mask"]
+__all__ = ["causal", "sliding_window", "window_band", "valid_lengths", "padding", "prefix", "adjacency", "check_mask"]
 
 
 def _positions(n_q: int, n_k: int, device) -> tuple[Tensor, Tensor]:
@@ -43,6 +43,34 @@ def causal(n_q: int, n_k: int | None = None, *, device=None) -> Tensor:
     n_k = n_q if n_k is None else n_k
     qpos, kpos = _positions(n_q, n_k, device)
     return kpos <= qpos
+
+
+def sliding_window(n_q: int, n_k: int | None = None, window: int = 1, *, device=None) -> Tensor:
+    """Causal sliding-window mask ``(Nq, Nk)`` (Mistral, Gemma's local layers): the query at position i attends to
+    the ``window`` most recent keys, ``i − window < j ≤ i``. Queries are the last ``n_q`` of ``n_k``, as in
+    :func:`causal`.
+
+    Args:
+        n_q: number of queries.
+        n_k: number of keys (defaults to ``n_q``).
+        window: keys each query sees, itself included (≥ 1).
+        device: where to build the mask.
+    """
+    n_k = n_q if n_k is None else n_k
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    qpos, kpos = _positions(n_q, n_k, device)
+    return (kpos <= qpos) & (qpos - kpos < window)
+
+
+def window_band(positions: Tensor, n_k: int, window: int) -> Tensor:
+    """The window part of :func:`sliding_window` for per-row query positions: ``positions`` ``(B, Nq)`` →
+    ``(B, 1, Nq, Nk)``, True where key j (at position j) is within ``window`` of the query, ``pos − j < window``
+    (combine with a causal or key mask)."""
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    keys = torch.arange(n_k, device=positions.device)
+    return (positions[:, None, :, None] - keys < window)  # (B, 1, Nq, Nk)
 
 
 def valid_lengths(lengths: Tensor, n_k: int) -> Tensor:

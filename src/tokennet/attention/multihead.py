@@ -7,6 +7,8 @@ concatenated and projected: ``MHA(X, C) = [head_1, …, head_H] W_o``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -131,7 +133,7 @@ class MultiHeadAttention(nn.Module):
         bias: bool = True,
         dropout: float = 0.0,
         backend: str = "auto",
-        qk_norm: bool = False,
+        qk_norm: bool | Callable[[int], nn.Module] = False,
         value_proj: bool = True,
     ):
         super().__init__()
@@ -167,8 +169,9 @@ class MultiHeadAttention(nn.Module):
             self.qkv_proj = nn.Linear(dim, self.q_dim + self.kv_dim + self.v_dim, bias=bias)
         self.out_proj = nn.Linear(self.q_dim, dim, bias=bias)
         self.out_drop = (nn.Dropout(dropout) if dropout > 0 else nn.Identity())
-        self.q_norm = nn.RMSNorm(head_dim) if qk_norm else None
-        self.k_norm = nn.RMSNorm(head_dim) if qk_norm else None
+        kind = qk_norm if callable(qk_norm) else (lambda e: nn.RMSNorm(e)) if qk_norm else None
+        self.q_norm = kind(head_dim) if kind else None
+        self.k_norm = kind(head_dim) if kind else None
 
     # -- projections --------------------------------------------------------------------------------
     def _heads(self, t: Tensor, h: int) -> Tensor:

@@ -12,7 +12,9 @@ HF dir, ``gpt2``       ``GPT2LMHeadModel``              ``gpt`` (:mod:`.gpt2`)
 HF dir, ``vit``        ``ViTForImageClassification``    ``vit`` (:mod:`.vit`)
 HF dir, ``llama``      ``LlamaForCausalLM``             ``gpt`` with Llama's options (:mod:`.llama`)
 HF dir, ``qwen2``      ``Qwen2ForCausalLM``             ``gpt``, Llama's options + ``qkv_bias`` (:mod:`.llama`)
-``*.gguf`` file        ``llama``, ``gpt2``, ``qwen2``   ``gpt`` (GGUF blocks kept, see gguf_in) + its tokenizer
+HF dir, ``mistral``    ``MistralForCausalLM``           ``gpt``: Llama's, every layer a sliding window (:mod:`.llama`)
+``*.gguf`` file        ``llama``, ``gpt2``,             ``gpt`` (GGUF blocks kept, see gguf_in) + its tokenizer
+                       ``qwen2``, ``gemma3``
 HF dir, ``bert``       ``BertModel``                    ``text-encoder`` + its tokenizer (:mod:`.bert`)
 =====================  ===============================  ===========================================
 
@@ -42,7 +44,7 @@ from .bert import convert_bert
 from .gguf_in import convert_gguf
 from .gpt2 import convert_gpt2
 from .hf import read_hf_config
-from .llama import convert_llama, convert_qwen2
+from .llama import convert_llama, convert_mistral, convert_qwen2
 from .vit import convert_vit
 
 __all__ = ["import_checkpoint", "convert", "ImportResult", "CONVERTERS", "load_init", "InitSource"]
@@ -57,6 +59,7 @@ CONVERTERS: dict[tuple[str, str], Converter] = {
     ("gpt2", "GPT2LMHeadModel"): convert_gpt2,
     ("vit", "ViTForImageClassification"): convert_vit,
     ("llama", "LlamaForCausalLM"): convert_llama,
+    ("mistral", "MistralForCausalLM"): convert_mistral,
     ("bert", "BertModel"): convert_bert,
 }
 CONVERTERS[("qwen2", "Qwen2ForCausalLM")] = convert_qwen2

@@ -2,7 +2,7 @@
 
 A GGUF file holds metadata fields (``general.architecture``, ``llama.block_count``, ``tokenizer.ggml.tokens``,
 …) and named tensors (``blk.0.attn_q.weight``). What is general to every architecture lives here; each
-family's converter (:mod:`.llama`, :mod:`.gpt2`) maps its names. :func:`convert_gguf` dispatches on
+family's converter (:mod:`.llama`, :mod:`.gpt2`, :mod:`.gemma`) maps its names. :func:`convert_gguf` dispatches on
 ``general.architecture``.
 
 Tensors come back as float32 tensors or, for Q8_0/Q4_0/Q4_1/Q5_0/Q4_K/Q5_K/Q6_K (whose layout tokennet keeps, see
@@ -336,18 +336,19 @@ def gguf_tokenizer(reader, path: Path, vocab_size: int) -> PretrainedTokenizer:
     return tok
 
 
-GGUF_ARCHS = ("llama", "gpt2", "qwen2")
+GGUF_ARCHS = ("llama", "gpt2", "qwen2", "gemma3")
 
 
 def convert_gguf(path: Path, *, keep_blocks: bool = True):
     """A tokennet GPT and its tokenizer from a GGUF file: ``(model, tokenizer, converter name, notes)``."""
+    from .gemma import convert_gemma3_gguf
     from .gpt2 import convert_gpt2_gguf
     from .llama import convert_llama_gguf, convert_qwen2_gguf
 
     reader = read_gguf(path)
     arch = field(reader, "general.architecture")
-    converters = {"llama": convert_llama_gguf, "gpt2": convert_gpt2_gguf}
-    converters["qwen2"] = convert_qwen2_gguf
+    converters = {"llama": convert_llama_gguf, "gpt2": convert_gpt2_gguf, "qwen2": convert_qwen2_gguf,
+                  "gemma3": convert_gemma3_gguf}
     if arch not in converters:
         raise ConfigError(f"{path}: GGUF architecture {arch!r} has no tokennet converter (supported: "
                           f"{', '.join(GGUF_ARCHS)}); nothing was written")

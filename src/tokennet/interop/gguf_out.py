@@ -75,7 +75,9 @@ def gguf_arch(config) -> str:
     """
     if getattr(config, "family", None) != "gpt":
         raise ConfigError(f"GGUF export is for gpt runs (language models); this is a {config.family} run")
-    common = {"mixer": "attention", "qk_norm": False}
+    common = {"mixer": "attention", "qk_norm": False, "norm_placement": "pre", "embedding_scale": 1.0,
+              "attention_windows": None, "head_dim": None}  # Gemma's and Mistral's settings are not exported
+    common = {k: v for k, v in common.items() if hasattr(config, k)}
     styles = {
         "gpt2": {"position": "learned", "norm_layer": "layernorm", "gated_mlp": False},
         "llama": {"position": "rope", "norm_layer": "rmsnorm", "gated_mlp": True, "activation": "silu",

@@ -46,8 +46,10 @@ def hf_class(config) -> str:
     """``"gpt2"`` or ``"llama"``: the transformers model class for this GPT config, or a one-line ConfigError."""
     if getattr(config, "family", None) != "gpt":
         raise ConfigError(f"Hugging Face export is for gpt runs (language models); this is a {config.family} run")
-    if config.mixer != "attention" or config.qk_norm:
-        bad = "mixer" if config.mixer != "attention" else "qk_norm"
+    plain = {"norm_placement": "pre", "embedding_scale": 1.0, "attention_windows": None, "head_dim": None}
+    odd = [k for k, v in plain.items() if getattr(config, k, v) != v]  # Gemma's and Mistral's: not exported
+    if config.mixer != "attention" or config.qk_norm or odd:
+        bad = "mixer" if config.mixer != "attention" else "qk_norm" if config.qk_norm else odd[0]
         raise ConfigError(f"Hugging Face export: {bad}={getattr(config, bad)!r} has no GPT-2 or Llama equivalent; "
                           "nothing was written")
     if config.position == "rope":

@@ -8,7 +8,9 @@ sizes, an LM head of its own (``tie_weights=False``; SmolLM2 ties it).
 
 Two sources:
 
-- a Hugging Face directory of ``LlamaForCausalLM`` (``config.json`` + ``model.safetensors``);
+- a Hugging Face directory of ``LlamaForCausalLM`` (``config.json`` + ``model.safetensors``), or of
+  ``MistralForCausalLM``: Llama's config with a ``sliding_window`` W, every layer's query at i attending to the keys
+  ``i − W < j ≤ i`` (``attention_windows``);
 - a GGUF file (llama.cpp's format), read with the ``gguf`` package. Q8_0, Q4_0 and Q4_1 tensors are kept as
   they are, block for block (:mod:`tokennet.layers.blockquant`; the config's ``quantized`` field says which
   layers hold blocks): the run reads the weights llama.cpp reads, in a sixth of float32's bytes. Other
@@ -59,8 +61,8 @@ from .gguf_in import (
 )
 from .hf import NameMap, check_fields, check_layer_count, read_safetensors
 
-__all__ = ["convert_llama", "convert_llama_gguf", "convert_qwen2", "convert_qwen2_gguf", "unpermute", "permute",
-           "llama_config", "LAYER_NAMES"]
+__all__ = ["convert_llama", "convert_mistral", "convert_llama_gguf", "convert_qwen2", "convert_qwen2_gguf",
+           "unpermute", "permute", "llama_config", "LAYER_NAMES"]
 
 # Tokennet names of one layer → (HF name, GGUF name).
 LAYER_NAMES = {
@@ -74,12 +76,12 @@ LAYER_NAMES = {
 
 
 def llama_config(*, vocab_size: int, context: int, dim: int, hidden: int, layers: int, heads: int, kv_heads: int,
-                 rope_base: float, eps: float, tied: bool) -> GPTConfig:
-    """The tokennet GPT config of a Llama model."""
+                 rope_base: float, eps: float, tied: bool, window: int | None = None) -> GPTConfig:
+    """The tokennet GPT config of a Llama model (``window``: Mistral's sliding window of keys, every layer)."""
     config = GPTConfig(vocab_size=vocab_size, block_size=context, dim=dim, num_layers=layers, num_heads=heads,
                        num_kv_heads=kv_heads, mlp_ratio=hidden / dim, position="rope", rope_base=float(rope_base),
                        tie_weights=tied, bias=False, activation="silu", gated_mlp=True, norm_layer="rmsnorm",
-                       norm_eps=float(eps))
+                       norm_eps=float(eps), attention_windows=[window] * layers if window else None)
     if round(config.mlp_ratio * dim) != hidden:
         raise ConfigError(f"intermediate size {hidden} cannot be expressed as mlp_ratio·{dim}; nothing was written")
     return config
@@ -117,13 +119,24 @@ def _hf_rope_base(cfg: dict[str, Any]) -> float:
     return cfg.get("rope_theta", 10000.0)
 
 
-def convert_llama(source: Path, cfg: dict[str, Any]) -> tuple[GPT, list[str], PretrainedTokenizer | None]:
+def convert_mistral(source: Path, cfg: dict[str, Any]) -> tuple[GPT, list[str], PretrainedTokenizer | None]:
+    """A tokennet GPT holding the weights of the ``MistralForCausalLM`` checkpoint directory ``source``: Llama with
+    every layer attending in a sliding window of ``sliding_window`` keys (``i − W < j ≤ i``; null: global)."""
+    return convert_llama(source, cfg, family="mistral")
+
+
+def convert_llama(source: Path, cfg: dict[str, Any], *,
+                  family: str = "llama") -> tuple[GPT, list[str], PretrainedTokenizer | None]:
     """A tokennet GPT holding the weights of the ``LlamaForCausalLM`` checkpoint directory ``source``."""
+    window = cfg.get("sliding_window") if family == "mistral" else None
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ConfigError(f"config field sliding_window={window!r} is not a positive integer or null; "
+                          "nothing was written")
     check_fields(
-        cfg, "llama",
+        cfg, family,
         mapped=("vocab_size", "max_position_embeddings", "hidden_size", "intermediate_size", "num_hidden_layers",
                 "num_attention_heads", "num_key_value_heads", "rope_theta", "rope_parameters", "rms_norm_eps",
-                "tie_word_embeddings", "head_dim"),
+                "tie_word_embeddings", "head_dim") + (("sliding_window",) if family == "mistral" else ()),
         required={"hidden_act": "silu", "attention_bias": False, "mlp_bias": False, "rope_scaling": None,
                   "pretraining_tp": 1},
         ignored=("attention_dropout",),
@@ -136,7 +149,8 @@ def convert_llama(source: Path, cfg: dict[str, Any]) -> tuple[GPT, list[str], Pr
         vocab_size=cfg.get("vocab_size", 32000), context=cfg.get("max_position_embeddings", 2048), dim=dim,
         hidden=cfg.get("intermediate_size", 11008), layers=cfg.get("num_hidden_layers", 32), heads=heads,
         kv_heads=cfg.get("num_key_value_heads") or heads, rope_base=_hf_rope_base(cfg),
-        eps=cfg.get("rms_norm_eps", 1e-6), tied=cfg.get("tie_word_embeddings", False))
+        eps=cfg.get("rms_norm_eps", 1e-6), tied=cfg.get("tie_word_embeddings", False),
+        window=window if window is not None and window < cfg.get("max_position_embeddings", 2048) else None)
     m = NameMap(read_safetensors(source), str(source / "model.safetensors"))
     check_layer_count(m.tensors, config.num_layers, m.where)
     _fill(m, config, gguf=False)

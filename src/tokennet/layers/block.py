@@ -8,7 +8,13 @@ Post-norm (the original Transformer, Vaswani et al. 2017)::
 
     x = LN(x + Attn(x));  x = LN(x + MLP(x))
 
-Both use the same parameter names (``norm1, attn, norm2, mlp``; ``norm_cross, cross_attn`` for a
+Sandwich norm (Gemma 2/3: a norm before each sublayer and one on its output, before the residual add)::
+
+    x = x + LN'(Attn(LN(x)));  x = x + LN'(MLP(LN(x)))
+
+with the output norms named ``post_attn_norm``, ``post_mlp_norm`` (``post_cross_norm``).
+
+All use the same parameter names (``norm1, attn, norm2, mlp``; ``norm_cross, cross_attn`` for a
 decoder block's cross-attention), so a checkpoint says nothing about which was used: the config does.
 
 Variants are composed parts, not flags: the normalization is a :class:`~tokennet.layers.norm.Norm` (LayerNorm or
@@ -31,7 +37,7 @@ from .norm import NORM_LAYERS, Norm, make_norm
 
 __all__ = ["Block", "NORMS", "MIXERS", "NORM_LAYERS", "make_norm", "Norm", "mlp_kind"]
 
-NORMS = ("pre", "post")
+NORMS = ("pre", "post", "sandwich")
 MIXERS = ("attention", "token")
 
 
@@ -49,7 +55,7 @@ class Block(nn.Module):
         dim: model width D.
         num_heads: attention heads H.
         mlp_ratio: MLP inner width as a multiple of D.
-        norm: ``"pre"`` or ``"post"`` layer normalization.
+        norm: ``"pre"``, ``"post"`` or ``"sandwich"`` (pre- and post-norm around each sublayer, Gemma) placement.
         dropout: dropout on attention weights, residual branches and MLP.
         activation: MLP nonlinearity (``"gelu"`` or ``"relu"``).
         num_kv_heads: key/value heads for grouped-query attention.
@@ -62,7 +68,8 @@ class Block(nn.Module):
         norm_eps: the norm's epsilon (with a string ``norm_layer``).
         norm_layer: a :class:`Norm`, or ``"layernorm"`` / ``"rmsnorm"`` (with ``norm_eps`` and ``bias``).
         gated_mlp: a gated MLP (SwiGLU with ``activation="silu"``), when ``mlp`` is not given.
-        qk_norm: RMS-normalize the self-attention's per-head queries and keys.
+        qk_norm: RMS-normalize the self-attention's per-head queries and keys (True), or a norm kind for them.
+        head_dim: per-head width E of the self-attention (default ``dim // num_heads``; Gemma 3 270M: 256 at D = 640).
         mlp: the MLP kind, ``dim → module`` (default: :func:`mlp_kind` of ``mlp_ratio``, ``activation``,
             ``gated_mlp``, ``dropout``, ``bias``).
     """
@@ -86,15 +93,17 @@ class Block(nn.Module):
         norm_eps: float = 1e-5,
         norm_layer: str | Norm = "layernorm",
         gated_mlp: bool = False,
-        qk_norm: bool = False,
+        qk_norm: bool | Callable[[int], nn.Module] = False,
         mlp: Callable[[int], nn.Module] | None = None,
+        head_dim: int | None = None,
     ):
         super().__init__()
         if norm not in NORMS:
             raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
         if mixer not in MIXERS:
             raise ValueError(f"mixer must be one of {MIXERS}, got {mixer!r}")
-        self.pre = norm == "pre"
+        self.pre = norm in ("pre", "sandwich")
+        self.sandwich = norm == "sandwich"
         norm_layer = norm_layer if isinstance(norm_layer, Norm) else Norm(norm_layer, eps=norm_eps, bias=bias)
         if mlp is None:
             mlp = mlp_kind(mlp_ratio=mlp_ratio, activation=activation, gated=gated_mlp, dropout=dropout, bias=bias)
@@ -102,7 +111,7 @@ class Block(nn.Module):
         if mixer == "attention":
             self.attn = MultiHeadAttention(
                 dim, num_heads, num_kv_heads=num_kv_heads, bias=bias, dropout=dropout, backend=backend,
-                qk_norm=qk_norm,
+                qk_norm=qk_norm, head_dim=head_dim,
             )
         elif qk_norm:
             raise ValueError("qk_norm needs mixer='attention'")
@@ -118,9 +127,16 @@ class Block(nn.Module):
             )
         self.norm2 = norm_layer(dim)
         self.mlp = mlp(dim)
+        if self.sandwich:
+            self.post_attn_norm = norm_layer(dim)
+            if cross_attention:
+                self.post_cross_norm = norm_layer(dim)
+            self.post_mlp_norm = norm_layer(dim)
         self.drop = (nn.Dropout(dropout) if dropout > 0 else nn.Identity())
 
-    def _residual(self, x: Tensor, norm: nn.Module, f) -> Tensor:
+    def _residual(self, x: Tensor, norm: nn.Module, f, post: str | None = None) -> Tensor:
+        if self.sandwich:
+            return x + self.drop(getattr(self, post)(f(norm(x))))
         if self.pre:
             return x + self.drop(f(norm(x)))
         return norm(x + self.drop(f(x)))
@@ -163,13 +179,15 @@ class Block(nn.Module):
             return out
 
         x = self._residual(x, self.norm1, lambda h: attend(self.attn, "self", h, mask=mask, is_causal=is_causal,
-                                                            rope=rope, bias=bias, cache=cache))
+                                                            rope=rope, bias=bias, cache=cache),
+                           "post_attn_norm")
         if self.cross_attn is not None:
             if context is None:
                 raise ValueError("this block has cross-attention: pass context=(B, M, Dc)")
             x = self._residual(x, self.norm_cross, lambda h: attend(self.cross_attn, "cross", h, context,
-                                                                     mask=context_mask, cache=cross_cache))
+                                                                     mask=context_mask, cache=cross_cache),
+                               "post_cross_norm")
         elif context is not None:
             raise ValueError("context given to a block without cross-attention (build it with cross_attention=True)")
-        x = self._residual(x, self.norm2, self.mlp)
+        x = self._residual(x, self.norm2, self.mlp, "post_mlp_norm")
         return (x, weights) if return_weights else x

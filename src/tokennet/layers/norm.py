@@ -2,7 +2,9 @@
 
 LayerNorm (Ba et al. 2016, https://arxiv.org/abs/1607.06450): ``LN(x) = (x − μ) / √(σ² + ε) ⊙ γ + β``, over
 the features of each token. RMSNorm (Zhang & Sennrich 2019, https://arxiv.org/abs/1910.07467; Llama's
-choice): ``RMS(x) = x / √(mean(x²) + ε) ⊙ γ``, no centring and no bias.
+choice): ``RMS(x) = x / √(mean(x²) + ε) ⊙ γ``, no centring and no bias. Gemma's RMSNorm (``"rmsnorm1p"``)
+stores the gain as an offset from one, ``x / √(mean(x²) + ε) ⊙ (1 + w)`` with ``w`` initialised to 0, computed in
+float32: weight decay then pulls the gain towards 1, not 0.
 
 A block and a stack take a :class:`Norm` (one value naming the kind, its ε and bias) rather than a flag per
 variant, and build every normalization they need from it.
@@ -12,11 +14,37 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from torch import nn
+import torch
+from torch import Tensor, nn
 
-__all__ = ["Norm", "NORM_LAYERS", "make_norm"]
+__all__ = ["Norm", "NORM_LAYERS", "make_norm", "OffsetRMSNorm"]
 
-NORM_LAYERS = ("layernorm", "rmsnorm")
+NORM_LAYERS = ("layernorm", "rmsnorm", "rmsnorm1p")
+
+
+class OffsetRMSNorm(nn.Module):
+    """Gemma's RMSNorm, ``y = x / √(mean(x²) + ε) ⊙ (1 + w)`` over the last dim, in float32, cast back to x's dtype.
+
+    Args:
+        dim: the normalized width.
+        eps: ε.
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(dim))
+
+    def reset_parameters(self) -> None:
+        nn.init.zeros_(self.weight)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)  # (..., D)
+        return (h * (1.0 + self.weight.float())).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.eps}"
 
 
 @dataclass(frozen=True)
@@ -24,7 +52,7 @@ class Norm:
     """A normalization kind; calling it with a width builds the layer.
 
     Args:
-        kind: ``"layernorm"`` or ``"rmsnorm"``.
+        kind: ``"layernorm"``, ``"rmsnorm"`` or ``"rmsnorm1p"`` (Gemma's ``1 + w`` gain).
         eps: ε.
         bias: LayerNorm's β (RMSNorm has none).
     """
@@ -40,6 +68,8 @@ class Norm:
     def __call__(self, dim: int) -> nn.Module:
         if self.kind == "layernorm":
             return nn.LayerNorm(dim, eps=self.eps, bias=self.bias)
+        if self.kind == "rmsnorm1p":
+            return OffsetRMSNorm(dim, eps=self.eps)
         return nn.RMSNorm(dim, eps=self.eps)
 
 

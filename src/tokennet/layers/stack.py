@@ -29,7 +29,7 @@ class _Stack(nn.Module):
         # Weight sharing across depth (ALBERT, Universal Transformer): one block applied L times.
         n_distinct = 1 if share_weights else num_layers
         self.blocks = nn.ModuleList(Block(dim, num_heads, **block_kw) for _ in range(n_distinct))
-        pre = block_kw.get("norm", "pre") == "pre"
+        pre = block_kw.get("norm", "pre") in ("pre", "sandwich")
         # Pre-norm leaves the residual stream unnormalized: one final norm (the blocks' kind) closes the stack.
         kind = block_kw.get("norm_layer", "layernorm")
         if not isinstance(kind, Norm):
@@ -104,6 +104,9 @@ class Decoder(_Stack):
     ):
         """``(B, N, D) → (B, N, D)``; with ``caches`` the N tokens follow the cached ones.
 
+        ``mask`` and ``rope`` may be lists, one entry per layer (layers of their own window or RoPE base: Gemma 3's
+        sliding-window and global layers).
+
         With ``return_weights``, ``(x, maps)``: per layer, the block's weights (see :meth:`Block.forward`).
         """
         maps = []
@@ -111,10 +114,10 @@ class Decoder(_Stack):
             x = blk(
                 x,
                 context,
-                mask=mask,
+                mask=mask[i] if isinstance(mask, list) else mask,
                 is_causal=is_causal,
                 context_mask=context_mask,
-                rope=rope,
+                rope=rope[i] if isinstance(rope, list) else rope,
                 bias=bias,
                 cache=None if caches is None else caches[i],
                 cross_cache=None if cross_caches is None else cross_caches[i],

@@ -3,6 +3,13 @@
 Reads top to bottom like the paper: token embedding (+ absolute positions) → L pre-norm blocks of
 causal masked self-attention and MLP → final LayerNorm → LM head, ``p(x_{t+1} | x_{≤t}) =
 softmax(h_t W_eᵀ)`` when the head is tied to the embedding (Press & Wolf 2017).
+
+The same class is Llama (RMSNorm, SwiGLU, RoPE) and Gemma 3 (Gemma Team 2025, https://arxiv.org/abs/2503.19786)
+by configuration: Gemma's embeddings are scaled, ``x_0 = √D · E[ids]``; its blocks are sandwich-normed,
+``x ← x + N'(Attn(N(x)))`` with RMSNorm's gain ``1 + w`` (``norm_layer="rmsnorm1p"``, ``norm_placement="sandwich"``),
+queries and keys RMS-normalized per head (``qk_norm``), a GeGLU MLP ``W₂ (GELU_tanh(W_g x) ⊙ W₁ x)``; five of six
+layers attend in a sliding window of W keys (``attention_windows``: key j is seen from query i when
+``i − W < j ≤ i``) with RoPE base 10⁴ (``rope_local_base``), the sixth globally with base 10⁶ (``rope_base``).
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..attention.masks import sliding_window, window_band
 from ..attention.multihead import KVCache
 from ..errors import ConfigError
 from ..layers.block import NORM_LAYERS, mlp_kind
@@ -57,7 +65,16 @@ class GPTConfig(TransformerConfig, defaults=dict(dim=384, num_layers=6, num_head
         gated_mlp: a gated MLP, ``W₂ (σ(W_g x) ⊙ W₁ x)``: SwiGLU with ``activation="silu"`` (Llama).
         rope_base: RoPE's wavelength scale, θ_j = base^(−2j/E) (``position="rope"`` only; Llama: 1e4, SmolLM2: 1e5).
         backend: attention backend (``"auto"``, ``"sdpa"``, ``"math"``, ``"flash"``).
-        qk_norm: RMS-normalize each head's queries and keys (learned gains) before the scores.
+        qk_norm: RMS-normalize each head's queries and keys (learned gains) before the scores: True (PyTorch's
+            RMSNorm with its default ε), or a norm kind of ``norm_layer``'s names, built with ``norm_eps`` (Gemma 3:
+            ``"rmsnorm1p"``).
+        head_dim: per-head width E (default ``dim // num_heads``; Gemma 3 270M: 256 with D = 640 and 4 heads).
+        norm_placement: ``"pre"`` (GPT-2, Llama) or ``"sandwich"`` (Gemma: a norm before each sublayer and one on its
+            output, ``x + N'(f(N(x)))``).
+        embedding_scale: the token embeddings' factor, ``x_0 = s · E[ids]`` (Gemma: √D; the head, tied, is not scaled).
+        attention_windows: per layer, the keys a query sees: 0 for every earlier key (global), W for the W most recent
+            (a sliding window, itself included); None: all global. Gemma 3: ``[512]*5 + [0]`` repeated.
+        rope_local_base: RoPE base of the layers with a window (None: ``rope_base``; Gemma 3: 1e4, global 1e6).
         quantized: weights held in GGUF blocks, kept as a GGUF file stores them (an imported file's Q4_0, Q4_1,
             Q8_0, Q5_0, Q4_K, Q5_K and Q6_K tensors):
             module name (``*`` for any layer index, e.g. ``"decoder.blocks.*.mlp.fc1"``) →
@@ -78,9 +95,23 @@ class GPTConfig(TransformerConfig, defaults=dict(dim=384, num_layers=6, num_head
     norm_layer: str = "layernorm"
     gated_mlp: bool = False
     rope_base: float = 10000.0
-    qk_norm: bool = False
+    qk_norm: bool | str = False
+    head_dim: int | None = None
+    norm_placement: str = "pre"
+    embedding_scale: float = 1.0
+    attention_windows: list[int] | None = None
+    rope_local_base: float | None = None
     quantized: dict[str, str] = field(default_factory=dict)
     qkv_bias: bool = False
+
+    @property
+    def head_width(self) -> int:
+        """The per-head width E: ``head_dim``, or ``dim // num_heads``."""
+        return self.head_dim or self.dim // self.num_heads
+
+    def window(self, layer: int) -> int:
+        """Layer ``layer``'s attention window (0: global)."""
+        return self.attention_windows[layer] if self.attention_windows else 0
 
     def __post_init__(self):
         self.family = "gpt"
@@ -95,20 +126,41 @@ class GPTConfig(TransformerConfig, defaults=dict(dim=384, num_layers=6, num_head
         if isinstance(self.norm_eps, bool) or not isinstance(self.norm_eps, (int, float)) or not self.norm_eps > 0:
             raise ConfigError(f"norm_eps must be a positive number, got {self.norm_eps!r}")
         self._mlp_and_backend()
-        if not isinstance(self.qk_norm, bool):
-            raise ConfigError(f"qk_norm must be true or false, got {self.qk_norm!r}")
+        if not isinstance(self.qk_norm, bool) and self.qk_norm not in NORM_LAYERS:
+            raise ConfigError(f"qk_norm must be true, false or a norm kind {NORM_LAYERS}, got {self.qk_norm!r}")
+        self._choice("norm_placement", self.norm_placement, ("pre", "sandwich"))
+        if self.head_dim is not None and (isinstance(self.head_dim, bool) or not isinstance(self.head_dim, int)
+                                          or self.head_dim < 1):
+            raise ConfigError(f"head_dim must be a positive integer or null, got {self.head_dim!r}")
+        if isinstance(self.embedding_scale, bool) or not isinstance(self.embedding_scale, (int, float)) \
+                or not math.isfinite(self.embedding_scale) or self.embedding_scale <= 0:
+            raise ConfigError(f"embedding_scale must be a positive number, got {self.embedding_scale!r}")
+        if self.attention_windows is not None:
+            w = self.attention_windows
+            if not isinstance(w, list) or len(w) != self.num_layers or not all(
+                    isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in w):
+                raise ConfigError(f"attention_windows must list one window per layer ({self.num_layers}), each an "
+                                  f"integer >= 0 (0: global), got {w!r}")
+            if any(w) and self.mixer != "attention":
+                raise ConfigError("attention_windows needs mixer='attention'")
+        if self.rope_local_base is not None and (
+                isinstance(self.rope_local_base, bool) or not isinstance(self.rope_local_base, (int, float))
+                or not self.rope_local_base > 0):
+            raise ConfigError(f"rope_local_base must be a positive number or null, got {self.rope_local_base!r}")
+        if self.rope_local_base is not None and self.position != "rope":
+            raise ConfigError("rope_local_base needs position='rope'")
         if self.qk_norm and self.mixer != "attention":
             raise ConfigError("qk_norm needs mixer='attention' (the token mixer has no queries or keys)")
         if self.mixer == "token" and self.position in ("rope", "alibi"):
             raise ConfigError(f"mixer='token' takes no position={self.position!r} (its mixing matrix is already "
                               "position-specific); use position='learned' or 'sinusoidal'")
-        if self.dim % self.num_heads:
-            raise ConfigError(f"num_heads={self.num_heads} must divide dim={self.dim}")
+        if self.dim % self.num_heads and self.head_dim is None:
+            raise ConfigError(f"num_heads={self.num_heads} must divide dim={self.dim} (or set head_dim)")
         if self.num_kv_heads is not None and (self.num_kv_heads < 1 or self.num_heads % self.num_kv_heads):
             raise ConfigError(f"num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads}")
         self._fraction(dropout=self.dropout)
-        if self.position == "rope" and (self.dim // self.num_heads) % 2:
-            raise ConfigError("rope needs an even head width dim/num_heads")
+        if self.position == "rope" and self.head_width % 2:
+            raise ConfigError("rope needs an even head width (dim/num_heads or head_dim)")
         if self.position == "sinusoidal" and self.dim % 2:
             raise ConfigError(f"position='sinusoidal' needs an even dim (sin/cos pairs), got dim={self.dim}")
         if not isinstance(self.qkv_bias, bool) or (self.qkv_bias and self.mixer != "attention"):
@@ -136,13 +188,17 @@ class GPT(nn.Module):
             self.pos_emb = LearnedPosition(c.block_size, c.dim)
         elif c.position == "sinusoidal":
             self.pos_emb = SinusoidalPosition(c.dim, max_len=c.block_size)
-        self.rope = RotaryEmbedding(c.dim // c.num_heads, base=c.rope_base) if c.position == "rope" else None
+        self.rope = RotaryEmbedding(c.head_width, base=c.rope_base) if c.position == "rope" else None
+        # Layers with a window turn with their own base (Gemma 3: 1e4 local, 1e6 global).
+        self.rope_local = (RotaryEmbedding(c.head_width, base=c.rope_local_base)
+                           if c.position == "rope" and c.rope_local_base is not None else None)
         self.alibi = ALiBi(c.num_heads) if c.position == "alibi" else None
         self.drop = (nn.Dropout(c.dropout) if c.dropout > 0 else nn.Identity())
         with meta():
             self.decoder = Decoder(
-                c.dim, c.num_layers, c.num_heads, norm="pre", dropout=c.dropout, num_kv_heads=c.num_kv_heads,
-                bias=c.bias, mixer=c.mixer, num_tokens=c.block_size, backend=c.backend, qk_norm=c.qk_norm,
+                c.dim, c.num_layers, c.num_heads, norm=c.norm_placement, dropout=c.dropout, num_kv_heads=c.num_kv_heads,
+                bias=c.bias, mixer=c.mixer, num_tokens=c.block_size, backend=c.backend, head_dim=c.head_dim,
+                qk_norm=Norm(c.qk_norm, eps=c.norm_eps, bias=False) if isinstance(c.qk_norm, str) else c.qk_norm,
                 norm_layer=Norm(c.norm_layer, eps=c.norm_eps, bias=c.bias),  # LayerNorm (GPT-2) or RMSNorm (Llama)
                 mlp=mlp_kind(mlp_ratio=c.mlp_ratio, activation=c.activation, gated=c.gated_mlp, dropout=c.dropout,
                              bias=c.bias),  # GELU MLP (GPT-2) or SwiGLU (Llama)
@@ -269,13 +325,29 @@ class GPT(nn.Module):
                 f"sequence of {offset + T} tokens exceeds block_size={self.config.block_size}; "
                 "crop the input or decode with a sliding window"
             )
-        x = self.tok_emb(idx)  # (B, T, D)
+        x = self.embed(idx)  # (B, T, D)
         if self.pos_emb is not None:
             x = self.pos_emb(x, offset)
         x = self.drop(x)
         rope = self.rope(T, offset, device=idx.device, dtype=x.dtype) if self.rope is not None else None
+        if self.rope_local is not None:  # one table per base, each layer given its own
+            local = self.rope_local(T, offset, device=idx.device, dtype=x.dtype)
+            rope = [local if self.config.window(i) else rope for i in range(self.config.num_layers)]
         bias = self.alibi(T, offset + T).to(device=idx.device, dtype=x.dtype) if self.alibi is not None else None
-        return self.decoder(x, is_causal=True, rope=rope, bias=bias, caches=caches, return_weights=return_attention)
+        mask = None
+        # A window shorter than the keys: that layer's causal band i − W < j ≤ i (others: the causal mask only).
+        bands = {w: sliding_window(T, offset + T, w, device=idx.device)
+                 for w in set(self.config.attention_windows or ()) if 0 < w < offset + T}
+        if bands:
+            mask = [bands.get(self.config.window(i)) for i in range(self.config.num_layers)]
+        return self.decoder(x, mask=mask, is_causal=True, rope=rope, bias=bias, caches=caches,
+                            return_weights=return_attention)
+
+    def embed(self, idx: Tensor) -> Tensor:
+        """Token ids ``(B, T)`` → ``s · E[ids]`` ``(B, T, D)`` (``s = embedding_scale``: 1, or √D for Gemma)."""
+        x = self.tok_emb(idx)  # (B, T, D)
+        s = self.config.embedding_scale
+        return x if s == 1.0 else x * torch.tensor(s, dtype=x.dtype)
 
     def _rows_forward(self, idx: Tensor, positions: Tensor, mask: Tensor | None, caches) -> Tensor:
         """:meth:`forward_features` with per-row positions: the same formulas, each row at its own offset."""
@@ -283,7 +355,7 @@ class GPT(nn.Module):
             raise ValueError(f"positions must have the shape of idx {tuple(idx.shape)}, got {tuple(positions.shape)}")
         if int(positions.max()) >= self.config.block_size or int(positions.min()) < 0:
             raise ValueError(f"positions must be in [0, block_size={self.config.block_size})")
-        x = self.tok_emb(idx)  # (B, T, D)
+        x = self.embed(idx)  # (B, T, D)
         if isinstance(self.pos_emb, LearnedPosition):
             x = x + self.pos_emb.weight[positions].to(x.dtype)
         elif isinstance(self.pos_emb, SinusoidalPosition):
@@ -294,12 +366,23 @@ class GPT(nn.Module):
             freqs = positions.to(torch.float32)[..., None] * self.rope.inv_freq.to(idx.device)  # (B, T, E/2)
             emb = torch.cat([freqs, freqs], dim=-1)[:, None]  # (B, 1, T, E): broadcast over heads
             rope = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+            if self.rope_local is not None:
+                freqs = positions.to(torch.float32)[..., None] * self.rope_local.inv_freq.to(idx.device)  # (B, T, E/2)
+                emb = torch.cat([freqs, freqs], dim=-1)[:, None]  # (B, 1, T, E)
+                local = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+                rope = [local if self.config.window(i) else rope for i in range(self.config.num_layers)]
         if self.alibi is not None:  # bias[b, h, i, j] = −m_h · (pos_bi − j)
             if mask is None:
                 raise ValueError("per-row positions with ALiBi need the key mask (B, 1, T, Nk)")
             keys = torch.arange(mask.shape[-1], device=idx.device)
             dist = (positions[:, None, :, None] - keys).to(x.dtype)  # (B, 1, T, Nk)
             bias = -self.alibi.slopes.to(device=idx.device, dtype=x.dtype)[None, :, None, None] * dist  # (B, H, T, Nk)
+        if self.config.attention_windows and any(self.config.attention_windows):
+            n_k = mask.shape[-1] if mask is not None else (caches[0].length + idx.shape[1] if caches else idx.shape[1])
+            bands = {w: window_band(positions, n_k, w) for w in set(self.config.attention_windows) if w}
+            mask = [mask if not self.config.window(i) else
+                    bands[self.config.window(i)] if mask is None else mask & bands[self.config.window(i)]
+                    for i in range(self.config.num_layers)]
         return self.decoder(x, mask=mask, is_causal=True, rope=rope, bias=bias, caches=caches)
 
     def attention_maps(self, idx: Tensor) -> AttentionMaps:

@@ -290,7 +290,7 @@ class Engine:
         with torch.no_grad():  # the activations' dtype (bf16 for the bf16 copy): the cache holds keys of it
             act = self.net.tok_emb(torch.zeros(1, 1, dtype=torch.long, device=self.device)).dtype
         heads = c.num_kv_heads or c.num_heads
-        self.caches = SlotCaches(c.num_layers, heads, c.dim // c.num_heads, max_batch, self.context,
+        self.caches = SlotCaches(c.num_layers, heads, c.head_width, max_batch, self.context,
                                  device=self.device, dtype=act)
         self.prefix = self._prefix_cache(prefix_cache_mb, prefix_block)
         self.generator = torch.Generator(device=self.device).manual_seed(seed)

@@ -536,6 +536,10 @@ def tokenizer_from_dict(data: dict[str, Any]) -> Tokenizer:
             from .pretrained import PretrainedTokenizer
 
             return PretrainedTokenizer.from_dict(data)
+        if kind == "sentencepiece":  # a SentencePiece vocabulary read from a GGUF file (Gemma)
+            from .sentencepiece import SentencePieceTokenizer
+
+            return SentencePieceTokenizer.from_dict(data)
         raise DataError(
             f"unknown tokenizer kind {kind!r} in tokenizer JSON; expected one of {TOKENIZER_KINDS}"
         )
