@@ -65,7 +65,7 @@ def run(row: str, seed: int, args, data) -> dict:
     with torch.no_grad():
         pred = model(data.x_test).logits.argmax(-1)
     return {"row": row, "seed": seed, "settings": kw, "test_accuracy": float((pred == data.y_test).float().mean()),
-            "final_train_loss": float(loss), "parameters": sum(p.numel() for p in model.parameters()),
+            "final_train_loss": loss.item(), "parameters": sum(p.numel() for p in model.parameters()),
             "wall_s": round(time.perf_counter() - t0, 1)}
 
 
