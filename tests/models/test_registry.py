@@ -185,7 +185,7 @@ def test_the_shared_transformer_fields_are_declared_once():
     from tokennet.models.seq2seq import Seq2SeqConfig
 
     shared = [f.name for f in dataclasses.fields(TransformerConfig) if f.init]
-    assert shared == ["dim", "num_layers", "num_heads", "mlp_ratio", "dropout", "backend"]
+    assert shared == ["dim", "num_layers", "num_heads", "mlp_ratio", "dropout", "backend", "value_proj"]
     assert (GPTConfig().dim, GPTConfig().num_heads, Seq2SeqConfig().dropout, Seq2SeqConfig().dim) == (384, 6, 0.1, 128)
     assert TransformerConfig().dim == 128  # the family's default did not leak into the base
     assert GPTConfig.from_dict(GPTConfig(dim=64, num_heads=4).to_dict()).dim == 64

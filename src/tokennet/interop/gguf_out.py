@@ -75,6 +75,9 @@ def gguf_arch(config) -> str:
     """
     if getattr(config, "family", None) != "gpt":
         raise ConfigError(f"GGUF export is for gpt runs (language models); this is a {config.family} run")
+    if not getattr(config, "value_proj", True):  # W_v = I: the file format needs a v weight; we do not invent one
+        raise ConfigError("GGUF export: value_proj=false (W_v = I) has no v_proj weight in that format; export ONNX "
+                          "(the graph needs none) or train with value_proj=true; nothing was written")
     common = {"mixer": "attention", "qk_norm": False, "norm_placement": "pre", "embedding_scale": 1.0,
               "attention_windows": None, "head_dim": None}  # Gemma's and Mistral's settings are not exported
     common = {k: v for k, v in common.items() if hasattr(config, k)}

@@ -46,6 +46,9 @@ def hf_class(config) -> str:
     """``"gpt2"`` or ``"llama"``: the transformers model class for this GPT config, or a one-line ConfigError."""
     if getattr(config, "family", None) != "gpt":
         raise ConfigError(f"Hugging Face export is for gpt runs (language models); this is a {config.family} run")
+    if not getattr(config, "value_proj", True):  # W_v = I: the file format needs a v weight; we do not invent one
+        raise ConfigError("Hugging Face export: value_proj=false (W_v = I) has no v_proj weight in that format; "
+                          "export ONNX (the graph needs none) or train with value_proj=true; nothing was written")
     plain = {"norm_placement": "pre", "embedding_scale": 1.0, "attention_windows": None, "head_dim": None}
     odd = [k for k, v in plain.items() if getattr(config, k, v) != v]  # Gemma's and Mistral's: not exported
     if config.mixer != "attention" or config.qk_norm or odd:

@@ -70,6 +70,7 @@ class Block(nn.Module):
         gated_mlp: a gated MLP (SwiGLU with ``activation="silu"``), when ``mlp`` is not given.
         qk_norm: RMS-normalize the self-attention's per-head queries and keys (True), or a norm kind for them.
         head_dim: per-head width E of the self-attention (default ``dim // num_heads``; Gemma 3 270M: 256 at D = 640).
+        value_proj: learn the self-attention's ``W_v`` (default); ``False``: ``W_v = I`` (values are the tokens).
         mlp: the MLP kind, ``dim → module`` (default: :func:`mlp_kind` of ``mlp_ratio``, ``activation``,
             ``gated_mlp``, ``dropout``, ``bias``).
     """
@@ -94,6 +95,7 @@ class Block(nn.Module):
         norm_layer: str | Norm = "layernorm",
         gated_mlp: bool = False,
         qk_norm: bool | Callable[[int], nn.Module] = False,
+        value_proj: bool = True,
         mlp: Callable[[int], nn.Module] | None = None,
         head_dim: int | None = None,
     ):
@@ -111,10 +113,10 @@ class Block(nn.Module):
         if mixer == "attention":
             self.attn = MultiHeadAttention(
                 dim, num_heads, num_kv_heads=num_kv_heads, bias=bias, dropout=dropout, backend=backend,
-                qk_norm=qk_norm, head_dim=head_dim,
+                qk_norm=qk_norm, head_dim=head_dim, value_proj=value_proj,
             )
-        elif qk_norm:
-            raise ValueError("qk_norm needs mixer='attention'")
+        elif qk_norm or not value_proj:
+            raise ValueError("qk_norm and value_proj=False need mixer='attention'")
         else:
             if num_tokens is None:
                 raise ValueError("mixer='token' needs num_tokens (the largest sequence length)")

@@ -121,7 +121,8 @@ class _CaptionerBase(nn.Module):
         self.tok_emb = nn.Embedding(c.vocab_size, c.dim)
         self.txt_pos = LearnedPosition(c.max_target_len, c.dim)
         self.drop = nn.Dropout(c.dropout)
-        self.block_kw = dict(mlp_ratio=c.mlp_ratio, norm="pre", dropout=c.dropout, bias=c.bias, backend=c.backend)
+        self.block_kw = dict(mlp_ratio=c.mlp_ratio, norm="pre", dropout=c.dropout, bias=c.bias, backend=c.backend,
+                             value_proj=c.value_proj)
         self.lm_head = nn.Linear(c.dim, c.vocab_size, bias=False)
 
     def _init(self) -> None:

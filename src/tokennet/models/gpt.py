@@ -199,6 +199,7 @@ class GPT(nn.Module):
                 c.dim, c.num_layers, c.num_heads, norm=c.norm_placement, dropout=c.dropout, num_kv_heads=c.num_kv_heads,
                 bias=c.bias, mixer=c.mixer, num_tokens=c.block_size, backend=c.backend, head_dim=c.head_dim,
                 qk_norm=Norm(c.qk_norm, eps=c.norm_eps, bias=False) if isinstance(c.qk_norm, str) else c.qk_norm,
+                value_proj=c.value_proj,
                 norm_layer=Norm(c.norm_layer, eps=c.norm_eps, bias=c.bias),  # LayerNorm (GPT-2) or RMSNorm (Llama)
                 mlp=mlp_kind(mlp_ratio=c.mlp_ratio, activation=c.activation, gated=c.gated_mlp, dropout=c.dropout,
                              bias=c.bias),  # GELU MLP (GPT-2) or SwiGLU (Llama)

@@ -114,7 +114,7 @@ class GraphTransformer(CountsParameters, nn.Module):
             self.register_buffer("rbf_mu", torch.linspace(0.0, RBF_MAX, RBF_CENTERS), persistent=False)
         self.drop = nn.Dropout(c.dropout) if c.dropout > 0 else nn.Identity()
         self.encoder = Encoder(c.dim, c.num_layers, c.num_heads, mlp_ratio=c.mlp_ratio, norm="pre", dropout=c.dropout,
-                               backend=c.backend)
+                               backend=c.backend, value_proj=c.value_proj)
         self.head = nn.Linear(c.dim, c.num_outputs)
 
     def _check(self, g: GraphBatch) -> GraphBatch:

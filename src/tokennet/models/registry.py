@@ -116,6 +116,10 @@ class TransformerConfig(ModelConfig):
         mlp_ratio: the MLP's hidden width as a multiple of ``D``.
         dropout: dropout probability (on tokens, attention weights and residual branches, as the family says).
         backend: attention backend (``"auto"``, ``"sdpa"``, ``"math"``, ``"flash"``).
+        value_proj: learn the self-attention's value map ``W_v`` (default). ``False`` takes ``W_v = I``, ``V = X``
+            (the lecture: *"W_v may be the identity"*): each head mixes the input tokens' own slice, and the
+            output projection ``W_o`` is the only map after the mixing. Needs every head its own keys and values
+            (``num_kv_heads`` = ``num_heads``) and ``mixer="attention"``.
 
     A family gives them its own defaults in its class statement, and declares nothing else about them::
 
@@ -133,6 +137,7 @@ class TransformerConfig(ModelConfig):
     mlp_ratio: float = 4.0
     dropout: float = 0.0
     backend: str = "auto"
+    value_proj: bool = True
 
     def __init_subclass__(cls, defaults: dict[str, Any] | None = None, **kw):
         # Runs when the class statement ends, before @dataclass reads it: a shared field given a new default
@@ -160,6 +165,40 @@ class TransformerConfig(ModelConfig):
         self._fraction(dropout=self.dropout)
         self._mlp_and_backend()
 
+    def _mlp_and_backend(self) -> None:
+        """The MLP's ratio and the backend (:meth:`ModelConfig._mlp_and_backend`), and ``value_proj``."""
+        super()._mlp_and_backend()
+        if not isinstance(self.value_proj, bool):
+            raise ConfigError(f"value_proj must be true or false, got {self.value_proj!r}")
+        if self.value_proj:
+            return
+        if getattr(self, "mixer", "attention") != "attention":
+            raise ConfigError("value_proj=false (W_v = I) needs mixer='attention' (the token mixer has no W_v)")
+        kv = getattr(self, "num_kv_heads", None)
+        if kv not in (None, self.num_heads):
+            raise ConfigError(f"value_proj=false (W_v = I) needs num_kv_heads=num_heads={self.num_heads} (the values "
+                              f"are the tokens themselves, one slice per head), got num_kv_heads={kv}")
+
+    def _position_mode(self, multiple: int = 1) -> None:
+        """A family with ``position_mode`` / ``pos_dim`` fields (the encoders that take added positions): the mode
+        in :data:`~tokennet.position.concat.POSITION_MODES`, ``pos_dim`` given exactly with ``"concat"``, in
+        ``[1, dim)`` and a multiple of ``multiple`` (Fourier positions: 4)."""
+        from ..position.concat import POSITION_MODES
+
+        self._choice("position_mode", self.position_mode, POSITION_MODES)
+        if self.position_mode == "add":
+            if self.pos_dim is not None:
+                raise ConfigError(f"pos_dim={self.pos_dim} is for position_mode='concat'; leave it unset with 'add' "
+                                  "(added positions take all of dim)")
+            return
+        if self.pos_dim is None:
+            raise ConfigError(f"position_mode='concat' needs pos_dim, the positions' share of dim={self.dim} "
+                              f"(e.g. pos_dim={self.dim // 4})")
+        p = self.pos_dim
+        if isinstance(p, bool) or not isinstance(p, numbers.Integral) or not 1 <= p < self.dim or p % multiple:
+            rule = f" and a multiple of {multiple}" if multiple > 1 else ""
+            raise ConfigError(f"pos_dim must be an integer in [1, dim={self.dim}){rule} (the tokens keep "
+                              f"dim - pos_dim), got {p!r}")
 
 _FAMILIES: dict[str, tuple[type[ModelConfig], type[nn.Module]]] = {}
 _PRESETS: dict[str, tuple[str, dict[str, Any], str]] = {}
@@ -206,7 +245,12 @@ def model_from_config(config: ModelConfig | dict[str, Any]) -> nn.Module:
     """Build a model from a config object or its dict form."""
     if isinstance(config, dict):
         config = config_from_dict(config)
-    return _FAMILIES[config.family][1](config)
+    model = _FAMILIES[config.family][1](config)
+    if getattr(config, "value_proj", True) is False and not any(
+            getattr(m, "value_proj", True) is False for m in model.modules()):
+        # A family that does not pass the option down to its attention would silently keep W_v: refuse.
+        raise ConfigError(f"the {config.family} family does not take value_proj=false yet; leave it true")
+    return model
 
 
 def create_model(name: str, **overrides) -> nn.Module:

@@ -106,7 +106,7 @@ class Seq2Seq(nn.Module):
         super().__init__()
         self.config = c = config
         block_kw = dict(mlp_ratio=c.mlp_ratio, norm=c.norm, dropout=c.dropout, activation=c.activation,
-                        bias=c.bias, backend=c.backend)
+                        bias=c.bias, backend=c.backend, value_proj=c.value_proj)
         self.tok_emb = nn.Embedding(c.vocab_size, c.dim)
         self.pos = SinusoidalPosition(c.dim, max_len=max(c.max_source_len, c.max_target_len))
         self.drop = nn.Dropout(c.dropout)

@@ -197,7 +197,7 @@ class SphereTransformer(CountsParameters, nn.Module):
         self.centroid = CentroidPosition(c.sh_degree, c.dim) if c.position == "angle-bias+centroid" else None
         self.drop = nn.Dropout(c.dropout) if c.dropout > 0 else nn.Identity()
         self.encoder = Encoder(c.dim, c.num_layers, c.num_heads, mlp_ratio=c.mlp_ratio, norm="pre", dropout=c.dropout,
-                               backend=c.backend)
+                               backend=c.backend, value_proj=c.value_proj)
         self.head = nn.Linear(c.dim, c.num_classes)
 
     @property

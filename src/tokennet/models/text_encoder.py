@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from ..attention.masks import padding
 from ..errors import ConfigError
 from ..layers.stack import AttentionMaps, Encoder
+from ..position.concat import with_position_mode
 from ..position.learned import LearnedPosition
 from .registry import Output, TransformerConfig, register_family
 
@@ -41,6 +42,11 @@ class TextEncoderConfig(TransformerConfig, defaults=dict(dim=384, num_layers=6, 
         norm_eps: LayerNorm epsilon (BERT: 1e-12).
         activation: MLP nonlinearity (BERT: erf ``"gelu"``).
         pad_id: the padding token id (masked out of attention and pooling).
+        position_mode: ``"add"`` (BERT: token + position + type) or ``"concat"``: tokens embedded at width
+            ``D − pos_dim``, each concatenated with its learned position vector ``[x_i ; P_i]`` (then the type
+            embedding is added to all D); see :mod:`tokennet.position.concat`.
+        pos_dim: the position's width ``D_p`` with ``position_mode="concat"`` (``1 <= pos_dim < dim``); None with
+            ``"add"``.
         backend: attention backend.
     """
 
@@ -50,6 +56,8 @@ class TextEncoderConfig(TransformerConfig, defaults=dict(dim=384, num_layers=6, 
     norm_eps: float = 1e-12
     activation: str = "gelu"
     pad_id: int = 0
+    position_mode: str = "add"
+    pos_dim: int | None = None
 
     def __post_init__(self):
         self.family = "text-encoder"
@@ -60,6 +68,7 @@ class TextEncoderConfig(TransformerConfig, defaults=dict(dim=384, num_layers=6, 
             raise ConfigError(f"num_heads={self.num_heads} must divide dim={self.dim}")
         if not 0 <= self.pad_id < self.vocab_size:
             raise ConfigError(f"pad_id={self.pad_id} is outside the vocabulary [0, {self.vocab_size})")
+        self._position_mode()
 
 
 class TextEncoder(nn.Module):
@@ -68,12 +77,14 @@ class TextEncoder(nn.Module):
     def __init__(self, config: TextEncoderConfig):
         super().__init__()
         self.config = c = config
-        self.tok_emb = nn.Embedding(c.vocab_size, c.dim)
-        self.pos_emb = LearnedPosition(c.max_len, c.dim)
+        d_pos = c.pos_dim if c.position_mode == "concat" else c.dim
+        self.tok_emb = nn.Embedding(c.vocab_size, c.dim - c.pos_dim if c.position_mode == "concat" else c.dim)
+        self.pos_emb = with_position_mode(LearnedPosition(c.max_len, d_pos), c.position_mode, d_pos)
         self.type_emb = nn.Embedding(c.type_vocab_size, c.dim) if c.type_vocab_size else None
         self.emb_norm = nn.LayerNorm(c.dim, eps=c.norm_eps)
         self.encoder = Encoder(c.dim, c.num_layers, c.num_heads, mlp_ratio=c.mlp_ratio, norm="post", dropout=c.dropout,
-                               activation=c.activation, norm_eps=c.norm_eps, backend=c.backend)
+                               activation=c.activation, norm_eps=c.norm_eps, backend=c.backend,
+                               value_proj=c.value_proj)
 
     def example_input(self, batch_size: int = 2) -> Tensor:
         g = torch.Generator().manual_seed(0)
@@ -86,7 +97,7 @@ class TextEncoder(nn.Module):
             raise ValueError(f"ids must be (B, N) token ids, got shape {tuple(ids.shape)}")
         if mask is None:
             mask = ids.ne(self.config.pad_id)
-        x = self.pos_emb(self.tok_emb(ids))  # (B, N, D)
+        x = self.pos_emb(self.tok_emb(ids))  # (B, N, D): x + P, or [x ; P] from width D − D_p
         if self.type_emb is not None:
             x = x + self.type_emb.weight[0]
         x = self.emb_norm(x)

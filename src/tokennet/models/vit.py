@@ -32,6 +32,7 @@ from ..errors import ConfigError, DataError
 from ..layers.drop_path import DropPath, drop_path_rates
 from ..layers.init import init_trunc_normal
 from ..layers.stack import AttentionMaps, Encoder
+from ..position.concat import with_position_mode
 from ..position.fourier import Fourier2DPosition
 from ..position.learned import LearnedPosition2D
 from ..tokens.image import EMBED_MODES, ConvStem, PatchEmbed, grid_size, to_pair
@@ -65,6 +66,12 @@ class ViTConfig(TransformerConfig, defaults=dict(dim=192, num_layers=12, num_hea
             the mean of the two heads'. Train it with targets ``(labels, teacher labels)``.
         drop_path: stochastic depth rate of the last block, growing linearly from 0 at the first (DeiT: 0.1).
         position: ``"learned"`` (interpolated for other sizes), ``"fourier"`` (2-D sin-cos) or ``"none"``.
+        position_mode: ``"add"`` (ViT's ``z₀ = [x_cls; x_pE] + E_pos``) or ``"concat"``: the tokens (patches,
+            <cls>) are embedded at width ``D − pos_dim`` and each is concatenated with its position's vector,
+            ``z₀ = [[x_cls; x_pE] ; E_pos]`` (the lecture: positions may be concatenated instead of added; see
+            :mod:`tokennet.position.concat`).
+        pos_dim: the position's width ``D_p`` with ``position_mode="concat"`` (``1 <= pos_dim < dim``; a multiple of
+            4 for Fourier positions); None with ``"add"``.
         patch_embed: ``"conv"`` or ``"linear"`` (the same weights, see :class:`PatchEmbed`), or
             ``"conv-stem"``: early convolutions with total stride ``patch_size`` (:class:`ConvStem`, ViT_C).
         stem_width: channels of the conv stem's first convolution (None = ``D / 2^(layers − 1)``, at least
@@ -86,6 +93,8 @@ class ViTConfig(TransformerConfig, defaults=dict(dim=192, num_layers=12, num_hea
     distill: bool = False
     drop_path: float = 0.0
     position: str = "learned"
+    position_mode: str = "add"
+    pos_dim: int | None = None
     patch_embed: str = "conv"
     stem_width: int | None = None
     pad: bool = False
@@ -111,6 +120,9 @@ class ViTConfig(TransformerConfig, defaults=dict(dim=192, num_layers=12, num_hea
             raise ConfigError(f"norm_eps must be a positive number, got {self.norm_eps!r}")
         if self.position == "fourier" and self.dim % 4:
             raise ConfigError(f"position='fourier' needs dim divisible by 4, got dim={self.dim}")
+        self._position_mode(multiple=4 if self.position == "fourier" else 1)
+        if self.position_mode == "concat" and self.position == "none":
+            raise ConfigError("position_mode='concat' needs positions to concatenate: position='learned' or 'fourier'")
         self._fraction(dropout=self.dropout, patch_dropout=self.patch_dropout, label_smoothing=self.label_smoothing,
                        drop_path=self.drop_path)
         one_d = self.is_1d
@@ -134,6 +146,11 @@ class ViTConfig(TransformerConfig, defaults=dict(dim=192, num_layers=12, num_hea
             grid_size(self.image_hw, self.patch_hw, self.stride_hw, pad=self.pad_grid)
         except ValueError as e:  # the patches do not tile the image
             raise ConfigError(str(e)) from None
+
+    @property
+    def token_dim(self) -> int:
+        """The width tokens are embedded at: ``D``, or ``D − pos_dim`` with concatenated positions."""
+        return self.dim - self.pos_dim if self.position_mode == "concat" else self.dim
 
     @property
     def is_1d(self) -> bool:
@@ -187,22 +204,28 @@ class ViT(CountsParameters, nn.Module):
     def __init__(self, config: ViTConfig):
         super().__init__()
         self.config = c = config
+        d_tok = c.token_dim  # D, or D − D_p when the positions are concatenated
+        d_pos = c.pos_dim if c.position_mode == "concat" else c.dim
         if c.patch_embed == "conv-stem":
-            self.patch_embed = ConvStem(c.in_channels, c.dim, c.patch_hw, width=c.stem_width, bias=c.bias)
+            self.patch_embed = ConvStem(c.in_channels, d_tok, c.patch_hw, width=c.stem_width, bias=c.bias)
         else:
-            self.patch_embed = PatchEmbed(c.in_channels, c.dim, c.patch_hw, c.stride_hw, pad=c.pad,
+            self.patch_embed = PatchEmbed(c.in_channels, d_tok, c.patch_hw, c.stride_hw, pad=c.pad,
                                           mode=c.patch_embed, bias=c.bias)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, c.dim)) if c.pool == "cls" else None
-        self.dist_token = nn.Parameter(torch.zeros(1, 1, c.dim)) if c.distill else None
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, d_tok)) if c.pool == "cls" else None
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, d_tok)) if c.distill else None
         self.pos_emb = None
         if c.position == "learned":
-            self.pos_emb = LearnedPosition2D(c.grid, c.dim, num_prefix=c.num_prefix)
+            self.pos_emb = LearnedPosition2D(c.grid, d_pos, num_prefix=c.num_prefix)
         elif c.position == "fourier":
-            self.pos_emb = Fourier2DPosition(c.dim, c.grid, num_prefix=c.num_prefix)
+            self.pos_emb = Fourier2DPosition(d_pos, c.grid, num_prefix=c.num_prefix)
+        if self.pos_emb is not None:
+            # "concat": ConcatPosition([z ; P]), its table the encoding added to zeros; the grid rides in its
+            # offset argument (``forward(z, grid)``).
+            self.pos_emb = with_position_mode(self.pos_emb, c.position_mode, d_pos)
         self.drop = nn.Dropout(c.dropout)
         self.encoder = Encoder(c.dim, c.num_layers, c.num_heads, mlp_ratio=c.mlp_ratio, norm="pre",
                                dropout=c.dropout, activation="gelu", bias=c.bias, backend=c.backend,
-                               norm_eps=c.norm_eps)
+                               norm_eps=c.norm_eps, value_proj=c.value_proj)
         # The head's LayerNorm closes the pre-norm stack instead of the encoder's own final norm: for
         # <cls> pooling that is the same function, and for mean pooling it normalizes the pooled token.
         self.encoder.norm = nn.Identity()
@@ -278,13 +301,13 @@ class ViT(CountsParameters, nn.Module):
         """
         x = self._images(x)
         grid = self.patch_embed.grid(x.shape[-2:])
-        z = self.patch_embed(x)  # (B, N, D)
+        z = self.patch_embed(x)  # (B, N, D) (D − D_p with concatenated positions)
         B = z.shape[0]
         prefix = [t.expand(B, 1, -1).to(z.dtype) for t in (self.cls_token, self.dist_token) if t is not None]
         if prefix:
             z = torch.cat([*prefix, z], dim=1)  # (B, P + N, D)
         if self.pos_emb is not None:
-            z = self.pos_emb(z, grid)
+            z = self.pos_emb(z, grid)  # (B, P + N, D): added, or concatenated to the D − D_p token dims
         if self.training and self.config.patch_dropout > 0:
             z = self._drop_patches(z)
         return self.encoder(self.drop(z), return_weights=return_attention)  # (B, P + N, D)
@@ -352,14 +375,16 @@ class ViT(CountsParameters, nn.Module):
         return {"self": [m["self"] for m in maps]}
 
     def position_table(self, grid: tuple[int, int] | None = None) -> Tensor:
-        """The patch positions ``(gh·gw, D)`` the model adds (learned: interpolated to ``grid``)."""
+        """The patch positions ``(gh·gw, D)`` the model adds (learned: interpolated to ``grid``); ``(gh·gw, D_p)``
+        the ones it concatenates."""
         c = self.config
         grid = c.grid if grid is None else grid
-        if isinstance(self.pos_emb, LearnedPosition2D):
-            return self.pos_emb.interpolate(grid)[c.num_prefix:].detach()
-        if isinstance(self.pos_emb, Fourier2DPosition):
-            z = torch.zeros(1, c.num_prefix + grid[0] * grid[1], c.dim)
-            return self.pos_emb(z, grid)[0, c.num_prefix:]
+        enc = getattr(self.pos_emb, "encoding", self.pos_emb)  # the additive encoding inside ConcatPosition
+        if isinstance(enc, LearnedPosition2D):
+            return enc.interpolate(grid)[c.num_prefix:].detach()
+        if isinstance(enc, Fourier2DPosition):
+            z = torch.zeros(1, c.num_prefix + grid[0] * grid[1], c.pos_dim if c.position_mode == "concat" else c.dim)
+            return enc(z, grid)[0, c.num_prefix:]
         raise ValueError("this ViT has no position embeddings (position='none')")
 
 

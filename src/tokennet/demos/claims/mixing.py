@@ -172,6 +172,8 @@ def claim_identity_value(seed: int = 0) -> Result:
     """"One could simply take W_v to be the identity; it's just extra expressivity."
 
     Attention with ``value_proj=False`` (``V = T``, no ``W_v``) against a learned ``W_v``, on associative recall.
+    On the models it is a config option of every transformer family (``--set value_proj=false``); a ViT on digits
+    with it is a row of ``bench/position_mode.py`` (figures in ``bench/results/position_mode.json``).
     """
     r = compare_value_proj(seed)
     a, b = r["runs"]["learned W_v"], r["runs"]["W_v = I"]
@@ -203,6 +205,9 @@ def claim_concat_positions(seed: int = 0) -> Result:
 
     ``position_mode=concat`` (the token's content in D/2 dimensions, its learned position in the other D/2)
     against added positions and none, on a task that needs positions: read the token at a place the query names.
+    On real models it is an option of the encoders that take added positions (ViT, the text encoder:
+    ``--set position_mode=concat pos_dim=16``); the ablation on a ViT trained on scikit-learn's digits (added,
+    concatenated, no positions) is ``bench/position_mode.py``, its figures in ``bench/results/position_mode.json``.
     """
     r = compare_position_modes(seed)
     acc = {k: v["accuracy"] for k, v in r["runs"].items()}
