@@ -232,7 +232,7 @@ class VQATransformer(CountsParameters, nn.Module):
         self.patch_pos = nn.Parameter(torch.zeros(c.num_patches, c.dim))
         self.drop = nn.Dropout(c.dropout)
         self.encoder = Encoder(c.dim, c.num_layers, c.num_heads, mlp_ratio=c.mlp_ratio, norm="pre",
-                               dropout=c.dropout, activation="gelu", backend=c.backend)
+                               dropout=c.dropout, activation="gelu", backend=c.backend, value_proj=c.value_proj)
         self.head = nn.Linear(c.dim, c.num_answers)
         for p in (self.summary, self.type_emb):
             nn.init.normal_(p, 0.0, 0.02)
