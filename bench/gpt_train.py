@@ -7,6 +7,10 @@ Every figure comes from one script run, the compared systems alternating, each a
   ``tokennet train gpt-char`` with :data:`BEST_SETTINGS`, in pairs (``--pairs``, default 3). For each
   run: seconds from process start to the first evaluation with val loss ≤ 1.886 on the last 10% of the
   file. Medians and the ratio tokennet / nanoGPT (goal ≤ 0.4).
+- ``budget``: nanoGPT's CPU command first (its wall time W, process start included), then
+  ``tokennet train gpt-char`` given ``--fraction`` (0.4) × W, process start included (the fixed cost of a
+  run, measured by a one-step run, is taken off its ``time_budget``, which counts training steps only); its
+  final val loss on the last 10% (goal ≤ 1.886). ``--nanogpt-wall SEC`` takes W as given instead.
 - ``ablation``: tokennet runs back to back, one per option added to the baseline (the old recipe:
   AdamW, cosine, GELU, block 128 × batch 16, no QK-norm, no compile) and the full best recipe: time to 1.886 (or, with
   ``--steps N``, the val loss after N steps, which does not depend on how busy the machine is).
@@ -16,6 +20,7 @@ Every figure comes from one script run, the compared systems alternating, each a
   on the same model, for ``--rounds`` rounds; median ms/step and the ratio (goal ≥ 1.1×).
 
     python bench/gpt_train.py best [--pairs 3]
+    python bench/gpt_train.py budget [--pairs 3] [--fraction 0.4] [--nanogpt-wall 141]
     python bench/gpt_train.py ablation [--steps 400]
     python bench/gpt_train.py throughput [--rounds 5 --iters 60] [--compile]
 
