@@ -291,3 +291,43 @@ def test_modules_to_save_must_name_untied_modules():
     apply_lora(m, LoRAConfig(rank=2, modules_to_save=("head", "head.fc")))  # the outer one holds the inner
     assert {n for n, p in m.named_parameters() if p.requires_grad and "lora" not in n} == {
         "head.norm.weight", "head.norm.bias", "head.fc.weight", "head.fc.bias"}
+
+
+@pytest.mark.parametrize("splits,bias", [(None, True), ([8, 4, 4], False)])
+def test_fused_lora_equals_the_two_gemm_path_in_value_and_gradients(splits, bias):
+    """One GEMM for ``[W; s·A]`` gives the same output and the same ∂x, ∂A, ∂B as ``x Wᵀ`` and ``x Aᵀ`` apart."""
+    torch.manual_seed(0)
+    base = torch.nn.Linear(12, 16, bias=bias)
+    got = []
+    for fused in (True, False):
+        lin = LoRALinear(base, rank=3, alpha=6.0, splits=splits, fused=fused)
+        torch.manual_seed(1)
+        with torch.no_grad():
+            lin.lora_A.normal_()
+            lin.lora_B.normal_()
+        x = torch.randn(2, 5, 12, requires_grad=True)
+        y = lin(x)
+        (y * torch.linspace(-1, 1, 16)).sum().backward()
+        got.append((y.detach(), x.grad, lin.lora_A.grad, lin.lora_B.grad))
+        assert lin.weight is base.weight and not base.weight.requires_grad and base.weight.grad is None
+    for a, b in zip(*got, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_fused_lora_follows_a_weight_replaced_or_moved():
+    """The fused buffer holds the base weight as a view; loading, ``.to()`` or ``.data =`` never leaves it stale."""
+    torch.manual_seed(0)
+    lin = LoRALinear(torch.nn.Linear(8, 6), rank=2, alpha=4.0)
+    with torch.no_grad():
+        lin.lora_B.normal_()
+    x = torch.randn(3, 8)
+    lin(x)  # builds the buffer: the weight is now a view of it
+    assert lin._wcat is not None and lin._wcat.data_ptr() == lin.weight.data_ptr()
+    ref = lambda m: torch.nn.functional.linear(x.to(m.weight.dtype), m.weight + m.delta_weight(), m.bias)  # noqa: E731
+    lin.load_state_dict({**lin.state_dict(), "weight": torch.randn(6, 8)})
+    torch.testing.assert_close(lin(x), ref(lin))
+    lin.weight.data = torch.randn(6, 8)
+    torch.testing.assert_close(lin(x), ref(lin))
+    lin.double()
+    torch.testing.assert_close(lin(x.double()), ref(lin))
+    assert set(lin.state_dict()) == {"weight", "bias", "lora_A", "lora_B"}

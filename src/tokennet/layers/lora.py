@@ -118,10 +118,12 @@ class LoRALinear(nn.Linear):
         rank, alpha, dropout: see :class:`LoRAConfig`.
         splits: output rows of each map of a fused projection (e.g. ``[q_dim, kv_dim, kv_dim]``); one
             adapter per map. Default: one map.
+        fused: without dropout, compute the base and the adapter's ``A`` in one GEMM (forward and the input
+            gradient); same result as the two-GEMM path up to float rounding.
     """
 
     def __init__(self, base: nn.Linear, rank: int, alpha: float, dropout: float = 0.0,
-                 splits: list[int] | None = None):
+                 splits: list[int] | None = None, fused: bool = True):
         nn.Module.__init__(self)
         self.in_features, self.out_features = base.in_features, base.out_features
         self.splits = list(splits or [base.out_features])
@@ -140,6 +142,8 @@ class LoRALinear(nn.Linear):
         for a in self.lora_A.split(rank):  # peft's init, per map: U(±1/√K)
             nn.init.kaiming_uniform_(a, a=math.sqrt(5))
         self.lora_dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.fused = fused
+        self._wcat: Tensor | None = None  # [W; s·A], built on the first fused call (see _fused_weight)
 
     def block_b(self) -> Tensor:
         """``B`` as the block-diagonal ``(N, S·r)`` matrix: rows of map ``s`` read only ``A_s x``."""
@@ -151,8 +155,38 @@ class LoRALinear(nn.Linear):
         """The update ``ΔW = (α / r) B_bd A`` ``(N, K)``."""
         return (self.block_b() @ self.lora_A) * self.scaling
 
+    def _fused_weight(self) -> Tensor:
+        """``[W; s·A]`` ``(N + S·r, K)``, with ``W`` a view of its first N rows (no second copy of the base).
+
+        Built on the first fused call: the base weight's storage moves into it (``self.weight`` stays the same
+        parameter, now a view); rebuilt if something replaced the weight's storage since (``.to()``, ``.data =``).
+        """
+        w, buf = self.weight, self._wcat
+        N = self.out_features
+        if buf is None or buf.device != w.device or buf.dtype != w.dtype or buf.data_ptr() != w.data_ptr() \
+                or w.shape[0] != N or not w.is_contiguous():
+            buf = torch.empty(N + self.lora_A.shape[0], self.in_features, device=w.device, dtype=w.dtype)
+            with torch.no_grad():
+                buf[:N].copy_(w)
+            w.data = buf[:N]  # (N, K) view: the base's weight now lives in the fused buffer
+            self._wcat = buf
+        return buf
+
     def forward(self, x: Tensor) -> Tensor:
-        """``(..., K) → (..., N)``."""
+        """``(..., K) → (..., N)``.
+
+        Without dropout (``fused``, the default) the base and the adapter's down-projection are one GEMM,
+        ``[y | z] = x [W; s·A]ᵀ``, and so is the input gradient in backward, ``∂x = [∂y | ∂z] [W; s·A]``;
+        then ``y + z B_bdᵀ`` is one GEMM that accumulates into ``y``.
+        """
+        N = self.out_features
+        if self.fused and isinstance(self.lora_dropout, nn.Identity) and not self.weight.requires_grad:
+            x2 = x.reshape(-1, self.in_features)  # (M, K)
+            out = _FusedBaseDown.apply(x2, self.lora_A, self._fused_weight(), self.scaling)  # (M, N + S·r)
+            y = torch.addmm(out[:, :N], out[:, N:], self.block_b().t())  # (M, N)
+            if self.bias is not None:
+                y = y + self.bias
+            return y.view(*x.shape[:-1], N)
         y = F.linear(x, self.weight, self.bias)  # (..., N)
         z = F.linear(self.lora_dropout(x), self.lora_A) * self.scaling  # (..., S·r): scale the narrow side
         # y + z B_bdᵀ as one GEMM that accumulates into y (no separate pass over the N-wide output).
@@ -162,6 +196,32 @@ class LoRALinear(nn.Linear):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, rank={self.rank}, "
                 f"alpha={self.alpha}, splits={self.splits}")
+
+
+class _FusedBaseDown(torch.autograd.Function):
+    """``x ↦ x [W; s·A]ᵀ`` ``(M, K) → (M, N + S·r)`` with ``W`` frozen: one GEMM forward, one for ``∂x``.
+
+    ``buf`` is the layer's ``[W; s·A]`` buffer; its last ``S·r`` rows are written with ``s·A`` here. Backward:
+    ``∂x = ∂out · buf`` (the base's and the adapter's input gradients in one GEMM) and
+    ``∂A = s · ∂zᵀ x`` (``∂z`` the last ``S·r`` columns); ``W`` gets no gradient.
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor, A: Tensor, buf: Tensor, scaling: float) -> Tensor:
+        N = buf.shape[0] - A.shape[0]
+        # Written through .data: the rows hold s·A, the same values at every call until the optimizer steps, so
+        # a graph that saved buf (a layer called twice before backward) stays valid.
+        torch.mul(A.detach(), scaling, out=buf.data[N:])
+        ctx.save_for_backward(x, buf)
+        ctx.scaling, ctx.N = scaling, N
+        return x @ buf.t()  # (M, N + S·r)
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        x, buf = ctx.saved_tensors
+        gx = g @ buf if ctx.needs_input_grad[0] else None  # (M, K)
+        gA = (g[:, ctx.N:].t() @ x) * ctx.scaling if ctx.needs_input_grad[1] else None  # (S·r, K)
+        return gx, gA, None, None
 
 
 def _splits(parent: nn.Module, name: str, lin: nn.Linear) -> list[int]:
