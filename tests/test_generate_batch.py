@@ -41,7 +41,8 @@ def run(tmp_path_factory):
 
 def test_greedy_batch_equals_each_prompt_alone(run):
     alone = [run.generate(p, 16, temperature=0) for p in PROMPTS]
-    assert all(isinstance(t, str) and t for t in alone)
+    assert all(isinstance(t, str) for t in alone) and sum(map(bool, alone)) >= 3  # a random model may end a prompt
+    # at once (here the first: its greedy first token is the end of text); the batch must end it the same way
     assert len({len(run.tokenizer.encode(p)) for p in PROMPTS}) == len(PROMPTS)  # every prompt its own length
     assert run.generate(PROMPTS, 16, temperature=0) == alone
     assert run.generate(PROMPTS, 16, temperature=0, max_batch=2) == alone  # two rows: the others wait their turn
