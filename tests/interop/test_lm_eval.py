@@ -174,7 +174,8 @@ def served(run):
     uvicorn = pytest.importorskip("uvicorn")
     from tokennet.serve.app import create_app, engine_for_run
 
-    app = create_app(engine_for_run(run, max_batch=4, quantize="none"), model_name="tiny")  # float weights, as the native model: serve's --quantize auto is int8 on the CPU
+    # float weights, as the native model: serve's --quantize auto is int8 on the CPU
+    app = create_app(engine_for_run(run, max_batch=4, quantize="none"), model_name="tiny")
     port = _free_port()
     srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     t = threading.Thread(target=srv.run, daemon=True)
@@ -255,7 +256,8 @@ def test_smollm2_both_paths_give_the_same_accuracy(tmp_path):
     from tokennet.serve.app import create_app, engine_for_run
 
     port = _free_port()
-    srv = uvicorn.Server(uvicorn.Config(create_app(engine_for_run(run, max_batch=4, quantize="none"), model_name="smol"),
+    app = create_app(engine_for_run(run, max_batch=4, quantize="none"), model_name="smol")
+    srv = uvicorn.Server(uvicorn.Config(app,
                                         host="127.0.0.1", port=port, log_level="warning"))
     t = threading.Thread(target=srv.run, daemon=True)
     t.start()
