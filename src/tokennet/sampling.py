@@ -268,7 +268,8 @@ def stream(
                 for c in caches:  # sliding window: rebuild the cache from the recent half context
                     c.reset()
                 feed = seq[:, t - block // 2 : t]
-            if step is not None and feed.shape[1] == 1:
+            if step is not None and feed.shape[1] == 1 and caches[0].k is not None:  # a one-token prompt fills
+                # the caches eagerly first (the compiled step marks their buffers, which must exist)
                 logits = step(feed, caches)  # (B, V)
             else:  # the prompt (prefill), or decoding without the compiled step
                 h = net.forward_features(feed, caches=caches)  # (B, t, D)
