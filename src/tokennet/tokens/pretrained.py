@@ -25,7 +25,7 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from ..errors import ConfigError, DataError, one_line
 from .chat_template import render_chat_template
-from .text import Tokenizer, _as_id_list
+from .text import SpecialIds, Tokenizer, _as_id_list
 
 __all__ = ["PretrainedTokenizer"]
 
@@ -59,7 +59,7 @@ def _pre_tokenizer(pre: str | None, where: str):
                       f"{', '.join(_DIGITS_THEN_GPT2)}); nothing was written")
 
 
-class PretrainedTokenizer(Tokenizer):
+class PretrainedTokenizer(SpecialIds, Tokenizer):
     """A foreign vocabulary's tokenizer with its own special-token ids (see the module docstring).
 
     Args:
@@ -87,22 +87,6 @@ class PretrainedTokenizer(Tokenizer):
     @property
     def vocab_size(self) -> int:
         return self._engine.get_vocab_size(with_added_tokens=True)
-
-    @property
-    def bos_id(self) -> int:
-        return self._ids["bos_id"] if self._ids["bos_id"] is not None else self._ids["eos_id"]
-
-    @property
-    def eos_id(self) -> int:
-        return self._ids["eos_id"]
-
-    @property
-    def pad_id(self) -> int:
-        return self._ids["pad_id"] if self._ids["pad_id"] is not None else self._ids["eos_id"]
-
-    @property
-    def unk_id(self) -> int | None:
-        return self._ids["unk_id"]
 
     @property
     def stop_ids(self) -> list[int]:

@@ -31,7 +31,7 @@ from typing import Any
 
 from ..errors import DataError
 from .chat_template import render_chat_template
-from .text import Tokenizer, _as_id_list
+from .text import SpecialIds, Tokenizer, _as_id_list
 
 __all__ = ["SentencePieceTokenizer", "NORMAL", "UNKNOWN", "CONTROL", "USER_DEFINED", "UNUSED", "BYTE"]
 
@@ -40,7 +40,7 @@ NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 SPACE = "\u2581"  # ▁, SentencePiece's escaped space
 
 
-class SentencePieceTokenizer(Tokenizer):
+class SentencePieceTokenizer(SpecialIds, Tokenizer):
     """A SentencePiece (llama.cpp ``llama``-type) vocabulary: see the module docstring.
 
     Args:
@@ -83,22 +83,6 @@ class SentencePieceTokenizer(Tokenizer):
     @property
     def vocab_size(self) -> int:
         return len(self.pieces)
-
-    @property
-    def bos_id(self) -> int:
-        return self._ids["bos_id"] if self._ids["bos_id"] is not None else self._ids["eos_id"]
-
-    @property
-    def eos_id(self) -> int:
-        return self._ids["eos_id"]
-
-    @property
-    def pad_id(self) -> int:
-        return self._ids["pad_id"] if self._ids["pad_id"] is not None else self._ids["eos_id"]
-
-    @property
-    def unk_id(self) -> int | None:
-        return self._ids["unk_id"]
 
     @property
     def stop_ids(self) -> list[int]:

@@ -228,6 +228,29 @@ class Tokenizer(ABC):
         return ids
 
 
+
+class SpecialIds:
+    """The special ids of an imported vocabulary, read from ``self._ids`` (``bos_id``, ``eos_id``, ``pad_id``,
+    ``unk_id``; None where the source has none): a missing begin or pad falls back to the end of sequence."""
+
+    _ids: dict
+
+    @property
+    def bos_id(self) -> int:
+        return self._ids["bos_id"] if self._ids["bos_id"] is not None else self._ids["eos_id"]
+
+    @property
+    def eos_id(self) -> int:
+        return self._ids["eos_id"]
+
+    @property
+    def pad_id(self) -> int:
+        return self._ids["pad_id"] if self._ids["pad_id"] is not None else self._ids["eos_id"]
+
+    @property
+    def unk_id(self) -> int | None:
+        return self._ids["unk_id"]
+
 class CharTokenizer(Tokenizer):
     """One token per Unicode character: ids 0..3 are the specials, then the characters in order.
 
