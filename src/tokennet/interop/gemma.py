@@ -46,10 +46,10 @@ from ..errors import ConfigError, DataError
 from ..models.gpt import GPT, GPTConfig
 from ..tokens.sentencepiece import SentencePieceTokenizer
 from .gguf_in import (
+    arch_fields,
     block_formats,
     build_checked,
     check_block_count,
-    check_numbers,
     dense,
     f32,
     field,
@@ -134,17 +134,10 @@ def convert_gemma3_gguf(path: Path, *, reader=None, keep_blocks: bool = True) ->
         ``(model, tokenizer, notes)``.
     """
     reader = reader or read_gguf(path)
-    arch = field(reader, "general.architecture")
-    if arch != "gemma3":
-        raise ConfigError(f"{path}: GGUF architecture {arch!r} is not gemma3; nothing was written")
-    for key in reader.fields:
-        if key.startswith("gemma3.") and key[len("gemma3."):] not in GGUF_GEMMA3_KEYS:
-            raise ConfigError(f"{path}: GGUF field {key!r} is not known to the gemma3 converter (rope scaling, "
-                              "softcapping and the like are not implemented); nothing was written")
-    g = {k: field(reader, "gemma3." + k) for k in GGUF_GEMMA3_KEYS}
-    check_numbers(path, "gemma3", g, counts=tuple(k for k in GGUF_GEMMA3_KEYS if k not in _REALS), reals=_REALS,
-                  required=("block_count", "context_length", "embedding_length", "feed_forward_length",
-                            "attention.head_count", "attention.layer_norm_rms_epsilon", "attention.sliding_window"))
+    g = arch_fields(path, reader, "gemma3", GGUF_GEMMA3_KEYS, reals=_REALS,
+                    required=("block_count", "context_length", "embedding_length", "feed_forward_length",
+                            "attention.head_count", "attention.layer_norm_rms_epsilon", "attention.sliding_window"),
+                    unknown=" (rope scaling, softcapping and the like are not implemented)")
     dim, heads = g["embedding_length"], g["attention.head_count"]
     kv_heads = g["attention.head_count_kv"] or heads
     head_dim = g["attention.key_length"] or dim // heads

@@ -24,7 +24,7 @@ from ..errors import ConfigError, DataError, one_line
 from ..layers.blockquant import RAW_FORMATS, block_bytes, dequantize_blocks, group_size
 from ..tokens.pretrained import PretrainedTokenizer
 
-__all__ = ["read_gguf", "field", "check_numbers", "check_block_count", "build_checked", "f32",
+__all__ = ["read_gguf", "field", "check_numbers", "arch_fields", "check_block_count", "build_checked", "f32",
            "Blocks", "KEPT_TYPES", "load_tensors", "expand_blocks", "block_formats",
            "gguf_tokenizer", "convert_gguf", "GGUF_ARCHS", "LLAMA3_PATTERN"]
 
@@ -76,6 +76,23 @@ def check_numbers(path: Path, prefix: str, values: dict[str, Any], *, counts: tu
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v)):
             raise DataError(f"{path}: GGUF field {prefix}.{k} = {_short(v)} is not a finite number; "
                             "nothing was written")
+
+
+def arch_fields(path: Path, reader, arch: str, keys: tuple[str, ...], *, reals: tuple[str, ...],
+                required: tuple[str, ...], unknown: str = "") -> dict[str, Any]:
+    """The header fields ``{arch}.{key}`` a converter reads, checked before anything is built: the file must be of
+    architecture ``arch``, hold no ``{arch}.*`` field outside ``keys`` (one the converter would silently ignore;
+    ``unknown`` says why it is refused), and give numbers as :func:`check_numbers` asks."""
+    found = field(reader, "general.architecture")
+    if found != arch:
+        raise ConfigError(f"{path}: GGUF architecture {found!r} is not {arch}; nothing was written")
+    for key in reader.fields:
+        if key.startswith(arch + ".") and key[len(arch) + 1:] not in keys:
+            raise ConfigError(f"{path}: GGUF field {key!r} is not known to the {arch} converter{unknown}; "
+                              "nothing was written")
+    g = {k: field(reader, f"{arch}.{k}") for k in keys}
+    check_numbers(path, arch, g, counts=tuple(k for k in keys if k not in reals), reals=reals, required=required)
+    return g
 
 
 def _short(v) -> str:

@@ -47,10 +47,10 @@ from ..errors import ConfigError, DataError
 from ..models.gpt import GPT, GPTConfig
 from ..tokens.pretrained import PretrainedTokenizer
 from .gguf_in import (
+    arch_fields,
     block_formats,
     build_checked,
     check_block_count,
-    check_numbers,
     dense,
     f32,
     field,
@@ -208,16 +208,8 @@ def convert_llama_gguf(path: Path, *, reader=None, keep_blocks: bool = True) -> 
         ``(model, tokenizer, notes)``.
     """
     reader = reader or read_gguf(path)
-    arch = field(reader, "general.architecture")
-    if arch != "llama":
-        raise ConfigError(f"{path}: GGUF architecture {arch!r} is not llama; nothing was written")
-    for key in reader.fields:
-        if key.startswith("llama.") and key[len("llama."):] not in GGUF_LLAMA_KEYS:
-            raise ConfigError(f"{path}: GGUF field {key!r} is not known to the llama converter; nothing was written")
-    g = {k: field(reader, "llama." + k) for k in GGUF_LLAMA_KEYS}
-    check_numbers(path, "llama", g, counts=tuple(k for k in GGUF_LLAMA_KEYS if k not in _GGUF_LLAMA_REALS),
-                  reals=_GGUF_LLAMA_REALS,
-                  required=("block_count", "context_length", "embedding_length", "feed_forward_length",
+    g = arch_fields(path, reader, "llama", GGUF_LLAMA_KEYS, reals=_GGUF_LLAMA_REALS,
+                    required=("block_count", "context_length", "embedding_length", "feed_forward_length",
                             "attention.head_count", "attention.layer_norm_rms_epsilon"))
     dim, heads = g["embedding_length"], g["attention.head_count"]
     kv_heads = g["attention.head_count_kv"] or heads
@@ -304,16 +296,8 @@ GGUF_QWEN2_KEYS = ("block_count", "context_length", "embedding_length", "feed_fo
 def convert_qwen2_gguf(path: Path, *, reader=None, keep_blocks: bool = True) -> tuple[GPT, Any, list[str]]:
     """A tokennet GPT (and its tokenizer) from a ``qwen2``-architecture GGUF file: ``(model, tokenizer, notes)``."""
     reader = reader or read_gguf(path)
-    arch = field(reader, "general.architecture")
-    if arch != "qwen2":
-        raise ConfigError(f"{path}: GGUF architecture {arch!r} is not qwen2; nothing was written")
-    for key in reader.fields:
-        if key.startswith("qwen2.") and key[len("qwen2."):] not in GGUF_QWEN2_KEYS:
-            raise ConfigError(f"{path}: GGUF field {key!r} is not known to the qwen2 converter; nothing was written")
-    g = {k: field(reader, "qwen2." + k) for k in GGUF_QWEN2_KEYS}
-    check_numbers(path, "qwen2", g, counts=tuple(k for k in GGUF_QWEN2_KEYS if k not in _GGUF_LLAMA_REALS),
-                  reals=_GGUF_LLAMA_REALS,
-                  required=("block_count", "context_length", "embedding_length", "feed_forward_length",
+    g = arch_fields(path, reader, "qwen2", GGUF_QWEN2_KEYS, reals=_GGUF_LLAMA_REALS,
+                    required=("block_count", "context_length", "embedding_length", "feed_forward_length",
                             "attention.head_count", "attention.layer_norm_rms_epsilon"))
     dim, heads = g["embedding_length"], g["attention.head_count"]
     if g["rope.dimension_count"] not in (None, dim // heads):
