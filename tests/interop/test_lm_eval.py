@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from api_support import running
 
 import tokennet
 from tokennet.cli import main
@@ -157,36 +158,15 @@ def test_tokennet_lm_eval_command(run, tmp_path, capsys):
 # -- the other path: lm-eval's local-completions backend against tokennet serve -------------------------------
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def served(run):
     """``tokennet serve`` of the run, in a thread (as tests/serve/test_app.py does), as model ``tiny``."""
-    import threading
-    import time
-
-    uvicorn = pytest.importorskip("uvicorn")
+    pytest.importorskip("uvicorn")
     from tokennet.serve.app import create_app, engine_for_run
 
     # float weights, as the native model: serve's --quantize auto is int8 on the CPU
-    app = create_app(engine_for_run(run, max_batch=4, quantize="none"), model_name="tiny")
-    port = _free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    t = threading.Thread(target=srv.run, daemon=True)
-    t.start()
-    deadline = time.time() + 20
-    while not srv.started:
-        assert time.time() < deadline and t.is_alive(), "the server did not start"
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}"
-    srv.should_exit = True
-    t.join(10)
+    with running(create_app(engine_for_run(run, max_batch=4, quantize="none"), model_name="tiny")) as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 def _scores(res) -> list[list[float]]:
@@ -249,27 +229,12 @@ def test_smollm2_both_paths_give_the_same_accuracy(tmp_path):
     common = {"tasks": ["shakespeare_mc"], "task_manager": tasks, "log_samples": True}
     native = lm_eval.simple_evaluate(model="tokennet", model_args={"run": str(run.path)}, device="cpu",
                                      batch_size=8, **common)
-    import threading
-    import time
-
-    uvicorn = pytest.importorskip("uvicorn")
+    pytest.importorskip("uvicorn")
     from tokennet.serve.app import create_app, engine_for_run
 
-    port = _free_port()
-    app = create_app(engine_for_run(run, max_batch=4, quantize="none"), model_name="smol")
-    srv = uvicorn.Server(uvicorn.Config(app,
-                                        host="127.0.0.1", port=port, log_level="warning"))
-    t = threading.Thread(target=srv.run, daemon=True)
-    t.start()
-    while not srv.started:
-        assert t.is_alive()
-        time.sleep(0.05)
-    try:
+    with running(create_app(engine_for_run(run, max_batch=4, quantize="none"), model_name="smol")) as port:
         api = lm_eval.simple_evaluate(model="local-completions", model_args={
             "base_url": f"http://127.0.0.1:{port}/v1/completions", "model": "smol", "max_retries": 1}, **common)
-    finally:
-        srv.should_exit = True
-        t.join(30)
     for key in ("acc,none", "acc_norm,none"):
         assert api["results"]["shakespeare_mc"][key] == native["results"]["shakespeare_mc"][key]
     for x, y in zip(_scores(api), _scores(native)):

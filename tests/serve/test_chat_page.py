@@ -4,16 +4,13 @@ a message sent from the page comes back as a streamed reply equal to the API's (
 import http.client
 import json
 import shutil
-import socket
 import subprocess
-import threading
 import time
 import urllib.request
 
 import pytest
-import torch
+from api_support import running, tiny_model
 
-from tokennet.models import create_model
 from tokennet.tokens.text import CharTokenizer
 
 uvicorn = pytest.importorskip("uvicorn")
@@ -25,36 +22,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 TOK = CharTokenizer.train("abcdefghijklmnopqrstuvwxyz .,:?!<|>_\n")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _model():
-    torch.manual_seed(0)
-    m = create_model("gpt-micro", vocab_size=TOK.vocab_size, block_size=128).eval()
-    with torch.no_grad():
-        for p in m.parameters():
-            if p.dim() > 1:
-                p.normal_(0.0, 0.3)
-    return m
-
-
 @pytest.fixture(scope="module")
 def server():
-    app = create_app(Engine(_model(), TOK, max_batch=4), model_name="tiny-chat")
-    port = _free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    t = threading.Thread(target=srv.run, daemon=True)
-    t.start()
-    deadline = time.time() + 20
-    while not srv.started:
-        assert time.time() < deadline and t.is_alive(), "the server did not start"
-        time.sleep(0.02)
-    yield port
-    srv.should_exit = True
-    t.join(10)
+    with running(create_app(Engine(tiny_model(TOK.vocab_size), TOK, max_batch=4), model_name="tiny-chat")) as port:
+        yield port
 
 
 def _get(port, path):
