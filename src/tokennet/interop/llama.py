@@ -207,39 +207,7 @@ def convert_llama_gguf(path: Path, *, reader=None, keep_blocks: bool = True) -> 
     Returns:
         ``(model, tokenizer, notes)``.
     """
-    reader = reader or read_gguf(path)
-    g = arch_fields(path, reader, "llama", GGUF_LLAMA_KEYS, reals=_GGUF_LLAMA_REALS,
-                    required=("block_count", "context_length", "embedding_length", "feed_forward_length",
-                            "attention.head_count", "attention.layer_norm_rms_epsilon"))
-    dim, heads = g["embedding_length"], g["attention.head_count"]
-    kv_heads = g["attention.head_count_kv"] or heads
-    if g["rope.dimension_count"] not in (None, dim // heads):
-        raise ConfigError(f"{path}: llama.rope.dimension_count={g['rope.dimension_count']} (partial rotary) is not "
-                          "supported; nothing was written")
-    tokens = field(reader, "tokenizer.ggml.tokens") or []
-    vocab = g["vocab_size"] or len(tokens)
-    if tokens and len(tokens) != vocab:
-        raise DataError(f"{path}: the tokenizer has {len(tokens)} tokens but the model {vocab}; nothing was written")
-    weights, notes = load_tensors(reader, path, keep_blocks=keep_blocks)
-    check_block_count(path, weights, g["block_count"])
-    config = llama_config(vocab_size=vocab, context=g["context_length"], dim=dim, hidden=g["feed_forward_length"],
-                          layers=g["block_count"], heads=heads, kv_heads=kv_heads,
-                          rope_base=f32(g["rope.freq_base"]) or 10000.0, eps=f32(g["attention.layer_norm_rms_epsilon"]),
-                          tied="output.weight" not in weights)
-    for name in weights:
-        if name.endswith("attn_q.weight"):
-            weights[name] = _unpermute_rows(weights[name], heads)
-        elif name.endswith("attn_k.weight"):
-            weights[name] = _unpermute_rows(weights[name], kv_heads)
-    m = NameMap(weights, str(path))
-    mixed: list[str] = []
-    _fill(m, config, gguf=True, stack=lambda name: stack_rows(mixed, name))
-    if mixed:
-        notes.append(f"{len(mixed)} fused projection(s) ({mixed[0]}, …) mix GGUF types in their parts and were "
-                     "dequantized to float32")
-    config = config.replace(quantized=block_formats(m.state, config.num_layers))
-    model = build_checked(GPT, config, m)
-    return model.eval(), gguf_tokenizer(reader, path, config.vocab_size), notes
+    return _llama_like_gguf(path, reader or read_gguf(path), keep_blocks, "llama", GGUF_LLAMA_KEYS)
 
 
 # -- Qwen2 -------------------------------------------------------------------------------------------
@@ -295,13 +263,21 @@ GGUF_QWEN2_KEYS = ("block_count", "context_length", "embedding_length", "feed_fo
 
 def convert_qwen2_gguf(path: Path, *, reader=None, keep_blocks: bool = True) -> tuple[GPT, Any, list[str]]:
     """A tokennet GPT (and its tokenizer) from a ``qwen2``-architecture GGUF file: ``(model, tokenizer, notes)``."""
-    reader = reader or read_gguf(path)
-    g = arch_fields(path, reader, "qwen2", GGUF_QWEN2_KEYS, reals=_GGUF_LLAMA_REALS,
+    return _llama_like_gguf(path, reader or read_gguf(path), keep_blocks, "qwen2", GGUF_QWEN2_KEYS)
+
+
+def _llama_like_gguf(path: Path, reader, keep_blocks: bool, arch: str,
+                     keys: tuple[str, ...]) -> tuple[GPT, Any, list[str]]:
+    """A ``llama`` or ``qwen2`` GGUF file as a tokennet GPT: the same header and tensors, except that llama.cpp
+    permutes Llama's query/key rows (undone here) and Qwen2 has biases on q, k, v and no permutation."""
+    qwen2 = arch == "qwen2"
+    g = arch_fields(path, reader, arch, keys, reals=_GGUF_LLAMA_REALS,
                     required=("block_count", "context_length", "embedding_length", "feed_forward_length",
-                            "attention.head_count", "attention.layer_norm_rms_epsilon"))
+                              "attention.head_count", "attention.layer_norm_rms_epsilon"))
     dim, heads = g["embedding_length"], g["attention.head_count"]
+    kv_heads = g["attention.head_count_kv"] or heads
     if g["rope.dimension_count"] not in (None, dim // heads):
-        raise ConfigError(f"{path}: qwen2.rope.dimension_count={g['rope.dimension_count']} (partial rotary) is not "
+        raise ConfigError(f"{path}: {arch}.rope.dimension_count={g['rope.dimension_count']} (partial rotary) is not "
                           "supported; nothing was written")
     tokens = field(reader, "tokenizer.ggml.tokens") or []
     vocab = g["vocab_size"] or len(tokens)
@@ -310,13 +286,20 @@ def convert_qwen2_gguf(path: Path, *, reader=None, keep_blocks: bool = True) -> 
     weights, notes = load_tensors(reader, path, keep_blocks=keep_blocks)
     check_block_count(path, weights, g["block_count"])
     config = llama_config(vocab_size=vocab, context=g["context_length"], dim=dim, hidden=g["feed_forward_length"],
-                          layers=g["block_count"], heads=heads, kv_heads=g["attention.head_count_kv"] or heads,
+                          layers=g["block_count"], heads=heads, kv_heads=kv_heads,
                           rope_base=f32(g["rope.freq_base"]) or 10000.0, eps=f32(g["attention.layer_norm_rms_epsilon"]),
-                          tied="output.weight" not in weights).replace(qkv_bias=True)
+                          tied="output.weight" not in weights).replace(qkv_bias=qwen2)
+    if not qwen2:
+        for name in weights:
+            if name.endswith("attn_q.weight"):
+                weights[name] = _unpermute_rows(weights[name], heads)
+            elif name.endswith("attn_k.weight"):
+                weights[name] = _unpermute_rows(weights[name], kv_heads)
     m = NameMap(weights, str(path))
     mixed: list[str] = []
     _fill(m, config, gguf=True, stack=lambda name: stack_rows(mixed, name))
-    _put_qkv_bias(m, config, gguf=True)
+    if qwen2:
+        _put_qkv_bias(m, config, gguf=True)
     if mixed:
         notes.append(f"{len(mixed)} fused projection(s) ({mixed[0]}, …) mix GGUF types in their parts and were "
                      "dequantized to float32")
