@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
 import json
 import math
 import os
@@ -52,6 +51,10 @@ PAD, BOS, EOS = 0, 1, 2  # tokennet's special ids; digit d is token d + 3
 VOCAB = 13
 ARCHS = ("gru", "gru_attention", "transformer")
 LABELS = {"gru": "GRU (no attention)", "gru_attention": "GRU + attention", "transformer": "Transformer"}
+
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/_record.py, also when a test loads this file
+from _record import commit, machine  # noqa: E402
 
 
 def make_batch(lengths: Tensor, gen: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
@@ -219,14 +222,6 @@ def plot(path: Path, rows: list[dict], train_lengths: tuple[int, int], title: st
     plt.close(fig)
 
 
-def _record() -> tuple[dict, str | None]:
-    """``machine()`` and ``commit()`` of bench/serve.py, the helper the bench scripts share."""
-    spec = importlib.util.spec_from_file_location("_bench_serve", ROOT / "bench" / "serve.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.machine(), mod.commit()
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--archs", nargs="+", default=list(ARCHS), choices=ARCHS)
@@ -271,7 +266,7 @@ def main(argv=None) -> int:
     verdict = {True: "holds", False: "does not hold", None: "not decided (an architecture is missing)"}[c["holds"]]
     print(f"\nexact match lost from length {c['short']} to {c['long']}: "
           + ", ".join(f"{LABELS[a]} {d:+.1f} points" for a, d in c["drop"].items()) + f" — the claim {verdict}.")
-    mach, com = _record()
+    mach, com = machine(), commit()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     result = {"benchmark": "rnn_forgets",

@@ -66,7 +66,6 @@ import datetime
 import importlib.util
 import json
 import os
-import platform
 import random
 import socket
 import subprocess
@@ -80,6 +79,10 @@ ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ["The history of the printing press", "def quicksort(items):\n", "In the beginning of the twentieth century",
            "A recipe for bread:", "The rules of chess are", "Photosynthesis is the process", "Dear diary, today",
            "The three laws of motion"]
+
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/_record.py, also when a test loads this file
+from _record import commit, machine  # noqa: E402
 
 
 def smollm2_gguf() -> Path | None:
@@ -137,23 +140,6 @@ def wait_for(proc: subprocess.Popen, port: int, path: str) -> subprocess.Popen:
             time.sleep(0.2)
     proc.kill()
     raise SystemExit(f"the server did not start within {START_S} s")
-
-
-def machine() -> dict:
-    cpu = platform.processor() or "unknown"
-    if Path("/proc/cpuinfo").exists():
-        cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), cpu)
-    return {"cpu": cpu, "cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}
-
-
-def commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-    except OSError:
-        return None
-    return (out.stdout.strip() + ("+dirty" if dirty else "")) or None
 
 
 def tiny_run(path: Path) -> None:

@@ -48,7 +48,6 @@ from __future__ import annotations
 import argparse
 import copy
 import datetime
-import importlib.util
 import json
 import math
 import os
@@ -69,6 +68,10 @@ from tokennet.errors import DataError  # noqa: E402
 from tokennet.models.registry import create_model  # noqa: E402
 
 DATASETS = ("digits", "fashion-mnist")
+
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/_record.py, also when a test loads this file
+from _record import commit, machine  # noqa: E402
 
 
 def split_validation(ds: VisionData, n_val: int, seed: int = 1000) -> tuple[VisionData, torch.Tensor, torch.Tensor]:
@@ -276,14 +279,6 @@ def plot(path: Path, rows: list[dict], title: str, dataset: str, budget_check: d
     plt.close(fig)
 
 
-def _record() -> tuple[dict, str | None]:
-    """``machine()`` and ``commit()`` of bench/serve.py, the helper the bench scripts share."""
-    spec = importlib.util.spec_from_file_location("_bench_serve", ROOT / "bench" / "serve.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.machine(), mod.commit()
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", choices=DATASETS, default="digits")
@@ -353,7 +348,7 @@ def main(argv=None) -> int:
         print(f"| {r['train_size']:,} | {r['max_steps']} | {100 * r['vit']:.2f}% | {st['vit']} | "
               f"{100 * r['cnn']:.2f}% | {st['cnn']} | {100 * (r['vit'] - r['cnn']):+.2f} |")
     print(f"\n{c['verdict']}.")
-    mach, com = _record()
+    mach, com = machine(), commit()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     result = {"benchmark": "vit_vs_cnn",

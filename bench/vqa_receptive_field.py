@@ -26,8 +26,6 @@ import datetime
 import json
 import math
 import os
-import platform
-import subprocess
 import sys
 import time
 import zlib
@@ -44,26 +42,11 @@ from tokennet.errors import ConfigError, TokennetError  # noqa: E402
 from tokennet.models.registry import create_model  # noqa: E402
 from tokennet.tasks.vqa import exact_match  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/_record.py, also when a test loads this file
+from _record import commit, machine  # noqa: E402
+
 FIELDS = (20, 36, 52, 68, 92)
 TEMPLATES = ("same_species", "species")
-
-
-def machine() -> dict:
-    cpu = platform.processor() or "unknown"
-    if Path("/proc/cpuinfo").exists():
-        cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), cpu)
-    return {"cpu": cpu, "cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-            "torch": torch.__version__, "threads": torch.get_num_threads(), "load": list(os.getloadavg())}
-
-
-def commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-    except OSError:
-        return None
-    return (out.stdout.strip() + ("+dirty" if dirty else "")) or None
 
 
 def layout(field: int, via: str) -> dict:
@@ -227,7 +210,8 @@ def run(args) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     result = {"benchmark": "vqa_receptive_field", "command": "python " + " ".join([sys.argv[0], *sys.argv[1:]]),
               "commit": commit(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "machine": machine(), "settings": vars(args), "rows": rows}
+              "settings": vars(args), "rows": rows,
+              "machine": machine(torch=torch.__version__, threads=torch.get_num_threads(), load=list(os.getloadavg()))}
     out.write_text(json.dumps(result, indent=2) + "\n")
     plot(rows, out.with_suffix(".png"))
     print(f"\nwrote {out} and {out.with_suffix('.png')}")
