@@ -12,10 +12,10 @@ L(G). When G is complete, only the end of sequence is allowed, and the sequence 
 
 The matcher is **llguidance** (https://github.com/guidance-ai/llguidance): chosen over ``xgrammar`` and
 ``outlines-core`` because it has no dependencies (xgrammar's wheel requires ``triton`` and ``transformers``
-on Linux, outlines-core nothing but builds an index of the whole vocabulary per schema: about 1 s for
-SmolLM2's 49,152 tokens), compiles a schema in about a millisecond (xgrammar: tens of ms), runs on the CPU
-offline, and costs per token about what xgrammar costs, outlines-core several times more
-(``bench/constrained_backends.py``; the whole server's cost: ``bench/serve.py --modes constrained``).
+on Linux; outlines-core builds an index of the whole vocabulary per schema), runs on the CPU offline, and
+compiled a schema fastest and decoded a token at the lowest cost of the three on SmolLM2's vocabulary
+(``bench/results/constrained_backends.json``, from ``bench/constrained_backends.py``, measured on a shared
+machine; the whole server's cost: ``bench/serve.py --modes constrained``).
 Whitespace between JSON tokens is not free (``{"a":1}``, not ``{ "a" : 1 }``): a sampling model cannot
 wander in whitespace forever.
 
