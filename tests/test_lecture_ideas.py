@@ -1,0 +1,123 @@
+"""Lecture ideas that ``docs/lecture_audit.md`` found without a test: each checks one statement of the three lecture
+documents (``/work/shared/lecture/``) against the module that implements it."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from tokennet.attention.multihead import MultiHeadAttention
+from tokennet.layers import Block
+from tokennet.models import create_model
+from tokennet.position import sinusoidal_table
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@torch.no_grad()
+def test_scores_are_the_bilinear_form_of_W_q_and_W_k_and_not_symmetric():
+    """notes.txt: "Relevance is measured under the learned maps: q_aᵀ k_b = aᵀ W_qᵀ W_k b, which is not symmetric.
+    So 'A attends to B' is distinct from 'B attends to A'"."""
+    torch.manual_seed(0)
+    N, D = 5, 8
+    attn = MultiHeadAttention(D, 1, bias=False, backend="math").eval()
+    x = torch.randn(1, N, D)
+    W_q, W_k, _ = attn.qkv_proj.weight.split(D)  # nn.Linear stores W with q = W t
+    S = x[0] @ W_q.T @ W_k @ x[0].T / math.sqrt(D)  # S[a, b] = aᵀ W_qᵀ W_k b / √D
+    _, A = attn(x, return_weights=True)
+    torch.testing.assert_close(A[0, 0], torch.softmax(S, -1))
+    assert (S - S.T).abs().max() > 0.1  # a attends to b ≠ b attends to a
+    # The asymmetry comes from W_q ≠ W_k: with one matrix for both the scores are symmetric.
+    attn.qkv_proj.weight[D:2 * D] = W_q
+    _, A_tied = attn(x, return_weights=True)
+    S_tied = torch.log(A_tied[0, 0])  # log-softmax: S up to a per-row constant
+    S_tied = S_tied - S_tied.mean(-1, keepdim=True)
+    S_sym = x[0] @ W_q.T @ W_q @ x[0].T / math.sqrt(D)
+    torch.testing.assert_close(S_tied, S_sym - S_sym.mean(-1, keepdim=True), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(S_sym, S_sym.T)
+
+
+@torch.no_grad()
+def test_token_norm_gives_each_token_zero_mean_and_unit_variance():
+    """transcript.txt: "token norm ... more commonly called in the literature LayerNorm ... this operation is just
+    taking the vector and normalizing it to have zero mean and unit variance"."""
+    torch.manual_seed(0)
+    blk = Block(16, 4)
+    x = torch.randn(2, 7, 16) * torch.rand(2, 7, 1) * 10 + torch.randn(2, 7, 1) * 5  # each token its own scale
+    y = blk.norm1(x)
+    torch.testing.assert_close(y.mean(-1), torch.zeros(2, 7), atol=1e-5, rtol=0)
+    torch.testing.assert_close(y.var(-1, unbiased=False), torch.ones(2, 7), atol=1e-3, rtol=0)
+    torch.testing.assert_close(blk.norm1(x[:, 3:4]), y[:, 3:4])  # per token: the others do not enter
+
+
+def test_sinusoidal_frequencies_decrease_along_the_encoding_dimension():
+    """attention-notes.txt: "In binary representations, a higher bit has a lower frequency than a lower bit.
+    Similarly, positional encoding decreases frequencies along encoding dimension"."""
+    n, dim = 2000, 16
+    pe = sinusoidal_table(n, dim, dtype=torch.float64)
+    sine = pe[1:, 0::2]  # column 2j of each pair, from position 1 (every sine is 0 at position 0)
+    crossings = ((sine[1:] > 0) != (sine[:-1] > 0)).sum(0).tolist()  # sign changes over the positions
+    nonzero = [c for c in crossings if c > 0]
+    assert len(nonzero) >= 4 and all(a > b for a, b in zip(nonzero, nonzero[1:], strict=False))
+    assert crossings == sorted(crossings, reverse=True)
+    for j, c in enumerate(crossings[:3]):  # the crossings count ω_j n / π, ω_j = 10000^(−2j/D)
+        assert c == pytest.approx(10000 ** (-2 * j / dim) * n / math.pi, rel=0.02, abs=1)
+    # The binary analogy: bit b of i changes every 2^b numbers, so lower bits change more often.
+    flips = [sum(((i >> b) & 1) != (((i + 1) >> b) & 1) for i in range(255)) for b in range(8)]
+    assert flips == sorted(flips, reverse=True) and flips[0] == 255
+
+
+@torch.no_grad()
+def test_vit_blocks_normalize_before_attention_and_mlp_and_use_gelu():
+    """attention-notes.txt: ViT's MLP "Activation function uses the GELU"; "Normalization is applied right before the
+    multi-head attention or MLP (not after as in vanilla Transformer)"."""
+    torch.manual_seed(0)
+    m = create_model("vit-micro").eval()
+    x = torch.randn(2, 5, m.config.dim)
+    for blk in m.encoder.layers():
+        assert isinstance(blk.mlp.act, nn.GELU)
+        mlp = lambda t, f=blk.mlp: f.fc2(nn.functional.gelu(f.fc1(t)))  # noqa: E731
+        h = x + blk.attn(blk.norm1(x))
+        torch.testing.assert_close(blk(x), h + mlp(blk.norm2(h)), atol=1e-5, rtol=1e-5)
+        post = blk.norm2((y := blk.norm1(x + blk.attn(x))) + mlp(y))  # the vanilla Transformer's order
+        assert not torch.allclose(blk(x), post, atol=1e-3)
+
+
+def _randomized(model: nn.Module) -> nn.Module:
+    """Every weight drawn at random (N(0, 0.5²)), so that no output is near zero by the initialization."""
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+    return model.eval()
+
+
+@torch.no_grad()
+def test_vit_with_positions_is_not_translation_invariant_and_without_is():
+    """attention-notes.txt: Transformers "lack useful principles in convolution, such as translation invariance":
+    a ViT with positions changes its answer when the image moves by one patch; without positions (mean pooled) a
+    cyclic move of whole patches only permutes the tokens, so the answer stays, but a move by half a patch does
+    not."""
+    plain = _randomized(create_model("vit-micro", position="none", pool="mean"))
+    x = plain.example_input(1)  # (1, 3, 16, 16): 4 × 4 patches of 4 pixels
+    moved = torch.roll(x, shifts=4, dims=-1)  # one patch to the right (cyclic)
+    torch.testing.assert_close(plain(moved).logits, plain(x).logits, rtol=1e-4, atol=1e-5)
+    with_pos = _randomized(create_model("vit-micro", pool="mean"))  # learned positions, random like the rest
+    assert (with_pos(moved).logits - with_pos(x).logits).abs().max() > 0.02
+    # Without positions, only moves by whole patches are free: half a patch changes what each patch holds.
+    assert (plain(torch.roll(x, shifts=2, dims=-1)).logits - plain(x).logits).abs().max() > 0.02
+
+
+def test_every_domain_runs_the_same_transformer_block():
+    """transcript.txt: "The recipe is once you turn your data into a set of tokens, then you just use a transformer
+    ... First, the domain expert turns data into tokens, and then generic transformer processes tokens"."""
+    families = {"vit-micro": {}, "ast-digits": {}, "gpt-micro": {}, "graph-micro": {"node_features": 3},
+                "sphere-micro": {}, "seq2seq-micro": {}, "captioner-micro": {}}
+    for name, kw in families.items():  # images, audio, text, graphs, the sphere, translation, captions
+        m = create_model(name, **kw)
+        blocks = [mod for mod in m.modules() if isinstance(mod, Block)]
+        assert blocks, f"{name} has no tokennet.layers.Block"
+        assert all(type(b) is Block and isinstance(b.attn, MultiHeadAttention) for b in blocks), name
