@@ -229,6 +229,12 @@ class PrefixCache:
         for blk in reversed(chain):  # the deepest first: every ancestor ends more recent than its descendants
             self.blocks.move_to_end(blk.key)
 
+    def peek(self, tokens: list[int], limit: int | None = None) -> int:
+        """How many tokens :meth:`match` would give now (whole blocks, at most ``limit``), without counting a lookup
+        or marking anything used."""
+        limit = len(tokens) if limit is None else min(limit, len(tokens))
+        return len(self._walk(tokens, limit // self.block)) * self.block
+
     def match(self, tokens: list[int], limit: int | None = None) -> tuple[int, list[tuple[Tensor, Tensor]] | None]:
         """The longest cached prefix of ``tokens`` of at most ``limit`` tokens, in whole blocks: ``(m, kv)``,
         ``kv`` per layer ``(Hkv, m, E)`` keys and values (``(0, None)``: nothing cached)."""

@@ -4,7 +4,8 @@ The engine owns the model and one thread that loops (the scheduling of vLLM and 
 https://www.usenix.org/conference/osdi22/presentation/yu):
 
 1. **admit**: waiting sequences take free rows of the shared cache (:mod:`.cache`) and are prefilled, one
-   prompt per forward, until the rows or this step's prompt-token budget run out; a prefill gives the
+   prompt per forward, until the rows or this step's budget of computed prompt tokens run out (a prefix copied
+   from the prefix cache is not computed, and not counted); a prefill gives the
    sequence's first new token;
 2. **decode**: the B running sequences feed their last token together, ``(B, 1)`` at their own positions
    with their own key masks, so one forward reads every weight once for B tokens (a step costs about as
@@ -304,8 +305,8 @@ class Engine:
         tokenizer: turns generated ids into text (``decode``).
         max_batch: the most sequences decoded together (rows of the shared cache).
         context: the longest sequence (prompt + new tokens) served; default the model's context.
-        prefill_tokens: prompt tokens prefilled per step at most (at least one prompt is), so arrivals do
-            not stall the running sequences for long.
+        prefill_tokens: prompt tokens computed by prefills per step at most (at least one prompt is; tokens
+            copied from the prefix cache are not counted), so arrivals do not stall the running sequences for long.
         seed: the seed of the generator shared by sequences without their own.
         quantize: ``"none"``, ``"bf16"``, ``"int8"`` or ``"int4"``: decode with that copy of the model, as
             :func:`tokennet.sampling.generate` does (:func:`~tokennet.layers.quantize.decoding_copy`; the model
@@ -487,10 +488,11 @@ class Engine:
         while len(self.running) < self.max_batch:
             with self._cv:
                 seq = self._next()
-                if seq is None or (budget < len(seq.prompt) and budget < self.prefill_tokens):
+                # the tokens it computes: a cached prefix is copied, not computed (it may yet be evicted before
+                # the prefill: then it computes more, and this step's budget is charged what it computed)
+                if seq is None or (budget < len(seq.prompt) - self._cached(seq) and budget < self.prefill_tokens):
                     return
                 self.waiting.remove(seq)
-            budget -= len(seq.prompt)
             try:
                 token = self._prefill(seq, row=len(self.running))
                 if token is None:  # nothing to generate (max_tokens 0: the prompt's log probabilities only)
@@ -505,6 +507,7 @@ class Engine:
                 raise
             finally:
                 self.feeding = []
+                budget -= len(seq.prompt) - seq.cached_tokens  # what it computed
             self.running.append(seq)
             self._accept_or_fail(len(self.running) - 1, token)
 
@@ -563,6 +566,12 @@ class Engine:
             for i, e in zip(want, token_logprobs(logits[want], nxt[want], [rows[i].params.logprobs for i in want])):
                 rows[i].logprobs.append(e)
         return nxt
+
+    def _cached(self, seq: Sequence) -> int:
+        """The prompt tokens of ``seq`` the prefix cache holds now (what its prefill would copy, not compute)."""
+        if self.prefix is None or seq.params.prompt_logprobs or len(seq.prompt) <= self.prefix.block:
+            return 0
+        return self.prefix.peek(seq.prompt, limit=len(seq.prompt) - 1)
 
     def _load_prefix(self, seq: Sequence, row: int) -> int:
         """Copy the longest cached prefix of ``seq``'s prompt (all but its last token at most) into row ``row``;
