@@ -47,6 +47,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -283,13 +284,29 @@ class RowsStep(CompiledStep):
         if feed.shape[0] > 1:  # a size of 1 is its own graph (Dynamo specializes 0 and 1)
             torch._dynamo.mark_dynamic(feed, 0)
             torch._dynamo.mark_dynamic(lengths, 0)
+        B = feed.shape[0]
         buffers = []
-        for c in caches.layers:
-            for t in (c.k, c.v):
-                if not hasattr(t, "_dynamo_dynamic_indices"):
-                    torch._dynamo.mark_dynamic(t, 2)  # the capacity: one graph for every cache size
-            buffers.append((c.k, c.v))
+        for c in caches.layers:  # rows 0..B−1 (views: the graph writes the new keys into the buffers themselves),
+            kv = (c.k[:B], c.v[:B])  # so the batch size is never compared with the number of rows the cache has
+            for t in kv:
+                torch._dynamo.mark_dynamic(t, 2)  # the capacity: one graph for every cache size
+                if B > 1:
+                    torch._dynamo.mark_dynamic(t, 0)
+            buffers.append(kv)
         return self._run(feed, lengths, keys, buffers)
+
+
+# decoding copy → its RowsStep (weak keys: a step lives no longer than its copy; every engine of one copy, e.g.
+# one per run.generate([...]) call, shares its compiled graphs)
+_ROWS_STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def rows_step(net: nn.Module) -> RowsStep:
+    """The :class:`RowsStep` of a decoding copy, made once and kept with it."""
+    step = _ROWS_STEPS.get(net)
+    if step is None:
+        step = _ROWS_STEPS[net] = RowsStep(net)
+    return step
 
 
 def _describe(e: BaseException) -> str:
@@ -343,7 +360,7 @@ class Engine:
         self.caches = SlotCaches(c.num_layers, heads, c.head_width, max_batch, self.context,
                                  device=self.device, dtype=act)
         self.prefix = self._prefix_cache(prefix_cache_mb, prefix_block)
-        self.step = RowsStep(self.net) if compile_default(compile) else None
+        self.step = rows_step(self.net) if compile_default(compile) else None
         self.warm_up_s: float | None = None  # the time warm_up took (compiling, or loading Inductor's cache)
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.waiting: deque[Sequence] = deque()
