@@ -102,9 +102,11 @@ def free_port() -> int:
 def start_server(run: Path, port: int, threads: int, max_batch: int, quantize: str = "auto",
                  extra: list[str] | None = None) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": str(threads)}
+    log = tempfile.TemporaryFile()  # not a pipe: one nobody reads would fill with warnings and block the server
     proc = subprocess.Popen([sys.executable, "-m", "tokennet.cli", "-q", "serve", str(run), "--port", str(port),
                              "--max-batch", str(max_batch), "--model-name", "bench", "--quantize", quantize,
-                             *(extra or [])], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                             *(extra or [])], env=env, stdout=subprocess.DEVNULL, stderr=log)
+    proc.log = log
     return wait_for(proc, port, "/health")
 
 
@@ -127,11 +129,8 @@ def wait_for(proc: subprocess.Popen, port: int, path: str) -> subprocess.Popen:
     deadline = time.time() + START_S
     while time.time() < deadline:
         if proc.poll() is not None:
-            if proc.stderr is not None:
-                err = proc.stderr.read()
-            else:
-                proc.log.seek(0)
-                err = proc.log.read()
+            proc.log.seek(0)
+            err = proc.log.read()
             raise SystemExit(f"the server exited: {err.decode(errors='replace')[-2000:]}")
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=1):

@@ -130,3 +130,15 @@ def test_compile_follows_the_environment_and_the_argument(monkeypatch):
     e = Engine(m, TOK, max_batch=2)  # a user's default: compiled
     assert e.step is not None and e.status()["compile"]["compiled"] is None  # not tried until warm_up / a step
     assert Engine(m, TOK, max_batch=2, compile=False).step is None  # --no-compile
+
+
+def test_serve_passes_no_compile_and_the_default(monkeypatch):
+    pytest.importorskip("uvicorn")
+    import tokennet.serve.app as app
+    from tokennet.cli import main
+
+    got = []
+    monkeypatch.setattr(app, "serve", lambda run_dir, **kw: got.append(kw["compile"]))
+    assert main(["serve", "RUN", "--no-compile"]) == 0
+    assert main(["serve", "RUN"]) == 0
+    assert got == [False, None]  # None: compiled unless TOKENNET_COMPILE=0 (the engine decides)
