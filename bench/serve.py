@@ -122,7 +122,7 @@ def start_llamacpp(gguf: Path, port: int, threads: int, context: int) -> subproc
     return wait_for(proc, port, "/v1/models")
 
 
-START_S = 900  # a loaded machine can take minutes to load and start a server
+START_S = 3600  # a loaded machine can take minutes to load and start a server; a first start compiles the decoding step
 
 
 def wait_for(proc: subprocess.Popen, port: int, path: str) -> subprocess.Popen:
