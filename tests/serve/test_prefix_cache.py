@@ -121,6 +121,47 @@ def test_a_prefix_evicted_while_its_request_waits_is_recomputed():
     assert waiting.generated == ref
 
 
+def test_a_prefix_the_tiny_cache_evicts_while_its_request_waits_is_recomputed():
+    """No hook: a cache of three blocks holds the system prompt; while its request waits behind another, that
+    one's blocks evict it (least recently used), and the request computes its prompt whole and answers right."""
+    m = _model()
+    c = m.config
+    block_bytes = c.num_layers * 2 * c.num_heads * 16 * (c.dim // c.num_heads) * 4  # one block of 16 tokens, fp32
+    prompt, other = SYSTEM + TURNS[1], "xy " * 20 + "end\n"  # 3 whole blocks each (in 3 blocks' room)
+    ref = Engine(m, TOK, max_batch=1, prefix_cache_mb=0).start()
+    want = [s.generated for s in _run(ref, [other, prompt], at_once=False)]
+    ref.stop()
+    engine = Engine(m, TOK, max_batch=1, prefix_cache_mb=3 * block_bytes / 2**20).start()
+    try:
+        _run(engine, [prompt])  # its first three blocks (the system prompt) are cached, and fill the cache
+        assert engine.prefix.peek(TOK.encode(prompt)) == 48
+        evicted = engine.prefix.evicted
+        seqs = _run(engine, [other, prompt])  # one row: prompt waits while other's prefill evicts its blocks
+    finally:
+        engine.stop()
+    assert engine.prefix.evicted >= evicted + 3
+    assert seqs[1].cached_tokens == 0  # recomputed
+    assert [s.generated for s in seqs] == want
+
+
+def test_the_prefill_budget_counts_only_the_tokens_computed():
+    """A prompt whose system prompt is cached costs this step's prefill budget only the tokens after it."""
+    m = _model()
+    engine = Engine(m, TOK, max_batch=3, prefill_tokens=64)  # not started: this test takes its steps
+    first = Sequence(TOK.encode(SYSTEM + TURNS[0]), SamplingParams(max_tokens=4, temperature=0), lambda e: None)
+    engine.submit(first)
+    with torch.inference_mode():
+        engine._admit()  # the system prompt's three blocks (48 tokens) cached by its prefill
+        engine._remove(0, "length")
+    prompts = [SYSTEM + t for t in (TURNS[3], TURNS[2], TURNS[4])]  # 64, 74, 74 tokens: 16, 26, 26 computed
+    seqs = [Sequence(TOK.encode(p), SamplingParams(max_tokens=4, temperature=0), lambda e: None) for p in prompts]
+    engine.submit_all(seqs)
+    with torch.inference_mode():
+        engine._admit()  # one step's admissions
+    assert [s.cached_tokens for s in engine.running] == [48, 48]  # 16 + 26 = 42 of 64; not the third (68)
+    assert len(engine.waiting) == 1
+
+
 def test_blocks_match_only_their_exact_tokens_after_their_exact_parent():
     kv = [(torch.randn(2, 40, 8), torch.randn(2, 40, 8)) for _ in range(3)]  # 3 layers, (Hkv, 40 tokens, E)
 

@@ -354,7 +354,8 @@ class GPT(nn.Module):
         """:meth:`forward_features` with per-row positions: the same formulas, each row at its own offset."""
         if positions.shape != idx.shape:
             raise ValueError(f"positions must have the shape of idx {tuple(idx.shape)}, got {tuple(positions.shape)}")
-        if int(positions.max()) >= self.config.block_size or int(positions.min()) < 0:
+        if not torch.compiler.is_compiling() and (int(positions.max()) >= self.config.block_size
+                                                  or int(positions.min()) < 0):  # (a compiled step: checked eagerly)
             raise ValueError(f"positions must be in [0, block_size={self.config.block_size})")
         x = self.embed(idx)  # (B, T, D)
         if isinstance(self.pos_emb, LearnedPosition):

@@ -44,6 +44,7 @@ from starlette.routing import Route
 
 from ..errors import RunError
 from ..layers import quantize as quantization
+from ..sampling import inductor_cache_dir
 from ..tokens.chat_template import check_chat_template
 from .chat_page import chat_page_route
 from .embeddings import Embedder, embeddings_body, parse_embeddings
@@ -452,9 +453,11 @@ def serving_mode(model, quantize: str = "auto") -> str:
 
 
 def engine_for_run(run, *, max_batch: int = 16, context: int | None = None, quantize: str = "auto",
-                   max_queue: int | None = MAX_QUEUE, prefix_cache_mb: float = PREFIX_CACHE_MB) -> Engine:
+                   max_queue: int | None = MAX_QUEUE, prefix_cache_mb: float = PREFIX_CACHE_MB,
+                   compile: bool | None = None) -> Engine:
     """An :class:`Engine` for a loaded language-model run; a RunError when the run is not one (``quantize``:
-    see :func:`serving_mode`; ``prefix_cache_mb``: the prefix cache's bound, 0 = off)."""
+    see :func:`serving_mode`; ``prefix_cache_mb``: the prefix cache's bound, 0 = off; ``compile``: the compiled
+    decoding step, None = on unless ``TOKENNET_COMPILE=0``)."""
     model = run.model
     if run.tokenizer is None or not hasattr(model, "forward_features") or not hasattr(model.config, "block_size"):
         raise RunError(f"{run.path} is a {run.task.name} run: tokennet serve serves language models with a "
@@ -465,19 +468,21 @@ def engine_for_run(run, *, max_batch: int = 16, context: int | None = None, quan
     if template and importlib.util.find_spec("jinja2") is not None:  # refused at start, not on every chat request
         check_chat_template(template, where=str(run.path))
     return Engine(model, run.tokenizer, max_batch=max_batch, context=context, quantize=serving_mode(model, quantize),
-                  max_queue=max_queue, prefix_cache_mb=prefix_cache_mb)
+                  max_queue=max_queue, prefix_cache_mb=prefix_cache_mb, compile=compile)
 
 
 def serve(run_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
           model_name: str | list[str] | None = None, any_model_name: bool = False, max_batch: int = 16,
           context: int | None = None, device: str = "cpu",
           log_level: str = "info", quantize: str = "auto", max_queue: int | None = MAX_QUEUE,
-          max_body: int = MAX_BODY, prefix_cache_mb: float = PREFIX_CACHE_MB) -> None:
+          max_body: int = MAX_BODY, prefix_cache_mb: float = PREFIX_CACHE_MB, compile: bool | None = None) -> None:
     """Serve a language-model run over HTTP until Ctrl-C (which lets the requests in flight finish).
 
     ``api_key`` is used as given (the CLI reads ``--api-key`` or ``TOKENNET_API_KEY``); ``max_queue``: the most
     sequences waiting for a row (429 beyond); ``max_body``: the largest request body in bytes; ``quantize``: the
-    decoding copy (``"auto"``: :func:`serving_mode`); ``prefix_cache_mb``: the prefix cache's bound (0: off).
+    decoding copy (``"auto"``: :func:`serving_mode`); ``prefix_cache_mb``: the prefix cache's bound (0: off);
+    ``compile``: decode with the compiled step (None: on unless ``TOKENNET_COMPILE=0``), compiled before the first
+    request (:meth:`Engine.warm_up`; a later start loads it from Inductor's on-disk cache).
     """
     import uvicorn
 
@@ -492,7 +497,13 @@ def serve(run_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, api
         log.info("serving %s (text embeddings) as model %s on http://%s:%d/v1", run_dir, shown, host, port)
     else:
         engine = engine_for_run(run, max_batch=max_batch, context=context, quantize=quantize, max_queue=max_queue,
-                                prefix_cache_mb=prefix_cache_mb)
+                                prefix_cache_mb=prefix_cache_mb, compile=compile)
+        if engine.step is not None:
+            log.info("compiling the batched decoding step (once per machine: Inductor's cache %s keeps it; "
+                     "--no-compile decodes eagerly)", inductor_cache_dir())
+            took = engine.warm_up()
+            if took is not None:
+                log.info("the batched decoding step is compiled (%.1f s)", took)
         app = create_app(engine, model_name=name, api_key=api_key, max_body=max_body, any_model_name=any_model_name)
         weights = {"none": "float32", "bf16": "bf16", "int8": "int8 per-channel",
                    "int4": "4-bit blocks (a GGUF file's own, as they are)"}[engine.quantize]
@@ -500,6 +511,6 @@ def serve(run_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, api
                  run_dir, shown, host, port, max_batch, engine.context, weights,
                  " chosen by --quantize auto" if quantize == "auto" else "",
                  "off" if engine.prefix is None else f"{prefix_cache_mb:g} MiB")
-        log.info("batched decoding runs eagerly: the compiled decoding step (tokennet generate's default) does not "
-                 "serve rows at their own lengths yet")
+        if engine.step is None:
+            log.info("batched decoding runs eagerly (--no-compile or TOKENNET_COMPILE=0)")
     uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=None)

@@ -38,7 +38,7 @@ from collections import OrderedDict
 import torch
 from torch import Tensor
 
-__all__ = ["SlotCache", "SlotCaches", "PrefixCache"]
+__all__ = ["SlotCache", "SlotCaches", "PrefixCache", "DecodePlan"]
 
 
 class SlotCache:
@@ -66,6 +66,23 @@ class SlotCache:
         self.k[rows, :, o.write_at] = k[:, :, 0]  # (B, Hkv, E) into each row's next slot
         self.v[rows, :, o.write_at] = v[:, :, 0]
         return self.k[o.rows, :, : o.n_keys], self.v[o.rows, :, : o.n_keys]
+
+
+class DecodePlan:
+    """The plan of a decoding forward of rows ``0..B−1`` (what :meth:`SlotCaches.plan_decode` sets), for a compiled
+    step that builds its :class:`SlotCache` views inside the graph over the given buffers.
+
+    Args:
+        lengths: ``(B,)`` each row's cached tokens (its new token's key and value are written there).
+        n_keys: ``max(lengths) + 1``, the keys attended over.
+    """
+
+    mode = "decode"
+
+    def __init__(self, lengths: Tensor, n_keys, rows_index: Tensor):
+        self.write_at, self.n_keys, self.offset = lengths, n_keys, n_keys - 1
+        self.rows_index = rows_index
+        self.rows = slice(0, lengths.shape[0])
 
 
 class SlotCaches:
@@ -211,6 +228,12 @@ class PrefixCache:
     def _touch(self, chain: list[_Block]) -> None:
         for blk in reversed(chain):  # the deepest first: every ancestor ends more recent than its descendants
             self.blocks.move_to_end(blk.key)
+
+    def peek(self, tokens: list[int], limit: int | None = None) -> int:
+        """How many tokens :meth:`match` would give now (whole blocks, at most ``limit``), without counting a lookup
+        or marking anything used."""
+        limit = len(tokens) if limit is None else min(limit, len(tokens))
+        return len(self._walk(tokens, limit // self.block)) * self.block
 
     def match(self, tokens: list[int], limit: int | None = None) -> tuple[int, list[tuple[Tensor, Tensor]] | None]:
         """The longest cached prefix of ``tokens`` of at most ``limit`` tokens, in whole blocks: ``(m, kv)``,

@@ -4,7 +4,8 @@ The engine owns the model and one thread that loops (the scheduling of vLLM and 
 https://www.usenix.org/conference/osdi22/presentation/yu):
 
 1. **admit**: waiting sequences take free rows of the shared cache (:mod:`.cache`) and are prefilled, one
-   prompt per forward, until the rows or this step's prompt-token budget run out; a prefill gives the
+   prompt per forward, until the rows or this step's budget of computed prompt tokens run out (a prefix copied
+   from the prefix cache is not computed, and not counted); a prefill gives the
    sequence's first new token;
 2. **decode**: the B running sequences feed their last token together, ``(B, 1)`` at their own positions
    with their own key masks, so one forward reads every weight once for B tokens (a step costs about as
@@ -45,6 +46,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
+import weakref
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -55,11 +58,12 @@ from torch import Tensor, nn
 
 from ..errors import ConfigError
 from ..layers import quantize as quantization
-from ..sampling import SAMPLING_EPS
-from .cache import PrefixCache, SlotCaches
+from ..layers.blockquant import GEMV_ROWS
+from ..sampling import SAMPLING_EPS, CompiledStep, compile_default, inductor_cache_dir
+from .cache import DecodePlan, PrefixCache, SlotCache, SlotCaches
 
 __all__ = ["Engine", "Sequence", "SamplingParams", "QueueFull", "sample_rows", "SAMPLING_EPS", "TokenLogprob",
-           "token_logprobs", "PREFIX_CACHE_MB", "available_memory"]
+           "token_logprobs", "PREFIX_CACHE_MB", "available_memory", "RowsStep"]
 
 log = logging.getLogger(__name__)
 
@@ -245,6 +249,66 @@ def sample_rows(logits: Tensor, params: list[SamplingParams], generators: list[t
     return out
 
 
+class RowsStep(CompiledStep):
+    """The engine's decoding forward of rows ``0..B−1``, each at its own length, compiled by ``torch.compile``.
+
+    ``step(feed (B, 1), lengths (B,), n_keys, caches) → logits (B, V)`` computes what the eager
+    ``net.forward_features(feed, caches=caches.layers, positions=lengths[:, None], mask=...)`` and ``forward_head``
+    compute, as one Inductor graph over the :class:`~tokennet.serve.cache.SlotCaches` buffers (see
+    :class:`~tokennet.sampling.CompiledStep`: the same fused layers, options and on-disk cache). Continuous
+    batching changes the batch size, the rows' lengths and the cache's capacity between steps; the number of
+    keys and the capacity are symbolic, and so is the batch size from 2 rows on (a single row is its own graph,
+    and a linear layer is a sum of products up to ``GEMV_ROWS`` rows, a matrix product beyond: a guard), so a
+    session of any lengths and concurrencies compiles at most a few graphs (:meth:`Engine.warm_up` compiles them
+    before serving). Returns None when the step does not compile (said once in the log): the engine then
+    decodes eagerly.
+    """
+
+    def _step(self, feed: Tensor, lengths: Tensor, keys: Tensor, buffers: list[tuple[Tensor, Tensor]]) -> Tensor:
+        B = feed.shape[0]
+        plan = DecodePlan(lengths, keys.shape[0], torch.arange(B, device=feed.device))
+        caches = [SlotCache(k, v, plan) for k, v in buffers]
+        mask = (keys[None, :] <= lengths[:, None])[:, None, None, :]  # (B, 1, 1, Nk): True where a row's key is real
+        h = self.net.forward_features(feed, caches=caches, positions=lengths[:, None], mask=mask)  # (B, 1, D)
+        return self.net.forward_head(h)[:, -1]  # (B, V)
+
+    @torch.inference_mode()
+    def __call__(self, feed: Tensor, lengths: Tensor, n_keys: int, caches: SlotCaches) -> Tensor | None:
+        if self.compiled is False:
+            return None
+        caches.ensure(n_keys)
+        if self._positions.numel() < n_keys:
+            self._positions = torch.arange(max(n_keys, 2 * self._positions.numel()), device=feed.device)
+        keys = self._positions[:n_keys]  # 0..Nk−1: its length is the keys attended over
+        torch._dynamo.mark_dynamic(keys, 0)
+        if feed.shape[0] > 1:  # a size of 1 is its own graph (Dynamo specializes 0 and 1)
+            torch._dynamo.mark_dynamic(feed, 0)
+            torch._dynamo.mark_dynamic(lengths, 0)
+        B = feed.shape[0]
+        buffers = []
+        for c in caches.layers:  # rows 0..B−1 (views: the graph writes the new keys into the buffers themselves),
+            kv = (c.k[:B], c.v[:B])  # so the batch size is never compared with the number of rows the cache has
+            for t in kv:
+                torch._dynamo.mark_dynamic(t, 2)  # the capacity: one graph for every cache size
+                if B > 1:
+                    torch._dynamo.mark_dynamic(t, 0)
+            buffers.append(kv)
+        return self._run(feed, lengths, keys, buffers)
+
+
+# decoding copy → its RowsStep (weak keys: a step lives no longer than its copy; every engine of one copy, e.g.
+# one per run.generate([...]) call, shares its compiled graphs)
+_ROWS_STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def rows_step(net: nn.Module) -> RowsStep:
+    """The :class:`RowsStep` of a decoding copy, made once and kept with it."""
+    step = _ROWS_STEPS.get(net)
+    if step is None:
+        step = _ROWS_STEPS[net] = RowsStep(net)
+    return step
+
+
 def _describe(e: BaseException) -> str:
     return f"internal error: {type(e).__name__}: {e}"
 
@@ -258,8 +322,8 @@ class Engine:
         tokenizer: turns generated ids into text (``decode``).
         max_batch: the most sequences decoded together (rows of the shared cache).
         context: the longest sequence (prompt + new tokens) served; default the model's context.
-        prefill_tokens: prompt tokens prefilled per step at most (at least one prompt is), so arrivals do
-            not stall the running sequences for long.
+        prefill_tokens: prompt tokens computed by prefills per step at most (at least one prompt is; tokens
+            copied from the prefix cache are not counted), so arrivals do not stall the running sequences for long.
         seed: the seed of the generator shared by sequences without their own.
         quantize: ``"none"``, ``"bf16"``, ``"int8"`` or ``"int4"``: decode with that copy of the model, as
             :func:`tokennet.sampling.generate` does (:func:`~tokennet.layers.quantize.decoding_copy`; the model
@@ -269,11 +333,14 @@ class Engine:
         prefix_cache_mb: the prefix cache's bound in MiB of keys and values (0: no prefix caching); more than
             the device's free memory is refused (:class:`~tokennet.errors.ConfigError`).
         prefix_block: tokens per cached block (prefixes are reused in whole blocks).
+        compile: decode with the compiled step (:class:`RowsStep`; eager, with one note in the log, where it
+            does not compile). None (the default): on unless ``TOKENNET_COMPILE=0``
+            (:func:`~tokennet.sampling.compile_default`), as ``tokennet generate``; False: eager.
     """
 
     def __init__(self, model: nn.Module, tokenizer, *, max_batch: int = 16, context: int | None = None,
                  prefill_tokens: int = 2048, seed: int = 0, quantize: str = "none", max_queue: int | None = None,
-                 prefix_cache_mb: float = PREFIX_CACHE_MB, prefix_block: int = 16):
+                 prefix_cache_mb: float = PREFIX_CACHE_MB, prefix_block: int = 16, compile: bool | None = None):
         c = model.config
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
@@ -293,6 +360,8 @@ class Engine:
         self.caches = SlotCaches(c.num_layers, heads, c.head_width, max_batch, self.context,
                                  device=self.device, dtype=act)
         self.prefix = self._prefix_cache(prefix_cache_mb, prefix_block)
+        self.step = rows_step(self.net) if compile_default(compile) else None
+        self.warm_up_s: float | None = None  # the time warm_up took (compiling, or loading Inductor's cache)
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -436,10 +505,11 @@ class Engine:
         while len(self.running) < self.max_batch:
             with self._cv:
                 seq = self._next()
-                if seq is None or (budget < len(seq.prompt) and budget < self.prefill_tokens):
+                # the tokens it computes: a cached prefix is copied, not computed (it may yet be evicted before
+                # the prefill: then it computes more, and this step's budget is charged what it computed)
+                if seq is None or (budget < len(seq.prompt) - self._cached(seq) and budget < self.prefill_tokens):
                     return
                 self.waiting.remove(seq)
-            budget -= len(seq.prompt)
             try:
                 token = self._prefill(seq, row=len(self.running))
                 if token is None:  # nothing to generate (max_tokens 0: the prompt's log probabilities only)
@@ -454,6 +524,7 @@ class Engine:
                 raise
             finally:
                 self.feeding = []
+                budget -= len(seq.prompt) - seq.cached_tokens  # what it computed
             self.running.append(seq)
             self._accept_or_fail(len(self.running) - 1, token)
 
@@ -513,6 +584,12 @@ class Engine:
                 rows[i].logprobs.append(e)
         return nxt
 
+    def _cached(self, seq: Sequence) -> int:
+        """The prompt tokens of ``seq`` the prefix cache holds now (what its prefill would copy, not compute)."""
+        if self.prefix is None or seq.params.prompt_logprobs or len(seq.prompt) <= self.prefix.block:
+            return 0
+        return self.prefix.peek(seq.prompt, limit=len(seq.prompt) - 1)
+
     def _load_prefix(self, seq: Sequence, row: int) -> int:
         """Copy the longest cached prefix of ``seq``'s prompt (all but its last token at most) into row ``row``;
         the tokens copied (0: none, or no prefix cache)."""
@@ -540,6 +617,10 @@ class Engine:
         self.feeding = rows
         feed = torch.tensor([[s.next_token] for s in rows], device=self.device)  # (n, 1)
         lengths = torch.tensor([s.length for s in rows], device=self.device)  # (n,): tokens already cached
+        if self.step is not None and first == 0:  # the batch (a row retried alone after a failure runs eagerly)
+            logits = self.step(feed, lengths, max(s.length for s in rows) + 1, self.caches)
+            if logits is not None:
+                return logits
         mask = self.caches.plan_decode(lengths, first)  # (n, 1, 1, Nk)
         h = self.net.forward_features(feed, caches=self.caches.layers, positions=lengths[:, None], mask=mask)
         return self.net.forward_head(h)[:, -1]  # (n, V)
@@ -670,9 +751,37 @@ class Engine:
         except Exception:  # noqa: BLE001 - the owner's callback must not stop the engine
             log.exception("a sequence's emit callback failed")
 
+    def warm_up(self) -> float | None:
+        """Compile the decoding step for every graph continuous batching uses (1 row, 2 rows, and more rows than
+        ``GEMV_ROWS`` where ``max_batch`` allows) before any request, so none waits for it; the seconds it took
+        (None: no compiled step, or it does not compile). A later process loads the graphs from Inductor's
+        on-disk cache (:func:`~tokennet.sampling.inductor_cache_dir`) instead of compiling them again. Call it
+        before :meth:`start` (it writes a dummy token into rows that no sequence holds yet)."""
+        if self.step is None:
+            return None
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            for B in sorted({1, min(2, self.max_batch), min(GEMV_ROWS + 1, self.max_batch)}):
+                feed = torch.zeros(B, 1, dtype=torch.long, device=self.device)
+                if self.step(feed, torch.ones(B, dtype=torch.long, device=self.device), 2, self.caches) is None:
+                    return None
+        self.warm_up_s = time.perf_counter() - t0
+        return self.warm_up_s
+
+    def compile_status(self) -> dict[str, Any]:
+        """How the decoding step runs: ``{"compiled": True / False (eager) / None (not tried yet), "warm_up_s",
+        "inductor_cache"}``."""
+        if self.step is None:
+            return {"compiled": False, "why": "off (--no-compile or TOKENNET_COMPILE=0)"}
+        out: dict[str, Any] = {"compiled": self.step.compiled, "warm_up_s": self.warm_up_s,
+                               "inductor_cache": inductor_cache_dir()}
+        if self.step.compiled is False:
+            out["why"] = "torch.compile is unavailable here (see the log); decoding eagerly"
+        return out
+
     def status(self) -> dict[str, Any]:
         return {**self.load, "max_batch": self.max_batch, "context": self.context, "steps": self.steps,
-                "quantize": self.quantize, "max_queue": self.max_queue,
+                "quantize": self.quantize, "max_queue": self.max_queue, "compile": self.compile_status(),
                 "prefix_cache": None if self.prefix is None else self.prefix.stats()}
 
 

@@ -66,7 +66,7 @@ def stream_text(run: Run, prompt: str, max_new_tokens: int = 200, *, temperature
 
 def generate_batch(run: Run, prompts: list[str], max_new_tokens: int = 200, *, temperature: float = 0.8,
                    top_k: int | None = None, top_p: float | None = None, seed: int = 0, use_cache: bool = True,
-                   quantize: str = "none", max_batch: int = 16) -> list[str]:
+                   quantize: str = "none", max_batch: int = 16, compile: bool | None = None) -> list[str]:
     """The continuations of several prompts, decoded together by the server's engine (:mod:`tokennet.serve.engine`).
 
     Prompts of different lengths share one batched forward per decoding step (continuous batching: each
@@ -75,7 +75,8 @@ def generate_batch(run: Run, prompts: list[str], max_new_tokens: int = 200, *, t
     sampled, each prompt draws from its own generator seeded ``seed`` (so its text does not depend on what else
     is in the batch, though it is not the one-prompt call's draw). Each prompt plus its new tokens must fit in
     the model's context: a longer prompt is cut to its last ``block_size − max_new_tokens`` tokens. ``use_cache``
-    is accepted for the one-prompt signature's sake (the engine always decodes over its cache).
+    is accepted for the one-prompt signature's sake (the engine always decodes over its cache). ``compile``: the
+    engine's compiled decoding step (None, the default: on unless ``TOKENNET_COMPILE=0``; False: eager).
 
     Returns:
         One text per prompt, in the prompts' order (each without its prompt).
@@ -124,7 +125,7 @@ def generate_batch(run: Run, prompts: list[str], max_new_tokens: int = 200, *, t
             ids = ids[-keep:]
         seqs.append(Sequence(ids, SamplingParams(**params), emit_to(i)))
     engine = Engine(run.model, tok, max_batch=max(1, min(max_batch, len(prompts))), seed=seed,
-                    quantize=quantize).start()
+                    quantize=quantize, compile=compile).start()
     try:
         engine.submit_all(seqs)
         with done:
