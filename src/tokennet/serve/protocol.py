@@ -391,7 +391,7 @@ class TokenText:
     def __call__(self, token: int) -> str:
         t = self.memo.get(token)
         if t is None:
-            t = self.memo[token] = self.tokenizer.decode([token], skip_special=False)
+            t = self.memo[token] = self.tokenizer.decode_continuation([token], skip_special=False)
         return t
 
 
