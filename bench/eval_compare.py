@@ -126,23 +126,33 @@ def main() -> None:
     if args.gemma is not None:
         tokennet("import", str(args.gemma), "--out", str(work / "gemma"))
         runs[f"Gemma 3 270M ({args.gemma.name}, imported)"] = work / "gemma"
+    trained_here = args.gpt_run is None
     if args.gpt_run is None:
         tokennet("train", "gpt-char", "--out", str(work / "gpt"), "--max-iters", str(args.train_iters),
                  "--time-budget", "1e9", "--set", "sample_tokens=0")  # steps decide
         args.gpt_run = work / "gpt"
-    runs[f"gpt-char ({args.gpt_run.name}, trained here)"] = args.gpt_run
+    metrics = args.gpt_run / "metrics.json"
+    trained = json.loads(metrics.read_text()) if metrics.is_file() else {}
+    runs = {f"gpt-char ({trained.get('step', '?')} steps)": args.gpt_run, **runs}  # smallest first
     results = {"benchmark": "eval_compare", "command": " ".join(["python", "bench/eval_compare.py", *sys.argv[1:]]),
                "commit": commit(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "machine": machine(), "load_before": os.getloadavg(),
                "text": f"held-out Tiny Shakespeare (last 10%), first {args.chars} characters, "
-                       f"{len(held.read_bytes())} UTF-8 bytes", "runs": {}}
+                       f"{len(held.read_bytes())} UTF-8 bytes",
+               "shakespeare_mc_questions": args.limit or 200,
+               "gpt_run": {"trained_here": trained_here, "step": trained.get("step"),
+                           "val_loss": trained.get("val_loss")},
+               "complete": False, "runs": {}}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     for name, d in runs.items():
         print(f"{name}: perplexity …", flush=True)
         r = {"perplexity": perplexities(d, held)}
         print(f"{name}: shakespeare_mc …", flush=True)
         r["shakespeare_mc"] = mc_accuracy(d, args.limit)
         results["runs"][name] = r
+        args.out.write_text(json.dumps(results, indent=2) + "\n")  # each run's figures kept as they come
     results["load_after"] = os.getloadavg()
+    results["complete"] = True
     print("\n| run | window | tokens | ppl (stride = window) | ppl (stride = window/2) | bits/byte (window/2) | "
           "shakespeare_mc acc (native / local-completions) |")
     print("|---|---:|---:|---:|---:|---:|---|")
@@ -152,7 +162,6 @@ def main() -> None:
         print(f"| {name} | {a['window']} | {a['tokens']} | {a['perplexity']:.2f} | {b['perplexity']:.2f} | "
               f"{b['bits_per_byte']:.3f} | {mc['native']['acc,none']:.3f} / {mc['local_completions']['acc,none']:.3f}"
               f" ({'equal' if mc['same_accuracy'] else 'DIFFERENT'}) |")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"\nwritten: {args.out}")
 
