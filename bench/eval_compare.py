@@ -9,7 +9,9 @@ last 10% of the corpus, the gpt-char recipe's validation split; its first ``--ch
   sliding window (stride = window / 2), and bits per byte (which does not depend on the tokenizer, so the
   runs compare on it; perplexity per token does not);
 - ``shakespeare_mc`` (bench/lm_eval, 200 line completions, 4 choices): lm-eval's accuracy through the
-  native ``tokennet`` model and through ``local-completions`` against ``tokennet serve`` (they must agree).
+  native ``tokennet`` model and through ``local-completions`` against ``tokennet serve`` (they must agree:
+  the server keeps the run's own weights, ``--quantize none``; its default int8 copy moved one acc_norm
+  answer of 50 on SmolLM2).
 
     python bench/eval_compare.py [--gpt-run DIR | --train-iters 600] [--chars 30000] [--gemma FILE]
                                  [--out bench/results/eval_compare.json]
@@ -73,7 +75,7 @@ def mc_accuracy(run_dir: Path, limit: int | None) -> dict:
     t_native = time.perf_counter() - t0
     port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "tokennet", "-q", "serve", str(run_dir), "--port", str(port),
-                               "--model-name", "bench"], env=ENV)
+                               "--model-name", "bench", "--quantize", "none"], env=ENV)  # the weights native scores
     try:
         deadline = time.time() + 300
         while True:
