@@ -181,3 +181,15 @@ def test_tool_choice_that_cannot_be_forced_is_a_400_saying_why(server, extra, pa
     pytest.importorskip("llguidance")
     status, out = post(server["port"], "/v1/chat/completions", {"messages": ASK, "tools": TWO, **extra})
     assert status == 400 and out["error"]["param"] == param and words in out["error"]["message"], out
+
+
+def test_tool_choice_required_without_llguidance_is_a_400_saying_so(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llguidance" else real(name, *a))
+    tok = _tokenizer()
+    with running(create_app(Engine(tiny_model(vocab_size=tok.vocab_size), tok, max_batch=1), model_name="m")) as port:
+        status, out = post(port, "/v1/chat/completions", {"messages": ASK, "tools": TOOLS, "tool_choice": "required"})
+        assert status == 400 and out["error"]["param"] == "tool_choice" and "llguidance" in out["error"]["message"]
+        assert post(port, "/v1/chat/completions", {"messages": ASK, "tools": TOOLS, "max_tokens": 2})[0] == 200
