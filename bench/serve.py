@@ -26,7 +26,8 @@ The server runs as its own process (``python -m tokennet.cli serve RUN --max-bat
 4. **Constrained decoding** (``constrained``, not in the default modes): one stream at a time (batch 1),
    alternating plain completions and completions with ``response_format`` ``json_schema`` (a list of
    records, long enough to measure) at temperature ``--constrained-temperature``, for ``--seconds`` seconds
-   each kind. Reported: the decode tokens/s of each (streamed tokens after the first over the time from the
+   each kind (whole pairs, at least two).
+   Reported: the decode tokens/s of each (streamed tokens after the first over the time from the
    first to the last, so the prefill and the schema's compilation are not counted), and the cost of the
    constraint: ``1 − constrained/plain`` (the goal: ≤ 20%).
 5. **Against llama.cpp's own server** (``--against llama.cpp``): the same GGUF file (SmolLM2-135M-Instruct Q4_1
@@ -433,10 +434,11 @@ async def constrained(client, seconds: float, new_tokens: int, temperature: floa
     for st in stats.values():
         st.update(requests=0, tokens=0, decode_tokens=0, decode_s=0.0, finish={})
     deadline = time.perf_counter() + 2 * seconds
-    k = 0
-    while time.perf_counter() < deadline:
-        await one(("plain", "json_schema")[k % 2])
-        k += 1
+    pairs = 0
+    while pairs < 2 or time.perf_counter() < deadline:  # whole pairs, at least two: both kinds are measured
+        await one("plain")
+        await one("json_schema")
+        pairs += 1
     for st in stats.values():
         st["decode_tokens_per_s"] = st["decode_tokens"] / st["decode_s"] if st["decode_s"] else float("nan")
     cost = 1 - stats["json_schema"]["decode_tokens_per_s"] / stats["plain"]["decode_tokens_per_s"]

@@ -576,10 +576,10 @@ def cmd_viz(args) -> int:
 
 def cmd_import(args) -> int:
     from .interop import import_checkpoint
+    from .models.registry import parameter_count
 
     r = import_checkpoint(args.source, args.out, overwrite=args.overwrite)
-    print(f"{r.path}: {r.converter} → tokennet {r.model.config.family} "
-          f"({sum(p.numel() for p in r.model.parameters()):,} parameters)")
+    print(f"{r.path}: {r.converter} → tokennet {r.model.config.family} ({parameter_count(r.model):,} parameters)")
     return 0
 
 

@@ -32,10 +32,20 @@ def _permute(w: np.ndarray, heads: int) -> np.ndarray:
 
 
 def write_gguf(path, hf, engine, *, arch="llama", q8_1_tensor=False, extra_key=None, vocab_tokens=None,
-               bad_merge=False):
+               bad_merge=False, q8_0=False):
+    """``q8_0``: every matrix whose rows are whole blocks of 32 is written as Q8_0 (kept as blocks on import)."""
+    from gguf.quants import quantize
+
     c = hf.config
     sd = {k: v.detach().numpy().astype(np.float32) for k, v in hf.state_dict().items()}
     w = gguf.GGUFWriter(str(path), arch)
+
+    def put(name, t):
+        if q8_0 and t.ndim == 2 and t.shape[1] % 32 == 0:
+            w.add_tensor(name, quantize(t, gguf.GGMLQuantizationType.Q8_0), raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            w.add_tensor(name, t)
+
     w.add_block_count(c.num_hidden_layers)
     w.add_context_length(c.max_position_embeddings)
     w.add_embedding_length(c.hidden_size)
@@ -63,14 +73,14 @@ def write_gguf(path, hf, engine, *, arch="llama", q8_1_tensor=False, extra_key=N
     w.add_token_merges(merges)
     w.add_bos_token_id(vocab["<s>"])
     w.add_eos_token_id(vocab["</s>"])
-    w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
-    w.add_tensor("output_norm.weight", sd["model.norm.weight"])
-    w.add_tensor("output.weight", sd["lm_head.weight"])
+    put("token_embd.weight", sd["model.embed_tokens.weight"])
+    put("output_norm.weight", sd["model.norm.weight"])
+    put("output.weight", sd["lm_head.weight"])
     for i in range(c.num_hidden_layers):
         p = f"model.layers.{i}."
-        w.add_tensor(f"blk.{i}.attn_q.weight", _permute(sd[p + "self_attn.q_proj.weight"], c.num_attention_heads))
-        w.add_tensor(f"blk.{i}.attn_k.weight", _permute(sd[p + "self_attn.k_proj.weight"], c.num_key_value_heads))
-        w.add_tensor(f"blk.{i}.attn_v.weight", sd[p + "self_attn.v_proj.weight"])
+        put(f"blk.{i}.attn_q.weight", _permute(sd[p + "self_attn.q_proj.weight"], c.num_attention_heads))
+        put(f"blk.{i}.attn_k.weight", _permute(sd[p + "self_attn.k_proj.weight"], c.num_key_value_heads))
+        put(f"blk.{i}.attn_v.weight", sd[p + "self_attn.v_proj.weight"])
         for ours, theirs in HF_NAMES.items():
             t = sd[p + theirs + ".weight"]
             # Q8_1: a quantization the gguf package cannot dequantize (ffn_down rows of 64 = 2 blocks of 32)
@@ -79,7 +89,7 @@ def write_gguf(path, hf, engine, *, arch="llama", q8_1_tensor=False, extra_key=N
                 raw = np.zeros(t.size // block * size, dtype=np.uint8).reshape(t.shape[0], -1)
                 w.add_tensor(f"blk.{i}.{ours}.weight", raw, raw_dtype=gguf.GGMLQuantizationType.Q8_1)
             else:
-                w.add_tensor(f"blk.{i}.{ours}.weight", t)
+                put(f"blk.{i}.{ours}.weight", t)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -169,3 +179,26 @@ def test_bad_gguf_is_one_line_and_writes_nothing(tiny, tmp_path, capsys, name):
     err = capsys.readouterr().err.strip()
     assert err.startswith("tokennet: error:") and "\n" not in err and expected in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+def test_import_counts_the_parameters_that_kept_blocks_hold(tmp_path, capsys):
+    """Q8_0 matrices stay blocks (buffers, not ``nn.Parameter``s); the count printed is still every weight's."""
+    from tests.interop.conftest import randomize
+    from tokennet.layers.blockquant import BlockEmbedding, BlockLinear
+    from tokennet.models.registry import parameter_count
+
+    bpe = tokenizers.ByteLevelBPETokenizer()
+    bpe.train_from_iterator(CORPUS * 5, vocab_size=300, min_frequency=1, special_tokens=["<s>", "</s>"])
+    cfg = transformers.LlamaConfig(vocab_size=bpe._tokenizer.get_vocab_size(), hidden_size=64, intermediate_size=96,
+                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                   max_position_embeddings=64, rms_norm_eps=1e-5, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    hf = randomize(transformers.LlamaForCausalLM(cfg))
+    path = write_gguf(tmp_path / "q8.gguf", hf, bpe._tokenizer, q8_0=True)
+    assert main(["import", str(path), "--out", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    assert f"({hf.num_parameters():,} parameters)" in out, out
+    model = tokennet.load(tmp_path / "run").model
+    kept = [m for m in model.modules() if isinstance(m, (BlockLinear, BlockEmbedding))]
+    assert len(kept) >= 2 * 4 + 2  # each layer's attention and MLP matrices, the head and the embedding
+    assert parameter_count(model) == hf.num_parameters() > 10 * sum(p.numel() for p in model.parameters())

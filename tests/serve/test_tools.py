@@ -10,6 +10,7 @@ pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
 tokenizers = pytest.importorskip("tokenizers")
 pytest.importorskip("jinja2")
+jsonschema = pytest.importorskip("jsonschema")
 from tokennet.data.chats import render_chat  # noqa: E402
 from tokennet.serve.app import create_app  # noqa: E402
 from tokennet.serve.engine import Engine  # noqa: E402
@@ -110,7 +111,7 @@ def test_tools_without_a_template_that_takes_them_are_a_400():
             assert e.value.body["param"] == "tools" and words in e.value.body["message"]
             status, out = post(port, "/v1/chat/completions", {"messages": ASK, "tools": TOOLS,
                                                                "tool_choice": "required"})
-            assert status == 400 and out["error"]["param"] == "tool_choice"
+            assert status == 400 and out["error"]["param"] == "tools" and words in out["error"]["message"]
             assert post(port, "/v1/completions", {"prompt": "a", "tools": TOOLS})[0] == 400
 
 
@@ -124,3 +125,71 @@ def test_parse_tool_calls_formats():
     assert parse_tool_calls("<tool_call>{not json</tool_call>") == ("<tool_call>{not json</tool_call>", [])
     assert parse_tool_calls('{"a": 1}') == ('{"a": 1}', [])
     assert parse_tool_calls("hello") == ("hello", [])
+
+
+TWO = TOOLS + [{"type": "function", "function": {
+    "name": "get_time", "description": "the time in a zone",
+    "parameters": {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 12},
+                                                    "hours": {"type": "integer", "minimum": 0, "maximum": 23}},
+                   "required": ["zone", "hours"], "additionalProperties": False}}}]
+
+
+def _check_call(choice, names):
+    assert choice.finish_reason == "tool_calls", choice
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.function.name in names
+    schema = next(t["function"]["parameters"] for t in TWO if t["function"]["name"] == call.function.name)
+    jsonschema.validate(json.loads(call.function.arguments), schema)
+    return call.function.name
+
+
+def test_tool_choice_required_and_named_always_give_a_valid_call(server):
+    """Constrained decoding: every sampled reply (temperature 1, a model that knows no such call) is a call of
+    an allowed tool whose arguments validate against its parameters."""
+    pytest.importorskip("llguidance")
+    c = client(server["port"])
+    named = {"type": "function", "function": {"name": "get_time"}}
+    for seed in range(6):
+        r = c.chat.completions.create(model="tools", messages=ASK, tools=TWO, tool_choice=named, temperature=1.0,
+                                      seed=seed, max_tokens=80)
+        assert _check_call(r.choices[0], {"get_time"}) == "get_time"
+        r = c.chat.completions.create(model="tools", messages=ASK, tools=TWO, tool_choice="required",
+                                      temperature=1.0, seed=seed, max_tokens=80)
+        _check_call(r.choices[0], {"get_weather", "get_time"})
+    # greedy, the model's own answer (get_weather, Paris) is the one call "required" allows it to keep
+    r = c.chat.completions.create(model="tools", messages=ASK, tools=TWO, tool_choice="required", temperature=0,
+                                  max_tokens=80)
+    assert _check_call(r.choices[0], {"get_weather"}) == "get_weather"
+    parts = list(c.chat.completions.create(model="tools", messages=ASK, tools=TWO, tool_choice=named, temperature=0,
+                                           max_tokens=80, stream=True))
+    calls = [tc for p in parts if p.choices for tc in (p.choices[0].delta.tool_calls or [])]
+    assert len(calls) == 1 and calls[0].function.name == "get_time"
+    jsonschema.validate(json.loads(calls[0].function.arguments), TWO[1]["function"]["parameters"])
+
+
+@pytest.mark.parametrize("extra,param,words", [
+    ({"tool_choice": {"type": "function", "function": {"name": "get_news"}}}, "tool_choice", "not among"),
+    ({"tool_choice": {"type": "function"}}, "tool_choice", "must be"),
+    ({"tool_choice": "always"}, "tool_choice", "must be"),
+    ({"tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice", "both constrain"),
+    ({"tool_choice": "required", "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "string", "pattern": "("}}}}}]},
+     "tools", "cannot be used for constrained decoding"),
+    ({"tool_choice": "required", "tools": []}, "tool_choice", "needs tools"),
+])
+def test_tool_choice_that_cannot_be_forced_is_a_400_saying_why(server, extra, param, words):
+    pytest.importorskip("llguidance")
+    status, out = post(server["port"], "/v1/chat/completions", {"messages": ASK, "tools": TWO, **extra})
+    assert status == 400 and out["error"]["param"] == param and words in out["error"]["message"], out
+
+
+def test_tool_choice_required_without_llguidance_is_a_400_saying_so(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llguidance" else real(name, *a))
+    tok = _tokenizer()
+    with running(create_app(Engine(tiny_model(vocab_size=tok.vocab_size), tok, max_batch=1), model_name="m")) as port:
+        status, out = post(port, "/v1/chat/completions", {"messages": ASK, "tools": TOOLS, "tool_choice": "required"})
+        assert status == 400 and out["error"]["param"] == "tool_choice" and "llguidance" in out["error"]["message"]
+        assert post(port, "/v1/chat/completions", {"messages": ASK, "tools": TOOLS, "max_tokens": 2})[0] == 200

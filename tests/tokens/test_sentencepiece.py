@@ -243,3 +243,87 @@ def test_equals_llama_cpp_on_gemma3(tmp_path_factory):
     tok = read(path)
     assert tok.vocab_size == 262144
     assert _compare(tok, ll, varied_texts(3000)) == []
+
+
+def test_a_continuation_keeps_its_leading_space(tiny, tmp_path):
+    """With ``add_space_prefix``, ``decode`` drops the first piece's space (the one encode put before the text);
+    tokens generated after a prompt keep theirs: prompt text + continuation text = the whole text, at every cut."""
+    (pieces, scores, types), _, _ = tiny
+    tok = read(write_vocab_gguf(tmp_path / "v.gguf", pieces, scores, types, space_prefix=True))
+    ids = tok.encode("the thing and then")
+    assert tok.decode(ids[2:]).startswith("thing") and tok.decode_continuation(ids[2:]).startswith(" thing")
+    for text in random_texts(200, seed=5):
+        ids = tok.encode(text)
+        whole = tok.decode(ids)
+        for k in range(1, len(ids)):
+            head, rest = tok.decode(ids[:k]), tok.decode_continuation(ids[k:])
+            if "\ufffd" not in head + rest or "\ufffd" in whole:  # not a cut inside a character's byte pieces
+                assert head + rest == whole, (text, k)
+
+
+def test_continuations_through_the_serving_engine_and_llama_cpp(tiny, tmp_path):
+    """The engine's completion text is what follows the prompt's text (it dropped the space before); each token's
+    text equals llama.cpp's ``token_to_piece`` on the same file (when llama_cpp is installed)."""
+    import threading
+
+    import torch
+
+    from tokennet.models import create_model
+    from tokennet.serve.engine import Engine, SamplingParams, Sequence
+
+    (pieces, scores, types), _, _ = tiny
+    path = write_vocab_gguf(tmp_path / "v.gguf", pieces, scores, types, space_prefix=True)
+    tok = read(path)
+    space_words = [i for i, p in enumerate(pieces) if p.startswith(SPACE) and len(p) > 2]
+    torch.manual_seed(0)
+    model = create_model("gpt-micro", vocab_size=tok.vocab_size, block_size=64).eval()
+    with torch.no_grad():  # every next token a word with a leading space: the first one is where the strip was
+        model.lm_head.weight.zero_()
+        model.lm_head.weight[space_words] = torch.randn(len(space_words), model.lm_head.weight.shape[1])
+    engine = Engine(model, tok, max_batch=1).start()
+    done = threading.Event()
+    try:
+        seq = Sequence(tok.encode("the thing"), SamplingParams(max_tokens=6, temperature=0),
+                       lambda e: done.set() if e.finish_reason else None)
+        engine.submit(seq)
+        assert done.wait(30)
+    finally:
+        engine.stop()
+    assert seq.generated[0] in space_words and seq.text.startswith(" ")
+    assert tok.decode(seq.prompt) + seq.text == tok.decode(seq.prompt + seq.generated)
+    ll = _llama_vocab(path)
+    import ctypes
+
+    import llama_cpp
+
+    buf = ctypes.create_string_buffer(64)
+    for i in seq.generated + space_words[:20]:  # llama_token_to_piece(vocab, token, buf, size, lstrip=0, special)
+        n = llama_cpp.llama_token_to_piece(ll._model.vocab, i, buf, 64, 0, False)
+        assert tok.decode_continuation([i]).encode() == buf.raw[:n], pieces[i]
+
+
+@pytest.mark.parametrize("decoder", ["metaspace", "strip"])
+def test_an_imported_sentencepiece_style_vocabulary_keeps_a_continuations_space(decoder):
+    """transformers' Llama 2 / Mistral ``tokenizer.json`` decoders (``Metaspace``; ``Replace … Strip``) drop the
+    first space in ``decode`` too; ``decode_continuation`` keeps it, and byte-level BPE is unchanged."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import decoders, models, pre_tokenizers
+
+    from tokennet.tokens.pretrained import PretrainedTokenizer
+
+    vocab = ["<unk>", "<s>", "</s>", SPACE, SPACE + "Hello", SPACE + "world", "!", "a", SPACE + "a"]
+    e = tokenizers.Tokenizer(models.Unigram([(p, -1.0 - i / 10) for i, p in enumerate(vocab)], 0))
+    e.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SPACE, prepend_scheme="first")
+    e.decoder = decoders.Metaspace(replacement=SPACE, prepend_scheme="first") if decoder == "metaspace" else \
+        decoders.Sequence([decoders.Replace(SPACE, " "), decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    tok = PretrainedTokenizer(e, bos_id=1, eos_id=2)
+    ids = tok.encode("Hello world!")
+    assert [vocab[i] for i in ids] == [SPACE + "Hello", SPACE + "world", "!"]
+    assert tok.decode(ids[1:]) == "world!" and tok.decode_continuation(ids[1:]) == " world!"
+    assert tok.decode(ids[:1]) + tok.decode_continuation(ids[1:]) == tok.decode(ids) == "Hello world!"
+    assert tok.decode_continuation([6]) == "!" and tok.decode_continuation([]) == ""
+    bpe = tokenizers.ByteLevelBPETokenizer()
+    bpe.train_from_iterator(["Hello world!"] * 3, vocab_size=280, min_frequency=1, special_tokens=["<s>", "</s>"])
+    plain = PretrainedTokenizer(bpe._tokenizer, bos_id=0, eos_id=1)
+    ids = plain.encode("Hello world!")
+    assert plain.decode_continuation(ids[1:]) == plain.decode(ids[1:]) and plain._anchor() is None

@@ -173,7 +173,7 @@ class TokennetLM(TemplateLM):
             for nxt in stream(self.model, torch.tensor([ids], device=self.dev), max_new, temperature=temperature,
                               generator=g, quantize=self.quantize, stop=getattr(self.tok, "stop_ids", None)):
                 new.append(int(nxt[0]))
-                text = self.tok.decode(new)
+                text = self.tok.decode_continuation(new)
                 if any(u and u in text for u in until):
                     break
             for u in until:

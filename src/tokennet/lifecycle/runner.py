@@ -24,7 +24,7 @@ from typing import Any
 from ..device import resolve_device
 from ..errors import RecipeError, RunError
 from ..fileio import temp_dir_beside
-from ..models.registry import model_from_config, save_pretrained
+from ..models.registry import model_from_config, parameter_count, save_pretrained
 from ..run import (
     LOCK_FILE,
     RUN_FILE,
@@ -253,7 +253,7 @@ def _run(recipe: Recipe, out: Path, defaults, data, sets, dev, info, resume, ove
             save_adapter(model, out / ADAPTER_FILE, lora)
         merge_lora(model)  # W + (α/r) B A (the modules trained in full as trained): an ordinary model again
     save_pretrained(model, out, extra={"recipe": recipe.name})
-    metrics = {**final, "wall_seconds": 0.0, "num_parameters": sum(p.numel() for p in model.parameters())}
+    metrics = {**final, "wall_seconds": 0.0, "num_parameters": parameter_count(model)}
     if info.enabled:
         metrics["world_size"] = info.world_size
     if job.finish is not None:

@@ -23,6 +23,7 @@ from ..state import check_state_dict
 
 __all__ = [
     "CountsParameters",
+    "parameter_count",
     "ModelConfig",
     "TransformerConfig",
     "Output",
@@ -55,6 +56,14 @@ class CountsParameters:
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+
+def parameter_count(model: nn.Module) -> int:
+    """The parameters ``model`` represents: its ``num_parameters()`` where it has one (a GPT counts each weight
+    held in blocks, e.g. a GGUF's Q4 matrices kept on import, as the elements it stands for), else every
+    ``nn.Parameter``'s elements. What import, training summaries and reports print and record."""
+    count = getattr(model, "num_parameters", None)
+    return int(count()) if callable(count) else sum(p.numel() for p in model.parameters())
 
 
 @dataclass

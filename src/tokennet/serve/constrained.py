@@ -72,7 +72,7 @@ def token_bytes(tokenizer, vocab_size: int) -> tuple[list[bytes], list[int]]:
                 out[i] = tok.replace("\u2581", " ").encode("utf-8")
     else:
         for i in range(min(vocab_size, tokenizer.vocab_size)):
-            out[i] = tokenizer.decode([i], skip_special=False).encode("utf-8")
+            out[i] = tokenizer.decode_continuation([i], skip_special=False).encode("utf-8")
     n = getattr(tokenizer, "vocab_size", vocab_size)
     special |= set(range(n, vocab_size))  # a padded embedding's ids past the tokenizer: never sampled
     special |= {i for i in range(vocab_size) if not out[i]}

@@ -693,7 +693,7 @@ class Engine:
             s.matcher.accept(token)
         s.generated.append(token)
         s.next_token = token
-        text = self.tokenizer.decode(s.generated)
+        text = self.tokenizer.decode_continuation(s.generated)
         if not text.endswith("\ufffd"):  # a token that ends inside a UTF-8 character waits for the next one
             s.text = text
         at = first_stop(s.text, p.stop, s.sent)
@@ -703,12 +703,12 @@ class Engine:
             self._remove(row, "stop")
             return
         if s.matcher is not None and s.matcher.done():  # the grammar is complete: nothing may follow
-            s.text = self.tokenizer.decode(s.generated)
+            s.text = self.tokenizer.decode_continuation(s.generated)
             self._flush(s, final=True)
             self._remove(row, "stop")
             return
         if len(s.generated) >= p.max_tokens:
-            s.text = self.tokenizer.decode(s.generated)
+            s.text = self.tokenizer.decode_continuation(s.generated)
             self._flush(s, final=True)
             self._remove(row, "length")
             return

@@ -337,12 +337,27 @@ def parse_chat(body: dict[str, Any], *, tokenizer, served: str | list[str], cont
     """``POST /v1/chat/completions``: the conversation rendered with the run's chat template, one reply."""
     from ..data.chats import chat_stop_strings, render_chat
     from ..errors import DataError
-    from .tools import check_tools, tool_messages
+    from .tools import call_schema, check_tools, tool_messages
 
     messages = tool_messages(_messages(body), body["messages"])
     name = served if isinstance(served, str) else served[0]
-    tools, parse_calls = check_tools(body, tokenizer, where=f"model {name!r}")
+    tools, choice = check_tools(body, tokenizer, where=f"model {name!r}")
     extra = {} if tools is None else {"tools": tools}
+    forced = None
+    if choice == "required" or isinstance(choice, dict):  # the reply is held to a call's JSON schema
+        what = "required" if choice == "required" else f"the function {choice['name']!r}"
+        if constraints is None:
+            raise APIError(400, f"tool_choice {what} needs constrained decoding, which needs the llguidance package "
+                           "on the server (pip install 'tokennet[serve]'); \"auto\" lets the model decide",
+                           param="tool_choice")
+        if body.get("response_format") not in (None, {"type": "text"}):
+            raise APIError(400, f"tool_choice {what} and response_format both constrain the reply: give one",
+                           param="tool_choice")
+        try:
+            forced = constraints.compile(call_schema(tools, choice))
+        except ValueError as e:
+            raise APIError(400, f"tool_choice {what}: the tools' parameters schema cannot be used for constrained "
+                           f"decoding: {e}", param="tools") from None
     try:
         prompt = render_chat(tokenizer, messages, add_generation_prompt=True, where=f"model {name!r}", **extra)
     except DataError as e:
@@ -355,8 +370,10 @@ def parse_chat(body: dict[str, Any], *, tokenizer, served: str | list[str], cont
                                                    prompt_len=len(ids), stop_ids=stop_ids,
                                                    extra_stop=chat_stop_strings(tokenizer), prompt_param="messages",
                                                    any_model=any_model, chat=True, constraints=constraints)
+    if forced is not None:
+        params.constraint = forced
     return CompletionRequest([ids], params, stream, include_usage, model, chat=True, logprobs=params.logprobs,
-                             tools=parse_calls)
+                             tools=choice != "none")
 
 
 # -- responses ---------------------------------------------------------------------------------------
@@ -374,7 +391,7 @@ class TokenText:
     def __call__(self, token: int) -> str:
         t = self.memo.get(token)
         if t is None:
-            t = self.memo[token] = self.tokenizer.decode([token], skip_special=False)
+            t = self.memo[token] = self.tokenizer.decode_continuation([token], skip_special=False)
         return t
 
 

@@ -15,7 +15,18 @@ carry earlier calls (an assistant message's ``tool_calls``, whose JSON ``argumen
 an object, as transformers expects) and results (``role: "tool"`` with ``tool_call_id``).
 
 A request with ``tools`` for a run whose template does not read ``tools`` (or that has no template) is a
-400 that says so; ``tool_choice`` may be ``"auto"`` or ``"none"`` (the tools are shown, no call is parsed).
+400 that says so. ``tool_choice``:
+
+- ``"auto"`` (the default): the model decides; a reply in one of the formats above is a call.
+- ``"none"``: the tools are shown, no call is parsed.
+- ``"required"``: the reply is one call of one of the tools; ``{"type": "function", "function": {"name": N}}``:
+  one call of N. Both by constrained decoding (:mod:`.constrained`): the reply is held to the JSON schema of a
+  call, ``{"name": N, "arguments": A}`` with ``name`` one of the tools' names (``const`` for a named choice)
+  and ``A`` valid under that tool's ``parameters`` schema, so it always parses as a call (Llama 3.1's format
+  above), with ``finish_reason: "tool_calls"`` unless ``max_tokens`` cut it short (``"length"``, the text as
+  content). One call per reply. Where a call cannot be forced it is a 400 that says why: a server without
+  llguidance, a name that is not among the tools, a ``parameters`` schema the constrained decoder cannot
+  compile, or a ``response_format`` in the same request (both would constrain the reply).
 """
 
 from __future__ import annotations
@@ -27,7 +38,7 @@ from typing import Any
 
 from .protocol import APIError
 
-__all__ = ["template_takes_tools", "check_tools", "parse_tool_calls"]
+__all__ = ["template_takes_tools", "check_tools", "call_schema", "parse_tool_calls"]
 
 _BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
 
@@ -47,29 +58,59 @@ def template_takes_tools(tokenizer) -> bool:
         return False
 
 
-def check_tools(body: dict[str, Any], tokenizer, where: str) -> tuple[list[dict[str, Any]] | None, bool]:
-    """The request's tools (None: none) and whether to parse tool calls from the reply; 400s name the field."""
+def check_tools(body: dict[str, Any], tokenizer, where: str) -> tuple[list[dict[str, Any]] | None, Any]:
+    """The request's tools (None: none) and its ``tool_choice``, checked: ``"none"`` (no call is parsed),
+    ``"auto"``, ``"required"``, or the name of the one tool to call; 400s name the field."""
     tools = body.get("tools")
     choice = body.get("tool_choice")
+    if isinstance(choice, dict):
+        fn = choice.get("function")
+        if choice.get("type") != "function" or not isinstance(fn, dict) or not isinstance(fn.get("name"), str) \
+                or not fn["name"]:
+            raise APIError(400, "tool_choice must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+                           "\"function\": {\"name\": ...}}", param="tool_choice")
+        choice = {"name": fn["name"]}
+    elif choice not in (None, "none", "auto", "required"):
+        raise APIError(400, f"tool_choice must be \"none\", \"auto\", \"required\" or {{\"type\": \"function\", "
+                       f"\"function\": {{\"name\": ...}}}}, got {choice!r}", param="tool_choice")
     if tools in (None, []):
         if choice not in (None, "none", "auto"):
-            raise APIError(400, "tool_choice needs tools", param="tool_choice")
-        return None, False
+            raise APIError(400, "tool_choice \"required\" or a named function needs tools", param="tool_choice")
+        return None, "none"
     if not isinstance(tools, list) or not all(
             isinstance(t, dict) and t.get("type") == "function" and isinstance(t.get("function"), dict)
             and isinstance(t["function"].get("name"), str) and t["function"]["name"] for t in tools):
         raise APIError(400, "tools must be a list of {\"type\": \"function\", \"function\": {\"name\": ..., "
                        "\"parameters\": {...}}}", param="tools")
-    if choice not in (None, "auto", "none"):
-        raise APIError(400, f"tool_choice={choice!r} is not supported by this server (\"auto\" or \"none\": the "
-                       "model decides whether to call a tool)", param="tool_choice")
+    for t in tools:
+        params = t["function"].get("parameters")
+        if params is not None and not isinstance(params, dict):
+            raise APIError(400, f"tools: the parameters of {t['function']['name']!r} must be a JSON schema object",
+                           param="tools")
     if not template_takes_tools(tokenizer):
         what = "has no chat template" if not getattr(tokenizer, "chat_template", None) else \
             "has a chat template that does not take tools (it never reads the variable `tools`)"
         raise APIError(400, f"tools are not supported for {where}: its tokenizer {what}; a run imported from a "
                        "checkpoint whose template supports tools (e.g. Qwen2.5, SmolLM3, Llama 3.1) serves them",
                        param="tools")
-    return tools, choice != "none"
+    if isinstance(choice, dict) and choice["name"] not in {t["function"]["name"] for t in tools}:
+        names = ", ".join(repr(t["function"]["name"]) for t in tools)
+        raise APIError(400, f"tool_choice names the function {choice['name']!r}, which is not among the request's "
+                       f"tools ({names})", param="tool_choice")
+    return tools, "auto" if choice is None else choice
+
+
+def call_schema(tools: list[dict[str, Any]], choice: Any) -> dict[str, Any]:
+    """The JSON schema of one call that ``choice`` (``"required"`` or ``{"name": N}``) allows:
+    ``{"name": N, "arguments": A}``, ``A`` under that tool's ``parameters`` (any object where it has none)."""
+    def one(t: dict[str, Any]) -> dict[str, Any]:
+        f = t["function"]
+        return {"type": "object", "properties": {"name": {"const": f["name"]},
+                                                 "arguments": f.get("parameters") or {"type": "object"}},
+                "required": ["name", "arguments"], "additionalProperties": False}
+
+    chosen = [t for t in tools if choice == "required" or t["function"]["name"] == choice["name"]]
+    return one(chosen[0]) if len(chosen) == 1 else {"anyOf": [one(t) for t in chosen]}
 
 
 def tool_messages(messages: list[dict[str, Any]], raw: list[Any]) -> list[dict[str, Any]]:

@@ -55,11 +55,11 @@ def stream_text(run: Run, prompt: str, max_new_tokens: int = 200, *, temperature
                       compile=compile,
                       stop=getattr(tok, "stop_ids", None)):  # imported tokenizers: stop at their end-of-turn
         new.append(int(nxt[0]))
-        text = tok.decode(new)
+        text = tok.decode_continuation(new)
         if not text.endswith("\ufffd"):
             yield text[len(shown):]
             shown = text
-    rest = tok.decode(new)[len(shown):]
+    rest = tok.decode_continuation(new)[len(shown):]
     if rest:
         yield rest
 

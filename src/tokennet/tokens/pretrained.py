@@ -103,6 +103,31 @@ class PretrainedTokenizer(SpecialIds, Tokenizer):
     def decode(self, ids: Any, *, skip_special: bool = True) -> str:
         return self._engine.decode(_as_id_list(ids, self.vocab_size), skip_special_tokens=skip_special)
 
+    def decode_continuation(self, ids: Any, *, skip_special: bool = True) -> str:
+        """The text ``ids`` add after earlier text. A SentencePiece-style decoder (``Metaspace``, or a ``Strip`` of
+        the first space: Llama 2, Mistral) drops the first piece's leading space in ``decode``; here the ids are
+        decoded after an anchor token and the anchor's text is cut off, so that space stays."""
+        ids = _as_id_list(ids, self.vocab_size)
+        anchor = self._anchor()
+        if anchor is None or not ids:
+            return self.decode(ids, skip_special=skip_special)
+        head = self._engine.decode([anchor], skip_special_tokens=False)
+        text = self._engine.decode([anchor] + ids, skip_special_tokens=skip_special)
+        return text[len(head):] if text.startswith(head) else self.decode(ids, skip_special=skip_special)
+
+    def _anchor(self) -> int | None:
+        """A token to decode continuations after, for a decoder that strips a text's first space (else None)."""
+        if not hasattr(self, "_anchor_id"):
+            self._anchor_id = None
+            decoder = json.dumps(json.loads(self._engine.to_str()).get("decoder"))
+            if '"Metaspace"' in decoder or '"Strip"' in decoder:
+                for text in ("a", "x", "0", "."):
+                    ids = self._engine.encode(text, add_special_tokens=False).ids
+                    if ids and self._engine.decode(ids[-1:], skip_special_tokens=False).strip():
+                        self._anchor_id = ids[-1]
+                        break
+        return self._anchor_id
+
     @property
     def special_tokens(self) -> dict[str, str]:
         """The source's special tokens as text, ``{"bos_token": "<s>", "eos_token": ..., "pad_token": ...,

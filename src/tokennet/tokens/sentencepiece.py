@@ -213,8 +213,15 @@ class SentencePieceTokenizer(SpecialIds, Tokenizer):
         """The text of ``ids``, as llama.cpp's ``llama_detokenize(remove_special=skip_special,
         unparse_special=not skip_special)``: with ``add_space_prefix``, the first piece loses one leading space
         (the one encode put there) — unless the ids start with a ``<bos>`` that is removed, where llama.cpp keeps it."""
+        return self._decode(ids, skip_special, strip=self.add_space_prefix)
+
+    def decode_continuation(self, ids: Any, *, skip_special: bool = True) -> str:
+        """The text ``ids`` add after earlier text: every piece's own bytes, no leading space removed (llama.cpp's
+        ``token_to_piece`` of each new token, as its server streams them)."""
+        return self._decode(ids, skip_special, strip=False)
+
+    def _decode(self, ids: Any, skip_special: bool, strip: bool) -> str:
         ids = _as_id_list(ids, self.vocab_size)
-        strip = self.add_space_prefix
         if skip_special and ids and self.add_bos and ids[0] == self.bos_id:
             ids, strip = ids[1:], False
         out = []

@@ -194,6 +194,16 @@ class Tokenizer(ABC):
                 specials as their literal strings.
         """
 
+    def decode_continuation(self, ids: Any, *, skip_special: bool = True) -> str:
+        """The text ``ids`` add after earlier text (generated tokens after a prompt; one token's text).
+
+        ``decode`` reads ``ids`` as a whole text, and a vocabulary that puts a space before a text's first word
+        (SentencePiece's ``add_space_prefix``: Llama 2, Mistral) removes it there; after a prompt that space is
+        part of the continuation (``"Hello"`` + ``" world"``), as llama.cpp's ``token_to_piece`` keeps it. The
+        same as ``decode`` for a vocabulary without that strip (byte-level BPE, characters).
+        """
+        return self.decode(ids, skip_special=skip_special)
+
     def decode_batch(self, batch: Iterable[Any], *, skip_special: bool = True) -> list[str]:
         """Decode each row of ``batch`` (a list of id lists, or a 2-D tensor or array)."""
         return [self.decode(row, skip_special=skip_special) for row in batch]
