@@ -36,6 +36,7 @@ import json
 import os
 import platform
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -44,13 +45,19 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/_record.py, also when a test loads this file
+from _record import commit, machine  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 # Tiny Shakespeare: tokennet's embedded copy (the same 1,115,394 bytes nanoGPT's prepare.py reads), written
 # out once for the systems that read a file.
 DATA = ROOT / "bench" / "results" / "tinyshakespeare.txt"
 # nanoGPT: a checkout of https://github.com/karpathy/nanoGPT with a run_cpu.sh that runs its README's CPU
-# command (see bench/README.md); $NANOGPT_DIR, or ../shared/anchors/nanogpt beside this repository.
-NANOGPT = Path(os.environ.get("NANOGPT_DIR", ROOT.parent / "shared" / "anchors" / "nanogpt"))
+# command (see bench/README.md); $NANOGPT_DIR, or shared/anchors/nanogpt in the nearest folder above this
+# repository that has one (a git worktree may sit deeper than the main checkout).
+NANOGPT = Path(os.environ.get("NANOGPT_DIR") or next(
+    (d / "shared" / "anchors" / "nanogpt" for d in ROOT.parents if (d / "shared" / "anchors" / "nanogpt").is_dir()),
+    ROOT.parent / "shared" / "anchors" / "nanogpt"))
 TARGET = 1.886  # nanoGPT's val loss after its 2000 iterations (1.8857)
 
 # The recipe that reaches 1.886 soonest (measured at a fixed number of steps on a shared machine; see
@@ -103,12 +110,24 @@ def _child_env(threads: int | None) -> dict:
     return env
 
 
-def run_nanogpt(threads: int | None) -> dict:
-    """nanoGPT's CPU command as its anchor script runs it; seconds to its first eval ≤ TARGET."""
-    t0 = time.perf_counter()
-    out = subprocess.run(["bash", str(NANOGPT / "run_cpu.sh")], capture_output=True, text=True,
-                         env={**_child_env(threads), "PYTHON": sys.executable}, check=True)
-    wall = time.perf_counter() - t0
+def _cpu_seconds() -> float:
+    """CPU seconds (user + system) of the finished child processes so far."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def run_nanogpt(threads: int | None, iters: int | None = None) -> dict:
+    """nanoGPT's CPU command as its anchor script runs it; seconds to its first eval ≤ TARGET. ``iters``
+    shortens it (a check of the protocol at a small scale, not a comparison)."""
+    extra = [f"--max_iters={iters}", f"--lr_decay_iters={iters}", f"--eval_interval={iters}"] if iters else []
+    t0, c0 = time.perf_counter(), _cpu_seconds()
+    if not (NANOGPT / "run_cpu.sh").is_file():
+        raise SystemExit(f"no nanoGPT at {NANOGPT} (its run_cpu.sh): set NANOGPT_DIR (see bench/README.md)")
+    out = subprocess.run(["bash", str(NANOGPT / "run_cpu.sh"), *extra], capture_output=True, text=True,
+                         env={**_child_env(threads), "PYTHON": sys.executable})
+    wall, cpu = time.perf_counter() - t0, _cpu_seconds() - c0
+    if out.returncode:
+        raise RuntimeError(f"nanoGPT's run_cpu.sh failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
     res = json.loads(out.stdout.strip().splitlines()[-1])
     curve = [{"step": s, "val_loss": v} for s, v in res["curve"]]
     hit = next((c for c in curve if c["val_loss"] <= TARGET), None)
@@ -118,19 +137,24 @@ def run_nanogpt(threads: int | None) -> dict:
     seconds, estimated = res["wall_s"], False
     if hit is not None and hit["step"] < res["iters"]:
         seconds, estimated = res["wall_s"] * hit["step"] / res["iters"], True
-    return {"system": "nanoGPT", "wall_s": round(wall, 2), "script_wall_s": res["wall_s"], "final_val": res["val_loss"],
+    return {"system": "nanoGPT", "wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "script_wall_s": res["wall_s"],
+            "final_val": res["val_loss"], "steps": res["iters"],
             "reached": hit is not None, "seconds_to_target": round(seconds, 2) if hit else None,
             "estimated": estimated, "curve": curve}
+
+
+def train_argv(settings: dict, out: Path, data: Path = DATA) -> list[str]:
+    """``tokennet``'s arguments for a ``gpt-char`` run with ``settings`` (each one a ``--set KEY=VALUE``)."""
+    sets = [f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in settings.items()]
+    return ["train", "gpt-char", "--data", str(data), "--out", str(out), "--no-progress", "--set", *sets]
 
 
 def run_tokennet(settings: dict, threads: int | None, label: str = "tokennet") -> dict:
     """``tokennet train gpt-char`` as a subprocess; its log is watched to time the first eval ≤ TARGET."""
     with tempfile.TemporaryDirectory() as d:
         run_dir = Path(d) / "run"
-        sets = [f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in settings.items()]
-        cmd = [sys.executable, "-m", "tokennet", "train", "gpt-char", "--data", str(DATA), "--out", str(run_dir),
-               "--no-progress", "--set", *sets]
-        t0 = time.perf_counter()
+        cmd = [sys.executable, "-m", "tokennet", *train_argv(settings, run_dir)]
+        t0, c0 = time.perf_counter(), _cpu_seconds()
         proc = subprocess.Popen(cmd, env=_child_env(threads), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                 text=True)
         log, seen, hit_at = run_dir / "log.jsonl", 0, None
@@ -144,7 +168,7 @@ def run_tokennet(settings: dict, threads: int | None, label: str = "tokennet") -
                         hit_at = time.perf_counter() - t0
                         break
                 seen = len(lines) if hit_at is None else seen
-        wall = time.perf_counter() - t0
+        wall, cpu = time.perf_counter() - t0, _cpu_seconds() - c0
         if proc.returncode:
             raise RuntimeError(f"{label} failed:\n{proc.stderr.read()[-3000:]}")
         recs = [json.loads(x) for x in log.read_text().splitlines()]
@@ -154,7 +178,8 @@ def run_tokennet(settings: dict, threads: int | None, label: str = "tokennet") -
              for r in evals]
     hit = next((c for c in curve if c["val_loss"] <= TARGET), None)
     train_steps = evals[-1]["step"] if evals else 0
-    return {"system": label, "wall_s": round(wall, 2), "final_val": evals[-1]["val_loss"] if evals else None,
+    return {"system": label, "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
+            "final_val": evals[-1]["val_loss"] if evals else None,
             "elapsed": evals[-1]["elapsed"] if evals else 0.0,
             "reached": hit is not None, "seconds_to_target": round(hit_at, 2) if hit_at else None,
             "step_at_target": hit["step"] if hit else None, "steps": train_steps,
@@ -174,7 +199,8 @@ def best(args) -> dict:
         order = ("nanogpt", "tokennet") if i % 2 == 0 else ("tokennet", "nanogpt")  # alternate who goes first
         pair = {}
         for who in order:
-            pair[who] = run_nanogpt(args.threads) if who == "nanogpt" else run_tokennet(settings, args.threads)
+            pair[who] = run_nanogpt(args.threads, args.nanogpt_iters) if who == "nanogpt" \
+                else run_tokennet(settings, args.threads)
             r = pair[who]
             print(f"pair {i + 1} {who}: {r['seconds_to_target']} s to ≤ {TARGET} (final {r['final_val']:.4f}, "
                   f"wall {r['wall_s']} s)", flush=True)
@@ -214,7 +240,7 @@ def budget(args) -> dict:
         if args.nanogpt_wall:  # a given W (e.g. the reference machine's 141 s): nanoGPT is not run
             n = {"system": "nanoGPT", "wall_s": args.nanogpt_wall, "final_val": None, "given": True}
         else:
-            n = run_nanogpt(args.threads)
+            n = run_nanogpt(args.threads, args.nanogpt_iters)
         limit = args.fraction * n["wall_s"]
         cal = run_tokennet({**settings, "max_iters": 1, "time_budget": None, "target_val_loss": None},
                            args.threads, "tokennet (1-step calibration)")
@@ -223,9 +249,11 @@ def budget(args) -> dict:
         ok = t["final_val"] <= TARGET and t["wall_s"] <= limit * 1.02
         pairs.append({"nanogpt": n, "budget_s": round(limit, 2), "fixed_s": round(fixed, 2), "tokennet": t,
                       "met": ok})
-        print(f"pair {i + 1}: nanoGPT wall {n['wall_s']} s (val {n['final_val']}), budget {limit:.1f} s "
-              f"(fixed cost {fixed:.1f} s) → tokennet wall {t['wall_s']} s, {t['steps']} steps, "
-              f"val {t['final_val']:.4f}", flush=True)
+        # CPU seconds beside wall seconds: on an idle machine with one thread per process they are close; a
+        # wall time well above the CPU time says the machine was busy and the wall figures are not idle ones.
+        print(f"pair {i + 1}: nanoGPT wall {n['wall_s']} s (CPU {n.get('cpu_s', '—')} s, val {n['final_val']}), "
+              f"budget {limit:.1f} s (fixed cost {fixed:.1f} s) → tokennet wall {t['wall_s']} s (CPU {t['cpu_s']} s), "
+              f"{t['steps']} steps, val {t['final_val']:.4f}", flush=True)
     print(f"\n| pair | nanoGPT wall s | nanoGPT val | budget s ({args.fraction} × W) | tokennet wall s | steps | "
           f"tokennet val | val ≤ {TARGET} in budget |\n| --- | --- | --- | --- | --- | --- | --- | --- |")
     for i, p in enumerate(pairs):
@@ -314,17 +342,63 @@ print(json.dumps(ts[5:]))
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def throughput(args) -> dict:
+def _nanogpt_workdir(threads: int | None) -> Path:
+    """A writable copy of nanoGPT with Tiny Shakespeare prepared, as run_cpu.sh prepares it."""
     work = Path(tempfile.mkdtemp())
-    try:  # nanoGPT's data preparation, once, as run_cpu.sh does it
-        shutil.copytree(NANOGPT, work, dirs_exist_ok=True)
-        for p in work.rglob("*"):
-            p.chmod(p.stat().st_mode | 0o200)
-        shutil.copy(DATA, work / "data" / "shakespeare_char" / "input.txt")
-        (work / "stubs").mkdir()
-        (work / "stubs" / "requests.py").write_text("get = None\n")
-        subprocess.run([sys.executable, "data/shakespeare_char/prepare.py"], cwd=work, check=True,
-                       capture_output=True, env={**_child_env(args.threads), "PYTHONPATH": str(work / "stubs")})
+    shutil.copytree(NANOGPT, work, dirs_exist_ok=True)
+    for p in work.rglob("*"):
+        p.chmod(p.stat().st_mode | 0o200)
+    shutil.copy(DATA, work / "data" / "shakespeare_char" / "input.txt")
+    (work / "stubs").mkdir()
+    (work / "stubs" / "requests.py").write_text("get = None\n")
+    subprocess.run([sys.executable, "data/shakespeare_char/prepare.py"], cwd=work, check=True,
+                   capture_output=True, env={**_child_env(threads), "PYTHONPATH": str(work / "stubs")})
+    return work
+
+
+def _recipe_step_times(settings: dict, iters: int, threads: int | None) -> list[float]:
+    """``tokennet train gpt-char`` with ``settings`` for ``iters`` steps, logging every step: the ms of each
+    optimizer step from its log's ``elapsed`` (training time only), the first 5 skipped as nanoGPT's are."""
+    with tempfile.TemporaryDirectory() as d:
+        s = {**settings, "max_iters": iters, "time_budget": None, "target_val_loss": None, "log_interval": 1,
+             "eval_interval": 0, "eval_iters": 1}
+        out = subprocess.run([sys.executable, "-m", "tokennet", *train_argv(s, Path(d) / "run")], capture_output=True,
+                             text=True, env=_child_env(threads))
+        if out.returncode:
+            raise RuntimeError(f"tokennet failed:\n{out.stderr[-3000:]}")
+        recs = [json.loads(x) for x in (Path(d) / "run" / "log.jsonl").read_text().splitlines()]
+    el = [r["elapsed"] for r in recs if "items_per_s" in r]
+    return [1000 * (b - a) for a, b in zip(el, el[1:])][5:]
+
+
+def steptime(args) -> dict:
+    """Seconds per step of the budget recipe against nanoGPT's CPU command's, alternating processes.
+
+    A ratio of two step times measured back to back moves much less with the machine's load than either
+    time; with nanoGPT's 2000 steps it says how many tokennet steps a budget of ``--fraction`` × nanoGPT's
+    training time holds (before the fixed costs: start, imports, evaluations)."""
+    settings = {**BEST_SETTINGS, **BUDGET_SETTINGS, **_parse(args.sets)}
+    work = _nanogpt_workdir(args.threads)
+    rounds = []
+    try:
+        for rnd in range(args.rounds):
+            n = statistics.median(_nanogpt_iter_times(work, args.iters, args.threads))
+            t = statistics.median(_recipe_step_times(settings, args.iters, args.threads))
+            rounds.append({"nanogpt_ms": round(n, 2), "tokennet_ms": round(t, 2), "ratio": round(t / n, 3)})
+            print(f"round {rnd + 1}: nanoGPT {n:.1f} ms/step, tokennet {t:.1f} ms/step, ratio {t / n:.3f}", flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    ratio = statistics.median(r["ratio"] for r in rounds)
+    steps = args.fraction * 2000 / ratio
+    print(f"\ntokennet s/step ÷ nanoGPT s/step: {ratio:.3f} (median of {len(rounds)} rounds); {args.fraction} × "
+          f"nanoGPT's 2000 steps = {steps:.0f} tokennet steps before fixed costs")
+    return {"settings": settings, "rounds": rounds, "ratio": ratio, "iters_per_round": args.iters,
+            "steps_in_fraction": round(steps)}
+
+
+def throughput(args) -> dict:
+    work = _nanogpt_workdir(args.threads)
+    try:
         systems = ["nanoGPT", "tokennet"] + (["tokennet (torch.compile)"] if args.compile else [])
         times: dict[str, list[float]] = {k: [] for k in systems}
         per_round = []
@@ -357,14 +431,17 @@ def throughput(args) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("mode", choices=["best", "budget", "ablation", "throughput"])
+    p.add_argument("mode", choices=["best", "budget", "ablation", "throughput", "steptime"])
     p.add_argument("--pairs", type=int, default=3, help="best: nanoGPT/tokennet pairs (median reported)")
     p.add_argument("--fraction", type=float, default=0.4, help="budget: tokennet's share of nanoGPT's wall time")
     p.add_argument("--nanogpt-wall", type=float, default=None,
                    help="budget: use this W (seconds) instead of running nanoGPT (e.g. the reference 141)")
+    p.add_argument("--nanogpt-iters", type=int, default=None,
+                   help="best, budget: run nanoGPT for this many iterations instead of 2000 (a check of the protocol "
+                        "at a small scale; not a comparison)")
     p.add_argument("--steps", type=int, default=None, help="ablation: val loss after this many steps instead")
-    p.add_argument("--rounds", type=int, default=5, help="throughput: interleaved rounds")
-    p.add_argument("--iters", type=int, default=60, help="throughput: iterations per system per round")
+    p.add_argument("--rounds", type=int, default=5, help="throughput, steptime: interleaved rounds")
+    p.add_argument("--iters", type=int, default=60, help="throughput, steptime: iterations per system per round")
     p.add_argument("--compile", action="store_true", help="throughput: also time tokennet under torch.compile")
     p.add_argument("--set", dest="sets", nargs="*", default=[], help="override BEST_SETTINGS (KEY=VALUE)")
     p.add_argument("--threads", type=int, default=None, help="OMP threads for every process (default: all)")
@@ -375,8 +452,12 @@ def main() -> None:
 
         DATA.parent.mkdir(parents=True, exist_ok=True)
         DATA.write_text(shakespeare(), encoding="utf-8")
-    res = {"best": best, "budget": budget, "ablation": ablation, "throughput": throughput}[args.mode](args)
+    modes = {"best": best, "budget": budget, "ablation": ablation, "throughput": throughput, "steptime": steptime}
+    res = modes[args.mode](args)
     res["env"] = _env(args.threads)
+    res["command"] = " ".join(["python bench/gpt_train.py", *sys.argv[1:]])
+    res["commit"] = commit()
+    res["machine"] = machine(torch=res["env"]["torch"], threads=res["env"]["threads"])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"gpt_train_{args.mode}.json"
