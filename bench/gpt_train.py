@@ -10,7 +10,12 @@ Every figure comes from one script run, the compared systems alternating, each a
 - ``budget``: nanoGPT's CPU command first (its wall time W, process start included), then
   ``tokennet train gpt-char`` given ``--fraction`` (0.4) × W, process start included (the fixed cost of a
   run, measured by a one-step run, is taken off its ``time_budget``, which counts training steps only); its
-  final val loss on the last 10% (goal ≤ 1.886). ``--nanogpt-wall SEC`` takes W as given instead.
+  final val loss on the last 10% (goal ≤ 1.886). ``--nanogpt-wall SEC`` takes W as given instead;
+  ``--nanogpt-iters N`` shortens nanoGPT's run (a check that the protocol runs, not a comparison). Settings:
+  :data:`BUDGET_SETTINGS` over :data:`BEST_SETTINGS` (how they were chosen: below).
+- ``steptime``: seconds per step of the budget settings against nanoGPT's CPU command's, alternating
+  processes (``--rounds`` of ``--iters`` steps each): their ratio, which a busy machine moves much less than
+  either time, and how many tokennet steps ``--fraction`` × nanoGPT's 2000 hold.
 - ``ablation``: tokennet runs back to back, one per option added to the baseline (the old recipe:
   AdamW, cosine, GELU, block 128 × batch 16, no QK-norm, no compile) and the full best recipe: time to 1.886 (or, with
   ``--steps N``, the val loss after N steps, which does not depend on how busy the machine is).
@@ -20,13 +25,47 @@ Every figure comes from one script run, the compared systems alternating, each a
   on the same model, for ``--rounds`` rounds; median ms/step and the ratio (goal ≥ 1.1×).
 
     python bench/gpt_train.py best [--pairs 3]
-    python bench/gpt_train.py budget [--pairs 3] [--fraction 0.4] [--nanogpt-wall 141]
+    python bench/gpt_train.py budget [--pairs 3] [--fraction 0.4] [--nanogpt-wall 141] [--nanogpt-iters 20]
+    python bench/gpt_train.py steptime [--rounds 5 --iters 60]
     python bench/gpt_train.py ablation [--steps 400]
     python bench/gpt_train.py throughput [--rounds 5 --iters 60] [--compile]
 
 ``--threads N`` sets OMP_NUM_THREADS for every process (default: PyTorch's choice, all cores); on a
 machine shared with other jobs use ``--threads 1``: multi-threaded OpenMP under contention is slower
 by orders of magnitude. Results go to ``bench/results/gpt_train_MODE.json``.
+
+How :data:`BUDGET_SETTINGS` were chosen (issue 35, on a 2-core machine shared with ~10 other jobs, so by
+quantities the load changes little). Each try is ``tokennet train gpt-char`` (through
+``tokennet.lifecycle.runner.train``, the command's own code path) for a fixed number of steps, the WSD
+schedule's length being those steps, evaluation only at the end, one thread, seed 0, the rest as
+:data:`BEST_SETTINGS` (4 × 128, block 64, Muon, QK-norm, warm-up 20 steps); "CPU s" is the try's
+process CPU time after imports (tokenizing, the steps, two final evaluations, the writes):
+
+| batch × block | Muon lr / AdamW lr | steps | val | CPU s |
+| --- | --- | ---: | ---: | ---: |
+| 32 × 64 | 0.03 / 3e-3 | 200 | 1.8986 (an earlier run) | — |
+| 32 × 64 | 0.03 / 3e-3 | 220 | 1.8708 | 73.7 |
+| 32 × 64 | 0.04 / 6e-3 | 220 | 1.8889 | 72.8 |
+| 32 × 64 | 0.03 / 3e-3 | 250 | 1.8399 | 76.1 |
+| 32 × 64 | 0.03 / 3e-3 | 300 | 1.8046 | 90.5 |
+| 16 × 64 | 0.03 / 3e-3 | 300 | 1.9587 | 57.2 |
+| 16 × 64 | 0.04 / 6e-3 | 300 | 1.9453 | 55.0 |
+| 16 × 64 | 0.03 / 3e-3 | 500 | 1.8148 | 78.6 |
+TRIES_MORE
+Steps to val 1.886 (interpolated): batch 32, about 212; batch 16, about 400. The cost of a step against
+nanoGPT's: batch 32 took 3.11 × nanoGPT's step in CPU seconds (0.271 vs 0.087 s, each the difference of
+two fresh runs of different lengths: 5 and 65 tokennet steps, 20 and 140 nanoGPT iterations) and 2.58 ×
+in wall seconds (``steptime --rounds 3 --iters 40 --threads 1``: 1.47, 2.71, 2.58 — the load's noise). So
+batch 32 reaches 1.886 after about 212 × 3.11 ≈ 660 nanoGPT steps' time (≈ 550 by the wall ratio), under
+0.4 × 2000 = 800. Batch 16's step cost half of batch 32's by the tries' CPU totals (0.11 vs 0.21 s/step
+from the slopes) but 0.98 of it by the same differencing (0.266 s): too uncertain to switch, and at the
+target the two are even (400 × ~0.54 ≈ 216 batch-32 steps), so batch 32 stays. Higher learning rates helped
+batch 16 a little and hurt batch 32. What a budget run gets, estimated from the CPU figures: nanoGPT's run
+≈ 7.4 s fixed (start, imports, data preparation) + 2000 × 0.087 + 9 evaluations ≈ 190 s, so 0.4 × W ≈ 76 s;
+tokennet's fixed cost (start, imports, tokenizing, the final evaluation and the saved run's, the writes)
+≈ 9.5 s; the rest holds ≈ 250 steps at batch 32 (≈ 300 by the wall ratio): val ≈ 1.84 (1.81), against
+1.886. ``torch.compile`` was not tried for the budget: it compiled for 140 s on the busy machine
+(bench/README.md), more than the whole budget, for ~20% off a step.
 """
 
 from __future__ import annotations
@@ -74,7 +113,8 @@ BEST_SETTINGS = {"dim": 128, "num_layers": 4, "num_heads": 4, "block_size": 64, 
                  "report": False, "checkpoint_interval": 0}
 # The budget protocol: no evaluation before the end (an evaluation spends the budget without training), and a
 # short run's settings: Muon lr 0.03 with a 20-step warm-up reached val 1.8986 after 200 steps against 1.9191
-# for BEST_SETTINGS' 0.02 / 50 steps (ablation-style fixed-step runs, seed 0, --threads 1, shared machine).
+# for BEST_SETTINGS' 0.02 / 50 steps (ablation-style fixed-step runs, seed 0, --threads 1, shared machine);
+# batch 32 × block 64 kept, the WSD schedule following the time budget (the tries: the module docstring).
 BUDGET_SETTINGS = {"eval_interval": 0, "checkpoint_interval": 0, "muon_lr": 0.03, "warmup_iters": 20}
 # The recipe before the options of issue 15: the ablation's baseline.
 BASELINE = {**BEST_SETTINGS, "block_size": 128, "batch_size": 16, "qk_norm": False, "optimizer": "adamw",
