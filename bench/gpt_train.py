@@ -51,21 +51,24 @@ process CPU time after imports (tokenizing, the steps, two final evaluations, th
 | 16 × 64 | 0.03 / 3e-3 | 300 | 1.9587 | 57.2 |
 | 16 × 64 | 0.04 / 6e-3 | 300 | 1.9453 | 55.0 |
 | 16 × 64 | 0.03 / 3e-3 | 500 | 1.8148 | 78.6 |
-TRIES_MORE
-Steps to val 1.886 (interpolated): batch 32, about 212; batch 16, about 400. The cost of a step against
-nanoGPT's: batch 32 took 3.11 × nanoGPT's step in CPU seconds (0.271 vs 0.087 s, each the difference of
-two fresh runs of different lengths: 5 and 65 tokennet steps, 20 and 140 nanoGPT iterations) and 2.58 ×
-in wall seconds (``steptime --rounds 3 --iters 40 --threads 1``: 1.47, 2.71, 2.58 — the load's noise). So
-batch 32 reaches 1.886 after about 212 × 3.11 ≈ 660 nanoGPT steps' time (≈ 550 by the wall ratio), under
-0.4 × 2000 = 800. Batch 16's step cost half of batch 32's by the tries' CPU totals (0.11 vs 0.21 s/step
-from the slopes) but 0.98 of it by the same differencing (0.266 s): too uncertain to switch, and at the
-target the two are even (400 × ~0.54 ≈ 216 batch-32 steps), so batch 32 stays. Higher learning rates helped
-batch 16 a little and hurt batch 32. What a budget run gets, estimated from the CPU figures: nanoGPT's run
-≈ 7.4 s fixed (start, imports, data preparation) + 2000 × 0.087 + 9 evaluations ≈ 190 s, so 0.4 × W ≈ 76 s;
-tokennet's fixed cost (start, imports, tokenizing, the final evaluation and the saved run's, the writes)
-≈ 9.5 s; the rest holds ≈ 250 steps at batch 32 (≈ 300 by the wall ratio): val ≈ 1.84 (1.81), against
-1.886. ``torch.compile`` was not tried for the budget: it compiled for 140 s on the busy machine
-(bench/README.md), more than the whole budget, for ~20% off a step.
+| 16 × 64 | 0.04 / 6e-3 | 400 | 1.8740 | 68.0 |
+| 8 × 64 (eval 40 batches) | 0.03 / 3e-3 | 600 | 1.8899 | 65.2 |
+
+Steps to val 1.886 (interpolated): batch 32, about 212; batch 16, about 390 (higher lr); batch 8, just over
+600. At the target the three cost about the same CPU time (73.7, 68.0, 65.2 s at 1.871, 1.874, 1.890). The
+cost of a step against nanoGPT's: batch 32 took 3.11 × nanoGPT's step in CPU seconds (0.271 vs 0.087 s, each
+the difference of two fresh runs of different lengths: 5 and 65 tokennet steps, 20 and 140 nanoGPT iterations)
+and 2.58 × in wall seconds (``steptime --rounds 3 --iters 40 --threads 1``: 1.47, 2.71, 2.58 — the load's
+noise). So batch 32 reaches 1.886 after about 212 × 3.11 ≈ 660 nanoGPT steps' time (≈ 550 by the wall ratio),
+under 0.4 × 2000 = 800. Batch 16's step cost half of batch 32's by the tries' CPU totals (0.11 vs 0.21 s/step
+from the slopes) but 0.98 of it by the same differencing (0.266 s): too uncertain to switch, and at the target
+the two are even (390 × ~0.54 ≈ 210 batch-32 steps), so batch 32 stays. Higher learning rates helped batch 16
+a little and hurt batch 32. What a budget run gets, estimated from the CPU figures: nanoGPT's run ≈ 7.4 s
+fixed (start, imports, data preparation) + 2000 × 0.087 + 9 evaluations ≈ 190 s, so 0.4 × W ≈ 76 s; tokennet's
+fixed cost (start, imports, tokenizing, the final evaluation and the saved run's, the writes) ≈ 9.5 s; the
+rest holds ≈ 250 steps at batch 32 (≈ 300 by the wall ratio): val ≈ 1.84 (1.81), against 1.886.
+``torch.compile`` was not tried for the budget: it compiled for 140 s on the busy machine (bench/README.md),
+more than the whole budget, for ~20% off a step.
 """
 
 from __future__ import annotations
