@@ -10,7 +10,12 @@ Every figure comes from one script run, the compared systems alternating, each a
 - ``budget``: nanoGPT's CPU command first (its wall time W, process start included), then
   ``tokennet train gpt-char`` given ``--fraction`` (0.4) × W, process start included (the fixed cost of a
   run, measured by a one-step run, is taken off its ``time_budget``, which counts training steps only); its
-  final val loss on the last 10% (goal ≤ 1.886). ``--nanogpt-wall SEC`` takes W as given instead.
+  final val loss on the last 10% (goal ≤ 1.886). ``--nanogpt-wall SEC`` takes W as given instead;
+  ``--nanogpt-iters N`` shortens nanoGPT's run (a check that the protocol runs, not a comparison). Settings:
+  :data:`BUDGET_SETTINGS` over :data:`BEST_SETTINGS` (how they were chosen: below).
+- ``steptime``: seconds per step of the budget settings against nanoGPT's CPU command's, alternating
+  processes (``--rounds`` of ``--iters`` steps each): their ratio, which a busy machine moves much less than
+  either time, and how many tokennet steps ``--fraction`` × nanoGPT's 2000 hold.
 - ``ablation``: tokennet runs back to back, one per option added to the baseline (the old recipe:
   AdamW, cosine, GELU, block 128 × batch 16, no QK-norm, no compile) and the full best recipe: time to 1.886 (or, with
   ``--steps N``, the val loss after N steps, which does not depend on how busy the machine is).
@@ -20,13 +25,50 @@ Every figure comes from one script run, the compared systems alternating, each a
   on the same model, for ``--rounds`` rounds; median ms/step and the ratio (goal ≥ 1.1×).
 
     python bench/gpt_train.py best [--pairs 3]
-    python bench/gpt_train.py budget [--pairs 3] [--fraction 0.4] [--nanogpt-wall 141]
+    python bench/gpt_train.py budget [--pairs 3] [--fraction 0.4] [--nanogpt-wall 141] [--nanogpt-iters 20]
+    python bench/gpt_train.py steptime [--rounds 5 --iters 60]
     python bench/gpt_train.py ablation [--steps 400]
     python bench/gpt_train.py throughput [--rounds 5 --iters 60] [--compile]
 
 ``--threads N`` sets OMP_NUM_THREADS for every process (default: PyTorch's choice, all cores); on a
 machine shared with other jobs use ``--threads 1``: multi-threaded OpenMP under contention is slower
 by orders of magnitude. Results go to ``bench/results/gpt_train_MODE.json``.
+
+How :data:`BUDGET_SETTINGS` were chosen (issue 35, on a 2-core machine shared with ~10 other jobs, so by
+quantities the load changes little). Each try is ``tokennet train gpt-char`` (through
+``tokennet.lifecycle.runner.train``, the command's own code path) for a fixed number of steps, the WSD
+schedule's length being those steps, evaluation only at the end, one thread, seed 0, the rest as
+:data:`BEST_SETTINGS` (4 × 128, block 64, Muon, QK-norm, warm-up 20 steps); "CPU s" is the try's
+process CPU time after imports (tokenizing, the steps, two final evaluations, the writes):
+
+| batch × block | Muon lr / AdamW lr | steps | val | CPU s |
+| --- | --- | ---: | ---: | ---: |
+| 32 × 64 | 0.03 / 3e-3 | 200 | 1.8986 (an earlier run) | — |
+| 32 × 64 | 0.03 / 3e-3 | 220 | 1.8708 | 73.7 |
+| 32 × 64 | 0.04 / 6e-3 | 220 | 1.8889 | 72.8 |
+| 32 × 64 | 0.03 / 3e-3 | 250 | 1.8399 | 76.1 |
+| 32 × 64 | 0.03 / 3e-3 | 300 | 1.8046 | 90.5 |
+| 16 × 64 | 0.03 / 3e-3 | 300 | 1.9587 | 57.2 |
+| 16 × 64 | 0.04 / 6e-3 | 300 | 1.9453 | 55.0 |
+| 16 × 64 | 0.03 / 3e-3 | 500 | 1.8148 | 78.6 |
+| 16 × 64 | 0.04 / 6e-3 | 400 | 1.8740 | 68.0 |
+| 8 × 64 (eval 40 batches) | 0.03 / 3e-3 | 600 | 1.8899 | 65.2 |
+
+Steps to val 1.886 (interpolated): batch 32, about 212; batch 16, about 390 (higher lr); batch 8, just over
+600. At the target the three cost about the same CPU time (73.7, 68.0, 65.2 s at 1.871, 1.874, 1.890). The
+cost of a step against nanoGPT's: batch 32 took 3.11 × nanoGPT's step in CPU seconds (0.271 vs 0.087 s, each
+the difference of two fresh runs of different lengths: 5 and 65 tokennet steps, 20 and 140 nanoGPT iterations)
+and 2.58 × in wall seconds (``steptime --rounds 3 --iters 40 --threads 1``: 1.47, 2.71, 2.58 — the load's
+noise). So batch 32 reaches 1.886 after about 212 × 3.11 ≈ 660 nanoGPT steps' time (≈ 550 by the wall ratio),
+under 0.4 × 2000 = 800. Batch 16's step cost half of batch 32's by the tries' CPU totals (0.11 vs 0.21 s/step
+from the slopes) but 0.98 of it by the same differencing (0.266 s): too uncertain to switch, and at the target
+the two are even (390 × ~0.54 ≈ 210 batch-32 steps), so batch 32 stays. Higher learning rates helped batch 16
+a little and hurt batch 32. What a budget run gets, estimated from the CPU figures: nanoGPT's run ≈ 7.4 s
+fixed (start, imports, data preparation) + 2000 × 0.087 + 9 evaluations ≈ 190 s, so 0.4 × W ≈ 76 s; tokennet's
+fixed cost (start, imports, tokenizing, the final evaluation and the saved run's, the writes) ≈ 9.5 s; the
+rest holds ≈ 250 steps at batch 32 (≈ 300 by the wall ratio): val ≈ 1.84 (1.81), against 1.886.
+``torch.compile`` was not tried for the budget: it compiled for 140 s on the busy machine (bench/README.md),
+more than the whole budget, for ~20% off a step.
 """
 
 from __future__ import annotations
@@ -36,6 +78,7 @@ import json
 import os
 import platform
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -44,13 +87,19 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/_record.py, also when a test loads this file
+from _record import commit, machine  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 # Tiny Shakespeare: tokennet's embedded copy (the same 1,115,394 bytes nanoGPT's prepare.py reads), written
 # out once for the systems that read a file.
 DATA = ROOT / "bench" / "results" / "tinyshakespeare.txt"
 # nanoGPT: a checkout of https://github.com/karpathy/nanoGPT with a run_cpu.sh that runs its README's CPU
-# command (see bench/README.md); $NANOGPT_DIR, or ../shared/anchors/nanogpt beside this repository.
-NANOGPT = Path(os.environ.get("NANOGPT_DIR", ROOT.parent / "shared" / "anchors" / "nanogpt"))
+# command (see bench/README.md); $NANOGPT_DIR, or shared/anchors/nanogpt in the nearest folder above this
+# repository that has one (a git worktree may sit deeper than the main checkout).
+NANOGPT = Path(os.environ.get("NANOGPT_DIR") or next(
+    (d / "shared" / "anchors" / "nanogpt" for d in ROOT.parents if (d / "shared" / "anchors" / "nanogpt").is_dir()),
+    ROOT.parent / "shared" / "anchors" / "nanogpt"))
 TARGET = 1.886  # nanoGPT's val loss after its 2000 iterations (1.8857)
 
 # The recipe that reaches 1.886 soonest (measured at a fixed number of steps on a shared machine; see
@@ -67,7 +116,8 @@ BEST_SETTINGS = {"dim": 128, "num_layers": 4, "num_heads": 4, "block_size": 64, 
                  "report": False, "checkpoint_interval": 0}
 # The budget protocol: no evaluation before the end (an evaluation spends the budget without training), and a
 # short run's settings: Muon lr 0.03 with a 20-step warm-up reached val 1.8986 after 200 steps against 1.9191
-# for BEST_SETTINGS' 0.02 / 50 steps (ablation-style fixed-step runs, seed 0, --threads 1, shared machine).
+# for BEST_SETTINGS' 0.02 / 50 steps (ablation-style fixed-step runs, seed 0, --threads 1, shared machine);
+# batch 32 × block 64 kept, the WSD schedule following the time budget (the tries: the module docstring).
 BUDGET_SETTINGS = {"eval_interval": 0, "checkpoint_interval": 0, "muon_lr": 0.03, "warmup_iters": 20}
 # The recipe before the options of issue 15: the ablation's baseline.
 BASELINE = {**BEST_SETTINGS, "block_size": 128, "batch_size": 16, "qk_norm": False, "optimizer": "adamw",
@@ -103,12 +153,24 @@ def _child_env(threads: int | None) -> dict:
     return env
 
 
-def run_nanogpt(threads: int | None) -> dict:
-    """nanoGPT's CPU command as its anchor script runs it; seconds to its first eval ≤ TARGET."""
-    t0 = time.perf_counter()
-    out = subprocess.run(["bash", str(NANOGPT / "run_cpu.sh")], capture_output=True, text=True,
-                         env={**_child_env(threads), "PYTHON": sys.executable}, check=True)
-    wall = time.perf_counter() - t0
+def _cpu_seconds() -> float:
+    """CPU seconds (user + system) of the finished child processes so far."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def run_nanogpt(threads: int | None, iters: int | None = None) -> dict:
+    """nanoGPT's CPU command as its anchor script runs it; seconds to its first eval ≤ TARGET. ``iters``
+    shortens it (a check of the protocol at a small scale, not a comparison)."""
+    extra = [f"--max_iters={iters}", f"--lr_decay_iters={iters}", f"--eval_interval={iters}"] if iters else []
+    t0, c0 = time.perf_counter(), _cpu_seconds()
+    if not (NANOGPT / "run_cpu.sh").is_file():
+        raise SystemExit(f"no nanoGPT at {NANOGPT} (its run_cpu.sh): set NANOGPT_DIR (see bench/README.md)")
+    out = subprocess.run(["bash", str(NANOGPT / "run_cpu.sh"), *extra], capture_output=True, text=True,
+                         env={**_child_env(threads), "PYTHON": sys.executable})
+    wall, cpu = time.perf_counter() - t0, _cpu_seconds() - c0
+    if out.returncode:
+        raise RuntimeError(f"nanoGPT's run_cpu.sh failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
     res = json.loads(out.stdout.strip().splitlines()[-1])
     curve = [{"step": s, "val_loss": v} for s, v in res["curve"]]
     hit = next((c for c in curve if c["val_loss"] <= TARGET), None)
@@ -118,19 +180,24 @@ def run_nanogpt(threads: int | None) -> dict:
     seconds, estimated = res["wall_s"], False
     if hit is not None and hit["step"] < res["iters"]:
         seconds, estimated = res["wall_s"] * hit["step"] / res["iters"], True
-    return {"system": "nanoGPT", "wall_s": round(wall, 2), "script_wall_s": res["wall_s"], "final_val": res["val_loss"],
+    return {"system": "nanoGPT", "wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "script_wall_s": res["wall_s"],
+            "final_val": res["val_loss"], "steps": res["iters"],
             "reached": hit is not None, "seconds_to_target": round(seconds, 2) if hit else None,
             "estimated": estimated, "curve": curve}
+
+
+def train_argv(settings: dict, out: Path, data: Path = DATA) -> list[str]:
+    """``tokennet``'s arguments for a ``gpt-char`` run with ``settings`` (each one a ``--set KEY=VALUE``)."""
+    sets = [f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in settings.items()]
+    return ["train", "gpt-char", "--data", str(data), "--out", str(out), "--no-progress", "--set", *sets]
 
 
 def run_tokennet(settings: dict, threads: int | None, label: str = "tokennet") -> dict:
     """``tokennet train gpt-char`` as a subprocess; its log is watched to time the first eval ≤ TARGET."""
     with tempfile.TemporaryDirectory() as d:
         run_dir = Path(d) / "run"
-        sets = [f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in settings.items()]
-        cmd = [sys.executable, "-m", "tokennet", "train", "gpt-char", "--data", str(DATA), "--out", str(run_dir),
-               "--no-progress", "--set", *sets]
-        t0 = time.perf_counter()
+        cmd = [sys.executable, "-m", "tokennet", *train_argv(settings, run_dir)]
+        t0, c0 = time.perf_counter(), _cpu_seconds()
         proc = subprocess.Popen(cmd, env=_child_env(threads), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                 text=True)
         log, seen, hit_at = run_dir / "log.jsonl", 0, None
@@ -144,7 +211,7 @@ def run_tokennet(settings: dict, threads: int | None, label: str = "tokennet") -
                         hit_at = time.perf_counter() - t0
                         break
                 seen = len(lines) if hit_at is None else seen
-        wall = time.perf_counter() - t0
+        wall, cpu = time.perf_counter() - t0, _cpu_seconds() - c0
         if proc.returncode:
             raise RuntimeError(f"{label} failed:\n{proc.stderr.read()[-3000:]}")
         recs = [json.loads(x) for x in log.read_text().splitlines()]
@@ -154,7 +221,8 @@ def run_tokennet(settings: dict, threads: int | None, label: str = "tokennet") -
              for r in evals]
     hit = next((c for c in curve if c["val_loss"] <= TARGET), None)
     train_steps = evals[-1]["step"] if evals else 0
-    return {"system": label, "wall_s": round(wall, 2), "final_val": evals[-1]["val_loss"] if evals else None,
+    return {"system": label, "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
+            "final_val": evals[-1]["val_loss"] if evals else None,
             "elapsed": evals[-1]["elapsed"] if evals else 0.0,
             "reached": hit is not None, "seconds_to_target": round(hit_at, 2) if hit_at else None,
             "step_at_target": hit["step"] if hit else None, "steps": train_steps,
@@ -174,7 +242,8 @@ def best(args) -> dict:
         order = ("nanogpt", "tokennet") if i % 2 == 0 else ("tokennet", "nanogpt")  # alternate who goes first
         pair = {}
         for who in order:
-            pair[who] = run_nanogpt(args.threads) if who == "nanogpt" else run_tokennet(settings, args.threads)
+            pair[who] = run_nanogpt(args.threads, args.nanogpt_iters) if who == "nanogpt" \
+                else run_tokennet(settings, args.threads)
             r = pair[who]
             print(f"pair {i + 1} {who}: {r['seconds_to_target']} s to ≤ {TARGET} (final {r['final_val']:.4f}, "
                   f"wall {r['wall_s']} s)", flush=True)
@@ -214,7 +283,7 @@ def budget(args) -> dict:
         if args.nanogpt_wall:  # a given W (e.g. the reference machine's 141 s): nanoGPT is not run
             n = {"system": "nanoGPT", "wall_s": args.nanogpt_wall, "final_val": None, "given": True}
         else:
-            n = run_nanogpt(args.threads)
+            n = run_nanogpt(args.threads, args.nanogpt_iters)
         limit = args.fraction * n["wall_s"]
         cal = run_tokennet({**settings, "max_iters": 1, "time_budget": None, "target_val_loss": None},
                            args.threads, "tokennet (1-step calibration)")
@@ -223,9 +292,11 @@ def budget(args) -> dict:
         ok = t["final_val"] <= TARGET and t["wall_s"] <= limit * 1.02
         pairs.append({"nanogpt": n, "budget_s": round(limit, 2), "fixed_s": round(fixed, 2), "tokennet": t,
                       "met": ok})
-        print(f"pair {i + 1}: nanoGPT wall {n['wall_s']} s (val {n['final_val']}), budget {limit:.1f} s "
-              f"(fixed cost {fixed:.1f} s) → tokennet wall {t['wall_s']} s, {t['steps']} steps, "
-              f"val {t['final_val']:.4f}", flush=True)
+        # CPU seconds beside wall seconds: on an idle machine with one thread per process they are close; a
+        # wall time well above the CPU time says the machine was busy and the wall figures are not idle ones.
+        print(f"pair {i + 1}: nanoGPT wall {n['wall_s']} s (CPU {n.get('cpu_s', '—')} s, val {n['final_val']}), "
+              f"budget {limit:.1f} s (fixed cost {fixed:.1f} s) → tokennet wall {t['wall_s']} s (CPU {t['cpu_s']} s), "
+              f"{t['steps']} steps, val {t['final_val']:.4f}", flush=True)
     print(f"\n| pair | nanoGPT wall s | nanoGPT val | budget s ({args.fraction} × W) | tokennet wall s | steps | "
           f"tokennet val | val ≤ {TARGET} in budget |\n| --- | --- | --- | --- | --- | --- | --- | --- |")
     for i, p in enumerate(pairs):
@@ -314,17 +385,63 @@ print(json.dumps(ts[5:]))
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def throughput(args) -> dict:
+def _nanogpt_workdir(threads: int | None) -> Path:
+    """A writable copy of nanoGPT with Tiny Shakespeare prepared, as run_cpu.sh prepares it."""
     work = Path(tempfile.mkdtemp())
-    try:  # nanoGPT's data preparation, once, as run_cpu.sh does it
-        shutil.copytree(NANOGPT, work, dirs_exist_ok=True)
-        for p in work.rglob("*"):
-            p.chmod(p.stat().st_mode | 0o200)
-        shutil.copy(DATA, work / "data" / "shakespeare_char" / "input.txt")
-        (work / "stubs").mkdir()
-        (work / "stubs" / "requests.py").write_text("get = None\n")
-        subprocess.run([sys.executable, "data/shakespeare_char/prepare.py"], cwd=work, check=True,
-                       capture_output=True, env={**_child_env(args.threads), "PYTHONPATH": str(work / "stubs")})
+    shutil.copytree(NANOGPT, work, dirs_exist_ok=True)
+    for p in work.rglob("*"):
+        p.chmod(p.stat().st_mode | 0o200)
+    shutil.copy(DATA, work / "data" / "shakespeare_char" / "input.txt")
+    (work / "stubs").mkdir()
+    (work / "stubs" / "requests.py").write_text("get = None\n")
+    subprocess.run([sys.executable, "data/shakespeare_char/prepare.py"], cwd=work, check=True,
+                   capture_output=True, env={**_child_env(threads), "PYTHONPATH": str(work / "stubs")})
+    return work
+
+
+def _recipe_step_times(settings: dict, iters: int, threads: int | None) -> list[float]:
+    """``tokennet train gpt-char`` with ``settings`` for ``iters`` steps, logging every step: the ms of each
+    optimizer step from its log's ``elapsed`` (training time only), the first 5 skipped as nanoGPT's are."""
+    with tempfile.TemporaryDirectory() as d:
+        s = {**settings, "max_iters": iters, "time_budget": None, "target_val_loss": None, "log_interval": 1,
+             "eval_interval": 0, "eval_iters": 1}
+        out = subprocess.run([sys.executable, "-m", "tokennet", *train_argv(s, Path(d) / "run")], capture_output=True,
+                             text=True, env=_child_env(threads))
+        if out.returncode:
+            raise RuntimeError(f"tokennet failed:\n{out.stderr[-3000:]}")
+        recs = [json.loads(x) for x in (Path(d) / "run" / "log.jsonl").read_text().splitlines()]
+    el = [r["elapsed"] for r in recs if "items_per_s" in r]
+    return [1000 * (b - a) for a, b in zip(el, el[1:])][5:]
+
+
+def steptime(args) -> dict:
+    """Seconds per step of the budget recipe against nanoGPT's CPU command's, alternating processes.
+
+    A ratio of two step times measured back to back moves much less with the machine's load than either
+    time; with nanoGPT's 2000 steps it says how many tokennet steps a budget of ``--fraction`` × nanoGPT's
+    training time holds (before the fixed costs: start, imports, evaluations)."""
+    settings = {**BEST_SETTINGS, **BUDGET_SETTINGS, **_parse(args.sets)}
+    work = _nanogpt_workdir(args.threads)
+    rounds = []
+    try:
+        for rnd in range(args.rounds):
+            n = statistics.median(_nanogpt_iter_times(work, args.iters, args.threads))
+            t = statistics.median(_recipe_step_times(settings, args.iters, args.threads))
+            rounds.append({"nanogpt_ms": round(n, 2), "tokennet_ms": round(t, 2), "ratio": round(t / n, 3)})
+            print(f"round {rnd + 1}: nanoGPT {n:.1f} ms/step, tokennet {t:.1f} ms/step, ratio {t / n:.3f}", flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    ratio = statistics.median(r["ratio"] for r in rounds)
+    steps = args.fraction * 2000 / ratio
+    print(f"\ntokennet s/step ÷ nanoGPT s/step: {ratio:.3f} (median of {len(rounds)} rounds); {args.fraction} × "
+          f"nanoGPT's 2000 steps = {steps:.0f} tokennet steps before fixed costs")
+    return {"settings": settings, "rounds": rounds, "ratio": ratio, "iters_per_round": args.iters,
+            "steps_in_fraction": round(steps)}
+
+
+def throughput(args) -> dict:
+    work = _nanogpt_workdir(args.threads)
+    try:
         systems = ["nanoGPT", "tokennet"] + (["tokennet (torch.compile)"] if args.compile else [])
         times: dict[str, list[float]] = {k: [] for k in systems}
         per_round = []
@@ -357,14 +474,17 @@ def throughput(args) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("mode", choices=["best", "budget", "ablation", "throughput"])
+    p.add_argument("mode", choices=["best", "budget", "ablation", "throughput", "steptime"])
     p.add_argument("--pairs", type=int, default=3, help="best: nanoGPT/tokennet pairs (median reported)")
     p.add_argument("--fraction", type=float, default=0.4, help="budget: tokennet's share of nanoGPT's wall time")
     p.add_argument("--nanogpt-wall", type=float, default=None,
                    help="budget: use this W (seconds) instead of running nanoGPT (e.g. the reference 141)")
+    p.add_argument("--nanogpt-iters", type=int, default=None,
+                   help="best, budget: run nanoGPT for this many iterations instead of 2000 (a check of the protocol "
+                        "at a small scale; not a comparison)")
     p.add_argument("--steps", type=int, default=None, help="ablation: val loss after this many steps instead")
-    p.add_argument("--rounds", type=int, default=5, help="throughput: interleaved rounds")
-    p.add_argument("--iters", type=int, default=60, help="throughput: iterations per system per round")
+    p.add_argument("--rounds", type=int, default=5, help="throughput, steptime: interleaved rounds")
+    p.add_argument("--iters", type=int, default=60, help="throughput, steptime: iterations per system per round")
     p.add_argument("--compile", action="store_true", help="throughput: also time tokennet under torch.compile")
     p.add_argument("--set", dest="sets", nargs="*", default=[], help="override BEST_SETTINGS (KEY=VALUE)")
     p.add_argument("--threads", type=int, default=None, help="OMP threads for every process (default: all)")
@@ -375,8 +495,12 @@ def main() -> None:
 
         DATA.parent.mkdir(parents=True, exist_ok=True)
         DATA.write_text(shakespeare(), encoding="utf-8")
-    res = {"best": best, "budget": budget, "ablation": ablation, "throughput": throughput}[args.mode](args)
+    modes = {"best": best, "budget": budget, "ablation": ablation, "throughput": throughput, "steptime": steptime}
+    res = modes[args.mode](args)
     res["env"] = _env(args.threads)
+    res["command"] = " ".join(["python bench/gpt_train.py", *sys.argv[1:]])
+    res["commit"] = commit()
+    res["machine"] = machine(torch=res["env"]["torch"], threads=res["env"]["threads"])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"gpt_train_{args.mode}.json"
