@@ -119,7 +119,8 @@ class LoRALinear(nn.Linear):
         splits: output rows of each map of a fused projection (e.g. ``[q_dim, kv_dim, kv_dim]``); one
             adapter per map. Default: one map.
         fused: without dropout, compute the base and the adapter's ``A`` in one GEMM (forward and the input
-            gradient); same result as the two-GEMM path up to float rounding.
+            gradient); same result as the two-GEMM path up to float rounding. Under ``torch.compile`` the layer
+            is traced in its two-GEMM form.
     """
 
     def __init__(self, base: nn.Linear, rank: int, alpha: float, dropout: float = 0.0,
@@ -180,7 +181,10 @@ class LoRALinear(nn.Linear):
         then ``y + z B_bdᵀ`` is one GEMM that accumulates into ``y``.
         """
         N = self.out_features
-        if self.fused and isinstance(self.lora_dropout, nn.Identity) and not self.weight.requires_grad:
+        # Traced by torch.compile, the two-GEMM form below: the fused one writes into a buffer it keeps across
+        # calls (no graph can hold that), and Inductor plans the GEMMs of the whole step itself.
+        if (self.fused and isinstance(self.lora_dropout, nn.Identity) and not self.weight.requires_grad
+                and not torch.compiler.is_compiling()):
             x2 = x.reshape(-1, self.in_features)  # (M, K)
             out = _FusedBaseDown.apply(x2, self.lora_A, self._fused_weight(), self.scaling)  # (M, N + S·r)
             y = torch.addmm(out[:, :N], out[:, N:], self.block_b().t())  # (M, N)
