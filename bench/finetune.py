@@ -190,6 +190,7 @@ def child(args) -> dict:
     import torch
 
     from tokennet.data.text import LMBatches
+    from tokennet.train.memory import peak_allocated
     from tokennet.train.optim import cosine_lr
 
     torch.set_num_threads(args.threads)
@@ -226,7 +227,7 @@ def child(args) -> dict:
     base_rss = mem.peak
     curve = [(0, evaluate())]
     warmup = max(1, args.steps // 10)
-    times, losses = [], []
+    times, losses, step_peak = [], [], float("nan")
     for step in range(args.steps):
         lr = cosine_lr(step, (step - warmup) / max(1, args.steps - warmup), lr=args.lr, min_lr=args.lr / 10,
                        warmup_iters=warmup)
@@ -236,11 +237,19 @@ def child(args) -> dict:
         if dev.type == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        loss = loss_of(x, y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+
+        def one_step(x=x, y=y):
+            loss = loss_of(x, y)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return loss
+
+        if step == 1:  # the allocator's peak over one whole step (its time is left out of the median)
+            loss, step_peak = peak_allocated(one_step, dev)
+        else:
+            loss = one_step()
         if dev.type == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
@@ -251,7 +260,8 @@ def child(args) -> dict:
     out = {"side": args.side, "trainable_params": sum(p.numel() for p in params),
            "tokens_per_s": args.batch * args.seq / statistics.median(times[2:] or times),
            "step_times": [round(t, 4) for t in times], "train_loss": losses, "val_curve": curve,
-           "peak_rss_mib": peak, "train_rss_rise_mib": peak - base_rss, "model_loaded_rss_mib": base_rss}
+           "peak_rss_mib": peak, "train_rss_rise_mib": peak - base_rss, "model_loaded_rss_mib": base_rss,
+           "step_alloc_peak_mib": step_peak / 2**20}
     if dev.type == "cuda":
         out["cuda_peak_mib"] = torch.cuda.max_memory_allocated() / 2**20
         out["cuda_rise_mib"] = out["cuda_peak_mib"] - base
@@ -365,6 +375,7 @@ def main() -> None:
                          "first_step_s": statistics.median(r["step_times"][0] for r in rs),
                          "peak_rss_mib": statistics.median(r["peak_rss_mib"] for r in rs),
                          "train_rss_rise_mib": statistics.median(r["train_rss_rise_mib"] for r in rs),
+                         "step_alloc_peak_mib": statistics.median(r["step_alloc_peak_mib"] for r in rs),
                          "final_train_loss": rs[0]["train_loss"][-1], "final_val_loss": rs[0]["val_curve"][-1][1],
                          "trainable_params": rs[0]["trainable_params"]}
         if "cuda_peak_mib" in rs[0]:
@@ -373,10 +384,12 @@ def main() -> None:
     print(f"\nSmolLM2-135M ({layers}), LoRA r={args.rank} α={args.alpha} dropout={args.dropout} on "
           f"q,k,v,o,gate,up,down; batch {args.batch} × {args.seq} tokens, {args.steps} steps, lr {args.lr}, "
           f"{args.threads} thread(s), {args.device}; tokens/s: median step after the first two, {args.rounds} "
-          "round(s) alternating; memory: the process's resident set (RSS) sampled every 2 ms")
-    print("\n| system | trainable | tokens/s | × peft | first step s | peak RSS MiB | RSS rise MiB | final train loss "
-          "| final val loss |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+          "round(s) alternating; memory: the process's resident set (RSS) sampled every 2 ms, and the peak of torch's "
+          "allocations over the second step (tokennet.train.memory.peak_allocated: the profiler's CPU allocator "
+          "events; CUDA: max_memory_allocated)")
+    print("\n| system | trainable | tokens/s | × peft | first step s | peak RSS MiB | RSS rise MiB "
+          "| step alloc peak MiB | final train loss | final val loss |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     ref = summary.get("peft")
     for side, s in summary.items():
         if ref is not None:
@@ -384,7 +397,8 @@ def main() -> None:
             s["ratio_train_rss_rise"] = s["train_rss_rise_mib"] / max(1.0, ref["train_rss_rise_mib"])
         ratio = f"{s['ratio_tokens_per_s']:.2f}" if ref is not None else "–"
         print(f"| {side} | {s['trainable_params']:,} | {s['tokens_per_s']:.1f} | {ratio} | {s['first_step_s']:.2f} | "
-              f"{s['peak_rss_mib']:.0f} | {s['train_rss_rise_mib']:.0f} | {s['final_train_loss']:.4f} | "
+              f"{s['peak_rss_mib']:.0f} | {s['train_rss_rise_mib']:.0f} | {s['step_alloc_peak_mib']:.0f} | "
+              f"{s['final_train_loss']:.4f} | "
               f"{s['final_val_loss']:.4f} |")
     if ref is not None and len(summary) > 1:
         names = list(summary)
@@ -413,7 +427,9 @@ def main() -> None:
                                     "machine": machine(torch=torch.__version__, threads=args.threads,
                                                        load_average=os.getloadavg()),
                                     "memory": "peak resident set size (RSS) of each system's process, sampled every "
-                                              "2 ms; rise: over the RSS once the model is loaded",
+                                              "2 ms; rise: over the RSS once the model is loaded; step_alloc_peak: "
+                                              "the most bytes of tensors allocated during the second training "
+                                              "step alive at once (torch profiler's CPU allocator events)",
                                     "args": {k: str(v) for k, v in vars(args).items()}, "summary": summary,
                                     "runs": runs}, indent=2) + "\n")
     print(f"wrote {args.out}")
