@@ -37,6 +37,7 @@ back to back.
                              [--eval-every 10] [--rounds 1] [--threads 1] [--device cpu] [--layers 0]
                              [--systems tokennet tokennet+compile tokennet+ckpt peft] [--interleaved 10]
                              [--out bench/results/finetune.json]
+    python bench/finetune.py --layer-bench 60   # one LoRA layer alone: tokennet fused / unfused / peft
 """
 
 from __future__ import annotations
@@ -304,6 +305,59 @@ def interleaved(args) -> dict:
                 "step_times": [round(t, 4) for t in v[3]]} for k, v in sides.items()}
 
 
+def layer_bench(args) -> dict:
+    """One adapted linear layer alone, forward and backward, at SmolLM2's MLP shape (576 → 1536, M = batch·seq rows):
+    tokennet's fused layer, its autograd two-GEMM form and peft's ``lora.Linear``, alternating, same A, B, x."""
+    import peft
+    import torch
+
+    from tokennet.layers.lora import LoRALinear
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    M, K, N = args.batch * args.seq, 576, 1536
+    base = torch.nn.Linear(K, N, bias=False)
+    ours = {"tokennet": LoRALinear(base, args.rank, args.alpha, fused=True),
+            "tokennet+unfused": LoRALinear(base, args.rank, args.alpha, fused=False)}
+    config = peft.LoraConfig(r=args.rank, lora_alpha=args.alpha, lora_dropout=0.0, bias="none")
+    theirs = peft.tuners.lora.Linear(torch.nn.Linear(K, N, bias=False), "default", config, r=args.rank,
+                                     lora_alpha=args.alpha)
+    B = torch.randn(N, args.rank) * 0.01
+    with torch.no_grad():
+        theirs.base_layer.weight.copy_(base.weight)
+        theirs.base_layer.weight.requires_grad_(False)
+        for m in ours.values():
+            m.lora_A.copy_(ours["tokennet"].lora_A)
+            m.lora_B.copy_(B)
+        theirs.lora_A["default"].weight.copy_(ours["tokennet"].lora_A)
+        theirs.lora_B["default"].weight.copy_(B)
+    layers = {**ours, "peft": theirs}
+    x = torch.randn(M, K, requires_grad=True)
+    gy = torch.randn(M, N)
+    times: dict[str, list[float]] = {k: [] for k in layers}
+    outs = {}
+    for i in range(args.layer_bench):
+        for k, m in (layers.items() if i % 2 == 0 else list(layers.items())[::-1]):
+            t0 = time.perf_counter()
+            y = m(x)
+            y.backward(gy)
+            times[k].append(time.perf_counter() - t0)
+            outs[k] = (y.detach(), x.grad)
+            x.grad = None
+    ref = outs["peft"]
+    res = {k: {"median_ms": 1e3 * statistics.median(v), "min_ms": 1e3 * min(v),
+               "max_abs_diff_vs_peft": max(float((a - b).abs().max()) for a, b in zip(outs[k], ref))}
+           for k, v in times.items()}
+    print(f"\none LoRA layer {K} → {N}, r={args.rank}, M={M} rows, forward + backward, {args.layer_bench} alternating "
+          "calls each")
+    print("| layer | median ms | min ms | × peft (median) | max |Δ| of y, ∂x vs peft |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for k, r in res.items():
+        print(f"| {k} | {r['median_ms']:.2f} | {r['min_ms']:.2f} | {res['peft']['median_ms'] / r['median_ms']:.2f} | "
+              f"{r['max_abs_diff_vs_peft']:.1e} |")
+    return res
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=40)
@@ -323,6 +377,8 @@ def main() -> None:
                     help="peft, or tokennet with options joined by + (compile, ckpt, unfused)")
     ap.add_argument("--interleaved", type=int, default=10,
                     help="then this many steps of each system alternating in one process (0: skip)")
+    ap.add_argument("--layer-bench", type=int, default=0, metavar="CALLS",
+                    help="only time one LoRA layer (tokennet fused, unfused, peft) this many calls each, and exit")
     ap.add_argument("--side", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--json", type=Path, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--data", type=Path, default=None, help=argparse.SUPPRESS)
@@ -332,6 +388,18 @@ def main() -> None:
         args.json.write_text(json.dumps(interleaved(args) if args.side == "interleaved" else child(args)))
         return
     command = " ".join(["python bench/finetune.py", *sys.argv[1:]])
+    if args.layer_bench:
+        res = layer_bench(args)
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import torch
+        from _record import commit, machine
+
+        out = args.out.with_name(args.out.stem + "-layer.json")
+        out.write_text(json.dumps({"command": command, "commit": commit(),
+                                   "machine": machine(torch=torch.__version__, threads=args.threads,
+                                                      load_average=os.getloadavg()), "layer": res}, indent=2) + "\n")
+        print(f"wrote {out}")
+        return
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": str(args.threads)}
     data = ROOT / "bench" / "results" / f".finetune-data-{os.getpid()}.safetensors"
     data.parent.mkdir(parents=True, exist_ok=True)

@@ -315,7 +315,7 @@ def test_fused_lora_equals_the_two_gemm_path_in_value_and_gradients(splits, bias
 
 
 def test_fused_lora_follows_a_weight_replaced_or_moved():
-    """The fused layer reads the weight it holds at each call: loading, ``.to()`` or ``.data =`` never leaves it stale."""
+    """The fused layer reads the weight it holds at each call: loading, ``.to()`` or ``.data =`` leave nothing stale."""
     torch.manual_seed(0)
     lin = LoRALinear(torch.nn.Linear(8, 6), rank=2, alpha=4.0)
     with torch.no_grad():
