@@ -422,6 +422,7 @@ def main() -> None:
             runs[side].append(res)
             print(f"round {r + 1} {side}: {res['tokens_per_s']:.1f} tokens/s, first step {res['step_times'][0]:.2f} s, "
                   f"peak RSS {res['peak_rss_mib']:.0f} MiB (+{res['train_rss_rise_mib']:.0f} over the loaded model), "
+                  f"step allocation peak {res['step_alloc_peak_mib']:.0f} MiB, "
                   f"final train loss {res['train_loss'][-1]:.4f}, final val loss {res['val_curve'][-1][1]:.4f} "
                   f"(load average before: {la:.2f})", flush=True)
     inter = None
