@@ -17,18 +17,27 @@ Both systems start from the same weights — SmolLM2-135M-Instruct's GGUF from t
 - the same loss: mean next-token cross-entropy over every position (tokennet's ``GPT(x, y).loss``; for
   peft, ``F.cross_entropy`` on the model's logits).
 
+tokennet runs as ``tokennet`` (fused LoRA layers, eager), ``tokennet+compile`` (the model under
+``torch.compile``: what ``--set compile=true`` trains), ``tokennet+ckpt`` (activation checkpointing of the
+blocks: ``--set checkpointing=true``) and ``tokennet+unfused`` (the two-GEMM LoRA layer), as ``--systems``
+lists them; the losses of every variant follow the same curve. ``--layers N`` keeps only the first N blocks on
+both sides (a quick check of the bench, not a figure).
+
 Each system runs in its own fresh process (``--rounds`` rounds, alternating which goes first); then both run
 in one process, a step of each in turn on the same batch (``--interleaved`` steps: a machine whose load
 changes slows both alike, so the ratio holds on a shared machine). Reported per
-system: the validation-loss curve, training tokens/s (median over the steps after the first two), peak
+system: the validation-loss curve and the last training loss, training tokens/s (median over the steps after
+the first two: a compiled model's first steps compile; the first step's time is reported apart), peak
 memory (CPU: the process's peak RSS, and its rise over the RSS once the model is loaded — the memory that
 evaluation and training add — sampled every 2 ms; CUDA: ``max_memory_allocated``). Goal: tokennet ≥ 1.2×
 peft's tokens/s at an equal loss curve, peak memory ≤ peft's. On a shared machine compare the ratio, measured
 back to back.
 
     python bench/finetune.py [--steps 40] [--batch 4] [--seq 128] [--rank 8] [--alpha 16] [--lr 1e-3]
-                             [--eval-every 10] [--rounds 1] [--threads 1] [--device cpu]
+                             [--eval-every 10] [--rounds 1] [--threads 1] [--device cpu] [--layers 0]
+                             [--systems tokennet tokennet+compile tokennet+ckpt peft] [--interleaved 10]
                              [--out bench/results/finetune.json]
+    python bench/finetune.py --layer-bench 60   # one LoRA layer alone: tokennet fused / unfused / peft
 """
 
 from __future__ import annotations
@@ -110,18 +119,34 @@ def prepare_data(path: Path) -> None:
 
 
 def build(side: str, args, dev):
-    """The adapted model of one system and its loss function ``loss_of(x, y)``, with the shared initial A."""
+    """The adapted model of one system and its loss function ``loss_of(x, y)``, with the shared initial A.
+
+    ``side``: ``peft``, or ``tokennet`` with options joined by ``+``: ``compile`` (the model under
+    ``torch.compile``, as ``--set compile=true`` trains it), ``ckpt`` (activation checkpointing of the blocks,
+    ``--set checkpointing=true``), ``unfused`` (the two-GEMM LoRA layers instead of the fused one).
+    """
     import torch
     import torch.nn.functional as F
 
     from tokennet.interop.init import load_init
 
     gguf = smollm2_gguf()
-    if side == "tokennet":
+    if side.split("+")[0] == "tokennet":
         from tokennet.layers.lora import LoRAConfig, apply_lora, lora_layers
+        from tokennet.layers.stack import set_checkpointing
 
-        model = apply_lora(load_init(gguf).model, LoRAConfig(rank=args.rank, alpha=args.alpha, dropout=args.dropout,
-                                                  targets="attn,mlp"))
+        opts = set(side.split("+")[1:])
+        if opts - {"compile", "ckpt", "unfused"}:
+            raise SystemExit(f"unknown tokennet options in {side!r} (compile, ckpt, unfused)")
+        base = load_init(gguf).model
+        if args.layers:  # the first N blocks only: a quick check of the bench itself
+            base.decoder.blocks = base.decoder.blocks[: args.layers]
+            base.decoder.num_layers = base.config.num_layers = args.layers
+        model = apply_lora(base, LoRAConfig(rank=args.rank, alpha=args.alpha, dropout=args.dropout,
+                                            targets="attn,mlp"))
+        set_checkpointing(model, "ckpt" in opts)
+        for layer in lora_layers(model).values():
+            layer.fused = "unfused" not in opts
         names = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "out_proj": ["o_proj"], "gate": ["gate_proj"],
                  "fc1": ["up_proj"], "fc2": ["down_proj"]}
         with torch.no_grad():
@@ -130,14 +155,19 @@ def build(side: str, args, dev):
                 parts = names[name.rsplit(".", 1)[-1]]
                 layer.lora_A.copy_(torch.cat([init_a(i, p, args.rank, layer.in_features) for p in parts]))
 
+        forward = torch.compile(model) if "compile" in opts else model
+
         def loss_of(x, y):
-            return model(x, y).loss
-    else:
+            return forward(x, y).loss
+    elif side == "peft":
         import peft
         import transformers
 
         hf = transformers.LlamaForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
         hf.config.use_cache = False
+        if args.layers:
+            hf.model.layers = hf.model.layers[: args.layers]
+            hf.config.num_hidden_layers = args.layers
         model = peft.get_peft_model(hf, peft.LoraConfig(r=args.rank, lora_alpha=args.alpha,
                                                         lora_dropout=args.dropout, target_modules=HF_TARGETS,
                                                         bias="none", task_type="CAUSAL_LM"))
@@ -152,6 +182,8 @@ def build(side: str, args, dev):
         def loss_of(x, y):
             logits = model(input_ids=x).logits
             return F.cross_entropy(logits.flatten(0, 1), y.flatten())
+    else:
+        raise SystemExit(f"unknown system {side!r}: peft or tokennet[+compile][+ckpt][+unfused]")
     return model.to(dev).train(), loss_of
 
 
@@ -159,6 +191,7 @@ def child(args) -> dict:
     import torch
 
     from tokennet.data.text import LMBatches
+    from tokennet.train.memory import peak_allocated
     from tokennet.train.optim import cosine_lr
 
     torch.set_num_threads(args.threads)
@@ -195,7 +228,7 @@ def child(args) -> dict:
     base_rss = mem.peak
     curve = [(0, evaluate())]
     warmup = max(1, args.steps // 10)
-    times, losses = [], []
+    times, losses, step_peak = [], [], float("nan")
     for step in range(args.steps):
         lr = cosine_lr(step, (step - warmup) / max(1, args.steps - warmup), lr=args.lr, min_lr=args.lr / 10,
                        warmup_iters=warmup)
@@ -205,11 +238,19 @@ def child(args) -> dict:
         if dev.type == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        loss = loss_of(x, y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+
+        def one_step(x=x, y=y):
+            loss = loss_of(x, y)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return loss
+
+        if step == 1:  # the allocator's peak over one whole step (its time is left out of the median)
+            loss, step_peak = peak_allocated(one_step, dev)
+        else:
+            loss = one_step()
         if dev.type == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
@@ -220,7 +261,8 @@ def child(args) -> dict:
     out = {"side": args.side, "trainable_params": sum(p.numel() for p in params),
            "tokens_per_s": args.batch * args.seq / statistics.median(times[2:] or times),
            "step_times": [round(t, 4) for t in times], "train_loss": losses, "val_curve": curve,
-           "peak_rss_mib": peak, "train_rss_rise_mib": peak - base_rss, "model_loaded_rss_mib": base_rss}
+           "peak_rss_mib": peak, "train_rss_rise_mib": peak - base_rss, "model_loaded_rss_mib": base_rss,
+           "step_alloc_peak_mib": step_peak / 2**20}
     if dev.type == "cuda":
         out["cuda_peak_mib"] = torch.cuda.max_memory_allocated() / 2**20
         out["cuda_rise_mib"] = out["cuda_peak_mib"] - base
@@ -259,8 +301,61 @@ def interleaved(args) -> dict:
             if dev.type == "cuda":
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
-    return {k: {"tokens_per_s": args.batch * args.seq / statistics.median(v[3][1:] or v[3]),
+    return {k: {"tokens_per_s": args.batch * args.seq / statistics.median(v[3][2:] or v[3]),
                 "step_times": [round(t, 4) for t in v[3]]} for k, v in sides.items()}
+
+
+def layer_bench(args) -> dict:
+    """One adapted linear layer alone, forward and backward, at SmolLM2's MLP shape (576 → 1536, M = batch·seq rows):
+    tokennet's fused layer, its autograd two-GEMM form and peft's ``lora.Linear``, alternating, same A, B, x."""
+    import peft
+    import torch
+
+    from tokennet.layers.lora import LoRALinear
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    M, K, N = args.batch * args.seq, 576, 1536
+    base = torch.nn.Linear(K, N, bias=False)
+    ours = {"tokennet": LoRALinear(base, args.rank, args.alpha, fused=True),
+            "tokennet+unfused": LoRALinear(base, args.rank, args.alpha, fused=False)}
+    config = peft.LoraConfig(r=args.rank, lora_alpha=args.alpha, lora_dropout=0.0, bias="none")
+    theirs = peft.tuners.lora.Linear(torch.nn.Linear(K, N, bias=False), "default", config, r=args.rank,
+                                     lora_alpha=args.alpha)
+    B = torch.randn(N, args.rank) * 0.01
+    with torch.no_grad():
+        theirs.base_layer.weight.copy_(base.weight)
+        theirs.base_layer.weight.requires_grad_(False)
+        for m in ours.values():
+            m.lora_A.copy_(ours["tokennet"].lora_A)
+            m.lora_B.copy_(B)
+        theirs.lora_A["default"].weight.copy_(ours["tokennet"].lora_A)
+        theirs.lora_B["default"].weight.copy_(B)
+    layers = {**ours, "peft": theirs}
+    x = torch.randn(M, K, requires_grad=True)
+    gy = torch.randn(M, N)
+    times: dict[str, list[float]] = {k: [] for k in layers}
+    outs = {}
+    for i in range(args.layer_bench):
+        for k, m in (layers.items() if i % 2 == 0 else list(layers.items())[::-1]):
+            t0 = time.perf_counter()
+            y = m(x)
+            y.backward(gy)
+            times[k].append(time.perf_counter() - t0)
+            outs[k] = (y.detach(), x.grad)
+            x.grad = None
+    ref = outs["peft"]
+    res = {k: {"median_ms": 1e3 * statistics.median(v), "min_ms": 1e3 * min(v),
+               "max_abs_diff_vs_peft": max(float((a - b).abs().max()) for a, b in zip(outs[k], ref))}
+           for k, v in times.items()}
+    print(f"\none LoRA layer {K} → {N}, r={args.rank}, M={M} rows, forward + backward, {args.layer_bench} alternating "
+          "calls each")
+    print("| layer | median ms | min ms | × peft (median) | max |Δ| of y, ∂x vs peft |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for k, r in res.items():
+        print(f"| {k} | {r['median_ms']:.2f} | {r['min_ms']:.2f} | {res['peft']['median_ms'] / r['median_ms']:.2f} | "
+              f"{r['max_abs_diff_vs_peft']:.1e} |")
+    return res
 
 
 def main() -> None:
@@ -276,9 +371,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--systems", nargs="+", default=["tokennet", "peft"])
+    ap.add_argument("--layers", type=int, default=0,
+                    help="keep only SmolLM2's first N blocks on both sides (0: all 30): a quick check of the bench")
+    ap.add_argument("--systems", nargs="+", default=["tokennet", "tokennet+compile", "tokennet+ckpt", "peft"],
+                    help="peft, or tokennet with options joined by + (compile, ckpt, unfused)")
     ap.add_argument("--interleaved", type=int, default=10,
                     help="then this many steps of each system alternating in one process (0: skip)")
+    ap.add_argument("--layer-bench", type=int, default=0, metavar="CALLS",
+                    help="only time one LoRA layer (tokennet fused, unfused, peft) this many calls each, and exit")
     ap.add_argument("--side", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--json", type=Path, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--data", type=Path, default=None, help=argparse.SUPPRESS)
@@ -287,6 +387,19 @@ def main() -> None:
     if args.side:
         args.json.write_text(json.dumps(interleaved(args) if args.side == "interleaved" else child(args)))
         return
+    command = " ".join(["python bench/finetune.py", *sys.argv[1:]])
+    if args.layer_bench:
+        res = layer_bench(args)
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import torch
+        from _record import commit, machine
+
+        out = args.out.with_name(args.out.stem + "-layer.json")
+        out.write_text(json.dumps({"command": command, "commit": commit(),
+                                   "machine": machine(torch=torch.__version__, threads=args.threads,
+                                                      load_average=os.getloadavg()), "layer": res}, indent=2) + "\n")
+        print(f"wrote {out}")
+        return
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": str(args.threads)}
     data = ROOT / "bench" / "results" / f".finetune-data-{os.getpid()}.safetensors"
     data.parent.mkdir(parents=True, exist_ok=True)
@@ -294,7 +407,7 @@ def main() -> None:
     runs: dict[str, list[dict]] = {s: [] for s in args.systems}
     passthrough = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
                    if k in ("steps", "batch", "seq", "rank", "alpha", "dropout", "lr", "eval_every", "threads",
-                            "device")]
+                            "device", "layers")]
     for r in range(args.rounds):
         order = args.systems if r % 2 == 0 else args.systems[::-1]
         for side in order:
@@ -307,9 +420,11 @@ def main() -> None:
             tmp.unlink()
             res["load_before"] = la
             runs[side].append(res)
-            print(f"round {r + 1} {side}: {res['tokens_per_s']:.1f} tokens/s, peak RSS {res['peak_rss_mib']:.0f} MiB "
-                  f"(+{res['train_rss_rise_mib']:.0f} over the loaded model), final val loss "
-                  f"{res['val_curve'][-1][1]:.4f} (load average before: {la:.2f})", flush=True)
+            print(f"round {r + 1} {side}: {res['tokens_per_s']:.1f} tokens/s, first step {res['step_times'][0]:.2f} s, "
+                  f"peak RSS {res['peak_rss_mib']:.0f} MiB (+{res['train_rss_rise_mib']:.0f} over the loaded model), "
+                  f"step allocation peak {res['step_alloc_peak_mib']:.0f} MiB, "
+                  f"final train loss {res['train_loss'][-1]:.4f}, final val loss {res['val_curve'][-1][1]:.4f} "
+                  f"(load average before: {la:.2f})", flush=True)
     inter = None
     if args.interleaved and len(args.systems) > 1:
         tmp = ROOT / "bench" / "results" / f".finetune-interleaved-{os.getpid()}.json"
@@ -321,45 +436,70 @@ def main() -> None:
         print("interleaved in one process: " + ", ".join(f"{k} {v['tokens_per_s']:.1f} tokens/s"
                                                         for k, v in inter.items()), flush=True)
     data.unlink()
-    summary = {}
+    summary: dict = {}
     for side, rs in runs.items():
         if not rs:  # --rounds 0: the interleaved comparison only
             continue
         summary[side] = {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in rs),
+                         "first_step_s": statistics.median(r["step_times"][0] for r in rs),
                          "peak_rss_mib": statistics.median(r["peak_rss_mib"] for r in rs),
                          "train_rss_rise_mib": statistics.median(r["train_rss_rise_mib"] for r in rs),
-                         "final_val_loss": rs[0]["val_curve"][-1][1], "trainable_params": rs[0]["trainable_params"]}
+                         "step_alloc_peak_mib": statistics.median(r["step_alloc_peak_mib"] for r in rs),
+                         "final_train_loss": rs[0]["train_loss"][-1], "final_val_loss": rs[0]["val_curve"][-1][1],
+                         "trainable_params": rs[0]["trainable_params"]}
         if "cuda_peak_mib" in rs[0]:
             summary[side]["cuda_peak_mib"] = statistics.median(r["cuda_peak_mib"] for r in rs)
-    print(f"\nSmolLM2-135M, LoRA r={args.rank} α={args.alpha} dropout={args.dropout} on q,k,v,o,gate,up,down; "
-          f"batch {args.batch} × {args.seq} tokens, {args.steps} steps, lr {args.lr}, {args.threads} thread(s), "
-          f"{args.device}")
-    print("\n| system | trainable | tokens/s | peak RSS MiB | RSS rise over the loaded model MiB | final val loss |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    layers = f"first {args.layers} of 30 blocks" if args.layers else "30 blocks"
+    print(f"\nSmolLM2-135M ({layers}), LoRA r={args.rank} α={args.alpha} dropout={args.dropout} on "
+          f"q,k,v,o,gate,up,down; batch {args.batch} × {args.seq} tokens, {args.steps} steps, lr {args.lr}, "
+          f"{args.threads} thread(s), {args.device}; tokens/s: median step after the first two, {args.rounds} "
+          "round(s) alternating; memory: the process's resident set (RSS) sampled every 2 ms, and the peak of torch's "
+          "allocations over the second step (tokennet.train.memory.peak_allocated: the profiler's CPU allocator "
+          "events; CUDA: max_memory_allocated)")
+    print("\n| system | trainable | tokens/s | × peft | first step s | peak RSS MiB | RSS rise MiB "
+          "| step alloc peak MiB | final train loss | final val loss |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    ref = summary.get("peft")
     for side, s in summary.items():
-        print(f"| {side} | {s['trainable_params']:,} | {s['tokens_per_s']:.1f} | {s['peak_rss_mib']:.0f} | "
-              f"{s['train_rss_rise_mib']:.0f} | {s['final_val_loss']:.4f} |")
-    if {"tokennet", "peft"} <= set(summary):
-        a, b = summary["tokennet"], summary["peft"]
-        curves = [c["val_curve"] for c in (runs["tokennet"][0], runs["peft"][0])]
-        print("\n| step | tokennet val loss | peft val loss |")
-        print("| ---: | ---: | ---: |")
-        for (s, la_), (_, lb) in zip(*curves):
-            print(f"| {s} | {la_:.4f} | {lb:.4f} |")
-        diff = max(abs(x[1] - y[1]) for x, y in zip(*curves))
-        rise = a["train_rss_rise_mib"] / max(1, b["train_rss_rise_mib"])
-        print(f"\ntokennet / peft: tokens/s {a['tokens_per_s'] / b['tokens_per_s']:.2f}× (goal ≥ 1.2), peak RSS "
-              f"{a['peak_rss_mib'] / b['peak_rss_mib']:.2f}×, RSS rise {rise:.2f}× (goal ≤ 1); "
-              f"max |Δ val loss| along the curve {diff:.4f}")
-        summary["ratio_tokens_per_s"] = a["tokens_per_s"] / b["tokens_per_s"]
-        summary["max_val_loss_diff"] = diff
-    if inter is not None and {"tokennet", "peft"} <= set(inter):
+        if ref is not None:
+            s["ratio_tokens_per_s"] = s["tokens_per_s"] / ref["tokens_per_s"]
+            s["ratio_train_rss_rise"] = s["train_rss_rise_mib"] / max(1.0, ref["train_rss_rise_mib"])
+        ratio = f"{s['ratio_tokens_per_s']:.2f}" if ref is not None else "–"
+        print(f"| {side} | {s['trainable_params']:,} | {s['tokens_per_s']:.1f} | {ratio} | {s['first_step_s']:.2f} | "
+              f"{s['peak_rss_mib']:.0f} | {s['train_rss_rise_mib']:.0f} | {s['step_alloc_peak_mib']:.0f} | "
+              f"{s['final_train_loss']:.4f} | "
+              f"{s['final_val_loss']:.4f} |")
+    if ref is not None and len(summary) > 1:
+        names = list(summary)
+        curves = [runs[k][0]["val_curve"] for k in names]
+        print("\n| step | " + " | ".join(f"{k} val loss" for k in names) + " |")
+        print("| ---: |" + " ---: |" * len(names))
+        for points in zip(*curves):
+            print(f"| {points[0][0]} | " + " | ".join(f"{v:.4f}" for _, v in points) + " |")
+        peft_curve = runs["peft"][0]["val_curve"]
+        for k in names:
+            summary[k]["max_val_loss_diff_vs_peft"] = max(abs(a[1] - b[1]) for a, b in
+                                                         zip(runs[k][0]["val_curve"], peft_curve))
+        print("\nmax |Δ val loss| against peft along the curve: " + ", ".join(
+            f"{k} {summary[k]['max_val_loss_diff_vs_peft']:.4f}" for k in names if k != "peft") +
+            "; goal: tokens/s ≥ 1.2× peft at an equal loss")
+    if inter is not None and "peft" in inter:
         summary["interleaved"] = inter
-        ratio = inter["tokennet"]["tokens_per_s"] / inter["peft"]["tokens_per_s"]
-        summary["ratio_tokens_per_s_interleaved"] = ratio
-        print(f"tokennet / peft, interleaved in one process ({args.interleaved} steps each): tokens/s {ratio:.2f}×")
+        print(f"interleaved in one process ({args.interleaved} steps each), tokens/s against peft: " + ", ".join(
+            f"{k} {v['tokens_per_s'] / inter['peft']['tokens_per_s']:.2f}×" for k, v in inter.items() if k != "peft"))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import torch
+    from _record import commit, machine
+
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "summary": summary,
+    args.out.write_text(json.dumps({"command": command, "commit": commit(),
+                                    "machine": machine(torch=torch.__version__, threads=args.threads,
+                                                       load_average=os.getloadavg()),
+                                    "memory": "peak resident set size (RSS) of each system's process, sampled every "
+                                              "2 ms; rise: over the RSS once the model is loaded; step_alloc_peak: "
+                                              "the most bytes of tensors allocated during the second training "
+                                              "step alive at once (torch profiler's CPU allocator events)",
+                                    "args": {k: str(v) for k, v in vars(args).items()}, "summary": summary,
                                     "runs": runs}, indent=2) + "\n")
     print(f"wrote {args.out}")
 

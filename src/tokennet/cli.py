@@ -94,7 +94,9 @@ def _add_train(sub) -> None:
                    '{"messages": [...]} records through its chat template, the loss on the replies only). '
                    "--set lora_rank=R trains LoRA adapters instead of every weight (lora_alpha, lora_dropout, "
                    "lora_targets=attn,mlp, lora_save=merged|adapter, lora_modules_to_save=MODULES trained in full "
-                   "beside them; a classifier's new head always is)")
+                   "beside them; a classifier's new head always is); as for any training, --set compile=true "
+                   "compiles the step (torch.compile) and --set checkpointing=true recomputes each block's forward "
+                   "in backward (less memory, the same losses)")
     p.add_argument("--device", default="auto", help="auto (CUDA if present, else CPU), cpu, cuda, cuda:N, mps")
     p.add_argument("--set", dest="sets", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                    help="override settings (repeatable: --set a=1 --set b=2 sets both; a key given twice takes "

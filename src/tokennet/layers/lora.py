@@ -118,8 +118,9 @@ class LoRALinear(nn.Linear):
         rank, alpha, dropout: see :class:`LoRAConfig`.
         splits: output rows of each map of a fused projection (e.g. ``[q_dim, kv_dim, kv_dim]``); one
             adapter per map. Default: one map.
-        fused: without dropout, compute the base and the adapter's ``A`` in one GEMM (forward and the input
-            gradient); same result as the two-GEMM path up to float rounding.
+        fused: without dropout, compute the layer as one autograd node that accumulates the adapter's update
+            into the base's output and ``∂x`` in place (:class:`_LoRAFunction`); same result as autograd's
+            two-GEMM form up to float rounding. Under ``torch.compile`` the layer is traced in that form.
     """
 
     def __init__(self, base: nn.Linear, rank: int, alpha: float, dropout: float = 0.0,
@@ -143,7 +144,6 @@ class LoRALinear(nn.Linear):
             nn.init.kaiming_uniform_(a, a=math.sqrt(5))
         self.lora_dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
         self.fused = fused
-        self._wcat: Tensor | None = None  # [W; s·A], built on the first fused call (see _fused_weight)
 
     def block_b(self) -> Tensor:
         """``B`` as the block-diagonal ``(N, S·r)`` matrix: rows of map ``s`` read only ``A_s x``."""
@@ -155,38 +155,20 @@ class LoRALinear(nn.Linear):
         """The update ``ΔW = (α / r) B_bd A`` ``(N, K)``."""
         return (self.block_b() @ self.lora_A) * self.scaling
 
-    def _fused_weight(self) -> Tensor:
-        """``[W; s·A]`` ``(N + S·r, K)``, with ``W`` a view of its first N rows (no second copy of the base).
-
-        Built on the first fused call: the base weight's storage moves into it (``self.weight`` stays the same
-        parameter, now a view); rebuilt if something replaced the weight's storage since (``.to()``, ``.data =``).
-        """
-        w, buf = self.weight, self._wcat
-        N = self.out_features
-        if buf is None or buf.device != w.device or buf.dtype != w.dtype or buf.data_ptr() != w.data_ptr() \
-                or w.shape[0] != N or not w.is_contiguous():
-            buf = torch.empty(N + self.lora_A.shape[0], self.in_features, device=w.device, dtype=w.dtype)
-            with torch.no_grad():
-                buf[:N].copy_(w)
-            w.data = buf[:N]  # (N, K) view: the base's weight now lives in the fused buffer
-            self._wcat = buf
-        return buf
-
     def forward(self, x: Tensor) -> Tensor:
         """``(..., K) → (..., N)``.
 
-        Without dropout (``fused``, the default) the base and the adapter's down-projection are one GEMM,
-        ``[y | z] = x [W; s·A]ᵀ``, and so is the input gradient in backward, ``∂x = [∂y | ∂z] [W; s·A]``;
-        then ``y + z B_bdᵀ`` is one GEMM that accumulates into ``y``.
+        Without dropout (``fused``, the default) one autograd node (:class:`_LoRAFunction`) computes the base GEMM and
+        accumulates the adapter's update into its output in place; backward accumulates ``∂x`` of the base and of
+        the adapter into one tensor. Autograd's two-GEMM form (below) holds a second output-wide tensor and adds it.
         """
-        N = self.out_features
-        if self.fused and isinstance(self.lora_dropout, nn.Identity) and not self.weight.requires_grad:
+        # Traced by torch.compile, the autograd form below: Inductor plans the GEMMs and fuses the rest itself.
+        if (self.fused and isinstance(self.lora_dropout, nn.Identity) and not self.weight.requires_grad
+                and (self.bias is None or not self.bias.requires_grad) and not torch.compiler.is_compiling()):
             x2 = x.reshape(-1, self.in_features)  # (M, K)
-            out = _FusedBaseDown.apply(x2, self.lora_A, self._fused_weight(), self.scaling)  # (M, N + S·r)
-            y = torch.addmm(out[:, :N], out[:, N:], self.block_b().t())  # (M, N)
-            if self.bias is not None:
-                y = y + self.bias
-            return y.view(*x.shape[:-1], N)
+            y = _LoRAFunction.apply(x2, self.weight, self.bias, self.lora_A, self.lora_B, self.scaling, self.splits,
+                                    self.rank)
+            return y.view(*x.shape[:-1], self.out_features)
         y = F.linear(x, self.weight, self.bias)  # (..., N)
         z = F.linear(self.lora_dropout(x), self.lora_A) * self.scaling  # (..., S·r): scale the narrow side
         # y + z B_bdᵀ as one GEMM that accumulates into y (no separate pass over the N-wide output).
@@ -198,30 +180,42 @@ class LoRALinear(nn.Linear):
                 f"alpha={self.alpha}, splits={self.splits}")
 
 
-class _FusedBaseDown(torch.autograd.Function):
-    """``x ↦ x [W; s·A]ᵀ`` ``(M, K) → (M, N + S·r)`` with ``W`` frozen: one GEMM forward, one for ``∂x``.
+class _LoRAFunction(torch.autograd.Function):
+    """``y = x Wᵀ + b + s (x Aᵀ) B_bdᵀ`` ``(M, K) → (M, N)`` with ``W`` and ``b`` frozen, in one autograd node.
 
-    ``buf`` is the layer's ``[W; s·A]`` buffer; its last ``S·r`` rows are written with ``s·A`` here. Backward:
-    ``∂x = ∂out · buf`` (the base's and the adapter's input gradients in one GEMM) and
-    ``∂A = s · ∂zᵀ x`` (``∂z`` the last ``S·r`` columns); ``W`` gets no gradient.
+    Forward: ``y = x Wᵀ + b`` (one GEMM), ``z = s · x Aᵀ`` ``(M, S·r)``, then ``y[:, map s] += z_s B_sᵀ`` in place (one
+    rank-r GEMM per map, no block-diagonal matrix built). Saved: ``x`` and the narrow ``z``. Backward:
+    ``∂z_s = ∂y[:, map s] B_s``, ``∂B_s = ∂y[:, map s]ᵀ z_s``, ``∂A = s ∂zᵀ x`` and ``∂x = ∂y W + s ∂z A`` accumulated
+    into one tensor (``addmm``); ``W`` and ``b`` get no gradient. Against autograd's form this saves the
+    ``(M, N)``-wide sum of two outputs in forward and of two input gradients in backward, and the nodes between.
     """
 
     @staticmethod
-    def forward(ctx, x: Tensor, A: Tensor, buf: Tensor, scaling: float) -> Tensor:
-        N = buf.shape[0] - A.shape[0]
-        # Written through .data: the rows hold s·A, the same values at every call until the optimizer steps, so
-        # a graph that saved buf (a layer called twice before backward) stays valid.
-        torch.mul(A.detach(), scaling, out=buf.data[N:])
-        ctx.save_for_backward(x, buf)
-        ctx.scaling, ctx.N = scaling, N
-        return x @ buf.t()  # (M, N + S·r)
+    def forward(ctx, x, W, bias, A, B, scaling, splits, rank):
+        y = torch.addmm(bias, x, W.t()) if bias is not None else x @ W.t()  # (M, N)
+        z = (x @ A.t()).mul_(scaling)  # (M, S·r)
+        lo = 0
+        for s, n in enumerate(splits):
+            y[:, lo:lo + n].addmm_(z[:, s * rank:(s + 1) * rank], B[lo:lo + n].t())
+            lo += n
+        ctx.save_for_backward(x, W, A, B, z)
+        ctx.scaling, ctx.splits, ctx.rank = scaling, splits, rank
+        return y
 
     @staticmethod
-    def backward(ctx, g: Tensor):
-        x, buf = ctx.saved_tensors
-        gx = g @ buf if ctx.needs_input_grad[0] else None  # (M, K)
-        gA = (g[:, ctx.N:].t() @ x) * ctx.scaling if ctx.needs_input_grad[1] else None  # (S·r, K)
-        return gx, gA, None, None
+    def backward(ctx, gy):
+        x, W, A, B, z = ctx.saved_tensors
+        r, lo, gz, gB = ctx.rank, 0, [], []
+        for s, n in enumerate(ctx.splits):
+            g = gy[:, lo:lo + n]  # (M, n)
+            gz.append(g @ B[lo:lo + n])  # (M, r)
+            gB.append(g.t() @ z[:, s * r:(s + 1) * r])  # (n, r)
+            lo += n
+        gz = (gz[0] if len(gz) == 1 else torch.cat(gz, 1)).mul_(ctx.scaling)  # (M, S·r): ∂(x Aᵀ)
+        gx = torch.addmm(gz @ A, gy, W) if ctx.needs_input_grad[0] else None  # (M, K)
+        gA = gz.t() @ x if ctx.needs_input_grad[3] else None  # (S·r, K)
+        gB = (gB[0] if len(gB) == 1 else torch.cat(gB, 0)) if ctx.needs_input_grad[4] else None
+        return gx, None, None, gA, gB, None, None, None
 
 
 def _splits(parent: nn.Module, name: str, lin: nn.Linear) -> list[int]:

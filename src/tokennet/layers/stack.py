@@ -6,13 +6,15 @@ angles, ALiBi bias) and passes them down to every block of a stack.
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from ..attention.multihead import KVCache
 from .block import Block
 from .norm import Norm
 
-__all__ = ["Encoder", "Decoder", "AttentionMaps"]
+__all__ = ["Encoder", "Decoder", "AttentionMaps", "set_checkpointing"]
 
 AttentionMaps = dict[str, list[Tensor]]
 """Attention weights returned by a model's ``attention_maps``: a kind (``"self"``, ``"encoder"``,
@@ -35,10 +37,20 @@ class _Stack(nn.Module):
         if not isinstance(kind, Norm):
             kind = Norm(kind, eps=block_kw.get("norm_eps", 1e-5), bias=block_kw.get("bias", True))
         self.norm = kind(dim) if pre else nn.Identity()
+        self.checkpointing = False  # activation checkpointing of the blocks while training (set_checkpointing)
 
     def layers(self):
         """The block applied at each depth (the same module repeated when weights are shared)."""
         return [self.blocks[0 if self.share_weights else i] for i in range(self.num_layers)]
+
+    def _run(self, blk: nn.Module, *args, **kw):
+        """``blk(*args, **kw)``; with :attr:`checkpointing`, while training with gradients and no cache, the block
+        keeps only its input for backward and runs its forward again there (``torch.utils.checkpoint``,
+        non-reentrant: the random state is replayed, so dropout draws the same mask)."""
+        if (self.checkpointing and self.training and torch.is_grad_enabled() and kw.get("cache") is None
+                and not kw.get("return_weights")):
+            return checkpoint(blk, *args, use_reentrant=False, **kw)
+        return blk(*args, **kw)
 
 
 class Encoder(_Stack):
@@ -58,7 +70,7 @@ class Encoder(_Stack):
         """
         maps = []
         for blk in self.layers():
-            x = blk(x, mask=mask, rope=rope, bias=bias, return_weights=return_weights)
+            x = self._run(blk, x, mask=mask, rope=rope, bias=bias, return_weights=return_weights)
             if return_weights:
                 x, w = x
                 maps.append(w)
@@ -111,7 +123,8 @@ class Decoder(_Stack):
         """
         maps = []
         for i, blk in enumerate(self.layers()):
-            x = blk(
+            x = self._run(
+                blk,
                 x,
                 context,
                 mask=mask[i] if isinstance(mask, list) else mask,
@@ -128,3 +141,17 @@ class Decoder(_Stack):
                 maps.append(w)
         x = self.norm(x)
         return (x, maps) if return_weights else x
+
+
+def set_checkpointing(model: nn.Module, on: bool = True) -> int:
+    """Turn activation checkpointing of every encoder and decoder stack in ``model`` on or off; returns how many
+    stacks there are (0: the model has none, and nothing changed).
+
+    With it on, training keeps one tensor per block (its input) instead of every intermediate of every block, and
+    backward recomputes each block's forward: less memory for about one more forward pass per step. Outputs and
+    gradients are those without it (up to float rounding).
+    """
+    stacks = [m for m in model.modules() if isinstance(m, _Stack)]
+    for m in stacks:
+        m.checkpointing = bool(on)
+    return len(stacks)

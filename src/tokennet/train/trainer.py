@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError, RunError, TrainingStopped, one_line
+from ..layers.stack import set_checkpointing
 from ..run_files import CHECKPOINT_DIR, LOG_FILE
 from ..state import check_state_dict
 from .checkpoint import capture_rng, latest_checkpoint, read_checkpoint, restore_rng, save_checkpoint
@@ -65,7 +66,11 @@ class TrainConfig:
         checkpoint_interval: steps between checkpoints (0 = only at the end; None = eval_interval).
         keep_checkpoints: how many checkpoints to keep.
         precision: ``"fp32"`` or ``"bf16"`` (autocast).
-        compile: wrap the model in ``torch.compile``.
+        compile: wrap the model in ``torch.compile`` (its forward and backward become compiled graphs; the first
+            steps pay the compilation).
+        checkpointing: activation checkpointing of the model's transformer blocks: backward recomputes each
+            block's forward instead of keeping its intermediates (less memory, about one more forward per step;
+            the same losses). A model without blocks is refused.
         log_interval: steps between log lines.
         seed: the run's seed (data order, init, dropout).
         progress: show a progress bar.
@@ -99,6 +104,7 @@ class TrainConfig:
     keep_checkpoints: int = 2
     precision: str = "fp32"
     compile: bool = False
+    checkpointing: bool = False
     log_interval: int = 10
     seed: int = 0
     progress: bool = True
@@ -195,6 +201,9 @@ class Trainer:
         self.c = config
         self.dist = dist or DistInfo()
         self.device = torch.device(device)
+        if config.checkpointing and not set_checkpointing(model):
+            raise ConfigError(f"checkpointing=true needs a model of transformer blocks; this {type(model).__name__} "
+                              "has none")
         self.model = wrap_model(model.to(self.device), config.strategy, self.dist, self.device)
         self.module = self.model.module if hasattr(self.model, "no_sync") else self.model  # under DDP
         self.source = source
