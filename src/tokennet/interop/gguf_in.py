@@ -25,7 +25,8 @@ from ..layers.blockquant import RAW_FORMATS, block_bytes, dequantize_blocks, gro
 from ..models.registry import load_state_assigned
 from ..tokens.pretrained import PretrainedTokenizer
 
-__all__ = ["read_gguf", "field", "field_count", "check_numbers", "arch_fields", "check_block_count", "build_checked", "f32",
+__all__ = ["read_gguf", "field", "field_count", "check_numbers", "arch_fields", "check_block_count", "build_checked",
+           "f32",
            "Blocks", "KEPT_TYPES", "load_tensors", "expand_blocks", "block_formats",
            "gguf_tokenizer", "convert_gguf", "GGUF_ARCHS", "LLAMA3_PATTERN"]
 
