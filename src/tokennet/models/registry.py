@@ -340,7 +340,7 @@ def load_pretrained(directory: str | Path, *, map_location: str | torch.device =
     The file's SHA-256 is checked against the one recorded at save time.
     """
     from safetensors import SafetensorError
-    from safetensors.torch import load_file
+    from safetensors.torch import load_file, load_model
 
     directory = Path(directory)
     d = read_config(directory)
@@ -380,11 +380,12 @@ def load_pretrained(directory: str | Path, *, map_location: str | torch.device =
         state = load_file(str(wpath), device=str(map_location))
         expected = model.state_dict(keep_vars=True)
         shared = {id(t) for k, t in expected.items() if k in state}
-        missing = {k for k in expected if k not in state and id(expected[k]) not in shared}
-        unexpected = {k for k in state if k not in expected}
-        if not missing and not unexpected:
+        if set(state) <= set(expected) and all(k in state or id(t) in shared for k, t in expected.items()):
             load_state_assigned(model, state, strict=False)
+            missing, unexpected = [], []
+        else:  # other names (an older layout a module's load hook renames, or a damaged file): safetensors' way
             del state
+            missing, unexpected = load_model(model, str(wpath), strict=False, device=str(map_location))
     except (SafetensorError, RuntimeError, OSError) as e:
         # torch's "Error(s) in loading state_dict for GPT:" says nothing; the line after it names the tensor.
         lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()] or [type(e).__name__]
