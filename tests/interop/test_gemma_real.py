@@ -65,7 +65,9 @@ def test_lora_fine_tune_lowers_the_loss(gemma):
     text = ("Zorblax the purple cartographer mapped the seven floating islands of Quenmire, "
             "and every island had a lighthouse made of singing glass.")
     ids = torch.tensor([run.tokenizer.encode(text)])  # (1, T)
-    model = apply_lora(run.model, LoRAConfig(rank=4, targets=("qkv_proj", "fc2")))
+    # LoRA wraps float linear layers: here the 9 q/k/v projections whose GGUF parts mix types (dequantized on
+    # import); the other layers hold GGUF blocks (BlockLinear), which LoRA does not target.
+    model = apply_lora(run.model, LoRAConfig(rank=4, targets=("qkv_proj",)))
     params = [p for p in model.parameters() if p.requires_grad]
     assert params
     opt = torch.optim.AdamW(params, lr=3e-3)
