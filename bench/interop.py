@@ -76,18 +76,23 @@ def find_gemma(directory: str) -> Path:
 
 def import_memory(gguf: Path) -> dict:
     """``tokennet import`` of ``gguf`` in a fresh process: its peak resident memory (VmHWM) against the file's size."""
-    code = ("import sys, json, tempfile, time, pathlib; sys.path.insert(0, 'src'); from tokennet.interop import "
-            "import_checkpoint; d = tempfile.mkdtemp(); t = time.perf_counter(); import_checkpoint(sys.argv[1], "
-            "pathlib.Path(d) / 'run'); s = time.perf_counter() - t; "
-            "hwm = [int(l.split()[1]) * 1024 for l in open('/proc/self/status') if l.startswith('VmHWM:')][0]; "
-            "print(json.dumps({'peak_rss_bytes': hwm, 'import_s': s}))")
+    hwm = ("[int(l.split()[1]) * 1024 for l in open('/proc/self/status') if l.startswith('{}:')][0]")
+    code = ("import sys, json, tempfile, time, pathlib; sys.path.insert(0, 'src'); import torch, tokennet; "
+            "from tokennet.interop import import_checkpoint; base = " + hwm.format("VmRSS") + "; "
+            "d = tempfile.mkdtemp(); t = time.perf_counter(); import_checkpoint(sys.argv[1], pathlib.Path(d) / 'run'); "
+            "s = time.perf_counter() - t; hwm = " + hwm.format("VmHWM") + "; import tokennet as tn; "
+            "run = tn.load(pathlib.Path(d) / 'run'); loaded = " + hwm.format("VmRSS") + "; "
+            "print(json.dumps({'peak_rss_bytes': hwm, 'baseline_rss_bytes': base, 'import_s': s, "
+            "'rss_after_load_bytes': loaded}))")
     p = subprocess.run([sys.executable, "-c", code, str(gguf)], capture_output=True, text=True,
                        cwd=Path(__file__).resolve().parents[1])
     if p.returncode:
         return {"error": p.stderr.strip().splitlines()[-1:]}
     r = json.loads(p.stdout.strip().splitlines()[-1])
     size = gguf.stat().st_size
-    return {**r, "file_bytes": size, "peak_over_file": r["peak_rss_bytes"] / size}
+    # baseline: the process after `import torch, tokennet` (a few hundred MB of code before any file is read)
+    return {**r, "file_bytes": size, "peak_over_file": r["peak_rss_bytes"] / size,
+            "peak_above_baseline_over_file": (r["peak_rss_bytes"] - r["baseline_rss_bytes"]) / size}
 
 
 def find_gguf() -> Path:
@@ -369,8 +374,11 @@ def main() -> None:
     print(f"copy bandwidth (read + write): {bandwidth:.1f} GB/s")
     if "error" not in memory:
         print(f"tokennet import: peak RSS {memory['peak_rss_bytes'] / MiB:.0f} MiB for a "
-              f"{memory['file_bytes'] / MiB:.0f} MiB file ({memory['peak_over_file']:.2f}× its size), "
-              f"{memory['import_s']:.1f} s")
+              f"{memory['file_bytes'] / MiB:.0f} MiB file ({memory['peak_over_file']:.2f}× its size; "
+              f"{(memory['peak_rss_bytes'] - memory['baseline_rss_bytes']) / MiB:.0f} MiB above the "
+              f"{memory['baseline_rss_bytes'] / MiB:.0f} MiB of `import torch, tokennet`: "
+              f"{memory['peak_above_baseline_over_file']:.2f}×), {memory['import_s']:.1f} s; RSS after "
+              f"tokennet.load of the run {memory['rss_after_load_bytes'] / MiB:.0f} MiB")
     print()
     print("| system | decode tok/s | × llama.cpp | prefill tok/s | × llama.cpp | weights MB/token | "
           "of copy bandwidth | first call s | peak RSS MiB | same greedy tokens as llama.cpp (prefix) | "

@@ -29,11 +29,14 @@ def gemma(tmp_path_factory):
     return path, tokennet.load(result.path)
 
 
-@pytest.mark.xfail(strict=False, reason="measured (noisy machine, 3 prompts × 64 tokens): 92/192 identical (64/64 on "
-                   "one prompt; others diverge at tokens 15 and 3): the goal of 95% is not reached. Teacher-forced on "
-                   "llama.cpp's own 41-token continuation the next-token argmax agrees at 40/41 positions, the one "
-                   "miss at a llama.cpp top-2 margin of 0.003 (logit correlation 0.9994): near-ties that "
-                   "llama.cpp's 8-bit activation rounding flips, as far as measured")
+@pytest.mark.xfail(strict=False, reason="measured 2026-12-02 (3 prompts × 64 tokens): 92/192 identical (64/64 on "
+                   "one prompt; the others diverge at tokens 15 and 3), goal 95%. Not a bug as far as measured: on the "
+                   "same file's dequantized weights tokennet's logits equal transformers' Gemma3 (max |Δ| ≤ 1e-4); "
+                   "against llama.cpp (teacher-forced on its own continuations) max |Δ| 1.2-2.4, correlation "
+                   "0.9985-0.9995, argmax 188/192. Rounding our activations to 8 bits as ggml's Q8_0/Q8_K do "
+                   "moves our logits by as much (max |Δ| 2.3, corr 0.9985) but not toward llama.cpp's (2.4 → 2.6), "
+                   "so that emulation is not faithful and is not an option here; llama.cpp's F16 KV cache and flash "
+                   "attention move its logits by < 0.4")
 def test_greedy_tokens_as_llama_cpp(gemma):
     llama_cpp = pytest.importorskip("llama_cpp")
     path, run = gemma
@@ -62,7 +65,9 @@ def test_lora_fine_tune_lowers_the_loss(gemma):
     text = ("Zorblax the purple cartographer mapped the seven floating islands of Quenmire, "
             "and every island had a lighthouse made of singing glass.")
     ids = torch.tensor([run.tokenizer.encode(text)])  # (1, T)
-    model = apply_lora(run.model, LoRAConfig(rank=4, targets=("qkv_proj", "fc2")))
+    # LoRA wraps float linear layers: here the 9 q/k/v projections whose GGUF parts mix types (dequantized on
+    # import); the other layers hold GGUF blocks (BlockLinear), which LoRA does not target.
+    model = apply_lora(run.model, LoRAConfig(rank=4, targets=("qkv_proj",)))
     params = [p for p in model.parameters() if p.requires_grad]
     assert params
     opt = torch.optim.AdamW(params, lr=3e-3)

@@ -53,6 +53,7 @@ from .gguf_in import (
     dense,
     f32,
     field,
+    field_count,
     load_tensors,
     read_gguf,
     stack_rows,
@@ -147,10 +148,12 @@ def convert_gemma3_gguf(path: Path, *, reader=None, keep_blocks: bool = True) ->
     if g["rope.dimension_count"] not in (None, head_dim):
         raise ConfigError(f"{path}: gemma3.rope.dimension_count={g['rope.dimension_count']} (partial rotary) is not "
                           "supported; nothing was written")
-    tokens = field(reader, "tokenizer.ggml.tokens") or []
-    vocab = g["vocab_size"] or len(tokens)
-    if tokens and len(tokens) != vocab:
-        raise DataError(f"{path}: the tokenizer has {len(tokens)} tokens but the model {vocab}; nothing was written")
+    # The vocabulary is read once, into the tokenizer (262,144 pieces for Gemma 3), before the tensors.
+    tokenizer = gguf_sentencepiece(reader, path) if field_count(reader, "tokenizer.ggml.tokens") else None
+    vocab = g["vocab_size"] or (tokenizer.vocab_size if tokenizer is not None else 0)
+    if tokenizer is not None and tokenizer.vocab_size != vocab:
+        raise DataError(f"{path}: the tokenizer has {tokenizer.vocab_size} tokens but the model {vocab}; "
+                        "nothing was written")
     weights, notes = load_tensors(reader, path, keep_blocks=keep_blocks)
     check_block_count(path, weights, g["block_count"])
     if "output.weight" in weights:
@@ -174,9 +177,7 @@ def convert_gemma3_gguf(path: Path, *, reader=None, keep_blocks: bool = True) ->
         notes.append(f"{len(mixed)} fused projection(s) ({mixed[0]}, …) mix GGUF types in their parts and were "
                      "dequantized to float32")
     config = config.replace(quantized=block_formats(m.state, config.num_layers))
+    m.tensors = dict.fromkeys(m.tensors)  # names kept for the checks; the Q, K, V parts stacked above go now
+    del weights
     model = build_checked(GPT, config, m)
-    tokenizer = gguf_sentencepiece(reader, path) if tokens else None
-    if tokenizer is not None and tokenizer.vocab_size != config.vocab_size:
-        raise DataError(f"{path}: the tokenizer has {tokenizer.vocab_size} tokens but the model {config.vocab_size}; "
-                        "nothing was written")
     return model.eval(), tokenizer, notes

@@ -22,9 +22,11 @@ from torch import Tensor
 
 from ..errors import ConfigError, DataError, one_line
 from ..layers.blockquant import RAW_FORMATS, block_bytes, dequantize_blocks, group_size
+from ..models.registry import load_state_assigned
 from ..tokens.pretrained import PretrainedTokenizer
 
-__all__ = ["read_gguf", "field", "check_numbers", "arch_fields", "check_block_count", "build_checked", "f32",
+__all__ = ["read_gguf", "field", "field_count", "check_numbers", "arch_fields", "check_block_count", "build_checked",
+           "f32",
            "Blocks", "KEPT_TYPES", "load_tensors", "expand_blocks", "block_formats",
            "gguf_tokenizer", "convert_gguf", "GGUF_ARCHS", "LLAMA3_PATTERN"]
 
@@ -48,6 +50,12 @@ def field(reader, key: str, default=None):
     try:
         if f.types[0] == GGUFValueType.STRING:
             return bytes(f.parts[f.data[0]]).decode("utf-8")
+        if f.types[0] == GGUFValueType.ARRAY and len(f.data) == 1:  # read_gguf's compact arrays (or one element)
+            whole = f.parts[f.data[0]]
+            if isinstance(whole, _Strings):
+                return whole.decode()
+            if len(f.types) == 2 and whole.size == int(f.parts[f.data[0] - 1][0]):
+                return whole.tolist()
         if f.types[0] == GGUFValueType.ARRAY:
             if f.types[-1] == GGUFValueType.STRING:
                 return [bytes(f.parts[i]).decode("utf-8", errors="replace") for i in f.data]
@@ -57,6 +65,18 @@ def field(reader, key: str, default=None):
         where = getattr(reader.data, "filename", None) or "the GGUF file"
         raise DataError(f"{where}: GGUF field {key!r} cannot be read ({type(e).__name__}): the file is "
                         "damaged; nothing was written") from None
+
+
+def field_count(reader, key: str) -> int:
+    """The number of values of an array field (0 when absent), without reading them."""
+    f = reader.fields.get(key)
+    if f is None:
+        return 0
+    from gguf import GGUFValueType
+
+    if f.types[0] != GGUFValueType.ARRAY:
+        return 1
+    return len(f.parts[f.data[0]]) if len(f.data) == 1 else len(f.data)
 
 
 def check_numbers(path: Path, prefix: str, values: dict[str, Any], *, counts: tuple[str, ...],
@@ -137,8 +157,8 @@ def build_checked(model_class, config, names) -> torch.nn.Module:
             raise DataError(f"{names.where}: tensor {k!r} has shape {_shape(names.state[k])}, the header's sizes "
                             f"make {tuple(t.shape)}; nothing was written")
     names.state = expand_blocks(names.state)
-    model = model_class(config)
-    model.load_state_dict(names.finish(model))
+    model = model_class(config)  # block buffers allocated, not written: the file's blocks take their place
+    load_state_assigned(model, names.finish(model))  # the file's blocks become the model's: no second copy
     return model
 
 
@@ -155,20 +175,79 @@ def read_gguf(path: Path):
         raise DataError("reading GGUF files needs the gguf package: pip install gguf") from None
     if not path.is_file():
         raise DataError(f"{path} does not exist")
+    from gguf import GGUFValueType
+
     class BoundedReader(GGUFReader):
         """The gguf package's reader, refusing every read past the end of the file: its own reads return short
-        arrays there, and a count inflated by one flipped bit then loops for ~2**40 empty reads of an array."""
+        arrays there, and a count inflated by one flipped bit then loops for ~2**40 empty reads of an array.
+
+        Arrays are read compactly: the package makes one numpy view per element (and two per string), which
+        for a 262,144-piece vocabulary (pieces, scores, types) is ~10⁶ objects and ~700 MB. Here an array of
+        numbers is one numpy array (the one part ``data`` names) and an array of strings a :class:`_Strings`
+        (the bytes once, with each string's start and length), which :func:`field` decodes."""
 
         def _get(self, offset, dtype, count=1, override_order=None):
             if int(offset) + np.dtype(dtype).itemsize * int(count) > len(self.data):
                 raise ValueError(f"a field at byte {int(offset)} runs past the end of the file")
             return super()._get(offset, dtype, count, override_order)
 
+        def _get_field_parts(self, orig_offs, raw_type):
+            if raw_type != GGUFValueType.ARRAY:
+                return super()._get_field_parts(orig_offs, raw_type)
+            raw_itype = self._get(orig_offs, np.uint32)
+            alen = self._get(orig_offs + 4, np.uint64)
+            itype, n, offs = GGUFValueType(int(raw_itype[0])), int(alen[0]), orig_offs + 12
+            nptype = self.gguf_scalar_to_np.get(itype)
+            if nptype is not None:
+                arr = self._get(offs, nptype, n)
+                return 12 + int(arr.nbytes), [raw_itype, alen, arr], [2], [GGUFValueType.ARRAY, itype]
+            if itype == GGUFValueType.STRING:
+                strings = _Strings.read(self.data, offs, n)
+                return 12 + strings.size, [raw_itype, alen, strings], [2], [GGUFValueType.ARRAY, itype]
+            return super()._get_field_parts(orig_offs, raw_type)  # arrays of arrays: the package's way
+
     try:
         return BoundedReader(str(path))
     except (ValueError, OSError, KeyError, IndexError, EOFError) as e:
         first = (str(e).splitlines() or [type(e).__name__])[0]
         raise DataError(f"{path} is not a readable GGUF file (truncated or damaged?): {first}") from None
+
+
+class _Strings:
+    """An array of GGUF strings (each a uint64 length and its UTF-8 bytes) held as one ``bytes`` object with the
+    start and length of each string: what :func:`read_gguf`'s reader keeps of ``tokenizer.ggml.tokens``."""
+
+    def __init__(self, blob: bytes, starts: np.ndarray, lengths: np.ndarray, size: int):
+        self.blob, self.starts, self.lengths, self.size = blob, starts, lengths, size
+        self.nbytes = size
+
+    @classmethod
+    def read(cls, data: np.ndarray, offset: int, n: int) -> _Strings:
+        """``n`` strings from byte ``offset`` of the file's map ``data``; a length past the end raises ValueError."""
+        mv, end = memoryview(data).cast("B"), len(data)
+        if n > (end - offset) // 8:
+            raise ValueError(f"an array at byte {offset} of {n} strings runs past the end of the file")
+        starts = np.empty(n, dtype=np.int64)
+        lengths = np.empty(n, dtype=np.int64)
+        o = offset
+        for i in range(n):
+            if o + 8 > end:
+                raise ValueError(f"a string at byte {o} runs past the end of the file")
+            k = int.from_bytes(mv[o:o + 8], "little")
+            if o + 8 + k > end:
+                raise ValueError(f"a string at byte {o} runs past the end of the file")
+            starts[i], lengths[i] = o + 8, k
+            o += 8 + k
+        blob = bytes(mv[offset:o])
+        return cls(blob, starts - offset, lengths, o - offset)
+
+    def decode(self) -> list[str]:
+        b = self.blob
+        return [b[s:s + k].decode("utf-8", errors="replace")
+                for s, k in zip(self.starts.tolist(), self.lengths.tolist())]
+
+    def __len__(self) -> int:
+        return len(self.starts)
 
 
 def _dequantize(t) -> Tensor:
@@ -232,16 +311,33 @@ def _blocks(t, f=None) -> Blocks:
     Q = group_size(fmt)
     if K % Q or N < 1:
         raise ValueError(f"rows of {K} values are not whole blocks of {Q}")
-    data = _tensor_bytes(t, f)
     if fmt in RAW_FORMATS:
-        raw = data.reshape(N, K // Q * block_bytes(fmt))  # (N, bytes per row)
+        raw = _tensor_bytes(t, f).reshape(N, K // Q * block_bytes(fmt))  # (N, bytes per row)
         return Blocks(fmt, torch.from_numpy(raw if f is not None else raw.copy()))
-    raw = data.reshape(N, K // 32, -1)  # (N, G, bytes per block)
-    d = torch.from_numpy(raw[..., :2].copy().view(np.float16)[..., 0])  # (N, G)
-    m = torch.from_numpy(raw[..., 2:4].copy().view(np.float16)[..., 0]) if fmt == "q4_1" else None
-    body = raw[..., 4:] if fmt == "q4_1" else raw[..., 2:]
-    qs = torch.from_numpy(body.copy().reshape(N, -1))  # (N, K) int8 or (N, K/2) packed nibbles
-    return Blocks(fmt, qs.view(torch.int8) if fmt == "q8_0" else qs, d, m)
+    # Split into scales and values a few MB of rows at a time: never the whole tensor twice in memory.
+    G, B = K // 32, block_bytes(fmt)
+    head = 4 if fmt == "q4_1" else 2
+    qs = np.empty((N, G, B - head), dtype=np.uint8)
+    d = np.empty((N, G), dtype=np.float16)
+    m = np.empty((N, G), dtype=np.float16) if fmt == "q4_1" else None
+    step = max(1, (4 << 20) // (G * B))
+    whole = None if f is not None else _tensor_bytes(t).reshape(N, G, B)
+    for r in range(0, N, step):
+        n = min(step, N - r)
+        if whole is not None:
+            raw = whole[r:r + n]
+        else:
+            raw = np.empty((n, G, B), dtype=np.uint8)
+            f.seek(int(t.data_offset) + r * G * B)
+            if f.readinto(memoryview(raw).cast("B")) != raw.nbytes:
+                raise ValueError(f"the file ends inside tensor {t.name}")
+        d[r:r + n] = raw[..., :2].copy().view(np.float16)[..., 0]
+        if m is not None:
+            m[r:r + n] = raw[..., 2:4].copy().view(np.float16)[..., 0]
+        qs[r:r + n] = raw[..., head:]
+    q = torch.from_numpy(qs.reshape(N, -1))  # (N, K) int8 or (N, K/2) packed nibbles
+    return Blocks(fmt, q.view(torch.int8) if fmt == "q8_0" else q, torch.from_numpy(d),
+                  None if m is None else torch.from_numpy(m))
 
 
 def load_tensors(reader, path: Path, *, keep_blocks: bool = True) -> tuple[dict[str, Any], list[str]]:

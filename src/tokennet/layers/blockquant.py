@@ -210,6 +210,9 @@ def quantize_blocks(w: Tensor, fmt: str) -> tuple[Tensor, Tensor, Tensor | None]
     return qs, d[..., 0].half(), m
 
 
+DENSE_CHUNK = 1 << 22  # weights of more values than this are dequantized for a product in slices of rows (16 MB)
+
+
 class BlockLinear(nn.Module):
     """``y = x Wᵀ + b`` with ``W`` in GGUF blocks (one of :data:`FORMATS`); for inference.
 
@@ -294,9 +297,18 @@ class BlockLinear(nn.Module):
             if self.bias is not None:
                 y = y + self.bias
             y = y.to(x.dtype)
-        else:
+        elif self.out_features * self.in_features <= DENSE_CHUNK or torch.compiler.is_compiling():
             b = None if self.bias is None else self.bias.to(x.dtype)
             y = F.linear(x2, self.dequantized_weight().to(x.dtype), b)
+        else:  # a large weight (Gemma's 262,144-row tied head: 671 MB in float32) dequantized a slice of rows at a time
+            y = torch.empty(x2.shape[0], self.out_features, dtype=x.dtype, device=x.device)
+            step = max(1, DENSE_CHUNK // self.in_features)
+            for a in range(0, self.out_features, step):
+                rows = slice(a, a + step)
+                w = dequantize_blocks(self.fmt, self.qs[rows], None if self.d is None else self.d[rows],
+                                      None if self.m is None else self.m[rows])
+                b = None if self.bias is None else self.bias[rows].to(x.dtype)
+                y[:, rows] = F.linear(x2, w.to(x.dtype), b)
         return y.view(*lead, self.out_features)
 
     def extra_repr(self) -> str:

@@ -181,7 +181,9 @@ class GPT(nn.Module):
         # SmolLM2-135M, to be thrown away): its layers are made on the meta device and the blocks replace them.
         # (Modules are registered in the same order either way: optimizer states follow that order.)
         meta = (lambda: torch.device("meta")) if c.quantized else contextlib.nullcontext
-        with meta():
+        if c.quantized or torch.get_default_device().type == "meta":  # (normal_ on meta would load torch._dynamo)
+            self.tok_emb = nn.Embedding(c.vocab_size, c.dim, _weight=torch.empty(c.vocab_size, c.dim, device="meta"))
+        else:
             self.tok_emb = nn.Embedding(c.vocab_size, c.dim)
         self.pos_emb = None
         if c.position == "learned":
@@ -220,6 +222,8 @@ class GPT(nn.Module):
             self._init(self)
             if c.tie_weights and type(self.lm_head) is nn.Linear and type(self.tok_emb) is nn.Embedding:
                 self.lm_head.weight = self.tok_emb.weight  # to_empty made each its own tensor
+            if c.tie_weights and isinstance(self.lm_head, BlockLinear) and isinstance(self.tok_emb, BlockEmbedding):
+                self.tok_emb.qs, self.tok_emb.d, self.tok_emb.m = self.lm_head.qs, self.lm_head.d, self.lm_head.m
 
     def _qkv_biases(self) -> None:
         """Qwen2's attention: ``[Q; K; V] = X [W_q; W_k; W_v]ᵀ + [b_q; b_k; b_v]``, the other layers without biases."""
@@ -231,7 +235,7 @@ class GPT(nn.Module):
         module.apply(self._init_weights)
         # GPT-2: scale the residual projections by 1/√(2L) so the residual stream's variance stays put.
         for name, p in module.named_parameters():
-            if name.endswith(("out_proj.weight", "fc2.weight")):
+            if name.endswith(("out_proj.weight", "fc2.weight")) and not p.is_meta:
                 nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * self.config.num_layers))
 
     def _use_blocks(self, formats: dict[str, str]) -> None:
@@ -256,16 +260,19 @@ class GPT(nn.Module):
                 raise ConfigError(f"quantized: {name} has in_features={mod.in_features}, not a multiple of "
                                   f"{group_size(fmt)} ({fmt} blocks)")
             parent, _, child = name.rpartition(".")
-            setattr(self.get_submodule(parent) if parent else self, child,
-                    BlockLinear(mod.in_features, mod.out_features, fmt, bias=mod.bias is not None))
+            with torch.device("meta"):  # allocated (not written) by __init__'s to_empty: the load fills them
+                block = BlockLinear(mod.in_features, mod.out_features, fmt, bias=mod.bias is not None)
+            setattr(self.get_submodule(parent) if parent else self, child, block)
             used.update(p for p in formats if fnmatchcase(name, p))
         if emb is not None or (self.config.tie_weights and isinstance(self.lm_head, BlockLinear)):
             if self.config.tie_weights:
                 if not isinstance(self.lm_head, BlockLinear):
-                    self.lm_head = BlockLinear(self.config.dim, self.config.vocab_size, emb)
+                    with torch.device("meta"):
+                        self.lm_head = BlockLinear(self.config.dim, self.config.vocab_size, emb)
                 table = self.lm_head
             else:
-                table = BlockLinear(self.config.dim, self.config.vocab_size, emb)
+                with torch.device("meta"):
+                    table = BlockLinear(self.config.dim, self.config.vocab_size, emb)
             self.tok_emb = BlockEmbedding(table)
             used.update(p for p in formats if fnmatchcase("tok_emb", p) or fnmatchcase("lm_head", p))
         unused = sorted(set(formats) - used)
@@ -274,6 +281,9 @@ class GPT(nn.Module):
 
     @staticmethod
     def _init_weights(m: nn.Module) -> None:
+        # (a meta tensor has no values to draw; under torch.device("meta") normal_ would load torch._dynamo, ~75 MB)
+        if isinstance(getattr(m, "weight", None), Tensor) and m.weight.is_meta:
+            return
         if isinstance(m, nn.Linear):
             nn.init.normal_(m.weight, 0.0, 0.02)
             if m.bias is not None:

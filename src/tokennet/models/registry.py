@@ -274,6 +274,31 @@ def create_model(name: str, **overrides) -> nn.Module:
     return model_from_config(cfg_cls.from_dict({**defaults, **overrides}))
 
 
+def load_state_assigned(model: nn.Module, state: dict[str, torch.Tensor], *, strict: bool = True):
+    """``model.load_state_dict(state, assign=True)``: the tensors of ``state`` become the model's (no copy into
+    buffers allocated for them — a model holding a file's blocks takes them at the file's size), with the model's
+    tied tensors (one tensor under two names, e.g. a tied embedding and LM head) tied again to the one loaded."""
+    groups: dict[int, list[str]] = {}
+    mine = model.state_dict(keep_vars=True)
+    for k, t in mine.items():
+        groups.setdefault(id(t), []).append(k)
+    state = {k: v.to(mine[k].dtype) if k in mine and v.dtype != mine[k].dtype else v for k, v in state.items()}
+    result = model.load_state_dict(state, strict=strict, assign=True)
+    for names in groups.values():
+        if len(names) < 2:
+            continue
+        src = next((k for k in names if k in state), names[0])
+        mod_name, _, attr = src.rpartition(".")
+        owner = model.get_submodule(mod_name)
+        value = owner._parameters[attr] if attr in owner._parameters else owner._buffers[attr]
+        for k in names:
+            if k != src:
+                m, _, a = k.rpartition(".")
+                sub = model.get_submodule(m)
+                (sub._parameters if a in sub._parameters else sub._buffers)[a] = value
+    return result
+
+
 def save_pretrained(model: nn.Module, directory: str | Path, *, extra: dict[str, Any] | None = None) -> Path:
     """Save a model as a directory: ``config.json`` and ``model.safetensors`` (never pickle).
 
@@ -324,7 +349,7 @@ def load_pretrained(directory: str | Path, *, map_location: str | torch.device =
     The file's SHA-256 is checked against the one recorded at save time.
     """
     from safetensors import SafetensorError
-    from safetensors.torch import load_model
+    from safetensors.torch import load_file, load_model
 
     directory = Path(directory)
     d = read_config(directory)
@@ -358,7 +383,18 @@ def load_pretrained(directory: str | Path, *, map_location: str | torch.device =
         raise RunError(f"{wpath} does not match the checksum recorded in {CONFIG_FILE}: "
                        "the file was modified or truncated")
     try:
-        missing, unexpected = load_model(model, str(wpath), strict=False, device=str(map_location))
+        # safetensors' load_model, without its copy into the model's fresh tensors (twice a model in memory):
+        # the file's tensors become the model's; names save_model left out as duplicates of a tied tensor stay
+        # tied to the one it kept.
+        state = load_file(str(wpath), device=str(map_location))
+        expected = model.state_dict(keep_vars=True)
+        shared = {id(t) for k, t in expected.items() if k in state}
+        if set(state) <= set(expected) and all(k in state or id(t) in shared for k, t in expected.items()):
+            load_state_assigned(model, state, strict=False)
+            missing, unexpected = [], []
+        else:  # other names (an older layout a module's load hook renames, or a damaged file): safetensors' way
+            del state
+            missing, unexpected = load_model(model, str(wpath), strict=False, device=str(map_location))
     except (SafetensorError, RuntimeError, OSError) as e:
         # torch's "Error(s) in loading state_dict for GPT:" says nothing; the line after it names the tensor.
         lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()] or [type(e).__name__]

@@ -34,7 +34,9 @@ class RotaryEmbedding(nn.Module):
         if base <= 0:
             raise ValueError(f"base must be > 0, got {base}; the usual value is 10000.0")
         self.head_dim, self.base = head_dim, base
-        inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)  # (E/2,)
+        # (on the CPU even under torch.device("meta"), whose arange would load torch._dynamo: a model built on meta
+        # to check a file's shapes; to_empty/`.to` move it with the model)
+        inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64, device="cpu") / head_dim)  # (E/2,)
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
 
     def forward(self, n: int, offset: int = 0, *, device=None, dtype=None) -> tuple[Tensor, Tensor]:
