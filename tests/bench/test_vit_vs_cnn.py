@@ -70,6 +70,7 @@ def test_claim_verdicts():
     assert limited["holds"] is None and "budget-limited" in limited["measured"] and limited["vit_budget_gain"] > 0.02
     flat = B.claim([row(50, 0.7, 0.8), row(500, 0.6, 0.9)], "digits", {**check, "vit": 0.605})
     assert flat["holds"] is False and "budget-limited" not in flat["measured"]
+    assert "converged: at 500 images 300 epochs instead of 150 leave the ViT at 60.5%" in flat["measured"]
 
 
 def test_the_results_file_keeps_the_contract(tmp_path):

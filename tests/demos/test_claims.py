@@ -144,6 +144,16 @@ def test_9_and_10_the_long_experiments_are_read_from_their_bench_files(tmp_path)
     assert bench_results_dir() is not None and bench_results_dir().name == "results"  # this checkout has bench/
 
 
+def test_a_measured_claim_with_no_verdict_is_not_decided_and_an_absent_one_not_measured():
+    def row(holds, measured):
+        return {"number": "10", "claim": "q", "run": "r", "measured": measured, "holds": holds, "source": None}
+
+    table = format_table({"seed": 0, "claims": {"a": row(None, "the curves approach, no crossing"),
+                                                "b": row(None, "not measured here"), "c": row(True, "x")}})
+    assert "| not decided |" in table and "| not measured |" in table and "| holds |" in table
+    assert table.rstrip().endswith("1 hold, 0 do not, 1 not decided, 1 not measured here (seed 0).")
+
+
 # -- the command --------------------------------------------------------------------------------------------------
 
 

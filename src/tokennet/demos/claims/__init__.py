@@ -41,15 +41,22 @@ def _select(only: str | None) -> list[Claim]:
     return chosen
 
 
-def _verdict(holds: bool | None) -> str:
-    return {True: "holds", False: "does not hold", None: "not measured"}[holds]
+NOT_MEASURED = "not measured here"  # a Result's ``measured`` when nothing was measured (a bench's file is absent)
+
+
+def _verdict(holds: bool | None, measured: str | None = None) -> str:
+    """``None`` is "not decided" when something was measured (a ViT and a CNN that approach but never cross on
+    the sizes trained), "not measured" when nothing was."""
+    if holds is None:
+        return "not measured" if measured in (None, NOT_MEASURED) else "not decided"
+    return "holds" if holds else "does not hold"
 
 
 def run_claims(out_dir: str | Path, *, seed: int = 0, only: str | None = None) -> dict[str, Any]:
     """Run every claim (or ``only`` one), seeded; write ``claims.json`` and ``claims.html`` into ``out_dir``.
 
     Returns the metrics: per claim its number, the lecture's words, what was run, the measured figure, whether it
-    holds (``None``: not measured here), where a read figure came from, and the seconds it took.
+    holds (``None``: not measured here, or measured and not decided), where a read figure came from, and the seconds it took.
     """
     chosen = _select(only)
     out = Path(out_dir)
@@ -64,7 +71,7 @@ def run_claims(out_dir: str | Path, *, seed: int = 0, only: str | None = None) -
             torch.manual_seed(seed)
             t0 = time.perf_counter()
             results[c.name] = (c, c(seed), time.perf_counter() - t0)
-            logging.getLogger(__name__).info("claim %s: %s (%.1f s)", c.name, _verdict(results[c.name][1].holds),
+            logging.getLogger(__name__).info("claim %s: %s (%.1f s)", c.name, _verdict(results[c.name][1].holds, results[c.name][1].measured),
                                              results[c.name][2])
     finally:
         torch.set_num_threads(threads)
@@ -96,7 +103,7 @@ def format_table(metrics: dict[str, Any]) -> str:
     lines = ["| # | claim (the lecture's words) | what was run | measured | verdict |", "|---|---|---|---|---|"]
     for name, m in metrics["claims"].items():
         run = m["run"] + (f" ({m['source']})" if m.get("source") else "")
-        cells = [m["number"], f"**{name}**: {_short(m['claim'])}", run, m["measured"], _verdict(m["holds"])]
+        cells = [m["number"], f"**{name}**: {_short(m['claim'])}", run, m["measured"], _verdict(m["holds"], m["measured"])]
         lines.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
     for name, m in metrics["claims"].items():  # a claim's own table, under the main one
         if m.get("table"):
@@ -104,9 +111,9 @@ def format_table(metrics: dict[str, Any]) -> str:
             lines += ["", f"Claim {m['number']} ({name}):", "", "| " + " | ".join(head) + " |",
                       "|" + "---|" * len(head)]
             lines += ["| " + " | ".join(row) + " |" for row in body]
-    done = [m["holds"] for m in metrics["claims"].values()]
-    lines.append(f"\n{done.count(True)} hold, {done.count(False)} do not, {done.count(None)} not measured here "
-                 f"(seed {metrics['seed']}).")
+    done = [_verdict(m["holds"], m["measured"]) for m in metrics["claims"].values()]
+    lines.append(f"\n{done.count('holds')} hold, {done.count('does not hold')} do not, {done.count('not decided')} "
+                 f"not decided, {done.count('not measured')} not measured here (seed {metrics['seed']}).")
     return "\n".join(lines)
 
 
@@ -125,7 +132,7 @@ def _page(results: dict[str, tuple[Claim, Result, float]], seed: int) -> str:
     cls = {True: "holds", False: "fails", None: "none"}
     rows, sections = [], []
     for name, (c, r, dt) in results.items():
-        verdict = f'<span class="{cls[r.holds]}">{_verdict(r.holds)}</span>'
+        verdict = f'<span class="{cls[r.holds]}">{_verdict(r.holds, r.measured)}</span>'
         rows.append(f"<tr><td>{esc(c.number)}</td><td><a href='#{esc(name)}'>{esc(name)}</a></td>"
                     f"<td>{esc(r.measured)}</td><td>{verdict}</td></tr>")
         fig = (f'<img alt="{esc(name)}" src="data:image/png;base64,{base64.b64encode(r.figure).decode("ascii")}">'
