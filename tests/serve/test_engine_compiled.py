@@ -74,7 +74,7 @@ def test_the_compiled_engine_gives_the_eager_tokens_and_its_graphs_stop_growing(
     got = _session(engine, rounds)
     engine.stop()
     assert got == want
-    assert _graphs() == after_warm_up  # warm_up compiled every graph the session needed (1 row, 2–4 rows)
+    assert _graphs() == after_warm_up  # warm_up compiled every graph the session needed (1 row; 2 rows and more)
 
 
 @pytest.mark.slow

@@ -37,13 +37,15 @@ into one loop over the packed bytes.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 __all__ = ["FORMATS", "QUANTIZE_FORMATS", "RAW_FORMATS", "GROUP", "QK_K", "group_size", "raw_dequantize",
            "BlockLinear", "BlockEmbedding", "quantize_blocks", "dequantize_blocks",
-           "block_bytes", "gemv", "GEMV_ROWS"]
+           "block_bytes", "gemv", "gemv_rows", "symbolic_rows", "GEMV_ROWS"]
 
 FORMATS = ("q8_0", "q4_0", "q4_1", "q5_0", "q4_k", "q5_k", "q6_k")
 QUANTIZE_FORMATS = ("q8_0", "q4_0", "q4_1")  # the formats quantize_blocks makes (the others are read from files)
@@ -55,6 +57,29 @@ _GROUPS = {"q4_k": QK_K, "q5_k": QK_K, "q6_k": QK_K}
 
 # Up to this many rows, a linear layer traced by torch.compile is written as a sum of products (see gemv).
 GEMV_ROWS = 4
+
+
+_SYMBOLIC_ROWS = False  # True while symbolic_rows() is active (Dynamo reads it as a constant and guards on it)
+
+
+@contextlib.contextmanager
+def symbolic_rows(on: bool = True):
+    """While active, :func:`gemv_rows` is False: for a caller that traces a graph whose row count is symbolic
+    (the serving engine's batch from 2 rows on, marked dynamic). Inductor's loop over a symbolic number of rows
+    is not the one-pass loop of a static one (measured: the engine's 2–4-row int8 graph decoded 6× slower per
+    step than its 1-row graph), and a branch on the symbolic count would guard the graph into ranges of rows."""
+    global _SYMBOLIC_ROWS
+    before, _SYMBOLIC_ROWS = _SYMBOLIC_ROWS, on
+    try:
+        yield
+    finally:
+        _SYMBOLIC_ROWS = before
+
+
+def gemv_rows(x: Tensor) -> bool:
+    """Whether a linear layer writes ``x (M, K)`` as :func:`gemv`: while torch.compile traces it, outside
+    :func:`symbolic_rows`, with up to ``GEMV_ROWS`` rows."""
+    return torch.compiler.is_compiling() and not _SYMBOLIC_ROWS and x.shape[0] <= GEMV_ROWS
 
 
 def gemv(x: Tensor, weight: Tensor) -> Tensor:
@@ -292,7 +317,7 @@ class BlockLinear(nn.Module):
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)  # (M, K)
         # (torch.export traces with dynamic batch and length: a branch on the row count would pin them)
-        if torch.compiler.is_compiling() and not torch.compiler.is_exporting() and x2.shape[0] <= GEMV_ROWS:
+        if not torch.compiler.is_exporting() and gemv_rows(x2):
             y = self._fused(x2)
             if self.bias is not None:
                 y = y + self.bias

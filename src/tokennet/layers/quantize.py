@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import ConfigError
-from .blockquant import GEMV_ROWS, BlockEmbedding, BlockLinear, gemv
+from .blockquant import BlockEmbedding, BlockLinear, gemv, gemv_rows
 
 __all__ = ["QUANTIZE_MODES", "Int8Linear", "PackedLinear", "GemvLinear", "quantize", "quantize_int8", "check_mode",
            "decoding_copy", "gemv"]
@@ -113,7 +113,7 @@ class Int8Linear(nn.Module):
         """``(..., K) → (..., N)`` in bf16."""
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features).to(torch.bfloat16)  # (M, K)
-        if torch.compiler.is_compiling() and x2.shape[0] <= GEMV_ROWS:  # one fused loop over Q (see gemv)
+        if gemv_rows(x2):  # one fused loop over Q (see gemv)
             y = gemv(x2, self.qweight) * self.scale.float()
             if self.bias is not None:
                 y = y + self.bias.float()
@@ -205,7 +205,7 @@ class GemvLinear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """``(..., K) → (..., N)`` in x's dtype."""
         x2 = x.reshape(-1, self.in_features)  # (M, K)
-        if not (torch.compiler.is_compiling() and x2.shape[0] <= GEMV_ROWS):
+        if not gemv_rows(x2):
             return F.linear(x, self.weight, self.bias)
         y = gemv(x2, self.weight)
         if self.bias is not None:

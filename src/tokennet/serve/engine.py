@@ -58,7 +58,7 @@ from torch import Tensor, nn
 
 from ..errors import ConfigError
 from ..layers import quantize as quantization
-from ..layers.blockquant import GEMV_ROWS
+from ..layers.blockquant import symbolic_rows
 from ..sampling import SAMPLING_EPS, CompiledStep, compile_default, inductor_cache_dir
 from .cache import DecodePlan, PrefixCache, SlotCache, SlotCaches
 
@@ -258,8 +258,9 @@ class RowsStep(CompiledStep):
     :class:`~tokennet.sampling.CompiledStep`: the same fused layers, options and on-disk cache). Continuous
     batching changes the batch size, the rows' lengths and the cache's capacity between steps; the number of
     keys and the capacity are symbolic, and so is the batch size from 2 rows on (a single row is its own graph,
-    and a linear layer is a sum of products up to ``GEMV_ROWS`` rows, a matrix product beyond: a guard), so a
-    session of any lengths and concurrencies compiles at most a few graphs (:meth:`Engine.warm_up` compiles them
+    whose linear layers are one-pass sums of products, :func:`~tokennet.layers.blockquant.gemv`; a symbolic
+    batch takes the matrix products, :func:`~tokennet.layers.blockquant.symbolic_rows`), so a session of any lengths
+    and concurrencies compiles two graphs (:meth:`Engine.warm_up` compiles them
     before serving). Returns None when the step does not compile (said once in the log): the engine then
     decodes eagerly.
     """
@@ -293,7 +294,8 @@ class RowsStep(CompiledStep):
                 if B > 1:
                     torch._dynamo.mark_dynamic(t, 0)
             buffers.append(kv)
-        return self._run(feed, lengths, keys, buffers)
+        with symbolic_rows(B > 1):  # a symbolic batch: matrix products, not the one-row sum of products
+            return self._run(feed, lengths, keys, buffers)
 
 
 # decoding copy → its RowsStep (weak keys: a step lives no longer than its copy; every engine of one copy, e.g.
@@ -752,16 +754,16 @@ class Engine:
             log.exception("a sequence's emit callback failed")
 
     def warm_up(self) -> float | None:
-        """Compile the decoding step for every graph continuous batching uses (1 row, 2 rows, and more rows than
-        ``GEMV_ROWS`` where ``max_batch`` allows) before any request, so none waits for it; the seconds it took
-        (None: no compiled step, or it does not compile). A later process loads the graphs from Inductor's
-        on-disk cache (:func:`~tokennet.sampling.inductor_cache_dir`) instead of compiling them again. Call it
-        before :meth:`start` (it writes a dummy token into rows that no sequence holds yet)."""
+        """Compile the decoding step for every graph continuous batching uses (1 row, and 2 rows where
+        ``max_batch`` allows: the graph of every batch from 2 rows on) before any request, so none waits for it;
+        the seconds it took (None: no compiled step, or it does not compile). A later process loads the graphs
+        from Inductor's on-disk cache (:func:`~tokennet.sampling.inductor_cache_dir`) instead of compiling them
+        again. Call it before :meth:`start` (it writes a dummy token into rows that no sequence holds yet)."""
         if self.step is None:
             return None
         t0 = time.perf_counter()
         with torch.inference_mode():
-            for B in sorted({1, min(2, self.max_batch), min(GEMV_ROWS + 1, self.max_batch)}):
+            for B in sorted({1, min(2, self.max_batch)}):
                 feed = torch.zeros(B, 1, dtype=torch.long, device=self.device)
                 if self.step(feed, torch.ones(B, dtype=torch.long, device=self.device), 2, self.caches) is None:
                     return None

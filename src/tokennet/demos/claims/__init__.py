@@ -56,7 +56,8 @@ def run_claims(out_dir: str | Path, *, seed: int = 0, only: str | None = None) -
     """Run every claim (or ``only`` one), seeded; write ``claims.json`` and ``claims.html`` into ``out_dir``.
 
     Returns the metrics: per claim its number, the lecture's words, what was run, the measured figure, whether it
-    holds (``None``: not measured here, or measured and not decided), where a read figure came from, and the seconds it took.
+    holds (``None``: not measured here, or measured and not decided), where a read figure came from, and the
+    seconds it took.
     """
     chosen = _select(only)
     out = Path(out_dir)
@@ -71,7 +72,8 @@ def run_claims(out_dir: str | Path, *, seed: int = 0, only: str | None = None) -
             torch.manual_seed(seed)
             t0 = time.perf_counter()
             results[c.name] = (c, c(seed), time.perf_counter() - t0)
-            logging.getLogger(__name__).info("claim %s: %s (%.1f s)", c.name, _verdict(results[c.name][1].holds, results[c.name][1].measured),
+            r = results[c.name][1]
+            logging.getLogger(__name__).info("claim %s: %s (%.1f s)", c.name, _verdict(r.holds, r.measured),
                                              results[c.name][2])
     finally:
         torch.set_num_threads(threads)
@@ -103,7 +105,8 @@ def format_table(metrics: dict[str, Any]) -> str:
     lines = ["| # | claim (the lecture's words) | what was run | measured | verdict |", "|---|---|---|---|---|"]
     for name, m in metrics["claims"].items():
         run = m["run"] + (f" ({m['source']})" if m.get("source") else "")
-        cells = [m["number"], f"**{name}**: {_short(m['claim'])}", run, m["measured"], _verdict(m["holds"], m["measured"])]
+        verdict = _verdict(m["holds"], m["measured"])
+        cells = [m["number"], f"**{name}**: {_short(m['claim'])}", run, m["measured"], verdict]
         lines.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
     for name, m in metrics["claims"].items():  # a claim's own table, under the main one
         if m.get("table"):
