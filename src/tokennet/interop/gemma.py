@@ -176,6 +176,9 @@ def convert_gemma3_gguf(path: Path, *, reader=None, keep_blocks: bool = True) ->
             m.put(ours + name, theirs + gguf_name, _gain if "norm" in name else None)
         m.put(ours + "attn.qkv_proj.weight", [theirs + f"attn_{n}.weight" for n in "qkv"],
               stack_rows(mixed, ours + "attn.qkv_proj", widened))  # [W_q; W_k; W_v]
+        for n in "qkv":  # the parts go as soon as they are stacked (their names stay for the checks)
+            if m.has(theirs + f"attn_{n}.weight"):
+                m.tensors[theirs + f"attn_{n}.weight"] = None
     m.put("decoder.norm.weight", "output_norm.weight", _gain)
     if mixed:
         notes.append(f"{len(mixed)} fused projection(s) ({mixed[0]}, …) mix GGUF types in their parts and were "
