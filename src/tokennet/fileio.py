@@ -5,20 +5,24 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 __all__ = ["atomic_write_text", "sha256_file", "safetensors_write", "exchange_paths", "swap_into_place",
            "temp_dir_beside"]
 
 
-def atomic_write_text(path: str | Path, text: str) -> Path:
-    """Write ``text`` to ``path`` through a temporary file, fsync and rename (atomic on POSIX)."""
+def atomic_write_text(path: str | Path, text: str | Iterable[str]) -> Path:
+    """Write ``text`` (a string, or its pieces in order: a large JSON file written as it is encoded, never whole
+    in memory) to ``path`` through a temporary file, fsync and rename (atomic on POSIX)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
+            if isinstance(text, str):
+                f.write(text)
+            else:
+                f.writelines(text)
             f.flush()
             os.fsync(f.fileno())
     except BaseException:

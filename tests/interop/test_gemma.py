@@ -47,8 +47,9 @@ GGUF_NAMES = {  # GGUF name in blk.i → HF name in model.layers.i
 }
 
 
-def write_gemma_gguf(path, hf, *, arch="gemma3", extra_key=None):
-    """``hf`` as llama.cpp's convert_hf_to_gguf.py writes a Gemma 3: norm gains + 1, tied head, F32 tensors."""
+def write_gemma_gguf(path, hf, *, arch="gemma3", extra_key=None, quantized=None):
+    """``hf`` as llama.cpp's convert_hf_to_gguf.py writes a Gemma 3: norm gains + 1, tied head, F32 tensors
+    (``quantized``: GGUF layer name, e.g. ``attn_q``, → the quantized type its matrices are written in)."""
     c = hf.config
     sd = {k: v.detach().numpy().astype(np.float32) for k, v in hf.state_dict().items()}
     w = gguf.GGUFWriter(str(path), arch)
@@ -82,7 +83,11 @@ def write_gemma_gguf(path, hf, *, arch="gemma3", extra_key=None):
     for i in range(c.num_hidden_layers):
         for g, h in GGUF_NAMES.items():
             a = sd[f"model.layers.{i}.{h}.weight"]
-            w.add_tensor(f"blk.{i}.{g}.weight", norm(a) if "norm" in g else a)
+            if quantized and g in quantized:
+                kind = gguf.GGMLQuantizationType[quantized[g]]
+                w.add_tensor(f"blk.{i}.{g}.weight", gguf.quants.quantize(a, kind), raw_dtype=kind)
+            else:
+                w.add_tensor(f"blk.{i}.{g}.weight", norm(a) if "norm" in g else a)
     w.add_tensor("output_norm.weight", norm(sd["model.norm.weight"]))
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -183,3 +188,29 @@ def test_unsupported_architecture_names_it_and_the_supported_ones(tiny, tmp_path
     assert err.startswith("tokennet: error:") and "\n" not in err, err
     assert "'phi3'" in err and all(a in err for a in ("llama", "gpt2", "gemma3")), err
     assert not (tmp_path / "run").exists()
+
+
+def test_mixed_type_qkv_stays_blocks(tmp_path):
+    """Gemma 3 270M's layers mix Q5_0 Q and K with a Q8_0 V: the stacked ``qkv_proj`` is held as Q8_0 blocks (Q5_0
+    widens to Q8_0 exactly), not float32, and the model's logits are those of the all-float32 import."""
+    from tokennet.interop.gguf_in import convert_gguf
+    from tokennet.layers.blockquant import BlockLinear
+
+    cfg = transformers.Gemma3TextConfig(
+        vocab_size=len(tiny_vocab()[0]), hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=32, sliding_window=WINDOW, max_position_embeddings=64,
+        query_pre_attn_scalar=32, rms_norm_eps=1e-6)
+    torch.manual_seed(0)
+    hf = transformers.Gemma3ForCausalLM(cfg).eval()
+    mix = {"attn_q": "Q5_0", "attn_k": "Q5_0", "attn_v": "Q8_0"}
+    path = write_gemma_gguf(tmp_path / "mixed.gguf", hf, quantized=mix)
+    blocks, _, _, notes = convert_gguf(path)
+    floats, _, _, _ = convert_gguf(path, keep_blocks=False)
+    for blk in blocks.decoder.blocks:
+        assert isinstance(blk.attn.qkv_proj, BlockLinear) and blk.attn.qkv_proj.fmt == "q8_0"
+    assert any("held as Q8_0 blocks" in n for n in notes) and not any("dequantized" in n for n in notes)
+    for a, b in zip(blocks.decoder.blocks, floats.decoder.blocks):
+        assert torch.equal(a.attn.qkv_proj.dequantized_weight(), b.attn.qkv_proj.weight)
+    ids = torch.randint(0, cfg.vocab_size, (2, 9), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        torch.testing.assert_close(blocks(ids).logits, floats(ids).logits, atol=1e-5, rtol=1e-5)

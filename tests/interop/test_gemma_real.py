@@ -65,8 +65,12 @@ def test_lora_fine_tune_lowers_the_loss(gemma):
     text = ("Zorblax the purple cartographer mapped the seven floating islands of Quenmire, "
             "and every island had a lighthouse made of singing glass.")
     ids = torch.tensor([run.tokenizer.encode(text)])  # (1, T)
-    # LoRA wraps float linear layers: here the 9 q/k/v projections whose GGUF parts mix types (dequantized on
-    # import); the other layers hold GGUF blocks (BlockLinear), which LoRA does not target.
+    # LoRA wraps float linear layers and every layer of the import holds GGUF blocks (BlockLinear): the q/k/v
+    # projections are dequantized to float32 here (frozen, as LoRA's base) and adapted.
+    for blk in run.model.decoder.blocks:
+        qkv = blk.attn.qkv_proj
+        blk.attn.qkv_proj = torch.nn.Linear(qkv.in_features, qkv.out_features, bias=False)
+        blk.attn.qkv_proj.weight = torch.nn.Parameter(qkv.dequantized_weight(), requires_grad=False)
     model = apply_lora(run.model, LoRAConfig(rank=4, targets=("qkv_proj",)))
     params = [p for p in model.parameters() if p.requires_grad]
     assert params

@@ -61,6 +61,23 @@ def test_q5_0_from_the_gguf_packages_quantizer():
     assert np.abs(got - w).max() < 0.2
 
 
+def test_q4_0_and_q5_0_widen_to_q8_0_bit_for_bit():
+    """Q4_0 and Q5_0 blocks (random bits, any scale) as Q8_0 blocks: the same float32 weights, bit for bit."""
+    from tokennet.layers.blockquant import widen_to_q8_0
+
+    raw5 = random_blocks("q5_0", 12, 128, seed=2)
+    q, d = widen_to_q8_0("q5_0", torch.from_numpy(raw5))
+    assert q.dtype == torch.int8 and q.shape == (12, 128) and d.shape == (12, 4) and int(q.min()) >= -16
+    want = dequantize_blocks("q5_0", torch.from_numpy(raw5))
+    assert torch.equal(dequantize_blocks("q8_0", q, d).view(torch.int32), want.view(torch.int32))
+    qs4 = torch.from_numpy(np.random.default_rng(3).integers(0, 256, (12, 64), dtype=np.uint8))
+    d4 = torch.randn(12, 4, generator=torch.Generator().manual_seed(3)).half()
+    q, d = widen_to_q8_0("q4_0", qs4, d4)
+    assert torch.equal(dequantize_blocks("q8_0", q, d), dequantize_blocks("q4_0", qs4, d4))
+    with pytest.raises(ValueError, match="widen"):
+        widen_to_q8_0("q4_1", qs4, d4)
+
+
 @pytest.mark.parametrize("fmt", RAW_FORMATS)
 def test_block_linear_and_embedding_on_raw_blocks(fmt):
     K = 2 * group_size(fmt)

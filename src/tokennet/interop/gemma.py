@@ -32,6 +32,9 @@ GGUF name → tokennet name (``i`` = layer)::
 Quantized tensors: the types :data:`~.gguf_in.KEPT_TYPES` names stay blocks (Q8_0 embedding; the K-quant and Q5_0
 formats plug in there as they become :class:`~tokennet.layers.blockquant.BlockLinear` formats — nothing here
 changes), any other type is dequantized to float32 with ``gguf.quants.dequantize`` and named in a one-line note.
+Q, K and V stacked into ``qkv_proj`` stay blocks when they share a type, and when they mix Q8_0 with Q5_0 or Q4_0
+(Gemma 3 270M: Q5_0 Q and K, Q8_0 V in 9 of 18 layers) they become Q8_0 blocks of the same weights
+(:func:`~tokennet.layers.blockquant.widen_to_q8_0`); other mixes are dequantized to float32.
 """
 
 from __future__ import annotations
@@ -164,6 +167,7 @@ def convert_gemma3_gguf(path: Path, *, reader=None, keep_blocks: bool = True) ->
                            eps=f32(g["attention.layer_norm_rms_epsilon"]), window=g["attention.sliding_window"])
     m = NameMap(weights, str(path))
     mixed: list[str] = []
+    widened: list[str] = []
     m.put("tok_emb.weight", "token_embd.weight")
     m.put("lm_head.weight", "token_embd.weight")
     for i in range(config.num_layers):
@@ -171,11 +175,17 @@ def convert_gemma3_gguf(path: Path, *, reader=None, keep_blocks: bool = True) ->
         for name, gguf_name in LAYER_NAMES.items():
             m.put(ours + name, theirs + gguf_name, _gain if "norm" in name else None)
         m.put(ours + "attn.qkv_proj.weight", [theirs + f"attn_{n}.weight" for n in "qkv"],
-              stack_rows(mixed, ours + "attn.qkv_proj"))  # [W_q; W_k; W_v]
+              stack_rows(mixed, ours + "attn.qkv_proj", widened))  # [W_q; W_k; W_v]
+        for n in "qkv":  # the parts go as soon as they are stacked (their names stay for the checks)
+            if m.has(theirs + f"attn_{n}.weight"):
+                m.tensors[theirs + f"attn_{n}.weight"] = None
     m.put("decoder.norm.weight", "output_norm.weight", _gain)
     if mixed:
         notes.append(f"{len(mixed)} fused projection(s) ({mixed[0]}, …) mix GGUF types in their parts and were "
                      "dequantized to float32")
+    if widened:
+        notes.append(f"{len(widened)} fused projection(s) ({widened[0]}, …) mix Q8_0 with Q4_0/Q5_0 blocks: held as "
+                     "Q8_0 blocks (the same weights exactly)")
     config = config.replace(quantized=block_formats(m.state, config.num_layers))
     m.tensors = dict.fromkeys(m.tensors)  # names kept for the checks; the Q, K, V parts stacked above go now
     del weights

@@ -21,7 +21,14 @@ import torch
 from torch import Tensor
 
 from ..errors import ConfigError, DataError, one_line
-from ..layers.blockquant import RAW_FORMATS, block_bytes, dequantize_blocks, group_size
+from ..layers.blockquant import (
+    RAW_FORMATS,
+    WIDENS_TO_Q8_0,
+    block_bytes,
+    dequantize_blocks,
+    group_size,
+    widen_to_q8_0,
+)
 from ..models.registry import load_state_assigned
 from ..tokens.pretrained import PretrainedTokenizer
 
@@ -378,12 +385,18 @@ def dense(w) -> Tensor:
     return w.dense() if isinstance(w, Blocks) else w
 
 
-def stack_rows(mixed: list[str], name: str):
-    """``f(*parts)`` stacking rows (``[W_q; W_k; W_v]``): blocks when all parts share a format, float32 otherwise
-    (and ``name`` joins ``mixed``)."""
+def stack_rows(mixed: list[str], name: str, widened: list[str] | None = None):
+    """``f(*parts)`` stacking rows (``[W_q; W_k; W_v]``): blocks when all parts share a format; Q8_0 blocks when they
+    mix Q8_0, Q4_0 and Q5_0 (which widen to Q8_0 exactly, see :func:`~tokennet.layers.blockquant.widen_to_q8_0`;
+    ``name`` joins ``widened``); float32 otherwise (and ``name`` joins ``mixed``)."""
     def cat(*parts):
-        if all(isinstance(p, Blocks) for p in parts) and len({p.fmt for p in parts}) == 1:
-            return Blocks.cat(list(parts))
+        if all(isinstance(p, Blocks) for p in parts):
+            if len({p.fmt for p in parts}) == 1:
+                return Blocks.cat(list(parts))
+            if all(p.fmt in WIDENS_TO_Q8_0 for p in parts):
+                if widened is not None:
+                    widened.append(name)
+                return Blocks.cat([Blocks("q8_0", *widen_to_q8_0(p.fmt, p.qs, p.d)) for p in parts])
         if any(isinstance(p, Blocks) for p in parts):
             mixed.append(name)
         return torch.cat([dense(p) for p in parts])

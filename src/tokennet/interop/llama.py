@@ -297,12 +297,16 @@ def _llama_like_gguf(path: Path, reader, keep_blocks: bool, arch: str,
                 weights[name] = _unpermute_rows(weights[name], kv_heads)
     m = NameMap(weights, str(path))
     mixed: list[str] = []
-    _fill(m, config, gguf=True, stack=lambda name: stack_rows(mixed, name))
+    widened: list[str] = []
+    _fill(m, config, gguf=True, stack=lambda name: stack_rows(mixed, name, widened))
     if qwen2:
         _put_qkv_bias(m, config, gguf=True)
     if mixed:
         notes.append(f"{len(mixed)} fused projection(s) ({mixed[0]}, …) mix GGUF types in their parts and were "
                      "dequantized to float32")
+    if widened:
+        notes.append(f"{len(widened)} fused projection(s) ({widened[0]}, …) mix Q8_0 with Q4_0/Q5_0 blocks: held as "
+                     "Q8_0 blocks (the same weights exactly)")
     config = config.replace(quantized=block_formats(m.state, config.num_layers))
     model = build_checked(GPT, config, m)
     return model.eval(), gguf_tokenizer(reader, path, config.vocab_size), notes

@@ -45,7 +45,7 @@ from torch import Tensor, nn
 
 __all__ = ["FORMATS", "QUANTIZE_FORMATS", "RAW_FORMATS", "GROUP", "QK_K", "group_size", "raw_dequantize",
            "BlockLinear", "BlockEmbedding", "quantize_blocks", "dequantize_blocks",
-           "block_bytes", "gemv", "gemv_rows", "symbolic_rows", "GEMV_ROWS"]
+           "block_bytes", "gemv", "gemv_rows", "symbolic_rows", "GEMV_ROWS", "WIDENS_TO_Q8_0", "widen_to_q8_0"]
 
 FORMATS = ("q8_0", "q4_0", "q4_1", "q5_0", "q4_k", "q5_k", "q6_k")
 QUANTIZE_FORMATS = ("q8_0", "q4_0", "q4_1")  # the formats quantize_blocks makes (the others are read from files)
@@ -198,6 +198,33 @@ def dequantize_blocks(fmt: str, qs: Tensor, d: Tensor | None = None, m: Tensor |
     if fmt == "q4_1":
         w = w + m.float()[..., None]
     return w.view(*lead, K)
+
+
+WIDENS_TO_Q8_0 = ("q8_0", "q4_0", "q5_0")  # formats whose blocks are Q8_0 blocks exactly (see widen_to_q8_0)
+
+
+def widen_to_q8_0(fmt: str, qs: Tensor, d: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Q4_0 or Q5_0 blocks ``(N, …)`` as Q8_0 blocks ``(qs (N, K) int8, d (N, G) float16)`` of the same weights.
+
+    A Q4_0 or Q5_0 weight is ``d · (q − o)`` with a float16 ``d`` per 32 weights and ``q − o`` in [−8, 7] or
+    [−16, 15]; Q8_0's ``d · q`` holds it with the same ``d`` and ``q = q − o``, so :func:`dequantize_blocks` gives
+    the same float32 weights bit for bit (one float16 → float32 scale times one small integer, in both). What
+    the import does to a projection whose rows mix these formats (Gemma 3's Q5_0 Q and K, Q8_0 V).
+    """
+    if fmt == "q8_0":
+        return qs, d
+    if fmt == "q4_0":
+        return (_unpack4(qs).to(torch.int8) - 8), d
+    if fmt != "q5_0":
+        raise ValueError(f"{fmt} blocks are not Q8_0 blocks; only {WIDENS_TO_Q8_0} widen exactly")
+    N = qs.shape[0]
+    b = qs.reshape(N, -1, _BYTES["q5_0"])  # (N, G, 22)
+    h = b[..., 2:6].to(torch.int32)
+    qh = h[..., 0] | (h[..., 1] << 8) | (h[..., 2] << 16) | (h[..., 3] << 24)  # (N, G) the little-endian 32 bits
+    hi = ((qh[..., None] >> torch.arange(32, dtype=torch.int32)) & 1).to(torch.uint8)  # (N, G, 32)
+    lo = _unpack4(b[..., 6:22])  # (N, G, 32) integers 0..15
+    q = ((lo | (hi << 4)).to(torch.int8) - 16).reshape(N, -1)  # (N, K) in [−16, 15]
+    return q, b[..., 0:2].contiguous().view(torch.float16)[..., 0]
 
 
 def quantize_blocks(w: Tensor, fmt: str) -> tuple[Tensor, Tensor, Tensor | None]:
