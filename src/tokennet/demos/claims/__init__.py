@@ -1,9 +1,11 @@
 """The lecture, claim by claim: ``tokennet demo claims`` runs every checkable statement as a small seeded experiment.
 
 Each claim is a function (one module per group: :mod:`.linear_maps` 1–3, :mod:`.mixing` 4–6, :mod:`.causal` 7,
-:mod:`.scaling` 8, :mod:`.architectures` 9–10) whose docstring quotes the lecture; the command, the tests and
-the page call the same functions. :func:`run_claims` runs them (or one, ``only=``), and writes ``claims.json`` and
-``claims.html`` (a figure per claim, inline). Claims that take minutes are read from their bench's results file.
+:mod:`.scaling` 8, :mod:`.architectures` 9–10, and two the issue did not list: :mod:`.normalization` 11, LayerNorm's
+optimization properties, :mod:`.positions` 12, Fourier positions against other kinds) whose docstring quotes the
+lecture; the command, the tests and the page call the same functions. :func:`run_claims` runs them (or one,
+``only=``), and writes ``claims.json`` and ``claims.html`` (a figure per claim, inline). Claims that take minutes
+are read from their bench's results file.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 import torch
 
 from ...errors import TokennetError
-from . import architectures, causal, linear_maps, mixing, scaling  # noqa: F401 -- each registers its claims
+from . import architectures, causal, linear_maps, mixing, normalization, positions, scaling  # noqa: F401 -- each registers its claims
 from ._registry import Claim, Result, claims
 
 __all__ = ["Claim", "Result", "claims", "claim_names", "run_claims", "format_table", "FILES"]
@@ -56,7 +58,8 @@ def run_claims(out_dir: str | Path, *, seed: int = 0, only: str | None = None) -
     """Run every claim (or ``only`` one), seeded; write ``claims.json`` and ``claims.html`` into ``out_dir``.
 
     Returns the metrics: per claim its number, the lecture's words, what was run, the measured figure, whether it
-    holds (``None``: not measured here, or measured and not decided), where a read figure came from, and the seconds it took.
+    holds (``None``: not measured here, or measured and not decided), where a read figure came from, and the seconds
+    it took.
     """
     chosen = _select(only)
     out = Path(out_dir)
@@ -70,8 +73,9 @@ def run_claims(out_dir: str | Path, *, seed: int = 0, only: str | None = None) -
         for c in chosen:
             torch.manual_seed(seed)
             t0 = time.perf_counter()
-            results[c.name] = (c, c(seed), time.perf_counter() - t0)
-            logging.getLogger(__name__).info("claim %s: %s (%.1f s)", c.name, _verdict(results[c.name][1].holds, results[c.name][1].measured),
+            r = c(seed)
+            results[c.name] = (c, r, time.perf_counter() - t0)
+            logging.getLogger(__name__).info("claim %s: %s (%.1f s)", c.name, _verdict(r.holds, r.measured),
                                              results[c.name][2])
     finally:
         torch.set_num_threads(threads)
@@ -103,7 +107,8 @@ def format_table(metrics: dict[str, Any]) -> str:
     lines = ["| # | claim (the lecture's words) | what was run | measured | verdict |", "|---|---|---|---|---|"]
     for name, m in metrics["claims"].items():
         run = m["run"] + (f" ({m['source']})" if m.get("source") else "")
-        cells = [m["number"], f"**{name}**: {_short(m['claim'])}", run, m["measured"], _verdict(m["holds"], m["measured"])]
+        cells = [m["number"], f"**{name}**: {_short(m['claim'])}", run, m["measured"],
+                 _verdict(m["holds"], m["measured"])]
         lines.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
     for name, m in metrics["claims"].items():  # a claim's own table, under the main one
         if m.get("table"):
