@@ -173,10 +173,10 @@ def test_11_the_sorting_task_scores_only_the_sorted_half():
 def test_11_layernorm_keeps_a_large_learning_rate_trainable_where_no_norm_does_not():
     r = compare_norms(0, lrs=(3e-3, 3e-2), steps=100)
     runs = r["runs"]
-    # At 3e-3 both learn; at 3e-2 the norm-free model's loss blows up (1e7 at 200 steps) and the normed one learns.
+    # At 3e-3 both learn (final losses 0.30, 0.28); at 3e-2 the norm-free loss blows up, the normed one learns (0.44).
     assert stable(runs["pre"][3e-3]) and stable(runs["none"][3e-3]) and stable(runs["pre"][3e-2]), r
     assert final_loss(runs["pre"][3e-2]) < 1.0 and not stable(runs["none"][3e-2])
-    assert not final_loss(runs["none"][3e-2]) < 100 * math.log(10)  # far above chance, or nan
+    assert not final_loss(runs["none"][3e-2]) < 10 * math.log(10)  # far above chance (520 at 100 steps), or nan
 
 
 def test_12_the_neighbour_task_names_the_lower_right_symbol():
