@@ -7,6 +7,8 @@ batches from the same seed) and tested on the recipe's 899 held-out digits:
 - ``add``: learned positions added, ``z = x E + E_pos`` (ViT);
 - ``concat``: tokens embedded at ``D − pos_dim``, learned positions concatenated, ``z = [x E ; E_pos]``;
 - ``none``: no positions (mean pooling of the tokens is then permutation invariant: a bag of patches);
+- ``fourier``: 2-D sin-cos positions added instead of learned ones (the lecture's "Fourier positional encoding";
+  the toy comparison of the kinds is claim 12, ``tokennet demo claims --only fourier-positions``);
 - ``add, W_v = I``: added positions with ``value_proj=false`` (claim 5), for comparison.
 
 Accuracies at a fixed step count do not depend on the machine's load (the wall time does). Writes
@@ -40,6 +42,7 @@ ROWS = {
     "add": dict(),
     "concat": dict(position_mode="concat"),
     "none": dict(position="none"),
+    "fourier": dict(position="fourier"),
     "add, W_v = I": dict(value_proj=False),
 }
 

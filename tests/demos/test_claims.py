@@ -2,6 +2,7 @@
 where the assertion holds with a wide margin; the registry, the files, the bench records and the CLI."""
 
 import json
+import math
 import re
 
 import pytest
@@ -13,17 +14,20 @@ from tokennet.demos.claims.architectures import bench_results_dir, layer_table, 
 from tokennet.demos.claims.causal import any_order_accuracy, permutation_test, train_with_and_without_mask
 from tokennet.demos.claims.linear_maps import linear_family, mlp_as_conv1x1, token_combination_rank
 from tokennet.demos.claims.mixing import compare_mixers, compare_position_modes, compare_value_proj
+from tokennet.demos.claims.normalization import compare_norms, final_loss, sort_batch, stable
+from tokennet.demos.claims.positions import compare_positions, neighbour_batch, verdict
 from tokennet.demos.claims.scaling import score_variance
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 NAMES = ["linear-family", "low-rank", "mlp-is-conv1x1", "fixed-W-vs-attention", "identity-value", "concat-positions",
-         "causal-mask", "sqrt-d-scaling", "cnn-rnn-attention-table", "rnn-forgets-long-inputs", "vit-vs-cnn-data"]
+         "causal-mask", "sqrt-d-scaling", "cnn-rnn-attention-table", "rnn-forgets-long-inputs", "vit-vs-cnn-data",
+         "layernorm-optimization", "fourier-positions"]
 
 
 def test_every_claim_is_registered_in_the_issues_order_with_the_lectures_words():
     assert claim_names() == NAMES
-    assert [c.number for c in claims()] == ["1", "2", "3", "4", "5", "6", "7", "8", "9", "9b", "10"]
+    assert [c.number for c in claims()] == ["1", "2", "3", "4", "5", "6", "7", "8", "9", "9b", "10", "11", "12"]
     for c in claims():
         assert c.quote.startswith(('"', "An RNN")) and len(c.quote) > 40, c.name
 
@@ -152,6 +156,59 @@ def test_a_measured_claim_with_no_verdict_is_not_decided_and_an_absent_one_not_m
                                                 "b": row(None, "not measured here"), "c": row(True, "x")}})
     assert "| not decided |" in table and "| not measured |" in table and "| holds |" in table
     assert table.rstrip().endswith("1 hold, 0 do not, 1 not decided, 1 not measured here (seed 0).")
+
+
+# -- 11–12: two ideas the issue did not list (rows 59, 60 of docs/lecture_audit.md) ----------------------------
+
+
+def test_11_the_sorting_task_scores_only_the_sorted_half():
+    import torch
+
+    ids, tgt = sort_batch(torch.Generator().manual_seed(0), 4)
+    assert ids.shape == tgt.shape == (4, 16) and bool((ids[:, 8] == 10).all())  # the separator
+    assert bool((tgt[:, :8] == -100).all()) and bool((tgt[:, 8:] == ids[:, :8].sort(dim=1).values).all())
+    assert bool((ids[:, 9:] == tgt[:, 8:15]).all())  # the sorted digits so far, one step behind
+
+
+def test_11_layernorm_keeps_a_large_learning_rate_trainable_where_no_norm_does_not():
+    r = compare_norms(0, lrs=(3e-3, 3e-2), steps=100)
+    runs = r["runs"]
+    # At 3e-3 both learn (final losses 0.30, 0.28); at 3e-2 the norm-free loss blows up, the normed one learns (0.44).
+    assert stable(runs["pre"][3e-3]) and stable(runs["none"][3e-3]) and stable(runs["pre"][3e-2]), r
+    assert final_loss(runs["pre"][3e-2]) < 1.0 and not stable(runs["none"][3e-2])
+    assert not final_loss(runs["none"][3e-2]) < 10 * math.log(10)  # far above chance (520 at 100 steps), or nan
+
+
+def test_12_the_neighbour_task_names_the_lower_right_symbol():
+    import torch
+
+    x, tgt = neighbour_batch(torch.Generator().manual_seed(0), 3, (4, 5))
+    x, tgt = x.reshape(3, 4, 5), tgt.reshape(3, 4, 5)
+    assert bool((tgt[:, :3, :4] == x[:, 1:, 1:]).all())
+    assert bool((tgt[:, 3] == -100).all()) and bool((tgt[:, :, 4] == -100).all())
+
+
+def test_12_the_verdict_weighs_fourier_against_learned_on_three_measures():
+    def runs(f_acc, f_curve, f_big, l_acc, l_curve, l_big):
+        return {"steps": 400, "runs": {
+            "fourier": {"accuracy": f_acc, "curve": f_curve, "test_grid_accuracy": f_big},
+            "learned": {"accuracy": l_acc, "curve": l_curve, "test_grid_accuracy": l_big}}}
+
+    fast, slow = [(50, 0.5), (100, 0.95)], [(50, 0.5), (100, 0.7), (150, 0.92)]
+    assert verdict(runs(0.99, fast, 0.9, 0.99, slow, 0.9))[0] is True  # only faster
+    assert verdict(runs(0.99, slow, 0.5, 0.99, slow, 0.9))[0] is False  # only worse on the larger grid
+    holds, why = verdict(runs(0.99, fast, 0.5, 0.99, slow, 0.9))  # faster, but worse on the larger grid
+    assert holds is None and why["ahead"] == ["steps to 90 %"] and why["behind"] == ["larger grid"]
+    assert verdict(runs(0.99, fast, 0.9, 0.99, fast, 0.95))[0] is None  # within every margin
+
+
+def test_12_positions_matter_on_the_grid_task_and_fourier_learns_it():
+    r = compare_positions(0, steps=200, every=100)
+    acc = {k: v["accuracy"] for k, v in r["runs"].items()}
+    assert acc["fourier"] > 0.95 and acc["learned"] > 0.95 and acc["sinusoidal"] > 0.95 and acc["none"] < 0.35, acc
+    big = {k: v["test_grid_accuracy"] for k, v in r["runs"].items()}
+    # On the larger grid 1-D raster positions lose the offset (chance, 1/8): 2-D Fourier positions keep part of it.
+    assert big["fourier"] > 0.5 > 0.2 > big["sinusoidal"], big
 
 
 # -- the command --------------------------------------------------------------------------------------------------

@@ -97,6 +97,22 @@ def test_pre_norm_block_equals_formula():
     torch.testing.assert_close(blk(x, is_causal=True), expected, **TOL)
 
 
+def test_a_norm_free_block_is_x_plus_f_x_with_no_norm_parameters():
+    blk = _randomize(Block(D, H, norm="none", cross_attention=True), seed=6)
+    assert not any("norm" in n for n, _ in blk.named_parameters())
+    assert not any(isinstance(m, (nn.LayerNorm, nn.RMSNorm)) for m in blk.modules())
+    x, ctx = _x(2, 5, D, seed=7), _x(2, 3, D, seed=8)
+    h = x + blk.attn(x, is_causal=True)
+    h = h + blk.cross_attn(h, ctx)
+    expected = h + blk.mlp(h)
+    torch.testing.assert_close(blk(x, ctx, is_causal=True), expected, **TOL)
+    enc = Encoder(D, 2, H, norm="none").eval()  # no final norm either: the stack is its blocks
+    expected = enc.blocks[1](enc.blocks[0](x))
+    torch.testing.assert_close(enc(x), expected, **TOL)
+    with pytest.raises(ValueError, match="norm must be one of"):
+        Block(D, H, norm="nope")
+
+
 @pytest.mark.parametrize("norm", ["pre", "post"])
 def test_cross_attention_block_equals_formula(norm):
     blk = _randomize(Block(D, H, norm=norm, cross_attention=True, context_dim=12), seed=6)

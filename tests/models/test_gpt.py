@@ -69,6 +69,21 @@ def test_config_validation(kw, msg):
         GPTConfig(**{"dim": 32, "num_heads": 4, **kw})
 
 
+def test_norm_free_gpt_has_no_norm_and_still_decodes_incrementally():
+    torch.manual_seed(0)
+    m = create_model("gpt-micro", vocab_size=30, block_size=20, norm_placement="none").eval()
+    assert not any(isinstance(x, (torch.nn.LayerNorm, torch.nn.RMSNorm)) for x in m.modules())
+    idx = torch.randint(30, (2, 12))
+    with torch.no_grad():
+        full = m(idx).logits
+        caches = m.make_caches()
+        parts = [m(idx[:, :5], caches=caches).logits] + [m(idx[:, t:t + 1], caches=caches).logits
+                                                         for t in range(5, 12)]
+    torch.testing.assert_close(torch.cat(parts, 1), full, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="norm_placement must be one of"):
+        GPTConfig(dim=32, num_heads=4, norm_placement="post")
+
+
 def test_gqa_model_runs():
     m = create_model("gpt-micro", vocab_size=20, num_heads=4, num_kv_heads=2)
     assert m.decoder.blocks[0].attn.qkv_proj.out_features == 4 * 16 + 2 * (2 * 16)  # H·E + 2·Hkv·E

@@ -14,6 +14,12 @@ Sandwich norm (Gemma 2/3: a norm before each sublayer and one on its output, bef
 
 with the output norms named ``post_attn_norm``, ``post_mlp_norm`` (``post_cross_norm``).
 
+No norm (``norm="none"``, for ablations: the lecture's "LayerNorm has desirable optimization properties")::
+
+    x = x + Attn(x);  x = x + MLP(x)
+
+the norms are identities (``norm1``, ``norm2``, ``norm_cross`` are ``nn.Identity``; a stack's final norm too).
+
 All use the same parameter names (``norm1, attn, norm2, mlp``; ``norm_cross, cross_attn`` for a
 decoder block's cross-attention), so a checkpoint says nothing about which was used: the config does.
 
@@ -37,8 +43,13 @@ from .norm import NORM_LAYERS, Norm, make_norm
 
 __all__ = ["Block", "NORMS", "MIXERS", "NORM_LAYERS", "make_norm", "Norm", "mlp_kind"]
 
-NORMS = ("pre", "post", "sandwich")
+NORMS = ("pre", "post", "sandwich", "none")
 MIXERS = ("attention", "token")
+
+
+def _identity(dim: int) -> nn.Module:
+    """The norm kind of ``norm="none"``: ``x ↦ x`` at any width."""
+    return nn.Identity()
 
 
 def mlp_kind(*, mlp_ratio: float = 4.0, activation: str = "gelu", gated: bool = False, dropout: float = 0.0,
@@ -55,7 +66,8 @@ class Block(nn.Module):
         dim: model width D.
         num_heads: attention heads H.
         mlp_ratio: MLP inner width as a multiple of D.
-        norm: ``"pre"``, ``"post"`` or ``"sandwich"`` (pre- and post-norm around each sublayer, Gemma) placement.
+        norm: ``"pre"``, ``"post"`` or ``"sandwich"`` (pre- and post-norm around each sublayer, Gemma) placement,
+            or ``"none"``: no normalization at all (residual sublayers ``x + f(x)``; an ablation).
         dropout: dropout on attention weights, residual branches and MLP.
         activation: MLP nonlinearity (``"gelu"`` or ``"relu"``).
         num_kv_heads: key/value heads for grouped-query attention.
@@ -104,9 +116,11 @@ class Block(nn.Module):
             raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
         if mixer not in MIXERS:
             raise ValueError(f"mixer must be one of {MIXERS}, got {mixer!r}")
-        self.pre = norm in ("pre", "sandwich")
+        self.pre = norm in ("pre", "sandwich", "none")  # none: x + f(x), the pre-norm path with identity norms
         self.sandwich = norm == "sandwich"
         norm_layer = norm_layer if isinstance(norm_layer, Norm) else Norm(norm_layer, eps=norm_eps, bias=bias)
+        if norm == "none":
+            norm_layer = _identity
         if mlp is None:
             mlp = mlp_kind(mlp_ratio=mlp_ratio, activation=activation, gated=gated_mlp, dropout=dropout, bias=bias)
         self.norm1 = norm_layer(dim)

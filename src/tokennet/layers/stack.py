@@ -33,6 +33,7 @@ class _Stack(nn.Module):
         self.blocks = nn.ModuleList(Block(dim, num_heads, **block_kw) for _ in range(n_distinct))
         pre = block_kw.get("norm", "pre") in ("pre", "sandwich")
         # Pre-norm leaves the residual stream unnormalized: one final norm (the blocks' kind) closes the stack.
+        # (No final norm after post-norm blocks, whose last norm closes the stack, nor with norm="none".)
         kind = block_kw.get("norm_layer", "layernorm")
         if not isinstance(kind, Norm):
             kind = Norm(kind, eps=block_kw.get("norm_eps", 1e-5), bias=block_kw.get("bias", True))

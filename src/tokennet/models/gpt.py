@@ -70,7 +70,8 @@ class GPTConfig(TransformerConfig, defaults=dict(dim=384, num_layers=6, num_head
             ``"rmsnorm1p"``).
         head_dim: per-head width E (default ``dim // num_heads``; Gemma 3 270M: 256 with D = 640 and 4 heads).
         norm_placement: ``"pre"`` (GPT-2, Llama) or ``"sandwich"`` (Gemma: a norm before each sublayer and one on its
-            output, ``x + N'(f(N(x)))``).
+            output, ``x + N'(f(N(x)))``), or ``"none"``: no norm anywhere, ``x + f(x)`` and no final norm (an ablation;
+            not exported).
         embedding_scale: the token embeddings' factor, ``x_0 = s · E[ids]`` (Gemma: √D; the head, tied, is not scaled).
         attention_windows: per layer, the keys a query sees: 0 for every earlier key (global), W for the W most recent
             (a sliding window, itself included); None: all global. Gemma 3: ``[512]*5 + [0]`` repeated.
@@ -128,7 +129,7 @@ class GPTConfig(TransformerConfig, defaults=dict(dim=384, num_layers=6, num_head
         self._mlp_and_backend()
         if not isinstance(self.qk_norm, bool) and self.qk_norm not in NORM_LAYERS:
             raise ConfigError(f"qk_norm must be true, false or a norm kind {NORM_LAYERS}, got {self.qk_norm!r}")
-        self._choice("norm_placement", self.norm_placement, ("pre", "sandwich"))
+        self._choice("norm_placement", self.norm_placement, ("pre", "sandwich", "none"))
         if self.head_dim is not None and (isinstance(self.head_dim, bool) or not isinstance(self.head_dim, int)
                                           or self.head_dim < 1):
             raise ConfigError(f"head_dim must be a positive integer or null, got {self.head_dim!r}")

@@ -53,7 +53,7 @@ class Seq2SeqConfig(TransformerConfig, defaults=dict(dropout=0.1)):
         num_decoder_layers: decoder blocks (None = num_layers).
         mlp_ratio: MLP width as a multiple of D (the paper: 4).
         dropout: dropout on embeddings, attention weights and residual branches (the paper: 0.1).
-        norm: ``"post"`` (the paper) or ``"pre"``.
+        norm: ``"post"`` (the paper), ``"pre"``, ``"sandwich"`` or ``"none"`` (no norms, an ablation).
         activation: MLP nonlinearity (the paper: ``"relu"``).
         tie_weights: share the embedding with the output layer (the paper does).
         label_smoothing: ε of the smoothed cross-entropy (the paper: 0.1).

@@ -1,9 +1,11 @@
 """The lecture, claim by claim: ``tokennet demo claims`` runs every checkable statement as a small seeded experiment.
 
 Each claim is a function (one module per group: :mod:`.linear_maps` 1–3, :mod:`.mixing` 4–6, :mod:`.causal` 7,
-:mod:`.scaling` 8, :mod:`.architectures` 9–10) whose docstring quotes the lecture; the command, the tests and
-the page call the same functions. :func:`run_claims` runs them (or one, ``only=``), and writes ``claims.json`` and
-``claims.html`` (a figure per claim, inline). Claims that take minutes are read from their bench's results file.
+:mod:`.scaling` 8, :mod:`.architectures` 9–10, and two the issue did not list: :mod:`.normalization` 11, LayerNorm's
+optimization properties, :mod:`.positions` 12, Fourier positions against other kinds) whose docstring quotes the
+lecture; the command, the tests and the page call the same functions. :func:`run_claims` runs them (or one,
+``only=``), and writes ``claims.json`` and ``claims.html`` (a figure per claim, inline). Claims that take minutes
+are read from their bench's results file.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 import torch
 
 from ...errors import TokennetError
-from . import architectures, causal, linear_maps, mixing, scaling  # noqa: F401 -- each registers its claims
+from . import architectures, causal, linear_maps, mixing, normalization, positions, scaling  # noqa: F401 -- each registers its claims
 from ._registry import Claim, Result, claims
 
 __all__ = ["Claim", "Result", "claims", "claim_names", "run_claims", "format_table", "FILES"]
