@@ -357,3 +357,30 @@ def test_one_query_attention_equals_sdpa(num_kv_heads):
     k, v = (torch.randn(2, num_kv_heads, 13, 8, generator=g) for _ in range(2))
     want = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
     torch.testing.assert_close(one_query_attention(q, k, v), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("num_kv_heads", [1, 3])
+def test_one_query_attention_with_a_per_key_mask_equals_sdpa(num_kv_heads):
+    """The serving engine's rows at their own lengths: a (B, 1, 1, L) key mask, as SDPA applies it."""
+    import torch.nn.functional as F
+
+    from tokennet.attention.multihead import one_query_attention
+
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(3, 6, 1, 8, generator=g)
+    k, v = (torch.randn(3, num_kv_heads, 11, 8, generator=g) for _ in range(2))
+    lengths = torch.tensor([10, 0, 4])  # row b attends to keys 0..lengths[b]
+    mask = (torch.arange(11)[None, :] <= lengths[:, None])[:, None, None, :]  # (3, 1, 1, 11)
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    got = one_query_attention(q, k, v, mask)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    # the masked keys are not read: changing them changes nothing
+    k2, v2 = k.clone(), v.clone()
+    k2[1, :, 1:], v2[1, :, 1:] = 1e3, -1e3
+    torch.testing.assert_close(one_query_attention(q, k2, v2, mask), got)
+    # a row with no key left is 0, as attention() gives it (SDPA alone would give NaN)
+    from tokennet.attention.functional import attention
+
+    mask[2] = False
+    torch.testing.assert_close(one_query_attention(q, k, v, mask), attention(q, k, v, mask), rtol=1e-5, atol=1e-6)
+    assert one_query_attention(q, k, v, mask)[2].abs().max() == 0

@@ -97,6 +97,57 @@ def test_the_int8_copy_compiles_and_its_logits_are_the_eager_ones():
             torch.testing.assert_close(compiled.float(), eager.float(), rtol=3e-2, atol=3e-2)
 
 
+def test_the_traced_step_fuses_the_rows_mask_into_its_attention_and_gives_the_eager_tokens():
+    """What Dynamo captures of the engine's step (no Inductor: the graph runs as traced, in seconds): the rows' key
+    mask goes into the step's own attention (one_query_attention), never an SDPA call per layer, as in
+    sampling.stream's step; and the tokens are the eager engine's, one row and several."""
+    import types
+
+    m = _model(num_layers=2)
+    rounds = [1, 3, 2]
+    eager = Engine(m, TOK, max_batch=3, compile=False).start()
+    want = _session(eager, rounds)
+    eager.stop()
+    engine = Engine(m, TOK, max_batch=3, compile=True)
+    step, graphs = engine.step, []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    fn = type(step)._step
+    code = fn.__code__.replace(co_name="_step_traced_for_a_test")
+    step.fn = torch.compile(types.MethodType(types.FunctionType(code, fn.__globals__), step), fullgraph=True,
+                            dynamic=False, backend=backend)
+    engine.start()
+    got = _session(engine, rounds)
+    engine.stop()
+    assert step.compiled is True and graphs
+    assert got == want
+    called = {str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function"}
+    assert not [c for c in called if "scaled_dot_product" in c], called
+    assert any("softmax" in c for c in called)  # the attention is in the graph, written out
+
+
+def test_the_steps_views_of_the_rows_are_kept_until_the_buffers_grow():
+    """RowsStep hands the graph rows 0..B−1 of every layer's buffers: made once per batch size, views of the
+    buffers themselves (the graph's writes land in the cache), made again once the cache has grown."""
+    from tokennet.serve.cache import SlotCaches
+    from tokennet.serve.engine import RowsStep
+
+    caches = SlotCaches(2, 1, 4, 3, 64, capacity=8)
+    one, two = RowsStep._views(caches, 1), RowsStep._views(caches, 2)
+    assert RowsStep._views(caches, 1) is one and RowsStep._views(caches, 2) is two
+    assert len(two) == 2 and two[1][0].shape == (2, 1, 8, 4)
+    two[1][1][1, 0, 3] = 7.0  # a write through the view is a write into the cache
+    assert caches.layers[1].v[1, 0, 3, 0] == 7.0
+    caches.ensure(20)  # new buffers
+    grown = RowsStep._views(caches, 2)
+    assert grown is not two and grown[1][1].shape == (2, 1, 32, 4)
+    assert grown[1][1].untyped_storage().data_ptr() == caches.layers[1].v.untyped_storage().data_ptr()
+    assert caches.layers[1].v[1, 0, 3, 0] == 7.0  # the grown cache kept the row
+
+
 def test_a_failing_compiler_decodes_eagerly_with_one_note(caplog):
     """No C++ compiler (or an operation Dynamo cannot trace): one warning, then the eager engine's tokens."""
     m = _model(num_layers=1)

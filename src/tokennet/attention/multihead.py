@@ -69,19 +69,26 @@ class KVCache:
             self.v = self.v.index_select(0, index)
 
 
-def one_query_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+def one_query_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
     """``softmax(q Kᵀ / √E) V`` for one query per head, written elementwise, grouped-query heads included.
 
     ``q (B, H, 1, E)``, ``k, v (B, Hkv, L, E)`` → ``(B, H, 1, E)``. A decoding step's attention, as a compiled
     step computes it: Inductor fuses these sums into the step's own loops, where a call of the fused
     attention kernel per layer would cost more than the few thousand multiplications it does.
+    ``mask``: boolean ``(B or 1, 1, 1, L)``, True = may attend (the serving engine's rows at their own lengths);
+    a row with no key left gives 0, as :func:`~tokennet.attention.functional.attention` does.
     """
     B, H, _, E = q.shape
     Hkv = k.shape[1]
     qg = q.reshape(B, Hkv, H // Hkv, 1, E).float()  # (B, Hkv, g, 1, E): the g query heads of each key head
     scores = (qg * k[:, :, None].float()).sum(-1) * E**-0.5  # (B, Hkv, g, L)
+    if mask is not None:  # (B, 1, 1, L) broadcasts over (Hkv, g)
+        has_any = mask.any(dim=-1, keepdim=True)  # a row without keys attends everywhere, then is zeroed
+        scores = scores.masked_fill(~(mask | ~has_any), float("-inf"))
     a = torch.softmax(scores, dim=-1)
     out = (a[..., None] * v[:, :, None].float()).sum(-2)  # (B, Hkv, g, E)
+    if mask is not None:
+        out = out * has_any.to(out.dtype)
     return out.reshape(B, H, 1, E).to(q.dtype)
 
 
@@ -285,9 +292,13 @@ class MultiHeadAttention(nn.Module):
             v = self._heads(v, self.num_kv_heads)  # (B, Hkv, N, E)
             if cache is not None:
                 k, v = cache.append(k, v)
-        if (torch.compiler.is_compiling() and N == 1 and not cross and mask is None and bias is None
+        # A per-key mask (B, 1, 1, Nk) — the serving engine's rows at their own lengths — is fused in too: through
+        # SDPA, each layer would be one kernel call on copies of its keys and values.
+        one_row_mask = mask is None or (mask.dtype == torch.bool and mask.dim() == 4 and mask.shape[1] == 1
+                                        and mask.shape[2] == 1)
+        if (torch.compiler.is_compiling() and N == 1 and not cross and one_row_mask and bias is None
                 and not return_weights and not (self.training and self.dropout > 0)):
-            out = one_query_attention(q, k, v)  # a compiled decoding step: no kernel call per layer
+            out = one_query_attention(q, k, v, mask)  # a compiled decoding step: no kernel call per layer
         else:
             out = attention(
                 q,

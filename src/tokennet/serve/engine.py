@@ -286,16 +286,30 @@ class RowsStep(CompiledStep):
             torch._dynamo.mark_dynamic(feed, 0)
             torch._dynamo.mark_dynamic(lengths, 0)
         B = feed.shape[0]
-        buffers = []
-        for c in caches.layers:  # rows 0..B−1 (views: the graph writes the new keys into the buffers themselves),
-            kv = (c.k[:B], c.v[:B])  # so the batch size is never compared with the number of rows the cache has
-            for t in kv:
-                torch._dynamo.mark_dynamic(t, 2)  # the capacity: one graph for every cache size
-                if B > 1:
-                    torch._dynamo.mark_dynamic(t, 0)
-            buffers.append(kv)
         with symbolic_rows(B > 1):  # a symbolic batch: matrix products, not the one-row sum of products
-            return self._run(feed, lengths, keys, buffers)
+            return self._run(feed, lengths, keys, self._views(caches, B))
+
+    @staticmethod
+    def _views(caches: SlotCaches, B: int) -> list[tuple[Tensor, Tensor]]:
+        """Every layer's rows 0..B−1, marked for the graph: views (the graph writes the new keys into the buffers
+        themselves), so the batch size is never compared with the number of rows the cache has. Made once per
+        batch size and kept with the caches until their buffers are replaced (a grown capacity), instead of 2·L
+        views made and marked at every step."""
+        kept = caches.__dict__.get("_rows_step_views")
+        if kept is None or kept[0] is not caches.layers[0].k:
+            kept = caches.__dict__["_rows_step_views"] = (caches.layers[0].k, {})
+        buffers = kept[1].get(B)
+        if buffers is None:
+            buffers = []
+            for c in caches.layers:
+                kv = (c.k[:B], c.v[:B])
+                for t in kv:
+                    torch._dynamo.mark_dynamic(t, 2)  # the capacity: one graph for every cache size
+                    if B > 1:
+                        torch._dynamo.mark_dynamic(t, 0)
+                buffers.append(kv)
+            kept[1][B] = buffers
+        return buffers
 
 
 # decoding copy → its RowsStep (weak keys: a step lives no longer than its copy; every engine of one copy, e.g.
