@@ -408,7 +408,11 @@ def main() -> None:
                      "same_next_token_as_llama_cpp_teacher_forced": forced,
                      "rounds": [{k: v for k, v in r.items() if k not in ("ids", "forced")} for r in runs[s]],
                      "ids": r0["ids"]})
-    record = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "machine": platform.platform(),
+    sys.path.insert(0, str(Path(__file__).parent))
+    from _record import commit
+
+    record = {"command": "python bench/interop.py " + " ".join(sys.argv[1:]), "commit": commit(),
+              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "machine": platform.platform(),
               "cpus": os.cpu_count(), "threads": args.threads, "torch": torch.__version__, "gguf": gguf.name,
               "new_tokens": args.new_tokens, "prompt_tokens": len(long), "bandwidth_gb_s": bandwidth,
               "load_average_before": load_before, "load_average_after": os.getloadavg()[0], "import_memory": memory,
