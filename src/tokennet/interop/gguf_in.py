@@ -27,6 +27,7 @@ from ..layers.blockquant import (
     block_bytes,
     dequantize_blocks,
     group_size,
+    unwritten_blocks,
     widen_to_q8_0,
 )
 from ..models.registry import load_state_assigned
@@ -164,7 +165,8 @@ def build_checked(model_class, config, names) -> torch.nn.Module:
             raise DataError(f"{names.where}: tensor {k!r} has shape {_shape(names.state[k])}, the header's sizes "
                             f"make {tuple(t.shape)}; nothing was written")
     names.state = expand_blocks(names.state)
-    model = model_class(config)  # block buffers allocated, not written: the file's blocks take their place
+    with unwritten_blocks():
+        model = model_class(config)  # block buffers allocated, not written: the file's blocks take their place
     load_state_assigned(model, names.finish(model))  # the file's blocks become the model's: no second copy
     return model
 

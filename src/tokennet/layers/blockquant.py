@@ -45,7 +45,8 @@ from torch import Tensor, nn
 
 __all__ = ["FORMATS", "QUANTIZE_FORMATS", "RAW_FORMATS", "GROUP", "QK_K", "group_size", "raw_dequantize",
            "BlockLinear", "BlockEmbedding", "quantize_blocks", "dequantize_blocks",
-           "block_bytes", "gemv", "gemv_rows", "symbolic_rows", "GEMV_ROWS", "WIDENS_TO_Q8_0", "widen_to_q8_0"]
+           "block_bytes", "gemv", "gemv_rows", "symbolic_rows", "unwritten_blocks", "GEMV_ROWS", "WIDENS_TO_Q8_0",
+           "widen_to_q8_0"]
 
 FORMATS = ("q8_0", "q4_0", "q4_1", "q5_0", "q4_k", "q5_k", "q6_k")
 QUANTIZE_FORMATS = ("q8_0", "q4_0", "q4_1")  # the formats quantize_blocks makes (the others are read from files)
@@ -57,6 +58,22 @@ _GROUPS = {"q4_k": QK_K, "q5_k": QK_K, "q6_k": QK_K}
 
 # Up to this many rows, a linear layer traced by torch.compile is written as a sum of products (see gemv).
 GEMV_ROWS = 4
+
+
+_UNWRITTEN = False  # True while unwritten_blocks() is active
+
+
+@contextlib.contextmanager
+def unwritten_blocks():
+    """While active, :meth:`BlockLinear.reset_parameters` leaves a layer's blocks as allocated: for a loader that
+    builds a model whose blocks it replaces next by a file's (``to_empty`` memory never written is never touched,
+    so it costs no resident memory before it is freed). Outside it, a model made without a file has zero blocks."""
+    global _UNWRITTEN
+    before, _UNWRITTEN = _UNWRITTEN, True
+    try:
+        yield
+    finally:
+        _UNWRITTEN = before
 
 
 _SYMBOLIC_ROWS = False  # True while symbolic_rows() is active (Dynamo reads it as a constant and guards on it)
@@ -293,6 +310,14 @@ class BlockLinear(nn.Module):
         self.register_buffer("d", None if fmt in RAW_FORMATS else torch.zeros(N, G, dtype=torch.float16))
         self.register_buffer("m", torch.zeros(N, G, dtype=torch.float16) if fmt == "q4_1" else None)
         self.register_buffer("bias", torch.zeros(N) if bias else None)
+
+    def reset_parameters(self) -> None:
+        """Zero blocks (a layer whose buffers ``to_empty`` allocated), unless :func:`unwritten_blocks` is active."""
+        if _UNWRITTEN:
+            return
+        for t in (self.qs, self.d, self.m, self.bias):
+            if t is not None:
+                t.zero_()
 
     @classmethod
     def from_float(cls, linear: nn.Linear, fmt: str) -> BlockLinear:

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from ..errors import ConfigError, RunError
 from ..fileio import atomic_write_text, safetensors_write, sha256_file
+from ..layers.blockquant import unwritten_blocks
 from ..state import check_state_dict
 
 __all__ = [
@@ -360,7 +361,8 @@ def load_pretrained(directory: str | Path, *, map_location: str | torch.device =
         config = config_from_dict(d)
     except (ConfigError, TypeError) as e:  # a hand-edited or foreign config.json (TypeError: a field of the wrong type)
         raise RunError(f"{directory / CONFIG_FILE} is not a valid model config: {e}") from None
-    model = model_from_config(config)
+    with unwritten_blocks():  # every weight comes from the file next (a missing one is an error below)
+        model = model_from_config(config)
     wpath = directory / WEIGHTS_FILE
     if not wpath.is_file():
         pickled = sorted(p for p in directory.iterdir() if p.suffix in PICKLE_SUFFIXES) if directory.is_dir() else []
