@@ -50,6 +50,7 @@ def test_claim_verdicts():
     assert B.claim(rows({"gru": 90, "gru_attention": 10}), (1, 8))["holds"] is None
 
 
+@pytest.mark.slow  # ~2 min on 2 cores; test_the_results_file_keeps_the_contract runs the same code tiny
 def test_the_gru_without_attention_forgets_and_the_attention_models_do_not():
     res = B.run_experiment(train_lengths=(1, 8), test_lengths=(2, 8), steps=250, dim=32, lr=5e-3, n_eval=100,
                            log=lambda s: None)

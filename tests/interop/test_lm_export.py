@@ -183,6 +183,7 @@ def test_bad_runs_and_existing_paths_are_one_line_and_write_nothing(runs, tmp_pa
     assert existing.read_bytes()[:4] == b"GGUF"
 
 
+@pytest.mark.slow  # the real 94 MB file (~45 s); test_gguf_reads_back_with_the_gguf_package_… covers blocks
 def test_smollm2_blocks_go_back_to_gguf_bit_for_bit(tmp_path):
     """The real file: imported (Q4_1 and Q8_0 kept as blocks) and exported again, every tensor's bytes unchanged."""
     from tests.interop.test_smollm2 import smollm2_gguf

@@ -110,6 +110,7 @@ def test_bad_data_is_a_one_line_error(tmp_path, capsys):
     assert "in_channels=3 does not match the data, which has in_channels=1" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # 300 steps of two models (~30 s); the cnn recipe itself is in test_every_recipe
 def test_cnn_baseline_beside_the_vit(tmp_path, capsys):
     """cnn_baseline=true: the cnn recipe's CNN for the same steps on the same split, its test accuracy as
     baseline_cnn_accuracy (a CNN that learns: well above chance after 300 steps on digits); 1-D data refuses it."""
