@@ -176,16 +176,19 @@ class CompiledStep:
         return logits
 
 
-# decoding copy → its CompiledStep (weak keys: a step lives no longer than its copy)
+# decoding copy → {step class: its step} (weak keys: a step lives no longer than its copy; every caller of one copy
+# shares its compiled graphs)
 _STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def compiled_step(net: nn.Module) -> CompiledStep:
-    """The :class:`CompiledStep` of a decoding copy, made once and kept with it."""
-    step = _STEPS.get(net)
-    if step is None:
-        step = _STEPS[net] = CompiledStep(net)
-    return step
+def compiled_step(net: nn.Module, kind: type[CompiledStep] | None = None) -> CompiledStep:
+    """The step of class ``kind`` (default :class:`CompiledStep`; the serving engine's ``RowsStep``) of a decoding
+    copy, made once and kept with it."""
+    kind = CompiledStep if kind is None else kind
+    steps = _STEPS.setdefault(net, {})
+    if kind not in steps:
+        steps[kind] = kind(net)
+    return steps[kind]
 
 
 # A temperature below this is greedy (vLLM's _SAMPLING_EPS): dividing logits by 1e-40 overflows to inf,

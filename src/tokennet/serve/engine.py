@@ -47,7 +47,6 @@ import logging
 import os
 import threading
 import time
-import weakref
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -59,7 +58,7 @@ from torch import Tensor, nn
 from ..errors import ConfigError
 from ..layers import quantize as quantization
 from ..layers.blockquant import symbolic_rows
-from ..sampling import SAMPLING_EPS, CompiledStep, compile_default, inductor_cache_dir
+from ..sampling import SAMPLING_EPS, CompiledStep, compile_default, compiled_step, inductor_cache_dir
 from .cache import DecodePlan, PrefixCache, SlotCache, SlotCaches
 
 __all__ = ["Engine", "Sequence", "SamplingParams", "QueueFull", "sample_rows", "SAMPLING_EPS", "TokenLogprob",
@@ -312,19 +311,6 @@ class RowsStep(CompiledStep):
         return buffers
 
 
-# decoding copy → its RowsStep (weak keys: a step lives no longer than its copy; every engine of one copy, e.g.
-# one per run.generate([...]) call, shares its compiled graphs)
-_ROWS_STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def rows_step(net: nn.Module) -> RowsStep:
-    """The :class:`RowsStep` of a decoding copy, made once and kept with it."""
-    step = _ROWS_STEPS.get(net)
-    if step is None:
-        step = _ROWS_STEPS[net] = RowsStep(net)
-    return step
-
-
 def _describe(e: BaseException) -> str:
     return f"internal error: {type(e).__name__}: {e}"
 
@@ -376,7 +362,7 @@ class Engine:
         self.caches = SlotCaches(c.num_layers, heads, c.head_width, max_batch, self.context,
                                  device=self.device, dtype=act)
         self.prefix = self._prefix_cache(prefix_cache_mb, prefix_block)
-        self.step = rows_step(self.net) if compile_default(compile) else None
+        self.step = compiled_step(self.net, RowsStep) if compile_default(compile) else None
         self.warm_up_s: float | None = None  # the time warm_up took (compiling, or loading Inductor's cache)
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.waiting: deque[Sequence] = deque()
