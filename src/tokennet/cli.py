@@ -329,8 +329,9 @@ def _add_serve(sub) -> None:
                    "the start log and GET /health say which")
     p.add_argument("--no-compile", action="store_true",
                    help="decode eagerly. Default: the batched decoding step compiled by torch.compile (as generate), "
-                   "compiled before the first request; the first start on a machine pays for it (tens of seconds), "
-                   "later starts load it from Inductor's on-disk cache (~/.cache/tokennet/inductor). Where it "
+                   "compiled before the first request; the first start on a machine pays for it (minutes for a "
+                   "135M model), later starts load it from Inductor's on-disk cache (~/.cache/tokennet/inductor). "
+                   "Where it "
                    "does not compile it says so once and decodes eagerly; TOKENNET_COMPILE=0 also turns it off. "
                    "The start log and GET /health (compile) say which")
     p.add_argument("--prefix-cache-mb", type=float, default=256.0,
