@@ -146,13 +146,15 @@ def main() -> None:
                            "val_loss": trained.get("val_loss")},
                "complete": False, "runs": {}}
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    partial = args.out.with_suffix(".partial.json")
     for name, d in runs.items():
         print(f"{name}: perplexity …", flush=True)
         r = {"perplexity": perplexities(d, held)}
         print(f"{name}: shakespeare_mc …", flush=True)
         r["shakespeare_mc"] = mc_accuracy(d, args.limit)
         results["runs"][name] = r
-        args.out.write_text(json.dumps(results, indent=2) + "\n")  # each run's figures kept as they come
+        # each run's figures kept as they come, beside the recorded file (a crash leaves that one whole)
+        partial.write_text(json.dumps(results, indent=2) + "\n")
     results["load_after"] = os.getloadavg()
     results["complete"] = True
     print("\n| run | window | tokens | ppl (stride = window) | ppl (stride = window/2) | bits/byte (window/2) | "
@@ -164,7 +166,8 @@ def main() -> None:
         print(f"| {name} | {a['window']} | {a['tokens']} | {a['perplexity']:.2f} | {b['perplexity']:.2f} | "
               f"{b['bits_per_byte']:.3f} | {mc['native']['acc,none']:.3f} / {mc['local_completions']['acc,none']:.3f}"
               f" ({'equal' if mc['same_accuracy'] else 'DIFFERENT'}) |")
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    partial.write_text(json.dumps(results, indent=2) + "\n")
+    partial.replace(args.out)  # the complete record replaces the old one at once
     print(f"\nwritten: {args.out}")
 
 
