@@ -37,9 +37,10 @@ sys.path.insert(0, str(ROOT / "src"))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from tokennet.data.vqa import AnimalQuestions, encode_questions, render, sample_items  # noqa: E402
+from tokennet.data.vqa import COLOURS, AnimalQuestions, encode_questions, render, sample_items  # noqa: E402
 from tokennet.errors import ConfigError, TokennetError  # noqa: E402
 from tokennet.models.registry import create_model  # noqa: E402
+from tokennet.models.vqa import answer_points  # noqa: E402
 from tokennet.tasks.vqa import exact_match  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/_record.py, also when a test loads this file
@@ -159,6 +160,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-transformer", action="store_true", help="only the CNNs")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "vqa_receptive_field.json"))
+    ap.add_argument("--into", metavar="RUN_DIR", help="also write receptive_field.json and .png into a vqa run "
+                    "directory, where its report (tokennet report) shows them")
     args = ap.parse_args(argv)
     try:
         if args.steps < 1 or args.batch_size < 2 or args.test_size < 2:
@@ -167,6 +170,8 @@ def main(argv=None) -> int:
             raise ConfigError(f"--readout must be coords or mean, got {args.readout!r}")
         for f in args.fields:
             layout(f, args.via)  # every setting checked before anything trains
+        if args.into and not (Path(args.into) / "run.json").is_file():
+            raise ConfigError(f"--into {args.into}: not a run directory (no run.json)")
         return run(args)
     except TokennetError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -176,7 +181,8 @@ def main(argv=None) -> int:
 def run(args) -> int:
     spec = AnimalQuestions(seed=args.seed).filled()
     mean, std = spec.pixel_stats()
-    data = {"vocab_size": len(spec.words), "num_answers": len(spec.answers), "pixel_mean": mean, "pixel_std": std}
+    data = {"vocab_size": len(spec.words), "num_answers": len(spec.answers), "pixel_mean": mean, "pixel_std": std,
+            "answer_points": answer_points(spec.answers, COLOURS)}
     from tokennet.recipes import get_recipe
 
     transformer = {**data, **get_recipe("vqa").model_defaults}  # the recipe's transformer (its patch stem)
@@ -192,7 +198,7 @@ def run(args) -> int:
         secs = train(m, batches, args.steps, args.lr)
         em = exact_match(m, test, spec.words, 12)
         row = {"model": kind, "receptive_field": f if f is not None else 64,
-               "layers": 3 if kind == "transformer" else 1 + settings["depths"][0],
+               "layers": m.config.num_layers if kind == "transformer" else 1 + settings["depths"][0],
                "width": m.config.dim if kind == "transformer" else settings["widths"][0],
                "dilation": settings.get("dilation", 1), "num_parameters": m.num_parameters(),
                "same_species": em["exact_match_same_species"], "species": em["exact_match_species"],
@@ -215,6 +221,11 @@ def run(args) -> int:
     out.write_text(json.dumps(result, indent=2) + "\n")
     plot(rows, out.with_suffix(".png"))
     print(f"\nwrote {out} and {out.with_suffix('.png')}")
+    if args.into:
+        into = Path(args.into) / "receptive_field.json"
+        into.write_text(out.read_text())
+        into.with_suffix(".png").write_bytes(out.with_suffix(".png").read_bytes())
+        print(f"wrote {into} (tokennet report {args.into} shows it)")
     return 0
 
 

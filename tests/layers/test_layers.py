@@ -354,3 +354,18 @@ def test_decoder_context_errors():
         Decoder(D, 1, H)(_x(1, 3, D), _x(1, 2, D))
     with pytest.raises(ValueError, match="num_layers"):
         Encoder(D, 0, H)
+
+
+def test_encoder_takes_a_mask_per_layer():
+    """A list of masks, one per depth, is the blocks run one by one with their own mask (a window in the first
+    layer only, say); a list of the wrong length is an error."""
+    torch.manual_seed(0)
+    enc = Encoder(16, 2, 2).eval()
+    x = torch.randn(2, 5, 16)
+    first = torch.eye(5, dtype=torch.bool)  # layer 0: each token sees only itself
+    out = enc(x, mask=[first, None])
+    want = enc.norm(enc.blocks[1](enc.blocks[0](x, mask=first), mask=None))
+    torch.testing.assert_close(out, want)
+    assert not torch.allclose(out, enc(x))
+    with pytest.raises(ValueError, match="a mask per layer"):
+        enc(x, mask=[first])

@@ -2,6 +2,8 @@
 against the other animals, the sink's weight against 1/(k+1), patches that group by animal; and the configs
 and sweep settings that are refused in one line."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -142,7 +144,8 @@ def test_the_receptive_field_sweep_builds_its_fields_and_refuses_one_it_cannot_i
     assert m(m.example_input()).logits.shape == (2, 22)  # the coordinate channels go in with the image
     for argv, fragment in [(["--fields", "30"], "cannot be built by depth"),
                            (["--fields", "92", "--via", "dilation"], "cannot be built by dilation"),
-                           (["--via", "width"], "--via must be"), (["--readout", "max"], "--readout must be")]:
+                           (["--via", "width"], "--via must be"), (["--readout", "max"], "--readout must be"),
+                           (["--into", str(Path(__file__).parent)], "not a run directory")]:
         capsys.readouterr()
         assert b.main(argv) == 2
         err = capsys.readouterr().err.strip()

@@ -57,9 +57,11 @@ def test_eval_recomputes_the_saved_metrics_and_viz_draws_two_questions_and_the_s
 
 
 def test_eight_pixel_patches_measure_how_an_animals_patches_group(tmp_path):
-    _, m = train("vqa", out=tmp_path / "p8", sets={**TINY, "patch_size": 8, "baselines": False, "report": False},
-                 device="cpu")
-    assert m["patch_grouping_ratio"] > 0 and "patch_grouping_ratio_layer0" in m
+    # two layers: in the first, a patch's shape and colour tokens attend only to each other (patch_stem
+    # "shape,colour", the default), so patches of one animal can first meet in the second
+    _, m = train("vqa", out=tmp_path / "p8", sets={**TINY, "patch_size": 8, "num_layers": 2, "baselines": False,
+                                                   "report": False}, device="cpu")
+    assert m["patch_grouping_ratio_layer0"] == 0 and m["patch_grouping_ratio"] == m["patch_grouping_ratio_layer1"] > 0
     from tokennet.errors import TokennetError
 
     with pytest.raises(TokennetError, match="must divide"):
@@ -171,3 +173,24 @@ def test_a_trained_run_looks_at_the_objects_it_is_asked_about(tmp_path):
     assert m["attention_vs_other_animals"] >= ATTENTION_VS_OTHERS, m
     assert m["attention_vs_other_animals_same_species"] >= ATTENTION_VS_OTHERS, m
     assert m["exact_match"] > 55 and m["exact_match_count"] > 60 and m["exact_match_colour"] > 60, m  # chance: 10-20
+
+
+def test_the_report_shows_a_receptive_field_sweep_written_into_the_run(run_dir, tmp_path):
+    """``bench/vqa_receptive_field.py --into RUN`` leaves ``receptive_field.json`` in the run; its report shows the
+    table (and says so when the file cannot be read)."""
+    import shutil
+
+    from tokennet.viz.report.vqa import _receptive_field
+
+    run_copy = tmp_path / "run"
+    shutil.copytree(run_dir, run_copy)
+    assert _receptive_field(load(run_copy)) == ""  # no sweep, no section
+    rows = [{"model": "cnn", "receptive_field": 20, "layers": 3, "num_parameters": 150000, "same_species": 50.5,
+             "species": 90.0}, {"model": "transformer", "receptive_field": 64, "layers": 3,
+                                "num_parameters": 156000, "same_species": 99.0, "species": 100.0}]
+    (run_copy / "receptive_field.json").write_text(json.dumps({"rows": rows, "settings": {"steps": 1500},
+                                                               "command": "python bench/x.py", "commit": "abc"}))
+    html = _receptive_field(load(run_copy))
+    assert "50.5" in html and "99.0" in html and "1500 steps" in html
+    (run_copy / "receptive_field.json").write_text("{not json")
+    assert "cannot read" in _receptive_field(load(run_copy))

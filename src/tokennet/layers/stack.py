@@ -65,12 +65,17 @@ class Encoder(_Stack):
 
     def forward(self, x: Tensor, *, mask: Tensor | None = None, rope=None, bias: Tensor | None = None,
                 return_weights: bool = False):
-        """``(B, N, D) → (B, N, D)``; ``mask`` broadcastable to ``(B, H, N, N)``.
+        """``(B, N, D) → (B, N, D)``; ``mask`` broadcastable to ``(B, H, N, N)``, or a list of one such mask per
+        layer (e.g. a window in the first layer only).
 
         With ``return_weights``, ``(x, maps)``: per layer, the block's weights (see :meth:`Block.forward`).
         """
+        layers = self.layers()
+        masks = list(mask) if isinstance(mask, (list, tuple)) else [mask] * len(layers)
+        if len(masks) != len(layers):
+            raise ValueError(f"a mask per layer: {len(layers)} layers, {len(masks)} masks")
         maps = []
-        for blk in self.layers():
+        for blk, mask in zip(layers, masks, strict=True):
             x = self._run(blk, x, mask=mask, rope=rope, bias=bias, return_weights=return_weights)
             if return_weights:
                 x, w = x

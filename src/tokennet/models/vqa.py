@@ -51,11 +51,110 @@ from ..tokens.image import PatchEmbed, grid_size
 from .cnn import ConvTrunk, ConvTrunkConfig, ReceptiveField
 from .registry import CountsParameters, Output, TransformerConfig, register_family, register_preset
 
-__all__ = ["VQATransformerConfig", "VQATransformer", "VQACNNConfig", "VQACNN", "MODALITY_MASKS"]
+__all__ = ["VQATransformerConfig", "VQATransformer", "VQACNNConfig", "VQACNN", "MODALITY_MASKS", "AnswerHead",
+           "answer_points"]
 
 MODALITY_MASKS = ("full", "image-first")
-PATCH_STEMS = ("linear", "conv", "conv+colour")
+PATCH_STEMS = ("linear", "conv", "conv+colour", "shape+colour", "shape,colour")
 CNN_READOUTS = ("mean", "coords")
+ANSWER_READOUTS = ("class", "points")
+
+
+class AnswerHead(nn.Module):
+    """Features ``(B, D)`` → answer logits ``(B, A)``.
+
+    ``readout="class"``: one linear map, a logit per answer. ``readout="points"``: an answer that *means* a
+    point — a count ``7`` the point 7 on a line, a colour its RGB value — is read as a position in that space:
+    for each space ``S`` (the answers whose points have the same length: counts, colours), the model says where it
+    is, ``p̂_S = W_S h``, and whether the answer is of that kind, ``g_S·h``:
+    ``logit_a = g_S·h − s_S ‖p̂_S − p_a‖²`` (``s_S > 0``, learned); the other answers (*yes*, *no*, species) keep
+    a linear logit each.
+
+    Why: with a logit per class, an answer training never pairs with a question — *how many fish?* never
+    answered ``7``, *what colour is the bird?* never ``purple`` (the held-out kinds) — gets its own learned
+    "never" for that question, and the test's held-out pairs are answered at or below chance. With points, the
+    only way to say 7 is ``k̂ ≈ 7``, for fish as for birds: a question can shift ``p̂`` but not veto one point
+    without missing its neighbours — as the hand-built counter's ``1/(k+1)`` carries over to any ``k``."""
+
+    def __init__(self, dim: int, num_answers: int, readout: str = "class", points=()):
+        super().__init__()
+        self.readout = readout
+        if readout == "class":
+            self.linear = nn.Linear(dim, num_answers)
+            return
+        if len(points) != num_answers:
+            raise ConfigError(f"answer_readout='points' needs answer_points, a point or null for each of the "
+                              f"{num_answers} answers (the vqa recipe fills them from the data), got {len(points)}")
+        words = [j for j, v in enumerate(points) if v is None]
+        sizes = sorted({len(v) for v in points if v is not None})
+        groups = [[j for j, v in enumerate(points) if v is not None and len(v) == n] for n in sizes]
+        # logits = cat([words, space 0, space 1, …])[:, order]: answer j's position in that concatenation
+        order = torch.empty(num_answers, dtype=torch.long)
+        order[torch.tensor(words + [j for g in groups for j in g], dtype=torch.long)] = torch.arange(num_answers)
+        self.register_buffer("order", order, persistent=False)
+        self.linear = nn.Linear(dim, len(words))
+        self.spaces = nn.ModuleList(nn.Linear(dim, n + 1) for n in sizes)  # (p̂_S, g_S)
+        for i, g in enumerate(groups):  # points{i}: (A_S, n), space i's answers' points
+            self.register_buffer(f"points{i}", torch.tensor([points[j] for j in g], dtype=torch.float32),
+                                 persistent=False)
+        self.log_sharpness = nn.Parameter(torch.zeros(len(sizes)))
+        self.reset_points()
+
+    def reset_points(self) -> None:
+        """``p̂_S`` starts at the mean of the space's points whatever the input (call after a model-wide init)."""
+        if self.readout == "points":
+            for i, lin in enumerate(self.spaces):
+                nn.init.zeros_(lin.weight)
+                with torch.no_grad():
+                    pts = getattr(self, f"points{i}")
+                    lin.bias.copy_(torch.cat([pts.mean(0), pts.new_zeros(1)]))
+
+    def position(self, h: Tensor, space: int = 0) -> Tensor:
+        """``p̂_S`` ``(B, n)`` for space ``S`` (``readout="points"``; space 0 is the smallest, e.g. the counts)."""
+        return self.spaces[space](h)[:, :-1]
+
+    def forward(self, h: Tensor) -> Tensor:
+        if self.readout == "class":
+            return self.linear(h)
+        parts = [self.linear(h)]
+        for i, lin in enumerate(self.spaces):
+            out = lin(h)
+            where, g = out[:, :-1], out[:, -1:]  # (B, n), (B, 1)
+            d2 = (where[:, None, :] - getattr(self, f"points{i}")).pow(2).sum(-1)  # (B, A_S)
+            parts.append(g - self.log_sharpness[i].exp() * d2)
+        return torch.cat(parts, -1)[:, self.order]  # (B, A)
+
+    def vote_weights(self, h: Tensor, answer: Tensor) -> Tensor:
+        """``∂ logit_answer / ∂h`` at ``h`` ``(B, D)``: a class's weight row, or the gradient of a point's logit
+        (its linear part around ``h``: what a unit's features add to the answer, for a class activation map)."""
+        if self.readout == "class":
+            return self.linear.weight[answer]
+        h = h.detach().requires_grad_(True)
+        with torch.enable_grad():
+            logit = self.forward(h).gather(1, answer[:, None]).sum()
+            (grad,) = torch.autograd.grad(logit, h)
+        return grad
+
+
+def _check_readout(config) -> None:
+    config._choice("answer_readout", config.answer_readout, ANSWER_READOUTS)
+    pts = config.answer_points = [list(v) if isinstance(v, (list, tuple)) else v for v in config.answer_points]
+    if config.answer_readout == "points" and pts:  # empty: not filled yet (the recipe fills them from the data)
+        ok = len(pts) == config.num_answers and all(
+            v is None or (len(v) > 0 and all(isinstance(x, (int, float)) for x in v)) for v in pts)
+        if not ok:
+            raise ConfigError(f"answer_readout='points' needs answer_points: a list of numbers or null per answer "
+                              f"({config.num_answers}), got {pts!r}")
+        sizes = [len(v) for v in pts if v is not None]
+        if not sizes or min(sizes.count(n) for n in set(sizes)) < 2:
+            raise ConfigError("answer_readout='points' needs at least two answers in each space of points")
+
+
+def answer_points(answers, colours: dict | None = None) -> list[list[float] | None]:
+    """Each answer's point, the ``answer_points`` setting: a whole number ``"7"`` → ``[7.0]``; a colour name in
+    ``colours`` (name → RGB) → its RGB; anything else None."""
+    colours = colours or {}
+    return [[float(a)] if a.isdigit() else list(map(float, colours[a])) if a in colours else None for a in answers]
 
 
 class ConvPatchStem(nn.Module):
@@ -92,6 +191,45 @@ class PatchColour(nn.Module):
         colour = F.avg_pool2d(w * x, self.p) / mass.clamp_min(1e-3)  # (B, C, H/p, W/p)
         f = torch.cat([colour, mass], 1).flatten(2).transpose(1, 2)  # (B, N, C + 1)
         return self.proj(f)
+class ShapeColourStem(nn.Module):
+    """A patch embedding that keeps **shape and colour apart**: ``shape(f) + colour``.
+
+    With ``b`` the picture's background (its per-channel median over every 4th pixel of every 4th row: the
+    colour most of the picture has, at a sixteenth of a full median's cost) and ``d =
+    x − b`` in raw pixel units, ``f = min(‖d‖ / τ, 1)`` is how much a pixel is *not background* — 1 on an
+    animal whatever its colour (``τ`` = ``threshold``), so a :class:`ConvPatchStem` over ``f`` alone sees the
+    silhouette and nothing of the colour; the colour enters through :class:`PatchColour`-like features, the
+    foreground's mean standardized colour ``Σ f x̂ / Σ f`` and its share ``mean f``, which carry no shape. A red
+    bird's token is then (bird shape) + (red): a kind training never showed is two parts it did, where a conv
+    over ``x̂`` binds them into one vector that is new as a whole."""
+
+    def __init__(self, in_channels: int, dim: int, patch_size: int, hidden: int, std, threshold: float = 0.3):
+        super().__init__()
+        self.p, self.threshold = patch_size, threshold
+        self.register_buffer("std", torch.tensor([float(v) for v in std])[:, None, None], persistent=False)
+        self.shape = ConvPatchStem(1, dim, patch_size, hidden)
+        self.colour = nn.Linear(in_channels + 1, dim)
+
+    def foreground(self, x: Tensor) -> Tensor:
+        """``f`` ``(B, 1, H, W)`` in [0, 1] from standardized images ``x̂`` ``(B, C, H, W)``."""
+        b = x[:, :, ::4, ::4].flatten(2).median(-1).values[:, :, None, None]  # (B, C, 1, 1): the background
+        d = (x - b) * self.std  # raw pixel units
+        # (Σ d²)^½ by hand: torch's vector norm over a 3-channel dim is ~20× slower here
+        return (d * d).sum(1, keepdim=True).sqrt().div(self.threshold).clamp(max=1.0)
+
+    def parts(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """``(shape, colour)`` embeddings ``(B, N, D)`` each, of standardized images ``(B, C, H, W)``."""
+        f = self.foreground(x)  # (B, 1, H, W)
+        mass = F.avg_pool2d(f, self.p)  # (B, 1, H/p, W/p)
+        colour = F.avg_pool2d(f * x, self.p) / mass.clamp_min(1e-3)  # (B, C, H/p, W/p)
+        c = torch.cat([colour, mass], 1).flatten(2).transpose(1, 2)  # (B, N, C + 1)
+        return self.shape(f), self.colour(c)
+
+    def forward(self, x: Tensor) -> Tensor:
+        shape, colour = self.parts(x)
+        return shape + colour  # (B, N, D)
+
+
 def _standardize(config, images: Tensor) -> Tensor:
     """``(x − μ) / σ`` per channel, with the data's pixel statistics (``pixel_mean``, ``pixel_std``): the
     background becomes ≈ 0 and an animal a large signal, where raw pixels would give every patch token the
@@ -154,14 +292,20 @@ class VQATransformerConfig(TransformerConfig, defaults=dict(dim=64, num_layers=3
         max_question_len: most words in a question.
         dim, num_layers, num_heads, mlp_ratio, dropout: the encoder.
         modality_mask: ``"full"`` or ``"image-first"`` (patches attend only to patches).
-        patch_stem: ``"linear"`` (``x_p E``), ``"conv"`` (:class:`ConvPatchStem`) or ``"conv+colour"`` (that
-            plus :class:`PatchColour`).
+        patch_stem: ``"linear"`` (``x_p E``), ``"conv"`` (:class:`ConvPatchStem`), ``"conv+colour"`` (that
+            plus :class:`PatchColour`) or ``"shape+colour"`` (:class:`ShapeColourStem`: a conv over the
+            silhouette plus the colour, apart) or ``"shape,colour"`` (the same two parts as **two tokens** per
+            patch, each with the patch's position: a question's query meets a colour key that holds no shape; in
+            the first layer a patch's two tokens attend only to each other).
         stem_channels: the conv stem's hidden channels.
         sink: a learned sink token after the summary token: a key every query can put weight on, so that
             attention that picks ``k`` objects among the patches can say how many (its weight on the sink
             falls as ``k`` grows; see ``tokennet demo counting``, where the same trick is built by hand).
         pixel_mean, pixel_std: per-channel statistics the images are standardized with (from the data).
         label_smoothing: the loss's label smoothing.
+        answer_readout: ``"class"`` (a logit per answer) or ``"points"`` (counts and colours read as a position in
+            their space, :class:`AnswerHead`).
+        answer_points: each answer's point (``[7]`` for a count, RGB for a colour) or null (from the data).
         backend: attention backend.
     """
 
@@ -178,10 +322,13 @@ class VQATransformerConfig(TransformerConfig, defaults=dict(dim=64, num_layers=3
     pixel_mean: list[float] = field(default_factory=lambda: list(PIXEL_MEAN))
     pixel_std: list[float] = field(default_factory=lambda: list(PIXEL_STD))
     label_smoothing: float = 0.0
+    answer_readout: str = "class"
+    answer_points: list = field(default_factory=list)
 
     def __post_init__(self):
         self.family = "vqa-transformer"
         _check_pixels(self)
+        _check_readout(self)
         self._positive(image_size=self.image_size, patch_size=self.patch_size, in_channels=self.in_channels,
                        vocab_size=self.vocab_size, num_answers=self.num_answers,
                        max_question_len=self.max_question_len, dim=self.dim, num_layers=self.num_layers,
@@ -206,6 +353,11 @@ class VQATransformerConfig(TransformerConfig, defaults=dict(dim=64, num_layers=3
         return gh * gw
 
     @property
+    def tokens_per_patch(self) -> int:
+        """Image tokens per patch: 2 with ``patch_stem="shape,colour"`` (its shape and its colour), else 1."""
+        return 2 if self.patch_stem == "shape,colour" else 1
+
+    @property
     def num_text(self) -> int:
         """Question positions: the summary token, the sink (if any) and ``max_question_len`` words."""
         return 1 + int(self.sink) + self.max_question_len
@@ -221,26 +373,34 @@ class VQATransformer(CountsParameters, nn.Module):
     def __init__(self, config: VQATransformerConfig):
         super().__init__()
         self.config = c = config
-        self.patch_embed = (PatchEmbed(c.in_channels, c.dim, c.patch_size) if c.patch_stem == "linear"
-                            else ConvPatchStem(c.in_channels, c.dim, c.patch_size, c.stem_channels))
+        if c.patch_stem == "linear":
+            self.patch_embed = PatchEmbed(c.in_channels, c.dim, c.patch_size)
+        elif c.patch_stem in ("shape+colour", "shape,colour"):
+            self.patch_embed = ShapeColourStem(c.in_channels, c.dim, c.patch_size, c.stem_channels, c.pixel_std)
+        else:
+            self.patch_embed = ConvPatchStem(c.in_channels, c.dim, c.patch_size, c.stem_channels)
         self.patch_colour = PatchColour(c.in_channels, c.dim, c.patch_size) if c.patch_stem == "conv+colour" else None
         self.word_emb = nn.Embedding(c.vocab_size, c.dim, padding_idx=0)
         self.summary = nn.Parameter(torch.zeros(1, 1, c.dim))
         self.sink = nn.Parameter(torch.randn(1, 1, c.dim) * POSITION_STD) if c.sink else None
         self.type_emb = nn.Parameter(torch.zeros(2, c.dim))  # 0: question, 1: image
+        # with two tokens per patch, which part a token is (0: shape, 1: colour)
+        self.part_emb = nn.Parameter(torch.zeros(2, c.dim)) if c.tokens_per_patch == 2 else None
         self.text_pos = nn.Parameter(torch.zeros(c.num_text, c.dim))
         self.patch_pos = nn.Parameter(torch.zeros(c.num_patches, c.dim))
         self.drop = nn.Dropout(c.dropout)
         self.encoder = Encoder(c.dim, c.num_layers, c.num_heads, mlp_ratio=c.mlp_ratio, norm="pre",
                                dropout=c.dropout, activation="gelu", backend=c.backend, value_proj=c.value_proj)
-        self.head = nn.Linear(c.dim, c.num_answers)
-        for p in (self.summary, self.type_emb):
-            nn.init.normal_(p, 0.0, 0.02)
+        self.head = AnswerHead(c.dim, c.num_answers, c.answer_readout, c.answer_points)
+        for p in (self.summary, self.type_emb, self.part_emb):
+            if p is not None:
+                nn.init.normal_(p, 0.0, 0.02)
         # Positions start as large as the content (words: N(0, 1), standardized patches: about as much), not at
         # ViT's 0.02: a question about the top right corner must be able to find it from the first steps.
         for p in (self.text_pos, self.patch_pos):
             nn.init.normal_(p, 0.0, POSITION_STD)
         self.apply(init_trunc_normal)
+        self.head.reset_points()
 
     def example_input(self, batch_size: int = 2) -> tuple[Tensor, Tensor]:
         return _example(self.config, batch_size)
@@ -263,18 +423,32 @@ class VQATransformer(CountsParameters, nn.Module):
         head = [self.summary + bag] + ([self.sink.expand(B, 1, -1)] if self.sink is not None else [])
         text = torch.cat([*head, words], 1) + self.text_pos + self.type_emb[0]  # (B, num_text, D)
         x = _standardize(c, images)
-        patches = self.patch_embed(x) + self.patch_pos + self.type_emb[1]  # (B, N, D)
+        if self.part_emb is not None:  # two tokens per patch: its shape, then (after all shapes) its colour
+            shape, colour = self.patch_embed.parts(x)  # (B, N, D) each
+            where = self.patch_pos + self.type_emb[1]
+            patches = torch.cat([shape + where + self.part_emb[0], colour + where + self.part_emb[1]], 1)  # (B, 2N, D)
+        else:
+            patches = self.patch_embed(x) + self.patch_pos + self.type_emb[1]  # (B, N, D)
         if self.patch_colour is not None:
             patches = patches + self.patch_colour(x)
         z = torch.cat([text, patches], 1)  # (B, L, D)
         is_pad = torch.cat([torch.zeros(B, len(head), dtype=torch.bool, device=z.device), questions == 0,
-                            torch.zeros(B, c.num_patches, dtype=torch.bool, device=z.device)], 1)  # (B, L)
+                            torch.zeros(B, patches.shape[1], dtype=torch.bool, device=z.device)], 1)  # (B, L)
         mask = padding(is_pad)  # (B, 1, 1, L): nobody attends to padding words
         if c.modality_mask == "image-first":
             L = z.shape[1]
             allowed = torch.ones(L, L, dtype=torch.bool, device=z.device)
             allowed[c.num_text:, :c.num_text] = False  # a patch's query never meets a question key
             mask = mask & allowed  # (B, 1, L, L)
+        if self.part_emb is not None:
+            # First layer: a patch's two tokens attend only to each other (each takes in the other half; the
+            # question's tokens attend to all, and meet keys that are pure shape or pure colour); then all.
+            N, nt, L = c.num_patches, c.num_text, z.shape[1]
+            allowed = torch.ones(L, L, dtype=torch.bool, device=z.device)
+            pair = torch.eye(N, dtype=torch.bool, device=z.device).repeat(2, 2)  # (2N, 2N): the same patch
+            allowed[nt:] = False
+            allowed[nt:, nt:] = pair
+            mask = [mask & allowed] + [mask] * (c.num_layers - 1)
         return self.drop(z), mask
 
     def forward_features(self, inputs, *, return_attention: bool = False):
@@ -294,15 +468,28 @@ class VQATransformer(CountsParameters, nn.Module):
         return Output(logits, loss)
 
     def attention_maps(self, inputs) -> AttentionMaps:
-        """Every layer's ``A = softmax(Q Kᵀ / √E)``: ``{"self": [(B, H, L, L)] * num_layers}`` (plain formula)."""
+        """Every layer's ``A = softmax(Q Kᵀ / √E)``: ``{"self": [(B, H, L, L)] * num_layers}`` (plain formula),
+        ``L = num_text + num_patches``. With two tokens per patch (``patch_stem="shape,colour"``) the maps are
+        per patch: a patch's column is the sum of its two tokens' columns (the weight on the patch) and its row the
+        mean of their rows, so every row still sums to 1 and patch ``n`` is index ``num_text + n`` as always."""
         _, maps = self.forward_features(inputs, return_attention=True)
-        return {"self": [m["self"] for m in maps]}
+        maps = [m["self"] for m in maps]
+        if self.config.tokens_per_patch == 2:
+            maps = [_per_patch(a, self.config.num_text, self.config.num_patches) for a in maps]
+        return {"self": maps}
 
     def question_attention(self, inputs) -> list[Tensor]:
         """Per layer, the summary token's attention over the patches ``(B, H, N)`` (its row of ``A``,
         the patch columns; the rest of the row went to the question's own tokens)."""
         n = self.config.num_text
         return [a[:, :, 0, n:] for a in self.attention_maps(inputs)["self"]]
+
+
+def _per_patch(a: Tensor, nt: int, n: int) -> Tensor:
+    """``(…, nt + 2n, nt + 2n)`` attention over text, shape and colour tokens → ``(…, nt + n, nt + n)`` over text
+    and patches: columns of a patch's two tokens summed, their rows averaged."""
+    cols = torch.cat([a[..., :nt], a[..., nt:nt + n] + a[..., nt + n:]], -1)  # (…, nt + 2n, nt + n)
+    return torch.cat([cols[..., :nt, :], (cols[..., nt:nt + n, :] + cols[..., nt + n:, :]) / 2], -2)
 
 
 # -- the CNN baseline -------------------------------------------------------------------------------------------
@@ -321,6 +508,7 @@ class VQACNNConfig(ConvTrunkConfig):
         readout: ``"mean"`` (global average pooling, then linear: where a unit is, is lost) or ``"coords"``
             (two coordinate channels, ``y`` and ``x`` in [−1, 1], appended to the image as FiLM's own model
             does — every unit knows where its field is — then the same pooling).
+        answer_readout, answer_points: as for the transformer (:class:`AnswerHead`).
     """
 
     image_size: int = 64
@@ -333,10 +521,13 @@ class VQACNNConfig(ConvTrunkConfig):
     pixel_std: list[float] = field(default_factory=lambda: list(PIXEL_STD))
     label_smoothing: float = 0.0
     readout: str = "mean"
+    answer_readout: str = "class"
+    answer_points: list = field(default_factory=list)
 
     def __post_init__(self):
         self.family = "vqa-cnn"
         self._check_trunk()
+        _check_readout(self)
         self._choice("readout", self.readout, CNN_READOUTS)
         _check_pixels(self)
         self._positive(image_size=self.image_size, vocab_size=self.vocab_size, num_answers=self.num_answers,
@@ -359,8 +550,11 @@ class VQACNN(CountsParameters, nn.Module):
         self.trunk = ConvTrunk(ConvTrunkConfig(**{**trunk, "in_channels": c.in_channels + 2}) if coords else c)
         self.channels = self.trunk.film_channels()
         self.film = nn.Linear(c.question_dim, 2 * sum(self.channels))
-        self.head = nn.Linear(self.trunk.out_channels, c.num_answers)
+        self.head = AnswerHead(self.trunk.out_channels, c.num_answers, c.answer_readout, c.answer_points)
         self.apply(init_conv_weights)
+        self.head.reset_points()
+        # channels-last: oneDNN's convolutions skip a layout reorder each way (measured 10–20 % per training step)
+        self.trunk.to(memory_format=torch.channels_last)
         nn.init.zeros_(self.film.weight)  # start as the unconditioned trunk: γ = β = 0
         nn.init.zeros_(self.film.bias)
 
@@ -397,7 +591,7 @@ class VQACNN(CountsParameters, nn.Module):
             yy = torch.linspace(-1, 1, H, device=x.device)[:, None].expand(H, W)
             xx = torch.linspace(-1, 1, W, device=x.device)[None, :].expand(H, W)
             x = torch.cat([x, torch.stack([yy, xx])[None].expand(B, 2, H, W)], 1)  # (B, C + 2, H, W)
-        return self.trunk(x, self.films(questions))
+        return self.trunk(x.contiguous(memory_format=torch.channels_last), self.films(questions))
 
     def forward_head(self, h: Tensor) -> Tensor:
         return self.head(h.mean((2, 3)))  # (B, A): the mean of the units' linear votes
@@ -414,7 +608,7 @@ class VQACNN(CountsParameters, nn.Module):
         h = self.forward_features(inputs)
         if answer is None:
             answer = self.forward_head(h).argmax(-1)
-        return torch.einsum("bc,bchw->bhw", self.head.weight[answer], h), answer
+        return torch.einsum("bc,bchw->bhw", self.head.vote_weights(h.mean((2, 3)), answer), h), answer
 
 
 register_family("vqa-transformer", VQATransformerConfig, VQATransformer)

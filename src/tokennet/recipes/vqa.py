@@ -95,10 +95,11 @@ from typing import Any
 
 import torch
 
-from ..data.vqa import GENERATED, AnimalQuestions, QABatches, QASet, tokenize_question
+from ..data.vqa import COLOURS, GENERATED, AnimalQuestions, QABatches, QASet, tokenize_question
 from ..errors import RecipeError
 from ..lifecycle import BuildContext, Job, Recipe, register_recipe
 from ..models.registry import create_model
+from ..models.vqa import answer_points
 from ..tasks.vqa import attention_mass, attention_vs_others, exact_match, patch_grouping, sink_weights
 from ..train.trainer import Trainer
 
@@ -107,7 +108,7 @@ __all__ = ["evaluate", "train_baseline", "BASELINES"]
 log = logging.getLogger(__name__)
 
 BASELINES = {"cnn_": "vqa-cnn", "shallow_cnn_": "vqa-cnn-shallow"}
-DATA_FIELDS = ("vocab_size", "num_answers", "image_size", "pixel_mean", "pixel_std")
+DATA_FIELDS = ("vocab_size", "num_answers", "image_size", "pixel_mean", "pixel_std", "answer_points")
 
 
 def evaluate(model, spec: AnimalQuestions, qa: QASet | None = None, prefix: str = "") -> dict[str, float]:
@@ -147,6 +148,8 @@ def build(ctx: BuildContext) -> Job:
     spec: AnimalQuestions = ctx.data.filled()  # a bad --data directory fails here, before anything is written
     ctx.from_data("vocab_size", len(spec.words))
     ctx.from_data("num_answers", len(spec.answers))
+    # counts as points on a line, the generator's colours as their RGB (AnswerHead); a user's data: numbers only
+    ctx.from_data("answer_points", answer_points(spec.answers, COLOURS if spec.generated else None))
     ctx.from_data("image_size", spec.image_size)
     mean, std = spec.pixel_stats()
     ctx.from_data("pixel_mean", mean)
@@ -160,7 +163,8 @@ def build(ctx: BuildContext) -> Job:
     val = spec.val()
     log.info("vqa: %s data, %d words, %d answers; transformer %.3fM parameters, %d tokens",
              "generated" if spec.generated else spec.source, len(spec.words), len(spec.answers),
-             model.num_parameters() / 1e6, model.config.num_text + model.config.num_patches)
+             model.num_parameters() / 1e6,
+             model.config.num_text + model.config.num_patches * model.config.tokens_per_patch)
 
     def monitor(m) -> dict[str, float]:
         out = exact_match(m, val, spec.words, max_len, prefix="val_")
@@ -172,7 +176,7 @@ def build(ctx: BuildContext) -> Job:
             return out
         steps = dataclasses.replace(train, max_iters=src.max_index + 1)  # what the transformer trained
         qa = spec.held_out()
-        shared = {k: ctx.settings[k] for k in (*DATA_FIELDS, "max_question_len")}
+        shared = {k: ctx.settings[k] for k in (*DATA_FIELDS, "max_question_len", "answer_readout")}
         for prefix, preset in BASELINES.items():
             cnn = train_baseline(preset, shared, steps, src, device, lr=opts["cnn_lr"])
             out.update(evaluate(cnn, spec, qa, prefix=prefix))
@@ -233,7 +237,8 @@ register_recipe(Recipe(
     data=AnimalQuestions,
     default_data=GENERATED,
     options={"baselines": True, "cnn_lr": 3e-3},
-    model_defaults={"patch_stem": "conv", "stem_channels": 48},
+    model_defaults={"patch_stem": "shape,colour", "stem_channels": 48, "modality_mask": "image-first",
+                    "answer_readout": "points"},
     train_defaults={"max_iters": 3000, "batch_size": 64, "lr": 3e-3, "warmup_iters": 100, "eval_interval": 1000,
                     "weight_decay": 0.05, "log_interval": 50, "optimizer": "muon", "muon_lr": 0.02},
     evaluate_run=evaluate_run,

@@ -3,6 +3,8 @@ held-out questions with the model's answers, the misses, and where the question 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from .html import Section, esc, img, inline_img, number, table
 
 __all__ = ["vqa_panel"]
@@ -102,4 +104,39 @@ def vqa_panel(run) -> list[Section]:
     pics = "".join(img(png, name, "one held-out question per template (tokennet viz)", cls="wide")
                    for name, png in viz_pictures(run))
     out.append(("Where the question looks", pics))
+    sweep = _receptive_field(run)
+    if sweep:
+        out.append(("Corner pairs against the receptive field", sweep))
     return out
+
+
+SWEEP = "receptive_field.json"
+
+
+def _receptive_field(run) -> str:
+    """The sweep of ``bench/vqa_receptive_field.py --into RUN`` (``receptive_field.json`` and ``.png`` in the run
+    directory), when it was run: corner-pair accuracy of CNNs with growing receptive fields beside the
+    transformer."""
+    import json
+
+    path = Path(run.path) / SWEEP
+    if not path.is_file():
+        return ""
+    try:
+        sweep = json.loads(path.read_text())
+        rows = [[esc(r["model"]), str(r["receptive_field"]), str(r["layers"]), str(r["num_parameters"]),
+                 f"{r['same_species']:.1f}", f"{r['species']:.1f}"] for r in sweep["rows"]]
+    except (ValueError, KeyError, TypeError):
+        return f'<p class="sub">{esc(SWEEP)}: this report cannot read it as a sweep.</p>'
+    s = sweep.get("settings", {})
+    body = (f'<p class="sub">Is the top right animal the same species as the bottom left one? FiLM CNNs whose units '
+            f"see more and more of the 64-pixel picture (coordinate channels, so that pooling is not what fails), "
+            f"beside the transformer, trained on the same corner questions for {s.get('steps', '?')} steps; "
+            f"held-out test, chance 50 % (<code>{esc(sweep.get('command', ''))}</code>, commit "
+            f"{esc(str(sweep.get('commit', '?')))}).</p>")
+    body += table(["model", "field (px)", "layers", "params", "same species %", "species %"], rows,
+                  num_cols=(1, 2, 3, 4, 5))
+    png = path.with_suffix(".png")
+    if png.is_file():
+        body += img(png.read_bytes(), "corner pairs vs receptive field")
+    return body

@@ -1,0 +1,138 @@
+"""The vqa model's parts: the points readout (counts on a line, colours in RGB) and the stem that keeps shape and colour
+apart, checked against their formulas and the properties their docstrings claim."""
+
+import pytest
+import torch
+
+from tokennet.data.vqa import ANSWERS, COLOURS, Animal, Scene, render
+from tokennet.errors import TokennetError
+from tokennet.models.registry import create_model
+from tokennet.models.vqa import AnswerHead, ShapeColourStem, VQACNNConfig, VQATransformerConfig, answer_points
+
+
+def test_answer_points_are_numbers_and_named_colours():
+    v = answer_points(ANSWERS, COLOURS)
+    assert v[:10] == [[float(i)] for i in range(10)]
+    assert v[ANSWERS.index("red")] == list(COLOURS["red"])
+    assert v[ANSWERS.index("yes")] is None and v[ANSWERS.index("bird")] is None
+    assert answer_points(["3", "red"]) == [[3.0], None]  # colours only when given
+
+
+def _points_head(dim=8):
+    torch.manual_seed(0)
+    return AnswerHead(dim, len(ANSWERS), "points", answer_points(ANSWERS, COLOURS))
+
+
+def test_point_logits_are_the_formula_in_the_answers_order():
+    head = _points_head()
+    for p in head.parameters():
+        torch.nn.init.normal_(p)
+    h = torch.randn(5, 8)
+    out = head(h)
+    count, colour = head.spaces[0](h), head.spaces[1](h)  # spaces by size: counts (1), colours (3)
+    s = head.log_sharpness.exp()
+    words = head.linear(h)
+    word_answers = [a for a in ANSWERS if not a.isdigit() and a not in COLOURS]
+    for j, a in enumerate(ANSWERS):
+        if a.isdigit():
+            want = count[:, 1] - s[0] * (count[:, 0] - float(a)) ** 2
+        elif a in COLOURS:
+            want = colour[:, 3] - s[1] * ((colour[:, :3] - torch.tensor(COLOURS[a])) ** 2).sum(-1)
+        else:
+            want = words[:, word_answers.index(a)]
+        torch.testing.assert_close(out[:, j], want)
+
+
+def test_the_count_with_the_highest_logit_is_the_one_nearest_k_hat():
+    head = _points_head()
+    h = torch.randn(64, 8)
+    with torch.no_grad():
+        head.spaces[0].weight.normal_()
+        head.spaces[0].bias[1] = 1e3  # "the answer is a count" wins over every other answer
+    k = head.position(h)[:, 0]
+    best = head(h).argmax(-1)
+    nearest = (k[:, None] - torch.arange(10.0)).abs().argmin(-1)
+    assert torch.equal(best, nearest)
+
+
+def test_points_start_at_their_mean_and_vote_weights_are_the_gradient():
+    head = _points_head()
+    h = torch.randn(3, 8)
+    torch.testing.assert_close(head.position(h), torch.full((3, 1), 4.5))
+    torch.testing.assert_close(head.position(h, 1), torch.tensor(list(COLOURS.values())).mean(0).expand(3, 3))
+    with torch.no_grad():
+        for p in head.parameters():
+            p.normal_()
+    answer = torch.tensor([3, 11, ANSWERS.index("red")])  # a count, a word, a colour
+    w = head.vote_weights(h, answer)
+    for i in range(3):
+        x = h[i:i + 1].clone().requires_grad_(True)
+        head(x)[0, answer[i]].backward()
+        torch.testing.assert_close(w[i], x.grad[0])
+    cls = AnswerHead(8, len(ANSWERS))
+    assert torch.equal(cls.vote_weights(h, answer), cls.linear.weight[answer])
+
+
+def test_the_points_readout_needs_a_point_or_null_per_answer():
+    with pytest.raises(TokennetError, match="answer_points"):
+        VQATransformerConfig(num_answers=3, answer_readout="points", answer_points=[[1], [2]])
+    empty = VQATransformerConfig(num_answers=22, answer_readout="points")  # a recipe's defaults, before the data
+    with pytest.raises(TokennetError, match="fills them from the data"):
+        create_model("vqa-transformer", **{k: v for k, v in empty.to_dict().items() if k != "family"})
+    with pytest.raises(TokennetError, match="two answers"):
+        VQACNNConfig(num_answers=3, answer_readout="points", answer_points=[[1], None, None])
+    with pytest.raises(TokennetError, match="answer_readout"):
+        VQATransformerConfig(answer_readout="regress")
+
+
+@pytest.mark.parametrize("preset", ["vqa-transformer", "vqa-cnn"])
+def test_both_models_train_a_step_with_the_points_readout_and_the_cnn_draws_its_map(preset):
+    extra = {"patch_stem": "shape,colour"} if preset == "vqa-transformer" else {}
+    m = create_model(preset, num_answers=len(ANSWERS), answer_readout="points",
+                     answer_points=answer_points(ANSWERS, COLOURS), **extra)
+    x = m.example_input(4)
+    out = m(x, torch.tensor([0, 3, 9, 12]))
+    out.loss.backward()
+    assert out.logits.shape == (4, len(ANSWERS)) and torch.isfinite(out.loss)
+    if preset == "vqa-cnn":
+        maps, answers = m.answer_map(x)
+        assert maps.shape[0] == 4 and answers.shape == (4,)
+
+
+def _scene(colour: str) -> torch.Tensor:
+    a = Animal("bird", colour, 1, 2, 18, 36, 14, False)
+    return torch.from_numpy(render(Scene((a,)), seed=0))
+
+
+def test_the_shape_path_sees_the_silhouette_not_the_colour_and_the_colour_path_the_colour_not_the_shape():
+    std = [0.25, 0.25, 0.25]
+    stem = ShapeColourStem(3, 16, 16, 8, std)
+    red, blue = _scene("red"), _scene("blue")
+    mean = torch.tensor([0.9, 0.88, 0.82])[:, None, None]
+    x = (torch.stack([red, blue]) - mean) / torch.tensor(std)[:, None, None]
+    f = stem.foreground(x)  # (2, 1, 64, 64)
+    body = f[0, 0] == 1
+    assert body.sum() > 50  # the bird's pixels are fully "not background"
+    assert torch.equal(f[0, 0] == 1, f[1, 0] == 1)  # the same silhouette, whatever the colour
+    assert float(f[:, 0, :16, :16].max()) == 0.0  # an empty patch is background
+    tokens = stem(x)
+    patch = 1 * 4 + 2  # the bird's cell
+    assert not torch.allclose(tokens[0, patch], tokens[1, patch])  # the colour path tells them apart
+    torch.testing.assert_close(stem.shape(f)[0], stem.shape(f)[1], atol=0.05, rtol=0)  # the shape path hardly
+
+
+def test_two_tokens_per_patch_give_per_patch_maps_whose_rows_sum_to_one():
+    m = create_model("vqa-transformer", patch_stem="shape,colour", dim=32, num_heads=2)
+    x = m.example_input(3)
+    z, _ = m._tokens(x)
+    c = m.config
+    assert z.shape[1] == c.num_text + 2 * c.num_patches
+    full = [w["self"] for w in m.forward_features(x, return_attention=True)[1]]
+    maps = m.attention_maps(x)["self"]
+    nt, n = c.num_text, c.num_patches
+    for a, f in zip(maps, full, strict=True):
+        assert a.shape[-1] == a.shape[-2] == nt + n
+        torch.testing.assert_close(a.sum(-1), torch.ones(a.shape[:-1]))
+        torch.testing.assert_close(a[..., 0, nt + 5], f[..., 0, nt + 5] + f[..., 0, nt + n + 5])  # the patch's weight
+        torch.testing.assert_close(a[..., nt + 5, 0], (f[..., nt + 5, 0] + f[..., nt + n + 5, 0]) / 2)
+    assert m.question_attention(x)[0].shape == (3, c.num_heads, n)
