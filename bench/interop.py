@@ -57,7 +57,8 @@ from pathlib import Path
 
 PROMPT = "The capital of France is"
 PROMPTS = [PROMPT, "def fibonacci(n):\n    ", "Gravity is the force that", "1 + 2 = 3, 12 + 30 ="]
-SYSTEMS = ("llama.cpp", "tokennet int4", "tokennet int8", "tokennet bf16", "tokennet fp32", "transformers")
+SYSTEMS = ("llama.cpp", "tokennet int4", "tokennet int8", "tokennet int8 weight-only", "tokennet bf16", "tokennet fp32",
+           "transformers")
 MiB = 2**20
 
 
@@ -158,6 +159,7 @@ def worker(system: str, args) -> dict:
     ids = json.loads(Path(args.ids).read_text())
     short, long = ids["short"], ids["long"]
     n, reps = args.new_tokens, args.repeats
+    kernel = None  # tokennet int8's linear kernel
     t0 = time.perf_counter()
     if system == "llama.cpp":
         import numpy as np
@@ -190,6 +192,8 @@ def worker(system: str, args) -> dict:
             full.eval(prompt)
             return np.asarray(full.scores[: len(prompt)]).argmax(-1).tolist()
     elif system.startswith("tokennet"):
+        if system.endswith("weight-only"):  # int8 without the integer-dot kernel: bf16 activations (the kernel
+            os.environ["TOKENNET_INT8DOT"] = "0"  # before it, and where the CPU has no AVX-512 VNNI)
         import torch
 
         import tokennet
@@ -212,6 +216,9 @@ def worker(system: str, args) -> dict:
             return out, stamps
 
         weight_bytes = tokennet_bytes_per_token(decoding_copy(run.model, mode))
+        from tokennet.layers import int8dot
+
+        kernel = ("int8dot" if int8dot.available() else "int8pack/gemv") if mode == "int8" else None
 
         def forced(prompt):
             with torch.inference_mode():
@@ -257,7 +264,8 @@ def worker(system: str, args) -> dict:
         pre.append(len(long) / (time.perf_counter() - t))
     return {"system": system, "load_s": load_s, "first_call_s": first_s, "decode_tokens_per_s": statistics.median(dec),
             "prefill_tokens_per_s": statistics.median(pre), "weight_bytes_per_token": weight_bytes,
-            "rss_after_load_mib": rss_loaded, "peak_rss_mib": _rss("VmHWM"), "ids": out, "forced": forced(long)}
+            "rss_after_load_mib": rss_loaded, "peak_rss_mib": _rss("VmHWM"), "int8_kernel": kernel, "ids": out,
+            "forced": forced(long)}
 
 
 def available(system: str) -> bool:

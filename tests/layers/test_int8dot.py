@@ -1,0 +1,113 @@
+"""The int8 × int8 integer-dot kernel (AVX-512 VNNI): bit for bit the formula, inside Int8Linear and torch.compile."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from tokennet.layers import int8dot
+from tokennet.layers.quantize import Int8Linear, quantize_int8
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+needs_kernel = pytest.mark.skipif(not int8dot.available(), reason=f"int8dot: {int8dot.unavailable_reason()}")
+
+
+@needs_kernel
+@pytest.mark.parametrize("M, K, N", [(1, 576, 576), (1, 64, 17), (3, 1536, 100), (2, 8, 16), (40, 96, 33)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kernel_is_the_formula_bit_for_bit(M, K, N, dtype):
+    g = torch.Generator().manual_seed(M * 1000 + K + N)
+    w = torch.randn(N, K, generator=g) * torch.rand(N, 1, generator=g)  # rows of different ranges
+    q, s = quantize_int8(w)
+    x = (torch.randn(M, K, generator=g) * 3).to(dtype)
+    x[0, 5] = 40.0  # an outlier sets the row's scale
+    if M > 1:
+        x[1] = 0.0  # an all-zero row: scale 1, output = bias
+    b = torch.randn(N, generator=g)
+    packed, corr = int8dot.pack(q)
+    for bias in (None, b):
+        y = int8dot.linear(x, packed, corr, s, bias, N)
+        assert y.dtype == torch.float32 and y.shape == (M, N)
+        assert torch.equal(y, int8dot.reference(x, q, s, bias))
+    if M > 1:
+        assert torch.equal(int8dot.linear(x, packed, corr, s, b, N)[1], b)
+
+
+@needs_kernel
+def test_integer_sums_are_exact_at_the_extremes():
+    # Activations already integers in [-127, 127] with max |x| = 127 (so s_x = 1) and unit weight scales: y is the
+    # integer sum itself, up to 127² · 1536 ≈ 2.5e7 in magnitude, compared with an int64 product.
+    g = torch.Generator().manual_seed(0)
+    K, N = 1536, 48
+    q = torch.randint(-127, 128, (N, K), generator=g, dtype=torch.int8)
+    q[0] = 127
+    q[1] = -127
+    x = torch.randint(-127, 128, (2, K), generator=g).float()
+    x[0] = 127.0
+    x[1, 0] = -127.0
+    packed, corr = int8dot.pack(q)
+    y = int8dot.linear(x, packed, corr, torch.ones(N), None, N)
+    exact = x.long() @ q.long().T
+    assert int(exact[0, 0]) == 127 * 127 * K and int(exact[0, 1]) == -127 * 127 * K
+    assert torch.equal(y, exact.float())
+
+
+@needs_kernel
+def test_pack_keeps_the_weights():
+    q = torch.randint(-127, 128, (37, 64), dtype=torch.int8)
+    packed, corr = int8dot.pack(q)
+    assert packed.shape == (3, 16, 16, 4)  # ⌈37/16⌉ blocks, K/4 steps, 16 rows, 4 values
+    assert torch.equal(int8dot.unpack(packed, 37), q)
+    assert torch.equal(corr, 128 * q.int().sum(1, dtype=torch.int32))
+    assert int(packed[2, :, 5:].abs().sum()) == 0  # rows past N are zero
+
+
+@needs_kernel
+def test_int8_linear_uses_the_kernel_and_computes_the_formula():
+    torch.manual_seed(0)
+    lin = nn.Linear(64, 40)
+    ql = Int8Linear(lin)
+    assert ql.packed is not None and ql.qweight is None and "int8dot" in repr(ql)
+    x = torch.randn(2, 3, 64)
+    y = ql(x)
+    assert y.dtype == torch.bfloat16 and y.shape == (2, 3, 40)
+    q, s = quantize_int8(lin.weight)
+    assert torch.equal(ql.int8_weight(), q)
+    ref = int8dot.reference(x.reshape(6, 64), q, s, lin.bias.detach()).to(torch.bfloat16).view(2, 3, 40)
+    assert torch.equal(y, ref)
+    # against float32: weights within half a step, activations within half a step of their row's scale
+    rel = (y.float() - lin(x).detach()).abs().max() / lin(x).abs().max()
+    assert rel < 0.03, rel
+
+
+@needs_kernel
+def test_the_kernel_runs_inside_a_compiled_graph():
+    torch.manual_seed(0)
+    ql = Int8Linear(nn.Linear(64, 40))
+
+    def f(x):
+        y = ql(x * 2.0)
+        return y, torch.nn.functional.silu(y)
+
+    x = torch.randn(1, 64)
+    with torch.inference_mode():
+        compiled, eager = torch.compile(f, fullgraph=True, dynamic=False)(x), f(x)
+    assert torch.equal(compiled[0], eager[0])  # the same kernel on the same input
+    torch.testing.assert_close(compiled[1], eager[1])  # Inductor's own silu may round differently
+
+
+def test_it_can_be_switched_off(monkeypatch):
+    monkeypatch.setattr(int8dot, "_STATE", {})
+    monkeypatch.setenv("TOKENNET_INT8DOT", "0")
+    assert not int8dot.available() and int8dot.unavailable_reason() == "TOKENNET_INT8DOT=0"
+    ql = Int8Linear(nn.Linear(64, 8))  # the weight-only layer: int8 weights, bf16 activations
+    assert ql.packed is None and ql.qweight is not None and "int8pack" in repr(ql)
+    assert ql(torch.randn(1, 64)).dtype == torch.bfloat16
+
+
+def test_a_cpu_without_vnni_falls_back(monkeypatch):
+    monkeypatch.setattr(int8dot, "_STATE", {})
+    monkeypatch.setattr(int8dot, "_cpu_flags", lambda: {"avx2"})
+    assert not int8dot.available() and "avx512_vnni" in int8dot.unavailable_reason()
