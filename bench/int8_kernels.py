@@ -18,7 +18,7 @@ round; the table shows each one's median over rounds), at each ``--threads`` cou
 - ``dyn quant 4bit``: ``aten._dyn_quant_matmul_4bit`` (KleidiAI on Arm; a reference path elsewhere);
 - ``bf16 linear``: ``F.linear`` in bfloat16 (bytes: 2 per weight), for scale;
 - ``vnni`` (when the C++ extension builds): :mod:`tokennet.layers.int8dot`'s kernel — int8 activations (one
-  scale per row) × int8 weights, VNNI integer dot products, per-channel scales.
+  scale per 32) × int8 weights, VNNI integer dot products, per-channel scales.
 
 Each row: microseconds per call and the weight bytes read per second (GB/s). A kernel that fails at a shape
 says so in its cell.
@@ -136,8 +136,8 @@ def candidates(K: int, N: int):
         from tokennet.layers import int8dot
 
         if int8dot.available():
-            p8, c8 = int8dot.pack(q)
-            out["vnni"] = (lambda: int8dot.linear(xb, p8, c8, s, None, N), N * K + 8 * N)
+            p8 = int8dot.pack(q)
+            out["vnni"] = (lambda: int8dot.linear(xb, p8, s, None, N), N * K + 4 * N)
             out["vnni"][0]()
         else:
             out["vnni"] = (int8dot.unavailable_reason()[:60], 0)

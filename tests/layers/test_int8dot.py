@@ -15,40 +15,42 @@ needs_kernel = pytest.mark.skipif(not int8dot.available(), reason=f"int8dot: {in
 
 
 @needs_kernel
-@pytest.mark.parametrize("M, K, N", [(1, 576, 576), (1, 64, 17), (3, 1536, 100), (2, 8, 16), (40, 96, 33)])
+@pytest.mark.parametrize("M, K, N", [(1, 576, 576), (1, 64, 17), (3, 1536, 100), (2, 32, 16), (40, 96, 33)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_kernel_is_the_formula_bit_for_bit(M, K, N, dtype):
     g = torch.Generator().manual_seed(M * 1000 + K + N)
     w = torch.randn(N, K, generator=g) * torch.rand(N, 1, generator=g)  # rows of different ranges
     q, s = quantize_int8(w)
     x = (torch.randn(M, K, generator=g) * 3).to(dtype)
-    x[0, 5] = 40.0  # an outlier sets the row's scale
+    x[0, 5] = 40.0  # an outlier sets its group's scale
+    x[0, -32:] = 0.0  # an all-zero group: scale 1, adds nothing
     if M > 1:
-        x[1] = 0.0  # an all-zero row: scale 1, output = bias
+        x[1] = 0.0  # an all-zero row: output = bias
     b = torch.randn(N, generator=g)
-    packed, corr = int8dot.pack(q)
+    packed = int8dot.pack(q)
     for bias in (None, b):
-        y = int8dot.linear(x, packed, corr, s, bias, N)
+        y = int8dot.linear(x, packed, s, bias, N)
         assert y.dtype == torch.float32 and y.shape == (M, N)
         assert torch.equal(y, int8dot.reference(x, q, s, bias))
     if M > 1:
-        assert torch.equal(int8dot.linear(x, packed, corr, s, b, N)[1], b)
+        assert torch.equal(int8dot.linear(x, packed, s, b, N)[1], b)
 
 
 @needs_kernel
 def test_integer_sums_are_exact_at_the_extremes():
-    # Activations already integers in [-127, 127] with max |x| = 127 (so s_x = 1) and unit weight scales: y is the
-    # integer sum itself, up to 127² · 1536 ≈ 2.5e7 in magnitude, compared with an int64 product.
+    # Activations already integers in [-127, 127] with ±127 in every group of 32 (so every s_g = 1) and unit weight
+    # scales: y is the integer sum itself, up to 127² · 1024 < 2^24 in magnitude (every partial sum exact in
+    # float32), compared with an int64 product; the negative activations test the sign moved onto the weights.
     g = torch.Generator().manual_seed(0)
-    K, N = 1536, 48
+    K, N = 1024, 48
     q = torch.randint(-127, 128, (N, K), generator=g, dtype=torch.int8)
     q[0] = 127
     q[1] = -127
     x = torch.randint(-127, 128, (2, K), generator=g).float()
     x[0] = 127.0
-    x[1, 0] = -127.0
-    packed, corr = int8dot.pack(q)
-    y = int8dot.linear(x, packed, corr, torch.ones(N), None, N)
+    x[1, ::32] = -127.0
+    packed = int8dot.pack(q)
+    y = int8dot.linear(x, packed, torch.ones(N), None, N)
     exact = x.long() @ q.long().T
     assert int(exact[0, 0]) == 127 * 127 * K and int(exact[0, 1]) == -127 * 127 * K
     assert torch.equal(y, exact.float())
@@ -57,11 +59,13 @@ def test_integer_sums_are_exact_at_the_extremes():
 @needs_kernel
 def test_pack_keeps_the_weights():
     q = torch.randint(-127, 128, (37, 64), dtype=torch.int8)
-    packed, corr = int8dot.pack(q)
+    packed = int8dot.pack(q)
     assert packed.shape == (3, 16, 16, 4)  # ⌈37/16⌉ blocks, K/4 steps, 16 rows, 4 values
     assert torch.equal(int8dot.unpack(packed, 37), q)
-    assert torch.equal(corr, 128 * q.int().sum(1, dtype=torch.int32))
     assert int(packed[2, :, 5:].abs().sum()) == 0  # rows past N are zero
+    q[0, 0] = -128  # its sign cannot move: refused
+    with pytest.raises(ValueError, match="-127, 127"):
+        int8dot.pack(q)
 
 
 @needs_kernel
@@ -77,6 +81,8 @@ def test_int8_linear_uses_the_kernel_and_computes_the_formula():
     assert torch.equal(ql.int8_weight(), q)
     ref = int8dot.reference(x.reshape(6, 64), q, s, lin.bias.detach()).to(torch.bfloat16).view(2, 3, 40)
     assert torch.equal(y, ref)
+    odd = Int8Linear(nn.Linear(40, 8))  # K not a multiple of 32: no groups, the weight-only kernel
+    assert odd.packed is None and odd(torch.randn(1, 40)).dtype == torch.bfloat16
     # against float32: weights within half a step, activations within half a step of their row's scale
     rel = (y.float() - lin(x).detach()).abs().max() / lin(x).abs().max()
     assert rel < 0.03, rel

@@ -88,10 +88,10 @@ def quantize_int8(w: Tensor) -> tuple[Tensor, Tensor]:
 class Int8Linear(nn.Module):
     """``y = x (s ⊙ Q)ᵀ + b`` with int8 weights ``Q (N, K)`` and per-channel scales ``s (N,)``; for inference.
 
-    On an x86 CPU with AVX-512 VNNI (:func:`tokennet.layers.int8dot.available`) the weights are held in that
-    kernel's packed layout (``packed``, ``corr``; ``qweight`` is None) and every call goes through it: the
-    activations rounded to int8 per row, integer dot products, float32 ``scale`` and ``bias`` (the formula in
-    :mod:`tokennet.layers.int8dot`). Elsewhere it computes in bf16 (the input is cast) with PyTorch's
+    On an x86 CPU with AVX-512 VNNI (:func:`tokennet.layers.int8dot.available`), when K is a multiple of 32, the
+    weights are held in that kernel's packed layout (``packed``; ``qweight`` is None) and every call goes through
+    it: the activations rounded to int8 in groups of 32, integer dot products, float32 ``scale`` and ``bias``
+    (the formula in :mod:`tokennet.layers.int8dot`). Elsewhere it computes in bf16 (the input is cast) with PyTorch's
     ``_weight_int8pack_mm`` (fast for bf16 activations, several times slower for fp32 ones), or, in a compiled
     step, :func:`gemv`; off the CPU the weights are dequantized at each call. The output is bf16 either way.
 
@@ -106,16 +106,13 @@ class Int8Linear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         q, s = quantize_int8(linear.weight)
         b = linear.bias
-        if q.device.type == "cpu" and int8dot.available():  # integer dot products (K is a multiple of 8)
-            packed, corr = int8dot.pack(q)
-            self.register_buffer("packed", packed)  # (⌈N/16⌉, K/4, 16, 4) int8
-            self.register_buffer("corr", corr)  # (N,) int32
+        if q.device.type == "cpu" and self.in_features % int8dot.GROUP == 0 and int8dot.available():
+            self.register_buffer("packed", int8dot.pack(q))  # (⌈N/16⌉, K/4, 16, 4) int8
             self.register_buffer("qweight", None)
             self.register_buffer("scale", s)  # (N,) float32
             self.register_buffer("bias", None if b is None else b.detach().float())
         else:
             self.register_buffer("packed", None)
-            self.register_buffer("corr", None)
             self.register_buffer("qweight", q)  # (N, K) int8
             self.register_buffer("scale", s.to(torch.bfloat16))  # (N,)
             self.register_buffer("bias", None if b is None else b.detach().to(torch.bfloat16))
@@ -133,7 +130,7 @@ class Int8Linear(nn.Module):
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)  # (M, K)
         if self.packed is not None and x2.device.type == "cpu":
-            y = int8dot.linear(x2, self.packed, self.corr, self.scale, self.bias, self.out_features)
+            y = int8dot.linear(x2, self.packed, self.scale, self.bias, self.out_features)
             return y.to(torch.bfloat16).view(*lead, self.out_features)
         x2 = x2.to(torch.bfloat16)
         if self.packed is not None:  # moved off the CPU: dequantize (correct, not faster)
