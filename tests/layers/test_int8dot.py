@@ -163,3 +163,19 @@ def test_smollm2_keeps_its_quality_with_int8_activations(tmp_path):
     assert abs(dot - ref) / ref < 0.01  # the int8 limit of the trained-model tests (test_quantize.py)
     assert dot - ref <= 2 * abs(wo - ref) + 0.005  # about what the int8 weights alone cost
     assert (dot_top == top).float().mean().item() >= 0.9
+
+
+@needs_kernel
+def test_threads_split_the_output_rows_and_change_no_bit():
+    g = torch.Generator().manual_seed(1)
+    q, s = quantize_int8(torch.randn(1000, 128, generator=g))
+    packed = int8dot.pack(q)
+    x = torch.randn(3, 128, generator=g)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        two = int8dot.linear(x, packed, s, None, 1000)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(two, int8dot.linear(x, packed, s, None, 1000))
+    assert torch.equal(two, int8dot.reference(x, q, s))

@@ -34,6 +34,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 
 import torch
@@ -78,6 +79,7 @@ def _load() -> None:
     if missing:
         _STATE.update(ok=False, reason=f"this CPU lacks {', '.join(missing)}")
         return
+    t0 = time.perf_counter()
     try:
         from torch.utils import cpp_extension
 
@@ -90,6 +92,10 @@ def _load() -> None:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         _STATE.update(ok=False, reason=f"the int8dot kernel did not build ({first[:200]})")
         return
+
+    took = time.perf_counter() - t0
+    if took > 2:  # a build, not a load of the built library
+        logger.info("built the int8 integer-dot kernel in %.1f s (once per machine: %s)", took, _build_dir())
 
     @torch.library.register_fake("tokennet_int8dot::linear")
     def _(x, packed, scale, bias, n):
