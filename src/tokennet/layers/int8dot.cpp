@@ -36,10 +36,13 @@ constexpr int64_t GROUP = 32;  // activations per scale (llama.cpp's Q8_0 blocks
 
 // One row of x (float32), K = G * 32 -> |x_q| (u8), the sign bits of x_q (bit k of signs[k / 64]), and one scale per
 // group of 32: s_g = max_{k in g} |x_k| / 127 (1 for an all-zero group), x_q = round(x / s_g) (ties to even).
-void quantize_row(const float* x, int64_t K, uint8_t* mag, uint64_t* signs, float* scales) {
+template <typename T>
+void quantize_row(const T* x_in, int64_t K, uint8_t* mag, uint64_t* signs, float* scales) {
+  float x[GROUP];
   std::memset(signs, 0, sizeof(uint64_t) * ((K + 63) / 64));
   for (int64_t g = 0; g < K / GROUP; ++g) {
-    const float* xg = x + g * GROUP;
+    for (int64_t i = 0; i < GROUP; ++i) x[i] = static_cast<float>(x_in[g * GROUP + i]);  // exact from bf16
+    const float* xg = x;
     float amax = 0.f;
     for (int64_t i = 0; i < GROUP; ++i) amax = std::fmax(amax, std::fabs(xg[i]));
     const float s = amax == 0.f ? 1.f : amax / 127.f;
@@ -63,7 +66,9 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const at::Tenso
   const int64_t M = x.size(0), K = x.size(1), nb = packed.size(0), G = K / GROUP;
   TORCH_CHECK(K % GROUP == 0, "int8dot.linear: K must be a multiple of 32");
   TORCH_CHECK(packed.size(1) * 4 == K && packed.size(2) == NB && nb * NB >= N, "int8dot.linear: shapes differ");
-  auto xf = x.to(at::kFloat).contiguous();
+  // bf16 and float32 rows are read as they are; another dtype is converted first
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  auto xf = bf16 ? x.contiguous() : x.to(at::kFloat).contiguous();
   auto sw = scale.to(at::kFloat).contiguous();
   at::Tensor bf;
   if (bias.has_value() && bias->defined()) bf = bias->to(at::kFloat).contiguous();
@@ -71,8 +76,13 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const at::Tenso
   std::vector<uint8_t> mag(M * K);
   std::vector<uint64_t> signs(M * words);
   std::vector<float> sx(M * G);
-  for (int64_t m = 0; m < M; ++m)
-    quantize_row(xf.data_ptr<float>() + m * K, K, mag.data() + m * K, signs.data() + m * words, sx.data() + m * G);
+  for (int64_t m = 0; m < M; ++m) {
+    if (bf16)
+      quantize_row(xf.data_ptr<at::BFloat16>() + m * K, K, mag.data() + m * K, signs.data() + m * words,
+                   sx.data() + m * G);
+    else
+      quantize_row(xf.data_ptr<float>() + m * K, K, mag.data() + m * K, signs.data() + m * words, sx.data() + m * G);
+  }
   // The sign of x_q moves onto the weights (vpdpbusd multiplies unsigned by signed bytes): step j (activations
   // 4j .. 4j+3) negates byte 4r + c of the 64-byte weight vector when x_q[4j + c] < 0, for every row r.
   std::vector<uint64_t> negate(M * (K / 4));
@@ -81,7 +91,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const at::Tenso
       const uint64_t nib = (signs[m * words + (4 * j) / 64] >> ((4 * j) % 64)) & 0xF;
       negate[m * (K / 4) + j] = nib * 0x1111111111111111ULL;
     }
-  auto y = at::empty({M, N}, xf.options());
+  auto y = at::empty({M, N}, xf.options().dtype(at::kFloat));
   const int8_t* wp = packed.data_ptr<int8_t>();
   const float* swp = sw.data_ptr<float>();
   const float* bp = bf.defined() ? bf.data_ptr<float>() : nullptr;
