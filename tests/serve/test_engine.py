@@ -5,6 +5,8 @@ import threading
 import pytest
 import torch
 
+from tokennet.layers import int8dot
+from tokennet.layers.quantize import decoding_copy
 from tokennet.models import create_model
 from tokennet.sampling import generate
 from tokennet.serve.cache import SlotCaches
@@ -153,8 +155,17 @@ def test_a_quantized_engine_decodes_what_generate_decodes_with_that_copy(mode):
     if mode == "bf16":  # the cache holds the copy's activations' dtype
         assert engine.caches.layers[0].k.dtype == torch.bfloat16
     for s in seqs:
-        alone = generate(m, torch.tensor([s.prompt]), 8, temperature=0, quantize=mode)[0, len(s.prompt):]
-        assert s.generated == alone.tolist()
+        alone = generate(m, torch.tensor([s.prompt]), 8, temperature=0, quantize=mode)[0, len(s.prompt):].tolist()
+        if s.generated != alone and mode == "int8" and int8dot.available():
+            # Rows decoded together round their attention differently from a row alone (bf16), and int8 activations
+            # can turn that into another greedy token, but only at a near-tie: the top two logits within 1%.
+            i = next(i for i, (a, b) in enumerate(zip(s.generated, alone)) if a != b)
+            with torch.inference_mode():
+                top = decoding_copy(m, mode)(torch.tensor([s.prompt + alone])).logits[0, len(s.prompt) - 1 + i]
+            first, second = top.float().topk(2).values.tolist()
+            assert first - second <= 0.01 * abs(first), (s.generated, alone, first, second)
+            continue
+        assert s.generated == alone
 
 
 def test_an_unknown_quantize_mode_is_refused():

@@ -6,9 +6,15 @@ its speed is set by the bytes of weights read: fp32 → bf16 halves them, int8 q
 
 - ``"bf16"``: every floating-point parameter and buffer in bfloat16 (activations follow);
 - ``"int8"``: as ``"bf16"``, and every ``nn.Linear`` (the LM head too, also when tied to the embedding)
-  becomes an :class:`Int8Linear`: weight-only int8 with one scale per output channel,
-  ``W ≈ s ⊙ Q``, ``s_n = max_k |W_nk| / 127``, ``Q = round(W / s)``, multiplied by PyTorch's
-  ``_weight_int8pack_mm`` (bf16 activations × int8 weights, dequantized inside the kernel);
+  becomes an :class:`Int8Linear`: int8 weights with one scale per output channel,
+  ``W ≈ s ⊙ Q``, ``s_n = max_k |W_nk| / 127``, ``Q = round(W / s)``. On an x86 CPU with AVX-512 VNNI they are
+  multiplied by :mod:`tokennet.layers.int8dot`'s kernel: the activations rounded to int8 in groups of 32 (one
+  scale each, llama.cpp's Q8_0 activations) and integer dot products, bit for bit a stated formula, in eager
+  and compiled steps alike (SmolLM2-135M, 1 thread, back to back in one process on a loaded 2-core machine:
+  the compiled step decoded 1.3–1.5× the weight-only one's tokens/s, ``bench/int8_kernels.py --decode``; its
+  loss in :mod:`tokennet.layers.int8dot`). Elsewhere
+  (or ``TOKENNET_INT8DOT=0``), weight-only: PyTorch's ``_weight_int8pack_mm`` (bf16 activations × int8
+  weights, dequantized inside the kernel), or :func:`gemv` in a compiled step;
 - ``"int4"``: every ``nn.Linear`` becomes a :class:`~tokennet.layers.blockquant.BlockLinear` in GGUF's
   Q4_1 blocks (32 weights, a scale and a minimum each), the LM head in Q8_0 (llama.cpp's choice for its
   Q4 files: the head is the layer most sensitive to rounding); layers already held in blocks (an
@@ -44,6 +50,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import ConfigError
+from . import int8dot
 from .blockquant import BlockEmbedding, BlockLinear, gemv, gemv_rows
 
 __all__ = ["QUANTIZE_MODES", "Int8Linear", "PackedLinear", "GemvLinear", "quantize", "quantize_int8", "check_mode",
@@ -87,8 +94,12 @@ def quantize_int8(w: Tensor) -> tuple[Tensor, Tensor]:
 class Int8Linear(nn.Module):
     """``y = x (s ⊙ Q)ᵀ + b`` with int8 weights ``Q (N, K)`` and per-channel scales ``s (N,)``; for inference.
 
-    Computes in bf16 (the input is cast): PyTorch's CPU kernel is fast for bf16 activations and several
-    times slower for fp32 ones. Elsewhere than on the CPU the weights are dequantized at each call.
+    On an x86 CPU with AVX-512 VNNI (:func:`tokennet.layers.int8dot.available`), when K is a multiple of 32, the
+    weights are held in that kernel's packed layout (``packed``; ``qweight`` is None) and every call goes through
+    it: the activations rounded to int8 in groups of 32, integer dot products, float32 ``scale`` and ``bias``
+    (the formula in :mod:`tokennet.layers.int8dot`). Elsewhere it computes in bf16 (the input is cast) with PyTorch's
+    ``_weight_int8pack_mm`` (fast for bf16 activations, several times slower for fp32 ones), or, in a compiled
+    step, :func:`gemv`; off the CPU the weights are dequantized at each call. The output is bf16 either way.
 
     Args:
         linear: the layer to quantize (read, not modified).
@@ -100,20 +111,38 @@ class Int8Linear(nn.Module):
             raise ValueError(f"Int8Linear needs in_features divisible by {_K_ALIGN}, got {linear.in_features}")
         self.in_features, self.out_features = linear.in_features, linear.out_features
         q, s = quantize_int8(linear.weight)
-        self.register_buffer("qweight", q)  # (N, K) int8
-        self.register_buffer("scale", s.to(torch.bfloat16))  # (N,)
         b = linear.bias
-        self.register_buffer("bias", None if b is None else b.detach().to(torch.bfloat16))
+        if q.device.type == "cpu" and self.in_features % int8dot.GROUP == 0 and int8dot.available():
+            self.register_buffer("packed", int8dot.pack(q))  # (⌈N/16⌉, K/4, 16, 4) int8
+            self.register_buffer("qweight", None)
+            self.register_buffer("scale", s)  # (N,) float32
+            self.register_buffer("bias", None if b is None else b.detach().float())
+        else:
+            self.register_buffer("packed", None)
+            self.register_buffer("qweight", q)  # (N, K) int8
+            self.register_buffer("scale", s.to(torch.bfloat16))  # (N,)
+            self.register_buffer("bias", None if b is None else b.detach().to(torch.bfloat16))
+
+    def int8_weight(self) -> Tensor:
+        """``Q`` ``(N, K)`` int8 (rebuilt from the packed layout when the integer-dot kernel holds it)."""
+        return self.qweight if self.packed is None else int8dot.unpack(self.packed, self.out_features)
 
     def dequantized_weight(self) -> Tensor:
         """``s ⊙ Q`` ``(N, K)`` in float32 (the reference the kernel is tested against)."""
-        return self.qweight.float() * self.scale.float()[:, None]
+        return self.int8_weight().float() * self.scale.float()[:, None]
 
     def forward(self, x: Tensor) -> Tensor:
         """``(..., K) → (..., N)`` in bf16."""
         lead = x.shape[:-1]
-        x2 = x.reshape(-1, self.in_features).to(torch.bfloat16)  # (M, K)
-        if gemv_rows(x2):  # one fused loop over Q (see gemv)
+        x2 = x.reshape(-1, self.in_features)  # (M, K)
+        if self.packed is not None and x2.device.type == "cpu":
+            y = int8dot.linear(x2, self.packed, self.scale, self.bias, self.out_features)
+            return y.to(torch.bfloat16).view(*lead, self.out_features)
+        x2 = x2.to(torch.bfloat16)
+        if self.packed is not None:  # moved off the CPU: dequantize (correct, not faster)
+            y = F.linear(x2, (self.dequantized_weight()).to(x2.dtype), None if self.bias is None else
+                         self.bias.to(x2.dtype))
+        elif gemv_rows(x2):  # one fused loop over Q (see gemv)
             y = gemv(x2, self.qweight) * self.scale.float()
             if self.bias is not None:
                 y = y + self.bias.float()
@@ -127,7 +156,9 @@ class Int8Linear(nn.Module):
         return y.view(*lead, self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        kernel = "int8dot" if self.packed is not None else "int8pack"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"kernel={kernel}")
 
 
 class PackedLinear(nn.Module):

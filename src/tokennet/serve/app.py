@@ -505,7 +505,10 @@ def serve(run_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, api
             if took is not None:
                 log.info("the batched decoding step is compiled (%.1f s)", took)
         app = create_app(engine, model_name=name, api_key=api_key, max_body=max_body, any_model_name=any_model_name)
-        weights = {"none": "float32", "bf16": "bf16", "int8": "int8 per-channel",
+        from ..layers import int8dot
+
+        int8 = "int8 per-channel" + (" × int8 activations (integer dot products)" if int8dot.available() else "")
+        weights = {"none": "float32", "bf16": "bf16", "int8": int8,
                    "int4": "4-bit blocks (a GGUF file's own, as they are)"}[engine.quantize]
         log.info("serving %s as model %s on http://%s:%d/v1 (batch %d, context %d, %s weights%s, prefix cache %s)",
                  run_dir, shown, host, port, max_batch, engine.context, weights,

@@ -100,10 +100,12 @@ OPTIONS = {
                          "TOKENNET_COMPILE=0 makes eager the default)", flag=True),
     "quantize": Option("quantize", "language models: decode with low-precision weights in every linear layer and the "
                        "LM head, converted when generation starts (the saved run is not changed): bf16; int8 "
-                       "weight-only with one scale per output channel (bf16 activations); int4: 4-bit blocks of 32 "
-                       "weights with a scale and a minimum each (GGUF's Q4_1; the LM head in Q8_0), and a run "
-                       "imported from a GGUF file keeps the file's own Q4_0/Q4_1/Q8_0 blocks as they are (layers "
-                       "whose width is not a multiple of 32 stay float32, with a note); fewer bytes per weight "
+                       "weights with one scale per output channel (on an x86 CPU with AVX-512 VNNI the activations "
+                       "are rounded to int8 too, one scale per 32, and multiplied by integer dot products, as "
+                       "llama.cpp does; elsewhere, or with TOKENNET_INT8DOT=0, bf16 activations); int4: 4-bit "
+                       "blocks of 32 weights with a scale and a minimum each (GGUF's Q4_1; the LM head in Q8_0), "
+                       "and a run imported from a GGUF file keeps the file's own Q4_0/Q4_1/Q8_0 blocks as they are "
+                       "(layers whose width is not a multiple of 32 stay float32, with a note); fewer bytes per weight "
                        "read per token make decoding faster, at a small cost in accuracy (default none: float32 "
                        "weights, which on the CPU decode from a copy packed in column blocks, one per thread)",
                        str, "none", choices=_quantize_choices()),
