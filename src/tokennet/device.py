@@ -6,7 +6,7 @@ import torch
 
 from .errors import ConfigError
 
-__all__ = ["resolve_device"]
+__all__ = ["resolve_device", "cpu_flags", "native_bf16"]
 
 
 def resolve_device(device: str) -> torch.device:
@@ -35,3 +35,21 @@ def resolve_device(device: str) -> torch.device:
                                   and torch.backends.mps.is_available()):
         raise ConfigError(f"device {device!r} requested but MPS is not available; use device 'cpu' or 'auto'")
     return dev
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags (``/proc/cpuinfo``'s ``flags`` line; empty where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def native_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 in hardware (AMX or AVX-512 BF16): where bf16 autocast speeds up
+    convolutions and matmuls rather than emulating them."""
+    return bool({"amx_bf16", "avx512_bf16"} & cpu_flags())

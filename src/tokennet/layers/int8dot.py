@@ -42,6 +42,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from ..device import cpu_flags
+
 __all__ = ["GROUP", "available", "unavailable_reason", "pack", "unpack", "linear", "quantize_groups", "reference"]
 
 logger = logging.getLogger(__name__)
@@ -55,14 +57,7 @@ _STATE: dict[str, object] = {}  # "ok": bool, "reason": str
 
 
 def _cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
+    return set(cpu_flags())
 
 
 def _build_dir() -> str:

@@ -7,13 +7,20 @@ the image is tokens, and one generic encoder processes the sequence (single-stre
 
     z₀ = [q; s; w₁ … w_T; x̂_p¹E … x̂_pᴺE] + type + position    q: the summary token, s: a sink
     z_ℓ = z_ℓ + MSA(LN(z_ℓ)),  z_ℓ = z_ℓ + MLP(LN(z_ℓ))       L pre-norm blocks
-    answer = argmax Linear(LN(z_L^q))                          read from the question's summary token
+    answer = argmax head(LN(z_L^q))                            read from the question's summary token
 
 The patch embedding ``x̂_p E`` is linear (``patch_stem="linear"``, the model's default) or two-level
-(``"conv"``, the ``vqa`` recipe's default, :class:`ConvPatchStem`): ``GELU(conv_4×4/4(x̂))`` then a
-conv over the patch's 4 × 4 cells — an animal's pixels are ``α ⊙ (colour − background)``, which a linear map
-turns into one vector bilinear in shape and colour; the nonlinearity lets the token hold the two apart.
-``"conv+colour"`` adds :class:`PatchColour`, the foreground's mean colour as its own 4 numbers.
+(``"conv"``, :class:`ConvPatchStem`): ``GELU(conv_4×4/4(x̂))`` then a conv over the patch's 4 × 4 cells — an
+animal's pixels are ``α ⊙ (colour − background)``, which a linear map turns into one vector bilinear in shape and
+colour. ``"conv+colour"`` adds :class:`PatchColour`, the foreground's mean colour as its own 4 numbers.
+``"shape+colour"`` (:class:`ShapeColourStem`) embeds the silhouette (colour-blind) and the colour (shape-blind)
+apart and sums them; ``"shape,colour"`` (the ``vqa`` recipe's default) makes them **two tokens per patch**,
+``[… ; s¹ … sᴺ ; c¹ … cᴺ]``, both with the patch's position, which in the first layer attend only to each other
+(the question's tokens attend to all of them): a key is then pure shape or pure colour, and attention maps are
+reported per patch (:meth:`VQATransformer.attention_maps`).
+
+The answer (:class:`AnswerHead`) is a logit per answer (``answer_readout="class"``), or, with ``"points"``, a
+count or a colour is read as a position in its space (a line, RGB): ``logit_a = g·h − s‖p̂ − p_a‖²``.
 
 Row ``q`` of each layer's ``A = softmax(Q Kᵀ / √E)`` is where the question looks: its query is matched
 against the keys of the patch tokens. Choices made for learning that routing in CPU minutes (the ``vqa``

@@ -10,11 +10,19 @@ the held-out counts are asked only by a test set of their own (``unseen_count``)
 directory of your own pictures and questions (``answers.tsv``; the format is in :mod:`tokennet.data.vqa`).
 
 The model (:class:`~tokennet.models.vqa.VQATransformer`): the question's words and the image's 16×16
-patches in one sequence, one encoder, the answer read from the question's summary token; a patch is embedded
-by a two-level conv stem (``patch_stem="conv"``, 48 hidden channels: the recipe's default, measured below)
-instead of one linear map. After training,
+patches in one sequence, one encoder, the answer read from the question's summary token. The recipe's defaults,
+each measured below: a patch is **two tokens**, its shape (a conv stem over the silhouette, colour-blind) and its
+colour (the foreground's mean colour, shape-blind) — ``patch_stem="shape,colour"``, 48 stem channels — so a
+question's query meets keys that hold one or the other, and a kind training never showed (a purple bird) is two
+parts it did; in the first layer a patch's two tokens attend only to each other; the patches never attend to the
+question (``modality_mask="image-first"``: the lecture's picture — the question's query does the looking); and
+counts and colours are answered as **points** (``answer_readout="points"``: a count is a position on a line, a
+colour one in RGB, :class:`~tokennet.models.vqa.AnswerHead`), so that no question can learn to veto one answer
+it never met with in training. After training,
 with ``baselines=true`` (the default), two CNNs answer the same questions, trained on the same batches for
-the same number of steps, each with about the transformer's parameter count (``cnn_lr`` their peak rate):
+the same number of steps, each with about the transformer's parameter count (``cnn_lr`` their peak rate;
+``cnn_precision``: ``auto``, the default, trains them with bf16 autocast on a CPU with bf16 in hardware, else in
+fp32 as the transformer; the metric ``cnn_precision`` says which):
 
 - ``cnn_…``: a small ResNet conditioned on the question by FiLM, whose units' receptive field covers the
   whole image (preset ``vqa-cnn``);
@@ -39,51 +47,39 @@ and the held-out counts; with patches smaller than an animal (``patch_size=8``),
 (:func:`~tokennet.tasks.vqa.patch_grouping`). ``tokennet eval`` recomputes the transformer's figures from the
 saved run (the same numbers as ``metrics.json``); the CNNs' come from training (they are not saved).
 
-**Measured, one change at a time** (seed 0, 1 thread, held-out test set of 2000 questions, exact match in %;
-the transformer alone, ``--set baselines=false``, unless said; the recipe has no time budget, so the steps are
-exact on any machine; wall times were taken on 2 cores shared with ~8 other jobs and are not idle figures;
-``bench/results/vqa_patch_stem.json``, ``vqa_transformer.json``, ``vqa_default.json`` record the commands,
-commits and machine):
+**Measured, one change at a time** (seed 0, the transformer alone — ``--set baselines=false`` — 3000 steps of 64,
+held-out test set of 2000 questions, exact match in %; ``bench/results/vqa_ablation.json`` has every row's
+command, the metrics, the commits and the machine; the runs shared 2 cores, so no wall time is quoted here):
 
-=============================  =====  ======  ====  =====  =====  =====  =====  =====  ======  =====
-change                         steps  params  all   count  c_col  same   spec   col    unseen  att
-=============================  =====  ======  ====  =====  =====  =====  =====  =====  ======  =====
-linear patch embed (before)    3000   155.4k  78.1  79.8   62.0   76.5   76.6   95.1   5.6     4.01
-linear, half the steps         1500   155.4k  71.6  74.7   53.4   56.9   76.8   94.1   5.6     3.08
-conv patch stem, 32 channels   1500   140.6k  83.5  81.5   62.5   96.2   95.9   81.8   7.6     3.64
-conv stem, 48 ch, 3000 steps   3000   157.8k  87.5  82.2   61.0   97.3   98.8   98.5   19.6    3.80
-=============================  =====  ======  ====  =====  =====  =====  =====  =====  ======  =====
+===================================================  =====  =====  =====  =====  =====  =====  ======  =====
+change                                               all    count  c_col  same   spec   col    unseen  att
+===================================================  =====  =====  =====  =====  =====  =====  ======  =====
+conv stem, a logit per answer (the default before)   87.5   82.2   61.0   97.3   98.8   98.5   19.6    2.04
+counts as points on a line                           88.2   81.5   63.7   98.7   99.0   98.3   58.4    2.34
+and shape, colour apart, summed in one token         78.9   85.4   71.0   49.1   100    85.7   61.2    1.62
+two tokens per patch (shape, colour)                 84.5   96.8   95.2   99.5   99.8   32.4   83.6    1.34
+and the pair sees only itself in layer 0             92.8   96.1   93.2   99.5   100    75.4   87.2    2.12
+and image-first                                      93.0   97.6   94.2   99.5   99.5   74.7   87.2    1.91
+and colours as points too: **the default**           97.6   96.4   91.9   99.5   100    100    88.0    2.16
+===================================================  =====  =====  =====  =====  =====  =====  ======  =====
 
-(``c_col``: ``count_colour``; ``same``: ``same_species``; ``spec``: ``species``; ``col``: ``colour``; ``unseen``:
-``unseen_count``; ``att``: ``attention_mass_ratio``. The first row is the transformer of the default run before
-this change, commit 670130c, with both CNNs beside it: ``cnn_`` 77.6 overall, 49.1 on the corner pairs; ``shallow_cnn_``
-77.2, 49.1.) The conv stem is the change that moves the corner pairs, from 57 to 96 % at 1500 steps, and the
-species from 77 to 96 %: a linear embedding of ``α ⊙ (colour − background)`` is one vector bilinear in shape and
-colour, and the held-out kinds are new (shape, colour) pairs. It costs on colour (94 → 82 % at 1500 steps:
-the nonlinear stem binds colour to shape the way the linear one did not) — ``patch_stem="conv+colour"`` gives
-the foreground's mean colour a path of its own, not measured (the run was stopped for CPU time).
-The last row is the recipe's default transformer (two changes from the row above: 48 stem channels restore the
-parameter budget, and the default 3000 steps; ``vqa_transformer.json``, 3301 s on the shared cores, without the
-CNNs): corner pairs 97.3 and species 98.8, colour back to 98.5, held-out counts 19.6, but counting 82.2 and
-colour counts 61.0. ``attention_vs_other_animals`` 2.04 rolled out (``same_species`` 2.75, ``species`` 2.53,
-``colour`` 2.41, ``count`` 0.97), 10.5 in layer 0 alone — layers 1 and 2 look elsewhere, so the rollout
-dilutes it; ``attention_image_share`` 0.35; the sink's best head has ``r = 0.25`` with ``1/(k+1)``, its weight
-0.055 at ``k = 0`` and 0.029 at ``k = 9``.
-The issue's goals are not all reached: corner pairs (≥ 95 %) are, but counting (≥ 97 %), overall (≥ 95 %),
-held-out counts (≥ 80 %) and ``attention_vs_other_animals`` (≥ 3, rolled out) are not; the full default run
-with both CNNs has not been measured with the conv stem (CPU time), so "above both CNNs" is unmeasured.
+(``c_col``: ``count_colour``; ``same``: ``same_species``, the corner pairs; ``spec``: ``species``; ``col``:
+``colour``; ``unseen``: ``unseen_count``; ``att``: ``attention_vs_other_animals``, rolled out. The first row is
+``bench/results/vqa_transformer.json``; colours as points with the full mask instead of image-first: 95.9 overall,
+colour 88.9, ``bench/results/vqa_ablation.json``.) What each change fixed, read off the misses: with a logit per
+answer, the test's held-out (question, answer) pairs are answered at or below chance — *how many fish?* never
+answered 7 in training, *what colour is the bird?* never *purple* (a held-out kind) — because a question learns its
+own "never" for them (the second row moves the held-out counts from 20 to 58 %; the last, the colours from 75 to
+100 %). With one token per patch, counting missed by one exactly the held-out kind in the picture: its token is a
+new vector as a whole (a conv over the pixels binds colour to shape); apart but summed in one token, the query's
+score is still a sum of a shape term and a colour term, and a green impala scores between; as two tokens, each
+key is pure, and counting by colour went from 64 to 95 %. The layer-0 pair mask lets a shape token take in its
+colour for *what colour is the impala?* (32 → 75 %).
 
-**The new measurements on the 1500-step conv-stem run** (``tokennet eval``, ``vqa_patch_stem.json``):
-``attention_vs_other_animals`` 2.99 rolled out (``colour`` 4.49, ``same_species`` 4.06, ``species`` 3.02, but
-``count`` 1.19 and ``count_colour`` 1.41: a count question looks at all animals about alike), 17.0 in layer 0
-alone; ``attention_image_share`` 0.51. **The learned counter does not count with the sink**: the head whose
-sink weight tracks ``1/(k+1)`` best (layer 0, head 1) has ``r = 0.44`` and puts 0.034 on the sink at
-``k = 0`` falling to 0.014 at ``k = 9`` (the construction puts 1 … 0.1); the sink is barely used, the count
-questions spread their attention over the animals (asked 1.19× the others), and the count is read off the
-summary token as a class, which is why held-out counts are answered at 7.6 % — a readout of ``1/(k+1)`` would
-carry over. **Grouping** (8-px patches, four per animal; a 500-step run, undertrained — 46 % overall —
-``vqa_patch8.json``): a patch's attention falls on its own animal's other patches 1.51× their share (layer 2;
-1.36 and 1.31 in layers 0 and 1): above, not far above.
+The default run, with both CNNs beside the transformer (same batches, same steps, ``cnn_lr``), seeds 0–2: the
+figures are in ``bench/results/vqa_default.json`` (the commands, the commit, the machine, the time of the whole
+run). ``tokennet eval`` on a run recomputes its transformer's figures; the receptive-field sweep
+(``bench/vqa_receptive_field.py --into RUN``, ``bench/results/vqa_receptive_field.json``) shows in the run's report.
 """
 
 from __future__ import annotations
@@ -96,6 +92,7 @@ from typing import Any
 import torch
 
 from ..data.vqa import COLOURS, GENERATED, AnimalQuestions, QABatches, QASet, tokenize_question
+from ..device import native_bf16
 from ..errors import RecipeError
 from ..lifecycle import BuildContext, Job, Recipe, register_recipe
 from ..models.registry import create_model
@@ -132,15 +129,30 @@ def _check_lengths(spec: AnimalQuestions, max_len: int) -> None:
         raise RecipeError(f"{spec.source} has questions of {longest} words; set max_question_len={longest} or more")
 
 
-def train_baseline(preset: str, model_settings: dict[str, Any], train, source, device, *, lr: float):
+CNN_PRECISIONS = ("auto", "fp32", "bf16")
+
+
+def cnn_precision(setting: str, device) -> str:
+    """The baselines' training precision: ``"auto"`` is bf16 autocast on a CPU that multiplies bf16 in hardware
+    (AMX or AVX-512 BF16: their convolutions train about 1.5× faster there, measured on the two vqa CNNs), else
+    fp32; ``"fp32"`` or ``"bf16"`` as said."""
+    if setting not in CNN_PRECISIONS:
+        raise RecipeError(f"cnn_precision must be one of {', '.join(CNN_PRECISIONS)}, got {setting!r}")
+    if setting != "auto":
+        return setting
+    return "bf16" if torch.device(device).type == "cpu" and native_bf16() else "fp32"
+
+
+def train_baseline(preset: str, model_settings: dict[str, Any], train, source, device, *, lr: float,
+                   precision: str = "fp32"):
     """Train a CNN baseline like the transformer: the same batches, the same number of steps (``train``'s
-    ``max_iters``), its own peak learning rate ``lr``; returns the trained model."""
+    ``max_iters``), its own peak learning rate ``lr`` and ``precision``; returns the trained model."""
     steps = dataclasses.replace(train, lr=lr, time_budget=None, eval_interval=0, checkpoint_interval=0,
-                                progress=False, log_interval=0, report=False, tensorboard=False)
+                                progress=False, log_interval=0, report=False, tensorboard=False, precision=precision)
     torch.manual_seed(train.seed)
     m = create_model(preset, **model_settings).to(device)
     with tempfile.TemporaryDirectory() as scratch:  # the baselines' checkpoints are not part of the run
-        Trainer(m, steps, source, out_dir=scratch, device=device).fit()
+        Trainer(m, steps, source, out_dir=scratch, device=device, tokens_per_batch=train.batch_size).fit()
     return m.eval()
 
 
@@ -155,6 +167,7 @@ def build(ctx: BuildContext) -> Job:
     ctx.from_data("pixel_mean", mean)
     ctx.from_data("pixel_std", std)
     train, opts, device = ctx.train, ctx.options, ctx.device
+    precision = cnn_precision(opts["cnn_precision"], device)  # a bad setting fails before training
     max_len = ctx.model["max_question_len"]
     _check_lengths(spec, max_len)
     torch.manual_seed(train.seed)
@@ -175,10 +188,11 @@ def build(ctx: BuildContext) -> Job:
         if not opts["baselines"]:
             return out
         steps = dataclasses.replace(train, max_iters=src.max_index + 1)  # what the transformer trained
+        out["cnn_precision"] = precision
         qa = spec.held_out()
         shared = {k: ctx.settings[k] for k in (*DATA_FIELDS, "max_question_len", "answer_readout")}
         for prefix, preset in BASELINES.items():
-            cnn = train_baseline(preset, shared, steps, src, device, lr=opts["cnn_lr"])
+            cnn = train_baseline(preset, shared, steps, src, device, lr=opts["cnn_lr"], precision=precision)
             out.update(evaluate(cnn, spec, qa, prefix=prefix))
             out[f"{prefix}num_parameters"] = cnn.num_parameters()
             out[f"{prefix}receptive_field"] = cnn.receptive_field().size
@@ -236,7 +250,7 @@ register_recipe(Recipe(
     build=build,
     data=AnimalQuestions,
     default_data=GENERATED,
-    options={"baselines": True, "cnn_lr": 3e-3},
+    options={"baselines": True, "cnn_lr": 3e-3, "cnn_precision": "auto"},
     model_defaults={"patch_stem": "shape,colour", "stem_channels": 48, "modality_mask": "image-first",
                     "answer_readout": "points"},
     train_defaults={"max_iters": 3000, "batch_size": 64, "lr": 3e-3, "warmup_iters": 100, "eval_interval": 1000,
