@@ -6,7 +6,8 @@ averages the units' votes adds them up instead. So that pooling is not what fail
 two coordinate channels are appended to the image (``readout="coords"``, as FiLM's own model does), so every
 unit knows where its field lies. The field is set by depth (plain conv layers of 3×3 at stride 1 after a 4×4
 patchify stem: ``r = 4 + 8·n``) or by dilation (two layers, ``r = 4 + 16·d``); each CNN's width is chosen so
-that it has about the transformer's parameter count. Every model trains on the same batches of the corner
+that it has about the transformer's parameter count. Every model trains as the ``vqa`` recipe trains its models
+(its optimizer settings; the CNNs in the baselines' precision) on the same batches of the corner
 questions (``same_species`` and ``species``, half each; the generated data of ``tokennet train vqa``, no
 held-out kind in training) for the same steps, and answers the held-out corner pairs (each picture with a
 held-out kind; chance is 50 %).
@@ -24,7 +25,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import os
 import sys
 import time
@@ -41,6 +41,7 @@ from tokennet.data.vqa import COLOURS, AnimalQuestions, encode_questions, render
 from tokennet.errors import ConfigError, TokennetError  # noqa: E402
 from tokennet.models.registry import create_model  # noqa: E402
 from tokennet.models.vqa import answer_points  # noqa: E402
+from tokennet.recipes.vqa import cnn_precision  # noqa: E402
 from tokennet.tasks.vqa import exact_match  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/_record.py, also when a test loads this file
@@ -105,21 +106,22 @@ def corner_test(spec: AnimalQuestions, n: int):
     return _qaset(items, spec.answers, 64, seed=zlib.crc32(f"{spec.seed}-rf-test".encode()))
 
 
-def train(model, batches, steps: int, lr: float) -> float:
-    """AdamW, linear warm-up over 5 % of the steps then cosine decay; returns the seconds it took."""
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.05)
-    warm = max(1, steps // 20)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / steps))))
-    model.train()
+def train(model, batches, steps: int, lr: float, precision: str = "fp32") -> float:
+    """As the ``vqa`` recipe trains its transformer and its CNN baselines: tokennet's Trainer with the recipe's
+    training settings (Muon on the weight matrices, AdamW on the rest, warm-up then cosine decay), peak rate
+    ``lr``, ``steps`` steps; returns the seconds it took."""
+    import dataclasses
+    import tempfile
+
+    from tokennet.recipes import get_recipe
+    from tokennet.train.trainer import TrainConfig, Trainer
+
+    cfg = dataclasses.replace(TrainConfig(**get_recipe("vqa").train_defaults), max_iters=steps, lr=lr,
+                              eval_interval=0, checkpoint_interval=0, progress=False, log_interval=0, report=False,
+                              tensorboard=False, precision=precision)
     t = time.perf_counter()
-    for i in range(steps):
-        x, y = batches.batch(i)
-        loss = model(x, y).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        sched.step()
+    with tempfile.TemporaryDirectory() as scratch:
+        Trainer(model, cfg, batches, out_dir=scratch, device="cpu").fit()
     model.eval()
     return time.perf_counter() - t
 
@@ -195,7 +197,8 @@ def run(args) -> int:
     for kind, f, settings in plans:
         torch.manual_seed(args.seed)
         m = create_model("vqa-transformer" if kind == "transformer" else "vqa-cnn", **settings)
-        secs = train(m, batches, args.steps, args.lr)
+        # the CNNs in the precision the recipe trains its baselines in (bf16 where the CPU has it in hardware)
+        secs = train(m, batches, args.steps, args.lr, "fp32" if kind == "transformer" else cnn_precision("auto", "cpu"))
         em = exact_match(m, test, spec.words, 12)
         row = {"model": kind, "receptive_field": f if f is not None else 64,
                "layers": m.config.num_layers if kind == "transformer" else 1 + settings["depths"][0],

@@ -159,11 +159,10 @@ def test_object_patches_and_the_attention_mass_of_a_model_that_looks_at_the_obje
 @pytest.mark.slow
 def test_a_trained_run_looks_at_the_objects_it_is_asked_about(tmp_path):
     """The lecture's picture, measured: after the default training (3000 steps, seed 0), the question's attention
-    lands on the animals it asks about far more than on the picture's other animals, the answers are far above
-    chance, held-out counts are answered, and the count questions' weight on the sink falls as the count grows.
-    Measured on 2000 test questions (bench/results/vqa_ablation.json, last row): exact match 97.6 (count 96.4,
-    colour 100), held-out counts 88.0, attention against the other animals 2.16, sink weight 0.45 at k = 0 and 0.06
-    at k = 9. Minutes on 2 cores; the fast tests in test_vqa_attention.py hold the measurements to oracles."""
+    lands on the animals it asks about more than on the picture's other animals, the answers are far above chance,
+    and held-out counts are answered. Measured on 1 thread, 2000 test questions (bench/results/vqa_ablation.json,
+    last row): exact match 97.6 (count 96.4, colour 100), held-out counts 88.0, attention against the other animals
+    2.16. Minutes on 2 cores; the fast tests in test_vqa_attention.py hold the measurements to oracles."""
     sets = {"max_iters": 3000, "eval_interval": 0, "baselines": False, "test_size": 400, "val_size": 50,
             "progress": False, "report": False}
     _, m = train("vqa", out=tmp_path / "vqa", sets=sets, device="cpu")
@@ -173,7 +172,6 @@ def test_a_trained_run_looks_at_the_objects_it_is_asked_about(tmp_path):
     assert m["attention_vs_other_animals_same_species"] >= ATTENTION_VS_OTHERS, m
     assert m["exact_match"] > 90 and m["exact_match_count"] > 88 and m["exact_match_colour"] > 90, m  # chance: 10-50
     assert m["exact_match_unseen_count"] > 70, m  # chance: 10
-    assert m["sink_weight_k0"] > 3 * m["sink_weight_k9"], m
 
 
 def test_the_report_shows_a_receptive_field_sweep_written_into_the_run(run_dir, tmp_path):
