@@ -10,9 +10,8 @@ its speed is set by the bytes of weights read: fp32 → bf16 halves them, int8 q
   ``W ≈ s ⊙ Q``, ``s_n = max_k |W_nk| / 127``, ``Q = round(W / s)``. On an x86 CPU with AVX-512 VNNI they are
   multiplied by :mod:`tokennet.layers.int8dot`'s kernel: the activations rounded to int8 in groups of 32 (one
   scale each, llama.cpp's Q8_0 activations) and integer dot products, bit for bit a stated formula, in eager
-  and compiled steps alike (SmolLM2-135M, 1 thread, back to back in one process on a loaded 2-core machine:
-  the compiled step decoded 1.3–1.5× the weight-only one's tokens/s, ``bench/int8_kernels.py --decode``; its
-  loss in :mod:`tokennet.layers.int8dot`). Elsewhere
+  and compiled steps alike (its decoding speed against the weight-only path and llama.cpp:
+  ``bench/results/interop.json``; its loss in :mod:`tokennet.layers.int8dot`). Elsewhere
   (or ``TOKENNET_INT8DOT=0``), weight-only: PyTorch's ``_weight_int8pack_mm`` (bf16 activations × int8
   weights, dequantized inside the kernel), or :func:`gemv` in a compiled step;
 - ``"int4"``: every ``nn.Linear`` becomes a :class:`~tokennet.layers.blockquant.BlockLinear` in GGUF's
