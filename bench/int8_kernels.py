@@ -174,7 +174,6 @@ def decode_main(args) -> list[dict]:
     import importlib.util
     import tempfile
 
-    import numpy as np
     from llama_cpp import Llama
 
     import tokennet
@@ -203,20 +202,11 @@ def decode_main(args) -> list[dict]:
         int8dot._STATE.update(ok=True)
     llm = Llama(model_path=str(gguf), n_threads=threads, n_threads_batch=threads, n_ctx=1024, n_batch=512,
                 verbose=False)
-    vocab = llm.n_vocab()
-
-    def argmax() -> int:
-        return int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(vocab,))))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _llamacpp import greedy
 
     def llama_cpp():
-        llm.reset()
-        llm.eval(ids)
-        out, stamps = [argmax()], [time.perf_counter()]
-        for _ in range(n - 1):
-            llm.eval([out[-1]])
-            out.append(argmax())
-            stamps.append(time.perf_counter())
-        return out, stamps
+        return greedy(llm, ids, n)
 
     def tokennet_copy(net):
         def decode():

@@ -169,20 +169,11 @@ def worker(system: str, args) -> dict:
 
         llm = Llama(model_path=args.gguf, n_threads=args.threads, n_threads_batch=args.threads, n_ctx=1024,
                     n_batch=512, verbose=False)
-        vocab = llm.n_vocab()
-
-        def argmax() -> int:
-            return int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(vocab,))))
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from _llamacpp import greedy
 
         def decode(prompt, steps):
-            llm.reset()
-            llm.eval(prompt)
-            out, stamps = [argmax()], [time.perf_counter()]
-            for _ in range(steps - 1):
-                llm.eval([out[-1]])
-                out.append(argmax())
-                stamps.append(time.perf_counter())
-            return out, stamps
+            return greedy(llm, prompt, steps)
 
         from gguf import GGUFReader
 

@@ -193,11 +193,15 @@ class PatchColour(nn.Module):
         self.proj = nn.Linear(in_channels + 1, dim)
 
     def forward(self, x: Tensor) -> Tensor:
-        w = x.norm(dim=1, keepdim=True)  # (B, 1, H, W)
-        mass = F.avg_pool2d(w, self.p)  # (B, 1, H/p, W/p)
-        colour = F.avg_pool2d(w * x, self.p) / mass.clamp_min(1e-3)  # (B, C, H/p, W/p)
-        f = torch.cat([colour, mass], 1).flatten(2).transpose(1, 2)  # (B, N, C + 1)
-        return self.proj(f)
+        return self.proj(_patch_colour(x, x.norm(dim=1, keepdim=True), self.p))
+
+
+def _patch_colour(x: Tensor, w: Tensor, p: int) -> Tensor:
+    """Per ``p × p`` patch, the ``w``-weighted mean colour ``Σ w x / Σ w`` and the mean weight: ``x (B, C, H, W)``,
+    ``w (B, 1, H, W)`` → ``(B, N, C + 1)`` row-major."""
+    mass = F.avg_pool2d(w, p)  # (B, 1, H/p, W/p)
+    colour = F.avg_pool2d(w * x, p) / mass.clamp_min(1e-3)  # (B, C, H/p, W/p)
+    return torch.cat([colour, mass], 1).flatten(2).transpose(1, 2)
 class ShapeColourStem(nn.Module):
     """A patch embedding that keeps **shape and colour apart**: ``shape(f) + colour``.
 
@@ -227,10 +231,7 @@ class ShapeColourStem(nn.Module):
     def parts(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """``(shape, colour)`` embeddings ``(B, N, D)`` each, of standardized images ``(B, C, H, W)``."""
         f = self.foreground(x)  # (B, 1, H, W)
-        mass = F.avg_pool2d(f, self.p)  # (B, 1, H/p, W/p)
-        colour = F.avg_pool2d(f * x, self.p) / mass.clamp_min(1e-3)  # (B, C, H/p, W/p)
-        c = torch.cat([colour, mass], 1).flatten(2).transpose(1, 2)  # (B, N, C + 1)
-        return self.shape(f), self.colour(c)
+        return self.shape(f), self.colour(_patch_colour(x, f, self.p))
 
     def forward(self, x: Tensor) -> Tensor:
         shape, colour = self.parts(x)
