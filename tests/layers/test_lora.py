@@ -314,6 +314,31 @@ def test_fused_lora_equals_the_two_gemm_path_in_value_and_gradients(splits, bias
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("splits,bias", [(None, True), ([8, 4, 4], False)])
+def test_fused_lora_under_bf16_autocast_runs_its_products_in_bf16_as_the_two_gemm_path_does(splits, bias):
+    """``--set precision=bf16``: the one-node layer under ``torch.autocast`` (it once failed there: an in-place
+    product of a bf16 output with a float32 adapter) gives the autocast two-GEMM path's output in bf16, and float32
+    ∂x, ∂A, ∂B close to it (the products in bf16 on both sides, the sums in another order)."""
+    torch.manual_seed(0)
+    base = torch.nn.Linear(12, 16, bias=bias)
+    got = []
+    for fused in (True, False):
+        lin = LoRALinear(base, rank=3, alpha=6.0, splits=splits, fused=fused)
+        torch.manual_seed(1)
+        with torch.no_grad():
+            lin.lora_A.normal_()
+            lin.lora_B.normal_()
+        x = torch.randn(2, 5, 12, requires_grad=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = lin(x)
+        assert y.dtype == torch.bfloat16
+        (y.float() * torch.linspace(-1, 1, 16)).sum().backward()
+        assert x.grad.dtype == lin.lora_A.grad.dtype == lin.lora_B.grad.dtype == torch.float32
+        got.append((y.detach().float(), x.grad, lin.lora_A.grad, lin.lora_B.grad))
+    for a, b in zip(*got, strict=True):
+        torch.testing.assert_close(a, b, rtol=2e-2, atol=5e-2)
+
+
 def test_fused_lora_follows_a_weight_replaced_or_moved():
     """The fused layer reads the weight it holds at each call: loading, ``.to()`` or ``.data =`` leave nothing stale."""
     torch.manual_seed(0)

@@ -67,6 +67,17 @@ def test_lora_learns_a_held_out_shift_and_saves_merged_weights_and_the_adapter(w
         load_adapter(load_pretrained(out), out / "adapter.safetensors")  # the merged run is another base
 
 
+def test_a_lora_run_under_bf16_autocast_learns_and_its_metric_is_recomputed(world, tmp_path, capsys):
+    """``precision=bf16`` with the fused LoRA layers (they once failed under autocast)."""
+    before = _eval(world / "base", "--data", world / "b.txt", capsys=capsys)["val_loss"]
+    out = tmp_path / "lora-bf16"
+    assert _train("gpt", "--init", world / "base", "--data", world / "b.txt", "--out", out, "--max-iters", 60,
+                  "--set", *SMALL, "lora_rank=4", "lora_alpha=8", "lr=3e-3", "precision=bf16") == 0
+    after = json.loads((out / "metrics.json").read_text())["val_loss"]
+    assert after < 0.8 * before, (before, after)
+    assert _eval(out, capsys=capsys)["val_loss"] == pytest.approx(after, rel=1e-6)
+
+
 def test_a_lora_run_resumes_bitwise(world, tmp_path):
     sets = [*SMALL, "lora_rank=4", "lora_dropout=0.1", "checkpoint_interval=4"]
     a, b = tmp_path / "a", tmp_path / "b"

@@ -188,16 +188,28 @@ class _LoRAFunction(torch.autograd.Function):
     ``∂z_s = ∂y[:, map s] B_s``, ``∂B_s = ∂y[:, map s]ᵀ z_s``, ``∂A = s ∂zᵀ x`` and ``∂x = ∂y W + s ∂z A`` accumulated
     into one tensor (``addmm``); ``W`` and ``b`` get no gradient. Against autograd's form this saves the
     ``(M, N)``-wide sum of two outputs in forward and of two input gradients in backward, and the nodes between.
+
+    Under ``torch.autocast`` (``--set precision=bf16``) every product runs in the autocast dtype, as autocast runs
+    a plain linear layer's: the operands are cast once in forward (the cast ``W`` is kept for backward, as autograd
+    keeps an autocast ``F.linear``'s), ``y`` comes out in that dtype, and ``∂A``, ``∂B`` go back in the adapters' own
+    dtype (float32) for the optimizer.
     """
 
     @staticmethod
     def forward(ctx, x, W, bias, A, B, scaling, splits, rank):
-        y = torch.addmm(bias, x, W.t()) if bias is not None else x @ W.t()  # (M, N)
-        z = (x @ A.t()).mul_(scaling)  # (M, S·r)
-        lo = 0
-        for s, n in enumerate(splits):
-            y[:, lo:lo + n].addmm_(z[:, s * rank:(s + 1) * rank], B[lo:lo + n].t())
-            lo += n
+        kind = x.device.type
+        dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else None
+        ctx.dtypes = (x.dtype, A.dtype, B.dtype)  # the gradients' dtypes
+        with torch.autocast(kind, enabled=False):
+            if dtype is not None:  # the products in the autocast dtype
+                x, W, A, B = (t.to(dtype) for t in (x, W, A, B))
+                bias = None if bias is None else bias.to(dtype)
+            y = torch.addmm(bias, x, W.t()) if bias is not None else x @ W.t()  # (M, N)
+            z = (x @ A.t()).mul_(scaling)  # (M, S·r)
+            lo = 0
+            for s, n in enumerate(splits):
+                y[:, lo:lo + n].addmm_(z[:, s * rank:(s + 1) * rank], B[lo:lo + n].t())
+                lo += n
         ctx.save_for_backward(x, W, A, B, z)
         ctx.scaling, ctx.splits, ctx.rank = scaling, splits, rank
         return y
@@ -205,6 +217,7 @@ class _LoRAFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, gy):
         x, W, A, B, z = ctx.saved_tensors
+        gy = gy.to(z.dtype)
         r, lo, gz, gB = ctx.rank, 0, [], []
         for s, n in enumerate(ctx.splits):
             g = gy[:, lo:lo + n]  # (M, n)
@@ -215,6 +228,7 @@ class _LoRAFunction(torch.autograd.Function):
         gx = torch.addmm(gz @ A, gy, W) if ctx.needs_input_grad[0] else None  # (M, K)
         gA = gz.t() @ x if ctx.needs_input_grad[3] else None  # (S·r, K)
         gB = (gB[0] if len(gB) == 1 else torch.cat(gB, 0)) if ctx.needs_input_grad[4] else None
+        gx, gA, gB = (None if g is None else g.to(t) for g, t in zip((gx, gA, gB), ctx.dtypes))
         return gx, None, None, gA, gB, None, None, None
 
 
