@@ -20,8 +20,11 @@ Both systems start from the same weights — SmolLM2-135M-Instruct's GGUF from t
 tokennet runs as ``tokennet`` (fused LoRA layers, eager), ``tokennet+compile`` (the model under
 ``torch.compile``: what ``--set compile=true`` trains), ``tokennet+ckpt`` (activation checkpointing of the
 blocks: ``--set checkpointing=true``) and ``tokennet+unfused`` (the two-GEMM LoRA layer), as ``--systems``
-lists them; the losses of every variant follow the same curve. ``--layers N`` keeps only the first N blocks on
-both sides (a quick check of the bench, not a figure).
+lists them; the losses of every variant follow the same curve. ``+bf16`` (``tokennet+bf16``, ``peft+bf16``) runs
+that side's forward under ``torch.autocast(bfloat16)`` (tokennet's ``--set precision=bf16``; on a CPU with AMX the
+products run in its bf16 tile units): a bf16 system's ratio is taken against peft at bf16, a float32 one's against
+peft at float32 (same precision, same arithmetic), and every loss curve against peft's float32 one.
+``--layers N`` keeps only the first N blocks on both sides (a quick check of the bench, not a figure).
 
 Each system runs in its own fresh process (``--rounds`` rounds, alternating which goes first); then both run
 in one process, a step of each in turn on the same batch (``--interleaved`` steps: a machine whose load
@@ -35,7 +38,8 @@ back to back.
 
     python bench/finetune.py [--steps 40] [--batch 4] [--seq 128] [--rank 8] [--alpha 16] [--lr 1e-3]
                              [--eval-every 10] [--rounds 1] [--threads 1] [--device cpu] [--layers 0]
-                             [--systems tokennet tokennet+compile tokennet+ckpt peft] [--interleaved 10]
+                             [--systems tokennet tokennet+compile tokennet+ckpt tokennet+bf16 peft peft+bf16]
+                             [--interleaved 10]
                              [--out bench/results/finetune.json]
     python bench/finetune.py --layer-bench 60   # one LoRA layer alone: tokennet fused / unfused / peft
 """
@@ -131,13 +135,17 @@ def build(side: str, args, dev):
     from tokennet.interop.init import load_init
 
     gguf = smollm2_gguf()
+
+    def autocast(on: bool):  # bf16: both sides under torch.autocast, as tokennet's --set precision=bf16 trains
+        return torch.autocast(dev.type, dtype=torch.bfloat16, enabled=on)
+
     if side.split("+")[0] == "tokennet":
         from tokennet.layers.lora import LoRAConfig, apply_lora, lora_layers
         from tokennet.layers.stack import set_checkpointing
 
         opts = set(side.split("+")[1:])
-        if opts - {"compile", "ckpt", "unfused"}:
-            raise SystemExit(f"unknown tokennet options in {side!r} (compile, ckpt, unfused)")
+        if opts - {"compile", "ckpt", "unfused", "bf16"}:
+            raise SystemExit(f"unknown tokennet options in {side!r} (compile, ckpt, unfused, bf16)")
         base = load_init(gguf).model
         if args.layers:  # the first N blocks only: a quick check of the bench itself
             base.decoder.blocks = base.decoder.blocks[: args.layers]
@@ -158,8 +166,11 @@ def build(side: str, args, dev):
         forward = torch.compile(model) if "compile" in opts else model
 
         def loss_of(x, y):
-            return forward(x, y).loss
-    elif side == "peft":
+            with autocast("bf16" in opts):
+                return forward(x, y).loss
+    elif side.split("+")[0] == "peft":
+        if set(side.split("+")[1:]) - {"bf16"}:
+            raise SystemExit(f"unknown peft options in {side!r} (bf16)")
         import peft
         import transformers
 
@@ -179,9 +190,10 @@ def build(side: str, args, dev):
                     part = next(t for t in HF_TARGETS if t in parts)
                     p.copy_(init_a(i, part, args.rank, p.shape[1]))
 
-        def loss_of(x, y):
-            logits = model(input_ids=x).logits
-            return F.cross_entropy(logits.flatten(0, 1), y.flatten())
+        def loss_of(x, y, bf16="bf16" in side):
+            with autocast(bf16):
+                logits = model(input_ids=x).logits
+            return F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
     else:
         raise SystemExit(f"unknown system {side!r}: peft or tokennet[+compile][+ckpt][+unfused]")
     return model.to(dev).train(), loss_of
@@ -374,7 +386,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=0,
                     help="keep only SmolLM2's first N blocks on both sides (0: all 30): a quick check of the bench")
     ap.add_argument("--systems", nargs="+", default=["tokennet", "tokennet+compile", "tokennet+ckpt", "peft"],
-                    help="peft, or tokennet with options joined by + (compile, ckpt, unfused)")
+                    help="peft[+bf16], or tokennet with options joined by + (compile, ckpt, unfused, bf16)")
     ap.add_argument("--interleaved", type=int, default=10,
                     help="then this many steps of each system alternating in one process (0: skip)")
     ap.add_argument("--layer-bench", type=int, default=0, metavar="CALLS",
@@ -459,8 +471,14 @@ def main() -> None:
     print("\n| system | trainable | tokens/s | × peft | first step s | peak RSS MiB | RSS rise MiB "
           "| step alloc peak MiB | final train loss | final val loss |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    ref = summary.get("peft")
+    def peer(side: str, table: dict) -> str | None:
+        """The peft run a system is compared with: the one at its precision (``+bf16``: peft under bf16 autocast
+        too), else peft in float32."""
+        want = "peft+bf16" if "bf16" in side.split("+")[1:] else "peft"
+        return want if want in table else "peft" if "peft" in table else None
+
     for side, s in summary.items():
+        ref = summary.get(peer(side, summary)) if not side.startswith("peft") else summary.get(side)
         if ref is not None:
             s["ratio_tokens_per_s"] = s["tokens_per_s"] / ref["tokens_per_s"]
             s["ratio_train_rss_rise"] = s["train_rss_rise_mib"] / max(1.0, ref["train_rss_rise_mib"])
@@ -469,7 +487,7 @@ def main() -> None:
               f"{s['peak_rss_mib']:.0f} | {s['train_rss_rise_mib']:.0f} | {s['step_alloc_peak_mib']:.0f} | "
               f"{s['final_train_loss']:.4f} | "
               f"{s['final_val_loss']:.4f} |")
-    if ref is not None and len(summary) > 1:
+    if "peft" in summary and len(summary) > 1:
         names = list(summary)
         curves = [runs[k][0]["val_curve"] for k in names]
         print("\n| step | " + " | ".join(f"{k} val loss" for k in names) + " |")
@@ -480,13 +498,17 @@ def main() -> None:
         for k in names:
             summary[k]["max_val_loss_diff_vs_peft"] = max(abs(a[1] - b[1]) for a, b in
                                                          zip(runs[k][0]["val_curve"], peft_curve))
-        print("\nmax |Δ val loss| against peft along the curve: " + ", ".join(
+        print("\nmax |Δ val loss| against peft (float32) along the curve: " + ", ".join(
             f"{k} {summary[k]['max_val_loss_diff_vs_peft']:.4f}" for k in names if k != "peft") +
             "; goal: tokens/s ≥ 1.2× peft at an equal loss")
     if inter is not None and "peft" in inter:
         summary["interleaved"] = inter
-        print(f"interleaved in one process ({args.interleaved} steps each), tokens/s against peft: " + ", ".join(
-            f"{k} {v['tokens_per_s'] / inter['peft']['tokens_per_s']:.2f}×" for k, v in inter.items() if k != "peft"))
+        for k, v in inter.items():
+            v["peer"] = peer(k, inter) if not k.startswith("peft") else k
+            v["ratio_tokens_per_s"] = v["tokens_per_s"] / inter[v["peer"]]["tokens_per_s"]
+        print(f"interleaved in one process ({args.interleaved} steps each), tokens/s against peft at the same "
+              "precision: " + ", ".join(f"{k} {v['ratio_tokens_per_s']:.2f}× {v['peer']}" for k, v in inter.items()
+                                        if not k.startswith("peft")))
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import torch
     from _record import commit, machine
