@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..attention.masks import sliding_window, window_band
@@ -29,6 +28,7 @@ from ..errors import ConfigError
 from ..layers.block import NORM_LAYERS, mlp_kind
 from ..layers.blockquant import FORMATS as BLOCK_FORMATS
 from ..layers.blockquant import BlockEmbedding, BlockLinear, group_size
+from ..layers.cross_entropy import cross_entropy
 from ..layers.mlp import ACTIVATIONS
 from ..layers.norm import Norm
 from ..layers.stack import AttentionMaps, Decoder
@@ -416,7 +416,7 @@ class GPT(nn.Module):
         logits = self.forward_head(self.forward_features(idx, caches=caches))  # (B, T, V)
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
+            loss = cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
         return Output(logits, loss)
 
 
