@@ -339,6 +339,36 @@ def test_fused_lora_under_bf16_autocast_runs_its_products_in_bf16_as_the_two_gem
         torch.testing.assert_close(a, b, rtol=2e-2, atol=5e-2)
 
 
+def test_fused_lora_under_autocast_casts_its_frozen_weight_once_and_follows_every_change():
+    """Under bf16 autocast the fused layer keeps the bf16 copy of its frozen weight across calls, and makes a new
+    one when the weight is loaded, replaced (``.data =``) or written in place."""
+    torch.manual_seed(0)
+    lin = LoRALinear(torch.nn.Linear(8, 6), rank=2, alpha=4.0)
+    with torch.no_grad():
+        lin.lora_B.normal_()
+    x = torch.randn(3, 8)
+
+    def check():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got = lin(x)
+            want = torch.nn.functional.linear(x, lin.weight + lin.delta_weight(), lin.bias)
+        torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+        return lin.__dict__["_cast_weight"][2]
+
+    first = check()
+    assert check() is first  # kept while the weight is unchanged
+    lin.load_state_dict({**lin.state_dict(), "weight": torch.randn(6, 8)})
+    assert check() is not first
+    lin.weight.data = torch.randn(6, 8) * 3
+    check()
+    with torch.no_grad():
+        lin.weight.mul_(-1)  # in place: the version counter moves
+    check()
+    assert set(lin.state_dict()) == {"weight", "bias", "lora_A", "lora_B"}
+    lin(x)  # no autocast: the float32 weight itself
+    assert lin(x).dtype == torch.float32
+
+
 def test_fused_lora_follows_a_weight_replaced_or_moved():
     """The fused layer reads the weight it holds at each call: loading, ``.to()`` or ``.data =`` leave nothing stale."""
     torch.manual_seed(0)

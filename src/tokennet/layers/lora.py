@@ -145,6 +145,23 @@ class LoRALinear(nn.Linear):
         self.lora_dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
         self.fused = fused
 
+    def _frozen_weight(self, kind: str) -> Tensor:
+        """The frozen ``W``; under autocast, its copy in the autocast dtype, cast once and kept (beside the module's
+        state, not in it) until ``W`` changes: replaced, moved, or written in place. Autocast itself casts a
+        weight at every call unless it requires a gradient, and a frozen one does not: the cast of the whole
+        base, at every step, is what this keeps."""
+        w = self.weight
+        if not torch.is_autocast_enabled(kind):
+            return w
+        dtype = torch.get_autocast_dtype(kind)
+        if w.dtype == dtype:
+            return w
+        key = (w.data_ptr(), w._version, w.device, dtype)
+        kept = self.__dict__.get("_cast_weight")
+        if kept is None or kept[0] is not w or kept[1] != key:
+            kept = self.__dict__["_cast_weight"] = (w, key, w.detach().to(dtype))
+        return kept[2]
+
     def block_b(self) -> Tensor:
         """``B`` as the block-diagonal ``(N, S·r)`` matrix: rows of map ``s`` read only ``A_s x``."""
         if len(self.splits) == 1:
@@ -166,8 +183,8 @@ class LoRALinear(nn.Linear):
         if (self.fused and isinstance(self.lora_dropout, nn.Identity) and not self.weight.requires_grad
                 and (self.bias is None or not self.bias.requires_grad) and not torch.compiler.is_compiling()):
             x2 = x.reshape(-1, self.in_features)  # (M, K)
-            y = _LoRAFunction.apply(x2, self.weight, self.bias, self.lora_A, self.lora_B, self.scaling, self.splits,
-                                    self.rank)
+            y = _LoRAFunction.apply(x2, self._frozen_weight(x.device.type), self.bias, self.lora_A, self.lora_B,
+                                    self.scaling, self.splits, self.rank)
             return y.view(*x.shape[:-1], self.out_features)
         y = F.linear(x, self.weight, self.bias)  # (..., N)
         z = F.linear(self.lora_dropout(x), self.lora_A) * self.scaling  # (..., S·r): scale the narrow side
