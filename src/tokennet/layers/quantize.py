@@ -18,7 +18,14 @@ its speed is set by the bytes of weights read: fp32 → bf16 halves them, int8 q
   Q4_1 blocks (32 weights, a scale and a minimum each), the LM head in Q8_0 (llama.cpp's choice for its
   Q4 files: the head is the layer most sensitive to rounding); layers already held in blocks (an
   imported GGUF file's) stay exactly as they are, so the weights are the file's; a layer whose width is
-  not a multiple of 32 stays float32, with a note; everything else stays float32 (activations too);
+  not a multiple of 32 stays float32, with a note; everything else stays float32. On an x86 CPU with AVX-512
+  VNNI, every Q8_0/Q4_0/Q4_1 layer becomes a :class:`BlockDotLinear`: the same blocks repacked for
+  :mod:`tokennet.layers.int8dot`'s block kernel (the activations rounded to int8 in groups of 32 — one group
+  per block — and integer dot products, bit for bit :func:`~tokennet.layers.int8dot.block_reference`, in eager
+  and compiled steps alike; a GGUF Q4_1 layer reads the file's 20 bytes per 32 weights). Elsewhere (or
+  ``TOKENNET_BLOCKDOT=0`` / ``TOKENNET_INT8DOT=0``, with a note in the log) the blocks stay
+  :class:`~tokennet.layers.blockquant.BlockLinear` with float32 activations: dequantized in eager steps, fused
+  into the product's loop in compiled ones;
 - ``"none"``: the model itself, unchanged (a model holding blocks decodes from their float32 values).
 
 Each layer type has a fused form for a decoding step compiled by torch.compile (:func:`gemv`): see
