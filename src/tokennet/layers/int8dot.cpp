@@ -151,9 +151,106 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const at::Tenso
 //               Q4_1 m (16 float16): C = 288 (Q4_0) or 320 (Q4_1).
 //   Q8_0:       8 steps of 64 bytes; byte 4r + c of step j holds q[16b + r, 32g + 4j + c] (int8); then d: C = 544.
 constexpr int64_t FMT_Q8_0 = 0, FMT_Q4_0 = 1, FMT_Q4_1 = 2;
+// Each chunk asks for the bytes this far ahead into L2 (software prefetch, within the thread's rows): the stream of
+// weights then keeps more misses in flight than the hardware prefetcher alone. Measured, one thread, the 151 layers
+// of SmolLM2's Q4_1 file in turn (96 MB a pass; thread CPU time, a loaded machine): 16-64 KiB ahead took 10-18%
+// less time than none (medians of 60 passes; the fastest passes 25-28% less).
+constexpr int64_t PREFETCH = 32768;
 
-int64_t chunk_bytes(int64_t fmt) {
+constexpr int64_t chunk_bytes(int64_t fmt) {
   return fmt == FMT_Q8_0 ? 16 * 32 + 32 : fmt == FMT_Q4_0 ? 16 * 16 + 32 : 16 * 16 + 64;
+}
+
+struct BlockArgs {
+  const uint8_t* wp;  // packed chunks
+  const int8_t* xq;   // x_q (x_q + 128 as unsigned bytes for Q8_0), (M, K)
+  const float *sx, *cx;
+  const int32_t* xs;
+  const float* bp;  // bias or nullptr
+  float* yp;
+  int64_t M, N, K, G;
+};
+
+// Blocks of rows b0 .. b1 - 1 of y. ONE: a single row of x, its 16 sums kept in a register across the groups.
+template <int64_t FMT, bool ONE>
+void block_rows(const BlockArgs& a, int64_t b0, int64_t b1) {
+  constexpr int64_t C = chunk_bytes(FMT);
+  const int64_t M = a.M, K = a.K, G = a.G;
+  const __m512i low4 = _mm512_set1_epi8(0x0F), ones = _mm512_set1_epi8(1), zero = _mm512_setzero_si512();
+  const uint8_t* end = a.wp + b1 * G * C;  // this thread's last byte: no prefetch past it
+  std::vector<float> accv(ONE ? 0 : M * NB);
+  float* acc = accv.data();
+  for (int64_t b = b0; b < b1; ++b) {
+    __m512 acc1 = _mm512_setzero_ps();
+    if (!ONE) std::fill(accv.begin(), accv.end(), 0.f);
+    for (int64_t g = 0; g < G; ++g) {
+      const uint8_t* c = a.wp + (b * G + g) * C;
+      if (c + PREFETCH < end)
+        for (int64_t o = 0; o < C; o += 64) _mm_prefetch(reinterpret_cast<const char*>(c + PREFETCH + o), _MM_HINT_T1);
+      // the group's integer sums I (16 rows), as the formula needs them per row m of x
+      auto term = [&](int64_t m, __m512i isum, __m512 d, __m512 mn) {
+        const float s = a.sx[m * G + g];
+        if (FMT == FMT_Q4_0) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(8 * a.xs[m * G + g]));
+        __m512 t = _mm512_mul_ps(_mm512_mul_ps(d, _mm512_set1_ps(s)), _mm512_cvtepi32_ps(isum));
+        if (FMT == FMT_Q4_1) t = _mm512_add_ps(t, _mm512_mul_ps(mn, _mm512_set1_ps(a.cx[m * G + g])));
+        if (ONE)
+          acc1 = _mm512_add_ps(acc1, t);
+        else
+          _mm512_storeu_ps(acc + m * NB, _mm512_add_ps(_mm512_loadu_ps(acc + m * NB), t));
+      };
+      if (FMT == FMT_Q8_0) {
+        __m512i w[8];
+        __m512i ws0 = zero, ws1 = zero;  // sum_k q_nk over the group, for the +128 of x
+        for (int j = 0; j < 8; j += 2) {
+          w[j] = _mm512_loadu_si512(c + j * 64);
+          w[j + 1] = _mm512_loadu_si512(c + (j + 1) * 64);
+          ws0 = _mm512_dpbusd_epi32(ws0, ones, w[j]);
+          ws1 = _mm512_dpbusd_epi32(ws1, ones, w[j + 1]);
+        }
+        const __m512i off = _mm512_slli_epi32(_mm512_add_epi32(ws0, ws1), 7);
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 512)));
+        for (int64_t m = 0; m < M; ++m) {
+          const int32_t* xm = reinterpret_cast<const int32_t*>(a.xq + m * K + g * GROUP);
+          __m512i a0 = zero, a1 = zero;
+          for (int j = 0; j < 8; j += 2) {
+            a0 = _mm512_dpbusd_epi32(a0, _mm512_set1_epi32(xm[j]), w[j]);
+            a1 = _mm512_dpbusd_epi32(a1, _mm512_set1_epi32(xm[j + 1]), w[j + 1]);
+          }
+          term(m, _mm512_sub_epi32(_mm512_add_epi32(a0, a1), off), d, d);
+        }
+      } else {
+        __m512i lo[4], hi[4];
+        for (int j = 0; j < 4; ++j) {
+          const __m512i v = _mm512_loadu_si512(c + j * 64);
+          lo[j] = _mm512_and_si512(v, low4);
+          hi[j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+        }
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 256)));
+        const __m512 mn = FMT == FMT_Q4_1
+            ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 288))) : d;
+        for (int64_t m = 0; m < M; ++m) {
+          const int32_t* xm = reinterpret_cast<const int32_t*>(a.xq + m * K + g * GROUP);
+          __m512i a0 = zero, a1 = zero;
+          for (int j = 0; j < 4; ++j) {
+            a0 = _mm512_dpbusd_epi32(a0, lo[j], _mm512_set1_epi32(xm[2 * j]));
+            a1 = _mm512_dpbusd_epi32(a1, hi[j], _mm512_set1_epi32(xm[2 * j + 1]));
+          }
+          term(m, _mm512_add_epi32(a0, a1), d, mn);
+        }
+      }
+    }
+    alignas(64) float one[NB];
+    if (ONE) {
+      _mm512_store_ps(one, acc1);
+      acc = one;
+    }
+    const int64_t rows = std::min(NB, a.N - b * NB);
+    for (int64_t m = 0; m < M; ++m) {
+      float* ym = a.yp + m * a.N + b * NB;
+      for (int64_t r = 0; r < rows; ++r) ym[r] = a.bp ? acc[m * NB + r] + a.bp[b * NB + r] : acc[m * NB + r];
+    }
+    if (ONE) acc = accv.data();
+  }
 }
 
 // y (M, N) float32, per output n, over the groups g in order, starting from 0 (float32, no fused multiply-add):
@@ -195,66 +292,16 @@ at::Tensor blocks(const at::Tensor& x, const at::Tensor& packed, int64_t fmt, co
   const uint8_t* wp = packed.data_ptr<uint8_t>();
   const float* bp = bf.defined() ? bf.data_ptr<float>() : nullptr;
   float* yp = y.data_ptr<float>();
-  const __m512i low4 = _mm512_set1_epi8(0x0F), ones = _mm512_set1_epi8(1), zero = _mm512_setzero_si512();
+  const BlockArgs a{wp, xq.data(), sx.data(), cx.data(), xs.data(), bp, yp, M, N, K, G};
   at::parallel_for(0, nb, 16, [&](int64_t b0, int64_t b1) {
-    std::vector<float> accv(M * NB);
-    float* acc = accv.data();
-    for (int64_t b = b0; b < b1; ++b) {
-      std::fill(accv.begin(), accv.end(), 0.f);
-      for (int64_t g = 0; g < G; ++g) {
-        const uint8_t* c = wp + (b * G + g) * C;
-        if (fmt == FMT_Q8_0) {
-          __m512i w[8];
-          __m512i ws0 = zero, ws1 = zero;  // sum_k q_nk over the group, for the +128 of x
-          for (int j = 0; j < 8; j += 2) {
-            w[j] = _mm512_loadu_si512(c + j * 64);
-            w[j + 1] = _mm512_loadu_si512(c + (j + 1) * 64);
-            ws0 = _mm512_dpbusd_epi32(ws0, ones, w[j]);
-            ws1 = _mm512_dpbusd_epi32(ws1, ones, w[j + 1]);
-          }
-          const __m512i off = _mm512_slli_epi32(_mm512_add_epi32(ws0, ws1), 7);
-          const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 512)));
-          for (int64_t m = 0; m < M; ++m) {
-            const int32_t* xm = reinterpret_cast<const int32_t*>(xq.data() + m * K + g * GROUP);
-            __m512i a0 = zero, a1 = zero;
-            for (int j = 0; j < 8; j += 2) {
-              a0 = _mm512_dpbusd_epi32(a0, _mm512_set1_epi32(xm[j]), w[j]);
-              a1 = _mm512_dpbusd_epi32(a1, _mm512_set1_epi32(xm[j + 1]), w[j + 1]);
-            }
-            const __m512i isum = _mm512_sub_epi32(_mm512_add_epi32(a0, a1), off);
-            const __m512 t = _mm512_mul_ps(_mm512_mul_ps(d, _mm512_set1_ps(sx[m * G + g])), _mm512_cvtepi32_ps(isum));
-            _mm512_storeu_ps(acc + m * NB, _mm512_add_ps(_mm512_loadu_ps(acc + m * NB), t));
-          }
-        } else {
-          __m512i lo[4], hi[4];
-          for (int j = 0; j < 4; ++j) {
-            const __m512i v = _mm512_loadu_si512(c + j * 64);
-            lo[j] = _mm512_and_si512(v, low4);
-            hi[j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-          }
-          const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 256)));
-          __m512 mn = _mm512_setzero_ps();
-          if (fmt == FMT_Q4_1) mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 288)));
-          for (int64_t m = 0; m < M; ++m) {
-            const int32_t* xm = reinterpret_cast<const int32_t*>(xq.data() + m * K + g * GROUP);
-            __m512i a0 = zero, a1 = zero;
-            for (int j = 0; j < 4; ++j) {
-              a0 = _mm512_dpbusd_epi32(a0, lo[j], _mm512_set1_epi32(xm[2 * j]));
-              a1 = _mm512_dpbusd_epi32(a1, hi[j], _mm512_set1_epi32(xm[2 * j + 1]));
-            }
-            __m512i isum = _mm512_add_epi32(a0, a1);
-            if (fmt == FMT_Q4_0) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(8 * xs[m * G + g]));
-            __m512 t = _mm512_mul_ps(_mm512_mul_ps(d, _mm512_set1_ps(sx[m * G + g])), _mm512_cvtepi32_ps(isum));
-            if (fmt == FMT_Q4_1) t = _mm512_add_ps(t, _mm512_mul_ps(mn, _mm512_set1_ps(cx[m * G + g])));
-            _mm512_storeu_ps(acc + m * NB, _mm512_add_ps(_mm512_loadu_ps(acc + m * NB), t));
-          }
-        }
-      }
-      const int64_t rows = std::min(NB, N - b * NB);
-      for (int64_t m = 0; m < M; ++m) {
-        float* ym = yp + m * N + b * NB;
-        for (int64_t r = 0; r < rows; ++r) ym[r] = bp ? acc[m * NB + r] + bp[b * NB + r] : acc[m * NB + r];
-      }
+    if (M == 1) {
+      if (fmt == FMT_Q8_0) block_rows<FMT_Q8_0, true>(a, b0, b1);
+      else if (fmt == FMT_Q4_0) block_rows<FMT_Q4_0, true>(a, b0, b1);
+      else block_rows<FMT_Q4_1, true>(a, b0, b1);
+    } else {
+      if (fmt == FMT_Q8_0) block_rows<FMT_Q8_0, false>(a, b0, b1);
+      else if (fmt == FMT_Q4_0) block_rows<FMT_Q4_0, false>(a, b0, b1);
+      else block_rows<FMT_Q4_1, false>(a, b0, b1);
     }
   });
   return y;
