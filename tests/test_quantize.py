@@ -13,7 +13,7 @@ import tokennet
 from tokennet.cli import main
 from tokennet.errors import ConfigError, TokennetError
 from tokennet.layers.blockquant import BlockLinear
-from tokennet.layers.quantize import Int8Linear, decoding_copy, quantize, quantize_int8
+from tokennet.layers.quantize import BlockDotLinear, Int8Linear, decoding_copy, quantize, quantize_int8
 from tokennet.models import create_model
 from tokennet.sampling import generate, stream
 
@@ -96,16 +96,17 @@ def test_int4_copy_holds_q4_1_blocks_a_q8_0_head_and_falls_back_layer_by_layer(c
     m = create_model("gpt-micro", vocab_size=30, block_size=16, dim=48, num_heads=4).eval()
     with caplog.at_level("WARNING", logger="tokennet.layers.quantize"):
         q = quantize(m, "int4")
-    fc2 = q.decoder.blocks[0].mlp.fc2
-    assert isinstance(fc2, BlockLinear) and fc2.fmt == "q4_1"
+    fc2 = q.decoder.blocks[0].mlp.fc2  # blocks, multiplied by the integer-dot kernel where it runs
+    assert isinstance(fc2, (BlockLinear, BlockDotLinear)) and fc2.fmt == "q4_1"
     assert type(q.decoder.blocks[0].mlp.fc1) is nn.Linear and q.decoder.blocks[0].mlp.fc1.weight.dtype == torch.float32
     assert q.decoder.blocks[0].mlp.fc1.weight is m.decoder.blocks[0].mlp.fc1.weight  # the model's own, not a copy
     notes = [r.getMessage() for r in caplog.records]
     assert len(notes) == 1 and "stay float32" in notes[0] and "divisible by 32" in notes[0]
     wide = create_model("gpt-micro", vocab_size=30, block_size=16).eval()  # dim 64: every layer takes blocks
     q = quantize(wide, "int4")
-    assert isinstance(q.lm_head, BlockLinear) and q.lm_head.fmt == "q8_0"  # the head, as llama.cpp's Q4 files
-    assert all(isinstance(mod, BlockLinear) for name, mod in q.named_modules() if name.endswith(("fc1", "qkv_proj")))
+    assert isinstance(q.lm_head, (BlockLinear, BlockDotLinear)) and q.lm_head.fmt == "q8_0"  # as llama.cpp's Q4 files
+    assert all(isinstance(mod, (BlockLinear, BlockDotLinear)) for name, mod in q.named_modules()
+               if name.endswith(("fc1", "qkv_proj")))
     assert q.tok_emb.weight is wide.tok_emb.weight  # lookups stay float32
     out = generate(m, torch.zeros(2, 3, dtype=torch.long), 20, temperature=0, quantize="int4")  # past the context
     assert out.shape == (2, 23)
@@ -116,8 +117,15 @@ def test_a_run_holding_blocks_keeps_them_in_int4_and_dequantizes_them_elsewhere(
     m = create_model("gpt-micro", vocab_size=30, block_size=16, bias=False,
                      quantized={"decoder.blocks.*.mlp.fc1": "q4_0", "tok_emb": "q8_0"}).eval()
     q4 = decoding_copy(m, "int4")
-    assert q4.decoder.blocks[0].mlp.fc1.qs is m.decoder.blocks[0].mlp.fc1.qs  # Q4_0 blocks, as they are (not copied)
-    assert q4.lm_head.qs is m.lm_head.qs and q4.tok_emb.qs is m.tok_emb.qs  # the tied Q8_0 table
+    fc1 = q4.decoder.blocks[0].mlp.fc1
+    if isinstance(fc1, BlockDotLinear):  # the integer-dot kernel's layout of the same blocks, bit for bit
+        for mine, theirs in ((fc1, m.decoder.blocks[0].mlp.fc1), (q4.lm_head, m.lm_head)):
+            qs, d, _ = mine.blocks()
+            assert torch.equal(qs, theirs.qs) and torch.equal(d, theirs.d)
+    else:
+        assert fc1.qs is m.decoder.blocks[0].mlp.fc1.qs  # Q4_0 blocks, as they are (not copied)
+        assert q4.lm_head.qs is m.lm_head.qs
+    assert q4.tok_emb.qs is m.tok_emb.qs  # the tied Q8_0 table
     assert q4.decoder.blocks[0].mlp.fc2.fmt == "q4_1"  # a float layer → Q4_1
     fp = decoding_copy(m, "none")  # float32: the blocks' exact values, packed
     w = fp.decoder.blocks[0].mlp.fc1.weight_t().T

@@ -324,9 +324,10 @@ def _add_serve(sub) -> None:
     p.add_argument("--device", default="cpu", help="cpu (default), cuda, or auto")
     p.add_argument("--quantize", default="auto", choices=["auto", "none", "bf16", "int8", "int4"],
                    help="decode with a low-precision copy of the weights, as generate --quantize does. Default "
-                   "auto: the fastest copy that keeps quality, int8 per-channel on the CPU (a GGUF run's blocks "
-                   "requantized; its own 4-bit blocks are slower outside a compiled step), none (float32) elsewhere; "
-                   "the start log and GET /health say which")
+                   "auto: the fastest copy that keeps quality: on the CPU, int4 for a GGUF run whose linear layers "
+                   "all hold Q8_0/Q4_0/Q4_1 blocks where the CPU has AVX-512 VNNI (the file's own blocks × int8 "
+                   "activations by integer dot products), else int8 per-channel (other runs' blocks requantized); "
+                   "none (float32) elsewhere; the start log and GET /health say which")
     p.add_argument("--no-compile", action="store_true",
                    help="decode eagerly. Default: the batched decoding step compiled by torch.compile (as generate), "
                    "compiled before the first request; the first start on a machine pays for it (minutes for a "

@@ -327,10 +327,12 @@ def generate(
         use_cache: decode with the KV cache (False recomputes the whole window every step).
         callback: called with each step's new tokens ``(B,)`` (streaming).
         generator: random generator for reproducible sampling.
-        quantize: ``"none"`` (the model as it is), ``"bf16"`` or ``"int8"`` (per-channel weight scales;
-            int8 activations in groups of 32 with integer dot products where the CPU has AVX-512 VNNI):
-            decode with a low-precision copy of every linear layer and the LM head, made for
-            this call (see :mod:`tokennet.layers.quantize`).
+        quantize: ``"none"`` (the model as it is), ``"bf16"``, ``"int8"`` (per-channel weight scales;
+            int8 activations in groups of 32 with integer dot products where the CPU has AVX-512 VNNI) or
+            ``"int4"`` (4-bit blocks; a GGUF run's own Q4_0/Q4_1/Q8_0 blocks as they are, multiplied by int8
+            activations with integer dot products where the CPU has AVX-512 VNNI): decode with a
+            low-precision copy of every linear layer and the LM head, kept with the model
+            (see :mod:`tokennet.layers.quantize`).
         compile: decode one token at a time with a :class:`CompiledStep` (``torch.compile``; eager, with one
             note in the log, where it is unavailable). None (the default): on unless ``TOKENNET_COMPILE=0``
             (:func:`compile_default`); False: eager. The first compilation on a machine takes tens of seconds

@@ -216,6 +216,16 @@ def test_serve_decodes_with_its_fastest_copy_that_keeps_quality_and_says_which()
     engine = Engine(m, TOK, quantize=serving_mode(m), prefix_cache_mb=1)
     st = engine.status()  # what GET /health reports
     assert st["quantize"] == "int8" and st["prefix_cache"]["budget_bytes"] == 2**20
+    # a run holding a GGUF file's Q8_0/Q4_0/Q4_1 blocks in every linear layer: its own blocks where the block
+    # kernel multiplies them (eager and compiled alike), int8 where it does not
+    from tokennet.layers import int8dot
+    from tokennet.models import create_model
+
+    gguf = {"decoder.blocks.*.attn.*_proj": "q4_1", "decoder.blocks.*.mlp.fc?": "q4_0", "tok_emb": "q8_0"}
+    g = create_model("gpt-micro", vocab_size=64, block_size=16, quantized=gguf).eval()
+    assert serving_mode(g) == ("int4" if int8dot.blocks_available() else "int8")
+    some = create_model("gpt-micro", vocab_size=64, block_size=16, quantized={"decoder.blocks.*.mlp.fc1": "q4_1"})
+    assert serving_mode(some) == "int8"  # float layers too: int4 would round them to 4 bits
 
 
 def test_serve_int4_on_a_model_it_cannot_hold_falls_back_with_a_note_as_generate_does(caplog):

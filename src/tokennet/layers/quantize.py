@@ -18,7 +18,14 @@ its speed is set by the bytes of weights read: fp32 → bf16 halves them, int8 q
   Q4_1 blocks (32 weights, a scale and a minimum each), the LM head in Q8_0 (llama.cpp's choice for its
   Q4 files: the head is the layer most sensitive to rounding); layers already held in blocks (an
   imported GGUF file's) stay exactly as they are, so the weights are the file's; a layer whose width is
-  not a multiple of 32 stays float32, with a note; everything else stays float32 (activations too);
+  not a multiple of 32 stays float32, with a note; everything else stays float32. On an x86 CPU with AVX-512
+  VNNI, every Q8_0/Q4_0/Q4_1 layer becomes a :class:`BlockDotLinear`: the same blocks repacked for
+  :mod:`tokennet.layers.int8dot`'s block kernel (the activations rounded to int8 in groups of 32 — one group
+  per block — and integer dot products, bit for bit :func:`~tokennet.layers.int8dot.block_reference`, in eager
+  and compiled steps alike; a GGUF Q4_1 layer reads the file's 20 bytes per 32 weights). Elsewhere (or
+  ``TOKENNET_BLOCKDOT=0`` / ``TOKENNET_INT8DOT=0``, with a note in the log) the blocks stay
+  :class:`~tokennet.layers.blockquant.BlockLinear` with float32 activations: dequantized in eager steps, fused
+  into the product's loop in compiled ones;
 - ``"none"``: the model itself, unchanged (a model holding blocks decodes from their float32 values).
 
 Each layer type has a fused form for a decoding step compiled by torch.compile (:func:`gemv`): see
@@ -50,10 +57,10 @@ from torch import Tensor, nn
 
 from ..errors import ConfigError
 from . import int8dot
-from .blockquant import BlockEmbedding, BlockLinear, gemv, gemv_rows
+from .blockquant import BlockEmbedding, BlockLinear, dequantize_blocks, gemv, gemv_rows
 
-__all__ = ["QUANTIZE_MODES", "Int8Linear", "PackedLinear", "GemvLinear", "quantize", "quantize_int8", "check_mode",
-           "decoding_copy", "gemv"]
+__all__ = ["QUANTIZE_MODES", "Int8Linear", "BlockDotLinear", "PackedLinear", "GemvLinear", "quantize", "quantize_int8",
+           "check_mode", "decoding_copy", "gemv"]
 
 logger = logging.getLogger(__name__)
 
@@ -158,6 +165,56 @@ class Int8Linear(nn.Module):
         kernel = "int8dot" if self.packed is not None else "int8pack"
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
                 f"kernel={kernel}")
+
+
+class BlockDotLinear(nn.Module):
+    """A :class:`~tokennet.layers.blockquant.BlockLinear`'s Q8_0, Q4_0 or Q4_1 blocks × int8 activations (VNNI).
+
+    The same blocks (the same weights, bit for bit: a GGUF file's own), repacked once by
+    :func:`tokennet.layers.int8dot.pack_blocks` into chunks of 16 output rows × 32 weights that one pass of
+    ``vpdpbusd`` reads in order (the file's bytes per weight: Q4_1 20 per 32, Q8_0 34); every call rounds the
+    activations to int8 in groups of 32 (one scale each, llama.cpp's Q8_0/Q8_1 activations) and computes
+    :func:`tokennet.layers.int8dot.block_reference`'s formula, e.g. for Q4_1 (``W = d·q + m``)::
+
+        y_n = Σ_g ((d_ng · s_g) · Σ_{k∈g} x_q,k q_nk + m_ng · (s_g · Σ_{k∈g} x_q,k))   (+ b_n)
+
+    in float32, eagerly and inside a compiled graph alike. Built by :func:`quantize` (mode ``"int4"``) where
+    :func:`tokennet.layers.int8dot.blocks_available`; the output is in the input's dtype, as ``BlockLinear``'s.
+    Off the CPU the weight is dequantized at each call (correct, not faster).
+
+    Args:
+        blocks: the layer whose blocks are used (read, not modified).
+    """
+
+    def __init__(self, blocks: BlockLinear):
+        super().__init__()
+        if blocks.fmt not in int8dot.BLOCK_FORMATS:
+            raise ValueError(f"BlockDotLinear takes {int8dot.BLOCK_FORMATS} blocks, not {blocks.fmt}")
+        self.in_features, self.out_features, self.fmt = blocks.in_features, blocks.out_features, blocks.fmt
+        self.register_buffer("packed", int8dot.pack_blocks(blocks.fmt, blocks.qs, blocks.d, blocks.m))  # (⌈N/16⌉, G, C)
+        self.register_buffer("bias", None if blocks.bias is None else blocks.bias.detach().float())
+
+    def blocks(self) -> tuple[Tensor, Tensor, Tensor | None]:
+        """The GGUF blocks ``(qs, d, m)``, as a ``BlockLinear`` holds them (rebuilt from the packed layout)."""
+        return int8dot.unpack_blocks(self.fmt, self.packed, self.out_features)
+
+    def dequantized_weight(self) -> Tensor:
+        """``W`` ``(N, K)`` in float32 (the blocks' plain formula)."""
+        return dequantize_blocks(self.fmt, *self.blocks())
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``(..., K) → (..., N)`` in x's dtype."""
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features)  # (M, K)
+        if x2.device.type == "cpu":
+            y = int8dot.block_linear(x2, self.packed, self.fmt, self.bias, self.out_features)
+        else:
+            y = F.linear(x2.float(), self.dequantized_weight().to(x2.device), self.bias)
+        return y.to(x.dtype).view(*lead, self.out_features)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, fmt={self.fmt}, "
+                f"bias={self.bias is not None}, kernel=int8dot")
 
 
 class PackedLinear(nn.Module):
@@ -311,6 +368,19 @@ def _to_int4(model: nn.Module) -> list[str]:
     return kept
 
 
+def _to_block_dot(model: nn.Module) -> int:
+    """Every Q8_0/Q4_0/Q4_1 :class:`BlockLinear` of ``model`` (a copy) on the CPU → a :class:`BlockDotLinear` of the
+    same blocks, in place (a layer registered twice becomes one new layer in both); returns how many."""
+    made: dict[int, nn.Module] = {}
+    for m in list(model.modules()):
+        for name, child in list(m.named_children()):
+            if isinstance(child, BlockLinear) and child.fmt in int8dot.BLOCK_FORMATS and child.qs.device.type == "cpu":
+                if id(child) not in made:
+                    made[id(child)] = BlockDotLinear(child)
+                setattr(m, name, made[id(child)])
+    return len(made)
+
+
 def quantize(model: nn.Module, mode: str = "int8") -> nn.Module:
     """An inference copy of ``model`` in ``mode`` (``"none"``: the model itself); the model is not modified.
 
@@ -328,6 +398,12 @@ def quantize(model: nn.Module, mode: str = "int8") -> nn.Module:
         if kept:
             logger.warning("int4: %d linear layer(s) stay float32 (4-bit blocks need in_features divisible by 32): "
                            "%s", len(kept), ", ".join(kept[:4]) + (" …" if len(kept) > 4 else ""))
+        cpu = any(isinstance(m, BlockLinear) and m.qs.device.type == "cpu" for m in out.modules())
+        if cpu and int8dot.blocks_available():
+            _to_block_dot(out)
+        elif cpu:
+            logger.info("int4: blocks multiplied without the integer-dot kernel (%s): dequantized per call, fused by "
+                        "a compiled step", int8dot.blocks_unavailable_reason())
         return out
     _to_float(out)
     if mode == "int8":

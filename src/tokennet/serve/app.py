@@ -41,9 +41,12 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from torch import nn
 
 from ..errors import RunError
+from ..layers import int8dot
 from ..layers import quantize as quantization
+from ..layers.blockquant import BlockLinear
 from ..sampling import inductor_cache_dir
 from ..tokens.chat_template import check_chat_template
 from .chat_page import chat_page_route
@@ -443,13 +446,21 @@ async def _stream(r: _Request, text_of: TokenText) -> AsyncIterator[str]:
 
 def serving_mode(model, quantize: str = "auto") -> str:
     """The decoding copy ``tokennet serve`` uses: ``quantize`` itself, or for ``"auto"`` the fastest copy that keeps
-    the model's quality for the engine's eager batched step: ``"int8"`` (per-channel weights, ~¼ of float32's bytes
-    per token; for a run imported from a GGUF file, its Q4/Q8 blocks requantized) on the CPU, ``"none"`` elsewhere
-    (cuBLAS' float32). Not ``"int4"``: outside a compiled step 4-bit blocks are dequantized at every forward
-    (measured on SmolLM2-135M Q4_1, 4 streams: ~1 token/s against int8's tens)."""
+    the model's quality, in eager batched steps as in compiled ones: on the CPU, ``"int4"`` for a model whose
+    linear layers all hold GGUF Q8_0/Q4_0/Q4_1 blocks (an imported file's: its own blocks, multiplied by
+    :mod:`tokennet.layers.int8dot`'s block kernel, where :func:`~tokennet.layers.int8dot.blocks_available`),
+    otherwise ``"int8"`` (per-channel weights, ~¼ of float32's bytes per token; another run holding blocks has them
+    requantized: without the block kernel, or in other formats, its blocks would be dequantized at every eager
+    forward, measured ~1 token/s at 4 streams on SmolLM2-135M Q4_1); ``"none"`` elsewhere (cuBLAS' float32)."""
     if quantize != "auto":
         return quantization.check_mode(quantize)
-    return "int8" if next(model.parameters()).device.type == "cpu" else "none"
+    if next(model.parameters()).device.type != "cpu":
+        return "none"
+    blocks = [m for m in model.modules() if isinstance(m, BlockLinear)]
+    floats = any(type(m) is nn.Linear for m in model.modules())  # int4 would round them to 4 bits: not "keeps"
+    if blocks and not floats and all(b.fmt in int8dot.BLOCK_FORMATS for b in blocks) and int8dot.blocks_available():
+        return "int4"
+    return "int8"
 
 
 def engine_for_run(run, *, max_batch: int = 16, context: int | None = None, quantize: str = "auto",
@@ -505,11 +516,10 @@ def serve(run_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, api
             if took is not None:
                 log.info("the batched decoding step is compiled (%.1f s)", took)
         app = create_app(engine, model_name=name, api_key=api_key, max_body=max_body, any_model_name=any_model_name)
-        from ..layers import int8dot
-
         int8 = "int8 per-channel" + (" × int8 activations (integer dot products)" if int8dot.available() else "")
-        weights = {"none": "float32", "bf16": "bf16", "int8": int8,
-                   "int4": "4-bit blocks (a GGUF file's own, as they are)"}[engine.quantize]
+        int4 = "4-bit blocks (a GGUF file's own, as they are)" + (
+            " × int8 activations (integer dot products)" if int8dot.blocks_available() else "")
+        weights = {"none": "float32", "bf16": "bf16", "int8": int8, "int4": int4}[engine.quantize]
         log.info("serving %s as model %s on http://%s:%d/v1 (batch %d, context %d, %s weights%s, prefix cache %s)",
                  run_dir, shown, host, port, max_batch, engine.context, weights,
                  " chosen by --quantize auto" if quantize == "auto" else "",

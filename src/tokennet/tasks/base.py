@@ -105,9 +105,11 @@ OPTIONS = {
                        "llama.cpp does; elsewhere, or with TOKENNET_INT8DOT=0, bf16 activations); int4: 4-bit "
                        "blocks of 32 weights with a scale and a minimum each (GGUF's Q4_1; the LM head in Q8_0), "
                        "and a run imported from a GGUF file keeps the file's own Q4_0/Q4_1/Q8_0 blocks as they are "
-                       "(layers whose width is not a multiple of 32 stay float32, with a note); fewer bytes per weight "
-                       "read per token make decoding faster, at a small cost in accuracy (default none: float32 "
-                       "weights, which on the CPU decode from a copy packed in column blocks, one per thread)",
+                       "(layers whose width is not a multiple of 32 stay float32, with a note), multiplied on an "
+                       "x86 CPU with AVX-512 VNNI by integer dot products with int8 activations, one scale per "
+                       "block of 32, as llama.cpp does (TOKENNET_BLOCKDOT=0: float32 activations); fewer bytes "
+                       "per weight read per token make decoding faster, at a small cost in accuracy (default none: "
+                       "float32 weights, which on the CPU decode from a copy packed in column blocks, one per thread)",
                        str, "none", choices=_quantize_choices()),
     "chat": Option("chat", "language models with a chat template (imported chat models such as SmolLM2-Instruct): "
                    "send --prompt as a user message through the template and print only the reply", flag=True),
