@@ -251,7 +251,7 @@ def test_generate_help_explains_quantize(capsys):
     with pytest.raises(SystemExit):
         main(["generate", "--help"])
     out = " ".join(capsys.readouterr().out.split())
-    assert "--quantize {none,bf16,int8,int4}" in out and "LM head" in out
+    assert "--quantize {auto,none,bf16,int8,int4}" in out and "LM head" in out and "Default auto" in out
     assert "int8 weights with one scale per output channel" in out and "integer dot products" in out
 
 
@@ -279,3 +279,28 @@ def test_bad_quantize_flag_is_one_line_exit_2(char_run, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--quantize" in err and "int3" in err
+
+
+def test_generate_auto_decodes_a_file_s_own_blocks_with_the_block_kernel_and_any_other_model_as_it_is(monkeypatch):
+    """``quantize="auto"`` (generate's default): ``int4`` for a model whose linear layers all hold GGUF
+    Q8_0/Q4_0/Q4_1 blocks where the block kernel runs, giving ``quantize="int4"``'s tokens; ``none`` for a float
+    model, a model with float layers beside blocks, or where the kernel does not run."""
+    from tokennet.layers import int8dot
+    from tokennet.layers.quantize import resolve_mode
+
+    gguf = {"decoder.blocks.*.attn.*_proj": "q4_1", "decoder.blocks.*.mlp.fc?": "q4_0", "tok_emb": "q8_0"}
+    torch.manual_seed(0)
+    g = create_model("gpt-micro", vocab_size=64, block_size=16, quantized=gguf).eval()
+    f = create_model("gpt-micro", vocab_size=64, block_size=16).eval()
+    some = create_model("gpt-micro", vocab_size=64, block_size=16, quantized={"decoder.blocks.*.mlp.fc1": "q4_1"})
+    assert resolve_mode(f, "auto") == "none" and resolve_mode(some, "auto") == "none"
+    assert resolve_mode(g, "auto") == ("int4" if int8dot.blocks_available() else "none")
+    assert resolve_mode(g, "int8") == "int8"
+    with pytest.raises(ConfigError, match="quantize must be one of"):
+        resolve_mode(g, "int3")
+    x = torch.randint(0, 64, (1, 5))
+    want = resolve_mode(g, "auto")
+    assert torch.equal(generate(g, x, 8, temperature=0, compile=False),
+                       generate(g, x, 8, temperature=0, compile=False, quantize=want))
+    monkeypatch.setattr(int8dot, "blocks_available", lambda: False)
+    assert resolve_mode(g, "auto") == "none"

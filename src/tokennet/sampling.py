@@ -14,7 +14,9 @@ rebuild costs one prefill; outputs then differ from the uncached window, which i
 keeping absolute positions valid.
 
 ``quantize="bf16"``, ``"int8"`` or ``"int4"`` decodes with a low-precision inference copy of the model (see
-:mod:`tokennet.layers.quantize`); the model itself is never modified. The copy is kept with the model and
+:mod:`tokennet.layers.quantize`); the model itself is never modified. The default, ``"auto"``, is ``"int4"`` for a
+model holding a GGUF file's Q8_0/Q4_0/Q4_1 blocks in every linear layer (where the CPU's integer dot products run
+them) and ``"none"`` for any other. The copy is kept with the model and
 rebuilt as soon as any parameter changes (the model may keep training: a stale copy is never used). A
 decoding step reads every weight once, so fewer bytes per weight make it faster.
 
@@ -252,7 +254,7 @@ def stream(
     stop: Sequence[int] | int | None = None,
     use_cache: bool = True,
     generator: torch.Generator | None = None,
-    quantize: str = "none",
+    quantize: str = "auto",
     compile: bool | None = None,
 ) -> Iterator[Tensor]:
     """Yield the next tokens ``(B,)`` one step at a time; stops early when every row hit a stop token.
@@ -260,7 +262,7 @@ def stream(
     Rows that already stopped keep yielding their stop token. Arguments as in :func:`generate`.
     """
     _validate(model, idx, max_new_tokens, temperature, top_k, top_p)
-    quantization.check_mode(quantize)
+    quantize = quantization.resolve_mode(model, quantize)
     was_training = model.training
     model.eval()
     block = model.config.block_size
@@ -311,7 +313,7 @@ def generate(
     use_cache: bool = True,
     callback: Callable[[Tensor], None] | None = None,
     generator: torch.Generator | None = None,
-    quantize: str = "none",
+    quantize: str = "auto",
     compile: bool | None = None,
 ) -> Tensor:
     """Continue the token ids ``idx`` ``(B, T)`` by up to ``max_new_tokens``; returns ``(B, T + n)``.
@@ -327,7 +329,10 @@ def generate(
         use_cache: decode with the KV cache (False recomputes the whole window every step).
         callback: called with each step's new tokens ``(B,)`` (streaming).
         generator: random generator for reproducible sampling.
-        quantize: ``"none"`` (the model as it is), ``"bf16"``, ``"int8"`` (per-channel weight scales;
+        quantize: ``"auto"`` (the default: ``"int4"`` for a model whose linear layers all hold a GGUF file's
+            Q8_0/Q4_0/Q4_1 blocks, where the CPU has AVX-512 VNNI; ``"none"`` for every other,
+            :func:`~tokennet.layers.quantize.resolve_mode`), ``"none"`` (the model as it is), ``"bf16"``,
+            ``"int8"`` (per-channel weight scales;
             int8 activations in groups of 32 with integer dot products where the CPU has AVX-512 VNNI) or
             ``"int4"`` (4-bit blocks; a GGUF run's own Q4_0/Q4_1/Q8_0 blocks as they are, multiplied by int8
             activations with integer dot products where the CPU has AVX-512 VNNI): decode with a

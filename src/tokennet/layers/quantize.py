@@ -60,7 +60,7 @@ from . import int8dot
 from .blockquant import BlockEmbedding, BlockLinear, dequantize_blocks, gemv, gemv_rows
 
 __all__ = ["QUANTIZE_MODES", "Int8Linear", "BlockDotLinear", "PackedLinear", "GemvLinear", "quantize", "quantize_int8",
-           "check_mode", "decoding_copy", "gemv"]
+           "check_mode", "resolve_mode", "holds_file_blocks", "decoding_copy", "gemv"]
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +78,27 @@ def check_mode(mode: str) -> str:
     if mode not in QUANTIZE_MODES:
         raise ConfigError(f"quantize must be one of {', '.join(QUANTIZE_MODES)}, got {mode!r}")
     return mode
+
+
+def holds_file_blocks(model: nn.Module) -> bool:
+    """Whether ``model`` is on the CPU with every linear layer in GGUF Q8_0/Q4_0/Q4_1 blocks (an imported file's)
+    and the block kernel runs here (:func:`tokennet.layers.int8dot.blocks_available`): then ``"int4"`` decodes
+    the file's own weights, as they are, with integer dot products, as llama.cpp does."""
+    if next(model.parameters()).device.type != "cpu":
+        return False
+    blocks = [m for m in model.modules() if isinstance(m, BlockLinear)]
+    floats = any(type(m) is nn.Linear for m in model.modules())  # int4 would round these to 4 bits
+    return bool(blocks) and not floats and all(b.fmt in int8dot.BLOCK_FORMATS for b in blocks) \
+        and int8dot.blocks_available()
+
+
+def resolve_mode(model: nn.Module, mode: str) -> str:
+    """``mode`` checked, with ``"auto"`` (the default of ``generate``) resolved: ``"int4"`` for a model that
+    :func:`holds_file_blocks` (the file's weights, read at their own 4.5-8.5 bits instead of dequantized to 32),
+    ``"none"`` for every other (a trained run decodes its float32 weights, as it always has)."""
+    if mode == "auto":
+        return "int4" if holds_file_blocks(model) else "none"
+    return check_mode(mode)
 
 
 def quantize_int8(w: Tensor) -> tuple[Tensor, Tensor]:

@@ -41,12 +41,10 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
-from torch import nn
 
 from ..errors import RunError
 from ..layers import int8dot
 from ..layers import quantize as quantization
-from ..layers.blockquant import BlockLinear
 from ..sampling import inductor_cache_dir
 from ..tokens.chat_template import check_chat_template
 from .chat_page import chat_page_route
@@ -456,11 +454,7 @@ def serving_mode(model, quantize: str = "auto") -> str:
         return quantization.check_mode(quantize)
     if next(model.parameters()).device.type != "cpu":
         return "none"
-    blocks = [m for m in model.modules() if isinstance(m, BlockLinear)]
-    floats = any(type(m) is nn.Linear for m in model.modules())  # int4 would round them to 4 bits: not "keeps"
-    if blocks and not floats and all(b.fmt in int8dot.BLOCK_FORMATS for b in blocks) and int8dot.blocks_available():
-        return "int4"
-    return "int8"
+    return "int4" if quantization.holds_file_blocks(model) else "int8"
 
 
 def engine_for_run(run, *, max_batch: int = 16, context: int | None = None, quantize: str = "auto",

@@ -327,7 +327,7 @@ class Engine:
         prefill_tokens: prompt tokens computed by prefills per step at most (at least one prompt is; tokens
             copied from the prefix cache are not counted), so arrivals do not stall the running sequences for long.
         seed: the seed of the generator shared by sequences without their own.
-        quantize: ``"none"``, ``"bf16"``, ``"int8"`` or ``"int4"``: decode with that copy of the model, as
+        quantize: ``"auto"``, ``"none"``, ``"bf16"``, ``"int8"`` or ``"int4"``: decode with that copy of the model, as
             :func:`tokennet.sampling.generate` does (:func:`~tokennet.layers.quantize.decoding_copy`; the model
             itself is not modified).
         max_queue: the most sequences waiting for a row (None: no limit); :meth:`submit_all` raises
@@ -353,7 +353,7 @@ class Engine:
         self.max_batch, self.prefill_tokens, self.max_queue = max_batch, prefill_tokens, max_queue
         p = next(model.parameters())
         self.device = p.device
-        quantization.check_mode(quantize)
+        quantize = quantization.resolve_mode(model, quantize)  # "auto": the file's own blocks, else float32
         self.quantize = quantize
         self.net = quantization.decoding_copy(model, quantize)  # what tokennet.sampling.generate decodes with
         with torch.no_grad():  # the activations' dtype (bf16 for the bf16 copy): the cache holds keys of it

@@ -83,7 +83,7 @@ class Option:
 def _quantize_choices() -> tuple[str, ...]:
     from ..layers.quantize import QUANTIZE_MODES
 
-    return tuple(QUANTIZE_MODES)
+    return ("auto", *QUANTIZE_MODES)
 
 
 # The options several tasks share, declared once.
@@ -108,9 +108,11 @@ OPTIONS = {
                        "(layers whose width is not a multiple of 32 stay float32, with a note), multiplied on an "
                        "x86 CPU with AVX-512 VNNI by integer dot products with int8 activations, one scale per "
                        "block of 32, as llama.cpp does (TOKENNET_BLOCKDOT=0: float32 activations); fewer bytes "
-                       "per weight read per token make decoding faster, at a small cost in accuracy (default none: "
-                       "float32 weights, which on the CPU decode from a copy packed in column blocks, one per thread)",
-                       str, "none", choices=_quantize_choices()),
+                       "per weight read per token make decoding faster, at a small cost in accuracy; none: float32 "
+                       "weights (on the CPU a copy packed in column blocks, one per thread). Default auto: int4 for a "
+                       "run whose linear layers all hold a GGUF file's Q8_0/Q4_0/Q4_1 blocks where the CPU has "
+                       "AVX-512 VNNI (the file's own weights, as llama.cpp reads them), none for every other run",
+                       str, "auto", choices=_quantize_choices()),
     "chat": Option("chat", "language models with a chat template (imported chat models such as SmolLM2-Instruct): "
                    "send --prompt as a user message through the template and print only the reply", flag=True),
     "beam_size": Option("beam_size", "translation and captioning runs: beam width, 1 = greedy (default: the run's "

@@ -25,11 +25,12 @@ log = logging.getLogger(__name__)
 
 def stream_text(run: Run, prompt: str, max_new_tokens: int = 200, *, temperature: float = 0.8,
                 top_k: int | None = None, top_p: float | None = None, seed: int = 0,
-                use_cache: bool = True, quantize: str = "none", compile: bool | None = None) -> Iterator[str]:
+                use_cache: bool = True, quantize: str = "auto", compile: bool | None = None) -> Iterator[str]:
     """Yield the continuation of ``prompt`` as printable pieces of text, as the tokens come.
 
     A byte-level token may end inside a UTF-8 character: a piece is yielded only once it decodes
-    cleanly, and whatever is left is yielded at the end. ``quantize`` (``"none"``, ``"bf16"``, ``"int8"``)
+    cleanly, and whatever is left is yielded at the end. ``quantize`` (``"auto"``, ``"none"``, ``"bf16"``, ``"int8"``,
+    ``"int4"``)
     decodes with a low-precision copy of the model's linear layers and head, made for this call (see
     :func:`tokennet.sampling.generate`). ``compile``: decode with the compiled step (None, the default: on unless
     ``TOKENNET_COMPILE=0``; eager with a note where it does not compile; see :func:`tokennet.sampling.stream`).
@@ -66,7 +67,7 @@ def stream_text(run: Run, prompt: str, max_new_tokens: int = 200, *, temperature
 
 def generate_batch(run: Run, prompts: list[str], max_new_tokens: int = 200, *, temperature: float = 0.8,
                    top_k: int | None = None, top_p: float | None = None, seed: int = 0, use_cache: bool = True,
-                   quantize: str = "none", max_batch: int = 16, compile: bool | None = None) -> list[str]:
+                   quantize: str = "auto", max_batch: int = 16, compile: bool | None = None) -> list[str]:
     """The continuations of several prompts, decoded together by the server's engine (:mod:`tokennet.serve.engine`).
 
     Prompts of different lengths share one batched forward per decoding step (continuous batching: each
