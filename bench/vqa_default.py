@@ -31,7 +31,8 @@ from _record import commit, machine  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATES = ("count", "count_colour", "same_species", "species", "colour", "unseen_count")
 MODELS = (("", "transformer"), ("cnn_", "cnn_ (92 px)"), ("shallow_cnn_", "shallow_cnn_ (20 px)"))
-EXTRA = ("attention_vs_other_animals", "attention_vs_other_animals_layer0", "attention_mass_ratio",
+EXTRA = ("attention_vs_other_animals", "attention_vs_other_animals_layer0", "attention_vs_other_animals_layer1",
+         "attention_vs_other_animals_layer2", "attention_mass_ratio",
          "attention_image_share", "sink_vs_inverse_count_r", "sink_weight_k0", "sink_weight_k9")
 RUN_INFO = "bench_run.json"  # beside a run's metrics.json: how this script ran it
 

@@ -136,3 +136,49 @@ def test_two_tokens_per_patch_give_per_patch_maps_whose_rows_sum_to_one():
         torch.testing.assert_close(a[..., 0, nt + 5], f[..., 0, nt + 5] + f[..., 0, nt + n + 5])  # the patch's weight
         torch.testing.assert_close(a[..., nt + 5, 0], (f[..., nt + 5, 0] + f[..., nt + n + 5, 0]) / 2)
     assert m.question_attention(x)[0].shape == (3, c.num_heads, n)
+
+
+@pytest.mark.parametrize("mask", ["patch-local", "summary-reads"])
+def test_local_patches_attend_only_to_their_own_patch_in_every_layer_and_only_the_summary_reads(mask):
+    m = create_model("vqa-transformer", patch_stem="shape,colour", dim=32, num_heads=2, modality_mask=mask)
+    x = m.example_input(2)
+    c = m.config
+    nt, n = c.num_text, c.num_patches
+    own = torch.eye(n).expand(2, c.num_heads, n, n)
+    for a in m.attention_maps(x)["self"]:  # per patch: a patch's row is all on its own column
+        torch.testing.assert_close(a[:, :, nt:, nt:], own)
+        assert a[:, :, 0, nt:].sum() > 0  # the summary token reads the image
+        words_read = a[:, :, 1:nt, nt:].sum()
+        assert (words_read == 0) if mask == "summary-reads" else (words_read > 0)
+
+
+def test_image_first_lets_patches_meet_other_patches_after_the_first_layer():
+    m = create_model("vqa-transformer", patch_stem="shape,colour", dim=32, num_heads=2, modality_mask="image-first")
+    maps = m.attention_maps(m.example_input(2))["self"]
+    nt, n = m.config.num_text, m.config.num_patches
+    torch.testing.assert_close(maps[0][:, :, nt:, nt:], torch.eye(n).expand_as(maps[0][:, :, nt:, nt:]))
+    assert (maps[1][:, :, nt:, nt:] * (1 - torch.eye(n))).sum() > 0
+
+
+def test_sink_logit_is_a_learned_score_per_layer_and_head_on_the_sink_column_only():
+    kw = dict(patch_stem="shape,colour", dim=32, num_heads=2, num_layers=2)
+    plain = create_model("vqa-transformer", **kw)
+    x = plain.example_input(2)
+    torch.manual_seed(0)
+    m = create_model("vqa-transformer", sink_logit=0.0, **kw)
+    assert m.sink_logit.shape == (2 * 2,)
+    base = m.attention_maps(x)["self"]
+    with torch.no_grad():
+        m.sink_logit[1] = 3.0  # layer 0, head 1
+    maps = m.attention_maps(x)["self"]
+    a0, b0 = maps[0], base[0]
+    torch.testing.assert_close(a0[:, 0], b0[:, 0])  # head 0 unchanged
+    # head 1: the sink's score rose by 3, every other score as before: weights = softmax with that one score moved
+    s = b0[:, 1].clone()
+    s[..., 1] *= torch.e ** 3
+    s = s / s.sum(-1, keepdim=True)
+    torch.testing.assert_close(a0[:, 1], s, atol=1e-5, rtol=1e-4)
+    nt = m.config.num_text
+    assert (a0[:, 1, :nt, 1] > b0[:, 1, :nt, 1]).all()  # every question token rests more on the sink
+    with pytest.raises(TokennetError, match="sink_logit"):
+        create_model("vqa-transformer", sink=False, sink_logit=1.0, dim=32, num_heads=2)

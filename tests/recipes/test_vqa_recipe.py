@@ -15,14 +15,13 @@ from tokennet.tasks.vqa import attention_mass, object_patches
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-# The slow test's floor for attention_vs_other_animals (and on the corner pairs): the default 3000-step transformer
-# of seed 0 (two tokens per patch, image-first, answers as points) measured 2.16 (2.44 on the corner pairs) on 2000
-# test questions (bench/results/vqa_ablation.json, last row). The issue's goal is 3; this floor is what was
-# measured, less a margin.
-ATTENTION_VS_OTHERS = 1.5
+# The slow test's floor for attention_vs_other_animals: the issue's goal, 3. The default 3000-step transformer of seed
+# 0 (patch-local, the question reading in layers 1 and 2, sink_logit 2) measured 3.70 on 2000 test questions (3.77 on
+# the first 400, which the slow test uses; 3.74 and 3.84 on the corner pairs), bench/results/vqa_ablation.json.
+ATTENTION_VS_OTHERS = 3.0
 
-TINY = {"dim": 32, "num_layers": 1, "num_heads": 2, "batch_size": 16, "max_iters": 4, "eval_interval": 0,
-        "warmup_iters": 1, "test_size": 24, "unseen_size": 8, "val_size": 8, "progress": False}
+TINY = {"dim": 32, "num_layers": 1, "read_layers": [0], "num_heads": 2, "batch_size": 16, "max_iters": 4,
+        "eval_interval": 0, "warmup_iters": 1, "test_size": 24, "unseen_size": 8, "val_size": 8, "progress": False}
 
 
 @pytest.fixture(scope="module")
@@ -58,11 +57,14 @@ def test_eval_recomputes_the_saved_metrics_and_viz_draws_two_questions_and_the_s
 
 
 def test_eight_pixel_patches_measure_how_an_animals_patches_group(tmp_path):
-    # two layers: in the first, a patch's shape and colour tokens attend only to each other (patch_stem
-    # "shape,colour", the default), so patches of one animal can first meet in the second
-    _, m = train("vqa", out=tmp_path / "p8", sets={**TINY, "patch_size": 8, "num_layers": 2, "baselines": False,
-                                                   "report": False}, device="cpu")
+    # two layers, image-first: in the first, a patch's shape and colour tokens attend only to each other (patch_stem
+    # "shape,colour", the default), so patches of one animal can first meet in the second. (The default mask,
+    # patch-local, never lets a patch meet another: its grouping is 0 in every layer, by design.)
+    sets = {**TINY, "patch_size": 8, "num_layers": 2, "read_layers": [0, 1], "baselines": False, "report": False}
+    _, m = train("vqa", out=tmp_path / "p8", sets={**sets, "modality_mask": "image-first"}, device="cpu")
     assert m["patch_grouping_ratio_layer0"] == 0 and m["patch_grouping_ratio"] == m["patch_grouping_ratio_layer1"] > 0
+    _, m = train("vqa", out=tmp_path / "p8-default", sets=sets, device="cpu")
+    assert m["patch_grouping_ratio"] == 0
     from tokennet.errors import TokennetError
 
     with pytest.raises(TokennetError, match="must divide"):
@@ -159,19 +161,21 @@ def test_object_patches_and_the_attention_mass_of_a_model_that_looks_at_the_obje
 @pytest.mark.slow
 def test_a_trained_run_looks_at_the_objects_it_is_asked_about(tmp_path):
     """The lecture's picture, measured: after the default training (3000 steps, seed 0), the question's attention
-    lands on the animals it asks about more than on the picture's other animals, the answers are far above chance,
-    and held-out counts are answered. Measured on 1 thread, 2000 test questions (bench/results/vqa_ablation.json,
-    last row): exact match 97.6 (count 96.4, colour 100), held-out counts 88.0, attention against the other animals
-    2.16. Minutes on 2 cores; the fast tests in test_vqa_attention.py hold the measurements to oracles."""
+    lands on the animals it asks about at least 3× as much as on the picture's other animals, the answers are far
+    above chance, and held-out counts are answered. Measured on 1 thread, 2000 test questions
+    (bench/results/vqa_ablation.json, the default's row): exact match 99.55 (count 99.0, corner pairs 99.5, colour
+    99.8), held-out counts 98.0, attention against the other animals 3.70, attention_mass_ratio 4.39. Minutes on 2
+    cores; the fast tests in test_vqa_attention.py hold the measurements to oracles."""
     sets = {"max_iters": 3000, "eval_interval": 0, "baselines": False, "test_size": 400, "val_size": 50,
             "progress": False, "report": False}
     _, m = train("vqa", out=tmp_path / "vqa", sets=sets, device="cpu")
-    assert m["attention_mass_ratio"] >= 2, m  # 1 = looking everywhere alike
+    assert m["attention_mass_ratio"] >= 3, m  # 1 = looking everywhere alike
     # Against the picture's other animals (1 = looking at every animal alike, whatever was asked).
     assert m["attention_vs_other_animals"] >= ATTENTION_VS_OTHERS, m
     assert m["attention_vs_other_animals_same_species"] >= ATTENTION_VS_OTHERS, m
-    assert m["exact_match"] > 90 and m["exact_match_count"] > 88 and m["exact_match_colour"] > 90, m  # chance: 10-50
-    assert m["exact_match_unseen_count"] > 70, m  # chance: 10
+    assert m["exact_match"] > 97 and m["exact_match_count"] > 97 and m["exact_match_same_species"] > 95, m
+    assert m["exact_match_colour"] > 95, m  # chance: 10-50
+    assert m["exact_match_unseen_count"] > 90, m  # chance: 10
 
 
 def test_the_report_shows_a_receptive_field_sweep_written_into_the_run(run_dir, tmp_path):

@@ -66,7 +66,7 @@ class Encoder(_Stack):
     def forward(self, x: Tensor, *, mask: Tensor | None = None, rope=None, bias: Tensor | None = None,
                 return_weights: bool = False):
         """``(B, N, D) → (B, N, D)``; ``mask`` broadcastable to ``(B, H, N, N)``, or a list of one such mask per
-        layer (e.g. a window in the first layer only).
+        layer (e.g. a window in the first layer only); ``bias`` (additive scores) likewise, one or one per layer.
 
         With ``return_weights``, ``(x, maps)``: per layer, the block's weights (see :meth:`Block.forward`).
         """
@@ -74,9 +74,12 @@ class Encoder(_Stack):
         masks = list(mask) if isinstance(mask, (list, tuple)) else [mask] * len(layers)
         if len(masks) != len(layers):
             raise ValueError(f"a mask per layer: {len(layers)} layers, {len(masks)} masks")
+        biases = list(bias) if isinstance(bias, (list, tuple)) else [bias] * len(layers)
+        if len(biases) != len(layers):
+            raise ValueError(f"a bias per layer: {len(layers)} layers, {len(biases)} biases")
         maps = []
-        for blk, mask in zip(layers, masks, strict=True):
-            x = self._run(blk, x, mask=mask, rope=rope, bias=bias, return_weights=return_weights)
+        for blk, mask, b in zip(layers, masks, biases, strict=True):
+            x = self._run(blk, x, mask=mask, rope=rope, bias=b, return_weights=return_weights)
             if return_weights:
                 x, w = x
                 maps.append(w)

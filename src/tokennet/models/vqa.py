@@ -29,9 +29,12 @@ the question's mean word embedding plus a learned vector (so the first layer's q
 the question); pixels are standardized with the data's statistics, ``x̂ = (x − μ) / σ`` (the background, the
 same in every patch, becomes ≈ 0); positions start at the scale of the content (``N(0, 0.5²)``, not ViT's
 0.02). The sink ``s`` is a learned token any query can rest on, so that attention which picks ``k``
-objects can tell how many — the construction of ``tokennet demo counting``, learned. Padding words are
-masked as keys. ``modality_mask="image-first"`` lets the patches attend only to patches; ``"full"`` (the
-default) lets every token attend to every token.
+objects can tell how many — the construction of ``tokennet demo counting``, learned; ``sink_logit`` adds a
+learned score per layer and head to it. Padding words are masked as keys. ``modality_mask="image-first"`` lets
+the patches attend only to patches; ``"patch-local"`` only to their own patch's tokens, in every layer, so that
+only the question's tokens look across the image; ``"summary-reads"`` leaves that to the summary token alone;
+``read_layers`` says in which layers the question may look at all; ``"full"`` (the default) lets every token
+attend to every token.
 
 **The CNN baseline** (family ``vqa-cnn``) answers the same questions the way a CNN can: a GRU reads the
 question, and FiLM (Perez et al. 2018, https://arxiv.org/abs/1709.07871) conditions every block of a conv
@@ -61,7 +64,8 @@ from .registry import CountsParameters, Output, TransformerConfig, register_fami
 __all__ = ["VQATransformerConfig", "VQATransformer", "VQACNNConfig", "VQACNN", "MODALITY_MASKS", "AnswerHead",
            "answer_points"]
 
-MODALITY_MASKS = ("full", "image-first")
+MODALITY_MASKS = ("full", "image-first", "patch-local", "summary-reads")
+PATCH_LOCAL = ("patch-local", "summary-reads")  # patches never attend to other patches
 PATCH_STEMS = ("linear", "conv", "conv+colour", "shape+colour", "shape,colour")
 CNN_READOUTS = ("mean", "coords")
 ANSWER_READOUTS = ("class", "points")
@@ -299,7 +303,15 @@ class VQATransformerConfig(TransformerConfig, defaults=dict(dim=64, num_layers=3
         num_answers: answer classes.
         max_question_len: most words in a question.
         dim, num_layers, num_heads, mlp_ratio, dropout: the encoder.
-        modality_mask: ``"full"`` or ``"image-first"`` (patches attend only to patches).
+        modality_mask: ``"full"``; ``"image-first"`` (patches attend only to patches); ``"patch-local"`` (a
+            patch's tokens attend only to each other, in every layer: only the question's tokens look across the
+            image); ``"summary-reads"`` (that, and of the question's tokens only the summary token meets patch
+            keys: the words and the sink attend to the question alone).
+        read_layers: the layers in which the question's tokens may attend to the patches (``None``: all); in the
+            others they attend to the question alone.
+        sink_logit: with a sink, a learned score per layer and head added to every query's score on the sink,
+            starting at this value (``None``: none, the sink's score is its key's alone) — a place to rest that
+            every head has from the start, as the hand-built counter's sink is.
         patch_stem: ``"linear"`` (``x_p E``), ``"conv"`` (:class:`ConvPatchStem`), ``"conv+colour"`` (that
             plus :class:`PatchColour`) or ``"shape+colour"`` (:class:`ShapeColourStem`: a conv over the
             silhouette plus the colour, apart) or ``"shape,colour"`` (the same two parts as **two tokens** per
@@ -332,6 +344,8 @@ class VQATransformerConfig(TransformerConfig, defaults=dict(dim=64, num_layers=3
     label_smoothing: float = 0.0
     answer_readout: str = "class"
     answer_points: list = field(default_factory=list)
+    sink_logit: float | None = None
+    read_layers: list[int] | None = None
 
     def __post_init__(self):
         self.family = "vqa-transformer"
@@ -348,6 +362,16 @@ class VQATransformerConfig(TransformerConfig, defaults=dict(dim=64, num_layers=3
         self._fraction(dropout=self.dropout, label_smoothing=self.label_smoothing)
         if self.dim % self.num_heads:
             raise ConfigError(f"num_heads={self.num_heads} must divide dim={self.dim}")
+        if self.sink_logit is not None and (not self.sink or isinstance(self.sink_logit, bool)
+                                            or not isinstance(self.sink_logit, (int, float))):
+            raise ConfigError(f"sink_logit must be a number (the sink's learned score starts there) and needs "
+                              f"sink=true, got sink_logit={self.sink_logit!r}, sink={self.sink}")
+        if self.read_layers is not None:
+            self.read_layers = list(self.read_layers)
+            if not self.read_layers or not all(isinstance(i, int) and not isinstance(i, bool)
+                                               and 0 <= i < self.num_layers for i in self.read_layers):
+                raise ConfigError(f"read_layers must be a non-empty list of layer indices in 0..{self.num_layers - 1}"
+                                  f" (num_layers={self.num_layers}), got {self.read_layers!r}")
         if self.image_size % self.patch_size:
             raise ConfigError(f"patch_size={self.patch_size} must divide image_size={self.image_size}")
 
@@ -391,6 +415,10 @@ class VQATransformer(CountsParameters, nn.Module):
         self.word_emb = nn.Embedding(c.vocab_size, c.dim, padding_idx=0)
         self.summary = nn.Parameter(torch.zeros(1, 1, c.dim))
         self.sink = nn.Parameter(torch.randn(1, 1, c.dim) * POSITION_STD) if c.sink else None
+        # a learned score per layer and head added to every query's score on the sink (sink_logit: its start);
+        # flat, so that it is not decayed as a matrix
+        self.sink_logit = (nn.Parameter(torch.full((c.num_layers * c.num_heads,), float(c.sink_logit)))
+                           if c.sink and c.sink_logit is not None else None)
         self.type_emb = nn.Parameter(torch.zeros(2, c.dim))  # 0: question, 1: image
         # with two tokens per patch, which part a token is (0: shape, 1: colour)
         self.part_emb = nn.Parameter(torch.zeros(2, c.dim)) if c.tokens_per_patch == 2 else None
@@ -443,26 +471,39 @@ class VQATransformer(CountsParameters, nn.Module):
         is_pad = torch.cat([torch.zeros(B, len(head), dtype=torch.bool, device=z.device), questions == 0,
                             torch.zeros(B, patches.shape[1], dtype=torch.bool, device=z.device)], 1)  # (B, L)
         mask = padding(is_pad)  # (B, 1, 1, L): nobody attends to padding words
-        if c.modality_mask == "image-first":
-            L = z.shape[1]
+        nt, L = c.num_text, z.shape[1]
+        if c.modality_mask != "full":
             allowed = torch.ones(L, L, dtype=torch.bool, device=z.device)
-            allowed[c.num_text:, :c.num_text] = False  # a patch's query never meets a question key
+            allowed[nt:, :nt] = False  # a patch's query never meets a question key
+            if c.modality_mask == "summary-reads":
+                allowed[1:nt, nt:] = False  # the sink's and the words' queries never meet a patch key: only q reads
             mask = mask & allowed  # (B, 1, L, L)
-        if self.part_emb is not None:
-            # First layer: a patch's two tokens attend only to each other (each takes in the other half; the
-            # question's tokens attend to all, and meet keys that are pure shape or pure colour); then all.
-            N, nt, L = c.num_patches, c.num_text, z.shape[1]
+        if self.part_emb is not None or c.modality_mask in PATCH_LOCAL:
+            # A patch's own tokens only (its two tokens attend to each other: each takes in the other half; the
+            # question's tokens attend to all, and meet keys that are pure shape or pure colour): in the first
+            # layer, then all (image-first) or in every layer (patch-local, summary-reads).
+            N = c.num_patches
             allowed = torch.ones(L, L, dtype=torch.bool, device=z.device)
-            pair = torch.eye(N, dtype=torch.bool, device=z.device).repeat(2, 2)  # (2N, 2N): the same patch
+            own = torch.eye(N, dtype=torch.bool, device=z.device).repeat(c.tokens_per_patch, c.tokens_per_patch)
             allowed[nt:] = False
-            allowed[nt:, nt:] = pair
-            mask = [mask & allowed] + [mask] * (c.num_layers - 1)
+            allowed[nt:, nt:] = own  # (tN, tN): the same patch
+            local = mask & allowed
+            mask = [local] * c.num_layers if c.modality_mask in PATCH_LOCAL else [local] + [mask] * (c.num_layers - 1)
+        if c.read_layers is not None:  # the question's tokens meet patch keys only in these layers
+            blind = torch.ones(L, L, dtype=torch.bool, device=z.device)
+            blind[:nt, nt:] = False
+            masks = mask if isinstance(mask, list) else [mask] * c.num_layers
+            mask = [m if i in c.read_layers else m & blind for i, m in enumerate(masks)]
         return self.drop(z), mask
 
     def forward_features(self, inputs, *, return_attention: bool = False):
         """Final tokens ``(B, L, D)`` (with ``return_attention``: ``(tokens, per-layer weights)``)."""
         z, mask = self._tokens(inputs)
-        return self.encoder(z, mask=mask, return_weights=return_attention)
+        bias = None
+        if self.sink_logit is not None:  # (1, H, 1, L) per layer: the sink's column only
+            col = F.one_hot(torch.tensor(1, device=z.device), z.shape[1]).to(z.dtype)  # (L,)
+            bias = [(s[:, None] * col)[None, :, None, :] for s in self.sink_logit.view(self.config.num_layers, -1)]
+        return self.encoder(z, mask=mask, bias=bias, return_weights=return_attention)
 
     def forward_head(self, h: Tensor) -> Tensor:
         """Final tokens → answer logits ``(B, A)``, read from the summary token."""
