@@ -241,3 +241,29 @@ def test_serve_int4_on_a_model_it_cannot_hold_falls_back_with_a_note_as_generate
     finally:
         engine.stop()
     assert s.generated == generate(m, torch.tensor([s.prompt]), 6, temperature=0, quantize="int4")[0, -6:].tolist()
+
+
+def test_serve_decodes_with_all_but_one_of_its_threads_by_default_and_says_how_many(tmp_path, capsys, monkeypatch):
+    """The core left over runs the HTTP server (and its clients): serving_threads; --threads sets it; /health
+    reports what the engine decodes with; a count below 1 is refused in one line."""
+    pytest.importorskip("starlette")
+    from tokennet.cli import main
+    from tokennet.errors import RunError
+    from tokennet.serve.app import serving_threads
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 8)
+    assert serving_threads() == 7 and serving_threads(3) == 3 and serving_threads(device="cuda") is None
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    assert serving_threads() == 1
+    for bad in (0, -2, True, 1.5):
+        with pytest.raises(RunError, match="threads"):
+            serving_threads(bad)
+    monkeypatch.undo()
+    engine = Engine(_model(), TOK, prefix_cache_mb=1)
+    assert engine.status()["threads"] == torch.get_num_threads()
+    run = tmp_path / "run"
+    run.mkdir()
+    capsys.readouterr()
+    assert main(["serve", str(run), "--threads", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "--threads must be >= 1" in err and "\n" not in err.strip()

@@ -36,6 +36,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import torch
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -70,7 +71,7 @@ from .protocol import (
 from .tokenizer_routes import tokenizer_routes
 from .tools import parse_tool_calls
 
-__all__ = ["create_app", "serve", "engine_for_run", "serving_mode"]
+__all__ = ["create_app", "serve", "engine_for_run", "serving_mode", "serving_threads"]
 
 log = logging.getLogger(__name__)
 MAX_BODY = 8 << 20  # bytes of a request body at most
@@ -457,6 +458,25 @@ def serving_mode(model, quantize: str = "auto") -> str:
     return "int4" if quantization.holds_file_blocks(model) else "int8"
 
 
+def serving_threads(threads: int | None = None, device: str = "cpu") -> int | None:
+    """The intra-op threads ``tokennet serve`` decodes with on the CPU: ``threads`` as given, or by default all but
+    one of the threads torch would use (``OMP_NUM_THREADS``, else the cores), at least 1; None off the CPU.
+
+    The core left over runs the HTTP server's event loop (and, on a machine that also runs them, its clients).
+    A decoding step is ~150 small parallel regions; with every core in its thread team, each region waits for a
+    thread that the event loop or a client has just taken the core from. Measured on 2 cores, SmolLM2-135M int4,
+    the streaming ``openai`` client on the same machine (``bench/serve.py``; ``bench/results/serve-vs-llamacpp.json``
+    holds the comparison at the default): 2 threads 40 / 96 / 245 tokens/s at 1 / 4 / 16 streams, 1 thread
+    127 / 286 / 389."""
+    if device != "cpu":
+        return None
+    if threads is None:
+        return max(1, torch.get_num_threads() - 1)
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise RunError(f"threads must be a whole number >= 1, got {threads!r}")
+    return threads
+
+
 def engine_for_run(run, *, max_batch: int = 16, context: int | None = None, quantize: str = "auto",
                    max_queue: int | None = MAX_QUEUE, prefix_cache_mb: float = PREFIX_CACHE_MB,
                    compile: bool | None = None) -> Engine:
@@ -480,19 +500,24 @@ def serve(run_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, api
           model_name: str | list[str] | None = None, any_model_name: bool = False, max_batch: int = 16,
           context: int | None = None, device: str = "cpu",
           log_level: str = "info", quantize: str = "auto", max_queue: int | None = MAX_QUEUE,
-          max_body: int = MAX_BODY, prefix_cache_mb: float = PREFIX_CACHE_MB, compile: bool | None = None) -> None:
+          max_body: int = MAX_BODY, prefix_cache_mb: float = PREFIX_CACHE_MB, compile: bool | None = None,
+          threads: int | None = None) -> None:
     """Serve a language-model run over HTTP until Ctrl-C (which lets the requests in flight finish).
 
     ``api_key`` is used as given (the CLI reads ``--api-key`` or ``TOKENNET_API_KEY``); ``max_queue``: the most
     sequences waiting for a row (429 beyond); ``max_body``: the largest request body in bytes; ``quantize``: the
     decoding copy (``"auto"``: :func:`serving_mode`); ``prefix_cache_mb``: the prefix cache's bound (0: off);
     ``compile``: decode with the compiled step (None: on unless ``TOKENNET_COMPILE=0``), compiled before the first
-    request (:meth:`Engine.warm_up`; a later start loads it from Inductor's on-disk cache).
+    request (:meth:`Engine.warm_up`; a later start loads it from Inductor's on-disk cache); ``threads``: the CPU
+    threads a decoding step uses (:func:`serving_threads`; set before anything is compiled, whose kernels keep it).
     """
     import uvicorn
 
     from ..run import load
 
+    n_threads = serving_threads(threads, torch.device(device).type)
+    if n_threads is not None:
+        torch.set_num_threads(n_threads)
     run = load(run_dir, device=device)
     name = ([model_name] if isinstance(model_name, str) else list(model_name or [])) or [Path(run_dir).resolve().name]
     shown = " / ".join(map(repr, name)) + (" (any name accepted)" if any_model_name else "")

@@ -784,6 +784,7 @@ class Engine:
     def status(self) -> dict[str, Any]:
         return {**self.load, "max_batch": self.max_batch, "context": self.context, "steps": self.steps,
                 "quantize": self.quantize, "max_queue": self.max_queue, "compile": self.compile_status(),
+                "threads": torch.get_num_threads(),
                 "prefix_cache": None if self.prefix is None else self.prefix.stats()}
 
 
