@@ -337,9 +337,8 @@ def _add_serve(sub) -> None:
                    "The start log and GET /health (compile) say which")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads a decoding step uses. Default: all but one of torch's (OMP_NUM_THREADS, else the "
-                   "cores), at least 1: the core left over runs the HTTP server and its clients (on 2 cores, 1 "
-                   "thread serves SmolLM2 about 3x faster than 2, measured with the client on the same machine). "
-                   "GET /health says how many")
+                   "cores), at least 1: the core left over runs the HTTP server and its clients, which a step using "
+                   "every core waits for at each of its parallel regions. GET /health says how many")
     p.add_argument("--prefix-cache-mb", type=float, default=256.0,
                    help="MiB of keys and values kept for prompt prefixes that requests share (a system prompt, "
                    "few-shot examples, a chat's earlier turns), so their next requests compute only what "
