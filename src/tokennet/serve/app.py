@@ -465,7 +465,7 @@ def serving_threads(threads: int | None = None, device: str = "cpu") -> int | No
     The core left over runs the HTTP server's event loop (and, on a machine that also runs them, its clients).
     A decoding step is ~150 small parallel regions; with every core in its thread team, each region waits for a
     thread that the event loop or a client has just taken the core from. On 2 cores with the streaming ``openai``
-    client on the same machine, the 2-thread step served SmolLM2 about a third as fast at one stream as the 1-thread
+    client on the same machine, the 2-thread step served SmolLM2 several times slower at one stream than the 1-thread
     one (``bench/results/serve-vs-llamacpp.json``: this default against llama.cpp's server; ``bench/serve.py
     --threads`` sets both servers' ``OMP_NUM_THREADS``)."""
     if device != "cpu":
