@@ -20,6 +20,9 @@ order rotated from round to round; the table shows medians over rounds. Per syst
 - the ratio to llama.cpp of both;
 - weights read per token, and the share of the machine's copy bandwidth (measured here, bytes read + written
   per second of a large tensor copy) that decoding at that speed reads: ``tokens/s × bytes ÷ bandwidth``;
+  where the CPU's last-level cache holds the weights (``lscpu`` reports 480 MiB of L3 on the machine of
+  ``bench/results/interop.json``; SmolLM2's are 97–135 MB) decoding reads them from the cache, and the share
+  can pass 100 %: it then says nothing about memory bandwidth;
 - the first call (compilation and one-time packing included) and the peak resident memory (``VmHWM``);
 - the share of greedy tokens identical to llama.cpp's (position by position, and the common prefix): llama.cpp
   rounds activations to 8 bits for its integer dot products, so the continuations drift apart after a while.
