@@ -48,7 +48,7 @@ from torch import Tensor, nn
 __all__ = ["FORMATS", "QUANTIZE_FORMATS", "RAW_FORMATS", "GROUP", "QK_K", "group_size", "raw_dequantize",
            "BlockLinear", "BlockEmbedding", "quantize_blocks", "dequantize_blocks",
            "block_bytes", "gemv", "gemv_rows", "symbolic_rows", "unwritten_blocks", "GEMV_ROWS", "WIDENS_TO_Q8_0",
-           "widen_to_q8_0"]
+           "widen_to_q8_0", "pack4", "unpack4"]
 
 FORMATS = ("q8_0", "q4_0", "q4_1", "q5_0", "q4_k", "q5_k", "q6_k")
 QUANTIZE_FORMATS = ("q8_0", "q4_0", "q4_1")  # the formats quantize_blocks makes (the others are read from files)
@@ -193,11 +193,19 @@ def raw_dequantize(fmt: str, raw: Tensor) -> Tensor:
     return w.reshape(*lead, nbytes // B * Q)
 
 
-def _unpack4(qs: Tensor) -> Tensor:
-    """4-bit values ``(..., G·16)`` bytes → ``(..., G·32)`` integers 0..15, in the order of the weights."""
+def unpack4(qs: Tensor) -> Tensor:
+    """4-bit values ``(..., G·16)`` bytes → ``(..., G·32)`` integers 0..15, in the order of the weights (byte j of a
+    block holds value j in its low nibble, value j + 16 in its high one)."""
     *lead, half = qs.shape
     b = qs.reshape(*lead, half // 16, 1, 16)  # (..., G, 1, 16)
     return torch.cat([b & 15, b >> 4], dim=-2).reshape(*lead, 2 * half)  # (..., G, 2, 16) → (..., K)
+
+
+def pack4(q: Tensor) -> Tensor:
+    """Integers 0..15 ``(N, G·32)`` → GGUF's 4-bit bytes ``(N, G·16)``: the inverse of :func:`unpack4`."""
+    N, K = q.shape
+    v = q.to(torch.uint8).view(N, K // GROUP, 2, 16)  # values j and j + 16 of each block
+    return (v[:, :, 0] | (v[:, :, 1] << 4)).reshape(N, K // 2)
 
 
 def dequantize_blocks(fmt: str, qs: Tensor, d: Tensor | None = None, m: Tensor | None = None) -> Tensor:
@@ -208,7 +216,7 @@ def dequantize_blocks(fmt: str, qs: Tensor, d: Tensor | None = None, m: Tensor |
     if fmt == "q8_0":
         q = qs.float()
     else:
-        q = _unpack4(qs).float()
+        q = unpack4(qs).float()
     *lead, K = q.shape
     q = q.view(*lead, K // GROUP, GROUP)  # (..., G, 32)
     if fmt == "q4_0":
@@ -233,7 +241,7 @@ def widen_to_q8_0(fmt: str, qs: Tensor, d: Tensor | None = None) -> tuple[Tensor
     if fmt == "q8_0":
         return qs, d
     if fmt == "q4_0":
-        return (_unpack4(qs).to(torch.int8) - 8), d
+        return (unpack4(qs).to(torch.int8) - 8), d
     if fmt != "q5_0":
         raise ValueError(f"{fmt} blocks are not Q8_0 blocks; only {WIDENS_TO_Q8_0} widen exactly")
     N = qs.shape[0]
@@ -241,7 +249,7 @@ def widen_to_q8_0(fmt: str, qs: Tensor, d: Tensor | None = None) -> tuple[Tensor
     h = b[..., 2:6].to(torch.int32)
     qh = h[..., 0] | (h[..., 1] << 8) | (h[..., 2] << 16) | (h[..., 3] << 24)  # (N, G) the little-endian 32 bits
     hi = ((qh[..., None] >> torch.arange(32, dtype=torch.int32)) & 1).to(torch.uint8)  # (N, G, 32)
-    lo = _unpack4(b[..., 6:22])  # (N, G, 32) integers 0..15
+    lo = unpack4(b[..., 6:22])  # (N, G, 32) integers 0..15
     q = ((lo | (hi << 4)).to(torch.int8) - 16).reshape(N, -1)  # (N, K) in [−16, 15]
     return q, b[..., 0:2].contiguous().view(torch.float16)[..., 0]
 
@@ -276,8 +284,7 @@ def quantize_blocks(w: Tensor, fmt: str) -> tuple[Tensor, Tensor, Tensor | None]
             inv = torch.where(d == 0, torch.zeros_like(d), 1 / d)
             q = torch.trunc((b - lo) * inv + 0.5)
             m = lo[..., 0].half()
-        q = q.clamp(0, 15).to(torch.uint8).view(N, K // GROUP, 2, 16)  # values j and j + 16 of each block
-        qs = (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(N, K // 2)
+        qs = pack4(q.clamp(0, 15).reshape(N, K))
     return qs, d[..., 0].half(), m
 
 

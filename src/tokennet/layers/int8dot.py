@@ -64,6 +64,7 @@ import torch
 from torch import Tensor
 
 from ..device import cpu_flags
+from .blockquant import pack4, unpack4
 
 __all__ = ["GROUP", "BLOCK_FORMATS", "available", "unavailable_reason", "blocks_available", "blocks_unavailable_reason",
            "pack", "unpack", "linear", "quantize_groups", "reference", "pack_blocks", "unpack_blocks", "block_linear",
@@ -214,20 +215,6 @@ def blocks_unavailable_reason() -> str:
     return unavailable_reason()
 
 
-def _unpack4(qs: Tensor) -> Tensor:
-    """GGUF's 4-bit bytes ``(N, G·16)`` (byte j of a block: value j low, value j + 16 high) → values ``(N, G·32)``."""
-    N, half = qs.shape
-    b = qs.reshape(N, half // 16, 1, 16)
-    return torch.cat([b & 15, b >> 4], dim=2).reshape(N, 2 * half)
-
-
-def _pack4(q: Tensor) -> Tensor:
-    """Values ``(N, G·32)`` in [0, 15] → GGUF's 4-bit bytes ``(N, G·16)`` (the inverse of :func:`_unpack4`)."""
-    N, K = q.shape
-    v = q.reshape(N, K // 32, 2, 16)
-    return (v[:, :, 0] | (v[:, :, 1] << 4)).reshape(N, K // 2)
-
-
 def pack_blocks(fmt: str, qs: Tensor, d: Tensor, m: Tensor | None = None) -> Tensor:
     """A :class:`~tokennet.layers.blockquant.BlockLinear`'s GGUF blocks → the kernel's layout ``(⌈N/16⌉, G, C)`` uint8.
 
@@ -244,7 +231,7 @@ def pack_blocks(fmt: str, qs: Tensor, d: Tensor, m: Tensor | None = None) -> Ten
     N, G = d.shape
     nb = -(-N // _ROWS)
     pad = nb * _ROWS - N
-    q = qs.view(torch.uint8) if fmt == "q8_0" else _unpack4(qs)  # (N, K): the weights' integers (Q8_0's bits)
+    q = qs.view(torch.uint8) if fmt == "q8_0" else unpack4(qs)  # (N, K): the weights' integers (Q8_0's bits)
     q = torch.nn.functional.pad(q, (0, 0, 0, pad)) if pad else q
     if fmt == "q8_0":
         w = q.reshape(nb, _ROWS, G, 8, 4).permute(0, 2, 3, 1, 4).reshape(nb, G, 512)  # (b, g, j, r, c)
@@ -273,7 +260,7 @@ def unpack_blocks(fmt: str, packed: Tensor, n: int) -> tuple[Tensor, Tensor, Ten
         b = packed[..., :w].reshape(nb, G, 4, _ROWS, 4)  # (b, g, j, r, c)
         v = torch.stack([b & 15, b >> 4], dim=-1)  # (b, g, j, r, c, half)
         q = v.permute(0, 3, 1, 2, 5, 4).reshape(nb * _ROWS, G * 32)[:n]  # (b, r, g, j, half, c)
-        qs = _pack4(q.contiguous())
+        qs = pack4(q.contiguous())
     return qs, scales[0], scales[1] if fmt == "q4_1" else None
 
 
@@ -300,7 +287,7 @@ def block_reference(x: Tensor, fmt: str, qs: Tensor, d: Tensor, m: Tensor | None
     xq, s = quantize_groups(x)
     M, K = xq.shape
     G = K // GROUP
-    q = qs.long() if fmt == "q8_0" else _unpack4(qs).long()
+    q = qs.long() if fmt == "q8_0" else unpack4(qs).long()
     xg = xq.long().view(M, G, GROUP)
     sums = torch.einsum("mgk,ngk->mng", xg, q.view(-1, G, GROUP))  # I (M, N, G), exact
     X = xg.sum(-1)  # (M, G)
