@@ -118,9 +118,9 @@ class CompiledStep:
         fn = type(self)._step  # a subclass's own step (the serving engine's rows at their own lengths)
         code = fn.__code__.replace(co_name=f"_step_{next(_SERIAL)}")
         step = types.MethodType(types.FunctionType(code, fn.__globals__), self)
-        # Dynamo checks its guards before every call: on the decoding copy's ~300 tensors they cost ~0.7 ms a step
-        # (5-7 % of SmolLM2's int4 step). The copy never changes under its step (a changed model gets a new copy and
-        # a new step, decoding_copy), so only the guards on the step's own inputs are kept (0.15 ms).
+        # Dynamo checks its guards before every call, and on the decoding copy's hundreds of tensors that is a
+        # visible share of a small model's step. The copy never changes under its step (a changed model gets a new
+        # copy and a new step, decoding_copy), so only the guards on the step's own inputs are kept.
         self.fn = torch.compile(step, fullgraph=True, dynamic=False, options={
             **INDUCTOR_OPTIONS, "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
         self.compiled: bool | None = None  # None: not tried yet

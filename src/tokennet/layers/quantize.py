@@ -389,9 +389,9 @@ def _to_int4(model: nn.Module) -> list[str]:
     return kept
 
 
-def _to_block_dot(model: nn.Module) -> int:
+def _to_block_dot(model: nn.Module) -> None:
     """Every Q8_0/Q4_0/Q4_1 :class:`BlockLinear` of ``model`` (a copy) on the CPU → a :class:`BlockDotLinear` of the
-    same blocks, in place (a layer registered twice becomes one new layer in both); returns how many."""
+    same blocks, in place (a layer registered twice becomes one new layer in both)."""
     made: dict[int, nn.Module] = {}
     for m in list(model.modules()):
         for name, child in list(m.named_children()):
@@ -399,7 +399,6 @@ def _to_block_dot(model: nn.Module) -> int:
                 if id(child) not in made:
                     made[id(child)] = BlockDotLinear(child)
                 setattr(m, name, made[id(child)])
-    return len(made)
 
 
 def quantize(model: nn.Module, mode: str = "int8") -> nn.Module:
