@@ -43,7 +43,7 @@ def run_seed(seed: int, runs_dir: Path, threads: int | None) -> dict:
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     cmd = [sys.executable, "-m", "tokennet.cli", "train", "vqa", "--seed", str(seed), "--out", str(out),
-           "--set", "progress=false"]
+           "--overwrite", "--set", "progress=false"]  # a seed measured again replaces its earlier run
     load = list(os.getloadavg())
     t = time.perf_counter()
     subprocess.run(cmd, check=True, env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
