@@ -152,6 +152,30 @@ def test_local_patches_attend_only_to_their_own_patch_in_every_layer_and_only_th
         assert (words_read == 0) if mask == "summary-reads" else (words_read > 0)
 
 
+@pytest.mark.parametrize("mask", ["patch-local", "image-first"])
+def test_shape_reads_colour_keeps_every_colour_token_pure_colour(mask):
+    """``pair_binding="shape-reads-colour"``: a shape token attends to its patch's colour token, a colour token only
+    to itself (every layer of patch-local; layer 0 of image-first) — its vector is a function of the colour alone."""
+    torch.manual_seed(0)
+    m = create_model("vqa-transformer", patch_stem="shape,colour", dim=32, num_heads=2, num_layers=2,
+                     modality_mask=mask, pair_binding="shape-reads-colour")
+    c = m.config
+    nt, n = c.num_text, c.num_patches
+    full = [w["self"] for w in m.forward_features(m.example_input(2), return_attention=True)[1]]
+    for layer, f in enumerate(full[:2 if mask == "patch-local" else 1]):
+        colour_rows = f[:, :, nt + n:, :]  # (B, H, n, L): the colour tokens' queries
+        torch.testing.assert_close(colour_rows[..., nt + n:], torch.eye(n).expand(2, c.num_heads, n, n))
+        shape_rows = f[:, :, nt:nt + n, nt:]
+        pair = torch.eye(n).repeat(1, 2).bool()  # a shape token's own shape and colour columns
+        assert (shape_rows[..., pair].reshape(2, c.num_heads, n, 2) > 0).all(), layer
+        torch.testing.assert_close(shape_rows.sum(-1), torch.ones(2, c.num_heads, n))
+    both = create_model("vqa-transformer", patch_stem="shape,colour", dim=32, num_heads=2, modality_mask=mask)
+    a = [w["self"] for w in both.forward_features(both.example_input(2), return_attention=True)[1]][0]
+    assert a[:, :, nt + n:, nt:nt + n].sum() > 0  # "both" (the default before): a colour token reads its shape
+    with pytest.raises(TokennetError, match="pair_binding"):
+        create_model("vqa-transformer", pair_binding="colour-reads-shape", dim=32, num_heads=2)
+
+
 def test_image_first_lets_patches_meet_other_patches_after_the_first_layer():
     m = create_model("vqa-transformer", patch_stem="shape,colour", dim=32, num_heads=2, modality_mask="image-first")
     maps = m.attention_maps(m.example_input(2))["self"]

@@ -67,6 +67,7 @@ __all__ = ["VQATransformerConfig", "VQATransformer", "VQACNNConfig", "VQACNN", "
 MODALITY_MASKS = ("full", "image-first", "patch-local", "summary-reads")
 PATCH_LOCAL = ("patch-local", "summary-reads")  # patches never attend to other patches
 PATCH_STEMS = ("linear", "conv", "conv+colour", "shape+colour", "shape,colour")
+PAIR_BINDINGS = ("both", "shape-reads-colour")
 CNN_READOUTS = ("mean", "coords")
 ANSWER_READOUTS = ("class", "points")
 
@@ -309,6 +310,10 @@ class VQATransformerConfig(TransformerConfig, defaults=dict(dim=64, num_layers=3
             keys: the words and the sink attend to the question alone).
         read_layers: the layers in which the question's tokens may attend to the patches (``None``: all); in the
             others they attend to the question alone.
+        pair_binding: with two tokens per patch, where a patch's tokens may look at each other: ``"both"`` (each
+            takes in the other half) or ``"shape-reads-colour"`` (the shape token takes in its colour; the colour
+            token attends only to itself and stays a function of the colour alone, so a held-out kind's colour
+            token is one training saw).
         sink_logit: with a sink, a learned score per layer and head added to every query's score on the sink,
             starting at this value (``None``: none, the sink's score is its key's alone) — a place to rest that
             every head has from the start, as the hand-built counter's sink is.
@@ -346,6 +351,7 @@ class VQATransformerConfig(TransformerConfig, defaults=dict(dim=64, num_layers=3
     answer_points: list = field(default_factory=list)
     sink_logit: float | None = None
     read_layers: list[int] | None = None
+    pair_binding: str = "both"
 
     def __post_init__(self):
         self.family = "vqa-transformer"
@@ -357,6 +363,7 @@ class VQATransformerConfig(TransformerConfig, defaults=dict(dim=64, num_layers=3
                        num_heads=self.num_heads)
         self._choice("modality_mask", self.modality_mask, MODALITY_MASKS)
         self._choice("patch_stem", self.patch_stem, PATCH_STEMS)
+        self._choice("pair_binding", self.pair_binding, PAIR_BINDINGS)
         self._positive(stem_channels=self.stem_channels)
         self._mlp_and_backend()
         self._fraction(dropout=self.dropout, label_smoothing=self.label_smoothing)
@@ -485,6 +492,8 @@ class VQATransformer(CountsParameters, nn.Module):
             N = c.num_patches
             allowed = torch.ones(L, L, dtype=torch.bool, device=z.device)
             own = torch.eye(N, dtype=torch.bool, device=z.device).repeat(c.tokens_per_patch, c.tokens_per_patch)
+            if c.pair_binding == "shape-reads-colour" and c.tokens_per_patch == 2:
+                own[N:, :N] = False  # a colour token's query never meets its shape's key: it stays pure colour
             allowed[nt:] = False
             allowed[nt:, nt:] = own  # (tN, tN): the same patch
             local = mask & allowed
