@@ -20,7 +20,8 @@ Both systems start from the same weights — SmolLM2-135M-Instruct's GGUF from t
 tokennet runs as ``tokennet`` (fused LoRA layers, eager), ``tokennet+compile`` (the model under
 ``torch.compile``: what ``--set compile=true`` trains), ``tokennet+ckpt`` (activation checkpointing of the
 blocks: ``--set checkpointing=true``) and ``tokennet+unfused`` (the two-GEMM LoRA layer), as ``--systems``
-lists them; the losses of every variant follow the same curve. ``+bf16`` (``tokennet+bf16``, ``peft+bf16``) runs
+lists them; the losses of every variant follow the same curve. ``peft+compile`` runs peft's model under ``torch.compile``
+too (a compiled system's ratio is taken against it where it ran). ``+bf16`` (``tokennet+bf16``, ``peft+bf16``) runs
 that side's forward under ``torch.autocast(bfloat16)`` (tokennet's ``--set precision=bf16``; on a CPU with AMX the
 products run in its bf16 tile units): a bf16 system's ratio is taken against peft at bf16, a float32 one's against
 peft at float32 (same precision, same arithmetic), and every loss curve against peft's float32 one.
@@ -169,8 +170,8 @@ def build(side: str, args, dev):
             with autocast("bf16" in opts):
                 return forward(x, y).loss
     elif side.split("+")[0] == "peft":
-        if set(side.split("+")[1:]) - {"bf16"}:
-            raise SystemExit(f"unknown peft options in {side!r} (bf16)")
+        if set(side.split("+")[1:]) - {"bf16", "compile"}:
+            raise SystemExit(f"unknown peft options in {side!r} (bf16, compile)")
         import peft
         import transformers
 
@@ -190,12 +191,14 @@ def build(side: str, args, dev):
                     part = next(t for t in HF_TARGETS if t in parts)
                     p.copy_(init_a(i, part, args.rank, p.shape[1]))
 
+        forward = torch.compile(model) if "compile" in side.split("+") else model
+
         def loss_of(x, y, bf16="bf16" in side):
             with autocast(bf16):
-                logits = model(input_ids=x).logits
+                logits = forward(input_ids=x).logits
             return F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
     else:
-        raise SystemExit(f"unknown system {side!r}: peft or tokennet[+compile][+ckpt][+unfused]")
+        raise SystemExit(f"unknown system {side!r}: peft[+bf16][+compile] or tokennet[+compile][+ckpt][+unfused][+bf16]")
     return model.to(dev).train(), loss_of
 
 
@@ -386,7 +389,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=0,
                     help="keep only SmolLM2's first N blocks on both sides (0: all 30): a quick check of the bench")
     ap.add_argument("--systems", nargs="+", default=["tokennet", "tokennet+compile", "tokennet+ckpt", "peft"],
-                    help="peft[+bf16], or tokennet with options joined by + (compile, ckpt, unfused, bf16)")
+                    help="peft[+bf16][+compile], or tokennet with options joined by + (compile, ckpt, unfused, bf16)")
     ap.add_argument("--interleaved", type=int, default=10,
                     help="then this many steps of each system alternating in one process (0: skip)")
     ap.add_argument("--layer-bench", type=int, default=0, metavar="CALLS",
@@ -472,10 +475,15 @@ def main() -> None:
           "| step alloc peak MiB | final train loss | final val loss |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     def peer(side: str, table: dict) -> str | None:
-        """The peft run a system is compared with: the one at its precision (``+bf16``: peft under bf16 autocast
-        too), else peft in float32."""
-        want = "peft+bf16" if "bf16" in side.split("+")[1:] else "peft"
-        return want if want in table else "peft" if "peft" in table else None
+        """The peft run a system is compared with: the one at its precision and, for a compiled system, compiled
+        too (``+bf16``: peft under bf16 autocast; ``+compile``: peft's model under ``torch.compile``) where that
+        ran, else the one at its precision, else peft in float32."""
+        opts = set(side.split("+")[1:])
+        bf16 = ["bf16"] if "bf16" in opts else []
+        for want in ("+".join(["peft", *bf16, *(["compile"] if "compile" in opts else [])]), "+".join(["peft", *bf16])):
+            if want in table:
+                return want
+        return "peft" if "peft" in table else None
 
     for side, s in summary.items():
         ref = summary.get(peer(side, summary)) if not side.startswith("peft") else summary.get(side)
