@@ -17,14 +17,14 @@ Both systems start from the same weights — SmolLM2-135M-Instruct's GGUF from t
 - the same loss: mean next-token cross-entropy over every position (tokennet's ``GPT(x, y).loss``; for
   peft, ``F.cross_entropy`` on the model's logits).
 
-tokennet runs as ``tokennet`` (fused LoRA layers, eager), ``tokennet+compile`` (the model under
-``torch.compile``: what ``--set compile=true`` trains), ``tokennet+ckpt`` (activation checkpointing of the
-blocks: ``--set checkpointing=true``) and ``tokennet+unfused`` (the two-GEMM LoRA layer), as ``--systems``
-lists them; the losses of every variant follow the same curve. ``peft+compile`` runs peft's model under ``torch.compile``
-too (a compiled system's ratio is taken against it where it ran). ``+bf16`` (``tokennet+bf16``, ``peft+bf16``) runs
-that side's forward under ``torch.autocast(bfloat16)`` (tokennet's ``--set precision=bf16``; on a CPU with AMX the
-products run in its bf16 tile units): a bf16 system's ratio is taken against peft at bf16, a float32 one's against
-peft at float32 (same precision, same arithmetic), and every loss curve against peft's float32 one.
+tokennet runs as ``tokennet`` (fused LoRA layers, eager), ``tokennet+compile`` (the model under ``torch.compile``:
+what ``--set compile=true`` trains), ``tokennet+ckpt`` (activation checkpointing of the blocks: ``--set
+checkpointing=true``) and ``tokennet+unfused`` (the two-GEMM LoRA layer), as ``--systems`` lists them; the losses of
+every variant follow the same curve. ``peft+compile`` runs peft's model under ``torch.compile`` too (a compiled
+system's ratio is taken against it where it ran). ``+bf16`` (``tokennet+bf16``, ``peft+bf16``) runs that side's
+forward under ``torch.autocast(bfloat16)`` (tokennet's ``--set precision=bf16``; on a CPU with AMX the products run
+in its bf16 tile units): a bf16 system's ratio is taken against peft at bf16, a float32 one's against peft at
+float32 (same precision, same arithmetic), and every loss curve against peft's float32 one.
 ``--layers N`` keeps only the first N blocks on both sides (a quick check of the bench, not a figure).
 
 Each system runs in its own fresh process (``--rounds`` rounds, alternating which goes first); then both run
@@ -198,7 +198,8 @@ def build(side: str, args, dev):
                 logits = forward(input_ids=x).logits
             return F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
     else:
-        raise SystemExit(f"unknown system {side!r}: peft[+bf16][+compile] or tokennet[+compile][+ckpt][+unfused][+bf16]")
+        raise SystemExit(f"unknown system {side!r}: peft[+bf16][+compile] or "
+                         "tokennet[+compile][+ckpt][+unfused][+bf16]")
     return model.to(dev).train(), loss_of
 
 
