@@ -47,8 +47,9 @@ at every animal alike whatever is asked, the control ``attention_mass_ratio`` la
 (:func:`~tokennet.tasks.vqa.attention_vs_others`); the learned counter, ``sink_weight_k<k>``: the mean weight
 on the sink of the head that tracks ``1/(k+1)`` best (``sink_head``, correlation ``sink_vs_inverse_count_r``,
 ``sink_max_gap`` from the curve; :func:`~tokennet.tasks.vqa.sink_weights`) over the test set's count questions
-and the held-out counts; with patches smaller than an animal (``patch_size=8``), ``patch_grouping_ratio``
-(:func:`~tokennet.tasks.vqa.patch_grouping`). ``tokennet eval`` recomputes the transformer's figures from the
+and the held-out counts; with patches smaller than an animal (``patch_size=8``) and a mask that lets patches meet
+(``modality_mask=image-first`` or ``full``: under patch-local they never do, and the ratio is 0),
+``patch_grouping_ratio`` (:func:`~tokennet.tasks.vqa.patch_grouping`; ``bench/results/vqa_patch8.json``). ``tokennet eval`` recomputes the transformer's figures from the
 saved run (the same numbers as ``metrics.json``); the CNNs' come from training (they are not saved).
 
 **Measured, one change at a time** (seed 0, the transformer alone — ``--set baselines=false`` — 3000 steps of 64,
@@ -299,7 +300,7 @@ register_recipe(Recipe(
     options={"baselines": True, "cnn_lr": 3e-3, "cnn_precision": "auto"},
     model_defaults={"patch_stem": "shape,colour", "stem_channels": 48, "modality_mask": "patch-local",
                     "read_layers": [1, 2], "sink_logit": 2.0, "answer_readout": "points"},
-    train_defaults={"max_iters": 3000, "batch_size": 64, "lr": 3e-3, "warmup_iters": 100, "eval_interval": 1000,
+    train_defaults={"max_iters": 4000, "batch_size": 64, "lr": 3e-3, "warmup_iters": 100, "eval_interval": 1000,
                     "weight_decay": 0.05, "log_interval": 50, "optimizer": "muon", "muon_lr": 0.02},
     evaluate_run=evaluate_run,
     smoke={"dim": 32, "num_layers": 1, "read_layers": [0], "num_heads": 2, "batch_size": 16, "test_size": 48,
