@@ -10,7 +10,7 @@ import torch
 from tokennet.data.vqa import AnimalQuestions
 from tokennet.errors import TokennetError
 from tokennet.models.vqa import VQATransformerConfig
-from tokennet.tasks.vqa import attention_vs_others, object_patches, patch_grouping, sink_weights
+from tokennet.tasks.vqa import attention_vs_others, counted_mass, fit_rest, object_patches, patch_grouping, sink_weights
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -88,6 +88,35 @@ def test_a_hand_built_counter_puts_one_over_k_plus_one_on_the_sink(qa):
     for k, w in sw["heads"]["0.0"]["by_k"].items():
         assert w == pytest.approx(1 / (k + 1), abs=1e-4)
     assert sw["heads"]["0.1"]["r"] == 0.0
+
+
+@pytest.mark.parametrize("rest", [1.0, 6.0])
+def test_counted_mass_finds_how_many_animals_worth_of_weight_rests_elsewhere(qa, rest):
+    """Equal weight on each counted animal and ``rest`` animals' worth on the words (``rest=1``: the hand-built
+    counter's sink): the weight on the counted animals is ``k / (k + rest)``, and the fit finds ``rest``."""
+    words = AnimalQuestions().filled().words
+
+    def counter(a, i, c):
+        p = object_patches(qa.boxes[i], c.grid, c.patch_size) if qa.boxes[i] else []
+        a[0, 0, :] = 0
+        for q in p:
+            a[0, 0, c.num_text + q] = 1 / (len(p) + rest)
+        a[0, 0, 2:c.num_text] = rest / (len(p) + rest) / (c.num_text - 2)  # the rest on the word slots
+
+    cm = counted_mass(Fake(qa, counter), qa, words)
+    got = cm["layers"][0]
+    assert cm["best"] == 0 and got["c"] == pytest.approx(rest, rel=1e-3) and got["gap"] < 1e-3
+    assert got["r"] == pytest.approx(1.0, abs=1e-4) and min(cm["k"]) >= 1
+    for k, w in got["by_k"].items():
+        assert w == pytest.approx(k / (k + rest), abs=1e-4)
+
+    def blind(a, i, c):  # every patch alike: the counted animals get their share of the picture, k/16
+        a[0, 0, :] = 0
+        a[0, 0, c.num_text:] = 1 / c.num_patches
+
+    flat = counted_mass(Fake(qa, blind), qa, words)["layers"][0]
+    assert flat["by_k"][1] == pytest.approx(1 / 16, abs=1e-4)
+    assert fit_rest([1, 2, 4], [1 / 3, 1 / 2, 2 / 3]) == pytest.approx((2.0, 0.0), abs=2e-3)
 
 
 def test_patches_of_one_animal_that_attend_to_each_other_group_far_above_their_share(qa):

@@ -34,24 +34,27 @@ fp32 as the transformer; the metric ``cnn_precision`` says which):
   than the 32 pixels between two corner cells (preset ``vqa-cnn-shallow``): its answer is a mean of local
   votes, additive in the two corners, so "same species?" is out of its reach — the lecture's x1 … x7.
 
-``metrics.json``: ``exact_match`` (%) and ``exact_match_<template>`` (``count``, ``count_colour``,
-``same_species``, ``colour``), ``exact_match_unseen_count`` (count questions asking a held-out
-(question, count) pair), the same with the ``cnn_`` and ``shallow_cnn_`` prefixes, each CNN's
-``…receptive_field`` and ``…num_parameters``, and ``attention_mass_ratio``: on the questions about one or
-two objects, the share of the question's rolled-out attention over the patches that falls on the patches
-of those objects, divided by their share of the image (per template and per layer too;
-:func:`~tokennet.tasks.vqa.attention_mass`); ``attention_vs_other_animals`` (``…_<template>``, ``…_layer<ℓ>``):
-the mass on one asked animal over the mass on one of the picture's *other* animals — 1 for a model that looks
-at every animal alike whatever is asked, the control ``attention_mass_ratio`` lacks — and
+``metrics.json``: ``exact_match`` (%) and ``exact_match_<template>`` (``count``, ``count_colour``, ``same_species``,
+``colour``), ``exact_match_unseen_count`` (count questions asking a held-out (question, count) pair), the same with
+the ``cnn_`` and ``shallow_cnn_`` prefixes, each CNN's ``…receptive_field`` and ``…num_parameters``, and
+``attention_mass_ratio``: on the questions about one or two objects, the share of the question's rolled-out attention
+over the patches that falls on the patches of those objects, divided by their share of the image (per template and per
+layer too; :func:`~tokennet.tasks.vqa.attention_mass`); ``attention_vs_other_animals`` (``…_<template>``,
+``…_layer<ℓ>``): the mass on one asked animal over the mass on one of the picture's *other* animals — 1 for a model
+that looks at every animal alike whatever is asked, the control ``attention_mass_ratio`` lacks — and
 ``attention_image_share``, the share of the question's attention that reaches the image
-(:func:`~tokennet.tasks.vqa.attention_vs_others`); the learned counter, ``sink_weight_k<k>``: the mean weight
-on the sink of the head that tracks ``1/(k+1)`` best (``sink_head``, correlation ``sink_vs_inverse_count_r``,
-``sink_max_gap`` from the curve; :func:`~tokennet.tasks.vqa.sink_weights`) over the test set's count questions
-and the held-out counts; with patches smaller than an animal (``patch_size=8``) and a mask that lets patches meet
-(``modality_mask=image-first`` or ``full``: under patch-local they never do, and the ratio is 0),
-``patch_grouping_ratio`` (:func:`~tokennet.tasks.vqa.patch_grouping`; ``bench/results/vqa_patch8.json``). ``tokennet
-eval`` recomputes the transformer's figures from the saved run (the same numbers as ``metrics.json``); the CNNs' come
-from training (they are not saved).
+(:func:`~tokennet.tasks.vqa.attention_vs_others`); the learned counter, ``sink_weight_k<k>``: the mean weight on the
+sink of the head that tracks ``1/(k+1)`` best (``sink_head``, correlation ``sink_vs_inverse_count_r``,
+``sink_max_gap`` from the curve; :func:`~tokennet.tasks.vqa.sink_weights`) over the test set's count questions and the
+held-out counts; what the trained counter does instead, ``counted_mass_k<k>``: the summary token's weight on the ``k``
+counted animals in the layer that counts (``counted_mass_layer``), and the ``c`` of the curve ``k / (k + c)`` it
+follows (``counted_mass_c``: 1 for the hand-built counter, whose sink weighs as much as one animal; larger when the
+weight rests on the empty patches and the words instead; :func:`~tokennet.tasks.vqa.counted_mass`); with patches
+smaller than an animal (``patch_size=8``) and a mask that lets patches meet (``modality_mask=image-first`` or
+``full``: under patch-local they never do, and the ratio is 0), ``patch_grouping_ratio``
+(:func:`~tokennet.tasks.vqa.patch_grouping`; ``bench/results/vqa_patch8.json``). ``tokennet eval`` recomputes the
+transformer's figures from the saved run (the same numbers as ``metrics.json``); the CNNs' come from training (they
+are not saved).
 
 **Measured, one change at a time** (seed 0, the transformer alone — ``--set baselines=false`` — 3000 steps of 64,
 held-out test set of 2000 questions, exact match in %; ``bench/results/vqa_ablation.json`` has every row's
@@ -160,7 +163,7 @@ from ..errors import RecipeError
 from ..lifecycle import BuildContext, Job, Recipe, register_recipe
 from ..models.registry import create_model
 from ..models.vqa import answer_points
-from ..tasks.vqa import attention_mass, attention_vs_others, exact_match, patch_grouping, sink_weights
+from ..tasks.vqa import attention_mass, attention_vs_others, counted_mass, exact_match, patch_grouping, sink_weights
 from ..train.trainer import Trainer
 
 __all__ = ["evaluate", "train_baseline", "BASELINES"]
@@ -277,7 +280,9 @@ def evaluate_run(run, data) -> dict[str, Any]:
         out.update(attention_mass(run.model, qa, spec.words))
         out.update(attention_vs_others(run.model, qa, spec.words))
         out.update(patch_grouping(run.model, qa, spec.words))
-        out.update(sink_summary(sink_weights(run.model, _count_questions(spec, qa), spec.words)))
+        counts = _count_questions(spec, qa)
+        out.update(sink_summary(sink_weights(run.model, counts, spec.words)))
+        out.update(counted_summary(counted_mass(run.model, counts, spec.words)))
     return out
 
 
@@ -303,6 +308,21 @@ def sink_summary(sw: dict[str, Any]) -> dict[str, float]:
     out = {"sink_head": float(f"{layer}.{head}"), "sink_vs_inverse_count_r": best["r"]}
     out.update({f"sink_weight_k{k}": w for k, w in best["by_k"].items()})
     out["sink_max_gap"] = round(max(abs(w - 1 / (k + 1)) for k, w in best["by_k"].items()), 4)
+    return out
+
+
+def counted_summary(cm: dict[str, Any]) -> dict[str, float]:
+    """:func:`~tokennet.tasks.vqa.counted_mass` as flat metrics, for the layer whose weight on the counted animals
+    follows ``k / (k + c)`` best (``counted_mass_layer``): ``counted_mass_k<k>`` (its mean per ``k``),
+    ``counted_mass_c`` (the fitted ``c``: 1 for the hand-built counter, whose sink weighs one animal),
+    ``counted_mass_gap`` (the largest gap from that curve) and ``counted_mass_r``."""
+    if not cm:
+        return {}
+    layer = cm["best"]
+    best = cm["layers"][layer]
+    out = {"counted_mass_layer": float(layer), "counted_mass_c": best["c"], "counted_mass_gap": best["gap"],
+           "counted_mass_r": best["r"]}
+    out.update({f"counted_mass_k{k}": w for k, w in best["by_k"].items()})
     return out
 
 

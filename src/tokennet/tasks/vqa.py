@@ -14,6 +14,7 @@ that lands on the patches of the objects it asks about, divided by those patches
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from ..run import Run
 
 __all__ = ["VisualQuestionAnswering", "predict", "exact_match", "attention_mass", "attention_vs_others",
-           "sink_weights", "patch_grouping", "two_corner_picture", "question_rollout", "object_patches",
+           "sink_weights", "counted_mass", "patch_grouping", "two_corner_picture", "question_rollout", "object_patches",
            "load_question_images"]
 
 EVAL_BATCH = 250
@@ -217,6 +218,56 @@ def sink_weights(model, qa: QASet, words, *, limit: int = 1000) -> dict[str, Any
     return {"heads": heads, "best": best, "k": sorted(int(v) for v in set(k.tolist()))}
 
 
+def fit_rest(ks: list[int], mass: list[float]) -> tuple[float, float]:
+    """The ``c`` of the curve ``k / (k + c)`` closest to ``mass`` (least squares over ``c`` on a log grid from 0.05
+    to 100, then refined twice around the best), and the largest gap from it: ``(c, gap)``. A counter that puts equal
+    weight ``w`` on each of ``k`` counted animals and ``W`` on the rest has mass ``k / (k + W/w)``: ``c`` is how
+    many animals' worth of weight rests elsewhere (the hand-built counter: its sink, ``c = 1``)."""
+    k = torch.tensor(ks, dtype=torch.float64)
+    m = torch.tensor(mass, dtype=torch.float64)
+
+    def best(grid: torch.Tensor) -> float:
+        err = ((k[None] / (k[None] + grid[:, None]) - m[None]) ** 2).sum(1)
+        return float(grid[err.argmin()])
+
+    c = best(torch.logspace(math.log10(0.05), 2, 400, dtype=torch.float64))
+    c = best(torch.linspace(max(0.05, c * 0.97), min(100.0, c * 1.03), 121, dtype=torch.float64))
+    c = best(torch.linspace(max(0.05, c * 0.999), min(100.0, c * 1.001), 101, dtype=torch.float64))
+    return c, float((k / (k + c) - m).abs().max())
+
+
+@torch.no_grad()
+def counted_mass(model, qa: QASet, words, *, limit: int = 1000) -> dict[str, Any]:
+    """How the trained summary token counts, sink or not: on the count questions of ``qa`` (``k`` = the animals
+    counted, ``k ≥ 1``), per layer, its weight (mean of heads) on the counted animals' patches — the hand-built
+    counter's is ``k / (k + 1)``, the sink taking the rest — its mean per ``k``, and the ``c`` of the curve
+    ``k / (k + c)`` that fits it (:func:`fit_rest`): how many animals' worth of weight rests *elsewhere* (the sink,
+    the empty patches, the words). ``best`` is the layer whose weight follows ``k`` most closely (Pearson ``r`` of
+    the weight with ``k / (k + c)`` over questions).
+
+    Returns:
+        ``{"layers": {ℓ: {"by_k": {k: mean}, "c": c, "gap": largest |mean − k/(k+c)|, "r": r}}, "best": ℓ,
+        "k": [...]}``; an empty dict for questions without counts.
+    """
+    c = model.config
+    idx = [i for i in range(min(limit, len(qa))) if qa.templates[i] in COUNT_TEMPLATES and qa.boxes and qa.boxes[i]]
+    if len(idx) < 2:
+        return {}
+    k = torch.tensor([len(qa.boxes[i]) for i in idx], dtype=torch.float)  # (n,)
+    cols = [[c.num_text + p for p in object_patches(qa.boxes[i], c.grid, c.patch_size)] for i in idx]
+    ks = sorted(int(v) for v in set(k.tolist()))
+    layers: dict[int, Any] = {}
+    for layer, m in enumerate(_maps(model, qa, idx, words)):
+        row = m.mean(1)[:, 0]  # (n, L): the summary token's row, mean of heads
+        w = torch.stack([row[j, cs].sum() for j, cs in enumerate(cols)])  # (n,)
+        by_k = {v: round(float(w[k == v].mean()), 4) for v in ks}
+        rest, gap = fit_rest(ks, list(by_k.values()))
+        target = k / (k + rest)
+        r = float(torch.corrcoef(torch.stack([w, target]))[0, 1]) if w.std() > 0 else 0.0
+        layers[layer] = {"by_k": by_k, "c": round(rest, 3), "gap": round(gap, 4), "r": round(r, 4)}
+    return {"layers": layers, "best": max(layers, key=lambda ell: layers[ell]["r"]), "k": ks}
+
+
 @torch.no_grad()
 def patch_grouping(model, qa: QASet, words, *, limit: int = 200) -> dict[str, float]:
     """Do objects group themselves? For each patch of an animal that covers several patches, the share of that
@@ -368,7 +419,8 @@ class VisualQuestionAnswering(Task):
 
     def _extras(self, run: Run, spec, out_dir: Path) -> list[Path]:
         """``two_questions.png`` (one held-out picture asked about two corners), ``sink_curve.png`` (the sink's
-        weight against the count) and, with patches smaller than an animal, ``patch_grouping.png``."""
+        weight against the count, and the weight on the counted animals) and, with patches smaller than an animal,
+        ``patch_grouping.png``."""
         from ..viz.vqa import draw_patch_grouping, draw_sink_curve, draw_two_questions
 
         qa, c, files = run.data.held_out(), run.model.config, []
@@ -382,7 +434,8 @@ class VisualQuestionAnswering(Task):
         counts = [i for i, t in enumerate(qa.templates) if t in COUNT_TEMPLATES]
         sw = sink_weights(run.model, _subset(qa, counts), spec.words) if counts else {}
         if sw:
-            files.append(draw_sink_curve(sw, out_dir / "sink_curve.png"))
+            cm = counted_mass(run.model, _subset(qa, counts), spec.words)
+            files.append(draw_sink_curve(sw, out_dir / "sink_curve.png", counted=cm or None))
         if qa.boxes and c.patch_size < 16:
             i = max(range(min(len(qa), 50)), key=lambda j: len(qa.boxes[j]) + len(qa.other_boxes[j]))
             by_layer = {int(k.rsplit("layer", 1)[1]): v for k, v in (run.metrics or {}).items()

@@ -145,12 +145,15 @@ def _patches(c, boxes) -> list[int]:
     return object_patches(boxes, c.grid, c.patch_size)
 
 
-def draw_sink_curve(sw: dict, path: Path) -> Path:
+def draw_sink_curve(sw: dict, path: Path, counted: dict | None = None) -> Path:
     """The learned counter against the hand-built one: per head (faint) and for the head that tracks it best
     (bold), the summary token's mean weight on the sink against ``k``, the number of animals counted, beside the
-    construction's exact ``1 / (k + 1)`` (``tokennet demo counting``)."""
+    construction's exact ``1 / (k + 1)`` (``tokennet demo counting``); with ``counted``
+    (:func:`~tokennet.tasks.vqa.counted_mass`), a second panel: per layer, the summary token's weight on the ``k``
+    counted animals, beside the construction's ``k / (k + 1)`` and the fitted ``k / (k + c)``."""
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(4.6, 3.2))
+    fig, axes = plt.subplots(1, 2 if counted else 1, figsize=(9.2 if counted else 4.6, 3.2), squeeze=False)
+    ax = axes[0, 0]
     ks = sw["k"]
     exact = [1 / (k + 1) for k in ks]
     ax.plot(ks, exact, "k--", lw=1.5, label="hand-built counter: 1/(k+1)")
@@ -164,6 +167,22 @@ def draw_sink_curve(sw: dict, path: Path) -> Path:
     ax.set_ylim(0, 1.02)
     ax.legend(fontsize=6.5)
     ax.set_title("does the trained model count with the sink? (each line: one head)", fontsize=8)
+    if counted:
+        ax = axes[0, 1]
+        ks = counted["k"]
+        ax.plot(ks, [k / (k + 1) for k in ks], "k--", lw=1.5, label="hand-built counter: k/(k+1)")
+        for layer, v in counted["layers"].items():
+            best = layer == counted["best"]
+            ax.plot(list(v["by_k"]), list(v["by_k"].values()), "o-" if best else "-", lw=2 if best else 0.8,
+                    alpha=1 if best else 0.45, color="C3" if best else "C0",
+                    label=f"layer {layer}" + (f", best: fits k/(k+{v['c']:.1f})" if best else ""))
+            if best:
+                ax.plot(ks, [k / (k + v["c"]) for k in ks], ":", color="C3", lw=1.2)
+        ax.set_xlabel("k: animals counted (the answer)")
+        ax.set_ylabel("summary token's weight on the counted animals")
+        ax.set_ylim(0, 1.02)
+        ax.legend(fontsize=6.5)
+        ax.set_title("what it does instead: the rest of the weight is its sink", fontsize=8)
     fig.tight_layout()
     return save_figure(fig, path)
 
