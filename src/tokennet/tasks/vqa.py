@@ -32,8 +32,8 @@ if TYPE_CHECKING:
     from ..run import Run
 
 __all__ = ["VisualQuestionAnswering", "predict", "exact_match", "attention_mass", "attention_vs_others",
-           "sink_weights", "counted_mass", "patch_grouping", "two_corner_picture", "question_rollout", "object_patches",
-           "load_question_images"]
+           "sink_weights", "counted_mass", "fit_rest", "patch_grouping", "two_corner_picture", "question_rollout",
+           "object_patches", "load_question_images"]
 
 EVAL_BATCH = 250
 
