@@ -68,6 +68,7 @@ import importlib.util
 import json
 import os
 import random
+import signal
 import socket
 import subprocess
 import sys
@@ -707,4 +708,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    # A SIGTERM (kill, timeout) unwinds like Ctrl-C, so the finally blocks stop the servers this script started
+    # (by default Python exits at once on SIGTERM and leaves them serving, and loading the machine).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     main()
