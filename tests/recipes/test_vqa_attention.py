@@ -139,6 +139,24 @@ def test_patches_of_one_animal_that_attend_to_each_other_group_far_above_their_s
     assert patch_grouping(Fake(qa, uniform), qa, words, limit=20) == {}  # 16-px patches: one per animal
 
 
+def test_patches_that_never_meet_cannot_group_and_untrained_ones_are_blind_to_objects():
+    """The recipe's note on ``patch_grouping_ratio``: under ``modality_mask="patch-local"`` a patch attends only to
+    its own tokens, so the ratio is 0 in every layer; with image-first an untrained model's patches look at every
+    other patch alike after layer 0 (ratio ≈ 1)."""
+    from tokennet.models.registry import create_model
+
+    spec = AnimalQuestions(test_size=40).filled()
+    qa = spec.held_out()
+    kw = dict(patch_stem="shape,colour", patch_size=8, vocab_size=len(spec.words) + 1, max_question_len=12,
+              num_answers=len(spec.answers), dim=32, num_heads=2)
+    torch.manual_seed(0)
+    local = patch_grouping(create_model("vqa-transformer", modality_mask="patch-local", **kw), qa, spec.words, limit=20)
+    assert local and all(v == 0.0 for v in local.values()), local
+    first = patch_grouping(create_model("vqa-transformer", modality_mask="image-first", **kw), qa, spec.words, limit=20)
+    assert first["patch_grouping_ratio_layer0"] == 0.0
+    assert first["patch_grouping_ratio_layer1"] == pytest.approx(1.0, abs=0.1), first
+
+
 def test_a_patch_size_that_does_not_divide_the_image_is_refused_in_one_line():
     with pytest.raises(TokennetError, match="must divide") as e:
         VQATransformerConfig(patch_size=12)
