@@ -6,7 +6,10 @@ averages the units' votes adds them up instead. So that pooling is not what fail
 two coordinate channels are appended to the image (``readout="coords"``, as FiLM's own model does), so every
 unit knows where its field lies. The field is set by depth (plain conv layers of 3×3 at stride 1 after a 4×4
 patchify stem: ``r = 4 + 8·n``) or by dilation (two layers, ``r = 4 + 16·d``); each CNN's width is chosen so
-that it has about the transformer's parameter count. Every model trains as the ``vqa`` recipe trains its models
+that it has about the transformer's parameter count. ``--arch resnet`` builds the trunk from residual blocks
+instead (two 3×3 convs each: ``r = 4 + 16·n`` by depth, one block dilated ``d`` for ``4 + 16·d``): plain stacks of
+7 or more layers fail to learn even the one-corner ``species`` question in 1500 steps, residual ones learn it, so
+the residual sweep separates "cannot train" from "cannot compare the corners". Every model trains as the ``vqa`` recipe trains its models
 (its optimizer settings; the CNNs in the baselines' precision) on the same batches of the corner
 questions (``same_species`` and ``species``, half each; the generated data of ``tokennet train vqa``, no
 held-out kind in training) for the same steps, and answers the held-out corner pairs (each picture with a
@@ -14,6 +17,7 @@ held-out kind; chance is 50 %).
 
     PYTHONPATH=src OMP_NUM_THREADS=1 python bench/vqa_receptive_field.py            # the sweep, 1500 steps
     PYTHONPATH=src python bench/vqa_receptive_field.py --fields 20 52 --steps 200     # a quick look
+    PYTHONPATH=src python bench/vqa_receptive_field.py --arch resnet --no-transformer  # residual CNNs, 20 … 84 px
 
 Prints a markdown table and writes ``bench/results/vqa_receptive_field.json`` (the command, the commit, the
 machine) and ``bench/results/vqa_receptive_field.png``. A field the chosen ``--via`` cannot build is refused in
@@ -48,28 +52,40 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/_record.py, al
 from _record import commit, machine  # noqa: E402
 
 FIELDS = (20, 36, 52, 68, 92)
+RESNET_FIELDS = (20, 36, 52, 68, 84)  # 92 is not 4 + 16n
+ARCHS = ("plain", "resnet")
 TEMPLATES = ("same_species", "species")
 
 
-def layout(field: int, via: str) -> dict:
-    """The trunk settings whose units see ``field`` pixels: depth (``4 + 8n``) or dilation (``4 + 16d``)."""
+def layout(field: int, via: str, arch: str = "plain") -> dict:
+    """The trunk settings whose units see ``field`` pixels. Plain layers (one 3×3 conv each): by depth
+    ``4 + 8n``, or two layers dilated ``d``: ``4 + 16d``. Residual blocks (two 3×3 convs each): by depth
+    ``4 + 16n``, or one block dilated ``d``: ``4 + 16d``."""
+    if arch not in ARCHS:
+        raise ConfigError(f"--arch must be plain or resnet, got {arch!r}")
+    step = 8 if arch == "plain" else 16  # pixels one layer (plain) or one block (resnet) adds after the 4× stem
     if via == "depth":
-        n, rem = divmod(field - 4, 8)
+        n, rem = divmod(field - 4, step)
         if rem or n < 1:
-            raise ConfigError(f"a {field}-pixel field cannot be built by depth (4 + 8·n pixels: 12, 20, 28, ...)")
+            unit = "layer" if arch == "plain" else "residual block"
+            raise ConfigError(f"a {field}-pixel field cannot be built by depth with {arch} {unit}s (4 + {step}·n "
+                              f"pixels: {', '.join(str(4 + step * k) for k in (1, 2, 3))}, ...)")
         return {"depths": [n], "dilation": 1}
     if via == "dilation":
         d, rem = divmod(field - 4, 16)
         if rem or d < 1:
-            raise ConfigError(f"a {field}-pixel field cannot be built by dilation (two layers, 4 + 16·d pixels: "
+            raise ConfigError(f"a {field}-pixel field cannot be built by dilation ("
+                              f"{'two layers' if arch == 'plain' else 'one residual block'}, 4 + 16·d pixels: "
                               "20, 36, 52, 68, 84, ...)")
-        return {"depths": [2], "dilation": d}
+        return {"depths": [2 if arch == "plain" else 1], "dilation": d}
     raise ConfigError(f"--via must be depth or dilation, got {via!r}")
 
 
-def cnn_settings(field: int, via: str, budget: int, data: dict, readout: str) -> dict:
-    """A plain FiLM CNN with a ``field``-pixel field and about ``budget`` parameters (its width searched)."""
-    base = {**data, "arch": "plain", "stem_kernel": 4, "stem_stride": 4, "readout": readout, **layout(field, via)}
+def cnn_settings(field: int, via: str, budget: int, data: dict, readout: str, arch: str = "plain") -> dict:
+    """A FiLM CNN (``arch`` plain or resnet) with a ``field``-pixel field and about ``budget`` parameters (its width
+    searched)."""
+    base = {**data, "arch": arch, "stem_kernel": 4, "stem_stride": 4, "readout": readout,
+            **layout(field, via, arch)}
     best = None
     for w in range(8, 257, 2):
         s = {**base, "widths": [w]}
@@ -134,7 +150,11 @@ def plot(rows, path: Path) -> None:
 
     cnn = [r for r in rows if r["model"] == "cnn"]
     fig, ax = plt.subplots(figsize=(5, 3.2), dpi=120)
-    ax.plot([r["receptive_field"] for r in cnn], [r["same_species"] for r in cnn], "o-", label="FiLM CNN + coords")
+    archs = sorted({r.get("arch", "plain") for r in cnn})
+    for k, arch in enumerate(archs):
+        mine = [r for r in cnn if r.get("arch", "plain") == arch]
+        ax.plot([r["receptive_field"] for r in mine], [r["same_species"] for r in mine], "os"[k % 2] + "-",
+                color=f"C{0 if k == 0 else 2}", label=f"FiLM CNN ({arch}) + coords")
     for r in rows:
         if r["model"] == "transformer":
             ax.axhline(r["same_species"], color="C1", ls="--", label="transformer (3 layers)")
@@ -144,7 +164,7 @@ def plot(rows, path: Path) -> None:
     ax.set_xlabel("receptive field (pixels)")
     ax.set_ylabel("corner pairs correct (%)")
     ax.set_ylim(40, 101)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="center right")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -152,8 +172,12 @@ def plot(rows, path: Path) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--fields", type=int, nargs="+", default=list(FIELDS), help="receptive fields in pixels")
-    ap.add_argument("--via", default="depth", help="depth (4 + 8n px) or dilation (4 + 16d px)")
+    ap.add_argument("--fields", type=int, nargs="+", help="receptive fields in pixels (default: "
+                    f"{' '.join(map(str, FIELDS))}; with --arch resnet {' '.join(map(str, RESNET_FIELDS))})")
+    ap.add_argument("--via", default="depth", help="depth or dilation (see --arch for the fields each builds)")
+    ap.add_argument("--arch", default="plain", help="plain: conv-norm-ReLU layers (depth: 4 + 8n px; dilation: "
+                    "4 + 16d px); resnet: residual blocks of two convs, which train at depths where plain layers "
+                    "stall (depth: 4 + 16n px; dilation: 4 + 16d px)")
     ap.add_argument("--readout", default="coords", help="coords (default) or mean (the plain GAP of the recipe)")
     ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--batch-size", type=int, default=64)
@@ -170,8 +194,10 @@ def main(argv=None) -> int:
             raise ConfigError("--steps must be >= 1, --batch-size and --test-size >= 2")
         if args.readout not in ("coords", "mean"):
             raise ConfigError(f"--readout must be coords or mean, got {args.readout!r}")
+        if args.fields is None:
+            args.fields = list(RESNET_FIELDS if args.arch == "resnet" else FIELDS)
         for f in args.fields:
-            layout(f, args.via)  # every setting checked before anything trains
+            layout(f, args.via, args.arch)  # every setting checked before anything trains
         if args.into and not (Path(args.into) / "run.json").is_file():
             raise ConfigError(f"--into {args.into}: not a run directory (no run.json)")
         return run(args)
@@ -192,7 +218,8 @@ def run(args) -> int:
     budget = create_model("vqa-transformer", **transformer).num_parameters()
     batches, test = CornerBatches(spec, args.batch_size, 12), corner_test(spec, args.test_size)
     plans = [("transformer", None, transformer)] if not args.no_transformer else []
-    plans += [("cnn", f, cnn_settings(f, args.via, budget, data, args.readout)) for f in args.fields]
+    plans += [("cnn", f, cnn_settings(f, args.via, budget, data, args.readout, args.arch))
+              for f in args.fields]
     rows = []
     for kind, f, settings in plans:
         torch.manual_seed(args.seed)
@@ -201,14 +228,16 @@ def run(args) -> int:
         secs = train(m, batches, args.steps, args.lr, "fp32" if kind == "transformer" else cnn_precision("auto", "cpu"))
         em = exact_match(m, test, spec.words, 12)
         row = {"model": kind, "receptive_field": f if f is not None else 64,
-               "layers": m.config.num_layers if kind == "transformer" else 1 + settings["depths"][0],
+               "layers": m.config.num_layers if kind == "transformer"
+               else 1 + settings["depths"][0] * (1 if settings["arch"] == "plain" else 2),  # conv layers
                "width": m.config.dim if kind == "transformer" else settings["widths"][0],
+               "arch": "transformer" if kind == "transformer" else settings["arch"],
                "dilation": settings.get("dilation", 1), "num_parameters": m.num_parameters(),
                "same_species": em["exact_match_same_species"], "species": em["exact_match_species"],
                "train_seconds": round(secs, 1)}
         rows.append(row)
         print(json.dumps(row), flush=True)
-    print(f"\ncorner pairs vs receptive field ({args.steps} steps of {args.batch_size}, via {args.via}, readout "
+    print(f"\ncorner pairs vs receptive field ({args.steps} steps of {args.batch_size}, {args.arch} CNNs via {args.via}, readout "
           f"{args.readout}; held-out test, {args.test_size} questions; chance 50 %)\n")
     print("| model | field (px) | layers | width | params | same species % | species % | train s |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")

@@ -187,11 +187,20 @@ def test_the_receptive_field_sweep_builds_its_fields_and_refuses_one_it_cannot_i
         assert m.receptive_field().size == f and abs(m.num_parameters() - 150_000) < 15_000
     dilated = create_model("vqa-cnn", **b.cnn_settings(52, "dilation", 150_000, data, "coords"))
     assert dilated.receptive_field().size == 52
+    for f in b.RESNET_FIELDS:  # residual blocks: two convs each, the field checked on the built trunk
+        s = b.cnn_settings(f, "depth", 150_000, data, "coords", "resnet")
+        m = create_model("vqa-cnn", **s)
+        assert s["arch"] == "resnet" and m.receptive_field().size == f
+        assert abs(m.num_parameters() - 150_000) < 15_000
+    dilated = create_model("vqa-cnn", **b.cnn_settings(68, "dilation", 150_000, data, "coords", "resnet"))
+    assert dilated.receptive_field().size == 68 and dilated.config.depths == [1]
     m = create_model("vqa-cnn", **b.cnn_settings(20, "depth", 150_000, data, "coords"))
     assert m(m.example_input()).logits.shape == (2, 22)  # the coordinate channels go in with the image
     for argv, fragment in [(["--fields", "30"], "cannot be built by depth"),
                            (["--fields", "92", "--via", "dilation"], "cannot be built by dilation"),
                            (["--via", "width"], "--via must be"), (["--readout", "max"], "--readout must be"),
+                           (["--arch", "resnet", "--fields", "92"], "cannot be built by depth with resnet"),
+                           (["--arch", "vgg"], "--arch must be"),
                            (["--into", str(Path(__file__).parent)], "not a run directory")]:
         capsys.readouterr()
         assert b.main(argv) == 2

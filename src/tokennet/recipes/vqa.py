@@ -146,6 +146,10 @@ The default run, with both CNNs beside the transformer (same batches, same steps
 figures are in ``bench/results/vqa_default.json`` (the commands, the commit, the machine, the time of the whole
 run). ``tokennet eval`` on a run recomputes its transformer's figures; the receptive-field sweep
 (``bench/vqa_receptive_field.py --into RUN``, ``bench/results/vqa_receptive_field.json``) shows in the run's report.
+In that sweep every CNN, whatever its field, answers the corner pairs at chance, and so do residual CNNs
+(``--arch resnet``, ``bench/results/vqa_receptive_field_resnet.json``) that do learn the one-corner *species*
+question, and one with an 84-pixel field trained 4× as long: a field that holds both corners is needed, not
+enough.
 """
 
 from __future__ import annotations
