@@ -212,3 +212,43 @@ def test_cnn_precision_auto_is_bf16_only_where_the_cpu_has_it_and_a_bad_one_is_r
     with pytest.raises(TokennetError, match="cnn_precision must be one of"):
         train("vqa", out=tmp_path / "bad", sets={**TINY, "cnn_precision": "fp16"}, device="cpu")
     assert not (tmp_path / "bad").exists()
+
+
+def test_the_baselines_trained_at_once_equal_those_trained_one_after_the_other_on_one_thread():
+    """``cnn_parallel``: one CNN in a spawned process and one here, each on one thread, give the weights that
+    training each on one thread gives; without two threads a run trains them one after the other and says so."""
+    import dataclasses
+
+    from tokennet.data.vqa import QABatches
+    from tokennet.recipes import get_recipe
+    from tokennet.recipes import vqa as recipe
+    from tokennet.recipes.vqa import BASELINES, train_baselines
+    from tokennet.train.trainer import TrainConfig
+
+    spec = AnimalQuestions(seed=0, test_size=8, unseen_size=4, val_size=4).filled()
+    mean, std = spec.pixel_stats()
+    shared = {"vocab_size": len(spec.words), "num_answers": len(spec.answers), "pixel_mean": mean, "pixel_std": std,
+              "max_question_len": 12}
+    cfg = dataclasses.replace(TrainConfig(**get_recipe("vqa").train_defaults), max_iters=3, warmup_iters=1, batch_size=8)
+    src = QABatches(spec, 8, 12)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        together = train_baselines(shared, cfg, src, "cpu", lr=3e-3, parallel=True)
+        assert torch.get_num_threads() == 2  # restored after its own CNN trained on one
+        torch.set_num_threads(1)
+        apart = train_baselines(shared, cfg, src, "cpu", lr=3e-3, parallel=False)
+    finally:
+        torch.set_num_threads(before)
+    assert set(together) == set(apart) == set(BASELINES)
+    for prefix in BASELINES:
+        a, b = together[prefix].state_dict(), apart[prefix].state_dict()
+        assert not together[prefix].training
+        for k in a:
+            assert torch.equal(a[k], b[k]), (prefix, k)
+        untrained = recipe.create_model(BASELINES[prefix], **shared).state_dict()
+        assert any(not torch.equal(a[k], untrained[k]) for k in a if a[k].is_floating_point())
+
+
+def test_a_run_on_one_thread_trains_its_baselines_one_after_the_other(run_dir):
+    assert json.loads((run_dir / "metrics.json").read_text())["cnn_parallel"] is False

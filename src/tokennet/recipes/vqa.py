@@ -26,7 +26,8 @@ is). After training,
 with ``baselines=true`` (the default), two CNNs answer the same questions, trained on the same batches for
 the same number of steps, each with about the transformer's parameter count (``cnn_lr`` their peak rate;
 ``cnn_precision``: ``auto``, the default, trains them with bf16 autocast on a CPU with bf16 in hardware, else in
-fp32 as the transformer; the metric ``cnn_precision`` says which):
+fp32 as the transformer; the metric ``cnn_precision`` says which; ``cnn_parallel``, the default, trains the two at
+once, one thread each, where torch has two threads or more — the metric ``cnn_parallel`` says whether it did):
 
 - ``cnn_…``: a small ResNet conditioned on the question by FiLM, whose units' receptive field covers the
   whole image (preset ``vqa-cnn``);
@@ -170,7 +171,7 @@ from ..models.vqa import answer_points
 from ..tasks.vqa import attention_mass, attention_vs_others, counted_mass, exact_match, patch_grouping, sink_weights
 from ..train.trainer import Trainer
 
-__all__ = ["evaluate", "train_baseline", "BASELINES"]
+__all__ = ["evaluate", "train_baseline", "train_baselines", "BASELINES"]
 
 log = logging.getLogger(__name__)
 
@@ -227,6 +228,46 @@ def train_baseline(preset: str, model_settings: dict[str, Any], train, source, d
     return m.eval()
 
 
+def _baseline_in_worker(preset: str, model_settings: dict[str, Any], train, source, lr: float, precision: str):
+    """A spawned process's share of :func:`train_baselines`: one CNN on one thread; returns its weights."""
+    torch.set_num_threads(1)
+    m = train_baseline(preset, model_settings, train, source, "cpu", lr=lr, precision=precision)
+    return {k: v.detach().clone() for k, v in m.state_dict().items()}
+
+
+def train_baselines(model_settings: dict[str, Any], train, source, device, *, lr: float, precision: str = "fp32",
+                    parallel: bool = False) -> dict[str, torch.nn.Module]:
+    """Both CNN baselines (:data:`BASELINES`, by prefix), each as :func:`train_baseline` trains it.
+
+    ``parallel`` (CPU only): the two train at once, one thread each — the first in a spawned process, the second
+    here — instead of one after the other on all threads. A CNN this small gains little from a second thread, so
+    this takes about the time of one of them (the weights are those of training each on one thread)."""
+    if not parallel or torch.device(device).type != "cpu":
+        return {prefix: train_baseline(preset, model_settings, train, source, device, lr=lr, precision=precision)
+                for prefix, preset in BASELINES.items()}
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    (far, far_preset), (near, near_preset) = BASELINES.items()
+    threads = torch.get_num_threads()
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        job = pool.submit(_baseline_in_worker, far_preset, model_settings, train, source, lr, precision)
+        torch.set_num_threads(1)
+        try:
+            here = train_baseline(near_preset, model_settings, train, source, device, lr=lr, precision=precision)
+        finally:
+            torch.set_num_threads(threads)
+        try:
+            state = job.result()
+        except BrokenProcessPool as e:
+            raise RecipeError(f"the {far_preset} baseline's worker process died ({e}); "
+                              "--set cnn_parallel=false trains the baselines one after the other") from None
+    m = create_model(far_preset, **model_settings)
+    m.load_state_dict(state)
+    return {far: m.to(device).eval(), near: here}
+
+
 def build(ctx: BuildContext) -> Job:
     spec: AnimalQuestions = ctx.data.filled()  # a bad --data directory fails here, before anything is written
     ctx.from_data("vocab_size", len(spec.words))
@@ -262,8 +303,11 @@ def build(ctx: BuildContext) -> Job:
         out["cnn_precision"] = precision
         qa = spec.held_out()
         shared = {k: ctx.settings[k] for k in (*DATA_FIELDS, "max_question_len", "answer_readout")}
+        parallel = opts["cnn_parallel"] and torch.get_num_threads() >= 2
+        out["cnn_parallel"] = parallel and torch.device(device).type == "cpu"
+        cnns = train_baselines(shared, steps, src, device, lr=opts["cnn_lr"], precision=precision, parallel=parallel)
         for prefix, preset in BASELINES.items():
-            cnn = train_baseline(preset, shared, steps, src, device, lr=opts["cnn_lr"], precision=precision)
+            cnn = cnns[prefix]
             out.update(evaluate(cnn, spec, qa, prefix=prefix))
             out[f"{prefix}num_parameters"] = cnn.num_parameters()
             out[f"{prefix}receptive_field"] = cnn.receptive_field().size
@@ -338,7 +382,7 @@ register_recipe(Recipe(
     build=build,
     data=AnimalQuestions,
     default_data=GENERATED,
-    options={"baselines": True, "cnn_lr": 3e-3, "cnn_precision": "auto"},
+    options={"baselines": True, "cnn_lr": 3e-3, "cnn_precision": "auto", "cnn_parallel": True},
     model_defaults={"patch_stem": "shape,colour", "stem_channels": 48, "modality_mask": "patch-local",
                     "read_layers": [1, 2], "sink_logit": 2.0, "answer_readout": "points"},
     train_defaults={"max_iters": 4000, "batch_size": 64, "lr": 3e-3, "warmup_iters": 100, "eval_interval": 1000,
