@@ -218,29 +218,18 @@ def sprite(species: str, size: int, flip: bool = False) -> np.ndarray:
     return np.ascontiguousarray(a[:, ::-1]) if flip else a
 
 
-def _paste(img: np.ndarray, alpha: np.ndarray, colour: np.ndarray, top: int, left: int,
-           keep: np.ndarray | None = None) -> None:
-    """Alpha-blend a sprite of one colour into ``img`` ``(3, H, W)`` in place, clipped to the image:
-    ``img ← (1 − α)·img + α·colour``. ``keep``: ``1 − alpha`` when the caller has it (a cached sprite's)."""
+def _paste(img: np.ndarray, alpha: np.ndarray, colour: np.ndarray, top: int, left: int) -> None:
+    """Alpha-blend a sprite of one colour into ``img`` ``(3, H, W)`` in place, clipped to the image."""
     H, W = img.shape[1:]
     h, w = alpha.shape
     t0, l0 = max(0, top), max(0, left)
     t1, l1 = min(H, top + h), min(W, left + w)
     if t0 >= t1 or l0 >= l1:
         return
-    rows, cols = slice(t0 - top, t1 - top), slice(l0 - left, l1 - left)
-    a = alpha[None, rows, cols]  # (1, h', w')
+    a = alpha[t0 - top:t1 - top, l0 - left:l1 - left][None]  # (1, h', w')
     region = img[:, t0:t1, l0:l1]
-    region *= (1 - a) if keep is None else keep[None, rows, cols]
+    region *= 1 - a
     region += a * colour[:, None, None]
-
-
-@functools.lru_cache(maxsize=128)
-def _layer(kind: str, *key) -> tuple[np.ndarray, np.ndarray]:
-    """A sprite's alpha and ``1 − alpha``, cached: an animal's ``("animal", species, size, flip)`` or a piece of
-    clutter's ``("clutter", kind, length, angle)``."""
-    a = sprite(*key) if kind == "animal" else _clutter_sprite(*key)
-    return a, 1 - a
 
 
 @functools.lru_cache(maxsize=64)
@@ -266,24 +255,17 @@ def render(scene: Scene, image_size: int = IMAGE_SIZE, seed: int = 0) -> np.ndar
     """
     rng = np.random.default_rng(seed)
     img = np.empty((3, image_size, image_size), np.float32)
-    img[:] = _BACKGROUND
+    img[:] = np.asarray(BACKGROUND, np.float32)[:, None, None]
     for kind, y, x, length, angle in scene.clutter:
-        a, keep = _layer("clutter", kind, length, angle)
+        a = _clutter_sprite(kind, length, angle)
         grey = 0.45 + 0.2 * rng.random()
-        col = np.full(3, grey, np.float32) if kind == "pebble" else _TWIG
-        _paste(img, a, col, int(round(y - a.shape[0] / 2)), int(round(x - a.shape[1] / 2)), keep)
+        col = np.array([grey, grey, grey] if kind == "pebble" else [0.55, 0.42, 0.3], np.float32)
+        _paste(img, a, col, int(round(y - a.shape[0] / 2)), int(round(x - a.shape[1] / 2)))
     for an in scene.animals:
         jitter = rng.uniform(-COLOUR_JITTER, COLOUR_JITTER, 3).astype(np.float32)
-        col = _COLOUR_RGB[an.colour] + jitter
-        np.clip(col, 0, 1, out=col)
-        a, keep = _layer("animal", an.species, an.size, an.flip)
-        _paste(img, a, col, an.top, an.left, keep)
+        col = np.clip(np.asarray(ALL_COLOURS[an.colour], np.float32) + jitter, 0, 1)
+        _paste(img, sprite(an.species, an.size, an.flip), col, an.top, an.left)
     return img
-
-
-_BACKGROUND = np.asarray(BACKGROUND, np.float32)[:, None, None]
-_TWIG = np.array([0.55, 0.42, 0.3], np.float32)
-_COLOUR_RGB = {name: np.asarray(rgb, np.float32) for name, rgb in ALL_COLOURS.items()}
 
 
 # -- held-out combinations ----------------------------------------------------------------------------------
