@@ -60,7 +60,8 @@ def collect(seed: int, runs_dir: Path) -> dict:
     info = json.loads((d / RUN_INFO).read_text()) if (d / RUN_INFO).is_file() else {}
     keys = [f"{p}exact_match" for p, _ in MODELS] + [f"{p}exact_match_{t}" for p, _ in MODELS for t in TEMPLATES]
     return {"seed": seed, "run": str(d), **info, "metrics": {k: metrics.get(k) for k in [*keys, *EXTRA,
-                                                                                         "cnn_precision"]}}
+                                                                                         "cnn_precision",
+                                                                                         "cnn_parallel"]}}
 
 
 def median(rows: list[dict], key: str):
@@ -91,7 +92,7 @@ def main(argv=None) -> int:
         print(f"error: no finished run for seeds {missing} in {runs_dir}", file=sys.stderr)
         return 2
     rows = [collect(s, runs_dir) for s in args.seeds]
-    med = {k: median(rows, k) for k in rows[0]["metrics"] if k != "cnn_precision"}
+    med = {k: median(rows, k) for k in rows[0]["metrics"] if k not in ("cnn_precision", "cnn_parallel")}
     print(f"\nvqa default run, seeds {args.seeds}: exact match % (median over seeds; per seed in the JSON)\n")
     print("| model | all | " + " | ".join(TEMPLATES) + " |")
     print("| --- | ---: | " + " | ".join("---:" for _ in TEMPLATES) + " |")
