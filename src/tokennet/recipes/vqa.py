@@ -156,6 +156,7 @@ enough.
 from __future__ import annotations
 
 import dataclasses
+import io
 import logging
 import tempfile
 from typing import Any
@@ -164,7 +165,7 @@ import torch
 
 from ..data.vqa import COLOURS, GENERATED, AnimalQuestions, QABatches, QASet, tokenize_question
 from ..device import native_bf16
-from ..errors import RecipeError
+from ..errors import RecipeError, one_line
 from ..lifecycle import BuildContext, Job, Recipe, register_recipe
 from ..models.registry import create_model
 from ..models.vqa import answer_points
@@ -228,11 +229,20 @@ def train_baseline(preset: str, model_settings: dict[str, Any], train, source, d
     return m.eval()
 
 
-def _baseline_in_worker(preset: str, model_settings: dict[str, Any], train, source, lr: float, precision: str):
-    """A spawned process's share of :func:`train_baselines`: one CNN on one thread; returns its weights."""
+def _baseline_in_worker(conn, preset: str, model_settings: dict[str, Any], train, source, lr: float,
+                        precision: str) -> None:
+    """A spawned process's share of :func:`train_baselines`: one CNN on one thread; sends ``("ok", its state dict
+    as torch.save's bytes)`` or ``("error", message)`` back through ``conn``."""
     torch.set_num_threads(1)
-    m = train_baseline(preset, model_settings, train, source, "cpu", lr=lr, precision=precision)
-    return {k: v.detach().clone() for k, v in m.state_dict().items()}
+    try:
+        m = train_baseline(preset, model_settings, train, source, "cpu", lr=lr, precision=precision)
+        buf = io.BytesIO()  # bytes, not tensors: torch's shared-memory handles die with this process
+        torch.save(m.state_dict(), buf)
+        conn.send(("ok", buf.getvalue()))
+    except BaseException as e:  # noqa: BLE001 - reported in the parent, whatever it was
+        conn.send(("error", f"{type(e).__name__}: {one_line(e)}"))
+    finally:
+        conn.close()
 
 
 def train_baselines(model_settings: dict[str, Any], train, source, device, *, lr: float, precision: str = "fp32",
@@ -241,30 +251,44 @@ def train_baselines(model_settings: dict[str, Any], train, source, device, *, lr
 
     ``parallel`` (CPU only): the two train at once, one thread each — the first in a spawned process, the second
     here — instead of one after the other on all threads. A CNN this small gains little from a second thread, so
-    this takes about the time of one of them (the weights are those of training each on one thread)."""
+    this takes about the time of one of them (the weights are those of training each on one thread). If this
+    process fails or is stopped, the worker is stopped too; a worker that fails or dies is a one-line error."""
     if not parallel or torch.device(device).type != "cpu":
         return {prefix: train_baseline(preset, model_settings, train, source, device, lr=lr, precision=precision)
                 for prefix, preset in BASELINES.items()}
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-    from concurrent.futures.process import BrokenProcessPool
 
     (far, far_preset), (near, near_preset) = BASELINES.items()
-    threads = torch.get_num_threads()
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        job = pool.submit(_baseline_in_worker, far_preset, model_settings, train, source, lr, precision)
+    ctx = multiprocessing.get_context("spawn")  # not fork: this process's thread pools do not survive a fork
+    receive, send = ctx.Pipe(duplex=False)
+    worker = ctx.Process(target=_baseline_in_worker, daemon=True, name=f"tokennet-{far_preset}",
+                         args=(send, far_preset, model_settings, train, source, lr, precision))
+    worker.start()
+    send.close()  # the worker holds the only sending end: its death ends the pipe (EOFError below)
+    threads, done = torch.get_num_threads(), False
+    try:
         torch.set_num_threads(1)
         try:
             here = train_baseline(near_preset, model_settings, train, source, device, lr=lr, precision=precision)
         finally:
             torch.set_num_threads(threads)
         try:
-            state = job.result()
-        except BrokenProcessPool as e:
-            raise RecipeError(f"the {far_preset} baseline's worker process died ({e}); "
+            status, payload = receive.recv()
+        except EOFError:
+            worker.join()
+            raise RecipeError(f"the {far_preset} baseline's worker process died (exit code {worker.exitcode}); "
                               "--set cnn_parallel=false trains the baselines one after the other") from None
+        if status != "ok":
+            raise RecipeError(f"the {far_preset} baseline failed in its worker process: {payload}")
+        done = True
+    finally:
+        receive.close()
+        worker.join(timeout=30 if done else 0)
+        if worker.is_alive():
+            worker.terminate()
+            worker.join()
     m = create_model(far_preset, **model_settings)
-    m.load_state_dict(state)
+    m.load_state_dict(torch.load(io.BytesIO(payload), weights_only=True))
     return {far: m.to(device).eval(), near: here}
 
 
