@@ -252,3 +252,27 @@ def test_the_baselines_trained_at_once_equal_those_trained_one_after_the_other_o
 
 def test_a_run_on_one_thread_trains_its_baselines_one_after_the_other(run_dir):
     assert json.loads((run_dir / "metrics.json").read_text())["cnn_parallel"] is False
+
+
+def test_a_baseline_that_fails_in_its_worker_is_one_line_and_a_failure_here_stops_the_worker():
+    import multiprocessing
+
+    from tokennet.errors import TokennetError
+    from tokennet.recipes import get_recipe
+    from tokennet.recipes.vqa import _baseline_in_worker, train_baselines
+    from tokennet.train.trainer import TrainConfig
+
+    cfg = TrainConfig(**{**get_recipe("vqa").train_defaults, "max_iters": 2})
+    receive, send = multiprocessing.Pipe(duplex=False)
+    before = torch.get_num_threads()
+    try:
+        _baseline_in_worker(send, "vqa-cnn", {"no_such_setting": 1}, cfg, None, 3e-3, "fp32")  # what a worker sends
+        status, message = receive.recv()
+        assert status == "error" and "no_such_setting" in message and "\n" not in message
+        torch.set_num_threads(2)
+        with pytest.raises(TokennetError, match="no_such_setting"):  # the CNN trained here fails first
+            train_baselines({"no_such_setting": 1}, cfg, None, "cpu", lr=3e-3, parallel=True)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("tokennet-")]
