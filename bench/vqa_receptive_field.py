@@ -9,9 +9,9 @@ patchify stem: ``r = 4 + 8·n``) or by dilation (two layers, ``r = 4 + 16·d``);
 that it has about the transformer's parameter count. ``--arch resnet`` builds the trunk from residual blocks
 instead (two 3×3 convs each: ``r = 4 + 16·n`` by depth, one block dilated ``d`` for ``4 + 16·d``): plain stacks of
 7 or more layers fail to learn even the one-corner ``species`` question in 1500 steps, residual ones learn it, so
-the residual sweep separates "cannot train" from "cannot compare the corners". Every model trains as the ``vqa`` recipe trains its models
-(its optimizer settings; the CNNs in the baselines' precision) on the same batches of the corner
-questions (``same_species`` and ``species``, half each; the generated data of ``tokennet train vqa``, no
+the residual sweep separates "cannot train" from "cannot compare the corners". Every model trains as the ``vqa``
+recipe trains its models (its optimizer settings; the CNNs in the baselines' precision) on the same batches of the
+corner questions (``same_species`` and ``species``, half each; the generated data of ``tokennet train vqa``, no
 held-out kind in training) for the same steps, and answers the held-out corner pairs (each picture with a
 held-out kind; chance is 50 %).
 
@@ -237,8 +237,8 @@ def run(args) -> int:
                "train_seconds": round(secs, 1)}
         rows.append(row)
         print(json.dumps(row), flush=True)
-    print(f"\ncorner pairs vs receptive field ({args.steps} steps of {args.batch_size}, {args.arch} CNNs via {args.via}, readout "
-          f"{args.readout}; held-out test, {args.test_size} questions; chance 50 %)\n")
+    print(f"\ncorner pairs vs receptive field ({args.steps} steps of {args.batch_size}, {args.arch} CNNs via "
+          f"{args.via}, readout {args.readout}; held-out test, {args.test_size} questions; chance 50 %)\n")
     print("| model | field (px) | layers | width | params | same species % | species % | train s |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:

@@ -229,7 +229,8 @@ def test_the_baselines_trained_at_once_equal_those_trained_one_after_the_other_o
     mean, std = spec.pixel_stats()
     shared = {"vocab_size": len(spec.words), "num_answers": len(spec.answers), "pixel_mean": mean, "pixel_std": std,
               "max_question_len": 12}
-    cfg = dataclasses.replace(TrainConfig(**get_recipe("vqa").train_defaults), max_iters=3, warmup_iters=1, batch_size=8)
+    cfg = dataclasses.replace(TrainConfig(**get_recipe("vqa").train_defaults), max_iters=3, warmup_iters=1,
+                              batch_size=8)
     src = QABatches(spec, 8, 12)
     before = torch.get_num_threads()
     torch.set_num_threads(2)
