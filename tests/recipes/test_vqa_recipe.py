@@ -232,13 +232,24 @@ def test_the_baselines_trained_at_once_equal_those_trained_one_after_the_other_o
     cfg = dataclasses.replace(TrainConfig(**get_recipe("vqa").train_defaults), max_iters=3, warmup_iters=1,
                               batch_size=8)
     src = QABatches(spec, 8, 12)
+    here = []  # the presets trained in this process (the worker's call happens in its own)
+    train_here = recipe.train_baseline
+
+    def counted(preset, *args, **kwargs):
+        here.append(preset)
+        return train_here(preset, *args, **kwargs)
+
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        together = train_baselines(shared, cfg, src, "cpu", lr=3e-3, parallel=True)
-        assert torch.get_num_threads() == 2  # restored after its own CNN trained on one
-        torch.set_num_threads(1)
-        apart = train_baselines(shared, cfg, src, "cpu", lr=3e-3, parallel=False)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(recipe, "train_baseline", counted)
+            together = train_baselines(shared, cfg, src, "cpu", lr=3e-3, parallel=True)
+            assert here == ["vqa-cnn-shallow"]  # the other one trained in the spawned worker
+            assert torch.get_num_threads() == 2  # restored after its own CNN trained on one
+            torch.set_num_threads(1)
+            apart = train_baselines(shared, cfg, src, "cpu", lr=3e-3, parallel=False)
+            assert here == ["vqa-cnn-shallow", "vqa-cnn", "vqa-cnn-shallow"]
     finally:
         torch.set_num_threads(before)
     assert set(together) == set(apart) == set(BASELINES)

@@ -327,8 +327,8 @@ def build(ctx: BuildContext) -> Job:
         out["cnn_precision"] = precision
         qa = spec.held_out()
         shared = {k: ctx.settings[k] for k in (*DATA_FIELDS, "max_question_len", "answer_readout")}
-        parallel = opts["cnn_parallel"] and torch.get_num_threads() >= 2
-        out["cnn_parallel"] = parallel and torch.device(device).type == "cpu"
+        parallel = opts["cnn_parallel"] and torch.get_num_threads() >= 2 and torch.device(device).type == "cpu"
+        out["cnn_parallel"] = parallel
         cnns = train_baselines(shared, steps, src, device, lr=opts["cnn_lr"], precision=precision, parallel=parallel)
         for prefix, preset in BASELINES.items():
             cnn = cnns[prefix]
