@@ -21,22 +21,35 @@ Stricter than transformers: a template that reads a Python internal (``__globals
 ``__subclasses__``, ``mro``, ``|attr('__…')``) or other templates (``include``, ``import``, ``extends``) is
 refused when it is compiled, before anything renders, even in a branch the conversation would not reach; an
 unsafe attribute reached at render time (a name built from pieces) is an error, where jinja would render it
-empty; ``*`` and ``**`` that would build a huge string, list or number are errors. Every failure is one
-:class:`~tokennet.errors.DataError` line naming the template. Templates are compiled once per text (a server
-renders one per request).
+empty; ``*``, ``**``, ``+`` and ``~`` that would build a huge string, list or number are errors. One render is
+bounded (it runs in a request's worker thread): it may take at most :data:`MAX_RENDER_SECONDS` and output at most
+:data:`MAX_RENDER_CHARS` characters, counted wherever a template outputs (a macro's or ``{% set %}`` block's text
+too). The time is checked at every loop iteration, every call and every output (the template's loops are wrapped
+when it is compiled), so nested loops or a macro recursing twice per level stop at the bound instead of running for
+minutes. Every failure is one :class:`~tokennet.errors.DataError` line naming the template. Templates are compiled
+once per text (a server renders one per request).
 """
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import json
+import time
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
 from ..errors import DataError, one_line
 
-__all__ = ["render_chat_template", "check_chat_template"]
+__all__ = ["render_chat_template", "check_chat_template", "MAX_RENDER_SECONDS", "MAX_RENDER_CHARS"]
+
+MAX_RENDER_SECONDS = 5.0
+"""The longest one render may take: a published template renders a conversation in milliseconds; a few seconds
+leave room for a long conversation on a busy machine and still free the request's worker thread."""
+MAX_RENDER_CHARS = 4_000_000
+"""The most characters one render may output: about a million tokens, more than any model's context (the longest
+tokennet imports hold 128k tokens), so a longer prompt could not be used anyway; a request body is at most 8 MiB."""
 
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")  # transformers' names for a message's reasoning
 # Names no chat template needs: Python's dunders and the internals jinja's sandbox hides (is_internal_attribute).
@@ -58,6 +71,38 @@ class _Raised(Exception):
     """``raise_exception(message)`` in a template: the template refuses the conversation."""
 
 
+class _OverBudget(Exception):
+    """A render ran past :data:`MAX_RENDER_SECONDS` or output more than :data:`MAX_RENDER_CHARS`."""
+
+
+class _Budget:
+    """One render's allowance of time and output; the sandbox's hooks read it from :data:`_BUDGET`."""
+
+    def __init__(self, seconds: float, chars: int):
+        self.seconds, self.chars = seconds, chars
+        self.deadline, self.left = time.monotonic() + seconds, chars
+
+    def tick(self) -> None:
+        if time.monotonic() > self.deadline:
+            raise _OverBudget(f"rendering ran past its bound of {self.seconds:g} s (MAX_RENDER_SECONDS)")
+
+    def output(self, n: int) -> None:
+        self.left -= n
+        if self.left < 0:
+            raise _OverBudget(f"it output more than its bound of {self.chars:,} characters (MAX_RENDER_CHARS)")
+        self.tick()
+
+
+# The budget of the render running in this thread (a server renders in several worker threads at once).
+_BUDGET: contextvars.ContextVar[_Budget | None] = contextvars.ContextVar("chat_template_budget", default=None)
+
+
+def _tick() -> None:
+    budget = _BUDGET.get()
+    if budget is not None:
+        budget.tick()
+
+
 @functools.lru_cache(maxsize=1)
 def _environment():
     """The one sandboxed environment every template compiles in (built on first use: jinja2 is optional)."""
@@ -76,7 +121,7 @@ def _environment():
     from jinja2.utils import Namespace
 
     class Sandbox(ImmutableSandboxedEnvironment):
-        intercepted_binops = frozenset({"*", "**"})
+        intercepted_binops = frozenset({"*", "**", "+"})
 
         def unsafe_undefined(self, obj, attribute):
             # jinja returns an undefined that fails only when used; refuse at once, so nothing renders past it
@@ -88,10 +133,17 @@ def _environment():
                 for seq, n in ((left, right), (right, left)):
                     if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > _MAX_SIZE:
                         raise SecurityError(f"it repeats a {type(seq).__name__} of length {len(seq)} {n} times")
+            elif operator == "+":
+                if isinstance(left, (str, list, tuple)) and isinstance(right, (str, list, tuple)):
+                    _check_size(len(left) + len(right))
             elif isinstance(left, int) and isinstance(right, int) and right > 0 and abs(left) > 1:
                 if right * abs(left).bit_length() > _MAX_BITS:
                     raise SecurityError(f"it computes {left} ** {right}, a number too large to build")
             return super().call_binop(context, operator, left, right)
+
+        def call(self, context, obj, /, *args, **kwargs):
+            _tick()  # a macro that calls itself twice per level loops without a `for`
+            return super().call(context, obj, *args, **kwargs)
 
     class Generation(Extension):
         """``{% generation %}…{% endgeneration %}`` (transformers marks the assistant's text with it): its body."""
@@ -143,9 +195,78 @@ def _environment():
 
     env = Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, loopcontrols])
     env.filters["tojson"] = tojson
+    env.filters.update({_LOOP: _bounded_loop, _EMIT: _counted_output, _JOINED: _joined})
     env.globals.update(raise_exception=raise_exception, strftime_now=strftime_now, dict=TemplateDict(),
                        namespace=TemplateNamespace)
     return env
+
+
+_LOOP, _EMIT, _JOINED = "_tokennet_loop", "_tokennet_output", "_tokennet_joined"  # wrapped in by _bound
+
+
+def _check_size(n: int) -> None:
+    if n > _MAX_SIZE:
+        from jinja2.exceptions import SecurityError
+
+        raise SecurityError(f"it builds a string or list of {n:,} items (at most {_MAX_SIZE:,})")
+
+
+def _pass_context(fn):
+    # a filter that takes the context is never evaluated when the template is compiled (jinja folds constants)
+    from jinja2 import pass_context
+
+    return pass_context(fn)
+
+
+@_pass_context
+def _bounded_loop(context, iterable):
+    """A `for` loop's iterable, its time checked at every iteration."""
+    for item in iterable:
+        _tick()
+        yield item
+
+
+@_pass_context
+def _counted_output(context, value):
+    """An output's value, unchanged, its characters counted against the render's bound."""
+    budget = _BUDGET.get()
+    if budget is not None:
+        budget.output(len(value) if isinstance(value, str) else len(str(value)))
+    return value
+
+
+@_pass_context
+def _joined(context, value):
+    """The result of ``~``, refused when it is huge (doubling a string in a loop grows it exponentially)."""
+    if isinstance(value, str):
+        _check_size(len(value))
+    return value
+
+
+def _bound(ast):
+    """The parsed template with every loop's iterable, every output and every ``~`` wrapped in the filters that
+    bound a render (see the module docstring)."""
+    from jinja2 import nodes
+    from jinja2.visitor import NodeTransformer
+
+    def wrap(node, name):
+        return nodes.Filter(node, name, [], [], None, None, lineno=node.lineno)
+
+    class Bound(NodeTransformer):
+        def visit_For(self, node):
+            node = self.generic_visit(node)
+            node.iter = wrap(node.iter, _LOOP)
+            return node
+
+        def visit_Output(self, node):
+            node = self.generic_visit(node)
+            node.nodes = [wrap(child, _EMIT) for child in node.nodes]
+            return node
+
+        def visit_Concat(self, node):
+            return wrap(self.generic_visit(node), _JOINED)
+
+    return Bound().visit(ast)
 
 
 def _refusal(ast) -> str | None:
@@ -186,7 +307,7 @@ def _compile(template: str):
     if why:
         return None, f"is refused: {why}; nothing was run"
     try:
-        return env.from_string(ast), None
+        return env.from_string(_bound(ast)), None
     except Exception as e:  # noqa: BLE001 - jinja's compiler may raise anything on an odd tree; the template's fault
         return None, f"is not a valid Jinja template: {one_line(e)}"
 
@@ -248,7 +369,8 @@ def render_chat_template(template: str, messages: list[dict[str, Any]], *, where
 
     Raises:
         DataError: one line naming ``where`` — the template does not parse, is refused (Python internals), calls
-        ``raise_exception``, or fails on these messages.
+        ``raise_exception``, fails on these messages, or runs past :data:`MAX_RENDER_SECONDS` or
+        :data:`MAX_RENDER_CHARS`.
     """
     check_chat_template(template, where)
     compiled, _ = _compile(template)
@@ -261,9 +383,17 @@ def render_chat_template(template: str, messages: list[dict[str, Any]], *, where
     values.update(_plain(variables, where))
     from jinja2.exceptions import SecurityError
 
+    budget = _Budget(MAX_RENDER_SECONDS, MAX_RENDER_CHARS)
+    token = _BUDGET.set(budget)
     try:
-        return compiled.render(messages=chat, tools=_plain(tools, where), documents=_plain(documents, where),
-                               add_generation_prompt=bool(add_generation_prompt), **values)
+        parts = []
+        for part in compiled.generate(messages=chat, tools=_plain(tools, where), documents=_plain(documents, where),
+                                      add_generation_prompt=bool(add_generation_prompt), **values):
+            parts.append(part)
+            budget.tick()
+        return "".join(parts)
+    except _OverBudget as e:
+        raise DataError(f"the chat template of {where} is refused on this conversation: {e}") from None
     except _Raised as e:
         raise DataError(f"the chat template of {where} refused the conversation: {one_line(e)}") from None
     except SecurityError as e:
@@ -273,3 +403,5 @@ def render_chat_template(template: str, messages: list[dict[str, Any]], *, where
     except Exception as e:  # noqa: BLE001 - whatever a template raises on these messages is the template's error
         raise DataError(f"the chat template of {where} failed on this conversation: "
                         f"{type(e).__name__}: {one_line(e)}") from None
+    finally:
+        _BUDGET.reset(token)
