@@ -12,6 +12,25 @@ from tokennet.data.vision_data import FASHION_MNIST_FILES
 from tokennet.decode import beam_search, greedy_search
 from tokennet.models import create_model
 
+# Float32 round-off of one computation done twice with the same (bit-equal) weights but other kernels: the
+# relative error of a reordered sum of n float32 terms is at most about n·2^-24 of the sum of the terms' sizes; for
+# the widths of the tests' models (n <= 256, a few layers) that is ~1e-5 of the output's scale at the very worst,
+# and observed differences are ~1e-7 (oneDNN's GRU on AMD EPYC: 8.9e-8).
+SAME_FUNCTION_TOL = 1e-5
+
+
+def assert_same_function(got: torch.Tensor, want: torch.Tensor, msg: str = "") -> None:
+    """``got`` and ``want`` are one function of bit-equal weights, computed through kernels that may sum in another
+    order: equal to float32 round-off (:data:`SAME_FUNCTION_TOL` of the output's scale), not bit for bit.
+
+    Bit-equal weights do not give bit-equal outputs across objects: oneDNN and MKL choose kernels by CPU, thread
+    count and the alignment of a tensor's memory (a tensor read from a safetensors file sits at the file's offset,
+    a trained one at the allocator's 64-byte boundary), and a converted model may fuse or split its matrices.
+    Check the weights with ``torch.equal`` where they are the contract; check outputs with this."""
+    scale = max(1.0, float(want.abs().max())) if want.numel() else 1.0
+    torch.testing.assert_close(got, want, rtol=SAME_FUNCTION_TOL, atol=SAME_FUNCTION_TOL * scale,
+                               msg=(lambda m: f"{msg}: {m}") if msg else None)
+
 
 def idx_bytes(a: np.ndarray) -> bytes:
     """``a`` in the idx format of (Fashion-)MNIST: magic (dtype code, ndim), big-endian sizes, data."""

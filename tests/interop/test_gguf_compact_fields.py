@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support import assert_same_function
 
 gguf = pytest.importorskip("gguf")
 
@@ -68,7 +69,7 @@ def test_loaded_blocks_stay_tied(tmp_path):
     assert back.tok_emb.d is back.lm_head.d
     ids = torch.tensor([[1, 5, 9, 2]])
     with torch.no_grad():
-        assert torch.equal(back(ids).logits, model(ids).logits)
+        assert_same_function(back(ids).logits, model(ids).logits)  # read from the file: other memory, other kernels
 
 
 def test_large_block_weights_multiply_a_slice_of_rows_at_a_time(monkeypatch):

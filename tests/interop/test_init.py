@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from support import assert_same_function
 
 from tokennet.errors import RunError
 from tokennet.interop import convert
@@ -44,7 +45,7 @@ def test_a_hugging_face_directory_is_converted_in_memory(tmp_path, randomized):
     ref, _, _, _ = convert(d)
     x = torch.randint(50, (1, 8))
     init.model.eval()
-    assert torch.equal(init.model(x).logits, ref(x).logits)
+    assert_same_function(init.model(x).logits, ref(x).logits)  # two loads of one checkpoint: float32 round-off
 
 
 @pytest.mark.parametrize("what", ["missing", "empty_dir", "text_file", "run_without_weights"])

@@ -10,6 +10,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from support import SAME_FUNCTION_TOL
 
 import tokennet
 from tokennet.cli import main
@@ -74,7 +75,11 @@ def _greedy(run, n=24):
 def test_gguf_reads_back_with_the_gguf_package_and_tokennet_import(runs, style, tmp_path):
     run = runs[style]
     r = export_run(run, tmp_path / "m.gguf", "gguf", gguf_type="f32")
-    assert r.path.is_file() and max(r.max_diff.values()) == 0.0
+    # The f32 file holds the weights bit for bit (checked below, tensor by tensor); the logits of the model read
+    # back are float32 round-off apart at most (a GPT-2 layout fuses Q, K and V: other matrix shapes, other sums).
+    with torch.no_grad():
+        scale = max(1.0, float(run.model(_greedy(run, 1)[0]).logits.abs().max()))
+    assert r.path.is_file() and max(r.max_diff.values()) <= SAME_FUNCTION_TOL * scale, r.max_diff
     reader = gguf.GGUFReader(str(r.path))
     f = {k: v for k, v in reader.fields.items()}
     arch = "gpt2" if style == "gpt2" else "llama"

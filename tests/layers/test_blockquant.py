@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from support import assert_same_function
 from torch import nn
 
 from tokennet.errors import ConfigError
@@ -126,7 +127,7 @@ def test_gpt_with_blocks_saves_loads_and_keeps_the_tie(tmp_path):
     assert back.tok_emb.qs.data_ptr() == back.lm_head.qs.data_ptr()
     x = m.example_input(2)
     with torch.no_grad():
-        assert torch.equal(back(x).logits, m.eval()(x).logits)
+        assert_same_function(back(x).logits, m.eval()(x).logits)  # read from the file: other memory, other kernels
 
 
 @pytest.mark.parametrize("quantized, match", [

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from support import assert_same_function
 
 from tokennet.layers.blockquant import (
     RAW_FORMATS,
@@ -116,7 +117,7 @@ def test_a_gpt_holding_k_quants_saves_loads_and_quantizes(tmp_path):
     x = m.example_input(2)
     with torch.no_grad():
         ref = m(x).logits
-        assert torch.equal(back(x).logits, ref)
+        assert_same_function(back(x).logits, ref)  # read from the file: other memory, other kernels
         # --quantize still works on a run holding them: int4 keeps the blocks (the float LM head becomes Q8_0),
         # int8 quantizes the dequantized weights (bfloat16 activations)
         q4 = quantize(m, "int4")

@@ -3,7 +3,7 @@ exactly, refuse a foreign base."""
 
 import pytest
 import torch
-from support import crash_and_resume
+from support import assert_same_function, crash_and_resume
 
 from tokennet.errors import ConfigError, DataError
 from tokennet.interop.init import modules_of, with_num_classes
@@ -167,7 +167,7 @@ def test_adapter_round_trip_and_refusal_on_another_base(tmp_path):
     path = save_adapter(m, tmp_path / "adapter.safetensors", cfg)
     fresh = _model()
     assert load_adapter(fresh, path) == cfg
-    assert torch.equal(fresh(x).logits, want)
+    assert_same_function(fresh(x).logits, want)  # the adapter read from its file: other memory, other kernels
     other = _model(seed=1)
     with pytest.raises(DataError, match="trained on base weights"):
         load_adapter(other, path)

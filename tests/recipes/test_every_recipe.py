@@ -30,7 +30,7 @@ from unittest import mock
 import pytest
 import torch
 from PIL import Image
-from support import data_uris, parse_html
+from support import assert_same_function, data_uris, parse_html
 
 from tokennet.cli import main
 from tokennet.lifecycle import list_recipes
@@ -132,7 +132,11 @@ def _check_metrics_equal_fresh_eval(run_dir: Path, model) -> list[str]:
     model.eval()
     x = reloaded.example_input(2)
     with torch.no_grad():
-        torch.testing.assert_close(model(x).logits, reloaded(x).logits, rtol=0, atol=0)
+        # The weights are the contract (bit for bit, below); the logits are float32 round-off apart at most: the
+        # reloaded tensors sit at the file's offsets, so oneDNN may pick other kernels (the GRU does on AMD EPYC).
+        for k, v in model.state_dict().items():
+            assert torch.equal(reloaded.state_dict()[k], v), k
+        assert_same_function(reloaded(x).logits, model(x).logits, "the trained model and the reloaded one")
     return common
 
 
