@@ -1,4 +1,11 @@
-"""Small file helpers shared by every writer: nothing is ever left half-written."""
+"""Small file helpers shared by every writer: nothing is ever left half-written, and nothing is left behind.
+
+Every temporary name a writer uses beside its destination ``NAME`` is ``.NAME.TAG-PID-XXXXXX``
+(:func:`temp_name_beside`): hidden, tagged with what it is (``tmp`` a file being written, ``new`` a directory
+being built, ``old`` a replaced one on its way out) and with the writing process's id. A writer killed before it
+could clean up leaves such a sibling; the next writer of the same destination removes every one whose process is
+gone (:func:`sweep_stale_temps`), so a crash leaves nothing behind for longer than until the next write.
+"""
 
 from __future__ import annotations
 
@@ -9,14 +16,64 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 __all__ = ["atomic_write_text", "sha256_file", "safetensors_write", "exchange_paths", "swap_into_place",
-           "temp_dir_beside"]
+           "temp_dir_beside", "temp_name_beside", "sweep_stale_temps"]
+
+_TEMP_TAGS = ("tmp", "new", "old", "import")  # what a temporary sibling is: see the module docstring
+
+
+def temp_name_beside(dest: str | Path, tag: str = "tmp") -> Path:
+    """A fresh hidden name ``.NAME.TAG-PID-XXXXXX`` beside ``dest`` (same directory, so it can be renamed into
+    place), after sweeping away what dead writers of ``dest`` left (:func:`sweep_stale_temps`)."""
+    if tag not in _TEMP_TAGS:
+        raise ValueError(f"temporary tag must be one of {_TEMP_TAGS}, got {tag!r}")
+    dest = Path(dest)
+    sweep_stale_temps(dest)
+    return dest.with_name(f".{dest.name}.{tag}-{os.getpid()}-{os.urandom(3).hex()}")
+
+
+def _process_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True  # another user's process: alive, not ours to judge
+    return True
+
+
+def sweep_stale_temps(dest: str | Path) -> list[Path]:
+    """Remove the temporary siblings of ``dest`` (``.NAME.TAG-PID…``, :func:`temp_name_beside`'s names and the
+    older ``.NAME.tmp-PID``) whose writing process no longer runs; return what was removed. A live writer's
+    siblings — this process's included — are left alone, whatever their age."""
+    import shutil
+
+    dest = Path(dest)
+    pattern = re.compile(rf"^\.{re.escape(dest.name)}\.(?:{'|'.join(_TEMP_TAGS)})-(\d+)(?:-[0-9a-z_]+)?$")
+    removed = []
+    try:
+        siblings = list(dest.parent.iterdir())
+    except OSError:
+        return removed
+    for p in siblings:
+        m = pattern.match(p.name)
+        if m is None or _process_alive(int(m.group(1))):
+            continue
+        with contextlib.suppress(OSError):
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
+            removed.append(p)
+    return removed
 
 
 def atomic_write_text(path: str | Path, text: str | Iterable[str]) -> Path:
     """Write ``text`` (a string, or its pieces in order: a large JSON file written as it is encoded, never whole
     in memory) to ``path`` through a temporary file, fsync and rename (atomic on POSIX)."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = temp_name_beside(path, "tmp")
     try:
         with open(tmp, "w", encoding="utf-8") as f:
             if isinstance(text, str):
@@ -69,7 +126,7 @@ def swap_into_place(new: str | Path, dest: str | Path) -> Path | None:
     if not dest.exists() and not dest.is_symlink():
         new.rename(dest)
         return None
-    trash = dest.with_name(f".{dest.name}.old-{os.getpid()}-{os.urandom(3).hex()}")
+    trash = temp_name_beside(dest, "old")
     if exchange_paths(new, dest):
         try:
             new.rename(trash)  # the old one, now at the new one's temporary name
@@ -93,6 +150,7 @@ def temp_dir_beside(dest: str | Path, tag: str = "new") -> Path:
 
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
+    sweep_stale_temps(dest)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.{tag}-{os.getpid()}-", dir=dest.parent))
     umask = os.umask(0)
     os.umask(umask)

@@ -126,7 +126,7 @@ def test_a_previous_export_of_the_same_format_is_replaced(fmt, runs, tmp_path, c
     assert _export(runs[1], out, fmt, "--overwrite") == 0
     capsys.readouterr()
     second = _digest(out if fmt != "onnx" else tmp_path)
-    weights = next(k for k in first if k.endswith(("model.safetensors", ".data", ".gguf", ".pt2")))
+    weights = next(k for k in first if k.endswith(("model.safetensors", ".onnx", ".gguf", ".pt2")))
     assert second.keys() == first.keys() and second[weights] != first[weights], second  # the other run's weights
     assert not _hidden(tmp_path)  # no temporary or trash sibling left
     if fmt == "hf":
@@ -154,6 +154,58 @@ def test_a_stray_onnx_weights_file_is_never_replaced(runs, tmp_path, capsys):
         assert _export(runs[0], out, "onnx", *extra) == 2
         assert "m.onnx.data" in _one_line(capsys)
     assert (tmp_path / "m.onnx.data").read_text() == "mine" and not out.exists()
+
+
+def test_an_onnx_export_is_one_file_and_replaces_an_old_pair_whole(runs, tmp_path, capsys, monkeypatch):
+    """A model within ONNX's 2 GB is one file: one rename replaces it. One past it (the limit lowered here) has its
+    weights under a name no earlier export used, placed before the model, so the model's rename switches pairs
+    in one step; the old weights file goes after it. Either way the pair read back is the new run's."""
+    import onnx
+    import onnxruntime as ort
+
+    import tokennet.interop.export as export
+
+    out = tmp_path / "m.onnx"
+    monkeypatch.setattr(export, "ONNX_ONE_FILE_LIMIT", 0)  # every model "too large" for one file
+    assert _export(runs[0], out, "onnx") == 0
+    first = sorted(p.name for p in tmp_path.iterdir())
+    assert len(first) == 2 and first[0] == "m.onnx" and first[1].startswith("m.onnx.") and first[1].endswith(".data")
+    assert _export(runs[1], out, "onnx", "--overwrite") == 0
+    second = sorted(p.name for p in tmp_path.iterdir())
+    assert len(second) == 2 and second[1] != first[1], second  # a new weights name; the old one deleted
+    graph = onnx.load_model(str(out), load_external_data=False)
+    locations = {e.value for t in onnx.external_data_helper._get_all_tensors(graph)
+                 for e in t.external_data if e.key == "location"}
+    assert locations == {second[1]}
+    monkeypatch.undo()
+    assert _export(runs[0], out, "onnx", "--overwrite") == 0  # back to one file: the pair's weights file goes
+    capsys.readouterr()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+    x = torch.randint(1, 50, (1, 5))
+    sess = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    got = torch.from_numpy(sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0])
+    with torch.no_grad():
+        want = tokennet.load(runs[0]).model(x).logits
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)  # ONNX runtime's own kernels: export's check
+
+
+def test_a_crashed_exports_temporary_directory_is_swept_by_the_next_export(runs, tmp_path, capsys):
+    """A writer killed before it cleaned up leaves ``.NAME.tmp-PID-…``; the next export of NAME removes it (its
+    process is gone) and leaves a live writer's alone."""
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    pid = int(dead.stdout)
+    out = tmp_path / "m.gguf"
+    crashed = tmp_path / f".m.gguf.tmp-{pid}-abc123"
+    crashed.mkdir()
+    (crashed / "m.gguf").write_bytes(b"half")
+    live = tmp_path / f".m.gguf.tmp-{1}-abc123"  # pid 1 is always running
+    live.mkdir()
+    assert _export(runs[0], out, "gguf") == 0
+    capsys.readouterr()
+    assert not crashed.exists() and live.exists() and out.is_file()
 
 
 # -- import --out over a run ----------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +48,7 @@ from torch import Tensor, nn
 
 from ..attention.masks import padding
 from ..errors import ConfigError, RunError
+from ..fileio import temp_dir_beside, temp_name_beside
 from ..run import Run
 
 __all__ = ["export_run", "ExportResult", "FORMATS", "TOLERANCE", "EXPORTABLE"]
@@ -247,15 +249,19 @@ def _check_out(run: Run, out: Path, fmt: str, overwrite: bool) -> None:
 
 
 def _replace(tmp_files: list[Path], out: Path) -> list[Path]:
-    """Move checked files into place (``tmp_files[0]`` becomes ``out``; others keep their names beside it).
+    """Move checked files into place (``tmp_files[0]`` becomes ``out``; others keep their names beside it) and
+    remove what the old export at ``out`` had that the new one has not.
 
     A file replaces the old one in one rename; a directory (``hf``) trades names with the old one in one step
     (:func:`~tokennet.fileio.swap_into_place`), which is then deleted: a crash leaves the old export or the new
-    one whole. An ONNX model and its weights file are two renames (weights first): a crash between them leaves
-    a mismatched pair, which exporting again replaces.
+    one whole. An ONNX model too large for one file comes with a weights file of a name no earlier export used
+    (:func:`_onnx_weights_name`), put in place first, so the rename of the model is the one step that switches
+    from the old pair to the new one; the old weights file is deleted after it (a crash in between leaves it
+    unreferenced, and the next export of ``out`` deletes it).
     """
     from ..fileio import swap_into_place
 
+    stale = _onnx_weights(out) if out.suffix == ".onnx" else []
     placed = []
     for f in reversed(tmp_files):
         dest = out if f is tmp_files[0] else out.parent / f.name
@@ -266,7 +272,41 @@ def _replace(tmp_files: list[Path], out: Path) -> list[Path]:
         else:
             f.replace(dest)
         placed.append(dest)
+    for old in stale:
+        if old not in placed:
+            old.unlink(missing_ok=True)
     return placed[::-1]
+
+
+ONNX_ONE_FILE_LIMIT = 1_800_000_000  # bytes of weights: protobuf caps a file at 2 GiB, the graph needs some of it
+
+
+def _onnx_weights(out: Path) -> list[Path]:
+    """The weights files an ONNX export at ``out`` may have beside it: ``NAME.data`` (the exporter's own name) and
+    ``NAME.XXXXXXXX.data`` (:func:`_onnx_weights_name`), whether or not the model still names them."""
+    pattern = re.compile(rf"^{re.escape(out.name)}(?:\.[0-9a-f]{{8}})?\.data$")
+    try:
+        return [p for p in out.parent.iterdir() if pattern.match(p.name) and p.is_file() and not p.is_symlink()]
+    except OSError:
+        return []
+
+
+def _onnx_weights_name(model_file: Path, final_name: str) -> None:
+    """Rename the exporter's weights file beside ``model_file`` (``NAME.data``) to a name no earlier export of
+    ``final_name`` had, ``NAME.XXXXXXXX.data``, and point the model at it (only the small graph is rewritten)."""
+    import onnx
+
+    data = model_file.with_name(f"{model_file.name}.data")
+    if not data.is_file():
+        return
+    new = model_file.with_name(f"{final_name}.{os.urandom(4).hex()}.data")
+    m = onnx.load_model(str(model_file), load_external_data=False)
+    for t in onnx.external_data_helper._get_all_tensors(m):
+        for entry in t.external_data:
+            if entry.key == "location":
+                entry.value = new.name
+    data.rename(new)
+    onnx.save_model(m, str(model_file))
 
 
 def export_run(run: Run, out: str | Path, fmt: str, *, tolerance: float | None = TOLERANCE, overwrite: bool = False,
@@ -308,8 +348,7 @@ def export_run(run: Run, out: str | Path, fmt: str, *, tolerance: float | None =
     out.parent.mkdir(parents=True, exist_ok=True)
     # Written into a private directory under the final name, then moved out: the dynamo ONNX exporter puts
     # the weights in a second file (``<name>.data``) that the .onnx file names, so both keep their names.
-    tmp_dir = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    tmp_dir.mkdir(exist_ok=True)
+    tmp_dir = temp_dir_beside(out, "tmp")
     tmp = tmp_dir / out.name
     # The ONNX optimizer logs every folded constant at INFO: keep it to warnings while exporting.
     quiet = [logging.getLogger(n) for n in ("onnxscript", "onnx_ir")]
@@ -322,9 +361,13 @@ def export_run(run: Run, out: str | Path, fmt: str, *, tolerance: float | None =
                 program = torch.export.export(wrapper, (example,), dynamic_shapes=(dims,))
                 torch.export.save(program, str(tmp))
             else:
+                one_file = sum(t.numel() * t.element_size() for t in wrapper.state_dict().values()) \
+                    <= ONNX_ONE_FILE_LIMIT
                 torch.onnx.export(wrapper, (example,), str(tmp), dynamo=True, verbose=False,
                                   input_names=[in_name], output_names=[out_name],
-                                  dynamic_shapes=(dims,))
+                                  dynamic_shapes=(dims,), external_data=not one_file)
+                if not one_file:
+                    _onnx_weights_name(tmp, out.name)
             diffs, bad = {}, None
             for x in checks:
                 shape = "x".join(map(str, x.shape))
@@ -358,7 +401,7 @@ def _export_lm(run: Run, out: Path, fmt: str, *, tolerance, overwrite: bool, ggu
         raise ConfigError(f"{fmt} export is for gpt runs (language models); {run.path} is a {model.config.family} run")
     _, _, _, _, checks, _ = _spec(model)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    tmp = temp_name_beside(out, "tmp")
     notes: list[str] = []
     try:
         if fmt == "gguf":

@@ -34,7 +34,6 @@ model, another configuration, a character tokenizer — is refused in one line b
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +43,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import ConfigError
+from ..fileio import temp_name_beside
 from ..layers.blockquant import BlockEmbedding, BlockLinear
 from .gguf_in import LLAMA3_PATTERN, Blocks
 from .gpt2 import GGUF_LAYER_NAMES
@@ -290,7 +290,7 @@ def write_gguf(model: nn.Module, tokenizer, out: str | Path, *, file_type: str =
     tensors = _tensors(model.eval(), arch)
     encoded = {n: _encode(n, w, file_type, gguf) for n, w in tensors.items()}
     out = Path(out)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    tmp = temp_name_beside(out, "tmp")
     quiet = logging.getLogger("gguf")  # the writer logs each file it writes at INFO
     level = quiet.level
     quiet.setLevel(logging.WARNING)
