@@ -53,8 +53,8 @@ from .attention.multihead import KVCache
 from .errors import ConfigError
 from .layers import quantize as quantization
 
-__all__ = ["generate", "stream", "sample_next", "SAMPLING_EPS", "CompiledStep", "compiled_step", "compile_default",
-           "inductor_cache_dir"]
+__all__ = ["generate", "stream", "sample_next", "next_token_probs", "greedy_next", "SAMPLING_EPS", "CompiledStep",
+           "compiled_step", "compile_default", "inductor_cache_dir"]
 
 logger = logging.getLogger(__name__)
 
@@ -202,20 +202,16 @@ def compiled_step(net: nn.Module, kind: type[CompiledStep] | None = None) -> Com
 SAMPLING_EPS = 1e-5
 
 
-def sample_next(
+def next_token_probs(
     logits: Tensor,
     *,
     temperature: float = 1.0,
     top_k: int | None = None,
     top_p: float | None = None,
-    generator: torch.Generator | None = None,
 ) -> Tensor:
-    """Choose next tokens ``(B,)`` from last-position logits ``(B, V)``; a temperature below
-    :data:`SAMPLING_EPS` is greedy."""
-    if temperature < SAMPLING_EPS:
-        # bf16 logits (a quantized model): argmax is several times faster in float32, and the same.
-        low = logits.dtype in (torch.bfloat16, torch.float16)
-        return (logits.float() if low else logits).argmax(dim=-1)
+    """The distribution ``(B, V)`` sampling draws from: ``softmax(logits / temperature)`` over the ``top_k`` most
+    likely tokens and the nucleus ``top_p`` (float32). Speculative decoding's rejection rule reads the same
+    distributions (:mod:`tokennet.speculative`). ``temperature`` must be at least :data:`SAMPLING_EPS`."""
     logits = logits.float() / temperature
     if top_k is not None and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1)
@@ -227,7 +223,29 @@ def sample_next(
         drop_sorted = (probs.cumsum(dim=-1) - probs) >= top_p
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
+    return torch.softmax(logits, dim=-1)
+
+
+def greedy_next(logits: Tensor) -> Tensor:
+    """The most likely tokens ``(B,)`` of logits ``(B, V)`` (argmax, in float32 for low-precision logits)."""
+    # bf16 logits (a quantized model): argmax is several times faster in float32, and the same.
+    low = logits.dtype in (torch.bfloat16, torch.float16)
+    return (logits.float() if low else logits).argmax(dim=-1)
+
+
+def sample_next(
+    logits: Tensor,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """Choose next tokens ``(B,)`` from last-position logits ``(B, V)``; a temperature below
+    :data:`SAMPLING_EPS` is greedy."""
+    if temperature < SAMPLING_EPS:
+        return greedy_next(logits)
+    probs = next_token_probs(logits, temperature=temperature, top_k=top_k, top_p=top_p)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 

@@ -1,0 +1,444 @@
+"""Speculative decoding: draft a few tokens cheaply, verify them all in one forward of the target model.
+
+A decoding step of a language model reads every weight to produce one token. Speculative decoding
+(Leviathan et al. 2023, https://arxiv.org/abs/2211.17192; Chen et al. 2023, https://arxiv.org/abs/2302.01318)
+lets a cheap *drafter* propose ``k`` tokens ``x_1 … x_k`` with distributions ``q_1 … q_k``; the target then
+reads the last token and the ``k`` drafts in one forward over its KV cache, which gives its own distributions
+``p_1 … p_{k+1}`` for every drafted position at once. Going left to right:
+
+    accept x_i with probability min(1, p_i(x_i) / q_i(x_i));
+    at the first rejection, draw the token from  norm(max(0, p_i − q_i))  and stop;
+    if all k are accepted, draw x_{k+1} ~ p_{k+1}.
+
+Every token so produced is distributed exactly as plain sampling from ``p`` would draw it (the papers' theorem),
+whatever the drafter proposes; a good drafter only makes more tokens come per target forward. ``p`` and ``q``
+are the *processed* distributions — temperature, top-k and top-p applied as plain sampling applies them
+(:func:`tokennet.sampling.next_token_probs`). Greedy decoding (temperature 0) is the rule with point masses:
+keep drafts while they equal the target's argmax, then take the argmax; the text is plain greedy decoding's
+(up to the rounding of a k-token forward against one-token ones, which can only matter at an exact tie).
+
+Two drafters:
+
+- :class:`NgramDrafter` (prompt lookup, as llama.cpp's ``lookup`` and transformers' ``prompt_lookup_num_tokens``):
+  find the most recent earlier occurrence of the last ``n`` tokens of the text so far and propose the tokens
+  that followed it. ``q`` is a point mass on each proposal, so the rule accepts ``x_i`` with probability
+  ``p_i(x_i)`` and on rejection draws from ``p_i`` with ``x_i`` removed. Free to run; it pays off when the
+  output repeats its input (rewriting a passage, editing code, quoting).
+- :class:`ModelDrafter`: a smaller causal LM over the same vocabulary, decoding over its own KV cache.
+
+After a verification the rejected drafts' keys and values are rolled back out of the target's cache (its
+``length`` is set back: the buffers are overwritten by the next forward), and the drafter's likewise.
+
+The number of drafted tokens adapts (:class:`DraftLength`): it grows while drafts are all accepted and falls to
+what was accepted after a rejection; and where a speculative round yields fewer tokens per second than a plain
+step (drafts that fail, or a verification dearer than the tokens it saves), speculation pauses for a number of
+plain steps that doubles each time it loses again, so a workload where drafts fail decodes at about plain speed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Iterator, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from .errors import ConfigError
+from .layers import quantize as quantization
+from .sampling import SAMPLING_EPS, compile_default, compiled_step, greedy_next, next_token_probs, sample_next
+from .sampling import _validate as validate_sampling
+
+__all__ = ["Draft", "NgramDrafter", "ModelDrafter", "DraftLength", "SpeculationStats", "accept_greedy",
+           "accept_sampled", "stream_speculative", "check_draft_tokens", "SPECULATIVE_MODES"]
+
+logger = logging.getLogger(__name__)
+
+SPECULATIVE_MODES = ("off", "ngram", "draft")
+
+
+@dataclasses.dataclass
+class Draft:
+    """Drafted tokens ``x_1 … x_k`` and the distributions ``q_i`` ``(k, V)`` they were drawn from; ``probs`` None:
+    point masses (an n-gram drafter's proposals, or any drafter under greedy decoding)."""
+
+    tokens: list[int]
+    probs: Tensor | None = None
+
+
+@dataclasses.dataclass
+class SpeculationStats:
+    """What a speculative decoding did: tokens ``drafted`` and ``accepted``, ``verifications`` (target forwards over
+    drafts), ``plain_steps`` (one-token target forwards), ``tokens`` produced."""
+
+    drafted: int = 0
+    accepted: int = 0
+    verifications: int = 0
+    plain_steps: int = 0
+    tokens: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """accepted / drafted (0 when nothing was drafted)."""
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    def summary(self) -> str:
+        return (f"accepted {self.accepted} of {self.drafted} drafted tokens ({100 * self.acceptance_rate:.0f}%); "
+                f"{self.tokens} tokens in {self.verifications} verifications and {self.plain_steps} plain steps")
+
+
+def accept_greedy(logits: Tensor, draft: Sequence[int]) -> list[int]:
+    """Greedy verification: the drafts while each equals the target's argmax, then the argmax after them.
+
+    ``logits (k+1, V)``: the target's logits at the last token and at each of the ``k`` drafts. Returns the
+    accepted drafts followed by one token of the target's own (1 to k+1 tokens).
+    """
+    best = greedy_next(logits).tolist()  # (k+1,)
+    out = []
+    for x, b in zip(draft, best):
+        if x != b:
+            break
+        out.append(x)
+    out.append(best[len(out)])
+    return out
+
+
+def accept_sampled(p: Tensor, draft: Draft, generator: torch.Generator | None = None) -> list[int]:
+    """The rejection rule of Leviathan et al. 2023 (Algorithm 1) / Chen et al. 2023 (Algorithm 2).
+
+    ``p (k+1, V)``: the target's processed distributions at the last token and at each draft; ``draft``: the
+    tokens ``x_i`` and their ``q_i`` (None: point masses, ``q_i(x_i) = 1``). Accept ``x_i`` with probability
+    ``min(1, p_i(x_i) / q_i(x_i))``; at the first rejection draw from ``norm(max(0, p_i − q_i))``; after ``k``
+    acceptances draw from ``p_{k+1}``. Returns the accepted drafts and the one drawn token.
+    """
+    k = len(draft.tokens)
+    x = torch.tensor(draft.tokens, device=p.device)
+    rows = torch.arange(k, device=p.device)
+    if draft.probs is None:  # point masses
+        q = torch.zeros_like(p[:k]).index_put_((rows, x), torch.ones(k, device=p.device))
+    else:
+        q = draft.probs.to(p.device, torch.float32)
+    ratio = p[rows, x] / q[rows, x]  # q_i(x_i) > 0: x_i was drawn from q_i
+    u = torch.rand(k, generator=generator, device=p.device)
+    rejected = (u >= ratio).tolist()  # u < min(1, ratio)  ⇔  u < ratio, as u < 1
+    n = rejected.index(True) if True in rejected else k
+    if n == k:
+        last = p[k]
+    else:
+        last = (p[n] - q[n]).clamp(min=0)
+        if float(last.sum()) <= 0:  # p_n = q_n up to rounding: then a rejection has probability 0
+            last = p[n]
+    nxt = int(torch.multinomial(last / last.sum(), 1, generator=generator))
+    return [*draft.tokens[:n], nxt]
+
+
+class NgramDrafter:
+    """Prompt lookup: propose the tokens that followed the most recent earlier occurrence of the last n tokens.
+
+    Tries ``n = max_ngram`` down to ``min_ngram`` and takes the first n that occurs earlier in the text (prompt and
+    output so far); proposes nothing when none does (the step is then a plain one).
+
+    Args:
+        max_ngram: the longest suffix looked up.
+        min_ngram: the shortest (one-token suffixes match often and by chance).
+    """
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 2):
+        if not 1 <= min_ngram <= max_ngram:
+            raise ConfigError(f"n-gram sizes need 1 <= min_ngram <= max_ngram, got {min_ngram} and {max_ngram}")
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+
+    def propose(self, seq: Tensor, k: int) -> Draft:
+        """Up to ``k`` tokens continuing ``seq (S,)``, the text so far."""
+        S = seq.shape[0]
+        for n in range(min(self.max_ngram, S - 1), self.min_ngram - 1, -1):
+            tail = seq[S - n:]
+            windows = seq[: S - 1].unfold(0, n, 1)  # (S − n, n): every earlier n-gram that has a successor
+            hits = (windows == tail).all(dim=1).nonzero()
+            if len(hits):
+                start = int(hits[-1]) + n  # the token after the most recent occurrence
+                return Draft(seq[start : start + k].tolist())
+        return Draft([])
+
+    def rollback(self, length: int) -> None:
+        """Nothing to roll back: the lookup reads the text afresh at every proposal."""
+
+
+class ModelDrafter:
+    """A smaller causal LM over the target's vocabulary, drafting over its own KV cache.
+
+    Its cache holds a prefix of the text; :meth:`propose` feeds it the tokens it has not seen, then draws ``k``
+    tokens one at a time from its processed distributions (greedy under greedy decoding), and :meth:`rollback`
+    keeps only the part of its cache the target accepted. Past its context it restarts from the last half of
+    it, as plain decoding does.
+
+    Args:
+        model: the draft model (``forward_features``, ``forward_head``, ``make_caches``).
+        vocab_size: the target's vocabulary: the draft's logits are cut or padded (with −inf) to it.
+        temperature, top_k, top_p: the target's sampling settings, applied to the draft's logits as well.
+        generator: the random generator the drafts are drawn with.
+        quantize, compile: as in :func:`tokennet.sampling.generate`, for the draft model.
+    """
+
+    def __init__(self, model: nn.Module, vocab_size: int, *, temperature: float = 1.0, top_k: int | None = None,
+                 top_p: float | None = None, generator: torch.Generator | None = None, quantize: str = "auto",
+                 compile: bool | None = None):
+        _check_decodes(model, "the draft model")
+        self.net = quantization.decoding_copy(model, quantization.resolve_mode(model, quantize))
+        self.step = compiled_step(self.net) if compile_default(compile) else None
+        self.block = model.config.block_size
+        self.caches = self.net.make_caches(self.block)
+        self.vocab_size = vocab_size
+        self.sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+        self.generator = generator
+        self.start = 0  # the cache holds seq[start : start + length]
+
+    def _logits(self, feed: Tensor) -> Tensor:
+        """Last-position logits ``(1, V)`` of the target's vocabulary for ``feed (1, n)`` after the cache."""
+        if self.step is not None and feed.shape[1] == 1 and self.caches[0].k is not None:
+            logits = self.step(feed, self.caches)
+        else:
+            logits = self.net.forward_head(self.net.forward_features(feed, caches=self.caches)[:, -1:])[:, -1]
+        V = self.vocab_size
+        if logits.shape[-1] >= V:
+            return logits[:, :V]
+        return torch.nn.functional.pad(logits.float(), (0, V - logits.shape[-1]), value=float("-inf"))
+
+    @torch.inference_mode()
+    def propose(self, seq: Tensor, k: int) -> Draft:
+        """``k`` tokens drawn one at a time after ``seq (S,)``, with the distributions they were drawn from."""
+        S = seq.shape[0]
+        k = min(k, self.block // 2)
+        length = self.caches[0].length
+        if length + (S - self.start - length) + k - 1 > self.block or self.start + length > S:
+            for c in self.caches:  # past the draft's context: restart from the recent half of it
+                c.reset()
+            self.start, length = max(0, S - self.block // 2), 0
+        logits = self._logits(seq[None, self.start + length : S])
+        greedy = self.sampling["temperature"] < SAMPLING_EPS
+        tokens, probs = [], []
+        for i in range(k):
+            if greedy:
+                tokens.append(int(greedy_next(logits)))
+            else:
+                q = next_token_probs(logits, **self.sampling)  # (1, V)
+                tokens.append(int(torch.multinomial(q, 1, generator=self.generator)))
+                probs.append(q)
+            if i < k - 1:
+                logits = self._logits(seq.new_tensor([[tokens[-1]]]))
+        return Draft(tokens, None if greedy else torch.cat(probs))
+
+    def rollback(self, length: int) -> None:
+        """Keep only the cached tokens among the text's first ``length`` (the accepted ones)."""
+        keep = max(0, min(self.caches[0].length, length - self.start))
+        for c in self.caches:
+            c.length = keep
+
+
+class DraftLength:
+    """How many tokens to draft next, and whether to speculate at all.
+
+    ``k`` starts at ``min(k_max, 4)``, grows by one after a round that accepted every draft (up to ``k_max``) and
+    falls to one more than the accepted count after a rejection. The first ``plain_first`` steps are plain (one to
+    warm up — a compiled step compiles —, not timed; the next ones timed). Each round's and each plain step's seconds
+    per token are kept as moving averages; when speculation yields tokens more slowly than plain steps, it pauses
+    for ``pause`` plain steps, a number that doubles (up to 64) every time it loses again and returns to 1 when it
+    wins. Without a clock (``clock=None``) it never pauses: the tests' deterministic policy.
+
+    Args:
+        k_max: the most tokens drafted in one round.
+        clock: the time source; None: no timing, no pauses.
+        plain_first: plain steps before the first draft (with a clock).
+    """
+
+    def __init__(self, k_max: int, clock: Callable[[], float] | None = time.perf_counter, plain_first: int = 2):
+        self.k_max, self.k = k_max, min(k_max, 4)
+        self.clock = clock or (lambda: 0.0)
+        self.timed = clock is not None
+        self.spec_cost: float | None = None  # seconds per token, speculative rounds (moving average)
+        self.plain_cost: float | None = None  # seconds per token, plain steps
+        self.pause, self.wait, self.warm = 1, (plain_first if self.timed else 0), False
+
+    def speculate(self) -> bool:
+        """Whether the next step drafts (False: a plain step, while speculation pauses)."""
+        if self.wait > 0:
+            self.wait -= 1
+            return False
+        return True
+
+    def round_done(self, drafted: int, accepted: int, seconds: float) -> None:
+        """Adapt after a verification that kept ``accepted`` of ``drafted`` drafts and took ``seconds``."""
+        self.k = min(self.k_max, self.k + 1) if accepted == drafted else max(1, accepted + 1)
+        if not self.timed:
+            return
+        self.spec_cost = _average(self.spec_cost, seconds / (accepted + 1))
+        if self.plain_cost is not None and self.spec_cost > self.plain_cost:
+            self.wait, self.pause = self.pause, min(64, 2 * self.pause)
+            self.spec_cost = None  # judged afresh after the pause
+        elif self.plain_cost is not None:
+            self.pause = 1
+
+    def plain_done(self, seconds: float) -> None:
+        """Record a one-token plain step of ``seconds`` (the first is warm-up, not recorded)."""
+        if self.warm:
+            self.plain_cost = _average(self.plain_cost, seconds)
+        self.warm = True
+
+
+def _average(old: float | None, new: float, weight: float = 0.3) -> float:
+    return new if old is None else (1 - weight) * old + weight * new
+
+
+def _check_decodes(model: nn.Module, what: str) -> None:
+    if not all(hasattr(model, a) for a in ("forward_features", "forward_head", "make_caches")) or not hasattr(
+            getattr(model, "config", None), "block_size"):
+        raise ConfigError(f"{what} ({type(model).__name__}) is not a causal language model with a KV cache: "
+                          "speculative decoding needs one")
+
+
+def check_draft_tokens(draft_tokens: int, block_size: int) -> int:
+    """Refuse a draft length outside ``1 … block_size − 1`` (a verification reads the last token and the drafts)."""
+    if isinstance(draft_tokens, bool) or not isinstance(draft_tokens, int) or not 1 <= draft_tokens < block_size:
+        raise ConfigError(f"draft_tokens must be between 1 and {block_size - 1} (the model's context of {block_size} "
+                          f"tokens less the one being continued), got {draft_tokens!r}")
+    return draft_tokens
+
+
+class _Target:
+    """The target model's side: its decoding copy, its KV caches and the text so far (``seq[:n]``).
+
+    The caches hold ``seq[start : start + length]``; the newest token is never in them before a forward reads it.
+    """
+
+    def __init__(self, model: nn.Module, idx: Tensor, max_new_tokens: int, quantize: str, compile: bool | None):
+        self.net = quantization.decoding_copy(model, quantization.resolve_mode(model, quantize))
+        self.step = compiled_step(self.net) if compile_default(compile) else None
+        self.block = model.config.block_size
+        T = idx.shape[1]
+        self.seq = idx.new_empty(T + max_new_tokens)  # every token id, written in place
+        self.seq[:T] = idx[0]
+        self.n = T
+        self.caches = self.net.make_caches(min(self.block, T + max_new_tokens))
+        self.start = max(0, T - self.block)
+
+    @property
+    def length(self) -> int:
+        return self.caches[0].length
+
+    def room(self) -> int:
+        """How many drafts a verification may carry without passing the context (where plain decoding would
+        restart its window, a plain step does it)."""
+        return self.block - self.length - 1 if self.n - self.start - self.length == 1 else 0
+
+    def plain_logits(self) -> Tensor:
+        """Logits ``(1, V)`` of the next token, as :func:`tokennet.sampling.stream` computes them: the tokens not yet
+        cached, after restarting the window from the last half context when the cache is full."""
+        feed = self.seq[None, self.start + self.length : self.n]
+        if self.length + feed.shape[1] > self.block:
+            for c in self.caches:
+                c.reset()
+            self.start = self.n - self.block // 2
+            feed = self.seq[None, self.start : self.n]
+        if self.step is not None and feed.shape[1] == 1 and self.caches[0].k is not None:
+            return self.step(feed, self.caches)
+        h = self.net.forward_features(feed, caches=self.caches)  # (1, n, D)
+        return self.net.forward_head(h[:, -1:])[:, -1]  # (1, V)
+
+    def verify_logits(self, draft: Sequence[int]) -> Tensor:
+        """The target's logits ``(k+1, V)`` at the newest token and at each of the ``k`` drafts: one forward."""
+        feed = torch.cat([self.seq[self.n - 1 : self.n], self.seq.new_tensor(draft)])[None]  # (1, k+1)
+        return self.net.forward_head(self.net.forward_features(feed, caches=self.caches))[0]
+
+    def keep(self, accepted: int, k: int) -> None:
+        """Roll the rejected drafts' keys and values out of the caches: keep the newest token and ``accepted``
+        drafts of the ``k`` just cached."""
+        for c in self.caches:
+            c.length -= k - accepted
+
+    def append(self, token: int) -> None:
+        self.seq[self.n] = token
+        self.n += 1
+
+
+@torch.inference_mode()
+def stream_speculative(
+    model: nn.Module,
+    idx: Tensor,
+    max_new_tokens: int,
+    *,
+    drafter: NgramDrafter | ModelDrafter,
+    draft_tokens: int = 8,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    stop: Sequence[int] | int | None = None,
+    generator: torch.Generator | None = None,
+    quantize: str = "auto",
+    compile: bool | None = None,
+    stats: SpeculationStats | None = None,
+    draft_length: DraftLength | None = None,
+) -> Iterator[Tensor]:
+    """Yield the next tokens ``(1,)`` one at a time, as :func:`tokennet.sampling.stream` does, decoded speculatively.
+
+    Greedy output is plain greedy decoding's; sampled output is distributed as plain sampling's (not the same
+    draws for a seed). One sequence (``idx`` of shape ``(1, T)``); stops after a stop token.
+
+    Args:
+        model: the target causal LM.
+        idx: prompt token ids ``(1, T)``.
+        max_new_tokens: how many tokens to add at most.
+        drafter: where drafts come from (:class:`NgramDrafter`, :class:`ModelDrafter`).
+        draft_tokens: the most tokens drafted in one round (1 … block_size − 1; the round's number adapts).
+        temperature, top_k, top_p, stop, generator, quantize, compile: as in :func:`tokennet.sampling.generate`.
+        stats: filled in as decoding goes (acceptance rate, verifications, plain steps).
+        draft_length: the draft-length policy (default :class:`DraftLength` of ``draft_tokens``).
+    """
+    _check_decodes(model, "the model")
+    validate_sampling(model, idx, max_new_tokens, temperature, top_k, top_p)
+    if idx.shape[0] != 1:
+        raise ConfigError(f"speculative decoding continues one sequence at a time, got a batch of {idx.shape[0]}")
+    check_draft_tokens(draft_tokens, model.config.block_size)
+    stats = SpeculationStats() if stats is None else stats
+    policy = DraftLength(draft_tokens) if draft_length is None else draft_length
+    stops = {stop} if isinstance(stop, int) else set(stop or [])
+    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+    was_training = model.training
+    model.eval()
+    try:
+        target = _Target(model, idx, max_new_tokens, quantize, compile)
+        while stats.tokens < max_new_tokens:
+            k = min(policy.k, target.room(), max_new_tokens - stats.tokens - 1)
+            t0 = policy.clock()
+            draft = drafter.propose(target.seq[: target.n], k) if k >= 1 and policy.speculate() else Draft([])
+            if draft.tokens:
+                new = _verify(target, draft, sampling, generator)
+                drafter.rollback(target.n + len(new) - 1)
+                stats.drafted, stats.accepted = stats.drafted + len(draft.tokens), stats.accepted + len(new) - 1
+                stats.verifications += 1
+                policy.round_done(len(draft.tokens), len(new) - 1, policy.clock() - t0)
+            else:
+                one = target.n - target.start - target.length == 1  # not the prompt's forward
+                new = [int(sample_next(target.plain_logits(), **sampling, generator=generator)[0])]
+                stats.plain_steps += 1
+                if one:
+                    policy.plain_done(policy.clock() - t0)
+            for token in new:
+                target.append(token)
+                stats.tokens += 1
+                yield target.seq[target.n - 1 : target.n].clone()
+                if token in stops:
+                    return
+    finally:
+        model.train(was_training)
+
+
+def _verify(target: _Target, draft: Draft, sampling: dict, generator: torch.Generator | None) -> list[int]:
+    """One verification: the target's forward over the drafts, the rule, and the rejected drafts rolled back."""
+    logits = target.verify_logits(draft.tokens)  # (k+1, V)
+    if sampling["temperature"] < SAMPLING_EPS:
+        new = accept_greedy(logits, draft.tokens)
+    else:
+        new = accept_sampled(next_token_probs(logits, **sampling), draft, generator)
+    target.keep(len(new) - 1, len(draft.tokens))
+    return new

@@ -1,0 +1,241 @@
+"""Speculative decoding (tokennet.speculative): greedy output equal to plain decoding, sampled output distributed as
+plain sampling (the rejection rule of Leviathan et al. 2023 / Chen et al. 2023), the cache rolled back, bad input."""
+
+import itertools
+
+import pytest
+import torch
+
+from tokennet.errors import TokennetError
+from tokennet.models import create_model
+from tokennet.sampling import generate, next_token_probs
+from tokennet.speculative import (
+    Draft,
+    DraftLength,
+    ModelDrafter,
+    NgramDrafter,
+    SpeculationStats,
+    accept_sampled,
+    stream_speculative,
+)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def tiny(seed: int, vocab: int = 40, block: int = 32, std: float = 0.3, **kw):
+    """A small GPT with large seeded random weight matrices: varied, non-degenerate next-token distributions (at
+    the initialization's scale every model mostly repeats its input, and any draft would be right)."""
+    torch.manual_seed(seed)
+    model = create_model("gpt-micro", vocab_size=vocab, block_size=block, **kw).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, std)
+    return model
+
+
+def speculative(model, prompt, n, drafter, k=4, **kw) -> tuple[torch.Tensor, SpeculationStats]:
+    stats = SpeculationStats()
+    new = list(stream_speculative(model, prompt, n, drafter=drafter, draft_tokens=k, stats=stats, compile=False,
+                                  draft_length=DraftLength(k, clock=None), **kw))
+    return torch.cat([prompt[0], *new]), stats
+
+
+MODELS = {
+    "learned": dict(),
+    "rope": dict(position="rope"),
+    "alibi": dict(position="alibi"),
+    "windowed": dict(position="rope", attention_windows=[4, 0]),
+}
+
+PROMPTS = {
+    "random": torch.randint(40, (1, 7), generator=torch.Generator().manual_seed(3)),
+    "repeating": torch.tensor([[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6]]),
+    "one token": torch.tensor([[11]]),
+    "past the context": torch.randint(40, (1, 40), generator=torch.Generator().manual_seed(4)),  # > block 32
+}
+
+
+@pytest.mark.parametrize("family", MODELS)
+def test_greedy_equals_plain_decoding(family):
+    """Every drafter, over several prompts, gives plain greedy decoding's tokens; 60 new tokens run past the
+    context of 32, through plain decoding's window restarts."""
+    model = tiny(0, **MODELS[family])
+    other = tiny(1, **MODELS[family])  # a draft model whose drafts mostly fail
+    for name, prompt in PROMPTS.items():
+        want = generate(model, prompt, 60, temperature=0, compile=False)[0]
+        for drafter in (NgramDrafter(), NgramDrafter(min_ngram=1),
+                        ModelDrafter(model, 40, temperature=0, compile=False),
+                        ModelDrafter(other, 40, temperature=0, compile=False)):
+            got, stats = speculative(model, prompt, 60, drafter, k=5, temperature=0)
+            assert torch.equal(got, want), (family, name, type(drafter).__name__)
+            assert stats.tokens == 60
+
+
+def test_drafts_are_verified_and_rejections_rolled_back():
+    """The model as its own draft is always right; another model's drafts are mostly wrong, and a rejected draft
+    left in the cache would change the next tokens (the equality above would then fail)."""
+    model, other = tiny(0), tiny(1)
+    prompt = PROMPTS["random"]
+    _, itself = speculative(model, prompt, 20, ModelDrafter(model, 40, temperature=0, compile=False), temperature=0)
+    assert itself.drafted > 0 and itself.accepted == itself.drafted
+    assert itself.verifications < 20  # several tokens per target forward
+    _, failing = speculative(model, prompt, 20, ModelDrafter(other, 40, temperature=0, compile=False), temperature=0)
+    assert failing.accepted < failing.drafted
+
+
+def test_ngram_lookup_proposes_what_followed_the_last_occurrence():
+    seq = torch.tensor([1, 2, 3, 4, 9, 1, 2, 3, 7, 5, 2, 3])
+    assert NgramDrafter(max_ngram=3, min_ngram=2).propose(seq, 3).tokens == [7, 5, 2]  # (2, 3): the latest
+    assert NgramDrafter(max_ngram=3, min_ngram=2).propose(seq[:8], 2).tokens == [4, 9]  # (1, 2, 3) first
+    assert NgramDrafter(max_ngram=3, min_ngram=2).propose(torch.tensor([1, 2, 3, 4]), 2).tokens == []
+    assert NgramDrafter(min_ngram=1).propose(torch.tensor([4, 1, 2, 4]), 5).tokens == [1, 2, 4]
+
+
+def test_stop_token_ends_a_speculative_round():
+    model = tiny(0)
+    prompt = PROMPTS["repeating"]
+    plain = generate(model, prompt, 30, temperature=0, compile=False)[0, prompt.shape[1]:].tolist()
+    stop = plain[5]
+    got, _ = speculative(model, prompt, 30, NgramDrafter(min_ngram=1), temperature=0, stop=stop)
+    assert got[prompt.shape[1]:].tolist() == plain[: plain.index(stop) + 1]
+
+
+def test_draft_length_adapts_and_pauses_when_speculation_is_slower():
+    now = [0.0]
+    policy = DraftLength(8, clock=lambda: now[0], plain_first=2)
+    assert [policy.speculate(), policy.speculate(), policy.speculate()] == [False, False, True]
+    assert policy.k == 4
+    policy.round_done(4, 4, 0.0)
+    assert policy.k == 5  # all accepted: grows
+    policy.round_done(5, 1, 0.0)
+    assert policy.k == 2  # one accepted: the next round drafts two
+    policy.plain_done(1.0)  # warm-up, not recorded
+    policy.plain_done(0.01)
+    policy.round_done(2, 0, 0.05)  # one token in 0.05 s: slower than a plain step's 0.01 s
+    assert policy.k == 1 and not policy.speculate() and policy.speculate()
+    policy.round_done(1, 0, 0.05)  # loses again: pauses twice as long
+    assert [policy.speculate() for _ in range(3)] == [False, False, True]
+    policy.round_done(1, 1, 0.004)  # wins: back to short pauses
+    assert policy.pause == 1
+
+
+# -- the rejection rule: sampled output distributed as plain sampling --------------------------------------------
+
+def exact_next_two(model, prompt, **sampling) -> torch.Tensor:
+    """P(x₁, x₂ | prompt) ``(V, V)`` = p(x₁ | prompt) · p(x₂ | prompt, x₁), with the sampling settings applied."""
+    V = model.config.vocab_size
+    with torch.no_grad():
+        first = next_token_probs(model(prompt).logits[:, -1], **sampling)[0]  # (V,)
+        rows = torch.cat([prompt.repeat(V, 1), torch.arange(V)[:, None]], dim=1)  # (V, T+1)
+        second = next_token_probs(model(rows).logits[:, -1], **sampling)  # (V, V)
+    return first[:, None] * second
+
+
+def sampled_next_two(model, prompt, drafter_for, n: int, **sampling) -> torch.Tensor:
+    """Counts ``(V, V)`` of the first two of three speculative tokens over ``n`` draws (one verification of two
+    drafts, then whatever the rule leaves)."""
+    V = model.config.vocab_size
+    counts = torch.zeros(V, V)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(n):
+        out = list(stream_speculative(model, prompt, 3, drafter=drafter_for(g), draft_tokens=2, generator=g,
+                                      compile=False, draft_length=DraftLength(2, clock=None), **sampling))
+        counts[int(out[0]), int(out[1])] += 1
+    return counts
+
+
+def chi_square_p_value(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """Pearson's test of counts against probabilities; cells expected below 5 pooled into one."""
+    scipy_stats = pytest.importorskip("scipy.stats")
+    n = counts.sum()
+    expected = (probs * n).flatten().double()
+    counts = counts.flatten().double()
+    small = expected < 5
+    expected = torch.cat([expected[~small], expected[small].sum()[None]])
+    counts = torch.cat([counts[~small], counts[small].sum()[None]])
+    keep = expected > 0
+    return float(scipy_stats.chisquare(counts[keep], expected[keep] * counts[keep].sum() / expected[keep].sum()).pvalue)
+
+
+SETTINGS = {"t=1": dict(temperature=1.0), "t=0.7, top-k 4, top-p 0.9": dict(temperature=0.7, top_k=4, top_p=0.9)}
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+@pytest.mark.parametrize("kind", ["ngram", "draft"])
+def test_sampled_tokens_follow_the_exact_distribution(kind, setting):
+    """3000 draws of two tokens against P(x₁, x₂) computed exactly, V = 6. A wrong rule (accepting every draft,
+    or drawing a rejected position from p instead of norm(max(0, p − q))) gives p-values below 1e-10 here."""
+    sampling = SETTINGS[setting]
+    model = tiny(0, vocab=6, block=16)
+    prompt = torch.tensor([[1, 2, 3, 1, 2]])  # the n-gram (1, 2) proposes 3, 1
+    if kind == "ngram":
+        def drafter_for(g):
+            return NgramDrafter(min_ngram=1)
+    else:
+        draft = tiny(5, vocab=6, block=16)
+
+        def drafter_for(g):
+            return ModelDrafter(draft, 6, generator=g, compile=False, **sampling)
+    counts = sampled_next_two(model, prompt, drafter_for, 3000, **sampling)
+    assert chi_square_p_value(counts, exact_next_two(model, prompt, **sampling)) > 1e-4
+
+
+def test_rule_keeps_the_target_distribution_for_any_draft():
+    """accept_sampled alone: the first token is distributed as p₁ for a draft drawn from q₁ (Leviathan et al.'s
+    Theorem 3.5, k = 1), over 20000 draws of a 5-token vocabulary."""
+    p = torch.tensor([[0.1, 0.4, 0.2, 0.3, 0.0], [0.2, 0.2, 0.2, 0.2, 0.2]])
+    q = torch.tensor([[0.5, 0.1, 0.1, 0.1, 0.2]])
+    g = torch.Generator().manual_seed(0)
+    counts = torch.zeros(5)
+    for _ in range(20000):
+        x = int(torch.multinomial(q[0], 1, generator=g))
+        counts[accept_sampled(p, Draft([x], q), g)[0]] += 1
+    assert counts[4] == 0  # p₁ gives token 4 nothing, though the draft proposes it a fifth of the time
+    assert chi_square_p_value(counts, p[0]) > 1e-4
+
+
+# -- bad input ---------------------------------------------------------------------------------------------------
+
+def test_bad_draft_lengths_and_models_are_refused():
+    model = tiny(0, block=16)
+    prompt = torch.tensor([[1, 2]])
+    for k in (0, -1, 16, 100):
+        with pytest.raises(TokennetError, match="draft_tokens must be between 1 and 15"):
+            next(stream_speculative(model, prompt, 4, drafter=NgramDrafter(), draft_tokens=k))
+    with pytest.raises(TokennetError, match="one sequence"):
+        next(stream_speculative(model, torch.ones(2, 3, dtype=torch.long), 4, drafter=NgramDrafter()))
+    classifier = create_model("vit-digits")  # a model that cannot decode
+    with pytest.raises(TokennetError, match="not a causal language model"):
+        next(stream_speculative(classifier, prompt, 4, drafter=NgramDrafter()))
+    with pytest.raises(TokennetError, match="not a causal language model"):
+        ModelDrafter(classifier, 40)
+
+
+def test_every_combination_of_drafts_is_exact_for_greedy():
+    """A exhaustive small case: every 2-token draft after a prompt, verified greedily, gives plain decoding."""
+    model = tiny(0, vocab=5, block=16)
+    prompt = torch.tensor([[1, 2, 3]])
+    want = generate(model, prompt, 3, temperature=0, compile=False)[0, 3:].tolist()
+
+    class Fixed:
+        def __init__(self, tokens):
+            self.tokens = tokens
+
+        def propose(self, seq, k):
+            return Draft(self.tokens[:k])
+
+        def rollback(self, length):
+            pass
+
+    for draft in itertools.product(range(5), repeat=2):
+        got, _ = speculative(model, prompt, 3, Fixed(list(draft)), k=2, temperature=0)
+        assert got[3:].tolist() == want, draft
+
+
+def test_random_models_are_not_degenerate():
+    """The models above continue differently, so a draft model's drafts do fail (the tests would show nothing if
+    every model repeated its input)."""
+    prompt = PROMPTS["random"]
+    a, b = (generate(tiny(s), prompt, 20, temperature=0, compile=False)[0, 7:] for s in (0, 1))
+    assert (a != b).float().mean() > 0.5 and len(set(a.tolist())) > 5
