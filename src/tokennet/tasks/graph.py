@@ -5,19 +5,24 @@ list of them, each ``{"nodes": [[feature, ...], ...], "edges": [[i, j], ...]}`` 
 ``"positions": [[x, y, z], ...]`` for a model that reads 3-D geometry (``attention=distance-3d``, the QM9
 profile). It prints one line per graph: ``index<TAB>class<TAB>probability``, or ``index<TAB>value`` for a
 regression model.
+
+Bounded: a graph has at most ``MAX_GRAPH_NODES`` nodes and ``MAX_GRAPH_EDGES`` edges, a file or a list of graphs at
+most ``MAX_NODE_PAIRS`` node pairs Σ n² (:mod:`tokennet.tokens.graph` says why), checked before any tensor is built;
+the graphs are collated a few at a time, so one large graph does not pad a thousand small ones to its size.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .. import jsonio
 from ..errors import DataError, RunError
-from ..tokens.graph import GraphBatch, collate_graphs
+from ..tokens.graph import MAX_NODE_PAIRS, Graph, GraphBatch, collate_graphs, graph_size_problem, length
 from .base import Input, Task, register_task, verb
 
 if TYPE_CHECKING:
@@ -32,16 +37,20 @@ def read_graphs(path: str | Path, *, node_features: int, needs_positions: bool =
     if not p.is_file():
         raise DataError(f"graph file {p} does not exist")
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
+        data = jsonio.load(p)  # nested too deep: a JSONTooDeep line naming the file
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:  # RecursionError: nesting too deep
         raise DataError(f"{p} is not a JSON file of graphs ({e})") from None
     graphs = [data] if isinstance(data, dict) else data
     if not isinstance(graphs, list) or not graphs:
         raise DataError(f"{p}: expected a graph object or a non-empty list of them")
-    out = []
     for i, g in enumerate(graphs):
         if not isinstance(g, dict) or "nodes" not in g or "edges" not in g:
             raise DataError(f"{p}: graph {i} must be an object with 'nodes' and 'edges'")
+        if not isinstance(g["nodes"], list) or not isinstance(g["edges"], list):
+            raise DataError(f"{p}: graph {i}: 'nodes' and 'edges' must be lists")
+    check_sizes([(len(g["nodes"]), len(g["edges"])) for g in graphs], str(p))
+    out = []
+    for i, g in enumerate(graphs):
         try:
             x = torch.tensor(g["nodes"], dtype=torch.float32)
             e = torch.tensor(g["edges"], dtype=torch.long).reshape(-1, 2)
@@ -57,6 +66,30 @@ def read_graphs(path: str | Path, *, node_features: int, needs_positions: bool =
             raise DataError(f"{p}: graph {i}: this model reads 3-D geometry: give 'positions', one [x, y, z] per node")
         out.append({"x": x, "edges": e, "pos": pos})
     return out
+
+
+def check_sizes(sizes: Sequence[tuple[int, int]], where: str) -> None:
+    """Refuse graphs of ``(nodes, edges)`` past the bounds of :mod:`tokennet.tokens.graph`: one ``DataError`` line
+    naming ``where`` (a file), the graph and the bound."""
+    for i, (n, e) in enumerate(sizes):
+        too_big = graph_size_problem(n, e)
+        if too_big:
+            raise DataError(f"{where}: graph {i} is too large: {too_big}")
+    pairs = sum(n * n for n, _ in sizes)
+    if pairs > MAX_NODE_PAIRS:
+        raise DataError(f"{where}: {len(sizes):,} graphs with {pairs:,} node pairs (the sum of n² over the graphs); "
+                        f"at most {MAX_NODE_PAIRS:,} (MAX_NODE_PAIRS) are read at once: split them")
+
+
+def _chunks(sizes: Sequence[int], cells: int = 2**21) -> Iterator[slice]:
+    """Consecutive runs of graphs whose padded batch ``B · N²`` stays within ``cells`` (at least one graph each)."""
+    start, widest = 0, 0
+    for i, n in enumerate(sizes):
+        widest = max(widest, n)
+        if i > start and (i - start + 1) * widest**2 > cells:
+            yield slice(start, i)
+            start, widest = i, n
+    yield slice(start, len(sizes))
 
 
 def write_graphs(batch: GraphBatch, path: str | Path, count: int | None = None) -> Path:
@@ -85,27 +118,32 @@ class GraphPrediction(Task):
     inputs = (Input("graphs", "graph runs: JSON files of graphs ({\"nodes\": [[features]], \"edges\": [[i, j]]}, one "
                     "graph or a list per file)"),)
 
-    def batch(self, run: Run, graphs) -> GraphBatch:
+    def batches(self, run: Run, graphs) -> Iterator[GraphBatch]:
+        """The graphs collated a few at a time (see the module docstring), after their sizes are checked."""
         if isinstance(graphs, GraphBatch):
-            return graphs
+            yield graphs
+            return
         c = run.model.config
         kw = dict(k=c.pe_dim, rw_steps=c.pe_dim, max_distance=c.max_distance)
         if isinstance(graphs, (str, Path)):
             read = read_graphs(graphs, node_features=c.node_features, needs_positions=c.attention == "distance-3d")
-            batch = collate_graphs([(g["x"], g["edges"]) for g in read], **kw)
-            if c.attention == "distance-3d":
-                pos = torch.zeros(len(read), batch.x.shape[1], 3)
-                for b, g in enumerate(read):
-                    pos[b, :len(g["x"])] = g["pos"]
-                batch.pos = pos
-            return batch
-        return collate_graphs(list(graphs), **kw)
+        else:
+            pairs = [(g.x, g.edges) if isinstance(g, Graph) else tuple(g) for g in graphs]
+            check_sizes([(length(x), length(e)) for x, e in pairs], "the graphs given")
+            read = [{"x": x, "edges": e, "pos": None} for x, e in pairs]
+        for part in _chunks([length(g["x"]) for g in read]):
+            batch = collate_graphs([(g["x"], g["edges"]) for g in read[part]], **kw)
+            if c.attention == "distance-3d" and all(g["pos"] is not None for g in read[part]):
+                batch.pos = torch.zeros(len(batch.x), batch.x.shape[1], 3)
+                for b, g in enumerate(read[part]):
+                    batch.pos[b, :len(g["x"])] = g["pos"]
+            yield batch
 
     @verb
     @torch.no_grad()
     def predict(self, run: Run, graphs) -> torch.Tensor:
         """The model's outputs ``(B, K)`` for the graphs: class logits, or a regression's values in its units."""
-        return run.model(self.batch(run, graphs).to(run.device)).logits.float().cpu()
+        return torch.cat([run.model(b.to(run.device)).logits.float().cpu() for b in self.batches(run, graphs)])
 
     @verb
     def classify(self, run: Run, graphs) -> list[tuple[int, float]]:

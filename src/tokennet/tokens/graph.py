@@ -19,7 +19,8 @@ shortest paths) happens once, here, when the batch is made.
 Graph hygiene (stated, tested): edges are undirected (``(i, j)`` also gives ``(j, i)``); self-loops are
 dropped (a node always attends to itself anyway); duplicate edges count once; disconnected graphs are
 fine (unreachable pairs get the distance bucket ``max_distance + 1``); a graph with no nodes, an edge to
-a missing node, or a NaN feature is a :class:`~tokennet.errors.DataError`.
+a missing node, a NaN feature, or more than :data:`MAX_GRAPH_NODES` nodes or :data:`MAX_GRAPH_EDGES` edges is a
+:class:`~tokennet.errors.DataError`.
 """
 
 from __future__ import annotations
@@ -34,7 +35,21 @@ from torch import Tensor
 from ..errors import DataError
 from ..position.laplacian import laplacian_eigenvectors
 
-__all__ = ["Graph", "GraphBatch", "check_graph", "collate_graphs", "shortest_path_lengths", "random_walk_encoding"]
+__all__ = ["Graph", "GraphBatch", "check_graph", "collate_graphs", "shortest_path_lengths", "random_walk_encoding",
+           "MAX_GRAPH_NODES", "MAX_GRAPH_EDGES", "MAX_NODE_PAIRS", "graph_size_problem",
+           "length"]
+
+# The graph models have no table of positions to outgrow (a node's position is k Laplacian eigenvector entries or K
+# random-walk probabilities, distances share max_distance + 2 buckets), so what bounds a graph is the dense work per
+# graph: collating computes an n × n eigendecomposition and max_distance + K products of n × n matrices (O(n³)), and
+# attention holds an n × n score matrix per head and layer. At 512 nodes that is a fraction of a second on one core
+# and a few MB; at 2,000 nodes 12 s, at 20,000 hours and gigabytes. The models are trained on graphs of 8-16 nodes
+# (marked distance) and molecules of at most 29 atoms (QM9), so 512 leaves a wide margin for real inputs.
+MAX_GRAPH_NODES = 512
+MAX_GRAPH_EDGES = MAX_GRAPH_NODES * (MAX_GRAPH_NODES - 1)  # every pair of a complete graph, listed both ways
+# One request (a file of graphs, a list given to run.predict): at most this many node pairs Σ n² over its graphs — 64
+# graphs of 512 nodes (seconds), or some 20,000 molecules of 29 atoms.
+MAX_NODE_PAIRS = 2**24
 
 
 @dataclass
@@ -88,8 +103,29 @@ class GraphBatch:
         return self._map(lambda t: t[index])
 
 
+def length(value) -> int:
+    """``len(value)`` of a graph's nodes or edges; 0 where it has none (a scalar: :func:`check_graph` refuses it)."""
+    try:
+        return len(value)
+    except TypeError:
+        return 0
+
+
+def graph_size_problem(num_nodes: int, num_edges: int) -> str | None:
+    """Why a graph of this size is refused (past :data:`MAX_GRAPH_NODES` or :data:`MAX_GRAPH_EDGES`), or None;
+    asked before its features and edges become tensors."""
+    if num_nodes > MAX_GRAPH_NODES:
+        return f"it has {num_nodes:,} nodes; a graph may have at most {MAX_GRAPH_NODES} (MAX_GRAPH_NODES)"
+    if num_edges > MAX_GRAPH_EDGES:
+        return f"it has {num_edges:,} edges; a graph may have at most {MAX_GRAPH_EDGES:,} (MAX_GRAPH_EDGES)"
+    return None
+
+
 def check_graph(x, edges) -> tuple[Tensor, Tensor]:
     """Validate one graph; return float features ``(n, F)`` and clean undirected edges ``(E', 2)`` (i < j)."""
+    too_big = graph_size_problem(length(x), length(edges))
+    if too_big:
+        raise DataError(f"a graph is too large: {too_big}")
     x = torch.as_tensor(x, dtype=torch.float32)
     if x.dim() == 1:
         x = x[:, None]
