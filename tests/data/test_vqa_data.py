@@ -1,6 +1,7 @@
 """Questions about pictures: the answers are right, the held-out combinations stay out, a user's directory."""
 
 import random
+import shutil
 from collections import Counter
 
 import numpy as np
@@ -259,3 +260,37 @@ def test_a_large_question_directory_splits_right_in_one_pass(tmp_path, with_spli
     else:  # whole images on one side, a fifth of them in the test set
         assert all(len(s) == 1 for s in sides.values())
         assert sum(s == {"test"} for s in sides.values()) == round(0.2 * n_images)
+
+
+@pytest.mark.parametrize("escape", ["dotdot", "absolute", "symlink", "symlinked dir"])
+def test_an_image_path_outside_the_directory_is_one_line_naming_the_row(tmp_path, escape):
+    """answers.tsv may name only images inside the directory that holds it (issue 44): a row whose path leaves it
+    by ``..``, an absolute path or a symbolic link is refused before any image is read."""
+    d = write_question_dir(tmp_path / "qa", 6, seed=0)
+    outside = tmp_path / "secret.png"
+    shutil.copy(d / "images" / "00000.png", outside)  # a readable image: only its place is wrong
+    name = {"dotdot": "../secret.png", "absolute": str(outside), "symlink": "images/link.png",
+            "symlinked dir": "elsewhere/secret.png"}[escape]
+    if escape == "symlink":
+        (d / "images" / "link.png").symlink_to(outside)
+    elif escape == "symlinked dir":
+        (d / "elsewhere").symlink_to(tmp_path, target_is_directory=True)
+    lines = (d / "answers.tsv").read_text().splitlines()
+    lines[3] = "\t".join([name, *lines[3].split("\t")[1:]])
+    (d / "answers.tsv").write_text("\n".join(lines) + "\n")
+    read_question_dir.cache_clear()
+    with pytest.raises(DataError) as e:
+        read_question_dir(str(d))
+    msg = str(e.value)
+    assert "\n" not in msg and "answers.tsv, line 4" in msg and "outside" in msg and name in msg, msg
+
+
+def test_an_image_symlinked_inside_the_directory_still_reads(tmp_path):
+    d = write_question_dir(tmp_path / "qa", 6, seed=0)
+    first = (d / "answers.tsv").read_text().splitlines()[1].split("\t")[0]
+    (d / "images" / "alias.png").symlink_to(d / first)
+    lines = (d / "answers.tsv").read_text().splitlines()
+    lines[1] = "\t".join(["images/alias.png", *lines[1].split("\t")[1:]])
+    (d / "answers.tsv").write_text("\n".join(lines) + "\n")
+    read_question_dir.cache_clear()
+    assert read_question_dir(str(d)).image_size == 64

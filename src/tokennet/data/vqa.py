@@ -52,12 +52,13 @@ UTF-8, one question per line under a header line::
     pics/0001.png	how many birds are there?	3	train	count
     pics/0001.png	what colour is the impala?	red	test	colour
 
-``image`` is a path relative to ``DIR`` (PNG, JPEG, ... or ``.npy``; RGB; every image the same size, a
-multiple of the model's patch size), ``question`` any text (lower-cased, punctuation dropped, split on
-spaces), ``answer`` one word. The ``split`` (``train``/``test``) and ``template`` (a label for per-template
-metrics) columns are optional: without ``split`` a seeded 20% of the images (with all their questions) is
-the test set; without ``template`` every question counts as ``question``. :func:`write_question_dir`
-writes generated scenes in this format (a starting point, and what the tests use).
+``image`` is a path relative to ``DIR`` and inside it (PNG, JPEG, ... or ``.npy``; RGB; every image the same size, a
+multiple of the model's patch size; a path that leaves ``DIR`` — ``..``, an absolute path, a symbolic link to
+elsewhere — is refused, so an answers file cannot make a run read any picture on the disk), ``question`` any text
+(lower-cased, punctuation dropped, split on spaces), ``answer`` one word. The ``split`` (``train``/``test``) and
+``template`` (a label for per-template metrics) columns are optional: without ``split`` a seeded 20% of the images
+(with all their questions) is the test set; without ``template`` every question counts as ``question``.
+:func:`write_question_dir` writes generated scenes in this format (a starting point, and what the tests use).
 """
 
 from __future__ import annotations
@@ -578,6 +579,17 @@ class QuestionDir:
     image_size: int
 
 
+def _check_inside(root: Path, name: str, where: str) -> None:
+    """Refuse an image path that resolves outside ``root`` (by ``..``, an absolute path or a symbolic link)."""
+    try:
+        inside = (root / name).resolve().is_relative_to(root)
+    except (OSError, RuntimeError, ValueError):  # a symlink loop, a NUL byte in the name
+        inside = False
+    if not inside:
+        raise DataError(f"{where}: the image {name!r} is outside {root}; images must be files inside the directory "
+                        f"that holds {ANSWERS_FILE}")
+
+
 @functools.lru_cache(maxsize=4)
 def read_question_dir(directory: str, seed: int = 0, test_fraction: float = 0.2) -> QuestionDir:
     """Read a ``--data DIR`` directory (the format is in the module docstring).
@@ -614,7 +626,7 @@ def read_question_dir(directory: str, seed: int = 0, test_fraction: float = 0.2)
     col = {h: i for i, h in enumerate(header)}
     if len(rows) < 2:
         raise DataError(f"{f} has a header but no questions")
-    recs = []
+    recs, root = [], d.resolve()
     for ln, r in enumerate(rows[1:], start=2):
         if len(r) != len(header):
             raise DataError(f"{f}, line {ln}: {len(r)} tab-separated fields, but the header has {len(header)}")
@@ -628,6 +640,7 @@ def read_question_dir(directory: str, seed: int = 0, test_fraction: float = 0.2)
             raise DataError(f"{f}, line {ln}: the answer {rec['answer']!r} is not one word")
         if "split" in rec and rec["split"] not in ("train", "test"):
             raise DataError(f"{f}, line {ln}: split must be train or test, got {rec['split']!r}")
+        _check_inside(root, rec["image"], f"{f}, line {ln}")
         recs.append(rec)
     images: dict[str, Tensor] = {}
     for rec in recs:
