@@ -23,14 +23,19 @@ lm-eval's own command line with ``ARGS`` unchanged. Needs ``pip install lm-eval`
 from __future__ import annotations
 
 import logging
+import math
+import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from ..errors import RunError
+from ..errors import ConfigError, RunError, TokennetError, one_line
+from ..jsonio import MAX_JSON_DEPTH, json_depth
+from ..jsonio import loads as json_loads
 
 try:
     # lm-eval fills its registry with its own models only while the registry is empty: register them first,
@@ -42,9 +47,68 @@ try:
 except ImportError as e:  # pragma: no cover - only without lm-eval
     raise ImportError("tokennet's lm-eval model needs the evaluation harness: pip install lm-eval") from e
 
-__all__ = ["TokennetLM", "main"]
+__all__ = ["TokennetLM", "LMEvalError", "check_argv", "check_model_args", "parse_model_args", "main"]
 
 log = logging.getLogger(__name__)
+
+QUANTIZE = ("none", "bf16", "int8")
+# What lm-eval itself adds to every model's arguments (from its --batch_size, --max_batch_size, --device and
+# --trust_remote_code): accepted here, the last two unused.
+LM_EVAL_ADDS = ("max_batch_size", "trust_remote_code")
+MODEL_ARGS = ("run", "device", "batch_size", "max_length", "quantize")
+
+
+class LMEvalError(TokennetError, ValueError):
+    """lm-eval refused its command line (no tasks found, a malformed argument, ...): the user's to fix."""
+
+
+def _count(name: str, value: Any, *, allow_auto: bool = False) -> int | str | None:
+    """``value`` (as lm-eval parsed it: a number, or the text itself) as a positive integer, or ConfigError."""
+    if value is None:
+        return None
+    if allow_auto and isinstance(value, str) and value.strip().startswith("auto"):
+        return value.strip()
+    n: Any = value
+    if isinstance(n, str):
+        text = n.strip().strip("'\"")
+        try:
+            n = int(text)
+        except ValueError:
+            try:
+                n = float(text)
+            except ValueError:
+                n = None
+    if isinstance(n, float) and math.isfinite(n) and n.is_integer():
+        n = int(n)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        want = "a positive integer" + (' or "auto"' if allow_auto else "")
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+        raise ConfigError(f"lm-eval model_args: {name}={shown} is not {want}")
+    return n
+
+
+def check_model_args(args: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``tokennet`` model's arguments (``--model_args run=DIR,...`` as lm-eval parsed them, plus what lm-eval
+    adds) checked and typed: ``run`` (required), ``device``, ``batch_size``, ``max_length``, ``quantize``. An
+    unknown name, a missing ``run`` or a value of the wrong type is a :class:`ConfigError` naming it."""
+    unknown = sorted(str(k) for k in args if k not in MODEL_ARGS and k not in LM_EVAL_ADDS)
+    if unknown:
+        raise ConfigError(f"lm-eval model_args: unknown argument(s) {', '.join(map(repr, unknown))[:200]} for the "
+                          f"tokennet model (it takes {', '.join(MODEL_ARGS)})")
+    run = args.get("run")
+    if run is None or (isinstance(run, str) and not run.strip()):
+        raise ConfigError("lm-eval model_args: the tokennet model needs run=DIR (a tokennet run directory), "
+                          "e.g. --model_args run=runs/gpt")
+    out = {"run": run, "device": args.get("device") or "cpu",
+           "batch_size": _count("batch_size", args.get("batch_size", 8), allow_auto=True) or 8,
+           "max_length": _count("max_length", args.get("max_length")), "quantize": args.get("quantize") or "none"}
+    if not isinstance(out["device"], str) or not re.fullmatch(r"auto|cpu|(cpu|cuda|mps)(:\d{1,4})?", out["device"]):
+        raise ConfigError(f"lm-eval model_args: device={str(out['device'])[:40]!r} is not a device name "
+                          "(auto, cpu, cuda, cuda:N or mps)")
+    if out["quantize"] not in QUANTIZE:
+        raise ConfigError(f"lm-eval model_args: quantize={str(out['quantize'])[:40]!r} is not one of "
+                          f"{', '.join(QUANTIZE)}")
+    return out
 
 
 @register_model("tokennet")
@@ -59,12 +123,19 @@ class TokennetLM(TemplateLM):
         quantize: decode ``generate_until`` with a low-precision copy ("none", "bf16", "int8").
     """
 
-    def __init__(self, run: Any, device: str = "cpu", batch_size: int | str = 8, max_length: int | None = None,
-                 quantize: str = "none", **_ignored: Any):
+    def __init__(self, run: Any = None, device: str = "cpu", batch_size: int | str = 8, max_length: int | None = None,
+                 quantize: str = "none", **lm_eval_adds: Any):
         super().__init__()
         from ..device import resolve_device
         from ..run import Run, load
 
+        if not isinstance(run, Run):
+            args = check_model_args({"run": run, "device": device, "batch_size": batch_size,
+                                     "max_length": max_length, "quantize": quantize, **lm_eval_adds})
+            run, device, batch_size, max_length, quantize = (args[k] for k in MODEL_ARGS)
+        else:
+            max_length = _count("max_length", max_length)
+            batch_size = _count("batch_size", batch_size, allow_auto=True) or 8
         if isinstance(run, Run):
             self.run = run
         else:
@@ -80,8 +151,8 @@ class TokennetLM(TemplateLM):
             raise RunError(f"{self.run.path} is not a language-model run with a tokenizer: lm-eval scores text")
         self.model, self.tok = model.eval(), tok
         self.block = model.config.block_size
-        self.max_length = min(int(max_length), self.block) if max_length else self.block
-        self.batch_size = 8 if str(batch_size).startswith("auto") else max(1, int(batch_size))
+        self.max_length = min(max_length, self.block) if max_length else self.block
+        self.batch_size = 8 if isinstance(batch_size, str) else batch_size  # "auto" is read as 8
         self.quantize = quantize
         self.dev = next(model.parameters()).device
 
@@ -184,14 +255,117 @@ class TokennetLM(TemplateLM):
         return out
 
 
+def _split_top_level(text: str) -> list[str]:
+    """``text`` split at commas outside brackets and quotes (how lm-eval splits ``key=value,key=value``)."""
+    parts, depth, quote, start = [], 0, None, 0
+    for i, c in enumerate(text):
+        if quote is not None:
+            quote = None if c == quote else quote
+        elif c in "\"'":
+            quote = c
+        elif c in "[({":
+            depth += 1
+        elif c in "])}":
+            depth = max(depth - 1, 0)
+        elif c == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return [p for p in parts if p]
+
+
+def _model_args_in(argv: list[str]) -> tuple[str | None, list[str]]:
+    """The ``--model`` and the ``--model_args`` strings of lm-eval's command line ``argv``."""
+    model, values, i = None, [], 0
+    while i < len(argv):
+        a = argv[i]
+        if a in ("--model", "--model_args", "-a"):
+            j = i + 1
+            while j < len(argv) and not argv[j].startswith("-") and (j == i + 1 or a != "--model"):
+                j += 1
+            if a == "--model":
+                model = argv[i + 1] if j > i + 1 else model
+            else:
+                values += argv[i + 1:j]
+            i = j
+            continue
+        if a.startswith("--model="):
+            model = a.split("=", 1)[1]
+        elif a.startswith("--model_args="):
+            values.append(a.split("=", 1)[1])
+        i += 1
+    return model, values
+
+
+def parse_model_args(values: list[str]) -> dict[str, Any]:
+    """``--model_args`` strings (one JSON object, or ``key=value`` items) as a dict of strings, or ConfigError."""
+    args: dict[str, Any] = {}
+    for n, text in enumerate(values):
+        if n == 0 and text.lstrip().startswith("{"):
+            try:
+                obj = json_loads(text, what="lm-eval model_args")
+            except ValueError as e:
+                raise ConfigError(f"lm-eval model_args: not a JSON object: {one_line(e)[:200]}") from None
+            if not isinstance(obj, dict):
+                raise ConfigError("lm-eval model_args: not a JSON object")
+            args.update(obj)
+            continue
+        for item in _split_top_level(text):
+            if "=" not in item:
+                raise ConfigError(f"lm-eval model_args: expected key=value, got {item[:40]!r}")
+            key, value = item.split("=", 1)
+            value = value.strip()
+            quoted = len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'"
+            args[key] = value[1:-1] if quoted else value
+    return args
+
+
+def check_argv(argv: list[str]) -> None:
+    """What tokennet can check of lm-eval's command line before lm-eval reads its task index (a minute): no
+    argument nested deeper than JSON's bound, and for ``--model tokennet`` its model_args (and that the run
+    directory exists). One :class:`ConfigError` / :class:`RunError` line, or nothing."""
+    for a in argv:
+        if json_depth(a) > MAX_JSON_DEPTH:
+            raise ConfigError(f"lm-eval argument {a[:20]!r}...: nested deeper than {MAX_JSON_DEPTH} levels")
+    model, values = _model_args_in(argv)
+    if model != "tokennet":
+        return
+    run = check_model_args(parse_model_args(values))["run"]
+    if not Path(str(run)).is_dir():
+        raise RunError(f"{str(run)[:200]}: no such run directory")
+
+
+def _raised_by_lm_eval(e: BaseException) -> bool:
+    """Whether the innermost lm-eval or tokennet frame of ``e``'s traceback is lm-eval's (lm-eval refused its
+    input), not tokennet's (where anything but a TokennetError is a bug)."""
+    tb, last = e.__traceback__, None
+    while tb is not None:
+        name = tb.tb_frame.f_globals.get("__name__", "")
+        if name.split(".")[0] in ("lm_eval", "tokennet"):
+            last = name
+        tb = tb.tb_next
+    return last is not None and last.startswith("lm_eval")
+
+
 def main(argv: list[str] | None = None) -> int:
-    """lm-eval's command line with the ``tokennet`` model registered: ``tokennet lm-eval --model tokennet ...``."""
+    """lm-eval's command line with the ``tokennet`` model registered: ``tokennet lm-eval --model tokennet ...``.
+
+    The tokennet model's arguments are checked first (:func:`check_argv`); a ``ValueError`` lm-eval raises
+    itself (no tasks found, a malformed argument) comes back as one :class:`LMEvalError` line."""
     from lm_eval.__main__ import cli_evaluate
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    check_argv(argv)
     saved = sys.argv
-    sys.argv = ["lm-eval", *(sys.argv[1:] if argv is None else argv)]
+    sys.argv = ["lm-eval", *argv]
     try:
         cli_evaluate()
+    except TokennetError:
+        raise
+    except (ValueError, RecursionError) as e:
+        if not _raised_by_lm_eval(e):
+            raise
+        raise LMEvalError(f"lm-eval: {one_line(e)[:300]}") from e
     finally:
         sys.argv = saved
     return 0
