@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from . import jsonio
 from .data.spec import DataSpec, legacy_spec, spec_from_dict
 from .errors import RunError
 from .fileio import atomic_write_text, swap_into_place
@@ -63,8 +64,10 @@ __all__ = ["Run", "load", "RunLock", "is_run_dir", "read_run_info", "write_run_i
 # -- files --------------------------------------------------------------------------------------------
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:  # RecursionError: nesting too deep
+        return jsonio.load(path)
+    except jsonio.JSONTooDeep as e:  # its message names the file
+        raise RunError(f"{e}; the run directory is damaged") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise RunError(f"{path} is not valid JSON ({e}); the run directory is damaged") from None
 
 

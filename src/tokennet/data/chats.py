@@ -30,6 +30,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from .. import jsonio
 from ..errors import DataError
 from .spec import DataSpec, register_data
 
@@ -145,11 +146,9 @@ def read_chats(path: str | Path, tokenizer) -> list[ChatExample]:
             continue
         where = f"{path}:{n}"
         try:
-            record = json.loads(line)
+            record = jsonio.loads(line, what=where)  # nested too deep: a JSONTooDeep line naming the line
         except json.JSONDecodeError as e:
             raise DataError(f"{where}: not a JSON object ({e.msg} at column {e.colno})") from None
-        except RecursionError:
-            raise DataError(f"{where}: not a JSON object (nested too deeply)") from None
         if not isinstance(record, dict) or "messages" not in record:
             raise DataError(f"{where}: expected an object with a 'messages' list")
         examples.append(encode_chat(tokenizer, check_messages(record["messages"], where), where))
@@ -216,8 +215,9 @@ def is_chat_file(source: str | None) -> bool:
         for line in f:
             if line.strip():
                 try:
-                    return isinstance(json.loads(line), dict) and "messages" in json.loads(line)
-                except (json.JSONDecodeError, RecursionError):
+                    record = jsonio.loads(line)
+                    return isinstance(record, dict) and "messages" in record
+                except (json.JSONDecodeError, jsonio.JSONTooDeep):
                     return True  # a malformed chat file: read_chats names the line
     return False
 

@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .. import jsonio
 from ..errors import DataError
 from ..tokens.audio import read_audio
 from .spoken_digits import DIGITS, AudioSet, _clip, cache_dir
@@ -144,7 +145,7 @@ def load_other_digits(path: str | Path) -> AudioSet:
     try:
         with np.load(path, allow_pickle=False) as z:
             clips, digit, voice, voices = z["clips"], z["digit"], z["voice"], z["voices"].tolist()
-            params = json.loads(str(z["params"]))
+            params = jsonio.loads(str(z["params"]), what=f"{path}: params")
     except (OSError, ValueError, KeyError) as e:
         raise DataError(f"{path} is not a readable digits cache ({e}); delete it to regenerate") from None
     x = torch.from_numpy(clips.astype(np.float32) / 32767.0)

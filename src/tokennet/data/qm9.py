@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .. import jsonio
 from ..errors import DataError
 from ..tokens.graph import GraphBatch, collate_graphs
 from .spec import DataSpec, register_data
@@ -105,8 +106,9 @@ def _parse(directory: Path) -> Molecules:
             for row in reader:
                 where = f"{f}:{reader.line_num}"
                 try:
-                    elements = json.loads(row["Elements"].replace("'", '"'))
-                    xyz = np.asarray(json.loads(_TRAILING_DOT.sub(".0", row["XYZ_Ang"])), dtype=np.float32)
+                    elements = jsonio.loads(row["Elements"].replace("'", '"'), what=where)
+                    xyz = np.asarray(jsonio.loads(_TRAILING_DOT.sub(".0", row["XYZ_Ang"]), what=where),
+                                     dtype=np.float32)
                     values = {k: float(row[c]) * s for k, (c, s) in TARGETS.items()}
                 except (TypeError, ValueError, AttributeError, json.JSONDecodeError):
                     raise DataError(f"{where}: a molecule that cannot be read (the file is truncated or "

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .. import jsonio
 from ..errors import DataError
 from ..tokens.audio import SILENCE, resample
 from ..tokens.clips import load_fitted
@@ -203,7 +204,7 @@ def load_spoken_digits(path: str | Path) -> AudioSet:
     try:
         with np.load(path, allow_pickle=False) as z:
             clips, digit, voice, test = z["clips"], z["digit"], z["voice"], z["test"]
-            voices, params = z["voices"].tolist(), json.loads(str(z["params"]))
+            voices, params = z["voices"].tolist(), jsonio.loads(str(z["params"]), what=f"{path}: params")
     except (OSError, ValueError, KeyError) as e:
         raise DataError(f"{path} is not a readable spoken-digits cache ({e}); delete it to regenerate") from None
     x = torch.from_numpy(clips.astype(np.float32) / 32767.0)

@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .. import jsonio
 from ..errors import ConfigError, DataError
 from ..fileio import safetensors_write
 
@@ -477,7 +478,7 @@ def load_adapter(model: nn.Module, path: str | Path) -> LoRAConfig:
     if meta.get("format") != ADAPTER_FORMAT:
         raise DataError(f"{path} is not a tokennet LoRA adapter (no '{ADAPTER_FORMAT}' header)")
     try:
-        config = LoRAConfig(**json.loads(meta["lora"]))
+        config = LoRAConfig(**jsonio.loads(meta["lora"], what=f"{path}: the LoRA settings in the header"))
     except (KeyError, TypeError, ValueError) as e:  # ConfigError is a ValueError
         raise DataError(f"{path}: unreadable LoRA settings in the header ({e})") from None
     try:

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from .. import jsonio
 from ..errors import ConfigError, RunError
 from ..fileio import atomic_write_text, safetensors_write, sha256_file
 from ..layers.blockquant import unwritten_blocks
@@ -330,8 +331,10 @@ def read_config(directory: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise RunError(f"{directory} is not a saved tokennet model: {CONFIG_FILE} is missing")
     try:
-        d = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:  # RecursionError: nesting too deep
+        d = jsonio.load(path)
+    except jsonio.JSONTooDeep as e:  # its message names the file
+        raise RunError(str(e)) from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise RunError(f"{path} is not valid JSON: {e}") from None
     if not isinstance(d, dict) or "family" not in d:
         raise RunError(f"{path} is not a tokennet model config (no 'family' field)")

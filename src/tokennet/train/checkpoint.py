@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .. import jsonio
 from ..errors import RunError
 from ..fileio import safetensors_write, sha256_file
 
@@ -206,7 +207,7 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
 
     path = Path(path)
     try:
-        meta = json.loads((path / "trainer.json").read_text())
+        meta = jsonio.load(path / "trainer.json")
         if not isinstance(meta, dict) or not {"step", "optimizer", "rng"} <= meta.keys():
             raise RunError(f"checkpoint {path} is damaged: its trainer.json is not a tokennet checkpoint record")
         for f, digest in meta.get("sha256", {}).items():
@@ -214,7 +215,8 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
                 raise RunError(f"checkpoint {path}: {f} does not match its recorded checksum (modified or truncated)")
         weights = load_file(str(path / "model.safetensors"))
         tensors = load_file(str(path / "state.safetensors"))
-    except (OSError, SafetensorError, RuntimeError, json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (OSError, SafetensorError, RuntimeError, json.JSONDecodeError, UnicodeDecodeError,
+            jsonio.JSONTooDeep) as e:
         raise RunError(f"checkpoint {path} is unreadable: {str(e).splitlines()[0]}") from None
     try:
         for alias, name in meta.get("aliases", {}).items():

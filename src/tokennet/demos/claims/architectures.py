@@ -18,6 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode
 
+from ... import jsonio
 from ...attention.multihead import MultiHeadAttention
 from ._registry import Result, claim, plt, png
 
@@ -244,7 +245,7 @@ def read_bench_claim(file: str, script: str, *, results_dir: Path | None = None)
         return Result(f"not measured here: run python bench/{script}", "not measured here", None,
                       data={"file": f"bench/results/{file}"})
     try:
-        record = json.loads(path.read_text())
+        record = jsonio.load(path)  # JSONTooDeep is a ValueError
         c = record["claim"]
         holds = c["holds"]
         if holds not in (True, False, None):

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ... import jsonio
+
 __all__ = ["LogData", "read_log"]
 
 
@@ -73,8 +75,8 @@ def read_log(path: str | Path) -> LogData:
             if not raw.strip():
                 continue
             try:
-                rec = json.loads(raw.decode("utf-8"))
-            except (UnicodeDecodeError, json.JSONDecodeError):
+                rec = jsonio.loads(raw.decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError, jsonio.JSONTooDeep):
                 data.skipped.append(n)
                 continue
             if not isinstance(rec, dict) or not isinstance(rec.get("step"), int) or isinstance(rec["step"], bool):

@@ -117,16 +117,16 @@ def _receptive_field(run) -> str:
     """The sweep of ``bench/vqa_receptive_field.py --into RUN`` (``receptive_field.json`` and ``.png`` in the run
     directory), when it was run: corner-pair accuracy of CNNs with growing receptive fields beside the
     transformer."""
-    import json
+    from ... import jsonio
 
     path = Path(run.path) / SWEEP
     if not path.is_file():
         return ""
     try:
-        sweep = json.loads(path.read_text())
+        sweep = jsonio.load(path)
         rows = [[esc(r["model"]), str(r["receptive_field"]), str(r["layers"]), str(r["num_parameters"]),
                  f"{r['same_species']:.1f}", f"{r['species']:.1f}"] for r in sweep["rows"]]
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):  # JSONTooDeep is a ValueError
         return f'<p class="sub">{esc(SWEEP)}: this report cannot read it as a sweep.</p>'
     s = sweep.get("settings", {})
     body = (f'<p class="sub">Is the top right animal the same species as the bottom left one? FiLM CNNs whose units '
