@@ -433,7 +433,7 @@ async def one_request(kind: str, ports: dict, rng: random.Random, expected: dict
         name = PROBES[next(turn) % len(PROBES)]
         try:
             outcome = await asyncio.wait_for(probe(name, ports["lm"], rng), REQUEST_TIMEOUT_S)
-        except (OSError, asyncio.TimeoutError) as e:
+        except Exception as e:  # noqa: BLE001 - a cut connection, a timeout, an answer that is not HTTP
             outcome = f"no answer ({type(e).__name__})"
         rec = tally["probes"][name]
         rec["sent"] += 1
@@ -449,7 +449,7 @@ async def one_request(kind: str, ports: dict, rng: random.Random, expected: dict
         rec["wrong"] += 1
         outcome = "wrong"
         tally["examples"].append(f"{kind}: wrong: {e}"[:400])
-    except (Lost, OSError, ValueError, KeyError, IndexError, asyncio.TimeoutError) as e:
+    except Exception as e:  # noqa: BLE001 - an error status, a cut connection, a timeout, an answer of another shape
         rec["lost"] += 1
         outcome = "lost"
         tally["examples"].append(f"{kind}: lost: {type(e).__name__}: {e}"[:400])
