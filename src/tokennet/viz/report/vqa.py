@@ -128,7 +128,7 @@ def _receptive_field(run) -> str:
                  f"{r['same_species']:.1f}", f"{r['species']:.1f}"] for r in sweep["rows"]]
     except (ValueError, KeyError, TypeError, UnicodeDecodeError):  # JSONTooDeep is a ValueError
         return f'<p class="sub">{esc(SWEEP)}: this report cannot read it as a sweep.</p>'
-    s = sweep.get("settings", {})
+    s = sweep["settings"] if isinstance(sweep.get("settings"), dict) else {}  # a damaged file: no settings
     body = (f'<p class="sub">Is the top right animal the same species as the bottom left one? FiLM CNNs whose units '
             f"see more and more of the 64-pixel picture (coordinate channels, so that pooling is not what fails), "
             f"beside the transformer, trained on the same corner questions for {s.get('steps', '?')} steps; "
