@@ -239,3 +239,87 @@ def test_random_models_are_not_degenerate():
     prompt = PROMPTS["random"]
     a, b = (generate(tiny(s), prompt, 20, temperature=0, compile=False)[0, 7:] for s in (0, 1))
     assert (a != b).float().mean() > 0.5 and len(set(a.tolist())) > 5
+
+
+# -- the command line and run.generate -------------------------------------------------------------------------
+
+TINY = ["--set", "dim=32", "num_layers=1", "num_heads=2", "block_size=16", "batch_size=4", "eval_iters=2",
+        "sample_tokens=20", "warmup_iters=2", "eval_interval=0"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, corpus):
+    """A target and a draft char run on the same corpus (the same tokenizer), one on other text, one not a
+    language model."""
+    from tokennet.cli import main
+
+    d = tmp_path_factory.mktemp("spec-runs")
+    other = d / "other.txt"
+    other.write_text("ZYXW VUTS 0123 " * 200)
+    out = {"target": d / "target", "draft": d / "draft", "other": d / "other", "counter": d / "counter"}
+    for name, data, extra in (("target", corpus, ["--set", "seed=0"]), ("draft", corpus, ["--set", "seed=1"]),
+                              ("other", other, [])):
+        assert main(["-q", "train", "gpt-char", "--data", str(data), "--out", str(out[name]), "--max-iters", "8",
+                     *TINY, *extra]) == 0
+    assert main(["-q", "train", "count-ones", "--out", str(out["counter"]), "--max-iters", "2", "--set", "dim=16",
+                 "batch_size=16", "test_size=64"]) == 0
+    return out
+
+
+def cli(args, capsys) -> tuple[int, str, str]:
+    from tokennet.cli import main
+
+    code = main(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_speculative_gives_plain_text_and_reports_acceptance(runs, capsys):
+    base = ["generate", str(runs["target"]), "--prompt", "line 1: the quick brown fox jumps over the lazy dog.\nline",
+            "--max-new-tokens", "40", "--temperature", "0", "--no-compile"]
+    code, plain, _ = cli(base, capsys)
+    assert code == 0
+    for extra, says in ((["--speculative", "ngram"], "n-gram drafts"),
+                        (["--draft", str(runs["draft"]), "--draft-tokens", "3"], str(runs["draft"])),
+                        (["--speculative", "draft", "--draft", str(runs["target"])], str(runs["target"]))):
+        code, out, err = cli(base + extra, capsys)
+        assert code == 0 and out == plain, extra
+        lines = [x for x in err.splitlines() if x.startswith("speculative decoding")]
+        assert len(lines) == 2 and says in lines[0] and "accepted" in lines[1] and "drafted" in lines[1], err
+
+
+def test_cli_refuses_bad_speculation_in_one_line(runs, capsys):
+    target = str(runs["target"])
+    cases = [
+        ([target, "--speculative", "ngram", "--draft-tokens", "0"], "--draft-tokens must be >= 1"),
+        ([target, "--speculative", "ngram", "--draft-tokens", "-3"], "--draft-tokens must be >= 1"),
+        ([target, "--speculative", "ngram", "--draft-tokens", "16"], "between 1 and 15"),
+        ([target, "--draft", str(runs["other"])], "different tokenizers"),
+        ([target, "--speculative", "draft"], "needs a draft run"),
+        ([target, "--draft", str(runs["counter"])], "not a language model"),
+        ([target, "--speculative", "ngram", "--no-cache"], "KV cache"),
+        ([target, "--speculative", "ngram", "--draft", str(runs["draft"])], "n-gram drafts"),
+        ([str(runs["counter"]), "--speculative", "ngram", "--bits", "0110"], "--speculative does not apply"),
+    ]
+    for args, msg in cases:
+        prompt = [] if "--bits" in args else ["--prompt", "line"]
+        code, out, err = cli(["generate", *args, *prompt], capsys)
+        assert code == 2 and out == "", args  # refused before the prompt is echoed
+        assert err.startswith("tokennet: error:") and err.count("\n") == 1 and msg in err, (args, err)
+    _, _, err = cli(["generate", target, "--draft", str(runs["other"]), "--prompt", "x"], capsys)
+    assert str(runs["other"]) in err and target in err  # names both runs
+
+
+def test_run_generate_speculative_python_api(runs):
+    import tokennet
+    from tokennet.errors import RunError
+
+    run = tokennet.load(runs["target"])
+    prompt = "line 7: the quick brown fox"
+    plain = run.generate(prompt, 30, temperature=0, compile=False)
+    stats = SpeculationStats()
+    assert run.generate(prompt, 30, temperature=0, compile=False, speculative="ngram", stats=stats) == plain
+    assert stats.tokens == 30 and stats.drafted > 0
+    assert run.generate(prompt, 30, temperature=0, compile=False, draft=tokennet.load(runs["draft"])) == plain
+    with pytest.raises(RunError, match="one prompt at a time"):
+        run.generate([prompt, prompt], 5, speculative="ngram")

@@ -491,7 +491,7 @@ def _check_option(o, value) -> None:
         return
     if isinstance(value, float) and not math.isfinite(value):
         raise CLIError(f"{o.cli} must be a finite number, got {value}")
-    if o.name in ("max_new_tokens", "beam_size", "top_k") and value < 1:
+    if o.name in ("max_new_tokens", "beam_size", "top_k", "draft_tokens") and value < 1:
         raise CLIError(f"{o.cli} must be >= 1, got {value}")
 
 

@@ -326,10 +326,15 @@ class _Target:
     def length(self) -> int:
         return self.caches[0].length
 
+    @property
+    def pending(self) -> int:
+        """Tokens of the text not yet in the caches: the prompt before the first forward, then the newest token."""
+        return self.n - self.start - self.length
+
     def room(self) -> int:
         """How many drafts a verification may carry without passing the context (where plain decoding would
         restart its window, a plain step does it)."""
-        return self.block - self.length - 1 if self.n - self.start - self.length == 1 else 0
+        return self.block - self.length - self.pending
 
     def plain_logits(self) -> Tensor:
         """Logits ``(1, V)`` of the next token, as :func:`tokennet.sampling.stream` computes them: the tokens not yet
@@ -346,13 +351,16 @@ class _Target:
         return self.net.forward_head(h[:, -1:])[:, -1]  # (1, V)
 
     def verify_logits(self, draft: Sequence[int]) -> Tensor:
-        """The target's logits ``(k+1, V)`` at the newest token and at each of the ``k`` drafts: one forward."""
-        feed = torch.cat([self.seq[self.n - 1 : self.n], self.seq.new_tensor(draft)])[None]  # (1, k+1)
-        return self.net.forward_head(self.net.forward_features(feed, caches=self.caches))[0]
+        """The target's logits ``(k+1, V)`` at the newest token and at each of the ``k`` drafts: one forward over the
+        tokens not yet cached (the prompt, at the first) and the drafts."""
+        k = len(draft)
+        feed = torch.cat([self.seq[self.n - self.pending : self.n], self.seq.new_tensor(draft)])[None]  # (1, P+k)
+        h = self.net.forward_features(feed, caches=self.caches)  # (1, P+k, D)
+        return self.net.forward_head(h[:, -(k + 1):])[0]  # (k+1, V)
 
     def keep(self, accepted: int, k: int) -> None:
-        """Roll the rejected drafts' keys and values out of the caches: keep the newest token and ``accepted``
-        drafts of the ``k`` just cached."""
+        """Roll the rejected drafts' keys and values out of the caches: keep the text and the ``accepted`` drafts of
+        the ``k`` just cached."""
         for c in self.caches:
             c.length -= k - accepted
 
@@ -418,7 +426,7 @@ def stream_speculative(
                 stats.verifications += 1
                 policy.round_done(len(draft.tokens), len(new) - 1, policy.clock() - t0)
             else:
-                one = target.n - target.start - target.length == 1  # not the prompt's forward
+                one = target.pending == 1  # not the prompt's forward
                 new = [int(sample_next(target.plain_logits(), **sampling, generator=generator)[0])]
                 stats.plain_steps += 1
                 if one:

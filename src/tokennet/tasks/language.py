@@ -6,26 +6,34 @@ import logging
 import math
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from ..errors import RunError
+from ..run import Run, load
 from ..sampling import stream
+from ..speculative import (
+    SPECULATIVE_MODES,
+    ModelDrafter,
+    NgramDrafter,
+    SpeculationStats,
+    check_draft_tokens,
+    stream_speculative,
+)
 from . import CausalLM
-from .base import HELP, OPTIONS, Input, Task, register_task, verb
+from .base import HELP, OPTIONS, Input, Option, Task, register_task, verb
 
-if TYPE_CHECKING:
-    from ..run import Run
-
-__all__ = ["LanguageModel", "stream_text", "generate_batch"]
+__all__ = ["LanguageModel", "stream_text", "generate_batch", "check_speculation"]
 
 log = logging.getLogger(__name__)
 
 
 def stream_text(run: Run, prompt: str, max_new_tokens: int = 200, *, temperature: float = 0.8,
                 top_k: int | None = None, top_p: float | None = None, seed: int = 0,
-                use_cache: bool = True, quantize: str = "auto", compile: bool | None = None) -> Iterator[str]:
+                use_cache: bool = True, quantize: str = "auto", compile: bool | None = None,
+                speculative: str = "off", draft: str | Path | Run | None = None, draft_tokens: int = 8,
+                stats: SpeculationStats | None = None) -> Iterator[str]:
     """Yield the continuation of ``prompt`` as printable pieces of text, as the tokens come.
 
     A byte-level token may end inside a UTF-8 character: a piece is yielded only once it decodes
@@ -34,6 +42,12 @@ def stream_text(run: Run, prompt: str, max_new_tokens: int = 200, *, temperature
     decodes with a low-precision copy of the model's linear layers and head, made for this call (see
     :func:`tokennet.sampling.generate`). ``compile``: decode with the compiled step (None, the default: on unless
     ``TOKENNET_COMPILE=0``; eager with a note where it does not compile; see :func:`tokennet.sampling.stream`).
+
+    ``speculative`` (:mod:`tokennet.speculative`): ``"off"`` (the default), ``"ngram"`` (drafts looked up in the
+    prompt and the text so far) or ``"draft"`` (drafts from ``draft``, a run directory or :class:`Run` with the
+    same tokenizer; giving ``draft`` alone implies ``"draft"``), up to ``draft_tokens`` drafted tokens a round.
+    Lossless: greedy text is plain decoding's, sampled text is distributed as plain sampling's (not the same draws
+    for a seed). ``stats`` (a :class:`~tokennet.speculative.SpeculationStats`) is filled in as decoding goes.
     """
     model, tok = run.model, run.tokenizer
     if tok is None:
@@ -49,12 +63,17 @@ def stream_text(run: Run, prompt: str, max_new_tokens: int = 200, *, temperature
         ids = ids[-block:]
     torch.manual_seed(seed)
     g = torch.Generator(device=dev).manual_seed(seed)
+    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, generator=g, quantize=quantize,
+                    compile=compile, stop=getattr(tok, "stop_ids", None))  # imported tokenizers: their end-of-turn
+    idx = torch.tensor([ids], device=dev)
+    if speculative == "off" and draft is None:
+        tokens = stream(model, idx, max_new_tokens, use_cache=use_cache, **sampling)
+    else:
+        helper = check_speculation(run, speculative, draft, draft_tokens, use_cache)
+        tokens = _speculative_tokens(run, idx, max_new_tokens, helper, draft_tokens, stats, sampling)
     new: list[int] = []
     shown = ""
-    for nxt in stream(model, torch.tensor([ids], device=dev), max_new_tokens, temperature=temperature,
-                      top_k=top_k, top_p=top_p, use_cache=use_cache, generator=g, quantize=quantize,
-                      compile=compile,
-                      stop=getattr(tok, "stop_ids", None)):  # imported tokenizers: stop at their end-of-turn
+    for nxt in tokens:
         new.append(int(nxt[0]))
         text = tok.decode_continuation(new)
         if not text.endswith("\ufffd"):
@@ -63,6 +82,64 @@ def stream_text(run: Run, prompt: str, max_new_tokens: int = 200, *, temperature
     rest = tok.decode_continuation(new)[len(shown):]
     if rest:
         yield rest
+
+
+def check_speculation(run: Run, speculative: str, draft, draft_tokens: int, use_cache: bool = True) -> Run | None:
+    """Refuse speculative settings that cannot run, before anything is printed; returns the draft run (loaded once),
+    or None for n-gram drafts. ``draft`` alone asks for drafts from it."""
+    mode = "draft" if speculative == "off" else speculative
+    if mode not in SPECULATIVE_MODES:
+        raise RunError(f"speculative must be one of {', '.join(SPECULATIVE_MODES)}, got {speculative!r}")
+    if not use_cache:
+        raise RunError("speculative decoding verifies drafts over the KV cache: it cannot decode without the cache")
+    check_draft_tokens(draft_tokens, run.model.config.block_size)
+    if mode == "ngram":
+        if draft is not None:
+            raise RunError("a draft run drafts only in speculative='draft' mode; n-gram drafts come from the text")
+        return None
+    return _draft_run(run, draft)
+
+
+def _speculative_tokens(run: Run, idx: torch.Tensor, max_new_tokens: int, helper: Run | None, draft_tokens: int,
+                        stats: SpeculationStats | None, sampling: dict) -> Iterator[torch.Tensor]:
+    """:func:`~tokennet.speculative.stream_speculative` for :func:`stream_text` with n-gram drafts (``helper``
+    None) or the draft run's; one line in the log says which mode runs, one at the end the acceptance rate."""
+    stats = SpeculationStats() if stats is None else stats
+    if helper is None:
+        drafter = NgramDrafter()
+        log.info("speculative decoding: n-gram drafts from the prompt and the text so far, up to %d a round",
+                 draft_tokens)
+    else:
+        drafter = ModelDrafter(helper.model, run.model.config.vocab_size, temperature=sampling["temperature"],
+                               top_k=sampling["top_k"], top_p=sampling["top_p"], generator=sampling["generator"],
+                               quantize=sampling["quantize"], compile=sampling["compile"])
+        log.info("speculative decoding: drafts from %s, up to %d a round", helper.path, draft_tokens)
+    yield from stream_speculative(run.model, idx, max_new_tokens, drafter=drafter, draft_tokens=draft_tokens,
+                                  stats=stats, **sampling)
+    log.info("speculative decoding: %s", stats.summary())
+
+
+def _vocabulary(tokenizer) -> dict[str, Any]:
+    """What decides a tokenizer's ids: its saved form without the chat template (a base model and its chat version
+    share a vocabulary)."""
+    data = dict(tokenizer.to_dict())
+    if isinstance(data.get("tokennet"), dict):
+        data["tokennet"] = {k: v for k, v in data["tokennet"].items() if not k.startswith("chat_template")}
+    return data
+
+
+def _draft_run(run: Run, draft: str | Path | Run | None) -> Run:
+    """The draft run, loaded on the target's device; refused unless it is a language model with the same tokenizer."""
+    if draft is None:
+        raise RunError("speculative='draft' needs a draft run: a smaller language-model run with the same tokenizer")
+    helper = draft if isinstance(draft, Run) else load(draft, device=run.device)
+    if not isinstance(helper.task, LanguageModel):
+        raise RunError(f"the draft run {helper.path} is a {helper.task.name} run, not a language model: it cannot "
+                       "draft tokens")
+    if helper.tokenizer is None or _vocabulary(helper.tokenizer) != _vocabulary(run.tokenizer):
+        raise RunError(f"the draft run {helper.path} and the run {run.path} have different tokenizers: drafts must "
+                       "be the target's token ids")
+    return helper
 
 
 def generate_batch(run: Run, prompts: list[str], max_new_tokens: int = 200, *, temperature: float = 0.8,
@@ -142,6 +219,20 @@ def generate_batch(run: Run, prompts: list[str], max_new_tokens: int = 200, *, t
 
 PROMPT = Input("prompt", HELP["prompt"], file=False, required=False, default="\n")
 
+SPECULATIVE = (
+    Option("speculative", "language models: speculative decoding, lossless (greedy text is plain decoding's; sampled "
+           "text is distributed as plain sampling's, by the rejection rule of Leviathan et al. 2023): ngram drafts "
+           "tokens by looking up the last few tokens' most recent earlier occurrence in the prompt and the text so "
+           "far (fast when the output repeats its input: rewriting, editing, quoting); draft drafts them with "
+           "--draft RUN; the target checks all drafts in one forward. The draft length adapts, and speculation "
+           "pauses while it is slower than plain steps. stderr names the mode and, at the end, the acceptance "
+           "rate. Default off", str, "off", choices=SPECULATIVE_MODES),
+    Option("draft", "language models: the draft run for --speculative draft (implies it): a smaller language-model "
+           "run with the same tokenizer", str, metavar="RUN"),
+    Option("draft_tokens", "language models, with --speculative: the most tokens drafted a round, 1 to the "
+           "context − 1 (default 8; the number drafted adapts below it)", int, 8, metavar="K"),
+)
+
 
 @register_task
 class LanguageModel(Task):
@@ -153,7 +244,7 @@ class LanguageModel(Task):
     protocol = CausalLM
     inputs = (PROMPT,)
     options = tuple(OPTIONS[k] for k in ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "no_cache",
-                                         "no_compile", "quantize", "chat"))
+                                         "no_compile", "quantize", "chat")) + SPECULATIVE
 
     @verb
     def generate(self, run: Run, prompt: str | list[str] = "\n", max_new_tokens: int = 200, **kw) -> str | list[str]:
@@ -163,12 +254,16 @@ class LanguageModel(Task):
         ``max_batch``): one text per prompt.
         """
         if isinstance(prompt, (list, tuple)):
+            if kw.get("speculative", "off") != "off" or kw.get("draft") is not None:
+                raise RunError("speculative decoding continues one prompt at a time: give one prompt")
             return generate_batch(run, list(prompt), max_new_tokens, **kw)
         return "".join(stream_text(run, prompt, max_new_tokens, **kw))
 
     def respond(self, run: Run, values: dict[str, Any]) -> Iterator[str]:
         """Echo the prompt, then stream the continuation (``--chat``: the reply to the prompt as a user message)."""
-        prompt = values["prompt"]
+        prompt, draft = values["prompt"], values["draft"]
+        if values["speculative"] != "off" or draft is not None:  # refused before the prompt is echoed
+            draft = check_speculation(run, values["speculative"], draft, values["draft_tokens"], not values["no_cache"])
         if values["chat"]:
             if not getattr(run.tokenizer, "chat_template", None):
                 raise RunError(f"{run.path} has no chat template (only imported chat models have one)")
@@ -180,7 +275,8 @@ class LanguageModel(Task):
         yield from stream_text(run, prompt, values["max_new_tokens"], temperature=values["temperature"],
                                top_k=values["top_k"], top_p=values["top_p"], seed=values["seed"],
                                use_cache=not values["no_cache"], quantize=values["quantize"],
-                               compile=False if values["no_compile"] else None)
+                               compile=False if values["no_compile"] else None, speculative=values["speculative"],
+                               draft=draft, draft_tokens=values["draft_tokens"])
         yield "\n"
 
     def draw(self, run: Run, out_dir: Path, **options) -> list[Path]:
