@@ -347,112 +347,158 @@ class Trainer:
         return self.c.time_budget is not None and self.elapsed >= self.c.time_budget
 
     def fit(self) -> dict[str, Any]:
-        """Train until the iteration or time budget is spent; return the final metrics."""
-        c = self.c
-        if self.dist.is_main:
-            self.out_dir.mkdir(parents=True, exist_ok=True)
-            if c.tensorboard and self._tb is None:
-                from .tensorboard import open_writer
+        """Train until the iteration or time budget is spent; return the final metrics.
 
-                self._tb = open_writer(self.out_dir / "tensorboard")
+        The loop reads as the lecture's training loop: one step (:meth:`train_step`), then what the step is
+        reported as (:class:`_Reporter`), an evaluation and a checkpoint when they are due."""
+        c = self.c
+        self._open_outputs()
         ckpt_every = c.eval_interval if c.checkpoint_interval is None else c.checkpoint_interval
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)} \
             if _main_thread() else {}
-        bar = _progress(c, self.step) if self.dist.is_main else None
-        lines = self.dist.is_main and bar is None  # no bar (a log file, --no-progress): a plain line now and then
-        t_line = time.perf_counter()
+        report = _Reporter(self)
         self.model.train()
-        tokens, t_window, last_loss = 0, time.perf_counter(), float("nan")
-        line_tokens, t_line_window = 0, time.perf_counter()
-        t_fit = time.perf_counter()
+        last_loss = float("nan")
         self._reached = False
         try:
             while not self._done():
-                t0 = time.perf_counter()
-                lr = self._lr()
-                for g in self.optimizer.param_groups:  # Muon's groups follow the same schedule, scaled
-                    g["lr"] = lr * c.muon_lr / c.lr if g.get("kind") == "muon" else lr
-                loss_sum = torch.zeros((), device=self.device)
-                for micro in range(c.grad_accum):
-                    # Each rank draws its own micro-batches: N ranks = one process accumulating N of them.
-                    index = (self.step * c.grad_accum + micro) * self.dist.world_size + self.dist.rank
-                    x, y = self._to_device(self.source.batch(index))
-                    last = micro == c.grad_accum - 1
-                    sync = contextlib.nullcontext() if last or not hasattr(self.model, "no_sync") \
-                        else self.model.no_sync()  # DDP: one all-reduce per step, not per micro-batch
-                    with sync:
-                        with self._autocast():
-                            loss = self._forward(x, y).loss / c.grad_accum
-                        loss.backward()
-                    loss_sum += loss.detach()
-                loss_val = float(all_reduce_mean(loss_sum, self.dist))
-                if not math.isfinite(loss_val):
-                    self._diverged(f"loss became {loss_val}")
-                # The norm before clipping is logged as grad_norm; max_norm=inf leaves the gradients as they are.
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(),
-                                                           c.grad_clip if c.grad_clip > 0 else math.inf)
-                if not math.isfinite(float(grad_norm)):  # a finite loss can still have inf/nan gradients
-                    self._diverged(f"the gradient norm became {float(grad_norm)} (loss {loss_val:.4g})")
-                self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=True)
-                self.step += 1
-                self.elapsed += time.perf_counter() - t0
-                if self.dist.enabled:  # every rank must take the same decision to stop
-                    flags = torch.tensor([self.elapsed, float(self._stop_signal is not None)])
-                    torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
-                    self.elapsed = float(flags[0])
-                    if flags[1] > 0 and self._stop_signal is None:
-                        self._stop_signal = signal.SIGTERM
+                loss_val, grad_norm, lr = self.train_step()
                 last_loss = loss_val
-                tokens += (self.tokens_per_batch or 0) * c.grad_accum
-                line_tokens += (self.tokens_per_batch or 0) * c.grad_accum
-                if bar is not None:
-                    bar.update(1)
-                elif lines and time.perf_counter() - t_line >= PROGRESS_SECONDS:
-                    rate = line_tokens / max(1e-9, time.perf_counter() - t_line_window)
-                    log.info("%s", self._progress_line(loss_val, rate))
-                    t_line = t_line_window = time.perf_counter()
-                    line_tokens = 0
-                if c.log_interval and self.step % c.log_interval == 0:
-                    dt = time.perf_counter() - t_window
-                    rate = tokens / dt if dt > 0 else 0.0
-                    rec = {"step": self.step, "loss": loss_val, "lr": lr, "elapsed": round(self.elapsed, 3),
-                           "items_per_s": round(rate, 1), "grad_norm": round(float(grad_norm), 5)}
-                    self._log(rec)
-                    if bar is not None:
-                        bar.set_postfix(loss=f"{loss_val:.4f}", tok_s=f"{rate:,.0f}")
-                    tokens, t_window = 0, time.perf_counter()
-                at_eval = c.eval_interval and self.step % c.eval_interval == 0 and not self._done()
-                if at_eval:
-                    metrics = self.run_eval()
-                    rec = {"step": self.step, "elapsed": round(self.elapsed, 3),
-                           "wall": round(time.perf_counter() - t_fit, 3), "train_loss": loss_val, **metrics}
-                    if c.target_val_loss is not None and metrics.get("val_loss", math.inf) <= c.target_val_loss:
-                        self._reached = True
-                    self.history.append(rec)
-                    self._log(rec)
-                    shown = " ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in rec.items())
-                    if bar is not None:
-                        bar.write(shown)
-                    elif lines:
-                        log.info("eval: %s", shown)
+                report.step(loss_val, grad_norm, lr)
+                if c.eval_interval and self.step % c.eval_interval == 0 and not self._done():
+                    report.eval(self._eval_record(loss_val, report.t_fit))
                 if ckpt_every and self.step % ckpt_every == 0 and not self._done():
                     self.save()
                 if self._stop_signal is not None:
                     self.save()
                     raise KeyboardInterrupt
         finally:
-            if bar is not None:
-                bar.close()
+            report.close()
             for s, h in old.items():
                 signal.signal(s, h)
-        metrics = self.run_eval()
-        final = {"step": self.step, "elapsed": round(self.elapsed, 3), "wall": round(time.perf_counter() - t_fit, 3),
-                 "train_loss": last_loss, **metrics}
-        self.history.append(final)
-        self._log(final)
+        final = self._eval_record(last_loss, report.t_fit, at_end=True)
         self.save()
         return final
+
+    def _open_outputs(self) -> None:
+        """The output directory (and the TensorBoard writer, when asked for), on the main rank only."""
+        if not self.dist.is_main:
+            return
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        if self.c.tensorboard and self._tb is None:
+            from .tensorboard import open_writer
+
+            self._tb = open_writer(self.out_dir / "tensorboard")
+
+    def train_step(self) -> tuple[float, torch.Tensor, float]:
+        """One optimizer step: the learning rate of this step, ``grad_accum`` micro-batches' gradients, clipping,
+        the update. Returns ``(loss, gradient norm before clipping, lr)``; a non-finite loss or norm stops training
+        (:meth:`_diverged`)."""
+        c = self.c
+        t0 = time.perf_counter()
+        lr = self._lr()
+        for g in self.optimizer.param_groups:  # Muon's groups follow the same schedule, scaled
+            g["lr"] = lr * c.muon_lr / c.lr if g.get("kind") == "muon" else lr
+        loss_sum = torch.zeros((), device=self.device)
+        for micro in range(c.grad_accum):
+            loss_sum += self._micro_batch(micro)
+        loss_val = float(all_reduce_mean(loss_sum, self.dist))
+        if not math.isfinite(loss_val):
+            self._diverged(f"loss became {loss_val}")
+        # The norm before clipping is logged as grad_norm; max_norm=inf leaves the gradients as they are.
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(),
+                                                   c.grad_clip if c.grad_clip > 0 else math.inf)
+        if not math.isfinite(float(grad_norm)):  # a finite loss can still have inf/nan gradients
+            self._diverged(f"the gradient norm became {float(grad_norm)} (loss {loss_val:.4g})")
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        self.elapsed += time.perf_counter() - t0
+        self._agree_across_ranks()
+        return loss_val, grad_norm, lr
+
+    def _micro_batch(self, micro: int) -> torch.Tensor:
+        """Forward and backward of micro-batch ``micro`` of this step; its share of the step's loss (detached)."""
+        c = self.c
+        # Each rank draws its own micro-batches: N ranks = one process accumulating N of them.
+        index = (self.step * c.grad_accum + micro) * self.dist.world_size + self.dist.rank
+        x, y = self._to_device(self.source.batch(index))
+        last = micro == c.grad_accum - 1
+        sync = contextlib.nullcontext() if last or not hasattr(self.model, "no_sync") \
+            else self.model.no_sync()  # DDP: one all-reduce per step, not per micro-batch
+        with sync:
+            with self._autocast():
+                loss = self._forward(x, y).loss / c.grad_accum
+            loss.backward()
+        return loss.detach()
+
+    def _agree_across_ranks(self) -> None:
+        """Every rank must take the same decision to stop: the longest elapsed time, and a signal seen by any."""
+        if not self.dist.enabled:
+            return
+        flags = torch.tensor([self.elapsed, float(self._stop_signal is not None)])
+        torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+        self.elapsed = float(flags[0])
+        if flags[1] > 0 and self._stop_signal is None:
+            self._stop_signal = signal.SIGTERM
+
+    def _eval_record(self, train_loss: float, t_fit: float, *, at_end: bool = False) -> dict[str, Any]:
+        """Evaluate, and record the result in the history and the log; during training, note whether the
+        target validation loss is reached."""
+        metrics = self.run_eval()
+        rec = {"step": self.step, "elapsed": round(self.elapsed, 3), "wall": round(time.perf_counter() - t_fit, 3),
+               "train_loss": train_loss, **metrics}
+        target = self.c.target_val_loss
+        if not at_end and target is not None and metrics.get("val_loss", math.inf) <= target:
+            self._reached = True
+        self.history.append(rec)
+        self._log(rec)
+        return rec
+
+
+class _Reporter:
+    """What a training step is reported as: a progress bar on a terminal, or a plain line every
+    :data:`PROGRESS_SECONDS` (a log file, ``--no-progress``); a record in the log every ``log_interval`` steps;
+    each evaluation shown on one line."""
+
+    def __init__(self, trainer: Trainer):
+        self.trainer, c = trainer, trainer.c
+        self.bar = _progress(c, trainer.step) if trainer.dist.is_main else None
+        self.lines = trainer.dist.is_main and self.bar is None
+        self.per_step = (trainer.tokens_per_batch or 0) * c.grad_accum
+        self.t_fit = self.t_line = self.t_line_window = self.t_window = time.perf_counter()
+        self.tokens = self.line_tokens = 0
+
+    def step(self, loss_val: float, grad_norm: torch.Tensor, lr: float) -> None:
+        t = self.trainer
+        self.tokens += self.per_step
+        self.line_tokens += self.per_step
+        if self.bar is not None:
+            self.bar.update(1)
+        elif self.lines and time.perf_counter() - self.t_line >= PROGRESS_SECONDS:
+            rate = self.line_tokens / max(1e-9, time.perf_counter() - self.t_line_window)
+            log.info("%s", t._progress_line(loss_val, rate))
+            self.t_line = self.t_line_window = time.perf_counter()
+            self.line_tokens = 0
+        if t.c.log_interval and t.step % t.c.log_interval == 0:
+            dt = time.perf_counter() - self.t_window
+            rate = self.tokens / dt if dt > 0 else 0.0
+            t._log({"step": t.step, "loss": loss_val, "lr": lr, "elapsed": round(t.elapsed, 3),
+                    "items_per_s": round(rate, 1), "grad_norm": round(float(grad_norm), 5)})
+            if self.bar is not None:
+                self.bar.set_postfix(loss=f"{loss_val:.4f}", tok_s=f"{rate:,.0f}")
+            self.tokens, self.t_window = 0, time.perf_counter()
+
+    def eval(self, rec: dict[str, Any]) -> None:
+        shown = " ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in rec.items())
+        if self.bar is not None:
+            self.bar.write(shown)
+        elif self.lines:
+            log.info("eval: %s", shown)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 PROGRESS_SECONDS = 10.0  # without a progress bar, one progress line at most this often
