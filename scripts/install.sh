@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Install tokennet and what it needs into the current Python, CPU build of PyTorch first:
 #   bash scripts/install.sh [EXTRA]   tokennet with the optional dependencies EXTRA (default dev)
-#   bash scripts/install.sh system    the programs the tests drive (Chromium, espeak-ng, Flite, Festival), from the
-#                                     system's packages where this user may install them (root with apt-get);
+#   bash scripts/install.sh system    what the tests drive or read (Chromium, espeak-ng, Flite, Festival, Debian's
+#                                     Fashion-MNIST), from the system's packages where this user may install them
+#                                     (root with apt-get);
 #                                     elsewhere it says which are missing, and the tests that need them skip.
 # (A plain `pip install torch` with nothing installed pulls a multi-GB CUDA build; on a GPU machine
 #  install the torch you want first and this script keeps it.)
@@ -15,6 +16,7 @@ install_system() {
   command -v chromium >/dev/null || missing+=(chromium)
   local tool
   for tool in espeak-ng flite festival; do command -v "$tool" >/dev/null || missing+=("$tool"); done
+  [ -d /usr/share/datasets/fashion-mnist ] || missing+=(dataset-fashion-mnist)  # tokennet.data.vision_data
   [ ${#missing[@]} -eq 0 ] && return 0
   if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null || ! apt-get update -qq >/dev/null 2>&1; then
     echo "install: could not install ${missing[*]} (needs root, apt-get and its package lists); the tests that" \

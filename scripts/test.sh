@@ -6,7 +6,8 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
 # The programs some tests drive, where the machine allows (root and apt-get; elsewhere those tests skip):
 # headless Chromium for the report's browser test (tests/viz/test_report.py); espeak-ng for the audio recipe's
 # spoken digits, Flite and Festival for the voices it never trains on (tests/data/test_spoken_digits.py,
-# test_other_speech.py, the robustness metrics' test). The other audio tests use synthetic signals.
+# test_other_speech.py, the robustness metrics' test); Debian's Fashion-MNIST (tests/data/test_vision_data.py). The
+# other audio tests use synthetic signals.
 bash scripts/install.sh system
 bash scripts/install.sh dev
 PY=${PYTHON:-python3}
