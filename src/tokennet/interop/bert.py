@@ -24,7 +24,8 @@ import torch
 from ..errors import DataError
 from ..models.text_encoder import TextEncoder, TextEncoderConfig
 from ..tokens.pretrained import PretrainedTokenizer
-from .hf import NameMap, check_fields, read_safetensors
+from .gguf_in import build_checked
+from .hf import NameMap, check_fields, check_layer_count, read_safetensors
 
 __all__ = ["convert_bert"]
 
@@ -49,6 +50,7 @@ def convert_bert(source: Path, cfg: dict[str, Any]) -> tuple[TextEncoder, list[s
     p = "bert." if any(k.startswith("bert.") for k in tensors) else ""
     pooler = sorted(k for k in tensors if k.startswith(p + "pooler."))
     m = NameMap(tensors, str(source / "model.safetensors"), derived=rf"{p}embeddings\.position_ids|{p}pooler\..*")
+    check_layer_count(tensors, config.num_layers, m.where)  # before the loop below runs that many times
     e = p + "embeddings."
     m.put("tok_emb.weight", e + "word_embeddings.weight")
     m.put("pos_emb.weight", e + "position_embeddings.weight")
@@ -65,8 +67,7 @@ def convert_bert(source: Path, cfg: dict[str, Any]) -> tuple[TextEncoder, list[s
             m.put(f"{b}mlp.fc1.{part}", f"{h}intermediate.dense.{part}")
             m.put(f"{b}mlp.fc2.{part}", f"{h}output.dense.{part}")
             m.put(f"{b}norm2.{part}", f"{h}output.LayerNorm.{part}")
-    model = TextEncoder(config)
-    model.load_state_dict(m.finish(model))
+    model = build_checked(TextEncoder, config, m, sizes="in config.json")  # names, shapes checked on meta first
     notes = [f"not imported: {', '.join(pooler)} (BERT's [CLS] pooler; sentence embeddings use mean pooling)"] \
         if pooler else []
     tokenizer = None

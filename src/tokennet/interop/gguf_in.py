@@ -147,22 +147,23 @@ def _shape(w) -> tuple[int, ...]:
     return tuple(w.shape)
 
 
-def build_checked(model_class, config, names) -> torch.nn.Module:
+def build_checked(model_class, config, names, *, sizes: str = "in its header") -> torch.nn.Module:
     """``model_class(config)`` with the weights of the :class:`~.hf.NameMap` ``names`` (tensors and :class:`Blocks`)
     loaded, their names and shapes checked first against a model without storage: sizes a damaged header
-    inflated are refused before the memory for them is asked for."""
+    inflated are refused before the memory for them is asked for. ``sizes`` says where they came from."""
     try:
         with torch.device("meta"):
-            probe = model_class(config.replace(quantized={}))  # every weight a float tensor, none allocated
-    except (RuntimeError, ValueError, OverflowError) as e:
-        raise DataError(f"{names.where}: the sizes in its header do not make a model "
+            # every weight a float tensor (a config that can hold GGUF blocks asks for none), none allocated
+            probe = model_class(config.replace(quantized={}) if hasattr(config, "quantized") else config)
+    except (RuntimeError, ValueError, OverflowError, TypeError) as e:  # TypeError: torch's "Overflow when unpacking"
+        raise DataError(f"{names.where}: the sizes {sizes} do not make a model "
                         f"({one_line(e)[:200]}); nothing was written") from None
     expected = probe.state_dict()
     if names.missing or names.unused():
         names.finish(probe)  # raises, naming the tensors
     for k, t in expected.items():
         if k in names.state and _shape(names.state[k]) != tuple(t.shape):
-            raise DataError(f"{names.where}: tensor {k!r} has shape {_shape(names.state[k])}, the header's sizes "
+            raise DataError(f"{names.where}: tensor {k!r} has shape {_shape(names.state[k])}, the sizes {sizes} "
                             f"make {tuple(t.shape)}; nothing was written")
     names.state = expand_blocks(names.state)
     with unwritten_blocks():

@@ -28,7 +28,8 @@ import torch
 
 from ..errors import DataError
 from ..models.vit import ViT, ViTConfig
-from .hf import NameMap, check_fields, read_safetensors
+from .gguf_in import build_checked
+from .hf import NameMap, check_fields, check_layer_count, read_safetensors
 
 __all__ = ["convert_vit"]
 
@@ -64,6 +65,7 @@ def convert_vit(source: Path, cfg: dict[str, Any]) -> tuple[ViT, list[str], None
                         "nothing was written")
     config = vit_config(cfg, num_classes=tensors["classifier.weight"].shape[0])
     m = NameMap(tensors, where)
+    check_layer_count(tensors, config.num_layers, where)  # before the loop below runs that many times
     e = "vit.embeddings."
     m.put("cls_token", e + "cls_token")
     m.put("pos_emb.weight", e + "position_embeddings", lambda w: w[0])  # (1, 1+N, D) → (1+N, D)
@@ -82,8 +84,7 @@ def convert_vit(source: Path, cfg: dict[str, Any]) -> tuple[ViT, list[str], None
     for part in ("weight", "bias"):
         m.put(f"head.norm.{part}", f"vit.layernorm.{part}")
         m.put(f"head.fc.{part}", f"classifier.{part}")
-    model = ViT(config)
-    model.load_state_dict(m.finish(model))
+    model = build_checked(ViT, config, m, sizes="in config.json")  # names, shapes checked on meta first
     notes = []
     if (source / "preprocessor_config.json").is_file():
         notes.append("preprocessor_config.json was not imported: normalize images the way it says before "
