@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -161,8 +162,48 @@ def _check_fine_tuning(recipe: Recipe, init, settings: dict[str, Any], given: se
     return tune
 
 
+@dataclass
+class _Plan:
+    """A run as decided before anything is written: what :func:`_resolve` read and checked, and what the later
+    stages (:func:`_build`, :func:`_publish`, :func:`_finish`) act on."""
+
+    recipe: Recipe
+    out: Path
+    info: Any  # the process group (:func:`~tokennet.train.distributed.init_distributed`)
+    dev: Any
+    data: str | None
+    init: Any
+    resume: bool
+    replacing: bool  # --overwrite replaces a run at out
+    created: bool  # out did not exist before this run
+    lock: RunLock | None
+    saved: dict[str, Any] | None  # run.json when resuming
+    ctx: BuildContext
+    tune: FineTune | None
+    lora: Any  # the LoRA config, or None
+    report_defaults: dict[str, Any] | None = None  # the recipe's defaults for this data, as the report shows them
+    t_start: float = field(default_factory=time.perf_counter)
+
+
 def _run(recipe: Recipe, out: Path, defaults, data, sets, dev, info, resume, overwrite, created, init=None,
          lock: RunLock | None = None):
+    """resolve → build → publish → train → finish."""
+    plan = _resolve(recipe, out, defaults, data, sets, dev, info, resume=resume, overwrite=overwrite, created=created,
+                    init=init, lock=lock)
+    job, trainer = _build(plan)
+    _publish(plan, job)
+    barrier(info)
+    final = trainer.fit()
+    model = _final_model(plan, job, trainer)
+    if model is None:  # a rank other than 0: rank 0 saves
+        return out, final
+    return out, _finish(plan, job, model, final)
+
+
+def _resolve(recipe: Recipe, out: Path, defaults, data, sets, dev, info, *, resume: bool, overwrite: bool,
+             created: bool, init, lock: RunLock | None) -> _Plan:
+    """Check the output directory, settings, data and fine-tuning, and decide everything the build needs; nothing
+    is written but an empty ``out`` for a new run."""
     saved, replacing = _prepare_out_dir(out, recipe.name, resume, overwrite)
     barrier(info)
     if saved is not None:
@@ -180,93 +221,117 @@ def _run(recipe: Recipe, out: Path, defaults, data, sets, dev, info, resume, ove
     barrier(info)
     if info.is_main and not replacing:
         out.mkdir(parents=True, exist_ok=True)
-    t_start = time.perf_counter()
+    plan = _Plan(recipe=recipe, out=out, info=info, dev=dev, data=data, init=init, resume=resume,
+                 replacing=replacing, created=created, lock=lock, saved=saved, tune=tune, lora=None,
+                 ctx=BuildContext(recipe=recipe, settings=settings, given=given, model=model_over, train=tcfg,
+                                  options=opts, data=spec, source=data, device=dev, out_dir=out,
+                                  tokenizer=read_tokenizer(out) if saved is not None else None))
     _seed_everything(tcfg.seed)  # the same initial weights on every rank
-    ctx = BuildContext(recipe=recipe, settings=settings, given=given, model=model_over, train=tcfg, options=opts,
-                       data=spec, source=data, device=dev, out_dir=out,
-                       tokenizer=read_tokenizer(out) if saved is not None else None)
-    lora = tune.lora() if tune is not None else None  # its settings checked before anything is built
+    plan.lora = tune.lora() if tune is not None else None  # its settings checked before anything is built
+    return plan
+
+
+def _build(plan: _Plan):
+    """The recipe's job (model, data source, evaluation) with adapters where asked, and its trainer (resumed
+    from the last checkpoint with --resume); a new run that fails here leaves nothing behind."""
+    ctx, tcfg, info = plan.ctx, plan.ctx.train, plan.info
     try:
-        if init is not None:
+        if plan.init is not None:
             from ..interop.init import check_resume_vocabulary, load_init
 
-            ctx.init = load_init(init, device=dev)
-            if saved is not None:
-                check_resume_vocabulary(ctx.init, out)
-        job = recipe.build(ctx)
-        if lora is not None:
+            ctx.init = load_init(plan.init, device=plan.dev)
+            if plan.saved is not None:
+                check_resume_vocabulary(ctx.init, plan.out)
+        job = plan.recipe.build(ctx)
+        if plan.lora is not None:
             from ..layers.lora import apply_lora
 
             if job.new_modules:  # a new head trains in full: adapters cannot correct a random projection
-                lora = tune.lora(job.new_modules)
+                plan.lora = plan.tune.lora(job.new_modules)
                 log.info("LoRA: %s new (not in --init), trained in full beside the adapters",
                          ", ".join(job.new_modules))
-            apply_lora(job.model, lora)  # the base frozen, adapters of rank r on the targets (seeded above)
+            apply_lora(job.model, plan.lora)  # the base frozen, adapters of rank r on the targets (seeded above)
     except BaseException:
-        if created and info.is_main:  # a run that never started leaves nothing behind
-            shutil.rmtree(out, ignore_errors=True)
+        if plan.created and info.is_main:  # a run that never started leaves nothing behind
+            shutil.rmtree(plan.out, ignore_errors=True)
         raise
-    spec = job.data if job.data is not None else spec
     if info.enabled:
         _seed_everything(tcfg.seed + 1000 * info.rank)  # different dropout masks per rank
-    report_defaults = recipe.defaults(data)
-    trainer = Trainer(job.model, tcfg, job.source, evaluate=job.evaluate, out_dir=out, device=dev,
+    plan.report_defaults = plan.recipe.defaults(plan.data)
+    trainer = Trainer(job.model, tcfg, job.source, evaluate=job.evaluate, out_dir=plan.out, device=plan.dev,
                       tokens_per_batch=job.tokens_per_batch, dist=info,
-                      on_checkpoint=_checkpoint_reports(out, report_defaults) if tcfg.report else None)
-    if resume:
+                      on_checkpoint=_checkpoint_reports(plan.out, plan.report_defaults) if tcfg.report else None)
+    if plan.resume:
         trainer.resume()  # a damaged checkpoint stops here, before any file of the run is touched
-    if info.is_main:
-        # Everything up to the first step is checked: now the run is written. An overwritten run is replaced
-        # only here, by a new directory written beside it whose run.json exists (RunLock.swap_in tells the
-        # crash story); every failure before this line has left it exactly as it was.
-        where, swapped = (temp_dir_beside(out) if replacing else out), False
-        try:
-            write_run_info(where, recipe=recipe.name, model=recipe.model, data=data, settings=ctx.settings,
-                           data_spec=spec, init=None if init is None else str(init))
-            if job.tokenizer is not None:
-                save_tokenizer(where, job.tokenizer)
-            if replacing:
-                lock.swap_in(where)  # raises only before the swap, with both directories as they were
-                swapped = True
-        except BaseException:
-            if replacing and not swapped:
-                shutil.rmtree(where, ignore_errors=True)
-            raise
-    barrier(info)
-    final = trainer.fit()
-    if not info.enabled:
-        model = job.model
-    else:  # gather the full weights into a plain, unsharded copy on rank 0
-        msd, _ = full_state(trainer.model, None)
-        if not info.is_main:
-            return out, final
-        model = model_from_config(job.model.config).to(dev)
-        if lora is not None:
-            from ..layers.lora import apply_lora
+    return job, trainer
 
-            apply_lora(model, lora)
-        model.load_state_dict(msd)
-    if lora is not None:
+
+def _publish(plan: _Plan, job) -> None:
+    """Write the run's ``run.json`` and tokenizer (rank 0): from here on the directory is a run.
+
+    Everything up to the first step is checked: now the run is written. An overwritten run is replaced only here,
+    by a new directory written beside it whose run.json exists (:meth:`~tokennet.run.RunLock.swap_in` tells the
+    crash story); every failure before this has left it exactly as it was."""
+    if not plan.info.is_main:
+        return
+    spec = job.data if job.data is not None else plan.ctx.data
+    where, swapped = (temp_dir_beside(plan.out) if plan.replacing else plan.out), False
+    try:
+        write_run_info(where, recipe=plan.recipe.name, model=plan.recipe.model, data=plan.data,
+                       settings=plan.ctx.settings, data_spec=spec, init=None if plan.init is None else str(plan.init))
+        if job.tokenizer is not None:
+            save_tokenizer(where, job.tokenizer)
+        if plan.replacing:
+            plan.lock.swap_in(where)  # raises only before the swap, with both directories as they were
+            swapped = True
+    except BaseException:
+        if plan.replacing and not swapped:
+            shutil.rmtree(where, ignore_errors=True)
+        raise
+
+
+def _final_model(plan: _Plan, job, trainer):
+    """The trained model as one plain module: the job's own, or under torchrun the full weights gathered into an
+    unsharded copy on rank 0 (None on the other ranks)."""
+    if not plan.info.enabled:
+        return job.model
+    msd, _ = full_state(trainer.model, None)
+    if not plan.info.is_main:
+        return None
+    model = model_from_config(job.model.config).to(plan.dev)
+    if plan.lora is not None:
+        from ..layers.lora import apply_lora
+
+        apply_lora(model, plan.lora)
+    model.load_state_dict(msd)
+    return model
+
+
+def _finish(plan: _Plan, job, model, final: dict[str, Any]) -> dict[str, Any]:
+    """Save the final model (adapters merged, or saved apart as asked), then the metrics — the trainer's, the
+    recipe's ``finish`` extras and its ``evaluate_run`` on the run reloaded from disk — and the report page."""
+    out, recipe = plan.out, plan.recipe
+    if plan.lora is not None:
         from ..layers.lora import merge_lora, save_adapter
 
-        if tune.lora_save == "adapter":  # the adapters and the modules trained in full, with the base's checksum
-            save_adapter(model, out / ADAPTER_FILE, lora)
+        if plan.tune.lora_save == "adapter":  # the adapters and the modules trained in full, with the base's checksum
+            save_adapter(model, out / ADAPTER_FILE, plan.lora)
         merge_lora(model)  # W + (α/r) B A (the modules trained in full as trained): an ordinary model again
     save_pretrained(model, out, extra={"recipe": recipe.name})
     metrics = {**final, "wall_seconds": 0.0, "num_parameters": parameter_count(model)}
-    if info.enabled:
-        metrics["world_size"] = info.world_size
+    if plan.info.enabled:
+        metrics["world_size"] = plan.info.world_size
     if job.finish is not None:
         model.eval()  # the final metrics are inference: no dropout, no training-time randomness (sign flips, ...)
         metrics.update(job.finish(model))
     if recipe.evaluate_run is not None:
         # The held-out metrics of the run as saved: what `tokennet eval` recomputes in a fresh process.
-        metrics.update(recipe.evaluate_run(load(out, device=dev), None))
-    metrics["wall_seconds"] = round(time.perf_counter() - t_start, 2)
+        metrics.update(recipe.evaluate_run(load(out, device=plan.dev), None))
+    metrics["wall_seconds"] = round(time.perf_counter() - plan.t_start, 2)
     write_metrics(out, metrics)
-    if tcfg.report:
-        write_report(out, report_defaults, panels=True, device=str(dev))
-    return out, metrics
+    if plan.ctx.train.report:
+        write_report(out, plan.report_defaults, panels=True, device=str(plan.dev))
+    return metrics
 
 
 def _checkpoint_reports(out: Path, defaults: dict[str, Any]):
