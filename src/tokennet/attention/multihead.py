@@ -258,61 +258,69 @@ class MultiHeadAttention(nn.Module):
         if rope is not None and cross:
             raise ValueError("rope applies to self-attention only; cross-attention has no shared positions")
         if cross:
-            q = self._heads(self.project_q(x), self.num_heads)  # (B, H, N, E)
-            if self.q_norm is not None:
-                q = self.q_norm(q)
-            if cache is not None and cache.static and cache.k is not None:
-                k, v = cache.k, cache.v  # cross-attention keys/values computed once
-            else:
-                if context.dim() != 3 or context.shape[0] != B or context.shape[-1] != self.context_dim:
-                    raise ValueError(f"context must have shape (B={B}, M, {self.context_dim}), "
-                                     f"got {tuple(context.shape)}")
-                k, v = self.project_kv(context)
-                k = self._heads(k, self.num_kv_heads)  # (B, Hkv, M, E)
-                v = self._heads(v, self.num_kv_heads)  # (B, Hkv, M, E)
-                if self.k_norm is not None:
-                    k = self.k_norm(k)
-                if cache is not None:
-                    k, v = cache.append(k, v)
+            q, k, v = self._cross_qkv(x, context, cache)
         else:
-            if rope is not None and self.k_norm is None:
-                # Q and K are adjacent columns of [W_q; W_k; W_v]'s output: one rotation turns both.
-                qk, v = self.qkv_proj(x).split([self.q_dim + self.kv_dim, self.v_dim], -1)
-                v = v if self.value_proj else x
-                qk = apply_rope(self._heads(qk, self.num_heads + self.num_kv_heads), *rope)  # (B, H+Hkv, N, E)
-                q, k = qk.split([self.num_heads, self.num_kv_heads], 1)  # (B, H, N, E), (B, Hkv, N, E)
-            else:
-                q, k, v = self.project_qkv(x)
-                q = self._heads(q, self.num_heads)  # (B, H, N, E)
-                k = self._heads(k, self.num_kv_heads)  # (B, Hkv, N, E)
-                if self.k_norm is not None:  # before rope: normalize contents, then rotate by position
-                    q, k = self.q_norm(q), self.k_norm(k)
-                if rope is not None:
-                    q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-            v = self._heads(v, self.num_kv_heads)  # (B, Hkv, N, E)
-            if cache is not None:
-                k, v = cache.append(k, v)
-        # A per-key mask (B, 1, 1, Nk) — the serving engine's rows at their own lengths — is fused in too: through
-        # SDPA, each layer would be one kernel call on copies of its keys and values.
-        one_row_mask = mask is None or (mask.dtype == torch.bool and mask.dim() == 4 and mask.shape[1] == 1
-                                        and mask.shape[2] == 1)
-        if (torch.compiler.is_compiling() and N == 1 and not cross and one_row_mask and bias is None
-                and not return_weights and not (self.training and self.dropout > 0)):
-            out = one_query_attention(q, k, v, mask)  # a compiled decoding step: no kernel call per layer
-        else:
-            out = attention(
-                q,
-                k,
-                v,
-                mask,
-                bias=bias,
-                is_causal=is_causal and not cross,
-                dropout=self.dropout if self.training else 0.0,
-                backend="math" if return_weights else self.backend,
-                return_weights=return_weights,
-            )
+            q, k, v = self._self_qkv(x, rope, cache)
+        out = self._attend(q, k, v, mask, bias=bias, is_causal=is_causal and not cross, cross=cross,
+                           return_weights=return_weights)
         if return_weights:
             out, a = out
         out = out.transpose(1, 2).reshape(B, N, self.q_dim)  # (B, N, H·E)
         out = self.out_drop(self.out_proj(out))
         return (out, a) if return_weights else out
+
+    def _cross_qkv(self, x: Tensor, context: Tensor, cache: KVCache | None) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries from ``x``, keys and values from ``context`` (computed once into a static cache and reused)."""
+        B = x.shape[0]
+        q = self._heads(self.project_q(x), self.num_heads)  # (B, H, N, E)
+        if self.q_norm is not None:
+            q = self.q_norm(q)
+        if cache is not None and cache.static and cache.k is not None:
+            return q, cache.k, cache.v  # cross-attention keys/values computed once
+        if context.dim() != 3 or context.shape[0] != B or context.shape[-1] != self.context_dim:
+            raise ValueError(f"context must have shape (B={B}, M, {self.context_dim}), got {tuple(context.shape)}")
+        k, v = self.project_kv(context)
+        k = self._heads(k, self.num_kv_heads)  # (B, Hkv, M, E)
+        v = self._heads(v, self.num_kv_heads)  # (B, Hkv, M, E)
+        if self.k_norm is not None:
+            k = self.k_norm(k)
+        if cache is not None:
+            k, v = cache.append(k, v)
+        return q, k, v
+
+    def _self_qkv(self, x: Tensor, rope: tuple[Tensor, Tensor] | None,
+                  cache: KVCache | None) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries, keys and values from ``x`` (rotated by ``rope``), the keys and values appended to ``cache``."""
+        if rope is not None and self.k_norm is None:
+            # Q and K are adjacent columns of [W_q; W_k; W_v]'s output: one rotation turns both.
+            qk, v = self.qkv_proj(x).split([self.q_dim + self.kv_dim, self.v_dim], -1)
+            v = v if self.value_proj else x
+            qk = apply_rope(self._heads(qk, self.num_heads + self.num_kv_heads), *rope)  # (B, H+Hkv, N, E)
+            q, k = qk.split([self.num_heads, self.num_kv_heads], 1)  # (B, H, N, E), (B, Hkv, N, E)
+        else:
+            q, k, v = self.project_qkv(x)
+            q = self._heads(q, self.num_heads)  # (B, H, N, E)
+            k = self._heads(k, self.num_kv_heads)  # (B, Hkv, N, E)
+            if self.k_norm is not None:  # before rope: normalize contents, then rotate by position
+                q, k = self.q_norm(q), self.k_norm(k)
+            if rope is not None:
+                q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        v = self._heads(v, self.num_kv_heads)  # (B, Hkv, N, E)
+        if cache is not None:
+            k, v = cache.append(k, v)
+        return q, k, v
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, bias: Tensor | None,
+                is_causal: bool, cross: bool, return_weights: bool):
+        """``softmax(Q Kᵀ / √E + bias) V`` under ``mask``: the kernel of :attr:`backend` (the plain formula when the
+        weights are asked for)."""
+        # A per-key mask (B, 1, 1, Nk) — the serving engine's rows at their own lengths — is fused in too: through
+        # SDPA, each layer would be one kernel call on copies of its keys and values.
+        one_row_mask = mask is None or (mask.dtype == torch.bool and mask.dim() == 4 and mask.shape[1] == 1
+                                        and mask.shape[2] == 1)
+        if (torch.compiler.is_compiling() and q.shape[2] == 1 and not cross and one_row_mask and bias is None
+                and not return_weights and not (self.training and self.dropout > 0)):
+            return one_query_attention(q, k, v, mask)  # a compiled decoding step: no kernel call per layer
+        return attention(q, k, v, mask, bias=bias, is_causal=is_causal,
+                         dropout=self.dropout if self.training else 0.0,
+                         backend="math" if return_weights else self.backend, return_weights=return_weights)
