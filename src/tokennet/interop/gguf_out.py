@@ -298,43 +298,9 @@ def write_gguf(model: nn.Module, tokenizer, out: str | Path, *, file_type: str =
         w = gguf.GGUFWriter(str(tmp), arch)
         w.add_type(gguf.GGUFType.MODEL)
         w.add_name(name)
-        w.add_block_count(c.num_layers)
-        w.add_context_length(c.block_size)
-        w.add_embedding_length(c.dim)
-        w.add_feed_forward_length(round(c.mlp_ratio * c.dim))
-        w.add_head_count(c.num_heads)
-        if arch == "gpt2":
-            if c.num_kv_heads not in (None, c.num_heads):
-                w.add_head_count_kv(c.num_kv_heads)
-            w.add_layer_norm_eps(c.norm_eps)
-        else:
-            w.add_head_count_kv(c.num_kv_heads or c.num_heads)
-            w.add_rope_freq_base(c.rope_base)
-            w.add_layer_norm_rms_eps(c.norm_eps)
-            w.add_vocab_size(c.vocab_size)
-            w.add_rope_dimension_count(c.dim // c.num_heads)
-        kinds = [t for n, (_, _, t) in encoded.items()
-                 if isinstance(tensors[n], Blocks) or (tensors[n].dim() == 2 and n != "position_embd.weight")]
-        main = max(set(kinds), key=kinds.count)  # general.file_type: the type of most matrices
-        ftypes = {"F32": gguf.LlamaFileType.ALL_F32, "F16": gguf.LlamaFileType.MOSTLY_F16,
-                  "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0, "Q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
-                  "Q4_1": gguf.LlamaFileType.MOSTLY_Q4_1, "Q5_0": gguf.LlamaFileType.MOSTLY_Q5_0,
-                  "Q4_K": gguf.LlamaFileType.MOSTLY_Q4_K_M, "Q5_K": gguf.LlamaFileType.MOSTLY_Q5_K_M,
-                  "Q6_K": gguf.LlamaFileType.MOSTLY_Q6_K}
-        w.add_file_type(ftypes[main])
-        w.add_tokenizer_model(vocab["model"])
-        w.add_tokenizer_pre(vocab["pre"])
-        w.add_token_list(vocab["tokens"])
-        w.add_token_types(vocab["types"])
-        w.add_token_merges(vocab["merges"])
-        ids = vocab["ids"]
-        for key, add in (("bos_id", w.add_bos_token_id), ("eos_id", w.add_eos_token_id),
-                         ("unk_id", w.add_unk_token_id), ("pad_id", w.add_pad_token_id)):
-            if ids.get(key) is not None:
-                add(int(ids[key]))
-        w.add_add_bos_token(False)  # tokennet does not prepend <bos> when it generates
-        if vocab["chat_template"]:
-            w.add_chat_template(vocab["chat_template"])
+        _add_shape(w, c, arch)
+        w.add_file_type(_file_type(tensors, encoded, gguf))
+        _add_vocab(w, vocab)
         w.add_quantization_version(gguf.GGML_QUANT_VERSION)
         for n, (data, raw, _) in encoded.items():
             w.add_tensor(n, data, raw_dtype=raw)
@@ -349,3 +315,52 @@ def write_gguf(model: nn.Module, tokenizer, out: str | Path, *, file_type: str =
     finally:
         quiet.setLevel(level)
     return GGUFFile(out, arch, file_type, {n: t for n, (_, _, t) in encoded.items()}, notes)
+
+
+def _add_shape(w, c, arch: str) -> None:
+    """The hyperparameters llama.cpp builds its graph from: layers, context, widths, heads, norms, rotary base."""
+    w.add_block_count(c.num_layers)
+    w.add_context_length(c.block_size)
+    w.add_embedding_length(c.dim)
+    w.add_feed_forward_length(round(c.mlp_ratio * c.dim))
+    w.add_head_count(c.num_heads)
+    if arch == "gpt2":
+        if c.num_kv_heads not in (None, c.num_heads):
+            w.add_head_count_kv(c.num_kv_heads)
+        w.add_layer_norm_eps(c.norm_eps)
+        return
+    w.add_head_count_kv(c.num_kv_heads or c.num_heads)
+    w.add_rope_freq_base(c.rope_base)
+    w.add_layer_norm_rms_eps(c.norm_eps)
+    w.add_vocab_size(c.vocab_size)
+    w.add_rope_dimension_count(c.dim // c.num_heads)
+
+
+def _file_type(tensors: dict, encoded: dict, gguf):
+    """``general.file_type``: the type of most matrices (blocks the model holds count as matrices)."""
+    kinds = [t for n, (_, _, t) in encoded.items()
+             if isinstance(tensors[n], Blocks) or (tensors[n].dim() == 2 and n != "position_embd.weight")]
+    main = max(set(kinds), key=kinds.count)
+    ftypes = {"F32": gguf.LlamaFileType.ALL_F32, "F16": gguf.LlamaFileType.MOSTLY_F16,
+              "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0, "Q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
+              "Q4_1": gguf.LlamaFileType.MOSTLY_Q4_1, "Q5_0": gguf.LlamaFileType.MOSTLY_Q5_0,
+              "Q4_K": gguf.LlamaFileType.MOSTLY_Q4_K_M, "Q5_K": gguf.LlamaFileType.MOSTLY_Q5_K_M,
+              "Q6_K": gguf.LlamaFileType.MOSTLY_Q6_K}
+    return ftypes[main]
+
+
+def _add_vocab(w, vocab: dict) -> None:
+    """The tokenizer: model, pre-tokenizer, tokens, their types, merges, special ids and the chat template."""
+    w.add_tokenizer_model(vocab["model"])
+    w.add_tokenizer_pre(vocab["pre"])
+    w.add_token_list(vocab["tokens"])
+    w.add_token_types(vocab["types"])
+    w.add_token_merges(vocab["merges"])
+    ids = vocab["ids"]
+    for key, add in (("bos_id", w.add_bos_token_id), ("eos_id", w.add_eos_token_id),
+                     ("unk_id", w.add_unk_token_id), ("pad_id", w.add_pad_token_id)):
+        if ids.get(key) is not None:
+            add(int(ids[key]))
+    w.add_add_bos_token(False)  # tokennet does not prepend <bos> when it generates
+    if vocab["chat_template"]:
+        w.add_chat_template(vocab["chat_template"])
