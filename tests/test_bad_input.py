@@ -60,6 +60,7 @@ def world(tmp_path_factory):
     ck = sorted((root / "badckpt" / "checkpoints").glob("step-*"))[-1] / "model.safetensors"
     ck.write_bytes(ck.read_bytes()[: ck.stat().st_size // 2])
     (root / "badconfig" / "config.json").write_text("{not json")
+    _bounded_inputs(root)
     # Foreign checkpoints for `tokennet import`: another architecture, and a GPT-2 whose weights are cut short.
     (root / "hf_t5").mkdir()
     (root / "hf_t5" / "config.json").write_text('{"model_type": "t5", "architectures": ["T5ForConditionalGeneration"]}')
@@ -67,6 +68,23 @@ def world(tmp_path_factory):
     (root / "hf_gpt2" / "config.json").write_text('{"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}')
     (root / "hf_gpt2" / "model.safetensors").write_bytes(t.read_bytes())
     return root
+
+
+def _bounded_inputs(root: Path) -> None:
+    """Issue 44: inputs past a bound (a config nested 1,000 deep, a graph of 20,000 nodes) and an answers.tsv whose
+    row names an image outside its directory."""
+    import shutil
+
+    from tokennet.data.vqa import write_question_dir
+
+    shutil.copytree(root / "gpt_run", root / "deepconfig")
+    (root / "deepconfig" / "config.json").write_text('{"family": "gpt", "x": ' + "[" * 1000 + "]" * 1000 + "}")
+    shutil.copytree(Path(__file__).parent / "fixtures" / "runs_0_1" / "graph", root / "graph_run")
+    (root / "big_graph.json").write_text('{"nodes": [' + ",".join(["[1.0, 0.0]"] * 20_000) + '], "edges": []}')
+    q = write_question_dir(root / "questions", 6, seed=0)
+    lines = (q / "answers.tsv").read_text().splitlines()
+    lines[2] = "\t".join(["../corpus.txt", *lines[2].split("\t")[1:]])
+    (q / "answers.tsv").write_text("\n".join(lines) + "\n")
 
 
 def _audio_files(root: Path) -> None:
@@ -136,6 +154,10 @@ CASES = {
     "truncated checkpoint": (["-q", "train", "gpt-char", "--out", "badckpt", "--resume", "--max-iters", "4"],
                              "checkpoint"),
     "config is not JSON": (["generate", "badconfig"], "not valid JSON"),
+    "config nested too deep": (["generate", "deepconfig"], "nested 1001 levels deep"),
+    "graph of 20,000 nodes": (["generate", "graph_run", "--graphs", "big_graph.json"], "MAX_GRAPH_NODES"),
+    "answers.tsv names an image outside its directory": (["train", "vqa", "--data", "questions", "--out", "vqa_run"],
+                                                         "answers.tsv, line 3: the image '../corpus.txt' is outside"),
     "generate from a vit run": (["generate", "vit_run"], "image classification run: pass --image"),
     "generate from a non-run": (["generate", "notext"], "not a run directory"),
     "eval a non-run": (["eval", "notext"], "not a run directory"),

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from robustness.fuzzing import FUZZ, check_cli, check_reader, mutated, mutated_json
+from robustness.graph_cases import oversized_graphs
 
 from tokennet.data.chats import read_chats
 from tokennet.data.image_files import read_images
@@ -151,6 +152,19 @@ def test_damaged_graph_json_is_one_line(graph_seed, data):
     _read_bytes("graphs.json", damaged, _graphs)
 
 
+@FUZZ
+@given(case=oversized_graphs())
+def test_graph_files_past_the_bounds_are_one_line_naming_the_bound(case):
+    """Issue 44: a graph of 20,000 nodes took minutes and gigabytes; now every graph file past a bound (nodes,
+    edges, node pairs of the file, nesting) is refused before any tensor is built, naming the file and the bound."""
+    text, bound = case
+    out = _read_bytes("graphs.json", text.encode(), _graphs)
+    if bound is None:
+        assert not isinstance(out, TokennetError), out
+    else:
+        assert isinstance(out, TokennetError) and bound in str(out), out
+
+
 # -- chat JSONL ------------------------------------------------------------------------------------------------------
 CHATS = [{"messages": [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi there"}]},
          {"messages": [{"role": "system", "content": "be nice"}, {"role": "user", "content": "how are you"},
@@ -233,3 +247,49 @@ def test_cli_train_vqa_on_a_damaged_answers_file_is_one_line(question_dir, tmp_p
                                "--max-iters", "1"], f)
         assert code == 2 and "answers.tsv" in err, err
         assert not (tmp_path / "run" / "run.json").exists()
+
+
+@st.composite
+def escaping_rows(draw) -> tuple[str, str]:
+    """How an answers.tsv row's image can leave its directory: ``(kind, the path the row names)``; ``kind`` "inside"
+    is a path with ``..`` that stays inside (it must read)."""
+    kind = draw(st.sampled_from(["dotdot", "absolute", "symlink", "symlinked dir", "inside"]))
+    up = "../" * draw(st.integers(1, 6))
+    return kind, {"dotdot": draw(st.sampled_from([up + "outside.png", "images/../" + up + "outside.png",
+                                                   "./" + up + "q/images/../../outside.png"])),
+                  "absolute": draw(st.sampled_from(["OUTSIDE", "/etc/passwd", "/dev/zero", "/proc/self/environ"])),
+                  "symlink": "images/link.png", "symlinked dir": "elsewhere/outside.png",
+                  "inside": "images/../images/" + draw(st.sampled_from(["00000.png", "00001.png"]))}[kind]
+
+
+@FUZZ
+@given(case=escaping_rows(), data=st.data())
+def test_answers_rows_escaping_the_directory_are_one_line_naming_the_row(question_dir, case, data):
+    """Issue 44: answers.tsv could name any image on disk; a row whose image leaves the directory that holds it (by
+    ``..``, an absolute path or a symbolic link) is refused before any image is read, naming the row."""
+    from tokennet.data.vqa import read_question_dir
+
+    kind, name = case
+    root = Path(tempfile.mkdtemp(prefix="vqa-escape-"))
+    try:
+        d = root / "q"
+        shutil.copytree(question_dir, d)
+        outside = root / "outside.png"
+        shutil.copy(d / "images" / "00000.png", outside)  # a readable image: only its place is wrong
+        if kind == "symlink":
+            (d / "images" / "link.png").symlink_to(outside)
+        elif kind == "symlinked dir":
+            (d / "elsewhere").symlink_to(root, target_is_directory=True)
+        f = d / "answers.tsv"
+        lines = f.read_text().splitlines()
+        row = data.draw(st.integers(1, len(lines) - 1), label="row")
+        lines[row] = "\t".join([name.replace("OUTSIDE", str(outside)), *lines[row].split("\t")[1:]])
+        f.write_text("\n".join(lines) + "\n")
+        read_question_dir.cache_clear()
+        out = check_reader(lambda: read_question_dir(str(d)), f, outside)
+        if kind == "inside":
+            assert not isinstance(out, TokennetError), out
+        else:
+            assert isinstance(out, TokennetError) and f"line {row + 1}" in str(out) and "outside" in str(out), out
+    finally:
+        shutil.rmtree(root)

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from robustness.fuzzing import FUZZ, check_cli, check_reader, mutated, mutated_json
+from robustness.graph_cases import oversized_graphs
 
 import tokennet
 from tokennet.cli import main
@@ -119,3 +120,39 @@ def test_cli_generate_on_a_damaged_run_is_one_line(runs, tmp_path, name, damage)
     code, err = check_cli(["-q", "generate", str(d), "--prompt", "line", "--max-new-tokens", "2"],
                           *sorted(p for p in d.rglob("*") if p.is_file()))
     assert code == 2, err
+
+
+# -- tokennet generate --graphs: graph files past the bounds, or damaged ---------------------------------------------
+GRAPH_RUN = Path(__file__).parents[1] / "fixtures" / "runs_0_1" / "graph"
+
+
+@pytest.fixture(scope="module")
+def graph_seed(tmp_path_factory):
+    from tokennet.data.graphs import marked_distance_set
+    from tokennet.tasks.graph import write_graphs
+
+    batch, _ = marked_distance_set(2, 0)
+    return json.loads(write_graphs(batch, tmp_path_factory.mktemp("g") / "g.json").read_text())
+
+
+@FUZZ
+@given(data=st.data())
+def test_cli_generate_graphs_past_the_bounds_or_damaged_is_one_line(graph_seed, data):
+    """Issue 44: ``generate --graphs FILE`` on a graph run: a file past a bound (nodes, edges, node pairs, nesting)
+    is exit 2 with one line naming the file and the bound; a damaged one exit 0 or one line; the run unchanged."""
+    kind = data.draw(st.sampled_from(["bounds", "damaged"]), label="kind")
+    if kind == "bounds":
+        text, bound = data.draw(oversized_graphs(), label="graphs")
+        body = text.encode()
+    else:
+        body, bound = data.draw(mutated_json(graph_seed), label="mutation").data, None
+    d = Path(tempfile.mkdtemp(prefix="graph-fuzz-"))
+    try:
+        f = d / "graphs.json"
+        f.write_bytes(body)
+        code, err = check_cli(["-q", "generate", str(GRAPH_RUN), "--graphs", str(f)], f,
+                              *sorted(p for p in GRAPH_RUN.rglob("*") if p.is_file()))
+    finally:
+        shutil.rmtree(d)
+    if bound is not None:
+        assert code == 2 and str(f) in err and bound in err, err

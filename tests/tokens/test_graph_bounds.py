@@ -106,3 +106,12 @@ def test_cli_generate_on_a_huge_graph_file_is_one_line(tmp_path):
     f = _write(tmp_path / "big.json", _graph(20_000))
     code, err = check_cli(["generate", str(d), "--graphs", str(f)], f)
     assert code == 2 and str(f) in err and "MAX_GRAPH_NODES" in err, err
+
+
+def test_a_nan_feature_in_a_file_is_one_line_naming_the_file(tmp_path):
+    """Found by the fuzzing at 300 examples: a NaN feature was refused by collate_graphs without naming the file."""
+    f = tmp_path / "nan.json"
+    f.write_text('{"nodes": [[NaN, 1.0], [0.0, 1.0]], "edges": [[0, 1]]}')
+    with pytest.raises(DataError) as e:
+        read_graphs(f, node_features=2)
+    assert str(f) in str(e.value) and "NaN" in str(e.value)

@@ -60,6 +60,8 @@ def read_graphs(path: str | Path, *, node_features: int, needs_positions: bool =
         if x.dim() != 2 or x.shape[0] < 1 or x.shape[1] != node_features:
             raise DataError(f"{p}: graph {i}: nodes must be a list of {node_features} features per node, got shape "
                             f"{tuple(x.shape)}")
+        if not torch.isfinite(x).all() or (pos is not None and not torch.isfinite(pos).all()):
+            raise DataError(f"{p}: graph {i}: node features or positions contain NaN or infinity")
         if e.numel() and (e.min() < 0 or e.max() >= len(x)):
             raise DataError(f"{p}: graph {i}: an edge names a node outside 0..{len(x) - 1}")
         if needs_positions and (pos is None or tuple(pos.shape) != (len(x), 3)):
