@@ -456,9 +456,17 @@ async def one_request(kind: str, ports: dict, rng: random.Random, expected: dict
     rec["outcomes"][outcome] = rec["outcomes"].get(outcome, 0) + 1
 
 
+def progress(tally: dict, row: dict) -> str:
+    """One line: the requests so far, the lost and wrong ones, the probes, and the latest sample."""
+    sent, lost, wrong = (sum(r[k] for r in tally["good"].values()) for k in ("sent", "lost", "wrong"))
+    probes = sum(r["sent"] for r in tally["probes"].values())
+    return f"  {row['t_s']:6.0f} s: {sent} good requests ({lost} lost, {wrong} wrong), {probes} probes; {row}"
+
+
 async def soak(ports: dict, pids: dict, *, streams: int, seconds: float, sample_s: float, seed: int,
-               expected: dict) -> dict:
-    """``streams`` clients sending the mix back to back for ``seconds``; samples every ``sample_s`` seconds."""
+               expected: dict, progress_s: float | None = None) -> dict:
+    """``streams`` clients sending the mix back to back for ``seconds``; samples every ``sample_s`` seconds (and a
+    line of progress every ``progress_s``)."""
     tally, turn, samples = new_tally(), itertools.count(), []
     t0 = time.monotonic()
     deadline = t0 + seconds
@@ -470,8 +478,12 @@ async def soak(ports: dict, pids: dict, *, streams: int, seconds: float, sample_
             await one_request(kind, ports, rng, expected, tally, turn)
 
     async def sampler() -> None:
+        said = 0.0
         while True:
             samples.append(await sample(t0, ports["lm"], pids))
+            if progress_s and samples[-1]["t_s"] >= said + progress_s:
+                said = samples[-1]["t_s"]
+                print(progress(tally, samples[-1]), flush=True)
             await asyncio.sleep(sample_s)
 
     sampling = asyncio.create_task(sampler())
@@ -556,14 +568,14 @@ def serving(lm_run: Path, enc_run: Path, *, threads: int = 1, max_batch: int = 1
 
 def run_soak(lm_run: Path, enc_run: Path, *, streams: int, seconds: float, warmup_s: float, sample_s: float,
              seed: int = 0, threads: int = 1, max_batch: int = 16, prefix_cache_mb: float = 1.0,
-             no_compile: bool = False, quantize: str = "none") -> dict:
+             no_compile: bool = False, quantize: str = "none", progress_s: float | None = None) -> dict:
     """Start both servers, take the quiet answers, soak, stop the servers; the counts, samples and verdicts."""
     with serving(lm_run, enc_run, threads=threads, max_batch=max_batch, prefix_cache_mb=prefix_cache_mb,
                  no_compile=no_compile, quantize=quantize) as srv:
         async def go() -> tuple[dict, dict]:
             expected = await quiet_answers(srv.ports["lm"], srv.ports["enc"])
             return expected, await soak(srv.ports, srv.pids(), streams=streams, seconds=seconds, sample_s=sample_s,
-                                        seed=seed, expected=expected)
+                                        seed=seed, expected=expected, progress_s=progress_s)
 
         expected, out = asyncio.run(go())
     out.update(servers=srv.stopped, warmup_s=warmup_s, streams=streams,
@@ -678,7 +690,7 @@ def main() -> None:
         results.update(run_soak(lm_run, enc_run, streams=args.streams, seconds=60 * args.minutes,
                                 warmup_s=60 * args.warmup_minutes, sample_s=args.sample_seconds, seed=args.seed,
                                 threads=args.threads, max_batch=args.max_batch, prefix_cache_mb=args.prefix_cache_mb,
-                                no_compile=args.no_compile, quantize=args.quantize))
+                                no_compile=args.no_compile, quantize=args.quantize, progress_s=60))
     results["load_after"] = os.getloadavg()
     print(table(results))
     args.out.parent.mkdir(parents=True, exist_ok=True)
