@@ -38,4 +38,7 @@ if ! "$PY" -c "import torch" 2>/dev/null; then
   "$PY" -m pip install -q "torch==2.13.0" 2>/dev/null \
     || "$PY" -m pip install -q torch --index-url https://download.pytorch.org/whl/cpu
 fi
-"$PY" -m pip install -q -e ".[${1:-dev}]"
+# --no-build-isolation: the build sees the torch installed above, so setup.py builds the native int8 kernel now
+# rather than at first use; where that cannot be (no setuptools here), an isolated build installs without it.
+"$PY" -m pip install -q --no-build-isolation -e ".[${1:-dev}]" \
+  || "$PY" -m pip install -q -e ".[${1:-dev}]"

@@ -179,3 +179,23 @@ def test_threads_split_the_output_rows_and_change_no_bit():
         torch.set_num_threads(before)
     assert torch.equal(two, int8dot.linear(x, packed, s, None, 1000))
     assert torch.equal(two, int8dot.reference(x, q, s))
+
+
+@needs_kernel
+def test_the_kernel_built_at_install_is_the_one_a_fresh_process_loads():
+    """``scripts/install.sh`` builds the kernel with tokennet (setup.py): a first use loads it instead of building
+    (a build at first use took 42.6 s of a new user's first ``generate``). Where the install could not build it (an
+    isolated build), the build at first use remains, and this test has nothing to check."""
+    import subprocess
+    import sys
+
+    if not int8dot._PREBUILT.is_file():
+        pytest.skip("tokennet was installed without its prebuilt kernel (an isolated build)")
+    code = ("import torch; from tokennet.layers import int8dot; assert int8dot.available(), "
+            "int8dot.unavailable_reason(); print(sorted(torch.ops.loaded_libraries))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert str(int8dot._PREBUILT) in out.stdout, out.stdout
+    off = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                         env={**__import__("os").environ, "TOKENNET_INT8DOT_PREBUILT": "0"})
+    assert off.returncode == 0 and str(int8dot._PREBUILT) not in off.stdout, off.stdout + off.stderr

@@ -43,12 +43,14 @@ activations (int8 per-channel: 2.6609); teacher-forced top-1 equal to llama.cpp'
 positions (float32 activations 97.5%, int8 94.6%). A decoding step reads 96.6 MB of weights per token, as
 llama.cpp does (int8: 135.4 MB). ``TOKENNET_BLOCKDOT=0`` switches the block kernel off alone.
 
-The kernel is C++ (``int8dot.cpp``, beside this file), built at first use by ``torch.utils.cpp_extension`` with the
-C++ compiler torch.compile needs anyway, into ``$TOKENNET_CACHE/extensions`` (``~/.cache/tokennet/extensions``),
-once per machine (about 30 s); it registers ``torch.ops.tokennet_int8dot.linear``, which torch.compile calls from a
-compiled graph as an opaque operation (its output shape is declared to it here). :func:`available` says whether it
-can run here (an x86 CPU with AVX-512 VNNI, a compiler, ``TOKENNET_INT8DOT`` not ``0``) and
-:func:`unavailable_reason` why not.
+The kernel is C++ (``int8dot.cpp``, beside this file), built when tokennet is installed (``setup.py``, where the
+install sees torch, as ``scripts/install.sh`` installs) into ``_int8dot.so`` beside this file. Where there is none,
+or it was built against another torch (``TOKENNET_INT8DOT_PREBUILT=0`` ignores it), it is built at first use by
+``torch.utils.cpp_extension`` with the C++ compiler torch.compile needs anyway, into ``$TOKENNET_CACHE/extensions``
+(``~/.cache/tokennet/extensions``), once per machine (about 30 s). It registers
+``torch.ops.tokennet_int8dot.linear``, which torch.compile calls from a compiled graph as an opaque operation (its
+output shape is declared to it here). :func:`available` says whether it can run here (an x86 CPU with AVX-512 VNNI,
+a compiler, ``TOKENNET_INT8DOT`` not ``0``) and :func:`unavailable_reason` why not.
 """
 
 from __future__ import annotations
@@ -102,6 +104,10 @@ def _load() -> None:
     if missing:
         _STATE.update(ok=False, reason=f"this CPU lacks {', '.join(missing)}")
         return
+    if _load_prebuilt():
+        _register_fakes()
+        _STATE.update(ok=True, reason="")
+        return
     t0 = time.perf_counter()
     try:
         from torch.utils import cpp_extension
@@ -119,6 +125,30 @@ def _load() -> None:
     took = time.perf_counter() - t0
     if took > 2:  # a build, not a load of the built library
         logger.info("built the int8 integer-dot kernel in %.1f s (once per machine: %s)", took, _build_dir())
+    _register_fakes()
+    _STATE.update(ok=True, reason="")
+
+
+_PREBUILT = Path(__file__).with_name("_int8dot.so")  # built when tokennet was installed (setup.py)
+
+
+def _load_prebuilt() -> bool:
+    """Load the kernel built at install time (``setup.py``); False where there is none or it does not load here
+    (built against another torch: its symbols differ), and the build at first use takes over."""
+    if os.environ.get("TOKENNET_INT8DOT_PREBUILT", "1").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    if not _PREBUILT.is_file():
+        return False
+    try:
+        torch.ops.load_library(str(_PREBUILT))
+    except (OSError, RuntimeError) as e:
+        logger.info("the int8dot kernel built at install does not load (%s); building it here", e)
+        return False
+    return hasattr(torch.ops.tokennet_int8dot, "linear")
+
+
+def _register_fakes() -> None:
+    """The output shapes of the kernel's operations, for torch.compile (which calls them as opaque operations)."""
 
     @torch.library.register_fake("tokennet_int8dot::linear")
     def _(x, packed, scale, bias, n):
@@ -127,8 +157,6 @@ def _load() -> None:
     @torch.library.register_fake("tokennet_int8dot::blocks")
     def _(x, packed, fmt, bias, n):
         return x.new_empty(x.shape[0], n, dtype=torch.float32)
-
-    _STATE.update(ok=True, reason="")
 
 
 def available() -> bool:
