@@ -40,6 +40,7 @@ import numpy as np
 from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HFTokenizer
 
+from .. import jsonio
 from ..errors import ConfigError, DataError, one_line
 from ..fileio import atomic_write_text
 
@@ -597,8 +598,8 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
             f"cannot load tokenizer: {where}; pass a tokenizer.json or a directory holding one"
         )
     try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:  # RecursionError: nesting too deep
+        data = jsonio.loads(file.read_text(encoding="utf-8"), what=f"{file} is not a tokenizer")  # too deep: says so
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise DataError(f"{file} is not a tokenizer: not valid JSON ({e})") from None
     try:
         return tokenizer_from_dict(data)
