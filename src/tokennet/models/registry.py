@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from .. import jsonio
 from ..errors import ConfigError, RunError
-from ..fileio import atomic_write_text, safetensors_write, sha256_file
+from ..fileio import atomic_write_text, safetensors_write, sha256_file, temp_name_beside
 from ..layers.blockquant import unwritten_blocks
 from ..state import check_state_dict
 
@@ -311,7 +311,7 @@ def save_pretrained(model: nn.Module, directory: str | Path, *, extra: dict[str,
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    tmp_w = directory / (WEIGHTS_FILE + ".tmp")
+    tmp_w = temp_name_beside(directory / WEIGHTS_FILE, "tmp")  # a killed writer's is swept by the next save
     try:
         with safetensors_write(tmp_w):
             save_model(model, str(tmp_w))
