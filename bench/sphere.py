@@ -1,7 +1,7 @@
 """Spheres (recipe ``sphere``): what rotations do to a planar ViT, absolute SH positions and the invariant bias.
 
-Runs the recipe's default command (``tokennet train sphere``: the invariant model — angle bias, centroid
-angle, zonal descriptors — trained on unrotated images, with ``ablation=true``) in this process: a planar
+Runs the recipe's default command with its table (``tokennet train sphere --set ablation=true``) in this
+process: a planar
 ViT on the lat/lon-sampled projected images, the sphere transformer with absolute spherical-harmonic
 positions and the rotation-invariant one, each trained unrotated (NR) and under uniformly random
 rotations (R) with the same steps, images and seed, and tested unrotated and rotated. Prints the table
@@ -52,7 +52,7 @@ def main() -> None:
         wall = (run_dir / "metrics.json").stat().st_mtime - (run_dir / "run.json").stat().st_mtime
     else:
         data = args.data
-        sets = {"progress": False, **parse_sets(args.sets, recipe.defaults(data))}
+        sets = {"progress": False, "ablation": True, **parse_sets(args.sets, recipe.defaults(data))}
         t0 = time.perf_counter()
         with tempfile.TemporaryDirectory() as d:
             _, metrics = train("sphere", data=data, out=Path(d) / "run", sets=sets, device="cpu")

@@ -16,8 +16,13 @@ TINY = {"dim": 16, "num_layers": 1, "num_heads": 2, "batch_size": 8, "max_iters"
         "warmup_iters": 1, "test_size": 20, "val_size": 8, "progress": False}
 
 
+def test_the_default_run_trains_the_configured_model_alone(tmp_path):
+    _, metrics = train("graph", out=tmp_path / "g", sets=TINY, device="cpu")
+    assert "ablation" not in metrics and 0 <= metrics["test_accuracy"] <= 1
+
+
 def test_run_with_the_ablation_table(tmp_path):
-    run_dir, metrics = train("graph", out=tmp_path / "g", sets=TINY, device="cpu")
+    run_dir, metrics = train("graph", out=tmp_path / "g", sets={**TINY, "ablation": True}, device="cpu")
     assert set(metrics["ablation"]) == set(VARIANTS)
     assert all(0 <= v <= 1 for v in metrics["ablation"].values())
     # the configured model (the default: full attention + the spectral-kernel bias) is reported, not retrained

@@ -15,7 +15,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 TINY = {"num_centres": 48, "num_samples": 256, "patch_size": 8, "rings": 2, "sh_degree": 3, "dim": 16,
         "num_layers": 1, "num_heads": 2, "batch_size": 8, "max_iters": 3, "eval_interval": 0, "warmup_iters": 1,
-        "test_size": 20, "val_size": 8, "grid_height": 8, "grid_width": 16, "progress": False, "ablation_steps": 3}
+        "test_size": 20, "val_size": 8, "grid_height": 8, "grid_width": 16, "progress": False, "ablation_steps": 3,
+        "ablation": True}
 
 
 def test_run_with_the_rotation_table_eval_classify_and_viz(tmp_path):
@@ -99,7 +100,9 @@ def test_bad_settings_data_and_inputs_are_one_line_and_write_nothing(tmp_path, c
 
 
 def test_classify_rejects_wrong_shapes_and_nan(tmp_path, capsys):
-    run_dir, _ = train("sphere", out=tmp_path / "s", sets={**TINY, "ablation": False, "max_iters": 1}, device="cpu")
+    sets = {k: v for k, v in TINY.items() if k != "ablation"}  # the default: the configured model alone
+    run_dir, metrics = train("sphere", out=tmp_path / "s", sets={**sets, "max_iters": 1}, device="cpu")
+    assert "ablation" not in metrics
     run = tokennet.load(run_dir)
     # The CLI classifies image files (projected as in training); a file that is no image is one line, exit 2.
     from PIL import Image
