@@ -22,12 +22,13 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 NAMES = ["linear-family", "low-rank", "mlp-is-conv1x1", "fixed-W-vs-attention", "identity-value", "concat-positions",
          "causal-mask", "sqrt-d-scaling", "cnn-rnn-attention-table", "rnn-forgets-long-inputs", "vit-vs-cnn-data",
-         "layernorm-optimization", "fourier-positions"]
+         "layernorm-optimization", "fourier-positions", "receptive-field-learned"]
 
 
 def test_every_claim_is_registered_in_the_issues_order_with_the_lectures_words():
     assert claim_names() == NAMES
-    assert [c.number for c in claims()] == ["1", "2", "3", "4", "5", "6", "7", "8", "9", "9b", "10", "11", "12"]
+    assert [c.number for c in claims()] == ["1", "2", "3", "4", "5", "6", "7", "8", "9", "9b", "10", "11", "12",
+                                             "13"]
     for c in claims():
         assert c.quote.startswith(('"', "An RNN")) and len(c.quote) > 40, c.name
 
