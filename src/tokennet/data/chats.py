@@ -6,7 +6,8 @@ A file of JSON lines, one conversation per line::
                   {"role": "assistant", "content": "..."}, ...]}
 
 Each conversation is rendered with the tokenizer's chat template (an imported model's own, e.g.
-SmolLM2's ChatML) or, for a tokenizer without one, plain ChatML text (:func:`render_chat`).
+SmolLM2's ChatML) or, for a tokenizer without one, plain ChatML text (:func:`tokennet.tokens.chat.render_chat`,
+next to the tokenizer; importable from here as before).
 The model learns only what the assistant says: the targets are the next token at assistant positions
 and −100 (ignored by the loss) everywhere else, so the mean loss is
 
@@ -25,59 +26,20 @@ import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 from torch import Tensor
 
 from .. import jsonio
 from ..errors import DataError
+from ..tokens.chat import END_OF_TURN, ROLES, chat_stop_strings, check_messages, render_chat  # re-exported: old home
 from .spec import DataSpec, register_data
 
 __all__ = ["ChatConversations", "ChatExample", "ChatBatches", "read_chats", "render_chat", "encode_chat",
            "check_messages", "chat_stop_strings", "is_chat_file", "ROLES", "END_OF_TURN"]
 
-ROLES = ("system", "user", "assistant", "tool")
 IGNORE = -100
-
-END_OF_TURN = "<|im_end|>"  # the plain ChatML of a tokenizer without a template ends each turn with it
-
-
-def check_messages(messages: Any, where: str = "messages") -> list[dict[str, str]]:
-    """Validate a conversation: a non-empty list of ``{"role": one of ROLES, "content": str}``; DataError otherwise."""
-    if not isinstance(messages, list) or not messages:
-        raise DataError(f"{where}: 'messages' must be a non-empty list of {{'role', 'content'}} objects")
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict):
-            raise DataError(f"{where}: message {i} is not an object")
-        role, content = m.get("role"), m.get("content")
-        if role not in ROLES:
-            raise DataError(f"{where}: message {i} has role {role!r}; expected one of {', '.join(ROLES)}")
-        if not isinstance(content, str):
-            raise DataError(f"{where}: message {i} has no text 'content' (got {type(content).__name__})")
-    return [{"role": m["role"], "content": m["content"]} for m in messages]
-
-
-def render_chat(tokenizer, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
-                where: str | None = None, **variables: Any) -> str:
-    """A conversation as prompt text: the tokenizer's own chat template, else plain ChatML.
-
-    A template renders as transformers renders it, in jinja2's sandbox (:mod:`tokennet.tokens.chat_template`):
-    the one renderer of ``tokennet generate --chat``, chat fine-tuning and ``tokennet serve``. ``where`` names the
-    template in its errors (the run); ``variables``: ``tools``, ``documents``, ... for the template.
-    Plain ChatML is ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` per message and ``<|im_start|>assistant\\n``
-    as the generation prompt; tokennet's own tokenizers read it as ordinary text.
-    """
-    if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, where=where,
-                                             **variables)
-    text = "".join(f"<|im_start|>{m['role']}\n{m['content']}{END_OF_TURN}\n" for m in messages)
-    return text + ("<|im_start|>assistant\n" if add_generation_prompt else "")
-
-
-def chat_stop_strings(tokenizer) -> list[str]:
-    """Text that ends a reply when the tokenizer has no end-of-turn token of its own (the plain ChatML marker)."""
-    return [] if getattr(tokenizer, "chat_template", None) else [END_OF_TURN]
 
 
 @dataclass
