@@ -7,8 +7,8 @@ import tokenizers
 import torch
 
 from tokennet.data.chats import ChatBatches, read_chats
-from tokennet.tokens.chat import render_chat
 from tokennet.errors import DataError
+from tokennet.tokens.chat import render_chat
 from tokennet.tokens.pretrained import PretrainedTokenizer
 from tokennet.tokens.text import CharTokenizer
 
