@@ -199,3 +199,14 @@ def test_the_kernel_built_at_install_is_the_one_a_fresh_process_loads():
     off = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
                          env={**__import__("os").environ, "TOKENNET_INT8DOT_PREBUILT": "0"})
     assert off.returncode == 0 and str(int8dot._PREBUILT) not in off.stdout, off.stdout + off.stderr
+
+
+def test_a_kernel_built_at_install_from_another_source_is_not_loaded(tmp_path, monkeypatch):
+    """The library beside the package is loaded only if its stamp is this source's and this torch's: an install
+    that predates a change to int8dot.cpp would otherwise load a kernel without the change."""
+    lib = tmp_path / "_int8dot.so"
+    lib.write_bytes(b"not a library")  # never opened: the stamp is checked first
+    monkeypatch.setattr(int8dot, "_PREBUILT", lib)
+    assert not int8dot._load_prebuilt()  # no stamp
+    (tmp_path / "_int8dot.so.stamp").write_text("0" * 64)
+    assert not int8dot._load_prebuilt()  # another source's

@@ -139,6 +139,11 @@ def _load_prebuilt() -> bool:
         return False
     if not _PREBUILT.is_file():
         return False
+    stamp = _PREBUILT.with_name(_PREBUILT.name + ".stamp")  # setup.py: the source's and torch's hash it was built of
+    want = hashlib.sha256(_SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()
+    if not stamp.is_file() or stamp.read_text().strip() != want:
+        logger.info("the int8dot kernel built at install is of another source or torch; building it here")
+        return False
     try:
         torch.ops.load_library(str(_PREBUILT))
     except (OSError, RuntimeError) as e:
