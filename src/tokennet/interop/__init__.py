@@ -1,6 +1,6 @@
 """Checkpoints of other libraries on tokennet's own modules: ``tokennet import SOURCE --out RUN_DIR``.
 
-One converter per foreign family maps names and layouts onto tokennet's modules (DESIGN.md: foreign
+One converter per foreign family maps names and layouts onto tokennet's modules (CONTRIBUTING.md: foreign
 names are mapped, not adopted); the result is an ordinary tokennet run directory (``config.json``,
 ``model.safetensors``, ``run.json``), so ``tokennet.load``, ``generate`` and ``viz`` use it with
 tokennet's code alone — no ``transformers`` at inference.
