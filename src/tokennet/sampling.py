@@ -49,7 +49,7 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 from torch import Tensor, nn
 
-from .attention.multihead import KVCache
+from .attention.multihead import KVCache, one_query_attention, use_kernel
 from .errors import ConfigError
 from .layers import quantize as quantization
 
@@ -113,6 +113,7 @@ class CompiledStep:
         self.eager = net
         self.net = copy.deepcopy(net, quantization._share_tensors(net))  # same tensors, GEMV linears
         quantization._replace_linears(self.net, quantization.GemvLinear)
+        use_kernel(self.net, one_query_step_kernel)  # attention of one query, fused into the step's loops
         # torch.compile keeps its compiled graphs per code object, so every CompiledStep would share (and
         # evict, past Dynamo's recompile limit) one list of graphs: give each its own copy of the code.
         fn = type(self)._step  # a subclass's own step (the serving engine's rows at their own lengths)
@@ -180,6 +181,22 @@ class CompiledStep:
         for c in caches:
             c.length = n
         return logits
+
+
+def one_query_step_kernel(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, bias: Tensor | None,
+                          dropout: float, return_weights: bool) -> Tensor | None:
+    """The compiled decoding step's attention kernel (installed with :func:`~tokennet.attention.multihead.
+    use_kernel`): one query per row is :func:`~tokennet.attention.multihead.one_query_attention`, whose sums
+    Inductor fuses into the step's own loops, where a fused-attention kernel call per layer would cost more than
+    the few thousand multiplications it does. A per-key mask ``(B, 1, 1, Nk)`` — the serving engine's rows at
+    their own lengths — is fused in too. Every other call (the prompt, eager steps, a bias, dropout, the weights
+    asked for) is left to the layer's own backend (None)."""
+    one_row_mask = mask is None or (mask.dtype == torch.bool and mask.dim() == 4 and mask.shape[1] == 1
+                                    and mask.shape[2] == 1)
+    if (torch.compiler.is_compiling() and q.shape[2] == 1 and one_row_mask and bias is None and not return_weights
+            and dropout == 0):
+        return one_query_attention(q, k, v, mask)
+    return None
 
 
 # decoding copy → {step class: its step} (weak keys: a step lives no longer than its copy; every caller of one copy

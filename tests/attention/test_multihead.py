@@ -384,3 +384,22 @@ def test_one_query_attention_with_a_per_key_mask_equals_sdpa(num_kv_heads):
     mask[2] = False
     torch.testing.assert_close(one_query_attention(q, k, v, mask), attention(q, k, v, mask), rtol=1e-5, atol=1e-6)
     assert one_query_attention(q, k, v, mask)[2].abs().max() == 0
+
+
+def test_a_kernel_installed_from_outside_takes_the_calls_it_answers_and_leaves_the_rest():
+    """``use_kernel``: a decoding engine chooses a kernel for some calls without a branch of its own inside the
+    lecture's attention; a kernel answering None leaves the call to the layer's backend, bit for bit."""
+    from tokennet.attention.multihead import use_kernel
+
+    torch.manual_seed(0)
+    net = nn.Sequential(MultiHeadAttention(16, 4), MultiHeadAttention(16, 4)).eval()
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        plain = net[1](net[0](x))
+        seen = []
+        use_kernel(net, lambda q, k, v, mask, **kw: seen.append(q.shape) or None)  # takes nothing
+        assert torch.equal(net[1](net[0](x)), plain) and seen == [(2, 4, 5, 4)] * 2
+        use_kernel(net, lambda q, k, v, mask, **kw: torch.zeros_like(q))  # takes every call: A V = 0
+        assert torch.equal(net[0](x), net[0].out_proj(torch.zeros(2, 5, 16)))
+        use_kernel(net, None)
+        assert torch.equal(net[1](net[0](x)), plain)

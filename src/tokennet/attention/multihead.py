@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from ..position.rope import apply_rope
 from .functional import BACKENDS, attention
 
-__all__ = ["MultiHeadAttention", "KVCache", "one_query_attention"]
+__all__ = ["MultiHeadAttention", "KVCache", "one_query_attention", "use_kernel"]
 
 
 class KVCache:
@@ -92,6 +92,20 @@ def one_query_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = N
     return out.reshape(B, H, 1, E).to(q.dtype)
 
 
+AttentionKernel = Callable[..., "Tensor | None"]
+
+
+def use_kernel(net: nn.Module, kernel: AttentionKernel | None) -> None:
+    """Install ``kernel`` in every self-attention of ``net`` (None: the layers' own backend again).
+
+    The lecture's attention stays the lecture's: :class:`MultiHeadAttention` computes ``softmax(Q Kᵀ / √E) V`` with
+    its backend, and a decoding engine that wants another kernel for some calls (a compiled one-query step, say)
+    installs it from outside; the kernel answers None for the calls it leaves to the backend."""
+    for m in net.modules():
+        if isinstance(m, MultiHeadAttention):
+            m.kernel = kernel
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention for self- and cross-attention (Vaswani et al. 2017).
 
@@ -163,6 +177,9 @@ class MultiHeadAttention(nn.Module):
         self.context_dim = dim if context_dim is None else context_dim
         self.is_cross = context_dim is not None
         self.dropout, self.backend = dropout, backend
+        # A decoding engine's attention kernel (use_kernel): a function of (q, k, v, mask, *, bias, dropout,
+        # return_weights) giving the output, or None for a call it does not take. Not state: never saved.
+        self.kernel: AttentionKernel | None = None
         self.q_dim, self.kv_dim = num_heads * head_dim, num_kv_heads * head_dim  # H·E and Hkv·E
         if not value_proj and self.kv_dim != self.context_dim:
             raise ValueError(f"value_proj=False (W_v = I) needs num_kv_heads·head_dim = {self.kv_dim} equal to the "
@@ -313,14 +330,11 @@ class MultiHeadAttention(nn.Module):
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, bias: Tensor | None,
                 is_causal: bool, cross: bool, return_weights: bool):
         """``softmax(Q Kᵀ / √E + bias) V`` under ``mask``: the kernel of :attr:`backend` (the plain formula when the
-        weights are asked for)."""
-        # A per-key mask (B, 1, 1, Nk) — the serving engine's rows at their own lengths — is fused in too: through
-        # SDPA, each layer would be one kernel call on copies of its keys and values.
-        one_row_mask = mask is None or (mask.dtype == torch.bool and mask.dim() == 4 and mask.shape[1] == 1
-                                        and mask.shape[2] == 1)
-        if (torch.compiler.is_compiling() and q.shape[2] == 1 and not cross and one_row_mask and bias is None
-                and not return_weights and not (self.training and self.dropout > 0)):
-            return one_query_attention(q, k, v, mask)  # a compiled decoding step: no kernel call per layer
-        return attention(q, k, v, mask, bias=bias, is_causal=is_causal,
-                         dropout=self.dropout if self.training else 0.0,
+        weights are asked for), unless a decoding engine installed a :attr:`kernel` that takes this call."""
+        dropout = self.dropout if self.training else 0.0
+        if self.kernel is not None and not cross:  # a decoding engine's choice (use_kernel), for the calls it takes
+            out = self.kernel(q, k, v, mask, bias=bias, dropout=dropout, return_weights=return_weights)
+            if out is not None:
+                return out
+        return attention(q, k, v, mask, bias=bias, is_causal=is_causal, dropout=dropout,
                          backend="math" if return_weights else self.backend, return_weights=return_weights)
