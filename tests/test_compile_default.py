@@ -1,4 +1,5 @@
-"""Decoding takes the compiled step by default (TOKENNET_COMPILE unset or 1) and gives the eager greedy tokens.
+"""Decoding takes the compiled step where it pays (TOKENNET_COMPILE unset: the steps ahead decide; 1: always) and
+gives the eager greedy tokens.
 
 The rest of the suite decodes eagerly (tests/conftest.py sets TOKENNET_COMPILE=0); this module is the one place
 the default path itself is compiled, on a one-layer model so the compilation takes seconds.
@@ -13,7 +14,7 @@ import torch
 
 from tokennet import sampling
 from tokennet.models import create_model
-from tokennet.sampling import compile_default, generate
+from tokennet.sampling import CompilePlan, compile_default, compile_mode, generate
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -25,17 +26,18 @@ def _model():
 
 def test_the_environment_sets_the_default_and_an_argument_overrides_it(monkeypatch):
     monkeypatch.delenv("TOKENNET_COMPILE", raising=False)
-    assert compile_default() is True  # a user's default
+    assert compile_default() is True and compile_mode() == "auto"  # a user's default: where it pays
     for off in ("0", "false", "off", "no"):
         monkeypatch.setenv("TOKENNET_COMPILE", off)
         assert compile_default() is False
         assert compile_default(True) is True
+        assert compile_mode() == "off" and compile_mode(True) == "on"
     monkeypatch.setenv("TOKENNET_COMPILE", "1")
-    assert compile_default() is True
-    assert compile_default(False) is False
+    assert compile_default() is True and compile_mode() == "on"
+    assert compile_default(False) is False and compile_mode(False) == "off"
 
 
-def test_the_default_path_is_compiled_and_gives_the_eager_greedy_tokens(monkeypatch):
+def test_the_compiled_path_gives_the_eager_greedy_tokens(monkeypatch):
     m = _model()
     prompt = torch.randint(64, (1, 4))
     made = []
@@ -50,9 +52,9 @@ def test_the_default_path_is_compiled_and_gives_the_eager_greedy_tokens(monkeypa
     monkeypatch.setenv("TOKENNET_COMPILE", "0")
     eager = generate(m, prompt, 12, temperature=0)
     assert not made  # TOKENNET_COMPILE=0: eager
-    monkeypatch.delenv("TOKENNET_COMPILE")
-    compiled = generate(m, prompt, 12, temperature=0)  # no compile= argument: the default a user gets
-    assert len(made) == 1 and made[0].compiled, "the default decoding path did not compile"
+    monkeypatch.setenv("TOKENNET_COMPILE", "1")
+    compiled = generate(m, prompt, 12, temperature=0)  # no compile= argument: the environment's choice
+    assert len(made) == 1 and made[0].compiled, "the compiled decoding path did not compile"
     assert made[0].compile_s > 0
     assert torch.equal(compiled, eager)
     made.clear()
@@ -84,8 +86,67 @@ def test_a_one_token_prompt_on_the_compiled_default(monkeypatch, backend):
     eager = generate(m, prompt, 10, temperature=0)
     sampled_eager = generate(m, prompt, 10, temperature=0.8, generator=torch.Generator().manual_seed(0))
     assert not made
-    monkeypatch.delenv("TOKENNET_COMPILE")
+    monkeypatch.setenv("TOKENNET_COMPILE", "1")
     assert torch.equal(generate(m, prompt, 10, temperature=0), eager)
     assert made and made[0].compiled, "the one-token prompt did not reach the compiled step"
     sampled = generate(m, prompt, 10, temperature=0.8, generator=torch.Generator().manual_seed(0))
     assert sampled.shape == (1, 11) and torch.equal(sampled, sampled_eager)
+
+
+def _plan_with(monkeypatch, compile_seconds):
+    made = []
+    monkeypatch.setattr(sampling, "compiled_step", lambda net: made.append(net) or "the compiled step")
+    monkeypatch.setattr(sampling, "_compile_seconds", lambda net: compile_seconds)
+    return made
+
+
+def test_auto_compiles_only_where_the_steps_ahead_repay_it(monkeypatch):
+    """saved = steps left · t_eager · (1 − 1/speedup) against the cost of compiling: a short answer never waits for
+    a compile, a long one pays for it; nothing is decided before PROBE eager steps are timed."""
+    monkeypatch.delenv("TOKENNET_COMPILE", raising=False)
+    made = _plan_with(monkeypatch, 10.0)
+    short = CompilePlan(_model(), None, 16)
+    assert short.first_step() is None
+    assert [short.observe(0.05, 15 - i) for i in range(5)] == [None] * 5  # 13 · 50 ms · ½ ≪ 10 s
+    assert not made and short.decided
+    long = CompilePlan(_model(), None, 4000)
+    got = [long.observe(0.05, 3999 - i) for i in range(3)]  # 3997 · 50 ms · ½ ≈ 100 s > 10 s
+    assert got == [None, None, "the compiled step"] and len(made) == 1
+    assert CompilePlan(_model(), None, 4000).observe(0.05, 10) is None  # still probing
+    never = _plan_with(monkeypatch, None)  # never measured here: UNMEASURED_COMPILE_S
+    plan = CompilePlan(_model(), None, 200)
+    assert [plan.observe(0.05, 199 - i) for i in range(3)] == [None] * 3 and not never  # 5 s < 30 s
+
+
+def test_forced_modes_and_a_step_compiled_earlier_in_this_process(monkeypatch):
+    made = _plan_with(monkeypatch, 0.0)
+    assert CompilePlan(_model(), True, 4).first_step() == "the compiled step"  # on: at once, however short
+    off = CompilePlan(_model(), False, 10**6)
+    assert off.first_step() is None and off.observe(1.0, 10**6) is None and len(made) == 1
+    monkeypatch.delenv("TOKENNET_COMPILE", raising=False)
+    m = _model()
+    ready = types.SimpleNamespace(compiled=True)
+    monkeypatch.setitem(sampling._STEPS, m, {sampling.CompiledStep: ready})
+    assert CompilePlan(m, None, 4).first_step() is ready  # compiled already: free, taken at once
+
+
+def test_a_compile_time_is_remembered_for_the_next_decision(monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    m = _model()
+    assert sampling._compile_seconds(m) is None
+    sampling._remember_compile_seconds(m, 12.345)
+    assert sampling._compile_seconds(m) == 12.35
+    other = create_model("gpt-micro", vocab_size=64, block_size=32, num_layers=2)
+    assert sampling._compile_seconds(other) is None  # another model: another cost
+    (tmp_path / "tokennet-compile-seconds.json").write_text("[" * 500 + "]" * 500)  # damaged: estimate again
+    assert sampling._compile_seconds(m) is None
+
+
+def test_a_short_generation_on_the_default_path_does_not_compile_and_gives_the_eager_tokens(monkeypatch):
+    monkeypatch.delenv("TOKENNET_COMPILE", raising=False)
+    made = _plan_with(monkeypatch, None)
+    m = _model()
+    prompt = torch.randint(64, (1, 4))
+    got = generate(m, prompt, 12, temperature=0)
+    assert not made
+    assert torch.equal(got, generate(m, prompt, 12, temperature=0, compile=False))

@@ -22,7 +22,8 @@ decoding step reads every weight once, so fewer bytes per weight make it faster.
 
 Each step is the model's forward over the new token against the preallocated KV caches, the head over
 the last position, and the choice of the next token; the token ids live in one preallocated buffer. By
-default (``compile=None``: on, unless ``TOKENNET_COMPILE=0``; ``compile=False`` opts out) the steps after the
+default (``compile=None``: where the steps ahead repay the compilation, :class:`CompilePlan`; ``compile=True`` or
+``TOKENNET_COMPILE=1`` always, ``compile=False`` or ``TOKENNET_COMPILE=0`` never) the steps after the
 prompt run as one graph compiled by ``torch.compile``
 (:class:`CompiledStep`): eager PyTorch spends most of a small model's step launching ~20 operations per
 layer, and its matrix kernels read one-row products' weights far below memory speed; the compiled step
@@ -37,7 +38,9 @@ compiling again.
 from __future__ import annotations
 
 import copy
+import hashlib
 import itertools
+import json
 import logging
 import math
 import os
@@ -49,12 +52,14 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 from torch import Tensor, nn
 
+from . import jsonio
 from .attention.multihead import KVCache, one_query_attention, use_kernel
 from .errors import ConfigError
+from .fileio import atomic_write_text
 from .layers import quantize as quantization
 
 __all__ = ["generate", "stream", "sample_next", "next_token_probs", "greedy_next", "SAMPLING_EPS", "CompiledStep",
-           "compiled_step", "compile_default", "inductor_cache_dir"]
+           "compiled_step", "compile_default", "compile_mode", "CompilePlan", "inductor_cache_dir"]
 
 logger = logging.getLogger(__name__)
 
@@ -68,12 +73,127 @@ _SERIAL = itertools.count()
 INDUCTOR_OPTIONS = {"realize_opcount_threshold": 8, "size_asserts": False}
 
 
-def compile_default(compile: bool | None = None) -> bool:
-    """Whether decoding uses the compiled step: ``compile`` when given, else ``$TOKENNET_COMPILE`` (default on;
-    ``0``, ``false``, ``no`` or ``off`` turn it off: the test suite decodes eagerly, tests/conftest.py)."""
+def compile_mode(compile: bool | None = None) -> str:
+    """``"on"``, ``"off"`` or ``"auto"``: ``compile`` when given (True on, False off), else ``$TOKENNET_COMPILE``
+    (``1``/``true``/``on``: on; ``0``/``false``/``no``/``off``: off — the test suite decodes eagerly,
+    tests/conftest.py), else ``"auto"``: compile only where the steps ahead repay it (:class:`CompilePlan`)."""
     if compile is not None:
-        return bool(compile)
-    return os.environ.get("TOKENNET_COMPILE", "1").strip().lower() not in ("0", "false", "no", "off", "")
+        return "on" if compile else "off"
+    env = os.environ.get("TOKENNET_COMPILE")
+    if env is None:
+        return "auto"
+    return "off" if env.strip().lower() in ("0", "false", "no", "off", "") else "on"
+
+
+def compile_default(compile: bool | None = None) -> bool:
+    """Whether a long-lived decoder (the serving engine) uses the compiled step: everything but ``"off"``
+    (:func:`compile_mode`); a server's steps ahead are many."""
+    return compile_mode(compile) != "off"
+
+
+# What the auto mode assumes where it has measured nothing: the compiled step runs a small model's decoding step
+# this many times faster than eager PyTorch (bench/results/compile-decisions.json measures it), and a compilation
+# of a model never compiled on this machine takes this long (a warm Inductor cache: less; the last compile of the
+# same model is remembered, _compile_seconds).
+COMPILED_SPEEDUP = 2.0
+UNMEASURED_COMPILE_S = 30.0
+
+
+class CompilePlan:
+    """Whether the decoding steps ahead repay compiling them, decided once per call and said once per reason.
+
+    ``on`` compiles at once and ``off`` never; ``auto`` decodes the first :attr:`PROBE` tokens eagerly, timing them,
+    and then compiles only if the steps left would save more than the compilation costs::
+
+        saved = steps_left · t_eager · (1 − 1 / COMPILED_SPEEDUP)   >   cost = the last compile of this model
+                                                                          here (UNMEASURED_COMPILE_S if none)
+
+    A step already compiled in this process costs nothing and is taken at once. So a short answer never waits
+    for a compilation (``tokennet generate --max-new-tokens 16`` on SmolLM2, the 400-character sample at the end
+    of ``tokennet train gpt-char``), and a long one pays for it."""
+
+    PROBE = 3
+
+    def __init__(self, net: nn.Module, compile: bool | None, steps: int):
+        self.net, self.steps, self.mode = net, steps, compile_mode(compile)
+        self.times: list[float] = []
+        self.decided = self.mode != "auto"
+
+    def first_step(self) -> CompiledStep | None:
+        """The compiled step to start with: on, or auto with a step already compiled in this process."""
+        if self.mode == "on":
+            return compiled_step(self.net)
+        ready = _STEPS.get(self.net, {}).get(CompiledStep)
+        if self.mode == "auto" and ready is not None and ready.compiled:
+            self.decided = True
+            return ready
+        return None
+
+    def observe(self, seconds: float, steps_left: int) -> CompiledStep | None:
+        """One eager decoding step took ``seconds``; the compiled step when it is now worth compiling."""
+        if self.decided:
+            return None
+        self.times.append(seconds)
+        if len(self.times) < self.PROBE:
+            return None
+        self.decided = True
+        eager = sorted(self.times)[len(self.times) // 2]
+        saved = steps_left * eager * (1 - 1 / COMPILED_SPEEDUP)
+        cost = _compile_seconds(self.net)
+        known = "measured" if cost is not None else "not measured here yet"
+        cost = UNMEASURED_COMPILE_S if cost is None else cost
+        pays = saved > cost
+        _say_once(f"{'compiling' if pays else 'not compiling'} the decoding step: {steps_left} steps left at "
+                  f"{1e3 * eager:.1f} ms would save ~{saved:.1f} s against ~{cost:.0f} s of compiling ({known}); "
+                  "--compile / --no-compile decide it yourself")
+        return compiled_step(self.net) if pays else None
+
+
+_SAID: set[str] = set()
+
+
+def _say_once(message: str) -> None:
+    key = message.split(":")[0]
+    if key not in _SAID:
+        _SAID.add(key)
+        logger.info("%s", message)
+
+
+def _signature(net: nn.Module) -> str:
+    """What a compilation's cost depends on: the model's configuration and its layers' kinds (quantization)."""
+    config = getattr(net, "config", None)
+    described = json.dumps(config.to_dict(), sort_keys=True, default=str) if hasattr(config, "to_dict") else ""
+    kinds = sorted({type(m).__name__ for m in net.modules()})
+    return hashlib.sha256(f"{type(net).__name__}|{described}|{kinds}".encode()).hexdigest()[:16]
+
+
+def _compile_times_file() -> str:
+    return os.path.join(inductor_cache_dir(), "tokennet-compile-seconds.json")
+
+
+def _compile_seconds(net: nn.Module) -> float | None:
+    """The last compilation of this model's decoding step on this machine, in seconds (None: never measured)."""
+    try:
+        times = jsonio.load(_compile_times_file())
+    except (OSError, ValueError):
+        return None
+    value = times.get(_signature(net)) if isinstance(times, dict) else None
+    return float(value) if isinstance(value, (int, float)) and value >= 0 else None
+
+
+def _remember_compile_seconds(net: nn.Module, seconds: float) -> None:
+    path = _compile_times_file()
+    try:
+        times = jsonio.load(path)
+        times = times if isinstance(times, dict) else {}
+    except (OSError, ValueError):
+        times = {}
+    times[_signature(net)] = round(seconds, 2)
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        atomic_write_text(path, json.dumps(times, indent=1) + "\n")
+    except OSError as e:  # a read-only cache: the next process estimates again
+        logger.debug("could not remember the compile time in %s: %s", path, e)
 
 
 def inductor_cache_dir() -> str:
@@ -152,6 +272,7 @@ class CompiledStep:
             self.compiled = False
             return None
         self.compiled, self.compile_s = True, time.perf_counter() - t0
+        _remember_compile_seconds(self.eager, self.compile_s)
         logger.info("compiled the decoding step in %.1f s (Inductor's cache: %s; --no-compile decodes eagerly)",
                     self.compile_s, where)
         return out
@@ -312,7 +433,8 @@ def stream(
     seq[:, :T] = idx
     try:
         net = quantization.decoding_copy(model, quantize)  # fp32: packed linears; bf16, int8: quantized
-        step = compiled_step(net) if compile_default(compile) and use_cache else None
+        plan = CompilePlan(net, compile if use_cache else False, max_new_tokens)
+        step = plan.first_step()
         caches = net.make_caches(min(block, T + max_new_tokens)) if use_cache else None
         feed = seq[:, max(0, T - block) : T]
         for t in range(T, T + max_new_tokens):
@@ -324,8 +446,11 @@ def stream(
                 # the caches eagerly first (the compiled step marks their buffers, which must exist)
                 logits = step(feed, caches)  # (B, V)
             else:  # the prompt (prefill), or decoding without the compiled step
+                t0 = time.perf_counter()
                 h = net.forward_features(feed, caches=caches)  # (B, t, D)
                 logits = net.forward_head(h[:, -1:])[:, -1]  # (B, V): only the last position is needed
+                if feed.shape[1] == 1:  # an eager decoding step: timed for the plan
+                    step = plan.observe(time.perf_counter() - t0, T + max_new_tokens - t - 1) or step
             nxt = sample_next(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
             if len(stops):
                 first = stops[0]
@@ -378,8 +503,9 @@ def generate(
             low-precision copy of every linear layer and the LM head, kept with the model
             (see :mod:`tokennet.layers.quantize`).
         compile: decode one token at a time with a :class:`CompiledStep` (``torch.compile``; eager, with one
-            note in the log, where it is unavailable). None (the default): on unless ``TOKENNET_COMPILE=0``
-            (:func:`compile_default`); False: eager. The first compilation on a machine takes tens of seconds
+            note in the log, where it is unavailable). None (the default): where the steps ahead repay the
+            compilation (:class:`CompilePlan`; ``TOKENNET_COMPILE`` 1 or 0 forces it on or off); True: always;
+            False: eager. The first compilation on a machine takes tens of seconds
             for a 30-layer model; later processes load it from Inductor's disk cache
             (:func:`inductor_cache_dir`).
     """

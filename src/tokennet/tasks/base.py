@@ -94,10 +94,13 @@ OPTIONS = {
     "top_p": Option("top_p", "nucleus sampling threshold in (0, 1]", float),
     "seed": Option("seed", "sampling seed (default 0)", int, 0),
     "no_cache": Option("no_cache", "recompute the whole window every step (no KV cache)", flag=True),
-    "no_compile": Option("no_compile", "language models: decode eagerly instead of with the decoding step compiled by "
-                         "torch.compile (the default where it compiles; its first compilation on a machine takes "
-                         "seconds to tens of seconds and is kept in Inductor's disk cache for later processes; "
-                         "TOKENNET_COMPILE=0 makes eager the default)", flag=True),
+    "no_compile": Option("no_compile", "language models: decode eagerly, never with the decoding step compiled by "
+                         "torch.compile. By default the step is compiled only where the answer is long enough to "
+                         "repay it (timed on the first tokens; the decision and its reason are logged once; the "
+                         "first compilation on a machine takes tens of seconds, later ones load Inductor's disk "
+                         "cache). TOKENNET_COMPILE=0 or 1 sets the default", flag=True),
+    "compile": Option("compile", "language models: decode with the compiled step however short the answer (see "
+                      "--no-compile)", flag=True),
     "quantize": Option("quantize", "language models: decode with low-precision weights in every linear layer and the "
                        "LM head, converted when generation starts (the saved run is not changed): bf16; int8 "
                        "weights with one scale per output channel (on an x86 CPU with AVX-512 VNNI the activations "

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from ..errors import RunError
+from ..errors import ConfigError, RunError
 from ..run import Run, load
 from ..sampling import stream
 from ..speculative import (
@@ -40,8 +40,9 @@ def stream_text(run: Run, prompt: str, max_new_tokens: int = 200, *, temperature
     cleanly, and whatever is left is yielded at the end. ``quantize`` (``"auto"``, ``"none"``, ``"bf16"``, ``"int8"``,
     ``"int4"``)
     decodes with a low-precision copy of the model's linear layers and head, made for this call (see
-    :func:`tokennet.sampling.generate`). ``compile``: decode with the compiled step (None, the default: on unless
-    ``TOKENNET_COMPILE=0``; eager with a note where it does not compile; see :func:`tokennet.sampling.stream`).
+    :func:`tokennet.sampling.generate`). ``compile``: decode with the compiled step (None, the default: where the
+    steps ahead repay it, :class:`tokennet.sampling.CompilePlan`; True always, False never; eager with a note where
+    it does not compile; see :func:`tokennet.sampling.stream`).
 
     ``speculative`` (:mod:`tokennet.speculative`): ``"off"`` (the default), ``"ngram"`` (drafts looked up in the
     prompt and the text so far) or ``"draft"`` (drafts from ``draft``, a run directory or :class:`Run` with the
@@ -234,6 +235,13 @@ SPECULATIVE = (
 )
 
 
+def _compile_choice(values: dict) -> bool | None:
+    """``--compile`` / ``--no-compile`` as :func:`tokennet.sampling.stream`'s ``compile`` (neither: None, auto)."""
+    if values.get("compile") and values.get("no_compile"):
+        raise ConfigError("--compile and --no-compile contradict each other; give one")
+    return True if values.get("compile") else False if values.get("no_compile") else None
+
+
 @register_task
 class LanguageModel(Task):
     """A causal language model (GPT): ``run.generate(prompt, max_new_tokens, temperature=..., ...)``."""
@@ -244,7 +252,7 @@ class LanguageModel(Task):
     protocol = CausalLM
     inputs = (PROMPT,)
     options = tuple(OPTIONS[k] for k in ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "no_cache",
-                                         "no_compile", "quantize", "chat")) + SPECULATIVE
+                                         "no_compile", "compile", "quantize", "chat")) + SPECULATIVE
 
     @verb
     def generate(self, run: Run, prompt: str | list[str] = "\n", max_new_tokens: int = 200, **kw) -> str | list[str]:
@@ -262,12 +270,13 @@ class LanguageModel(Task):
     def respond(self, run: Run, values: dict[str, Any]) -> Iterator[str]:
         """Echo the prompt, then stream the continuation (``--chat``: the reply to the prompt as a user message)."""
         prompt, draft = values["prompt"], values["draft"]
+        compile = _compile_choice(values)  # refused before the prompt is echoed
         if values["speculative"] != "off" or draft is not None:  # refused before the prompt is echoed
             draft = check_speculation(run, values["speculative"], draft, values["draft_tokens"], not values["no_cache"])
         if values["chat"]:
             if not getattr(run.tokenizer, "chat_template", None):
                 raise RunError(f"{run.path} has no chat template (only imported chat models have one)")
-            from ..data.chats import render_chat
+            from ..tokens.chat import render_chat
 
             prompt = render_chat(run.tokenizer, [{"role": "user", "content": values["prompt"]}], where=str(run.path))
         else:
@@ -275,7 +284,7 @@ class LanguageModel(Task):
         yield from stream_text(run, prompt, values["max_new_tokens"], temperature=values["temperature"],
                                top_k=values["top_k"], top_p=values["top_p"], seed=values["seed"],
                                use_cache=not values["no_cache"], quantize=values["quantize"],
-                               compile=False if values["no_compile"] else None, speculative=values["speculative"],
+                               compile=compile, speculative=values["speculative"],
                                draft=draft, draft_tokens=values["draft_tokens"])
         yield "\n"
 
