@@ -12,7 +12,6 @@ Unknown fields are ignored, as the OpenAI API ignores them. An error body is Ope
 
 from __future__ import annotations
 
-import json
 import math
 import numbers
 import time
@@ -20,6 +19,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..jsonio import JSONTooDeep, loads
 from .engine import SamplingParams
 
 __all__ = ["APIError", "CompletionRequest", "MAX_PROMPTS", "parse_completion", "parse_chat", "error_body",
@@ -64,8 +64,13 @@ class CompletionRequest:
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
+    """A request body as a JSON object, parsed through :func:`tokennet.jsonio.loads` (at most
+    :data:`~tokennet.jsonio.MAX_JSON_DEPTH` levels deep, so nothing that walks it later recurses without bound);
+    a 400 for anything else."""
     try:
-        body = json.loads(raw)
+        body = loads(raw, what="the request body")
+    except JSONTooDeep as e:
+        raise APIError(400, str(e)) from None
     except (ValueError, UnicodeDecodeError) as e:
         raise APIError(400, f"the request body is not valid JSON: {e}") from None
     if not isinstance(body, dict):
@@ -205,6 +210,9 @@ def _common(body: dict[str, Any], served: str | list[str], *, default_max: int |
                            param=name)
     logprobs = _logprobs(body, chat)
     _refuse_unless(body, "best_of", (1,), "one candidate")
+    if chat and body.get("echo") not in (None, False):  # completions only: a chat reply never repeats its prompt
+        raise APIError(400, "echo is a completions field (the prompt before its completion); chat completions do "
+                       "not take it", param="echo")
     for name in ("logit_bias", "functions", "suffix") + (() if chat else ("tools",)):
         v = body.get(name)
         if v not in (None, {}, []):

@@ -15,7 +15,6 @@ special tokens it adds itself). Behind the API key when the server has one.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -23,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from .protocol import APIError
+from .protocol import APIError, parse_json
 
 __all__ = ["tokenizer_routes"]
 
@@ -47,14 +46,7 @@ def tokenizer_routes(tok, *, context: int | None, vocab: int | None, check_key: 
     reads a body within the server's size limit (413 beyond), ``error`` renders an APIError."""
 
     async def body(request: Request) -> dict[str, Any]:
-        raw = await read_body(request)
-        try:
-            b = json.loads(raw or b"{}")
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise APIError(400, f"the body is not JSON: {e}") from None
-        if not isinstance(b, dict):
-            raise APIError(400, "the body must be a JSON object")
-        return b
+        return parse_json(await read_body(request) or b"{}")  # bounded depth, as every body
 
     async def tokenize(request: Request) -> Response:
         try:

@@ -36,6 +36,7 @@ import re
 import uuid
 from typing import Any
 
+from ..jsonio import loads
 from .protocol import APIError
 
 __all__ = ["template_takes_tools", "check_tools", "call_schema", "parse_tool_calls"]
@@ -134,8 +135,8 @@ def tool_messages(messages: list[dict[str, Any]], raw: list[Any]) -> list[dict[s
                     f = dict(c["function"])
                     if isinstance(f.get("arguments"), str):
                         try:
-                            f["arguments"] = json.loads(f["arguments"])
-                        except ValueError:
+                            f["arguments"] = loads(f["arguments"], what="tool_calls arguments")
+                        except ValueError:  # not JSON, or nested too deep (JSONTooDeep): left as text
                             pass
                     fixed.append({**c, "function": f})
                 m["tool_calls"] = fixed
@@ -160,7 +161,7 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
         calls = []
         for block in _BLOCK.findall(text):
             try:
-                obj = json.loads(block)
+                obj = loads(block, what="a tool call")
             except ValueError:
                 return text, []  # not a well-formed call: the reply is content
             items = obj if isinstance(obj, list) else [obj]
@@ -173,7 +174,7 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
     stripped = text.strip()
     if stripped.startswith("{"):
         try:
-            call = _call(json.loads(stripped))
+            call = _call(loads(stripped, what="a tool call"))
         except ValueError:
             call = None
         if call is not None:
