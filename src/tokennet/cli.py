@@ -320,7 +320,8 @@ def _add_serve(sub) -> None:
                    help="accept whatever model name a client sends (e.g. a client's default 'gpt-3.5-turbo')")
     p.add_argument("--max-batch", type=int, default=16, help="the most requests decoded together (default 16)")
     p.add_argument("--context", type=int, default=None,
-                   help="the longest prompt + reply served, in tokens (default: the model's context)")
+                   help="the longest prompt + reply served, in tokens (default: the model's context; more than "
+                   "the model's context is refused)")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda, or auto")
     p.add_argument("--quantize", default="auto", choices=["auto", "none", "bf16", "int8", "int4"],
                    help="decode with a low-precision copy of the weights, as generate --quantize does. Default "
@@ -679,6 +680,10 @@ def cmd_serve(args) -> int:
         raise CLIError(f"--threads must be >= 1, got {args.threads}")
     if args.max_queue < 1:
         raise CLIError(f"--max-queue must be >= 1, got {args.max_queue}")
+    if args.context is not None and args.context < 2:  # above the model's context: refused once it is loaded
+        raise CLIError(f"--context must be at least 2 tokens, got {args.context}")
+    if args.model_name is not None and any(not n.strip() for n in args.model_name):
+        raise CLIError(f"--model-name must not be blank, got {args.model_name!r}")
     if not 0 <= args.prefix_cache_mb < float("inf"):
         raise CLIError(f"--prefix-cache-mb must be a number of MiB >= 0, got {args.prefix_cache_mb:g}")
     api_key = args.api_key if args.api_key is not None else os.environ.get("TOKENNET_API_KEY")

@@ -2,6 +2,7 @@
 
 import http.client
 import json
+import logging
 import os
 import signal
 import socket
@@ -156,6 +157,12 @@ BAD = [
      "messages"),
     ("POST", "/v1/chat/completions", json.dumps({"messages": [{"role": "user", "content": "a"}],
                                                   "max_completion_tokens": 10**9}), 400, "max_completion_tokens"),
+    ("POST", "/v1/chat/completions", json.dumps({"messages": [{"role": "user", "content": "a"}], "echo": True}), 400,
+     "echo"),
+    ("POST", "/v1/completions", b"[" * 40000 + b"]" * 40000, 400, None),  # issue 44: a RecursionError, a 500
+    ("POST", "/v1/chat/completions", b'{"a":' * 40000 + b"1" + b"}" * 40000, 400, None),
+    ("POST", "/tokenize", b'{"prompt":' * 40000 + b'"a"' + b"}" * 40000, 400, None),
+    ("POST", "/detokenize", b"[" * 40000 + b"]" * 40000, 400, None),
     ("GET", "/v1/completions", None, 405, None),
     ("GET", "/v1/nothing", None, 404, None),
     ("GET", "/v1/models/gpt-4", None, 404, "model"),
@@ -215,6 +222,62 @@ def test_a_client_that_disconnects_frees_its_row(server, monkeypatch, stream):
     assert _http(server, "POST", "/v1/completions", json.dumps({"prompt": "b", "max_tokens": 3}))[0] == 200
 
 
+def _cut(server, path, body: bytes, *, declared: int | None = None, until: bytes = b"") -> None:
+    """Send ``body`` (declaring ``declared`` bytes), read until ``until`` has come back, and hang up."""
+    s = socket.create_connection(("127.0.0.1", server["port"]))
+    s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nAuthorization: Bearer {KEY}"
+              f"\r\nContent-Length: {declared or len(body)}\r\n\r\n".encode() + body)
+    got = b""
+    while until and until not in got:
+        chunk = s.recv(4096)
+        assert chunk, got
+        got += chunk
+    s.close()
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/tokenize"])
+def test_a_client_that_hangs_up_mid_body_is_one_line_in_the_log_never_an_internal_error(server, caplog, path):
+    with caplog.at_level("INFO"):
+        _cut(server, path, b'{"prompt": "ab', declared=500)
+        t0 = time.time()
+        while not any("before its body was whole" in r.getMessage() for r in caplog.records):
+            assert time.time() < t0 + 10, caplog.text
+            time.sleep(0.02)
+        assert _http(server, "POST", "/v1/completions", json.dumps({"prompt": "b", "max_tokens": 2}))[0] == 200
+    mine = [r for r in caplog.records if "before its body was whole" in r.getMessage()]
+    assert len(mine) == 1 and mine[0].levelname == "INFO" and mine[0].exc_info is None
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info], caplog.text
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_a_client_that_hangs_up_mid_stream_logs_nothing_above_info(server, caplog, path):
+    body = {"prompt": "a"} if path == "/v1/completions" else {"messages": [{"role": "user", "content": "a"}]}
+    engine = server["engine"]
+    with caplog.at_level("INFO"):
+        _cut(server, path, json.dumps({**body, "max_tokens": 60, "stream": True}).encode(), until=b"data:")
+        t0 = time.time()
+        while engine.load["running"] or engine.load["waiting"]:
+            assert time.time() < t0 + 10, engine.load
+            time.sleep(0.01)
+        assert _http(server, "POST", "/v1/completions", json.dumps({"prompt": "b", "max_tokens": 2}))[0] == 200
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info], caplog.text
+
+
+def test_engine_errors_answer_the_status_their_cause_deserves():
+    """The request's fault is a 400, an engine shutting down a 503, the server's own failure a 500."""
+    from tokennet.serve.app import _failed
+    from tokennet.serve.engine import Event, SamplingParams, Sequence
+
+    engine = Engine(_model(), TOK, max_batch=1, compile=False)  # never started: stopping it answers what it holds
+    got = []
+    engine.submit(Sequence(TOK.encode("a"), SamplingParams(max_tokens=2), got.append))
+    engine.stop()
+    assert got[-1].finish_reason == "error" and got[-1].fault == "unavailable"
+    assert (_failed(got[-1]).status, _failed(got[-1]).type) == (503, "server_error")
+    assert _failed(Event(finish_reason="error", error="x", fault="request")).status == 400
+    assert _failed(Event(finish_reason="error", error="internal error: boom")).status == 500
+
+
 def test_ctrl_c_drains_the_requests_in_flight_and_exits(tmp_path):
     run = tmp_path / "run"
     torch.manual_seed(0)
@@ -257,3 +320,22 @@ def test_serve_refuses_a_run_that_is_not_a_language_model(tmp_path, capsys):
     assert main(["serve", str(tmp_path / "vit"), "--port", str(_free_port())]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("tokennet: error:") and "serves language models" in err and "\n" not in err
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--context", "1000000000"], "the model's 64 tokens"),  # issue 44: served, silently clamped to 64
+    (["--context", "0"], "at least 2"),
+    (["--context", "-3"], "at least 2"),
+    (["--model-name", ""], "blank"),  # issue 44: served a model named ''
+    (["--model-name", "tiny", "--model-name", "  "], "blank"),
+])
+def test_serve_refuses_a_context_past_the_model_and_a_blank_model_name_in_one_line(tmp_path, capsys, flags, words):
+    from tokennet.cli import main
+
+    run = tmp_path / "run"
+    save_pretrained(create_model("gpt-micro", vocab_size=TOK.vocab_size, block_size=64), run)
+    save_tokenizer(run, TOK)
+    write_run_info(run, recipe="gpt-char", model="gpt-micro", data=None, settings={})
+    assert main(["serve", str(run), "--port", str(_free_port()), "--no-compile", *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("tokennet: error:") and words in err and "\n" not in err, err

@@ -116,11 +116,52 @@ def test_byte_level_vocabularies_are_read_and_constrained(kind):
         jsonschema.validate(json.loads(c["text"]), SCHEMA)
 
 
-def test_a_vocabulary_that_cannot_write_json_fails_that_request_with_a_clear_error():
+def test_a_vocabulary_that_cannot_write_json_is_a_400_before_the_request_is_queued():
     from tokennet.tokens.text import CharTokenizer
 
     tok = CharTokenizer.train("abc ")  # no braces, no quotes
     with running(create_app(Engine(tiny_model(vocab_size=tok.vocab_size), tok, max_batch=2), model_name="t")) as port:
         status, out = post(port, "/v1/completions", {"prompt": "a", "response_format": {"type": "json_object"}})
-        assert status == 500 and "vocabulary" in out["error"]["message"], out
+        assert status == 400 and out["error"]["param"] == "response_format", out
+        assert "vocabulary" in out["error"]["message"] and "\n" not in out["error"]["message"], out
         assert post(port, "/v1/completions", {"prompt": "a", "max_tokens": 3})[0] == 200  # the server goes on
+
+
+SELF_REF = {"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}  # issue 44: a 500 at the first token
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_schema_whose_only_definition_refers_to_itself_is_a_400_before_it_is_queued(server, path, stream):
+    base = {"prompt": "a"} if path == "/v1/completions" else {"messages": [{"role": "user", "content": "a"}]}
+    rf = {"type": "json_schema", "json_schema": {"name": "x", "schema": SELF_REF}}
+    status, out = post(server["port"], path, {**base, "max_tokens": 5, "stream": stream, "response_format": rf})
+    assert status == 400 and out["error"]["param"] == "response_format", out
+    assert "refers to itself" in out["error"]["message"] and "\n" not in out["error"]["message"], out
+
+
+def _events(port, body):
+    import http.client
+
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    c.request("POST", "/v1/chat/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    text = r.read().decode()
+    c.close()
+    return r.status, [line[6:] for line in text.splitlines() if line.startswith("data: ")]
+
+
+def test_a_schema_the_vocabulary_cannot_finish_ends_that_request_with_a_400_not_a_500(server):
+    """The schema's first tokens can be written ('{"a":"'), its constant cannot (no 'Ω' in the vocabulary): the
+    request is the one at fault, answered 400 (in a stream: an invalid_request_error event, then [DONE])."""
+    schema = {"type": "object", "properties": {"a": {"const": "Ω"}}, "required": ["a"]}
+    body = {"messages": [{"role": "user", "content": "a"}], "max_tokens": 40,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}
+    status, out = post(server["port"], "/v1/chat/completions", body)
+    assert status == 400 and out["error"]["type"] == "invalid_request_error", out
+    assert "can continue" in out["error"]["message"], out
+    status, events = _events(server["port"], {**body, "stream": True})
+    assert status == 200 and events[-1] == "[DONE]", events
+    errors = [json.loads(e)["error"] for e in events[:-1] if "error" in json.loads(e)]
+    assert len(errors) == 1 and errors[0]["type"] == "invalid_request_error", events
+    assert post(server["port"], "/v1/completions", {"prompt": "a", "max_tokens": 3})[0] == 200

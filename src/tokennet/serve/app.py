@@ -19,8 +19,11 @@ Bounded work: a body of at most ``max_body`` bytes (8 MiB; 413 beyond), at most
 engine's ``max_queue`` sequences waiting for a row (429 ``rate_limit_error`` with ``Retry-After`` beyond, or
 400 for a request that could never fit). Parsing and tokenizing a body run in a worker thread, so the event
 loop keeps answering other clients while a big body is tokenized. A sequence that fails in the engine
-answers its request with a 500 ``server_error`` body (in a stream: an ``error`` event, then ``[DONE]``);
-the other requests are not affected (:mod:`.engine`).
+answers its request with an error body (in a stream: an ``error`` event, then ``[DONE]``) whose status says
+whose failure it is: 400 for what the request asked (a JSON schema no text can continue), 503 while the server
+shuts down, 500 ``server_error`` for the server's own; the other requests are not affected (:mod:`.engine`).
+Every body is parsed through :func:`tokennet.jsonio.loads` (nested at most 128 levels: 400 beyond). A client
+that hangs up — mid-body or mid-stream — is its own doing: at most one line in the log, never an internal error.
 """
 
 from __future__ import annotations
@@ -39,11 +42,11 @@ from typing import Any
 import torch
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ..errors import RunError
+from ..errors import ConfigError, RunError
 from ..layers import int8dot
 from ..layers import quantize as quantization
 from ..sampling import inductor_cache_dir
@@ -82,6 +85,15 @@ DISCONNECT_POLL = 0.25  # seconds between checks that a client waiting for a who
 def _error(e: APIError) -> JSONResponse:
     headers = {"Retry-After": "1"} if e.status == 429 else None
     return JSONResponse(error_body(e), status_code=e.status, headers=headers)
+
+
+FAULT_STATUS = {"request": 400, "unavailable": 503}  # an engine error's status by whose it is (else 500)
+
+
+def _failed(ev: Event) -> APIError:
+    """The answer to a sequence that ended with an error: 400 for what its request asked (a schema no text can
+    continue), 503 while the engine shuts down or after it stopped, 500 for the server's own failure."""
+    return APIError(FAULT_STATUS.get(ev.fault, 500), ev.error or "internal error")
 
 
 class _SSE(StreamingResponse):
@@ -176,6 +188,8 @@ def create_app(engine: Engine | None, *, model_name: str | list[str], api_key: s
     names = [model_name] if isinstance(model_name, str) else list(dict.fromkeys(model_name))
     if not names:
         raise ValueError("at least one model name is needed")
+    if any(not isinstance(n, str) or not n.strip() for n in names):
+        raise ConfigError(f"a model name must be a non-blank string, got {names!r}")
     if (engine is None) == (embedder is None):
         raise ValueError("give an engine (a language model) or an embedder (a text-embedding run)")
     tok = engine.tokenizer if engine is not None else embedder.tokenizer
@@ -208,10 +222,15 @@ def create_app(engine: Engine | None, *, model_name: str | list[str], api_key: s
         if declared.isdigit() and int(declared) > max_body:  # refused before reading it
             raise too_big
         raw = bytearray()
-        async for chunk in request.stream():
-            raw += chunk
-            if len(raw) > max_body:
-                raise too_big
+        try:
+            async for chunk in request.stream():
+                raw += chunk
+                if len(raw) > max_body:
+                    raise too_big
+        except ClientDisconnect:  # the client hung up mid-body: its own doing, one line, answered to nobody
+            log.info("%s %s: the client closed the connection before its body was whole (%d bytes read)",
+                     request.method, request.url.path, len(raw))
+            raise APIError(499, "the client closed the connection while sending the request body") from None
         return bytes(raw)
 
     def parse(raw: bytes, chat: bool) -> CompletionRequest:
@@ -368,7 +387,7 @@ async def _collect(request: Request, r: _Request, text_of: TokenText) -> Respons
             texts[i] += ev.text
             entries[i] += ev.logprobs
             if ev.finish_reason == "error":
-                return _error(APIError(500, ev.error or "internal error"))
+                return _error(_failed(ev))
             if ev.finish_reason is not None:
                 reasons[i] = ev.finish_reason
     finally:
@@ -408,7 +427,7 @@ async def _stream(r: _Request, text_of: TokenText) -> AsyncIterator[str]:
             yield _sse(chat_chunk(req, {"role": "assistant", "content": ""}, None))
         async for i, ev in r.events():
             if ev.finish_reason == "error":
-                yield _sse(error_body(APIError(500, ev.error or "internal error")))
+                yield _sse(error_body(_failed(ev)))
                 break
             if req.echo and i not in echoed:  # the prompt's text (and logprobs) first: it is prefilled by now
                 echoed.add(i)
@@ -487,8 +506,8 @@ def engine_for_run(run, *, max_batch: int = 16, context: int | None = None, quan
     if run.tokenizer is None or not hasattr(model, "forward_features") or not hasattr(model.config, "block_size"):
         raise RunError(f"{run.path} is a {run.task.name} run: tokennet serve serves language models with a "
                        "tokenizer (completions, chat) and text-embedding runs (/v1/embeddings)")
-    if context is not None and context < 2:
-        raise RunError(f"the context must be at least 2 tokens, got {context}")
+    if context is not None and not 2 <= context <= model.config.block_size:  # never clamped silently
+        raise RunError(f"the context must be 2 to the model's {model.config.block_size} tokens, got {context}")
     template = getattr(run.tokenizer, "chat_template", None)
     if template and importlib.util.find_spec("jinja2") is not None:  # refused at start, not on every chat request
         check_chat_template(template, where=str(run.path))

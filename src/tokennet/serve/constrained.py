@@ -20,7 +20,11 @@ Whitespace between JSON tokens is not free (``{"a":1}``, not ``{ "a" : 1 }``): a
 wander in whitespace forever.
 
 A schema llguidance cannot compile (an unknown type, a bad pattern, an unsatisfiable schema) is a
-:class:`ValueError` naming the problem; the server answers it with a 400.
+:class:`ValueError` naming the problem; the server answers it with a 400. So is a schema that compiles but
+admits no first token (a ``$ref`` that only refers to itself): :meth:`Constraints.compile` computes the first
+mask before the request is queued. A text that gets stuck later (the schema needs a character the vocabulary
+cannot write) ends that sequence with a :class:`~tokennet.serve.engine.RequestFault`, which the server answers
+with a 400 too: the request's schema, not the server, is at fault.
 """
 
 from __future__ import annotations
@@ -32,6 +36,9 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor
+
+from ..jsonio import loads
+from .engine import RequestFault
 
 __all__ = ["Constraints", "Grammar", "Matcher", "token_bytes"]
 
@@ -54,7 +61,7 @@ def token_bytes(tokenizer, vocab_size: int) -> tuple[list[bytes], list[int]]:
         for i, t in enumerate(table[:vocab_size]):
             out[i] = t if isinstance(t, bytes) else t.encode("utf-8")
     elif engine is not None and hasattr(engine, "get_vocab"):
-        data = json.loads(engine.to_str())
+        data = loads(engine.to_str(), what="the tokenizer")
         byte_level = "ByteLevel" in json.dumps(data.get("decoder")) or "ByteLevel" in json.dumps(
             data.get("pre_tokenizer"))
         byte_of = {c: b for b, c in bytes_to_unicode().items()}
@@ -91,8 +98,9 @@ class Matcher:
         bits = np.unpackbits(words, count=self.V, bitorder="little").view(np.bool_)  # (V,)
         allowed = torch.from_numpy(bits) & self.keep  # special tokens other than the end of sequence: never
         if self.m.is_error() or not bool(allowed.any()):
-            raise ValueError("constrained decoding: no token of this model's vocabulary can continue the text "
-                             f"under the schema ({self.m.get_error() or 'the vocabulary lacks what it needs'})")
+            why = (self.m.get_error() or "").strip().splitlines()[:1] or ["the vocabulary lacks what it needs"]
+            raise RequestFault("constrained decoding: no token of this model's vocabulary can continue the text "
+                               f"under the schema ({why[0]})")
         # torch.where is several times faster than masked_fill_ with a boolean mask on the CPU
         torch.where(allowed.to(logits.device), logits, _NEG_INF.to(logits.device, logits.dtype), out=logits)
 
@@ -171,4 +179,11 @@ class Constraints:
         err = llguidance.LLMatcher.validate_grammar(g, lltok)
         if err:
             raise ValueError(" ".join(err.split()))
-        return Grammar(lltok, g, self.V, self._never)
+        grammar = Grammar(lltok, g, self.V, self._never)
+        try:  # the first mask, before the request is queued: a schema no text can begin is the request's 400
+            grammar.matcher().mask(torch.zeros(self.V))
+        except RequestFault:
+            raise ValueError("no text valid under the schema can begin with a token of this model's vocabulary "
+                             "(a schema no value satisfies, e.g. a $ref that only refers to itself, or one that "
+                             "needs characters the vocabulary cannot write)") from None
+        return grammar

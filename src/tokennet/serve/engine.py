@@ -25,7 +25,9 @@ row at a time: the rows whose own forward raises fail, the others take the token
 and go on batched from the next step (a persistent fault costs one slow step; a transient one, such as
 an out-of-memory of the whole batch, fails nobody). When the cache cannot grow for the longest rows, those
 rows fail and the rest go on at the old capacity. Every failure ends its sequence with an ``"error"``
-event, so every client is answered, and the drain (:meth:`Engine.stop`) ends with every sequence finished.
+event, so every client is answered, and the drain (:meth:`Engine.stop`) ends with every sequence finished; the
+event says whose failure it is (``Event.fault``): the request's (:class:`RequestFault`, e.g. a grammar no token
+can continue), the engine's unavailability (shutting down), or the server's own.
 
 Each new token is turned into text at once (a token that ends inside a UTF-8 character waits for the
 next), checked against the stop strings (the earliest match of any of them ends the text; text that could
@@ -55,14 +57,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..errors import ConfigError
+from ..errors import ConfigError, DataError
 from ..layers import quantize as quantization
 from ..layers.blockquant import symbolic_rows
 from ..sampling import SAMPLING_EPS, CompiledStep, compile_default, compiled_step, inductor_cache_dir
 from .cache import DecodePlan, PrefixCache, SlotCache, SlotCaches
 
-__all__ = ["Engine", "Sequence", "SamplingParams", "QueueFull", "sample_rows", "SAMPLING_EPS", "TokenLogprob",
-           "token_logprobs", "PREFIX_CACHE_MB", "available_memory", "RowsStep"]
+__all__ = ["Engine", "Sequence", "SamplingParams", "QueueFull", "RequestFault", "sample_rows", "SAMPLING_EPS",
+           "TokenLogprob", "token_logprobs", "PREFIX_CACHE_MB", "available_memory", "RowsStep"]
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +91,12 @@ PROMPT_LOGPROBS_CHUNK = 256  # prompt positions whose logits are held at once (e
 
 class QueueFull(Exception):
     """The engine's queue of waiting sequences has no room for a request's sequences (try again later)."""
+
+
+class RequestFault(DataError):
+    """A sequence the engine cannot go on serving because of what its own request asked for (a grammar that no
+    token of the vocabulary can continue): that sequence ends with ``Event.fault == "request"`` — the client's
+    to fix, a server answers it 400 — and no traceback is logged; the other sequences go on."""
 
 
 @dataclass
@@ -140,11 +148,14 @@ class Event:
     """What the engine tells a sequence's owner: new ``text``; at the end, ``finish_reason`` (and ``error``).
 
     ``logprobs``: the :class:`TokenLogprob` of the tokens sampled since the last event (when asked for).
+    ``fault``: with an error, whose it is: ``"request"`` (the request cannot be served: :class:`RequestFault`),
+    ``"unavailable"`` (the engine is shutting down or has stopped), or None (the server's own failure).
     """
 
     text: str = ""
     finish_reason: str | None = None  # "stop", "length", "cancelled" or "error"
     error: str | None = None
+    fault: str | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)
 
 
@@ -315,6 +326,13 @@ def _describe(e: BaseException) -> str:
     return f"internal error: {type(e).__name__}: {e}"
 
 
+def _failure(e: BaseException | str) -> dict[str, str | None]:
+    """How a sequence that failed with ``e`` (an exception, or a message) ends: ``_finish``'s error and fault."""
+    if isinstance(e, RequestFault):
+        return {"error": str(e), "fault": "request"}
+    return {"error": e if isinstance(e, str) else _describe(e), "fault": None}
+
+
 class Engine:
     """Serve a causal language model to many sequences at once (see the module docstring).
 
@@ -323,7 +341,8 @@ class Engine:
             and a config with ``block_size``, ``num_layers``, ``num_heads``, ``dim`` (tokennet's GPT).
         tokenizer: turns generated ids into text (``decode``).
         max_batch: the most sequences decoded together (rows of the shared cache).
-        context: the longest sequence (prompt + new tokens) served; default the model's context.
+        context: the longest sequence (prompt + new tokens) served; default the model's context, beyond which it is
+            refused (:class:`~tokennet.errors.ConfigError`), never clamped.
         prefill_tokens: prompt tokens computed by prefills per step at most (at least one prompt is; tokens
             copied from the prefix cache are not counted), so arrivals do not stall the running sequences for long.
         seed: the seed of the generator shared by sequences without their own.
@@ -348,8 +367,11 @@ class Engine:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if max_queue is not None and max_queue < 1:
             raise ValueError(f"max_queue must be >= 1, got {max_queue}")
+        if context is not None and not 1 <= context <= c.block_size:  # never clamped silently
+            raise ConfigError(f"the context must be 1 to the model's {c.block_size} tokens (its block_size), "
+                              f"got {context}")
         self.model, self.tokenizer = model.eval(), tokenizer
-        self.context = min(context or c.block_size, c.block_size)
+        self.context = context or c.block_size
         self.max_batch, self.prefill_tokens, self.max_queue = max_batch, prefill_tokens, max_queue
         p = next(model.parameters())
         self.device = p.device
@@ -489,7 +511,7 @@ class Engine:
             self.waiting.clear()
         for s in left:
             if s.finish_reason is None:
-                self._finish(s, "error", error=why)
+                self._finish(s, "error", error=why, fault="unavailable")
 
     def _retire_cancelled(self) -> None:
         with self._cv:
@@ -517,12 +539,16 @@ class Engine:
                 if token is None:  # nothing to generate (max_tokens 0: the prompt's log probabilities only)
                     self._finish(seq, "length")
                     continue
+            except RequestFault as e:  # what the request asked for cannot be served: its own error, no traceback
+                log.info("a sequence ends with its request's error: %s", e)
+                self._finish(seq, "error", **_failure(e))
+                continue
             except Exception as e:  # noqa: BLE001 - this prompt's failure (e.g. out of memory) is its own
                 log.exception("prefill failed; that sequence ends with an error")
-                self._finish(seq, "error", error=_describe(e))
+                self._finish(seq, "error", **_failure(e))
                 continue
             except BaseException:  # the thread ends (the loop's finally answers the others): answer this one too
-                self._finish(seq, "error", error="the engine stopped")
+                self._finish(seq, "error", error="the engine stopped", fault="unavailable")
                 raise
             finally:
                 self.feeding = []
@@ -570,16 +596,27 @@ class Engine:
             return None
         return int(self._sample(logits, [seq])[0])
 
-    def _sample(self, logits: Tensor, rows: list[Sequence], errors: dict[int, str] | None = None) -> Tensor:
-        """:func:`sample_rows` after each constrained row's mask; the log probabilities of the rows that ask."""
-        masked = logits
+    def _sample(self, logits: Tensor, rows: list[Sequence], errors: dict[int, Any] | None = None) -> Tensor:
+        """:func:`sample_rows` after each constrained row's mask; the log probabilities of the rows that ask.
+
+        With ``errors`` given, a row that cannot be sampled is recorded there (row → message, or the
+        :class:`RequestFault` of a grammar no token can continue) with token −1, and the others are sampled."""
+        masked, refused = logits, {}
         if any(s.matcher is not None for s in rows):
             masked = logits.clone()
             for i, s in enumerate(rows):
                 if s.matcher is not None:
-                    s.matcher.mask(masked[i])
+                    try:
+                        s.matcher.mask(masked[i])
+                    except RequestFault as e:
+                        if errors is None:
+                            raise
+                        refused[i] = e
         nxt = sample_rows(masked, [s.params for s in rows], [s.generator for s in rows], self.generator,
                           errors=errors)
+        if refused:
+            errors.update(refused)
+            nxt[list(refused)] = -1
         want = [i for i, s in enumerate(rows) if s.params.logprobs is not None and nxt[i] >= 0]
         if want:
             for i, e in zip(want, token_logprobs(logits[want], nxt[want], [rows[i].params.logprobs for i in want])):
@@ -659,6 +696,8 @@ class Engine:
                 try:
                     lg = self._forward_rows(i, 1)  # (1, V)
                     nxt[i] = int(self._sample(lg, [s])[0])
+                except RequestFault as e1:  # its request's own error: no traceback
+                    errors[i] = e1
                 except Exception as e1:  # noqa: BLE001 - this row's own failure
                     log.exception("decoding failed for one sequence; it ends with an error")
                     errors[i] = _describe(e1)
@@ -668,7 +707,9 @@ class Engine:
         self.batch_sizes = self.batch_sizes[-999:] + [B]
         for i in reversed(range(B)):  # from the end: a retired row is refilled by the last, already handled
             if i in errors:
-                self._remove(i, "error", error=errors[i])
+                if isinstance(errors[i], RequestFault):
+                    log.info("a sequence ends with its request's error: %s", errors[i])
+                self._remove(i, "error", **_failure(errors[i]))
             else:
                 self._accept_or_fail(i, nxt[i])
 
@@ -679,9 +720,9 @@ class Engine:
         except Exception as e:  # noqa: BLE001 - e.g. the tokenizer cannot decode the token: this sequence only
             log.exception("a sequence's new token could not be taken")
             if row < len(self.running) and self.running[row] is s:
-                self._remove(row, "error", error=_describe(e))
+                self._remove(row, "error", **_failure(e))
             elif s.finish_reason is None:
-                self._finish(s, "error", error=_describe(e))
+                self._finish(s, "error", **_failure(e))
 
     def _accept(self, row: int, token: int) -> None:
         """Take a sequence's newly sampled token: stop, or turn it into text and emit it."""
@@ -730,7 +771,7 @@ class Engine:
         s.logprobs_sent = len(s.logprobs)
         return new
 
-    def _remove(self, row: int, reason: str, *, error: str | None = None) -> None:
+    def _remove(self, row: int, reason: str, *, error: str | None = None, fault: str | None = None) -> None:
         s = self.running[row]
         if reason != "error":  # its prompt and reply, for a chat's next turn (a failed row's keys are not trusted)
             self._remember((s.prompt + s.generated)[: s.length], row)
@@ -739,12 +780,12 @@ class Engine:
             self.caches.move(last, row, self.running[last].length)
             self.running[row] = self.running[last]
         self.running.pop()
-        self._finish(s, reason, error=error)
+        self._finish(s, reason, error=error, fault=fault)
 
-    def _finish(self, s: Sequence, reason: str, *, error: str | None = None) -> None:
+    def _finish(self, s: Sequence, reason: str, *, error: str | None = None, fault: str | None = None) -> None:
         s.finish_reason = reason
         self.finished[reason] += 1
-        self._emit(s, Event(finish_reason=reason, error=error, logprobs=self._new_logprobs(s)))
+        self._emit(s, Event(finish_reason=reason, error=error, fault=fault, logprobs=self._new_logprobs(s)))
 
     @staticmethod
     def _emit(s: Sequence, ev: Event) -> None:
