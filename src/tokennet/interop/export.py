@@ -49,6 +49,7 @@ from torch import Tensor, nn
 from ..attention.masks import padding
 from ..errors import ConfigError, RunError
 from ..fileio import temp_dir_beside, temp_name_beside
+from ..jsonio import load as load_json
 from ..run import Run
 
 __all__ = ["export_run", "ExportResult", "FORMATS", "TOLERANCE", "EXPORTABLE"]
@@ -179,7 +180,6 @@ HF_EXPORT_FILES = ("config.json", "model.safetensors")  # what makes a directory
 
 def _not_an_export(path: Path, fmt: str) -> str | None:
     """Why ``path`` is not a previous ``fmt`` export that ``--overwrite`` may replace; None when it is one."""
-    import json
     import zipfile
 
     from ..run import is_run_dir
@@ -190,8 +190,8 @@ def _not_an_export(path: Path, fmt: str) -> str | None:
         if is_run_dir(path):
             return "it is a tokennet run directory"
         try:
-            cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            cfg = load_json(path / "config.json")
+        except (OSError, ValueError):  # ValueError: not JSON, not UTF-8, or nested too deep (JSONTooDeep)
             cfg = None
         if not isinstance(cfg, dict) or not isinstance(cfg.get("model_type"), str):
             return "it has no config.json with a model_type"

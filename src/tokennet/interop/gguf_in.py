@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from ..errors import ConfigError, DataError, one_line
+from ..jsonio import loads as json_loads
 from ..layers.blockquant import (
     RAW_FORMATS,
     WIDENS_TO_Q8_0,
@@ -446,8 +447,6 @@ def gguf_tokenizer(reader, path: Path, vocab_size: int) -> PretrainedTokenizer:
               pad_id=get("ggml.padding_token_id"), unk_id=get("ggml.unknown_token_id"),
               chat_template=get("chat_template"), where=str(path))
     if pre in _LLAMA3_NAMES:  # a pre-tokenizer tokens/pretrained.py does not name: set its regex here
-        import json
-
         from tokenizers import Regex, Tokenizer, models, pre_tokenizers
 
         split = Tokenizer(models.BPE())
@@ -455,7 +454,7 @@ def gguf_tokenizer(reader, path: Path, vocab_size: int) -> PretrainedTokenizer:
             pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated"),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
         data = PretrainedTokenizer.from_gguf_fields(pre="gpt2", **kw).to_dict()
-        data["engine"]["pre_tokenizer"] = json.loads(split.to_str())["pre_tokenizer"]
+        data["engine"]["pre_tokenizer"] = json_loads(split.to_str(), what="tokenizer JSON")["pre_tokenizer"]
         tok = PretrainedTokenizer.from_dict(data)
     else:
         tok = PretrainedTokenizer.from_gguf_fields(pre=pre, **kw)

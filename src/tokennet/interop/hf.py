@@ -13,7 +13,6 @@ Nothing here imports ``transformers``: the checkpoint is read as plain JSON and 
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Callable, Iterable
@@ -22,7 +21,8 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from ..errors import ConfigError, DataError
+from ..errors import ConfigError, DataError, one_line
+from ..jsonio import load as load_json
 from ..state import check_state_dict
 
 __all__ = ["HF_GENERIC_FIELDS", "read_hf_config", "read_safetensors", "check_fields", "check_layer_count",
@@ -49,9 +49,9 @@ def read_hf_config(source: Path) -> dict[str, Any]:
     if not f.is_file():
         raise DataError(f"{source} is not a Hugging Face checkpoint: it has no config.json")
     try:
-        cfg = json.loads(f.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:  # RecursionError: nesting too deep
-        raise DataError(f"{f} is not valid JSON: {e}") from None
+        cfg = load_json(f)  # nesting bounded (JSONTooDeep); UnicodeDecodeError and parse errors are ValueErrors
+    except ValueError as e:
+        raise DataError(f"{f} is not valid JSON: {one_line(e)[:200]}") from None
     if not isinstance(cfg, dict) or "model_type" not in cfg:
         raise DataError(f"{f} is not a Hugging Face model config (no 'model_type' field)")
     _check_types(cfg, f)
@@ -114,9 +114,12 @@ def read_safetensors(source: Path) -> dict[str, Tensor]:
     index = source / "model.safetensors.index.json"
     if index.is_file():
         try:
-            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
-            raise DataError(f"{index} is not a safetensors index: {e}") from None
+            files = sorted(set(load_json(index)["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise DataError(f"{index} is not a safetensors index: {one_line(e)[:200]}") from None
+        if not files or not all(isinstance(n, str) and n and Path(n).name == n and n not in (".", "..")
+                                for n in files):
+            raise DataError(f"{index}: its weight_map must name shard files in the same directory")
     elif (source / "model.safetensors").is_file():
         files = ["model.safetensors"]
     else:

@@ -17,7 +17,6 @@ their random initialization).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError, RunError
+from ..jsonio import load as load_json
 from ..models.registry import CONFIG_FILE, WEIGHTS_FILE, model_from_config
 from ..run import load, read_tokenizer
 from . import convert
@@ -53,8 +53,8 @@ def _is_tokennet_model_dir(path: Path) -> bool:
     if not f.is_file():
         return False
     try:
-        cfg = json.loads(f.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError):
+        cfg = load_json(f)
+    except ValueError:  # not JSON, not UTF-8, or nested deeper than jsonio's bound (JSONTooDeep)
         return False
     return isinstance(cfg, dict) and "family" in cfg  # Hugging Face's config.json has "model_type" instead
 

@@ -24,6 +24,8 @@ from tokenizers import AddedToken, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from ..errors import ConfigError, DataError, one_line
+from ..jsonio import MAX_JSON_DEPTH, JSONTooDeep, json_depth
+from ..jsonio import load as load_json
 from .chat_template import render_chat_template
 from .text import SpecialIds, Tokenizer, _as_id_list
 
@@ -35,12 +37,28 @@ def _read_json(path) -> dict[str, Any]:
     if not path.is_file():
         return {}
     try:
-        data = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError, RecursionError) as e:  # RecursionError: nesting too deep
-        raise DataError(f"{path} is not valid JSON: {e}") from None
+        data = load_json(path)  # nesting bounded (JSONTooDeep); not UTF-8 and parse errors are ValueErrors too
+    except ValueError as e:
+        raise DataError(f"{path} is not valid JSON: {one_line(e)[:200]}") from None
     if not isinstance(data, dict):
         raise DataError(f"{path} is not a JSON object")
     return data
+
+
+def _engine_from_file(path: Path) -> HFTokenizer:
+    """The Rust engine of a ``tokenizer.json``, its text's nesting bounded first as :mod:`tokennet.jsonio` bounds
+    every JSON document tokennet reads (the engine parses the text itself); one DataError line otherwise."""
+    try:
+        text = path.read_text(encoding="utf-8")
+        if json_depth(text) > MAX_JSON_DEPTH:
+            raise JSONTooDeep(f"{path}: JSON nested {json_depth(text)} levels deep; at most {MAX_JSON_DEPTH} "
+                              "are accepted")
+        return HFTokenizer.from_str(text)
+    except JSONTooDeep:
+        raise
+    except Exception as e:  # noqa: BLE001 - the engine raises a bare Exception on malformed files
+        raise DataError(f"{path} is not a Hugging Face tokenizer.json: {one_line(e)[:200]}") from None
+
 
 # llama.cpp's pre-tokenizer names (tokenizer.ggml.pre) → the Hugging Face pre-tokenizer that splits the same way.
 # "smollm" (like "starcoder", "refact"): each digit alone, then GPT-2's regex (llama-vocab.cpp's regex_exprs).
@@ -188,10 +206,7 @@ class PretrainedTokenizer(SpecialIds, Tokenizer):
 
         The file's own truncation and padding settings are dropped: tokennet pads and truncates itself.
         """
-        try:
-            engine = HFTokenizer.from_file(str(path))
-        except Exception as e:  # noqa: BLE001 - the engine raises a bare Exception on malformed files
-            raise DataError(f"{path} is not a Hugging Face tokenizer.json: {one_line(e)}") from None
+        engine = _engine_from_file(Path(path))
         engine.no_truncation()
         engine.no_padding()
         ids = {k: engine.token_to_id(t) for k, t in
@@ -212,11 +227,7 @@ class PretrainedTokenizer(SpecialIds, Tokenizer):
         """
         source = Path(source)
         if (source / "tokenizer.json").is_file():
-            try:
-                engine = HFTokenizer.from_file(str(source / "tokenizer.json"))
-            except Exception as e:  # noqa: BLE001 - the engine raises a bare Exception on malformed files
-                raise DataError(f"{source / 'tokenizer.json'} is not a Hugging Face tokenizer.json: "
-                                f"{one_line(e)}") from None
+            engine = _engine_from_file(source / "tokenizer.json")
             engine.no_truncation()
             engine.no_padding()
         elif (source / "vocab.json").is_file() and (source / "merges.txt").is_file():
