@@ -93,3 +93,12 @@ def test_inflated_sizes_are_refused_before_allocation(sources, arch, key, tmp_pa
         import_checkpoint(src, tmp_path / "run")
     assert "\n" not in str(e.value)
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("value", [[1], "0", -1, True])
+def test_a_token_id_of_the_wrong_type_is_named(sources, tmp_path, value):
+    """Found by the fuzzing (tests/robustness/test_new_converters_fuzz.py): BERT's pad_token_id as a list ended in
+    a TypeError inside the model config."""
+    src = _copy(sources, "bert", tmp_path)
+    _edit_config(src, pad_token_id=value)
+    _refused(src, tmp_path, "pad_token_id", "is not a token id")

@@ -16,6 +16,7 @@ from robustness.fuzzing import FUZZ, check_cli, check_reader, mutated, mutated_j
 
 from tokennet.errors import TokennetError
 from tokennet.tokens.pretrained import PretrainedTokenizer
+from tokennet.tokens.sentencepiece import SentencePieceTokenizer
 from tokennet.tokens.text import load_tokenizer, train_tokenizer
 
 tokenizers = pytest.importorskip("tokenizers")
@@ -39,9 +40,21 @@ def seeds(engine):
         "pretrained": PretrainedTokenizer(engine, bos_id=engine.token_to_id("<s>"), eos_id=engine.token_to_id("</s>"),
                                           chat_template="{% for m in messages %}{{ m.content }}{% endfor %}").to_dict(),
         "hf": json.loads(engine.to_str()),
+        "sentencepiece": _sentencepiece().to_dict(),
         "hf_config": {"bos_token": "<s>", "eos_token": {"content": "</s>"}, "chat_template": "{{ messages }}",
                       "added_tokens_decoder": {"0": {"content": "<s>", "special": True}}},
     }
+
+
+def _sentencepiece() -> SentencePieceTokenizer:
+    """A small SentencePiece vocabulary as a GGUF file's Gemma holds it: specials, byte pieces, characters, merges."""
+    pieces = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "\n\n"]
+    types = [3, 3, 3, 3, 3, 4]
+    pieces += [f"<0x{b:02X}>" for b in range(256)] + list("abcdefghijklmnopqrstuvwxyz") + ["\u2581", "\u2581t", "th"]
+    types += [6] * 256 + [1] * 29
+    scores = [0.0] * (len(pieces) - 29) + [-10.0 - i for i in range(29)]
+    return SentencePieceTokenizer(pieces, scores, types, bos_id=2, eos_id=1, pad_id=0, unk_id=3, add_bos=True,
+                                  chat_template="{% for m in messages %}{{ m.content }}{% endfor %}")
 
 
 def _use(tok):
@@ -53,7 +66,7 @@ def _use(tok):
 def _read(kind: str, data: bytes, engine) -> object:
     d = Path(tempfile.mkdtemp(prefix="tok-fuzz-"))
     try:
-        if kind in ("char", "bpe", "pretrained"):
+        if kind in ("char", "bpe", "pretrained", "sentencepiece"):
             f = d / "tokenizer.json"
             f.write_bytes(data)
             return check_reader(lambda: _use(load_tokenizer(f)), f)
@@ -71,7 +84,7 @@ def _read(kind: str, data: bytes, engine) -> object:
         shutil.rmtree(d)
 
 
-KINDS = ["char", "bpe", "pretrained", "hf", "hf_config"]
+KINDS = ["char", "bpe", "pretrained", "sentencepiece", "hf", "hf_config"]
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -101,6 +101,11 @@ def _check_types(cfg: dict[str, Any], f: Path) -> None:
             bad(k, "a string")
     if cfg.get("tie_word_embeddings") is not None and not isinstance(cfg["tie_word_embeddings"], bool):
         bad("tie_word_embeddings", "true or false")
+    for k in ("pad_token_id", "bos_token_id", "eos_token_id"):  # eos may be a list (several stop tokens)
+        v = cfg.get(k)
+        ids = v if k == "eos_token_id" and isinstance(v, list) else [v]
+        if v is not None and not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+            bad(k, "a token id" + (" or a list of them" if k == "eos_token_id" else ""))
 
 
 def read_safetensors(source: Path) -> dict[str, Tensor]:
