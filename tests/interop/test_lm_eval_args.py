@@ -32,6 +32,7 @@ def no_harness(monkeypatch):
     ("run={d},oops", ["expected key=value"]),
     ('{{"run": "{d}", "max_length": [1]}}', ["max_length=[1]"]),
     ("run={d}/missing", ["no such run directory"]),
+    ("run=" + "9" * 5000, ["no such run directory"]),  # found by the fuzzing: a name too long raised OSError
 ])
 def test_bad_model_args_are_one_line(tmp_path, capsys, no_harness, model_args, words):
     args = model_args.format(d=tmp_path)

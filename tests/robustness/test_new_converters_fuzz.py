@@ -242,7 +242,8 @@ def test_random_model_args_are_one_line(lm_run, monkeypatch, data):
 
         args = HarnessCLI().parse_args()
         assert sys.argv[1] == "run" and args.model == "tokennet"
-        TokennetLM.create_from_arg_obj(args.model_args or {}, {"batch_size": args.batch_size, "device": args.device})
+        TokennetLM.create_from_arg_obj(args.model_args or {}, {"batch_size": getattr(args, "batch_size", None),
+                                                               "device": getattr(args, "device", None)})
 
     values = data.draw(_model_args(str(lm_run)), label="model_args")
     with monkeypatch.context() as m:

@@ -87,6 +87,14 @@ def _count(name: str, value: Any, *, allow_auto: bool = False) -> int | str | No
     return n
 
 
+def _is_dir(path: Any) -> bool:
+    """Whether ``path`` names a directory (a name too long for the file system, or with a NUL, names none)."""
+    try:
+        return Path(str(path)).is_dir()
+    except (OSError, ValueError):
+        return False
+
+
 def check_model_args(args: Mapping[str, Any]) -> dict[str, Any]:
     """The ``tokennet`` model's arguments (``--model_args run=DIR,...`` as lm-eval parsed them, plus what lm-eval
     adds) checked and typed: ``run`` (required), ``device``, ``batch_size``, ``max_length``, ``quantize``. An
@@ -139,8 +147,8 @@ class TokennetLM(TemplateLM):
         if isinstance(run, Run):
             self.run = run
         else:
-            if not Path(str(run)).is_dir():
-                raise RunError(f"{run}: no such run directory")
+            if not _is_dir(run):
+                raise RunError(f"{str(run)[:200]}: no such run directory")
             if str(device).startswith("cuda") and not torch.cuda.is_available():
                 # lm-eval's command line asks for cuda:0 unless told otherwise (its HF model falls back the same way)
                 log.warning("device %s requested but CUDA is not available: running on the CPU", device)
@@ -331,7 +339,7 @@ def check_argv(argv: list[str]) -> None:
     if model != "tokennet":
         return
     run = check_model_args(parse_model_args(values))["run"]
-    if not Path(str(run)).is_dir():
+    if not _is_dir(run):
         raise RunError(f"{str(run)[:200]}: no such run directory")
 
 
