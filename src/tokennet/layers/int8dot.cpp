@@ -1,5 +1,6 @@
 // int8 x int8 linear layers with VNNI integer dot products, for decoding a few rows at a time on x86 CPUs: int8
-// weights with per-channel scales (linear) and GGUF's Q8_0 / Q4_0 / Q4_1 blocks (blocks).
+// weights with per-channel scales (linear), GGUF's Q8_0 / Q4_0 / Q4_1 blocks (blocks) and its Q4_K / Q5_K / Q6_K
+// super-blocks (kblocks).
 // See int8dot.py for the formula, the weight layout and how it is built and registered.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -312,16 +313,179 @@ at::Tensor blocks(const at::Tensor& x, const at::Tensor& packed, int64_t fmt, co
   return y;
 }
 
+// ---- GGUF K-quants (Q4_K, Q5_K, Q6_K) x int8 activations ------------------------------------------------------
+// packed (nb, T, S) uint8: for each block of 16 output rows and each super-block t of 256 weights along K, a header
+// and 8 chunks (one per group g of 32 weights) that the kernel reads in order (see int8dot.py, pack_kblocks):
+//   header: d (16 float16), for Q4_K/Q5_K then dmin (16 float16);
+//   chunk:  4 steps of 64 bytes of nibbles as in Q4_0 (low 4 bits of q[16b + r, 256t + 32g + 8j + c] and of
+//           q[.., 8j + 4 + c]); Q5_K: 64 bytes H, bit j of byte 4r + c = bit 4 of the low-nibble weight of step j, bit
+//           4 + j that of the high-nibble one; Q6_K: 64 bytes H0, bits 2j, 2j + 1 of byte 4r + c = bits 4, 5 of the
+//           low-nibble weight of step j, 64 bytes H1 the same for the high-nibble ones; then the 16 rows' sub-block
+//           scales (uint8) and mins (uint8) for Q4_K/Q5_K, or the scales of weights 0-15 and of 16-31 (int8) for Q6_K.
+constexpr int64_t FMT_Q4_K = 3, FMT_Q5_K = 4, FMT_Q6_K = 5, SUPER = 256;
+
+constexpr int64_t kchunk_bytes(int64_t fmt) { return fmt == FMT_Q4_K ? 288 : fmt == FMT_Q5_K ? 352 : 416; }
+constexpr int64_t khead_bytes(int64_t fmt) { return fmt == FMT_Q6_K ? 32 : 64; }
+constexpr int64_t ksuper_bytes(int64_t fmt) { return khead_bytes(fmt) + 8 * kchunk_bytes(fmt); }
+
+struct KArgs {
+  const uint8_t* wp;
+  const int8_t* xq;   // (M, K)
+  const float *sx, *cx;  // (M, K/32): s_g and s_g * float(X_g)
+  const int32_t* x16;  // (M, K/16): sums of x_q over each 16
+  const float* bp;
+  float* yp;
+  int64_t M, N, K, T;
+};
+
+// v << s (s > 0) or v >> -s, in 16-bit lanes (the callers mask whole bytes after it)
+inline __m512i shift16(__m512i v, int s) {
+  return s >= 0 ? _mm512_slli_epi16(v, static_cast<unsigned>(s)) : _mm512_srli_epi16(v, static_cast<unsigned>(-s));
+}
+
+template <int64_t FMT>
+void kblock_rows(const KArgs& a, int64_t b0, int64_t b1) {
+  constexpr int64_t S = ksuper_bytes(FMT), C = kchunk_bytes(FMT), H = khead_bytes(FMT);
+  const int64_t M = a.M, K = a.K, T = a.T, G = K / GROUP;
+  const __m512i low4 = _mm512_set1_epi8(0x0F), zero = _mm512_setzero_si512();
+  const __m512i bit4 = _mm512_set1_epi8(0x10), bits45 = _mm512_set1_epi8(0x30);
+  const uint8_t* end = a.wp + b1 * T * S;  // this thread's last byte: no prefetch past it
+  std::vector<float> accv(M * NB), Av(M * NB), Bv(M * NB);
+  float *acc = accv.data(), *A = Av.data(), *B = Bv.data();
+  for (int64_t b = b0; b < b1; ++b) {
+    std::fill(accv.begin(), accv.end(), 0.f);
+    for (int64_t t = 0; t < T; ++t) {
+      const uint8_t* sb = a.wp + (b * T + t) * S;
+      std::fill(Av.begin(), Av.end(), 0.f);
+      if (FMT != FMT_Q6_K) std::fill(Bv.begin(), Bv.end(), 0.f);
+      for (int64_t gi = 0; gi < 8; ++gi) {
+        const uint8_t* c = sb + H + gi * C;
+        const int64_t g = t * 8 + gi;
+        if (c + PREFETCH < end)
+          for (int64_t o = 0; o < C; o += 64) _mm_prefetch(reinterpret_cast<const char*>(c + PREFETCH + o), _MM_HINT_T1);
+        __m512i lo[4], hi[4];
+        for (int j = 0; j < 4; ++j) {
+          const __m512i v = _mm512_loadu_si512(c + j * 64);
+          lo[j] = _mm512_and_si512(v, low4);
+          hi[j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+        }
+        if (FMT == FMT_Q5_K) {
+          const __m512i h = _mm512_loadu_si512(c + 256);
+          for (int j = 0; j < 4; ++j) {
+            lo[j] = _mm512_or_si512(lo[j], _mm512_and_si512(shift16(h, 4 - j), bit4));
+            hi[j] = _mm512_or_si512(hi[j], _mm512_and_si512(shift16(h, -j), bit4));
+          }
+        } else if (FMT == FMT_Q6_K) {
+          const __m512i h0 = _mm512_loadu_si512(c + 256), h1 = _mm512_loadu_si512(c + 320);
+          for (int j = 0; j < 4; ++j) {
+            lo[j] = _mm512_or_si512(lo[j], _mm512_and_si512(shift16(h0, 4 - 2 * j), bits45));
+            hi[j] = _mm512_or_si512(hi[j], _mm512_and_si512(shift16(h1, 4 - 2 * j), bits45));
+          }
+        }
+        const uint8_t* scp = c + C - 32;
+        const __m512i sc0 = FMT == FMT_Q6_K
+            ? _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scp)))
+            : _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scp)));
+        const __m512i sc1 = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scp + 16)));
+        const __m512 mn = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scp + 16))));
+        for (int64_t m = 0; m < M; ++m) {
+          const int32_t* xm = reinterpret_cast<const int32_t*>(a.xq + m * K + g * GROUP);
+          __m512i a0 = zero, a1 = zero, a2 = zero, a3 = zero;
+          for (int j = 0; j < 2; ++j) {  // weights 0-15 (a0, a1) and 16-31 (a2, a3)
+            a0 = _mm512_dpbusd_epi32(a0, lo[j], _mm512_set1_epi32(xm[2 * j]));
+            a1 = _mm512_dpbusd_epi32(a1, hi[j], _mm512_set1_epi32(xm[2 * j + 1]));
+            a2 = _mm512_dpbusd_epi32(a2, lo[j + 2], _mm512_set1_epi32(xm[2 * j + 4]));
+            a3 = _mm512_dpbusd_epi32(a3, hi[j + 2], _mm512_set1_epi32(xm[2 * j + 5]));
+          }
+          __m512i J;
+          if (FMT == FMT_Q6_K) {  // J = sc_a (P_a - 32 X_a) + sc_b (P_b - 32 X_b)
+            const __m512i ia = _mm512_sub_epi32(_mm512_add_epi32(a0, a1), _mm512_set1_epi32(32 * a.x16[m * 2 * G + 2 * g]));
+            const __m512i ib = _mm512_sub_epi32(_mm512_add_epi32(a2, a3),
+                                                _mm512_set1_epi32(32 * a.x16[m * 2 * G + 2 * g + 1]));
+            J = _mm512_add_epi32(_mm512_mullo_epi32(ia, sc0), _mm512_mullo_epi32(ib, sc1));
+          } else {  // J = sc I
+            J = _mm512_mullo_epi32(_mm512_add_epi32(_mm512_add_epi32(a0, a1), _mm512_add_epi32(a2, a3)), sc0);
+          }
+          const __m512 tA = _mm512_mul_ps(_mm512_set1_ps(a.sx[m * G + g]), _mm512_cvtepi32_ps(J));  // exact J
+          _mm512_storeu_ps(A + m * NB, _mm512_add_ps(_mm512_loadu_ps(A + m * NB), tA));
+          if (FMT != FMT_Q6_K) {
+            const __m512 tB = _mm512_mul_ps(mn, _mm512_set1_ps(a.cx[m * G + g]));
+            _mm512_storeu_ps(B + m * NB, _mm512_add_ps(_mm512_loadu_ps(B + m * NB), tB));
+          }
+        }
+      }
+      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb)));
+      const __m512 dmin = FMT == FMT_Q6_K ? d : _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + 32)));
+      for (int64_t m = 0; m < M; ++m) {
+        __m512 u = _mm512_mul_ps(d, _mm512_loadu_ps(A + m * NB));
+        if (FMT != FMT_Q6_K) u = _mm512_sub_ps(u, _mm512_mul_ps(dmin, _mm512_loadu_ps(B + m * NB)));
+        _mm512_storeu_ps(acc + m * NB, _mm512_add_ps(_mm512_loadu_ps(acc + m * NB), u));
+      }
+    }
+    const int64_t rows = std::min(NB, a.N - b * NB);
+    for (int64_t m = 0; m < M; ++m) {
+      float* ym = a.yp + m * a.N + b * NB;
+      for (int64_t r = 0; r < rows; ++r) ym[r] = a.bp ? acc[m * NB + r] + a.bp[b * NB + r] : acc[m * NB + r];
+    }
+  }
+}
+
+// y (M, N) float32, per output n, over the super-blocks t in order from acc = 0 (float32, no fused multiply-add):
+//   A = sum_{g in t} s_g * float(J_ng)  (in order from 0),  B = sum_{g in t} float(m_ng) * (s_g * float(X_g))
+//   Q4_K, Q5_K: acc += d_nt * A - dmin_nt * B,   J_ng = sc_ng * I_ng
+//   Q6_K:       acc += d_nt * A,                 J_ng = sc_na (I_na - 32 X_a) + sc_nb (I_nb - 32 X_b)
+// with I = sum x_q,k q_nk (q unsigned: 4, 5 or 6 bits) over the group (Q6_K: over each half a, b of 16) and X the
+// sum of x_q over the same weights, all exact in int32 and |J| < 2^24 (so float(J) is exact); then y_n = acc (+ b_n).
+at::Tensor kblocks(const at::Tensor& x, const at::Tensor& packed, int64_t fmt, const c10::optional<at::Tensor>& bias,
+                   int64_t N) {
+  TORCH_CHECK(fmt == FMT_Q4_K || fmt == FMT_Q5_K || fmt == FMT_Q6_K, "int8dot.kblocks: unknown format");
+  TORCH_CHECK(x.dim() == 2 && packed.dim() == 3 && packed.scalar_type() == at::kByte, "int8dot.kblocks: bad shapes");
+  const int64_t M = x.size(0), K = x.size(1), nb = packed.size(0), T = packed.size(1), G = K / GROUP;
+  TORCH_CHECK(K == T * SUPER && packed.size(2) == ksuper_bytes(fmt) && nb * NB >= N, "int8dot.kblocks: shapes differ");
+  TORCH_CHECK(packed.is_contiguous(), "int8dot.kblocks: packed must be contiguous");
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  auto xf = bf16 ? x.contiguous() : x.to(at::kFloat).contiguous();
+  at::Tensor bf;
+  if (bias.has_value() && bias->defined()) bf = bias->to(at::kFloat).contiguous();
+  std::vector<int8_t> xq(M * K);
+  std::vector<float> sx(M * G), cx(M * G);
+  std::vector<int32_t> x16(M * 2 * G);
+  for (int64_t m = 0; m < M; ++m) {
+    if (bf16)
+      round_row(xf.data_ptr<at::BFloat16>() + m * K, K, xq.data() + m * K, sx.data() + m * G);
+    else
+      round_row(xf.data_ptr<float>() + m * K, K, xq.data() + m * K, sx.data() + m * G);
+    for (int64_t h = 0; h < 2 * G; ++h) {
+      int32_t s = 0;
+      for (int64_t i = 0; i < 16; ++i) s += xq[m * K + h * 16 + i];
+      x16[m * 2 * G + h] = s;
+    }
+    for (int64_t g = 0; g < G; ++g)
+      cx[m * G + g] = sx[m * G + g] * static_cast<float>(x16[m * 2 * G + 2 * g] + x16[m * 2 * G + 2 * g + 1]);
+  }
+  auto y = at::empty({M, N}, xf.options().dtype(at::kFloat));
+  const KArgs a{packed.data_ptr<uint8_t>(), xq.data(), sx.data(), cx.data(), x16.data(),
+                bf.defined() ? bf.data_ptr<float>() : nullptr, y.data_ptr<float>(), M, N, K, T};
+  at::parallel_for(0, nb, 4, [&](int64_t b0, int64_t b1) {
+    if (fmt == FMT_Q4_K) kblock_rows<FMT_Q4_K>(a, b0, b1);
+    else if (fmt == FMT_Q5_K) kblock_rows<FMT_Q5_K>(a, b0, b1);
+    else kblock_rows<FMT_Q6_K>(a, b0, b1);
+  });
+  return y;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(tokennet_int8dot, m) {
   m.def("pack(Tensor w) -> Tensor");
   m.def("linear(Tensor x, Tensor packed, Tensor scale, Tensor? bias, int n) -> Tensor");
   m.def("blocks(Tensor x, Tensor packed, int fmt, Tensor? bias, int n) -> Tensor");
+  m.def("kblocks(Tensor x, Tensor packed, int fmt, Tensor? bias, int n) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(tokennet_int8dot, CPU, m) {
   m.impl("pack", &pack);
   m.impl("linear", &linear);
   m.impl("blocks", &blocks);
+  m.impl("kblocks", &kblocks);
 }

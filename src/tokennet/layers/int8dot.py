@@ -66,11 +66,12 @@ import torch
 from torch import Tensor
 
 from ..device import cpu_flags
-from .blockquant import pack4, unpack4
+from .blockquant import _BYTES, QK_K, _k_scales, _nibbles, pack4, unpack4
 
 __all__ = ["GROUP", "BLOCK_FORMATS", "available", "unavailable_reason", "blocks_available", "blocks_unavailable_reason",
            "pack", "unpack", "linear", "quantize_groups", "reference", "pack_blocks", "unpack_blocks", "block_linear",
-           "block_reference", "block_chunk_bytes"]
+           "block_reference", "block_chunk_bytes", "KBLOCK_FORMATS", "kblock_parts", "pack_kblocks", "unpack_kblocks",
+           "kblock_dequantize", "kblock_linear", "kblock_reference"]
 
 logger = logging.getLogger(__name__)
 
@@ -160,6 +161,10 @@ def _register_fakes() -> None:
         return x.new_empty(x.shape[0], n, dtype=torch.float32)
 
     @torch.library.register_fake("tokennet_int8dot::blocks")
+    def _(x, packed, fmt, bias, n):
+        return x.new_empty(x.shape[0], n, dtype=torch.float32)
+
+    @torch.library.register_fake("tokennet_int8dot::kblocks")
     def _(x, packed, fmt, bias, n):
         return x.new_empty(x.shape[0], n, dtype=torch.float32)
 
@@ -333,4 +338,165 @@ def block_reference(x: Tensor, fmt: str, qs: Tensor, d: Tensor, m: Tensor | None
         if fmt == "q4_1":
             t = t + m.float()[None, :, g] * (s[:, g : g + 1] * X[:, g : g + 1].float())
         acc = acc + t
+    return acc if bias is None else acc + bias.float()
+
+
+# ---- GGUF K-quants (Q4_K, Q5_K, Q6_K) × int8 activations -------------------------------------------------------
+
+KBLOCK_FORMATS = ("q4_k", "q5_k", "q6_k")  # the K-quants the kernel multiplies (256-weight super-blocks)
+_KFMT = {"q4_k": 3, "q5_k": 4, "q6_k": 5}  # the C++ kernel's codes
+_KCHUNK = {"q4_k": 288, "q5_k": 352, "q6_k": 416}  # bytes per 16 rows × 32 weights (scales included)
+_KHEAD = {"q4_k": 64, "q5_k": 64, "q6_k": 32}  # bytes of d (and dmin) per 16 rows × 256 weights
+
+
+def kblock_super_bytes(fmt: str) -> int:
+    """Bytes of one packed super-chunk (16 rows × 256 weights): 2368 (Q4_K), 2880 (Q5_K), 3360 (Q6_K)."""
+    return _KHEAD[fmt] + 8 * _KCHUNK[fmt]
+
+
+def kblock_parts(fmt: str, raw: Tensor) -> tuple[Tensor, Tensor, Tensor | None, Tensor, Tensor | None]:
+    """A row's GGUF K-quant bytes ``raw (N, T·B)`` → ``(q, sc, m, d, dmin)``: ``q (N, K)`` uint8 the weights'
+    unsigned integers (Q4_K 0..15, Q5_K 0..31, Q6_K 0..63), ``sc`` the sub-block scales (Q4_K/Q5_K ``(N, K/32)``
+    uint8 0..63, Q6_K ``(N, K/16)`` int8), ``m`` Q4_K/Q5_K's mins ``(N, K/32)`` uint8, ``d`` and ``dmin`` ``(N, T)``
+    float16 — ggml's layout, decoded as :func:`~tokennet.layers.blockquant.raw_dequantize` decodes it."""
+    N = raw.shape[0]
+    b = raw.reshape(N, -1, _BYTES[fmt])  # (N, T, B)
+    T = b.shape[1]
+    f16 = lambda t: t.contiguous().view(torch.float16)[..., 0]  # noqa: E731 — (N, T, 2) bytes → (N, T)
+    if fmt == "q6_k":
+        ql = _nibbles(b[..., 0:128].reshape(N * T, 128), 64).reshape(N * T, 8, 32)
+        shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8)[:, None]
+        qh = ((b[..., 128:192].reshape(N * T, 2, 1, 32) >> shifts) & 3).reshape(N * T, 8, 32)
+        q = (ql | (qh << 4)).reshape(N, T * QK_K)
+        return q, b[..., 192:208].reshape(N, T * 16).contiguous().view(torch.int8), None, f16(b[..., 208:210]), None
+    sc, mn = _k_scales(b[..., 4:16].reshape(N * T, 12))
+    q = _nibbles((b[..., 16:144] if fmt == "q4_k" else b[..., 48:176]).reshape(N * T, 128), 32)  # (N·T, 8, 32)
+    if fmt == "q5_k":
+        qh = b[..., 16:48].reshape(N * T, 1, 32) >> torch.arange(8, dtype=torch.uint8)[:, None]
+        q = q | ((qh & 1) << 4)
+    u8 = lambda t: t.to(torch.uint8).reshape(N, T * 8)  # noqa: E731
+    return q.reshape(N, T * QK_K), u8(sc), u8(mn), f16(b[..., 0:2]), f16(b[..., 2:4])
+
+
+def kblock_dequantize(fmt: str, q: Tensor, sc: Tensor, m: Tensor | None, d: Tensor, dmin: Tensor | None) -> Tensor:
+    """:func:`kblock_parts` → the float32 weights ``(N, K)``, the ``gguf`` package's operations in its order."""
+    N, K = q.shape
+    sub = 16 if fmt == "q6_k" else 32
+    per = QK_K // sub  # sub-blocks per super-block
+    ds = (d.float()[..., None] * sc.float().view(N, -1, per)).reshape(N, -1, 1)  # (N, K/sub, 1)
+    if fmt == "q6_k":
+        return (ds * (q.float().view(N, -1, sub) - 32)).reshape(N, K)
+    dm = (dmin.float()[..., None] * m.float().view(N, -1, per)).reshape(N, -1, 1)
+    return (ds * q.float().view(N, -1, sub) - dm).reshape(N, K)
+
+
+def _rows16(t: Tensor, nb: int) -> Tensor:
+    """``(N, …)`` → ``(nb·16, …)`` with zero rows appended."""
+    pad = nb * _ROWS - t.shape[0]
+    return torch.cat([t, t.new_zeros(pad, *t.shape[1:])]) if pad else t
+
+
+def pack_kblocks(fmt: str, raw: Tensor) -> Tensor:
+    """A K-quant :class:`~tokennet.layers.blockquant.BlockLinear`'s bytes ``raw (N, T·B)`` → the kernel's layout
+    ``(⌈N/16⌉, T, S)`` uint8 (``int8dot.cpp``, kblocks): per 16 rows and super-block, a header of ``d`` (and
+    ``dmin``) as float16, then 8 chunks of 32 weights: four 64-byte steps of nibbles as :func:`pack_blocks`'s Q4,
+    the high bits (Q5_K: one 64-byte plane, bit ``j`` for step ``j``'s low nibble and ``4 + j`` for its high one;
+    Q6_K: two planes, bits ``2j, 2j+1``), then the 16 rows' sub-block scales and mins (Q6_K: the scales of weights
+    0–15, then of 16–31). Rows past N are zero."""
+    if fmt not in KBLOCK_FORMATS:
+        raise ValueError(f"int8dot.pack_kblocks: {fmt} is not one of {KBLOCK_FORMATS}")
+    q, sc, m, d, dmin = kblock_parts(fmt, raw)
+    N, K = q.shape
+    nb, T = -(-N // _ROWS), K // QK_K
+    v = _rows16(q, nb).view(nb, _ROWS, T, 8, 4, 2, 4).permute(0, 2, 3, 4, 1, 6, 5)  # (b, t, g, j, r, c, half)
+    parts = [((v[..., 0] & 15) | ((v[..., 1] & 15) << 4)).reshape(nb, T, 8, 256)]
+    hb = (v >> 4).permute(0, 1, 2, 4, 5, 3, 6)  # (b, t, g, r, c, j, half): the bits above the nibble
+    j = torch.arange(4, dtype=torch.uint8)[:, None]
+    if fmt == "q5_k":
+        parts.append(((hb & 1) << torch.cat([j, j + 4], 1)).sum((-2, -1), dtype=torch.uint8).reshape(nb, T, 8, 64))
+    elif fmt == "q6_k":
+        for half in (0, 1):
+            parts.append(((hb[..., half] & 3) << (2 * j[:, 0])).sum(-1, dtype=torch.uint8).reshape(nb, T, 8, 64))
+    per = 16 if fmt == "q6_k" else 8
+    s = _rows16(sc.view(torch.uint8), nb).view(nb, _ROWS, T, 8, per // 8).permute(0, 2, 3, 4, 1)  # (b, t, g, h, r)
+    parts.append(s.reshape(nb, T, 8, 2 * per))
+    if m is not None:
+        parts.append(_rows16(m, nb).view(nb, _ROWS, T, 8).permute(0, 2, 3, 1))
+    head = [t.contiguous().view(torch.uint8).view(N, T, 2) for t in ((d,) if dmin is None else (d, dmin))]
+    head = [_rows16(t, nb).view(nb, _ROWS, T, 2).permute(0, 2, 1, 3).reshape(nb, T, 32) for t in head]
+    chunks = torch.cat([p.reshape(nb, T, 8, -1) for p in parts], -1).reshape(nb, T, -1)
+    return torch.cat([*head, chunks], -1).contiguous()
+
+
+def unpack_kblocks(fmt: str, packed: Tensor, n: int) -> tuple[Tensor, Tensor, Tensor | None, Tensor, Tensor | None]:
+    """:func:`pack_kblocks`'s layout back to :func:`kblock_parts`' ``(q, sc, m, d, dmin)`` of ``n`` rows (copies)."""
+    nb, T, _ = packed.shape
+    H, C = _KHEAD[fmt], _KCHUNK[fmt]
+    f16 = [packed[..., 32 * i : 32 * (i + 1)].reshape(nb, T, _ROWS, 2).permute(0, 2, 1, 3).reshape(nb * _ROWS, T, 2)
+           [:n].contiguous().view(torch.float16)[..., 0] for i in range(H // 32)]
+    c = packed[..., H:].reshape(nb, T, 8, C)
+    w = c[..., :256].reshape(nb, T, 8, 4, _ROWS, 4)  # (b, t, g, j, r, c)
+    v = torch.stack([w & 15, w >> 4], -1)  # (b, t, g, j, r, c, half)
+    if fmt != "q4_k":
+        j = torch.arange(4, dtype=torch.uint8)
+        if fmt == "q5_k":
+            h = c[..., 256:320].reshape(nb, T, 8, 1, _ROWS, 4, 1)
+            hi = (h >> torch.stack([j, j + 4], -1)[:, None, None, :]) & 1  # (b, t, g, j, r, c, half)
+            v = v | (hi << 4)
+        else:
+            h = torch.stack([c[..., 256:320], c[..., 320:384]], -1).reshape(nb, T, 8, 1, _ROWS, 4, 2)
+            v = v | (((h >> (2 * j)[:, None, None, None]) & 3) << 4)
+    q = v.permute(0, 4, 1, 2, 3, 6, 5).reshape(nb * _ROWS, T * QK_K)[:n].contiguous()  # (b, r, t, g, j, half, c)
+    per = 16 if fmt == "q6_k" else 8
+    s = c[..., C - 32 : C - 32 + 2 * per].reshape(nb, T, 8, per // 8, _ROWS).permute(0, 4, 1, 2, 3)
+    sc = s.reshape(nb * _ROWS, T * per)[:n].contiguous()
+    if fmt == "q6_k":
+        return q, sc.view(torch.int8), None, f16[0], None
+    m = c[..., C - 16 :].reshape(nb, T, 8, _ROWS).permute(0, 3, 1, 2).reshape(nb * _ROWS, T * 8)[:n].contiguous()
+    return q, sc, m, f16[0], f16[1]
+
+
+def kblock_linear(x: Tensor, packed: Tensor, fmt: str, bias: Tensor | None, n: int) -> Tensor:
+    """``x (M, K)`` (any float dtype, K a multiple of 256) → ``y (M, n)`` float32 by :func:`kblock_reference`'s
+    formula."""
+    return torch.ops.tokennet_int8dot.kblocks(x, packed, _KFMT[fmt], bias, n)
+
+
+def kblock_reference(x: Tensor, fmt: str, raw: Tensor, bias: Tensor | None = None) -> Tensor:
+    """The K-quant kernel's formula, computed plainly, for a row's GGUF bytes ``raw (N, T·B)``.
+
+    With ``x_q``, ``s_g`` as in :func:`quantize_groups`, ``q``, ``sc``, ``m``, ``d``, ``dmin`` as in
+    :func:`kblock_parts`, per output ``n``: ``I_ng = Σ_{k∈g} x_q,k q_nk`` and ``X_g = Σ_{k∈g} x_q,k`` exact (for
+    Q6_K over each half ``a``, ``b`` of 16 weights), ``J_ng = sc_ng · I_ng`` (Q4_K, Q5_K) or ``sc_na (I_na − 32 X_a)
+    + sc_nb (I_nb − 32 X_b)`` (Q6_K), exact (|J| < 2²⁴); then over the super-blocks ``t`` in order, in float32, a
+    product then a sum::
+
+        A_nt = Σ_{g∈t} s_g · J_ng,   B_nt = Σ_{g∈t} m_ng · (s_g · X_g)      (each from 0, in order)
+        y_n = Σ_t (d_nt · A_nt − dmin_nt · B_nt)    (Q6_K: Σ_t d_nt · A_nt)    (+ b_n)
+
+    which is ``Σ_g s_g Σ_{k∈g} x_q,k W_nk`` in real numbers for ggml's ``W = d·sc·q − dmin·m`` (Q6_K ``d·sc·(q − 32)``).
+    """
+    q, sc, m, d, dmin = kblock_parts(fmt, raw)
+    xq, s = quantize_groups(x)
+    M, K = xq.shape
+    N, G, T = q.shape[0], K // GROUP, K // QK_K
+    x16 = xq.long().view(M, 2 * G, 16)
+    I16 = torch.einsum("mhk,nhk->mnh", x16, q.long().view(N, 2 * G, 16))  # (M, N, 2G) exact
+    X16 = x16.sum(-1)  # (M, 2G)
+    if fmt == "q6_k":
+        J = ((I16 - 32 * X16[:, None, :]) * sc.long()).view(M, N, G, 2).sum(-1)
+    else:
+        J = I16.view(M, N, G, 2).sum(-1) * sc.long()
+    cx = s * X16.view(M, G, 2).sum(-1).float()  # (M, G)
+    acc = torch.zeros(M, N)
+    for t in range(T):
+        A, B = torch.zeros(M, N), torch.zeros(M, N)
+        for g in range(8 * t, 8 * t + 8):
+            A = A + s[:, g : g + 1] * J[:, :, g].float()
+            if m is not None:
+                B = B + m.float()[None, :, g] * cx[:, g : g + 1]
+        u = d.float()[None, :, t] * A
+        if dmin is not None:
+            u = u - dmin.float()[None, :, t] * B
+        acc = acc + u
     return acc if bias is None else acc + bias.float()
