@@ -130,3 +130,71 @@ def test_threads_split_the_output_rows_and_change_no_bit(fmt):
     assert torch.equal(two, int8dot.kblock_linear(x, packed, fmt, None, 1000))
     assert torch.equal(two, int8dot.kblock_reference(x, fmt, raw))
     assert torch.equal(one_row, two[:1])
+
+
+def _kquant_gpt():
+    from tokennet.layers.blockquant import BlockLinear
+    from tokennet.models import create_model
+
+    formats = {"decoder.blocks.*.mlp.fc2": "q6_k", "decoder.blocks.*.mlp.fc1": "q4_k",
+               "decoder.blocks.*.attn.qkv_proj": "q5_k", "decoder.blocks.*.attn.out_proj": "q5_0", "tok_emb": "q8_0"}
+    m = create_model("gpt-micro", vocab_size=64, block_size=32, dim=256, num_heads=4, mlp_ratio=4, bias=False,
+                     quantized=formats).eval()
+    for i, mod in enumerate(m.modules()):
+        if isinstance(mod, BlockLinear) and mod.fmt in FORMATS:
+            mod.set_blocks(random_raw(mod.fmt, mod.out_features, mod.in_features, i))
+        elif isinstance(mod, BlockLinear) and mod.fmt == "q5_0":  # the file's 22-byte blocks, d in bytes 0-1
+            raw = torch.randint(0, 256, (mod.out_features, mod.in_features // 32, 22), dtype=torch.uint8)
+            raw[..., 0:2] = (torch.rand(mod.out_features, mod.in_features // 32, 1) * 0.01).half().view(torch.uint8)
+            mod.set_blocks(raw.reshape(mod.out_features, -1))
+        elif isinstance(mod, BlockLinear):  # q8_0
+            mod.qs.copy_(torch.randint(-127, 128, mod.qs.shape, dtype=torch.int8))
+            mod.d.copy_(torch.rand(mod.d.shape).half() * 0.01)
+    return m
+
+
+@needs_kernel
+def test_a_file_of_k_quants_decodes_through_the_kernel_and_auto_chooses_it():
+    from tokennet.layers.blockquant import BlockEmbedding, BlockLinear
+    from tokennet.layers.quantize import BlockDotLinear, holds_file_blocks, quantize, resolve_mode
+
+    torch.manual_seed(0)
+    m = _kquant_gpt()
+    assert holds_file_blocks(m) and resolve_mode(m, "auto") == "int4"
+    q4 = quantize(m, "int4")
+    for name in ("mlp.fc1", "mlp.fc2", "attn.qkv_proj", "attn.out_proj"):
+        mine, theirs = q4.decoder.blocks[0].get_submodule(name), m.decoder.blocks[0].get_submodule(name)
+        assert isinstance(mine, BlockDotLinear) and isinstance(theirs, BlockLinear)
+        x = torch.randn(3, theirs.in_features)
+        assert torch.equal(mine.dequantized_weight(), theirs.dequantized_weight())  # the file's weights exactly
+        if theirs.fmt in FORMATS:
+            assert torch.equal(mine(x), int8dot.kblock_reference(x, theirs.fmt, theirs.qs))
+        else:  # Q5_0 as the Q8_0 blocks of the same weights
+            assert mine.fmt == "q8_0"
+    with torch.no_grad():
+        idx = m.example_input(2)
+        ref, got = m(idx).logits, q4(idx).logits
+    assert 0 < (got - ref).norm() / ref.norm() < 0.1  # the activations rounded to int8, random weights (~7%)
+    assert isinstance(q4.tok_emb, BlockEmbedding) and q4.tok_emb.qs is m.tok_emb.qs
+
+
+@needs_kernel
+def test_int8_keeps_a_tied_head_in_its_blocks():
+    from tokennet.layers.blockquant import BlockEmbedding
+    from tokennet.layers.quantize import BlockDotLinear, Int8Linear, quantize
+
+    torch.manual_seed(0)
+    m = _kquant_gpt()
+    q8 = quantize(m, "int8")
+    assert isinstance(q8.lm_head, BlockDotLinear) and q8.lm_head.fmt == "q8_0"
+    assert isinstance(q8.tok_emb, BlockEmbedding) and q8.tok_emb.qs is m.tok_emb.qs  # the model's table, no copy
+    assert isinstance(q8.decoder.blocks[0].mlp.fc1, Int8Linear)  # the other layers requantized as before
+    V, D = m.config.vocab_size, m.config.dim
+    assert not any(t.shape == (V, D) and t.is_floating_point() for t in (*q8.parameters(), *q8.buffers()))
+    idx = m.example_input(2)
+    with torch.no_grad():
+        assert q8.tok_emb(idx).dtype == torch.bfloat16
+        ref, got = m(idx).logits, q8(idx).logits.float()
+    assert torch.equal(q8.lm_head(torch.ones(1, D)), int8dot.block_reference(torch.ones(1, D), "q8_0", m.lm_head.qs,
+                                                                              m.lm_head.d).to(torch.float32))
+    assert (got - ref).norm() / ref.norm() < 0.2  # bf16 and int8 per channel on random weights (~12%)

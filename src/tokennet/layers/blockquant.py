@@ -419,12 +419,13 @@ class BlockEmbedding(nn.Module):
         self.register_buffer("qs", blocks.qs)
         self.register_buffer("d", blocks.d)
         self.register_buffer("m", blocks.m)
+        self.out_dtype = torch.float32  # the rows' dtype (an inference copy in bfloat16 sets it)
 
     def forward(self, idx: Tensor) -> Tensor:
-        """Token ids ``(...)`` → float32 rows ``(..., D)``."""
+        """Token ids ``(...)`` → rows ``(..., D)`` in ``out_dtype`` (float32)."""
         m = None if self.m is None else self.m[idx]
         d = None if self.d is None else self.d[idx]
-        return dequantize_blocks(self.fmt, self.qs[idx], d, m)
+        return dequantize_blocks(self.fmt, self.qs[idx], d, m).to(self.out_dtype)
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, fmt={self.fmt}"

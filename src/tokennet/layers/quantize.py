@@ -57,14 +57,17 @@ from torch import Tensor, nn
 
 from ..errors import ConfigError
 from . import int8dot
-from .blockquant import BlockEmbedding, BlockLinear, dequantize_blocks, gemv, gemv_rows
+from .blockquant import BlockEmbedding, BlockLinear, dequantize_blocks, gemv, gemv_rows, widen_to_q8_0
 
-__all__ = ["QUANTIZE_MODES", "Int8Linear", "BlockDotLinear", "PackedLinear", "GemvLinear", "quantize", "quantize_int8",
-           "check_mode", "resolve_mode", "holds_file_blocks", "decoding_copy", "gemv"]
+__all__ = ["QUANTIZE_MODES", "DOT_FORMATS", "Int8Linear", "BlockDotLinear", "PackedLinear", "GemvLinear", "quantize",
+           "quantize_int8", "check_mode", "resolve_mode", "holds_file_blocks", "decoding_copy", "gemv"]
 
 logger = logging.getLogger(__name__)
 
 QUANTIZE_MODES = ("none", "bf16", "int8", "int4")
+# The block formats BlockDotLinear multiplies with the integer-dot kernel: Q8_0/Q4_0/Q4_1, Q5_0 (as the Q8_0 blocks
+# of the same weights) and the K-quants Q4_K/Q5_K/Q6_K.
+DOT_FORMATS = (*int8dot.BLOCK_FORMATS, "q5_0", *int8dot.KBLOCK_FORMATS)
 
 # _weight_int8pack_mm reads its input in blocks of 8 along K; other widths crash the CPU kernel
 # (PyTorch 2.13), so such a layer stays bf16.
@@ -81,14 +84,15 @@ def check_mode(mode: str) -> str:
 
 
 def holds_file_blocks(model: nn.Module) -> bool:
-    """Whether ``model`` is on the CPU with every linear layer in GGUF Q8_0/Q4_0/Q4_1 blocks (an imported file's)
-    and the block kernel runs here (:func:`tokennet.layers.int8dot.blocks_available`): then ``"int4"`` decodes
-    the file's own weights, as they are, with integer dot products, as llama.cpp does."""
+    """Whether ``model`` is on the CPU with every linear layer in GGUF blocks of :data:`DOT_FORMATS` (an imported
+    file's: Q8_0/Q4_0/Q4_1/Q5_0, or the K-quants Q4_K/Q5_K/Q6_K) and the block kernel runs here
+    (:func:`tokennet.layers.int8dot.blocks_available`): then ``"int4"`` decodes the file's own weights, as they
+    are, with integer dot products, as llama.cpp does."""
     if next(model.parameters()).device.type != "cpu":
         return False
     blocks = [m for m in model.modules() if isinstance(m, BlockLinear)]
     floats = any(type(m) is nn.Linear for m in model.modules())  # int4 would round these to 4 bits
-    return bool(blocks) and not floats and all(b.fmt in int8dot.BLOCK_FORMATS for b in blocks) \
+    return bool(blocks) and not floats and all(b.fmt in DOT_FORMATS for b in blocks) \
         and int8dot.blocks_available()
 
 
@@ -209,28 +213,43 @@ class BlockDotLinear(nn.Module):
 
     def __init__(self, blocks: BlockLinear):
         super().__init__()
-        if blocks.fmt not in int8dot.BLOCK_FORMATS:
-            raise ValueError(f"BlockDotLinear takes {int8dot.BLOCK_FORMATS} blocks, not {blocks.fmt}")
-        self.in_features, self.out_features, self.fmt = blocks.in_features, blocks.out_features, blocks.fmt
-        self.register_buffer("packed", int8dot.pack_blocks(blocks.fmt, blocks.qs, blocks.d, blocks.m))  # (⌈N/16⌉, G, C)
+        if blocks.fmt not in DOT_FORMATS:
+            raise ValueError(f"BlockDotLinear takes {DOT_FORMATS} blocks, not {blocks.fmt}")
+        self.in_features, self.out_features = blocks.in_features, blocks.out_features
+        fmt, qs, d, m = blocks.fmt, blocks.qs, blocks.d, blocks.m
+        if fmt == "q5_0":  # the Q8_0 blocks of the same weights, bit for bit (widen_to_q8_0): 34 bytes per 32, not 22
+            (qs, d), fmt = widen_to_q8_0(fmt, qs), "q8_0"
+        self.fmt = fmt
+        if fmt in int8dot.KBLOCK_FORMATS:
+            packed = int8dot.pack_kblocks(fmt, qs)  # (⌈N/16⌉, K/256, S)
+        else:
+            packed = int8dot.pack_blocks(fmt, qs, d, m)  # (⌈N/16⌉, G, C)
+        self.register_buffer("packed", packed)
         self.register_buffer("bias", None if blocks.bias is None else blocks.bias.detach().float())
 
-    def blocks(self) -> tuple[Tensor, Tensor, Tensor | None]:
-        """The GGUF blocks ``(qs, d, m)``, as a ``BlockLinear`` holds them (rebuilt from the packed layout)."""
+    def blocks(self) -> tuple:
+        """The GGUF blocks ``(qs, d, m)`` as a ``BlockLinear`` holds them, or for a K-quant
+        :func:`~tokennet.layers.int8dot.kblock_parts`' ``(q, sc, m, d, dmin)`` (rebuilt from the packed layout)."""
+        if self.fmt in int8dot.KBLOCK_FORMATS:
+            return int8dot.unpack_kblocks(self.fmt, self.packed, self.out_features)
         return int8dot.unpack_blocks(self.fmt, self.packed, self.out_features)
 
     def dequantized_weight(self) -> Tensor:
         """``W`` ``(N, K)`` in float32 (the blocks' plain formula)."""
+        if self.fmt in int8dot.KBLOCK_FORMATS:
+            return int8dot.kblock_dequantize(self.fmt, *self.blocks())
         return dequantize_blocks(self.fmt, *self.blocks())
 
     def forward(self, x: Tensor) -> Tensor:
         """``(..., K) → (..., N)`` in x's dtype."""
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)  # (M, K)
-        if x2.device.type == "cpu":
-            y = int8dot.block_linear(x2, self.packed, self.fmt, self.bias, self.out_features)
-        else:
+        if x2.device.type != "cpu":
             y = F.linear(x2.float(), self.dequantized_weight().to(x2.device), self.bias)
+        elif self.fmt in int8dot.KBLOCK_FORMATS:
+            y = int8dot.kblock_linear(x2, self.packed, self.fmt, self.bias, self.out_features)
+        else:
+            y = int8dot.block_linear(x2, self.packed, self.fmt, self.bias, self.out_features)
         return y.to(x.dtype).view(*lead, self.out_features)
 
     def extra_repr(self) -> str:
@@ -342,9 +361,10 @@ def _share_tensors(model: nn.Module) -> dict[int, object]:
     return memo
 
 
-def _to_float(model: nn.Module) -> None:
+def _to_float(model: nn.Module, keep: frozenset[int] = frozenset()) -> None:
     """Replace every block-quantized layer of ``model`` (a copy) by a float32 one holding its dequantized weight,
-    in place; an embedding and an LM head that share blocks share the float weight."""
+    in place; an embedding and an LM head that share blocks share the float weight. Layers whose ``qs`` is in
+    ``keep`` (by id) stay as they are."""
     weights: dict[int, nn.Parameter] = {}
 
     def weight(blocks) -> nn.Parameter:
@@ -356,6 +376,8 @@ def _to_float(model: nn.Module) -> None:
 
     for m in list(model.modules()):
         for name, child in list(m.named_children()):
+            if isinstance(child, (BlockLinear, BlockEmbedding)) and id(child.qs) in keep:
+                continue
             if isinstance(child, BlockLinear):
                 new = nn.Linear(child.in_features, child.out_features, bias=child.bias is not None, device="meta")
                 new.weight = weight(child)
@@ -389,13 +411,24 @@ def _to_int4(model: nn.Module) -> list[str]:
     return kept
 
 
-def _to_block_dot(model: nn.Module) -> None:
-    """Every Q8_0/Q4_0/Q4_1 :class:`BlockLinear` of ``model`` (a copy) on the CPU → a :class:`BlockDotLinear` of the
-    same blocks, in place (a layer registered twice becomes one new layer in both)."""
+def _tied_tables(model: nn.Module) -> frozenset[int]:
+    """The ids of the block tensors ``qs`` that an embedding shares with a linear layer (a tied LM head: Gemma 3's
+    262,144 × 640 table) that :class:`BlockDotLinear` multiplies here; empty without the block kernel."""
+    if not int8dot.blocks_available():
+        return frozenset()
+    tables = {id(m.qs) for m in model.modules() if isinstance(m, BlockEmbedding)}
+    return frozenset(id(m.qs) for m in model.modules() if isinstance(m, BlockLinear) and id(m.qs) in tables
+                     and m.fmt in DOT_FORMATS and m.qs.device.type == "cpu")
+
+
+def _to_block_dot(model: nn.Module, only: frozenset[int] | None = None) -> None:
+    """Every :data:`DOT_FORMATS` :class:`BlockLinear` of ``model`` (a copy) on the CPU → a :class:`BlockDotLinear` of
+    the same blocks, in place (a layer registered twice becomes one new layer in both)."""
     made: dict[int, nn.Module] = {}
     for m in list(model.modules()):
         for name, child in list(m.named_children()):
-            if isinstance(child, BlockLinear) and child.fmt in int8dot.BLOCK_FORMATS and child.qs.device.type == "cpu":
+            if isinstance(child, BlockLinear) and child.fmt in DOT_FORMATS and child.qs.device.type == "cpu" and \
+                    (only is None or id(child.qs) in only):
                 if id(child) not in made:
                     made[id(child)] = BlockDotLinear(child)
                 setattr(m, name, made[id(child)])
@@ -425,9 +458,16 @@ def quantize(model: nn.Module, mode: str = "int8") -> nn.Module:
             logger.info("int4: blocks multiplied without the integer-dot kernel (%s): dequantized per call, fused by "
                         "a compiled step", int8dot.blocks_unavailable_reason())
         return out
-    _to_float(out)
+    # int8: a tied head in blocks stays in them (the kernel multiplies them; the embedding looks up its rows), so the
+    # copy holds no float32 table (Gemma 3's: 671 MB) and no int8 one
+    tied = _tied_tables(out) if mode == "int8" else frozenset()
+    _to_float(out, keep=tied)
     if mode == "int8":
         _replace_linears(out, Int8Linear, lambda lin: lin.in_features % _K_ALIGN == 0)
+        _to_block_dot(out, only=tied)
+        for m in out.modules():
+            if isinstance(m, BlockEmbedding):
+                m.out_dtype = torch.bfloat16  # the rows in the copy's dtype, as a bf16 nn.Embedding's
     converted: dict[int, Tensor] = {}  # tied tensors (embedding = LM head) stay tied in the copy
 
     def low(t: Tensor) -> Tensor:
@@ -436,7 +476,7 @@ def quantize(model: nn.Module, mode: str = "int8") -> nn.Module:
         return converted[id(t)]
 
     for m in out.modules():
-        if isinstance(m, Int8Linear):
+        if isinstance(m, (Int8Linear, BlockDotLinear, BlockEmbedding)):
             continue
         for k, p in m._parameters.items():
             if p is not None:
