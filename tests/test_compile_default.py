@@ -110,12 +110,14 @@ def test_auto_compiles_only_where_the_steps_ahead_repay_it(monkeypatch):
     assert [short.observe(0.05, 15 - i) for i in range(5)] == [None] * 5  # 13 · 50 ms · ½ ≪ 10 s
     assert not made and short.decided
     long = CompilePlan(_model(), None, 4000)
-    got = [long.observe(0.05, 3999 - i) for i in range(3)]  # 3997 · 50 ms · ½ ≈ 100 s > 10 s
-    assert got == [None, None, "the compiled step"] and len(made) == 1
+    got = [long.observe(t, 3999 - i) for i, t in enumerate([2.0, 0.05, 0.06, 0.07])]  # 3996 · 50 ms · ½ ≈ 100 s
+    assert got == [None, None, None, "the compiled step"] and len(made) == 1
     assert CompilePlan(_model(), None, 4000).observe(0.05, 10) is None  # still probing
     never = _plan_with(monkeypatch, None)  # never measured here: UNMEASURED_COMPILE_S
     plan = CompilePlan(_model(), None, 200)
-    assert [plan.observe(0.05, 199 - i) for i in range(3)] == [None] * 3 and not never  # 5 s < 30 s
+    assert [plan.observe(0.05, 199 - i) for i in range(4)] == [None] * 4 and not never  # 5 s < 30 s
+    slow_start = CompilePlan(_model(), None, 400)  # a slow first step (one-time costs) does not decide it
+    assert [slow_start.observe(t, 399 - i) for i, t in enumerate([1.0, 0.006, 0.2, 0.006])] == [None] * 4
 
 
 def test_forced_modes_and_a_step_compiled_earlier_in_this_process(monkeypatch):

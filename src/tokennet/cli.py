@@ -426,8 +426,9 @@ def cmd_list(args) -> int:
     return 0
 
 
-def _summary(recipe: str, run_dir: Path, metrics: dict) -> str:
-    """The end of `tokennet train`: steps, time, the headline metrics, the sample, where the run and report are."""
+def _summary(recipe: str, run_dir: Path, metrics: dict, report_next: bool = False) -> str:
+    """The end of `tokennet train`: steps, time, the headline metrics, the sample, where the run and report are
+    (``report_next``: the page is written right after this is printed)."""
     from .run import REPORT_FILE
 
     skip = {"step", "elapsed", "wall", "wall_seconds", "num_parameters", "world_size", "test_size", "train_size",
@@ -441,7 +442,9 @@ def _summary(recipe: str, run_dir: Path, metrics: dict) -> str:
     if isinstance(metrics.get("sample"), str):
         lines += ["", "--- sample ---", metrics["sample"].strip("\n"), "--- end of sample ---"]
     lines += ["", f"run directory: {run_dir}  (metrics.json has every metric)"]
-    if (run_dir / REPORT_FILE).is_file():
+    if report_next:
+        lines.append(f"report: {run_dir / REPORT_FILE}  (being written)")
+    elif (run_dir / REPORT_FILE).is_file():
         lines.append(f"report: {run_dir / REPORT_FILE}")
     return "\n".join(lines)
 
@@ -467,14 +470,21 @@ def cmd_train(args) -> int:
     if args.no_progress or not sys.stderr.isatty():
         sets.setdefault("progress", False)  # a log file gets plain progress lines instead of a bar
     out = Path(args.out) if args.out else Path("runs") / recipe.name
+    shown = []
+
+    def show(run_dir: Path, metrics: dict, report: bool) -> None:  # before the report is drawn: the sample now
+        if os.environ.get("RANK", "0") == "0" and not args.json:
+            print(_summary(recipe.name, run_dir, metrics, report_next=report), flush=True)
+            shown.append(run_dir)
+
     try:
         run_dir, metrics = train(recipe.name, data=args.data, out=out, sets=sets, device=args.device,
-                                 resume=args.resume, overwrite=args.overwrite, init=args.init)
+                                 resume=args.resume, overwrite=args.overwrite, init=args.init, on_metrics=show)
     except KeyboardInterrupt:
         print(f"tokennet: interrupted; a checkpoint is in {out / 'checkpoints'}; "
               f"continue with: tokennet train {recipe.name} --out {out} --resume", file=sys.stderr)
         return 130
-    if os.environ.get("RANK", "0") != "0":  # under torchrun only rank 0 prints
+    if os.environ.get("RANK", "0") != "0" or shown:  # under torchrun only rank 0 prints; shown: printed already
         return 0
     print(json.dumps(metrics, indent=2) if args.json else _summary(recipe.name, run_dir, metrics))
     return 0

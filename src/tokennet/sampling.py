@@ -102,8 +102,9 @@ UNMEASURED_COMPILE_S = 30.0
 class CompilePlan:
     """Whether the decoding steps ahead repay compiling them, decided once per call and said once per reason.
 
-    ``on`` compiles at once and ``off`` never; ``auto`` decodes the first :attr:`PROBE` tokens eagerly, timing them,
-    and then compiles only if the steps left would save more than the compilation costs::
+    ``on`` compiles at once and ``off`` never; ``auto`` decodes the first :attr:`PROBE` tokens eagerly, timing them
+    (the fastest is the estimate: the first steps also pay one-time costs), and then compiles only if the steps
+    left would save more than the compilation costs::
 
         saved = steps_left · t_eager · (1 − 1 / COMPILED_SPEEDUP)   >   cost = the last compile of this model
                                                                           here (UNMEASURED_COMPILE_S if none)
@@ -112,7 +113,7 @@ class CompilePlan:
     for a compilation (``tokennet generate --max-new-tokens 16`` on SmolLM2, the 400-character sample at the end
     of ``tokennet train gpt-char``), and a long one pays for it."""
 
-    PROBE = 3
+    PROBE = 4
 
     def __init__(self, net: nn.Module, compile: bool | None, steps: int):
         self.net, self.steps, self.mode = net, steps, compile_mode(compile)
@@ -137,7 +138,7 @@ class CompilePlan:
         if len(self.times) < self.PROBE:
             return None
         self.decided = True
-        eager = sorted(self.times)[len(self.times) // 2]
+        eager = min(self.times)  # the first steps also pay one-time costs (allocations, kernel choice): the fastest
         saved = steps_left * eager * (1 - 1 / COMPILED_SPEEDUP)
         cost = _compile_seconds(self.net)
         known = "measured" if cost is not None else "not measured here yet"

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,6 +89,7 @@ def train(
     resume: bool = False,
     overwrite: bool = False,
     init: str | Path | None = None,
+    on_metrics: Callable[[Path, dict[str, Any], bool], None] | None = None,
 ) -> tuple[Path, dict[str, Any]]:
     """Train a recipe into a run directory; return ``(run_dir, metrics)``.
 
@@ -100,6 +102,10 @@ def train(
     The run directory holds ``run.json`` (recipe, settings, data and its spec), ``config.json`` and
     ``model.safetensors`` (the final model), ``tokenizer.json`` for text, ``metrics.json``, ``log.jsonl``,
     ``checkpoints/`` and ``report.html``.
+
+    ``on_metrics(run_dir, metrics, report)`` is called once ``metrics.json`` is written, before the report page
+    (seconds of drawing; ``report``: whether one follows): the CLI prints its summary and the sample there, so a
+    user reads them without waiting for the page.
     """
     recipe = get_recipe(recipe) if isinstance(recipe, str) else recipe
     sets = dict(sets or {})
@@ -114,7 +120,8 @@ def train(
     lock = RunLock(out).acquire() if info.is_main else None  # one writer per run directory, for the whole run
     finished = False
     try:
-        result = _run(recipe, out, defaults, data, sets, dev, info, resume, overwrite, created, init, lock)
+        result = _run(recipe, out, defaults, data, sets, dev, info, resume, overwrite, created, init, lock,
+                      on_metrics)
         finished = True
         return result
     finally:
@@ -186,7 +193,7 @@ class _Plan:
 
 
 def _run(recipe: Recipe, out: Path, defaults, data, sets, dev, info, resume, overwrite, created, init=None,
-         lock: RunLock | None = None):
+         lock: RunLock | None = None, on_metrics=None):
     """resolve → build → publish → train → finish."""
     plan = _resolve(recipe, out, defaults, data, sets, dev, info, resume=resume, overwrite=overwrite, created=created,
                     init=init, lock=lock)
@@ -197,7 +204,7 @@ def _run(recipe: Recipe, out: Path, defaults, data, sets, dev, info, resume, ove
     model = _final_model(plan, job, trainer)
     if model is None:  # a rank other than 0: rank 0 saves
         return out, final
-    return out, _finish(plan, job, model, final)
+    return out, _finish(plan, job, model, final, on_metrics)
 
 
 def _resolve(recipe: Recipe, out: Path, defaults, data, sets, dev, info, *, resume: bool, overwrite: bool,
@@ -307,7 +314,7 @@ def _final_model(plan: _Plan, job, trainer):
     return model
 
 
-def _finish(plan: _Plan, job, model, final: dict[str, Any]) -> dict[str, Any]:
+def _finish(plan: _Plan, job, model, final: dict[str, Any], on_metrics=None) -> dict[str, Any]:
     """Save the final model (adapters merged, or saved apart as asked), then the metrics — the trainer's, the
     recipe's ``finish`` extras and its ``evaluate_run`` on the run reloaded from disk — and the report page."""
     out, recipe = plan.out, plan.recipe
@@ -329,6 +336,8 @@ def _finish(plan: _Plan, job, model, final: dict[str, Any]) -> dict[str, Any]:
         metrics.update(recipe.evaluate_run(load(out, device=plan.dev), None))
     metrics["wall_seconds"] = round(time.perf_counter() - plan.t_start, 2)
     write_metrics(out, metrics)
+    if on_metrics is not None:
+        on_metrics(out, metrics, plan.ctx.train.report)
     if plan.ctx.train.report:
         write_report(out, plan.report_defaults, panels=True, device=str(plan.dev))
     return metrics
