@@ -38,7 +38,8 @@ __all__ = ["DataSpec", "register_data", "spec_from_dict", "spec_class", "list_da
 _SPECS: dict[str, type[DataSpec]] = {}
 # The dataset modules that declare tokennet's own specs (imported on first look-up, not with the package:
 # some read large files or need optional packages only when used).
-_BUILTIN = ("text", "vision_data", "dates", "shapes", "spoken_digits", "graphs", "qm9", "sphere", "chats")
+_BUILTIN = ("text", "vision_data", "dates", "shapes", "spoken_digits", "graphs", "qm9", "sphere", "chats",
+            "multimodal")
 
 
 def _builtins() -> None:

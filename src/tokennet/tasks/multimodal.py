@@ -1,0 +1,163 @@
+"""The multimodal task: one run, every modality — each input answered by its own task on its part of the model.
+
+A multimodal model (:mod:`tokennet.models.multimodal`) is, per task, a complete single-task model whose trunk is
+the shared one. :func:`part_run` views one task of a run as that task's own run (its part of the model, its data
+spec, settings and metrics), so the language model's, the classifiers' and the graph task's verbs, pictures,
+panels and bad-input checks apply unchanged: this module only routes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..errors import DataError, RunError
+from ..plugins import task_for
+from ..tokens.graph import GraphBatch
+from .base import HELP, Input, Task, as_paths, register_task, verb
+from .language import LanguageModel
+
+if TYPE_CHECKING:
+    from ..run import Run
+
+__all__ = ["MultimodalTask", "part_run", "INPUT_OF"]
+
+# task → the `tokennet generate` input that feeds it, and the name its own task gives that input
+INPUT_OF = {"text": ("prompt", "prompt"), "image": ("image", "image"), "audio": ("audio", "audio"),
+            "sphere": ("sphere", "image"), "graph": ("graphs", "graphs")}
+_AUDIO = (".wav", ".flac", ".ogg", ".mp3")
+
+
+def part_run(run: Run, name: str) -> Run:
+    """Task ``name`` of a multimodal run, as that task's own :class:`~tokennet.run.Run`."""
+    from ..run import Run
+
+    spec = run.data
+    parts = getattr(spec, "parts", None)
+    if not parts:
+        raise RunError(f"{run.path} has no run.json saying which tasks it was trained on")
+    if name not in parts:
+        raise DataError(f"{run.path} was trained on {', '.join(parts)}; it has no {name!r} task")
+    p = parts[name]
+    info = {"recipe": p["recipe"], "settings": p["settings"], "data_spec": p["spec"]}
+    metrics = run.metrics.get(name, {})
+    model = run.model.part(name)
+    return Run(run.path, model, run.tokenizer if name == "text" else None, info,
+               metrics if isinstance(metrics, dict) else {}, task_for(model.config.family))
+
+
+@register_task
+class MultimodalTask(Task):
+    """One trunk, several tasks: ``run.generate(prompt)`` continues text, ``run.classify(inputs, task=None)`` answers
+    images, audio, sphere images or graphs with that task's head, ``run.predict(graphs)`` gives the graph head's
+    outputs; ``tokennet generate`` takes any of ``--prompt``, ``--image``, ``--audio``, ``--sphere``, ``--graphs``."""
+
+    name = "multimodal"
+    kind = "multimodal"
+    families = ("multimodal",)
+    inputs = (Input("prompt", HELP["prompt"], file=False, required=False),
+              Input("image", HELP["image"], required=False),
+              Input("audio", HELP["audio"], required=False),
+              Input("sphere", "multimodal runs: image files to project onto the sphere and classify with the sphere "
+                    "task", required=False),
+              Input("graphs", "graph runs: JSON files of graphs", required=False))
+    options = LanguageModel.options
+
+    def trained(self, run: Run) -> list[str]:
+        return list(run.model.tasks)
+
+    def _need(self, run: Run, name: str, what: str) -> Run:
+        if name not in self.trained(run):
+            raise DataError(f"{run.path} was trained on {', '.join(self.trained(run))}: it takes no {what} "
+                            f"(no {name} task)")
+        return part_run(run, name)
+
+    # -- verbs ---------------------------------------------------------------------------------------------------
+    @verb
+    def generate(self, run: Run, prompt: str | list[str] = "\n", max_new_tokens: int = 200, **kw):
+        """The text part's continuation of ``prompt`` (see :meth:`LanguageModel.generate`)."""
+        part = self._need(run, "text", "prompt")
+        return part.task.generate(part, prompt, max_new_tokens, **kw)
+
+    def task_of(self, run: Run, inputs) -> str:
+        """Which task an input is for: graphs, audio files or waveforms ``(B, samples)``, signals on the sphere
+        ``(B, C, M)``, or images (the image task, else the sphere task)."""
+        if isinstance(inputs, GraphBatch):
+            return "graph"
+        if torch.is_tensor(inputs):
+            kind = {2: "audio", 3: "sphere"}.get(inputs.dim(), "image")
+        else:
+            paths = [str(p).lower() for p in as_paths(inputs)]
+            kind = "graph" if paths and all(p.endswith(".json") for p in paths) else \
+                "audio" if paths and all(p.endswith(_AUDIO) for p in paths) else "image"
+        if kind == "image" and "image" not in self.trained(run) and "sphere" in self.trained(run):
+            kind = "sphere"
+        return kind
+
+    @verb
+    def classify(self, run: Run, inputs, task: str | None = None) -> list[tuple[int, float]]:
+        """``(class index, probability)`` per input, from the head of ``task`` (default: by the inputs' kind)."""
+        name = task or self.task_of(run, inputs)
+        if name == "text":
+            raise RunError("the text task generates text (run.generate); it does not classify")
+        part = self._need(run, name, f"{name} input")
+        return part.task.classify(part, inputs)
+
+    @verb
+    def predict(self, run: Run, graphs) -> torch.Tensor:
+        """The graph head's outputs ``(B, K)`` (see :meth:`~tokennet.tasks.graph.GraphPrediction.predict`)."""
+        part = self._need(run, "graph", "graphs")
+        return part.task.predict(part, graphs)
+
+    # -- the command line ----------------------------------------------------------------------------------------
+    def respond(self, run: Run, values: dict[str, Any]) -> Iterator[str]:
+        """Each given input answered by its task (text continued; the others one line per input)."""
+        given = [t for t, (flag, _) in INPUT_OF.items() if values.get(flag) not in (None, [], "")]
+        if not given:
+            flags = ", ".join("--" + INPUT_OF[t][0] for t in self.trained(run))
+            raise DataError(f"a multimodal run takes an input of a task it was trained on: pass one of {flags}")
+        parts = {t: self._need(run, t, "--" + INPUT_OF[t][0]) for t in given}  # all refused before any answer
+        for t, part in parts.items():
+            flag, theirs = INPUT_OF[t]
+            mine = {i.name for i in part.task.inputs} | {o.name for o in part.task.options}
+            yield from part.task.respond(part, {**{k: v for k, v in values.items() if k in mine},
+                                                theirs: values[flag]})
+
+    def examples(self, run: Run, directory: Path) -> dict[str, Any]:
+        out = {}
+        for t in self.trained(run):
+            part = part_run(run, t)
+            d = Path(directory) / t
+            d.mkdir(parents=True, exist_ok=True)
+            out[INPUT_OF[t][0]] = part.task.examples(part, d)[INPUT_OF[t][1]]
+        return out
+
+    def bad_inputs(self, run: Run, directory: Path) -> list[tuple[dict[str, Any], str]]:
+        out = []
+        for t in self.trained(run):
+            part = part_run(run, t)
+            d = Path(directory) / t
+            d.mkdir(parents=True, exist_ok=True)
+            out += [({INPUT_OF[t][0]: v[INPUT_OF[t][1]]}, frag) for v, frag in part.task.bad_inputs(part, d)]
+        missing = [t for t in INPUT_OF if t not in self.trained(run)]
+        if missing:  # an input of a modality the run was not trained on: one line naming the ones it was
+            flag = INPUT_OF[missing[0]][0]
+            out.append(({flag: "x" if flag == "prompt" else [str(Path(directory) / "any.file")]}, "was trained on"))
+        return out
+
+    # -- pictures and the report ------------------------------------------------------------------------------------
+    def draw(self, run: Run, out_dir: Path, **options) -> list[Path]:
+        """Each task's own pictures, for an input of that modality, in ``out_dir/<task>/``."""
+        files = []
+        for t in self.trained(run):
+            part = part_run(run, t)
+            files += part.task.draw(part, Path(out_dir) / t, **options)
+        return files
+
+    def panel(self, run: Run, log) -> list[tuple[str, str]]:
+        from ..viz.report.multimodal import multimodal_panel
+
+        return multimodal_panel(run, log, [(t, part_run(run, t)) for t in self.trained(run)])
