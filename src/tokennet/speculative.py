@@ -14,8 +14,11 @@ Every token so produced is distributed exactly as plain sampling from ``p`` woul
 whatever the drafter proposes; a good drafter only makes more tokens come per target forward. ``p`` and ``q``
 are the *processed* distributions — temperature, top-k and top-p applied as plain sampling applies them
 (:func:`tokennet.sampling.next_token_probs`). Greedy decoding (temperature 0) is the rule with point masses:
-keep drafts while they equal the target's argmax, then take the argmax; the text is plain greedy decoding's
-(up to the rounding of a k-token forward against one-token ones, which can only matter at an exact tie).
+keep drafts while they equal the target's argmax, then take the argmax; the text is plain greedy decoding's up to
+the rounding of a k-token forward against one-token ones. In float32 that matters only at an exact tie; a model
+decoding with int8 activations (a GGUF run's int4 copy) rounds them differently in the two (measured on SmolLM2:
+logits 0.02 apart at one step), so its greedy text can part from plain decoding's at a near-tie, as eager and
+compiled plain decoding already do on it.
 
 Two drafters:
 
@@ -239,12 +242,12 @@ class ModelDrafter:
 class DraftLength:
     """How many tokens to draft next, and whether to speculate at all.
 
-    ``k`` starts at ``min(k_max, 4)``, grows by one after a round that accepted every draft (up to ``k_max``) and
-    falls to one more than the accepted count after a rejection. The first ``plain_first`` steps are plain (one to
-    warm up — a compiled step compiles —, not timed; the next ones timed). Each round's and each plain step's seconds
-    per token are kept as moving averages; when speculation yields tokens more slowly than plain steps, it pauses
-    for ``pause`` plain steps, a number that doubles (up to 64) every time it loses again and returns to 1 when it
-    wins. Without a clock (``clock=None``) it never pauses: the tests' deterministic policy.
+    ``k`` starts at ``min(k_max, 4)``, grows by one after a round that accepted every draft (up to ``k_max``) and falls
+    to one more than the accepted count after a rejection. The first ``plain_first`` steps are plain (the prompt's
+    forward, one one-token step to warm up — a compiled step compiles —, not timed, then timed ones). Each round's and
+    each plain step's seconds per token are kept as moving averages; when speculation yields tokens more slowly than
+    plain steps, it pauses for ``pause`` plain steps, a number that doubles (up to 64) every time it loses again and
+    returns to 1 when it wins. Without a clock (``clock=None``) it never pauses: the tests' deterministic policy.
 
     Args:
         k_max: the most tokens drafted in one round.
@@ -252,7 +255,7 @@ class DraftLength:
         plain_first: plain steps before the first draft (with a clock).
     """
 
-    def __init__(self, k_max: int, clock: Callable[[], float] | None = time.perf_counter, plain_first: int = 2):
+    def __init__(self, k_max: int, clock: Callable[[], float] | None = time.perf_counter, plain_first: int = 3):
         self.k_max, self.k = k_max, min(k_max, 4)
         self.clock = clock or (lambda: 0.0)
         self.timed = clock is not None
