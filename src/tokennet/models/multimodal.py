@@ -19,7 +19,6 @@ saved once (safetensors' tied tensors).
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,11 +93,7 @@ class MultimodalConfig(TransformerConfig, defaults=dict(dim=64, num_layers=2, nu
     def part_config(self, name: str):
         """The config of part ``name``: its own fields, with the trunk's shape."""
         trunk = {k: getattr(self, k) for k in TRUNK_FIELDS}
-        part = dict(self.parts[name])
-        family = part.pop("family")
-        cls = type(config_from_dict({"family": family}))
-        names = {f.name for f in dataclasses.fields(cls) if f.init}
-        return config_from_dict({"family": family, **part, **{k: v for k, v in trunk.items() if k in names}})
+        return config_from_dict({**self.parts[name], **trunk})  # (every part is a TransformerConfig: it has them all)
 
 
 class SharedStack(nn.Module):
