@@ -124,7 +124,7 @@ def build(work: Path) -> dict[str, str]:
         torch.manual_seed(0)
         hf = GPT2LMHeadModel(cfg).eval()
         hf.save_pretrained(paths["hf"], safe_serialization=True)
-        ours = convert_gpt2(Path(paths["hf"]), json.loads((Path(paths["hf"]) / "config.json").read_text()))[0]
+        ours = convert_gpt2(Path(paths["hf"]), json.loads((Path(paths["hf"]) / "config.json").read_text())).model
     save_pretrained(ours, paths["run"])
     save_tokenizer(paths["run"], tok)
     if importlib.util.find_spec("gguf") is not None:

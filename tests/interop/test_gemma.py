@@ -193,7 +193,7 @@ def test_unsupported_architecture_names_it_and_the_supported_ones(tiny, tmp_path
 def test_mixed_type_qkv_stays_blocks(tmp_path):
     """Gemma 3 270M's layers mix Q5_0 Q and K with a Q8_0 V: the stacked ``qkv_proj`` is held as Q8_0 blocks (Q5_0
     widens to Q8_0 exactly), not float32, and the model's logits are those of the all-float32 import."""
-    from tokennet.interop.gguf_in import convert_gguf
+    from tokennet.interop import convert
     from tokennet.layers.blockquant import BlockLinear
 
     cfg = transformers.Gemma3TextConfig(
@@ -204,8 +204,8 @@ def test_mixed_type_qkv_stays_blocks(tmp_path):
     hf = transformers.Gemma3ForCausalLM(cfg).eval()
     mix = {"attn_q": "Q5_0", "attn_k": "Q5_0", "attn_v": "Q8_0"}
     path = write_gemma_gguf(tmp_path / "mixed.gguf", hf, quantized=mix)
-    blocks, _, _, notes = convert_gguf(path)
-    floats, _, _, _ = convert_gguf(path, keep_blocks=False)
+    blocks, _, _, notes = convert(path)
+    floats, _, _, _ = convert(path, keep_blocks=False)
     for blk in blocks.decoder.blocks:
         assert isinstance(blk.attn.qkv_proj, BlockLinear) and blk.attn.qkv_proj.fmt == "q8_0"
     assert any("held as Q8_0 blocks" in n for n in notes) and not any("dequantized" in n for n in notes)

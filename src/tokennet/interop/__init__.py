@@ -27,42 +27,29 @@ cannot find — stops the import with one line, and nothing is written.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import shutil
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
-from ..errors import ConfigError, DataError, RunError
+from ..errors import RunError
 from ..models.registry import save_pretrained
 from ..run import save_tokenizer, write_run_info
-from .bert import convert_bert
-from .gguf_in import convert_gguf
-from .gpt2 import convert_gpt2
-from .hf import read_hf_config
-from .llama import convert_llama, convert_mistral, convert_qwen2
-from .vit import convert_vit
 
-__all__ = ["import_checkpoint", "convert", "ImportResult", "CONVERTERS", "load_init", "InitSource"]
+# Every family file, imported for its converters' @register lines (registry.py dispatches through them).
+from . import bert, gemma, gpt2, llama, vit  # noqa: F401
+from .init import InitSource, load_init
+from .registry import GGUF_CONVERTERS, HF_CONVERTERS, Converted, convert, register
+
+__all__ = ["import_checkpoint", "convert", "ImportResult", "CONVERTERS", "HF_CONVERTERS", "GGUF_CONVERTERS",
+           "Converted", "register", "load_init", "InitSource"]
 
 logger = logging.getLogger(__name__)
 
-# (source, its config.json) → (model, notes, tokenizer or None)
-Converter = Callable[[Path, dict[str, Any]], tuple[nn.Module, list[str], Any]]
-
-# (HF model_type, architecture) → converter.
-CONVERTERS: dict[tuple[str, str], Converter] = {
-    ("gpt2", "GPT2LMHeadModel"): convert_gpt2,
-    ("vit", "ViTForImageClassification"): convert_vit,
-    ("llama", "LlamaForCausalLM"): convert_llama,
-    ("mistral", "MistralForCausalLM"): convert_mistral,
-    ("bert", "BertModel"): convert_bert,
-}
-CONVERTERS[("qwen2", "Qwen2ForCausalLM")] = convert_qwen2
+CONVERTERS = HF_CONVERTERS  # the old name of the Hugging Face table: (model_type, architecture) → converter
 
 
 @dataclass
@@ -74,51 +61,6 @@ class ImportResult:
     model: nn.Module
     notes: list[str] = field(default_factory=list)
     tokenizer: Any = None
-
-
-def _magic(path: Path) -> bytes:
-    with open(path, "rb") as f:
-        return f.read(4)
-
-
-def convert(source: str | Path, *, keep_blocks: bool = True) -> tuple[nn.Module, Any, str, list[str]]:
-    """Convert a checkpoint in memory: ``(tokennet model, tokenizer or None, converter name, notes)``; writes nothing.
-
-    Args:
-        source: a Hugging Face checkpoint directory, or a ``.gguf`` file.
-        keep_blocks: a GGUF file's Q8_0/Q4_0/Q4_1 tensors stay blocks (False: float32 everywhere).
-    """
-    source = Path(source)
-    if source.suffix == ".gguf" or (source.is_file() and _magic(source) == b"GGUF"):
-        model, tokenizer, name, notes = convert_gguf(source, keep_blocks=keep_blocks)
-        _check_template(tokenizer, source)
-        return model, tokenizer, name, notes
-    cfg = read_hf_config(source)
-    archs = cfg.get("architectures") or []
-    model_type = cfg["model_type"]
-    for arch in archs:
-        if (model_type, arch) in CONVERTERS:
-            model, notes, tokenizer = CONVERTERS[(model_type, arch)](source, cfg)
-            _check_template(tokenizer, source)
-            return model, tokenizer, f"{model_type}/{arch}", notes
-    supported = ", ".join(f"{a} ({t})" for t, a in CONVERTERS)
-    got = f"{model_type} / {', '.join(archs) or 'no architectures field'}"
-    raise ConfigError(f"{source}: architecture {got} has no tokennet converter (supported: {supported}); "
-                      "nothing was written")
-
-
-def _check_template(tokenizer: Any, source: Path) -> None:
-    """A checkpoint whose chat template the sandbox refuses (tokens/chat_template.py) is refused whole, before
-    anything is written; without jinja2 the template is checked when it is first rendered."""
-    template = getattr(tokenizer, "chat_template", None)
-    if not template or importlib.util.find_spec("jinja2") is None:
-        return
-    from ..tokens.chat_template import check_chat_template
-
-    try:
-        check_chat_template(template, where=str(source))
-    except DataError as e:
-        raise DataError(f"{e}; nothing was written") from None
 
 
 def import_checkpoint(source: str | Path, out: str | Path, *, keep_blocks: bool = True,
@@ -184,5 +126,3 @@ def import_checkpoint(source: str | Path, out: str | Path, *, keep_blocks: bool 
         logger.warning("%s", n)
     return ImportResult(out, name, model, notes, tokenizer)
 
-
-from .init import InitSource, load_init  # noqa: E402 - it uses convert, defined above

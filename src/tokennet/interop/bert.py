@@ -26,11 +26,13 @@ from ..models.text_encoder import TextEncoder, TextEncoderConfig
 from ..tokens.pretrained import PretrainedTokenizer
 from .gguf_in import build_checked
 from .hf import NameMap, check_fields, check_layer_count, read_safetensors
+from .registry import Converted, register
 
 __all__ = ["convert_bert"]
 
 
-def convert_bert(source: Path, cfg: dict[str, Any]) -> tuple[TextEncoder, list[str], PretrainedTokenizer | None]:
+@register(hf=[("bert", "BertModel")])
+def convert_bert(source: Path, cfg: dict[str, Any]) -> Converted:
     """A tokennet text encoder holding the weights of the ``BertModel`` checkpoint in ``source``."""
     check_fields(
         cfg, "bert",
@@ -78,4 +80,4 @@ def convert_bert(source: Path, cfg: dict[str, Any]) -> tuple[TextEncoder, list[s
                             f"{config.vocab_size}; nothing was written")
     else:
         notes.append("the source has no tokenizer.json: the run takes token ids, and `embed` needs a tokenizer")
-    return model.eval(), notes, tokenizer
+    return Converted(model.eval(), tokenizer, notes)

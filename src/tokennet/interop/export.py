@@ -390,9 +390,9 @@ def export_run(run: Run, out: str | Path, fmt: str, *, tolerance: float | None =
 
 def _export_lm(run: Run, out: Path, fmt: str, *, tolerance, overwrite: bool, gguf_type: str) -> ExportResult:
     """A language model as a GGUF file or a Hugging Face directory, read back by tokennet's importers and checked."""
-    from . import convert
     from .gguf_out import FILE_TYPES, write_gguf
     from .hf_out import write_hf
+    from .registry import convert
 
     if fmt == "gguf" and gguf_type not in FILE_TYPES:
         raise ConfigError(f"GGUF file type must be one of {list(FILE_TYPES)}, got {gguf_type!r}")

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
 
 from torch import Tensor
 
@@ -62,6 +61,7 @@ from .gguf_in import (
     stack_rows,
 )
 from .hf import NameMap
+from .registry import Converted, register
 
 __all__ = ["convert_gemma3_gguf", "gguf_sentencepiece", "gemma3_config", "gemma3_windows", "GGUF_GEMMA3_KEYS",
            "SWA_PATTERN",
@@ -126,7 +126,8 @@ def _gain(w) -> Tensor:
     return dense(w) - 1.0
 
 
-def convert_gemma3_gguf(path: Path, *, reader=None, keep_blocks: bool = True) -> tuple[GPT, Any, list[str]]:
+@register(gguf=["gemma3"])
+def convert_gemma3_gguf(path: Path, *, reader=None, keep_blocks: bool = True) -> Converted:
     """A tokennet GPT (and its SentencePiece tokenizer) from a ``gemma3`` GGUF file.
 
     Args:
@@ -190,4 +191,4 @@ def convert_gemma3_gguf(path: Path, *, reader=None, keep_blocks: bool = True) ->
     m.tensors = dict.fromkeys(m.tensors)  # names kept for the checks; the Q, K, V parts stacked above go now
     del weights
     model = build_checked(GPT, config, m)
-    return model.eval(), tokenizer, notes
+    return Converted(model.eval(), tokenizer, notes)

@@ -2,8 +2,8 @@
 
 A GGUF file holds metadata fields (``general.architecture``, ``llama.block_count``, ``tokenizer.ggml.tokens``,
 …) and named tensors (``blk.0.attn_q.weight``). What is general to every architecture lives here; each
-family's converter (:mod:`.llama`, :mod:`.gpt2`, :mod:`.gemma`) maps its names. :func:`convert_gguf` dispatches on
-``general.architecture``.
+family's converter (:mod:`.llama`, :mod:`.gpt2`, :mod:`.gemma`) maps its names, registered for its
+``general.architecture`` (:mod:`.registry` dispatches; this module imports no family file).
 
 Tensors come back as float32 tensors or, for Q8_0/Q4_0/Q4_1/Q5_0/Q4_K/Q5_K/Q6_K (whose layout tokennet keeps, see
 :mod:`tokennet.layers.blockquant`), as :class:`Blocks`: the file's bits, row by row. Any other quantized
@@ -37,7 +37,7 @@ from ..tokens.pretrained import PretrainedTokenizer
 __all__ = ["read_gguf", "field", "field_count", "check_numbers", "arch_fields", "check_block_count", "build_checked",
            "f32",
            "Blocks", "KEPT_TYPES", "load_tensors", "expand_blocks", "block_formats",
-           "gguf_tokenizer", "convert_gguf", "GGUF_ARCHS", "LLAMA3_PATTERN"]
+           "gguf_tokenizer", "LLAMA3_PATTERN"]
 
 KEPT_TYPES = {"Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_1": "q4_1", "Q5_0": "q5_0", "Q4_K": "q4_k", "Q5_K": "q5_k",
               "Q6_K": "q6_k"}
@@ -462,23 +462,3 @@ def gguf_tokenizer(reader, path: Path, vocab_size: int) -> PretrainedTokenizer:
         raise DataError(f"{path}: the tokenizer has {tok.vocab_size} tokens but the model {vocab_size}; "
                         "nothing was written")
     return tok
-
-
-GGUF_ARCHS = ("llama", "gpt2", "qwen2", "gemma3")
-
-
-def convert_gguf(path: Path, *, keep_blocks: bool = True):
-    """A tokennet GPT and its tokenizer from a GGUF file: ``(model, tokenizer, converter name, notes)``."""
-    from .gemma import convert_gemma3_gguf
-    from .gpt2 import convert_gpt2_gguf
-    from .llama import convert_llama_gguf, convert_qwen2_gguf
-
-    reader = read_gguf(path)
-    arch = field(reader, "general.architecture")
-    converters = {"llama": convert_llama_gguf, "gpt2": convert_gpt2_gguf, "qwen2": convert_qwen2_gguf,
-                  "gemma3": convert_gemma3_gguf}
-    if arch not in converters:
-        raise ConfigError(f"{path}: GGUF architecture {arch!r} has no tokennet converter (supported: "
-                          f"{', '.join(GGUF_ARCHS)}); nothing was written")
-    model, tokenizer, notes = converters[arch](path, reader=reader, keep_blocks=keep_blocks)
-    return model, tokenizer, f"gguf/{arch}", notes

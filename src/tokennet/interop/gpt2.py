@@ -48,6 +48,7 @@ from .gguf_in import (
     read_gguf,
 )
 from .hf import NameMap, check_fields, check_layer_count, linear_from_conv1d, read_safetensors
+from .registry import Converted, register
 
 __all__ = ["convert_gpt2", "convert_gpt2_gguf", "GGUF_LAYER_NAMES", "GGUF_GPT2_KEYS"]
 
@@ -91,7 +92,8 @@ def gpt2_config(cfg: dict[str, Any]) -> GPTConfig:
     )
 
 
-def convert_gpt2(source: Path, cfg: dict[str, Any]) -> tuple[GPT, list[str], PretrainedTokenizer | None]:
+@register(hf=[("gpt2", "GPT2LMHeadModel")])
+def convert_gpt2(source: Path, cfg: dict[str, Any]) -> Converted:
     """Build a tokennet GPT holding the weights of the ``GPT2LMHeadModel`` checkpoint in ``source``.
 
     Returns:
@@ -134,10 +136,11 @@ def convert_gpt2(source: Path, cfg: dict[str, Any]) -> tuple[GPT, list[str], Pre
     tokenizer = PretrainedTokenizer.from_hf_dir(source, vocab_size=config.vocab_size)
     notes = [] if tokenizer else ["the source has no tokenizer (tokenizer.json, or vocab.json + merges.txt): "
                                   "the run takes token ids, and `generate --prompt` needs a tokenizer"]
-    return model.eval(), notes, tokenizer
+    return Converted(model.eval(), tokenizer, notes)
 
 
-def convert_gpt2_gguf(path: Path, *, reader=None, keep_blocks: bool = True) -> tuple[GPT, Any, list[str]]:
+@register(gguf=["gpt2"])
+def convert_gpt2_gguf(path: Path, *, reader=None, keep_blocks: bool = True) -> Converted:
     """A tokennet GPT (and its tokenizer) from a GGUF file of llama.cpp's ``gpt2`` architecture.
 
     Returns:
@@ -186,4 +189,4 @@ def convert_gpt2_gguf(path: Path, *, reader=None, keep_blocks: bool = True) -> t
             m.state[k] = dense(v)
     config = config.replace(quantized=block_formats(m.state, config.num_layers))
     model = build_checked(GPT, config, m)
-    return model.eval(), gguf_tokenizer(reader, path, config.vocab_size), notes
+    return Converted(model.eval(), gguf_tokenizer(reader, path, config.vocab_size), notes)

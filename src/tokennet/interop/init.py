@@ -28,7 +28,7 @@ from ..errors import ConfigError, RunError
 from ..jsonio import load as load_json
 from ..models.registry import CONFIG_FILE, WEIGHTS_FILE, model_from_config
 from ..run import load, read_tokenizer
-from . import convert
+from .registry import convert
 
 __all__ = ["InitSource", "load_init", "check_resume_vocabulary", "with_num_classes", "modules_of"]
 

@@ -60,6 +60,7 @@ from .gguf_in import (
     stack_rows,
 )
 from .hf import NameMap, check_fields, check_layer_count, read_safetensors
+from .registry import Converted, register
 
 __all__ = ["convert_llama", "convert_mistral", "convert_llama_gguf", "convert_qwen2", "convert_qwen2_gguf",
            "unpermute", "permute", "llama_config", "LAYER_NAMES"]
@@ -119,14 +120,15 @@ def _hf_rope_base(cfg: dict[str, Any]) -> float:
     return cfg.get("rope_theta", 10000.0)
 
 
-def convert_mistral(source: Path, cfg: dict[str, Any]) -> tuple[GPT, list[str], PretrainedTokenizer | None]:
+@register(hf=[("mistral", "MistralForCausalLM")])
+def convert_mistral(source: Path, cfg: dict[str, Any]) -> Converted:
     """A tokennet GPT holding the weights of the ``MistralForCausalLM`` checkpoint directory ``source``: Llama with
     every layer attending in a sliding window of ``sliding_window`` keys (``i − W < j ≤ i``; null: global)."""
     return convert_llama(source, cfg, family="mistral")
 
 
-def convert_llama(source: Path, cfg: dict[str, Any], *,
-                  family: str = "llama") -> tuple[GPT, list[str], PretrainedTokenizer | None]:
+@register(hf=[("llama", "LlamaForCausalLM")])
+def convert_llama(source: Path, cfg: dict[str, Any], *, family: str = "llama") -> Converted:
     """A tokennet GPT holding the weights of the ``LlamaForCausalLM`` checkpoint directory ``source``."""
     window = cfg.get("sliding_window") if family == "mistral" else None
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
@@ -158,7 +160,7 @@ def convert_llama(source: Path, cfg: dict[str, Any], *,
     tokenizer = PretrainedTokenizer.from_hf_dir(source, vocab_size=config.vocab_size)
     notes = [] if tokenizer else ["the source has no tokenizer.json: the run takes token ids, and "
                                   "`generate --prompt` needs a tokenizer"]
-    return model.eval(), notes, tokenizer
+    return Converted(model.eval(), tokenizer, notes)
 
 
 # -- GGUF -------------------------------------------------------------------------------------------
@@ -196,7 +198,8 @@ def _unpermute_rows(w, num_heads: int):
     return w.rows(order)
 
 
-def convert_llama_gguf(path: Path, *, reader=None, keep_blocks: bool = True) -> tuple[GPT, Any, list[str]]:
+@register(gguf=["llama"])
+def convert_llama_gguf(path: Path, *, reader=None, keep_blocks: bool = True) -> Converted:
     """A tokennet GPT (and its tokenizer) from a Llama-architecture GGUF file.
 
     Args:
@@ -222,7 +225,8 @@ def _put_qkv_bias(m: NameMap, config: GPTConfig, *, gguf: bool) -> None:
         m.put(f"decoder.blocks.{i}.attn.qkv_proj.bias", theirs, lambda *parts: torch.cat([dense(p) for p in parts]))
 
 
-def convert_qwen2(source: Path, cfg: dict[str, Any]) -> tuple[GPT, list[str], PretrainedTokenizer | None]:
+@register(hf=[("qwen2", "Qwen2ForCausalLM")])
+def convert_qwen2(source: Path, cfg: dict[str, Any]) -> Converted:
     """A tokennet GPT holding the weights of the ``Qwen2ForCausalLM`` checkpoint directory ``source``."""
     check_fields(
         cfg, "qwen2",
@@ -253,7 +257,7 @@ def convert_qwen2(source: Path, cfg: dict[str, Any]) -> tuple[GPT, list[str], Pr
     tokenizer = PretrainedTokenizer.from_hf_dir(source, vocab_size=config.vocab_size)
     notes = [] if tokenizer else ["the source has no tokenizer.json: the run takes token ids, and "
                                   "`generate --prompt` needs a tokenizer"]
-    return model.eval(), notes, tokenizer
+    return Converted(model.eval(), tokenizer, notes)
 
 
 GGUF_QWEN2_KEYS = ("block_count", "context_length", "embedding_length", "feed_forward_length",
@@ -261,13 +265,14 @@ GGUF_QWEN2_KEYS = ("block_count", "context_length", "embedding_length", "feed_fo
                    "attention.layer_norm_rms_epsilon", "vocab_size", "rope.dimension_count")
 
 
-def convert_qwen2_gguf(path: Path, *, reader=None, keep_blocks: bool = True) -> tuple[GPT, Any, list[str]]:
+@register(gguf=["qwen2"])
+def convert_qwen2_gguf(path: Path, *, reader=None, keep_blocks: bool = True) -> Converted:
     """A tokennet GPT (and its tokenizer) from a ``qwen2``-architecture GGUF file: ``(model, tokenizer, notes)``."""
     return _llama_like_gguf(path, reader or read_gguf(path), keep_blocks, "qwen2", GGUF_QWEN2_KEYS)
 
 
 def _llama_like_gguf(path: Path, reader, keep_blocks: bool, arch: str,
-                     keys: tuple[str, ...]) -> tuple[GPT, Any, list[str]]:
+                     keys: tuple[str, ...]) -> Converted:
     """A ``llama`` or ``qwen2`` GGUF file as a tokennet GPT: the same header and tensors, except that llama.cpp
     permutes Llama's query/key rows (undone here) and Qwen2 has biases on q, k, v and no permutation."""
     qwen2 = arch == "qwen2"
@@ -309,4 +314,4 @@ def _llama_like_gguf(path: Path, reader, keep_blocks: bool, arch: str,
                      "Q8_0 blocks (the same weights exactly)")
     config = config.replace(quantized=block_formats(m.state, config.num_layers))
     model = build_checked(GPT, config, m)
-    return model.eval(), gguf_tokenizer(reader, path, config.vocab_size), notes
+    return Converted(model.eval(), gguf_tokenizer(reader, path, config.vocab_size), notes)

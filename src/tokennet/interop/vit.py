@@ -30,6 +30,7 @@ from ..errors import DataError
 from ..models.vit import ViT, ViTConfig
 from .gguf_in import build_checked
 from .hf import NameMap, check_fields, check_layer_count, read_safetensors
+from .registry import Converted, register
 
 __all__ = ["convert_vit"]
 
@@ -56,7 +57,8 @@ def vit_config(cfg: dict[str, Any], num_classes: int) -> ViTConfig:
     )
 
 
-def convert_vit(source: Path, cfg: dict[str, Any]) -> tuple[ViT, list[str], None]:
+@register(hf=[("vit", "ViTForImageClassification")])
+def convert_vit(source: Path, cfg: dict[str, Any]) -> Converted:
     """Build a tokennet ViT holding the weights of the ``ViTForImageClassification`` checkpoint in ``source``."""
     tensors = read_safetensors(source)
     where = str(source / "model.safetensors")
@@ -89,4 +91,4 @@ def convert_vit(source: Path, cfg: dict[str, Any]) -> tuple[ViT, list[str], None
     if (source / "preprocessor_config.json").is_file():
         notes.append("preprocessor_config.json was not imported: normalize images the way it says before "
                      "calling the model")
-    return model.eval(), notes, None
+    return Converted(model.eval(), None, notes)
