@@ -2,8 +2,8 @@
 
 Every kernel works on one ``(B·H)`` slice (``tl.program_id(1)``) and one block of query rows or key rows
 (``tl.program_id(0)``); pointers are base + ``b·stride_b + h·stride_h + n·stride_n + e`` (the last dim must be
-contiguous). Scores and every sum are float32; ``tl.dot`` runs in IEEE precision, so float32 inputs are not
-rounded to TF32 (bf16/fp16 inputs use the tensor cores as they are).
+contiguous). Scores and every sum are float32; ``tl.dot`` gets ``PRECISION="ieee"`` for float32 inputs, so they are
+not rounded to TF32 (slow, for checking), and ``"tf32"`` otherwise, which bf16/fp16 operands ignore.
 
 The algorithm, in the notation of :mod:`tokennet.attention.flash`: ``S = Q Kᵀ · scale``, running max ``m``,
 denominator ``l``, unnormalized output ``acc``; the forward writes ``O = acc / l`` and ``L = m + log l``; the
@@ -35,7 +35,8 @@ def _load_rows(ptr, rows, n, cols, E, stride_n):
 @triton.jit
 def _fwd_kernel(Q, K, V, O, LSE, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
                 H, Nq, Nk, E, scale,
-                CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr):
+                CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr,
+                PRECISION: tl.constexpr):
     pid_m, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -54,13 +55,13 @@ def _fwd_kernel(Q, K, V, O, LSE, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h,
         keys = start + tl.arange(0, BLOCK_N)
         k = _load_rows(K, keys, Nk, cols, E, sk_n)  # (BLOCK_N, BLOCK_E)
         v = _load_rows(V, keys, Nk, cols, E, sv_n)
-        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # (BLOCK_M, BLOCK_N)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # (BLOCK_M, BLOCK_N)
         s = tl.where(_allowed(rows, keys, Nq, Nk, CAUSAL), s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
         p = tl.exp(s - m_new[:, None])  # unnormalized probabilities of this tile
         alpha = tl.exp(m - m_new)  # rescales what was summed under the old max
         l = alpha * l + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m = m_new
     out = acc / l[:, None]
     o_ptr = O + b * so_b + h * so_h + rows[:, None] * so_n + cols[None, :]
@@ -71,7 +72,8 @@ def _fwd_kernel(Q, K, V, O, LSE, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h,
 @triton.jit
 def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n,
                      sd_b, sd_h, sd_n, H, Nq, Nk, E, scale,
-                     CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr):
+                     CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr,
+                PRECISION: tl.constexpr):
     """One key block: ``dV = Σ_i P_iᵀ dO_i`` and ``dK = scale · Σ_i dS_iᵀ Q_i`` over the query blocks i."""
     pid_n, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
@@ -91,13 +93,13 @@ def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, sq_b, sq_h, sq_n, sk_b, sk
         do = _load_rows(DO, rows, Nq, cols, E, sd_n)
         lse = tl.load(LSE + bh * Nq + rows, mask=rows < Nq, other=0.0)
         delta = tl.load(DELTA + bh * Nq + rows, mask=rows < Nq, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # (BLOCK_M, BLOCK_N)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # (BLOCK_M, BLOCK_N)
         ok = _allowed(rows, keys, Nq, Nk, CAUSAL) & (rows[:, None] < Nq)
         p = tl.where(ok, tl.exp(s - lse[:, None]), 0.0)  # the forward's softmax tile
-        dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision="ieee")  # dV = Pᵀ dO
-        dp = tl.dot(do, tl.trans(v), input_precision="ieee")  # dP = dO Vᵀ
+        dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION)  # dV = Pᵀ dO
+        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)  # dP = dO Vᵀ
         ds = p * (dp - delta[:, None])  # dS = P ∘ (dP - D)
-        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision="ieee")  # dK = dSᵀ Q (· scale below)
+        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)  # dK = dSᵀ Q (· scale below)
     out_mask = (keys[:, None] < Nk) & (cols[None, :] < E)
     offs = bh * Nk * E + keys[:, None] * E + cols[None, :]  # DK, DV: contiguous (B, H, Nk, E)
     tl.store(DK + offs, (dk * scale).to(DK.dtype.element_ty), mask=out_mask)
@@ -107,7 +109,8 @@ def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, sq_b, sq_h, sq_n, sk_b, sk
 @triton.jit
 def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n,
                    sd_b, sd_h, sd_n, H, Nq, Nk, E, scale,
-                   CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr):
+                   CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr,
+                PRECISION: tl.constexpr):
     """One query block: ``dQ = scale · Σ_j dS_j K_j`` over the key blocks j (no atomics: deterministic)."""
     pid_m, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
@@ -126,11 +129,11 @@ def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, sq_b, sq_h, sq_n, sk_b, sk_h, sk
         keys = start + tl.arange(0, BLOCK_N)
         k = _load_rows(K, keys, Nk, cols, E, sk_n)  # (BLOCK_N, BLOCK_E)
         v = _load_rows(V, keys, Nk, cols, E, sv_n)
-        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
         ok = _allowed(rows, keys, Nq, Nk, CAUSAL) & (rows[:, None] < Nq)
         p = tl.where(ok, tl.exp(s - lse[:, None]), 0.0)
-        dp = tl.dot(do, tl.trans(v), input_precision="ieee")
+        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         ds = p * (dp - delta[:, None])
-        dq += tl.dot(ds.to(k.dtype), k, input_precision="ieee")  # dQ = dS K (· scale below)
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)  # dQ = dS K (· scale below)
     offs = bh * Nq * E + rows[:, None] * E + cols[None, :]  # DQ: contiguous (B, H, Nq, E)
     tl.store(DQ + offs, (dq * scale).to(DQ.dtype.element_ty), mask=(rows[:, None] < Nq) & (cols[None, :] < E))

@@ -126,7 +126,8 @@ def _launch(kernel, grid, tensors, strided, B, H, Nq, Nk, E, scale, is_causal, c
     block_m, block_n, warps, stages = cfg
     strides = [s for t in strided for s in t.stride()[:3]]  # (b, h, n) strides of each strided input
     kernel[grid](*tensors, *strides, H, Nq, Nk, E, scale, CAUSAL=is_causal, BLOCK_M=block_m, BLOCK_N=block_n,
-                 BLOCK_E=_block_e(E), num_warps=warps, num_stages=stages)
+                 BLOCK_E=_block_e(E), PRECISION="ieee" if tensors[0].dtype == torch.float32 else "tf32",
+                 num_warps=warps, num_stages=stages)
 
 
 class _TritonFlash(torch.autograd.Function):
