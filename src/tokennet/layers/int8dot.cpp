@@ -1,5 +1,5 @@
 // int8 x int8 linear layers with VNNI integer dot products, for decoding a few rows at a time on x86 CPUs: int8
-// weights with per-channel scales (linear), GGUF's Q8_0 / Q4_0 / Q4_1 blocks (blocks) and its Q4_K / Q5_K / Q6_K
+// weights with per-channel scales (linear), GGUF's Q8_0 / Q4_0 / Q4_1 / Q5_0 blocks (blocks) and its Q4_K / Q5_K / Q6_K
 // super-blocks (kblocks).
 // See int8dot.py for the formula, the weight layout and how it is built and registered.
 #include <torch/extension.h>
@@ -154,17 +154,20 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const at::Tenso
   return y;
 }
 
-// ---- GGUF blocks (Q8_0, Q4_0, Q4_1) x int8 activations --------------------------------------------------------
+// ---- GGUF blocks (Q8_0, Q4_0, Q4_1, Q5_0) x int8 activations --------------------------------------------------------
 // packed (nb, G, C) uint8: for each block of 16 output rows and each group g of 32 weights along K, one chunk of C
 // bytes that the kernel reads in order (see int8dot.py, pack_blocks):
 //   Q4_0, Q4_1: 4 steps of 64 bytes; byte 4r + c of step j holds q[16b + r, 32g + 8j + c] in its low nibble and
 //               q[16b + r, 32g + 8j + 4 + c] in its high nibble (q in [0, 15]); then d (16 float16), then for
 //               Q4_1 m (16 float16): C = 288 (Q4_0) or 320 (Q4_1).
 //   Q8_0:       8 steps of 64 bytes; byte 4r + c of step j holds q[16b + r, 32g + 4j + c] (int8); then d: C = 544.
-constexpr int64_t FMT_Q8_0 = 0, FMT_Q4_0 = 1, FMT_Q4_1 = 2;
+//   Q5_0:       as Q4_0 (the low 4 bits of q in [0, 31]), then 64 bytes H: bit j of byte 4r + c = bit 4 of the
+//               low-nibble weight of step j, bit 4 + j that of the high-nibble one; then d: C = 352.
+constexpr int64_t FMT_Q8_0 = 0, FMT_Q4_0 = 1, FMT_Q4_1 = 2, FMT_Q5_0 = 6;
 
 constexpr int64_t chunk_bytes(int64_t fmt) {
-  return fmt == FMT_Q8_0 ? 16 * 32 + 32 : fmt == FMT_Q4_0 ? 16 * 16 + 32 : 16 * 16 + 64;
+  return fmt == FMT_Q8_0 ? 16 * 32 + 32 : fmt == FMT_Q4_0 ? 16 * 16 + 32 : fmt == FMT_Q5_0 ? 16 * 16 + 96
+                                                                                             : 16 * 16 + 64;
 }
 
 struct BlockArgs {
@@ -197,6 +200,7 @@ void block_rows(const BlockArgs& a, int64_t b0, int64_t b1) {
       auto term = [&](int64_t m, __m512i isum, __m512 d, __m512 mn) {
         const float s = a.sx[m * G + g];
         if (FMT == FMT_Q4_0) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(8 * a.xs[m * G + g]));
+        if (FMT == FMT_Q5_0) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(16 * a.xs[m * G + g]));
         __m512 t = _mm512_mul_ps(_mm512_mul_ps(d, _mm512_set1_ps(s)), _mm512_cvtepi32_ps(isum));
         if (FMT == FMT_Q4_1) t = _mm512_add_ps(t, _mm512_mul_ps(mn, _mm512_set1_ps(a.cx[m * G + g])));
         if (ONE)
@@ -231,7 +235,19 @@ void block_rows(const BlockArgs& a, int64_t b0, int64_t b1) {
           lo[j] = _mm512_and_si512(v, low4);
           hi[j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
         }
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 256)));
+        if (FMT == FMT_Q5_0) {  // the fifth bits (shifts in 16-bit lanes; the mask keeps bit 4 of each byte)
+          const __m512i h = _mm512_loadu_si512(c + 256), bit4 = _mm512_set1_epi8(0x10);
+          lo[0] = _mm512_or_si512(lo[0], _mm512_and_si512(_mm512_slli_epi16(h, 4), bit4));
+          lo[1] = _mm512_or_si512(lo[1], _mm512_and_si512(_mm512_slli_epi16(h, 3), bit4));
+          lo[2] = _mm512_or_si512(lo[2], _mm512_and_si512(_mm512_slli_epi16(h, 2), bit4));
+          lo[3] = _mm512_or_si512(lo[3], _mm512_and_si512(_mm512_slli_epi16(h, 1), bit4));
+          hi[0] = _mm512_or_si512(hi[0], _mm512_and_si512(h, bit4));
+          hi[1] = _mm512_or_si512(hi[1], _mm512_and_si512(_mm512_srli_epi16(h, 1), bit4));
+          hi[2] = _mm512_or_si512(hi[2], _mm512_and_si512(_mm512_srli_epi16(h, 2), bit4));
+          hi[3] = _mm512_or_si512(hi[3], _mm512_and_si512(_mm512_srli_epi16(h, 3), bit4));
+        }
+        const __m512 d = _mm512_cvtph_ps(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + (FMT == FMT_Q5_0 ? 320 : 256))));
         const __m512 mn = FMT == FMT_Q4_1
             ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 288))) : d;
         for (int64_t m = 0; m < M; ++m) {
@@ -262,13 +278,15 @@ void block_rows(const BlockArgs& a, int64_t b0, int64_t b1) {
 // y (M, N) float32, per output n, over the groups g in order, starting from 0 (float32, no fused multiply-add):
 //   Q8_0: acc += (d_ng * s_g) * float(I_ng)
 //   Q4_0: acc += (d_ng * s_g) * float(I_ng - 8 X_g)
+//   Q5_0: acc += (d_ng * s_g) * float(I_ng - 16 X_g)
 //   Q4_1: acc += (d_ng * s_g) * float(I_ng) + m_ng * (s_g * float(X_g))
 // with I_ng = sum_{k in g} x_q,k q_nk and X_g = sum_{k in g} x_q,k exact in int32; then y_n = acc (+ bias_n).
 // Q4: vpdpbusd takes the nibbles as its unsigned bytes and x_q as its signed ones. Q8_0: it takes x_q + 128 (in
 // [1, 255]) as the unsigned bytes and q as the signed ones, and I_ng = sum (x_q + 128) q - 128 sum q.
 at::Tensor blocks(const at::Tensor& x, const at::Tensor& packed, int64_t fmt, const c10::optional<at::Tensor>& bias,
                   int64_t N) {
-  TORCH_CHECK(fmt == FMT_Q8_0 || fmt == FMT_Q4_0 || fmt == FMT_Q4_1, "int8dot.blocks: unknown format");
+  TORCH_CHECK(fmt == FMT_Q8_0 || fmt == FMT_Q4_0 || fmt == FMT_Q4_1 || fmt == FMT_Q5_0,
+              "int8dot.blocks: unknown format");
   TORCH_CHECK(x.dim() == 2 && packed.dim() == 3 && packed.scalar_type() == at::kByte, "int8dot.blocks: bad shapes");
   const int64_t M = x.size(0), K = x.size(1), nb = packed.size(0), G = packed.size(1), C = chunk_bytes(fmt);
   TORCH_CHECK(K == G * GROUP && packed.size(2) == C && nb * NB >= N, "int8dot.blocks: shapes differ");
@@ -303,10 +321,12 @@ at::Tensor blocks(const at::Tensor& x, const at::Tensor& packed, int64_t fmt, co
     if (M == 1) {
       if (fmt == FMT_Q8_0) block_rows<FMT_Q8_0, true>(a, b0, b1);
       else if (fmt == FMT_Q4_0) block_rows<FMT_Q4_0, true>(a, b0, b1);
+      else if (fmt == FMT_Q5_0) block_rows<FMT_Q5_0, true>(a, b0, b1);
       else block_rows<FMT_Q4_1, true>(a, b0, b1);
     } else {
       if (fmt == FMT_Q8_0) block_rows<FMT_Q8_0, false>(a, b0, b1);
       else if (fmt == FMT_Q4_0) block_rows<FMT_Q4_0, false>(a, b0, b1);
+      else if (fmt == FMT_Q5_0) block_rows<FMT_Q5_0, false>(a, b0, b1);
       else block_rows<FMT_Q4_1, false>(a, b0, b1);
     }
   });

@@ -66,7 +66,7 @@ import torch
 from torch import Tensor
 
 from ..device import cpu_flags
-from .blockquant import _BYTES, QK_K, _k_scales, _nibbles, pack4, unpack4
+from .blockquant import _BYTES, QK_K, _k_scales, _nibbles, pack4, unpack4, widen_to_q8_0
 
 __all__ = ["GROUP", "BLOCK_FORMATS", "available", "unavailable_reason", "blocks_available", "blocks_unavailable_reason",
            "pack", "unpack", "linear", "quantize_groups", "reference", "pack_blocks", "unpack_blocks", "block_linear",
@@ -229,16 +229,17 @@ def reference(x: Tensor, q: Tensor, scale: Tensor, bias: Tensor | None = None) -
 
 # ---- GGUF blocks × int8 activations ------------------------------------------------------------------------------
 
-BLOCK_FORMATS = ("q8_0", "q4_0", "q4_1")  # the block formats the kernel multiplies (blockquant's 32-weight blocks)
-_FMT = {"q8_0": 0, "q4_0": 1, "q4_1": 2}  # the C++ kernel's codes
+BLOCK_FORMATS = ("q8_0", "q4_0", "q4_1", "q5_0")  # the block formats the kernel multiplies (32-weight blocks)
+_FMT = {"q8_0": 0, "q4_0": 1, "q4_1": 2, "q5_0": 6}  # the C++ kernel's codes
 _ROWS = 16  # output rows per packed block
-_STEPS = {"q8_0": 8, "q4_0": 4, "q4_1": 4}  # 64-byte weight loads per block of 16 rows and group of 32
+_STEPS = {"q8_0": 8, "q4_0": 4, "q4_1": 4, "q5_0": 4}  # 64-byte weight loads per block of 16 rows and group of 32
 _BLOCKS_OFF = ("0", "false", "no", "off")
 
 
 def block_chunk_bytes(fmt: str) -> int:
-    """Bytes of one packed chunk (16 rows × 32 weights with their scales): 544 (Q8_0), 288 (Q4_0), 320 (Q4_1)."""
-    return 64 * _STEPS[fmt] + 32 * (2 if fmt == "q4_1" else 1)
+    """Bytes of one packed chunk (16 rows × 32 weights with their scales): 544 (Q8_0), 288 (Q4_0), 320 (Q4_1),
+    352 (Q5_0: 64 bytes of fifth bits)."""
+    return 64 * _STEPS[fmt] + (64 if fmt == "q5_0" else 0) + 32 * (2 if fmt == "q4_1" else 1)
 
 
 def blocks_available() -> bool:
@@ -253,12 +254,15 @@ def blocks_unavailable_reason() -> str:
     return unavailable_reason()
 
 
-def pack_blocks(fmt: str, qs: Tensor, d: Tensor, m: Tensor | None = None) -> Tensor:
+def pack_blocks(fmt: str, qs: Tensor, d: Tensor | None = None, m: Tensor | None = None) -> Tensor:
     """A :class:`~tokennet.layers.blockquant.BlockLinear`'s GGUF blocks → the kernel's layout ``(⌈N/16⌉, G, C)`` uint8.
 
-    ``qs``: ``(N, K)`` int8 (Q8_0) or ``(N, K/2)`` uint8 of GGUF's nibbles (Q4_0, Q4_1); ``d``, ``m``: ``(N, G)``
-    float16. Chunk ``[b, g]`` holds rows ``16b … 16b + 15``, weights ``32g … 32g + 31``, in the order the kernel
-    reads them: 64-byte steps whose byte ``4r + c`` feeds one ``vpdpbusd`` lane ``r`` — in Q8_0, step ``j`` holds
+    ``qs``: ``(N, K)`` int8 (Q8_0), ``(N, K/2)`` uint8 of GGUF's nibbles (Q4_0, Q4_1) or Q5_0's 22-byte blocks
+    ``(N, G·22)`` (``d`` None: it is in them); ``d``, ``m``: ``(N, G)`` float16. Q5_0 is packed as Q4_0 (the low 4
+    bits of ``q`` ∈ [0, 31]) with a 64-byte plane of fifth bits before ``d`` (bit ``j`` of byte ``4r + c``: step
+    ``j``'s low-nibble weight, bit ``4 + j``: its high-nibble one). Chunk ``[b, g]`` holds rows ``16b … 16b + 15``,
+    weights ``32g … 32g + 31``, in the order the kernel reads them: 64-byte steps whose byte ``4r + c`` feeds one
+    ``vpdpbusd`` lane ``r`` — in Q8_0, step ``j`` holds
     ``q[16b + r, 32g + 4j + c]`` (8 steps); in Q4, step ``j`` holds ``q[16b + r, 32g + 8j + c]`` in the low nibble
     and ``q[16b + r, 32g + 8j + 4 + c]`` in the high one (4 steps); then the 16 rows' ``d`` and (Q4_1) ``m`` as
     float16. The bytes per weight are the file's (a GGUF Q4_1 block is 20 bytes per 32 weights, a chunk 16 × 20);
@@ -266,17 +270,25 @@ def pack_blocks(fmt: str, qs: Tensor, d: Tensor, m: Tensor | None = None) -> Ten
     """
     if fmt not in BLOCK_FORMATS:
         raise ValueError(f"int8dot.pack_blocks: {fmt} is not one of {BLOCK_FORMATS}")
+    if fmt == "q5_0":  # the file's 22-byte blocks: q in [0, 31] (as Q8_0's q − 16) and d
+        q, d = widen_to_q8_0(fmt, qs)
+        q = (q.to(torch.int16) + 16).to(torch.uint8)
+    else:
+        q = qs.view(torch.uint8) if fmt == "q8_0" else unpack4(qs)  # (N, K): the weights' integers (Q8_0's bits)
     N, G = d.shape
     nb = -(-N // _ROWS)
     pad = nb * _ROWS - N
-    q = qs.view(torch.uint8) if fmt == "q8_0" else unpack4(qs)  # (N, K): the weights' integers (Q8_0's bits)
     q = torch.nn.functional.pad(q, (0, 0, 0, pad)) if pad else q
     if fmt == "q8_0":
         w = q.reshape(nb, _ROWS, G, 8, 4).permute(0, 2, 3, 1, 4).reshape(nb, G, 512)  # (b, g, j, r, c)
     else:
         v = q.reshape(nb, _ROWS, G, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)  # (b, g, j, r, c, half)
-        w = (v[..., 0] | (v[..., 1] << 4)).reshape(nb, G, 256)
+        w = ((v[..., 0] & 15) | ((v[..., 1] & 15) << 4)).reshape(nb, G, 256)
     parts = [w]
+    if fmt == "q5_0":  # bit j: step j's low-nibble weight's fifth bit, bit 4 + j: its high-nibble one's
+        j = torch.arange(4, dtype=torch.uint8)[:, None]
+        hb = ((v >> 4) & 1).permute(0, 1, 3, 4, 2, 5)  # (b, g, r, c, j, half)
+        parts.append((hb << torch.cat([j, j + 4], 1)).sum((-2, -1), dtype=torch.uint8).reshape(nb, G, 64))
     for t in (d, m) if fmt == "q4_1" else (d,):
         t = t.to(torch.float16).contiguous().view(torch.uint8).view(N, G, 2)
         t = torch.nn.functional.pad(t, (0, 0, 0, 0, 0, pad)) if pad else t
@@ -287,7 +299,7 @@ def pack_blocks(fmt: str, qs: Tensor, d: Tensor, m: Tensor | None = None) -> Ten
 def unpack_blocks(fmt: str, packed: Tensor, n: int) -> tuple[Tensor, Tensor, Tensor | None]:
     """:func:`pack_blocks`'s layout back to GGUF's blocks ``(qs, d, m)`` of ``n`` rows (copies)."""
     nb, G, _ = packed.shape
-    w = 64 * _STEPS[fmt]
+    w = 64 * _STEPS[fmt] + (64 if fmt == "q5_0" else 0)
     scales = [packed[..., w + 32 * i : w + 32 * (i + 1)].reshape(nb, G, _ROWS, 2).permute(0, 2, 1, 3)
               .reshape(nb * _ROWS, G, 2)[:n].contiguous().view(torch.float16)[..., 0]
               for i in range(2 if fmt == "q4_1" else 1)]
@@ -295,11 +307,28 @@ def unpack_blocks(fmt: str, packed: Tensor, n: int) -> tuple[Tensor, Tensor, Ten
         qs = packed[..., :w].reshape(nb, G, 8, _ROWS, 4).permute(0, 3, 1, 2, 4).reshape(nb * _ROWS, G * 32)[:n]
         qs = qs.contiguous().view(torch.int8)
     else:
-        b = packed[..., :w].reshape(nb, G, 4, _ROWS, 4)  # (b, g, j, r, c)
+        b = packed[..., :256].reshape(nb, G, 4, _ROWS, 4)  # (b, g, j, r, c)
         v = torch.stack([b & 15, b >> 4], dim=-1)  # (b, g, j, r, c, half)
-        q = v.permute(0, 3, 1, 2, 5, 4).reshape(nb * _ROWS, G * 32)[:n]  # (b, r, g, j, half, c)
-        qs = pack4(q.contiguous())
+        if fmt == "q5_0":
+            j = torch.arange(4, dtype=torch.uint8)
+            h = packed[..., 256:320].reshape(nb, G, 1, _ROWS, 4, 1)
+            v = v | (((h >> torch.stack([j, j + 4], -1)[:, None, None, :]) & 1) << 4)
+        q = v.permute(0, 3, 1, 2, 5, 4).reshape(nb * _ROWS, G * 32)[:n].contiguous()  # (b, r, g, j, half, c)
+        if fmt == "q5_0":
+            return _q5_0_bytes(q, scales[0]), None, None
+        qs = pack4(q)
     return qs, scales[0], scales[1] if fmt == "q4_1" else None
+
+
+def _q5_0_bytes(q: Tensor, d: Tensor) -> Tensor:
+    """Integers ``q (N, K)`` in [0, 31] and ``d (N, G)`` float16 → GGUF's Q5_0 blocks ``(N, G·22)``: d, then the
+    fifth bits (bit i of a little-endian uint32 for weight i), then the low nibbles (:func:`pack4`'s)."""
+    N, K = q.shape
+    G = K // GROUP
+    bits = ((q >> 4) & 1).to(torch.int64).view(N, G, 4, 8) << torch.arange(8)  # (N, G, byte, bit)
+    qh = bits.sum(-1).to(torch.uint8)  # (N, G, 4)
+    lo = pack4(q & 15).view(N, G, 16)
+    return torch.cat([d.contiguous().view(torch.uint8).view(N, G, 2), qh, lo], -1).reshape(N, G * 22)
 
 
 def block_linear(x: Tensor, packed: Tensor, fmt: str, bias: Tensor | None, n: int) -> Tensor:
@@ -307,7 +336,7 @@ def block_linear(x: Tensor, packed: Tensor, fmt: str, bias: Tensor | None, n: in
     return torch.ops.tokennet_int8dot.blocks(x, packed, _FMT[fmt], bias, n)
 
 
-def block_reference(x: Tensor, fmt: str, qs: Tensor, d: Tensor, m: Tensor | None = None,
+def block_reference(x: Tensor, fmt: str, qs: Tensor, d: Tensor | None = None, m: Tensor | None = None,
                     bias: Tensor | None = None) -> Tensor:
     """The block kernel's formula, computed plainly, for GGUF blocks ``qs``, ``d``, ``m`` (as ``BlockLinear`` holds).
 
@@ -317,6 +346,7 @@ def block_reference(x: Tensor, fmt: str, qs: Tensor, d: Tensor, m: Tensor | None
 
         Q8_0:  y_n = Σ_g (d_ng · s_g) · I_ng                          W_nk = d_ng · q_nk
         Q4_0:  y_n = Σ_g (d_ng · s_g) · (I_ng − 8 X_g)                W_nk = d_ng · (q_nk − 8)
+        Q5_0:  y_n = Σ_g (d_ng · s_g) · (I_ng − 16 X_g)               W_nk = d_ng · (q_nk − 16)
         Q4_1:  y_n = Σ_g ((d_ng · s_g) · I_ng + m_ng · (s_g · X_g))   W_nk = d_ng · q_nk + m_ng
 
     (``+ b_n``): each group's term is ``s_g Σ_{k∈g} x_q,k W_nk`` exactly in real numbers, as llama.cpp's
@@ -325,12 +355,16 @@ def block_reference(x: Tensor, fmt: str, qs: Tensor, d: Tensor, m: Tensor | None
     xq, s = quantize_groups(x)
     M, K = xq.shape
     G = K // GROUP
-    q = qs.long() if fmt == "q8_0" else unpack4(qs).long()
+    if fmt == "q5_0":  # qs: the file's blocks, d in them
+        q, d = widen_to_q8_0(fmt, qs)
+        q = q.long() + 16
+    else:
+        q = qs.long() if fmt == "q8_0" else unpack4(qs).long()
     xg = xq.long().view(M, G, GROUP)
     sums = torch.einsum("mgk,ngk->mng", xg, q.view(-1, G, GROUP))  # I (M, N, G), exact
     X = xg.sum(-1)  # (M, G)
-    if fmt == "q4_0":
-        sums = sums - 8 * X[:, None, :]
+    if fmt in ("q4_0", "q5_0"):
+        sums = sums - (8 if fmt == "q4_0" else 16) * X[:, None, :]
     df = d.float()
     acc = torch.zeros(M, q.shape[0])
     for g in range(G):

@@ -57,7 +57,7 @@ from torch import Tensor, nn
 
 from ..errors import ConfigError
 from . import int8dot
-from .blockquant import BlockEmbedding, BlockLinear, dequantize_blocks, gemv, gemv_rows, widen_to_q8_0
+from .blockquant import BlockEmbedding, BlockLinear, dequantize_blocks, gemv, gemv_rows
 
 __all__ = ["QUANTIZE_MODES", "DOT_FORMATS", "Int8Linear", "BlockDotLinear", "PackedLinear", "GemvLinear", "quantize",
            "quantize_int8", "check_mode", "resolve_mode", "holds_file_blocks", "decoding_copy", "gemv"]
@@ -65,9 +65,9 @@ __all__ = ["QUANTIZE_MODES", "DOT_FORMATS", "Int8Linear", "BlockDotLinear", "Pac
 logger = logging.getLogger(__name__)
 
 QUANTIZE_MODES = ("none", "bf16", "int8", "int4")
-# The block formats BlockDotLinear multiplies with the integer-dot kernel: Q8_0/Q4_0/Q4_1, Q5_0 (as the Q8_0 blocks
-# of the same weights) and the K-quants Q4_K/Q5_K/Q6_K.
-DOT_FORMATS = (*int8dot.BLOCK_FORMATS, "q5_0", *int8dot.KBLOCK_FORMATS)
+# The block formats BlockDotLinear multiplies with the integer-dot kernel: Q8_0/Q4_0/Q4_1/Q5_0 and the K-quants
+# Q4_K/Q5_K/Q6_K.
+DOT_FORMATS = (*int8dot.BLOCK_FORMATS, *int8dot.KBLOCK_FORMATS)
 
 # _weight_int8pack_mm reads its input in blocks of 8 along K; other widths crash the CPU kernel
 # (PyTorch 2.13), so such a layer stays bf16.
@@ -217,8 +217,6 @@ class BlockDotLinear(nn.Module):
             raise ValueError(f"BlockDotLinear takes {DOT_FORMATS} blocks, not {blocks.fmt}")
         self.in_features, self.out_features = blocks.in_features, blocks.out_features
         fmt, qs, d, m = blocks.fmt, blocks.qs, blocks.d, blocks.m
-        if fmt == "q5_0":  # the Q8_0 blocks of the same weights, bit for bit (widen_to_q8_0): 34 bytes per 32, not 22
-            (qs, d), fmt = widen_to_q8_0(fmt, qs), "q8_0"
         self.fmt = fmt
         if fmt in int8dot.KBLOCK_FORMATS:
             packed = int8dot.pack_kblocks(fmt, qs)  # (⌈N/16⌉, K/256, S)
