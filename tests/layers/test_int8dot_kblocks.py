@@ -249,3 +249,12 @@ def test_q5_0_integer_sums_are_exact_at_the_extremes():
     exact = x.long() @ raw_dequantize("q5_0", raw).long().T
     assert int(exact[0, 0]) == 127 * 16 * K and int(exact[0, 1]) == -127 * 15 * K
     assert torch.equal(y, exact.float())
+
+
+@needs_kernel
+def test_a_large_table_is_packed_in_slices_to_the_same_bytes(monkeypatch):
+    raw_k, raw_5 = random_raw("q6_k", 100, 256, 6), random_q5_0(100, 64, 7)
+    whole = int8dot.pack_kblocks("q6_k", raw_k), int8dot.pack_blocks("q5_0", raw_5)
+    monkeypatch.setattr(int8dot, "_PACK_SLICE", 32)  # 100 rows: slices of 32, 32, 32 and 4
+    assert torch.equal(int8dot.pack_kblocks("q6_k", raw_k), whole[0])
+    assert torch.equal(int8dot.pack_blocks("q5_0", raw_5), whole[1])

@@ -254,6 +254,20 @@ def blocks_unavailable_reason() -> str:
     return unavailable_reason()
 
 
+_PACK_SLICE = 65536  # rows packed at a time (a multiple of 16): a large table's temporaries stay ~45 MB each
+
+
+def _in_slices(pack_rows, N: int) -> Tensor:
+    """``pack_rows(a, b)`` (the packed rows ``a … b − 1``) over slices of :data:`_PACK_SLICE` rows, into one tensor."""
+    first = pack_rows(0, _PACK_SLICE)
+    out = first.new_empty(-(-N // _ROWS), *first.shape[1:])
+    out[: _PACK_SLICE // _ROWS] = first
+    for a in range(_PACK_SLICE, N, _PACK_SLICE):
+        part = pack_rows(a, min(a + _PACK_SLICE, N))
+        out[a // _ROWS : a // _ROWS + part.shape[0]] = part
+    return out
+
+
 def pack_blocks(fmt: str, qs: Tensor, d: Tensor | None = None, m: Tensor | None = None) -> Tensor:
     """A :class:`~tokennet.layers.blockquant.BlockLinear`'s GGUF blocks → the kernel's layout ``(⌈N/16⌉, G, C)`` uint8.
 
@@ -270,6 +284,9 @@ def pack_blocks(fmt: str, qs: Tensor, d: Tensor | None = None, m: Tensor | None 
     """
     if fmt not in BLOCK_FORMATS:
         raise ValueError(f"int8dot.pack_blocks: {fmt} is not one of {BLOCK_FORMATS}")
+    if qs.shape[0] > _PACK_SLICE:
+        return _in_slices(lambda a, b: pack_blocks(fmt, qs[a:b], None if d is None else d[a:b],
+                                                   None if m is None else m[a:b]), qs.shape[0])
     if fmt == "q5_0":  # the file's 22-byte blocks: q in [0, 31] (as Q8_0's q − 16) and d
         q, d = widen_to_q8_0(fmt, qs)
         q = (q.to(torch.int16) + 16).to(torch.uint8)
@@ -439,6 +456,8 @@ def pack_kblocks(fmt: str, raw: Tensor) -> Tensor:
     0–15, then of 16–31). Rows past N are zero."""
     if fmt not in KBLOCK_FORMATS:
         raise ValueError(f"int8dot.pack_kblocks: {fmt} is not one of {KBLOCK_FORMATS}")
+    if raw.shape[0] > _PACK_SLICE:
+        return _in_slices(lambda a, b: pack_kblocks(fmt, raw[a:b]), raw.shape[0])
     q, sc, m, d, dmin = kblock_parts(fmt, raw)
     N, K = q.shape
     nb, T = -(-N // _ROWS), K // QK_K

@@ -409,6 +409,25 @@ def _to_int4(model: nn.Module) -> list[str]:
     return kept
 
 
+def _blocks_to_int8(model: nn.Module, keep: frozenset[int]) -> None:
+    """Every :class:`BlockLinear` of ``model`` (a copy) whose ``qs`` is neither in ``keep`` nor shared with another
+    module → an :class:`Int8Linear` of its dequantized weight (a float ``nn.Linear`` where K is not a multiple of 8),
+    in place, one layer at a time: each float32 weight is dropped before the next is made."""
+    counts: dict[int, int] = {}
+    for m in model.modules():
+        if isinstance(m, (BlockLinear, BlockEmbedding)):
+            counts[id(m.qs)] = counts.get(id(m.qs), 0) + 1
+    for m in list(model.modules()):
+        for name, child in list(m.named_children()):
+            if not isinstance(child, BlockLinear) or id(child.qs) in keep or counts[id(child.qs)] > 1:
+                continue
+            lin = nn.Linear(child.in_features, child.out_features, bias=child.bias is not None, device="meta")
+            lin.weight = nn.Parameter(child.dequantized_weight(), requires_grad=False)
+            if child.bias is not None:
+                lin.bias = nn.Parameter(child.bias.float(), requires_grad=False)
+            setattr(m, name, Int8Linear(lin) if lin.in_features % _K_ALIGN == 0 else lin)
+
+
 def _tied_tables(model: nn.Module) -> frozenset[int]:
     """The ids of the block tensors ``qs`` that an embedding shares with a linear layer (a tied LM head: Gemma 3's
     262,144 × 640 table) that :class:`BlockDotLinear` multiplies here; empty without the block kernel."""
@@ -459,6 +478,8 @@ def quantize(model: nn.Module, mode: str = "int8") -> nn.Module:
     # int8: a tied head in blocks stays in them (the kernel multiplies them; the embedding looks up its rows), so the
     # copy holds no float32 table (Gemma 3's: 671 MB) and no int8 one
     tied = _tied_tables(out) if mode == "int8" else frozenset()
+    if tied:  # the other block layers one at a time: no float32 copy of them all at once (Gemma 3's: 400 MB)
+        _blocks_to_int8(out, keep=tied)
     _to_float(out, keep=tied)
     if mode == "int8":
         _replace_linears(out, Int8Linear, lambda lin: lin.in_features % _K_ALIGN == 0)
