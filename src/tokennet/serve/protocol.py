@@ -21,6 +21,8 @@ from typing import Any
 
 from ..jsonio import JSONTooDeep, loads
 from .engine import SamplingParams
+from .errors import APIError, error_body  # re-exported: their old home
+from .tools import call_schema, check_tools, tool_messages
 
 __all__ = ["APIError", "CompletionRequest", "MAX_PROMPTS", "parse_completion", "parse_chat", "error_body",
            "completion_body", "chat_body", "completion_chunk", "chat_chunk", "usage"]
@@ -28,21 +30,6 @@ __all__ = ["APIError", "CompletionRequest", "MAX_PROMPTS", "parse_completion", "
 MAX_STOP = 4
 MAX_LOGPROBS = 20  # top_logprobs / logprobs at most (OpenAI's cap)
 MAX_PROMPTS = 2048  # prompts in one completions request at most (OpenAI's limit)
-
-
-class APIError(Exception):
-    """An error answered with ``status`` and OpenAI's error body."""
-
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 type: str | None = None):  # noqa: A002 - OpenAI's field name
-        super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
-        self.type = type or {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error",
-                             503: "server_error", 500: "server_error"}.get(status, "invalid_request_error")
-
-
-def error_body(e: APIError) -> dict[str, Any]:
-    return {"error": {"message": e.message, "type": e.type, "param": e.param, "code": e.code}}
 
 
 @dataclass
@@ -345,7 +332,6 @@ def parse_chat(body: dict[str, Any], *, tokenizer, served: str | list[str], cont
     """``POST /v1/chat/completions``: the conversation rendered with the run's chat template, one reply."""
     from ..data.chats import chat_stop_strings, render_chat
     from ..errors import DataError
-    from .tools import call_schema, check_tools, tool_messages
 
     messages = tool_messages(_messages(body), body["messages"])
     name = served if isinstance(served, str) else served[0]

@@ -37,7 +37,7 @@ import uuid
 from typing import Any
 
 from ..jsonio import loads
-from .protocol import APIError
+from .errors import APIError
 
 __all__ = ["template_takes_tools", "check_tools", "call_schema", "parse_tool_calls"]
 

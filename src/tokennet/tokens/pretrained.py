@@ -27,7 +27,7 @@ from ..errors import ConfigError, DataError, one_line
 from ..jsonio import MAX_JSON_DEPTH, JSONTooDeep, json_depth
 from ..jsonio import load as load_json
 from .chat_template import render_chat_template
-from .text import SpecialIds, Tokenizer, _as_id_list
+from .text import SpecialIds, Tokenizer, _as_id_list, register_saved_kind
 
 __all__ = ["PretrainedTokenizer"]
 
@@ -311,3 +311,6 @@ class PretrainedTokenizer(SpecialIds, Tokenizer):
         engine.add_tokens(added)
         return cls(engine, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, unk_id=unk_id, chat_template=chat_template,
                    chat_template_source=where if chat_template else None)
+
+
+register_saved_kind("pretrained", PretrainedTokenizer.from_dict)  # tokenizer_from_dict rebuilds a saved one

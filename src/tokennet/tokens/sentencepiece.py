@@ -33,7 +33,7 @@ from typing import Any
 
 from ..errors import DataError
 from .chat_template import render_chat_template
-from .text import SpecialIds, Tokenizer, _as_id_list
+from .text import SpecialIds, Tokenizer, _as_id_list, register_saved_kind
 
 __all__ = ["SentencePieceTokenizer", "NORMAL", "UNKNOWN", "CONTROL", "USER_DEFINED", "UNUSED", "BYTE"]
 
@@ -290,3 +290,6 @@ class SentencePieceTokenizer(SpecialIds, Tokenizer):
                    unk_id=fields.get("unknown_token_id"), add_bos=True if add_bos is None else bool(add_bos),
                    add_space_prefix=True if prefix is None else bool(prefix),
                    chat_template=fields.get("chat_template"), where=where)
+
+
+register_saved_kind("sentencepiece", SentencePieceTokenizer.from_dict)  # tokenizer_from_dict rebuilds a saved one

@@ -32,7 +32,7 @@ import json
 import logging
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -562,20 +562,25 @@ class BPETokenizer(Tokenizer):
         return cls(engine)
 
 
+SAVED_KINDS: dict[str, Callable[[dict[str, Any]], Tokenizer]] = {}
+"""``tokenizer.json``'s ``tokennet.kind`` → the class's ``from_dict``: ``char`` here; ``pretrained`` and
+``sentencepiece`` registered by their own modules (:func:`register_saved_kind`), so this module imports neither."""
+
+
+def register_saved_kind(kind: str, from_dict: Callable[[dict[str, Any]], Tokenizer]) -> None:
+    """Let :func:`tokenizer_from_dict` rebuild tokenizers saved with ``tokennet.kind == kind``."""
+    SAVED_KINDS[kind] = from_dict
+
+
+register_saved_kind("char", CharTokenizer.from_dict)
+
+
 def tokenizer_from_dict(data: dict[str, Any]) -> Tokenizer:
     """Rebuild a tokenizer from the content of a ``tokenizer.json`` (``Tokenizer.to_dict()`` output)."""
     if isinstance(data, dict) and "tokennet" in data:
         kind = data["tokennet"].get("kind") if isinstance(data["tokennet"], dict) else None
-        if kind == "char":
-            return CharTokenizer.from_dict(data)
-        if kind == "pretrained":  # an imported model's own vocabulary (tokens/pretrained.py imports this module)
-            from .pretrained import PretrainedTokenizer
-
-            return PretrainedTokenizer.from_dict(data)
-        if kind == "sentencepiece":  # a SentencePiece vocabulary read from a GGUF file (Gemma)
-            from .sentencepiece import SentencePieceTokenizer
-
-            return SentencePieceTokenizer.from_dict(data)
+        if kind in SAVED_KINDS:
+            return SAVED_KINDS[kind](data)
         raise DataError(
             f"unknown tokenizer kind {kind!r} in tokenizer JSON; expected one of {TOKENIZER_KINDS}"
         )

@@ -24,6 +24,7 @@ from ..errors import DataError
 
 __all__ = [
     "attention_rollout",
+    "overlay",
     "cosine_similarity_matrix",
     "patch_map",
     "patch_box",
@@ -125,6 +126,26 @@ def _show_image(ax, image: Tensor, brightness: float = 1.0) -> None:
         ax.imshow(img[0].numpy(), cmap="gray", vmin=0.0, vmax=1.0, interpolation="nearest")
     else:
         ax.imshow(img.permute(1, 2, 0).numpy(), interpolation="nearest")
+
+
+def overlay(ax, image: Tensor, heat: Tensor, boxes=(), label: str | None = None) -> None:
+    """The image, dimmed, under a heat map ``(H, W)`` scaled to its maximum; object boxes outlined in cyan."""
+    from matplotlib import colormaps
+    from matplotlib.patches import Rectangle
+
+    show_image(ax, image, brightness=0.6)
+    h = heat.detach().float().cpu()
+    h = (h / h.max().clamp_min(1e-12)).numpy()
+    rgba = colormaps["inferno"](h)
+    rgba[..., 3] = 0.75 * h
+    ax.imshow(rgba, interpolation="nearest")
+    for top, left, bh, bw in boxes:
+        ax.add_patch(Rectangle((left - 0.5, top - 0.5), bw, bh, fill=False, edgecolor="cyan", linewidth=1.2))
+    if label:
+        ax.text(0.02, 0.02, label, transform=ax.transAxes, fontsize=6.5, color="white",
+                bbox={"facecolor": "black", "alpha": 0.5, "pad": 1, "linewidth": 0})
+    ax.set_xticks([])
+    ax.set_yticks([])
 
 
 def _overlay(ax, image: Tensor, heat: Tensor, peak: float | None = None) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from .attention_maps import pyplot, save_figure, show_image
+from .attention_maps import overlay, pyplot, save_figure, show_image
 
 __all__ = ["draw_class_activation", "receptive_field_box", "upsample_map"]
 
@@ -35,8 +35,6 @@ def receptive_field_box(ax, rf, hw: tuple[int, int]) -> None:
 @torch.no_grad()
 def draw_class_activation(model, x: Tensor, path: Path, *, title: str = "", classes=None) -> Path:
     """The image with one unit's receptive field, and the predicted class's activation map over it."""
-    from .vqa import overlay
-
     dev = next(model.parameters()).device
     cam, cls = model.class_activation_map(x[None].to(dev))
     hw = tuple(x.shape[-2:])

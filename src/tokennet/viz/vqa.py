@@ -15,7 +15,8 @@ import torch
 from torch import Tensor
 
 from ..data.vqa import encode_questions, object_patches
-from .attention_maps import attention_rollout, patch_map, pyplot, save_figure, select, show_image
+from .attention_maps import attention_rollout, overlay, patch_map, pyplot, save_figure, select, show_image
+from .cnn import receptive_field_box, upsample_map
 
 __all__ = ["question_rollout", "draw_transformer_item", "draw_cnn_item", "overlay", "draw_two_questions",
            "draw_sink_curve", "draw_patch_grouping"]
@@ -26,26 +27,6 @@ def question_rollout(maps: list[Tensor], num_text: int) -> Tensor:
     row 0 of ``R = Â_L ⋯ Â_1``, ``Â = ½ mean_h A + ½ I`` (:func:`~tokennet.viz.attention_maps.attention_rollout`)."""
     r = attention_rollout(maps)[:, 0, num_text:]  # (B, N)
     return r / r.sum(-1, keepdim=True).clamp_min(1e-12)
-
-
-def overlay(ax, image: Tensor, heat: Tensor, boxes=(), label: str | None = None) -> None:
-    """The image, dimmed, under a heat map ``(H, W)`` scaled to its maximum; object boxes outlined in cyan."""
-    from matplotlib import colormaps
-    from matplotlib.patches import Rectangle
-
-    show_image(ax, image, brightness=0.6)
-    h = heat.detach().float().cpu()
-    h = (h / h.max().clamp_min(1e-12)).numpy()
-    rgba = colormaps["inferno"](h)
-    rgba[..., 3] = 0.75 * h
-    ax.imshow(rgba, interpolation="nearest")
-    for top, left, bh, bw in boxes:
-        ax.add_patch(Rectangle((left - 0.5, top - 0.5), bw, bh, fill=False, edgecolor="cyan", linewidth=1.2))
-    if label:
-        ax.text(0.02, 0.02, label, transform=ax.transAxes, fontsize=6.5, color="white",
-                bbox={"facecolor": "black", "alpha": 0.5, "pad": 1, "linewidth": 0})
-    ax.set_xticks([])
-    ax.set_yticks([])
 
 
 def _title(question: str, got: str, expected: str | None) -> str:
@@ -96,8 +77,6 @@ def draw_transformer_item(model, spec, image: Tensor, question: str, got: str, e
 @torch.no_grad()
 def draw_cnn_item(model, spec, image: Tensor, question: str, got: str, expected: str | None, path: Path) -> Path:
     """The image with one unit's receptive field, and each unit's vote for the answer (its activation map)."""
-    from .cnn import receptive_field_box, upsample_map
-
     c = model.config
     dev = next(model.parameters()).device
     q = encode_questions([question], spec.words, c.max_question_len)
