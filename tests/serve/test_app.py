@@ -295,7 +295,9 @@ def test_ctrl_c_drains_the_requests_in_flight_and_exits(tmp_path):
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
                 break
             except OSError:
-                assert proc.poll() is None and time.time() < deadline, proc.stdout.read().decode()
+                if proc.poll() is not None or time.time() > deadline:
+                    proc.kill()  # before reading its output: a live server's pipe never ends
+                    raise AssertionError(f"the server did not start: {proc.communicate()[0].decode()}") from None
                 time.sleep(0.1)
         c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=60)
         stream = c.completions.create(model="run", prompt="a", max_tokens=500, temperature=0, stream=True,

@@ -55,6 +55,7 @@ a compiler, ``TOKENNET_INT8DOT`` not ``0``) and :func:`unavailable_reason` why n
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -93,7 +94,18 @@ def _build_dir() -> str:
     digest = hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:12]
     d = os.path.join(root, "extensions", f"int8dot-torch{torch.__version__.replace('+', '_')}-{digest}")
     os.makedirs(d, exist_ok=True)
+    # torch's build takes a lock file (FileBaton) in this directory and waits while one exists: a build killed
+    # mid-way leaves it, and every later first use would wait forever. A build takes a minute; one older than
+    # STALE_BUILD_LOCK_S is a dead builder's.
+    lock = os.path.join(d, "lock")
+    with contextlib.suppress(OSError):
+        if time.time() - os.path.getmtime(lock) > STALE_BUILD_LOCK_S:
+            os.remove(lock)
+            logger.info("removed a stale build lock (a killed build's): %s", lock)
     return d
+
+
+STALE_BUILD_LOCK_S = 900.0
 
 
 def _load() -> None:
