@@ -33,8 +33,9 @@ Dequantization is the formula above in float32 (the ``gguf`` package's, bit for 
 compiled by torch.compile computes ``y = x Wᵀ`` without forming ``W``: for Q4,
 ``y_n = Σ_g d_ng Σ_{j<16} (x_{g,j} lo_ngj + x_{g,j+16} hi_ngj) + Σ_g m_ng Σ_{k∈g} x_k``, which Inductor turns
 into one loop over the packed bytes. On an x86 CPU with AVX-512 VNNI, ``quantize(model, "int4")`` replaces
-Q8_0/Q4_0/Q4_1 layers by :class:`tokennet.layers.quantize.BlockDotLinear`: the same blocks, multiplied by
-int8 activations with integer dot products (:mod:`tokennet.layers.int8dot`), eager and compiled alike.
+Q8_0/Q4_0/Q4_1/Q5_0 and Q4_K/Q5_K/Q6_K layers by :class:`tokennet.layers.quantize.BlockDotLinear`: the same
+blocks, multiplied by int8 activations with integer dot products (:mod:`tokennet.layers.int8dot`), eager and
+compiled alike.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """Linear layers with int8 activations and integer dot products (x86 VNNI), for decoding a few rows at a time:
-int8 weights with per-channel scales (:func:`linear`), and GGUF's Q8_0 / Q4_0 / Q4_1 blocks (:func:`block_linear`).
+int8 weights with per-channel scales (:func:`linear`), GGUF's Q8_0 / Q4_0 / Q4_1 / Q5_0 blocks (:func:`block_linear`)
+and its Q4_K / Q5_K / Q6_K super-blocks (:func:`kblock_linear`).
 
 ``y = x Wᵀ`` with the weight held as int8 with one scale per output channel (``W ≈ s_w ⊙ Q``, see
 :func:`tokennet.layers.quantize.quantize_int8`) and the activations rounded to int8 in groups of 32 along K with
@@ -42,6 +43,17 @@ next-token loss on 1,024 tokens of Python source 2.6547 against 2.6498 for the s
 activations (int8 per-channel: 2.6609); teacher-forced top-1 equal to llama.cpp's on the same file at 97.3% of
 positions (float32 activations 97.5%, int8 94.6%). A decoding step reads 96.6 MB of weights per token, as
 llama.cpp does (int8: 135.4 MB). ``TOKENNET_BLOCKDOT=0`` switches the block kernel off alone.
+
+Q5_0 (``W = d·(q − 16)``, ``q`` ∈ [0, 31]) is packed as Q4_0 plus a 64-byte plane of fifth bits per chunk (the
+file's 22 bytes per 32 weights): ``(d_ng · s_g) · (I_ng − 16 X_g)``. The K-quants (:func:`kblock_linear`, ggml's
+256-weight super-blocks: Q4_K/Q5_K ``W = d·sc_j·q − dmin·m_j`` with 6-bit ``sc``, ``m`` per 32 weights, Q6_K
+``W = d·sc_j·(q − 32)`` with int8 ``sc`` per 16) are packed per 16 rows and super-block: ``d`` (and ``dmin``), then
+per group of 32 the nibbles as Q4_0's, the high bits in planes, the scales a byte each (Q4_K: 148 bytes per 256
+weights against the file's 144; Q5_K 180/176; Q6_K 210/210). Each group's integer sum is scaled by its sub-block
+scale in integers (``J = sc · I``; Q6_K ``sc_a (I_a − 32 X_a) + sc_b (I_b − 32 X_b)``, exact, |J| < 2²⁴), and
+each super-block adds ``d · Σ_g s_g · J_g − dmin · Σ_g m_g · (s_g · X_g)`` in float32
+(:func:`kblock_reference`, bit for bit). Gemma 3 270M's Q4_K_M file decodes from its own Q4_K, Q6_K, Q5_0 and
+Q8_0 blocks this way, 249.7 MB of weights per token (llama.cpp: 246.6); ``bench/gemma_kquants.py`` times it.
 
 The kernel is C++ (``int8dot.cpp``, beside this file), built when tokennet is installed (``setup.py``, where the
 install sees torch, as ``scripts/install.sh`` installs) into ``_int8dot.so`` beside this file. Where there is none,

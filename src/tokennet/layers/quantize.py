@@ -19,13 +19,16 @@ its speed is set by the bytes of weights read: fp32 → bf16 halves them, int8 q
   Q4 files: the head is the layer most sensitive to rounding); layers already held in blocks (an
   imported GGUF file's) stay exactly as they are, so the weights are the file's; a layer whose width is
   not a multiple of 32 stays float32, with a note; everything else stays float32. On an x86 CPU with AVX-512
-  VNNI, every Q8_0/Q4_0/Q4_1 layer becomes a :class:`BlockDotLinear`: the same blocks repacked for
+  VNNI, every Q8_0/Q4_0/Q4_1/Q5_0 layer and every Q4_K/Q5_K/Q6_K one (a ``Q4_K_M`` file's: Gemma 3's) becomes a
+  :class:`BlockDotLinear`: the same blocks repacked for
   :mod:`tokennet.layers.int8dot`'s block kernel (the activations rounded to int8 in groups of 32 — one group
   per block — and integer dot products, bit for bit :func:`~tokennet.layers.int8dot.block_reference`, in eager
   and compiled steps alike; a GGUF Q4_1 layer reads the file's 20 bytes per 32 weights). Elsewhere (or
   ``TOKENNET_BLOCKDOT=0`` / ``TOKENNET_INT8DOT=0``, with a note in the log) the blocks stay
   :class:`~tokennet.layers.blockquant.BlockLinear` with float32 activations: dequantized in eager steps, fused
-  into the product's loop in compiled ones;
+  into the product's loop in compiled ones. In ``"int8"``, an LM head tied to a block embedding stays in its
+  blocks (a :class:`BlockDotLinear` where the kernel runs; the embedding dequantizes only the rows it looks up),
+  so the copy holds no float32 or int8 table;
 - ``"none"``: the model itself, unchanged (a model holding blocks decodes from their float32 values).
 
 Each layer type has a fused form for a decoding step compiled by torch.compile (:func:`gemv`): see
