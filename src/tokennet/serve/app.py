@@ -82,9 +82,20 @@ MAX_QUEUE = 256  # sequences waiting for a row at most (tokennet serve --max-que
 DISCONNECT_POLL = 0.25  # seconds between checks that a client waiting for a whole completion is still there
 
 
-def _error(e: APIError) -> JSONResponse:
+class JSON(JSONResponse):
+    """A JSON answer; a lone surrogate in it (a request's ``"\\ud800"``, echoed back) is escaped, as JSON allows,
+    where UTF-8 cannot carry it (starlette's own rendering raises: a 500)."""
+
+    def render(self, content: Any) -> bytes:
+        try:
+            return super().render(content)
+        except UnicodeEncodeError:
+            return json.dumps(content, allow_nan=False, separators=(",", ":")).encode()
+
+
+def _error(e: APIError) -> JSON:
     headers = {"Retry-After": "1"} if e.status == 429 else None
-    return JSONResponse(error_body(e), status_code=e.status, headers=headers)
+    return JSON(error_body(e), status_code=e.status, headers=headers)
 
 
 FAULT_STATUS = {"request": 400, "unavailable": 503}  # an engine error's status by whose it is (else 500)
@@ -170,7 +181,12 @@ class _Request:
 
 
 def _sse(data: Any) -> str:
-    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+    text = json.dumps(data, ensure_ascii=False)
+    try:
+        text.encode()
+    except UnicodeEncodeError:  # a lone surrogate (a request's "\ud800", echoed back): escaped, as JSON allows
+        text = json.dumps(data)
+    return f"data: {text}\n\n"
 
 
 def create_app(engine: Engine | None, *, model_name: str | list[str], api_key: str | None = None,
@@ -265,15 +281,15 @@ def create_app(engine: Engine | None, *, model_name: str | list[str], api_key: s
 
     async def health(request: Request) -> Response:
         if engine is None:
-            return JSONResponse({"status": "ok", "embeddings": True, "dim": embedder.dim, "context": context})
-        return JSONResponse({"status": "ok", **engine.status()})
+            return JSON({"status": "ok", "embeddings": True, "dim": embedder.dim, "context": context})
+        return JSON({"status": "ok", **engine.status()})
 
     async def models(request: Request) -> Response:
         try:
             check_key(request)
         except APIError as e:
             return _error(e)
-        return JSONResponse({"object": "list", "data": [model_card(n) for n in names]})
+        return JSON({"object": "list", "data": [model_card(n) for n in names]})
 
     async def model(request: Request) -> Response:
         try:
@@ -281,7 +297,7 @@ def create_app(engine: Engine | None, *, model_name: str | list[str], api_key: s
             name = check_model(request.path_params["model"], names, any_model_name)
         except APIError as e:
             return _error(e)
-        return JSONResponse(model_card(name))
+        return JSON(model_card(name))
 
     async def handle(request: Request, chat: bool) -> Response:
         try:
@@ -316,7 +332,7 @@ def create_app(engine: Engine | None, *, model_name: str | list[str], api_key: s
             vecs, tokens = await asyncio.to_thread(embedder.embed, texts)
         except APIError as e:
             return _error(e)
-        return JSONResponse(embeddings_body(vecs, fmt, name, tokens))
+        return JSON(embeddings_body(vecs, fmt, name, tokens))
 
     async def on_http_error(request: Request, exc: HTTPException) -> Response:
         return _error(APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}"))
@@ -396,7 +412,7 @@ async def _collect(request: Request, r: _Request, text_of: TokenText) -> Respons
     if req.chat:
         lp = None if req.logprobs is None else chat_logprobs(text_of, entries[0])
         message, reason = _reply(req, texts[0], reasons[0])
-        return JSONResponse(chat_body(req, texts[0], reason, r.usage(), lp, message=message))
+        return JSON(chat_body(req, texts[0], reason, r.usage(), lp, message=message))
     lps = None
     if req.logprobs is not None:
         lps = [completion_logprobs(text_of, e) for e in entries]
@@ -406,7 +422,7 @@ async def _collect(request: Request, r: _Request, text_of: TokenText) -> Respons
             texts[i] = head + texts[i]
             if lps is not None:
                 lps[i] = _join(head_lp, lps[i])
-    return JSONResponse(completion_body(req, texts, reasons, r.usage(), lps))
+    return JSON(completion_body(req, texts, reasons, r.usage(), lps))
 
 
 def _reply(req: CompletionRequest, text: str, reason: str) -> tuple[dict[str, Any], str]:
