@@ -241,7 +241,7 @@ def test_a_client_that_hangs_up_mid_body_is_one_line_in_the_log_never_an_interna
         _cut(server, path, b'{"prompt": "ab', declared=500)
         t0 = time.time()
         while not any("before its body was whole" in r.getMessage() for r in caplog.records):
-            assert time.time() < t0 + 10, caplog.text
+            assert time.time() < t0 + 60, caplog.text
             time.sleep(0.02)
         assert _http(server, "POST", "/v1/completions", json.dumps({"prompt": "b", "max_tokens": 2}))[0] == 200
     mine = [r for r in caplog.records if "before its body was whole" in r.getMessage()]
@@ -257,7 +257,7 @@ def test_a_client_that_hangs_up_mid_stream_logs_nothing_above_info(server, caplo
         _cut(server, path, json.dumps({**body, "max_tokens": 60, "stream": True}).encode(), until=b"data:")
         t0 = time.time()
         while engine.load["running"] or engine.load["waiting"]:
-            assert time.time() < t0 + 10, engine.load
+            assert time.time() < t0 + 60, engine.load
             time.sleep(0.01)
         assert _http(server, "POST", "/v1/completions", json.dumps({"prompt": "b", "max_tokens": 2}))[0] == 200
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info], caplog.text
