@@ -30,7 +30,25 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 ARCHS = ["qwen2", "mistral", "bert", "vit"]
 
 
+
+def _gemma_tests():
+    """tests/interop/test_gemma.py, loaded by its path: the name ``interop`` may already be another module in the
+    session (bench/interop.py, which a bench test puts on the path)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    name = "tokennet_tests_interop_test_gemma"
+    if name not in sys.modules:
+        path = Path(__file__).resolve().parents[1] / "interop" / "test_gemma.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        sys.modules[name] = module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
 @pytest.fixture(scope="module")
+
 def hf_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("hf-new")
     torch.manual_seed(0)
@@ -76,7 +94,7 @@ def test_damaged_safetensors_are_one_line(hf_dirs, arch, data):
 @pytest.fixture(scope="module")
 def gemma(tmp_path_factory):
     """A one-layer random Gemma 3 written as llama.cpp writes it (tests/interop/test_gemma.py's writer)."""
-    from interop.test_gemma import tiny_vocab, write_gemma_gguf
+    tiny_vocab, write_gemma_gguf = _gemma_tests().tiny_vocab, _gemma_tests().write_gemma_gguf
 
     cfg = transformers.Gemma3TextConfig(
         vocab_size=len(tiny_vocab()[0]), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
@@ -156,7 +174,7 @@ def _vocabulary_damage(draw, pieces, scores, types):
 
 def _write_vocab_gguf(path: Path, hf, pieces, scores, types, ids) -> None:
     """test_gemma.py's file with the tokenizer fields replaced (the writer adds them; these are written instead)."""
-    from interop import test_gemma
+    test_gemma = _gemma_tests()
 
     real = test_gemma.tiny_vocab
     test_gemma.tiny_vocab = lambda: (pieces, scores, types)
@@ -176,7 +194,7 @@ def _write_vocab_gguf(path: Path, hf, pieces, scores, types, ids) -> None:
 @FUZZ
 @given(data=st.data())
 def test_a_damaged_sentencepiece_vocabulary_is_one_line(gemma, data):
-    from interop.test_gemma import tiny_vocab
+    tiny_vocab = _gemma_tests().tiny_vocab
 
     hf = gemma[0]
     kind, pieces, scores, types, ids = data.draw(_vocabulary_damage(*tiny_vocab()), label="damage")
