@@ -1,5 +1,6 @@
 """Fixtures shared by several test modules (plain helper functions live in tests/support.py)."""
 
+import logging
 import os
 from pathlib import Path
 
@@ -35,3 +36,13 @@ def corpus(tmp_path_factory):
     p = tmp_path_factory.mktemp("data") / "corpus.txt"
     p.write_text("".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(300)))
     return p
+
+
+@pytest.fixture(autouse=True)
+def _tokennet_log_level():
+    """Undo what an in-process ``tokennet.cli.main`` call leaves behind: it sets the ``tokennet`` logger to WARNING
+    under ``--quiet``, which silently drops the INFO lines a later test's ``caplog`` waits for."""
+    logger = logging.getLogger("tokennet")
+    level = logger.level
+    yield
+    logger.setLevel(level)

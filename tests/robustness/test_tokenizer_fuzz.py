@@ -121,6 +121,15 @@ def test_a_bpe_vocabulary_with_gaps_in_its_ids_is_one_line(seeds, engine):
     assert isinstance(out, TokennetError) and "id 10000" in str(out), out
 
 
+@pytest.mark.parametrize("kind_value", [[], {}, 3, None])
+def test_a_tokenizer_kind_of_the_wrong_type_is_one_line(seeds, engine, kind_value):
+    """Found by the fuzzing in CI: a list as ``"kind"`` raised ``TypeError: unhashable type`` from the lookup."""
+    doc = json.loads(json.dumps(seeds["sentencepiece"]))
+    doc["tokennet"]["kind"] = kind_value
+    out = _read("sentencepiece", json.dumps(doc).encode(), engine)
+    assert isinstance(out, TokennetError) and "unknown tokenizer kind" in str(out), out
+
+
 def test_cli_generate_with_a_damaged_tokenizer_is_one_line(tmp_path, corpus):
     from tokennet.cli import main
 

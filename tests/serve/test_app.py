@@ -237,7 +237,7 @@ def _cut(server, path, body: bytes, *, declared: int | None = None, until: bytes
 
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/tokenize"])
 def test_a_client_that_hangs_up_mid_body_is_one_line_in_the_log_never_an_internal_error(server, caplog, path):
-    with caplog.at_level("INFO"):
+    with caplog.at_level("INFO", logger="tokennet"):
         _cut(server, path, b'{"prompt": "ab', declared=500)
         t0 = time.time()
         while not any("before its body was whole" in r.getMessage() for r in caplog.records):

@@ -579,7 +579,7 @@ def tokenizer_from_dict(data: dict[str, Any]) -> Tokenizer:
     """Rebuild a tokenizer from the content of a ``tokenizer.json`` (``Tokenizer.to_dict()`` output)."""
     if isinstance(data, dict) and "tokennet" in data:
         kind = data["tokennet"].get("kind") if isinstance(data["tokennet"], dict) else None
-        if kind in SAVED_KINDS:
+        if isinstance(kind, str) and kind in SAVED_KINDS:
             return SAVED_KINDS[kind](data)
         raise DataError(
             f"unknown tokenizer kind {kind!r} in tokenizer JSON; expected one of {TOKENIZER_KINDS}"
