@@ -129,6 +129,14 @@ def _use(result):
     return result
 
 
+def test_a_gguf_with_nan_weights_is_refused_before_anything_is_written(gemma):
+    """Found by the random fuzzing: a NaN in the tensor data imported, and the run it wrote could not be loaded."""
+    seed, offset = bytearray(gemma[2]), gemma[3]
+    seed[offset:offset + 4] = b"\x00\x00\xc0\x7f"  # a float32 NaN (and, read as float16, a zero and a NaN)
+    out = _import_gguf(bytes(seed))
+    assert isinstance(out, TokennetError) and "NaN or infinite" in str(out), out
+
+
 def test_the_gemma_seed_imports(gemma):
     out = _import_gguf(gemma[2])
     assert not isinstance(out, TokennetError), out

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from ..errors import ConfigError, DataError
@@ -82,7 +83,17 @@ def convert(source: str | Path, *, keep_blocks: bool = True) -> tuple[nn.Module,
     else:
         name, done = _convert_hf(source)
     _check_template(done.tokenizer, source)
+    _check_finite(done.model, source)
     return done.model, done.tokenizer, name, done.notes
+
+
+def _check_finite(model: nn.Module, source: Path) -> None:
+    """A checkpoint holding NaN or infinite weights is refused before anything is written: loading the run would
+    refuse it anyway (models/registry.py), so importing it would only leave a run nothing can open."""
+    for name, param in model.named_parameters():
+        if param.is_floating_point() and not torch.isfinite(param).all():
+            raise DataError(f"{source}: tensor {name!r} holds NaN or infinite values (a damaged file); nothing "
+                            "was written")
 
 
 def _convert_gguf(path: Path, keep_blocks: bool) -> tuple[str, Converted]:
