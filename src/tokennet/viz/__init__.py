@@ -67,8 +67,8 @@ def visualize(run, out_dir: str | Path | None = None, *, device: str = "cpu", **
 
     if not isinstance(run, Run):
         run = load(run, device=device)
-    fn = _VIZ.get(run.task.kind, run.task.draw)
+    draw = _VIZ.get(run.task.kind, run.task.draw)
     out = Path(out_dir) if out_dir is not None else run.path / "viz"
     out.mkdir(parents=True, exist_ok=True)
-    return fn(run, out, **options)
+    return draw(run, out, **options)
 

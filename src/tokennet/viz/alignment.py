@@ -53,8 +53,8 @@ def alignments(model: nn.Module, inputs: Tensor, tgt_in: Tensor) -> Tensor:
         return torch.stack(maps["cross"])
     # Decoder-only over [image; text]: the text queries' rows over the image keys, renormalized.
     P = model.config.num_patches
-    a = torch.stack(maps["self"])[..., P:, :P]  # (L, B, H, T, P)
-    return a / a.sum(-1, keepdim=True).clamp_min(1e-12)
+    weights = torch.stack(maps["self"])[..., P:, :P]  # (L, B, H, T, P)
+    return weights / weights.sum(-1, keepdim=True).clamp_min(1e-12)
 
 
 # -- plots --------------------------------------------------------------------------------------------
@@ -103,15 +103,15 @@ def plot_alignment(weights: Tensor, source: list[str], output: list[str], path: 
     with_mean = H > 1
     cols = H + with_mean
     cell = 0.26
-    w, h = max(2.4, cell * S + 0.9), max(1.8, cell * T + 0.9)
-    fig, axes = plt.subplots(L, cols, figsize=(w * cols, h * L), squeeze=False, layout="constrained")
+    panel_w, panel_h = max(2.4, cell * S + 0.9), max(1.8, cell * T + 0.9)
+    fig, axes = plt.subplots(L, cols, figsize=(panel_w * cols, panel_h * L), squeeze=False, layout="constrained")
     for i in range(L):
         for j in range(cols):
             ax = axes[i][j]
-            a = weights[i].mean(0) if j == H else weights[i, j]
-            im = ax.imshow(a.float().cpu().numpy(), cmap="viridis", vmin=0.0, vmax=1.0, aspect="equal")
-            ax.set_xticks(range(S), [_show(s) for s in source], fontsize=8)
-            ax.set_yticks(range(T), [_show(s) for s in output], fontsize=8)
+            panel = weights[i].mean(0) if j == H else weights[i, j]
+            mappable = ax.imshow(panel.float().cpu().numpy(), cmap="viridis", vmin=0.0, vmax=1.0, aspect="equal")
+            ax.set_xticks(range(S), [_show(label) for label in source], fontsize=8)
+            ax.set_yticks(range(T), [_show(label) for label in output], fontsize=8)
             ax.tick_params(length=0)
             name = "mean of heads" if j == H else f"head {heads[j]}"
             ax.set_title(f"layer {layers[i]}, {name}" if L * cols > 1 else "attention", fontsize=9)
@@ -119,7 +119,7 @@ def plot_alignment(weights: Tensor, source: list[str], output: list[str], path: 
                 ax.set_ylabel("output (produced)", fontsize=8)
             if i == L - 1:
                 ax.set_xlabel("source", fontsize=8)
-    fig.colorbar(im, ax=axes, shrink=0.8, aspect=30, label="attention weight")
+    fig.colorbar(mappable, ax=axes, shrink=0.8, aspect=30, label="attention weight")
     if title:
         fig.suptitle(title, fontsize=11)
     return _save(fig, path)
@@ -139,11 +139,11 @@ def plot_caption_attention(image: Tensor, weights: Tensor, words: list[str], gri
     """
     plt = _plt()
     T, P = weights.shape
-    gh, gw = grid
-    if gh * gw != P or len(words) != T:
-        raise ValueError(f"weights are {T}×{P}, grid {gh}×{gw}, {len(words)} words: they do not agree")
+    grid_h, grid_w = grid
+    if grid_h * grid_w != P or len(words) != T:
+        raise ValueError(f"weights are {T}×{P}, grid {grid_h}×{grid_w}, {len(words)} words: they do not agree")
     img = image.permute(1, 2, 0).float().cpu().clamp(0, 1).numpy()  # (H, W, C)
-    Hh, Ww = img.shape[:2]
+    img_h, img_w = img.shape[:2]
     n = T + 1
     cols = min(n, 6)
     rows = -(-n // cols)
@@ -160,9 +160,9 @@ def plot_caption_attention(image: Tensor, weights: Tensor, words: list[str], gri
     axes[0][0].set_title("image", fontsize=9)
     for t in range(T):
         ax = axes[(t + 1) // cols][(t + 1) % cols]
-        heat = weights[t].float().cpu().reshape(1, 1, gh, gw)
+        heat = weights[t].float().cpu().reshape(1, 1, grid_h, grid_w)
         heat = heat / heat.max().clamp_min(1e-12)  # each word's map on its own scale
-        heat = torch.nn.functional.interpolate(heat, size=(Hh, Ww), mode="nearest")[0, 0].numpy()  # patch blocks
+        heat = torch.nn.functional.interpolate(heat, size=(img_h, img_w), mode="nearest")[0, 0].numpy()  # patch blocks
         # Attention as light: what the word looks at stays bright, the rest goes dark.
         ax.imshow(img * (0.12 + 0.88 * heat[..., None]), interpolation="nearest")
         ax.set_title(_show(words[t]), fontsize=10)
@@ -177,8 +177,8 @@ from .attention_maps import select as _select  # noqa: E402
 
 def _tokens_out(model, tok, ids: list[int]) -> tuple[Tensor, list[str]]:
     """``<bos> y`` for teacher forcing and the labels of what each row produces (``y`` then ``<eos>``)."""
-    c = model.config
-    tgt_in = torch.tensor([[c.bos_id, *ids]])
+    config = model.config
+    tgt_in = torch.tensor([[config.bos_id, *ids]])
     return tgt_in, [tok.decode([i]) for i in ids] + ["<eos>"]
 
 
@@ -197,7 +197,7 @@ def seq2seq_viz(run, out_dir: Path, *, index: int | None = None, layer: int | No
 
     out_dir = Path(out_dir)
     model, tok = run.model, run.tokenizer
-    c = model.config
+    config = model.config
     if text is None:
         if run.data is None:
             raise RunError(f"{run.path} has no run.json to draw test examples from; give a source text")
@@ -210,20 +210,20 @@ def seq2seq_viz(run, out_dir: Path, *, index: int | None = None, layer: int | No
         if not text:
             raise DataError("the source text is empty; give a source sentence")
     ids = tok.encode(text)
-    if len(ids) > c.max_source_len:
-        raise DataError(f"the source is {len(ids)} tokens, longer than the model's maximum of {c.max_source_len}")
+    if len(ids) > config.max_source_len:
+        raise DataError(f"the source is {len(ids)} tokens, longer than the model's maximum of {config.max_source_len}")
     dev = next(model.parameters()).device
     src = torch.tensor([ids], device=dev)
-    out_ids = strip_special(greedy_search(model, src), c.eos_id, c.pad_id)[0]
+    out_ids = strip_special(greedy_search(model, src), config.eos_id, config.pad_id)[0]
     tgt_in, labels = _tokens_out(model, tok, out_ids)
-    a = alignments(model, src, tgt_in.to(dev))[:, 0]  # (L, H, T, S)
-    layers = _select(a.shape[0], layer, "layer")
-    heads = _select(a.shape[1], head, "head")
-    a = a[layers][:, heads]
+    weights = alignments(model, src, tgt_in.to(dev))[:, 0]  # (L, H, T, S)
+    layers = _select(weights.shape[0], layer, "layer")
+    heads = _select(weights.shape[1], head, "head")
+    weights = weights[layers][:, heads]
     output = tok.decode(out_ids)
     title = f"{text!r} → {output!r}" + ("" if ref is None else f"   (reference {ref!r})")
     source_labels = [tok.decode([i]) if i != tok.unk_id else "<unk>" for i in ids]
-    return [plot_alignment(a, source_labels, labels, out_dir / "alignment.png", layers=layers, heads=heads,
+    return [plot_alignment(weights, source_labels, labels, out_dir / "alignment.png", layers=layers, heads=heads,
                            title=title)]
 
 
@@ -246,7 +246,7 @@ def caption_viz(run, out_dir: Path, *, index: int | None = None, layer: int | No
 
     out_dir = Path(out_dir)
     model, tok = run.model, run.tokenizer
-    c = model.config
+    config = model.config
     dev = next(model.parameters()).device
     if image is not None:
         ref, image = None, run.task.images(run, [image]).to(dev)
@@ -257,17 +257,17 @@ def caption_viz(run, out_dir: Path, *, index: int | None = None, layer: int | No
         index = 0 if index is None else index
         _select(len(scenes), index, "index")
         ref = caption(scenes[index])
-        image = images_of([scenes[index]], c.image_size).to(dev)
-    out_ids = strip_special(greedy_search(model, image), c.eos_id, c.pad_id)[0]
+        image = images_of([scenes[index]], config.image_size).to(dev)
+    out_ids = strip_special(greedy_search(model, image), config.eos_id, config.pad_id)[0]
     tgt_in, words = _tokens_out(model, tok, out_ids)
-    a = alignments(model, image, tgt_in.to(dev))[:, 0]  # (L, H, T, P)
-    layers = _select(a.shape[0], layer, "layer")
-    heads = _select(a.shape[1], head, "head")
-    w = a[layers][:, heads].mean(dim=(0, 1))  # (T, P)
+    weights = alignments(model, image, tgt_in.to(dev))[:, 0]  # (L, H, T, P)
+    layers = _select(weights.shape[0], layer, "layer")
+    heads = _select(weights.shape[1], head, "head")
+    word_maps = weights[layers][:, heads].mean(dim=(0, 1))  # (T, P)
     which = ("all layers" if layer is None else f"layer {layer}") + ", " + \
         ("mean of heads" if head is None else f"head {head}")
     got = tok.decode(out_ids)
     title = f"generated: {got!r}\n" + (f"reference: {ref!r}   ({which})" if ref is not None else f"({which})")
-    return [plot_caption_attention(image[0], w, [s.strip() for s in words], c.grid,
+    return [plot_caption_attention(image[0], word_maps, [word.strip() for word in words], config.grid,
                                    out_dir / "caption_attention.png", title=title)]
 

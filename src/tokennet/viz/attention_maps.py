@@ -54,14 +54,14 @@ def attention_rollout(maps: list[Tensor], *, residual: float = 0.5, head_fusion:
         raise ValueError("attention_rollout needs at least one layer's attention")
     if not 0 <= residual <= 1:
         raise ValueError(f"residual must be in [0, 1], got {residual}")
-    fuse = {"mean": lambda a: a.mean(1), "max": lambda a: a.amax(1), "min": lambda a: a.amin(1)}
+    fuse = {"mean": lambda att: att.mean(1), "max": lambda att: att.amax(1), "min": lambda att: att.amin(1)}
     if head_fusion not in fuse:
         raise ValueError(f"head_fusion must be one of {sorted(fuse)}, got {head_fusion!r}")
     B, _, N, _ = maps[0].shape
     eye = torch.eye(N, dtype=maps[0].dtype, device=maps[0].device)
     rollout = eye.expand(B, N, N)
-    for a in maps:
-        a_hat = (1 - residual) * fuse[head_fusion](a) + residual * eye  # (B, N, N)
+    for layer_att in maps:
+        a_hat = (1 - residual) * fuse[head_fusion](layer_att) + residual * eye  # (B, N, N)
         a_hat = a_hat / a_hat.sum(-1, keepdim=True).clamp_min(1e-12)
         rollout = a_hat @ rollout  # later layers act on what the earlier ones mixed
     return rollout
@@ -69,8 +69,8 @@ def attention_rollout(maps: list[Tensor], *, residual: float = 0.5, head_fusion:
 
 def cosine_similarity_matrix(table: Tensor) -> Tensor:
     """``S_ij = cos(P_i, P_j)`` for the rows of ``table`` ``(N, D)`` → ``(N, N)``."""
-    p = F.normalize(table.float(), dim=-1)
-    return p @ p.t()
+    unit_rows = F.normalize(table.float(), dim=-1)
+    return unit_rows @ unit_rows.t()
 
 
 def patch_box(index: int, grid: tuple[int, int], patch: tuple[int, int], stride: tuple[int, int],
@@ -79,30 +79,30 @@ def patch_box(index: int, grid: tuple[int, int], patch: tuple[int, int], stride:
 
     ``offset`` is the padding added before the first row/column (patches of a padded image).
     """
-    gh, gw = grid
-    if not 0 <= index < gh * gw:
-        raise DataError(f"patch {index} out of range: the grid {gh}×{gw} has patches 0..{gh * gw - 1}")
-    r, c = divmod(index, gw)
-    return r * stride[0] - offset[0], c * stride[1] - offset[1], patch[0], patch[1]
+    grid_h, grid_w = grid
+    if not 0 <= index < grid_h * grid_w:
+        raise DataError(f"patch {index} out of range: the grid {grid_h}×{grid_w} has patches 0..{grid_h * grid_w - 1}")
+    row, col = divmod(index, grid_w)
+    return row * stride[0] - offset[0], col * stride[1] - offset[1], patch[0], patch[1]
 
 
 def patch_map(values: Tensor, grid: tuple[int, int], image_hw: tuple[int, int], patch: tuple[int, int],
               stride: tuple[int, int], offset: tuple[int, int] = (0, 0)) -> Tensor:
     """Spread per-patch values ``(gh·gw,)`` over the image ``(H, W)``: each pixel gets the mean of the
     patches covering it (one patch when they do not overlap)."""
-    gh, gw = grid
-    ph, pw = patch
-    H = (gh - 1) * stride[0] + ph
-    W = (gw - 1) * stride[1] + pw
-    cols = values.float().reshape(1, 1, gh * gw).expand(1, ph * pw, gh * gw)  # (1, ph·pw, N)
+    grid_h, grid_w = grid
+    patch_h, patch_w = patch
+    H = (grid_h - 1) * stride[0] + patch_h
+    W = (grid_w - 1) * stride[1] + patch_w
+    cols = values.float().reshape(1, 1, grid_h * grid_w).expand(1, patch_h * patch_w, grid_h * grid_w)  # (1, ph·pw, N)
     total = F.fold(cols, (H, W), kernel_size=patch, stride=stride)  # (1, 1, H, W)
     count = F.fold(torch.ones_like(cols), (H, W), kernel_size=patch, stride=stride)
     full = (total / count.clamp_min(1))[0, 0]
     top, left = offset
     out = full.new_zeros(image_hw)
-    h = min(image_hw[0], H - top)
-    w = min(image_hw[1], W - left)
-    out[:h, :w] = full[top:top + h, left:left + w]
+    crop_h = min(image_hw[0], H - top)
+    crop_w = min(image_hw[1], W - left)
+    out[:crop_h, :crop_w] = full[top:top + crop_h, left:left + crop_w]
     return out
 
 
@@ -120,8 +120,8 @@ def _show_image(ax, image: Tensor, brightness: float = 1.0) -> None:
     """Draw ``(C, H, W)`` (grey or RGB), scaled to ``[0, brightness]`` (dimmed under a heat map)."""
     img = image.detach().float().cpu()
     img = img[:1] if img.shape[0] < 3 else img[:3]
-    lo, hi = img.min(), img.max()
-    img = (img - lo) / (hi - lo + 1e-8) * brightness
+    low, high = img.min(), img.max()
+    img = (img - low) / (high - low + 1e-8) * brightness
     if img.shape[0] == 1:
         ax.imshow(img[0].numpy(), cmap="gray", vmin=0.0, vmax=1.0, interpolation="nearest")
     else:
@@ -134,13 +134,13 @@ def overlay(ax, image: Tensor, heat: Tensor, boxes=(), label: str | None = None)
     from matplotlib.patches import Rectangle
 
     show_image(ax, image, brightness=0.6)
-    h = heat.detach().float().cpu()
-    h = (h / h.max().clamp_min(1e-12)).numpy()
-    rgba = colormaps["inferno"](h)
-    rgba[..., 3] = 0.75 * h
+    heat_np = heat.detach().float().cpu()
+    heat_np = (heat_np / heat_np.max().clamp_min(1e-12)).numpy()
+    rgba = colormaps["inferno"](heat_np)
+    rgba[..., 3] = 0.75 * heat_np
     ax.imshow(rgba, interpolation="nearest")
-    for top, left, bh, bw in boxes:
-        ax.add_patch(Rectangle((left - 0.5, top - 0.5), bw, bh, fill=False, edgecolor="cyan", linewidth=1.2))
+    for top, left, box_h, box_w in boxes:
+        ax.add_patch(Rectangle((left - 0.5, top - 0.5), box_w, box_h, fill=False, edgecolor="cyan", linewidth=1.2))
     if label:
         ax.text(0.02, 0.02, label, transform=ax.transAxes, fontsize=6.5, color="white",
                 bbox={"facecolor": "black", "alpha": 0.5, "pad": 1, "linewidth": 0})
@@ -155,10 +155,10 @@ def _overlay(ax, image: Tensor, heat: Tensor, peak: float | None = None) -> None
     from matplotlib import colormaps
 
     _show_image(ax, image, brightness=0.55)  # dimmed, so the heat's colours stay true where they cover it
-    h = heat.detach().float().cpu()
-    h = (h / h.max().clamp_min(1e-12)).numpy()  # 0..1: the largest weight is full colour
-    rgba = colormaps["inferno"](h)
-    rgba[..., 3] = 0.9 * h
+    heat_np = heat.detach().float().cpu()
+    heat_np = (heat_np / heat_np.max().clamp_min(1e-12)).numpy()  # 0..1: the largest weight is full colour
+    rgba = colormaps["inferno"](heat_np)
+    rgba[..., 3] = 0.9 * heat_np
     ax.imshow(rgba, interpolation="nearest")
     if peak is not None:
         _peak_label(ax, peak)
@@ -168,16 +168,16 @@ def _overlay(ax, image: Tensor, heat: Tensor, peak: float | None = None) -> None
 
 def _clip(box, hw) -> tuple[int, int, int, int]:
     """A ``(top, left, h, w)`` box cut to the image (patches of padded images reach past its edges)."""
-    top, left, h, w = box
-    t, lf = max(0, top), max(0, left)
-    return t, lf, min(hw[0], top + h) - t, min(hw[1], left + w) - lf
+    top, left, box_h, box_w = box
+    clipped_top, clipped_left = max(0, top), max(0, left)
+    return clipped_top, clipped_left, min(hw[0], top + box_h) - clipped_top, min(hw[1], left + box_w) - clipped_left
 
 
 def _outline(ax, box, color="cyan") -> None:
     from matplotlib.patches import Rectangle
 
-    top, left, h, w = box
-    ax.add_patch(Rectangle((left - 0.5, top - 0.5), w, h, fill=False, edgecolor=color, linewidth=2))
+    top, left, box_h, box_w = box
+    ax.add_patch(Rectangle((left - 0.5, top - 0.5), box_w, box_h, fill=False, edgecolor=color, linewidth=2))
 
 
 def _peak_label(ax, peak: float) -> None:
@@ -189,20 +189,20 @@ def _peak_label(ax, peak: float) -> None:
 
 def _signal_strip(ax, signal: Tensor, values: Tensor, geom: dict, box=None, peak: float | None = None) -> None:
     """A 1-D signal over a strip of per-patch values (the 1-D form of an overlay)."""
-    s = signal.detach().float().cpu().reshape(-1)
-    L = len(s)
+    trace = signal.detach().float().cpu().reshape(-1)
+    L = len(trace)
     heat = patch_map(values, geom["grid"], (1, L), geom["patch"], geom["stride"], geom["offset"])[0]
-    lo, hi = float(s.min()), float(s.max())
-    pad = 0.1 * (hi - lo + 1e-6)
-    ax.imshow(heat[None].numpy(), cmap="inferno", aspect="auto", extent=(-0.5, L - 0.5, lo - pad, hi + pad),
+    low, high = float(trace.min()), float(trace.max())
+    pad = 0.1 * (high - low + 1e-6)
+    ax.imshow(heat[None].numpy(), cmap="inferno", aspect="auto", extent=(-0.5, L - 0.5, low - pad, high + pad),
               vmin=0.0, vmax=float(heat.max()) + 1e-12, interpolation="nearest", alpha=0.85)
-    ax.plot(range(L), s.numpy(), color="white", linewidth=2.2)
-    ax.plot(range(L), s.numpy(), color="tab:blue", linewidth=1.2)
+    ax.plot(range(L), trace.numpy(), color="white", linewidth=2.2)
+    ax.plot(range(L), trace.numpy(), color="tab:blue", linewidth=1.2)
     if box is not None:
         from matplotlib.patches import Rectangle
 
-        _, left, _, w = box
-        ax.add_patch(Rectangle((left - 0.5, lo - pad), w, hi - lo + 2 * pad, fill=False, edgecolor="cyan",
+        _, left, _, box_w = box
+        ax.add_patch(Rectangle((left - 0.5, low - pad), box_w, high - low + 2 * pad, fill=False, edgecolor="cyan",
                                linewidth=2))
     if peak is not None:
         _peak_label(ax, peak)
@@ -234,11 +234,12 @@ def plot_patch_attention(image: Tensor, rows: dict[int, Tensor], geom: dict, pat
     fig, axes = plt.subplots(len(layers), ncols, figsize=(cell[0] * ncols, cell[1] * len(layers) + 0.8),
                              squeeze=False)
     box = _clip(patch_box(patch, geom["grid"], geom["patch"], geom["stride"], geom["offset"]), geom["image_hw"])
-    for r, layer in enumerate(layers):
+    for row, layer in enumerate(layers):
         att = rows[layer]  # (H, N)
-        cols = [(f"head {h}", att[h]) for h in heads] + ([("mean of heads", att[heads].mean(0))] if with_mean else [])
-        ax0 = axes[r, 0]
-        if r == 0:
+        cols = [(f"head {head}", att[head]) for head in heads]
+        cols += [("mean of heads", att[heads].mean(0))] if with_mean else []
+        ax0 = axes[row, 0]
+        if row == 0:
             if one_d:
                 _signal_strip(ax0, image, torch.zeros(att.shape[-1]), geom, box)
             else:
@@ -249,17 +250,17 @@ def plot_patch_attention(image: Tensor, rows: dict[int, Tensor], geom: dict, pat
             ax0.set_title(f"input, patch {patch}", fontsize=9)
         else:
             ax0.axis("off")
-        for c, (name, vals) in enumerate(cols, start=1):
-            ax = axes[r, c]
+        for col, (name, vals) in enumerate(cols, start=1):
+            ax = axes[row, col]
             if one_d:
                 _signal_strip(ax, image, vals, geom, box, peak=float(vals.max()))
             else:
                 heat = patch_map(vals, geom["grid"], geom["image_hw"], geom["patch"], geom["stride"], geom["offset"])
                 _overlay(ax, image, heat, peak=float(vals.max()))
                 _outline(ax, box)
-            if r == 0:
+            if row == 0:
                 ax.set_title(name, fontsize=9)
-            if c == 1:
+            if col == 1:
                 ax.set_ylabel(f"layer {layer}", fontsize=9)
     fig.suptitle((title or f"attention of patch {patch} to every patch") + "\n(each panel scaled to its largest "
                  f"weight, printed in its corner; uniform = {1 / att.shape[-1]:.2f})", fontsize=10)
@@ -312,34 +313,35 @@ def plot_position_similarity(sim: Tensor, grid: tuple[int, int], path: str | Pat
         title: figure title.
     """
     plt = _plt()
-    gh, gw = grid
-    s = sim.detach().float().cpu()
-    if gh == 1 or gw == 1 or gh * gw > 400:
+    grid_h, grid_w = grid
+    sims = sim.detach().float().cpu()
+    if grid_h == 1 or grid_w == 1 or grid_h * grid_w > 400:
         fig, ax = plt.subplots(figsize=(5.2, 4.5))
-        im = ax.imshow(s.numpy(), cmap="viridis", vmin=-1, vmax=1, interpolation="nearest")
+        mappable = ax.imshow(sims.numpy(), cmap="viridis", vmin=-1, vmax=1, interpolation="nearest")
         from matplotlib.ticker import MaxNLocator
 
         ax.set_xlabel("patch j")
         ax.set_ylabel("patch i")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-        fig.colorbar(im, ax=ax, label="cosine similarity")
+        fig.colorbar(mappable, ax=ax, label="cosine similarity")
     else:
-        size = min(0.75, 9.0 / max(gh, gw))
-        fig, axes = plt.subplots(gh, gw, figsize=(size * gw + 1.2, size * gh + 0.7), squeeze=False,
+        size = min(0.75, 9.0 / max(grid_h, grid_w))
+        fig, axes = plt.subplots(grid_h, grid_w, figsize=(size * grid_w + 1.2, size * grid_h + 0.7), squeeze=False,
                                  gridspec_kw={"wspace": 0.06, "hspace": 0.06})
-        for i in range(gh * gw):
-            ax = axes[i // gw, i % gw]
-            im = ax.imshow(s[i].reshape(gh, gw).numpy(), cmap="viridis", vmin=-1, vmax=1, interpolation="nearest")
+        for i in range(grid_h * grid_w):
+            ax = axes[i // grid_w, i % grid_w]
+            mappable = ax.imshow(sims[i].reshape(grid_h, grid_w).numpy(), cmap="viridis", vmin=-1, vmax=1,
+                                 interpolation="nearest")
             ax.set_xticks([])
             ax.set_yticks([])
-        for c in range(gw):
-            axes[-1, c].set_xlabel(str(c + 1), fontsize=7)
-        for r in range(gh):
-            axes[r, 0].set_ylabel(str(r + 1), fontsize=7, rotation=0, labelpad=8)
+        for col in range(grid_w):
+            axes[-1, col].set_xlabel(str(col + 1), fontsize=7)
+        for row in range(grid_h):
+            axes[row, 0].set_ylabel(str(row + 1), fontsize=7, rotation=0, labelpad=8)
         fig.supxlabel("input patch column", fontsize=9)
         fig.supylabel("input patch row", fontsize=9)
-        fig.colorbar(im, ax=axes, shrink=0.8, label="cosine similarity")
+        fig.colorbar(mappable, ax=axes, shrink=0.8, label="cosine similarity")
     fig.suptitle(title or "position embedding similarity", fontsize=10)
     return _save(fig, path)
 

@@ -26,10 +26,10 @@ def receptive_field_box(ax, rf, hw: tuple[int, int]) -> None:
     """Outline, at the image's centre, the receptive field of one unit (clipped to the image)."""
     from matplotlib.patches import Rectangle
 
-    h = min(rf.size, hw[0])
-    w = min(rf.size, hw[1])
-    ax.add_patch(Rectangle(((hw[1] - w) / 2 - 0.5, (hw[0] - h) / 2 - 0.5), w, h, fill=False, edgecolor="cyan",
-                           linewidth=1.5))
+    box_h = min(rf.size, hw[0])
+    box_w = min(rf.size, hw[1])
+    ax.add_patch(Rectangle(((hw[1] - box_w) / 2 - 0.5, (hw[0] - box_h) / 2 - 0.5), box_w, box_h, fill=False,
+                           edgecolor="cyan", linewidth=1.5))
 
 
 @torch.no_grad()
@@ -37,15 +37,15 @@ def draw_class_activation(model, x: Tensor, path: Path, *, title: str = "", clas
     """The image with one unit's receptive field, and the predicted class's activation map over it."""
     dev = next(model.parameters()).device
     cam, cls = model.class_activation_map(x[None].to(dev))
-    hw = tuple(x.shape[-2:])
+    image_hw = tuple(x.shape[-2:])
     name = classes[int(cls)] if classes is not None and int(cls) < len(classes) else str(int(cls))
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(5.6, 3.0))
     show_image(axes[0], x)
-    rf = model.receptive_field()
-    receptive_field_box(axes[0], rf, hw)
-    axes[0].set_title(f"one unit's receptive field: {rf.size} px", fontsize=8)
-    overlay(axes[1], x, upsample_map(cam[0].cpu(), hw))
+    field = model.receptive_field()
+    receptive_field_box(axes[0], field, image_hw)
+    axes[0].set_title(f"one unit's receptive field: {field.size} px", fontsize=8)
+    overlay(axes[1], x, upsample_map(cam[0].cpu(), image_hw))
     axes[1].set_title(f"votes for {name} (CAM, > 0)", fontsize=8)
     for ax in axes:
         ax.set_xticks([])

@@ -23,10 +23,10 @@ def _layout(adj: torch.Tensor):
     import networkx as nx
 
     n = adj.shape[0]
-    g = nx.Graph()
-    g.add_nodes_from(range(n))
-    g.add_edges_from((int(i), int(j)) for i, j in adj.nonzero().tolist() if i < j)
-    return g, nx.spring_layout(g, seed=0)
+    graph = nx.Graph()
+    graph.add_nodes_from(range(n))
+    graph.add_edges_from((int(i), int(j)) for i, j in adj.nonzero().tolist() if i < j)
+    return graph, nx.spring_layout(graph, seed=0)
 
 
 def _draw(ax, g, pos, values, *, query=None, marked=(), cmap="inferno", title=""):
@@ -64,7 +64,7 @@ def graph_viz(run, out_dir: Path, *, index: int | None = None, patch: int | None
     """
     from .attention_maps import _plt, _save
 
-    c, spec = run.model.config, run.data
+    config, spec = run.model.config, run.data
     if spec is None or not hasattr(spec, "held_out"):
         raise RunError(f"{run.path} has no run.json to say which graphs it was trained on")
     if spec.kind != "marked-distance":
@@ -73,18 +73,18 @@ def graph_viz(run, out_dir: Path, *, index: int | None = None, patch: int | None
     index = 0 if index is None else index
     test, labels = spec.held_out()
     _select(len(labels), index, "index")
-    g1 = test.select(torch.tensor([index]))
-    n = int(g1.node_mask.sum())
-    marked = [int(i) for i in (g1.x[0, :n, 0] > 0).nonzero().flatten()]
+    one_graph = test.select(torch.tensor([index]))
+    n = int(one_graph.node_mask.sum())
+    marked = [int(i) for i in (one_graph.x[0, :n, 0] > 0).nonzero().flatten()]
     query = (marked[0] if marked else 0) if patch is None else patch
     if not 0 <= query < n:
         raise DataError(f"node {query} out of range: the graph has nodes 0..{n - 1}")
     with torch.no_grad():
-        maps = run.attention_maps(g1.to(run.device))["self"]  # per layer (1, H, N, N)
-        pred = int(run.model(g1.to(run.device)).logits.argmax(-1))
+        maps = run.attention_maps(one_graph.to(run.device))["self"]  # per layer (1, H, N, N)
+        pred = int(run.model(one_graph.to(run.device)).logits.argmax(-1))
     layers = _select(len(maps), layer, "layer")
     heads = _select(maps[0].shape[1], head, "head")
-    graph, pos = _layout(g1.adj[0, :n, :n])
+    graph, pos = _layout(one_graph.adj[0, :n, :n])
     plt = _plt()
     fig, axes = plt.subplots(1, len(layers), figsize=(3.6 * len(layers), 3.6), squeeze=False)
     for ax, i in zip(axes[0], layers, strict=True):
@@ -96,10 +96,10 @@ def graph_viz(run, out_dir: Path, *, index: int | None = None, patch: int | None
     fig.tight_layout()
     files = [_save(fig, Path(out_dir) / "node_attention.png")]
 
-    k = min(3, c.pe_dim, max(1, n - 1))
+    k = min(3, config.pe_dim, max(1, n - 1))
     fig, axes = plt.subplots(1, k, figsize=(3.4 * k, 3.4), squeeze=False)
     for j in range(k):
-        _draw(axes[0][j], graph, pos, g1.lap[0, :n, j], marked=marked, cmap="coolwarm",
+        _draw(axes[0][j], graph, pos, one_graph.lap[0, :n, j], marked=marked, cmap="coolwarm",
               title=f"Laplacian eigenvector {j + 1}")
     fig.suptitle(f"test graph {index}: Laplacian positions (sign arbitrary)", fontsize=9)
     fig.tight_layout()

@@ -54,12 +54,12 @@ def _token_attention(run, out_dir: Path, *, text, layer, head, context: int, kin
     ids = tok.encode(text)[: min(MAX_TOKENS, context)]
     idx = torch.tensor([ids], device=next(model.parameters()).device)
     maps = run.attention_maps(idx)["self"]  # per layer (1, H, T, T)
-    a = torch.stack([m[0].float().cpu() for m in maps])  # (L, H, T, T)
-    layers = _select(a.shape[0], layer, "layer")
-    heads = _select(a.shape[1], head, "head")
+    weights = torch.stack([m[0].float().cpu() for m in maps])  # (L, H, T, T)
+    layers = _select(weights.shape[0], layer, "layer")
+    heads = _select(weights.shape[1], head, "head")
     labels = [tok.decode([i], skip_special=False) for i in ids]
     shown = tok.decode(ids)
     title = f"{kind} over {shown!r}" + ("" if len(ids) == len(tok.encode(text)) else " (cut)")
-    return [plot_alignment(a[layers][:, heads], labels, labels, Path(out_dir) / "token_attention.png",
+    return [plot_alignment(weights[layers][:, heads], labels, labels, Path(out_dir) / "token_attention.png",
                            layers=layers, heads=heads, title=title)]
 

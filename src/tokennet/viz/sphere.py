@@ -22,12 +22,12 @@ __all__ = ["sphere_viz"]
 
 def _ortho(ax, xyz, values, *, size, cmap, title, query=None):
     """Points with z > 0 seen from above the north pole."""
-    up = xyz[:, 2] > 0
+    visible = xyz[:, 2] > 0
     from matplotlib.patches import Circle
 
     ax.add_patch(Circle((0, 0), 1, fill=False, color="0.5"))
-    sc = ax.scatter(xyz[up, 0], xyz[up, 1], c=values[up], s=size, cmap=cmap, vmin=0.0,
-                    vmax=float(max(values[up].max(), 1e-12)), linewidths=0)
+    points = ax.scatter(xyz[visible, 0], xyz[visible, 1], c=values[visible], s=size, cmap=cmap, vmin=0.0,
+                    vmax=float(max(values[visible].max(), 1e-12)), linewidths=0)
     if query is not None and xyz[query, 2] > 0:
         ax.scatter([xyz[query, 0]], [xyz[query, 1]], s=size * 3, facecolors="none", edgecolors="cyan", linewidths=2)
     ax.set_xlim(-1.05, 1.05)
@@ -35,7 +35,7 @@ def _ortho(ax, xyz, values, *, size, cmap, title, query=None):
     ax.set_aspect("equal")
     ax.set_title(title, fontsize=8)
     ax.axis("off")
-    return sc
+    return points
 
 
 def sphere_viz(run, out_dir: Path, *, index: int | None = None, patch: int | None = None, layer: int | None = None,
@@ -85,8 +85,9 @@ def sphere_viz(run, out_dir: Path, *, index: int | None = None, patch: int | Non
     theta, phi = to_angles(centres)
     ax = fig.add_subplot(1, cols, cols, projection="mollweide")
     ax.scatter(phi, torch.pi / 2 - theta, c=rows[-1], s=14, cmap="inferno", linewidths=0)
-    qt, qp = to_angles(centres[query])
-    ax.scatter([float(qp)], [float(torch.pi / 2 - qt)], s=60, facecolors="none", edgecolors="cyan", linewidths=2)
+    q_theta, q_phi = to_angles(centres[query])
+    ax.scatter([float(q_phi)], [float(torch.pi / 2 - q_theta)], s=60, facecolors="none", edgecolors="cyan",
+               linewidths=2)
     ax.set_xticklabels([])
     ax.set_yticklabels([])
     ax.grid(True, alpha=0.3)

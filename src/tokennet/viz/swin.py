@@ -37,20 +37,20 @@ __all__ = ["swin_viz", "plot_windows", "merge_matrix", "swin_rollout"]
 
 def _cell_of(pixel: tuple[int, int], cell: tuple[int, int], grid: tuple[int, int]) -> int:
     """The row-major token index whose cell holds ``pixel``."""
-    r, c = min(pixel[0] // cell[0], grid[0] - 1), min(pixel[1] // cell[1], grid[1] - 1)
-    return r * grid[1] + c
+    row, col = min(pixel[0] // cell[0], grid[0] - 1), min(pixel[1] // cell[1], grid[1] - 1)
+    return row * grid[1] + col
 
 
 def merge_matrix(grid: tuple[int, int], factor: tuple[int, int]) -> torch.Tensor:
     """Patch merging as a token map ``(L_out, L_in)``: row ``(r, c)`` averages the children ``(fh·r + i, fw·c + j)``
     that exist (an odd grid's padding is no child)."""
-    gh, gw = grid
-    fh, fw = factor
-    oh, ow = -(-gh // fh), -(-gw // fw)
-    m = torch.zeros(oh * ow, gh * gw)
-    for r in range(gh):
-        for c in range(gw):
-            m[(r // fh) * ow + c // fw, r * gw + c] = 1.0
+    grid_h, grid_w = grid
+    factor_h, factor_w = factor
+    out_h, out_w = -(-grid_h // factor_h), -(-grid_w // factor_w)
+    m = torch.zeros(out_h * out_w, grid_h * grid_w)
+    for row in range(grid_h):
+        for col in range(grid_w):
+            m[(row // factor_h) * out_w + col // factor_w, row * grid_w + col] = 1.0
     return m / m.sum(1, keepdim=True)
 
 
@@ -68,9 +68,9 @@ def swin_rollout(maps: list[torch.Tensor], grids: list[tuple[int, int]], factor:
     last = v @ maps[-1].float().mean(0)  # (1, L_last): the last block's attention of the pooled output
     down = None  # maps a row over the current stage's tokens to the first stage's
     for i in range(len(maps) - 1, -1, -1):
-        a = maps[i].float().mean(0)
-        a = (1 - residual) * a + residual * torch.eye(a.shape[0])
-        v = v @ (a / a.sum(-1, keepdim=True))
+        att = maps[i].float().mean(0)
+        att = (1 - residual) * att + residual * torch.eye(att.shape[0])
+        v = v @ (att / att.sum(-1, keepdim=True))
         if i > 0 and grids[i - 1] != grids[i]:  # going down through a patch merging
             m = merge_matrix(grids[i - 1], factor)
             v = v @ m
@@ -94,39 +94,39 @@ def plot_windows(image: torch.Tensor, layouts: list[dict], path: str | Path, *, 
     fig, axes = plt.subplots(n if one_d else 1, 1 if one_d else n, squeeze=False,
                              figsize=(9.0, 1.3 * n + 0.6) if one_d else (2.7 * n + 0.4, 3.2))
     for ax, item in zip(axes.flatten(), layouts, strict=True):
-        lay, (ch, cw) = item["layout"], item["cell"]
-        gh, gw = lay.grid
-        g = lay.groups().view(gh, gw)
-        _, ids = torch.unique(g, return_inverse=True)  # groups numbered 0..k-1 in order
+        lay, (cell_h, cell_w) = item["layout"], item["cell"]
+        grid_h, grid_w = lay.grid
+        groups = lay.groups().view(grid_h, grid_w)
+        _, ids = torch.unique(groups, return_inverse=True)  # groups numbered 0..k-1 in order
         colours = torch.tensor(colormaps["tab20"](((ids % 20).float() / 19.999).flatten().numpy()))[:, :3]
         if one_d:
             L = image.shape[-1]
             strip = torch.zeros(L, 3)
-            for j in range(gw):
-                strip[j * cw:(j + 1) * cw] = colours[j]
+            for j in range(grid_w):
+                strip[j * cell_w:(j + 1) * cell_w] = colours[j]
             ax.imshow(strip[None].numpy(), aspect="auto", extent=(-0.5, L - 0.5, -1, 1), alpha=0.6)
-            s = image.float().reshape(-1)
-            s = (s - s.min()) / (s.max() - s.min() + 1e-8) * 1.8 - 0.9
-            ax.plot(range(L), s.numpy(), color="black", lw=1.2)
-            for j in range(1, gw):
-                if g[0, j] != g[0, j - 1]:
-                    ax.axvline(j * cw - 0.5, color="black", lw=2)
+            trace = image.float().reshape(-1)
+            trace = (trace - trace.min()) / (trace.max() - trace.min() + 1e-8) * 1.8 - 0.9
+            ax.plot(range(L), trace.numpy(), color="black", lw=1.2)
+            for j in range(1, grid_w):
+                if groups[0, j] != groups[0, j - 1]:
+                    ax.axvline(j * cell_w - 0.5, color="black", lw=2)
             ax.set_yticks([])
             ax.set_xlim(-0.5, L - 0.5)
         else:
             H, W = image.shape[-2:]
             show_image(ax, image, brightness=0.8)
-            rgb = colours.view(gh, gw, 3).repeat_interleave(ch, 0).repeat_interleave(cw, 1)[:H, :W]
+            rgb = colours.view(grid_h, grid_w, 3).repeat_interleave(cell_h, 0).repeat_interleave(cell_w, 1)[:H, :W]
             ax.imshow(torch.cat([rgb, torch.full((*rgb.shape[:2], 1), 0.45)], -1).numpy(), interpolation="nearest")
-            for r in range(gh):
-                for c in range(gw):
-                    y, x = r * ch - 0.5, c * cw - 0.5
-                    if c > 0:  # the left edge of cell (r, c): thick where the group changes
-                        ax.plot([x, x], [y, min(y + ch, H - 0.5)], color="black",
-                                lw=2.2 if g[r, c] != g[r, c - 1] else 0.3)
-                    if r > 0:
-                        ax.plot([x, min(x + cw, W - 0.5)], [y, y], color="black",
-                                lw=2.2 if g[r, c] != g[r - 1, c] else 0.3)
+            for row in range(grid_h):
+                for col in range(grid_w):
+                    y, x = row * cell_h - 0.5, col * cell_w - 0.5
+                    if col > 0:  # the left edge of cell (r, c): thick where the group changes
+                        ax.plot([x, x], [y, min(y + cell_h, H - 0.5)], color="black",
+                                lw=2.2 if groups[row, col] != groups[row, col - 1] else 0.3)
+                    if row > 0:
+                        ax.plot([x, min(x + cell_w, W - 0.5)], [y, y], color="black",
+                                lw=2.2 if groups[row, col] != groups[row - 1, col] else 0.3)
             ax.set_xlim(-0.5, W - 0.5)
             ax.set_ylim(H - 0.5, -0.5)
             ax.set_xticks([])
@@ -146,33 +146,33 @@ def swin_viz(run, out_dir: Path, *, index: int | None = None, patch: int | None 
         layer: draw only this block (default: every block).
         head: this head only (default: the mean of the heads).
     """
-    model, c = run.model, run.model.config
+    model, config = run.model, run.model.config
     x, _, what = drawn_input(run, data=data, index=index, image=image)
-    hw = (1, x.shape[-1]) if c.is_1d else tuple(x.shape[-2:])
-    grid0 = model.patch_embed.grid(hw)
+    image_hw = (1, x.shape[-1]) if config.is_1d else tuple(x.shape[-2:])
+    grid0 = model.patch_embed.grid(image_hw)
     blocks = model.block_layouts(grid0)
     out_dir = Path(out_dir)
 
     seen, panels = set(), []
-    for b in blocks:
-        lay = b["layout"]
-        key = (b["stage"], lay.shift)
+    for block in blocks:
+        lay = block["layout"]
+        key = (block["stage"], lay.shift)
         if key in seen:
             continue
         seen.add(key)
-        kind = f"SW-MSA, shifted by {lay.shift[1] if c.is_1d else lay.shift[0]}" if any(lay.shift) else "W-MSA"
-        win = f"{lay.window[1]}" if c.is_1d else f"{lay.window[0]}×{lay.window[1]}"
-        panels.append({"layout": lay, "cell": b["cell"],
-                       "name": f"stage {b['stage'] + 1}: {kind}\n{lay.num_windows} window(s) of {win} tokens"})
+        kind = f"SW-MSA, shifted by {lay.shift[1] if config.is_1d else lay.shift[0]}" if any(lay.shift) else "W-MSA"
+        win = f"{lay.window[1]}" if config.is_1d else f"{lay.window[0]}×{lay.window[1]}"
+        panels.append({"layout": lay, "cell": block["cell"],
+                       "name": f"stage {block['stage'] + 1}: {kind}\n{lay.num_windows} window(s) of {win} tokens"})
     files = [plot_windows(x, panels, out_dir / "windows.png",
                           title=f"Swin's windows: tokens that attend to each other share a colour — {what}")]
 
     _check_index("patch", patch, grid0[0] * grid0[1])
     if patch is None:
-        pixel = (hw[0] // 2, hw[1] // 2)
+        pixel = (image_hw[0] // 2, image_hw[1] // 2)
     else:
-        ph, pw = c.patch_hw
-        pixel = ((patch // grid0[1]) * ph + ph // 2, (patch % grid0[1]) * pw + pw // 2)
+        patch_h, patch_w = config.patch_hw
+        pixel = ((patch // grid0[1]) * patch_h + patch_h // 2, (patch % grid0[1]) * patch_w + patch_w // 2)
     which = select(len(blocks), layer, "layer")
     with torch.no_grad():
         maps = model.attention_maps(x[None].to(next(model.parameters()).device))["self"]
@@ -181,30 +181,32 @@ def swin_viz(run, out_dir: Path, *, index: int | None = None, patch: int | None 
     cols = min(n, 4)
     rows = -(-n // cols)
     fig, axes = plt.subplots(rows, cols, squeeze=False,
-                             figsize=(3.6 * cols, 1.8 * rows + 0.5) if c.is_1d else (2.6 * cols, 2.7 * rows + 0.4))
+                             figsize=(3.6 * cols, 1.8 * rows + 0.5) if config.is_1d else (2.6 * cols, 2.7 * rows + 0.4))
     for ax in axes.flatten()[n:]:
         ax.axis("off")
     for ax, i in zip(axes.flatten(), which, strict=False):
-        b, a = blocks[i], maps[i][0].float().cpu()  # (H, L, L)
-        _check_index("head", head, a.shape[0])
-        q = _cell_of(pixel, b["cell"], b["grid"])
-        row = a[:, q].mean(0) if head is None else a[head, q]  # (L,)
-        geom = {"grid": b["grid"], "patch": b["cell"], "stride": b["cell"], "offset": (0, 0), "image_hw": hw}
-        box = ((q // b["grid"][1]) * b["cell"][0], (q % b["grid"][1]) * b["cell"][1], *b["cell"])
-        if c.is_1d:
+        block, att = blocks[i], maps[i][0].float().cpu()  # (H, L, L)
+        _check_index("head", head, att.shape[0])
+        q = _cell_of(pixel, block["cell"], block["grid"])
+        row = att[:, q].mean(0) if head is None else att[head, q]  # (L,)
+        geom = {"grid": block["grid"], "patch": block["cell"], "stride": block["cell"], "offset": (0, 0),
+                "image_hw": image_hw}
+        box = ((q // block["grid"][1]) * block["cell"][0], (q % block["grid"][1]) * block["cell"][1], *block["cell"])
+        if config.is_1d:
             _signal_strip(ax, x, row, geom, box=box, peak=float(row.max()))
         else:
-            _overlay(ax, x, patch_map(row, b["grid"], hw, b["cell"], b["cell"]), peak=float(row.max()))
+            heat = patch_map(row, block["grid"], image_hw, block["cell"], block["cell"])
+            _overlay(ax, x, heat, peak=float(row.max()))
             _outline(ax, box)
-        shifted = "SW-MSA" if any(b["layout"].shift) else "W-MSA"
-        ax.set_title(f"block {i} (stage {b['stage'] + 1}, {shifted})", fontsize=8)
+        shifted = "SW-MSA" if any(block["layout"].shift) else "W-MSA"
+        ax.set_title(f"block {i} (stage {block['stage'] + 1}, {shifted})", fontsize=8)
     who = "mean of heads" if head is None else f"head {head}"
     fig.suptitle(f"where the token under pixel {pixel} looks, per block ({who}) — {what}", fontsize=9)
     fig.tight_layout(rect=(0, 0, 1, 0.94), h_pad=2.0)  # room for each row's titles
     files.append(save_figure(fig, out_dir / "window_attention.png"))
 
-    last, rel = swin_rollout([m[0].cpu() for m in maps], [b["grid"] for b in blocks], c.merge_factor)
-    geom0 = {"grid": grid0, "patch": c.patch_hw, "stride": c.patch_hw, "offset": (0, 0), "image_hw": hw}
+    last, rel = swin_rollout([m[0].cpu() for m in maps], [block["grid"] for block in blocks], config.merge_factor)
+    geom0 = {"grid": grid0, "patch": config.patch_hw, "stride": config.patch_hw, "offset": (0, 0), "image_hw": image_hw}
     files.append(plot_rollout(x, last, rel, geom0, out_dir / "rollout.png", query="mean-pooled output",
                               title=f"attention rollout through {len(blocks)} blocks and the merges — {what}"))
     return files

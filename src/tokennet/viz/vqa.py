@@ -25,8 +25,8 @@ __all__ = ["question_rollout", "draw_transformer_item", "draw_cnn_item", "overla
 def question_rollout(maps: list[Tensor], num_text: int) -> Tensor:
     """The summary token's rolled-out attention over the patches ``(B, N)``, renormalized over the patches:
     row 0 of ``R = Â_L ⋯ Â_1``, ``Â = ½ mean_h A + ½ I`` (:func:`~tokennet.viz.attention_maps.attention_rollout`)."""
-    r = attention_rollout(maps)[:, 0, num_text:]  # (B, N)
-    return r / r.sum(-1, keepdim=True).clamp_min(1e-12)
+    relevance = attention_rollout(maps)[:, 0, num_text:]  # (B, N)
+    return relevance / relevance.sum(-1, keepdim=True).clamp_min(1e-12)
 
 
 def _title(question: str, got: str, expected: str | None) -> str:
@@ -40,32 +40,34 @@ def draw_transformer_item(model, spec, image: Tensor, question: str, got: str, e
     """One question over one image: rows = layers, columns = heads, the mean of heads, and (last row) the
     image and the rollout. Each panel is the summary token's attention over the patches, renormalized over
     the patches; the corner label is the share of the question's attention that went to the image at all."""
-    c = model.config
+    cfg = model.config
     dev = next(model.parameters()).device
-    q = encode_questions([question], spec.words, c.max_question_len)
-    maps = [m.float().cpu() for m in model.attention_maps((image[None].to(dev), q.to(dev)))["self"]]
-    layers, heads = select(c.num_layers, layer, "layer"), select(c.num_heads, head, "head")
-    n = c.num_text
-    geom = (c.grid, (c.image_size, c.image_size), (c.patch_size, c.patch_size), (c.patch_size, c.patch_size))
+    question_ids = encode_questions([question], spec.words, cfg.max_question_len)
+    maps = [m.float().cpu() for m in model.attention_maps((image[None].to(dev), question_ids.to(dev)))["self"]]
+    layers, heads = select(cfg.num_layers, layer, "layer"), select(cfg.num_heads, head, "head")
+    n = cfg.num_text
+    geom = (cfg.grid, (cfg.image_size, cfg.image_size), (cfg.patch_size, cfg.patch_size),
+            (cfg.patch_size, cfg.patch_size))
     cols = len(heads) + 1
     plt = pyplot()
     fig, axes = plt.subplots(len(layers) + 1, cols, figsize=(1.7 * cols + 0.4, 1.75 * (len(layers) + 1) + 0.5),
                              squeeze=False)
-    for r, li in enumerate(layers):
-        row = maps[li][0, :, 0]  # (H, L): the summary token's row per head
-        for j, h in enumerate([*heads, None]):
-            a = row.mean(0) if h is None else row[h]
-            img = a[n:]
-            overlay(axes[r, j], image, patch_map(img / img.sum().clamp_min(1e-12), *geom), boxes,
+    for panel_row, layer_idx in enumerate(layers):
+        row = maps[layer_idx][0, :, 0]  # (H, L): the summary token's row per head
+        for j, head_idx in enumerate([*heads, None]):
+            att = row.mean(0) if head_idx is None else row[head_idx]
+            img = att[n:]
+            overlay(axes[panel_row, j], image, patch_map(img / img.sum().clamp_min(1e-12), *geom), boxes,
                     f"to image {float(img.sum()):.2f}")
-            axes[r, j].set_title(f"layer {li} · {'mean of heads' if h is None else f'head {h}'}", fontsize=7)
+            which = "mean of heads" if head_idx is None else f"head {head_idx}"
+            axes[panel_row, j].set_title(f"layer {layer_idx} · {which}", fontsize=7)
     roll = question_rollout(maps, n)[0]
     show_image(axes[-1, 0], image)
     axes[-1, 0].set_xticks([])
     axes[-1, 0].set_yticks([])
     axes[-1, 0].set_title("the image", fontsize=7)
     overlay(axes[-1, 1], image, patch_map(roll, *geom), boxes)
-    axes[-1, 1].set_title(f"rollout ({c.num_layers} layers)", fontsize=7)
+    axes[-1, 1].set_title(f"rollout ({cfg.num_layers} layers)", fontsize=7)
     for ax in axes[-1, 2:]:
         ax.axis("off")
     fig.suptitle(_title(question, got, expected) + "\nwhere the question's summary token looks (cyan: the objects "
@@ -77,18 +79,18 @@ def draw_transformer_item(model, spec, image: Tensor, question: str, got: str, e
 @torch.no_grad()
 def draw_cnn_item(model, spec, image: Tensor, question: str, got: str, expected: str | None, path: Path) -> Path:
     """The image with one unit's receptive field, and each unit's vote for the answer (its activation map)."""
-    c = model.config
+    cfg = model.config
     dev = next(model.parameters()).device
-    q = encode_questions([question], spec.words, c.max_question_len)
-    cam, _ = model.answer_map((image[None].to(dev), q.to(dev)))
-    hw = tuple(image.shape[-2:])
-    rf = model.receptive_field()
+    question_ids = encode_questions([question], spec.words, cfg.max_question_len)
+    cam, _ = model.answer_map((image[None].to(dev), question_ids.to(dev)))
+    image_hw = tuple(image.shape[-2:])
+    field = model.receptive_field()
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(5.6, 3.1))
     show_image(axes[0], image)
-    receptive_field_box(axes[0], rf, hw)
-    axes[0].set_title(f"one unit's receptive field: {rf.size} px", fontsize=8)
-    overlay(axes[1], image, upsample_map(cam[0].cpu(), hw))
+    receptive_field_box(axes[0], field, image_hw)
+    axes[0].set_title(f"one unit's receptive field: {field.size} px", fontsize=8)
+    overlay(axes[1], image, upsample_map(cam[0].cpu(), image_hw))
     axes[1].set_title("each unit's vote for the answer (CAM, > 0)", fontsize=8)
     for ax in axes:
         ax.set_xticks([])
@@ -102,18 +104,19 @@ def draw_cnn_item(model, spec, image: Tensor, question: str, got: str, expected:
 def draw_two_questions(model, spec, image: Tensor, questions, answers, boxes, path: Path) -> Path:
     """One picture, two questions, side by side: the summary token's rolled-out attention over the patches for
     each (cyan: the animal each asks about) — *if your problem changes, you'll attend to different things*."""
-    c = model.config
+    cfg = model.config
     dev = next(model.parameters()).device
-    q = encode_questions(list(questions), spec.words, c.max_question_len)
+    question_ids = encode_questions(list(questions), spec.words, cfg.max_question_len)
     x = image[None].expand(len(questions), -1, -1, -1)
-    maps = [m.float().cpu() for m in model.attention_maps((x.to(dev), q.to(dev)))["self"]]
-    roll = question_rollout(maps, c.num_text)  # (2, N)
-    geom = (c.grid, (c.image_size, c.image_size), (c.patch_size, c.patch_size), (c.patch_size, c.patch_size))
+    maps = [m.float().cpu() for m in model.attention_maps((x.to(dev), question_ids.to(dev)))["self"]]
+    roll = question_rollout(maps, cfg.num_text)  # (2, N)
+    geom = (cfg.grid, (cfg.image_size, cfg.image_size), (cfg.patch_size, cfg.patch_size),
+            (cfg.patch_size, cfg.patch_size))
     plt = pyplot()
     fig, axes = plt.subplots(1, len(questions), figsize=(2.9 * len(questions), 3.3), squeeze=False)
-    for j, (text, got, b) in enumerate(zip(questions, answers, boxes, strict=True)):
-        on = float(roll[j][_patches(c, b)].sum())
-        overlay(axes[0, j], image, patch_map(roll[j], *geom), b, f"on the asked animal {on:.2f}")
+    for j, (text, got, box) in enumerate(zip(questions, answers, boxes, strict=True)):
+        on_animal = float(roll[j][_patches(cfg, box)].sum())
+        overlay(axes[0, j], image, patch_map(roll[j], *geom), box, f"on the asked animal {on_animal:.2f}")
         axes[0, j].set_title(f"{text}\n→ {got}", fontsize=7)
     fig.suptitle("the same picture, two questions: where the summary token looks (rollout)", fontsize=8)
     fig.tight_layout()
@@ -133,14 +136,14 @@ def draw_sink_curve(sw: dict, path: Path, counted: dict | None = None) -> Path:
     plt = pyplot()
     fig, axes = plt.subplots(1, 2 if counted else 1, figsize=(9.2 if counted else 4.6, 3.2), squeeze=False)
     ax = axes[0, 0]
-    ks = sw["k"]
-    exact = [1 / (k + 1) for k in ks]
-    ax.plot(ks, exact, "k--", lw=1.5, label="hand-built counter: 1/(k+1)")
-    for name, h in sw["heads"].items():
+    counts = sw["k"]
+    exact = [1 / (k + 1) for k in counts]
+    ax.plot(counts, exact, "k--", lw=1.5, label="hand-built counter: 1/(k+1)")
+    for name, curve in sw["heads"].items():
         best = name == sw["best"]
-        ax.plot(list(h["by_k"]), list(h["by_k"].values()), "o-" if best else "-", lw=2 if best else 0.7,
+        ax.plot(list(curve["by_k"]), list(curve["by_k"].values()), "o-" if best else "-", lw=2 if best else 0.7,
                 alpha=1 if best else 0.35, color="C3" if best else "C0",
-                label=f"layer.head {name} (r = {h['r']:.2f}), best" if best else None)
+                label=f"layer.head {name} (r = {curve['r']:.2f}), best" if best else None)
     ax.set_xlabel("k: animals counted (the answer)")
     ax.set_ylabel("summary token's weight on the sink")
     ax.set_ylim(0, 1.02)
@@ -148,15 +151,15 @@ def draw_sink_curve(sw: dict, path: Path, counted: dict | None = None) -> Path:
     ax.set_title("does the trained model count with the sink? (each line: one head)", fontsize=8)
     if counted:
         ax = axes[0, 1]
-        ks = counted["k"]
-        ax.plot(ks, [k / (k + 1) for k in ks], "k--", lw=1.5, label="hand-built counter: k/(k+1)")
-        for layer, v in counted["layers"].items():
+        counts = counted["k"]
+        ax.plot(counts, [k / (k + 1) for k in counts], "k--", lw=1.5, label="hand-built counter: k/(k+1)")
+        for layer, layer_curve in counted["layers"].items():
             best = layer == counted["best"]
-            ax.plot(list(v["by_k"]), list(v["by_k"].values()), "o-" if best else "-", lw=2 if best else 0.8,
-                    alpha=1 if best else 0.45, color="C3" if best else "C0",
-                    label=f"layer {layer}" + (f", best: fits k/(k+{v['c']:.1f})" if best else ""))
+            ax.plot(list(layer_curve["by_k"]), list(layer_curve["by_k"].values()), "o-" if best else "-",
+                    lw=2 if best else 0.8, alpha=1 if best else 0.45, color="C3" if best else "C0",
+                    label=f"layer {layer}" + (f", best: fits k/(k+{layer_curve['c']:.1f})" if best else ""))
             if best:
-                ax.plot(ks, [k / (k + v["c"]) for k in ks], ":", color="C3", lw=1.2)
+                ax.plot(counts, [k / (k + layer_curve["c"]) for k in counts], ":", color="C3", lw=1.2)
         ax.set_xlabel("k: animals counted (the answer)")
         ax.set_ylabel("summary token's weight on the counted animals")
         ax.set_ylim(0, 1.02)
@@ -171,25 +174,27 @@ def draw_patch_grouping(model, spec, image: Tensor, question: str, boxes, path: 
     """Objects group themselves: for one patch of each animal (its top-left patch), that patch token's attention
     over the other patches in ``layer`` (mean of heads), its own animal outlined. Needs patches smaller than an
     animal (e.g. ``patch_size=8``: four per animal)."""
-    c = model.config
+    cfg = model.config
     dev = next(model.parameters()).device
-    q = encode_questions([question], spec.words, c.max_question_len)
-    a = model.attention_maps((image[None].to(dev), q.to(dev)))["self"][layer].float().cpu()[0].mean(0)  # (L, L)
-    n = c.num_text
-    geom = (c.grid, (c.image_size, c.image_size), (c.patch_size, c.patch_size), (c.patch_size, c.patch_size))
-    shown = [b for b in boxes if len(_patches(c, [b])) > 1][:4]
+    question_ids = encode_questions([question], spec.words, cfg.max_question_len)
+    maps = model.attention_maps((image[None].to(dev), question_ids.to(dev)))["self"]
+    att = maps[layer].float().cpu()[0].mean(0)  # (L, L)
+    n = cfg.num_text
+    geom = (cfg.grid, (cfg.image_size, cfg.image_size), (cfg.patch_size, cfg.patch_size),
+            (cfg.patch_size, cfg.patch_size))
+    shown = [box for box in boxes if len(_patches(cfg, [box])) > 1][:4]
     plt = pyplot()
     fig, axes = plt.subplots(1, max(1, len(shown)), figsize=(2.3 * max(1, len(shown)), 2.7), squeeze=False)
-    for j, b in enumerate(shown):
-        src = _patches(c, [b])[0]
-        row = a[n + src, n:].clone()
+    for j, box in enumerate(shown):
+        src = _patches(cfg, [box])[0]
+        row = att[n + src, n:].clone()
         row[src] = 0  # its attention to itself is not grouping
-        overlay(axes[0, j], image, patch_map(row / row.sum().clamp_min(1e-12), *geom), [b],
-                f"own animal {float(row[_patches(c, [b])].sum() / row.sum().clamp_min(1e-12)):.2f}")
+        overlay(axes[0, j], image, patch_map(row / row.sum().clamp_min(1e-12), *geom), [box],
+                f"own animal {float(row[_patches(cfg, [box])].sum() / row.sum().clamp_min(1e-12)):.2f}")
         axes[0, j].set_title(f"patch {src}'s attention (layer {layer})", fontsize=7)
     if not shown:
         axes[0, 0].axis("off")
-        axes[0, 0].set_title(f"{c.patch_size}-px patches: one per animal, nothing to group", fontsize=7)
+        axes[0, 0].set_title(f"{cfg.patch_size}-px patches: one per animal, nothing to group", fontsize=7)
     fig.suptitle("objects group themselves: a patch looks at its own animal's other patches (cyan)", fontsize=8)
     fig.tight_layout()
     return save_figure(fig, path)
