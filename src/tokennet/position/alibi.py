@@ -20,7 +20,7 @@ __all__ = ["alibi_slopes", "alibi_bias", "ALiBi"]
 
 def _slopes(num_heads: int) -> list[float]:
     if math.log2(num_heads).is_integer():
-        return [2.0 ** (-8.0 * h / num_heads) for h in range(1, num_heads + 1)]
+        return [2.0 ** (-8.0 * head / num_heads) for head in range(1, num_heads + 1)]
     # Not a power of 2: the slopes of the closest smaller power of 2, then every other slope of the next
     # power of 2 (the reference implementation of Press et al.), so the slopes interleave.
     closest = 2 ** math.floor(math.log2(num_heads))

@@ -37,8 +37,8 @@ class ConcatPosition(nn.Module):
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
         """Concatenate each token with its position's vector: ``(B, N, D_x) → (B, N, D_x + D_p)``."""
         B, N, _ = x.shape
-        p = self.encoding(x.new_zeros(1, N, self.pos_dim), offset)  # (1, N, D_p): the table's rows
-        return torch.cat([x, p.expand(B, N, self.pos_dim)], dim=-1)  # (B, N, D_x + D_p)
+        table = self.encoding(x.new_zeros(1, N, self.pos_dim), offset)  # (1, N, D_p): the table's rows
+        return torch.cat([x, table.expand(B, N, self.pos_dim)], dim=-1)  # (B, N, D_x + D_p)
 
 
 def with_position_mode(encoding: nn.Module, position_mode: str, pos_dim: int) -> nn.Module:

@@ -54,8 +54,8 @@ def fourier_2d(h: int, w: int, dim: int, base: float = 10000.0, *, device=None,
         raise ValueError(f"grid sides must be > 0, got h={h}, w={w}")
     rows = torch.arange(h, device=device, dtype=torch.float64).repeat_interleave(w)  # (h·w,) r of each patch
     cols = torch.arange(w, device=device, dtype=torch.float64).repeat(h)  # (h·w,) c of each patch
-    pe = torch.cat([_sincos_1d(rows, dim // 2, base), _sincos_1d(cols, dim // 2, base)], dim=-1)  # (h·w, D)
-    return pe.to(dtype)
+    table = torch.cat([_sincos_1d(rows, dim // 2, base), _sincos_1d(cols, dim // 2, base)], dim=-1)  # (h·w, D)
+    return table.to(dtype)
 
 
 class Fourier2DPosition(nn.Module):
@@ -96,11 +96,11 @@ class Fourier2DPosition(nn.Module):
                 f"{self.num_prefix} + grid {grid[0]}x{grid[1]} tokens, got {tuple(x.shape)}; "
                 "pass grid=(gh, gw) of the input")
         if grid == self.grid:
-            pe = self.pe
+            table = self.pe
         else:
-            pe = fourier_2d(grid[0], grid[1], self.dim, self.base, device=x.device, dtype=self.pe.dtype)
-        pe = torch.cat([pe.new_zeros(self.num_prefix, self.dim), pe], dim=0)  # (N, D): zeros for prefix
-        return x + pe.to(x.dtype)
+            table = fourier_2d(grid[0], grid[1], self.dim, self.base, device=x.device, dtype=self.pe.dtype)
+        table = torch.cat([table.new_zeros(self.num_prefix, self.dim), table], dim=0)  # (N, D): zeros for prefix
+        return x + table.to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, grid={self.grid}, num_prefix={self.num_prefix}, base={self.base}"

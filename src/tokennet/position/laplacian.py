@@ -62,18 +62,19 @@ def laplacian_eigenvectors(adj: Tensor, k: int, normalized: bool = True, *,
     if not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be an int >= 1 (number of eigenvectors), got {k!r}")
     out_dtype = adj.dtype if adj.is_floating_point() else torch.float32
-    a = adj.to(torch.float64 if adj.dtype == torch.float64 else torch.float32)
-    if not torch.allclose(a, a.mT, atol=1e-6):
+    adj_float = adj.to(torch.float64 if adj.dtype == torch.float64 else torch.float32)
+    if not torch.allclose(adj_float, adj_float.mT, atol=1e-6):
         raise ValueError("adj must be symmetric (an undirected graph); symmetrize it, "
                          "e.g. (adj + adj.mT) / 2, or adj | adj.mT for a boolean adjacency")
-    n = a.shape[-1]
-    deg = a.sum(-1)  # (..., n)
+    n = adj_float.shape[-1]
+    deg = adj_float.sum(-1)  # (..., n)
     if normalized:
-        d = deg.clamp_min(0).rsqrt()
-        d = torch.where(deg > 0, d, torch.zeros_like(d))  # isolated nodes: no inf
-        lap = torch.eye(n, dtype=a.dtype, device=a.device) - d[..., :, None] * a * d[..., None, :]
+        inv_sqrt_deg = deg.clamp_min(0).rsqrt()
+        inv_sqrt_deg = torch.where(deg > 0, inv_sqrt_deg, torch.zeros_like(inv_sqrt_deg))  # isolated nodes: no inf
+        lap = (torch.eye(n, dtype=adj_float.dtype, device=adj_float.device)
+               - inv_sqrt_deg[..., :, None] * adj_float * inv_sqrt_deg[..., None, :])
     else:
-        lap = torch.diag_embed(deg) - a
+        lap = torch.diag_embed(deg) - adj_float
     evals, evecs = torch.linalg.eigh(lap)  # ascending: (..., n), (..., n, n)
     evals, evecs = evals[..., 1:k + 1], evecs[..., :, 1:k + 1]  # skip the trivial one
     if evecs.shape[-1] < k:  # fewer than k + 1 nodes
@@ -147,18 +148,18 @@ def laplacian_spectrum(adj: Tensor, node_mask: Tensor, k: int, normalized: bool 
     if adj.dim() != 3 or adj.shape[-1] != adj.shape[-2] or node_mask.shape != adj.shape[:2]:
         raise ValueError(f"adj must be (B, N, N) and node_mask (B, N), got {tuple(adj.shape)} and "
                          f"{tuple(node_mask.shape)}")
-    a = adj.to(torch.float64)
-    B, N, _ = a.shape
+    adj_float = adj.to(torch.float64)
+    B, N, _ = adj_float.shape
     real = node_mask.to(torch.float64)  # (B, N)
-    a = a * real[:, :, None] * real[:, None, :]
-    deg = a.sum(-1)  # (B, N)
+    adj_float = adj_float * real[:, :, None] * real[:, None, :]
+    deg = adj_float.sum(-1)  # (B, N)
     if normalized:
-        d = torch.where(deg > 0, deg.clamp_min(1e-12).rsqrt(), torch.zeros_like(deg))
-        lap = torch.diag_embed(real) - d[:, :, None] * a * d[:, None, :]
+        inv_sqrt_deg = torch.where(deg > 0, deg.clamp_min(1e-12).rsqrt(), torch.zeros_like(deg))
+        lap = torch.diag_embed(real) - inv_sqrt_deg[:, :, None] * adj_float * inv_sqrt_deg[:, None, :]
     else:
-        lap = torch.diag_embed(deg) - a
-    c = 2 * float(deg.max()) + 1 if deg.numel() else 1.0
-    lap = lap + torch.diag_embed((1 - real) * c)  # padding block c·I: above the real spectrum
+        lap = torch.diag_embed(deg) - adj_float
+    pad_value = 2 * float(deg.max()) + 1 if deg.numel() else 1.0
+    lap = lap + torch.diag_embed((1 - real) * pad_value)  # padding block pad_value·I: above the real spectrum
     evals, evecs = torch.linalg.eigh(lap)  # ascending: (B, N), (B, N, N)
     first = 1 if skip_trivial else 0
     evals, evecs = evals[:, first:k + first], evecs[:, :, first:k + first]
@@ -236,9 +237,9 @@ class SpectralKernelBias(nn.Module):
 
     def kernels(self, eigvecs: Tensor, eigvals: Tensor) -> Tensor:
         """``K = V diag(φ(λ)) Vᵀ`` per channel: ``(B, N, k), (B, k) → (B, N, N, M)``."""
-        w = self.phi(eigvals[..., None].to(self.node.weight.dtype))  # (B, k, M)
-        v = eigvecs.to(w.dtype)
-        return torch.einsum("bik,bkm,bjk->bijm", v, w, v)  # (B, N, N, M)
+        weights = self.phi(eigvals[..., None].to(self.node.weight.dtype))  # (B, k, M)
+        v = eigvecs.to(weights.dtype)
+        return torch.einsum("bik,bkm,bjk->bijm", v, weights, v)  # (B, N, N, M)
 
     def forward(self, eigvecs: Tensor, eigvals: Tensor) -> tuple[Tensor, Tensor]:
         """``(node terms (B, N, D), bias (B, H, N, N))``."""

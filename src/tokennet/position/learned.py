@@ -63,9 +63,9 @@ class LearnedPosition(nn.Module):
         """
         if new_len <= 0:
             raise ValueError(f"new_len must be > 0, got {new_len}")
-        w = self.weight.detach().float().t()[None]  # (1, D, max_len)
-        w = F.interpolate(w, size=new_len, mode="linear", align_corners=False)  # (1, D, new_len)
-        new = w[0].t().contiguous().to(self.weight.dtype)  # (new_len, D)
+        table = self.weight.detach().float().t()[None]  # (1, D, max_len)
+        table = F.interpolate(table, size=new_len, mode="linear", align_corners=False)  # (1, D, new_len)
+        new = table[0].t().contiguous().to(self.weight.dtype)  # (new_len, D)
         self.weight = nn.Parameter(new, requires_grad=self.weight.requires_grad)
         self.max_len = new_len
         return self
@@ -94,8 +94,8 @@ class LearnedPosition2D(nn.Module):
         if dim <= 0 or num_prefix < 0:
             raise ValueError(f"dim must be > 0 and num_prefix >= 0, got dim={dim}, num_prefix={num_prefix}")
         self.dim, self.num_prefix = dim, num_prefix
-        gh, gw = self.grid
-        self.weight = nn.Parameter(torch.randn(num_prefix + gh * gw, dim) * init_std)
+        grid_h, grid_w = self.grid
+        self.weight = nn.Parameter(torch.randn(num_prefix + grid_h * grid_w, dim) * init_std)
 
     def interpolate(self, grid: tuple[int, int] | None = None) -> Tensor:
         """Return the (num_prefix + gh'·gw', D) table for ``grid`` (the trained one if None).
@@ -109,9 +109,9 @@ class LearnedPosition2D(nn.Module):
         grid = self.grid if grid is None else _check_grid(grid)
         if grid == self.grid:
             return self.weight
-        gh, gw = self.grid
+        grid_h, grid_w = self.grid
         prefix, rest = self.weight[: self.num_prefix], self.weight[self.num_prefix:]
-        img = rest.float().reshape(gh, gw, self.dim).permute(2, 0, 1)[None]  # (1, D, gh, gw)
+        img = rest.float().reshape(grid_h, grid_w, self.dim).permute(2, 0, 1)[None]  # (1, D, gh, gw)
         img = F.interpolate(img, size=grid, mode="bicubic", align_corners=False, antialias=True)
         rest = img[0].permute(1, 2, 0).reshape(grid[0] * grid[1], self.dim)  # (gh'·gw', D)
         return torch.cat([prefix, rest.to(self.weight.dtype)], dim=0)
@@ -125,10 +125,10 @@ class LearnedPosition2D(nn.Module):
         """
         table = self.interpolate(grid)  # (N, D)
         if x.dim() != 3 or tuple(x.shape[1:]) != tuple(table.shape):
-            g = self.grid if grid is None else grid
+            shown_grid = self.grid if grid is None else grid
             raise ValueError(
                 f"expected x of shape (B, {table.shape[0]}, {self.dim}) = num_prefix {self.num_prefix} + "
-                f"grid {g[0]}x{g[1]} tokens, got {tuple(x.shape)}; pass grid=(gh, gw) of the input")
+                f"grid {shown_grid[0]}x{shown_grid[1]} tokens, got {tuple(x.shape)}; pass grid=(gh, gw) of the input")
         return x + table.to(x.dtype)
 
     def extra_repr(self) -> str:

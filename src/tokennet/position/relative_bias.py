@@ -24,12 +24,12 @@ def relative_position_index(window: tuple[int, int]) -> Tensor:
 
     Row ``(Δr + wh − 1)·(2·ww − 1) + (Δc + ww − 1)`` for the offset ``(Δr, Δc) = (r_j − r_i, c_j − c_i)``.
     """
-    wh, ww = window
-    r, c = torch.meshgrid(torch.arange(wh), torch.arange(ww), indexing="ij")
-    r, c = r.flatten(), c.flatten()  # (N,) each: the row and column of every token
-    dr = r[None, :] - r[:, None] + wh - 1  # (N, N) in 0 .. 2·wh − 2
-    dc = c[None, :] - c[:, None] + ww - 1  # (N, N) in 0 .. 2·ww − 2
-    return dr * (2 * ww - 1) + dc
+    win_h, win_w = window
+    row, col = torch.meshgrid(torch.arange(win_h), torch.arange(win_w), indexing="ij")
+    row, col = row.flatten(), col.flatten()  # (N,) each: the row and column of every token
+    drow = row[None, :] - row[:, None] + win_h - 1  # (N, N) in 0 .. 2·wh − 2
+    dcol = col[None, :] - col[:, None] + win_w - 1  # (N, N) in 0 .. 2·ww − 2
+    return drow * (2 * win_w - 1) + dcol
 
 
 class RelativePositionBias2D(nn.Module):
@@ -43,14 +43,14 @@ class RelativePositionBias2D(nn.Module):
 
     def __init__(self, window: tuple[int, int], num_heads: int, *, init_std: float = 0.02):
         super().__init__()
-        wh, ww = window
-        if wh < 1 or ww < 1 or num_heads < 1:
+        win_h, win_w = window
+        if win_h < 1 or win_w < 1 or num_heads < 1:
             raise ValueError(f"window and num_heads must be positive, got window={window}, num_heads={num_heads}")
-        self.window, self.num_heads = (wh, ww), num_heads
-        self.table = nn.Parameter(torch.empty((2 * wh - 1) * (2 * ww - 1), num_heads))
+        self.window, self.num_heads = (win_h, win_w), num_heads
+        self.table = nn.Parameter(torch.empty((2 * win_h - 1) * (2 * win_w - 1), num_heads))
         nn.init.trunc_normal_(self.table, std=init_std)
         # A constant of the window's shape, not derived from parameters: it cannot go stale (and is not saved).
-        self.register_buffer("index", relative_position_index((wh, ww)), persistent=False)
+        self.register_buffer("index", relative_position_index((win_h, win_w)), persistent=False)
 
     def forward(self) -> Tensor:
         """The bias ``B`` ``(H, N, N)``: ``B[h, i, j] = T[index[i, j], h]``."""

@@ -55,8 +55,8 @@ class RotaryEmbedding(nn.Module):
         dtype = torch.float32 if dtype is None else dtype
         if dtype == torch.float64:
             work = torch.float64
-            j2 = torch.arange(0, self.head_dim, 2, device=device, dtype=work)  # 2j
-            inv_freq = self.base ** (-j2 / self.head_dim)  # (E/2,)
+            two_j = torch.arange(0, self.head_dim, 2, device=device, dtype=work)  # 2j
+            inv_freq = self.base ** (-two_j / self.head_dim)  # (E/2,)
         else:
             work = torch.float32
             inv_freq = self.inv_freq.to(device=device, dtype=work)
@@ -71,8 +71,8 @@ class RotaryEmbedding(nn.Module):
 
 def rotate_half(x: Tensor) -> Tensor:
     """[x1, x2] → [−x2, x1] on the last dim: a 90° turn of each pair (j, j + E/2)."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([-x2, x1], dim=-1)
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat([-second, first], dim=-1)
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

@@ -29,8 +29,8 @@ def _table(start: int, n: int, dim: int, base: float, device, dtype) -> Tensor:
     pos = torch.arange(start, start + n, device=device, dtype=torch.float64)  # (n,)
     inv_freq = base ** (-torch.arange(0, dim, 2, device=device, dtype=torch.float64) / dim)  # (D/2,)
     angles = pos[:, None] * inv_freq[None, :]  # (n, D/2)
-    pe = torch.stack([angles.sin(), angles.cos()], dim=-1)  # (n, D/2, 2): sin at 2j, cos at 2j+1
-    return pe.reshape(n, dim).to(dtype)  # (n, D)
+    table = torch.stack([angles.sin(), angles.cos()], dim=-1)  # (n, D/2, 2): sin at 2j, cos at 2j+1
+    return table.reshape(n, dim).to(dtype)  # (n, D)
 
 
 def sinusoidal_table(n: int, dim: int, base: float = 10000.0, *, device=None,
@@ -86,10 +86,10 @@ class SinusoidalPosition(nn.Module):
             raise ValueError(f"offset must be >= 0, got {offset}")
         n = x.shape[1]
         if offset + n <= self.max_len:
-            pe = self.pe[offset:offset + n]  # (N, D)
+            table = self.pe[offset:offset + n]  # (N, D)
         else:
-            pe = _table(offset, n, self.dim, self.base, x.device, self.pe.dtype)  # (N, D)
-        return x + pe.to(x.dtype)
+            table = _table(offset, n, self.dim, self.base, x.device, self.pe.dtype)  # (N, D)
+        return x + table.to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, max_len={self.max_len}, base={self.base}"

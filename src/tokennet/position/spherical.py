@@ -30,16 +30,16 @@ def _legendre_normalized(x: Tensor, s: Tensor, L: int) -> dict[tuple[int, int], 
     P̄_l^m = a_lm (x P̄_{l-1}^m − b_lm P̄_{l-2}^m),  a_lm = √((4l²−1)/(l²−m²)),
     b_lm = √(((l−1)²−m²)/(4(l−1)²−1)).
     """
-    p: dict[tuple[int, int], Tensor] = {(0, 0): torch.full_like(x, 1.0 / math.sqrt(4 * math.pi))}
+    legendre: dict[tuple[int, int], Tensor] = {(0, 0): torch.full_like(x, 1.0 / math.sqrt(4 * math.pi))}
     for m in range(1, L + 1):
-        p[m, m] = math.sqrt((2 * m + 1) / (2 * m)) * s * p[m - 1, m - 1]
+        legendre[m, m] = math.sqrt((2 * m + 1) / (2 * m)) * s * legendre[m - 1, m - 1]
     for m in range(0, L):
-        p[m + 1, m] = math.sqrt(2 * m + 3) * x * p[m, m]
-        for l in range(m + 2, L + 1):
-            a = math.sqrt((4 * l * l - 1) / (l * l - m * m))
-            b = math.sqrt(((l - 1) ** 2 - m * m) / (4 * (l - 1) ** 2 - 1))
-            p[l, m] = a * (x * p[l - 1, m] - b * p[l - 2, m])
-    return p
+        legendre[m + 1, m] = math.sqrt(2 * m + 3) * x * legendre[m, m]
+        for deg in range(m + 2, L + 1):
+            coef_a = math.sqrt((4 * deg * deg - 1) / (deg * deg - m * m))
+            coef_b = math.sqrt(((deg - 1) ** 2 - m * m) / (4 * (deg - 1) ** 2 - 1))
+            legendre[deg, m] = coef_a * (x * legendre[deg - 1, m] - coef_b * legendre[deg - 2, m])
+    return legendre
 
 
 def real_spherical_harmonics(theta: Tensor, phi: Tensor, L: int) -> Tensor:
@@ -63,19 +63,19 @@ def real_spherical_harmonics(theta: Tensor, phi: Tensor, L: int) -> Tensor:
     if not dtype.is_floating_point:
         dtype = torch.get_default_dtype()
     theta, phi = torch.broadcast_tensors(theta.to(dtype), phi.to(dtype))
-    x, s = torch.cos(theta), torch.sin(theta).abs()  # |sin θ| keeps θ slightly outside [0, π] well defined
-    p = _legendre_normalized(x, s, L)
+    x, sin_theta = torch.cos(theta), torch.sin(theta).abs()  # |sin θ| keeps θ slightly outside [0, π] well defined
+    legendre = _legendre_normalized(x, sin_theta, L)
     cos_m = [torch.cos(m * phi) for m in range(L + 1)]
     sin_m = [torch.sin(m * phi) for m in range(L + 1)]
     out = []
-    for l in range(L + 1):
-        for m in range(-l, l + 1):
+    for deg in range(L + 1):
+        for m in range(-deg, deg + 1):
             if m < 0:
-                out.append(math.sqrt(2) * p[l, -m] * sin_m[-m])
+                out.append(math.sqrt(2) * legendre[deg, -m] * sin_m[-m])
             elif m == 0:
-                out.append(p[l, 0])
+                out.append(legendre[deg, 0])
             else:
-                out.append(math.sqrt(2) * p[l, m] * cos_m[m])
+                out.append(math.sqrt(2) * legendre[deg, m] * cos_m[m])
     return torch.stack(out, dim=-1)  # (..., (L+1)²)
 
 
