@@ -145,7 +145,7 @@ class Scene:
     clutter: tuple[tuple[str, float, float, float, float], ...] = ()
 
     def at(self, cell: tuple[int, int]) -> Animal | None:
-        return next((a for a in self.animals if (a.row, a.col) == cell), None)
+        return next((animal for animal in self.animals if (animal.row, animal.col) == cell), None)
 
 
 @dataclass(frozen=True)
@@ -162,21 +162,21 @@ class Item:
 # -- drawing -----------------------------------------------------------------------------------------------
 def _silhouette(species: str, n: int) -> np.ndarray:
     """The species' shape as a boolean mask ``(n, n)`` in unit coordinates (u right, v down, both in [-1, 1])."""
-    c = (np.arange(n) + 0.5) / n * 2 - 1
-    v, u = np.meshgrid(c, c, indexing="ij")
+    centres = (np.arange(n) + 0.5) / n * 2 - 1
+    v_coord, u_coord = np.meshgrid(centres, centres, indexing="ij")
 
     def ell(cu, cv, ru, rv):
-        return ((u - cu) / ru) ** 2 + ((v - cv) / rv) ** 2 <= 1
+        return ((u_coord - cu) / ru) ** 2 + ((v_coord - cv) / rv) ** 2 <= 1
 
     def tri(p, q, r):  # inside the triangle pqr (either orientation)
         def side(a, b):
-            return (u - b[0]) * (a[1] - b[1]) - (a[0] - b[0]) * (v - b[1])
+            return (u_coord - b[0]) * (a[1] - b[1]) - (a[0] - b[0]) * (v_coord - b[1])
 
-        d1, d2, d3 = side(p, q), side(q, r), side(r, p)
-        return ~(((d1 < 0) | (d2 < 0) | (d3 < 0)) & ((d1 > 0) | (d2 > 0) | (d3 > 0)))
+        side_pq, side_qr, side_rp = side(p, q), side(q, r), side(r, p)
+        return ~(((side_pq < 0) | (side_qr < 0) | (side_rp < 0)) & ((side_pq > 0) | (side_qr > 0) | (side_rp > 0)))
 
     def rect(u0, v0, u1, v1):
-        return (u >= u0) & (u <= u1) & (v >= v0) & (v <= v1)
+        return (u_coord >= u0) & (u_coord <= u1) & (v_coord >= v0) & (v_coord <= v1)
 
     if species == "bird":  # body, head and beak, a raised wing, a tail
         m = ell(-0.05, 0.2, 0.55, 0.3) | ell(0.5, -0.15, 0.25, 0.25) | tri((0.7, -0.28), (1.0, -0.12), (0.7, -0.02))
@@ -191,17 +191,17 @@ def _silhouette(species: str, n: int) -> np.ndarray:
         return m & ~ell(-0.25, 0.1, 0.11, 0.11) & ~ell(0.25, 0.1, 0.11, 0.11)
     if species == "impala":  # a body on four thin legs, a neck, a head with two horns
         m = ell(-0.1, 0.05, 0.55, 0.25)
-        for x0 in (-0.55, -0.35, 0.1, 0.3):
-            m |= rect(x0, 0.1, x0 + 0.12, 0.95)
+        for leg_left in (-0.55, -0.35, 0.1, 0.3):
+            m |= rect(leg_left, 0.1, leg_left + 0.12, 0.95)
         m |= tri((0.25, 0.05), (0.45, -0.1), (0.62, -0.6)) | tri((0.25, 0.05), (0.62, -0.6), (0.45, 0.1))
         m |= ell(0.68, -0.58, 0.2, 0.14)
         m |= tri((0.55, -0.65), (0.63, -0.65), (0.45, -1.0)) | tri((0.7, -0.65), (0.78, -0.65), (0.72, -1.0))
         return m
     if species == "turtle":  # a domed shell over four stubby legs, a head in front
-        m = ell(0.0, 0.25, 0.7, 0.6) & (v <= 0.3)
+        m = ell(0.0, 0.25, 0.7, 0.6) & (v_coord <= 0.3)
         m |= rect(-0.75, 0.25, 0.75, 0.42)
-        for x0 in (-0.6, 0.35):
-            m |= rect(x0, 0.4, x0 + 0.25, 0.7)
+        for leg_left in (-0.6, 0.35):
+            m |= rect(leg_left, 0.4, leg_left + 0.25, 0.7)
         return m | ell(0.82, 0.1, 0.18, 0.16)
     raise ValueError(f"unknown species {species!r}")
 
@@ -215,36 +215,36 @@ def sprite(species: str, size: int, flip: bool = False) -> np.ndarray:
     """The species' alpha mask ``(size, size)`` in [0, 1], antialiased (drawn at 4× and averaged)."""
     n = size * SUPERSAMPLE
     m = _silhouette(species, n).astype(np.float32)
-    a = m.reshape(size, SUPERSAMPLE, size, SUPERSAMPLE).mean((1, 3))  # (size, size)
-    return np.ascontiguousarray(a[:, ::-1]) if flip else a
+    alpha = m.reshape(size, SUPERSAMPLE, size, SUPERSAMPLE).mean((1, 3))  # (size, size)
+    return np.ascontiguousarray(alpha[:, ::-1]) if flip else alpha
 
 
 def _paste(img: np.ndarray, alpha: np.ndarray, colour: np.ndarray, top: int, left: int) -> None:
     """Alpha-blend a sprite of one colour into ``img`` ``(3, H, W)`` in place, clipped to the image."""
     H, W = img.shape[1:]
-    h, w = alpha.shape
-    t0, l0 = max(0, top), max(0, left)
-    t1, l1 = min(H, top + h), min(W, left + w)
-    if t0 >= t1 or l0 >= l1:
+    sprite_h, sprite_w = alpha.shape
+    first_row, first_col = max(0, top), max(0, left)
+    end_row, end_col = min(H, top + sprite_h), min(W, left + sprite_w)
+    if first_row >= end_row or first_col >= end_col:
         return
-    a = alpha[t0 - top:t1 - top, l0 - left:l1 - left][None]  # (1, h', w')
-    region = img[:, t0:t1, l0:l1]
-    region *= 1 - a
-    region += a * colour[:, None, None]
+    visible = alpha[first_row - top:end_row - top, first_col - left:end_col - left][None]  # (1, h', w')
+    region = img[:, first_row:end_row, first_col:end_col]
+    region *= 1 - visible
+    region += visible * colour[:, None, None]
 
 
 @functools.lru_cache(maxsize=64)
 def _clutter_sprite(kind: str, length: float, angle: float) -> np.ndarray:
     n = int(np.ceil(length)) + 2
     n += n % 2
-    c = np.arange(n * SUPERSAMPLE) / SUPERSAMPLE + 0.5 / SUPERSAMPLE - n / 2
-    y, x = np.meshgrid(c, c, indexing="ij")
+    offsets = np.arange(n * SUPERSAMPLE) / SUPERSAMPLE + 0.5 / SUPERSAMPLE - n / 2
+    y, x = np.meshgrid(offsets, offsets, indexing="ij")
     if kind == "pebble":
         m = x * x + (y * 1.3) ** 2 <= (length / 2) ** 2
     else:  # a twig: a thin segment at an angle
-        d = np.abs(-np.sin(angle) * x + np.cos(angle) * y)
+        distance = np.abs(-np.sin(angle) * x + np.cos(angle) * y)
         along = np.abs(np.cos(angle) * x + np.sin(angle) * y)
-        m = (d <= 0.55) & (along <= length / 2)
+        m = (distance <= 0.55) & (along <= length / 2)
     return m.astype(np.float32).reshape(n, SUPERSAMPLE, n, SUPERSAMPLE).mean((1, 3))
 
 
@@ -258,14 +258,14 @@ def render(scene: Scene, image_size: int = IMAGE_SIZE, seed: int = 0) -> np.ndar
     img = np.empty((3, image_size, image_size), np.float32)
     img[:] = np.asarray(BACKGROUND, np.float32)[:, None, None]
     for kind, y, x, length, angle in scene.clutter:
-        a = _clutter_sprite(kind, length, angle)
+        piece = _clutter_sprite(kind, length, angle)
         grey = 0.45 + 0.2 * rng.random()
         col = np.array([grey, grey, grey] if kind == "pebble" else [0.55, 0.42, 0.3], np.float32)
-        _paste(img, a, col, int(round(y - a.shape[0] / 2)), int(round(x - a.shape[1] / 2)))
-    for an in scene.animals:
+        _paste(img, piece, col, int(round(y - piece.shape[0] / 2)), int(round(x - piece.shape[1] / 2)))
+    for animal in scene.animals:
         jitter = rng.uniform(-COLOUR_JITTER, COLOUR_JITTER, 3).astype(np.float32)
-        col = np.clip(np.asarray(ALL_COLOURS[an.colour], np.float32) + jitter, 0, 1)
-        _paste(img, sprite(an.species, an.size, an.flip), col, an.top, an.left)
+        col = np.clip(np.asarray(ALL_COLOURS[animal.colour], np.float32) + jitter, 0, 1)
+        _paste(img, sprite(animal.species, animal.size, animal.flip), col, animal.top, animal.left)
     return img
 
 
@@ -289,10 +289,10 @@ def held_out_counts(seed: int) -> frozenset[tuple[str, int]]:
     questions of ``count`` (each species and "animals") and of ``count_colour`` (each colour)."""
     rng = _rng(seed, "counts")
     out = set()
-    for s in (*SPECIES, "animal"):
-        out.add((f"how many {PLURAL[s]} are there", rng.randint(1 if s == "animal" else 0, MAX_ANIMALS)))
-    for c in COLOURS:
-        out.add((f"how many {c} animals are there", rng.randint(0, MAX_ANIMALS)))
+    for species in (*SPECIES, "animal"):
+        out.add((f"how many {PLURAL[species]} are there", rng.randint(1 if species == "animal" else 0, MAX_ANIMALS)))
+    for colour in COLOURS:
+        out.add((f"how many {colour} animals are there", rng.randint(0, MAX_ANIMALS)))
     return frozenset(out)
 
 
@@ -300,17 +300,17 @@ def held_out_counts(seed: int) -> frozenset[tuple[str, int]]:
 def _place(rng: random.Random, kinds: list[tuple[str, str]], cells: list[tuple[int, int]],
            num_clutter: int) -> Scene:
     animals = []
-    for (species, colour), (r, c) in zip(kinds, cells, strict=True):
+    for (species, colour), (row, col) in zip(kinds, cells, strict=True):
         size = SPRITE
         slack = CELL - size
-        animals.append(Animal(species, colour, r, c, r * CELL + rng.randint(0, slack), c * CELL + rng.randint(0, slack),
-                              size, rng.random() < 0.5))
+        animals.append(Animal(species, colour, row, col, row * CELL + rng.randint(0, slack),
+                              col * CELL + rng.randint(0, slack), size, rng.random() < 0.5))
     # Sizes and angles from small sets, so each piece's sprite is drawn once and cached.
     clutter = tuple(("pebble" if k == 0 else "twig", rng.uniform(0, IMAGE_SIZE), rng.uniform(0, IMAGE_SIZE),
                      rng.choice((3.0, 4.0, 5.0)) if k == 0 else rng.choice((5.0, 7.0, 9.0)),
                      0.0 if k == 0 else rng.randrange(8) * np.pi / 8)
                     for k in (rng.randrange(2) for _ in range(rng.randint(0, num_clutter))))
-    return Scene(tuple(sorted(animals, key=lambda a: (a.row, a.col))), clutter)
+    return Scene(tuple(sorted(animals, key=lambda animal: (animal.row, animal.col))), clutter)
 
 
 def _kind(rng: random.Random, allowed, species: str | None = None, colour: str | None = None,
@@ -318,11 +318,12 @@ def _kind(rng: random.Random, allowed, species: str | None = None, colour: str |
     """A random allowed (species, colour) kind under the constraints: a named colour, or (a quarter of the
     time, unless a named colour is asked for) one of the unnamed :data:`EXTRA_COLOURS`."""
     if colour is None and not named and rng.random() < EXTRA_SHARE:
-        opts = [(s, c) for s in SPECIES for c in EXTRA_COLOURS
-                if (species is None or s == species) and s != not_species]
+        opts = [(kind_species, kind_colour) for kind_species in SPECIES for kind_colour in EXTRA_COLOURS
+                if (species is None or kind_species == species) and kind_species != not_species]
         return rng.choice(opts)
-    opts = [(s, c) for s, c in allowed if (species is None or s == species) and (colour is None or c == colour)
-            and s != not_species and c != not_colour]
+    opts = [(kind_species, kind_colour) for kind_species, kind_colour in allowed
+            if (species is None or kind_species == species) and (colour is None or kind_colour == colour)
+            and kind_species != not_species and kind_colour != not_colour]
     return rng.choice(opts)
 
 
@@ -331,15 +332,17 @@ def _held_kind(rng: random.Random, held, species: str | None = None, colour: str
     """A random held-out kind under the same constraints as :func:`_kind` (every held-out kind is a named
     colour, and each species and each colour has exactly one, so every constraint a slot has is satisfiable)."""
     del named
-    opts = [(s, c) for s, c in sorted(held) if (species is None or s == species) and (colour is None or c == colour)
-            and s != not_species and c != not_colour]
+    opts = [(kind_species, kind_colour) for kind_species, kind_colour in sorted(held)
+            if (species is None or kind_species == species) and (colour is None or kind_colour == colour)
+            and kind_species != not_species and kind_colour != not_colour]
     return rng.choice(opts)
 
 
 def _kinds(rng: random.Random, allowed, slots: list[dict], held, j: int) -> list[tuple[str, str]]:
     """One kind per slot (each slot a dict of :func:`_kind`'s constraints); slot ``j`` holds a held-out kind
     (``held``; none when ``held`` is empty)."""
-    return [_held_kind(rng, held, **c) if held and i == j else _kind(rng, allowed, **c) for i, c in enumerate(slots)]
+    return [_held_kind(rng, held, **constraints) if held and i == j else _kind(rng, allowed, **constraints)
+            for i, constraints in enumerate(slots)]
 
 
 def sample_item(rng: random.Random, *, seed: int, held_out: bool, num_clutter: int = 6,
@@ -356,12 +359,12 @@ def sample_item(rng: random.Random, *, seed: int, held_out: bool, num_clutter: i
     held-out kind, so the test side's questions, answers and numbers of animals follow exactly the training
     side's distribution.
     """
-    hk, hc = held_out_kinds(seed), held_out_counts(seed)
-    all_kinds = [(s, c) for s in SPECIES for c in COLOURS]
-    allowed = all_kinds if held_out else [k for k in all_kinds if k not in hk]
-    t = template or rng.choice(TEMPLATES)
+    held_kinds, held_counts = held_out_kinds(seed), held_out_counts(seed)
+    all_kinds = [(species, colour) for species in SPECIES for colour in COLOURS]
+    allowed = all_kinds if held_out else [k for k in all_kinds if k not in held_kinds]
+    template_name = template or rng.choice(TEMPLATES)
     for _ in range(1000):
-        item = _try_item(rng, t, allowed, hc, num_clutter, hk if held_out else frozenset())
+        item = _try_item(rng, template_name, allowed, held_counts, num_clutter, held_kinds if held_out else frozenset())
         if item is not None:
             return item
     raise RuntimeError("no scene fits the constraints")  # pragma: no cover - the constraints are satisfiable
@@ -370,71 +373,73 @@ def sample_item(rng: random.Random, *, seed: int, held_out: bool, num_clutter: i
 def _try_item(rng, t, allowed, hc, num_clutter, held) -> Item | None:
     """One item of template ``t``, or None when the drawn count is a held-out one (the caller draws again).
     With ``held`` (the held-out kinds; test side), one slot drawn uniformly holds one of them."""
-    cells_all = [(r, c) for r in range(GRID) for c in range(GRID)]
+    cells_all = [(row, col) for row in range(GRID) for col in range(GRID)]
     unseen = t == "unseen_count"
     if unseen:
         t = rng.choice(("count", "count_colour"))
     if t in ("count", "count_colour"):
         if t == "count":
-            s = rng.choice((*SPECIES, "animal"))
-            q = f"how many {PLURAL[s]} are there"
+            species = rng.choice((*SPECIES, "animal"))
+            question = f"how many {PLURAL[species]} are there"
         else:
             colour = rng.choice(list(COLOURS))
-            q = f"how many {colour} animals are there"
-        held_counts = sorted(k for qq, k in hc if qq == q)
+            question = f"how many {colour} animals are there"
+        held_counts = sorted(count for asked, count in hc if asked == question)
         if unseen:
-            k = held_counts[0]
+            count = held_counts[0]
         else:
-            k = rng.randint(1 if t == "count" and s == "animal" else 0, MAX_ANIMALS)
-            if k in held_counts:
+            count = rng.randint(1 if t == "count" and species == "animal" else 0, MAX_ANIMALS)
+            if count in held_counts:
                 return None
-        n = rng.randint(max(1, k), MAX_ANIMALS)
+        n = rng.randint(max(1, count), MAX_ANIMALS)
         if t == "count":
-            if s == "animal":
-                n = k  # k >= 1 here
+            if species == "animal":
+                n = count  # k >= 1 here
                 slots = [{}] * n
             else:
-                slots = [{"species": s}] * k + [{"not_species": s}] * (n - k)
+                slots = [{"species": species}] * count + [{"not_species": species}] * (n - count)
         else:
-            slots = [{"colour": colour}] * k + [{"not_colour": colour}] * (n - k)
+            slots = [{"colour": colour}] * count + [{"not_colour": colour}] * (n - count)
         kinds = _kinds(rng, allowed, slots, held, rng.randrange(n) if held else -1)
         rng.shuffle(kinds)
         scene = _place(rng, kinds, rng.sample(cells_all, n), num_clutter)
-        about = tuple(a for a in scene.animals if (t == "count" and (s == "animal" or a.species == s))
-                      or (t == "count_colour" and a.colour == colour))
-        return Item(scene, q + "?", str(k), "unseen_count" if unseen else t, about)
+        about = tuple(animal for animal in scene.animals
+                      if (t == "count" and (species == "animal" or animal.species == species))
+                      or (t == "count_colour" and animal.colour == colour))
+        return Item(scene, question + "?", str(count), "unseen_count" if unseen else t, about)
     if t == "same_species":
-        ca, cb = rng.choice(CORNER_PAIRS)
+        corner_a, corner_b = rng.choice(CORNER_PAIRS)
         if rng.random() < 0.5:
-            ca, cb = cb, ca  # either order of the two corners
+            corner_a, corner_b = corner_b, corner_a  # either order of the two corners
         same = rng.random() < 0.5
         n = rng.randint(2, MAX_ANIMALS)
         j = rng.randrange(n) if held else -1  # 0: corner a, 1: corner b, else one of the others
-        ka = _held_kind(rng, held) if j == 0 else _kind(rng, allowed)
+        kind_a = _held_kind(rng, held) if j == 0 else _kind(rng, allowed)
         pick = functools.partial(_held_kind, rng, held) if j == 1 else functools.partial(_kind, rng, allowed)
-        kb = pick(species=ka[0]) if same else pick(not_species=ka[0])
-        rest = [c for c in cells_all if c not in (CORNERS[ca], CORNERS[cb])]
-        kinds = [ka, kb] + _kinds(rng, allowed, [{}] * (n - 2), held, j - 2)
-        scene = _place(rng, kinds, [CORNERS[ca], CORNERS[cb], *rng.sample(rest, n - 2)], num_clutter)
-        q = f"is the {ca} animal the same species as the {cb} animal?"
-        return Item(scene, q, "yes" if same else "no", t, (scene.at(CORNERS[ca]), scene.at(CORNERS[cb])))
+        kind_b = pick(species=kind_a[0]) if same else pick(not_species=kind_a[0])
+        rest = [cell for cell in cells_all if cell not in (CORNERS[corner_a], CORNERS[corner_b])]
+        kinds = [kind_a, kind_b] + _kinds(rng, allowed, [{}] * (n - 2), held, j - 2)
+        scene = _place(rng, kinds, [CORNERS[corner_a], CORNERS[corner_b], *rng.sample(rest, n - 2)], num_clutter)
+        question = f"is the {corner_a} animal the same species as the {corner_b} animal?"
+        return Item(scene, question, "yes" if same else "no", t,
+                    (scene.at(CORNERS[corner_a]), scene.at(CORNERS[corner_b])))
     if t == "species":
         corner = rng.choice(list(CORNERS))
         n = rng.randint(1, MAX_ANIMALS)
-        rest = [c for c in cells_all if c != CORNERS[corner]]
+        rest = [cell for cell in cells_all if cell != CORNERS[corner]]
         kinds = _kinds(rng, allowed, [{}] * n, held, rng.randrange(n) if held else -1)
         scene = _place(rng, kinds, [CORNERS[corner], *rng.sample(rest, n - 1)], num_clutter)
         target = scene.at(CORNERS[corner])
         return Item(scene, f"what species is the {corner} animal?", target.species, t, (target,))
     if t == "colour":
-        s = rng.choice(SPECIES)
+        species = rng.choice(SPECIES)
         n = rng.randint(1, MAX_ANIMALS)
-        slots = [{"species": s, "named": True}] + [{"not_species": s}] * (n - 1)
+        slots = [{"species": species, "named": True}] + [{"not_species": species}] * (n - 1)
         kinds = _kinds(rng, allowed, slots, held, rng.randrange(n) if held else -1)
         rng.shuffle(kinds)
         scene = _place(rng, kinds, rng.sample(cells_all, n), num_clutter)
-        target = next(a for a in scene.animals if a.species == s)
-        return Item(scene, f"what colour is the {s}?", target.colour, t, (target,))
+        target = next(animal for animal in scene.animals if animal.species == species)
+        return Item(scene, f"what colour is the {species}?", target.colour, t, (target,))
     raise ValueError(f"unknown template {t!r}; templates: {', '.join(TEMPLATES)}")
 
 
@@ -475,7 +480,7 @@ def question_words() -> list[str]:
     """The vocabulary of the generated questions (``<pad>`` first), in a fixed order."""
     words = {"how", "many", "are", "there", "animals", "is", "the", "animal", "same", "species", "as", "what",
              "colour", *PHRASES}
-    words |= set(SPECIES) | {PLURAL[s] for s in SPECIES} | set(COLOURS)
+    words |= set(SPECIES) | {PLURAL[species] for species in SPECIES} | set(COLOURS)
     return [PAD, *sorted(words)]
 
 
@@ -485,32 +490,32 @@ def encode_questions(questions: Sequence[str], words: Sequence[str], max_len: in
     Raises:
         DataError: an empty question, a word outside ``words``, or more than ``max_len`` words.
     """
-    index = {w: i for i, w in enumerate(words)}
+    index = {word: i for i, word in enumerate(words)}
     out = torch.zeros(len(questions), max_len, dtype=torch.long)
-    for b, q in enumerate(questions):
-        toks = tokenize_question(q)
+    for row, question in enumerate(questions):
+        toks = tokenize_question(question)
         if not toks:
-            raise DataError(f"the question {q!r} is empty; ask something, e.g. 'how many birds are there?'")
-        unknown = [w for w in toks if w not in index or w == PAD]
+            raise DataError(f"the question {question!r} is empty; ask something, e.g. 'how many birds are there?'")
+        unknown = [word for word in toks if word not in index or word == PAD]
         if unknown:
             shown = ", ".join(sorted(set(unknown))[:5])
-            raise DataError(f"the question {q!r} has words outside the model's vocabulary: {shown} (it knows "
+            raise DataError(f"the question {question!r} has words outside the model's vocabulary: {shown} (it knows "
                             f"{len(words) - 1} words, e.g. {', '.join(list(words)[1:9])})")
         if len(toks) > max_len:
-            raise DataError(f"the question {q!r} has {len(toks)} words; the model takes at most {max_len}")
-        out[b, :len(toks)] = torch.tensor([index[w] for w in toks])
+            raise DataError(f"the question {question!r} has {len(toks)} words; the model takes at most {max_len}")
+        out[row, :len(toks)] = torch.tensor([index[word] for word in toks])
     return out
 
 
 def object_patches(boxes, grid: tuple[int, int], patch: int) -> list[int]:
     """The patches (row-major on ``grid``) that a pixel box ``(top, left, height, width)`` of any of ``boxes``
     overlaps."""
-    gh, gw = grid
+    grid_h, grid_w = grid
     out = set()
-    for top, left, h, w in boxes:
-        for r in range(max(0, top // patch), min(gh, (top + h - 1) // patch + 1)):
-            for c in range(max(0, left // patch), min(gw, (left + w - 1) // patch + 1)):
-                out.add(r * gw + c)
+    for top, left, box_h, box_w in boxes:
+        for row in range(max(0, top // patch), min(grid_h, (top + box_h - 1) // patch + 1)):
+            for col in range(max(0, left // patch), min(grid_w, (left + box_w - 1) // patch + 1)):
+                out.add(row * grid_w + col)
     return sorted(out)
 
 
@@ -541,12 +546,12 @@ class QASet:
 
 
 def _qaset(items: Sequence[Item], answers: Sequence[str], image_size: int, seed: int) -> QASet:
-    index = {a: i for i, a in enumerate(answers)}
-    images = torch.from_numpy(np.stack([render(it.scene, image_size, seed=zlib.crc32(f"{seed}-{i}".encode()))
-                                        for i, it in enumerate(items)]))
-    return QASet(images, [it.question for it in items], torch.tensor([index[it.answer] for it in items]),
-                 [it.template for it in items], [[a.box for a in it.about] for it in items],
-                 [[a.box for a in it.scene.animals if a not in it.about] for it in items])
+    index = {answer: i for i, answer in enumerate(answers)}
+    images = torch.from_numpy(np.stack([render(item.scene, image_size, seed=zlib.crc32(f"{seed}-{i}".encode()))
+                                        for i, item in enumerate(items)]))
+    return QASet(images, [item.question for item in items], torch.tensor([index[item.answer] for item in items]),
+                 [item.template for item in items], [[animal.box for animal in item.about] for item in items],
+                 [[animal.box for animal in item.scene.animals if animal not in item.about] for item in items])
 
 
 # -- the user's own pictures ---------------------------------------------------------------------------------------
@@ -554,18 +559,18 @@ def write_question_dir(directory: str | Path, n: int, *, seed: int = 0, test_fra
     """Write ``n`` generated questions as a ``--data DIR`` directory (PNG images and ``answers.tsv``)."""
     from PIL import Image
 
-    d = Path(directory)
-    (d / "images").mkdir(parents=True, exist_ok=True)
+    root = Path(directory)
+    (root / "images").mkdir(parents=True, exist_ok=True)
     items = sample_items(n, "export", seed=seed, held_out=False)
     rows = ["image\tquestion\tanswer\tsplit\ttemplate"]
-    for i, it in enumerate(items):
-        img = render(it.scene, seed=i)
+    for i, item in enumerate(items):
+        img = render(item.scene, seed=i)
         name = f"images/{i:05d}.png"
-        Image.fromarray((img.transpose(1, 2, 0) * 255 + 0.5).astype(np.uint8)).save(d / name)
+        Image.fromarray((img.transpose(1, 2, 0) * 255 + 0.5).astype(np.uint8)).save(root / name)
         split = "test" if i >= round(n * (1 - test_fraction)) else "train"
-        rows.append(f"{name}\t{it.question}\t{it.answer}\t{split}\t{it.template}")
-    (d / ANSWERS_FILE).write_text("\n".join(rows) + "\n", encoding="utf-8")
-    return d
+        rows.append(f"{name}\t{item.question}\t{item.answer}\t{split}\t{item.template}")
+    (root / ANSWERS_FILE).write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return root
 
 
 @dataclass
@@ -590,6 +595,97 @@ def _check_inside(root: Path, name: str, where: str) -> None:
                         f"that holds {ANSWERS_FILE}")
 
 
+def _read_answer_rows(directory: Path) -> tuple[Path, list[str], list[list[str]]]:
+    """The answers file of a ``--data DIR`` directory, checked down to its header: its path, the header's column
+    names (lower case) and its rows (the header first; blank lines dropped)."""
+    if not directory.is_dir():
+        raise DataError(f"question data {directory} is not a directory (expected a directory with {ANSWERS_FILE} "
+                        "and the images it names)")
+    answers_path = directory / ANSWERS_FILE
+    if not answers_path.is_file():
+        raise DataError(f"{directory} has no {ANSWERS_FILE}: a tab-separated file with the header "
+                        "image<TAB>question<TAB>answer[<TAB>split][<TAB>template]")
+    try:
+        lines = answers_path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as err:
+        raise DataError(f"{answers_path} is not UTF-8 text ({err})") from None
+    try:
+        rows = list(csv.reader([line for line in lines if line.strip()], delimiter="\t", quoting=csv.QUOTE_NONE))
+    except csv.Error as err:  # a field longer than csv's limit (128 KiB)
+        raise DataError(f"{answers_path} is not a readable answers file: {err}") from None
+    if not rows:
+        raise DataError(f"{answers_path} is empty; its first line is the header image<TAB>question<TAB>answer")
+    header = [name.strip().lower() for name in rows[0]]
+    missing = [column for column in ("image", "question", "answer") if column not in header]
+    if missing:
+        raise DataError(f"{answers_path}: the header line has no column {', '.join(missing)} (it has "
+                        f"{', '.join(header)}); expected image<TAB>question<TAB>answer[<TAB>split][<TAB>template]")
+    return answers_path, header, rows
+
+
+def _checked_records(answers_path: Path, header: list[str], rows: list[list[str]], root: Path) -> list[dict]:
+    """The answers file's question rows as records ``{column: field}``, each checked (field count, no empty
+    field, words in the question, a one-word answer, a known split, an image inside ``root``)."""
+    column_index = {name: i for i, name in enumerate(header)}
+    if len(rows) < 2:
+        raise DataError(f"{answers_path} has a header but no questions")
+    records = []
+    for line_no, row in enumerate(rows[1:], start=2):
+        where = f"{answers_path}, line {line_no}"
+        if len(row) != len(header):
+            raise DataError(f"{where}: {len(row)} tab-separated fields, but the header has {len(header)}")
+        record = {name: row[i].strip() for name, i in column_index.items()}
+        for column in ("image", "question", "answer"):
+            if not record[column]:
+                raise DataError(f"{where}: the {column} is empty")
+        if not tokenize_question(record["question"]):
+            raise DataError(f"{where}: the question {record['question']!r} has no words")
+        if len(record["answer"].split()) != 1:
+            raise DataError(f"{where}: the answer {record['answer']!r} is not one word")
+        if "split" in record and record["split"] not in ("train", "test"):
+            raise DataError(f"{where}: split must be train or test, got {record['split']!r}")
+        _check_inside(root, record["image"], where)
+        records.append(record)
+    return records
+
+
+def _read_question_images(directory: Path, records: list[dict]) -> tuple[dict[str, Tensor], int]:
+    """Each image the records name, read once (``{name: (3, H, W)}``), and their one side: RGB, square, one size."""
+    from .image_files import read_image
+
+    images: dict[str, Tensor] = {}
+    for record in records:
+        name = record["image"]
+        if name not in images:
+            x = read_image(directory / name)
+            if x.shape[0] != 3:
+                raise DataError(f"{directory / name}: question images are RGB; this one has {x.shape[0]} channel(s)")
+            images[name] = x
+    shapes = {tuple(x.shape) for x in images.values()}
+    if len(shapes) > 1:
+        raise DataError(f"the images of {directory} have different sizes {sorted(shapes)}; give them one size")
+    (_, height, width), = shapes
+    if height != width:
+        raise DataError(f"the images of {directory} are {height}×{width}; the model takes square images")
+    return images, height
+
+
+def _split_records(records: list[dict], images: dict[str, Tensor], has_split: bool, seed: int,
+                   test_fraction: float) -> tuple[list[dict], list[dict]]:
+    """The records' train and test sides: a record's side is its split, or (without a split column) its image's
+    side, ``test_fraction`` of the images drawn from ``seed``."""
+    if has_split:
+        test_names = {record["image"] for record in records if record["split"] == "test"}
+    else:
+        names = sorted(images)
+        rng = random.Random(seed)
+        test_names = set(rng.sample(names, max(1, round(test_fraction * len(names)))))
+    train, test = [], []  # one pass (a row's side is its split, or its image's side without a split column)
+    for record in records:
+        (train if record["image"] not in test_names or record.get("split") == "train" else test).append(record)
+    return train, test
+
+
 @functools.lru_cache(maxsize=4)
 def read_question_dir(directory: str, seed: int = 0, test_fraction: float = 0.2) -> QuestionDir:
     """Read a ``--data DIR`` directory (the format is in the module docstring).
@@ -598,85 +694,25 @@ def read_question_dir(directory: str, seed: int = 0, test_fraction: float = 0.2)
         DataError: no directory, no or a malformed ``answers.tsv`` (a missing column, a short line, an empty
             field, a bad split), a missing or unreadable image, images of different sizes or not RGB.
     """
-    from .image_files import read_image
-
-    d = Path(directory)
-    if not d.is_dir():
-        raise DataError(f"question data {d} is not a directory (expected a directory with {ANSWERS_FILE} and "
-                        "the images it names)")
-    f = d / ANSWERS_FILE
-    if not f.is_file():
-        raise DataError(f"{d} has no {ANSWERS_FILE}: a tab-separated file with the header "
-                        "image<TAB>question<TAB>answer[<TAB>split][<TAB>template]")
-    try:
-        lines = f.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as e:
-        raise DataError(f"{f} is not UTF-8 text ({e})") from None
-    try:
-        rows = list(csv.reader([ln for ln in lines if ln.strip()], delimiter="\t", quoting=csv.QUOTE_NONE))
-    except csv.Error as e:  # a field longer than csv's limit (128 KiB)
-        raise DataError(f"{f} is not a readable answers file: {e}") from None
-    if not rows:
-        raise DataError(f"{f} is empty; its first line is the header image<TAB>question<TAB>answer")
-    header = [h.strip().lower() for h in rows[0]]
-    missing = [c for c in ("image", "question", "answer") if c not in header]
-    if missing:
-        raise DataError(f"{f}: the header line has no column {', '.join(missing)} (it has {', '.join(header)}); "
-                        "expected image<TAB>question<TAB>answer[<TAB>split][<TAB>template]")
-    col = {h: i for i, h in enumerate(header)}
-    if len(rows) < 2:
-        raise DataError(f"{f} has a header but no questions")
-    recs, root = [], d.resolve()
-    for ln, r in enumerate(rows[1:], start=2):
-        if len(r) != len(header):
-            raise DataError(f"{f}, line {ln}: {len(r)} tab-separated fields, but the header has {len(header)}")
-        rec = {h: r[i].strip() for h, i in col.items()}
-        for k in ("image", "question", "answer"):
-            if not rec[k]:
-                raise DataError(f"{f}, line {ln}: the {k} is empty")
-        if not tokenize_question(rec["question"]):
-            raise DataError(f"{f}, line {ln}: the question {rec['question']!r} has no words")
-        if len(rec["answer"].split()) != 1:
-            raise DataError(f"{f}, line {ln}: the answer {rec['answer']!r} is not one word")
-        if "split" in rec and rec["split"] not in ("train", "test"):
-            raise DataError(f"{f}, line {ln}: split must be train or test, got {rec['split']!r}")
-        _check_inside(root, rec["image"], f"{f}, line {ln}")
-        recs.append(rec)
-    images: dict[str, Tensor] = {}
-    for rec in recs:
-        name = rec["image"]
-        if name not in images:
-            x = read_image(d / name)
-            if x.shape[0] != 3:
-                raise DataError(f"{d / name}: question images are RGB; this one has {x.shape[0]} channel(s)")
-            images[name] = x
-    shapes = {tuple(x.shape) for x in images.values()}
-    if len(shapes) > 1:
-        raise DataError(f"the images of {d} have different sizes {sorted(shapes)}; give them one size")
-    (_, h, w), = shapes
-    if h != w:
-        raise DataError(f"the images of {d} are {h}×{w}; the model takes square images")
-    if "split" in col:
-        test_names = {r["image"] for r in recs if r["split"] == "test"}
-    else:
-        names = sorted(images)
-        rng = random.Random(seed)
-        test_names = set(rng.sample(names, max(1, round(test_fraction * len(names)))))
-    train, test = [], []  # one pass (a row's side is its split, or its image's side without a split column)
-    for r in recs:
-        (train if r["image"] not in test_names or r.get("split") == "train" else test).append(r)
+    root_dir = Path(directory)
+    answers_path, header, rows = _read_answer_rows(root_dir)
+    records = _checked_records(answers_path, header, rows, root_dir.resolve())
+    images, side = _read_question_images(root_dir, records)
+    train, test = _split_records(records, images, "split" in header, seed, test_fraction)
     if not train or not test:
-        raise DataError(f"{f} needs questions in both splits: it has {len(train)} train and {len(test)} test")
-    words = [PAD, *sorted({w for r in recs for w in tokenize_question(r["question"])} - {PAD})]
-    answers = sorted({r["answer"] for r in recs})
-    answer_id = {a: i for i, a in enumerate(answers)}
+        raise DataError(f"{answers_path} needs questions in both splits: it has {len(train)} train and "
+                        f"{len(test)} test")
+    words = [PAD, *sorted({word for record in records for word in tokenize_question(record["question"])} - {PAD})]
+    answers = sorted({record["answer"] for record in records})
+    answer_id = {answer: i for i, answer in enumerate(answers)}
 
-    def qa(rs):
-        return QASet(torch.stack([images[r["image"]] for r in rs]), [r["question"] for r in rs],
-                     torch.tensor([answer_id[r["answer"]] for r in rs]),
-                     [r.get("template") or "question" for r in rs], [[] for _ in rs])
+    def qa(side_records):
+        return QASet(torch.stack([images[record["image"]] for record in side_records]),
+                     [record["question"] for record in side_records],
+                     torch.tensor([answer_id[record["answer"]] for record in side_records]),
+                     [record.get("template") or "question" for record in side_records], [[] for _ in side_records])
 
-    return QuestionDir(qa(train), qa(test), words, answers, h)
+    return QuestionDir(qa(train), qa(test), words, answers, side)
 
 
 # -- the spec ---------------------------------------------------------------------------------------------------
@@ -724,8 +760,8 @@ class AnimalQuestions(DataSpec):
         """This spec with ``words`` and ``answers`` read from the data."""
         if self.generated:
             return self.replace(words=question_words(), answers=list(ANSWERS))
-        u = self.user()
-        return self.replace(words=u.words, answers=u.answers)
+        user_dir = self.user()
+        return self.replace(words=user_dir.words, answers=user_dir.answers)
 
     def pixel_stats(self) -> tuple[list[float], list[float]]:
         """Per-channel mean and standard deviation of the training pictures (the generator's, measured once on
@@ -790,7 +826,7 @@ class QABatches:
     def __init__(self, spec: AnimalQuestions, batch_size: int, max_len: int):
         self.spec, self.batch_size, self.max_len = spec, batch_size, max_len
         self.words, self.answers = spec.words, spec.answers
-        self._index = {a: i for i, a in enumerate(self.answers)}
+        self._index = {answer: i for i, answer in enumerate(self.answers)}
         self.train = None if spec.generated else spec.user().train
         self.max_index = -1  # the furthest batch drawn so far (batches trained = max_index + 1)
         if self.train is not None and not 1 <= batch_size <= len(self.train):
@@ -800,15 +836,16 @@ class QABatches:
         self.max_index = max(self.max_index, index)
         if self.train is None:
             items = self.spec.batch_items(index, self.batch_size)
-            images = torch.from_numpy(np.stack([render(it.scene, seed=zlib.crc32(f"{index}-{i}".encode()))
-                                                for i, it in enumerate(items)]))
-            questions = [it.question for it in items]
-            answers = torch.tensor([self._index[it.answer] for it in items])
+            images = torch.from_numpy(np.stack([render(item.scene, seed=zlib.crc32(f"{index}-{i}".encode()))
+                                                for i, item in enumerate(items)]))
+            questions = [item.question for item in items]
+            answers = torch.tensor([self._index[item.answer] for item in items])
         else:
             per_epoch = len(self.train) // self.batch_size
             epoch, pos = divmod(index, per_epoch)
-            g = torch.Generator().manual_seed((self.spec.seed * 1_000_003 + epoch) % 2**63)
-            idx = torch.randperm(len(self.train), generator=g)[pos * self.batch_size:(pos + 1) * self.batch_size]
+            generator = torch.Generator().manual_seed((self.spec.seed * 1_000_003 + epoch) % 2**63)
+            order = torch.randperm(len(self.train), generator=generator)
+            idx = order[pos * self.batch_size:(pos + 1) * self.batch_size]
             images, answers = self.train.images[idx], self.train.answers[idx]
             questions = [self.train.questions[i] for i in idx.tolist()]
         return (images, encode_questions(questions, self.words, self.max_len)), answers
