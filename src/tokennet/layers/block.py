@@ -194,13 +194,14 @@ class Block(nn.Module):
             out, weights[key] = module(*args, return_weights=True, **kw)
             return out
 
-        x = self._residual(x, self.norm1, lambda h: attend(self.attn, "self", h, mask=mask, is_causal=is_causal,
-                                                            rope=rope, bias=bias, cache=cache),
+        x = self._residual(x, self.norm1, lambda hidden: attend(self.attn, "self", hidden, mask=mask,
+                                                                 is_causal=is_causal, rope=rope, bias=bias,
+                                                                 cache=cache),
                            "post_attn_norm")
         if self.cross_attn is not None:
             if context is None:
                 raise ValueError("this block has cross-attention: pass context=(B, M, Dc)")
-            x = self._residual(x, self.norm_cross, lambda h: attend(self.cross_attn, "cross", h, context,
+            x = self._residual(x, self.norm_cross, lambda hidden: attend(self.cross_attn, "cross", hidden, context,
                                                                      mask=context_mask, cache=cross_cache),
                                "post_cross_norm")
         elif context is not None:

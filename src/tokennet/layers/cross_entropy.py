@@ -50,13 +50,13 @@ class _CrossEntropy(torch.autograd.Function):
         logits, y, keep, lse, n = ctx.saved_tensors
         M, V = logits.shape
         grad = torch.empty_like(logits)
-        w = keep * (g / n)  # (M,): each row's weight, 0 for an ignored one
+        row_weight = keep * (g / n)  # (M,): each row's weight, 0 for an ignored one
         step = _rows(V)
         for i in range(0, M, step):
             j = min(M, i + step)
-            p = logits[i:j].float().sub(lse[i:j, None]).exp_()  # softmax(z_i), a fresh float32 block
-            p[torch.arange(j - i, device=p.device), y[i:j]] -= 1.0
-            grad[i:j] = p.mul_(w[i:j, None])
+            probs = logits[i:j].float().sub(lse[i:j, None]).exp_()  # softmax(z_i), a fresh float32 block
+            probs[torch.arange(j - i, device=probs.device), y[i:j]] -= 1.0
+            grad[i:j] = probs.mul_(row_weight[i:j, None])
         return grad, None, None
 
 

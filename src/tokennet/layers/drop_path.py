@@ -43,4 +43,5 @@ def drop_path_rates(rate: float, depth: int) -> list[float]:
     """The usual schedule: ``rate · ℓ / (depth − 1)`` for blocks ℓ = 0 … depth − 1 (0 for the first block)."""
     if depth <= 1:
         return [0.0] * depth
-    return [float(r) for r in torch.linspace(0, rate, depth, device="cpu")]  # numbers, even while building on meta
+    # numbers, even while building on meta
+    return [float(rate_i) for rate_i in torch.linspace(0, rate, depth, device="cpu")]

@@ -138,11 +138,12 @@ class LoRALinear(nn.Linear):
         if self.bias is not None:
             self.bias.requires_grad_(False)
         S, K = len(self.splits), self.in_features
-        w = base.weight
-        self.lora_A = nn.Parameter(torch.empty(S * rank, K, device=w.device, dtype=w.dtype))  # (S·r, K)
-        self.lora_B = nn.Parameter(torch.zeros(self.out_features, rank, device=w.device, dtype=w.dtype))  # (N, r)
-        for a in self.lora_A.split(rank):  # peft's init, per map: U(±1/√K)
-            nn.init.kaiming_uniform_(a, a=math.sqrt(5))
+        base_weight = base.weight
+        device, dtype = base_weight.device, base_weight.dtype
+        self.lora_A = nn.Parameter(torch.empty(S * rank, K, device=device, dtype=dtype))  # (S·r, K)
+        self.lora_B = nn.Parameter(torch.zeros(self.out_features, rank, device=device, dtype=dtype))  # (N, r)
+        for block in self.lora_A.split(rank):  # peft's init, per map: U(±1/√K)
+            nn.init.kaiming_uniform_(block, a=math.sqrt(5))
         self.lora_dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
         self.fused = fused
 
@@ -151,16 +152,16 @@ class LoRALinear(nn.Linear):
         state, not in it) until ``W`` changes: replaced, moved, or written in place. Autocast itself casts a
         weight at every call unless it requires a gradient, and a frozen one does not: the cast of the whole
         base, at every step, is what this keeps."""
-        w = self.weight
+        weight = self.weight
         if not torch.is_autocast_enabled(kind):
-            return w
+            return weight
         dtype = torch.get_autocast_dtype(kind)
-        if w.dtype == dtype:
-            return w
-        key = (w.data_ptr(), w._version, w.device, dtype)
+        if weight.dtype == dtype:
+            return weight
+        key = (weight.data_ptr(), weight._version, weight.device, dtype)
         kept = self.__dict__.get("_cast_weight")
-        if kept is None or kept[0] is not w or kept[1] != key:
-            kept = self.__dict__["_cast_weight"] = (w, key, w.detach().to(dtype))
+        if kept is None or kept[0] is not weight or kept[1] != key:
+            kept = self.__dict__["_cast_weight"] = (weight, key, weight.detach().to(dtype))
         return kept[2]
 
     def block_b(self) -> Tensor:
@@ -183,8 +184,8 @@ class LoRALinear(nn.Linear):
         # Traced by torch.compile, the autograd form below: Inductor plans the GEMMs and fuses the rest itself.
         if (self.fused and isinstance(self.lora_dropout, nn.Identity) and not self.weight.requires_grad
                 and (self.bias is None or not self.bias.requires_grad) and not torch.compiler.is_compiling()):
-            x2 = x.reshape(-1, self.in_features)  # (M, K)
-            y = _LoRAFunction.apply(x2, self._frozen_weight(x.device.type), self.bias, self.lora_A, self.lora_B,
+            rows = x.reshape(-1, self.in_features)  # (M, K)
+            y = _LoRAFunction.apply(rows, self._frozen_weight(x.device.type), self.bias, self.lora_A, self.lora_B,
                                     self.scaling, self.splits, self.rank)
             return y.view(*x.shape[:-1], self.out_features)
         y = F.linear(x, self.weight, self.bias)  # (..., N)
@@ -224,10 +225,10 @@ class _LoRAFunction(torch.autograd.Function):
                 bias = None if bias is None else bias.to(dtype)
             y = torch.addmm(bias, x, W.t()) if bias is not None else x @ W.t()  # (M, N)
             z = (x @ A.t()).mul_(scaling)  # (M, S·r)
-            lo = 0
-            for s, n in enumerate(splits):
-                y[:, lo:lo + n].addmm_(z[:, s * rank:(s + 1) * rank], B[lo:lo + n].t())
-                lo += n
+            start = 0
+            for index, n in enumerate(splits):
+                y[:, start:start + n].addmm_(z[:, index * rank:(index + 1) * rank], B[start:start + n].t())
+                start += n
         ctx.save_for_backward(x, W, A, B, z)
         ctx.scaling, ctx.splits, ctx.rank = scaling, splits, rank
         return y
@@ -235,19 +236,20 @@ class _LoRAFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, gy):
         x, W, A, B, z = ctx.saved_tensors
-        gy = gy.to(z.dtype)
-        r, lo, gz, gB = ctx.rank, 0, [], []
-        for s, n in enumerate(ctx.splits):
-            g = gy[:, lo:lo + n]  # (M, n)
-            gz.append(g @ B[lo:lo + n])  # (M, r)
-            gB.append(g.t() @ z[:, s * r:(s + 1) * r])  # (n, r)
-            lo += n
-        gz = (gz[0] if len(gz) == 1 else torch.cat(gz, 1)).mul_(ctx.scaling)  # (M, S·r): ∂(x Aᵀ)
-        gx = torch.addmm(gz @ A, gy, W) if ctx.needs_input_grad[0] else None  # (M, K)
-        gA = gz.t() @ x if ctx.needs_input_grad[3] else None  # (S·r, K)
-        gB = (gB[0] if len(gB) == 1 else torch.cat(gB, 0)) if ctx.needs_input_grad[4] else None
-        gx, gA, gB = (None if g is None else g.to(t) for g, t in zip((gx, gA, gB), ctx.dtypes))
-        return gx, None, None, gA, gB, None, None, None
+        grad_y = gy.to(z.dtype)
+        rank, start, grad_z, grad_B = ctx.rank, 0, [], []
+        for index, n in enumerate(ctx.splits):
+            grad = grad_y[:, start:start + n]  # (M, n)
+            grad_z.append(grad @ B[start:start + n])  # (M, r)
+            grad_B.append(grad.t() @ z[:, index * rank:(index + 1) * rank])  # (n, r)
+            start += n
+        grad_z = (grad_z[0] if len(grad_z) == 1 else torch.cat(grad_z, 1)).mul_(ctx.scaling)  # (M, S·r): ∂(x Aᵀ)
+        grad_x = torch.addmm(grad_z @ A, grad_y, W) if ctx.needs_input_grad[0] else None  # (M, K)
+        grad_A = grad_z.t() @ x if ctx.needs_input_grad[3] else None  # (S·r, K)
+        grad_B = (grad_B[0] if len(grad_B) == 1 else torch.cat(grad_B, 0)) if ctx.needs_input_grad[4] else None
+        grad_x, grad_A, grad_B = (None if grad is None else grad.to(t)
+                                  for grad, t in zip((grad_x, grad_A, grad_B), ctx.dtypes))
+        return grad_x, None, None, grad_A, grad_B, None, None, None
 
 
 def _splits(parent: nn.Module, name: str, lin: nn.Linear) -> list[int]:
@@ -297,10 +299,10 @@ def saved_modules(model: nn.Module, config: LoRAConfig) -> dict[str, nn.Module]:
             raise ConfigError(f"lora_modules_to_save {want!r} names no module of this {type(model).__name__} "
                               f"(a dotted name such as 'head' or 'head.fc'; its top-level modules: {top})")
         found.update(hits)
-    outer = {n: m for n, m in found.items() if not any(n.startswith(o + ".") for o in found)}
-    inside = {id(p): n for n, m in outer.items() for p in m.parameters()}
-    for pname, p in model.named_parameters(remove_duplicate=False):
-        owner = inside.get(id(p))
+    outer = {n: m for n, m in found.items() if not any(n.startswith(other + ".") for other in found)}
+    inside = {id(param): n for n, m in outer.items() for param in m.parameters()}
+    for pname, param in model.named_parameters(remove_duplicate=False):
+        owner = inside.get(id(param))
         if owner is not None and not pname.startswith(owner + "."):
             raise ConfigError(f"lora_modules_to_save: {owner} shares a parameter with {pname}, outside it (tied "
                               "weights); training it in full would change the base model")
@@ -308,7 +310,7 @@ def saved_modules(model: nn.Module, config: LoRAConfig) -> dict[str, nn.Module]:
 
 
 def _under(key: str, prefixes) -> bool:
-    return any(key.startswith(p + ".") for p in prefixes)
+    return any(key.startswith(prefix + ".") for prefix in prefixes)
 
 
 def apply_lora(model: nn.Module, config: LoRAConfig) -> nn.Module:
@@ -329,7 +331,7 @@ def apply_lora(model: nn.Module, config: LoRAConfig) -> nn.Module:
         raise ConfigError("the model already has LoRA adapters; merge or strip them first")
     wanted = _resolve_targets(model, config.targets)
     saved = saved_modules(model, config)
-    in_saved = {id(m) for s in saved.values() for m in s.modules()}
+    in_saved = {id(m) for module in saved.values() for m in module.modules()}
     embed_ids = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     plan = []
     for pname, parent in model.named_modules():
@@ -347,13 +349,13 @@ def apply_lora(model: nn.Module, config: LoRAConfig) -> nn.Module:
     if not plan:
         raise ConfigError(f"lora targets {list(config.targets)} match only layers tied to an embedding or trained "
                           f"in full ({', '.join(saved) or 'none'}); nothing to adapt")
-    for p in model.parameters():
-        p.requires_grad_(False)
+    for param in model.parameters():
+        param.requires_grad_(False)
     for parent, name, child, splits in plan:
         setattr(parent, name, LoRALinear(child, config.rank, config.alpha, config.dropout, splits))
     for m in saved.values():
-        for p in m.parameters():
-            p.requires_grad_(True)
+        for param in m.parameters():
+            param.requires_grad_(True)
     return model
 
 
@@ -373,8 +375,8 @@ def _replace(model: nn.Module, weight_of) -> nn.Module:
                     if child.bias is not None:
                         lin.bias.copy_(child.bias)
                 setattr(parent, name, lin)
-    for p in model.parameters():
-        p.requires_grad_(True)
+    for param in model.parameters():
+        param.requires_grad_(True)
     return model
 
 
@@ -415,14 +417,14 @@ def base_sha256(model: nn.Module, config: LoRAConfig | None = None) -> str:
     saved as a run have one checksum, and adapting a model does not change it.
     """
     saved = saved_modules(model, config) if config is not None else {}
-    h = hashlib.sha256()
+    digest = hashlib.sha256()
     for k, t in sorted(model.state_dict().items()):
         if k.rsplit(".", 1)[-1] in _ADAPTER_KEYS or _under(k, saved):
             continue
         t = t.detach().cpu().contiguous()
-        h.update(f"{k}|{t.dtype}|{tuple(t.shape)}\n".encode())
-        h.update(t.view(-1).view(torch.uint8).numpy() if t.numel() else b"")
-    return h.hexdigest()
+        digest.update(f"{k}|{t.dtype}|{tuple(t.shape)}\n".encode())
+        digest.update(t.view(-1).view(torch.uint8).numpy() if t.numel() else b"")
+    return digest.hexdigest()
 
 
 def save_adapter(model: nn.Module, path: str | Path, config: LoRAConfig, *, base: str | None = None) -> Path:
@@ -470,21 +472,21 @@ def load_adapter(model: nn.Module, path: str | Path) -> LoRAConfig:
 
     path = Path(path)
     try:
-        with safe_open(str(path), "pt") as f:
-            meta = f.metadata() or {}
-            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open has no __iter__
-    except (SafetensorError, OSError) as e:
-        raise DataError(f"{path} is not a safetensors file: {e}") from None
+        with safe_open(str(path), "pt") as reader:
+            meta = reader.metadata() or {}
+            tensors = {k: reader.get_tensor(k) for k in reader.keys()}  # noqa: SIM118 - safe_open has no __iter__
+    except (SafetensorError, OSError) as err:
+        raise DataError(f"{path} is not a safetensors file: {err}") from None
     if meta.get("format") != ADAPTER_FORMAT:
         raise DataError(f"{path} is not a tokennet LoRA adapter (no '{ADAPTER_FORMAT}' header)")
     try:
         config = LoRAConfig(**jsonio.loads(meta["lora"], what=f"{path}: the LoRA settings in the header"))
-    except (KeyError, TypeError, ValueError) as e:  # ConfigError is a ValueError
-        raise DataError(f"{path}: unreadable LoRA settings in the header ({e})") from None
+    except (KeyError, TypeError, ValueError) as err:  # ConfigError is a ValueError
+        raise DataError(f"{path}: unreadable LoRA settings in the header ({err})") from None
     try:
         got = base_sha256(model, config)
-    except ConfigError as e:
-        raise DataError(f"{path}: its modules trained in full do not fit this model: {e}") from None
+    except ConfigError as err:
+        raise DataError(f"{path}: its modules trained in full do not fit this model: {err}") from None
     if meta.get("base_sha256") != got:
         raise DataError(f"{path} was trained on base weights {str(meta.get('base_sha256'))[:12]}…, not on this "
                         f"model ({got[:12]}…); load it onto the base it was trained on")

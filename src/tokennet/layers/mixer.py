@@ -77,13 +77,13 @@ class TokenMixing(nn.Module):
             raise ValueError(f"sequence of {n_k} tokens is longer than the token mixer's num_tokens={self.num_tokens}")
         logits = self.W[offset:n_k, :n_k]  # rows of the new tokens' positions
         if is_causal:
-            cm = causal(N, n_k, device=x.device)
-            mask = cm if mask is None else mask & cm
+            causal_mask = causal(N, n_k, device=x.device)
+            mask = causal_mask if mask is None else mask & causal_mask
         if self.free:  # W as it is: masked entries contribute nothing
-            w = logits.expand(B, N, n_k)  # (B, N, n_k)
+            weights = logits.expand(B, N, n_k)  # (B, N, n_k)
             if mask is not None:
-                w = w * torch.broadcast_to(mask, (B, 1, N, n_k))[:, 0].to(w.dtype)
+                weights = weights * torch.broadcast_to(mask, (B, 1, N, n_k))[:, 0].to(weights.dtype)
         else:
-            w = masked_softmax(logits.expand(B, 1, N, n_k), mask)[:, 0]  # (B, N, n_k)
-        out = self.out_drop(self.out_proj(w @ v))
-        return (out, w[:, None]) if return_weights else out
+            weights = masked_softmax(logits.expand(B, 1, N, n_k), mask)[:, 0]  # (B, N, n_k)
+        out = self.out_drop(self.out_proj(weights @ v))
+        return (out, weights[:, None]) if return_weights else out

@@ -84,5 +84,5 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """``(B, N, D) → (B, N, D)``."""
-        h = self.act(self.gate(x)) * self.fc1(x)  # (B, N, hidden)
-        return self.drop(self.fc2(self.drop(h)))
+        hidden = self.act(self.gate(x)) * self.fc1(x)  # (B, N, hidden)
+        return self.drop(self.fc2(self.drop(hidden)))

@@ -39,9 +39,9 @@ class OffsetRMSNorm(nn.Module):
         nn.init.zeros_(self.weight)
 
     def forward(self, x: Tensor) -> Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)  # (..., D)
-        return (h * (1.0 + self.weight.float())).to(x.dtype)
+        hidden = x.float()
+        hidden = hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + self.eps)  # (..., D)
+        return (hidden * (1.0 + self.weight.float())).to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}"

@@ -78,11 +78,11 @@ class Encoder(_Stack):
         if len(biases) != len(layers):
             raise ValueError(f"a bias per layer: {len(layers)} layers, {len(biases)} biases")
         maps = []
-        for blk, mask, b in zip(layers, masks, biases, strict=True):
-            x = self._run(blk, x, mask=mask, rope=rope, bias=b, return_weights=return_weights)
+        for blk, mask, layer_bias in zip(layers, masks, biases, strict=True):
+            x = self._run(blk, x, mask=mask, rope=rope, bias=layer_bias, return_weights=return_weights)
             if return_weights:
-                x, w = x
-                maps.append(w)
+                x, weights = x
+                maps.append(weights)
         x = self.norm(x)
         return (x, maps) if return_weights else x
 
@@ -146,8 +146,8 @@ class Decoder(_Stack):
                 return_weights=return_weights,
             )
             if return_weights:
-                x, w = x
-                maps.append(w)
+                x, weights = x
+                maps.append(weights)
         x = self.norm(x)
         return (x, maps) if return_weights else x
 

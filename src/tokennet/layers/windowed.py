@@ -52,12 +52,12 @@ class SwinBlock(nn.Module):
 
     def forward(self, x: Tensor, *, return_weights: bool = False):
         """``(B, h, w, D) → (B, h, w, D)``; with ``return_weights``, ``(x, {"self": A (B, H, h·w, h·w)})``."""
-        h = self.attn(self.norm1(x), return_weights=return_weights)
+        hidden = self.attn(self.norm1(x), return_weights=return_weights)
         if return_weights:
-            h, a = h
-        x = x + self.drop_path(h)
+            hidden, attn_weights = hidden
+        x = x + self.drop_path(hidden)
         x = x + self.drop_path(self.mlp(self.norm2(x)))
-        return (x, {"self": a}) if return_weights else x
+        return (x, {"self": attn_weights}) if return_weights else x
 
 
 class PatchMerging(nn.Module):
@@ -77,23 +77,24 @@ class PatchMerging(nn.Module):
     def __init__(self, dim: int, out_dim: int | None = None, *, factor: tuple[int, int] = (2, 2),
                  norm_eps: float = 1e-5, bias: bool = True):
         super().__init__()
-        fh, fw = factor
-        self.factor, self.dim, self.out_dim = (fh, fw), dim, 2 * dim if out_dim is None else out_dim
-        self.norm = nn.LayerNorm(fh * fw * dim, eps=norm_eps, bias=bias)
-        self.reduction = nn.Linear(fh * fw * dim, self.out_dim, bias=False)
+        factor_h, factor_w = factor
+        self.factor, self.dim, self.out_dim = (factor_h, factor_w), dim, 2 * dim if out_dim is None else out_dim
+        self.norm = nn.LayerNorm(factor_h * factor_w * dim, eps=norm_eps, bias=bias)
+        self.reduction = nn.Linear(factor_h * factor_w * dim, self.out_dim, bias=False)
 
     def output_grid(self, grid: tuple[int, int]) -> tuple[int, int]:
-        (h, w), (fh, fw) = grid, self.factor
-        return -(-h // fh), -(-w // fw)
+        (height, width), (factor_h, factor_w) = grid, self.factor
+        return -(-height // factor_h), -(-width // factor_w)
 
     def forward(self, x: Tensor) -> Tensor:
-        B, h, w, D = x.shape
-        fh, fw = self.factor
-        gh, gw = self.output_grid((h, w))
-        if (gh * fh, gw * fw) != (h, w):
-            x = F.pad(x, (0, 0, 0, gw * fw - w, 0, gh * fh - h))  # (B, gh·fh, gw·fw, D)
-        x = x.view(B, gh, fh, gw, fw, D).permute(0, 1, 3, 4, 2, 5)  # (B, gh, gw, fw, fh, D): Swin's order
-        x = x.reshape(B, gh, gw, fw * fh * D)  # (B, gh, gw, fh·fw·D)
+        B, height, width, D = x.shape
+        factor_h, factor_w = self.factor
+        grid_h, grid_w = self.output_grid((height, width))
+        if (grid_h * factor_h, grid_w * factor_w) != (height, width):
+            x = F.pad(x, (0, 0, 0, grid_w * factor_w - width, 0, grid_h * factor_h - height))  # (B, gh·fh, gw·fw, D)
+        # (B, gh, gw, fw, fh, D): Swin's order
+        x = x.view(B, grid_h, factor_h, grid_w, factor_w, D).permute(0, 1, 3, 4, 2, 5)
+        x = x.reshape(B, grid_h, grid_w, factor_w * factor_h * D)  # (B, gh, gw, fh·fw·D)
         return self.reduction(self.norm(x))  # (B, gh, gw, out_dim)
 
     def extra_repr(self) -> str:
