@@ -82,33 +82,33 @@ class WaveAugment:
 def equalize(x: Tensor, tilt_db: float, bump_db: float, bump_hz: float, sample_rate: int) -> Tensor:
     """``x`` through the filter ``g(f) = tilt·log2(f/1 kHz) + bump·exp(−log2(f/f_b)²/(2·0.5²))`` dB."""
     spec = torch.fft.rfft(x.double())
-    f = torch.fft.rfftfreq(x.shape[-1], 1 / sample_rate, dtype=torch.float64).clamp_min(20.0)
-    octaves = torch.log2(f / 1000.0)
-    g_db = tilt_db * octaves + bump_db * torch.exp(-torch.log2(f / bump_hz) ** 2 / (2 * 0.5**2))
+    freqs = torch.fft.rfftfreq(x.shape[-1], 1 / sample_rate, dtype=torch.float64).clamp_min(20.0)
+    octaves = torch.log2(freqs / 1000.0)
+    g_db = tilt_db * octaves + bump_db * torch.exp(-torch.log2(freqs / bump_hz) ** 2 / (2 * 0.5**2))
     return torch.fft.irfft(spec * 10 ** (g_db / 20), n=x.shape[-1]).to(x.dtype)
 
 
 def lowpass(x: Tensor, cutoff: float, sample_rate: int) -> Tensor:
     """``x`` without frequencies above ``cutoff`` Hz (a raised-cosine taper from 0.9·cutoff to cutoff)."""
     spec = torch.fft.rfft(x.double())
-    f = torch.fft.rfftfreq(x.shape[-1], 1 / sample_rate, dtype=torch.float64)
-    t = ((f - 0.9 * cutoff) / (0.1 * cutoff)).clamp(0.0, 1.0)
+    freqs = torch.fft.rfftfreq(x.shape[-1], 1 / sample_rate, dtype=torch.float64)
+    t = ((freqs - 0.9 * cutoff) / (0.1 * cutoff)).clamp(0.0, 1.0)
     return torch.fft.irfft(spec * 0.5 * (1 + torch.cos(torch.pi * t)), n=x.shape[-1]).to(x.dtype)
 
 
 def _levinson(r: Tensor, order: int) -> tuple[Tensor, Tensor]:
     """Levinson–Durbin on autocorrelations ``r`` ``(..., order + 1)``: the inverse filter ``A`` ``(..., order + 1)``
     (``A_0 = 1``) and the prediction error ``(...,)``."""
-    a = torch.zeros(*r.shape[:-1], order + 1, dtype=r.dtype, device=r.device)
-    a[..., 0] = 1.0
+    coeffs = torch.zeros(*r.shape[:-1], order + 1, dtype=r.dtype, device=r.device)
+    coeffs[..., 0] = 1.0
     err = r[..., 0].clone()
     for i in range(1, order + 1):
-        acc = (a[..., :i] * r[..., 1:i + 1].flip(-1)).sum(-1)  # Σ_j a_j r_{i−j}
+        acc = (coeffs[..., :i] * r[..., 1:i + 1].flip(-1)).sum(-1)  # Σ_j a_j r_{i−j}
         k = -acc / err.clamp_min(1e-12)
-        prev = a[..., :i + 1].clone()
-        a[..., 1:i + 1] = prev[..., 1:i + 1] + k[..., None] * prev[..., :i].flip(-1)
+        prev = coeffs[..., :i + 1].clone()
+        coeffs[..., 1:i + 1] = prev[..., 1:i + 1] + k[..., None] * prev[..., :i].flip(-1)
         err = err * (1 - k**2)
-    return a, err.clamp_min(0.0)
+    return coeffs, err.clamp_min(0.0)
 
 
 def lpc_resynthesize(x: Tensor, sample_rate: int, f0: Tensor, generator: torch.Generator | None = None, *,
@@ -117,22 +117,23 @@ def lpc_resynthesize(x: Tensor, sample_rate: int, f0: Tensor, generator: torch.G
     (module docstring), in the frequency domain: per windowed frame, ``Y(ω) = E(ω) · √(err/frame) / A(ω)``
     (``E`` the windowed excitation), windowed again and overlap-added; each clip keeps its peak level."""
     B, n = x.shape
-    xd = x.float()
+    x_float = x.float()
     win = torch.hann_window(frame, periodic=False)
     pad = (-(n - frame) % hop) if n > frame else frame - n
-    xp = torch.nn.functional.pad(xd, (0, pad))
-    frames = xp.unfold(-1, frame, hop) * win  # (B, F, frame)
+    x_padded = torch.nn.functional.pad(x_float, (0, pad))
+    frames = x_padded.unfold(-1, frame, hop) * win  # (B, F, frame)
     spec = torch.fft.rfft(frames, n_fft)  # (B, F, n_fft/2+1)
-    r = torch.fft.irfft(spec.abs() ** 2, n_fft)[..., :order + 1].double()  # (B, F, order+1) autocorrelation
-    r[..., 0] = r[..., 0] * (1 + 1e-6) + 1e-12  # a little white noise: a well-posed system for every frame
-    A, err = _levinson(r, order)  # (B, F, order+1), (B, F)
+    autocorr = torch.fft.irfft(spec.abs() ** 2, n_fft)[..., :order + 1].double()  # (B, F, order+1) autocorrelation
+    # a little white noise: a well-posed system for every frame
+    autocorr[..., 0] = autocorr[..., 0] * (1 + 1e-6) + 1e-12
+    A, err = _levinson(autocorr, order)  # (B, F, order+1), (B, F)
     A, err = A.float(), err.float()
-    Aw = torch.fft.rfft(A, n_fft)  # (B, F, n_fft/2+1)
-    resid_ac = torch.fft.irfft((spec * Aw).abs() ** 2, n_fft)  # (B, F, n_fft): the residual's autocorrelation
-    lo, hi = int(sample_rate / 400), int(sample_rate / 80)  # pitch lags 2.5–12.5 ms
-    voiced = resid_ac[..., lo:hi].amax(-1) > 0.3 * resid_ac[..., 0].clamp_min(1e-12)  # (B, F)
+    A_spectrum = torch.fft.rfft(A, n_fft)  # (B, F, n_fft/2+1)
+    resid_ac = torch.fft.irfft((spec * A_spectrum).abs() ** 2, n_fft)  # (B, F, n_fft): the residual's autocorrelation
+    min_lag, max_lag = int(sample_rate / 400), int(sample_rate / 80)  # pitch lags 2.5–12.5 ms
+    voiced = resid_ac[..., min_lag:max_lag].amax(-1) > 0.3 * resid_ac[..., 0].clamp_min(1e-12)  # (B, F)
     # excitation: a pulse train of unit power at a 1 %-jittered period, or white noise
-    total = xp.shape[-1]
+    total = x_padded.shape[-1]
     period = sample_rate / f0.double()  # (B,)
     count = int((total / period.min()).ceil()) + 2
     steps = period[:, None] * (1 + 0.01 * torch.randn(B, count, generator=generator, dtype=torch.float64))
@@ -145,15 +146,15 @@ def lpc_resynthesize(x: Tensor, sample_rate: int, f0: Tensor, generator: torch.G
     noise = torch.randn(B, total, generator=generator)
     src = torch.where(voiced[..., None], pulses.unfold(-1, frame, hop), noise.unfold(-1, frame, hop)) * win
     gain = (err / frame).sqrt()[..., None]  # (B, F, 1)
-    y = torch.fft.irfft(torch.fft.rfft(src, n_fft) * gain / Aw, n_fft)[..., :frame] * win  # (B, F, frame)
-    F_ = frames.shape[1]
+    y = torch.fft.irfft(torch.fft.rfft(src, n_fft) * gain / A_spectrum, n_fft)[..., :frame] * win  # (B, F, frame)
+    num_frames = frames.shape[1]
     out = torch.zeros(B, total)
     norm = torch.zeros(total)
-    for f in range(F_):  # overlap-add (F ≈ 100 slices)
-        out[:, f * hop:f * hop + frame] += y[:, f]
-        norm[f * hop:f * hop + frame] += win**2
+    for frame_index in range(num_frames):  # overlap-add (F ≈ 100 slices)
+        out[:, frame_index * hop:frame_index * hop + frame] += y[:, frame_index]
+        norm[frame_index * hop:frame_index * hop + frame] += win**2
     out = out[:, :n] / norm[:n].clamp_min(1e-3)
-    peak_in, peak_out = xd.abs().amax(-1, keepdim=True), out.abs().amax(-1, keepdim=True)
+    peak_in, peak_out = x_float.abs().amax(-1, keepdim=True), out.abs().amax(-1, keepdim=True)
     scale = torch.where(peak_out > 0, peak_in / peak_out.clamp_min(1e-12), torch.zeros_like(peak_out))
     return (out * scale).to(x.dtype)
 
@@ -200,26 +201,27 @@ class WaveFeatures:
     def perturb(self, x: Tensor, rng: np.random.Generator) -> Tensor:
         """Each clip of ``x`` ``(B, samples)`` perturbed as :attr:`augment` says (a new tensor)."""
         x = x.clone()
-        a = self.augment
-        if a.resynth is not None:  # one batched re-synthesis for the chosen clips
-            pick = torch.from_numpy(rng.random(len(x)) < a.resynth_prob)
+        aug = self.augment
+        if aug.resynth is not None:  # one batched re-synthesis for the chosen clips
+            pick = torch.from_numpy(rng.random(len(x)) < aug.resynth_prob)
             if pick.any():
-                f0 = torch.from_numpy(rng.uniform(*a.resynth, size=int(pick.sum())))
-                g = torch.Generator().manual_seed(int(rng.integers(2**62)))
-                x[pick] = lpc_resynthesize(x[pick], self.sample_rate, f0, g)
-        for b in range(len(x)):
-            if a.speed is not None and rng.random() < a.speed_prob:
-                x[b] = speed_perturb(x[b], float(rng.uniform(*a.speed)))
-            if a.eq_db > 0 and rng.random() < a.eq_prob:
-                x[b] = equalize(x[b], float(rng.uniform(-0.5, 0.5)) * a.eq_db, float(rng.uniform(-1, 1)) * a.eq_db,
-                                float(np.exp(rng.uniform(np.log(300.0), np.log(5000.0)))), self.sample_rate)
-            if a.lowpass is not None and rng.random() < a.lowpass_prob:
-                x[b] = lowpass(x[b], float(rng.uniform(*a.lowpass)), self.sample_rate)
-            if a.noises and rng.random() < a.noise_prob and float(x[b].abs().max()) > 0:
-                kind = a.noises[int(rng.integers(len(a.noises)))]
-                clip = x[b].numpy()
-                snr = float(rng.uniform(*a.noise_snr))
-                x[b] = torch.from_numpy(mix_at_snr(clip, self._noise(kind, len(clip), rng), snr, self.sample_rate))
+                pitches = torch.from_numpy(rng.uniform(*aug.resynth, size=int(pick.sum())))
+                generator = torch.Generator().manual_seed(int(rng.integers(2**62)))
+                x[pick] = lpc_resynthesize(x[pick], self.sample_rate, pitches, generator)
+        for item in range(len(x)):
+            if aug.speed is not None and rng.random() < aug.speed_prob:
+                x[item] = speed_perturb(x[item], float(rng.uniform(*aug.speed)))
+            if aug.eq_db > 0 and rng.random() < aug.eq_prob:
+                x[item] = equalize(x[item], float(rng.uniform(-0.5, 0.5)) * aug.eq_db,
+                                   float(rng.uniform(-1, 1)) * aug.eq_db,
+                                   float(np.exp(rng.uniform(np.log(300.0), np.log(5000.0)))), self.sample_rate)
+            if aug.lowpass is not None and rng.random() < aug.lowpass_prob:
+                x[item] = lowpass(x[item], float(rng.uniform(*aug.lowpass)), self.sample_rate)
+            if aug.noises and rng.random() < aug.noise_prob and float(x[item].abs().max()) > 0:
+                kind = aug.noises[int(rng.integers(len(aug.noises)))]
+                clip = x[item].numpy()
+                snr = float(rng.uniform(*aug.noise_snr))
+                x[item] = torch.from_numpy(mix_at_snr(clip, self._noise(kind, len(clip), rng), snr, self.sample_rate))
         return x
 
     def __call__(self, x: Tensor, generator: torch.Generator) -> Tensor:

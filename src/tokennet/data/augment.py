@@ -29,21 +29,21 @@ def random_translate(x: Tensor, max_shift: int, generator: torch.Generator) -> T
     fill (a random crop of the zero-padded batch, as in CIFAR training). ``(B, C, H, W)`` or ``(B, C, L)``."""
     if max_shift <= 0:
         return x
-    B, s = x.shape[0], max_shift
+    B, shift = x.shape[0], max_shift
     if x.dim() == 3:
         L = x.shape[-1]
-        padded = torch.nn.functional.pad(x, (s, s))  # (B, C, L + 2s)
-        off = torch.randint(0, 2 * s + 1, (B,), generator=generator)
+        padded = torch.nn.functional.pad(x, (shift, shift))  # (B, C, L + 2s)
+        off = torch.randint(0, 2 * shift + 1, (B,), generator=generator)
         idx = (off[:, None] + torch.arange(L))[:, None, :].expand(-1, x.shape[1], -1)  # (B, C, L)
         return padded.gather(2, idx)
     H, W = x.shape[-2:]
-    padded = torch.nn.functional.pad(x, (s, s, s, s))  # (B, C, H + 2s, W + 2s)
-    dy = torch.randint(0, 2 * s + 1, (B,), generator=generator)
-    dx = torch.randint(0, 2 * s + 1, (B,), generator=generator)
+    padded = torch.nn.functional.pad(x, (shift, shift, shift, shift))  # (B, C, H + 2s, W + 2s)
+    dy = torch.randint(0, 2 * shift + 1, (B,), generator=generator)
+    dx = torch.randint(0, 2 * shift + 1, (B,), generator=generator)
     rows = (dy[:, None] + torch.arange(H))[:, :, None]  # (B, H, 1)
     cols = (dx[:, None] + torch.arange(W))[:, None, :]  # (B, 1, W)
-    b = torch.arange(B)[:, None, None]  # (B, 1, 1)
-    return padded.permute(0, 2, 3, 1)[b, rows, cols].permute(0, 3, 1, 2)  # (B, H, W, C) → (B, C, H, W)
+    batch_idx = torch.arange(B)[:, None, None]  # (B, 1, 1)
+    return padded.permute(0, 2, 3, 1)[batch_idx, rows, cols].permute(0, 3, 1, 2)  # (B, H, W, C) → (B, C, H, W)
 
 
 def random_affine(x: Tensor, generator: torch.Generator, *, degrees: float = 10.0, scale: float = 0.1,
@@ -64,12 +64,12 @@ def random_affine(x: Tensor, generator: torch.Generator, *, degrees: float = 10.
 
     angle = u(float(np.deg2rad(degrees)))
     zoom = 1 + u(scale)
-    sh = u(shear)
-    tx, ty = u(translate) * 2 / W, u(translate) * 2 / H  # in the [-1, 1] coordinates of affine_grid
+    shear_amount = u(shear)
+    shift_x, shift_y = u(translate) * 2 / W, u(translate) * 2 / H  # in the [-1, 1] coordinates of affine_grid
     cos, sin = torch.cos(angle) / zoom, torch.sin(angle) / zoom
     # theta maps output coordinates to input coordinates: rotation/zoom, then shear, then shift.
-    theta = torch.stack([torch.stack([cos, -sin + sh * cos, tx], -1),
-                         torch.stack([sin, cos + sh * sin, ty], -1)], 1)  # (B, 2, 3)
+    theta = torch.stack([torch.stack([cos, -sin + shear_amount * cos, shift_x], -1),
+                         torch.stack([sin, cos + shear_amount * sin, shift_y], -1)], 1)  # (B, 2, 3)
     grid = torch.nn.functional.affine_grid(theta.to(x.dtype), list(x.shape), align_corners=False)
     return torch.nn.functional.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
 
@@ -86,16 +86,16 @@ def random_erase(x: Tensor, generator: torch.Generator, p: float = 0.25, scale=(
     B, H, W = x.shape[0], x.shape[-2], x.shape[-1]
     area = (scale[0] + (scale[1] - scale[0]) * _uniform(B, generator)) * H * W
     aspect = torch.exp((2 * _uniform(B, generator) - 1) * np.log(3.0))
-    h = (area * aspect).sqrt().round().clamp(1, H)
-    w = (area / aspect).sqrt().round().clamp(1, W)
-    top = (_uniform(B, generator) * (H - h + 1)).floor()
-    left = (_uniform(B, generator) * (W - w + 1)).floor()
-    on = _uniform(B, generator) < p
-    r = torch.arange(H)[None, :, None]  # (1, H, 1)
-    c = torch.arange(W)[None, None, :]  # (1, 1, W)
-    box = (r >= top[:, None, None]) & (r < (top + h)[:, None, None]) & \
-          (c >= left[:, None, None]) & (c < (left + w)[:, None, None])  # (B, H, W)
-    box = box & on[:, None, None]
+    box_h = (area * aspect).sqrt().round().clamp(1, H)
+    box_w = (area / aspect).sqrt().round().clamp(1, W)
+    top = (_uniform(B, generator) * (H - box_h + 1)).floor()
+    left = (_uniform(B, generator) * (W - box_w + 1)).floor()
+    erase = _uniform(B, generator) < p
+    rows = torch.arange(H)[None, :, None]  # (1, H, 1)
+    cols = torch.arange(W)[None, None, :]  # (1, 1, W)
+    box = (rows >= top[:, None, None]) & (rows < (top + box_h)[:, None, None]) & \
+          (cols >= left[:, None, None]) & (cols < (left + box_w)[:, None, None])  # (B, H, W)
+    box = box & erase[:, None, None]
     return x.masked_fill(box[:, None], 0.0)
 
 
@@ -119,12 +119,12 @@ def cutmix(x: Tensor, y: Tensor, num_classes: int, alpha: float, generator: torc
     sizes = x.shape[2:]
     cut = [int(round(n * (1 - lam) ** (1 / len(sizes)))) for n in sizes]  # the box's side per axis
     centre = [int(torch.randint(n, (1,), generator=generator)) for n in sizes]
-    lo = [max(0, c - k // 2) for c, k in zip(centre, cut, strict=True)]
-    hi = [min(n, c + k - k // 2) for c, k, n in zip(centre, cut, sizes, strict=True)]
-    box = (slice(None), slice(None), *(slice(a, b) for a, b in zip(lo, hi, strict=True)))
+    starts = [max(0, mid - k // 2) for mid, k in zip(centre, cut, strict=True)]
+    ends = [min(n, mid + k - k // 2) for mid, k, n in zip(centre, cut, sizes, strict=True)]
+    box = (slice(None), slice(None), *(slice(start, end) for start, end in zip(starts, ends, strict=True)))
     out = x.clone()
     out[box] = x[perm][box]
-    kept = 1 - float(np.prod([b - a for a, b in zip(lo, hi, strict=True)])) / float(np.prod(sizes))
+    kept = 1 - float(np.prod([end - start for start, end in zip(starts, ends, strict=True)])) / float(np.prod(sizes))
     onehot = torch.nn.functional.one_hot(y, num_classes).to(x.dtype)  # (B, K)
     return out, kept * onehot + (1 - kept) * onehot[perm]
 

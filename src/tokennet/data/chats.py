@@ -58,13 +58,13 @@ def encode_chat(tokenizer, messages: list[dict[str, str]], where: str = "convers
     def render(upto: int, add_generation_prompt: bool) -> str:
         try:
             return render_chat(tokenizer, messages[:upto], add_generation_prompt=add_generation_prompt)
-        except DataError as e:  # the template's own error, prefixed with the conversation's line
-            raise DataError(f"{where}: {e}") from None
+        except DataError as err:  # the template's own error, prefixed with the conversation's line
+            raise DataError(f"{where}: {err}") from None
 
     pieces: list[tuple[str, bool]] = []
     done = ""
-    for i, m in enumerate(messages):
-        if m["role"] != "assistant":
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
             continue
         before = render(i, True)
         after = render(i + 1, False)
@@ -85,11 +85,11 @@ def encode_chat(tokenizer, messages: list[dict[str, str]], where: str = "convers
     for text, is_reply in pieces:
         if not text:
             continue
-        t = tokenizer.encode(text)
-        if ids and added and t[: len(added)] == added:
-            t = t[len(added):]
-        ids += t
-        flags += [is_reply] * len(t)
+        piece_ids = tokenizer.encode(text)
+        if ids and added and piece_ids[: len(added)] == added:
+            piece_ids = piece_ids[len(added):]
+        ids += piece_ids
+        flags += [is_reply] * len(piece_ids)
     return ChatExample(torch.tensor(ids, dtype=torch.long), torch.tensor(flags, dtype=torch.bool))
 
 
@@ -101,16 +101,16 @@ def read_chats(path: str | Path, tokenizer) -> list[ChatExample]:
     examples = []
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path} is not UTF-8 text (invalid byte at offset {e.start})") from None
+    except UnicodeDecodeError as err:
+        raise DataError(f"{path} is not UTF-8 text (invalid byte at offset {err.start})") from None
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         where = f"{path}:{n}"
         try:
             record = jsonio.loads(line, what=where)  # nested too deep: a JSONTooDeep line naming the line
-        except json.JSONDecodeError as e:
-            raise DataError(f"{where}: not a JSON object ({e.msg} at column {e.colno})") from None
+        except json.JSONDecodeError as err:
+            raise DataError(f"{where}: not a JSON object ({err.msg} at column {err.colno})") from None
         if not isinstance(record, dict) or "messages" not in record:
             raise DataError(f"{where}: expected an object with a 'messages' list")
         examples.append(encode_chat(tokenizer, check_messages(record["messages"], where), where))
@@ -137,7 +137,7 @@ class ChatBatches:
 
     def __init__(self, examples: list[ChatExample], block_size: int, batch_size: int, *, pad_id: int = 0,
                  seed: int = 0):
-        self.examples = [e for e in examples if bool(e.assistant[1 : block_size + 1].any())]
+        self.examples = [example for example in examples if bool(example.assistant[1 : block_size + 1].any())]
         if not self.examples:
             raise DataError(f"no conversation has an assistant token within the first {block_size} tokens; "
                             "use a longer block_size or shorter conversations")
@@ -148,19 +148,19 @@ class ChatBatches:
 
     def collate(self, chosen: list[ChatExample]) -> tuple[Tensor, Tensor]:
         """Pad conversations into ``(inputs (B, T), targets (B, T))``."""
-        cut = [(e.ids[: self.block_size + 1], e.assistant[: self.block_size + 1]) for e in chosen]
+        cut = [(example.ids[: self.block_size + 1], example.assistant[: self.block_size + 1]) for example in chosen]
         T = max(len(ids) for ids, _ in cut) - 1
         x = torch.full((len(cut), T), self.pad_id, dtype=torch.long)
         y = torch.full((len(cut), T), IGNORE, dtype=torch.long)
-        for r, (ids, flags) in enumerate(cut):
+        for row, (ids, flags) in enumerate(cut):
             n = len(ids) - 1
-            x[r, :n] = ids[:-1]
-            y[r, :n] = torch.where(flags[1:], ids[1:], IGNORE)  # predict token t+1 only if the assistant says it
+            x[row, :n] = ids[:-1]
+            y[row, :n] = torch.where(flags[1:], ids[1:], IGNORE)  # predict token t+1 only if the assistant says it
         return x, y
 
     def batch(self, index: int) -> tuple[Tensor, Tensor]:
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
-        pick = torch.randint(len(self.examples), (self.batch_size,), generator=g)
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
+        pick = torch.randint(len(self.examples), (self.batch_size,), generator=generator)
         return self.collate([self.examples[int(i)] for i in pick])
 
     def eval_batches(self) -> list[tuple[Tensor, Tensor]]:
@@ -173,8 +173,8 @@ def is_chat_file(source: str | None) -> bool:
     """Whether a ``--data`` value is a chat file: a ``.jsonl`` file whose first record has ``messages``."""
     if not source or not str(source).endswith(".jsonl") or not Path(source).is_file():
         return False
-    with open(source, encoding="utf-8", errors="replace") as f:
-        for line in f:
+    with open(source, encoding="utf-8", errors="replace") as file:
+        for line in file:
             if line.strip():
                 try:
                     record = jsonio.loads(line)

@@ -84,25 +84,27 @@ def _yy(d: dt.date) -> str:
 
 # Each format renders a date; the name is for documentation and per-format error reports.
 FORMATS: dict[str, Callable[[dt.date], str]] = {
-    "ordinal_of": lambda d: f"{_ordinal(d.day)} of {_month(d)} {d.year}",  # 3rd of March 1999
-    "mon_d_yy": lambda d: f"{_mon(d)} {d.day}, {_yy(d)}",  # Mar 3, 99
-    "ymd_slash": lambda d: f"{d.year}/{d.month}/{d.day}",  # 1999/3/3
-    "weekday_long": lambda d: f"{_wd(d)}, {_month(d)} {_ordinal(d.day)}, {d.year}",  # Wednesday, March 3rd, 1999
-    "month_d_y": lambda d: f"{_month(d)} {d.day}, {d.year}",  # March 3, 1999
-    "d_month_y": lambda d: f"{d.day} {_month(d)} {d.year}",  # 3 March 1999
-    "us_slash": lambda d: f"{d.month}/{d.day}/{d.year}",  # 3/3/1999
-    "us_slash_yy": lambda d: f"{d.month:02d}/{d.day:02d}/{_yy(d)}",  # 03/03/99
-    "eu_dots": lambda d: f"{d.day:02d}.{d.month:02d}.{d.year}",  # 03.03.1999
-    "d_mon_y_dash": lambda d: f"{d.day}-{_mon(d)}-{d.year}",  # 3-Mar-1999
-    "wd_d_mon_y": lambda d: f"{_wd(d)[:3]} {d.day} {_mon(d)} {d.year}",  # Wed 3 Mar 1999
-    "the_ordinal": lambda d: f"the {_ordinal(d.day)} of {_month(d).lower()}, {d.year}",  # the 3rd of march, 1999
-    "upper": lambda d: f"{_month(d).upper()} {d.day} {d.year}",  # MARCH 3 1999
-    "lower_ordinal_yy": lambda d: f"{_month(d).lower()} {_ordinal(d.day)} {_yy(d)}",  # march 3rd 99
-    "compact": lambda d: f"{d.year}{d.month:02d}{d.day:02d}",  # 19990303
-    "iso": lambda d: d.isoformat(),  # 1999-03-03
-    "french": lambda d: f"{'1er' if d.day == 1 else d.day} {MOIS[d.month - 1]} {d.year}",  # 3 mars 1999
-    "german": lambda d: f"{d.day}. {MONATE[d.month - 1]} {d.year}",  # 3. März 1999
-    "spanish": lambda d: f"{d.day} de {MESES[d.month - 1]} de {d.year}",  # 3 de marzo de 1999
+    "ordinal_of": lambda date: f"{_ordinal(date.day)} of {_month(date)} {date.year}",  # 3rd of March 1999
+    "mon_d_yy": lambda date: f"{_mon(date)} {date.day}, {_yy(date)}",  # Mar 3, 99
+    "ymd_slash": lambda date: f"{date.year}/{date.month}/{date.day}",  # 1999/3/3
+    # Wednesday, March 3rd, 1999
+    "weekday_long": lambda date: f"{_wd(date)}, {_month(date)} {_ordinal(date.day)}, {date.year}",
+    "month_d_y": lambda date: f"{_month(date)} {date.day}, {date.year}",  # March 3, 1999
+    "d_month_y": lambda date: f"{date.day} {_month(date)} {date.year}",  # 3 March 1999
+    "us_slash": lambda date: f"{date.month}/{date.day}/{date.year}",  # 3/3/1999
+    "us_slash_yy": lambda date: f"{date.month:02d}/{date.day:02d}/{_yy(date)}",  # 03/03/99
+    "eu_dots": lambda date: f"{date.day:02d}.{date.month:02d}.{date.year}",  # 03.03.1999
+    "d_mon_y_dash": lambda date: f"{date.day}-{_mon(date)}-{date.year}",  # 3-Mar-1999
+    "wd_d_mon_y": lambda date: f"{_wd(date)[:3]} {date.day} {_mon(date)} {date.year}",  # Wed 3 Mar 1999
+    # the 3rd of march, 1999
+    "the_ordinal": lambda date: f"the {_ordinal(date.day)} of {_month(date).lower()}, {date.year}",
+    "upper": lambda date: f"{_month(date).upper()} {date.day} {date.year}",  # MARCH 3 1999
+    "lower_ordinal_yy": lambda date: f"{_month(date).lower()} {_ordinal(date.day)} {_yy(date)}",  # march 3rd 99
+    "compact": lambda date: f"{date.year}{date.month:02d}{date.day:02d}",  # 19990303
+    "iso": lambda date: date.isoformat(),  # 1999-03-03
+    "french": lambda date: f"{'1er' if date.day == 1 else date.day} {MOIS[date.month - 1]} {date.year}",  # 3 mars 1999
+    "german": lambda date: f"{date.day}. {MONATE[date.month - 1]} {date.year}",  # 3. März 1999
+    "spanish": lambda date: f"{date.day} de {MESES[date.month - 1]} de {date.year}",  # 3 de marzo de 1999
 }
 
 
@@ -160,17 +162,18 @@ def sample_pairs(dates: Sequence[dt.date], n: int, seed: int | str, formats: Seq
         return_formats: give ``(source, target, format name)`` triples.
     """
     formats = list(FORMATS) if formats is None else list(formats)
-    for f in formats:
-        if f not in FORMATS:
-            raise ConfigError(f"unknown date format {f!r}; expected one of {', '.join(FORMATS)}")
+    for fmt_name in formats:
+        if fmt_name not in FORMATS:
+            raise ConfigError(f"unknown date format {fmt_name!r}; expected one of {', '.join(FORMATS)}")
     if not dates:
         raise DataError("no dates to sample from")
     rng = random.Random(seed)
     out = []
     for _ in range(n):
-        d = dates[rng.randrange(len(dates))]
-        f = formats[rng.randrange(len(formats))]
-        out.append((FORMATS[f](d), iso(d), f) if return_formats else (FORMATS[f](d), iso(d)))
+        date = dates[rng.randrange(len(dates))]
+        fmt_name = formats[rng.randrange(len(formats))]
+        out.append((FORMATS[fmt_name](date), iso(date), fmt_name) if return_formats
+                   else (FORMATS[fmt_name](date), iso(date)))
     return out
 
 
@@ -187,11 +190,11 @@ def alphabet() -> str:
     One leap year in every format covers all months, weekdays and days; digits cover all years.
     """
     chars = set("0123456789-")
-    d, end = dt.date(2000, 1, 1), dt.date(2000, 12, 31)
-    while d <= end:
-        for f in FORMATS.values():
-            chars.update(f(d))
-        d += dt.timedelta(days=1)
+    day, end = dt.date(2000, 1, 1), dt.date(2000, 12, 31)
+    while day <= end:
+        for render in FORMATS.values():
+            chars.update(render(day))
+        day += dt.timedelta(days=1)
     return "".join(sorted(chars))
 
 
@@ -202,18 +205,18 @@ def encode_pairs(pairs: Sequence[tuple[str, str]], tokenizer, pad_id: int = 0) -
     turns padding into its source mask), ``tgt_in = [<bos>, y]`` and ``tgt_out = [y, <eos>]``
     ``(B, T)``, with ``tgt_out`` = -100 at padding (ignored by the loss).
     """
-    srcs = [tokenizer.encode(s) for s, _ in pairs]
-    tgts = [tokenizer.encode(t) for _, t in pairs]
-    S = max(1, max(len(s) for s in srcs))
-    T = max(len(t) for t in tgts) + 1
+    srcs = [tokenizer.encode(source_ids) for source_ids, _ in pairs]
+    tgts = [tokenizer.encode(target_ids) for _, target_ids in pairs]
+    S = max(1, max(len(source_ids) for source_ids in srcs))
+    T = max(len(target_ids) for target_ids in tgts) + 1
     B = len(pairs)
     src = torch.full((B, S), pad_id, dtype=torch.long)
     tgt_in = torch.full((B, T), pad_id, dtype=torch.long)
     tgt_out = torch.full((B, T), -100, dtype=torch.long)
-    for i, (s, t) in enumerate(zip(srcs, tgts, strict=True)):
-        src[i, : len(s)] = torch.tensor(s, dtype=torch.long)
-        tgt_in[i, : len(t) + 1] = torch.tensor([tokenizer.bos_id, *t], dtype=torch.long)
-        tgt_out[i, : len(t) + 1] = torch.tensor([*t, tokenizer.eos_id], dtype=torch.long)
+    for i, (source_ids, target_ids) in enumerate(zip(srcs, tgts, strict=True)):
+        src[i, : len(source_ids)] = torch.tensor(source_ids, dtype=torch.long)
+        tgt_in[i, : len(target_ids) + 1] = torch.tensor([tokenizer.bos_id, *target_ids], dtype=torch.long)
+        tgt_out[i, : len(target_ids) + 1] = torch.tensor([*target_ids, tokenizer.eos_id], dtype=torch.long)
     return (src, tgt_in), tgt_out
 
 

@@ -39,28 +39,29 @@ def _networkx():
 def marked_distance_graph(rng: random.Random, *, min_nodes: int = 8, max_nodes: int = 16, extra_edges: int = 3,
                           max_distance: int = 6) -> tuple[Tensor, list[tuple[int, int]], int]:
     """One example: ``(features (n, 2), edges, label)`` with label ``min(d(s, t), max_distance) − 1``."""
-    nx = _networkx()
+    networkx = _networkx()
     n = rng.randint(min_nodes, max_nodes)
-    g = nx.random_labeled_tree(n, seed=rng.randrange(2**31)) if hasattr(nx, "random_labeled_tree") \
-        else nx.random_tree(n, seed=rng.randrange(2**31))
+    graph = networkx.random_labeled_tree(n, seed=rng.randrange(2**31)) if hasattr(networkx, "random_labeled_tree") \
+        else networkx.random_tree(n, seed=rng.randrange(2**31))
     for _ in range(rng.randint(0, extra_edges)):
-        a, b = rng.sample(range(n), 2)
-        g.add_edge(a, b)
-    s, t = rng.sample(range(n), 2)
-    d = nx.shortest_path_length(g, s, t)
+        node_a, node_b = rng.sample(range(n), 2)
+        graph.add_edge(node_a, node_b)
+    source, target = rng.sample(range(n), 2)
+    distance = networkx.shortest_path_length(graph, source, target)
     x = torch.zeros(n, 2)
     x[:, 1] = 1.0
-    x[[s, t], 0] = 1.0
-    return x, [tuple(e) for e in g.edges()], min(d, max_distance) - 1
+    x[[source, target], 0] = 1.0
+    return x, [tuple(edge) for edge in graph.edges()], min(distance, max_distance) - 1
 
 
 def marked_distance_set(count: int, seed: str | int, *, pe_dim: int = 8, max_distance: int = 6,
                         graph_max_distance: int = 8) -> tuple[GraphBatch, Tensor]:
     """``count`` examples from one seed, collated: ``(GraphBatch, labels (count,))``."""
     rng = random.Random(f"graphs-{seed}")
-    ex = [marked_distance_graph(rng, max_distance=max_distance) for _ in range(count)]
-    batch = collate_graphs([(x, e) for x, e, _ in ex], k=pe_dim, rw_steps=pe_dim, max_distance=graph_max_distance)
-    return batch, torch.tensor([y for _, _, y in ex])
+    examples = [marked_distance_graph(rng, max_distance=max_distance) for _ in range(count)]
+    batch = collate_graphs([(x, edges) for x, edges, _ in examples], k=pe_dim, rw_steps=pe_dim,
+                           max_distance=graph_max_distance)
+    return batch, torch.tensor([y for _, _, y in examples])
 
 
 class MarkedDistanceGraphs:

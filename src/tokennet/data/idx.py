@@ -36,12 +36,12 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
     if raw[:2] == b"\x1f\x8b":
         try:
             raw = gzip.decompress(raw)
-        except (EOFError, OSError, zlib.error) as e:
-            raise DataError(f"{path} is a truncated or corrupt gzip file ({e}); download it again") from None
+        except (EOFError, OSError, zlib.error) as err:
+            raise DataError(f"{path} is a truncated or corrupt gzip file ({err}); download it again") from None
     if len(raw) < 4:
         raise DataError(f"{path} is truncated: {len(raw)} bytes, shorter than the 4-byte idx magic number")
-    z0, z1, code, ndim = raw[:4]
-    if z0 or z1 or code not in _IDX_TYPES or ndim == 0:
+    zero_a, zero_b, code, ndim = raw[:4]
+    if zero_a or zero_b or code not in _IDX_TYPES or ndim == 0:
         raise DataError(f"{path} is not an idx file: magic bytes {raw[:4].hex(' ')}, expected 00 00 <type> <ndim> "
                         "(e.g. 00 00 08 03 for images, 00 00 08 01 for labels)")
     header = 4 + 4 * ndim

@@ -70,8 +70,8 @@ class ImageBatches:
 
     def _permutation(self, epoch: int) -> Tensor:
         if epoch != self._epoch:
-            g = torch.Generator().manual_seed((self.seed * 1_000_003 + epoch) % 2**63)
-            self._epoch, self._perm = epoch, torch.randperm(len(self.x), generator=g)
+            generator = torch.Generator().manual_seed((self.seed * 1_000_003 + epoch) % 2**63)
+            self._epoch, self._perm = epoch, torch.randperm(len(self.x), generator=generator)
         return self._perm
 
     def batch(self, index: int) -> tuple[Tensor, Tensor]:
@@ -84,14 +84,14 @@ class ImageBatches:
             idx = idx.repeat_interleave(self.repeats)[:self.batch_size]  # (B,): each image m times in a row
         x, y = self.x[idx], self.y[idx]
         if self.augment is not None or self.mixup > 0 or self.cutmix > 0:
-            g = torch.Generator().manual_seed((self.seed * 999_983 + index + 7_777_777) % 2**63)
+            generator = torch.Generator().manual_seed((self.seed * 999_983 + index + 7_777_777) % 2**63)
             if self.augment is not None:
-                x = self.augment(x, g)
-            use_cutmix = self.cutmix > 0 and (self.mixup == 0 or bool(torch.rand(1, generator=g) < 0.5))
+                x = self.augment(x, generator)
+            use_cutmix = self.cutmix > 0 and (self.mixup == 0 or bool(torch.rand(1, generator=generator) < 0.5))
             if use_cutmix:
-                x, y = cutmix(x, y, self.num_classes, self.cutmix, g)
+                x, y = cutmix(x, y, self.num_classes, self.cutmix, generator)
             elif self.mixup > 0:
-                x, y = mixup(x, y, self.num_classes, self.mixup, g)
+                x, y = mixup(x, y, self.num_classes, self.mixup, generator)
         if self.teacher is not None:
             with torch.no_grad():
                 return x, (y, self.teacher(x))
@@ -104,9 +104,9 @@ def evaluate_classifier(model, x: Tensor, y: Tensor, *, batch_size: int = 500) -
     correct, loss = 0, 0.0
     with torch.no_grad():
         for i in range(0, len(x), batch_size):
-            xb, yb = x[i:i + batch_size].to(dev), y[i:i + batch_size].to(dev)
-            logits = model(xb).logits.float()
-            correct += int((logits.argmax(-1) == yb).sum())
-            loss += float(torch.nn.functional.cross_entropy(logits, yb, reduction="sum"))
+            x_batch, y_batch = x[i:i + batch_size].to(dev), y[i:i + batch_size].to(dev)
+            logits = model(x_batch).logits.float()
+            correct += int((logits.argmax(-1) == y_batch).sum())
+            loss += float(torch.nn.functional.cross_entropy(logits, y_batch, reduction="sum"))
     n = max(1, len(x))
     return {"test_accuracy": correct / n, "test_loss": loss / n}
