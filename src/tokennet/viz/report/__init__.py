@@ -64,16 +64,16 @@ def list_panels() -> list[str]:
     """The task kinds with a report panel: every registered task that declares one."""
     from ...plugins import list_tasks
 
-    return sorted({t.kind for t in list_tasks().values() if t.declares("panel")} | set(_PANELS))
+    return sorted({task.kind for task in list_tasks().values() if task.declares("panel")} | set(_PANELS))
 
 
 def viz_pictures(run, **options) -> list[tuple[str, bytes]]:
     """The PNGs the task's pictures draw for ``options``, as ``(file name, bytes)``."""
     from .. import _VIZ
 
-    fn = _VIZ.get(run.task.kind, run.task.draw)
+    draw = _VIZ.get(run.task.kind, run.task.draw)
     with tempfile.TemporaryDirectory(prefix="tokennet-report-") as tmp:
-        return [(p.name, p.read_bytes()) for p in fn(run, Path(tmp), **options)]
+        return [(png.name, png.read_bytes()) for png in draw(run, Path(tmp), **options)]
 
 
 # -- the core sections ----------------------------------------------------------------------------------
@@ -86,8 +86,8 @@ def _task_of(info: dict[str, Any]) -> tuple[str, str]:
         family = preset_info(info.get("model", ""))[0]
     except (TokennetError, KeyError, ValueError):
         return "model", "model"
-    t = task_for(family)
-    return (t.name, t.kind) if t is not None else ("model", "model")
+    task = task_for(family)
+    return (task.name, task.kind) if task is not None else ("model", "model")
 
 
 def _fact(key: str, value_html: str) -> str:
@@ -95,8 +95,10 @@ def _fact(key: str, value_html: str) -> str:
 
 
 def _duration(seconds: float) -> str:
-    s = int(round(seconds))
-    return f"{s // 3600}h {s // 60 % 60:02d}m {s % 60:02d}s" if s >= 3600 else f"{s // 60}m {s % 60:02d}s"
+    secs = int(round(seconds))
+    if secs >= 3600:
+        return f"{secs // 3600}h {secs // 60 % 60:02d}m {secs % 60:02d}s"
+    return f"{secs // 60}m {secs % 60:02d}s"
 
 
 def _facts(metrics: dict[str, Any], data: LogData) -> str:
@@ -106,15 +108,15 @@ def _facts(metrics: dict[str, Any], data: LogData) -> str:
     if step is not None:
         facts.append(_fact("steps", number(step, "step" if "step" in metrics else None)))
     if "wall_seconds" in metrics:
-        w = metrics["wall_seconds"]
-        facts.append(_fact("wall time", f"{number(w, 'wall_seconds')} s <small>({_duration(w)})</small>"))
+        wall = metrics["wall_seconds"]
+        facts.append(_fact("wall time", f"{number(wall, 'wall_seconds')} s <small>({_duration(wall)})</small>"))
     elif "elapsed" in last:
         facts.append(_fact("training time so far", f"{esc(last['elapsed'])} s"))
     if "num_parameters" in metrics:
         n = metrics["num_parameters"]
         facts.append(_fact("parameters", f"{number(n, 'num_parameters')} <small>({n / 1e6:.3g} M)</small>"))
-    rates = [r["items_per_s"] for r in data.train if isinstance(r.get("items_per_s"), (int, float))
-             and r["items_per_s"] > 0]
+    rates = [record["items_per_s"] for record in data.train if isinstance(record.get("items_per_s"), (int, float))
+             and record["items_per_s"] > 0]
     if rates:
         facts.append(_fact("throughput (median)", f"{statistics.median(rates):,.0f} items/s"))
     return f'<div class="facts">{"".join(facts)}</div>'
@@ -123,23 +125,23 @@ def _facts(metrics: dict[str, Any], data: LogData) -> str:
 def _flat(metrics: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
     """``metrics.json`` as ``(dotted key, value)`` pairs: nested objects become ``key.sub``."""
     out = []
-    for k, v in metrics.items():
-        if isinstance(v, dict):
-            out += _flat(v, f"{prefix}{k}.")
+    for key, value in metrics.items():
+        if isinstance(value, dict):
+            out += _flat(value, f"{prefix}{key}.")
         else:
-            out.append((f"{prefix}{k}", v))
+            out.append((f"{prefix}{key}", value))
     return out
 
 
 def _metrics_table(metrics: dict[str, Any]) -> str:
     rows, longer = [], []
-    for k, v in _flat(metrics):
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            rows.append([f"<code>{esc(k)}</code>", number(v, k)])
-        elif isinstance(v, (str, bool)) and len(str(v)) <= 80 and "\n" not in str(v):
-            rows.append([f"<code>{esc(k)}</code>", esc(v)])
+    for key, value in _flat(metrics):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            rows.append([f"<code>{esc(key)}</code>", number(value, key)])
+        elif isinstance(value, (str, bool)) and len(str(value)) <= 80 and "\n" not in str(value):
+            rows.append([f"<code>{esc(key)}</code>", esc(value)])
         else:
-            longer.append(k)
+            longer.append(key)
     extra = f"<p class=\"sub\">Not shown here: {esc(', '.join(longer))} (text or lists; see metrics.json)."\
         "</p>" if longer else ""
     return table(["metric", "value (as in metrics.json)"], rows, num_cols=(1,)) + extra
@@ -155,7 +157,8 @@ def _set_value(v: Any) -> str:
 
 def _settings(info: dict[str, Any], run_dir: Path, defaults: dict[str, Any] | None) -> str:
     settings = info.get("settings", {})
-    changed = {k: v for k, v in settings.items() if defaults is not None and (k not in defaults or defaults[k] != v)}
+    changed = {key: value for key, value in settings.items()
+               if defaults is not None and (key not in defaults or defaults[key] != value)}
     cmd = ["tokennet", "train", str(info.get("recipe", "?"))]
     if info.get("init"):
         cmd += ["--init", str(info["init"])]
@@ -163,7 +166,7 @@ def _settings(info: dict[str, Any], run_dir: Path, defaults: dict[str, Any] | No
         cmd += ["--data", str(info["data"])]
     cmd += ["--out", str(run_dir)]
     if changed:
-        cmd += ["--set", *(f"{k}={_set_value(v)}" for k, v in changed.items())]
+        cmd += ["--set", *(f"{key}={_set_value(value)}" for key, value in changed.items())]
     parts = [f"<h3>Command</h3><pre>{esc(shlex.join(cmd))}</pre>"]
     if defaults is None:
         parts.append(note("The recipe's defaults are not known here, so every setting is listed without a "
@@ -172,10 +175,11 @@ def _settings(info: dict[str, Any], run_dir: Path, defaults: dict[str, Any] | No
         parts.append('<p class="sub">Rebuilt from <code>run.json</code>: the settings that differ from the recipe '
                      "defaults (highlighted below) are passed with <code>--set</code>.</p>")
     rows, classes = [], []
-    for k in sorted(settings, key=lambda k: (k not in changed, k)):
-        d = "" if defaults is None else (esc(repr(defaults[k])) if k in defaults else "<em>not a default</em>")
-        rows.append([f"<code>{esc(k)}</code>", f"<code>{esc(repr(settings[k]))}</code>", d])
-        classes.append("changed" if k in changed else "")
+    for key in sorted(settings, key=lambda name: (name not in changed, name)):
+        default = "" if defaults is None else \
+            (esc(repr(defaults[key])) if key in defaults else "<em>not a default</em>")
+        rows.append([f"<code>{esc(key)}</code>", f"<code>{esc(repr(settings[key]))}</code>", default])
+        classes.append("changed" if key in changed else "")
     n = len(changed)
     head = f"{len(settings)} settings" + ("" if defaults is None else f", {n} changed from the recipe defaults")
     parts.append(f"<details {'open' if n else ''}><summary>{esc(head)}</summary>"
@@ -208,7 +212,7 @@ def _log_problems(data: LogData) -> str:
 def _panel_sections(run, data: LogData) -> list[Section]:
     import torch
 
-    fn = _PANELS.get(run.task.kind, run.task.panel)
+    panel = _PANELS.get(run.task.kind, run.task.panel)
     if run.task.kind not in _PANELS and not run.task.declares("panel"):
         return [(run.task.name, note(f"No report panel is declared for {esc(run.task.kind)!s} runs."))]
     threads = torch.get_num_threads()
@@ -216,9 +220,9 @@ def _panel_sections(run, data: LogData) -> list[Section]:
         # Panels run small batches and token-by-token decoding: on a CPU that is latency-bound, and extra
         # threads only add synchronisation (15× slower measured on a busy 2-core machine).
         torch.set_num_threads(1)
-        return fn(run, data)
-    except _EXPECTED as e:
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return panel(run, data)
+    except _EXPECTED as err:
+        msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         log.warning("report: the %s panel could not be drawn: %s", run.task.kind, msg)
         return [(run.task.name, note(f"This panel could not be drawn: {esc(msg)}", "warn"))]
     finally:
@@ -273,7 +277,7 @@ def build_report(run_dir: str | Path, *, defaults: dict[str, Any] | None = None,
         body.append(note("The model's samples and predictions appear here when training finishes."))
     body.append(section("Command and settings", _settings(info, run_dir, defaults), "settings"))
     body.append(section("Machine", _machine(), "machine"))
-    return page(f"{run_dir.resolve().name} — tokennet report", "\n".join(b for b in body if b))
+    return page(f"{run_dir.resolve().name} — tokennet report", "\n".join(part for part in body if part))
 
 
 def write_report(run_dir: str | Path, out: str | Path | None = None, **kw) -> Path:

@@ -48,46 +48,46 @@ def screenshot(html: str | Path, png: str | Path, *, width: int = 1280, height: 
         cmd = [exe, "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
                "--disable-extensions", f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0",
                f"--window-size={width},{height}", f"--screenshot={png}", html.as_uri()]
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    if r.returncode != 0 or not png.is_file():
-        raise RuntimeError(f"chromium failed ({r.returncode}): {r.stderr[-2000:]}")
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0 or not png.is_file():
+        raise RuntimeError(f"chromium failed ({proc.returncode}): {proc.stderr[-2000:]}")
     crop_background(png)
-    return [line for line in r.stderr.splitlines() if ":CONSOLE" in line]
+    return [line for line in proc.stderr.splitlines() if ":CONSOLE" in line]
 
 
 def crop_background(png: str | Path, margin: int = 24) -> None:
     """Cut the rows below the page's content (the uniform background colour) off a screenshot."""
     from PIL import Image, ImageChops
 
-    im = Image.open(png).convert("RGB")
-    bg = Image.new("RGB", im.size, im.getpixel((im.width - 1, im.height - 1)))
-    box = ImageChops.difference(im, bg).getbbox()
+    image = Image.open(png).convert("RGB")
+    background = Image.new("RGB", image.size, image.getpixel((image.width - 1, image.height - 1)))
+    box = ImageChops.difference(image, background).getbbox()
     if box is not None:
-        im.crop((0, 0, im.width, min(im.height, box[3] + margin))).save(png)
+        image.crop((0, 0, image.width, min(image.height, box[3] + margin))).save(png)
 
 
 def docs_image(png: str | Path, *, top: int = 2600, width: int = 760) -> None:
     """Shrink a screenshot for the README: its first ``top`` px, ``width`` px wide, 256 colours (< 200 KB)."""
     from PIL import Image
 
-    im = Image.open(png).convert("RGB")
-    im = im.crop((0, 0, im.width, min(im.height, top)))
-    im = im.resize((width, round(im.height * width / im.width)), Image.LANCZOS)
-    im.quantize(colors=256, method=Image.Quantize.FASTOCTREE).save(png, optimize=True)  # keeps saturated colours
+    image = Image.open(png).convert("RGB")
+    image = image.crop((0, 0, image.width, min(image.height, top)))
+    image = image.resize((width, round(image.height * width / image.width)), Image.LANCZOS)
+    image.quantize(colors=256, method=Image.Quantize.FASTOCTREE).save(png, optimize=True)  # keeps saturated colours
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tokennet.viz.report.browser",
+    parser = argparse.ArgumentParser(prog="python -m tokennet.viz.report.browser",
                                 description="Render an HTML report to a PNG with headless Chromium.")
-    p.add_argument("html")
-    p.add_argument("png")
-    p.add_argument("--docs", action="store_true", help="shrink it for the README (top of the page, < 200 KB)")
-    args = p.parse_args(argv)
+    parser.add_argument("html")
+    parser.add_argument("png")
+    parser.add_argument("--docs", action="store_true", help="shrink it for the README (top of the page, < 200 KB)")
+    args = parser.parse_args(argv)
     messages = screenshot(args.html, args.png)
     if args.docs:
         docs_image(args.png)
-    for m in messages:
-        print(m)
+    for message in messages:
+        print(message)
     print(f"{args.png}: {Path(args.png).stat().st_size // 1024} KB, {len(messages)} console message(s)")
     return 1 if messages else 0
 

@@ -14,7 +14,7 @@ TRAIN, VAL = "#3b75af", "#d9622b"
 
 def _log_scale_helps(*series: list[float]) -> bool:
     """Log scale when every value is positive and they span more than a factor of 3."""
-    vals = [v for s in series for v in s]
+    vals = [v for curve in series for v in curve]
     return bool(vals) and min(vals) > 0 and max(vals) / min(vals) > 3
 
 
@@ -22,7 +22,7 @@ def _log_y(ax, *series: list[float]) -> None:
     """Log-scale y with plain numbers (0.3, 1, 2) rather than 3×10⁻¹; minor ticks labelled within a decade."""
     from matplotlib.ticker import FuncFormatter, NullFormatter
 
-    vals = [v for s in series for v in s]
+    vals = [v for curve in series for v in curve]
     ax.set_yscale("log")
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     # Within about a decade, label the minor ticks at 2 and 5 × 10^k (all nine would overlap).
@@ -42,31 +42,31 @@ def _axes(title: str, xlabel: str, ylabel: str):
 
 
 def _loss_figure(data: LogData, x: str, xlabel: str) -> bytes | None:
-    tx, ty = data.series("train", "loss", x)
-    vx, vy = data.series("eval", "val_loss", x)
-    lx, ly = data.series("eval", "test_loss", x)
-    if not (ty or vy or ly):
+    train_x, train_y = data.series("train", "loss", x)
+    val_x, val_y = data.series("eval", "val_loss", x)
+    test_x, test_y = data.series("eval", "test_loss", x)
+    if not (train_y or val_y or test_y):
         return None
     fig, ax = _axes(f"loss against {xlabel.split(' (')[0]}", xlabel, "loss (nats)")
-    if ty:
-        ax.plot(tx, ty, color=TRAIN, lw=1.4, label="train (batch)")
-    for xs, ys, name in ((vx, vy, "validation"), (lx, ly, "test")):
-        if ys:
-            ax.plot(xs, ys, color=VAL, lw=1.6, marker="o", ms=4, label=name)
-    if _log_scale_helps(ty, vy, ly):
-        _log_y(ax, ty, vy, ly)
+    if train_y:
+        ax.plot(train_x, train_y, color=TRAIN, lw=1.4, label="train (batch)")
+    for curve_x, curve_y, name in ((val_x, val_y, "validation"), (test_x, test_y, "test")):
+        if curve_y:
+            ax.plot(curve_x, curve_y, color=VAL, lw=1.6, marker="o", ms=4, label=name)
+    if _log_scale_helps(train_y, val_y, test_y):
+        _log_y(ax, train_y, val_y, test_y)
     ax.legend(fontsize=9)
     return png_of(fig)
 
 
 def _single(data: LogData, kind: str, key: str, title: str, ylabel: str, color: str, log: bool = False) -> bytes | None:
-    xs, ys = data.series(kind, key)
-    if not ys:
+    steps, values = data.series(kind, key)
+    if not values:
         return None
     fig, ax = _axes(title, "step", ylabel)
-    ax.plot(xs, ys, color=color, lw=1.4, marker="o" if len(ys) < 30 else None, ms=3)
-    if log and _log_scale_helps(ys):
-        _log_y(ax, ys)
+    ax.plot(steps, values, color=color, lw=1.4, marker="o" if len(values) < 30 else None, ms=3)
+    if log and _log_scale_helps(values):
+        _log_y(ax, values)
     return png_of(fig)
 
 
@@ -80,9 +80,9 @@ def curve_figures(data: LogData) -> tuple[list[str], list[str]]:
     lr = _single(data, "train", "lr", "learning rate", "lr", "#6a4c93")
     if lr is not None:
         figs.append(img(lr, "learning rate against step"))
-    gn = _single(data, "train", "grad_norm", "gradient norm (before clipping)", "‖g‖₂", "#2a9d8f", log=True)
-    if gn is not None:
-        figs.append(img(gn, "gradient norm against step"))
+    grad_norm = _single(data, "train", "grad_norm", "gradient norm (before clipping)", "‖g‖₂", "#2a9d8f", log=True)
+    if grad_norm is not None:
+        figs.append(img(grad_norm, "gradient norm against step"))
     elif data.train:
         notes.append("This run's log has no gradient norm (it was trained before tokennet logged grad_norm).")
     for key in data.eval_keys():

@@ -97,14 +97,14 @@ def img(png: bytes, alt: str, caption: str | None = None, *, cls: str = "", widt
     size, so its labels stay legible, and scrolls sideways when that is wider than the page.
     """
     uri = "data:image/png;base64," + base64.b64encode(png).decode("ascii")
-    w = f' style="max-width:{width}px"' if width else ""
+    style = f' style="max-width:{width}px"' if width else ""
     if cls == "wide":
         natural = png_size(png)[0]
         shown = min(natural, max(PAGE_WIDTH, round(natural * 0.55)))
-        w = f' style="width:{shown}px;max-width:none"'
+        style = f' style="width:{shown}px;max-width:none"'
     cap = f"<figcaption>{esc(caption)}</figcaption>" if caption else ""
-    c = f' class="{cls}"' if cls else ""
-    return f'<figure{c}><img src="{uri}" alt="{esc(alt)}"{w}>{cap}</figure>'
+    class_attr = f' class="{cls}"' if cls else ""
+    return f'<figure{class_attr}><img src="{uri}" alt="{esc(alt)}"{style}>{cap}</figure>'
 
 
 def inline_img(png: bytes, alt: str) -> str:
@@ -130,21 +130,21 @@ def table(header: list[str], rows: list[list[str]], row_classes: list[str] | Non
 
     ``num_cols`` are right-aligned numbers; ``col_classes`` gives columns a class (``-1``: the last).
     """
-    head = "".join(f"<th>{h}</th>" for h in header)
-    classes = {j % len(header): c for j, c in (col_classes or {}).items()} if header else {}
+    head = "".join(f"<th>{heading}</th>" for heading in header)
+    classes = {j % len(header): name for j, name in (col_classes or {}).items()} if header else {}
     classes.update({j: "num" for j in num_cols})
     body = []
     for i, row in enumerate(rows):
         cls = f' class="{row_classes[i]}"' if row_classes and row_classes[i] else ""
-        cells = "".join(f'<td class="{classes[j]}">{c}</td>' if j in classes else f"<td>{c}</td>"
-                        for j, c in enumerate(row))
+        cells = "".join(f'<td class="{classes[j]}">{cell}</td>' if j in classes else f"<td>{cell}</td>"
+                        for j, cell in enumerate(row))
         body.append(f"<tr{cls}>{cells}</tr>")
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
 def section(title: str, body: str, anchor: str | None = None) -> str:
-    a = f' id="{esc(anchor)}"' if anchor else ""
-    return f"<section{a}><h2>{esc(title)}</h2>{body}</section>"
+    id_attr = f' id="{esc(anchor)}"' if anchor else ""
+    return f"<section{id_attr}><h2>{esc(title)}</h2>{body}</section>"
 
 
 def note(text: str, kind: str = "note") -> str:

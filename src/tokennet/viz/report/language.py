@@ -24,11 +24,11 @@ ATTENTION_TOKENS = 24
 
 def _samples(run) -> str:
     rows = []
-    for t in TEMPERATURES:
-        text = run.generate("\n", SAMPLE_TOKENS, temperature=t, seed=0)
+    for temperature in TEMPERATURES:
+        text = run.generate("\n", SAMPLE_TOKENS, temperature=temperature, seed=0)
         blank = '<p class="sub">(only white space: the model has learnt spaces and newlines first)</p>' \
             if not text.strip() else ""
-        rows.append(f"<h3>temperature {t}</h3>{blank}<pre>{esc(text)}</pre>")
+        rows.append(f"<h3>temperature {temperature}</h3>{blank}<pre>{esc(text)}</pre>")
     sample = run.metrics.get("sample")
     if isinstance(sample, str):
         rows.append("<h3>the sample in metrics.json (temperature 0.8, written at the end of training)</h3>"
@@ -55,13 +55,13 @@ def _validation_snippet(run) -> list[int]:
 
 def _shade(loss: float, top: float) -> str:
     """White → orange → red as loss goes 0 → top/2 → top (the scale bar's gradient)."""
-    u = min(max(loss / top, 0.0), 1.0)
-    if u < 0.5:
-        a, b, f = (255, 255, 255), (255, 200, 120), u / 0.5
+    level = min(max(loss / top, 0.0), 1.0)
+    if level < 0.5:
+        low_rgb, high_rgb, frac = (255, 255, 255), (255, 200, 120), level / 0.5
     else:
-        a, b, f = (255, 200, 120), (230, 60, 40), (u - 0.5) / 0.5
-    r, g, bl = (round(x + (y - x) * f) for x, y in zip(a, b, strict=True))
-    return f"rgb({r},{g},{bl})"
+        low_rgb, high_rgb, frac = (255, 200, 120), (230, 60, 40), (level - 0.5) / 0.5
+    red, green, blue = (round(x + (y - x) * frac) for x, y in zip(low_rgb, high_rgb, strict=True))
+    return f"rgb({red},{green},{blue})"
 
 
 def _surprise(run) -> str:
@@ -88,10 +88,10 @@ def _short_text(tok, max_tokens: int = ATTENTION_TOKENS) -> str:
 
     words = DEFAULT_TEXT.split(" ")
     text = words[0]
-    for w in words[1:]:
-        if len(tok.encode(f"{text} {w}")) > max_tokens:
+    for word in words[1:]:
+        if len(tok.encode(f"{text} {word}")) > max_tokens:
             break
-        text = f"{text} {w}"
+        text = f"{text} {word}"
     return text
 
 
@@ -104,8 +104,8 @@ def language_panel(run, log) -> list[Section]:  # noqa: ARG001
         if run.data is None:
             raise ValueError("the run has no training data of its own (an imported checkpoint)")
         out.append(("Where the model is surprised", _surprise(run)))
-    except (OSError, ValueError) as e:  # the corpus moved or changed since training
-        out.append(("Where the model is surprised", note(f"The validation text could not be read: {esc(e)}",
+    except (OSError, ValueError) as err:  # the corpus moved or changed since training
+        out.append(("Where the model is surprised", note(f"The validation text could not be read: {esc(err)}",
                                                          "warn")))
     layer = run.model.config.num_layers - 1
     text = _short_text(run.tokenizer)

@@ -39,16 +39,16 @@ class LogData:
     def series(self, kind: str, key: str, x: str = "step") -> tuple[list[float], list[float]]:
         """``(xs, ys)`` of a numeric field over the training (``kind="train"``) or evaluation records."""
         recs = self.train if kind == "train" else self.evals
-        pts = [(r[x], r[key]) for r in recs if _number(r.get(x)) and _number(r.get(key))]
-        return [float(a) for a, _ in pts], [float(b) for _, b in pts]
+        pts = [(rec[x], rec[key]) for rec in recs if _number(rec.get(x)) and _number(rec.get(key))]
+        return [float(x_value) for x_value, _ in pts], [float(y_value) for _, y_value in pts]
 
     def eval_keys(self) -> list[str]:
         """The numeric metrics the evaluation records carry (besides step and timing)."""
         keys: dict[str, None] = {}
-        for r in self.evals:
-            for k, v in r.items():
-                if k not in ("step", "elapsed", "wall") and _number(v):
-                    keys[k] = None
+        for rec in self.evals:
+            for key, value in rec.items():
+                if key not in ("step", "elapsed", "wall") and _number(value):
+                    keys[key] = None
         return list(keys)
 
 
@@ -70,8 +70,8 @@ def read_log(path: str | Path) -> LogData:
     if not path.is_file():
         return data
     data.exists = True
-    with open(path, "rb") as f:
-        for n, raw in enumerate(f, 1):
+    with open(path, "rb") as lines:
+        for n, raw in enumerate(lines, 1):
             if not raw.strip():
                 continue
             try:

@@ -12,17 +12,17 @@ def loss_figure(log, tasks: list[str]) -> bytes | None:
     """Each task's held-out loss (``val_loss_<task>``, else ``test_loss_<task>``) against the step, one line per
     task on one figure; None when the log has none."""
     series = []
-    for t in tasks:
-        for key in (f"val_loss_{t}", f"test_loss_{t}"):
-            xs, ys = log.series("eval", key)
-            if ys:
-                series.append((t, xs, ys))
+    for task in tasks:
+        for key in (f"val_loss_{task}", f"test_loss_{task}"):
+            steps, losses = log.series("eval", key)
+            if losses:
+                series.append((task, steps, losses))
                 break
     if not series:
         return None
     fig, ax = _axes("held-out loss per task", "step", "loss (nats)")
-    for t, xs, ys in series:
-        ax.plot(xs, ys, lw=1.6, marker="o", ms=4, label=t)
+    for task, steps, losses in series:
+        ax.plot(steps, losses, lw=1.6, marker="o", ms=4, label=task)
     ax.legend(fontsize=9)
     return png_of(fig)
 
@@ -31,10 +31,10 @@ def multimodal_panel(run, log, parts) -> list[Section]:
     """``parts``: ``[(task, that task's run)]``. The loss figure, then each part's panel, its headings prefixed by
     the task and its metrics' ``data-metric`` keys by ``<task>.`` (where ``metrics.json`` nests them)."""
     out: list[Section] = []
-    png = loss_figure(log, [t for t, _ in parts])
+    png = loss_figure(log, [task for task, _ in parts])
     if png is not None:
         out.append(("Held-out loss per task (one trunk)", img(png, "held-out loss per task")))
-    for t, part in parts:
+    for task, part in parts:
         for heading, body in part.task.panel(part, log):
-            out.append((f"{esc(t)}: {heading}", body.replace('data-metric="', f'data-metric="{t}.')))
+            out.append((f"{esc(task)}: {heading}", body.replace('data-metric="', f'data-metric="{task}.')))
     return out

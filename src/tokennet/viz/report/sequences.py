@@ -21,12 +21,13 @@ ROWS = 12
 
 def mark_differences(output: list[str], reference: list[str], sep: str = "") -> str:
     """The output as HTML, with the pieces that are not in the reference (in order) inside ``<mark>``."""
-    sm = difflib.SequenceMatcher(a=output, b=reference, autojunk=False)
+    matcher = difflib.SequenceMatcher(a=output, b=reference, autojunk=False)
     keep = [False] * len(output)
-    for block in sm.get_matching_blocks():
+    for block in matcher.get_matching_blocks():
         for i in range(block.a, block.a + block.size):
             keep[i] = True
-    parts = [esc(p) if k else f'<mark class="diff">{esc(p)}</mark>' for p, k in zip(output, keep, strict=True)]
+    parts = [esc(piece) if kept else f'<mark class="diff">{esc(piece)}</mark>'
+             for piece, kept in zip(output, keep, strict=True)]
     return sep.join(parts) if output else "<em>(empty)</em>"
 
 
@@ -40,7 +41,7 @@ def translation_panel(run, log) -> list[Section]:  # noqa: ARG001
     from . import viz_pictures
 
     pairs = run.data.held_out()[:ROWS]
-    sources, refs = [p[0] for p in pairs], [p[1] for p in pairs]
+    sources, refs = [pair[0] for pair in pairs], [pair[1] for pair in pairs]
     outs = [run.translate(src) for src in sources]
     rows, classes, misses = [], [], 0
     for i, (src, ref, out) in enumerate(zip(sources, refs, outs, strict=True)):
@@ -50,7 +51,7 @@ def translation_panel(run, log) -> list[Section]:  # noqa: ARG001
         classes.append("hit" if out == ref else "miss")
     body = _summary(run, misses, len(rows), ("exact_match", "bleu", "chrf")) \
         + table(["#", "input", "reference", "output"], rows, classes, col_classes={-1: "out"})
-    index = next((i for i, (o, r) in enumerate(zip(outs, refs, strict=True)) if o != r), 0)
+    index = next((i for i, (output, expected) in enumerate(zip(outs, refs, strict=True)) if output != expected), 0)
     layer = run.model.config.num_layers - 1 if hasattr(run.model.config, "num_layers") else None
     pics = "".join(img(png, name, f"cross-attention of example #{index} (tokennet viz --index {index})",
                        cls="wide") for name, png in viz_pictures(run, index=index, layer=layer))
@@ -61,10 +62,10 @@ def _png_of_image(x: torch.Tensor, scale: int = 2) -> bytes:
     """A ``(3, H, W)`` image in [0, 1] as PNG bytes, enlarged ``scale`` times (nearest neighbour)."""
     from PIL import Image
 
-    a = (x.clamp(0, 1) * 255).round().byte().permute(1, 2, 0).numpy()  # (H, W, 3)
-    im = Image.fromarray(a).resize((a.shape[1] * scale, a.shape[0] * scale), Image.NEAREST)
+    pixels = (x.clamp(0, 1) * 255).round().byte().permute(1, 2, 0).numpy()  # (H, W, 3)
+    picture = Image.fromarray(pixels).resize((pixels.shape[1] * scale, pixels.shape[0] * scale), Image.NEAREST)
     buf = io.BytesIO()
-    im.save(buf, format="PNG")
+    picture.save(buf, format="PNG")
     return buf.getvalue()
 
 
@@ -75,7 +76,7 @@ def captioning_panel(run, log) -> list[Section]:  # noqa: ARG001
     scenes = run.data.held_out()[:ROWS]
     images = images_of(scenes, run.model.config.image_size)  # (B, 3, H, W)
     outs = run.caption(images)
-    refs = [caption(sc) for sc in scenes]
+    refs = [caption(scene) for scene in scenes]
     rows, classes, misses = [], [], 0
     for i, (x, ref, out) in enumerate(zip(images, refs, outs, strict=True)):
         misses += out != ref
@@ -83,7 +84,7 @@ def captioning_panel(run, log) -> list[Section]:  # noqa: ARG001
                      mark_differences(out.split(), ref.split(), " ")])
         classes.append("hit" if out == ref else "miss")
     html = table(["#", "image", "reference", "output"], rows, classes, col_classes={-1: "out"})
-    index = next((i for i, (o, r) in enumerate(zip(outs, refs, strict=True)) if o != r), 0)
+    index = next((i for i, (output, expected) in enumerate(zip(outs, refs, strict=True)) if output != expected), 0)
     pics = "".join(img(png, name, f"each word's attention over held-out image #{index} "
                        f"(tokennet viz --index {index})", cls="wide") for name, png in viz_pictures(run, index=index))
     return [("Captions", _summary(run, misses, len(rows), ("exact_match",)) + html), ("Caption attention", pics)]

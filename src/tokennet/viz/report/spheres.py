@@ -27,7 +27,8 @@ def sphere_panel(run, log) -> list[Section]:  # noqa: ARG001
         if steps and steps != m.get("step"):
             each += f"; this model's figures above are after its {m.get('step'):,}"
         out.append((f"Rotations: test accuracy by train/test regime ({each})",
-                    table(["model"] + [esc(r) for r in regimes], rows, num_cols=tuple(range(1, len(regimes) + 1)))))
+                    table(["model"] + [esc(regime) for regime in regimes], rows,
+                          num_cols=tuple(range(1, len(regimes) + 1)))))
     if run.data is not None:
         from . import viz_pictures
 

@@ -24,17 +24,19 @@ def _comparison(run) -> str:
     m = run.metrics
     templates = sorted({k[len("exact_match_"):] for k in m if k.startswith("exact_match_")
                         and isinstance(m[k], (int, float))})
-    shown = [(p, name) for p, name in MODELS if f"{p}exact_match" in m]
-    rows = [[f"<code>{esc(t)}</code>", *(_cell(m, f"{p}exact_match_{t}") for p, _ in shown)] for t in templates]
-    rows.append(["<b>all</b>", *(_cell(m, f"{p}exact_match") for p, _ in shown)])
+    shown = [(prefix, name) for prefix, name in MODELS if f"{prefix}exact_match" in m]
+    rows = [[f"<code>{esc(template)}</code>", *(_cell(m, f"{prefix}exact_match_{template}") for prefix, _ in shown)]
+            for template in templates]
+    rows.append(["<b>all</b>", *(_cell(m, f"{prefix}exact_match") for prefix, _ in shown)])
     head = ["template", *(esc(n) for _, n in shown)]
     body = '<p class="sub">Exact match (%) on the held-out test questions (metrics.json).'
     if "cnn_exact_match" in m:
         body += " The CNNs answer the same questions after the same number of steps, with about the same " \
                 "parameter budget."
-    rf = [f"{name}: {_cell(m, p + 'receptive_field')} px" for p, name in shown[1:] if f"{p}receptive_field" in m]
-    if rf:
-        body += " Receptive field of one unit of the last feature map: " + "; ".join(rf) + " (the image is " \
+    fields = [f"{name}: {_cell(m, prefix + 'receptive_field')} px" for prefix, name in shown[1:]
+              if f"{prefix}receptive_field" in m]
+    if fields:
+        body += " Receptive field of one unit of the last feature map: " + "; ".join(fields) + " (the image is " \
                 f"{run.model.config.image_size} px)."
     body += "</p>" + table(head, rows, num_cols=tuple(range(1, len(head))))
     if "attention_mass_ratio" in m:
@@ -54,8 +56,8 @@ def _comparison(run) -> str:
                  f"{per}. Of the question's attention, {_cell(m, 'attention_image_share')} goes to the image at "
                  "all (the rest to its words and the sink).</p>")
     if "sink_vs_inverse_count_r" in m:
-        ks = sorted(int(k[len("sink_weight_k"):]) for k in m if k.startswith("sink_weight_k"))
-        curve = ", ".join(f"k={k}: {_cell(m, f'sink_weight_k{k}')} (1/(k+1) = {1 / (k + 1):.3f})" for k in ks)
+        counts = sorted(int(k[len("sink_weight_k"):]) for k in m if k.startswith("sink_weight_k"))
+        curve = ", ".join(f"k={k}: {_cell(m, f'sink_weight_k{k}')} (1/(k+1) = {1 / (k + 1):.3f})" for k in counts)
         body += (f'<p class="sub">The learned counter: the head whose weight on the sink tracks 1/(k+1) best '
                  f"(layer.head {_cell(m, 'sink_head')}, r = {_cell(m, 'sink_vs_inverse_count_r')}) puts on it "
                  f"{curve} — the hand-built counter (tokennet demo counting) puts exactly 1/(k+1).</p>")
@@ -75,24 +77,24 @@ def _thumb(x) -> str:
 def vqa_panel(run) -> list[Section]:
     from . import viz_pictures
 
-    qa = run.data.held_out()
-    n = min(ROWS, len(qa))
-    got = run.answer(qa.images[:n], qa.questions[:n])
-    want = [run.data.answers[int(a)] for a in qa.answers[:n]]
+    test = run.data.held_out()
+    n = min(ROWS, len(test))
+    got = run.answer(test.images[:n], test.questions[:n])
+    want = [run.data.answers[int(answer_id)] for answer_id in test.answers[:n]]
     rows, classes = [], []
     for i in range(n):
-        rows.append([str(i), _thumb(qa.images[i]), esc(qa.questions[i]), f"<code>{esc(qa.templates[i])}</code>",
+        rows.append([str(i), _thumb(test.images[i]), esc(test.questions[i]), f"<code>{esc(test.templates[i])}</code>",
                      esc(want[i]), esc(got[i])])
         classes.append("hit" if got[i] == want[i] else "miss")
-    held = (f'<p class="sub">{sum(g == w for g, w in zip(got, want, strict=True))} of the first {n} held-out '
+    held = (f'<p class="sub">{sum(ans == ref for ans, ref in zip(got, want, strict=True))} of the first {n} held-out '
             "questions right.</p>" + table(["#", "image", "question", "template", "answer", "model"], rows, classes,
                                            col_classes={-1: "out"}))
     out = [("Answers by question template", _comparison(run)), ("Held-out questions", held)]
 
     # Misses: the first few wrong answers among the held-out questions, with where the question looked.
-    limit = min(len(qa), 400)
-    all_got = run.answer(qa.images[:limit], qa.questions[:limit])
-    wrong = [i for i in range(limit) if all_got[i] != run.data.answers[int(qa.answers[i])]][:MISSES]
+    limit = min(len(test), 400)
+    all_got = run.answer(test.images[:limit], test.questions[:limit])
+    wrong = [i for i in range(limit) if all_got[i] != run.data.answers[int(test.answers[i])]][:MISSES]
     if wrong:
         pics = "".join(img(png, f"miss #{i}", f"held-out #{i} (tokennet viz --index {i})")
                        for i in wrong for _, png in viz_pictures(run, index=i))
@@ -124,14 +126,14 @@ def _receptive_field(run) -> str:
         return ""
     try:
         sweep = jsonio.load(path)
-        rows = [[esc(r["model"]), str(r["receptive_field"]), str(r["layers"]), str(r["num_parameters"]),
-                 f"{r['same_species']:.1f}", f"{r['species']:.1f}"] for r in sweep["rows"]]
+        rows = [[esc(row["model"]), str(row["receptive_field"]), str(row["layers"]), str(row["num_parameters"]),
+                 f"{row['same_species']:.1f}", f"{row['species']:.1f}"] for row in sweep["rows"]]
     except (ValueError, KeyError, TypeError, UnicodeDecodeError):  # JSONTooDeep is a ValueError
         return f'<p class="sub">{esc(SWEEP)}: this report cannot read it as a sweep.</p>'
-    s = sweep["settings"] if isinstance(sweep.get("settings"), dict) else {}  # a damaged file: no settings
+    settings = sweep["settings"] if isinstance(sweep.get("settings"), dict) else {}  # a damaged file: no settings
     body = (f'<p class="sub">Is the top right animal the same species as the bottom left one? FiLM CNNs whose units '
             f"see more and more of the 64-pixel picture (coordinate channels, so that pooling is not what fails), "
-            f"beside the transformer, trained on the same corner questions for {s.get('steps', '?')} steps; "
+            f"beside the transformer, trained on the same corner questions for {settings.get('steps', '?')} steps; "
             f"held-out test, chance 50 % (<code>{esc(sweep.get('command', ''))}</code>, commit "
             f"{esc(str(sweep.get('commit', '?')))}).</p>")
     body += table(["model", "field (px)", "layers", "params", "same species %", "species %"], rows,
