@@ -42,14 +42,14 @@ def read_images(paths, image_size: int, channels: int = 3, grey: str = "repeat")
     if grey not in ("repeat", "refuse"):
         raise ValueError(f"grey must be 'repeat' or 'refuse', not {grey!r}")
     out = []
-    for p in paths:
-        x = read_image(p) if grey == "refuse" else read_image(p, channels=channels)
+    for path in paths:
+        x = read_image(path) if grey == "refuse" else read_image(path, channels=channels)
         if x.shape[0] != channels:
-            raise DataError(f"{p}: the model takes {'RGB' if channels == 3 else f'{channels}-channel'} images; this "
+            raise DataError(f"{path}: the model takes {'RGB' if channels == 3 else f'{channels}-channel'} images; this "
                             f"one has {x.shape[0]} channel{'s' if x.shape[0] > 1 else ''}"
                             f"{' (grey); convert it to RGB first' if x.shape[0] == 1 else ''}")
         if tuple(x.shape[1:]) != (image_size, image_size):
-            raise DataError(f"{p}: the model takes {image_size}×{image_size} images, got {x.shape[1]}×{x.shape[2]}; "
+            raise DataError(f"{path}: the model takes {image_size}×{image_size} images, got {x.shape[1]}×{x.shape[2]}; "
                             "resize it first")
         out.append(x)
     if not out:
@@ -61,45 +61,45 @@ def _load_npy(path: Path) -> np.ndarray:
     """``np.load`` of a ``.npy`` file whose header is checked first: its shape may not promise more bytes than the
     file holds (a damaged header must not make numpy allocate for it)."""
     try:
-        with open(path, "rb") as f:
-            version = np.lib.format.read_magic(f)
+        with open(path, "rb") as file:
+            version = np.lib.format.read_magic(file)
             read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
                 np.lib.format.read_array_header_2_0
-            shape, _, dtype = read_header(f)
+            shape, _, dtype = read_header(file)
             need = int(np.prod(shape, dtype=object)) * dtype.itemsize
-            have = path.stat().st_size - f.tell()
+            have = path.stat().st_size - file.tell()
         if need > have:
             raise DataError(f"{path}: the .npy header declares shape {shape} ({need} bytes) but the file holds "
                             f"{have}; it is truncated or damaged")
         return np.load(path, allow_pickle=False)
     except DataError:
         raise
-    except Exception as e:  # noqa: BLE001 - numpy fails on a damaged header in many ways (EOFError, TokenError, ...)
-        first = (str(e).splitlines() or [""])[0]
-        raise DataError(f"{path} is not a readable .npy array ({type(e).__name__}: {first})") from None
+    except Exception as err:  # noqa: BLE001 - numpy fails on a damaged header in many ways (EOFError, TokenError, ...)
+        first = (str(err).splitlines() or [""])[0]
+        raise DataError(f"{path} is not a readable .npy array ({type(err).__name__}: {first})") from None
 
 
 def _read_image_file(path: Path) -> Tensor:
     if not path.is_file():
         raise DataError(f"image {path} does not exist" if not path.exists() else f"image {path} is not a file")
     if path.suffix.lower() == ".npy":
-        a = _load_npy(path)
-        if a.ndim == 2:
-            a = a[None]
-        elif a.ndim == 3 and a.shape[-1] in (1, 3) and a.shape[0] not in (1, 3):
-            a = a.transpose(2, 0, 1)
-        if a.ndim != 3 or a.shape[0] not in (1, 3):
+        pixels = _load_npy(path)
+        if pixels.ndim == 2:
+            pixels = pixels[None]
+        elif pixels.ndim == 3 and pixels.shape[-1] in (1, 3) and pixels.shape[0] not in (1, 3):
+            pixels = pixels.transpose(2, 0, 1)
+        if pixels.ndim != 3 or pixels.shape[0] not in (1, 3):
             raise DataError(f"{path}: expected an array (H, W), (H, W, C) or (C, H, W) with C = 1 or 3, "
-                            f"got shape {a.shape}")
-        if a.dtype.kind in "iu":
-            a = a.astype(np.float32) / 255.0
-        elif a.dtype.kind == "f":
-            a = a.astype(np.float32)
+                            f"got shape {pixels.shape}")
+        if pixels.dtype.kind in "iu":
+            pixels = pixels.astype(np.float32) / 255.0
+        elif pixels.dtype.kind == "f":
+            pixels = pixels.astype(np.float32)
         else:
-            raise DataError(f"{path}: expected a numeric array, got dtype {a.dtype}")
-        if not np.isfinite(a).all() or a.min() < 0 or a.max() > 1:
+            raise DataError(f"{path}: expected a numeric array, got dtype {pixels.dtype}")
+        if not np.isfinite(pixels).all() or pixels.min() < 0 or pixels.max() > 1:
             raise DataError(f"{path}: float pixel values must lie in [0, 1]")
-        return torch.from_numpy(np.ascontiguousarray(a))
+        return torch.from_numpy(np.ascontiguousarray(pixels))
     import warnings
 
     from PIL import Image
@@ -108,36 +108,36 @@ def _read_image_file(path: Path) -> Tensor:
         with warnings.catch_warnings():
             # Pillow's own bound on pixels (a header can declare 40000×40000 in a few bytes): an error, not a warning
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            im = Image.open(path)
-        with im:
-            im.load()
-            if im.mode in ("RGBA", "LA") or (im.mode == "P" and "transparency" in im.info):
-                im = im.convert("RGBA")
-                bg = Image.new("RGBA", im.size, (255, 255, 255, 255))
-                im = Image.alpha_composite(bg, im).convert("RGB")
-            elif im.mode not in ("L", "RGB"):
-                im = im.convert("L" if im.mode in ("1", "I", "I;16", "F") else "RGB")
-            a = np.asarray(im, dtype=np.float32)
-    except Exception as e:  # noqa: BLE001 - Pillow fails on a damaged file in many ways (OSError, ValueError, ...)
-        first = (str(e).splitlines() or [""])[0]
-        raise DataError(f"{path} is not a readable image ({type(e).__name__}: {first})") from None
-    if im.mode == "L":
-        a = a[None]
+            image = Image.open(path)
+        with image:
+            image.load()
+            if image.mode in ("RGBA", "LA") or (image.mode == "P" and "transparency" in image.info):
+                image = image.convert("RGBA")
+                background = Image.new("RGBA", image.size, (255, 255, 255, 255))
+                image = Image.alpha_composite(background, image).convert("RGB")
+            elif image.mode not in ("L", "RGB"):
+                image = image.convert("L" if image.mode in ("1", "I", "I;16", "F") else "RGB")
+            pixels = np.asarray(image, dtype=np.float32)
+    except Exception as err:  # noqa: BLE001 - Pillow fails on a damaged file in many ways (OSError, ValueError, ...)
+        first = (str(err).splitlines() or [""])[0]
+        raise DataError(f"{path} is not a readable image ({type(err).__name__}: {first})") from None
+    if image.mode == "L":
+        pixels = pixels[None]
     else:
-        a = a.transpose(2, 0, 1)
-    return torch.from_numpy(np.ascontiguousarray(a / 255.0, dtype=np.float32))
+        pixels = pixels.transpose(2, 0, 1)
+    return torch.from_numpy(np.ascontiguousarray(pixels / 255.0, dtype=np.float32))
 
 
 def write_image(x: Tensor, path: str | Path) -> Path:
     """Write an image ``(C, H, W)`` in [0, 1] as :func:`read_image` reads it back: ``.npy`` exactly (float32),
     an image format (PNG, ...) rounded to 8 bits."""
     path = Path(path)
-    a = x.detach().float().clamp(0, 1).cpu().numpy()
+    pixels = x.detach().float().clamp(0, 1).cpu().numpy()
     if path.suffix.lower() == ".npy":
-        np.save(path, a.astype(np.float32))
+        np.save(path, pixels.astype(np.float32))
         return path
     from PIL import Image
 
-    u8 = (a * 255).round().astype(np.uint8)
-    Image.fromarray(u8[0] if u8.shape[0] == 1 else u8.transpose(1, 2, 0)).save(path)
+    pixels_u8 = (pixels * 255).round().astype(np.uint8)
+    Image.fromarray(pixels_u8[0] if pixels_u8.shape[0] == 1 else pixels_u8.transpose(1, 2, 0)).save(path)
     return path

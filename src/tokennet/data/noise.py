@@ -46,8 +46,8 @@ def white_noise(n: int, rng: np.random.Generator) -> np.ndarray:
 def pink_noise(n: int, rng: np.random.Generator) -> np.ndarray:
     """``n`` samples of pink (1/f power) noise at unit RMS: white noise divided by √f in the frequency domain."""
     spec = np.fft.rfft(rng.standard_normal(n))
-    f = np.arange(len(spec), dtype=np.float64)
-    spec[1:] /= np.sqrt(f[1:])
+    freqs = np.arange(len(spec), dtype=np.float64)
+    spec[1:] /= np.sqrt(freqs[1:])
     spec[0] = 0.0
     x = np.fft.irfft(spec, n)
     return (x / max(float(np.sqrt(np.mean(x**2))), 1e-12)).astype(np.float32)
@@ -64,12 +64,12 @@ def babble_noise(n: int, words: Sequence[np.ndarray], rng: np.random.Generator, 
         pos = -int(rng.integers(0, sample_rate // 2))  # the stream starts mid-word
         gain = 10 ** rng.uniform(-0.3, 0.0)
         while pos < n:
-            w = words[int(rng.integers(len(words)))]
-            w = w / max(float(np.abs(w).max()), 1e-9)
-            lo, hi = max(pos, 0), min(pos + len(w), n)
-            if hi > lo:
-                out[lo:hi] += gain * w[lo - pos:hi - pos]
-            pos += len(w) + int(rng.integers(0, int(0.15 * sample_rate) + 1))
+            word = words[int(rng.integers(len(words)))]
+            word = word / max(float(np.abs(word).max()), 1e-9)
+            start, end = max(pos, 0), min(pos + len(word), n)
+            if end > start:
+                out[start:end] += gain * word[start - pos:end - pos]
+            pos += len(word) + int(rng.integers(0, int(0.15 * sample_rate) + 1))
     return (out / max(float(np.sqrt(np.mean(out**2))), 1e-12)).astype(np.float32)
 
 
@@ -90,5 +90,5 @@ def mix_at_snr(speech: np.ndarray, noise: np.ndarray, snr_db: float, sample_rate
     p_noise = float(np.mean(noise**2))
     if p_noise <= 0:
         raise DataError("the noise is all zeros")
-    g = np.sqrt(active_power(speech, sample_rate) / (p_noise * 10 ** (snr_db / 10)))
-    return np.clip(speech + g * noise, -1.0, 1.0).astype(np.float32)
+    gain = np.sqrt(active_power(speech, sample_rate) / (p_noise * 10 ** (snr_db / 10)))
+    return np.clip(speech + gain * noise, -1.0, 1.0).astype(np.float32)

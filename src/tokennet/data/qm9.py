@@ -71,10 +71,10 @@ class Molecules:
 def find_qm9(path: str | Path | None = None) -> Path:
     """The directory holding ``qm9_part1..3.csv``: ``path``, else the installed ``qm9pack`` package's data."""
     if path not in (None, "", "qm9"):
-        d = Path(path)
-        if not d.is_dir():
-            raise DataError(f"QM9 directory {d} does not exist")
-        return d
+        directory = Path(path)
+        if not directory.is_dir():
+            raise DataError(f"QM9 directory {directory} does not exist")
+        return directory
     import importlib.util
 
     spec = importlib.util.find_spec("qm9pack")  # found without importing it (its loader needs pkg_resources)
@@ -86,77 +86,77 @@ def find_qm9(path: str | Path | None = None) -> Path:
 def _cache_file(directory: Path) -> Path:
     key = hashlib.sha256()
     for name in PARTS:
-        f = directory / name
-        st = f.stat()
-        key.update(f"{f.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode())
+        part_file = directory / name
+        stat = part_file.stat()
+        key.update(f"{part_file.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode())
     root = Path(os.environ.get("TOKENNET_CACHE", Path.home() / ".cache" / "tokennet"))
     return root / f"qm9-{key.hexdigest()[:16]}.npz"
 
 
 def _parse(directory: Path) -> Molecules:
-    z, pos, n, ys = [], [], [], {k: [] for k in TARGETS}
+    z, pos, n, target_values = [], [], [], {k: [] for k in TARGETS}
     for name in PARTS:
-        f = directory / name
-        with open(f, newline="", encoding="utf-8") as fh:
-            reader = csv.DictReader(fh)
-            missing = [c for c in ("Elements", "XYZ_Ang", *(c for c, _ in TARGETS.values()))
-                       if c not in (reader.fieldnames or [])]
+        part_file = directory / name
+        with open(part_file, newline="", encoding="utf-8") as handle:
+            reader = csv.DictReader(handle)
+            missing = [column for column in ("Elements", "XYZ_Ang", *(column for column, _ in TARGETS.values()))
+                       if column not in (reader.fieldnames or [])]
             if missing:
-                raise DataError(f"{f} is not a QM9 file: no column {missing[0]!r}")
+                raise DataError(f"{part_file} is not a QM9 file: no column {missing[0]!r}")
             for row in reader:
-                where = f"{f}:{reader.line_num}"
+                where = f"{part_file}:{reader.line_num}"
                 try:
                     elements = jsonio.loads(row["Elements"].replace("'", '"'), what=where)
                     xyz = np.asarray(jsonio.loads(_TRAILING_DOT.sub(".0", row["XYZ_Ang"]), what=where),
                                      dtype=np.float32)
-                    values = {k: float(row[c]) * s for k, (c, s) in TARGETS.items()}
+                    values = {k: float(row[column]) * scale for k, (column, scale) in TARGETS.items()}
                 except (TypeError, ValueError, AttributeError, json.JSONDecodeError):
                     raise DataError(f"{where}: a molecule that cannot be read (the file is truncated or "
                                     "damaged; reinstall qm9pack)") from None
                 if not 0 < len(elements) <= MAX_ATOMS or xyz.shape != (len(elements), 3) \
-                        or any(e not in COVALENT_RADIUS for e in elements):
+                        or any(element not in COVALENT_RADIUS for element in elements):
                     raise DataError(f"{where}: a molecule with bad elements or coordinates")
                 k = len(elements)
-                zz = np.full(MAX_ATOMS, -1, dtype=np.int8)
-                zz[:k] = [ELEMENTS.index(e) for e in elements]
-                pp = np.zeros((MAX_ATOMS, 3), dtype=np.float32)
-                pp[:k] = xyz
-                z.append(zz)
-                pos.append(pp)
+                atom_types = np.full(MAX_ATOMS, -1, dtype=np.int8)
+                atom_types[:k] = [ELEMENTS.index(element) for element in elements]
+                atom_pos = np.zeros((MAX_ATOMS, 3), dtype=np.float32)
+                atom_pos[:k] = xyz
+                z.append(atom_types)
+                pos.append(atom_pos)
                 n.append(k)
                 for key, v in values.items():
-                    ys[key].append(v)
+                    target_values[key].append(v)
     if not n:
         raise DataError(f"{directory} holds no molecules")
     return Molecules(np.stack(z), np.stack(pos), np.asarray(n, dtype=np.int64),
-                     {k: np.asarray(v, dtype=np.float64) for k, v in ys.items()})
+                     {k: np.asarray(v, dtype=np.float64) for k, v in target_values.items()})
 
 
 def load_qm9(path: str | Path | None = None, *, cache: bool = True) -> Molecules:
     """Read QM9 (see :func:`find_qm9`), from the ``.npz`` cache after the first time."""
     directory = find_qm9(path)
-    absent = [p for p in PARTS if not (directory / p).is_file()]
+    absent = [part for part in PARTS if not (directory / part).is_file()]
     if absent:
         raise DataError(f"{directory} is not a complete QM9 directory: {absent[0]} is missing "
                         "(pip install --force-reinstall qm9pack)")
-    cf = _cache_file(directory)
-    if cache and cf.is_file():
-        with np.load(cf, allow_pickle=False) as d:
-            return Molecules(d["z"], d["pos"], d["n"], {k: d[f"y_{k}"] for k in TARGETS})
+    cache_path = _cache_file(directory)
+    if cache and cache_path.is_file():
+        with np.load(cache_path, allow_pickle=False) as cached:
+            return Molecules(cached["z"], cached["pos"], cached["n"], {k: cached[f"y_{k}"] for k in TARGETS})
     mols = _parse(directory)
     if cache:
-        cf.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cf.with_suffix(".tmp.npz")
+        cache_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache_path.with_suffix(".tmp.npz")
         np.savez(tmp, z=mols.z, pos=mols.pos, n=mols.n, **{f"y_{k}": v for k, v in mols.y.items()})
-        tmp.replace(cf)
+        tmp.replace(cache_path)
     return mols
 
 
 def bonds(z: np.ndarray, pos: np.ndarray, n: int) -> list[tuple[int, int]]:
     """Bonded atom pairs ``i < j`` of one molecule, from distances and covalent radii."""
-    radius = np.asarray([COVALENT_RADIUS[ELEMENTS[e]] for e in z[:n]])
-    d = np.linalg.norm(pos[:n, None] - pos[None, :n], axis=-1)  # (n, n)
-    close = d < BOND_TOLERANCE * (radius[:, None] + radius[None, :])
+    radius = np.asarray([COVALENT_RADIUS[ELEMENTS[element]] for element in z[:n]])
+    distance = np.linalg.norm(pos[:n, None] - pos[None, :n], axis=-1)  # (n, n)
+    close = distance < BOND_TOLERANCE * (radius[:, None] + radius[None, :])
     i, j = np.nonzero(np.triu(close, k=1))
     return list(zip(i.tolist(), j.tolist(), strict=True))
 
@@ -170,10 +170,10 @@ def molecule_batch(mols: Molecules, index, *, pe_dim: int = 8, max_distance: int
         k = int(mols.n[m])
         x = torch.nn.functional.one_hot(torch.from_numpy(mols.z[m, :k].astype(np.int64)), len(ELEMENTS)).float()
         graphs.append((x, bonds(mols.z[m], mols.pos[m], k)))
-    g = collate_graphs(graphs, k=pe_dim, rw_steps=pe_dim, max_distance=max_distance)
-    N = g.x.shape[1]
-    g.pos = torch.from_numpy(mols.pos[idx, :N]).clone()
-    return g
+    batch = collate_graphs(graphs, k=pe_dim, rw_steps=pe_dim, max_distance=max_distance)
+    N = batch.x.shape[1]
+    batch.pos = torch.from_numpy(mols.pos[idx, :N]).clone()
+    return batch
 
 
 def split_indices(count: int, seed: int, train: int = 110_000, val: int = 10_000) -> tuple[Tensor, Tensor, Tensor]:
@@ -239,8 +239,8 @@ class QM9Targets(DataSpec):
 
     def split(self, mols: Molecules) -> tuple[Tensor, Tensor, Tensor]:
         """``(train, val, test)`` molecule indices."""
-        tr, va, te = split_indices(len(mols), self.seed, self.train_size, self.val_size)
-        return tr, va, te[: self.test_size] if self.test_size > 0 else te
+        train, val, test = split_indices(len(mols), self.seed, self.train_size, self.val_size)
+        return train, val, test[: self.test_size] if self.test_size > 0 else test
 
     def targets(self, mols: Molecules) -> Tensor:
         """The target of every molecule ``(M, 1)``, in the reported unit."""
@@ -252,5 +252,5 @@ class QM9Targets(DataSpec):
     def held_out(self) -> tuple[GraphBatch, Tensor]:
         """The test molecules, collated, and their targets ``(n, 1)``."""
         mols = self.molecules()
-        te = self.split(mols)[2]
-        return self.collate(mols, te), self.targets(mols)[te]
+        test = self.split(mols)[2]
+        return self.collate(mols, test), self.targets(mols)[test]

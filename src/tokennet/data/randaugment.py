@@ -48,9 +48,9 @@ def _eye(b: int) -> Tensor:
 
 
 def _rotate(x, v):  # v: signed magnitude in [-1, 1] per image
-    a = v * math.radians(30.0)
+    angle = v * math.radians(30.0)
     t = _eye(len(x))
-    t[:, 0, 0], t[:, 0, 1], t[:, 1, 0], t[:, 1, 1] = a.cos(), -a.sin(), a.sin(), a.cos()
+    t[:, 0, 0], t[:, 0, 1], t[:, 1, 0], t[:, 1, 1] = angle.cos(), -angle.sin(), angle.sin(), angle.cos()
     return _affine(x, t)
 
 
@@ -71,20 +71,20 @@ def _translate(axis):
 
 
 def _blend(x, other, v):  # PIL's ImageEnhance: other + f·(x − other), f = 1 + 0.9·v
-    f = (1 + 0.9 * v).view(-1, 1, 1, 1)
-    return (other + f * (x - other)).clamp(0, 1)
+    factor = (1 + 0.9 * v).view(-1, 1, 1, 1)
+    return (other + factor * (x - other)).clamp(0, 1)
 
 
 def _grey(x):
     if x.shape[1] != 3:
         return x
-    w = torch.tensor([0.299, 0.587, 0.114], dtype=x.dtype).view(1, 3, 1, 1)
-    return (x * w).sum(1, keepdim=True).expand_as(x)
+    weights = torch.tensor([0.299, 0.587, 0.114], dtype=x.dtype).view(1, 3, 1, 1)
+    return (x * weights).sum(1, keepdim=True).expand_as(x)
 
 
 def _auto_contrast(x, v):  # noqa: ARG001
-    lo, hi = x.amin((2, 3), keepdim=True), x.amax((2, 3), keepdim=True)
-    return torch.where(hi > lo, (x - lo) / (hi - lo).clamp_min(1e-8), x)
+    low, high = x.amin((2, 3), keepdim=True), x.amax((2, 3), keepdim=True)
+    return torch.where(high > low, (x - low) / (high - low).clamp_min(1e-8), x)
 
 
 def _equalize(x, v):  # noqa: ARG001
