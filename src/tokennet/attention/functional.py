@@ -90,10 +90,10 @@ def _expand_kv(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
     H, Hkv = q.shape[1], k.shape[1]
     if H == Hkv:
         return k, v
-    g = H // Hkv
-    B, _, Nk, E = k.shape
-    k = k[:, :, None].expand(B, Hkv, g, Nk, E).reshape(B, H, Nk, E)  # (B, H, Nk, E)
-    v = v[:, :, None].expand(B, Hkv, g, Nk, v.shape[-1]).reshape(B, H, Nk, v.shape[-1])
+    group = H // Hkv
+    B, _, n_keys, E = k.shape
+    k = k[:, :, None].expand(B, Hkv, group, n_keys, E).reshape(B, H, n_keys, E)  # (B, H, Nk, E)
+    v = v[:, :, None].expand(B, Hkv, group, n_keys, v.shape[-1]).reshape(B, H, n_keys, v.shape[-1])
     return k, v
 
 
@@ -149,18 +149,18 @@ def attention(
         backend = "math" if return_weights else "sdpa"
     elif return_weights and backend != "math":
         raise ValueError(f"return_weights=True needs backend 'math' or 'auto', got {backend!r}")
-    Nq, Nk = q.shape[2], k.shape[2]
+    n_queries, n_keys = q.shape[2], k.shape[2]
     if is_causal:
-        if Nk < Nq:
-            raise ValueError(f"is_causal with fewer keys ({Nk}) than queries ({Nq}) is ambiguous")
-        if mask is None and bias is None and backend == "sdpa" and Nq == Nk:
+        if n_keys < n_queries:
+            raise ValueError(f"is_causal with fewer keys ({n_keys}) than queries ({n_queries}) is ambiguous")
+        if mask is None and bias is None and backend == "sdpa" and n_queries == n_keys:
             k, v, gqa = _kv_for_sdpa(q, k, v)
             return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, scale=scale,
                                                   **gqa)
         # One query over a cache sees every key: no mask needed; flash skips the future tiles itself.
-        if backend != "flash" and (Nq > 1 or mask is not None):
-            cm = causal_mask(Nq, Nk, device=q.device)
-            mask = cm if mask is None else mask & cm
+        if backend != "flash" and (n_queries > 1 or mask is not None):
+            causal = causal_mask(n_queries, n_keys, device=q.device)
+            mask = causal if mask is None else mask & causal
     if backend == "sdpa":
         return _sdpa(q, *_kv_for_sdpa(q, k, v), mask, bias, scale, dropout)
     k, v = _expand_kv(q, k, v)
@@ -177,10 +177,10 @@ def _math(q, k, v, mask, bias, scale, dropout, return_weights):
     scores = (q @ k.transpose(-2, -1)) * scale  # (B, H, Nq, Nk)
     if bias is not None:
         scores = scores + bias
-    a = masked_softmax(scores, mask)
-    a_drop = F.dropout(a, p=dropout) if dropout > 0 else a
+    weights = masked_softmax(scores, mask)
+    a_drop = F.dropout(weights, p=dropout) if dropout > 0 else weights
     out = a_drop @ v  # (B, H, Nq, Ev)
-    return (out, a) if return_weights else out
+    return (out, weights) if return_weights else out
 
 
 def _sdpa(q, k, v, gqa, mask, bias, scale, dropout):

@@ -80,13 +80,13 @@ def one_query_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = N
     """
     B, H, _, E = q.shape
     Hkv = k.shape[1]
-    qg = q.reshape(B, Hkv, H // Hkv, 1, E).float()  # (B, Hkv, g, 1, E): the g query heads of each key head
-    scores = (qg * k[:, :, None].float()).sum(-1) * E**-0.5  # (B, Hkv, g, L)
+    q_grouped = q.reshape(B, Hkv, H // Hkv, 1, E).float()  # (B, Hkv, g, 1, E): the g query heads of each key head
+    scores = (q_grouped * k[:, :, None].float()).sum(-1) * E**-0.5  # (B, Hkv, g, L)
     if mask is not None:  # (B, 1, 1, L) broadcasts over (Hkv, g)
         has_any = mask.any(dim=-1, keepdim=True)  # a row without keys attends everywhere, then is zeroed
         scores = scores.masked_fill(~(mask | ~has_any), float("-inf"))
-    a = torch.softmax(scores, dim=-1)
-    out = (a[..., None] * v[:, :, None].float()).sum(-2)  # (B, Hkv, g, E)
+    weights = torch.softmax(scores, dim=-1)
+    out = (weights[..., None] * v[:, :, None].float()).sum(-2)  # (B, Hkv, g, E)
     if mask is not None:
         out = out * has_any.to(out.dtype)
     return out.reshape(B, H, 1, E).to(q.dtype)
@@ -193,7 +193,7 @@ class MultiHeadAttention(nn.Module):
             self.qkv_proj = nn.Linear(dim, self.q_dim + self.kv_dim + self.v_dim, bias=bias)
         self.out_proj = nn.Linear(self.q_dim, dim, bias=bias)
         self.out_drop = (nn.Dropout(dropout) if dropout > 0 else nn.Identity())
-        kind = qk_norm if callable(qk_norm) else (lambda e: nn.RMSNorm(e)) if qk_norm else None
+        kind = qk_norm if callable(qk_norm) else (lambda width: nn.RMSNorm(width)) if qk_norm else None
         self.q_norm = kind(head_dim) if kind else None
         self.k_norm = kind(head_dim) if kind else None
 
@@ -206,19 +206,20 @@ class MultiHeadAttention(nn.Module):
         """Queries ``Q = X W_q`` ``(B, N, H·E)``."""
         if self.is_cross:
             return self.q_proj(x)
-        b = self.qkv_proj.bias
-        return F.linear(x, self.qkv_proj.weight[: self.q_dim], None if b is None else b[: self.q_dim])
+        qkv_bias = self.qkv_proj.bias
+        return F.linear(x, self.qkv_proj.weight[: self.q_dim], None if qkv_bias is None else qkv_bias[: self.q_dim])
 
     def project_kv(self, context: Tensor) -> tuple[Tensor, Tensor]:
         """Keys and values of a context, ``K = C W_k`` and ``V = C W_v``, each ``(B, M, Hkv·E)``."""
         if self.is_cross:
-            kv = self.kv_proj(context)
+            keys_values = self.kv_proj(context)
         else:  # a view of the fused matrix's K and V rows: no copy
-            b = self.qkv_proj.bias
-            kv = F.linear(context, self.qkv_proj.weight[self.q_dim :], None if b is None else b[self.q_dim :])
+            qkv_bias = self.qkv_proj.bias
+            keys_values = F.linear(context, self.qkv_proj.weight[self.q_dim :],
+                                   None if qkv_bias is None else qkv_bias[self.q_dim :])
         if not self.value_proj:  # W_v = I: the values are the context's tokens themselves
-            return kv, context
-        return kv.split([self.kv_dim, self.kv_dim], -1)
+            return keys_values, context
+        return keys_values.split([self.kv_dim, self.kv_dim], -1)
 
     def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Self-attention's ``Q, K, V`` with one matmul against ``[W_q; W_k; W_v]``."""
@@ -233,11 +234,11 @@ class MultiHeadAttention(nn.Module):
         for part in ("weight", "bias"):
             q, k, v = (prefix + f"{n}_proj.{part}" for n in "qkv")
             if k in state_dict and v in state_dict:
-                kv = torch.cat([state_dict.pop(k), state_dict.pop(v)])
+                kv_param = torch.cat([state_dict.pop(k), state_dict.pop(v)])
                 if self.is_cross:
-                    state_dict[prefix + f"kv_proj.{part}"] = kv
+                    state_dict[prefix + f"kv_proj.{part}"] = kv_param
                 elif q in state_dict:
-                    state_dict[prefix + f"qkv_proj.{part}"] = torch.cat([state_dict.pop(q), kv])
+                    state_dict[prefix + f"qkv_proj.{part}"] = torch.cat([state_dict.pop(q), kv_param])
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(
@@ -281,10 +282,10 @@ class MultiHeadAttention(nn.Module):
         out = self._attend(q, k, v, mask, bias=bias, is_causal=is_causal and not cross, cross=cross,
                            return_weights=return_weights)
         if return_weights:
-            out, a = out
+            out, weights = out
         out = out.transpose(1, 2).reshape(B, N, self.q_dim)  # (B, N, H·E)
         out = self.out_drop(self.out_proj(out))
-        return (out, a) if return_weights else out
+        return (out, weights) if return_weights else out
 
     def _cross_qkv(self, x: Tensor, context: Tensor, cache: KVCache | None) -> tuple[Tensor, Tensor, Tensor]:
         """Queries from ``x``, keys and values from ``context`` (computed once into a static cache and reused)."""
@@ -310,10 +311,10 @@ class MultiHeadAttention(nn.Module):
         """Queries, keys and values from ``x`` (rotated by ``rope``), the keys and values appended to ``cache``."""
         if rope is not None and self.k_norm is None:
             # Q and K are adjacent columns of [W_q; W_k; W_v]'s output: one rotation turns both.
-            qk, v = self.qkv_proj(x).split([self.q_dim + self.kv_dim, self.v_dim], -1)
+            q_and_k, v = self.qkv_proj(x).split([self.q_dim + self.kv_dim, self.v_dim], -1)
             v = v if self.value_proj else x
-            qk = apply_rope(self._heads(qk, self.num_heads + self.num_kv_heads), *rope)  # (B, H+Hkv, N, E)
-            q, k = qk.split([self.num_heads, self.num_kv_heads], 1)  # (B, H, N, E), (B, Hkv, N, E)
+            q_and_k = apply_rope(self._heads(q_and_k, self.num_heads + self.num_kv_heads), *rope)  # (B, H+Hkv, N, E)
+            q, k = q_and_k.split([self.num_heads, self.num_kv_heads], 1)  # (B, H, N, E), (B, Hkv, N, E)
         else:
             q, k, v = self.project_qkv(x)
             q = self._heads(q, self.num_heads)  # (B, H, N, E)

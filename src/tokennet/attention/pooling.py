@@ -148,8 +148,8 @@ def average_pooling(queries: Tensor, values: Tensor) -> Tensor:
     if queries.dim() == 1 and values.dim() == 1:
         return values.mean().expand(queries.shape[0])  # (Nq,)
     if queries.dim() == 3 and values.dim() == 3 and queries.shape[0] == values.shape[0]:
-        B, Nq, _ = queries.shape
-        return values.mean(dim=1, keepdim=True).expand(B, Nq, values.shape[-1])  # (B, Nq, dv)
+        B, n_queries, _ = queries.shape
+        return values.mean(dim=1, keepdim=True).expand(B, n_queries, values.shape[-1])  # (B, Nq, dv)
     raise ValueError(
         f"expected 1-D queries (Nq,) and values (N,), or batched (B, Nq, d) and (B, N, dv) with the same B; "
         f"got {tuple(queries.shape)} and {tuple(values.shape)}"

@@ -124,10 +124,10 @@ class AdditiveScore(Score):
 
     def forward(self, queries: Tensor, keys: Tensor) -> Tensor:
         _check_pair(queries, keys, same_width=False)
-        dq, dk = self.W_q.in_features, self.W_k.in_features
-        if queries.shape[-1] != dq or keys.shape[-1] != dk:
+        q_width, k_width = self.W_q.in_features, self.W_k.in_features
+        if queries.shape[-1] != q_width or keys.shape[-1] != k_width:
             raise ValueError(
-                f"AdditiveScore was built for query width {dq} and key width {dk}, got "
+                f"AdditiveScore was built for query width {q_width} and key width {k_width}, got "
                 f"{queries.shape[-1]} and {keys.shape[-1]}; "
                 "build it with AdditiveScore(query_dim, key_dim, hidden_dim) for your widths"
             )
@@ -173,8 +173,8 @@ class GaussianKernel(_BandwidthKernel):
 
     def forward(self, queries: Tensor, keys: Tensor) -> Tensor:
         _check_pair(queries, keys, same_width=True)
-        sq = _differences(queries, keys).pow(2).sum(-1)  # (B, Nq, Nk)
-        return -sq / (2 * self.bandwidth**2)
+        sq_dist = _differences(queries, keys).pow(2).sum(-1)  # (B, Nq, Nk)
+        return -sq_dist / (2 * self.bandwidth**2)
 
 
 class LaplaceKernel(_BandwidthKernel):

@@ -103,39 +103,39 @@ def window_layout(grid: tuple[int, int], window_size: int | tuple[int, int], shi
     """The windows of a ``grid``: ``window_size`` per axis, at most the grid (Swin: a grid no larger than the
     window is one window, and is not shifted); ``shifted`` shifts each axis that has several windows by half
     a window."""
-    gh, gw = grid
-    ws = (window_size, window_size) if isinstance(window_size, int) else tuple(window_size)
-    if gh < 1 or gw < 1 or min(ws) < 1:
+    grid_h, grid_w = grid
+    size = (window_size, window_size) if isinstance(window_size, int) else tuple(window_size)
+    if grid_h < 1 or grid_w < 1 or min(size) < 1:
         raise ValueError(f"grid and window_size must be positive, got grid={grid}, window_size={window_size}")
-    wh, ww = min(ws[0], gh), min(ws[1], gw)
-    sh = wh // 2 if shifted and gh > wh else 0
-    sw = ww // 2 if shifted and gw > ww else 0
-    padded = (-(-gh // wh) * wh, -(-gw // ww) * ww)
-    return WindowLayout((gh, gw), (wh, ww), (sh, sw), padded)
+    win_h, win_w = min(size[0], grid_h), min(size[1], grid_w)
+    shift_h = win_h // 2 if shifted and grid_h > win_h else 0
+    shift_w = win_w // 2 if shifted and grid_w > win_w else 0
+    padded = (-(-grid_h // win_h) * win_h, -(-grid_w // win_w) * win_w)
+    return WindowLayout((grid_h, grid_w), (win_h, win_w), (shift_h, shift_w), padded)
 
 
 @functools.lru_cache(maxsize=64)
 def _token_index(lay: WindowLayout) -> Tensor:
-    (gh, gw), (wh, ww), (sh, sw), (Hp, Wp) = lay.grid, lay.window, lay.shift, lay.padded
-    rr = torch.arange(Hp).view(Hp // wh, wh)  # (nh, wh): rolled rows of each window row
-    rc = torch.arange(Wp).view(Wp // ww, ww)  # (nw, ww)
+    (grid_h, grid_w), (win_h, win_w), (shift_h, shift_w), (pad_h, pad_w) = lay.grid, lay.window, lay.shift, lay.padded
+    rolled_rows = torch.arange(pad_h).view(pad_h // win_h, win_h)  # (nh, wh): rolled rows of each window row
+    rolled_cols = torch.arange(pad_w).view(pad_w // win_w, win_w)  # (nw, ww)
     # The roll by −s moved the padded grid's row r to (r − s) mod Hp: rolled row ρ holds row (ρ + s) mod Hp.
-    r = (rr + sh) % Hp
-    c = (rc + sw) % Wp
-    r = r[:, None, :, None].expand(-1, Wp // ww, -1, ww)  # (nh, nw, wh, ww)
-    c = c[None, :, None, :].expand(Hp // wh, -1, wh, -1)  # (nh, nw, wh, ww)
-    idx = torch.where((r < gh) & (c < gw), r * gw + c, torch.full_like(r, -1))
+    row = (rolled_rows + shift_h) % pad_h
+    col = (rolled_cols + shift_w) % pad_w
+    row = row[:, None, :, None].expand(-1, pad_w // win_w, -1, win_w)  # (nh, nw, wh, ww)
+    col = col[None, :, None, :].expand(pad_h // win_h, -1, win_h, -1)  # (nh, nw, wh, ww)
+    idx = torch.where((row < grid_h) & (col < grid_w), row * grid_w + col, torch.full_like(row, -1))
     return idx.reshape(lay.num_windows, lay.tokens)  # (nW, N)
 
 
 def _regions(lay: WindowLayout) -> Tensor:
     """``(nW, N)`` in 0..3: which side of the wrap each window slot is on, per axis (row wrap · 2 + column wrap)."""
-    (wh, ww), (sh, sw), (Hp, Wp) = lay.window, lay.shift, lay.padded
-    rr = torch.arange(Hp).view(Hp // wh, wh)  # rolled rows, per window row
-    rc = torch.arange(Wp).view(Wp // ww, ww)
+    (win_h, win_w), (shift_h, shift_w), (pad_h, pad_w) = lay.window, lay.shift, lay.padded
+    rolled_rows = torch.arange(pad_h).view(pad_h // win_h, win_h)  # rolled rows, per window row
+    rolled_cols = torch.arange(pad_w).view(pad_w // win_w, win_w)
     # A rolled row ρ ≥ Hp − s holds a row that wrapped from the top: it is no neighbour of the rows before it.
-    wrap_r = (rr >= Hp - sh) if sh else torch.zeros_like(rr, dtype=torch.bool)
-    wrap_c = (rc >= Wp - sw) if sw else torch.zeros_like(rc, dtype=torch.bool)
+    wrap_r = (rolled_rows >= pad_h - shift_h) if shift_h else torch.zeros_like(rolled_rows, dtype=torch.bool)
+    wrap_c = (rolled_cols >= pad_w - shift_w) if shift_w else torch.zeros_like(rolled_cols, dtype=torch.bool)
     region = wrap_r.long()[:, None, :, None] * 2 + wrap_c.long()[None, :, None, :]  # (nh, nw, wh, ww)
     return region.reshape(lay.num_windows, lay.tokens)  # (nW, N)
 
@@ -150,25 +150,25 @@ def _window_mask(lay: WindowLayout) -> Tensor:
 @functools.lru_cache(maxsize=64)
 def _groups(lay: WindowLayout) -> Tensor:
     idx = _token_index(lay)  # (nW, N)
-    g = torch.arange(lay.num_windows)[:, None] * 4 + _regions(lay)  # (nW, N)
+    group = torch.arange(lay.num_windows)[:, None] * 4 + _regions(lay)  # (nW, N)
     out = torch.empty(lay.grid[0] * lay.grid[1], dtype=torch.long)
-    out[idx[idx >= 0]] = g[idx >= 0]
+    out[idx[idx >= 0]] = group[idx >= 0]
     return out
 
 
 def window_partition(x: Tensor, window: tuple[int, int]) -> Tensor:
     """``(B, H, W, D) → (B·nW, wh·ww, D)``: non-overlapping windows, row-major, each row-major inside."""
     B, H, W, D = x.shape
-    wh, ww = window
-    x = x.view(B, H // wh, wh, W // ww, ww, D).permute(0, 1, 3, 2, 4, 5)  # (B, nh, nw, wh, ww, D)
-    return x.reshape(-1, wh * ww, D)
+    win_h, win_w = window
+    x = x.view(B, H // win_h, win_h, W // win_w, win_w, D).permute(0, 1, 3, 2, 4, 5)  # (B, nh, nw, wh, ww, D)
+    return x.reshape(-1, win_h * win_w, D)
 
 
 def window_reverse(windows: Tensor, window: tuple[int, int], grid: tuple[int, int]) -> Tensor:
     """The inverse of :func:`window_partition`: ``(B·nW, wh·ww, D) → (B, H, W, D)``."""
-    (wh, ww), (H, W) = window, grid
+    (win_h, win_w), (H, W) = window, grid
     D = windows.shape[-1]
-    x = windows.view(-1, H // wh, W // ww, wh, ww, D).permute(0, 1, 3, 2, 4, 5)  # (B, nh, wh, nw, ww, D)
+    x = windows.view(-1, H // win_h, W // win_w, win_h, win_w, D).permute(0, 1, 3, 2, 4, 5)  # (B, nh, wh, nw, ww, D)
     return x.reshape(-1, H, W, D)
 
 
@@ -198,9 +198,9 @@ class WindowAttention(MultiHeadAttention):
     def __init__(self, dim: int, num_heads: int, window_size: int | tuple[int, int], *, shifted: bool = False,
                  bias: bool = True, dropout: float = 0.0, backend: str = "auto"):
         super().__init__(dim, num_heads, bias=bias, dropout=dropout, backend=backend)
-        ws = (window_size, window_size) if isinstance(window_size, int) else tuple(window_size)
-        self.window_size, self.shifted = ws, shifted
-        self.rel_bias = RelativePositionBias2D(ws, num_heads)
+        size = (window_size, window_size) if isinstance(window_size, int) else tuple(window_size)
+        self.window_size, self.shifted = size, shifted
+        self.rel_bias = RelativePositionBias2D(size, num_heads)
 
     def layout(self, grid: tuple[int, int]) -> WindowLayout:
         """How this layer cuts a ``grid`` into windows."""
@@ -209,48 +209,52 @@ class WindowAttention(MultiHeadAttention):
     def _window_bias(self, lay: WindowLayout) -> Tensor:
         """The relative bias of the layout's window ``(H, N, N)``: the table's centre when the window is smaller
         than the configured one (a small grid), whose offsets are a subset of the table's."""
-        b = self.rel_bias()  # (H, M², M²)
+        table_bias = self.rel_bias()  # (H, M², M²)
         if lay.window == self.window_size:
-            return b
-        mw, (wh, ww) = self.window_size[1], lay.window
-        keep = (torch.arange(wh)[:, None] * mw + torch.arange(ww)[None, :]).flatten()  # the top-left wh × ww slots
-        return b[:, keep][:, :, keep]  # (H, N, N)
+            return table_bias
+        table_w, (win_h, win_w) = self.window_size[1], lay.window
+        # the top-left wh × ww slots
+        keep = (torch.arange(win_h)[:, None] * table_w + torch.arange(win_w)[None, :]).flatten()
+        return table_bias[:, keep][:, :, keep]  # (H, N, N)
 
     def forward(self, x: Tensor, *, return_weights: bool = False):  # type: ignore[override]
         """``(B, h, w, D) → (B, h, w, D)``; with ``return_weights``, ``(out, A)`` where ``A`` ``(B, H, h·w, h·w)``
         is the attention over the whole grid (zero outside each token's window), in row-major token order."""
         if x.dim() != 4 or x.shape[-1] != self.dim:
             raise ValueError(f"x must be a token grid (B, h, w, {self.dim}), got {tuple(x.shape)}")
-        B, gh, gw, D = x.shape
-        lay = self.layout((gh, gw))
-        (wh, ww), (sh, sw), (Hp, Wp) = lay.window, lay.shift, lay.padded
-        nh, nw, nW, N, H, E = Hp // wh, Wp // ww, lay.num_windows, lay.tokens, self.num_heads, self.head_dim
-        if (Hp, Wp) != (gh, gw):
-            x = F.pad(x, (0, 0, 0, Wp - gw, 0, Hp - gh))  # (B, Hp, Wp, D): zeros at the bottom and right
-        if sh or sw:
-            x = x.roll((-sh, -sw), dims=(1, 2))  # the cyclic shift
+        B, grid_h, grid_w, D = x.shape
+        lay = self.layout((grid_h, grid_w))
+        (win_h, win_w), (shift_h, shift_w), (pad_h, pad_w) = lay.window, lay.shift, lay.padded
+        win_rows, win_cols, n_win = pad_h // win_h, pad_w // win_w, lay.num_windows
+        N, H, E = lay.tokens, self.num_heads, self.head_dim
+        if (pad_h, pad_w) != (grid_h, grid_w):
+            x = F.pad(x, (0, 0, 0, pad_w - grid_w, 0, pad_h - grid_h))  # (B, Hp, Wp, D): zeros at the bottom and right
+        if shift_h or shift_w:
+            x = x.roll((-shift_h, -shift_w), dims=(1, 2))  # the cyclic shift
 
         def windows(t: Tensor) -> Tensor:  # (B, Hp·Wp, H·E) → (B, nW·H, N, E)
-            t = t.view(B, nh, wh, nw, ww, H, E).permute(0, 1, 3, 5, 2, 4, 6)  # (B, nh, nw, H, wh, ww, E)
-            return t.reshape(B, nW * H, N, E)
+            # (B, nh, nw, H, wh, ww, E)
+            t = t.view(B, win_rows, win_h, win_cols, win_w, H, E).permute(0, 1, 3, 5, 2, 4, 6)
+            return t.reshape(B, n_win * H, N, E)
 
-        q, k, v = (windows(t) for t in self.project_qkv(x.reshape(B, Hp * Wp, D)))  # (B, nW·H, N, E) each
-        bias = self._window_bias(lay).to(q.dtype).repeat(nW, 1, 1)[None]  # (1, nW·H, N, N): window-major
+        q, k, v = (windows(t) for t in self.project_qkv(x.reshape(B, pad_h * pad_w, D)))  # (B, nW·H, N, E) each
+        bias = self._window_bias(lay).to(q.dtype).repeat(n_win, 1, 1)[None]  # (1, nW·H, N, N): window-major
         mask = lay.mask()
         if mask is not None:
-            mask = mask.to(x.device)[:, None].expand(nW, H, N, N).reshape(1, nW * H, N, N)
+            mask = mask.to(x.device)[:, None].expand(n_win, H, N, N).reshape(1, n_win * H, N, N)
         out = attention(q, k, v, mask, bias=bias, dropout=self.dropout if self.training else 0.0,
                         backend="math" if return_weights else self.backend, return_weights=return_weights)
         if return_weights:
-            out, a = out
-        out = out.view(B, nh, nw, H, wh, ww, E).permute(0, 1, 4, 2, 5, 3, 6)  # (B, nh, wh, nw, ww, H, E)
-        out = out.reshape(B, Hp, Wp, H * E)
-        if sh or sw:
-            out = out.roll((sh, sw), dims=(1, 2))  # undo the shift
-        out = self.out_drop(self.out_proj(out[:, :gh, :gw]))  # (B, h, w, D)
+            out, weights = out
+        # (B, nh, wh, nw, ww, H, E)
+        out = out.view(B, win_rows, win_cols, H, win_h, win_w, E).permute(0, 1, 4, 2, 5, 3, 6)
+        out = out.reshape(B, pad_h, pad_w, H * E)
+        if shift_h or shift_w:
+            out = out.roll((shift_h, shift_w), dims=(1, 2))  # undo the shift
+        out = self.out_drop(self.out_proj(out[:, :grid_h, :grid_w]))  # (B, h, w, D)
         if not return_weights:
             return out
-        return out, _full_map(a.view(B, nW, H, N, N), lay)
+        return out, _full_map(weights.view(B, n_win, H, N, N), lay)
 
     def extra_repr(self) -> str:
         return f"window_size={self.window_size}, shifted={self.shifted}"
@@ -258,13 +262,13 @@ class WindowAttention(MultiHeadAttention):
 
 def _full_map(a: Tensor, lay: WindowLayout) -> Tensor:
     """Window attention ``(B, nW, H, N, N)`` → the same weights on the whole grid ``(B, H, L, L)``."""
-    B, nW, H, N, _ = a.shape
+    B, n_win, H, N, _ = a.shape
     L = lay.grid[0] * lay.grid[1]
     idx = lay.token_index().to(a.device)
     idx = torch.where(idx < 0, torch.full_like(idx, L), idx)  # padding goes to a spare row/column, dropped below
     full = a.new_zeros(B, H, L + 1, L + 1)
-    rows = idx[:, :, None].expand(nW, N, N)
-    cols = idx[:, None, :].expand(nW, N, N)
+    rows = idx[:, :, None].expand(n_win, N, N)
+    cols = idx[:, None, :].expand(n_win, N, N)
     full[:, :, rows, cols] = a.permute(0, 2, 1, 3, 4)  # (B, H, nW, N, N)
     return full[:, :, :L, :L]
 
