@@ -17,54 +17,8 @@ training), ``clean`` (the held-out voices' clips without their noise) and ``whit
 Training for them (``wave_augment``; ``auto``, the default, is ``noise+resynth+voices`` on the generated
 digits and ``none`` on a directory): the clips synthesized clean, white/pink/babble noise at U(0, 30) dB
 drawn afresh at every step, half the clips re-synthesized with a new voice source (LPC, U(80, 260) Hz), and
-240 more espeak-ng voices for training. Measured with ``python bench/audio_robust.py`` (seed 0, one thread of a
-shared machine, two runs at a time; accuracy at fixed steps does not depend on the load), test accuracy in %
-after 600 steps unless the row says otherwise; every "+" row changes one thing from the row it is indented
-under:
-
-======================================= ======== =========== ========== ========= =========== ==========
-training                                held-out other synth white 10dB pink 10dB babble 10dB babble 0dB
-======================================= ======== =========== ========== ========= =========== ==========
-clips as generated (noisy; SpecAugment) 99.8     51.2        99.7       88.0      33.5        15.8
-  − SpecAugment                         99.8     60.4        100.0      92.0      30.8        15.5
-clean clips, white noise drawn afresh   100.0    52.1        100.0      92.2      33.5        15.3
-  + speed perturbation ×U(0.85, 1.15)   100.0    52.1        100.0      94.5      29.8        19.7
-  + white/pink/babble noise U(0, 30) dB 99.7     51.7        99.7       99.8      98.8        60.0
-  + 240 more espeak-ng voices           100.0    62.9        99.8       69.8      18.2        11.5
-  + random equalizer                    99.8     58.7        100.0      92.2      27.2        17.8
-  + low-pass (30 %)                     99.8     37.5        100.0      87.3      31.5        16.8
-  + frequency warp (VTLP)               100.0    45.4        100.0      80.8      20.7        12.8
-  + per-band mean normalization         100.0    58.3        100.0      99.5      25.7        14.7
-  + LPC re-synthesis (half the clips)   100.0    48.3        100.0      95.8      26.8        17.2
-  + re-synthesis + voices               99.8     70.4        99.8       79.2      27.2        16.2
-  + noise + re-synthesis + voices       99.8     70.8        99.2       100.0     97.7        53.8
-    − SpecAugment                       99.8     71.2        99.3       99.7      98.7        62.5
-    + per-band normalization            99.2     71.2        98.5       99.7      89.5        35.0
-    − SpecAugment + per-band norm.      100.0    71.2        99.8       99.8      95.0        43.8
-    1,500 steps                         99.8     76.7        99.8       100.0     99.3        68.3
-    3,000 steps                         100.0    80.0        100.0      100.0     99.8        80.7
-  all of speed, noise, voices, EQ, …    99.0     64.2        98.2       99.3      87.5        33.3
-======================================= ======== =========== ========== ========= =========== ==========
-
-One seed, 240 clips of the other synthesizers: differences of a few points are noise. Only the voices
-(espeak-ng's own, or a new LPC source on espeak-ng's envelopes) and more steps move the other synthesizers
-much; noise mixing is what holds accuracy at 10 and 0 dB. So ``wave_augment=auto`` is noise + re-synthesis +
-voices, with SpecAugment kept (it costs nothing measurable there), and the recipe trains 1,500 steps.
-
-The default run (seed 0, idle, 2 threads: 1,500 steps in 181 s of training, 214 s from launch to metrics; run as
-``tokennet train audio --set max_iters=1500`` just before 1,500 became the default — the same run, since the 270-s
-budget, which that command drops, never bound): held-out voices 100% (the MFCC + SVM baseline 99.17%); the other
-synthesizers (Flite and Festival) **82.1%** (the baseline 15.0%); at 10 dB white 100%, pink 100%, babble 99.5%; at 0
-dB 98.5%, 97.8%, 68.8% (the baseline's ``baseline_accuracy_<set>``: at 10 dB 98.7%, 52.5%, 10.0%). The goal at 10 dB
-(≥ 95%) is met. Seeds 1 and 2 (each also its own draw of held-out voices; one thread beside other jobs, the same
-1,500 steps): held-out 99.33% and 99.83% (baseline 97.17%, 96.67%), other synthesizers 80.4% and 80.8%, 10 dB
-white/pink/babble 98.8/99.0/98.0% and 99.8/99.8/99.7% — medians over the three seeds: other synthesizers 80.8%,
-babble at 10 dB 99.5%. The other synthesizers stay short of the 90% goal — 80.0% after 3,000 steps in the bench,
-where Festival's HMM voice of the ``slt`` speaker is the hardest (57%): its voices differ from every espeak-ng
-voice, resynthesized or not, and more steps gain less and less (600 → 1,500 → 3,000 steps: 70.8 → 76.7 → 80.0%).
-Clips of any length (bench, 600 steps): untrimmed slow words of the held-out voices 97.0% and words at a random
-place in 4 s of pink noise 99.5% (the most confident window; the mean of the windows' log-probabilities 97.3% and
-62.3%); after 3,000 steps 99.3% and 100% (mean: 99.2%, 31.5%).
+240 more espeak-ng voices for training; 1,500 steps (``max_iters``) capped at 270 s (``time_budget``). Why
+these (``python bench/audio_robust.py``, one change per row) and how the default run did: ``docs/experiments/audio.md``.
 
 Model: the ``ast-digits`` preset (:mod:`tokennet.models.ast`): a 40-mel log spectrogram of 1-s clips
 (25 ms windows every 10 ms: 40 × 101), tokenized by a conv stem (ViT_C, as the ``vit`` recipe's
@@ -72,26 +26,15 @@ Fashion-MNIST profile: three stride-2 3×3 convolutions, so each of the 5 × 13 
 8×8 cell and sees its neighbours), learned positions, 2 blocks × 64, mean pooling, SpecAugment
 (``freq_mask=6`` mel bins, ``time_mask=12`` frames, two of each). The paper's tokenizer — overlapping
 patches and a linear embedding — is ``--set patch_embed=conv patch_stride=4 pad=true`` (8×8 patches at
-stride 4: 9 × 25 = 225 tokens; the ``ast-digits-patches`` preset). Measured on a shared 2-core machine
-(load average 6–8, so several times slower than idle; same data, seed 0): after 250 steps the conv stem's
-training loss was 0.79 where the 225 overlapping patches' was 1.28 (and the 65 non-overlapping 8×8
-patches' 1.61 at step 200), and a conv-stem step took about half the time of a 225-patch step (back to
-back in one process); the conv stem reached 98.2% on the held-out voices after 300 steps and 99.0% after 345
-(a 900-s budget on the shared machine; the baseline: 99.2%).
+stride 4: 9 × 25 = 225 tokens; the ``ast-digits-patches`` preset); why the stem is the default:
+``docs/experiments/audio.md``.
 
 Baseline, on the same split in the same run: each clip's 13 MFCCs (the DCT-II of the same 40-mel log
 spectrogram) summarized by their mean and standard deviation over time (26 numbers), standardized, then
 an RBF SVM (``sklearn.svm.SVC(C=10)``). ``metrics.json`` holds ``baseline_accuracy`` next to
 ``test_accuracy``, and both per held-out voice (``accuracy_by_voice``, ``baseline_accuracy_by_voice``).
-Goal: test accuracy ≥ 98% on held-out voices and above the baseline within 5 minutes on 2 cores.
-
-Measured (``python bench/audio.py --threads 2 --set max_iters=600 time_budget=none eval_interval=200``,
-data seed 0: 2,760 training clips of 92 voices, 600 test clips of 20 held-out voices) on a *shared* 2-core
-machine (load average 9 → 5 during the run, so the clock is several times an idle machine's): test accuracy
-82.8% after 200 steps, 99.67% after 400, 100% (600/600, every held-out voice 30/30) after 600 steps
-(13.9 epochs, 943 s of training under that load); the MFCC + SVM baseline 99.17% (5 errors, on 4 voices).
-(That was before ``wave_augment``.) The default now — 1,500 steps with ``wave_augment=auto``, capped at 270 s —
-timed on an idle machine: 181 s of training, 214 s from launch to metrics (above), within the 5 minutes.
+Goal: test accuracy ≥ 98% on held-out voices and above the baseline within 5 minutes on 2 cores; for the other
+synthesizers ≥ 90%, and ≥ 95% at 10 dB of noise. Measured: ``docs/experiments/audio.md``.
 """
 
 from __future__ import annotations

@@ -14,13 +14,8 @@ Laplacian gives it back"), measured. ``test_accuracy`` is the configured model's
 it (a row of the table).
 
 The default model is the best row of that table: full attention with the spectral-kernel bias over all
-``pe_dim=16`` eigenpairs. Measured (``tokennet train graph``, the defaults: 800 steps, seed 0, 2,000 test
-graphs): spectral-kernel bias 97.7% test accuracy, adjacency mask 96.0%, commute-time positions 84.0%,
-distance bias 71.3%, random-walk positions 35.4%, raw Laplacian eigenvectors 26.8%, no structure 26.5% (the
-majority class: 28%); ``python bench/graph_positions.py`` has more variants (commute-time with 8
-eigenpairs: 88.9%). Raw eigenvectors carry nothing here because their signs and, within a repeated eigenvalue, their
-basis are arbitrary; scaled by ``1/√λ`` (commute time) or combined as ``V φ(Λ) Vᵀ`` they are functions of the
-graph alone.
+``pe_dim=16`` eigenpairs (800 steps). The table and why raw eigenvectors carry nothing here:
+``docs/experiments/graph.md``.
 
 ``--data qm9`` (or a directory with QM9's CSV files): real molecules from the PyPI package ``qm9pack``,
 atoms as tokens, bonds from interatomic distances; the target (``--set target=homo_lumo_gap``, any of
@@ -30,10 +25,8 @@ atoms as tokens, bonds from interatomic distances; the target (``--set target=ho
 ``metrics.json``: ``test_mae`` (``test_mae_ev`` for energies), next to in-run baselines: the mean
 predictor and a linear model on atom-type counts.
 
-Measured (``python bench/graph.py --qm9``, the profile's defaults, 2 threads, idle 2-core AMD EPYC, torch
-2.13): 20 minutes, 10,776 steps, test MAE 0.1311 eV on 10,831 molecules (baselines: mean 1.0889, linear
-on atom counts 0.8101). With AdamW instead of Muon (the profile before; measured at the previous stop) it
-reached 0.1744 eV.
+The profile trains with Muon for 20 minutes; measured (``python bench/graph.py --qm9``):
+``docs/experiments/graph.md``.
 """
 
 from __future__ import annotations

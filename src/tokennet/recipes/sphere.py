@@ -24,39 +24,10 @@ regimes NR/NR, R/R, NR/R (train/test) for
 each trained for ``ablation_steps`` (default 400, the table's budget: eight trainings) on the same images from
 the same seed (a model whose settings and steps match the configured model and regime reuses its figure;
 ``ablation_steps`` is in ``metrics.json``). The configured model trains for 1,200 steps (``max_iters``).
-Anchor (MNIST, Cohen et al.): planar CNN NR/R 11 %, spherical CNN R/R 95 %,
-NR/R 94 %.
+Anchor (MNIST, Cohen et al.): planar CNN NR/R 11 %, spherical CNN R/R 95 %, NR/R 94 %; goal: NR/R ≥ 90 %.
 
-The configured model's 1,200 steps (``python bench/sphere_invariant.py --rows frame-oriented --steps 1200
---seeds 0 1 2``; R/R with seed 0 only, ``--regimes NR`` for seeds 1 and 2): NR/NR 91.7 / 90.9 / 92.2 %, NR/R
-89.9 / 90.3 / 91.4 % (median **90.3 %**: the issue's ≥ 90 %, 0.6–1.8 points below NR/NR), R/R 91.2 %;
-440–500 CPU seconds of training per run on one thread (of a shared machine; one such run stays inside
-10 minutes). ``tokennet train sphere`` (the defaults, seed 0, one thread of a shared machine) wrote the same
-figures as the bench's seed 0 — ``test_accuracy`` 91.66 %, ``test_accuracy_rotated`` 89.88 % — and its table at
-400 steps: planar ViT 73.2 / 19.9 / 11.8 %, absolute SH positions 83.8 / 17.9 / 9.8 %, angle bias 70.3 / 71.0 /
-68.6 %, frame 85.8 / 89.1 / 85.3 % (NR/NR, R/R, NR/R).
-
-Fashion-MNIST on the sphere, the profile's settings (``python bench/sphere_invariant.py --data fashion-mnist
---rows planar frame-oriented --steps 1500``: 59,000 training and 2,000 test images, 400 centres on 6,400
-samples, 1,500 steps × 32 — under one epoch — seed 0, one thread of a shared machine): the frame model NR/NR
-73.8 %, R/R 72.2 %, NR/R 73.4 % (0.4 points lost to rotations; 1,267 CPU seconds of training), the planar ViT
-78.0 %, 40.1 %, 14.6 %. Invariant, but 4 points under the planar model on unrotated images, and far under the
-flat ``vit`` recipe's 92.8 % with its 18,770 steps: on this data the sphere model is step-limited (21 CPU
-minutes for 1,500 steps).
-
-Measured for the frame model at 400 steps (``python bench/sphere_invariant.py --rows today frame
-frame-oriented``: digits, 899 test images, the recipe's data and training settings, 400 steps × 32 per model
-and regime, seed 0, one thread on a shared machine — accuracy at fixed steps does not depend on the load),
-test accuracy NR/NR, R/R, NR/R: angle bias + centroid (the previous default) 70.3, 71.0, 68.6 %; + SH
-positions in the signal's frame 77.2, 76.9, 78.4 %; + zonal coefficients oriented by the frame (the default)
-85.8, 89.1, 85.3 % — NR/R 0.5 points below NR/NR, still below the anchor's 94 %; one seed (the angle-bias
-model moved by 10 points between seeds at 400 steps). Earlier (same settings): planar ViT 73.5, 19.9,
-12.1 %; absolute SH positions 83.8, 17.9, 9.8 %; the angle-bias model's NR/R 1.7 points below its NR/NR;
-with seed 1, NR/NR 60.3 %, NR/R 59.3 % (−1.0). The previous invariant model (``position=angle-bias``,
-``descriptor=rings``) measured 45.1, 42.6, 40.6 % (−4.5 points). Single NR runs (seed 0) on the way: zonal
-descriptor with the bias alone, radius 0.35 rad, 36.3 / 36.6 % (NR/NR / NR/R); adding the centroid angle,
-72.0 / 69.2 %. The invariant model's NR/NR moves by 10 points between seeds at 400 steps, so single-run
-differences of a few points between settings are noise.
+How the default model was chosen (the table at 400 steps, the frame model's seeds, Fashion-MNIST on the sphere):
+``docs/experiments/sphere.md``.
 """
 
 from __future__ import annotations
