@@ -97,34 +97,34 @@ class Scene:
     @property
     def combination(self) -> tuple[tuple[str, str, str], ...]:
         """The set of object kinds, as a sorted tuple (what the held-out split is about)."""
-        return tuple(sorted(o.kind for o in self.objects))
+        return tuple(sorted(obj.kind for obj in self.objects))
 
 
 def caption(scene: Scene) -> str:
     """The scene's caption: objects in reading order, each related to the next ("above" / "left of")."""
     objs = scene.objects
     parts = [objs[0].words]
-    for a, b in zip(objs, objs[1:], strict=False):
-        parts.append("above" if b.row > a.row else "left of")
-        parts.append(b.words)
+    for prev_obj, next_obj in zip(objs, objs[1:], strict=False):
+        parts.append("above" if next_obj.row > prev_obj.row else "left of")
+        parts.append(next_obj.words)
     return " ".join(parts)
 
 
 def render(scene: Scene, image_size: int = IMAGE_SIZE) -> np.ndarray:
     """The scene as a float32 image ``(3, H, W)`` in [0, 1], white background."""
     img = np.ones((3, image_size, image_size), dtype=np.float32)
-    ys, xs = np.mgrid[0:image_size, 0:image_size].astype(np.float32) + 0.5  # pixel centres
-    for o in scene.objects:
-        r = o.side / 2
-        dx, dy = xs - o.cx, ys - o.cy
-        if o.shape == "circle":
-            inside = dx * dx + dy * dy <= r * r
-        elif o.shape == "square":
-            inside = (np.abs(dx) <= r) & (np.abs(dy) <= r)
+    pix_y, pix_x = np.mgrid[0:image_size, 0:image_size].astype(np.float32) + 0.5  # pixel centres
+    for obj in scene.objects:
+        half_side = obj.side / 2
+        dx, dy = pix_x - obj.cx, pix_y - obj.cy
+        if obj.shape == "circle":
+            inside = dx * dx + dy * dy <= half_side * half_side
+        elif obj.shape == "square":
+            inside = (np.abs(dx) <= half_side) & (np.abs(dy) <= half_side)
         else:  # triangle pointing up: apex at the top, base at the bottom
-            t = (dy + r) / (2 * r)  # 0 at the apex, 1 at the base
-            inside = (t >= 0) & (t <= 1) & (np.abs(dx) <= t * r)
-        img[:, inside] = np.asarray(COLORS[o.color], dtype=np.float32)[:, None]
+            t = (dy + half_side) / (2 * half_side)  # 0 at the apex, 1 at the base
+            inside = (t >= 0) & (t <= 1) & (np.abs(dx) <= t * half_side)
+        img[:, inside] = np.asarray(COLORS[obj.color], dtype=np.float32)[:, None]
     return img
 
 
@@ -137,13 +137,13 @@ def random_scene(rng: random.Random, num_objects: int | None = None) -> Scene:
     objs = []
     for cell in cells:
         size, color, shape = KINDS[rng.randrange(len(KINDS))]
-        lo, hi = SIZES[size]
-        side = rng.randint(lo, hi)
+        min_side, max_side = SIZES[size]
+        side = rng.randint(min_side, max_side)
         slack = (CELL - side) / 2 - 0.5  # keep the shape inside its cell, a pixel from the border
         row, col = divmod(cell, GRID)
-        cx = col * CELL + CELL / 2 + rng.uniform(-slack, slack)
-        cy = row * CELL + CELL / 2 + rng.uniform(-slack, slack)
-        objs.append(Obj(size, color, shape, row, col, cx, cy, side))
+        centre_x = col * CELL + CELL / 2 + rng.uniform(-slack, slack)
+        centre_y = row * CELL + CELL / 2 + rng.uniform(-slack, slack)
+        objs.append(Obj(size, color, shape, row, col, centre_x, centre_y, side))
     return Scene(tuple(objs))
 
 
@@ -165,9 +165,9 @@ def sample_scenes(n: int, seed: int | str, *, held_out: bool, split_seed: int = 
     rng = random.Random(seed)
     out: list[Scene] = []
     while len(out) < n:
-        s = random_scene(rng, num_objects)
-        if is_held_out(s, split_seed, fraction) == held_out:
-            out.append(s)
+        scene = random_scene(rng, num_objects)
+        if is_held_out(scene, split_seed, fraction) == held_out:
+            out.append(scene)
     return out
 
 
@@ -179,27 +179,27 @@ def held_out_scenes(seed: int, n: int, fraction: float = 0.2) -> list[Scene]:
 def caption_corpus() -> list[str]:
     """Text that covers every caption word in every position, for training the tokenizer."""
     lines = []
-    for (s1, c1, h1), (s2, c2, h2) in itertools.product(KINDS, KINDS):
+    for (size_a, color_a, shape_a), (size_b, color_b, shape_b) in itertools.product(KINDS, KINDS):
         for rel in ("above", "left of"):
-            lines.append(f"a {s1} {c1} {h1} {rel} a {s2} {c2} {h2}")
+            lines.append(f"a {size_a} {color_a} {shape_a} {rel} a {size_b} {color_b} {shape_b}")
     return lines
 
 
 def encode_captions(captions: Sequence[str], tokenizer, pad_id: int = 0) -> tuple[Tensor, Tensor]:
     """``(tgt_in, tgt_out)`` ``(B, T)``: ``[<bos>, y]`` and ``[y, <eos>]``, ``tgt_out`` = -100 at padding."""
-    ids = [tokenizer.encode(c) for c in captions]
-    T = max(len(i) for i in ids) + 1
+    ids = [tokenizer.encode(text) for text in captions]
+    T = max(len(seq) for seq in ids) + 1
     tgt_in = torch.full((len(ids), T), pad_id, dtype=torch.long)
     tgt_out = torch.full((len(ids), T), -100, dtype=torch.long)
-    for b, i in enumerate(ids):
-        tgt_in[b, : len(i) + 1] = torch.tensor([tokenizer.bos_id, *i])
-        tgt_out[b, : len(i) + 1] = torch.tensor([*i, tokenizer.eos_id])
+    for row, seq in enumerate(ids):
+        tgt_in[row, : len(seq) + 1] = torch.tensor([tokenizer.bos_id, *seq])
+        tgt_out[row, : len(seq) + 1] = torch.tensor([*seq, tokenizer.eos_id])
     return tgt_in, tgt_out
 
 
 def images_of(scenes: Sequence[Scene], image_size: int = IMAGE_SIZE) -> Tensor:
     """Render scenes into a batch ``(B, 3, H, W)``."""
-    return torch.from_numpy(np.stack([render(s, image_size) for s in scenes]))
+    return torch.from_numpy(np.stack([render(scene, image_size) for scene in scenes]))
 
 
 class ShapeCaptions:
@@ -221,7 +221,7 @@ class ShapeCaptions:
     def batch(self, index: int):
         scenes = sample_scenes(self.batch_size, f"train-{self.seed}-{index}", held_out=False,
                                split_seed=self.split_seed, fraction=self.fraction)
-        tgt_in, tgt_out = encode_captions([caption(s) for s in scenes], self.tokenizer, self.tokenizer.pad_id)
+        tgt_in, tgt_out = encode_captions([caption(scene) for scene in scenes], self.tokenizer, self.tokenizer.pad_id)
         return (images_of(scenes), tgt_in), tgt_out
 
 

@@ -77,10 +77,10 @@ class DataSpec:
     @classmethod
     def from_settings(cls, source: str | None, settings: dict[str, Any]) -> DataSpec:
         """The spec of a run: ``source`` (``--data``) and the fields named in ``settings`` (the rest: defaults)."""
-        kw = {k: settings[k] for k in cls.setting_names() if k in settings}
+        kwargs = {k: settings[k] for k in cls.setting_names() if k in settings}
         if "source" in field_types(cls) and source is not None:
-            kw["source"] = source
-        return cls(**kw)
+            kwargs["source"] = source
+        return cls(**kwargs)
 
     @classmethod
     def from_legacy(cls, data: str | None, settings: dict[str, Any]) -> DataSpec:
@@ -92,8 +92,8 @@ class DataSpec:
 
     def describe(self) -> str:
         """One line for reports: the kind and the fields that are not defaults."""
-        parts = [f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
-                 if f.default is dataclasses.MISSING or getattr(self, f.name) != f.default]
+        parts = [f"{spec_field.name}={getattr(self, spec_field.name)!r}" for spec_field in dataclasses.fields(self)
+                 if spec_field.default is dataclasses.MISSING or getattr(self, spec_field.name) != spec_field.default]
         return f"{self.kind}" + (f" ({', '.join(parts)})" if parts else "")
 
 

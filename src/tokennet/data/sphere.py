@@ -35,21 +35,21 @@ TEST_SEED = 7919  # the rotations of the rotated test set: fixed, so every run a
 
 def rotation_seed(*parts: int) -> int:
     """One generator seed from integers (a split, a seed, a batch index), stable across processes."""
-    s = 0
-    for p in parts:
-        s = (s * 1_000_003 + int(p)) % (2**62)
-    return s
+    combined = 0
+    for part in parts:
+        combined = (combined * 1_000_003 + int(part)) % (2**62)
+    return combined
 
 
 def random_rotations(n: int, seed: int) -> Tensor:
     """``n`` rotation matrices ``(n, 3, 3)``, uniform on SO(3), from the generator seeded with ``seed``."""
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(n, 4, generator=g, dtype=torch.float64)
-    w, x, y, z = (q / q.norm(dim=-1, keepdim=True)).unbind(-1)
+    generator = torch.Generator().manual_seed(seed)
+    q = torch.randn(n, 4, generator=generator, dtype=torch.float64)
+    real, x, y, z = (q / q.norm(dim=-1, keepdim=True)).unbind(-1)
     return torch.stack([
-        1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w),
-        2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w),
-        2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y),
+        1 - 2 * (y * y + z * z), 2 * (x * y - z * real), 2 * (x * z + y * real),
+        2 * (x * y + z * real), 1 - 2 * (x * x + z * z), 2 * (y * z - x * real),
+        2 * (x * z - y * real), 2 * (y * z + x * real), 1 - 2 * (x * x + y * y),
     ], dim=-1).view(n, 3, 3)
 
 
@@ -66,14 +66,15 @@ def project_images(images: Tensor, points: Tensor, rotations: Tensor | None = No
         ``(B, C, P)`` float32.
     """
     B = images.shape[0]
-    p = points.double().expand(B, -1, -1)  # (B, P, 3)
+    pts = points.double().expand(B, -1, -1)  # (B, P, 3)
     if rotations is not None:
-        p = p @ rotations.double()  # row pᵀ R = (Rᵀ p)ᵀ
-    z = p[..., 2]
+        pts = pts @ rotations.double()  # row pᵀ R = (Rᵀ p)ᵀ
+    z = pts[..., 2]
     front = z > 1e-6
-    zs = (1.0 + z) * extent  # stereographic from the south pole
+    plane_scale = (1.0 + z) * extent  # stereographic from the south pole
     # grid_sample's x indexes columns (W), y rows (H); image row 0 is at v = −1.
-    grid = torch.stack([p[..., 0] / zs, p[..., 1] / zs], dim=-1).float()[:, :, None]  # (B, P, 1, 2)
+    # (B, P, 1, 2)
+    grid = torch.stack([pts[..., 0] / plane_scale, pts[..., 1] / plane_scale], dim=-1).float()[:, :, None]
     grid = torch.where(front[:, :, None, None], grid, torch.full_like(grid, 4.0))  # far outside: zeros padding
     out = F.grid_sample(images.float(), grid, mode="bilinear", padding_mode="zeros", align_corners=False)
     return out[..., 0]  # (B, C, P)
@@ -83,8 +84,9 @@ def equirectangular_points(height: int, width: int) -> Tensor:
     """The lat/lon grid's pixel centres as unit vectors ``(height·width, 3)``, row-major, north at row 0."""
     theta = (torch.arange(height, dtype=torch.float64) + 0.5) * math.pi / height
     phi = (torch.arange(width, dtype=torch.float64) + 0.5) * 2 * math.pi / width - math.pi
-    t, f = torch.meshgrid(theta, phi, indexing="ij")
-    return torch.stack([t.sin() * f.cos(), t.sin() * f.sin(), t.cos()], dim=-1).view(-1, 3)
+    theta_grid, phi_grid = torch.meshgrid(theta, phi, indexing="ij")
+    return torch.stack([theta_grid.sin() * phi_grid.cos(), theta_grid.sin() * phi_grid.sin(), theta_grid.cos()],
+                       dim=-1).view(-1, 3)
 
 
 def projected_set(images: Tensor, points: Tensor, *, rotate: bool, seed: int, extent: float = 1.0,
@@ -117,8 +119,8 @@ class SphereImages:
         self.shape = shape
 
     def batch(self, index: int) -> tuple[Tensor, Tensor]:
-        g = torch.Generator().manual_seed(rotation_seed(self.seed, index))
-        idx = torch.randint(len(self.labels), (self.batch_size,), generator=g)
+        generator = torch.Generator().manual_seed(rotation_seed(self.seed, index))
+        idx = torch.randint(len(self.labels), (self.batch_size,), generator=generator)
         rot = random_rotations(self.batch_size, rotation_seed(self.seed, index, 1)) if self.rotate else None
         x = project_images(self.images[idx], self.points, rot, self.extent)  # (B, C, P)
         if self.shape is not None:
@@ -165,13 +167,13 @@ class SphereProjection(DataSpec):
 
     def split(self):
         """``((x, y) train, (x, y) validation, (x, y) test)`` of the flat images."""
-        vd = self.images()
+        data = self.images()
         n_val = self.val_size
-        if not 1 <= n_val < len(vd.y_train):
-            raise DataError(f"val_size must be in 1..{len(vd.y_train) - 1}, got {n_val}")
-        test_n = self.test_size if self.test_size > 0 else len(vd.y_test)
-        return ((vd.x_train[:-n_val], vd.y_train[:-n_val]), (vd.x_train[-n_val:], vd.y_train[-n_val:]),
-                (vd.x_test[:test_n], vd.y_test[:test_n]))
+        if not 1 <= n_val < len(data.y_train):
+            raise DataError(f"val_size must be in 1..{len(data.y_train) - 1}, got {n_val}")
+        test_n = self.test_size if self.test_size > 0 else len(data.y_test)
+        return ((data.x_train[:-n_val], data.y_train[:-n_val]), (data.x_train[-n_val:], data.y_train[-n_val:]),
+                (data.x_test[:test_n], data.y_test[:test_n]))
 
     def project(self, images: Tensor, points: Tensor, *, rotate: bool = False, seed: int = TEST_SEED) -> Tensor:
         """Images ``(B, C, H, W)`` as signals ``(B, C, P)`` at ``points``, as this data projects them."""
@@ -180,7 +182,7 @@ class SphereProjection(DataSpec):
     def held_out(self, points: Tensor, shape: tuple[int, ...] | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """``(unrotated signals, rotated signals, labels)`` of the test images at ``points``."""
         _, _, (x, y) = self.split()
-        nr, r = self.project(x, points), self.project(x, points, rotate=True)
+        unrotated, rotated = self.project(x, points), self.project(x, points, rotate=True)
         if shape is not None:
-            nr, r = nr.reshape(len(nr), *shape), r.reshape(len(r), *shape)
-        return nr, r, y
+            unrotated, rotated = unrotated.reshape(len(unrotated), *shape), rotated.reshape(len(rotated), *shape)
+        return unrotated, rotated, y

@@ -43,8 +43,8 @@ def embedded_corpus() -> str:
     """The Python language reference's help topics (English prose with code), from the standard library."""
     try:
         from pydoc_data.topics import topics
-    except ImportError as e:  # pragma: no cover - every CPython ships it, but distributions may strip it
-        raise DataError("this Python has no pydoc_data (the embedded corpus); give a text file as the data") from e
+    except ImportError as err:  # pragma: no cover - every CPython ships it, but distributions may strip it
+        raise DataError("this Python has no pydoc_data (the embedded corpus); give a text file as the data") from err
     return "\n\n".join(topics[k].strip() for k in sorted(topics))
 
 
@@ -56,8 +56,8 @@ def _read_text_file(path: Path) -> str:
         raise DataError(f"{path} looks binary (it contains NUL bytes), not text")
     try:
         return raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path} is not UTF-8 text (invalid byte at offset {e.start})") from None
+    except UnicodeDecodeError as err:
+        raise DataError(f"{path} is not UTF-8 text (invalid byte at offset {err.start})") from None
 
 
 def read_corpus(spec: str | os.PathLike) -> str:
@@ -68,13 +68,14 @@ def read_corpus(spec: str | os.PathLike) -> str:
     """
     spec = str(spec)
     path = Path(spec)
-    if any(ch in spec for ch in "*?["):
-        files = sorted(Path(p) for p in glob.glob(spec, recursive=True) if Path(p).is_file())
+    if any(char in spec for char in "*?["):
+        files = sorted(Path(candidate) for candidate in glob.glob(spec, recursive=True) if Path(candidate).is_file())
         if not files:
             raise DataError(f"no files match {spec!r}")
     elif path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES
-                       and not any(part.startswith(".") for part in p.relative_to(path).parts))
+        files = sorted(candidate for candidate in path.rglob("*")
+                       if candidate.is_file() and candidate.suffix.lower() in TEXT_SUFFIXES
+                       and not any(part.startswith(".") for part in candidate.relative_to(path).parts))
         if not files:
             raise DataError(f"directory {path} has no text files ({', '.join(sorted(TEXT_SUFFIXES - {''}))})")
     elif path.is_file():
@@ -82,9 +83,9 @@ def read_corpus(spec: str | os.PathLike) -> str:
     else:
         raise DataError(f"data path {spec} does not exist")
     texts = []
-    for f in files:
+    for file in files:
         try:
-            texts.append(_read_text_file(f))
+            texts.append(_read_text_file(file))
         except DataError:
             if len(files) == 1:
                 raise
@@ -119,10 +120,10 @@ class LMBatches:
         self._ar = torch.arange(block_size + 1)
 
     def batch(self, index: int) -> tuple[Tensor, Tensor]:
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
-        starts = torch.randint(len(self.ids) - self.block_size, (self.batch_size,), generator=g)
-        w = self.ids[starts[:, None] + self._ar]  # (B, T + 1)
-        return w[:, :-1], w[:, 1:]
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
+        starts = torch.randint(len(self.ids) - self.block_size, (self.batch_size,), generator=generator)
+        window = self.ids[starts[:, None] + self._ar]  # (B, T + 1)
+        return window[:, :-1], window[:, 1:]
 
     def eval_batches(self, n: int) -> list[tuple[Tensor, Tensor]]:
         """``n`` fixed batches (the same in every call), for a stable validation loss."""

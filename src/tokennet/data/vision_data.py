@@ -80,10 +80,10 @@ class VisionData:
     @property
     def image_size(self) -> int | list[int]:
         """As a :class:`~tokennet.models.vit.ViTConfig` wants it: ``H`` (square), ``[H, W]`` or ``[L]``."""
-        s = tuple(self.x_train.shape[2:])
-        if len(s) == 1:
-            return [s[0]]
-        return s[0] if s[0] == s[1] else [s[0], s[1]]
+        shape = tuple(self.x_train.shape[2:])
+        if len(shape) == 1:
+            return [shape[0]]
+        return shape[0] if shape[0] == shape[1] else [shape[0], shape[1]]
 
 
 # -- digits ------------------------------------------------------------------------------------------
@@ -97,12 +97,12 @@ def _digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     # Reading scikit-learn's CSV directly skips importing sklearn.datasets (seconds on a busy machine).
     path = Path(spec.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz"
     if path.is_file():
-        a = np.loadtxt(path, delimiter=",")
-        return a[:, :-1], a[:, -1].astype(np.int64)
+        table = np.loadtxt(path, delimiter=",")
+        return table[:, :-1], table[:, -1].astype(np.int64)
     from sklearn.datasets import load_digits as sk_digits  # pragma: no cover - another layout
 
-    d = sk_digits()
-    return d.data, d.target
+    bunch = sk_digits()
+    return bunch.data, bunch.target
 
 
 def load_digits() -> VisionData:
@@ -131,13 +131,13 @@ def find_fashion_mnist(directory: str | os.PathLike | None = None) -> Path:
     """
     want = ", ".join(f"{n}[.gz]" for n in FASHION_MNIST_FILES.values())
     if directory is not None:
-        d = Path(directory)
-        if not d.is_dir():
-            raise DataError(f"Fashion-MNIST directory {d} does not exist (expected a directory with {want})")
-        return d
-    for d in map(Path, FASHION_MNIST_DIRS):
-        if d.is_dir() and _idx_file(d, FASHION_MNIST_FILES["train_images"]) is not None:
-            return d
+        root = Path(directory)
+        if not root.is_dir():
+            raise DataError(f"Fashion-MNIST directory {root} does not exist (expected a directory with {want})")
+        return root
+    for root in map(Path, FASHION_MNIST_DIRS):
+        if root.is_dir() and _idx_file(root, FASHION_MNIST_FILES["train_images"]) is not None:
+            return root
     raise DataError(f"Fashion-MNIST not found in {', '.join(FASHION_MNIST_DIRS)}: install it with "
                     f"`apt-get install dataset-fashion-mnist`, or give as data a directory with {want}")
 
@@ -148,29 +148,31 @@ def load_fashion_mnist(directory: str | os.PathLike | None = None) -> VisionData
     Raises:
         DataError: a missing directory or file, truncated or corrupt files, inconsistent sizes.
     """
-    d = find_fashion_mnist(directory)
+    root = find_fashion_mnist(directory)
     paths = {}
     for key, stem in FASHION_MNIST_FILES.items():
-        p = _idx_file(d, stem)
-        if p is None:
-            raise DataError(f"{d} has no {stem} (or {stem}.gz); a Fashion-MNIST directory holds "
+        path = _idx_file(root, stem)
+        if path is None:
+            raise DataError(f"{root} has no {stem} (or {stem}.gz); a Fashion-MNIST directory holds "
                             f"{', '.join(FASHION_MNIST_FILES.values())}")
-        paths[key] = p
-    arrays = {k: read_idx(p) for k, p in paths.items()}
+        paths[key] = path
+    arrays = {k: read_idx(path) for k, path in paths.items()}
     for split in ("train", "test"):
-        im, lab = arrays[f"{split}_images"], arrays[f"{split}_labels"]
-        pi, pl = paths[f"{split}_images"], paths[f"{split}_labels"]
-        if im.ndim != 3 or im.dtype != np.uint8:
-            raise DataError(f"{pi} holds {im.dtype} of shape {im.shape}; expected uint8 images (N, H, W)")
-        if lab.ndim != 1 or lab.dtype != np.uint8:
-            raise DataError(f"{pl} holds {lab.dtype} of shape {lab.shape}; expected uint8 labels (N,)")
-        if len(im) != len(lab):
-            raise DataError(f"{pi} has {len(im)} images but {pl} has {len(lab)} labels")
-        if len(lab) and int(lab.max()) >= len(FASHION_CLASSES):
-            raise DataError(f"{pl} has label {int(lab.max())}; expected 0..{len(FASHION_CLASSES) - 1}")
+        image_arr, label_arr = arrays[f"{split}_images"], arrays[f"{split}_labels"]
+        image_path, label_path = paths[f"{split}_images"], paths[f"{split}_labels"]
+        if image_arr.ndim != 3 or image_arr.dtype != np.uint8:
+            raise DataError(f"{image_path} holds {image_arr.dtype} of shape {image_arr.shape}; expected uint8 images "
+                            "(N, H, W)")
+        if label_arr.ndim != 1 or label_arr.dtype != np.uint8:
+            raise DataError(f"{label_path} holds {label_arr.dtype} of shape {label_arr.shape}; expected uint8 labels "
+                            "(N,)")
+        if len(image_arr) != len(label_arr):
+            raise DataError(f"{image_path} has {len(image_arr)} images but {label_path} has {len(label_arr)} labels")
+        if len(label_arr) and int(label_arr.max()) >= len(FASHION_CLASSES):
+            raise DataError(f"{label_path} has label {int(label_arr.max())}; expected 0..{len(FASHION_CLASSES) - 1}")
     if arrays["train_images"].shape[1:] != arrays["test_images"].shape[1:]:
         raise DataError(f"train images are {arrays['train_images'].shape[1:]} but test images are "
-                        f"{arrays['test_images'].shape[1:]} in {d}")
+                        f"{arrays['test_images'].shape[1:]} in {root}")
 
     def images(a):
         return torch.from_numpy(a).float().div_(255.0)[:, None]  # (N, 1, H, W)
@@ -179,7 +181,7 @@ def load_fashion_mnist(directory: str | os.PathLike | None = None) -> VisionData
         return torch.from_numpy(a.astype(np.int64))
 
     return VisionData("fashion-mnist", images(arrays["train_images"]), labels(arrays["train_labels"]),
-                      images(arrays["test_images"]), labels(arrays["test_labels"]), FASHION_CLASSES, source=str(d))
+                      images(arrays["test_images"]), labels(arrays["test_labels"]), FASHION_CLASSES, source=str(root))
 
 
 # -- MNIST-1D ----------------------------------------------------------------------------------------
@@ -189,30 +191,31 @@ def _mnist1d_arrays(seed: int):
 
     try:
         from mnist1d.data import get_dataset_args, make_dataset
-    except ImportError as e:
-        raise DataError("MNIST-1D is generated by the mnist1d package: pip install mnist1d") from e
+    except ImportError as err:
+        raise DataError("MNIST-1D is generated by the mnist1d package: pip install mnist1d") from err
     args = get_dataset_args()
     args.seed = seed
     # make_dataset reseeds the global random and numpy generators: put them back afterwards.
     np_state, py_state = np.random.get_state(), random.getstate()
     try:
-        d = make_dataset(args)
+        dataset = make_dataset(args)
     finally:
         np.random.set_state(np_state)
         random.setstate(py_state)
-    return d["x"], d["y"], d["x_test"], d["y_test"]
+    return dataset["x"], dataset["y"], dataset["x_test"], dataset["y_test"]
 
 
 def load_mnist1d(seed: int = 42) -> VisionData:
     """MNIST-1D as its package generates it (default arguments; seed 42 is the published dataset):
     4,000 training and 1,000 test signals ``(N, 1, 40)``, standardized by the generator."""
-    x, y, xt, yt = _mnist1d_arrays(seed)
+    x, y, x_test, y_test = _mnist1d_arrays(seed)
 
     def sig(a):
         return torch.tensor(a, dtype=torch.float32)[:, None]  # (N, 1, L)
 
-    return VisionData("mnist1d", sig(x), torch.tensor(y, dtype=torch.long), sig(xt), torch.tensor(yt, dtype=torch.long),
-                      tuple(str(i) for i in range(10)), source=f"mnist1d.data.make_dataset (seed {seed})")
+    return VisionData("mnist1d", sig(x), torch.tensor(y, dtype=torch.long), sig(x_test),
+                      torch.tensor(y_test, dtype=torch.long), tuple(str(i) for i in range(10)),
+                      source=f"mnist1d.data.make_dataset (seed {seed})")
 
 
 # -- one name for every dataset ------------------------------------------------------------------------
@@ -229,10 +232,10 @@ def dataset_kind(spec: str | None) -> str:
         return "fashion-mnist"
     if low in ("mnist1d", "mnist-1d"):
         return "mnist1d"
-    p = Path(spec)
-    if p.is_dir():
+    path = Path(spec)
+    if path.is_dir():
         return "fashion-mnist"
-    if p.exists():
+    if path.exists():
         raise DataError(f"data {spec} is a file; give the directory that holds the Fashion-MNIST idx files")
     if os.sep in str(spec) or str(spec).startswith("."):
         raise DataError(f"Fashion-MNIST directory {spec} does not exist")
