@@ -84,23 +84,23 @@ def hand_built_block(max_count: int = 20, beta: float = BETA) -> Block:
     blk = Block(DIM, HEADS, mlp_ratio=max_count / DIM, activation="relu")
     blk.norm1, blk.norm2 = nn.Identity(), nn.Identity()
     with torch.no_grad():
-        for p in blk.parameters():
-            p.zero_()
+        for param in blk.parameters():
+            param.zero_()
         qkv = blk.attn.qkv_proj.weight  # (3 H E, D): rows [W_q; W_k; W_v], head h in rows h E … h E + E − 1
-        wq, wk, wv = qkv[:DIM], qkv[DIM:2 * DIM], qkv[2 * DIM:]
+        w_query, w_key, w_value = qkv[:DIM], qkv[DIM:2 * DIM], qkv[2 * DIM:]
         scale = E ** 0.5  # the attention divides the scores by √E: fold it into W_q
         # Head 1 (rows 0 … E − 1): the [count] query scores animal heads and the sink; the value is the sink.
-        wq[0, F["count_query"]] = beta * scale
-        wk[0, F["animal_head"]] = 1.0
-        wk[0, F["sink"]] = 1.0
-        wv[0, F["sink"]] = 1.0
+        w_query[0, F["count_query"]] = beta * scale
+        w_key[0, F["animal_head"]] = 1.0
+        w_key[0, F["sink"]] = 1.0
+        w_value[0, F["sink"]] = 1.0
         blk.attn.out_proj.weight[F["sink_weight"], 0] = 1.0
         # Head 2 (rows E … 2E − 1): the [colour of X] query scores X's species; the value is the colour.
         for i in range(S):
-            wq[E + i, F["query_species"].start + i] = beta * scale
-            wk[E + i, F["species"].start + i] = 1.0
+            w_query[E + i, F["query_species"].start + i] = beta * scale
+            w_key[E + i, F["species"].start + i] = 1.0
         for j in range(3):
-            wv[E + j, F["colour"].start + j] = 1.0
+            w_value[E + j, F["colour"].start + j] = 1.0
             blk.attn.out_proj.weight[F["mean_colour"].start + j, E + j] = 1.0
         # The MLP: 1/(k + 1) → k, the piecewise-linear interpolant through o_k = 1/(k + 1), k = 0 … K.
         K = max_count
@@ -132,7 +132,7 @@ class TokenSet:
         return len(self.animals)
 
     def colour_answer(self) -> str:
-        return next(c for s, c in self.animals if s == self.asked_species)
+        return next(colour for species, colour in self.animals if species == self.asked_species)
 
 
 def random_token_set(rng: random.Random, num_animals: int, *, num_background: int = 12) -> TokenSet:
@@ -142,7 +142,7 @@ def random_token_set(rng: random.Random, num_animals: int, *, num_background: in
     F = FEATURES
     rows: list[tuple[Tensor, str]] = []
     asked = rng.choice(SPECIES)  # exactly one animal of the asked species (when there are any animals)
-    others = [s for s in SPECIES if s != asked]
+    others = [other for other in SPECIES if other != asked]
     animals = [(asked if i == 0 else rng.choice(others), rng.choice(list(COLOURS))) for i in range(num_animals)]
     rng.shuffle(animals)
 
@@ -156,26 +156,26 @@ def random_token_set(rng: random.Random, num_animals: int, *, num_background: in
             x[F["animal_head"]] = 1.0
         rows.append((x, kind))
 
-    for s, c in animals:
-        token("head", s, COLOURS[c])
+    for animal_species, animal_colour in animals:
+        token("head", animal_species, COLOURS[animal_colour])
         for _ in range(rng.randint(0, 3)):
-            token("body", s, COLOURS[c])
+            token("body", animal_species, COLOURS[animal_colour])
     for _ in range(num_background):
         if rng.random() < 0.3:
-            g = rng.uniform(0.4, 0.65)
-            token("clutter", None, (g, g, g))
+            grey = rng.uniform(0.4, 0.65)
+            token("clutter", None, (grey, grey, grey))
         else:
             token("background", None, BACKGROUND)
     sink = torch.zeros(DIM)
     sink[F["sink"]] = 1.0
     rows.append((sink, "sink"))
-    cq = torch.zeros(DIM)
-    cq[F["count_query"]] = 1.0
-    rows.append((cq, "[count]"))
-    kq = torch.zeros(DIM)
-    kq[F["colour_query"]] = 1.0
-    kq[F["query_species"].start + SPECIES.index(asked)] = 1.0
-    rows.append((kq, f"[colour of {asked}]"))
+    count_query = torch.zeros(DIM)
+    count_query[F["count_query"]] = 1.0
+    rows.append((count_query, "[count]"))
+    colour_query = torch.zeros(DIM)
+    colour_query[F["colour_query"]] = 1.0
+    colour_query[F["query_species"].start + SPECIES.index(asked)] = 1.0
+    rows.append((colour_query, f"[colour of {asked}]"))
     order = list(range(len(rows)))
     rng.shuffle(order)
     tokens = torch.stack([rows[i][0] for i in order])  # (N, D)
@@ -190,13 +190,13 @@ def answer(block: Block, ts: TokenSet) -> tuple[float, Tensor, str, tuple[Tensor
     The rows are the two queries' attention over the tokens (head 1's row of the ``[count]`` query, head 2's
     row of the ``[colour of X]`` query)."""
     F = FEATURES
-    y, w = block(ts.tokens[None], return_weights=True)  # (1, N, D)
-    a = w["self"][0]  # (H, N, N)
+    y, weights = block(ts.tokens[None], return_weights=True)  # (1, N, D)
+    att = weights["self"][0]  # (H, N, N)
     count = float(y[0, ts.count_query, F["count"]])
     colour = y[0, ts.colour_query, F["mean_colour"]].float()
     names = list(COLOURS)
     dist = torch.stack([(colour - torch.tensor(COLOURS[n])).norm() for n in names])
-    return count, colour, names[int(dist.argmin())], (a[0, ts.count_query], a[1, ts.colour_query])
+    return count, colour, names[int(dist.argmin())], (att[0, ts.count_query], att[1, ts.colour_query])
 
 
 def run_demo(out_dir: str | Path, *, seed: int = 0, trials: int = 1000, max_count: int = 20) -> dict:
@@ -213,13 +213,13 @@ def run_demo(out_dir: str | Path, *, seed: int = 0, trials: int = 1000, max_coun
     worst = 0.0
     for t in range(trials):
         n = t % (max_count + 1) if t < 2 * (max_count + 1) else rng.randint(0, max_count)  # every count, twice
-        ts = random_token_set(rng, n, num_background=rng.randint(0, 24))
-        count, _, colour, _ = answer(block, ts)
-        worst = max(worst, abs(count - ts.count))
-        count_ok += round(count) == ts.count
-        if ts.animals:  # the set holds exactly one animal of the asked species
+        token_set = random_token_set(rng, n, num_background=rng.randint(0, 24))
+        count, _, colour, _ = answer(block, token_set)
+        worst = max(worst, abs(count - token_set.count))
+        count_ok += round(count) == token_set.count
+        if token_set.animals:  # the set holds exactly one animal of the asked species
             colour_n += 1
-            colour_ok += colour == ts.colour_answer()
+            colour_ok += colour == token_set.colour_answer()
     metrics = {"count_accuracy": count_ok / trials, "count_max_abs_error": worst,
                "colour_accuracy": colour_ok / max(1, colour_n), "trials": trials, "colour_trials": colour_n,
                "max_count": max_count, "beta": BETA, "seed": seed}

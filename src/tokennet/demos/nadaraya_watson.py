@@ -66,9 +66,9 @@ def make_data(n_train: int = 50, *, n_test: int = 50, noise: float = 0.5, seed: 
         raise ConfigError(f"n_test must be positive, got {n_test}")
     if noise < 0:
         raise ConfigError(f"noise is a standard deviation and must be >= 0, got {noise}")
-    g = torch.Generator().manual_seed(seed)
-    x_train, _ = torch.sort(torch.rand(n_train, generator=g) * X_MAX)
-    y_train = target(x_train) + noise * torch.randn(n_train, generator=g)
+    rng = torch.Generator().manual_seed(seed)
+    x_train, _ = torch.sort(torch.rand(n_train, generator=rng) * X_MAX)
+    y_train = target(x_train) + noise * torch.randn(n_train, generator=rng)
     x_test = torch.arange(n_test) * (X_MAX / n_test)
     return ToyData(x_train, y_train, x_test, target(x_test))
 
@@ -207,13 +207,13 @@ def _plot(path: Path, data: ToyData, preds: dict, w_np: Tensor, w_p: Tensor, bw:
     ax.set(xlabel="x", ylabel="y", title="Nadaraya–Watson attention pooling: predictions on the test grid")
     ax.legend(loc="upper right", fontsize=9)
 
-    for key, w, title in (
+    for key, weights, title in (
         ("np", w_np, f"nonparametric: Gaussian kernel, σ = {bw:.3g}"),
         ("p", w_p, f"parametric: learned σ = {learned:.3g}"),
     ):
         ax = axes[key]
         # Keys are sorted but not evenly spaced: pcolormesh puts each column at its true x_i.
-        mesh = ax.pcolormesh(x_tr, x_te, w.numpy(), shading="nearest", cmap="Reds")
+        mesh = ax.pcolormesh(x_tr, x_te, weights.numpy(), shading="nearest", cmap="Reds")
         ax.invert_yaxis()  # rows top to bottom, like the attention matrix
         ax.set(xlabel=r"training key $x_i$", ylabel="test query x", title=f"attention weights, {title}")
         fig.colorbar(mesh, ax=ax, label=r"weight $\alpha(x, x_i)$")

@@ -32,13 +32,13 @@ FILES = ("claims.html", "claims.json")
 
 def claim_names() -> list[str]:
     """The claims' names, in the issue's order (what ``--only`` takes)."""
-    return [c.name for c in claims()]
+    return [claim.name for claim in claims()]
 
 
 def _select(only: str | None) -> list[Claim]:
     if only is None:
         return claims()
-    chosen = [c for c in claims() if c.name == only]
+    chosen = [claim for claim in claims() if claim.name == only]
     if not chosen:
         raise TokennetError(f"unknown claim {only!r}; claims: {', '.join(claim_names())}")
     return chosen
@@ -71,19 +71,20 @@ def run_claims(out_dir: str | Path, *, seed: int = 0, only: str | None = None) -
     # the cores (intra-op threads then wait on each other at every small operator).
     torch.set_num_threads(1)
     try:
-        for c in chosen:
+        for claim in chosen:
             torch.manual_seed(seed)
-            t0 = time.perf_counter()
-            results[c.name] = (c, c(seed), time.perf_counter() - t0)
-            r = results[c.name][1]
-            logging.getLogger(__name__).info("claim %s: %s (%.1f s)", c.name, _verdict(r.holds, r.measured),
-                                             results[c.name][2])
+            start = time.perf_counter()
+            results[claim.name] = (claim, claim(seed), time.perf_counter() - start)
+            result = results[claim.name][1]
+            logging.getLogger(__name__).info("claim %s: %s (%.1f s)", claim.name,
+                                             _verdict(result.holds, result.measured), results[claim.name][2])
     finally:
         torch.set_num_threads(threads)
     metrics = {"seed": seed, "claims": {
-        name: {"number": c.number, "claim": c.quote, "run": r.run, "measured": r.measured, "holds": r.holds,
-               "source": r.source, "seconds": round(dt, 2), "table": r.table, "data": _jsonable(r.data)}
-        for name, (c, r, dt) in results.items()}}
+        name: {"number": claim.number, "claim": claim.quote, "run": result.run, "measured": result.measured,
+               "holds": result.holds, "source": result.source, "seconds": round(dt, 2), "table": result.table,
+               "data": _jsonable(result.data)}
+        for name, (claim, result, dt) in results.items()}}
     (out / "claims.json").write_text(json.dumps(metrics, indent=2) + "\n")
     (out / "claims.html").write_text(_page(results, seed))
     return metrics
@@ -110,7 +111,7 @@ def format_table(metrics: dict[str, Any]) -> str:
         run = m["run"] + (f" ({m['source']})" if m.get("source") else "")
         verdict = _verdict(m["holds"], m["measured"])
         cells = [m["number"], f"**{name}**: {_short(m['claim'])}", run, m["measured"], verdict]
-        lines.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
+        lines.append("| " + " | ".join(str(cell).replace("|", "\\|") for cell in cells) + " |")
     for name, m in metrics["claims"].items():  # a claim's own table, under the main one
         if m.get("table"):
             head, *body = m["table"]
@@ -137,21 +138,21 @@ def _page(results: dict[str, tuple[Claim, Result, float]], seed: int) -> str:
     esc = html.escape
     cls = {True: "holds", False: "fails", None: "none"}
     rows, sections = [], []
-    for name, (c, r, dt) in results.items():
-        verdict = f'<span class="{cls[r.holds]}">{_verdict(r.holds, r.measured)}</span>'
-        rows.append(f"<tr><td>{esc(c.number)}</td><td><a href='#{esc(name)}'>{esc(name)}</a></td>"
-                    f"<td>{esc(r.measured)}</td><td>{verdict}</td></tr>")
-        fig = (f'<img alt="{esc(name)}" src="data:image/png;base64,{base64.b64encode(r.figure).decode("ascii")}">'
-               if r.figure else "<p><i>no figure: not measured here</i></p>")
-        source = f"<p>{esc(r.source)}</p>" if r.source else ""
-        if r.table:
-            head, *body = r.table
-            source += ("<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in head) + "</tr>"
-                       + "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in body)
+    for name, (claim, result, dt) in results.items():
+        verdict = f'<span class="{cls[result.holds]}">{_verdict(result.holds, result.measured)}</span>'
+        rows.append(f"<tr><td>{esc(claim.number)}</td><td><a href='#{esc(name)}'>{esc(name)}</a></td>"
+                    f"<td>{esc(result.measured)}</td><td>{verdict}</td></tr>")
+        fig = (f'<img alt="{esc(name)}" src="data:image/png;base64,{base64.b64encode(result.figure).decode("ascii")}">'
+               if result.figure else "<p><i>no figure: not measured here</i></p>")
+        source = f"<p>{esc(result.source)}</p>" if result.source else ""
+        if result.table:
+            head, *body = result.table
+            source += ("<table><tr>" + "".join(f"<th>{esc(heading)}</th>" for heading in head) + "</tr>"
+                       + "".join("<tr>" + "".join(f"<td>{esc(cell)}</td>" for cell in row) + "</tr>" for row in body)
                        + "</table>")
-        sections.append(f'<section id="{esc(name)}"><h2>{esc(c.number)}. {esc(name)} — {verdict}</h2>'
-                        f"<blockquote>{esc(c.quote)}</blockquote><p><b>Run:</b> {esc(r.run)}</p>"
-                        f"<p><b>Measured:</b> {esc(r.measured)} ({dt:.1f} s)</p>{source}{fig}</section>")
+        sections.append(f'<section id="{esc(name)}"><h2>{esc(claim.number)}. {esc(name)} — {verdict}</h2>'
+                        f"<blockquote>{esc(claim.quote)}</blockquote><p><b>Run:</b> {esc(result.run)}</p>"
+                        f"<p><b>Measured:</b> {esc(result.measured)} ({dt:.1f} s)</p>{source}{fig}</section>")
     return ("<!doctype html><html><head><meta charset='utf-8'><title>The lecture, claim by claim</title>"
             f"<style>{CSS}</style></head><body><main><h1>The lecture, claim by claim</h1>"
             f"<p>Every checkable statement run as a small seeded experiment (seed {seed}); "

@@ -71,7 +71,7 @@ def claims() -> list[Claim]:
     """Every registered claim, in the issue's order (its number, then the name)."""
 
     def key(c: Claim):
-        digits = "".join(ch for ch in c.number if ch.isdigit())
+        digits = "".join(char for char in c.number if char.isdigit())
         return (int(digits or 0), c.number, c.name)
 
     return sorted(_CLAIMS.values(), key=key)

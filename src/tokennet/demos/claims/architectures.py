@@ -40,13 +40,13 @@ class RNNLayer(nn.Module):
 
     def forward(self, x: Tensor, *, cut: int | None = None) -> Tensor:
         """``(B, n, D) → (B, n, D)``; ``cut``: detach the state after that step (to find the gradient's path)."""
-        h = x.new_zeros(x.shape[0], x.shape[2])
+        state = x.new_zeros(x.shape[0], x.shape[2])
         out = []
         for t in range(x.shape[1]):
-            h = self.cell(x[:, t], h)
+            state = self.cell(x[:, t], state)
             if t == cut:
-                h = h.detach()
-            out.append(h)
+                state = state.detach()
+            out.append(state)
         return torch.stack(out, dim=1)  # (B, n, D)
 
 
@@ -77,12 +77,12 @@ class _ChainDepth(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        ins = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, Tensor)]
-        d = 1 + max((self.depth[id(a)][1] for a in ins if id(a) in self.depth), default=0)
-        for o in tree_flatten(out)[0]:
-            if isinstance(o, Tensor):
-                self.depth[id(o)] = (o, d)
-        self.max = max(self.max, d)
+        ins = [arg for arg in tree_flatten((args, kwargs))[0] if isinstance(arg, Tensor)]
+        depth = 1 + max((self.depth[id(arg)][1] for arg in ins if id(arg) in self.depth), default=0)
+        for item in tree_flatten(out)[0]:
+            if isinstance(item, Tensor):
+                self.depth[id(item)] = (item, depth)
+        self.max = max(self.max, depth)
         return out
 
 
@@ -93,9 +93,9 @@ def _chain_depth(layer: nn.Module, x: Tensor) -> int:
 
 
 def _flops(layer: nn.Module, x: Tensor) -> int:
-    with FlopCounterMode(display=False) as fc, torch.no_grad():
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
         layer(x)
-    return int(fc.get_total_flops())
+    return int(counter.get_total_flops())
 
 
 def _reach(layer: nn.Module, n: int, dim: int) -> Tensor:
@@ -109,10 +109,10 @@ def _reach(layer: nn.Module, n: int, dim: int) -> Tensor:
 def _stacked_path(reach: Tensor) -> int:
     """The fewest stacked layers (each with reach ``R``) for the last output to see the first input."""
     n = reach.shape[0]
-    r = torch.eye(n, dtype=torch.bool)
+    reached = torch.eye(n, dtype=torch.bool)
     for depth in range(1, n + 1):
-        r = (reach.float() @ r.float()) > 0  # (n, n): the reach of ``depth`` layers
-        if r[n - 1, 0]:
+        reached = (reach.float() @ reached.float()) > 0  # (n, n): the reach of ``depth`` layers
+        if reached[n - 1, 0]:
             return depth
     raise AssertionError("the first input never reaches the last output")
 
@@ -124,8 +124,8 @@ def _rnn_path(rnn: RNNLayer, n: int, dim: int) -> int:
     for cut in range(n - 1):
         x = torch.randn(1, n, dim, requires_grad=True)
         y = rnn(x, cut=cut)[0, -1].sum()
-        (g,) = torch.autograd.grad(y, x, allow_unused=True)
-        passes += g is None or bool((g[0, 0] == 0).all())
+        (grad,) = torch.autograd.grad(y, x, allow_unused=True)
+        passes += grad is None or bool((grad[0, 0] == 0).all())
     return passes
 
 
@@ -138,17 +138,17 @@ def layer_table(seed: int = 0, *, dim: int = 16, k: int = 5, flop_sizes: tuple[i
     attn = MultiHeadAttention(dim, 1, bias=False, backend="math")
     with torch.no_grad():  # positive weights: no gradient vanishes by accident, every path carries one
         for m in (conv, rnn, attn):
-            for p in m.parameters():
-                p.copy_(p.abs() + 0.01)
-    d = dim
-    formulas = {"CNN": lambda n: 2 * k * n * d * d, "RNN": lambda n: 2 * 2 * n * d * d,
-                "self-attention": lambda n: 2 * 4 * n * d * d + 2 * 2 * n * n * d}
+            for param in m.parameters():
+                param.copy_(param.abs() + 0.01)
+    width = dim
+    formulas = {"CNN": lambda n: 2 * k * n * width * width, "RNN": lambda n: 2 * 2 * n * width * width,
+                "self-attention": lambda n: 2 * 4 * n * width * width + 2 * 2 * n * n * width}
     layers = {"CNN": conv, "RNN": rnn, "self-attention": attn}
-    flops = {name: [{"n": n, "measured": _flops(layer, torch.randn(1, n, d)), "formula": formulas[name](n)}
+    flops = {name: [{"n": n, "measured": _flops(layer, torch.randn(1, n, width)), "formula": formulas[name](n)}
                     for n in flop_sizes] for name, layer in layers.items()}
     steps = {}  # the longest chain of dependent operators; the RNN's is one cell (a few operators) per token
     for name, layer in layers.items():
-        rows = [{"n": n, "depth": _chain_depth(layer, torch.randn(1, n, d))} for n in path_sizes]
+        rows = [{"n": n, "depth": _chain_depth(layer, torch.randn(1, n, width))} for n in path_sizes]
         per_token = (rows[1]["depth"] - rows[0]["depth"]) / (rows[1]["n"] - rows[0]["n"])  # operators per token
         overhead = rows[0]["depth"] - per_token * rows[0]["n"]
         for row in rows:  # in units of the layer's step: a depth that does not grow → 1 step, else the cells
@@ -158,11 +158,11 @@ def layer_table(seed: int = 0, *, dim: int = 16, k: int = 5, flop_sizes: tuple[i
     half = k // 2
     paths = {"CNN": [], "RNN": [], "self-attention": []}
     for n in path_sizes:
-        paths["CNN"].append({"n": n, "measured": _stacked_path(_reach(conv, n, d)),
+        paths["CNN"].append({"n": n, "measured": _stacked_path(_reach(conv, n, width)),
                              "formula": math.ceil((n - 1) / half)})
-        paths["RNN"].append({"n": n, "measured": _rnn_path(rnn, n, d), "formula": n - 1})
-        paths["self-attention"].append({"n": n, "measured": _stacked_path(_reach(attn, n, d)), "formula": 1})
-    return {"dim": d, "k": k, "flops": flops, "sequential": steps, "path": paths}
+        paths["RNN"].append({"n": n, "measured": _rnn_path(rnn, n, width), "formula": n - 1})
+        paths["self-attention"].append({"n": n, "measured": _stacked_path(_reach(attn, n, width)), "formula": 1})
+    return {"dim": width, "k": k, "flops": flops, "sequential": steps, "path": paths}
 
 
 # The lecture's table, each entry with the exact count the measurement is held to (multiply-adds as 2 FLOPs).
@@ -180,27 +180,28 @@ def claim_table(seed: int = 0) -> Result:
     Each column measured for a layer of width 16 (kernel 3): FLOPs counted by PyTorch's FlopCounterMode, the
     sequential steps counted, the path from the first input to the last output found by gradient reach.
     """
-    r = layer_table(seed)
+    found = layer_table(seed)
     ok = all(row["measured"] == row["formula"] for part in ("flops", "sequential", "path")
-             for rows in r[part].values() for row in rows)
-    hi = {name: rows[-1] for name, rows in r["flops"].items()}
-    ph = {name: rows[-1] for name, rows in r["path"].items()}
-    n_f, n_p = hi["CNN"]["n"], ph["CNN"]["n"]
+             for rows in found[part].values() for row in rows)
+    largest = {name: rows[-1] for name, rows in found["flops"].items()}
+    longest = {name: rows[-1] for name, rows in found["path"].items()}
+    n_f, n_p = largest["CNN"]["n"], longest["CNN"]["n"]
     # Growth of each cost with n, between the last two sizes: ~1 for CNN and RNN, → 2 for attention.
     growth = {name: math.log(rows[-1]["measured"] / rows[-2]["measured"]) / math.log(rows[-1]["n"] / rows[-2]["n"])
-              for name, rows in r["flops"].items()}
-    holds = ok and ph["self-attention"]["measured"] == 1 and ph["RNN"]["measured"] == n_p - 1 \
+              for name, rows in found["flops"].items()}
+    holds = ok and longest["self-attention"]["measured"] == 1 and longest["RNN"]["measured"] == n_p - 1 \
         and growth["self-attention"] > growth["CNN"] + 0.4
-    measured = (f"at n={n_f}: FLOPs CNN {hi['CNN']['measured']:,}, RNN {hi['RNN']['measured']:,}, attention "
-                f"{hi['self-attention']['measured']:,} (growth exponents {growth['CNN']:.2f}, {growth['RNN']:.2f}, "
-                f"{growth['self-attention']:.2f}); sequential steps 1, {r['sequential']['RNN'][-1]['measured']}, 1; "
-                f"path at n={n_p}: {ph['CNN']['measured']}, {ph['RNN']['measured']}, {ph['self-attention']['measured']}"
+    measured = (f"at n={n_f}: FLOPs CNN {largest['CNN']['measured']:,}, RNN {largest['RNN']['measured']:,}, "
+                f"attention {largest['self-attention']['measured']:,} (growth exponents {growth['CNN']:.2f}, "
+                f"{growth['RNN']:.2f}, {growth['self-attention']:.2f}); sequential steps 1, "
+                f"{found['sequential']['RNN'][-1]['measured']}, 1; path at n={n_p}: {longest['CNN']['measured']}, "
+                f"{longest['RNN']['measured']}, {longest['self-attention']['measured']}"
                 f"; every figure equals its formula's count: {ok}")
     pyplot = plt()
     fig, axes = pyplot.subplots(1, 3, figsize=(13, 3.2))
     for ax, part, ylabel in ((axes[0], "flops", "FLOPs per layer"), (axes[1], "sequential", "sequential steps"),
                              (axes[2], "path", "max path length (first input → last output)")):
-        for name, rows in r[part].items():
+        for name, rows in found[part].items():
             ax.plot([x["n"] for x in rows], [x["measured"] for x in rows], "o-", label=f"{name} (measured)")
             ax.plot([x["n"] for x in rows], [x["formula"] for x in rows], "k:", lw=0.8)
         ax.set_xscale("log", base=2), ax.set_xlabel("n tokens"), ax.set_ylabel(ylabel), ax.legend(fontsize=7)
@@ -212,17 +213,18 @@ def claim_table(seed: int = 0) -> Result:
 
     def cells(part: str, name: str) -> str:  # a measured figure, and the formula's count where they differ
         return ", ".join(f"{x['measured']:,}" + ("" if x["measured"] == x["formula"] else f" (≠ {x['formula']:,})")
-                         for x in r[part][name])
+                         for x in found[part][name])
 
-    ns_f = "/".join(str(x["n"]) for x in r["flops"]["CNN"])
-    ns_p = "/".join(str(x["n"]) for x in r["path"]["CNN"])
+    ns_f = "/".join(str(x["n"]) for x in found["flops"]["CNN"])
+    ns_p = "/".join(str(x["n"]) for x in found["path"]["CNN"])
     rows = [["layer", "cost per layer", f"FLOPs measured, n={ns_f}", "sequential steps",
              f"measured, n={ns_p}", "max path length", f"measured (gradient reach), n={ns_p}"]]
     for name, (cost, seq, path) in TABLE_FORMULAS.items():
         rows.append([name, cost, cells("flops", name), seq, cells("sequential", name), path, cells("path", name)])
-    return Result(f"one Conv1d (k={r['k']}), one tanh RNN and one attention layer, d={r['dim']}, n in "
-                  f"{[x['n'] for x in r['flops']['CNN']]} (FLOPs) and {[x['n'] for x in r['path']['CNN']]} (paths)",
-                  measured, holds, png(fig), {**r, "growth": growth, "formulas": table}, table=rows)
+    return Result(f"one Conv1d (k={found['k']}), one tanh RNN and one attention layer, d={found['dim']}, n in "
+                  f"{[x['n'] for x in found['flops']['CNN']]} (FLOPs) and "
+                  f"{[x['n'] for x in found['path']['CNN']]} (paths)",
+                  measured, holds, png(fig), {**found, "growth": growth, "formulas": table}, table=rows)
 
 
 # -- the long experiments: read from their benches' results ------------------------------------------------
@@ -246,13 +248,13 @@ def read_bench_claim(file: str, script: str, *, results_dir: Path | None = None)
                       data={"file": f"bench/results/{file}"})
     try:
         record = jsonio.load(path)  # JSONTooDeep is a ValueError
-        c = record["claim"]
-        holds = c["holds"]
+        bench_claim = record["claim"]
+        holds = bench_claim["holds"]
         if holds not in (True, False, None):
             raise ValueError(f"holds must be true, false or null, got {holds!r}")
-        measured, run = str(c["measured"]), str(c["run"])
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        return Result(f"bench/results/{file} is unreadable ({type(e).__name__}: {e}); run python bench/{script}",
+        measured, run = str(bench_claim["measured"]), str(bench_claim["run"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return Result(f"bench/results/{file} is unreadable ({type(err).__name__}: {err}); run python bench/{script}",
                       "not measured here", None, data={"file": f"bench/results/{file}"})
     commit = str(record.get("commit", "unknown"))
     machine = record.get("machine", "unknown")

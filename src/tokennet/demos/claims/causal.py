@@ -23,9 +23,9 @@ V, T, STEPS = 11, 8, (1, 2, 3)
 
 def arithmetic_batch(g: torch.Generator, B: int) -> Tensor:
     """``(B, T)`` sequences ``(a + t·s) mod V``."""
-    a = torch.randint(0, V, (B, 1), generator=g)
-    s = torch.tensor(STEPS)[torch.randint(0, len(STEPS), (B, 1), generator=g)]
-    return (a + torch.arange(T) * s) % V
+    start = torch.randint(0, V, (B, 1), generator=g)
+    step = torch.tensor(STEPS)[torch.randint(0, len(STEPS), (B, 1), generator=g)]
+    return (start + torch.arange(T) * step) % V
 
 
 class TinyLM(nn.Module):
@@ -80,12 +80,12 @@ def train_with_and_without_mask(seed: int = 0, *, steps: int = 300, B: int = 64,
     held_out = arithmetic_batch(torch.Generator().manual_seed(10_000 + seed), 200)
     for name, masked in (("causal mask", True), ("no mask", False)):
         torch.manual_seed(seed)
-        g = torch.Generator().manual_seed(seed)
+        rng = torch.Generator().manual_seed(seed)
         model = TinyLM()
         opt = torch.optim.Adam(model.parameters(), lr=3e-3)
         losses, gen = [], []
         for step in range(steps):
-            seq = arithmetic_batch(g, B)
+            seq = arithmetic_batch(rng, B)
             ids, places = _lm_inputs(seq)
             loss = F.cross_entropy(model(ids, places, masked=masked).reshape(-1, V), seq[:, 1:].reshape(-1))
             opt.zero_grad(set_to_none=True)
@@ -130,13 +130,13 @@ def _order_inputs(seq: Tensor, order: Tensor) -> tuple[Tensor, Tensor, Tensor, T
 def train_any_order(seed: int = 0, *, steps: int = 600, B: int = 64) -> TinyLM:
     """A GPT trained on the toy sequences in a fresh random order for every sequence, told the next place."""
     torch.manual_seed(seed)
-    g = torch.Generator().manual_seed(seed)
+    rng = torch.Generator().manual_seed(seed)
     model = TinyLM(next_place=True)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-2, total_steps=steps, pct_start=0.1)
     for _ in range(steps):
-        seq = arithmetic_batch(g, B)
-        order = torch.argsort(torch.rand(B, T, generator=g), dim=1)  # (B, T): a random order of the places
+        seq = arithmetic_batch(rng, B)
+        order = torch.argsort(torch.rand(B, T, generator=rng), dim=1)  # (B, T): a random order of the places
         ids, places, nxt, y = _order_inputs(seq, order)
         loss = F.cross_entropy(model(ids, places, nxt).reshape(-1, V), y.reshape(-1))
         opt.zero_grad(set_to_none=True)
@@ -151,11 +151,11 @@ def generate_in_order(model: TinyLM, seqs: Tensor, order: list[int], *, prompt: 
     """Reveal ``seqs`` at the first ``prompt`` places of ``order``, then generate the other places greedily, one
     at a time in ``order``; returns the completed ``(B, T)`` sequences."""
     B = seqs.shape[0]
-    o = torch.tensor(order).expand(B, T)
+    order_idx = torch.tensor(order).expand(B, T)
     out = torch.full((B, T), -1)
-    out[:, o[0, :prompt]] = seqs[:, o[0, :prompt]]
+    out[:, order_idx[0, :prompt]] = seqs[:, order_idx[0, :prompt]]
     for i in range(prompt, T):
-        ids, places, nxt, _ = _order_inputs(out.clamp(min=0), o)
+        ids, places, nxt, _ = _order_inputs(out.clamp(min=0), order_idx)
         logits = model(ids[:, :i + 1], places[:, :i + 1], nxt[:, :i + 1])[:, -1]  # predicts place order[i]
         out[:, order[i]] = logits.argmax(-1)
     return out
@@ -192,22 +192,24 @@ def claim_causal_mask(seed: int = 0) -> Result:
     curves = train_with_and_without_mask(seed)
     perm = permutation_test(seed)
     orders = any_order_accuracy(seed)
-    m, u = curves["causal mask"], curves["no mask"]
+    mask_on, mask_off = curves["causal mask"], curves["no mask"]
     def tail(r):
         return sum(r["losses"][-25:]) / 25
 
-    lm, lu, gm, gu = tail(m), tail(u), m["generation"][-1][1], u["generation"][-1][1]
-    holds = (lu < 0.5 * lm and gm > 0.9 and gu < 0.5 and perm["no mask"] < 1e-4 and perm["causal mask"] > 1e-2
-             and min(orders[k] for k in ORDERS) > 0.9)
-    measured = (f"final training loss {lu:.3f} without the mask vs {lm:.3f} with (floor {curves['floor']:.3f}), "
-                f"generation accuracy {gu:.0%} vs {gm:.0%}; permutation error {perm['no mask']:.0e} unmasked vs "
+    loss_on, loss_off = tail(mask_on), tail(mask_off)
+    acc_on, acc_off = mask_on["generation"][-1][1], mask_off["generation"][-1][1]
+    holds = (loss_off < 0.5 * loss_on and acc_on > 0.9 and acc_off < 0.5 and perm["no mask"] < 1e-4
+             and perm["causal mask"] > 1e-2 and min(orders[k] for k in ORDERS) > 0.9)
+    measured = (f"final training loss {loss_off:.3f} without the mask vs {loss_on:.3f} with "
+                f"(floor {curves['floor']:.3f}), generation accuracy {acc_off:.0%} vs {acc_on:.0%}; "
+                f"permutation error {perm['no mask']:.0e} unmasked vs "
                 f"{perm['causal mask']:.2f} masked; any-order model, exact sequences: "
                 + ", ".join(f"{k} {v:.0%}" for k, v in orders.items()))
     pyplot = plt()
     fig, axes = pyplot.subplots(1, 3, figsize=(14, 3.3))
-    for name, r in (("causal mask", m), ("no mask", u)):
-        axes[0].plot(r["losses"], label=name)
-        axes[1].plot(*zip(*r["generation"], strict=True), "o-", label=name)
+    for name, curve in (("causal mask", mask_on), ("no mask", mask_off)):
+        axes[0].plot(curve["losses"], label=name)
+        axes[1].plot(*zip(*curve["generation"], strict=True), "o-", label=name)
     axes[0].axhline(curves["floor"], color="grey", ls=":", lw=1, label="best causal loss")
     axes[0].set_ylabel("training loss"), axes[0].set_xlabel("step"), axes[0].legend(fontsize=7)
     axes[0].set_yscale("log")
@@ -220,7 +222,8 @@ def claim_causal_mask(seed: int = 0) -> Result:
     axes[2].set_title("trained on random orders, generating in a given one", fontsize=9)
     axes[0].set_title("without the mask the loss collapses ...", fontsize=9)
     axes[1].set_title("... and generation fails", fontsize=9)
-    data = {"final_loss": {"causal mask": lm, "no mask": lu}, "generation": {"causal mask": gm, "no mask": gu},
+    data = {"final_loss": {"causal mask": loss_on, "no mask": loss_off},
+            "generation": {"causal mask": acc_on, "no mask": acc_off},
             "floor": curves["floor"], "permutation_error": perm, "any_order_exact": orders}
-    return Result(f"2-layer GPT (D=48) on arithmetic sequences mod {V}, {len(m['losses'])} steps each; a 2-layer "
+    return Result(f"2-layer GPT (D=48) on arithmetic sequences mod {V}, {len(mask_on['losses'])} steps each; a 2-layer "
                   "encoder on 10 random tokens; an any-order GPT, 600 steps", measured, holds, png(fig), data)

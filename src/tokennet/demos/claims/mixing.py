@@ -94,12 +94,12 @@ class MixerNet(nn.Module):
 def train_task(model: MixerNet, batch, *, seed: int, steps: int, lr: float = 3e-3, B: int = 64,
                eval_size: int = 1000) -> dict:
     """Adam on fresh batches; accuracy on ``eval_size`` held-out examples (another seed's stream)."""
-    g = torch.Generator().manual_seed(seed)
+    rng = torch.Generator().manual_seed(seed)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     losses = []
     model.train()
     for _ in range(steps):
-        ids, attrs, y = batch(g, B)
+        ids, attrs, y = batch(rng, B)
         loss = F.cross_entropy(model(ids, attrs), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -109,7 +109,7 @@ def train_task(model: MixerNet, batch, *, seed: int, steps: int, lr: float = 3e-
     with torch.no_grad():
         ids, attrs, y = batch(torch.Generator().manual_seed(10_000 + seed), eval_size)
         acc = float((model(ids, attrs).argmax(-1) == y).float().mean())
-    return {"accuracy": acc, "losses": losses, "params": sum(p.numel() for p in model.parameters())}
+    return {"accuracy": acc, "losses": losses, "params": sum(param.numel() for param in model.parameters())}
 
 
 def compare_mixers(seed: int = 0, *, steps: int = 400, N: int = 16, V: int = 16, dim: int = 32, B: int = 64) -> dict:
@@ -118,17 +118,17 @@ def compare_mixers(seed: int = 0, *, steps: int = 400, N: int = 16, V: int = 16,
     for mixer in ("attention", "softmax-W", "free-W"):
         torch.manual_seed(seed)
         model = MixerNet(2 * (N - 1), V, N, dim, mixer=mixer)
-        out[mixer] = train_task(model, lambda g, B: recall_batch(g, B, N, V), seed=seed, steps=steps, B=B)
+        out[mixer] = train_task(model, lambda rng, B: recall_batch(rng, B, N, V), seed=seed, steps=steps, B=B)
     return {"runs": out, "chance": 1 / V, "N": N, "V": V, "steps": steps}
 
 
 def _curves(runs: dict, title: str, chance: float):
     pyplot = plt()
     fig, ax = pyplot.subplots(figsize=(6.4, 3.2))
-    for name, r in runs.items():
-        losses = torch.tensor(r["losses"])
+    for name, run in runs.items():
+        losses = torch.tensor(run["losses"])
         smooth = losses.unfold(0, 20, 1).mean(-1) if len(losses) > 20 else losses
-        ax.plot(smooth.numpy(), label=f"{name}: held-out accuracy {r['accuracy']:.0%}")
+        ax.plot(smooth.numpy(), label=f"{name}: held-out accuracy {run['accuracy']:.0%}")
     ax.axhline(-torch.log(torch.tensor(chance)).item(), color="grey", ls=":", lw=1, label="chance (log V)")
     ax.set_xlabel("step"), ax.set_ylabel("training loss"), ax.legend(fontsize=7)
     ax.set_title(title, fontsize=9)
@@ -144,15 +144,15 @@ def claim_fixed_w(seed: int = 0) -> Result:
     ``A = softmax(Q Kᵀ/√m)`` on a task where which token to read depends on the input: associative recall (the
     query names a key; keys in a random order).
     """
-    r = compare_mixers(seed)
-    acc = {k: v["accuracy"] for k, v in r["runs"].items()}
+    res = compare_mixers(seed)
+    acc = {k: v["accuracy"] for k, v in res["runs"].items()}
     holds = acc["attention"] > 0.9 and max(acc["softmax-W"], acc["free-W"]) < 0.5
     measured = (f"held-out accuracy: attention {acc['attention']:.0%}, row-softmaxed W {acc['softmax-W']:.0%}, "
-                f"free W {acc['free-W']:.0%} (chance {r['chance']:.0%})")
-    fig = _curves(r["runs"], "associative recall: a fixed W cannot choose where to read", r["chance"])
-    data = {"accuracy": acc, "chance": r["chance"], "steps": r["steps"],
-            "params": {k: v["params"] for k, v in r["runs"].items()}}
-    return Result(f"one mixing layer + MLP, D=32, N={r['N']}, V={r['V']}, {r['steps']} Adam steps each", measured,
+                f"free W {acc['free-W']:.0%} (chance {res['chance']:.0%})")
+    fig = _curves(res["runs"], "associative recall: a fixed W cannot choose where to read", res["chance"])
+    data = {"accuracy": acc, "chance": res["chance"], "steps": res["steps"],
+            "params": {k: v["params"] for k, v in res["runs"].items()}}
+    return Result(f"one mixing layer + MLP, D=32, N={res['N']}, V={res['V']}, {res['steps']} Adam steps each", measured,
                   holds, fig, data)
 
 
@@ -160,10 +160,10 @@ def compare_value_proj(seed: int = 0, *, steps: int = 400, N: int = 16, V: int =
                        B: int = 64) -> dict:
     """Associative recall with attention, learned ``W_v`` against ``W_v = I``."""
     out = {}
-    for name, vp in (("learned W_v", True), ("W_v = I", False)):
+    for name, value_proj in (("learned W_v", True), ("W_v = I", False)):
         torch.manual_seed(seed)
-        model = MixerNet(2 * (N - 1), V, N, dim, value_proj=vp)
-        out[name] = train_task(model, lambda g, B: recall_batch(g, B, N, V), seed=seed, steps=steps, B=B)
+        model = MixerNet(2 * (N - 1), V, N, dim, value_proj=value_proj)
+        out[name] = train_task(model, lambda rng, B: recall_batch(rng, B, N, V), seed=seed, steps=steps, B=B)
     return {"runs": out, "chance": 1 / V, "N": N, "V": V, "steps": steps, "dim": dim}
 
 
@@ -175,15 +175,16 @@ def claim_identity_value(seed: int = 0) -> Result:
     On the models it is a config option of every transformer family (``--set value_proj=false``); a ViT on digits
     with it is a row of ``bench/position_mode.py`` (figures in ``bench/results/position_mode.json``).
     """
-    r = compare_value_proj(seed)
-    a, b = r["runs"]["learned W_v"], r["runs"]["W_v = I"]
-    holds = a["accuracy"] > 0.9 and b["accuracy"] > 0.9 and a["params"] - b["params"] == r["dim"] ** 2 + r["dim"]
-    measured = (f"held-out accuracy {a['accuracy']:.0%} with W_v, {b['accuracy']:.0%} with W_v = I "
-                f"({a['params'] - b['params']} fewer parameters: D² + D)")
-    fig = _curves(r["runs"], "associative recall: W_v learned or the identity", r["chance"])
-    data = {"accuracy": {k: v["accuracy"] for k, v in r["runs"].items()},
-            "params": {k: v["params"] for k, v in r["runs"].items()}, "steps": r["steps"]}
-    return Result(f"attention + MLP, D=32, N={r['N']}, {r['steps']} steps, value_proj=true vs false", measured,
+    res = compare_value_proj(seed)
+    learned, identity = res["runs"]["learned W_v"], res["runs"]["W_v = I"]
+    holds = learned["accuracy"] > 0.9 and identity["accuracy"] > 0.9 \
+        and learned["params"] - identity["params"] == res["dim"] ** 2 + res["dim"]
+    measured = (f"held-out accuracy {learned['accuracy']:.0%} with W_v, {identity['accuracy']:.0%} with W_v = I "
+                f"({learned['params'] - identity['params']} fewer parameters: D² + D)")
+    fig = _curves(res["runs"], "associative recall: W_v learned or the identity", res["chance"])
+    data = {"accuracy": {k: v["accuracy"] for k, v in res["runs"].items()},
+            "params": {k: v["params"] for k, v in res["runs"].items()}, "steps": res["steps"]}
+    return Result(f"attention + MLP, D=32, N={res['N']}, {res['steps']} steps, value_proj=true vs false", measured,
                   holds, fig, data)
 
 
@@ -194,7 +195,7 @@ def compare_position_modes(seed: int = 0, *, steps: int = 400, N: int = 12, V: i
     for mode in ("none", "add", "concat"):
         torch.manual_seed(seed)
         model = MixerNet(V + N, V, N, dim, position_mode=mode)
-        out[mode] = train_task(model, lambda g, B: index_batch(g, B, N, V), seed=seed, steps=steps, B=B)
+        out[mode] = train_task(model, lambda rng, B: index_batch(rng, B, N, V), seed=seed, steps=steps, B=B)
     return {"runs": out, "chance": 1 / V, "N": N, "V": V, "steps": steps}
 
 
@@ -209,11 +210,11 @@ def claim_concat_positions(seed: int = 0) -> Result:
     ``--set position_mode=concat pos_dim=16``); the ablation on a ViT trained on scikit-learn's digits (added,
     concatenated, no positions) is ``bench/position_mode.py``, its figures in ``bench/results/position_mode.json``.
     """
-    r = compare_position_modes(seed)
-    acc = {k: v["accuracy"] for k, v in r["runs"].items()}
+    res = compare_position_modes(seed)
+    acc = {k: v["accuracy"] for k, v in res["runs"].items()}
     holds = acc["concat"] > 0.9 and acc["add"] > 0.9 and acc["none"] < 0.3
     measured = (f"held-out accuracy: concatenated {acc['concat']:.0%}, added {acc['add']:.0%}, "
-                f"no positions {acc['none']:.0%} (chance {r['chance']:.0%})")
-    fig = _curves(r["runs"], "read the token at the named place: positions added, concatenated, none", r["chance"])
-    return Result(f"attention + MLP, D=32, N={r['N']}, {r['steps']} steps per position mode", measured, holds, fig,
-                  {"accuracy": acc, "steps": r["steps"], "chance": r["chance"]})
+                f"no positions {acc['none']:.0%} (chance {res['chance']:.0%})")
+    fig = _curves(res["runs"], "read the token at the named place: positions added, concatenated, none", res["chance"])
+    return Result(f"attention + MLP, D=32, N={res['N']}, {res['steps']} steps per position mode", measured, holds, fig,
+                  {"accuracy": acc, "steps": res["steps"], "chance": res["chance"]})

@@ -65,10 +65,10 @@ def train_sorter(norm: str, lr: float, seed: int = 0, *, steps: int = 200, B: in
     torch.manual_seed(seed)
     model = SortLM(norm, depth=depth, dim=dim)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
-    g = torch.Generator().manual_seed(seed)
+    rng = torch.Generator().manual_seed(seed)
     losses: list[float] = []
     for _ in range(steps):
-        ids, tgt = sort_batch(g, B)
+        ids, tgt = sort_batch(rng, B)
         loss = F.cross_entropy(model(ids).reshape(-1, V), tgt.reshape(-1), ignore_index=-100)
         if not torch.isfinite(loss):
             losses += [math.nan] * (steps - len(losses))
@@ -143,36 +143,37 @@ def claim_layernorm(seed: int = 0) -> Result:
     Blocks and models take the option too: ``Block(norm="none")``, a GPT's ``--set norm_placement=none``, a
     seq2seq's ``--set norm=none``.
     """
-    r = compare_norms(seed)
-    lrs = r["lrs"]
-    ok = {norm: [lr for lr in lrs if stable(r["runs"][norm][lr])] for norm in ("pre", "none")}
-    best = {norm: max(run["accuracy"] for run in r["runs"][norm].values()) for norm in ("pre", "none")}
+    res = compare_norms(seed)
+    lrs = res["lrs"]
+    ok = {norm: [lr for lr in lrs if stable(res["runs"][norm][lr])] for norm in ("pre", "none")}
+    best = {norm: max(run["accuracy"] for run in res["runs"][norm].values()) for norm in ("pre", "none")}
     holds = len(ok["pre"]) > len(ok["none"]) and best["pre"] >= best["none"] - 0.02
 
     def row(norm: str) -> str:
-        return ", ".join("diverged" if r["runs"][norm][lr]["diverged"] else f"{r['runs'][norm][lr]['accuracy']:.0%}"
+        return ", ".join("diverged" if res["runs"][norm][lr]["diverged"] else f"{res['runs'][norm][lr]['accuracy']:.0%}"
                          for lr in lrs)
 
     lr_list = ", ".join(f"{lr:g}" for lr in lrs)
-    blew = [lr for lr in lrs if not stable(r["runs"]["none"][lr])]
+    blew = [lr for lr in lrs if not stable(res["runs"]["none"][lr])]
     measured = (f"held-out accuracy at lr {lr_list}: with LayerNorm {row('pre')}; without {row('none')}; stable "
                 f"at {len(ok['pre'])} vs {len(ok['none'])} of {len(lrs)} learning rates")
     if blew:
-        ends = ", ".join(f"{final_loss(r['runs']['none'][lr]):.3g}" for lr in blew)
+        ends = ", ".join(f"{final_loss(res['runs']['none'][lr]):.3g}" for lr in blew)
         measured += (f" (without norms the loss ends at {ends} at lr {', '.join(f'{lr:g}' for lr in blew)}; "
                      f"chance is {math.log(V):.2f})")
     table = [["learning rate", "with LayerNorm", "without", "final loss with", "final loss without"]]
     for lr in lrs:
         cells = [f"{lr:g}"]
         for norm in ("pre", "none"):
-            run = r["runs"][norm][lr]
+            run = res["runs"][norm][lr]
             cells.append("diverged" if run["diverged"] else f"{run['accuracy']:.1%}")
         for norm in ("pre", "none"):
-            cells.append(f"{final_loss(r['runs'][norm][lr]):.4g}")
+            cells.append(f"{final_loss(res['runs'][norm][lr]):.4g}")
         table.append(cells)
-    data = {"accuracy": {norm: {str(lr): r["runs"][norm][lr]["accuracy"] for lr in lrs} for norm in ("pre", "none")},
-            "diverged": {norm: {str(lr): r["runs"][norm][lr]["diverged"] for lr in lrs} for norm in ("pre", "none")},
-            "final_loss": {norm: {str(lr): final_loss(r["runs"][norm][lr]) for lr in lrs} for norm in ("pre", "none")},
-            "stable_at": {norm: ok[norm] for norm in ok}, "steps": r["steps"]}
-    return Result(f"causal encoder, {r['depth']} blocks, D={r['dim']}, sorting 8 digits, {r['steps']} Adam steps "
-                  f"(batch {r['B']}) at each lr, norm=pre vs none", measured, holds, _figure(r), data, table=table)
+    data = {"accuracy": {norm: {str(lr): res["runs"][norm][lr]["accuracy"] for lr in lrs} for norm in ("pre", "none")},
+            "diverged": {norm: {str(lr): res["runs"][norm][lr]["diverged"] for lr in lrs} for norm in ("pre", "none")},
+            "final_loss": {norm: {str(lr): final_loss(res["runs"][norm][lr]) for lr in lrs}
+                           for norm in ("pre", "none")},
+            "stable_at": {norm: ok[norm] for norm in ok}, "steps": res["steps"]}
+    return Result(f"causal encoder, {res['depth']} blocks, D={res['dim']}, sorting 8 digits, {res['steps']} Adam steps "
+                  f"(batch {res['B']}) at each lr, norm=pre vs none", measured, holds, _figure(res), data, table=table)

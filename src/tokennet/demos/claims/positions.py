@@ -39,12 +39,12 @@ OFFSET = (1, 1)  # the neighbour to name: one row down, one column right
 def neighbour_batch(g: torch.Generator, B: int, grid: tuple[int, int] = (6, 6)) -> tuple[Tensor, Tensor]:
     """Symbols ``(B, h·w)`` in raster order and targets ``(B, h·w)``: the symbol at (row + 1, column + 1), −100
     on the last row and column (no such neighbour)."""
-    h, w = grid
-    dr, dc = OFFSET
-    x = torch.randint(0, V, (B, h, w), generator=g)
-    tgt = torch.full((B, h, w), -100)
-    tgt[:, : h - dr, : w - dc] = x[:, dr:, dc:]
-    return x.reshape(B, h * w), tgt.reshape(B, h * w)
+    grid_h, grid_w = grid
+    row_offset, col_offset = OFFSET
+    x = torch.randint(0, V, (B, grid_h, grid_w), generator=g)
+    tgt = torch.full((B, grid_h, grid_w), -100)
+    tgt[:, : grid_h - row_offset, : grid_w - col_offset] = x[:, row_offset:, col_offset:]
+    return x.reshape(B, grid_h * grid_w), tgt.reshape(B, grid_h * grid_w)
 
 
 class GridNet(nn.Module):
@@ -100,10 +100,10 @@ def train_grid(position: str, seed: int = 0, *, steps: int = 250, B: int = 32, e
     torch.manual_seed(seed)
     model = GridNet(position, grid)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
-    g = torch.Generator().manual_seed(seed)
+    rng = torch.Generator().manual_seed(seed)
     losses, curve = [], []
     for step in range(steps):
-        ids, tgt = neighbour_batch(g, B, grid)
+        ids, tgt = neighbour_batch(rng, B, grid)
         loss = F.cross_entropy(model(ids).reshape(-1, V), tgt.reshape(-1), ignore_index=-100)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -130,31 +130,32 @@ def verdict(r: dict) -> tuple[bool | None, dict]:
     grid (5 points), the steps to reach 90 % on it (a checkpoint earlier; never reaching counts as after the last),
     the accuracy on the larger grid (10 points). Holds when Fourier is ahead on one and behind on none, does not
     hold when behind on one and ahead on none, is not decided (``None``) otherwise."""
-    f, lr = r["runs"]["fourier"], r["runs"]["learned"]
+    fourier, learned = r["runs"]["fourier"], r["runs"]["learned"]
     late = r["steps"] + 1
-    sf, sl = _steps_to(f) or late, _steps_to(lr) or late
-    cmp = {"final accuracy": (f["accuracy"] - lr["accuracy"], 0.05),
-           "steps to 90 %": (sl - sf, 1),  # positive: Fourier got there first
-           "larger grid": (f["test_grid_accuracy"] - lr["test_grid_accuracy"], 0.10)}
-    ahead = [k for k, (d, m) in cmp.items() if d >= m]
-    behind = [k for k, (d, m) in cmp.items() if d <= -m]
+    steps_fourier, steps_learned = _steps_to(fourier) or late, _steps_to(learned) or late
+    cmp = {"final accuracy": (fourier["accuracy"] - learned["accuracy"], 0.05),
+           "steps to 90 %": (steps_learned - steps_fourier, 1),  # positive: Fourier got there first
+           "larger grid": (fourier["test_grid_accuracy"] - learned["test_grid_accuracy"], 0.10)}
+    ahead = [k for k, (diff, margin) in cmp.items() if diff >= margin]
+    behind = [k for k, (diff, margin) in cmp.items() if diff <= -margin]
     holds = True if ahead and not behind else False if behind and not ahead else None
-    return holds, {"ahead": ahead, "behind": behind, "steps_to_90": {"fourier": _steps_to(f), "learned": _steps_to(lr)}}
+    return holds, {"ahead": ahead, "behind": behind,
+                   "steps_to_90": {"fourier": _steps_to(fourier), "learned": _steps_to(learned)}}
 
 
 def _figure(r: dict) -> bytes:
     pyplot = plt()
-    fig, (a, b) = pyplot.subplots(1, 2, figsize=(10, 3.2))
+    fig, (ax_left, ax_right) = pyplot.subplots(1, 2, figsize=(10, 3.2))
     for i, (kind, run) in enumerate(r["runs"].items()):
         steps, acc = zip(*run["curve"])
-        a.plot(steps, acc, marker="o", ms=3, color=f"C{i}",
+        ax_left.plot(steps, acc, marker="o", ms=3, color=f"C{i}",
                label=f"{kind}: {run['accuracy']:.0%}, 8×8 grid {run['test_grid_accuracy']:.0%}")
         losses = torch.tensor(run["losses"])
-        b.plot(losses.unfold(0, 20, 1).mean(-1).numpy(), color=f"C{i}", label=kind)
-    a.axhline(r["chance"], color="grey", ls=":", lw=1, label="chance")
-    a.set_xlabel("step"), a.set_ylabel("held-out accuracy (6×6)"), a.legend(fontsize=7)
-    b.axhline(math.log(V), color="grey", ls=":", lw=1)
-    b.set_xlabel("step"), b.set_ylabel("training loss"), b.legend(fontsize=7)
+        ax_right.plot(losses.unfold(0, 20, 1).mean(-1).numpy(), color=f"C{i}", label=kind)
+    ax_left.axhline(r["chance"], color="grey", ls=":", lw=1, label="chance")
+    ax_left.set_xlabel("step"), ax_left.set_ylabel("held-out accuracy (6×6)"), ax_left.legend(fontsize=7)
+    ax_right.axhline(math.log(V), color="grey", ls=":", lw=1)
+    ax_right.set_xlabel("step"), ax_right.set_ylabel("training loss"), ax_right.legend(fontsize=7)
     fig.suptitle("name the lower-right neighbour's symbol: positions of four kinds", fontsize=9)
     return png(fig)
 
@@ -170,21 +171,21 @@ def claim_fourier_positions(seed: int = 0) -> Result:
     grid without retraining. The verdict compares Fourier with learned positions (:func:`verdict`). A ViT takes
     both: ``--set position=fourier`` / ``learned``; on digits they are rows of ``bench/position_mode.py``.
     """
-    r = compare_positions(seed)
-    holds, why = verdict(r)
-    runs = r["runs"]
+    res = compare_positions(seed)
+    holds, why = verdict(res)
+    runs = res["runs"]
     measured = ("held-out accuracy on 6×6 (on 8×8, untrained): " + ", ".join(
         f"{k} {v['accuracy']:.0%} ({v['test_grid_accuracy']:.0%})" for k, v in runs.items())
         + f"; Fourier ahead of learned on: {', '.join(why['ahead']) or 'nothing'}; behind on: "
-        f"{', '.join(why['behind']) or 'nothing'} (chance {r['chance']:.0%})")
+        f"{', '.join(why['behind']) or 'nothing'} (chance {res['chance']:.0%})")
     table = [["positions", "6×6 accuracy", "steps to 90 %", "8×8 accuracy (untrained size)", "final loss"]]
     for kind, run in runs.items():
-        s = _steps_to(run)
+        steps_needed = _steps_to(run)
         tail = run["losses"][-20:]
-        table.append([kind, f"{run['accuracy']:.1%}", str(s) if s else f"not in {r['steps']}",
+        table.append([kind, f"{run['accuracy']:.1%}", str(steps_needed) if steps_needed else f"not in {res['steps']}",
                       f"{run['test_grid_accuracy']:.1%}", f"{sum(tail) / len(tail):.3f}"])
     data = {"accuracy": {k: v["accuracy"] for k, v in runs.items()},
             "test_grid_accuracy": {k: v["test_grid_accuracy"] for k, v in runs.items()},
-            "curve": {k: v["curve"] for k, v in runs.items()}, "verdict": why, "steps": r["steps"]}
-    return Result(f"encoder, 2 blocks, D=32, 6×6 grid of 8 symbols, {r['steps']} Adam steps (batch {r['B']}) per "
-                  "kind of position; then an 8×8 grid", measured, holds, _figure(r), data, table=table)
+            "curve": {k: v["curve"] for k, v in runs.items()}, "verdict": why, "steps": res["steps"]}
+    return Result(f"encoder, 2 blocks, D=32, 6×6 grid of 8 symbols, {res['steps']} Adam steps (batch {res['B']}) per "
+                  "kind of position; then an 8×8 grid", measured, holds, _figure(res), data, table=table)

@@ -106,9 +106,9 @@ class PairNet(nn.Module):
 
 
 def _accuracy(model: PairNet, batch: tuple[Tensor, Tensor, int]) -> float:
-    x, y, c = batch
+    x, y, centre = batch
     with torch.no_grad():
-        return float((model(x, c).argmax(-1) == y).float().mean())
+        return float((model(x, centre).argmax(-1) == y).float().mean())
 
 
 def train_pair(mixer: str, layers: int, d: int, seed: int = 0, *, lr: float = 3e-3, n: int = 24, k: int = 3,
@@ -118,12 +118,12 @@ def train_pair(mixer: str, layers: int, d: int, seed: int = 0, *, lr: float = 3e
     torch.manual_seed(seed)
     model = PairNet(mixer, layers, n=n, V=V, k=k)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
-    g = torch.Generator().manual_seed(seed)
+    rng = torch.Generator().manual_seed(seed)
     held_out = pair_batch(torch.Generator().manual_seed(10_000 + seed), eval_size, n, d, V)
     curve, solved = [], None
     for step in range(1, max_steps + 1):
-        x, y, c = pair_batch(g, B, n, d, V)
-        loss = F.cross_entropy(model(x, c), y)
+        x, y, centre = pair_batch(rng, B, n, d, V)
+        loss = F.cross_entropy(model(x, centre), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -140,7 +140,7 @@ MODELS = ("short CNN", "covering CNN", "attention")
 
 def _best(runs: list[dict]) -> dict:
     """The run of a learning-rate sweep that solved in the fewest steps, else the most accurate."""
-    return min(runs, key=lambda r: (r["steps"] is None, r["steps"] or 0, -r["accuracy"]))
+    return min(runs, key=lambda trial: (trial["steps"] is None, trial["steps"] or 0, -trial["accuracy"]))
 
 
 def compare_fields(seed: int = 0, *, ds: tuple[int, ...] = (4, 8, 12), lrs: tuple[float, ...] = (3e-3, 1e-2),
@@ -151,17 +151,17 @@ def compare_fields(seed: int = 0, *, ds: tuple[int, ...] = (4, 8, 12), lrs: tupl
         return train_pair(mixer, layers, d, seed, lr=lr, k=k, V=V, max_steps=max_steps, **kw) | {"lr": lr}
 
     rows = []
-    for d in ds:
-        L = covering_layers(d, k)
-        sweep = {"covering CNN": [run("conv", L, d, lr) for lr in lrs],
-                 "attention": [run("attention", 1, d, lr) for lr in lrs]}
+    for dist in ds:
+        L = covering_layers(dist, k)
+        sweep = {"covering CNN": [run("conv", L, dist, lr) for lr in lrs],
+                 "attention": [run("attention", 1, dist, lr) for lr in lrs]}
         best = {name: _best(runs) for name, runs in sweep.items()}
-        best["short CNN"] = run("conv", L - 1, d, best["covering CNN"]["lr"])
+        best["short CNN"] = run("conv", L - 1, dist, best["covering CNN"]["lr"])
         layers = {"short CNN": L - 1, "covering CNN": L, "attention": 1}
         fields = {"short CNN": field(L - 1, k), "covering CNN": field(L, k), "attention": kw.get("n", 24)}
-        rows.append({"d": d, "runs": {m: best[m] | {"layers": layers[m], "field": fields[m]} for m in MODELS},
-                     "sweep": {m: [{"lr": r["lr"], "steps": r["steps"], "accuracy": r["accuracy"]} for r in runs]
-                               for m, runs in sweep.items()}})
+        rows.append({"d": dist, "runs": {m: best[m] | {"layers": layers[m], "field": fields[m]} for m in MODELS},
+                     "sweep": {m: [{"lr": trial["lr"], "steps": trial["steps"], "accuracy": trial["accuracy"]}
+                                   for trial in runs] for m, runs in sweep.items()}})
     return {"rows": rows, "k": k, "lrs": list(lrs), "max_steps": max_steps, "chance": 1 / V, "V": V,
             "every": kw.get("every", 25)}
 
@@ -183,7 +183,7 @@ def verdict(r: dict, *, chance_margin: float = 0.1, growth: float = 2.0, flat: f
     cnn, att = steps["covering CNN"], steps["attention"]
     checks = {
         "short at chance": all(row["runs"]["short CNN"]["accuracy"] <= r["chance"] + chance_margin for row in rows),
-        "covering solves": all(s is not None for s in cnn),
+        "covering solves": all(solved_at is not None for solved_at in cnn),
         "attention faster": None not in (cnn[-1], att[-1]) and att[-1] < cnn[-1],
         "CNN grows, attention flat": None not in cnn + att and cnn[-1] >= growth * cnn[0]
         and att[-1] <= flat * att[0] + r["every"],
@@ -193,21 +193,22 @@ def verdict(r: dict, *, chance_margin: float = 0.1, growth: float = 2.0, flat: f
 
 def _figure(r: dict) -> bytes:
     pyplot = plt()
-    fig, (a, b) = pyplot.subplots(1, 2, figsize=(10, 3.2))
-    ds = [row["d"] for row in r["rows"]]
+    fig, (ax_left, ax_right) = pyplot.subplots(1, 2, figsize=(10, 3.2))
+    dists = [row["d"] for row in r["rows"]]
     cap = r["max_steps"]
     for i, m in enumerate(MODELS):
         steps = [row["runs"][m]["steps"] for row in r["rows"]]
-        a.plot(ds, [s or cap for s in steps], "o-", color=f"C{i}", label=m)
-    a.axhline(cap, color="grey", ls=":", lw=1, label=f"cap ({cap}): not solved")
-    a.set_xlabel("distance d between the two tokens"), a.set_ylabel(f"steps to {SOLVED:.0%} held-out")
-    a.legend(fontsize=7)
+        ax_left.plot(dists, [taken or cap for taken in steps], "o-", color=f"C{i}", label=m)
+    ax_left.axhline(cap, color="grey", ls=":", lw=1, label=f"cap ({cap}): not solved")
+    ax_left.set_xlabel("distance d between the two tokens"), ax_left.set_ylabel(f"steps to {SOLVED:.0%} held-out")
+    ax_left.legend(fontsize=7)
     for i, m in enumerate(MODELS):
         row = r["rows"][-1]["runs"][m]
         steps, acc = zip(*row["curve"])
-        b.plot(steps, acc, color=f"C{i}", label=f"{m} ({row['layers']} layer{'s' * (row['layers'] != 1)})")
-    b.axhline(r["chance"], color="grey", ls=":", lw=1, label="chance")
-    b.set_xlabel("step"), b.set_ylabel(f"held-out accuracy, d = {r['rows'][-1]['d']}"), b.legend(fontsize=7)
+        ax_right.plot(steps, acc, color=f"C{i}", label=f"{m} ({row['layers']} layer{'s' * (row['layers'] != 1)})")
+    ax_right.axhline(r["chance"], color="grey", ls=":", lw=1, label="chance")
+    ax_right.set_xlabel("step"), ax_right.set_ylabel(f"held-out accuracy, d = {r['rows'][-1]['d']}")
+    ax_right.legend(fontsize=7)
     fig.suptitle("label = x_i + x_(i+d): convolutions one layer short, just covering, and one attention layer",
                  fontsize=9)
     return png(fig)
@@ -236,24 +237,25 @@ def claim_receptive_field(seed: int = 0) -> Result:
     25 %), read at the middle output; CNNs of kernel 3 one layer short of covering both and just covering them
     (the transcript's x1 … x7 is d = 6), and one attention block with learned positions, at each one's best rate.
     """
-    r = compare_fields(seed)
-    holds, checks = verdict(r)
-    last = r["rows"][-1]["runs"]
+    res = compare_fields(seed)
+    holds, checks = verdict(res)
+    last = res["rows"][-1]["runs"]
 
     def steps(m: str) -> str:
-        return "/".join(str(row["runs"][m]["steps"] or "—") for row in r["rows"])
+        return "/".join(str(row["runs"][m]["steps"] or "—") for row in res["rows"])
 
-    ds = "/".join(str(row["d"]) for row in r["rows"])
-    measured = (f"steps to {SOLVED:.0%} at d = {ds}: covering CNN {steps('covering CNN')}, attention "
+    dists = "/".join(str(row["d"]) for row in res["rows"])
+    measured = (f"steps to {SOLVED:.0%} at d = {dists}: covering CNN {steps('covering CNN')}, attention "
                 f"{steps('attention')}; the short CNN's accuracy "
-                + "/".join(f"{row['runs']['short CNN']['accuracy']:.0%}" for row in r["rows"])
-                + f" (chance {r['chance']:.0%}); at d = {r['rows'][-1]['d']} the covering CNN has "
+                + "/".join(f"{row['runs']['short CNN']['accuracy']:.0%}" for row in res["rows"])
+                + f" (chance {res['chance']:.0%}); at d = {res['rows'][-1]['d']} the covering CNN has "
                 f"{last['covering CNN']['layers']} layers; " + ", ".join(f"{k}: {v}" for k, v in checks.items()))
-    data = {"checks": checks, "k": r["k"], "lrs": r["lrs"], "max_steps": r["max_steps"], "chance": r["chance"],
+    data = {"checks": checks, "k": res["k"], "lrs": res["lrs"], "max_steps": res["max_steps"], "chance": res["chance"],
             "rows": [{"d": row["d"], "sweep": row["sweep"],
                       "runs": {m: {k: v for k, v in x.items() if k != "curve"} for m, x in row["runs"].items()}}
-                     for row in r["rows"]]}
-    return Result(f"label = x_i + x_(i+d), 24 tokens of 4 symbols, d in {ds}; Conv1d k={r['k']} stacks (GELU) one "
+                     for row in res["rows"]]}
+    return Result(f"label = x_i + x_(i+d), 24 tokens of 4 symbols, d in {dists}; Conv1d k={res['k']} stacks (GELU) one "
                   f"layer short / just covering, one attention block (learned positions); Adam at lr "
-                  f"{', '.join(f'{lr:g}' for lr in r['lrs'])} each (best kept), batch 64, cap {r['max_steps']} steps",
-                  measured, holds, _figure(r), data, table=_table(r))
+                  f"{', '.join(f'{lr:g}' for lr in res['lrs'])} each (best kept), batch 64, "
+                  f"cap {res['max_steps']} steps",
+                  measured, holds, _figure(res), data, table=_table(res))
