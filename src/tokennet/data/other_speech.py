@@ -23,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import shutil
 import subprocess
 import tempfile
@@ -35,7 +34,7 @@ import torch
 from .. import jsonio
 from ..errors import DataError
 from ..tokens.audio import read_audio
-from .spoken_digits import DIGITS, AudioSet, _clip, cache_dir
+from .spoken_digits import DIGITS, AudioSet, _clip, _save_npz, cache_dir
 
 __all__ = ["FLITE_VOICES", "FESTIVAL_VOICES", "OTHER_VOICES", "flite_synth", "festival_synth_many",
            "available_other_voices", "synthesize_other_digits", "load_other_digits"]
@@ -53,12 +52,12 @@ def flite_synth(word: str, voice: str, stretch: float = 1.0) -> tuple[np.ndarray
     exe = shutil.which("flite")
     if exe is None:
         raise DataError("flite is not installed: apt-get install flite")
-    with tempfile.TemporaryDirectory() as d:
-        out = Path(d) / "w.wav"
-        r = subprocess.run([exe, "-voice", voice, "--setf", f"duration_stretch={stretch:.3f}", "-t", word,
+    with tempfile.TemporaryDirectory() as tmp_dir:
+        out = Path(tmp_dir) / "w.wav"
+        proc = subprocess.run([exe, "-voice", voice, "--setf", f"duration_stretch={stretch:.3f}", "-t", word,
                             "-o", str(out)], capture_output=True, timeout=60)
-        if r.returncode != 0 or not out.is_file():
-            raise DataError(f"flite -voice {voice} failed: {r.stderr.decode(errors='replace').strip()[:200]}")
+        if proc.returncode != 0 or not out.is_file():
+            raise DataError(f"flite -voice {voice} failed: {proc.stderr.decode(errors='replace').strip()[:200]}")
         x, rate = read_audio(out)
     return np.round(x * 32767).astype(np.int16), rate
 
@@ -68,19 +67,19 @@ def festival_synth_many(words: list[str], voice: str, stretches: list[float]) ->
     exe = shutil.which("festival")
     if exe is None:
         raise DataError("festival is not installed: apt-get install festival festvox-kallpc16k")
-    with tempfile.TemporaryDirectory() as d:
+    with tempfile.TemporaryDirectory() as tmp_dir:
         lines = [f"(voice_{voice})"]
-        for i, (w, s) in enumerate(zip(words, stretches, strict=True)):
-            lines.append(f"(Parameter.set 'Duration_Stretch {s:.3f}) (set! utt (Utterance Text \"{w}\")) "
-                         f"(utt.synth utt) (utt.save.wave utt \"{d}/{i}.wav\" 'riff)")
-        r = subprocess.run([exe, "--pipe"], input="\n".join(lines).encode(), capture_output=True, timeout=600)
+        for i, (word, stretch) in enumerate(zip(words, stretches, strict=True)):
+            lines.append(f"(Parameter.set 'Duration_Stretch {stretch:.3f}) (set! utt (Utterance Text \"{word}\")) "
+                         f"(utt.synth utt) (utt.save.wave utt \"{tmp_dir}/{i}.wav\" 'riff)")
+        proc = subprocess.run([exe, "--pipe"], input="\n".join(lines).encode(), capture_output=True, timeout=600)
         out = []
         for i in range(len(words)):
-            f = Path(d) / f"{i}.wav"
-            if not f.is_file():
+            wav = Path(tmp_dir) / f"{i}.wav"
+            if not wav.is_file():
                 raise DataError(f"festival voice_{voice} failed: "
-                                f"{(r.stderr or r.stdout).decode(errors='replace').strip()[:200]}")
-            x, rate = read_audio(f)
+                                f"{(proc.stderr or proc.stdout).decode(errors='replace').strip()[:200]}")
+            x, rate = read_audio(wav)
             out.append((np.round(x * 32767).astype(np.int16), rate))
     return out
 
@@ -88,11 +87,11 @@ def festival_synth_many(words: list[str], voice: str, stretches: list[float]) ->
 def available_other_voices() -> list[str]:
     """The :data:`OTHER_VOICES` that speak on this machine (each tried once with a short word)."""
     ok = []
-    for v in OTHER_VOICES:
-        engine, name = v.split(":")
+    for voice in OTHER_VOICES:
+        engine, name = voice.split(":")
         try:
             (flite_synth("one", name) if engine == "flite" else festival_synth_many(["one"], name, [1.0])[0])
-            ok.append(v)
+            ok.append(voice)
         except DataError:
             continue
     return ok
@@ -110,44 +109,44 @@ def synthesize_other_digits(root: str | Path | None = None, *, seed: int = 0, pe
     if path.is_file():
         return path
     rng = np.random.default_rng(seed)
-    jobs = [(vi, d, float(rng.uniform(0.8, 1.25))) for vi in range(len(voices)) for d in range(len(DIGITS))
+    jobs = [(voice_idx, digit, float(rng.uniform(0.8, 1.25)))
+            for voice_idx in range(len(voices)) for digit in range(len(DIGITS))
             for _ in range(per_voice)]
     log.info("synthesizing %d clips with %d flite/festival voices (once; cached in %s)", len(jobs), len(voices), root)
     words: list[tuple[np.ndarray, int] | None] = [None] * len(jobs)
-    for vi, v in enumerate(voices):
-        engine, name = v.split(":")
-        mine = [i for i, j in enumerate(jobs) if j[0] == vi]
+    for voice_idx, voice in enumerate(voices):
+        engine, name = voice.split(":")
+        mine = [i for i, job in enumerate(jobs) if job[0] == voice_idx]
         if engine == "flite":
             for i in mine:
                 words[i] = flite_synth(DIGITS[jobs[i][1]], name, jobs[i][2])
         elif engine == "festival":
             got = festival_synth_many([DIGITS[jobs[i][1]] for i in mine], name, [jobs[i][2] for i in mine])
-            for i, w in zip(mine, got, strict=True):
-                words[i] = w
+            for i, spoken in zip(mine, got, strict=True):
+                words[i] = spoken
         else:
-            raise DataError(f"unknown synthesizer {engine!r} in voice {v!r} (flite:NAME or festival:NAME)")
+            raise DataError(f"unknown synthesizer {engine!r} in voice {voice!r} (flite:NAME or festival:NAME)")
     clips = np.zeros((len(jobs), clip_samples), np.int16)
-    for i, (w, rate) in enumerate(words):
-        c = _clip(w, rate, sample_rate=sample_rate, clip_samples=clip_samples, rng=np.random.default_rng([seed, i]),
-                  snr_db=None)
-        clips[i] = np.round(c * 32767).astype(np.int16)
+    for i, (samples, rate) in enumerate(words):
+        clip = _clip(samples, rate, sample_rate=sample_rate, clip_samples=clip_samples,
+                     rng=np.random.default_rng([seed, i]), snr_db=None)
+        clips[i] = np.round(clip * 32767).astype(np.int16)
     root.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}.npz")
-    np.savez(tmp, clips=clips, digit=np.array([j[1] for j in jobs], np.int64),
-             voice=np.array([j[0] for j in jobs], np.int64), voices=np.array(list(voices)),
-             params=np.array(json.dumps(params)))
-    os.replace(tmp, path)
+    _save_npz(path, clips=clips, digit=np.array([job[1] for job in jobs], np.int64),
+              voice=np.array([job[0] for job in jobs], np.int64), voices=np.array(list(voices)),
+              params=np.array(json.dumps(params)))
     return path
 
 
 def load_other_digits(path: str | Path) -> AudioSet:
     """The cached clips as an :class:`AudioSet` with an empty training split (evaluation only)."""
     try:
-        with np.load(path, allow_pickle=False) as z:
-            clips, digit, voice, voices = z["clips"], z["digit"], z["voice"], z["voices"].tolist()
-            params = jsonio.loads(str(z["params"]), what=f"{path}: params")
-    except (OSError, ValueError, KeyError) as e:
-        raise DataError(f"{path} is not a readable digits cache ({e}); delete it to regenerate") from None
+        with np.load(path, allow_pickle=False) as archive:
+            clips, digit, voice, voices = (archive["clips"], archive["digit"], archive["voice"],
+                                           archive["voices"].tolist())
+            params = jsonio.loads(str(archive["params"]), what=f"{path}: params")
+    except (OSError, ValueError, KeyError) as err:
+        raise DataError(f"{path} is not a readable digits cache ({err}); delete it to regenerate") from None
     x = torch.from_numpy(clips.astype(np.float32) / 32767.0)
     return AudioSet(name="spoken digits (flite, festival)", labels=list(DIGITS), sample_rate=params["sample_rate"],
                     x_train=x[:0], y_train=torch.from_numpy(digit)[:0], x_test=x, y_test=torch.from_numpy(digit),

@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +33,7 @@ from .noise import BABBLE_TRAIN_WORDS, BABBLE_WORDS, NOISES, babble_noise, mix_a
 from .spoken_digits import (
     ACCENTS,
     VARIANTS,
+    _save_npz,
     _trim,
     cache_dir,
     espeak_synth,
@@ -59,18 +59,17 @@ def word_bank(words: tuple[str, ...] = BABBLE_WORDS, *, seed: int = 0, voices_pe
     path = root / f"word-bank-{key}.npz"
     if not path.is_file():
         rng = np.random.default_rng(seed)
-        voices = [f"{a}+{v}" for a in ACCENTS for v in VARIANTS]
+        voices = [f"{accent}+{variant}" for accent in ACCENTS for variant in VARIANTS]
         out = []
-        for w in words:
-            for vi in rng.choice(len(voices), size=voices_per_word, replace=False):
-                x, rate = espeak_synth(w, voices[int(vi)], int(rng.integers(130, 201)), int(rng.integers(25, 76)))
+        for word in words:
+            for voice_idx in rng.choice(len(voices), size=voices_per_word, replace=False):
+                x, rate = espeak_synth(word, voices[int(voice_idx)], int(rng.integers(130, 201)),
+                                       int(rng.integers(25, 76)))
                 out.append(resample(_trim(x.astype(np.float32) / 32768.0), rate, sample_rate))
         root.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}.npz")
-        np.savez(tmp, samples=np.concatenate(out), lengths=np.array([len(x) for x in out]))
-        os.replace(tmp, path)
-    with np.load(path) as z:
-        samples, lengths = z["samples"], z["lengths"]
+        _save_npz(path, samples=np.concatenate(out), lengths=np.array([len(x) for x in out]))
+    with np.load(path) as archive:
+        samples, lengths = archive["samples"], archive["lengths"]
     return np.split(samples, np.cumsum(lengths)[:-1])
 
 
@@ -113,8 +112,8 @@ def evaluation_sets(*, seed: int = 0, per_voice: int = 3, test_voices: int = 20,
     if other:
         from .other_speech import load_other_digits, synthesize_other_digits
 
-        o = load_other_digits(synthesize_other_digits(seed=seed, per_voice=per_voice))
-        sets["other_synth"] = (o.x_test, o.y_test, o.test_voices)
+        other_set = load_other_digits(synthesize_other_digits(seed=seed, per_voice=per_voice))
+        sets["other_synth"] = (other_set.x_test, other_set.y_test, other_set.test_voices)
     return sets
 
 

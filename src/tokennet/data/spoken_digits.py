@@ -39,6 +39,7 @@ from torch import Tensor
 
 from .. import jsonio
 from ..errors import DataError
+from ..fileio import temp_name_beside
 from ..tokens.audio import SILENCE, resample
 from ..tokens.clips import load_fitted
 from .spec import DataSpec, register_data
@@ -107,6 +108,21 @@ def _trim(x: np.ndarray, threshold: float = 0.02) -> np.ndarray:
     return x[loud[0]:loud[-1] + 1] if len(loud) else x
 
 
+def _save_npz(path: Path, **arrays) -> None:
+    """``np.savez(path, **arrays)`` with nothing ever half-written: into a temporary sibling
+    (:func:`~tokennet.fileio.temp_name_beside`), flushed to disk, then renamed into place."""
+    tmp = temp_name_beside(path, "tmp")
+    try:
+        with open(tmp, "wb") as handle:  # a file object: np.savez adds no ".npz" to its name
+            np.savez(handle, **arrays)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    tmp.replace(path)
+
+
 def _clip(word: np.ndarray, rate: int, *, sample_rate: int, clip_samples: int, rng: np.random.Generator,
           snr_db: tuple[float, float] | None) -> np.ndarray:
     """One clip: the trimmed word resampled, at a random offset and level, with white noise at a random SNR
@@ -114,8 +130,8 @@ def _clip(word: np.ndarray, rate: int, *, sample_rate: int, clip_samples: int, r
     x = word.astype(np.float32) / (32768.0 if word.dtype == np.int16 else 1.0)
     x = resample(_trim(x), rate, sample_rate)
     if len(x) > clip_samples:  # a very slow rendition: keep the middle second
-        s = (len(x) - clip_samples) // 2
-        x = x[s:s + clip_samples]
+        start = (len(x) - clip_samples) // 2
+        x = x[start:start + clip_samples]
     out = np.zeros(clip_samples, np.float32)
     off = int(rng.integers(0, clip_samples - len(x) + 1))
     out[off:off + len(x)] = x * (10 ** rng.uniform(-1.0, 0.0) * 0.9 / max(float(np.abs(x).max()), 1e-6))
@@ -149,7 +165,7 @@ def synthesize_spoken_digits(root: str | Path | None = None, *, seed: int = 0, p
             voices are drawn (so the test voices and their clips stay those of the set without them).
     """
     synth = espeak_synth if synth is None else synth
-    voices = [f"{a}+{v}" for a in accents for v in variants]
+    voices = [f"{accent}+{variant}" for accent in accents for variant in variants]
     if not 0 < test_voices < len(voices):
         raise DataError(f"test_voices must be in 1..{len(voices) - 1} (there are {len(voices)} voices), "
                         f"got {test_voices}")
@@ -168,12 +184,12 @@ def synthesize_spoken_digits(root: str | Path | None = None, *, seed: int = 0, p
         return path
     rng = np.random.default_rng(seed)
     held = set(rng.choice(len(voices), size=test_voices, replace=False).tolist())
-    jobs = [(vi, d, int(rng.integers(120, 221)), int(rng.integers(20, 81)))
-            for vi in range(len(voices)) for d in range(len(DIGITS)) for _ in range(per_voice)]
+    jobs = [(voice_idx, digit, int(rng.integers(120, 221)), int(rng.integers(20, 81)))
+            for voice_idx in range(len(voices)) for digit in range(len(DIGITS)) for _ in range(per_voice)]
     if extra_voices:  # drawn after the original jobs: those keep their rates, pitches and clip seeds
-        extra = [v for v in extra_voices if v not in voices]
-        jobs += [(len(voices) + k, d, int(rng.integers(120, 221)), int(rng.integers(20, 81)))
-                 for k in range(len(extra)) for d in range(len(DIGITS)) for _ in range(per_voice)]
+        extra = [variant for variant in extra_voices if variant not in voices]
+        jobs += [(len(voices) + k, digit, int(rng.integers(120, 221)), int(rng.integers(20, 81)))
+                 for k in range(len(extra)) for digit in range(len(DIGITS)) for _ in range(per_voice)]
         voices = voices + extra
     index = list(range(len(jobs)))  # each clip's seed is its place in the full list
     if only_test:
@@ -182,47 +198,47 @@ def synthesize_spoken_digits(root: str | Path | None = None, *, seed: int = 0, p
     log.info("synthesizing %d clips: %d voices × %d digits × %d (this happens once; cached in %s)", len(jobs),
              len(voices), len(DIGITS), per_voice, root)
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        words = list(pool.map(lambda j: synth(DIGITS[j[1]], voices[j[0]], j[2], j[3]), jobs))
+        words = list(pool.map(lambda job: synth(DIGITS[job[1]], voices[job[0]], job[2], job[3]), jobs))
     clips = np.zeros((len(jobs), clip_samples), np.int16)
-    for i, ((vi, _, _, _), (w, rate)) in enumerate(zip(jobs, words, strict=True)):
-        if np.abs(w.astype(np.float32)).max() < SILENCE * (32768.0 if w.dtype == np.int16 else 1.0):
-            raise DataError(f"the synthesizer returned silence for voice {voices[vi]}")
-        g = np.random.default_rng([seed, index[i]])  # per clip: the same clip whatever the thread order
-        c = _clip(w, rate, sample_rate=sample_rate, clip_samples=clip_samples, rng=g, snr_db=snr_db)
-        clips[i] = np.round(c * 32767).astype(np.int16)
+    for i, ((voice_idx, _, _, _), (samples, rate)) in enumerate(zip(jobs, words, strict=True)):
+        if np.abs(samples.astype(np.float32)).max() < SILENCE * (32768.0 if samples.dtype == np.int16 else 1.0):
+            raise DataError(f"the synthesizer returned silence for voice {voices[voice_idx]}")
+        clip_rng = np.random.default_rng([seed, index[i]])  # per clip: the same clip whatever the thread order
+        clip = _clip(samples, rate, sample_rate=sample_rate, clip_samples=clip_samples, rng=clip_rng, snr_db=snr_db)
+        clips[i] = np.round(clip * 32767).astype(np.int16)
     root.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}.npz")
-    np.savez(tmp, clips=clips, digit=np.array([j[1] for j in jobs], np.int64),
-             voice=np.array([j[0] for j in jobs], np.int64), test=np.array([j[0] in held for j in jobs]),
-             voices=np.array(voices), params=np.array(json.dumps(params)))
-    os.replace(tmp, path)
+    _save_npz(path, clips=clips, digit=np.array([job[1] for job in jobs], np.int64),
+              voice=np.array([job[0] for job in jobs], np.int64), test=np.array([job[0] in held for job in jobs]),
+              voices=np.array(voices), params=np.array(json.dumps(params)))
     return path
 
 
 def load_spoken_digits(path: str | Path) -> AudioSet:
     """The cached set as an :class:`AudioSet`: held-out voices form the test split."""
     try:
-        with np.load(path, allow_pickle=False) as z:
-            clips, digit, voice, test = z["clips"], z["digit"], z["voice"], z["test"]
-            voices, params = z["voices"].tolist(), jsonio.loads(str(z["params"]), what=f"{path}: params")
-    except (OSError, ValueError, KeyError) as e:
-        raise DataError(f"{path} is not a readable spoken-digits cache ({e}); delete it to regenerate") from None
+        with np.load(path, allow_pickle=False) as archive:
+            clips, digit, voice, test = archive["clips"], archive["digit"], archive["voice"], archive["test"]
+            voices, params = archive["voices"].tolist(), jsonio.loads(str(archive["params"]), what=f"{path}: params")
+    except (OSError, ValueError, KeyError) as err:
+        raise DataError(f"{path} is not a readable spoken-digits cache ({err}); delete it to regenerate") from None
     x = torch.from_numpy(clips.astype(np.float32) / 32767.0)
     y = torch.from_numpy(digit)
-    tr, te = torch.from_numpy(~test), torch.from_numpy(test)
+    train_mask, test_mask = torch.from_numpy(~test), torch.from_numpy(test)
     return AudioSet(name="spoken-digits (espeak-ng)" if params["synth"] == "espeak_synth" else "spoken-digits",
-                    labels=list(DIGITS), sample_rate=params["sample_rate"], x_train=x[tr], y_train=y[tr],
-                    x_test=x[te], y_test=y[te], test_voices=[voices[v] for v in voice[test]])
+                    labels=list(DIGITS), sample_rate=params["sample_rate"], x_train=x[train_mask],
+                    y_train=y[train_mask],
+                    x_test=x[test_mask], y_test=y[test_mask], test_voices=[voices[v] for v in voice[test]])
 
 
 def _label_folders(d: Path) -> dict[str, list[Path]]:
-    return {p.name: sorted(p.glob("*.wav")) for p in sorted(d.iterdir()) if p.is_dir() and any(p.glob("*.wav"))}
+    return {folder.name: sorted(folder.glob("*.wav")) for folder in sorted(d.iterdir())
+            if folder.is_dir() and any(folder.glob("*.wav"))}
 
 
 def _read_clips(files: list[Path], sample_rate: int, clip_samples: int) -> Tensor:
     out = torch.zeros(len(files), clip_samples)
-    for i, f in enumerate(files):
-        x = load_fitted(f, sample_rate, clip_samples)
+    for i, file in enumerate(files):
+        x = load_fitted(file, sample_rate, clip_samples)
         out[i, :len(x)] = torch.from_numpy(x)
     return out
 
@@ -235,38 +251,39 @@ def load_label_dir(directory: str | Path, *, sample_rate: int, clip_samples: int
     resampling to ``sample_rate``) keeps its loudest ``clip_samples`` (:func:`~tokennet.tokens.clips.fit_window`).
     A silent, unreadable or empty file is a :class:`DataError` naming the file.
     """
-    d = Path(directory)
-    if not d.is_dir():
-        raise DataError(f"audio data {d} is not a directory of LABEL/*.wav folders")
-    if (d / "train").is_dir() and (d / "test").is_dir():
-        train, test = _label_folders(d / "train"), _label_folders(d / "test")
+    root = Path(directory)
+    if not root.is_dir():
+        raise DataError(f"audio data {root} is not a directory of LABEL/*.wav folders")
+    if (root / "train").is_dir() and (root / "test").is_dir():
+        train, test = _label_folders(root / "train"), _label_folders(root / "test")
         labels = sorted(set(train) | set(test))
         if not train or not test:
-            raise DataError(f"{d}/train and {d}/test must each hold LABEL/*.wav folders")
-        tr = [(f, labels.index(k)) for k in sorted(train) for f in train[k]]
-        te = [(f, labels.index(k)) for k in sorted(test) for f in test[k]]
+            raise DataError(f"{root}/train and {root}/test must each hold LABEL/*.wav folders")
+        train_files = [(file, labels.index(k)) for k in sorted(train) for file in train[k]]
+        test_files = [(file, labels.index(k)) for k in sorted(test) for file in test[k]]
     else:
-        folders = _label_folders(d)
+        folders = _label_folders(root)
         if len(folders) < 2:
-            empty = sorted(p.name for p in d.iterdir() if p.is_dir() and p.name not in folders)
+            empty = sorted(entry.name for entry in root.iterdir() if entry.is_dir() and entry.name not in folders)
             said = f" ({', '.join(empty[:5])}{', …' if len(empty) > 5 else ''} hold no .wav file)" if empty else ""
-            raise DataError(f"{d} has {len(folders)} LABEL/*.wav folder(s){said}; a classifier needs at least 2 "
+            raise DataError(f"{root} has {len(folders)} LABEL/*.wav folder(s){said}; a classifier needs at least 2 "
                             "(DIR/LABEL/*.wav, or DIR/train/LABEL/*.wav and DIR/test/LABEL/*.wav)")
         labels = sorted(folders)
         rng = np.random.default_rng(seed)
-        tr, te = [], []
+        train_files, test_files = [], []
         for y, k in enumerate(labels):
             files = folders[k]
             if len(files) < 2:
-                raise DataError(f"{d / k} has {len(files)} clip; each label needs at least 2 (train and test)")
+                raise DataError(f"{root / k} has {len(files)} clip; each label needs at least 2 (train and test)")
             order = rng.permutation(len(files))
             n_test = max(1, round(test_fraction * len(files)))
-            te += [(files[i], y) for i in sorted(order[:n_test])]
-            tr += [(files[i], y) for i in sorted(order[n_test:])]
-    x_tr = _read_clips([f for f, _ in tr], sample_rate, clip_samples)
-    x_te = _read_clips([f for f, _ in te], sample_rate, clip_samples)
-    return AudioSet(name=str(d), labels=labels, sample_rate=sample_rate, x_train=x_tr,
-                    y_train=torch.tensor([y for _, y in tr]), x_test=x_te, y_test=torch.tensor([y for _, y in te]))
+            test_files += [(files[i], y) for i in sorted(order[:n_test])]
+            train_files += [(files[i], y) for i in sorted(order[n_test:])]
+    x_tr = _read_clips([file for file, _ in train_files], sample_rate, clip_samples)
+    x_te = _read_clips([file for file, _ in test_files], sample_rate, clip_samples)
+    return AudioSet(name=str(root), labels=labels, sample_rate=sample_rate, x_train=x_tr,
+                    y_train=torch.tensor([y for _, y in train_files]), x_test=x_te,
+                    y_test=torch.tensor([y for _, y in test_files]))
 
 
 def load_audio_dataset(data: str | None, *, seed: int = 0, per_voice: int = 3, test_voices: int = 20,
