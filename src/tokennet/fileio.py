@@ -15,8 +15,8 @@ import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-__all__ = ["atomic_write_text", "sha256_file", "safetensors_write", "exchange_paths", "swap_into_place",
-           "temp_dir_beside", "temp_name_beside", "sweep_stale_temps"]
+__all__ = ["atomic_write_text", "atomic_directory", "sha256_file", "safetensors_write", "exchange_paths",
+           "swap_into_place", "remove_aside", "fsync_path", "temp_dir_beside", "temp_name_beside", "sweep_stale_temps"]
 
 _TEMP_TAGS = ("tmp", "new", "old", "import")  # what a temporary sibling is: see the module docstring
 
@@ -56,16 +56,16 @@ def sweep_stale_temps(dest: str | Path) -> list[Path]:
         siblings = list(dest.parent.iterdir())
     except OSError:
         return removed
-    for p in siblings:
-        m = pattern.match(p.name)
-        if m is None or _process_alive(int(m.group(1))):
+    for sibling in siblings:
+        match = pattern.match(sibling.name)
+        if match is None or _process_alive(int(match.group(1))):
             continue
         with contextlib.suppress(OSError):
-            if p.is_dir() and not p.is_symlink():
-                shutil.rmtree(p)
+            if sibling.is_dir() and not sibling.is_symlink():
+                shutil.rmtree(sibling)
             else:
-                p.unlink()
-            removed.append(p)
+                sibling.unlink()
+            removed.append(sibling)
     return removed
 
 
@@ -75,13 +75,13 @@ def atomic_write_text(path: str | Path, text: str | Iterable[str]) -> Path:
     path = Path(path)
     tmp = temp_name_beside(path, "tmp")
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
+        with open(tmp, "w", encoding="utf-8") as stream:
             if isinstance(text, str):
-                f.write(text)
+                stream.write(text)
             else:
-                f.writelines(text)
-            f.flush()
-            os.fsync(f.fileno())
+                stream.writelines(text)
+            stream.flush()
+            os.fsync(stream.fileno())
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -158,15 +158,82 @@ def temp_dir_beside(dest: str | Path, tag: str = "new") -> Path:
     return tmp
 
 
+def fsync_path(path: str | Path) -> None:
+    """Flush a file, or a directory (so that a rename in it survives a power cut), to the disk; a filesystem that
+    cannot fsync a directory is left as it is (the rename is atomic all the same)."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(descriptor)
+    except OSError:
+        pass
+    finally:
+        os.close(descriptor)
+
+
+def remove_aside(path: str | Path, trash: str | Path | None = None) -> bool:
+    """Delete a directory (or a file) without ever leaving half of it under its own name; False when ``path``
+    could not be moved (it is gone already).
+
+    ``rmtree`` unlinks file by file, so a kill in the middle would leave ``path`` without some of its files;
+    renaming it out of the way first (atomic) — to ``trash``, by default a hidden sibling ``.NAME.old-PID-XXXXXX``
+    (:func:`temp_name_beside`) — means ``path`` is either whole or gone, and a kill after the rename leaves only
+    the hidden sibling.
+    """
+    import shutil
+
+    path = Path(path)
+    trash = temp_name_beside(path, "old") if trash is None else Path(trash)
+    try:
+        path.rename(trash)
+    except OSError:
+        return False
+    if trash.is_dir() and not trash.is_symlink():
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        trash.unlink(missing_ok=True)
+    return True
+
+
+@contextlib.contextmanager
+def atomic_directory(dest: str | Path) -> Iterator[Path]:
+    """A new directory beside ``dest`` (:func:`temp_dir_beside`) for the block to write; when the block ends, every
+    file in it and the directory itself are fsynced and it takes ``dest``'s place (:func:`swap_into_place`, the old
+    ``dest`` deleted). A block that raises (a full disk, a kill signal) leaves ``dest`` as it was and nothing beside
+    it: a crash at any moment leaves the old ``dest`` or the new one, whole, never half of one."""
+    import shutil
+
+    dest = Path(dest)
+    tmp = temp_dir_beside(dest, "new")
+    try:
+        yield tmp
+        for entry in tmp.iterdir():
+            fsync_path(entry)
+        fsync_path(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    try:
+        trash = swap_into_place(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    fsync_path(dest.parent)
+    if trash is not None:
+        shutil.rmtree(trash, ignore_errors=True)
+
+
 def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
     """Hex SHA-256 of a file, read in chunks (detects tampered or truncated weights)."""
     import hashlib
 
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        while block := stream.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 @contextlib.contextmanager
@@ -180,9 +247,9 @@ def safetensors_write(path: str | Path) -> Iterator[None]:
 
     try:
         yield
-    except SafetensorError as e:
-        m = re.search(r"\(os error (\d+)\)", str(e))
-        if m is None:
+    except SafetensorError as error:
+        match = re.search(r"\(os error (\d+)\)", str(error))
+        if match is None:
             raise
-        code = int(m.group(1))
+        code = int(match.group(1))
         raise OSError(code, os.strerror(code), str(path)) from None

@@ -6,9 +6,11 @@ A checkpoint is a directory ``checkpoints/step-000123/`` holding
 - ``state.safetensors``: optimizer moments and every rank's torch RNG state;
 - ``trainer.json``: step, optimizer hyper-parameters, Python/NumPy RNG states, data position, config.
 
-It is written under a temporary name, every file is fsynced, and the directory is renamed into place;
-only then is the ``latest`` pointer replaced (also by rename). A crash at any moment therefore leaves
-either the previous checkpoint or the new one, never half of one. The last ``keep`` are kept.
+It is written under a temporary name, every file is fsynced, and the directory is renamed into place
+(:func:`~tokennet.fileio.atomic_directory`); only then is the ``latest`` pointer replaced (also by rename,
+:func:`~tokennet.fileio.atomic_write_text`). A crash at any moment therefore leaves either the previous checkpoint
+or the new one, never half of one. The last ``keep`` are kept; an older one is moved aside before it is deleted
+(:func:`~tokennet.fileio.remove_aside`), so no ``step-N`` is ever missing some of its files.
 Nothing here unpickles: a checkpoint cannot run code when loaded.
 """
 
@@ -27,44 +29,40 @@ import torch
 
 from .. import jsonio
 from ..errors import RunError
-from ..fileio import safetensors_write, sha256_file
+from ..fileio import (
+    atomic_directory,
+    atomic_write_text,
+    fsync_path,
+    remove_aside,
+    safetensors_write,
+    sha256_file,
+    sweep_stale_temps,
+)
 
 __all__ = ["save_checkpoint", "read_checkpoint", "latest_checkpoint", "capture_rng", "restore_rng", "Checkpoint"]
 
 LATEST = "latest"
 
 
-def _fsync(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # some filesystems cannot fsync a directory; the rename is still atomic
-        pass
-    finally:
-        os.close(fd)
-
-
 def capture_rng() -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """This process's RNG states: Python and NumPy as JSON, torch (and CUDA) as tensors."""
-    py = random.getstate()
-    st = np.random.get_state()
-    js = {"python": [py[0], list(py[1]), py[2]],
-          "numpy": [st[0], st[1].tolist(), int(st[2]), int(st[3]), float(st[4])]}
+    version, internal, gauss_next = random.getstate()
+    kind, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
+    json_state = {"python": [version, list(internal), gauss_next],
+                  "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached_gaussian)]}
     tensors = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
-        for i, s in enumerate(torch.cuda.get_rng_state_all()):
-            tensors[f"cuda/{i}"] = s
-    return js, tensors
+        for i, cuda_state in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"cuda/{i}"] = cuda_state
+    return json_state, tensors
 
 
 def restore_rng(js: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
-    py = js["python"]
-    random.setstate((py[0], tuple(py[1]), py[2]))
-    n = js["numpy"]
-    np.random.set_state((n[0], np.array(n[1], dtype=np.uint32), n[2], n[3], n[4]))
+    python_state = js["python"]  # indexed, not unpacked: a damaged state fails as it always did
+    random.setstate((python_state[0], tuple(python_state[1]), python_state[2]))
+    numpy_state = js["numpy"]
+    np.random.set_state((numpy_state[0], np.array(numpy_state[1], dtype=np.uint32), numpy_state[2],
+                         numpy_state[3], numpy_state[4]))
     torch.set_rng_state(tensors["torch"])
     cuda = [tensors[k] for k in sorted(tensors) if k.startswith("cuda/")]
     if cuda and torch.cuda.is_available():
@@ -104,73 +102,49 @@ def save_checkpoint(
         trainer_state: JSON-serializable trainer state (elapsed time, data position, config...).
         rng: one ``capture_rng()`` per rank.
     """
-    from safetensors.torch import save_file
-
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:06d}"
-    tmp = root / f".tmp-step-{step:06d}-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    try:
-        weights, aliases = _dedup(model_state)
-        with safetensors_write(tmp / "model.safetensors"):
-            save_file(weights, str(tmp / "model.safetensors"))
-        tensors, scalars = {}, {}
-        for pname, st in optim_state["state"].items():
-            for k, v in st.items():
-                if torch.is_tensor(v):
-                    tensors[f"optim/{pname}/{k}"] = v.detach().cpu().contiguous()
-                else:
-                    scalars.setdefault(pname, {})[k] = v
-        for r, (_, rt) in enumerate(rng):
-            for k, v in rt.items():
-                tensors[f"rng/{r}/{k}"] = v
-        with safetensors_write(tmp / "state.safetensors"):
-            save_file(tensors, str(tmp / "state.safetensors"))
-        meta = {"step": step, "aliases": aliases,
-                "sha256": {f: sha256_file(tmp / f) for f in ("model.safetensors", "state.safetensors")},
-                "optimizer": {"param_groups": optim_state["param_groups"], "scalars": scalars},
-                "rng": [js for js, _ in rng], **trainer_state}
-        (tmp / "trainer.json").write_text(json.dumps(meta))
-        for f in tmp.iterdir():
-            _fsync(f)
-        _fsync(tmp)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)  # a failed write (full disk, kill) leaves no partial checkpoint
-        raise
-    if final.exists():
-        _remove(final)
-    tmp.rename(final)
-    _fsync(root)
-    ptr = root / f".{LATEST}.tmp"
-    ptr.write_text(final.name + "\n")
-    _fsync(ptr)
-    ptr.replace(root / LATEST)
-    _fsync(root)
-    steps = sorted(p for p in root.glob("step-*") if p.is_dir())
+    with atomic_directory(final) as tmp:  # a failed write (full disk, kill) leaves no partial checkpoint
+        _write_checkpoint(tmp, step, model_state, optim_state, trainer_state, rng)
+    atomic_write_text(root / LATEST, final.name + "\n")
+    fsync_path(root)
+    steps = sorted(path for path in root.glob("step-*") if path.is_dir())
     for old in steps[:-keep] if keep > 0 else []:
         if old != final:
-            _remove(old)
+            remove_aside(old, trash=old.with_name(f".del-{old.name}-{os.getpid()}"))
     for stale in [*root.glob(".tmp-step-*"), *root.glob(".del-step-*")]:  # left by a crash mid-write/-delete
         shutil.rmtree(stale, ignore_errors=True)
+    for name in {stale.name[1:].split(".")[0] for stale in root.glob(".step-*.*")}:  # a killed writer's temporaries
+        sweep_stale_temps(root / name)
     return final
 
 
-def _remove(path: Path) -> None:
-    """Delete a checkpoint directory without ever leaving half of it under its own name.
+def _write_checkpoint(directory: Path, step: int, model_state: dict[str, torch.Tensor], optim_state: dict[str, Any],
+                      trainer_state: dict[str, Any], rng: list[tuple[dict[str, Any], dict[str, torch.Tensor]]]) -> None:
+    """The checkpoint's three files in ``directory`` (:func:`save_checkpoint` puts it in place)."""
+    from safetensors.torch import save_file
 
-    ``rmtree`` unlinks file by file, so a kill in the middle would leave ``step-N`` without some of its
-    files; renaming it out of the way first (atomic) means ``step-N`` is either whole or gone. A kill
-    after the rename leaves a ``.del-step-*`` directory, removed by the next save.
-    """
-    trash = path.with_name(f".del-{path.name}-{os.getpid()}")
-    try:
-        path.rename(trash)
-    except OSError:
-        return
-    shutil.rmtree(trash, ignore_errors=True)
+    weights, aliases = _dedup(model_state)
+    with safetensors_write(directory / "model.safetensors"):
+        save_file(weights, str(directory / "model.safetensors"))
+    tensors, scalars = {}, {}
+    for pname, param_state in optim_state["state"].items():
+        for key, value in param_state.items():
+            if torch.is_tensor(value):
+                tensors[f"optim/{pname}/{key}"] = value.detach().cpu().contiguous()
+            else:
+                scalars.setdefault(pname, {})[key] = value
+    for rank, (_, rank_tensors) in enumerate(rng):
+        for key, value in rank_tensors.items():
+            tensors[f"rng/{rank}/{key}"] = value
+    with safetensors_write(directory / "state.safetensors"):
+        save_file(tensors, str(directory / "state.safetensors"))
+    meta = {"step": step, "aliases": aliases,
+            "sha256": {name: sha256_file(directory / name) for name in ("model.safetensors", "state.safetensors")},
+            "optimizer": {"param_groups": optim_state["param_groups"], "scalars": scalars},
+            "rng": [rank_json for rank_json, _ in rng], **trainer_state}
+    (directory / "trainer.json").write_text(json.dumps(meta))
 
 
 def latest_checkpoint(directory: str | Path) -> Path | None:
@@ -210,14 +184,15 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
         meta = jsonio.load(path / "trainer.json")
         if not isinstance(meta, dict) or not {"step", "optimizer", "rng"} <= meta.keys():
             raise RunError(f"checkpoint {path} is damaged: its trainer.json is not a tokennet checkpoint record")
-        for f, digest in meta.get("sha256", {}).items():
-            if sha256_file(path / f) != digest:
-                raise RunError(f"checkpoint {path}: {f} does not match its recorded checksum (modified or truncated)")
+        for file_name, digest in meta.get("sha256", {}).items():
+            if sha256_file(path / file_name) != digest:
+                raise RunError(f"checkpoint {path}: {file_name} does not match its recorded checksum "
+                               "(modified or truncated)")
         weights = load_file(str(path / "model.safetensors"))
         tensors = load_file(str(path / "state.safetensors"))
     except (OSError, SafetensorError, RuntimeError, json.JSONDecodeError, UnicodeDecodeError,
-            jsonio.JSONTooDeep) as e:
-        raise RunError(f"checkpoint {path} is unreadable: {str(e).splitlines()[0]}") from None
+            jsonio.JSONTooDeep) as error:
+        raise RunError(f"checkpoint {path} is unreadable: {str(error).splitlines()[0]}") from None
     try:
         for alias, name in meta.get("aliases", {}).items():
             weights[alias] = weights[name]
@@ -229,13 +204,13 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
                 pname, k = rest.rsplit("/", 1)
                 state.setdefault(pname, {})[k] = t
             elif kind == "rng":
-                r, k = rest.split("/", 1)
-                rng_t.setdefault(int(r), {})[k] = t
-        for pname, sc in meta["optimizer"]["scalars"].items():
-            state.setdefault(pname, {}).update(sc)
-        rng = [(js, rng_t.get(r, {})) for r, js in enumerate(meta["rng"])]
+                rank, k = rest.split("/", 1)
+                rng_t.setdefault(int(rank), {})[k] = t
+        for pname, scalars in meta["optimizer"]["scalars"].items():
+            state.setdefault(pname, {}).update(scalars)
+        rng = [(rank_json, rng_t.get(rank, {})) for rank, rank_json in enumerate(meta["rng"])]
         optim = {"state": state, "param_groups": meta["optimizer"]["param_groups"]}
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
         raise RunError(f"checkpoint {path} is damaged: trainer.json and state.safetensors do not have the "
-                       f"expected form ({type(e).__name__}: {e})") from None
+                       f"expected form ({type(error).__name__}: {error})") from None
     return Checkpoint(path, weights, optim, meta, rng)
