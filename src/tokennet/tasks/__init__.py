@@ -66,7 +66,7 @@ def task_for(family: str) -> Task:
 
 def list_tasks() -> dict[str, str]:
     """Model family → task name."""
-    return {f: t.name for f, t in _list_tasks().items()}
+    return {family: task.name for family, task in _list_tasks().items()}
 
 
 # Every module of this package declares one task and registers it with @register_task: import them all.

@@ -79,18 +79,19 @@ class AudioClassification(ImageClassification):
     def examples(self, run: Run, directory: Path) -> dict[str, Any]:
         from scipy.io import wavfile
 
-        c = run.model.config
+        config = run.model.config
         wave = run.data.held_out().x_test[0].numpy()
         path = Path(directory) / "held_out_0.wav"
-        wavfile.write(path, c.sample_rate, wave)
+        wavfile.write(path, config.sample_rate, wave)
         return {"audio": [str(path)]}
 
     def bad_inputs(self, run: Run, directory: Path) -> list[tuple[dict[str, Any], str]]:
-        d = Path(directory)
-        (d / "empty.wav").write_bytes(b"")
-        (d / "notaudio.wav").write_text("this is text, not audio\n" * 20)
-        return [({"audio": [str(d / "missing.wav")]}, "does not exist"), ({"audio": [str(d / "empty.wav")]}, "empty"),
-                ({"audio": [str(d / "notaudio.wav")]}, "notaudio.wav")]
+        root = Path(directory)
+        (root / "empty.wav").write_bytes(b"")
+        (root / "notaudio.wav").write_text("this is text, not audio\n" * 20)
+        return [({"audio": [str(root / "missing.wav")]}, "does not exist"),
+                ({"audio": [str(root / "empty.wav")]}, "empty"),
+                ({"audio": [str(root / "notaudio.wav")]}, "notaudio.wav")]
 
     def classify(self, run: Run, inputs) -> list[tuple[int, float]]:
         """``(class index, probability)`` per clip: a waveform batch as the model's inputs, or files of any
@@ -99,19 +100,19 @@ class AudioClassification(ImageClassification):
             return super().classify(run, inputs)
         out = []
         for clip in self.clips_of(run, inputs):
-            lp, _ = classify_clip(run.model, torch.from_numpy(clip.windows))
-            k = int(lp.argmax())
-            out.append((k, float(lp[k].exp())))
+            log_probs, _ = classify_clip(run.model, torch.from_numpy(clip.windows))
+            k = int(log_probs.argmax())
+            out.append((k, float(log_probs[k].exp())))
         return out
 
     def clips_of(self, run: Run, inputs) -> list:
         """Audio files read as :class:`~tokennet.tokens.clips.ClipWindows` at the model's rate and window
         (every file is checked before any is classified; notes, such as the 10-minute cap, go to the log)."""
-        c = run.model.config
+        config = run.model.config
         paths = as_paths(inputs)
         if not paths:
             raise DataError("no audio file given")
-        clips = [load_clip(p, c.sample_rate, c.clip_samples) for p in paths]
+        clips = [load_clip(path, config.sample_rate, config.clip_samples) for path in paths]
         for clip in clips:
             for note in clip.notes:
                 log.warning("%s", note)
@@ -124,12 +125,12 @@ class AudioClassification(ImageClassification):
             return inputs
         from ..tokens.clips import load_fitted
 
-        c = run.model.config
+        config = run.model.config
         paths = as_paths(inputs)
         if not paths:
             raise DataError("no audio file given")
-        out = torch.zeros(len(paths), c.clip_samples)
-        for i, p in enumerate(paths):
-            x = torch.from_numpy(load_fitted(p, c.sample_rate, c.clip_samples))
+        out = torch.zeros(len(paths), config.clip_samples)
+        for i, path in enumerate(paths):
+            x = torch.from_numpy(load_fitted(path, config.sample_rate, config.clip_samples))
             out[i, :len(x)] = x
         return out

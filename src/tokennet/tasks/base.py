@@ -167,9 +167,9 @@ class Task:
         """``name → method`` of every verb (methods marked :func:`verb`, inherited ones included)."""
         out = {}
         for klass in reversed(cls.__mro__):
-            for name, fn in vars(klass).items():
-                if callable(fn) and getattr(fn, "__tokennet_verb__", False):
-                    out[name] = fn
+            for name, method in vars(klass).items():
+                if callable(method) and getattr(method, "__tokennet_verb__", False):
+                    out[name] = method
         return out
 
     def declares(self, what: str) -> bool:

@@ -28,7 +28,7 @@ def caption_images(model, tok, images: torch.Tensor, *, beam_size: int = 1, batc
     for i in range(0, len(images), batch_size):
         x = images[i : i + batch_size].to(dev)
         ids = greedy_search(model, x) if beam_size == 1 else beam_search(model, x, beam_size=beam_size)
-        out.extend(tok.decode(r) for r in strip_special(ids, model.config.eos_id, model.config.pad_id))
+        out.extend(tok.decode(seq) for seq in strip_special(ids, model.config.eos_id, model.config.pad_id))
     return out
 
 
@@ -90,8 +90,8 @@ class Captioning(Task):
         if torch.is_tensor(images):
             return images
         paths = as_paths(images)
-        c = run.model.config
-        return load_caption_images(paths, c.image_size, c.in_channels)
+        config = run.model.config
+        return load_caption_images(paths, config.image_size, config.in_channels)
 
     @verb
     def caption(self, run: Run, images, *, beam_size: int | None = None) -> list[str]:

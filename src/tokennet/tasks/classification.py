@@ -22,21 +22,21 @@ __all__ = ["ImageClassification"]
 
 def read_signal(path: str | Path, channels: int, length: int) -> torch.Tensor:
     """A 1-D signal from a ``.npy`` file: ``(L,)`` or ``(C, L)`` floats, of the model's length and channels."""
-    p = Path(path)
-    if not p.is_file():
-        raise DataError(f"signal file {p} does not exist")
-    if p.suffix.lower() != ".npy":
-        raise DataError(f"{p}: a 1-D model reads signals from .npy files (an array (L,) or (C, L))")
+    file = Path(path)
+    if not file.is_file():
+        raise DataError(f"signal file {file} does not exist")
+    if file.suffix.lower() != ".npy":
+        raise DataError(f"{file}: a 1-D model reads signals from .npy files (an array (L,) or (C, L))")
     try:
-        a = np.load(p, allow_pickle=False)
-    except (ValueError, OSError) as e:
-        raise DataError(f"{p} is not a readable .npy array ({e})") from None
-    a = a[None] if a.ndim == 1 else a
-    if a.ndim != 2 or a.dtype.kind not in "fiu" or tuple(a.shape) != (channels, length):
-        raise DataError(f"{p}: the model takes signals of shape ({channels}, {length}), got {tuple(a.shape)}")
-    if not np.isfinite(a).all():
-        raise DataError(f"{p}: the signal has NaN or infinite values")
-    return torch.from_numpy(a.astype(np.float32))
+        signal = np.load(file, allow_pickle=False)
+    except (ValueError, OSError) as err:
+        raise DataError(f"{file} is not a readable .npy array ({err})") from None
+    signal = signal[None] if signal.ndim == 1 else signal
+    if signal.ndim != 2 or signal.dtype.kind not in "fiu" or tuple(signal.shape) != (channels, length):
+        raise DataError(f"{file}: the model takes signals of shape ({channels}, {length}), got {tuple(signal.shape)}")
+    if not np.isfinite(signal).all():
+        raise DataError(f"{file}: the signal has NaN or infinite values")
+    return torch.from_numpy(signal.astype(np.float32))
 
 
 @register_task
@@ -88,13 +88,13 @@ class ImageClassification(Task):
         1-D model."""
         if torch.is_tensor(inputs):
             return inputs
-        c = run.model.config
+        config = run.model.config
         paths = as_paths(inputs)
         if not paths:
             raise DataError("no image given")
-        if c.is_1d:
-            return torch.stack([read_signal(p, c.in_channels, c.image_hw[1]) for p in paths])
-        images = [read_image(p, channels=c.in_channels) for p in paths]
+        if config.is_1d:
+            return torch.stack([read_signal(path, config.in_channels, config.image_hw[1]) for path in paths])
+        images = [read_image(path, channels=config.in_channels) for path in paths]
         shapes = {tuple(x.shape) for x in images}
         if len(shapes) > 1:
             raise DataError(f"the images have different sizes {sorted(shapes)}; classify them one size at a time")
@@ -105,6 +105,6 @@ class ImageClassification(Task):
     def classify(self, run: Run, inputs) -> list[tuple[int, float]]:
         """``(class index, probability)`` of each input: a tensor batch, or files (see :meth:`inputs_of`)."""
         x = self.inputs_of(run, inputs).to(run.device)
-        p = run.model(x).logits.float().softmax(-1)  # (B, K)
-        prob, idx = p.max(-1)
-        return [(int(i), float(q)) for i, q in zip(idx, prob, strict=True)]
+        probs = run.model(x).logits.float().softmax(-1)  # (B, K)
+        prob, idx = probs.max(-1)
+        return [(int(i), float(top_prob)) for i, top_prob in zip(idx, prob, strict=True)]

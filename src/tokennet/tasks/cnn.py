@@ -40,11 +40,11 @@ class CNNClassification(ImageClassification):
             x = self.inputs_of(run, [image])[0]
             what = Path(image).name
         else:
-            ds = run.data.held_out()
+            data = run.data.held_out()
             i = 0 if index is None else index
-            if not 0 <= i < len(ds.y_test):
-                raise DataError(f"index {i} out of range: 0..{len(ds.y_test) - 1}")
-            x, what = ds.x_test[i], f"{ds.name} test #{i}: label {ds.classes[int(ds.y_test[i])]}"
+            if not 0 <= i < len(data.y_test):
+                raise DataError(f"index {i} out of range: 0..{len(data.y_test) - 1}")
+            x, what = data.x_test[i], f"{data.name} test #{i}: label {data.classes[int(data.y_test[i])]}"
         classes = run.data.held_out().classes if run.data is not None else None
         return [draw_class_activation(run.model, x, Path(out_dir) / "class_activation_map.png", title=what,
                                       classes=classes)]
@@ -56,7 +56,7 @@ class CNNClassification(ImageClassification):
         from ..viz.report.html import img
 
         # The shared panel's last section draws attention rollouts, which a CNN has not: replaced by its CAMs.
-        sections = [s for s in classifier_panel(run, log) if s[0] != "Where the model looks"]
+        sections = [section for section in classifier_panel(run, log) if section[0] != "Where the model looks"]
         pics = [img(png, f"test #{i}", f"test #{i} (tokennet viz --index {i})")
                 for i in range(OVERLAYS) for _, png in viz_pictures(run, index=i)]
         sections.append(("Where the model looks", '<p class="sub">Class activation maps: each unit of the last '

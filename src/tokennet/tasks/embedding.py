@@ -57,13 +57,13 @@ class TextEmbedding(Task):
             rows.append(ids)
         out = []
         with torch.no_grad():
-            for s in range(0, len(rows), batch_size):
-                chunk = rows[s:s + batch_size]
-                n = max(len(r) for r in chunk)
+            for start in range(0, len(rows), batch_size):
+                chunk = rows[start:start + batch_size]
+                n = max(len(row) for row in chunk)
                 ids = torch.full((len(chunk), n), tok.pad_id, dtype=torch.long)  # (B, N), right-padded
                 mask = torch.zeros(len(chunk), n, dtype=torch.bool)
-                for j, r in enumerate(chunk):
-                    ids[j, :len(r)] = torch.tensor(r)
-                    mask[j, :len(r)] = True
+                for j, row in enumerate(chunk):
+                    ids[j, :len(row)] = torch.tensor(row)
+                    mask[j, :len(row)] = True
                 out.append(model.embed(ids.to(run.device), mask.to(run.device)).cpu())
         return torch.cat(out)

@@ -33,48 +33,49 @@ __all__ = ["GraphPrediction", "read_graphs", "write_graphs"]
 
 def read_graphs(path: str | Path, *, node_features: int, needs_positions: bool = False) -> list[dict[str, Any]]:
     """The graphs of a JSON file (see the module docstring), checked: a ``DataError`` naming the file and graph."""
-    p = Path(path)
-    if not p.is_file():
-        raise DataError(f"graph file {p} does not exist")
+    file = Path(path)
+    if not file.is_file():
+        raise DataError(f"graph file {file} does not exist")
     try:
-        data = jsonio.load(p)  # nested too deep: a JSONTooDeep line naming the file
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:  # RecursionError: nesting too deep
-        raise DataError(f"{p} is not a JSON file of graphs ({e})") from None
+        data = jsonio.load(file)  # nested too deep: a JSONTooDeep line naming the file
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as decode_err:  # RecursionError: nesting too deep
+        raise DataError(f"{file} is not a JSON file of graphs ({decode_err})") from None
     graphs = [data] if isinstance(data, dict) else data
     if not isinstance(graphs, list) or not graphs:
-        raise DataError(f"{p}: expected a graph object or a non-empty list of them")
-    for i, g in enumerate(graphs):
-        if not isinstance(g, dict) or "nodes" not in g or "edges" not in g:
-            raise DataError(f"{p}: graph {i} must be an object with 'nodes' and 'edges'")
-        if not isinstance(g["nodes"], list) or not isinstance(g["edges"], list):
-            raise DataError(f"{p}: graph {i}: 'nodes' and 'edges' must be lists")
-    check_sizes([(len(g["nodes"]), len(g["edges"])) for g in graphs], str(p))
+        raise DataError(f"{file}: expected a graph object or a non-empty list of them")
+    for i, graph in enumerate(graphs):
+        if not isinstance(graph, dict) or "nodes" not in graph or "edges" not in graph:
+            raise DataError(f"{file}: graph {i} must be an object with 'nodes' and 'edges'")
+        if not isinstance(graph["nodes"], list) or not isinstance(graph["edges"], list):
+            raise DataError(f"{file}: graph {i}: 'nodes' and 'edges' must be lists")
+    check_sizes([(len(graph["nodes"]), len(graph["edges"])) for graph in graphs], str(file))
     out = []
-    for i, g in enumerate(graphs):
+    for i, graph in enumerate(graphs):
         try:
-            x = torch.tensor(g["nodes"], dtype=torch.float32)
-            e = torch.tensor(g["edges"], dtype=torch.long).reshape(-1, 2)
-            pos = torch.tensor(g["positions"], dtype=torch.float32) if "positions" in g else None
+            x = torch.tensor(graph["nodes"], dtype=torch.float32)
+            decode_err = torch.tensor(graph["edges"], dtype=torch.long).reshape(-1, 2)
+            pos = torch.tensor(graph["positions"], dtype=torch.float32) if "positions" in graph else None
         except (TypeError, ValueError, RuntimeError) as err:
-            raise DataError(f"{p}: graph {i} has malformed nodes, edges or positions ({err})") from None
+            raise DataError(f"{file}: graph {i} has malformed nodes, edges or positions ({err})") from None
         if x.dim() != 2 or x.shape[0] < 1 or x.shape[1] != node_features:
-            raise DataError(f"{p}: graph {i}: nodes must be a list of {node_features} features per node, got shape "
+            raise DataError(f"{file}: graph {i}: nodes must be a list of {node_features} features per node, got shape "
                             f"{tuple(x.shape)}")
         if not torch.isfinite(x).all() or (pos is not None and not torch.isfinite(pos).all()):
-            raise DataError(f"{p}: graph {i}: node features or positions contain NaN or infinity")
-        if e.numel() and (e.min() < 0 or e.max() >= len(x)):
-            raise DataError(f"{p}: graph {i}: an edge names a node outside 0..{len(x) - 1}")
+            raise DataError(f"{file}: graph {i}: node features or positions contain NaN or infinity")
+        if decode_err.numel() and (decode_err.min() < 0 or decode_err.max() >= len(x)):
+            raise DataError(f"{file}: graph {i}: an edge names a node outside 0..{len(x) - 1}")
         if needs_positions and (pos is None or tuple(pos.shape) != (len(x), 3)):
-            raise DataError(f"{p}: graph {i}: this model reads 3-D geometry: give 'positions', one [x, y, z] per node")
-        out.append({"x": x, "edges": e, "pos": pos})
+            raise DataError(f"{file}: graph {i}: this model reads 3-D geometry: give 'positions', one [x, y, z] per "
+                            "node")
+        out.append({"x": x, "edges": decode_err, "pos": pos})
     return out
 
 
 def check_sizes(sizes: Sequence[tuple[int, int]], where: str) -> None:
     """Refuse graphs of ``(nodes, edges)`` past the bounds of :mod:`tokennet.tokens.graph`: one ``DataError`` line
     naming ``where`` (a file), the graph and the bound."""
-    for i, (n, e) in enumerate(sizes):
-        too_big = graph_size_problem(n, e)
+    for i, (n, num_edges) in enumerate(sizes):
+        too_big = graph_size_problem(n, num_edges)
         if too_big:
             raise DataError(f"{where}: graph {i} is too large: {too_big}")
     pairs = sum(n * n for n, _ in sizes)
@@ -97,13 +98,13 @@ def _chunks(sizes: Sequence[int], cells: int = 2**21) -> Iterator[slice]:
 def write_graphs(batch: GraphBatch, path: str | Path, count: int | None = None) -> Path:
     """Write the first ``count`` graphs of a batch in the file format :func:`read_graphs` reads."""
     graphs = []
-    for b in range(len(batch.x) if count is None else count):
-        n = int(batch.node_mask[b].sum())
-        i, j = torch.triu(batch.adj[b, :n, :n], diagonal=1).nonzero(as_tuple=True)
-        g = {"nodes": batch.x[b, :n].tolist(), "edges": torch.stack([i, j], 1).tolist()}
+    for item in range(len(batch.x) if count is None else count):
+        n = int(batch.node_mask[item].sum())
+        i, j = torch.triu(batch.adj[item, :n, :n], diagonal=1).nonzero(as_tuple=True)
+        graph = {"nodes": batch.x[item, :n].tolist(), "edges": torch.stack([i, j], 1).tolist()}
         if batch.pos is not None:
-            g["positions"] = batch.pos[b, :n].tolist()
-        graphs.append(g)
+            graph["positions"] = batch.pos[item, :n].tolist()
+        graphs.append(graph)
     Path(path).write_text(json.dumps(graphs))
     return Path(path)
 
@@ -125,34 +126,35 @@ class GraphPrediction(Task):
         if isinstance(graphs, GraphBatch):
             yield graphs
             return
-        c = run.model.config
-        kw = dict(k=c.pe_dim, rw_steps=c.pe_dim, max_distance=c.max_distance)
+        config = run.model.config
+        collate_kwargs = dict(k=config.pe_dim, rw_steps=config.pe_dim, max_distance=config.max_distance)
         if isinstance(graphs, (str, Path)):
-            read = read_graphs(graphs, node_features=c.node_features, needs_positions=c.attention == "distance-3d")
+            read = read_graphs(graphs, node_features=config.node_features,
+                               needs_positions=config.attention == "distance-3d")
         else:
-            pairs = [(g.x, g.edges) if isinstance(g, Graph) else tuple(g) for g in graphs]
-            check_sizes([(length(x), length(e)) for x, e in pairs], "the graphs given")
-            read = [{"x": x, "edges": e, "pos": None} for x, e in pairs]
-        for part in _chunks([length(g["x"]) for g in read]):
-            batch = collate_graphs([(g["x"], g["edges"]) for g in read[part]], **kw)
-            if c.attention == "distance-3d" and all(g["pos"] is not None for g in read[part]):
+            pairs = [(graph.x, graph.edges) if isinstance(graph, Graph) else tuple(graph) for graph in graphs]
+            check_sizes([(length(x), length(edges)) for x, edges in pairs], "the graphs given")
+            read = [{"x": x, "edges": edges, "pos": None} for x, edges in pairs]
+        for part in _chunks([length(graph["x"]) for graph in read]):
+            batch = collate_graphs([(graph["x"], graph["edges"]) for graph in read[part]], **collate_kwargs)
+            if config.attention == "distance-3d" and all(graph["pos"] is not None for graph in read[part]):
                 batch.pos = torch.zeros(len(batch.x), batch.x.shape[1], 3)
-                for b, g in enumerate(read[part]):
-                    batch.pos[b, :len(g["x"])] = g["pos"]
+                for item, graph in enumerate(read[part]):
+                    batch.pos[item, :len(graph["x"])] = graph["pos"]
             yield batch
 
     @verb
     @torch.no_grad()
     def predict(self, run: Run, graphs) -> torch.Tensor:
         """The model's outputs ``(B, K)`` for the graphs: class logits, or a regression's values in its units."""
-        return torch.cat([run.model(b.to(run.device)).logits.float().cpu() for b in self.batches(run, graphs)])
+        return torch.cat([run.model(batch.to(run.device)).logits.float().cpu() for batch in self.batches(run, graphs)])
 
     @verb
     def classify(self, run: Run, graphs) -> list[tuple[int, float]]:
         if run.model.config.task != "classify":
             raise RunError(f"{run.path} is a regression model: it predicts values, not classes (run.predict)")
         prob, idx = self.predict(run, graphs).softmax(-1).max(-1)
-        return [(int(i), float(q)) for i, q in zip(idx, prob, strict=True)]
+        return [(int(i), float(top_prob)) for i, top_prob in zip(idx, prob, strict=True)]
 
     def respond(self, run: Run, values: dict[str, Any]) -> Iterator[str]:
         for path in values["graphs"]:
@@ -179,13 +181,13 @@ class GraphPrediction(Task):
         return {"graphs": [str(write_graphs(batch, Path(directory) / "held_out_0.json", count=1))]}
 
     def bad_inputs(self, run: Run, directory: Path) -> list[tuple[dict[str, Any], str]]:
-        d = Path(directory)
-        (d / "broken.json").write_text("{not json")
-        (d / "wide.json").write_text(json.dumps({"nodes": [[1.0] * (run.model.config.node_features + 3)],
+        root = Path(directory)
+        (root / "broken.json").write_text("{not json")
+        (root / "wide.json").write_text(json.dumps({"nodes": [[1.0] * (run.model.config.node_features + 3)],
                                                  "edges": []}))
-        (d / "far_edge.json").write_text(json.dumps({"nodes": [[0.0] * run.model.config.node_features] * 2,
+        (root / "far_edge.json").write_text(json.dumps({"nodes": [[0.0] * run.model.config.node_features] * 2,
                                                      "edges": [[0, 5]]}))
-        return [({"graphs": [str(d / "missing.json")]}, "does not exist"),
-                ({"graphs": [str(d / "broken.json")]}, "JSON"),
-                ({"graphs": [str(d / "wide.json")]}, "features per node"),
-                ({"graphs": [str(d / "far_edge.json")]}, "outside")]
+        return [({"graphs": [str(root / "missing.json")]}, "does not exist"),
+                ({"graphs": [str(root / "broken.json")]}, "JSON"),
+                ({"graphs": [str(root / "wide.json")]}, "features per node"),
+                ({"graphs": [str(root / "far_edge.json")]}, "outside")]

@@ -63,8 +63,8 @@ def stream_text(run: Run, prompt: str, max_new_tokens: int = 200, *, temperature
                     "read", len(ids), block, block)
         ids = ids[-block:]
     torch.manual_seed(seed)
-    g = torch.Generator(device=dev).manual_seed(seed)
-    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, generator=g, quantize=quantize,
+    generator = torch.Generator(device=dev).manual_seed(seed)
+    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, generator=generator, quantize=quantize,
                     compile=compile, stop=getattr(tok, "stop_ids", None))  # imported tokenizers: their end-of-turn
     idx = torch.tensor([ids], device=dev)
     if speculative == "off" and draft is None:
@@ -169,7 +169,7 @@ def generate_batch(run: Run, prompts: list[str], max_new_tokens: int = 200, *, t
         raise RunError(f"{run.path} has no tokenizer.json: a language model run needs one to read the prompt")
     if max_new_tokens < 1:
         raise RunError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if not all(isinstance(p, str) for p in prompts):
+    if not all(isinstance(entry, str) for entry in prompts):
         raise RunError("run.generate takes a prompt or a list of prompts (strings)")
     if not prompts:
         return []
@@ -212,7 +212,7 @@ def generate_batch(run: Run, prompts: list[str], max_new_tokens: int = 200, *, t
                 done.wait()
     finally:
         engine.stop()
-    bad = [(i, e) for i, e in enumerate(errors) if e is not None]
+    bad = [(i, err) for i, err in enumerate(errors) if err is not None]
     if bad:
         raise RunError(f"generating for prompt {bad[0][0]} failed: {bad[0][1]}")
     return ["".join(t) for t in texts]
@@ -313,10 +313,10 @@ class LanguageModel(Task):
         if data is None:
             raise RunError(f"{run.path} is an imported checkpoint with no held-out split of its own: give a text "
                            "file to measure its loss and perplexity on")
-        p = Path(data)
-        if not p.is_file():
+        path = Path(data)
+        if not path.is_file():
             raise RunError(f"{data}: no such file")
-        metrics = self.evaluate_text(run, p.read_text(encoding="utf-8", errors="replace"), stride=stride)
+        metrics = self.evaluate_text(run, path.read_text(encoding="utf-8", errors="replace"), stride=stride)
         if metrics["truncated"]:
             log.warning("%s is longer than 262,144 tokens: evaluated on its first 262,144", data)
         return metrics
@@ -348,18 +348,18 @@ class LanguageModel(Task):
         ids = tok.encode(text)  # as the source's tokenizer reads it (Llama's: with a leading <s>)
         truncated = len(ids) > max_tokens
         ids = ids[:max_tokens]
-        w = min(window, model.config.block_size)
-        s = w if stride is None else stride
-        if not 1 <= s <= w:
-            raise RunError(f"the stride must be between 1 and the window of {w} tokens, got {s}")
+        win = min(window, model.config.block_size)
+        step = win if stride is None else stride
+        if not 1 <= step <= win:
+            raise RunError(f"the stride must be between 1 and the window of {win} tokens, got {step}")
         if len(ids) < 2:
             raise RunError("the text is shorter than two tokens: nothing to predict")
         n_bytes = len((tok.decode(ids) if truncated else text).encode("utf-8"))
         # (begin, first): window from x_begin; its targets x_{begin+1+j} count for j >= first (not scored before)
         windows, scored = [], 0  # scored: the index of the last target scored so far
-        for b in range(0, len(ids) - 1, s):
-            windows.append((b, scored - b))
-            scored = min(b + w, len(ids) - 1)
+        for begin in range(0, len(ids) - 1, step):
+            windows.append((begin, scored - begin))
+            scored = min(begin + win, len(ids) - 1)
             if scored == len(ids) - 1:
                 break
         dev = run.device
@@ -367,14 +367,14 @@ class LanguageModel(Task):
         with torch.no_grad():
             for i in range(0, len(windows), batch_size):
                 chunk = windows[i:i + batch_size]
-                rows = [ids[b:b + w + 1] for b, _ in chunk]
-                n = max(len(r) for r in rows)
+                rows = [ids[begin:begin + win + 1] for begin, _ in chunk]
+                n = max(len(seq) for seq in rows)
                 x = torch.full((len(rows), n), -1, dtype=torch.long)
-                for r, row in enumerate(rows):
-                    x[r, :len(row)] = torch.tensor(row)
+                for row_idx, row in enumerate(rows):
+                    x[row_idx, :len(row)] = torch.tensor(row)
                 inp, tgt = x[:, :-1].clamp(min=0), x[:, 1:].clone()  # (B, n-1); -1 = padding, ignored
-                for r, (_, first) in enumerate(chunk):
-                    tgt[r, :first] = -1  # scored by an earlier window, with less context
+                for row_idx, (_, first) in enumerate(chunk):
+                    tgt[row_idx, :first] = -1  # scored by an earlier window, with less context
                 logits = model(inp.to(dev)).logits.float()
                 tgt = tgt.to(dev)
                 loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tgt.flatten(), ignore_index=-1,
@@ -383,4 +383,4 @@ class LanguageModel(Task):
                 count += int((tgt >= 0).sum())
         mean = total / count
         return {"loss": mean, "perplexity": math.exp(mean), "bits_per_byte": total / math.log(2) / n_bytes,
-                "tokens": count, "bytes": n_bytes, "window": w, "stride": s, "truncated": truncated}
+                "tokens": count, "bytes": n_bytes, "window": win, "stride": step, "truncated": truncated}

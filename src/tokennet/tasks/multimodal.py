@@ -41,8 +41,8 @@ def part_run(run: Run, name: str) -> Run:
         raise RunError(f"{run.path} has no run.json saying which tasks it was trained on")
     if name not in parts:
         raise DataError(f"{run.path} was trained on {', '.join(parts)}; it has no {name!r} task")
-    p = parts[name]
-    info = {"recipe": p["recipe"], "settings": p["settings"], "data_spec": p["spec"]}
+    trained_part = parts[name]
+    info = {"recipe": trained_part["recipe"], "settings": trained_part["settings"], "data_spec": trained_part["spec"]}
     metrics = run.metrics.get(name, {})
     model = run.model.part(name)
     return Run(run.path, model, run.tokenizer if name == "text" else None, info,
@@ -90,9 +90,9 @@ class MultimodalTask(Task):
         if torch.is_tensor(inputs):
             kind = {2: "audio", 3: "sphere"}.get(inputs.dim(), "image")
         else:
-            paths = [str(p).lower() for p in as_paths(inputs)]
-            kind = "graph" if paths and all(p.endswith(".json") for p in paths) else \
-                "audio" if paths and all(p.endswith(_AUDIO) for p in paths) else "image"
+            paths = [str(path).lower() for path in as_paths(inputs)]
+            kind = "graph" if paths and all(path.endswith(".json") for path in paths) else \
+                "audio" if paths and all(path.endswith(_AUDIO) for path in paths) else "image"
         if kind == "image" and "image" not in self.trained(run) and "sphere" in self.trained(run):
             kind = "sphere"
         return kind
@@ -115,34 +115,36 @@ class MultimodalTask(Task):
     # -- the command line ----------------------------------------------------------------------------------------
     def respond(self, run: Run, values: dict[str, Any]) -> Iterator[str]:
         """Each given input answered by its task (text continued; the others one line per input)."""
-        given = [t for t, (flag, _) in INPUT_OF.items() if values.get(flag) not in (None, [], "")]
+        given = [name for name, (flag, _) in INPUT_OF.items() if values.get(flag) not in (None, [], "")]
         if not given:
-            flags = ", ".join("--" + INPUT_OF[t][0] for t in self.trained(run))
+            flags = ", ".join("--" + INPUT_OF[name][0] for name in self.trained(run))
             raise DataError(f"a multimodal run takes an input of a task it was trained on: pass one of {flags}")
-        parts = {t: self._need(run, t, "--" + INPUT_OF[t][0]) for t in given}  # all refused before any answer
-        for t, part in parts.items():
-            flag, theirs = INPUT_OF[t]
-            mine = {i.name for i in part.task.inputs} | {o.name for o in part.task.options}
+        # all refused before any answer
+        parts = {name: self._need(run, name, "--" + INPUT_OF[name][0]) for name in given}
+        for name, part in parts.items():
+            flag, theirs = INPUT_OF[name]
+            mine = {inp.name for inp in part.task.inputs} | {option.name for option in part.task.options}
             yield from part.task.respond(part, {**{k: v for k, v in values.items() if k in mine},
                                                 theirs: values[flag]})
 
     def examples(self, run: Run, directory: Path) -> dict[str, Any]:
         out = {}
-        for t in self.trained(run):
-            part = part_run(run, t)
-            d = Path(directory) / t
-            d.mkdir(parents=True, exist_ok=True)
-            out[INPUT_OF[t][0]] = part.task.examples(part, d)[INPUT_OF[t][1]]
+        for name in self.trained(run):
+            part = part_run(run, name)
+            task_dir = Path(directory) / name
+            task_dir.mkdir(parents=True, exist_ok=True)
+            out[INPUT_OF[name][0]] = part.task.examples(part, task_dir)[INPUT_OF[name][1]]
         return out
 
     def bad_inputs(self, run: Run, directory: Path) -> list[tuple[dict[str, Any], str]]:
         out = []
-        for t in self.trained(run):
-            part = part_run(run, t)
-            d = Path(directory) / t
-            d.mkdir(parents=True, exist_ok=True)
-            out += [({INPUT_OF[t][0]: v[INPUT_OF[t][1]]}, frag) for v, frag in part.task.bad_inputs(part, d)]
-        missing = [t for t in INPUT_OF if t not in self.trained(run)]
+        for name in self.trained(run):
+            part = part_run(run, name)
+            task_dir = Path(directory) / name
+            task_dir.mkdir(parents=True, exist_ok=True)
+            out += [({INPUT_OF[name][0]: v[INPUT_OF[name][1]]}, frag)
+                    for v, frag in part.task.bad_inputs(part, task_dir)]
+        missing = [name for name in INPUT_OF if name not in self.trained(run)]
         if missing:  # an input of a modality the run was not trained on: one line naming the ones it was
             flag = INPUT_OF[missing[0]][0]
             out.append(({flag: "x" if flag == "prompt" else [str(Path(directory) / "any.file")]}, "was trained on"))

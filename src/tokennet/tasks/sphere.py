@@ -44,12 +44,12 @@ class SphereClassification(ImageClassification):
         return {"image": [str(write_image(x[0], Path(directory) / "held_out_0.png"))]}
 
     def inputs_of(self, run: Run, inputs) -> torch.Tensor:
-        c = run.model.config
+        config = run.model.config
         if not torch.is_tensor(inputs):
             paths = as_paths(inputs)
             if not paths:
                 raise DataError("no image given")
-            images = [read_image(p, channels=c.in_channels) for p in paths]
+            images = [read_image(path, channels=config.in_channels) for path in paths]
             if len({tuple(x.shape) for x in images}) > 1:
                 raise DataError("the images have different sizes; classify them one size at a time")
             inputs = torch.stack(images)

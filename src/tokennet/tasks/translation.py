@@ -32,14 +32,14 @@ def translate_batch(model, tokenizer, sources: list[str], *, beam_size: int = 4,
                     batch_size: int = 256) -> list[str]:
     """Translate many sources in batches (they must already fit the model)."""
     dev = next(model.parameters()).device
-    c = model.config
+    config = model.config
     out: list[str] = []
     for i in range(0, len(sources), batch_size):
-        (src, _), _ = encode_pairs([(s, "") for s in sources[i : i + batch_size]], tokenizer, c.pad_id)
+        (src, _), _ = encode_pairs([(source, "") for source in sources[i : i + batch_size]], tokenizer, config.pad_id)
         src = src.to(dev)
         ids = greedy_search(model, src) if beam_size == 1 else beam_search(model, src, beam_size=beam_size,
                                                                              alpha=alpha)
-        out.extend(tokenizer.decode(r) for r in strip_special(ids, c.eos_id, c.pad_id))
+        out.extend(tokenizer.decode(seq) for seq in strip_special(ids, config.eos_id, config.pad_id))
     return out
 
 
@@ -58,7 +58,7 @@ def translate(model, tokenizer, text: str, *, beam_size: int = 4, alpha: float =
     limit = model.config.max_source_len
     if len(ids) > limit:
         raise DataError(f"the input is {len(ids)} characters, longer than the model's maximum of {limit}")
-    unknown = sorted({ch for ch, i in zip(text, ids, strict=True) if i == tokenizer.unk_id})
+    unknown = sorted({char for char, token_id in zip(text, ids, strict=True) if token_id == tokenizer.unk_id})
     return translate_batch(model, tokenizer, [text], beam_size=beam_size, alpha=alpha)[0], unknown
 
 
@@ -105,9 +105,9 @@ class Translation(Task):
         Characters outside the vocabulary are read as ``<unk>``: with ``return_unknown`` the result is
         ``(translation, unknown characters)``, else they are logged as a warning.
         """
-        s = run.settings
-        k = beam_size if beam_size is not None else s.get("beam_size", 4)
-        out, unknown = translate(run.model, run.tokenizer, text, beam_size=k, alpha=s.get("alpha", 0.6))
+        settings = run.settings
+        beams = beam_size if beam_size is not None else settings.get("beam_size", 4)
+        out, unknown = translate(run.model, run.tokenizer, text, beam_size=beams, alpha=settings.get("alpha", 0.6))
         if unknown and not return_unknown:
             log.warning("characters outside the vocabulary read as <unk>: %r", "".join(unknown))
         return (out, unknown) if return_unknown else out

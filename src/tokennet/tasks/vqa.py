@@ -80,53 +80,57 @@ def attention_mass(model, qa: QASet, words, *, limit: int = 500) -> dict[str, fl
         the rolled-out ratio over all of a template's questions; ``attention_mass_ratio_layer<ℓ>``: layer ℓ's
         ratio over the questions about one or two objects.
     """
-    c = model.config
+    config = model.config
     idx = [i for i in range(min(limit, len(qa))) if qa.boxes and qa.boxes[i]]
     if not idx:
         return {}
     images = qa.images[idx]
-    questions = encode_questions([qa.questions[i] for i in idx], words, c.max_question_len)
+    questions = encode_questions([qa.questions[i] for i in idx], words, config.max_question_len)
     dev = next(model.parameters()).device
     rolls, layers = [], []
-    for s in range(0, len(idx), EVAL_BATCH):
-        maps = [m.float() for m in model.attention_maps((images[s:s + EVAL_BATCH].to(dev),
-                                                         questions[s:s + EVAL_BATCH].to(dev)))["self"]]
-        rolls.append(question_rollout(maps, c.num_text).cpu())
-        rows = [m[:, :, 0, c.num_text:].mean(1) for m in maps]  # per layer (b, N): the summary's row, mean of heads
-        layers.append(torch.stack([r / r.sum(-1, keepdim=True).clamp_min(1e-12) for r in rows], 1).cpu())
+    for start in range(0, len(idx), EVAL_BATCH):
+        maps = [m.float() for m in model.attention_maps((images[start:start + EVAL_BATCH].to(dev),
+                                                         questions[start:start + EVAL_BATCH].to(dev)))["self"]]
+        rolls.append(question_rollout(maps, config.num_text).cpu())
+        # per layer (b, N): the summary's row, mean of heads
+        rows = [m[:, :, 0, config.num_text:].mean(1) for m in maps]
+        layers.append(torch.stack([layer_row / layer_row.sum(-1, keepdim=True).clamp_min(1e-12)
+                                   for layer_row in rows], 1).cpu())
     roll, per_layer = torch.cat(rolls), torch.cat(layers)  # (n, N), (n, L, N)
     mass, share, sparse, templates, layer_mass = [], [], [], [], []
     for row, lrow, i in zip(roll, per_layer, idx, strict=True):
-        p = object_patches(qa.boxes[i], c.grid, c.patch_size)
-        mass.append(float(row[p].sum()))
-        layer_mass.append(lrow[:, p].sum(-1))  # (L,)
-        share.append(len(p) / c.num_patches)
+        patches = object_patches(qa.boxes[i], config.grid, config.patch_size)
+        mass.append(float(row[patches].sum()))
+        layer_mass.append(lrow[:, patches].sum(-1))  # (L,)
+        share.append(len(patches) / config.num_patches)
         sparse.append(len(qa.boxes[i]) <= SPARSE)
         templates.append(qa.templates[i])
-    m, s, sp, lm = torch.tensor(mass), torch.tensor(share), torch.tensor(sparse), torch.stack(layer_mass)
+    mass_t, share_t, sparse_t, layer_mass_t = (torch.tensor(mass), torch.tensor(share), torch.tensor(sparse),
+                                               torch.stack(layer_mass))
     out = {}
-    if sp.any():
-        out.update({"attention_mass_ratio": round(float(m[sp].mean() / s[sp].mean()), 4),
-                    "attention_mass": round(float(m[sp].mean()), 4),
-                    "attention_object_share": round(float(s[sp].mean()), 4)})
-        for layer in range(lm.shape[1]):
-            out[f"attention_mass_ratio_layer{layer}"] = round(float(lm[sp, layer].mean() / s[sp].mean()), 4)
-    for t in sorted(set(templates)):
-        sel = torch.tensor([x == t for x in templates])
-        out[f"attention_mass_ratio_{t}"] = round(float(m[sel].mean() / s[sel].mean()), 4)
+    if sparse_t.any():
+        out.update({"attention_mass_ratio": round(float(mass_t[sparse_t].mean() / share_t[sparse_t].mean()), 4),
+                    "attention_mass": round(float(mass_t[sparse_t].mean()), 4),
+                    "attention_object_share": round(float(share_t[sparse_t].mean()), 4)})
+        for layer in range(layer_mass_t.shape[1]):
+            out[f"attention_mass_ratio_layer{layer}"] = round(
+                float(layer_mass_t[sparse_t, layer].mean() / share_t[sparse_t].mean()), 4)
+    for template in sorted(set(templates)):
+        sel = torch.tensor([x == template for x in templates])
+        out[f"attention_mass_ratio_{template}"] = round(float(mass_t[sel].mean() / share_t[sel].mean()), 4)
     return out
 
 
 def _maps(model, qa: QASet, idx: list[int], words) -> list[Tensor]:
     """Every layer's attention ``(n, H, L, L)`` (float, on the CPU) for the questions ``idx`` of ``qa``."""
-    c = model.config
+    config = model.config
     images = qa.images[idx]
-    questions = encode_questions([qa.questions[i] for i in idx], words, c.max_question_len)
+    questions = encode_questions([qa.questions[i] for i in idx], words, config.max_question_len)
     dev = next(model.parameters()).device
-    per_batch = [[m.float().cpu() for m in model.attention_maps((images[s:s + EVAL_BATCH].to(dev),
-                                                                 questions[s:s + EVAL_BATCH].to(dev)))["self"]]
-                 for s in range(0, len(idx), EVAL_BATCH)]
-    return [torch.cat([b[layer] for b in per_batch]) for layer in range(len(per_batch[0]))]
+    per_batch = [[m.float().cpu() for m in model.attention_maps((images[start:start + EVAL_BATCH].to(dev),
+                                                                 questions[start:start + EVAL_BATCH].to(dev)))["self"]]
+                 for start in range(0, len(idx), EVAL_BATCH)]
+    return [torch.cat([batch_maps[layer] for batch_maps in per_batch]) for layer in range(len(per_batch[0]))]
 
 
 @torch.no_grad()
@@ -146,12 +150,12 @@ def attention_vs_others(model, qa: QASet, words, *, limit: int = 500) -> dict[st
         ``attention_image_share`` (``…_layer<ℓ>``): the share of the summary token's attention row (each layer,
         mean of heads) that goes to the patches at all, the rest staying on the question's words and the sink.
     """
-    c = model.config
+    config = model.config
     n = min(limit, len(qa))
     idx = [i for i in range(n) if qa.boxes and qa.boxes[i] and qa.other_boxes and qa.other_boxes[i]]
     out: dict[str, float] = {}
     if n:
-        share = torch.stack([m[:, :, 0, c.num_text:].sum(-1).mean(1) for m in _maps(model, qa, list(range(n)),
+        share = torch.stack([m[:, :, 0, config.num_text:].sum(-1).mean(1) for m in _maps(model, qa, list(range(n)),
                                                                                    words)], 1)  # (n, L)
         out["attention_image_share"] = round(float(share.mean()), 4)
         for layer in range(share.shape[1]):
@@ -159,12 +163,14 @@ def attention_vs_others(model, qa: QASet, words, *, limit: int = 500) -> dict[st
     if not idx:
         return out
     maps = _maps(model, qa, idx, words)
-    roll = question_rollout(maps, c.num_text)  # (n, N)
-    rows = [m[:, :, 0, c.num_text:].mean(1) for m in maps]
-    layers = torch.stack([r / r.sum(-1, keepdim=True).clamp_min(1e-12) for r in rows], 1)  # (n, L, N)
+    roll = question_rollout(maps, config.num_text)  # (n, N)
+    rows = [m[:, :, 0, config.num_text:].mean(1) for m in maps]
+    layers = torch.stack([layer_row / layer_row.sum(-1, keepdim=True).clamp_min(1e-12)
+                          for layer_row in rows], 1)  # (n, L, N)
 
     def per_animal(row: Tensor, boxes) -> Tensor:  # (..., N) → mean over the animals of their patches' mass
-        return torch.stack([row[..., object_patches([b], c.grid, c.patch_size)].sum(-1) for b in boxes]).mean(0)
+        return torch.stack([row[..., object_patches([box], config.grid, config.patch_size)].sum(-1)
+                            for box in boxes]).mean(0)
 
     asked = torch.stack([per_animal(roll[j], qa.boxes[i]) for j, i in enumerate(idx)])  # (n,)
     other = torch.stack([per_animal(roll[j], qa.other_boxes[i]) for j, i in enumerate(idx)])
@@ -172,10 +178,10 @@ def attention_vs_others(model, qa: QASet, words, *, limit: int = 500) -> dict[st
     other_l = torch.stack([per_animal(layers[j], qa.other_boxes[i]) for j, i in enumerate(idx)])
     out["attention_vs_other_animals"] = round(float(asked.mean() / other.mean().clamp_min(1e-12)), 4)
     templates = [qa.templates[i] for i in idx]
-    for t in sorted(set(templates)):
-        sel = torch.tensor([x == t for x in templates])
-        out[f"attention_vs_other_animals_{t}"] = round(float(asked[sel].mean() / other[sel].mean().clamp_min(1e-12)),
-                                                       4)
+    for template in sorted(set(templates)):
+        sel = torch.tensor([x == template for x in templates])
+        out[f"attention_vs_other_animals_{template}"] = round(
+            float(asked[sel].mean() / other[sel].mean().clamp_min(1e-12)), 4)
     for layer in range(asked_l.shape[1]):
         out[f"attention_vs_other_animals_layer{layer}"] = round(
             float(asked_l[:, layer].mean() / other_l[:, layer].mean().clamp_min(1e-12)), 4)
@@ -199,8 +205,8 @@ def sink_weights(model, qa: QASet, words, *, limit: int = 1000) -> dict[str, Any
         ``{"heads": {"<ℓ>.<h>": {"r": r, "by_k": {k: mean weight}}}, "best": "<ℓ>.<h>", "k": [...]}``; an empty
         dict for a model without a sink or questions without counts.
     """
-    c = model.config
-    if not getattr(c, "sink", False):
+    config = model.config
+    if not getattr(config, "sink", False):
         return {}
     idx = [i for i in range(min(limit, len(qa))) if qa.templates[i] in COUNT_TEMPLATES and qa.boxes]
     if len(idx) < 2:
@@ -209,10 +215,10 @@ def sink_weights(model, qa: QASet, words, *, limit: int = 1000) -> dict[str, Any
     target = 1 / (k + 1)
     heads: dict[str, Any] = {}
     for layer, m in enumerate(_maps(model, qa, idx, words)):
-        for h in range(m.shape[1]):
-            w = m[:, h, 0, 1]  # (n,): the summary token's weight on the sink
-            r = float(torch.corrcoef(torch.stack([w, target]))[0, 1]) if w.std() > 0 else 0.0
-            heads[f"{layer}.{h}"] = {"r": round(r, 4), "by_k": {int(v): round(float(w[k == v].mean()), 4)
+        for head in range(m.shape[1]):
+            weight = m[:, head, 0, 1]  # (n,): the summary token's weight on the sink
+            corr = float(torch.corrcoef(torch.stack([weight, target]))[0, 1]) if weight.std() > 0 else 0.0
+            heads[f"{layer}.{head}"] = {"r": round(corr, 4), "by_k": {int(v): round(float(weight[k == v].mean()), 4)
                                                                for v in sorted(set(k.tolist()))}}
     best = max(heads, key=lambda key: heads[key]["r"])
     return {"heads": heads, "best": best, "k": sorted(int(v) for v in set(k.tolist()))}
@@ -230,10 +236,10 @@ def fit_rest(ks: list[int], mass: list[float]) -> tuple[float, float]:
         err = ((k[None] / (k[None] + grid[:, None]) - m[None]) ** 2).sum(1)
         return float(grid[err.argmin()])
 
-    c = best(torch.logspace(math.log10(0.05), 2, 400, dtype=torch.float64))
-    c = best(torch.linspace(max(0.05, c * 0.97), min(100.0, c * 1.03), 121, dtype=torch.float64))
-    c = best(torch.linspace(max(0.05, c * 0.999), min(100.0, c * 1.001), 101, dtype=torch.float64))
-    return c, float((k / (k + c) - m).abs().max())
+    c_fit = best(torch.logspace(math.log10(0.05), 2, 400, dtype=torch.float64))
+    c_fit = best(torch.linspace(max(0.05, c_fit * 0.97), min(100.0, c_fit * 1.03), 121, dtype=torch.float64))
+    c_fit = best(torch.linspace(max(0.05, c_fit * 0.999), min(100.0, c_fit * 1.001), 101, dtype=torch.float64))
+    return c_fit, float((k / (k + c_fit) - m).abs().max())
 
 
 @torch.no_grad()
@@ -249,23 +255,24 @@ def counted_mass(model, qa: QASet, words, *, limit: int = 1000) -> dict[str, Any
         ``{"layers": {ℓ: {"by_k": {k: mean}, "c": c, "gap": largest |mean − k/(k+c)|, "r": r}}, "best": ℓ,
         "k": [...]}``; an empty dict for questions without counts.
     """
-    c = model.config
+    config = model.config
     idx = [i for i in range(min(limit, len(qa))) if qa.templates[i] in COUNT_TEMPLATES and qa.boxes and qa.boxes[i]]
     if len(idx) < 2:
         return {}
     k = torch.tensor([len(qa.boxes[i]) for i in idx], dtype=torch.float)  # (n,)
-    cols = [[c.num_text + p for p in object_patches(qa.boxes[i], c.grid, c.patch_size)] for i in idx]
-    ks = sorted(int(v) for v in set(k.tolist()))
+    cols = [[config.num_text + patch for patch in object_patches(qa.boxes[i], config.grid, config.patch_size)]
+            for i in idx]
+    counts = sorted(int(v) for v in set(k.tolist()))
     layers: dict[int, Any] = {}
     for layer, m in enumerate(_maps(model, qa, idx, words)):
         row = m.mean(1)[:, 0]  # (n, L): the summary token's row, mean of heads
-        w = torch.stack([row[j, cs].sum() for j, cs in enumerate(cols)])  # (n,)
-        by_k = {v: round(float(w[k == v].mean()), 4) for v in ks}
-        rest, gap = fit_rest(ks, list(by_k.values()))
+        weight = torch.stack([row[j, patch_cols].sum() for j, patch_cols in enumerate(cols)])  # (n,)
+        by_k = {v: round(float(weight[k == v].mean()), 4) for v in counts}
+        rest, gap = fit_rest(counts, list(by_k.values()))
         target = k / (k + rest)
-        r = float(torch.corrcoef(torch.stack([w, target]))[0, 1]) if w.std() > 0 else 0.0
-        layers[layer] = {"by_k": by_k, "c": round(rest, 3), "gap": round(gap, 4), "r": round(r, 4)}
-    return {"layers": layers, "best": max(layers, key=lambda ell: layers[ell]["r"]), "k": ks}
+        corr = float(torch.corrcoef(torch.stack([weight, target]))[0, 1]) if weight.std() > 0 else 0.0
+        layers[layer] = {"by_k": by_k, "c": round(rest, 3), "gap": round(gap, 4), "r": round(corr, 4)}
+    return {"layers": layers, "best": max(layers, key=lambda ell: layers[ell]["r"]), "k": counts}
 
 
 @torch.no_grad()
@@ -275,26 +282,26 @@ def patch_grouping(model, qa: QASet, words, *, limit: int = 200) -> dict[str, fl
     falls on *its own animal's other patches*, divided by their share of the other patches (``(m − 1)/(N − 1)``
     for an animal of ``m`` patches): 1 for attention blind to objects; ``patch_grouping_ratio_layer<ℓ>`` per
     layer and ``patch_grouping_ratio`` their maximum. Empty when every animal fits in one patch."""
-    c = model.config
-    N, n0 = c.num_patches, c.num_text
+    config = model.config
+    N, n_text = config.num_patches, config.num_text
     idx = [i for i in range(min(limit, len(qa))) if qa.boxes or qa.other_boxes]
     items = []  # (question position, the animal's patches)
     for j, i in enumerate(idx):
-        for b in [*(qa.boxes[i] if qa.boxes else []), *(qa.other_boxes[i] if qa.other_boxes else [])]:
-            p = object_patches([b], c.grid, c.patch_size)
-            if len(p) > 1:
-                items.append((j, p))
+        for box in [*(qa.boxes[i] if qa.boxes else []), *(qa.other_boxes[i] if qa.other_boxes else [])]:
+            patches = object_patches([box], config.grid, config.patch_size)
+            if len(patches) > 1:
+                items.append((j, patches))
     if not items:
         return {}
     out, ratios = {}, []
     for layer, m in enumerate(_maps(model, qa, idx, words)):
-        a = m.mean(1)[:, n0:, n0:]  # (n, N, N): patch → patch, mean of heads
-        a = a / a.sum(-1, keepdim=True).clamp_min(1e-12)
+        attn = m.mean(1)[:, n_text:, n_text:]  # (n, N, N): patch → patch, mean of heads
+        attn = attn / attn.sum(-1, keepdim=True).clamp_min(1e-12)
         mass, share = [], []
-        for j, p in items:
-            for src in p:
-                own = [q for q in p if q != src]
-                mass.append(float(a[j, src, own].sum() / (1 - a[j, src, src]).clamp_min(1e-12)))
+        for j, patches in items:
+            for src in patches:
+                own = [other_patch for other_patch in patches if other_patch != src]
+                mass.append(float(attn[j, src, own].sum() / (1 - attn[j, src, src]).clamp_min(1e-12)))
                 share.append(len(own) / (N - 1))
         ratio = sum(mass) / sum(share)
         ratios.append(ratio)
@@ -316,9 +323,9 @@ def two_corner_picture(qa: QASet, corners=("top right", "bottom left")):
 
     for i in range(len(qa)):
         boxes = (qa.boxes[i] if qa.boxes else []) + (qa.other_boxes[i] if qa.other_boxes else [])
-        at = {(b[0] // CELL, b[1] // CELL): b for b in boxes}
-        if all(CORNERS[k] in at for k in corners):
-            return i, {k: at[CORNERS[k]] for k in corners}
+        by_cell = {(box[0] // CELL, box[1] // CELL): box for box in boxes}
+        if all(CORNERS[k] in by_cell for k in corners):
+            return i, {k: by_cell[CORNERS[k]] for k in corners}
     return None
 
 
@@ -360,23 +367,23 @@ class VisualQuestionAnswering(Task):
         question, pair up by repetition."""
         spec = self._spec(run)
         x = self.images(run, images)
-        qs = [questions] if isinstance(questions, str) else list(questions)
-        if not qs:
+        asked = [questions] if isinstance(questions, str) else list(questions)
+        if not asked:
             raise DataError("no question given")
-        if len(qs) == 1 and len(x) > 1:
-            qs = qs * len(x)
-        elif len(x) == 1 and len(qs) > 1:
-            x = x.expand(len(qs), -1, -1, -1)
-        if len(qs) != len(x):
-            raise DataError(f"{len(x)} images but {len(qs)} questions; give one question per image (or one for all)")
-        ids = encode_questions(qs, spec.words, run.model.config.max_question_len)
+        if len(asked) == 1 and len(x) > 1:
+            asked = asked * len(x)
+        elif len(x) == 1 and len(asked) > 1:
+            x = x.expand(len(asked), -1, -1, -1)
+        if len(asked) != len(x):
+            raise DataError(f"{len(x)} images but {len(asked)} questions; give one question per image (or one for all)")
+        ids = encode_questions(asked, spec.words, run.model.config.max_question_len)
         return [spec.answers[int(i)] for i in predict(run.model, x, ids)]
 
     def respond(self, run: Run, values: dict[str, Any]) -> Iterator[str]:
         """The answer (``PATH<TAB>answer`` per ``--image`` when there are several)."""
         paths = values["image"]
-        for path, a in zip(paths, self.answer(run, paths, values["prompt"]), strict=True):
-            yield (a if len(paths) == 1 else f"{path}\t{a}") + "\n"
+        for path, answer in zip(paths, self.answer(run, paths, values["prompt"]), strict=True):
+            yield (answer if len(paths) == 1 else f"{path}\t{answer}") + "\n"
 
     # -- pictures ---------------------------------------------------------------------------------------------
     def _items(self, run: Run, index, image, question) -> list[tuple[torch.Tensor, str, str | None, list]]:
@@ -386,15 +393,15 @@ class VisualQuestionAnswering(Task):
                 raise DataError("drawing an image file needs --question (what to ask about it)")
             x = load_question_images([image], run.model.config.image_size)[0]
             return [(x, question, None, [])]
-        qa = run.data.held_out()
+        held = run.data.held_out()
         if index is not None:
-            if not 0 <= index < len(qa):
-                raise DataError(f"index {index} out of range: 0..{len(qa) - 1}")
+            if not 0 <= index < len(held):
+                raise DataError(f"index {index} out of range: 0..{len(held) - 1}")
             picks = [index]
         else:  # one held-out question of each template
-            picks = [qa.templates.index(t) for t in dict.fromkeys(qa.templates)]
-        return [(qa.images[i], qa.questions[i], run.data.answers[int(qa.answers[i])],
-                 qa.boxes[i] if qa.boxes else []) for i in picks]
+            picks = [held.templates.index(template) for template in dict.fromkeys(held.templates)]
+        return [(held.images[i], held.questions[i], run.data.answers[int(held.answers[i])],
+                 held.boxes[i] if held.boxes else []) for i in picks]
 
     def draw(self, run: Run, out_dir: Path, *, index: int | None = None, image=None, question: str | None = None,
              layer: int | None = None, head: int | None = None, **_) -> list[Path]:
@@ -407,12 +414,13 @@ class VisualQuestionAnswering(Task):
         files = []
         if index is None and image is None and run.family != "vqa-cnn":
             files += self._extras(run, spec, Path(out_dir))
-        for k, (x, q, expected, boxes) in enumerate(self._items(run, index, image, question)):
-            got = self.answer(run, x[None], q)[0]
+        for k, (x, question_text, expected, boxes) in enumerate(self._items(run, index, image, question)):
+            got = self.answer(run, x[None], question_text)[0]
             if run.family == "vqa-cnn":
-                files.append(draw_cnn_item(run.model, spec, x, q, got, expected, Path(out_dir) / f"answer_map_{k}.png"))
+                files.append(draw_cnn_item(run.model, spec, x, question_text, got, expected,
+                                           Path(out_dir) / f"answer_map_{k}.png"))
             else:
-                files.append(draw_transformer_item(run.model, spec, x, q, got, expected, boxes,
+                files.append(draw_transformer_item(run.model, spec, x, question_text, got, expected, boxes,
                                                    Path(out_dir) / f"question_attention_{k}.png", layer=layer,
                                                    head=head))
         return files
@@ -423,26 +431,26 @@ class VisualQuestionAnswering(Task):
         ``patch_grouping.png``."""
         from ..viz.vqa import draw_patch_grouping, draw_sink_curve, draw_two_questions
 
-        qa, c, files = run.data.held_out(), run.model.config, []
-        pick = two_corner_picture(qa)
+        held, config, files = run.data.held_out(), run.model.config, []
+        pick = two_corner_picture(held)
         if pick is not None:
             i, corner_boxes = pick
-            qs = [f"what species is the {name} animal?" for name in corner_boxes]
-            got = self.answer(run, qa.images[i][None], qs)
-            files.append(draw_two_questions(run.model, spec, qa.images[i], qs, got,
-                                            [[b] for b in corner_boxes.values()], out_dir / "two_questions.png"))
-        counts = [i for i, t in enumerate(qa.templates) if t in COUNT_TEMPLATES]
-        sw = sink_weights(run.model, _subset(qa, counts), spec.words) if counts else {}
-        if sw:
-            cm = counted_mass(run.model, _subset(qa, counts), spec.words)
-            files.append(draw_sink_curve(sw, out_dir / "sink_curve.png", counted=cm or None))
-        if qa.boxes and c.patch_size < 16:
-            i = max(range(min(len(qa), 50)), key=lambda j: len(qa.boxes[j]) + len(qa.other_boxes[j]))
+            corner_questions = [f"what species is the {name} animal?" for name in corner_boxes]
+            got = self.answer(run, held.images[i][None], corner_questions)
+            files.append(draw_two_questions(run.model, spec, held.images[i], corner_questions, got,
+                                            [[box] for box in corner_boxes.values()], out_dir / "two_questions.png"))
+        counts = [i for i, template in enumerate(held.templates) if template in COUNT_TEMPLATES]
+        sink = sink_weights(run.model, _subset(held, counts), spec.words) if counts else {}
+        if sink:
+            counted = counted_mass(run.model, _subset(held, counts), spec.words)
+            files.append(draw_sink_curve(sink, out_dir / "sink_curve.png", counted=counted or None))
+        if held.boxes and config.patch_size < 16:
+            i = max(range(min(len(held), 50)), key=lambda j: len(held.boxes[j]) + len(held.other_boxes[j]))
             by_layer = {int(k.rsplit("layer", 1)[1]): v for k, v in (run.metrics or {}).items()
                         if k.startswith("patch_grouping_ratio_layer")}
-            layer = max(by_layer, key=by_layer.get) if by_layer else c.num_layers - 1  # the layer that groups most
-            files.append(draw_patch_grouping(run.model, spec, qa.images[i], qa.questions[i],
-                                             qa.boxes[i] + qa.other_boxes[i], out_dir / "patch_grouping.png",
+            layer = max(by_layer, key=by_layer.get) if by_layer else config.num_layers - 1  # the layer that groups most
+            files.append(draw_patch_grouping(run.model, spec, held.images[i], held.questions[i],
+                                             held.boxes[i] + held.other_boxes[i], out_dir / "patch_grouping.png",
                                              layer=layer))
         return files
 
@@ -455,25 +463,25 @@ class VisualQuestionAnswering(Task):
     def examples(self, run: Run, directory: Path) -> dict[str, Any]:
         from ..data.image_files import write_image
 
-        qa = run.data.held_out()
-        return {"image": [str(write_image(qa.images[0], Path(directory) / "held_out_0.npy"))],
-                "prompt": qa.questions[0]}
+        held = run.data.held_out()
+        return {"image": [str(write_image(held.images[0], Path(directory) / "held_out_0.npy"))],
+                "prompt": held.questions[0]}
 
     def bad_inputs(self, run: Run, directory: Path) -> list[tuple[dict[str, Any], str]]:
         import numpy as np
 
-        d = Path(directory)
-        qa = run.data.held_out()
-        good = str(d / "good.npy")
-        np.save(good, qa.images[0].numpy())
-        wrong = d / "wrong_size.npy"
+        root = Path(directory)
+        held = run.data.held_out()
+        good = str(root / "good.npy")
+        np.save(good, held.images[0].numpy())
+        wrong = root / "wrong_size.npy"
         np.save(wrong, np.zeros((3, 7, 7), np.float32))
-        grey = d / "grey.npy"
-        s = run.model.config.image_size
-        np.save(grey, np.zeros((s, s), np.float32))
-        q = qa.questions[0]
+        grey = root / "grey.npy"
+        side = run.model.config.image_size
+        np.save(grey, np.zeros((side, side), np.float32))
+        question = held.questions[0]
         return [({"image": [good], "prompt": "how many dragons are there?"}, "outside the model's vocabulary"),
                 ({"image": [good], "prompt": " ? "}, "is empty"),
-                ({"image": [str(wrong)], "prompt": q}, "resize it first"),
-                ({"image": [str(grey)], "prompt": q}, "RGB"),
-                *(({**v, "prompt": q}, frag) for v, frag in image_file_bad_inputs(d))]
+                ({"image": [str(wrong)], "prompt": question}, "resize it first"),
+                ({"image": [str(grey)], "prompt": question}, "RGB"),
+                *(({**v, "prompt": question}, frag) for v, frag in image_file_bad_inputs(root))]
