@@ -70,7 +70,8 @@ class FineTune:
 
     @classmethod
     def from_settings(cls, settings: dict[str, Any]) -> FineTune:
-        return cls(**{f.name: settings[f.name] for f in dataclasses.fields(cls) if f.name in settings})
+        return cls(**{spec_field.name: settings[spec_field.name] for spec_field in dataclasses.fields(cls)
+                      if spec_field.name in settings})
 
     def lora(self, new_modules: tuple[str, ...] | list[str] = ()):
         """The adapters' :class:`~tokennet.layers.lora.LoRAConfig` (None without adapters); ``new_modules`` (the
@@ -222,7 +223,8 @@ class Recipe:
         return type(config_from_dict({"family": family, **preset, **self.model_defaults}))
 
     def model_fields(self) -> set[str]:
-        return {f.name for f in dataclasses.fields(self._config_class()) if f.init and f.name != "family"}
+        return {spec_field.name for spec_field in dataclasses.fields(self._config_class())
+                if spec_field.init and spec_field.name != "family"}
 
     def setting_types(self) -> dict[str, Any]:
         """``name → type`` of every setting: annotations of the model config, TrainConfig and data spec; the
@@ -247,11 +249,11 @@ class Recipe:
         """
         out: dict[str, Any] = {}
         for cls in (self._config_class(), TrainConfig):
-            for f in dataclasses.fields(cls):
-                if f.default is not dataclasses.MISSING:
-                    out[f.name] = f.default
-                elif f.default_factory is not dataclasses.MISSING:
-                    out[f.name] = f.default_factory()
+            for spec_field in dataclasses.fields(cls):
+                if spec_field.default is not dataclasses.MISSING:
+                    out[spec_field.name] = spec_field.default
+                elif spec_field.default_factory is not dataclasses.MISSING:
+                    out[spec_field.name] = spec_field.default_factory()
         out.pop("family", None)
         return out
 
@@ -263,8 +265,8 @@ class Recipe:
         train_cfg = dataclasses.asdict(TrainConfig(**self.train_defaults))
         spec: dict[str, Any] = {}
         if self.data is not None:
-            d = self.data().to_dict()
-            spec = {k: d[k] for k in self.data.setting_names() if k not in model_cfg and k not in train_cfg}
+            spec_values = self.data().to_dict()
+            spec = {k: spec_values[k] for k in self.data.setting_names() if k not in model_cfg and k not in train_cfg}
         tune = dataclasses.asdict(FineTune()) if self.init else {}
         out = {**model_cfg, **train_cfg, **spec, **tune, **self.options}
         if self.data_defaults is not None:
@@ -278,7 +280,7 @@ class Recipe:
     def split(self, settings: dict[str, Any]) -> tuple[dict[str, Any], TrainConfig, dict[str, Any]]:
         """``(model overrides, TrainConfig, options)`` from flat settings."""
         model_keys = self.model_fields()
-        train_keys = {f.name for f in dataclasses.fields(TrainConfig)}
+        train_keys = {spec_field.name for spec_field in dataclasses.fields(TrainConfig)}
         model = {k: v for k, v in settings.items() if k in model_keys}
         train = TrainConfig(**{k: v for k, v in settings.items() if k in train_keys})
         opts = {k: v for k, v in settings.items() if k in self.options}

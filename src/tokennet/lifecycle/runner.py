@@ -63,7 +63,7 @@ def _prepare_out_dir(out: Path, recipe: str, resume: bool, overwrite: bool) -> t
         if saved.get("recipe") != recipe:
             raise RecipeError(f"cannot resume: {out} is a run of recipe {saved.get('recipe')!r}, not {recipe!r}")
         return saved, False
-    if out.exists() and any(p.name != LOCK_FILE for p in out.iterdir()):
+    if out.exists() and any(entry.name != LOCK_FILE for entry in out.iterdir()):
         if not overwrite:
             raise RecipeError(f"output directory {out} already exists; resume it, overwrite it, "
                               "or choose another output directory")
@@ -72,8 +72,8 @@ def _prepare_out_dir(out: Path, recipe: str, resume: bool, overwrite: bool) -> t
                               "nothing was changed")
         try:  # --overwrite deletes what it replaces: only a directory whose run.json reads as a run
             read_run_info(out)
-        except RunError as e:
-            raise RecipeError(f"refusing to overwrite {out}: it does not read as a tokennet run ({e}); "
+        except RunError as err:
+            raise RecipeError(f"refusing to overwrite {out}: it does not read as a tokennet run ({err}); "
                               "nothing was changed") from None
         return None, True
     return None, False
@@ -156,8 +156,8 @@ def _check_fine_tuning(recipe: Recipe, init, settings: dict[str, Any], given: se
             raise RecipeError(f"recipe {recipe.name!r} trains from scratch: it cannot start from --init weights")
         return None
     tune = FineTune.from_settings(settings)
-    lora = {f for f in ("lora_alpha", "lora_dropout", "lora_targets", "lora_save", "lora_modules_to_save")
-            if f in given}
+    lora = {name for name in ("lora_alpha", "lora_dropout", "lora_targets", "lora_save", "lora_modules_to_save")
+            if name in given}
     if tune.lora_rank == 0 and lora:
         raise RecipeError(f"{', '.join(sorted(lora))} does not apply without adapters: set lora_rank")
     if init is None and tune.lora_rank > 0:
@@ -356,6 +356,6 @@ def write_report(out: Path, defaults: dict[str, Any] | None, **kw) -> Path | Non
 
     try:
         return _write(out, defaults=defaults, **kw)
-    except Exception as e:  # noqa: BLE001 - the run's files are written; the page is a view of them
-        log.warning("could not write %s/report.html: %s", out, e, exc_info=not isinstance(e, (OSError,)))
+    except Exception as err:  # noqa: BLE001 - the run's files are written; the page is a view of them
+        log.warning("could not write %s/report.html: %s", out, err, exc_info=not isinstance(err, (OSError,)))
         return None
