@@ -3,9 +3,12 @@ a script run as ``python bench/NAME.py`` imports it from beside itself)."""
 
 from __future__ import annotations
 
+import datetime
+import json
 import os
 import platform
 import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,3 +32,27 @@ def commit() -> str | None:
     except OSError:
         return None
     return (out.stdout.strip() + ("+dirty" if dirty else "")) or None
+
+
+def command(argv: list[str] | None = None, script: str | None = None) -> str:
+    """How the bench was run: ``python bench/NAME.py ARGS`` (``argv`` when ``main`` was called with one)."""
+    name = script or Path(sys.argv[0]).name
+    return " ".join(["python", f"bench/{name}", *(sys.argv[1:] if argv is None else [str(a) for a in argv])])
+
+
+def write(path: str | Path, results: dict, *, settings: dict | None = None, argv: list[str] | None = None,
+          script: str | None = None, indent: int = 2, **machine_extra) -> dict:
+    """Write a bench's JSON to ``path`` and return it: the command, the commit, the date, the machine (with
+    ``machine_extra``, and any ``machine`` dict of ``results`` merged in), the settings, then ``results``' own
+    keys. Values JSON cannot hold (paths) are written as strings."""
+    results = dict(results)
+    record = {"command": results.pop("command", None) or command(argv, script), "commit": commit(),
+              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "machine": {**machine(**machine_extra), **(results.pop("machine", None) or {})}}
+    if settings is not None:
+        record["settings"] = settings
+    record.update(results)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=indent, default=str) + "\n")
+    return record

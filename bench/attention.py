@@ -37,6 +37,9 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/_record.py, also when a test loads this file
+from _record import write  # noqa: E402
+
 BATCH, HEADS, HEAD_DIM = 1, 8, 64
 PASSES = ("fwd", "fwd+bwd")
 MiB = 2**20
@@ -318,8 +321,7 @@ def main(argv=None) -> None:
     )
     print()
     print(markdown_table(report["results"], args.backends))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write(args.out, report, settings=vars(args), argv=argv)
     print(f"\nwrote {args.out}")
 
 

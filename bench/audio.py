@@ -18,14 +18,15 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/_record.py, also when a test loads this file
+from _record import write  # noqa: E402
 
 
 def main() -> None:
@@ -78,10 +79,7 @@ def main() -> None:
         print(f"| {v} | {acc:.4f} | {row['baseline_accuracy_by_voice'].get(v, float('nan')):.4f} |")
     res = Path(args.results)
     res.parent.mkdir(parents=True, exist_ok=True)
-    res.write_text(json.dumps({"date": datetime.datetime.now().isoformat(timespec="seconds"),
-                               "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                                           "python": platform.python_version()},
-                               "runs": [row]}, indent=2) + "\n")
+    write(res, {"runs": [row]}, settings=vars(args))
     print(f"\nwrote {res}")
 
 

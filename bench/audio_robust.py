@@ -53,6 +53,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/_record.py, also when a test loads this file
+from _record import write  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
@@ -204,8 +207,8 @@ def main() -> None:
         old = json.loads(out.read_text())
         if (old.get("steps"), old.get("seed")) == (args.steps, args.seed):
             results = {**{k: v for k, v in old.get("results", {}).items() if k not in results}, **results}
-    out.write_text(json.dumps({"steps": args.steps, "seed": args.seed, "results": results,
-                               "torch": torch.__version__}, indent=2) + "\n")
+    write(out, {"steps": args.steps, "seed": args.seed, "results": results, "torch": torch.__version__},
+          settings=vars(args), torch=torch.__version__)
     print(f"wrote {out}")
 
 

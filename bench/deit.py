@@ -28,13 +28,15 @@ Writes ``bench/results/deit-DATA.json`` and prints the table.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/_record.py, also when a test loads this file
+from _record import write  # noqa: E402
 
 DEIT_AUG = ["randaugment=2", "magnitude=9", "mixup=0.8", "cutmix=1.0", "erase=0.25", "repeats=3", "drop_path=0.1"]
 ROWS = ("ViT", "+ augmentation", "+ distillation", "distillation alone")
@@ -100,9 +102,8 @@ def main() -> None:
     for name, r in rows.items():
         print(f"| {name} | {r['test_accuracy']:.4f} | {r['epochs']} | {r['wall_s']} |")
     res.parent.mkdir(parents=True, exist_ok=True)
-    res.write_text(json.dumps({"date": datetime.datetime.now().isoformat(timespec="seconds"), "data": args.data,
-                               "steps": args.steps, "teacher": teacher, "load_average": os.getloadavg(),
-                               "rows": rows}, indent=1) + "\n")
+    write(res, {"data": args.data, "steps": args.steps, "teacher": teacher, "load_average": os.getloadavg(),
+                "rows": rows}, settings=vars(args), indent=1)
     print(f"\nwrote {res}")
 
 

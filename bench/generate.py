@@ -40,6 +40,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/_record.py, also when a test loads this file
+from _record import write  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 SHAPE = {"num_layers": 6, "dim": 384, "num_heads": 6, "vocab_size": 50304, "block_size": 512}
 SYSTEMS = ("tokennet fp32", "tokennet bf16", "tokennet int8", "tokennet int4", "tokennet fp32 (no cache)",
@@ -306,12 +309,12 @@ def main() -> None:
                      "all_s": [round(r["median_s"], 4) for r in rs]})
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
+    write(out, {
         "shape": SHAPE, "new_tokens": n, "prompt_len": args.prompt_len, "rounds": args.rounds, "rows": rows,
         "bandwidth_gb_s": round(bandwidth, 2), "torch": torch.__version__, "threads": args.threads,
         "cpu": cpu_model(), "cores": os.cpu_count(), "load_average_before": load_before,
         "load_average_after": os.getloadavg()[0],
-    }, indent=2) + "\n")
+    }, settings=vars(args))
     print(f"\nwrote {out}")
     tmp.cleanup()
 

@@ -30,6 +30,9 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/_record.py, also when a test loads this file
+from _record import write  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -69,7 +72,7 @@ def main() -> None:
               "wall_seconds": round(wall, 1), "torch": torch.__version__, "threads": torch.get_num_threads(),
               "cpu": cpu, "python": sys.version.split()[0], "load_avg_1min_at_end": os.getloadavg()[0]}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    write(args.out, {**result, "args": vars(args)})
     print(f"wrote {args.out}")
 
 
@@ -94,7 +97,7 @@ def qm9(args) -> None:
               "torch": torch.__version__, "threads": torch.get_num_threads(),
               "load_avg_1min_at_end": os.getloadavg()[0]}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    write(args.out, {**result, "args": vars(args)})
     print(f"wrote {args.out}")
 
 

@@ -27,7 +27,6 @@ defined here, as subclasses overriding :meth:`GraphTransformer.positions`. Write
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -44,6 +43,9 @@ from tokennet.data.graphs import MarkedDistanceGraphs, marked_distance_set  # no
 from tokennet.models.graph import GraphConfig, GraphTransformer  # noqa: E402
 from tokennet.position.laplacian import SpectralKernelBias, laplacian_spectrum  # noqa: E402
 from tokennet.train.trainer import TrainConfig, Trainer  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/_record.py, also when a test loads this file
+from _record import write  # noqa: E402
 
 
 def _mlp(i: int, h: int, o: int) -> nn.Sequential:
@@ -256,8 +258,8 @@ def main() -> None:
                             "parameters": n, "wall_s_shared_machine": round(time.perf_counter() - t0, 1)})
             print(f"| {row} (seed {seed}) | {desc} | {100 * acc:.1f} % | {n:,} |", flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"majority_class": majority, "results": results,
-                                          "torch": torch.__version__}, indent=2) + "\n")
+    write(args.out, {"majority_class": majority, "results": results, "torch": torch.__version__},
+          settings=vars(args), torch=torch.__version__)
     print(f"wrote {args.out}")
 
 

@@ -421,10 +421,10 @@ def main() -> None:
         if rs[0].get("int8_kernel"):
             print(f"{s}: linear layers by {rs[0]['int8_kernel']}")
     sys.path.insert(0, str(Path(__file__).parent))
-    from _record import commit
+    from _record import commit, machine
 
     record = {"command": "python bench/interop.py " + " ".join(sys.argv[1:]), "commit": commit(),
-              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "machine": platform.platform(),
+              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "machine": machine(),
               "cpus": os.cpu_count(), "threads": args.threads, "torch": torch.__version__, "gguf": gguf.name,
               "new_tokens": args.new_tokens, "prompt_tokens": len(long), "bandwidth_gb_s": bandwidth,
               "load_average_before": load_before, "load_average_after": os.getloadavg()[0], "import_memory": memory,

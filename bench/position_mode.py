@@ -21,11 +21,7 @@ Accuracies at a fixed step count do not depend on the machine's load (the wall t
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
-import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -37,6 +33,9 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from tokennet.data.vision_data import load_dataset  # noqa: E402
 from tokennet.models import create_model  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/_record.py, also when a test loads this file
+from _record import write  # noqa: E402
 
 ROWS = {
     "add": dict(),
@@ -93,19 +92,10 @@ def main() -> None:
         summary[r] = sum(accs) / len(accs)
         params = next(x["parameters"] for x in runs if x["row"] == r)
         print(f"| {r} | {summary[r]:.4f} | {', '.join(f'{a:.4f}' for a in accs)} | {params} |")
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    except OSError:
-        commit = None
     res = Path(args.results)
     res.parent.mkdir(parents=True, exist_ok=True)
-    res.write_text(json.dumps({
-        "command": " ".join(["python", "bench/position_mode.py", *sys.argv[1:]]), "commit": commit,
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-                    "load_avg": os.getloadavg()},
-        "steps": args.steps, "seeds": args.seeds, "layers": args.layers, "pos_dim": args.pos_dim,
-        "mean_test_accuracy": summary, "runs": runs}, indent=2) + "\n")
+    write(res, {"steps": args.steps, "seeds": args.seeds, "layers": args.layers, "pos_dim": args.pos_dim,
+                "mean_test_accuracy": summary, "runs": runs}, settings=vars(args), load_avg=os.getloadavg())
     print(f"\nwrote {res}")
 
 

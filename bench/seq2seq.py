@@ -26,6 +26,9 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/_record.py, also when a test loads this file
+from _record import write  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 GOAL = 99.5
 
@@ -102,7 +105,7 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "seq2seq.json"
-    path.write_text(json.dumps({"results": results, "env": _env()}, indent=2) + "\n")
+    write(path, {"results": results, "env": _env()}, settings=vars(args))
     print(f"\nwrote {path}")
 
 

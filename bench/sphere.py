@@ -29,6 +29,9 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/_record.py, also when a test loads this file
+from _record import write  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -76,7 +79,7 @@ def main() -> None:
               "threads": torch.get_num_threads(), "cpu": cpu, "python": sys.version.split()[0],
               "load_avg_1min_at_end": os.getloadavg()[0]}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    write(args.out, {**result, "args": vars(args)})
     print(f"wrote {args.out}")
 
 

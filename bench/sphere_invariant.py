@@ -44,6 +44,9 @@ from tokennet.data.vision_data import load_dataset  # noqa: E402
 from tokennet.models.registry import create_model  # noqa: E402
 from tokennet.train.trainer import TrainConfig, Trainer  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/_record.py, also when a test loads this file
+from _record import write  # noqa: E402
+
 TEST_SEED = 7919  # the recipe's fixed test rotations
 EXTENT = 0.7
 # row → (description, sphere-model overrides or None for the planar ViT)
@@ -137,7 +140,7 @@ def main() -> None:
     if out_path.exists():  # rows measured before (other rows, seeds, steps or data) stay in the file
         new = {key(r) for r in results}
         results = [r for r in json.loads(out_path.read_text())["results"] if key(r) not in new] + results
-    out_path.write_text(json.dumps({"results": results, "torch": torch.__version__}, indent=2) + "\n")
+    write(out_path, {"results": results, "torch": torch.__version__}, settings=vars(args), torch=torch.__version__)
     print(f"wrote {out_path}")
 
 

@@ -27,14 +27,15 @@ dataset-fashion-mnist``, or ``--fashion-dir DIR``.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/_record.py, also when a test loads this file
+from _record import write  # noqa: E402
 
 GOALS = {
     "digits": ("≥ SVM, ≤ 60 s", lambda m, wall: m["test_accuracy"] >= m.get("baseline_svm_accuracy", 1.0)
@@ -111,10 +112,7 @@ def main() -> None:
               f"{r['load_before'][0]} → {r['load_after'][0]} |")
     res = Path(args.results)
     res.parent.mkdir(parents=True, exist_ok=True)
-    res.write_text(json.dumps({"date": datetime.datetime.now().isoformat(timespec="seconds"),
-                               "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                                           "python": platform.python_version()},
-                               "runs": rows}, indent=2) + "\n")
+    write(res, {"runs": rows}, settings=vars(args))
     print(f"\nwrote {res}")
 
 

@@ -43,6 +43,9 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/_record.py, also when a test loads this file
+from _record import write  # noqa: E402
+
 DIM, HEADS, WINDOW = 96, 3, 8
 KINDS = ("global", "window")
 MiB = 2**20
@@ -217,7 +220,7 @@ def main() -> None:
     load = os.getloadavg()
     meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "dim": DIM, "heads": HEADS,
             "window": WINDOW, "repeats": args.repeats, "load_average": load, "cpus": os.cpu_count()}
-    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows, "fits": fits}, indent=1))
+    write(out.with_suffix(".json"), {"meta": meta, "rows": rows, "fits": fits}, settings=vars(args), indent=1)
     _plot(rows, out.with_suffix(".png"))
     print(f"\nload average {load[0]:.2f} on {os.cpu_count()} CPUs; wrote {out.with_suffix('.json')} and "
           f"{out.with_suffix('.png')}")
