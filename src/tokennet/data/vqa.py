@@ -394,7 +394,7 @@ def _try_item(rng, t, allowed, hc, num_clutter, held) -> Item | None:
         n = rng.randint(max(1, count), MAX_ANIMALS)
         if t == "count":
             if species == "animal":
-                n = count  # k >= 1 here
+                n = count  # count >= 1 here
                 slots = [{}] * n
             else:
                 slots = [{"species": species}] * count + [{"not_species": species}] * (n - count)
