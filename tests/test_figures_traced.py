@@ -7,7 +7,8 @@ and ``docs/**/*.md`` (not CHANGELOG.md, not the generated ``docs/report/``) must
 table row or heading that links to at least one ``bench/results/*.json`` (an inline link or a reference-style one),
 and one of the linked files must hold the number: some number in the JSON, rounded to the figure's shown precision,
 equals it (a percentage, or a bare figure in a table "in %", may be stored as a fraction 0–1 or as 0–100; a ratio
-as the ratio). Not figures: dates (``2024-05-01``), versions (``2.13.0``, ``torch 2.13``, ``v1.2``), numbers in a
+as the ratio). Not figures: dates (``2024-05-01``), versions (``2.13.0``, ``torch 2.13``, ``v1.2``), section
+numbers (``§11.2``), numbers in a
 link's target or in a URL, and numbers that are part of a hyphenated name (``SmolLM2-1.7B``).
 
 Run ``python3 tests/test_figures_traced.py [FILE ...]`` to list the offenders of the given files (all by default).
@@ -34,6 +35,7 @@ HTML_COMMENT = re.compile(r"<!--.*?-->", re.S)
 INLINE_LINK = re.compile(r"!?\[((?:[^\[\]]|\[[^\]]*\])*)\]\(\s*<?([^)\s>]*)>?(?:\s+\"[^\"]*\")?\s*\)")
 REF_LINK = re.compile(r"!?\[((?:[^\[\]]|\[[^\]]*\])*)\](?:\[([^\]]*)\])?")
 URL = re.compile(r"(?:https?|ftp)://\S+|<[a-z]+://[^>]*>|\b[\w.-]+@[\w.-]+\.\w+")
+SECTION = re.compile(r"§\s?\d+(?:\.\d+)*")
 DATE = re.compile(r"\b\d{4}-\d{2}(?:-\d{2})?(?:[T ]\d{2}:\d{2}(?::\d{2})?)?")
 VERSION = re.compile(r"\b[vV]?\d+(?:\.\d+){2,}\b|\b[vV]\d+(?:\.\d+)+\b"
                      r"|(?i:\b(?:python|torch|pytorch|cuda|triton|numpy|version|versions|onnx|opset|transformers|"
@@ -118,7 +120,7 @@ def _strip(unit: str, refs: dict[str, str]) -> tuple[str, list[str]]:
 
 def figures(text: str) -> list[str]:
     """The figures in a stretch of visible prose, as shown (URLs, dates and versions are none)."""
-    for pattern in (URL, DATE, VERSION):
+    for pattern in (URL, DATE, VERSION, SECTION):
         text = pattern.sub(" ", text)
     found = []
     for match in FIGURE.finditer(text):
@@ -225,7 +227,7 @@ def test_the_checker_catches_an_untraced_figure(tmp_path):
         "docs/page.md:12: 7.5% (not in x.json)",
         "docs/page.md:20: 5.5% (linked file missing or unreadable: y.json)",
     ], found
-    assert figures("SmolLM2-1.7B, Qwen2.5, 2.13.0, 2024-05-01, 3×3, 4 × 4, 400 steps × 32, Python ≥ 3.10") == []
+    assert figures("SmolLM2-1.7B, Qwen2.5, 2.13.0, 2024-05-01, 3×3, 4 × 4, 400 steps × 32, Python ≥ 3.10, §11.2") == []
     assert figures("0.5 s, 45 %, 2× and ×1.8 (×3)") == ["0.5", "45%", "2×", "×1.8", "×3"]
 
 
