@@ -80,3 +80,10 @@ def test_check_exits_1_and_names_the_command_when_the_file_differs(tmp_path, cap
     assert cli_reference.REGENERATE in capsys.readouterr().err
     stale.write_text(cli_reference.render(), encoding="utf-8")
     assert cli_reference.main(["--check", str(stale)]) == 0
+
+
+def test_values_in_help_are_code_but_addresses_versions_and_names_are_not():
+    """A decimal in a help text is a setting's value (not a measured figure for tests/test_figures_traced.py)."""
+    text = "default 0.8, 25% of it; bind 127.0.0.1; 'gpt-3.5-turbo'; d2l §11.2; torch 2.13.0"
+    assert cli_reference._values_as_code(text) == ("default `0.8`, `25%` of it; bind 127.0.0.1; 'gpt-3.5-turbo'; "
+                                                   "d2l §11.2; torch 2.13.0")

