@@ -10,13 +10,7 @@ import tokennet.lifecycle.runner as runner
 from tokennet.lifecycle import list_recipes
 from tokennet.recipes import train
 
-# multimodal: a known bug, kept visible rather than skipped — its checkpoint cannot be resumed before every task has
-# trained (a parameter with no gradient yet has no optimizer state, and load_full_state is strict), and the trunk
-# shared under several names is not restored bit for bit (issue 46's recipe, to be fixed with it).
-MULTIMODAL_RESUME = pytest.mark.xfail(strict=True, reason="multimodal: resume before every task trained, and the "
-                                      "shared trunk's optimizer state (issue 46)")
-RECIPES = [pytest.param(r.name, marks=MULTIMODAL_RESUME) if r.name == "multimodal" else r.name
-           for r in list_recipes()]
+RECIPES = [r.name for r in list_recipes()]
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 

@@ -129,7 +129,30 @@ def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer | None, m
         set_optimizer_state_dict,
     )
 
-    opts = StateDictOptions(full_state_dict=True, strict=True)
-    set_model_state_dict(model, msd, options=opts)
-    if optimizer is not None and osd is not None:
-        set_optimizer_state_dict(model, optimizer, osd, options=opts)
+    set_model_state_dict(model, msd, options=StateDictOptions(full_state_dict=True, strict=True))
+    if optimizer is None or osd is None:
+        return
+    names = _names_of_parameters(model)
+    saved = set(osd.get("state", {}))
+    unknown = sorted(saved - set().union(*names.values()))
+    if unknown:
+        raise KeyError(f"optimizer state for {unknown[0]!r}, which the model has no parameter of")
+    # A parameter that had no gradient yet had no optimizer state when the checkpoint was written (a multimodal
+    # task not yet drawn, a frozen part). torch creates state for every parameter on load (a zero step: its
+    # ``step`` count becomes 1); removing it again makes the resumed run take the first real step exactly as
+    # the uninterrupted one does.
+    set_optimizer_state_dict(model, optimizer, osd, options=StateDictOptions(full_state_dict=True, strict=False))
+    for param, its_names in names.items():
+        if not its_names & saved:
+            optimizer.state.pop(param, None)
+
+
+def _names_of_parameters(model: nn.Module) -> dict[nn.Parameter, set[str]]:
+    """Each parameter with every name it has (a module shared by several parents has several), spelled as the
+    optimizer's state dict spells them (torch's own ``_get_fqns``: no DDP ``module.``, no ``_orig_mod.``)."""
+    from torch.distributed.checkpoint.state_dict import _get_fqns
+
+    names: dict[nn.Parameter, set[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names.setdefault(param, set()).update(_get_fqns(model, name))
+    return names
