@@ -91,10 +91,10 @@ def mel_filterbank(n_freqs: int, n_mels: int, sample_rate: int, f_min: float = 0
                        hz_to_mel(torch.tensor(float(f_max), dtype=torch.float64), scale),
                        n_mels + 2, dtype=torch.float64)
     edges = mel_to_hz(m, scale)  # (n_mels + 2,)
-    lo, mid, hi = edges[:-2], edges[1:-1], edges[2:]  # (n_mels,) each
-    up = (freqs[:, None] - lo) / (mid - lo)  # (F, n_mels)
-    down = (hi - freqs[:, None]) / (hi - mid)  # (F, n_mels)
-    return torch.clamp(torch.minimum(up, down), min=0.0).float()
+    lower, mid, upper = edges[:-2], edges[1:-1], edges[2:]  # (n_mels,) each
+    rising = (freqs[:, None] - lower) / (mid - lower)  # (F, n_mels)
+    falling = (upper - freqs[:, None]) / (upper - mid)  # (F, n_mels)
+    return torch.clamp(torch.minimum(rising, falling), min=0.0).float()
 
 
 def power_spectrogram(wave: Tensor, n_fft: int = 400, hop_length: int = 160) -> Tensor:
@@ -119,10 +119,10 @@ def log_mel_spectrogram(wave: Tensor, fbank: Tensor, n_fft: int = 400, hop_lengt
     recorded clip holds.
     """
     power = power_spectrogram(wave, n_fft, hop_length)  # (B, F, T)
-    s = torch.log(torch.einsum("bft,fm->bmt", power, fbank) + eps)  # (B, mels, T)
+    log_mel = torch.log(torch.einsum("bft,fm->bmt", power, fbank) + eps)  # (B, mels, T)
     if top_db is not None:
-        s = torch.maximum(s, s.amax(dim=(1, 2), keepdim=True) - top_db * math.log(10) / 10)
-    return s
+        log_mel = torch.maximum(log_mel, log_mel.amax(dim=(1, 2), keepdim=True) - top_db * math.log(10) / 10)
+    return log_mel
 
 
 class LogMelSpectrogram(nn.Module):
@@ -171,15 +171,15 @@ def to_mono(x: np.ndarray) -> np.ndarray:
 
 def resample(x: np.ndarray, orig_rate: int, new_rate: int) -> np.ndarray:
     """Resample a 1-D signal with ``scipy.signal.resample_poly`` (up by L, FIR low-pass, down by M)."""
-    for name, r in (("sample rate", orig_rate), ("target sample rate", new_rate)):
-        if isinstance(r, bool) or not isinstance(r, (int, np.integer)) or r < 1:
-            raise DataError(f"{name} must be a positive integer, got {r!r}")
+    for name, rate in (("sample rate", orig_rate), ("target sample rate", new_rate)):
+        if isinstance(rate, bool) or not isinstance(rate, (int, np.integer)) or rate < 1:
+            raise DataError(f"{name} must be a positive integer, got {rate!r}")
     if orig_rate == new_rate:
         return x.astype(np.float32, copy=False)
     from scipy.signal import resample_poly
 
-    g = math.gcd(int(orig_rate), int(new_rate))
-    return resample_poly(x, int(new_rate) // g, int(orig_rate) // g).astype(np.float32)
+    divisor = math.gcd(int(orig_rate), int(new_rate))
+    return resample_poly(x, int(new_rate) // divisor, int(orig_rate) // divisor).astype(np.float32)
 
 
 MAX_SAMPLE_RATE = 1_536_000  # 8 × 192 kHz: above any recording format in use
@@ -191,10 +191,10 @@ def _normalize(a: np.ndarray, path) -> np.ndarray:
     if a.dtype.kind == "i":
         return a.astype(np.float32) / float(2 ** (8 * a.dtype.itemsize - 1))
     if a.dtype.kind == "f":
-        a = a.astype(np.float32)
-        if not np.isfinite(a).all():
+        samples = a.astype(np.float32)
+        if not np.isfinite(samples).all():
             raise DataError(f"{path}: the audio has NaN or infinite samples")
-        return np.clip(a, -1.0, 1.0)
+        return np.clip(samples, -1.0, 1.0)
     raise DataError(f"{path}: unsupported sample format {a.dtype}")
 
 
@@ -204,13 +204,14 @@ def read_audio(path: str | Path) -> tuple[np.ndarray, int]:
     WAV through ``scipy.io.wavfile``; other formats (OGG, FLAC, ...) through ``soundfile`` if installed.
     A missing, empty, truncated or non-audio file raises :class:`DataError` naming the file.
     """
-    p = Path(path)
-    if not p.is_file():
-        raise DataError(f"audio file {p} does not exist" if not p.exists() else f"audio file {p} is not a file")
-    if p.stat().st_size == 0:
-        raise DataError(f"audio file {p} is empty")
-    with open(p, "rb") as fh:
-        head = fh.read(12)
+    file = Path(path)
+    if not file.is_file():
+        raise DataError(f"audio file {file} does not exist" if not file.exists()
+                        else f"audio file {file} is not a file")
+    if file.stat().st_size == 0:
+        raise DataError(f"audio file {file} is empty")
+    with open(file, "rb") as stream:
+        head = stream.read(12)
     if head[:4] in (b"RIFF", b"RIFX", b"RF64") and head[8:12] == b"WAVE":
         from scipy.io import wavfile
 
@@ -219,29 +220,29 @@ def read_audio(path: str | Path) -> tuple[np.ndarray, int]:
                 warnings.simplefilter("error")  # scipy only warns on a truncated file: make it an error
                 # ... but not on a chunk it skips (libsndfile's float WAVs carry PEAK/fact chunks): the data is whole
                 warnings.filterwarnings("ignore", message="Chunk .*not understood")
-                rate, a = wavfile.read(p)
-        except Exception as e:  # noqa: BLE001 - scipy fails on a damaged header in many ways (ZeroDivisionError, ...)
-            first = (str(e).splitlines() or [""])[0]
-            raise DataError(f"{p} is not a readable WAV file ({type(e).__name__}: {first})") from None
+                rate, samples = wavfile.read(file)
+        except Exception as error:  # noqa: BLE001 - scipy fails on a damaged header in many ways (ZeroDivisionError, ...)
+            first = (str(error).splitlines() or [""])[0]
+            raise DataError(f"{file} is not a readable WAV file ({type(error).__name__}: {first})") from None
     else:
         try:
             import soundfile
         except ImportError:
-            raise DataError(f"{p} is not a WAV file (other formats such as OGG and FLAC need the soundfile "
+            raise DataError(f"{file} is not a WAV file (other formats such as OGG and FLAC need the soundfile "
                             "package: pip install soundfile)") from None
         try:
-            a, rate = soundfile.read(str(p), dtype="float32", always_2d=False)
-        except Exception as e:  # soundfile raises its own LibsndfileError (a RuntimeError) and others
-            first = (str(e).splitlines() or [""])[0]
-            raise DataError(f"{p} is not a readable audio file ({type(e).__name__}: {first})") from None
+            samples, rate = soundfile.read(str(file), dtype="float32", always_2d=False)
+        except Exception as error:  # soundfile raises its own LibsndfileError (a RuntimeError) and others
+            first = (str(error).splitlines() or [""])[0]
+            raise DataError(f"{file} is not a readable audio file ({type(error).__name__}: {first})") from None
     if isinstance(rate, bool) or not isinstance(rate, (int, np.integer)) or rate < 1:
-        raise DataError(f"{p}: the sample rate must be a positive integer, got {rate!r}")
+        raise DataError(f"{file}: the sample rate must be a positive integer, got {rate!r}")
     if rate > MAX_SAMPLE_RATE:  # a damaged header: resampling from it would design a filter of ~10·rate taps
-        raise DataError(f"{p}: a sample rate of {rate} Hz is not plausible (at most {MAX_SAMPLE_RATE}); the header "
+        raise DataError(f"{file}: a sample rate of {rate} Hz is not plausible (at most {MAX_SAMPLE_RATE}); the header "
                         "is damaged")
-    if a.size == 0:
-        raise DataError(f"{p} has no samples")
-    return _normalize(a, p), int(rate)
+    if samples.size == 0:
+        raise DataError(f"{file} has no samples")
+    return _normalize(samples, file), int(rate)
 
 
 def load_audio(path: str | Path, sample_rate: int, *, max_samples: int | None = None) -> np.ndarray:
@@ -250,8 +251,8 @@ def load_audio(path: str | Path, sample_rate: int, *, max_samples: int | None = 
     Raises :class:`DataError` on an unreadable file, on silence only (peak below ``SILENCE``) and, with
     ``max_samples``, on a clip longer than that (it is not cropped: cropping could cut the word off).
     """
-    a, rate = read_audio(path)
-    x = resample(to_mono(a), rate, sample_rate)
+    samples, rate = read_audio(path)
+    x = resample(to_mono(samples), rate, sample_rate)
     if float(np.abs(x).max()) < SILENCE:
         raise DataError(f"{path} is silence only (peak amplitude below {SILENCE})")
     if max_samples is not None and len(x) > max_samples:

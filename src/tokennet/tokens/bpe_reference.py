@@ -58,9 +58,9 @@ def train_bpe(text: str, num_merges: int, pattern: str = "gpt4", min_frequency: 
     Returns:
         The merges in the order learned, each a pair of byte strings.
     """
-    words = Counter(tuple(bytes([b]) for b in piece.encode("utf-8")) for piece in pretokenize(text, pattern))
+    words = Counter(tuple(bytes([byte]) for byte in piece.encode("utf-8")) for piece in pretokenize(text, pattern))
     alphabet = bytes_to_unicode()
-    order = {bytes([b]): rank for rank, b in enumerate(sorted(range(256), key=lambda b: alphabet[b]))}
+    order = {bytes([byte]): rank for rank, byte in enumerate(sorted(range(256), key=lambda byte: alphabet[byte]))}
     merges: list[Pair] = []
     for _ in range(num_merges):
         pairs: Counter[Pair] = Counter()
@@ -69,7 +69,7 @@ def train_bpe(text: str, num_merges: int, pattern: str = "gpt4", min_frequency: 
                 pairs[pair] += count
         if not pairs:
             break
-        best = max(pairs, key=lambda p: (pairs[p], -order[p[0]], -order[p[1]]))
+        best = max(pairs, key=lambda candidate: (pairs[candidate], -order[candidate[0]], -order[candidate[1]]))
         if pairs[best] < min_frequency:
             break
         merges.append(best)

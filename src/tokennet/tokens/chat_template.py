@@ -103,22 +103,23 @@ def _tick() -> None:
         budget.tick()
 
 
-@functools.lru_cache(maxsize=1)
-def _environment():
-    """The one sandboxed environment every template compiles in (built on first use: jinja2 is optional)."""
+def _import_jinja():
+    """jinja2, when a release without known sandbox escapes is installed (it is optional: imported on first use)."""
     try:
         import jinja2
     except ImportError:
         raise DataError("chat templates need the jinja2 package: pip install 'jinja2>=3.1.6'") from None
-    version = tuple(int(p) for p in jinja2.__version__.split(".")[:3] if p.isdigit())
+    version = tuple(int(part) for part in jinja2.__version__.split(".")[:3] if part.isdigit())
     if version < _MIN_JINJA:
         raise DataError(f"chat templates need jinja2 >= 3.1.6 (older releases have sandbox escapes); this is "
                         f"{jinja2.__version__}: pip install -U jinja2")
-    from jinja2 import nodes
+    return jinja2
+
+
+def _sandbox_class():
+    """jinja's immutable sandbox that also refuses huge ``*``, ``**`` and ``+`` and ticks the budget at every call."""
     from jinja2.exceptions import SecurityError
-    from jinja2.ext import Extension, loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
-    from jinja2.utils import Namespace
 
     class Sandbox(ImmutableSandboxedEnvironment):
         intercepted_binops = frozenset({"*", "**", "+"})
@@ -145,6 +146,13 @@ def _environment():
             _tick()  # a macro that calls itself twice per level loops without a `for`
             return super().call(context, obj, *args, **kwargs)
 
+    return Sandbox
+
+
+def _generation_extension():
+    from jinja2 import nodes
+    from jinja2.ext import Extension
+
     class Generation(Extension):
         """``{% generation %}…{% endgeneration %}`` (transformers marks the assistant's text with it): its body."""
 
@@ -158,14 +166,13 @@ def _environment():
         def _body(self, caller):
             return caller()
 
-    class TemplateDict:
-        """``dict(...)`` and ``dict.fromkeys(...)`` without the type itself (its attributes lead to internals)."""
+    return Generation
 
-        def __call__(self, *args, **kwargs):
-            return dict(*args, **kwargs)
 
-        def fromkeys(self, *args, **kwargs):
-            return dict.fromkeys(*args, **kwargs)
+def _namespace_class():
+    """jinja's ``namespace``, refusing underscore names."""
+    from jinja2.exceptions import SecurityError
+    from jinja2.utils import Namespace
 
     def check_name(name):
         if isinstance(name, str) and name.startswith("_"):
@@ -183,21 +190,43 @@ def _environment():
             check_name(name)
             Namespace.__setitem__(self, name, value)
 
-    def raise_exception(message):
-        raise _Raised(message)
+    return TemplateNamespace
 
-    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        # transformers' own: jinja's tojson escapes <, >, & and ' for HTML, which a prompt must not
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
-    def strftime_now(format):
-        return datetime.now().strftime(format)
+class TemplateDict:
+    """``dict(...)`` and ``dict.fromkeys(...)`` without the type itself (its attributes lead to internals)."""
 
-    env = Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, loopcontrols])
-    env.filters["tojson"] = tojson
+    def __call__(self, *args, **kwargs):
+        return dict(*args, **kwargs)
+
+    def fromkeys(self, *args, **kwargs):
+        return dict.fromkeys(*args, **kwargs)
+
+
+def _raise_exception(message):
+    raise _Raised(message)
+
+
+def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    # transformers' own: jinja's tojson escapes <, >, & and ' for HTML, which a prompt must not
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(format):
+    return datetime.now().strftime(format)
+
+
+@functools.lru_cache(maxsize=1)
+def _environment():
+    """The one sandboxed environment every template compiles in (built on first use: jinja2 is optional)."""
+    _import_jinja()
+    from jinja2.ext import loopcontrols
+
+    env = _sandbox_class()(trim_blocks=True, lstrip_blocks=True, extensions=[_generation_extension(), loopcontrols])
+    env.filters["tojson"] = _tojson
     env.filters.update({_LOOP: _bounded_loop, _EMIT: _counted_output, _JOINED: _joined})
-    env.globals.update(raise_exception=raise_exception, strftime_now=strftime_now, dict=TemplateDict(),
-                       namespace=TemplateNamespace)
+    env.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now, dict=TemplateDict(),
+                       namespace=_namespace_class())
     return env
 
 
@@ -301,15 +330,15 @@ def _compile(template: str):
     env = _environment()
     try:
         ast = env.parse(template)
-    except TemplateSyntaxError as e:
-        return None, f"is not a valid Jinja template: {one_line(e.message)} (line {e.lineno})"
+    except TemplateSyntaxError as error:
+        return None, f"is not a valid Jinja template: {one_line(error.message)} (line {error.lineno})"
     why = _refusal(ast)
     if why:
         return None, f"is refused: {why}; nothing was run"
     try:
         return env.from_string(_bound(ast)), None
-    except Exception as e:  # noqa: BLE001 - jinja's compiler may raise anything on an odd tree; the template's fault
-        return None, f"is not a valid Jinja template: {one_line(e)}"
+    except Exception as error:  # noqa: BLE001 - jinja's compiler may raise anything on an odd tree; the template's fault
+        return None, f"is not a valid Jinja template: {one_line(error)}"
 
 
 def check_chat_template(template: str, where: str = "this tokenizer") -> None:
@@ -377,7 +406,7 @@ def render_chat_template(template: str, messages: list[dict[str, Any]], *, where
     if not isinstance(messages, (list, tuple)):
         raise DataError(f"the chat template of {where} needs a list of messages, got {type(messages).__name__}")
     chat = [_message(m, where) for m in _plain(list(messages), where)]
-    if documents is not None and not all(isinstance(d, Mapping) for d in documents):
+    if documents is not None and not all(isinstance(document, Mapping) for document in documents):
         raise DataError(f"the chat template of {where}: documents must be objects with 'title' and 'text'")
     values = {k: v for k, v in (special_tokens or {}).items() if v is not None}
     values.update(_plain(variables, where))
@@ -392,16 +421,16 @@ def render_chat_template(template: str, messages: list[dict[str, Any]], *, where
             parts.append(part)
             budget.tick()
         return "".join(parts)
-    except _OverBudget as e:
-        raise DataError(f"the chat template of {where} is refused on this conversation: {e}") from None
-    except _Raised as e:
-        raise DataError(f"the chat template of {where} refused the conversation: {one_line(e)}") from None
-    except SecurityError as e:
-        raise DataError(f"the chat template of {where} is refused: {one_line(e)}; nothing was run") from None
+    except _OverBudget as error:
+        raise DataError(f"the chat template of {where} is refused on this conversation: {error}") from None
+    except _Raised as error:
+        raise DataError(f"the chat template of {where} refused the conversation: {one_line(error)}") from None
+    except SecurityError as error:
+        raise DataError(f"the chat template of {where} is refused: {one_line(error)}; nothing was run") from None
     except RecursionError:
         raise DataError(f"the chat template of {where} recursed too deeply on this conversation") from None
-    except Exception as e:  # noqa: BLE001 - whatever a template raises on these messages is the template's error
+    except Exception as error:  # noqa: BLE001 - whatever a template raises on these messages is the template's error
         raise DataError(f"the chat template of {where} failed on this conversation: "
-                        f"{type(e).__name__}: {one_line(e)}") from None
+                        f"{type(error).__name__}: {one_line(error)}") from None
     finally:
         _BUDGET.reset(token)

@@ -178,10 +178,10 @@ def prepare_clip(x: np.ndarray, sample_rate: int, window: int, *, hop: int | Non
 
 
 def _read_mono(path: str | Path, sample_rate: int) -> np.ndarray:
-    a, rate = read_audio(path)
+    samples, rate = read_audio(path)
     if rate < MIN_SAMPLE_RATE:
         raise DataError(f"{path}: a sample rate of {rate} Hz cannot hold speech (at least {MIN_SAMPLE_RATE} Hz)")
-    return resample(to_mono(a), rate, sample_rate)
+    return resample(to_mono(samples), rate, sample_rate)
 
 
 def load_fitted(path: str | Path, sample_rate: int, window: int, *, threshold_db: float = TRIM_DB) -> np.ndarray:
@@ -203,5 +203,5 @@ def classify_clip(model, windows: torch.Tensor, how: str = COMBINE) -> tuple[tor
     """One clip's class log-probabilities ``(K,)`` from its windows ``(W, samples)``
     (:func:`combine_windows`), and the window that decided (the most confident)."""
     dev = next(model.parameters()).device
-    lp = torch.log_softmax(model(windows.to(dev)).logits.float(), dim=-1).cpu()  # (W, K)
-    return combine_windows(lp, how), int(lp.max(-1).values.argmax())
+    log_probs = torch.log_softmax(model(windows.to(dev)).logits.float(), dim=-1).cpu()  # (W, K)
+    return combine_windows(log_probs, how), int(log_probs.max(-1).values.argmax())

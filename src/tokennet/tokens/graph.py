@@ -86,7 +86,7 @@ class GraphBatch:
     _FIELDS = ("x", "node_mask", "adj", "dist", "lap", "rw", "pos")
 
     def _map(self, fn) -> GraphBatch:
-        return GraphBatch(*(None if getattr(self, f) is None else fn(getattr(self, f)) for f in self._FIELDS))
+        return GraphBatch(*(None if getattr(self, name) is None else fn(getattr(self, name)) for name in self._FIELDS))
 
     def to(self, device) -> GraphBatch:
         return self._map(lambda t: t.to(device))
@@ -134,13 +134,14 @@ def check_graph(x, edges) -> tuple[Tensor, Tensor]:
     if not torch.isfinite(x).all():
         raise DataError("node features contain NaN or infinity")
     n = x.shape[0]
-    e = torch.as_tensor(edges, dtype=torch.long).reshape(-1, 2) if len(edges) else torch.zeros(0, 2, dtype=torch.long)
-    if e.numel() and (e.min() < 0 or e.max() >= n):
-        bad = e[(e < 0).any(1) | (e >= n).any(1)][0].tolist()
+    pairs = (torch.as_tensor(edges, dtype=torch.long).reshape(-1, 2) if len(edges)
+             else torch.zeros(0, 2, dtype=torch.long))
+    if pairs.numel() and (pairs.min() < 0 or pairs.max() >= n):
+        bad = pairs[(pairs < 0).any(1) | (pairs >= n).any(1)][0].tolist()
         raise DataError(f"edge {tuple(bad)} points at a node that does not exist (the graph has nodes 0..{n - 1})")
-    e = e[e[:, 0] != e[:, 1]]  # self-loops dropped: every node attends to itself anyway
-    e = torch.unique(torch.sort(e, dim=1).values, dim=0)  # undirected, each edge once
-    return x, e
+    pairs = pairs[pairs[:, 0] != pairs[:, 1]]  # self-loops dropped: every node attends to itself anyway
+    pairs = torch.unique(torch.sort(pairs, dim=1).values, dim=0)  # undirected, each edge once
+    return x, pairs
 
 
 def shortest_path_lengths(adj: Tensor, max_distance: int) -> Tensor:
@@ -150,19 +151,19 @@ def shortest_path_lengths(adj: Tensor, max_distance: int) -> Tensor:
     Computed with numpy: these are many tiny matrices, where a multi-threaded kernel's start-up costs
     more than the product (and a data loader should not compete with training for threads).
     """
-    a = adj.cpu().numpy().astype(np.float32)
-    B, N, _ = a.shape
+    adjacency = adj.cpu().numpy().astype(np.float32)
+    B, N, _ = adjacency.shape
     far = max_distance + 1
     dist = np.full((B, N, N), far, dtype=np.int64)
     reach = np.broadcast_to(np.eye(N, dtype=bool), (B, N, N)).copy()
     dist[reach] = 0
     frontier = reach.astype(np.float32)
-    for d in range(1, max_distance + 1):
-        walk = (frontier @ a) > 0  # ends of walks of length d
+    for distance in range(1, max_distance + 1):
+        walk = (frontier @ adjacency) > 0  # ends of walks of length d
         new = walk & ~reach
         if not new.any():
             break
-        dist[new] = d
+        dist[new] = distance
         reach |= new
         frontier = walk.astype(np.float32)
     return torch.from_numpy(dist).to(adj.device)
@@ -170,12 +171,12 @@ def shortest_path_lengths(adj: Tensor, max_distance: int) -> Tensor:
 
 def random_walk_encoding(adj: Tensor, steps: int) -> Tensor:
     """``RW_i = [M_ii, (M²)_ii, …, (M^K)_ii]`` with ``M = D⁻¹ A``: how likely a walk returns to i. ``(B, N, K)``."""
-    a = adj.cpu().numpy().astype(np.float32)
-    m = a / np.maximum(a.sum(-1, keepdims=True), 1)  # isolated (and padding) nodes: a zero row
-    out, p = [], m
+    adjacency = adj.cpu().numpy().astype(np.float32)
+    m = adjacency / np.maximum(adjacency.sum(-1, keepdims=True), 1)  # isolated (and padding) nodes: a zero row
+    out, power = [], m
     for _ in range(steps):
-        out.append(np.diagonal(p, axis1=-2, axis2=-1))
-        p = p @ m
+        out.append(np.diagonal(power, axis1=-2, axis2=-1))
+        power = power @ m
     return torch.from_numpy(np.stack(out, axis=-1)).to(adj.device)
 
 
@@ -191,7 +192,7 @@ def collate_graphs(graphs: Sequence[Graph | tuple], *, k: int = 8, rw_steps: int
     """
     if not graphs:
         raise DataError("no graphs to batch")
-    checked = [check_graph(*((g.x, g.edges) if isinstance(g, Graph) else g)) for g in graphs]
+    checked = [check_graph(*((graph.x, graph.edges) if isinstance(graph, Graph) else graph)) for graph in graphs]
     F = checked[0][0].shape[1]
     if any(x.shape[1] != F for x, _ in checked):
         raise DataError(f"graphs have different node-feature widths: {sorted({x.shape[1] for x, _ in checked})}")
@@ -201,13 +202,13 @@ def collate_graphs(graphs: Sequence[Graph | tuple], *, k: int = 8, rw_steps: int
     adj = torch.zeros(B, N, N, dtype=torch.bool)
     lap = torch.zeros(B, N, k)
     by_size: dict[int, list[int]] = {}
-    for b, (xb, e) in enumerate(checked):
-        n = xb.shape[0]
-        x[b, :n], node_mask[b, :n] = xb, True
-        if e.numel():
-            adj[b, e[:, 0], e[:, 1]] = True
-            adj[b, e[:, 1], e[:, 0]] = True
-        by_size.setdefault(n, []).append(b)
+    for row, (features, edge_pairs) in enumerate(checked):
+        n = features.shape[0]
+        x[row, :n], node_mask[row, :n] = features, True
+        if edge_pairs.numel():
+            adj[row, edge_pairs[:, 0], edge_pairs[:, 1]] = True
+            adj[row, edge_pairs[:, 1], edge_pairs[:, 0]] = True
+        by_size.setdefault(n, []).append(row)
     # Each graph on its own n × n Laplacian (padding nodes would add spurious eigenvalues), one batched
     # eigendecomposition per graph size.
     for n, rows in by_size.items():

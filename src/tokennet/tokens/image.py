@@ -52,16 +52,17 @@ def patch_padding(size: int, patch: int, stride: int) -> int:
 
 
 def _check_fit(size: tuple[int, int], patch: tuple[int, int], stride: tuple[int, int], pad: bool) -> None:
-    for axis, s, p, st in zip(("height", "width"), size, patch, stride, strict=True):
+    for axis, side, patch_side, step in zip(("height", "width"), size, patch, stride, strict=True):
         if pad:
             continue
-        if s < p:
-            raise ValueError(f"image {axis} {s} is smaller than the patch {axis} {p}; use a smaller patch_size "
-                             "or pad=True")
-        if (s - p) % st:
-            fix = "a patch size that divides it" if p == st else "a patch/stride with (size - patch) % stride == 0"
-            raise ValueError(f"image {axis} {s} is not covered by patches of {p} at stride {st} "
-                             f"({(s - p) % st} pixels left over); use {fix}, or pad=True to zero-pad")
+        if side < patch_side:
+            raise ValueError(f"image {axis} {side} is smaller than the patch {axis} {patch_side}; use a smaller "
+                             "patch_size or pad=True")
+        if (side - patch_side) % step:
+            fix = ("a patch size that divides it" if patch_side == step
+                   else "a patch/stride with (size - patch) % stride == 0")
+            raise ValueError(f"image {axis} {side} is not covered by patches of {patch_side} at stride {step} "
+                             f"({(side - patch_side) % step} pixels left over); use {fix}, or pad=True to zero-pad")
 
 
 def grid_size(image_size, patch_size, stride=None, *, pad: bool = False) -> tuple[int, int]:
@@ -77,19 +78,19 @@ def grid_size(image_size, patch_size, stride=None, *, pad: bool = False) -> tupl
     stride = patch if stride is None else to_pair(stride, "stride")
     _check_fit(size, patch, stride, pad)
     out = []
-    for s, p, st in zip(size, patch, stride, strict=True):
-        s = s + (patch_padding(s, p, st) if pad else 0)
-        out.append((s - p) // st + 1)
+    for side, patch_side, step in zip(size, patch, stride, strict=True):
+        side = side + (patch_padding(side, patch_side, step) if pad else 0)
+        out.append((side - patch_side) // step + 1)
     return out[0], out[1]
 
 
 def _pad_images(images: Tensor, patch: tuple[int, int], stride: tuple[int, int]) -> Tensor:
     """Zero-pad (B, C, H, W) symmetrically (the odd pixel at the bottom/right) so the patches tile it."""
-    ph = patch_padding(images.shape[-2], patch[0], stride[0])
-    pw = patch_padding(images.shape[-1], patch[1], stride[1])
-    if ph == 0 and pw == 0:
+    pad_h = patch_padding(images.shape[-2], patch[0], stride[0])
+    pad_w = patch_padding(images.shape[-1], patch[1], stride[1])
+    if pad_h == 0 and pad_w == 0:
         return images
-    return F.pad(images, (pw // 2, pw - pw // 2, ph // 2, ph - ph // 2))
+    return F.pad(images, (pad_w // 2, pad_w - pad_w // 2, pad_h // 2, pad_h - pad_h // 2))
 
 
 def _as_images(images: Tensor, what: str = "images") -> Tensor:
@@ -151,13 +152,13 @@ class PatchEmbed(nn.Module):
         self.in_channels, self.dim, self.mode, self.pad = in_channels, dim, mode, pad
         self.patch_size = to_pair(patch_size, "patch_size")
         self.stride = self.patch_size if stride is None else to_pair(stride, "stride")
-        ph, pw = self.patch_size
-        self.weight = nn.Parameter(torch.empty(dim, in_channels, ph, pw))
+        patch_h, patch_w = self.patch_size
+        self.weight = nn.Parameter(torch.empty(dim, in_channels, patch_h, patch_w))
         self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
         # nn.Conv2d's default initialisation: uniform with fan_in = C·ph·pw.
         nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
         if self.bias is not None:
-            bound = 1 / math.sqrt(in_channels * ph * pw)
+            bound = 1 / math.sqrt(in_channels * patch_h * patch_w)
             nn.init.uniform_(self.bias, -bound, bound)
 
     def grid(self, image_size) -> tuple[int, int]:
@@ -210,20 +211,21 @@ class ConvStem(nn.Module):
 
     def __init__(self, in_channels: int, dim: int, patch_size, *, width: int | None = None, bias: bool = True):
         super().__init__()
-        ph, pw = to_pair(patch_size, "patch_size")
-        if ph != pw or ph < 2 or ph & (ph - 1):
+        patch_h, patch_w = to_pair(patch_size, "patch_size")
+        if patch_h != patch_w or patch_h < 2 or patch_h & (patch_h - 1):
             raise ValueError(f"a conv stem needs a square patch_size that is a power of two >= 2, got {patch_size}")
-        n = ph.bit_length() - 1
-        self.in_channels, self.dim, self.patch_size, self.stride, self.pad = in_channels, dim, (ph, pw), (ph, pw), True
+        n = patch_h.bit_length() - 1
+        self.in_channels, self.dim, self.pad = in_channels, dim, True
+        self.patch_size, self.stride = (patch_h, patch_w), (patch_h, patch_w)
         width = max(16, dim // 2 ** (n - 1)) if width is None else width
         layers: list[nn.Module] = []
-        c = in_channels
+        channels = in_channels
         for i in range(n):
             out = width * 2**i
-            layers += [nn.Conv2d(c, out, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(out),
+            layers += [nn.Conv2d(channels, out, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(out),
                        nn.ReLU(inplace=True)]
-            c = out
-        layers.append(nn.Conv2d(c, dim, 1, bias=bias))
+            channels = out
+        layers.append(nn.Conv2d(channels, dim, 1, bias=bias))
         self.stem = nn.Sequential(*layers)
 
     def grid(self, image_size) -> tuple[int, int]:

@@ -38,8 +38,8 @@ def _read_json(path) -> dict[str, Any]:
         return {}
     try:
         data = load_json(path)  # nesting bounded (JSONTooDeep); not UTF-8 and parse errors are ValueErrors too
-    except ValueError as e:
-        raise DataError(f"{path} is not valid JSON: {one_line(e)[:200]}") from None
+    except ValueError as error:
+        raise DataError(f"{path} is not valid JSON: {one_line(error)[:200]}") from None
     if not isinstance(data, dict):
         raise DataError(f"{path} is not a JSON object")
     return data
@@ -56,8 +56,8 @@ def _engine_from_file(path: Path) -> HFTokenizer:
         return HFTokenizer.from_str(text)
     except JSONTooDeep:
         raise
-    except Exception as e:  # noqa: BLE001 - the engine raises a bare Exception on malformed files
-        raise DataError(f"{path} is not a Hugging Face tokenizer.json: {one_line(e)[:200]}") from None
+    except Exception as error:  # noqa: BLE001 - the engine raises a bare Exception on malformed files
+        raise DataError(f"{path} is not a Hugging Face tokenizer.json: {one_line(error)[:200]}") from None
 
 
 # llama.cpp's pre-tokenizer names (tokenizer.ggml.pre) → the Hugging Face pre-tokenizer that splits the same way.
@@ -187,8 +187,8 @@ class PretrainedTokenizer(SpecialIds, Tokenizer):
         meta = data["tokennet"]
         try:
             engine = HFTokenizer.from_str(json.dumps(data["engine"]))
-        except Exception as e:  # noqa: BLE001 - the engine raises a bare Exception on malformed JSON
-            raise DataError(f"not a valid pretrained tokenizer: {one_line(e)}") from None
+        except Exception as error:  # noqa: BLE001 - the engine raises a bare Exception on malformed JSON
+            raise DataError(f"not a valid pretrained tokenizer: {one_line(error)}") from None
         ids = {k: meta.get(k) for k in ("bos_id", "eos_id", "pad_id", "unk_id")}
         for k, v in ids.items():
             if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
@@ -233,8 +233,9 @@ class PretrainedTokenizer(SpecialIds, Tokenizer):
         elif (source / "vocab.json").is_file() and (source / "merges.txt").is_file():
             try:
                 engine = HFTokenizer(models.BPE.from_file(str(source / "vocab.json"), str(source / "merges.txt")))
-            except Exception as e:  # noqa: BLE001
-                raise DataError(f"{source}: vocab.json / merges.txt are not a BPE vocabulary: {one_line(e)}") from None
+            except Exception as error:  # noqa: BLE001
+                raise DataError(f"{source}: vocab.json / merges.txt are not a BPE vocabulary: "
+                                f"{one_line(error)}") from None
             engine.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
             engine.decoder = decoders.ByteLevel()
         else:
@@ -297,9 +298,9 @@ class PretrainedTokenizer(SpecialIds, Tokenizer):
         try:
             engine = HFTokenizer(models.BPE(vocab=vocab, merges=pairs, unk_token=None, fuse_unk=False,
                                             byte_fallback=False, ignore_merges=False))
-        except Exception as e:  # noqa: BLE001 - the engine raises a bare Exception (e.g. a merge of unknown tokens)
+        except Exception as error:  # noqa: BLE001 - the engine raises a bare Exception (e.g. a merge of unknown tokens)
             raise DataError(f"{where}: the tokenizer's vocabulary and merges do not fit together: "
-                            f"{one_line(e)}") from None
+                            f"{one_line(error)}") from None
         engine.pre_tokenizer = _pre_tokenizer(pre, where)
         engine.decoder = decoders.ByteLevel()
         types = token_types or []

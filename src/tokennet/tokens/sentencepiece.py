@@ -65,7 +65,8 @@ class SentencePieceTokenizer(SpecialIds, Tokenizer):
         if not pieces or len(scores) != len(pieces) or len(types) != len(pieces):
             raise DataError(f"{where}: a SentencePiece vocabulary needs as many scores and types as pieces "
                             f"(got {len(pieces)}, {len(scores)}, {len(types)})")
-        if not all(isinstance(p, str) for p in pieces) or not all(isinstance(s, (int, float)) for s in scores):
+        if (not all(isinstance(piece, str) for piece in pieces)
+                or not all(isinstance(score, (int, float)) for score in scores)):
             raise DataError(f"{where}: SentencePiece pieces must be strings and scores numbers")
         # Scores as one array of doubles (not 262,144 float objects: 2 MB, not 8).
         self.pieces, self.scores, self.types = list(pieces), array("d", scores), types
@@ -84,11 +85,11 @@ class SentencePieceTokenizer(SpecialIds, Tokenizer):
     # (for Gemma 3's 262,144 pieces it is ~20 MB of the import's peak memory).
     @functools.cached_property
     def _index(self) -> dict[str, int]:
-        return {p: i for i, p in enumerate(self.pieces)}  # a repeated piece: the last id (llama.cpp's map)
+        return {piece: i for i, piece in enumerate(self.pieces)}  # a repeated piece: the last id (llama.cpp's map)
 
     @functools.cached_property
     def _bytes(self) -> list[int | None]:
-        return [self._index.get(f"<0x{b:02X}>") for b in range(256)]
+        return [self._index.get(f"<0x{byte:02X}>") for byte in range(256)]
 
     # -- ids ----------------------------------------------------------------------------------------
     @property
@@ -151,10 +152,10 @@ class SentencePieceTokenizer(SpecialIds, Tokenizer):
         def bigram(left: int, right: int) -> None:
             if left < 0 or right < 0:
                 return
-            s = text[start[left] : start[left] + size[left] + size[right]]
-            i = index.get(s)
+            pair_text = text[start[left] : start[left] + size[left] + size[right]]
+            i = index.get(pair_text)
             if i is not None:  # highest score first, then the leftmost
-                heapq.heappush(heap, (-scores[i], left, right, len(s)))
+                heapq.heappush(heap, (-scores[i], left, right, len(pair_text)))
 
         for k in range(1, n):
             bigram(k - 1, k)
@@ -171,14 +172,14 @@ class SentencePieceTokenizer(SpecialIds, Tokenizer):
             bigram(left, nxt[left])
         k = 0
         while k != -1:
-            s = text[start[k] : start[k] + size[k]]
-            i = index.get(s)
+            piece_text = text[start[k] : start[k] + size[k]]
+            i = index.get(piece_text)
             if i is not None:
                 out.append(i)
             else:  # byte fallback: the character's UTF-8 bytes as <0xXX> pieces
-                for b in s.encode("utf-8"):
-                    t = self._bytes[b]
-                    out.append(t if t is not None else self.unk_id if self.unk_id is not None else 0)
+                for byte in piece_text.encode("utf-8"):
+                    byte_id = self._bytes[byte]
+                    out.append(byte_id if byte_id is not None else self.unk_id if self.unk_id is not None else 0)
             k = nxt[k]
 
     def encode(self, text: str | bytes, *, add_bos: bool = False, add_eos: bool = False,
@@ -209,15 +210,15 @@ class SentencePieceTokenizer(SpecialIds, Tokenizer):
     # -- decoding -----------------------------------------------------------------------------------
     def piece_bytes(self, i: int, *, skip_special: bool = True) -> bytes:
         """The bytes token ``i`` stands for in a text (llama.cpp's ``token_to_piece``)."""
-        t, p = self.types[i], self.pieces[i]
-        if t in (NORMAL, USER_DEFINED):
-            return p.replace(SPACE, " ").encode("utf-8")
-        if t == BYTE and len(p) == 6 and p.startswith("<0x"):
-            return bytes([int(p[3:5], 16)])
-        if t == UNKNOWN:
+        kind, piece = self.types[i], self.pieces[i]
+        if kind in (NORMAL, USER_DEFINED):
+            return piece.replace(SPACE, " ").encode("utf-8")
+        if kind == BYTE and len(piece) == 6 and piece.startswith("<0x"):
+            return bytes([int(piece[3:5], 16)])
+        if kind == UNKNOWN:
             return "\u2585".encode()  # ▅, as llama.cpp prints an unknown piece
-        if t == CONTROL and not skip_special:
-            return p.encode("utf-8")
+        if kind == CONTROL and not skip_special:
+            return piece.encode("utf-8")
         return b""
 
     def decode(self, ids: Any, *, skip_special: bool = True) -> str:
@@ -237,11 +238,11 @@ class SentencePieceTokenizer(SpecialIds, Tokenizer):
             ids, strip = ids[1:], False
         out = []
         for i in ids:
-            b = self.piece_bytes(i, skip_special=skip_special)
-            if strip and b.startswith(b" "):
-                b = b[1:]
+            piece = self.piece_bytes(i, skip_special=skip_special)
+            if strip and piece.startswith(b" "):
+                piece = piece[1:]
             strip = False
-            out.append(b)
+            out.append(piece)
         return b"".join(out).decode("utf-8", errors="replace")
 
     def apply_chat_template(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
@@ -269,8 +270,8 @@ class SentencePieceTokenizer(SpecialIds, Tokenizer):
                        **{k: meta.get(k) for k in ("bos_id", "eos_id", "pad_id", "unk_id")},
                        add_bos=bool(meta.get("add_bos")), add_space_prefix=bool(meta.get("add_space_prefix")),
                        chat_template=meta.get("chat_template") if isinstance(meta.get("chat_template"), str) else None)
-        except (KeyError, TypeError) as e:
-            raise DataError(f"not a valid SentencePiece tokenizer: {type(e).__name__} {e}") from None
+        except (KeyError, TypeError) as error:
+            raise DataError(f"not a valid SentencePiece tokenizer: {type(error).__name__} {error}") from None
 
     @classmethod
     def from_gguf_fields(cls, fields: dict[str, Any], where: str = "GGUF") -> SentencePieceTokenizer:

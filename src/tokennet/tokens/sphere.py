@@ -80,9 +80,9 @@ def fibonacci_sphere(n: int, dtype: torch.dtype = torch.float64) -> Tensor:
         raise ValueError(f"a Fibonacci grid needs n >= 1 points, got {n!r}")
     i = torch.arange(n, dtype=torch.float64)
     z = 1.0 - (2.0 * i + 1.0) / n
-    r = torch.sqrt((1.0 - z * z).clamp_min(0.0))
+    radius = torch.sqrt((1.0 - z * z).clamp_min(0.0))
     phi = (i - (n - 1) / 2.0) * GOLDEN_ANGLE
-    return torch.stack([r * torch.cos(phi), r * torch.sin(phi), z], dim=-1).to(dtype)  # (n, 3)
+    return torch.stack([radius * torch.cos(phi), radius * torch.sin(phi), z], dim=-1).to(dtype)  # (n, 3)
 
 
 def to_angles(xyz: Tensor) -> tuple[Tensor, Tensor]:
@@ -107,19 +107,19 @@ def neighbourhoods(centres: Tensor, samples: Tensor, k: int) -> Tensor:
 
 def _east_north(centres: Tensor) -> tuple[Tensor, Tensor]:
     """Each centre's local east and north unit vectors ``(N, 3)`` (float64)."""
-    c = centres.double()
-    up = torch.tensor([0.0, 0.0, 1.0], dtype=torch.float64).expand_as(c)
-    east = torch.linalg.cross(up, c)
+    centre = centres.double()
+    pole = torch.tensor([0.0, 0.0, 1.0], dtype=torch.float64).expand_as(centre)
+    east = torch.linalg.cross(pole, centre)
     east = east / east.norm(dim=-1, keepdim=True).clamp_min(1e-12)
-    return east, torch.linalg.cross(c, east)
+    return east, torch.linalg.cross(centre, east)
 
 
 def _local_azimuth(centres: Tensor, points: Tensor) -> Tensor:
     """Azimuth ``(N, K)`` of points ``(N, K, 3)`` in each centre's east/north tangent frame."""
-    c = centres.double()
-    east, north = _east_north(c)
-    d = points.double() - c[:, None]
-    return torch.atan2((d * north[:, None]).sum(-1), (d * east[:, None]).sum(-1))
+    centre = centres.double()
+    east, north = _east_north(centre)
+    offset = points.double() - centre[:, None]
+    return torch.atan2((offset * north[:, None]).sum(-1), (offset * east[:, None]).sum(-1))
 
 
 def zonal_kernels(centres: Tensor, samples: Tensor, rings: int) -> tuple[Tensor, Tensor]:
@@ -128,22 +128,22 @@ def zonal_kernels(centres: Tensor, samples: Tensor, rings: int) -> tuple[Tensor,
     each divided by Σ_j w_r, the last four with the constant removed. K' is the largest number of samples
     within the patch radius a over the centres; a centre with fewer gets weight 0 on the extra (farther)
     ones."""
-    a = ZONAL_SPAN * math.sqrt(4.0 / centres.shape[0])  # the patch radius (module docstring)
+    radius = ZONAL_SPAN * math.sqrt(4.0 / centres.shape[0])  # the patch radius (module docstring)
     angle = torch.acos((centres.double() @ samples.double().T).clamp(-1.0, 1.0))  # (N, M)
-    k = max(int((angle < a).sum(dim=1).max()), 1)
+    k = max(int((angle < radius).sum(dim=1).max()), 1)
     idx = neighbourhoods(centres, samples, k)  # (N, K')
     alpha = angle.gather(1, idx)
     psi = _local_azimuth(centres, samples[idx])  # (N, K')
-    rho = torch.arange(rings, dtype=torch.float64) * a / rings  # (R,)
-    sigma = a / rings
-    taper = (1.0 - (alpha / a) ** 2).clamp_min(0.0) ** 2  # smooth to 0 at the patch radius
-    w = torch.exp(-((alpha[None] - rho[:, None, None]) ** 2) / (2 * sigma**2)) * taper  # (R, N, K')
-    w = w / w.sum(-1, keepdim=True).clamp_min(1e-300)
-    rows = [w]
+    rho = torch.arange(rings, dtype=torch.float64) * radius / rings  # (R,)
+    sigma = radius / rings
+    taper = (1.0 - (alpha / radius) ** 2).clamp_min(0.0) ** 2  # smooth to 0 at the patch radius
+    weights = torch.exp(-((alpha[None] - rho[:, None, None]) ** 2) / (2 * sigma**2)) * taper  # (R, N, K')
+    weights = weights / weights.sum(-1, keepdim=True).clamp_min(1e-300)
+    rows = [weights]
     for m in range(1, ZONAL_ORDERS):
         for trig in (torch.cos, torch.sin):
-            v = w * trig(m * psi)
-            rows.append(v - v.sum(-1, keepdim=True) * w)  # Σ_j (v_j − (Σ_k v_k) w_j) f_j: f − a_ir0
+            v = weights * trig(m * psi)
+            rows.append(v - v.sum(-1, keepdim=True) * weights)  # Σ_j (v_j − (Σ_k v_k) w_j) f_j: f − a_ir0
     return idx, torch.stack(rows, dim=1).reshape(-1, *idx.shape)  # (R·(2·ORDERS−1), N, K')
 
 
@@ -155,14 +155,16 @@ def signal_frame(signal: Tensor, samples: Tensor) -> Tensor:
 
     ``e1`` is defined up to sign (eigh's choice); a zero signal has u = 0 and an arbitrary frame.
     """
-    w = signal.abs().sum(1).double()  # (B, M)
-    s = samples.double()
-    u = torch.nn.functional.normalize(w @ s, dim=-1)  # (B, 3)
-    ps = s[None] - (s[None] * u[:, None]).sum(-1, keepdim=True) * u[:, None]  # (B, M, 3): onto the tangent plane
-    moment = torch.einsum("bm,bmi,bmj->bij", w, ps, ps)  # (B, 3, 3), u is in its null space
-    e1 = torch.linalg.eigh(moment).eigenvectors[..., 2]  # (B, 3): the largest eigenvalue's axis
-    e2 = torch.linalg.cross(u, e1)
-    return torch.stack([e1, e2, u], dim=1).to(signal.dtype if signal.is_floating_point() else torch.float32)
+    mass = signal.abs().sum(1).double()  # (B, M)
+    grid = samples.double()
+    axis_u = torch.nn.functional.normalize(mass @ grid, dim=-1)  # (B, 3)
+    # (B, M, 3): the grid projected onto the tangent plane at u
+    tangent = grid[None] - (grid[None] * axis_u[:, None]).sum(-1, keepdim=True) * axis_u[:, None]
+    moment = torch.einsum("bm,bmi,bmj->bij", mass, tangent, tangent)  # (B, 3, 3), u is in its null space
+    axis_e1 = torch.linalg.eigh(moment).eigenvectors[..., 2]  # (B, 3): the largest eigenvalue's axis
+    axis_e2 = torch.linalg.cross(axis_u, axis_e1)
+    dtype = signal.dtype if signal.is_floating_point() else torch.float32
+    return torch.stack([axis_e1, axis_e2, axis_u], dim=1).to(dtype)
 
 
 class SpherePatches(nn.Module):
@@ -201,8 +203,8 @@ class SpherePatches(nn.Module):
         else:
             idx = neighbourhoods(centres, samples, patch_size)  # (N, K), nearest first
         if descriptor == "ordered":  # inside each ring, order by azimuth in the local frame
-            az = _local_azimuth(centres, samples[idx]).view(num_centres, rings, -1)  # (N, R, K/R)
-            order = az.argsort(dim=-1) + torch.arange(rings)[:, None] * (patch_size // rings)
+            azimuth = _local_azimuth(centres, samples[idx]).view(num_centres, rings, -1)  # (N, R, K/R)
+            order = azimuth.argsort(dim=-1) + torch.arange(rings)[:, None] * (patch_size // rings)
             idx = idx.gather(1, order.view(num_centres, patch_size))
         # Geometry derived from the config alone (never from parameters): buffers, not saved.
         self.register_buffer("centres", centres.float(), persistent=False)  # (N, 3)
@@ -234,8 +236,9 @@ class SpherePatches(nn.Module):
 
     def gauge(self, frame: Tensor) -> Tensor:
         """γ ``(B, N)``: the angle from each centre's east to the frame's e1 projected onto its tangent plane."""
-        e1 = frame[:, 0].to(self.centres.dtype)  # (B, 3)
-        t = e1[:, None] - (self.centres[None] * e1[:, None]).sum(-1, keepdim=True) * self.centres[None]  # (B, N, 3)
+        axis_e1 = frame[:, 0].to(self.centres.dtype)  # (B, 3)
+        along = (self.centres[None] * axis_e1[:, None]).sum(-1, keepdim=True)  # (B, N, 1)
+        t = axis_e1[:, None] - along * self.centres[None]  # (B, N, 3)
         return torch.atan2((t * self.north).sum(-1), (t * self.east).sum(-1))
 
     def forward(self, signal: Tensor, frame: Tensor | None = None) -> Tensor:
@@ -244,24 +247,24 @@ class SpherePatches(nn.Module):
         B, C, _ = signal.shape
         v = signal[:, :, self.index]  # (B, C, N, K)
         if self.descriptor.startswith("zonal"):
-            a = torch.einsum("bcnk,fnk->bcnf", v, self.weight.to(v.dtype))  # (B, C, N, R·(2·ORDERS−1))
-            a = a.view(B, C, self.num_centres, self.rings, 2 * ZONAL_ORDERS - 1)
+            coeffs = torch.einsum("bcnk,fnk->bcnf", v, self.weight.to(v.dtype))  # (B, C, N, R·(2·ORDERS−1))
+            coeffs = coeffs.view(B, C, self.num_centres, self.rings, 2 * ZONAL_ORDERS - 1)
             if self.descriptor == "zonal-frame":
                 if frame is None:
                     raise ValueError("the zonal-frame descriptor needs the signal's frame (signal_frame)")
-                g = self.gauge(frame).to(a.dtype)[:, None, :, None]  # (B, 1, N, 1)
-                parts = [a[..., 0]]
+                gamma = self.gauge(frame).to(coeffs.dtype)[:, None, :, None]  # (B, 1, N, 1)
+                parts = [coeffs[..., 0]]
                 for m in range(1, ZONAL_ORDERS):  # a' = a e^{−imγ}: (c + i s)(cos mγ − i sin mγ)
-                    c, sn = a[..., 2 * m - 1], a[..., 2 * m]
-                    cos, sin = torch.cos(m * g), torch.sin(m * g)
-                    parts += [c * cos + sn * sin, sn * cos - c * sin]
-                d = torch.stack(parts, dim=-1)  # (B, C, N, R, 2·ORDERS−1)
-                return d.permute(0, 2, 1, 3, 4).reshape(B, self.num_centres, -1)
+                    cos_coeff, sin_coeff = coeffs[..., 2 * m - 1], coeffs[..., 2 * m]
+                    cos, sin = torch.cos(m * gamma), torch.sin(m * gamma)
+                    parts += [cos_coeff * cos + sin_coeff * sin, sin_coeff * cos - cos_coeff * sin]
+                features = torch.stack(parts, dim=-1)  # (B, C, N, R, 2·ORDERS−1)
+                return features.permute(0, 2, 1, 3, 4).reshape(B, self.num_centres, -1)
             # |a_irm|, with a tiny floor under the root so that gradients at a = 0 (an empty patch) are finite.
-            mods = [a[..., 0]] + [(a[..., 2 * m - 1] ** 2 + a[..., 2 * m] ** 2 + 1e-12).sqrt()
+            mods = [coeffs[..., 0]] + [(coeffs[..., 2 * m - 1] ** 2 + coeffs[..., 2 * m] ** 2 + 1e-12).sqrt()
                                   for m in range(1, ZONAL_ORDERS)]
-            d = torch.stack(mods, dim=-1)  # (B, C, N, R, ORDERS)
-            return d.permute(0, 2, 1, 3, 4).reshape(B, self.num_centres, -1)
+            features = torch.stack(mods, dim=-1)  # (B, C, N, R, ORDERS)
+            return features.permute(0, 2, 1, 3, 4).reshape(B, self.num_centres, -1)
         if self.descriptor == "rings":
             v = v.view(B, C, self.num_centres, self.rings, -1).sort(dim=-1).values  # (B, C, N, R, K/R)
         return v.reshape(B, C, self.num_centres, self.patch_size).permute(0, 2, 1, 3).reshape(B, self.num_centres, -1)

@@ -78,12 +78,12 @@ def bytes_to_unicode() -> dict[int, str]:
     keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     chars = list(keep)
     extra = 0
-    for b in range(256):
-        if b not in keep:
-            keep.append(b)
+    for byte in range(256):
+        if byte not in keep:
+            keep.append(byte)
             chars.append(256 + extra)
             extra += 1
-    return {b: chr(c) for b, c in zip(keep, chars, strict=True)}
+    return {byte: chr(codepoint) for byte, codepoint in zip(keep, chars, strict=True)}
 
 
 def _clean_text(text: str | bytes) -> str:
@@ -281,14 +281,14 @@ class CharTokenizer(Tokenizer):
         chars = tuple(chars)
         if not chars:
             raise DataError("CharTokenizer needs at least one character; train it on non-empty text")
-        bad = [c for c in chars if not isinstance(c, str) or len(c) != 1 or _SURROGATE.match(c)]
+        bad = [char for char in chars if not isinstance(char, str) or len(char) != 1 or _SURROGATE.match(char)]
         if bad:
             raise DataError(f"CharTokenizer chars must be single non-surrogate characters, got {bad[:5]!r}")
         if len(set(chars)) != len(chars):
             raise DataError("CharTokenizer chars contain duplicates; pass each character once")
         self.chars = chars
-        self._id_of = {c: i for i, c in enumerate(chars, start=len(SPECIAL_TOKENS))}
-        codepoints = np.array([ord(c) for c in chars], dtype=np.uint32)
+        self._id_of = {char: i for i, char in enumerate(chars, start=len(SPECIAL_TOKENS))}
+        codepoints = np.array([ord(char) for char in chars], dtype=np.uint32)
         order = np.argsort(codepoints)
         self._sorted_codepoints = codepoints[order]
         self._sorted_ids = (order + len(SPECIAL_TOKENS)).astype(np.int64)
@@ -316,7 +316,7 @@ class CharTokenizer(Tokenizer):
     def encode(self, text: str | bytes, *, add_bos: bool = False, add_eos: bool = False) -> list[int]:
         text = _clean_text(text)
         if len(text) < 64:
-            ids = [self._id_of.get(c, UNK_ID) for c in text]
+            ids = [self._id_of.get(char, UNK_ID) for char in text]
         else:  # one vectorized lookup of code points in the sorted alphabet
             codepoints = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
             pos = np.searchsorted(self._sorted_codepoints, codepoints)
@@ -364,8 +364,8 @@ def _resolve_pattern(pattern: str) -> str:
         )
     try:
         Regex(pattern)
-    except Exception as e:  # the engine raises a bare Exception for a bad regex
-        raise ConfigError(f"pattern {pattern!r} is not a valid regular expression for the engine: {e}") from e
+    except Exception as error:  # the engine raises a bare Exception for a bad regex
+        raise ConfigError(f"pattern {pattern!r} is not a valid regular expression for the engine: {error}") from error
     return pattern
 
 
@@ -374,8 +374,8 @@ MAX_PIECE = 256
 
 def _new_engine(regex: str) -> HFTokenizer:
     """An untrained byte-level BPE: regex split, then bytes → GPT-2 characters; no unk token needed."""
-    hf = HFTokenizer(models.BPE())
-    hf.pre_tokenizer = pre_tokenizers.Sequence(
+    engine = HFTokenizer(models.BPE())
+    engine.pre_tokenizer = pre_tokenizers.Sequence(
         [
             pre_tokenizers.Split(Regex(regex), behavior="isolated"),
             # A pathological "word" (a megabyte without a space) would make BPE quadratic: cut every
@@ -384,8 +384,8 @@ def _new_engine(regex: str) -> HFTokenizer:
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )
-    hf.decoder = decoders.ByteLevel()
-    return hf
+    engine.decoder = decoders.ByteLevel()
+    return engine
 
 
 def _drop_special_merges(hf: HFTokenizer) -> HFTokenizer:
@@ -398,18 +398,18 @@ def _drop_special_merges(hf: HFTokenizer) -> HFTokenizer:
     model = data["model"]
     merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in model["merges"]]
     specials = set(SPECIAL_TOKENS)
-    if not any(a + b in specials for a, b in merges):
+    if not any(left + right in specials for left, right in merges):
         return hf
     vocab = {t: i for t, i in model["vocab"].items() if i < MIN_BPE_VOCAB}
     kept, unreachable = [], set()
-    for a, b in merges:
-        if {a, b} & (specials | unreachable) or a + b in specials:
-            if a + b not in vocab:
-                unreachable.add(a + b)
+    for left, right in merges:
+        if {left, right} & (specials | unreachable) or left + right in specials:
+            if left + right not in vocab:
+                unreachable.add(left + right)
             continue
-        kept.append([a, b])
-        unreachable.discard(a + b)
-        vocab.setdefault(a + b, len(vocab))
+        kept.append([left, right])
+        unreachable.discard(left + right)
+        vocab.setdefault(left + right, len(vocab))
     logger.warning("dropped %d merges that spell special tokens out of text", len(merges) - len(kept))
     model["vocab"], model["merges"] = vocab, kept
     return HFTokenizer.from_str(json.dumps(data))
@@ -445,17 +445,17 @@ class BPETokenizer(Tokenizer):
             self.pattern_regex: str | None = data["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"]
         except (KeyError, IndexError, TypeError):
             self.pattern_regex = None
-        self.pattern = next((n for n, r in PATTERNS.items() if r == self.pattern_regex), self.pattern_regex)
-        byte_of = {c: b for b, c in bytes_to_unicode().items()}
+        self.pattern = next((n for n, regex in PATTERNS.items() if regex == self.pattern_regex), self.pattern_regex)
+        byte_of = {char: byte for byte, char in bytes_to_unicode().items()}
         full = [b""] * engine.get_vocab_size()
         for token, i in engine.get_vocab().items():
             if not 0 <= i < len(full):
                 raise DataError(f"token {token!r} has id {i}, outside 0..{len(full) - 1}: the vocabulary's ids have "
                                 "gaps")
             try:
-                full[i] = token.encode() if i < len(SPECIAL_TOKENS) else bytes(byte_of[c] for c in token)
-            except KeyError as e:
-                raise DataError(f"token {token!r} is not byte-level; this is not a byte-level BPE") from e
+                full[i] = token.encode() if i < len(SPECIAL_TOKENS) else bytes(byte_of[char] for char in token)
+            except KeyError as error:
+                raise DataError(f"token {token!r} is not byte-level; this is not a byte-level BPE") from error
         self._decode_full = full
         self._decode_skip = [b"", b"", b"", "\ufffd".encode(), *full[len(SPECIAL_TOKENS) :]]
 
@@ -533,7 +533,7 @@ class BPETokenizer(Tokenizer):
         encode_batch = getattr(self._engine, "encode_batch_fast", self._engine.encode_batch)
         encodings = iter(encode_batch(pieces, add_special_tokens=False))
         chain = itertools.chain.from_iterable
-        return [list(chain(e.ids for e in itertools.islice(encodings, n))) for n in counts]
+        return [list(chain(encoding.ids for encoding in itertools.islice(encodings, n))) for n in counts]
 
     def encode(self, text: str | bytes, *, add_bos: bool = False, add_eos: bool = False) -> list[int]:
         return self._wrap(self._encode_texts([_clean_text(text)])[0], add_bos, add_eos)
@@ -557,8 +557,8 @@ class BPETokenizer(Tokenizer):
         """Rebuild from ``to_dict()`` output (the Hugging Face tokenizer JSON)."""
         try:
             engine = HFTokenizer.from_str(json.dumps(data))
-        except Exception as e:  # the engine raises a bare Exception on malformed JSON
-            raise DataError(f"not a valid Hugging Face tokenizer JSON: {one_line(e)}") from e
+        except Exception as error:  # the engine raises a bare Exception on malformed JSON
+            raise DataError(f"not a valid Hugging Face tokenizer JSON: {one_line(error)}") from error
         return cls(engine)
 
 
@@ -604,12 +604,12 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
         )
     try:
         data = jsonio.loads(file.read_text(encoding="utf-8"), what=f"{file} is not a tokenizer")  # too deep: says so
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise DataError(f"{file} is not a tokenizer: not valid JSON ({e})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise DataError(f"{file} is not a tokenizer: not valid JSON ({error})") from None
     try:
         return tokenizer_from_dict(data)
-    except ValueError as e:
-        raise DataError(f"{file}: {one_line(e)}") from e
+    except ValueError as error:
+        raise DataError(f"{file}: {one_line(error)}") from error
 
 
 def train_tokenizer(
