@@ -118,17 +118,17 @@ class _SSE(StreamingResponse):
         import anyio
 
         try:
-            async with anyio.create_task_group() as tg:
+            async with anyio.create_task_group() as task_group:
                 async def stream() -> None:
                     try:
                         await self.stream_response(send)
                     except OSError:  # the client went away while we were sending
                         pass
-                    tg.cancel_scope.cancel()
+                    task_group.cancel_scope.cancel()
 
-                tg.start_soon(stream)
+                task_group.start_soon(stream)
                 await self.listen_for_disconnect(receive)
-                tg.cancel_scope.cancel()
+                task_group.cancel_scope.cancel()
         finally:
             self._on_close()
 
@@ -140,7 +140,7 @@ class _Request:
         self.engine, self.req = engine, req
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue = asyncio.Queue()
-        self.seqs = [Sequence(p, req.params, self._emitter(i), group=self) for i, p in enumerate(req.prompts)]
+        self.seqs = [Sequence(prompt, req.params, self._emitter(i), group=self) for i, prompt in enumerate(req.prompts)]
 
     def _emitter(self, i: int):
         def emit(ev: Event) -> None:
@@ -153,31 +153,31 @@ class _Request:
     def submit(self) -> None:
         try:
             self.engine.submit_all(self.seqs)
-        except QueueFull as e:
-            raise APIError(429, f"the server is busy: {e}", code="rate_limit_exceeded") from None
+        except QueueFull as error:
+            raise APIError(429, f"the server is busy: {error}", code="rate_limit_exceeded") from None
         except RuntimeError:
             self.cancel()
             raise APIError(503, "the server is shutting down") from None
-        except ValueError as e:  # the context (checked before, so only as a last line of defence)
+        except ValueError as error:  # the context (checked before, so only as a last line of defence)
             self.cancel()
-            raise APIError(400, str(e), code="context_length_exceeded") from None
+            raise APIError(400, str(error), code="context_length_exceeded") from None
 
     def cancel(self) -> None:
-        for s in self.seqs:
-            if s.finish_reason is None:
-                self.engine.cancel(s)
+        for seq in self.seqs:
+            if seq.finish_reason is None:
+                self.engine.cancel(seq)
 
     def usage(self) -> dict[str, int]:
-        return usage(sum(len(s.prompt) for s in self.seqs), sum(len(s.generated) for s in self.seqs))
+        return usage(sum(len(seq.prompt) for seq in self.seqs), sum(len(seq.generated) for seq in self.seqs))
 
     async def events(self) -> AsyncIterator[tuple[int, Event]]:
         """Every event until each sequence has finished."""
         left = len(self.seqs)
         while left:
-            i, ev = await self.queue.get()
-            if ev.finish_reason is not None:
+            i, event = await self.queue.get()
+            if event.finish_reason is not None:
                 left -= 1
-            yield i, ev
+            yield i, event
 
 
 def _sse(data: Any) -> str:
@@ -187,6 +187,178 @@ def _sse(data: Any) -> str:
     except UnicodeEncodeError:  # a lone surrogate (a request's "\ud800", echoed back): escaped, as JSON allows
         text = json.dumps(data)
     return f"data: {text}\n\n"
+
+
+class _Served:
+    """What a server answers with: the model's names, its tokenizer, its engine or embedder, and the request limits.
+    Its methods are the routes and the checks they share (vLLM's ``OpenAIServing`` classes are the anchor)."""
+
+    def __init__(self, engine: Engine | None, embedder: Embedder | None, names: list[str], *, api_key: str | None,
+                 max_body: int, any_model_name: bool):
+        self.engine, self.embedder, self.names = engine, embedder, names
+        self.api_key, self.max_body, self.any_model_name = api_key, max_body, any_model_name
+        self.tokenizer = engine.tokenizer if engine is not None else embedder.tokenizer
+        self.text_of = TokenText(self.tokenizer)
+        self.vocab = engine.model.config.vocab_size if engine is not None else None
+        self.stop_ids = list(getattr(self.tokenizer, "stop_ids", None) or [])
+        self.context = engine.context if engine is not None else embedder.context
+        self.constraints = None
+        if engine is not None and importlib.util.find_spec("llguidance") is not None:
+            from .constrained import Constraints
+
+            self.constraints = Constraints(self.tokenizer, self.vocab)
+        self.created = int(time.time())
+        self.too_big = APIError(413, f"the request body is larger than {max_body:,} bytes")
+
+    def check_key(self, request: Request) -> None:
+        if self.api_key is None:
+            return
+        got = request.headers.get("authorization", "")
+        scheme, _, token = got.partition(" ")
+        if not got:
+            raise APIError(401, "an API key is required: send the header 'Authorization: Bearer KEY'",
+                           code="invalid_api_key")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.api_key.encode()):
+            raise APIError(401, "incorrect API key", code="invalid_api_key")
+
+    async def body_of(self, request: Request) -> bytes:
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.max_body:  # refused before reading it
+            raise self.too_big
+        raw = bytearray()
+        try:
+            async for chunk in request.stream():
+                raw += chunk
+                if len(raw) > self.max_body:
+                    raise self.too_big
+        except ClientDisconnect:  # the client hung up mid-body: its own doing, one line, answered to nobody
+            log.info("%s %s: the client closed the connection before its body was whole (%d bytes read)",
+                     request.method, request.url.path, len(raw))
+            raise APIError(499, "the client closed the connection while sending the request body") from None
+        return bytes(raw)
+
+    def parse(self, raw: bytes, chat: bool) -> CompletionRequest:
+        """The body checked and tokenized (in a worker thread: a big body must not stall the event loop)."""
+        body = parse_json(raw)
+        shared = dict(tokenizer=self.tokenizer, served=self.names, context=self.engine.context,
+                      stop_ids=self.stop_ids, any_model=self.any_model_name, constraints=self.constraints)
+        try:
+            if chat:
+                return parse_chat(body, **shared)
+            return parse_completion(body, vocab=self.vocab, **shared)
+        except UnicodeError as error:  # e.g. a lone surrogate escape ("\ud800") that no tokenizer can encode
+            raise APIError(400, f"the request's text cannot be encoded as UTF-8: {error}") from None
+
+    def check_room(self, n: int | None = None) -> None:
+        """429 when the queue is full now; 400 for ``n`` sequences that could never fit in it."""
+        engine = self.engine
+        if engine is None:
+            raise APIError(400, f"this server serves the text-embedding model {self.names[0]!r}: it answers "
+                           "POST /v1/embeddings only; completions and chat are served for language-model runs")
+        if engine.max_queue is None:
+            return
+        if n is not None and n > engine.max_queue:
+            raise APIError(400, f"{n} prompts in one request; this server queues at most {engine.max_queue} "
+                           "sequences (--max-queue): split the request", param="prompt")
+        if engine.queue_room() <= 0:
+            raise APIError(429, f"the server is busy: {engine.max_queue} sequences are waiting; try again later",
+                           code="rate_limit_exceeded")
+
+    def model_card(self, name: str) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": self.created, "owned_by": "tokennet",
+                "max_model_len": self.context}
+
+    async def health(self, request: Request) -> Response:
+        if self.engine is None:
+            return JSON({"status": "ok", "embeddings": True, "dim": self.embedder.dim, "context": self.context})
+        return JSON({"status": "ok", **self.engine.status()})
+
+    async def models(self, request: Request) -> Response:
+        try:
+            self.check_key(request)
+        except APIError as error:
+            return _error(error)
+        return JSON({"object": "list", "data": [self.model_card(name) for name in self.names]})
+
+    async def model(self, request: Request) -> Response:
+        try:
+            self.check_key(request)
+            name = check_model(request.path_params["model"], self.names, self.any_model_name)
+        except APIError as error:
+            return _error(error)
+        return JSON(self.model_card(name))
+
+    async def handle(self, request: Request, chat: bool) -> Response:
+        try:
+            self.check_key(request)
+            self.check_room()  # before reading and tokenizing what could not be queued anyway
+            raw = await self.body_of(request)
+            req = await asyncio.to_thread(self.parse, raw, chat)
+            self.check_room(len(req.prompts))
+            pending = _Request(self.engine, req)
+            pending.submit()
+        except APIError as error:
+            return _error(error)
+        if req.stream:
+            return _SSE(_stream(pending, self.text_of), pending.cancel)
+        return await _collect(request, pending, self.text_of)
+
+    async def completions(self, request: Request) -> Response:
+        return await self.handle(request, chat=False)
+
+    async def chat_completions(self, request: Request) -> Response:
+        return await self.handle(request, chat=True)
+
+    async def embeddings(self, request: Request) -> Response:
+        try:
+            self.check_key(request)
+            if self.embedder is None:
+                raise APIError(400, f"this server serves the language model {self.names[0]!r}: /v1/embeddings is "
+                               "served for text-embedding runs (a sentence encoder imported with tokennet import, "
+                               "e.g. MiniLM); use /v1/completions or /v1/chat/completions", param="model")
+            body = parse_json(await self.body_of(request))
+            texts, fmt, name = parse_embeddings(body, served=self.names, any_model=self.any_model_name,
+                                                dim=self.embedder.dim)
+            vecs, tokens = await asyncio.to_thread(self.embedder.embed, texts)
+        except APIError as error:
+            return _error(error)
+        return JSON(embeddings_body(vecs, fmt, name, tokens))
+
+    def routes(self) -> list[Route]:
+        routes = [Route("/health", self.health), Route("/v1/models", self.models),
+                  Route("/v1/models/{model:path}", self.model),
+                  Route("/v1/completions", self.completions, methods=["POST"]),
+                  Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+                  Route("/v1/embeddings", self.embeddings, methods=["POST"])]
+        if self.engine is not None:  # GET /: the chat page (a language model; an embedding run has nothing to chat)
+            routes.append(chat_page_route(self.names[0], self.engine.context))
+        routes += tokenizer_routes(self.tokenizer, context=self.engine.context if self.engine is not None else None,
+                                   vocab=self.vocab, check_key=self.check_key, read_body=self.body_of,
+                                   error=_error)  # lm-eval's remote tokenizer
+        return routes
+
+
+async def _on_http_error(request: Request, exc: HTTPException) -> Response:
+    return _error(APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}"))
+
+
+async def _on_error(request: Request, exc: Exception) -> Response:
+    log.exception("internal error")
+    return _error(APIError(500, f"internal error: {type(exc).__name__}"))
+
+
+def _lifespan(engine: Engine | None):
+    """The application's lifespan: the engine started with it and drained when it stops."""
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        if engine is not None:
+            engine.start()
+        try:
+            yield
+        finally:
+            if engine is not None:
+                engine.stop()
+    return lifespan
 
 
 def create_app(engine: Engine | None, *, model_name: str | list[str], api_key: str | None = None,
@@ -204,172 +376,22 @@ def create_app(engine: Engine | None, *, model_name: str | list[str], api_key: s
     names = [model_name] if isinstance(model_name, str) else list(dict.fromkeys(model_name))
     if not names:
         raise ValueError("at least one model name is needed")
-    if any(not isinstance(n, str) or not n.strip() for n in names):
+    if any(not isinstance(name, str) or not name.strip() for name in names):
         raise ConfigError(f"a model name must be a non-blank string, got {names!r}")
     if (engine is None) == (embedder is None):
         raise ValueError("give an engine (a language model) or an embedder (a text-embedding run)")
-    tok = engine.tokenizer if engine is not None else embedder.tokenizer
-    text_of = TokenText(tok)
-    vocab = engine.model.config.vocab_size if engine is not None else None
-    stop_ids = list(getattr(tok, "stop_ids", None) or [])
-    context = engine.context if engine is not None else embedder.context
-    constraints = None
-    if engine is not None and importlib.util.find_spec("llguidance") is not None:
-        from .constrained import Constraints
-
-        constraints = Constraints(tok, vocab)
-    created = int(time.time())
-
-    def check_key(request: Request) -> None:
-        if api_key is None:
-            return
-        got = request.headers.get("authorization", "")
-        scheme, _, token = got.partition(" ")
-        if not got:
-            raise APIError(401, "an API key is required: send the header 'Authorization: Bearer KEY'",
-                           code="invalid_api_key")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
-            raise APIError(401, "incorrect API key", code="invalid_api_key")
-
-    too_big = APIError(413, f"the request body is larger than {max_body:,} bytes")
-
-    async def body_of(request: Request) -> bytes:
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > max_body:  # refused before reading it
-            raise too_big
-        raw = bytearray()
-        try:
-            async for chunk in request.stream():
-                raw += chunk
-                if len(raw) > max_body:
-                    raise too_big
-        except ClientDisconnect:  # the client hung up mid-body: its own doing, one line, answered to nobody
-            log.info("%s %s: the client closed the connection before its body was whole (%d bytes read)",
-                     request.method, request.url.path, len(raw))
-            raise APIError(499, "the client closed the connection while sending the request body") from None
-        return bytes(raw)
-
-    def parse(raw: bytes, chat: bool) -> CompletionRequest:
-        """The body checked and tokenized (in a worker thread: a big body must not stall the event loop)."""
-        body = parse_json(raw)
-        try:
-            if chat:
-                return parse_chat(body, tokenizer=tok, served=names, context=engine.context, stop_ids=stop_ids,
-                                  any_model=any_model_name, constraints=constraints)
-            return parse_completion(body, tokenizer=tok, served=names, context=engine.context, vocab=vocab,
-                                    stop_ids=stop_ids, any_model=any_model_name, constraints=constraints)
-        except UnicodeError as e:  # e.g. a lone surrogate escape ("\ud800") that no tokenizer can encode
-            raise APIError(400, f"the request's text cannot be encoded as UTF-8: {e}") from None
-
-    def check_room(n: int | None = None) -> None:
-        """429 when the queue is full now; 400 for ``n`` sequences that could never fit in it."""
-        if engine is None:
-            raise APIError(400, f"this server serves the text-embedding model {names[0]!r}: it answers "
-                           "POST /v1/embeddings only; completions and chat are served for language-model runs")
-        if engine.max_queue is None:
-            return
-        if n is not None and n > engine.max_queue:
-            raise APIError(400, f"{n} prompts in one request; this server queues at most {engine.max_queue} "
-                           "sequences (--max-queue): split the request", param="prompt")
-        if engine.queue_room() <= 0:
-            raise APIError(429, f"the server is busy: {engine.max_queue} sequences are waiting; try again later",
-                           code="rate_limit_exceeded")
-
-    def model_card(name: str) -> dict[str, Any]:
-        return {"id": name, "object": "model", "created": created, "owned_by": "tokennet",
-                "max_model_len": context}
-
-    async def health(request: Request) -> Response:
-        if engine is None:
-            return JSON({"status": "ok", "embeddings": True, "dim": embedder.dim, "context": context})
-        return JSON({"status": "ok", **engine.status()})
-
-    async def models(request: Request) -> Response:
-        try:
-            check_key(request)
-        except APIError as e:
-            return _error(e)
-        return JSON({"object": "list", "data": [model_card(n) for n in names]})
-
-    async def model(request: Request) -> Response:
-        try:
-            check_key(request)
-            name = check_model(request.path_params["model"], names, any_model_name)
-        except APIError as e:
-            return _error(e)
-        return JSON(model_card(name))
-
-    async def handle(request: Request, chat: bool) -> Response:
-        try:
-            check_key(request)
-            check_room()  # before reading and tokenizing what could not be queued anyway
-            raw = await body_of(request)
-            req = await asyncio.to_thread(parse, raw, chat)
-            check_room(len(req.prompts))
-            r = _Request(engine, req)
-            r.submit()
-        except APIError as e:
-            return _error(e)
-        if req.stream:
-            return _SSE(_stream(r, text_of), r.cancel)
-        return await _collect(request, r, text_of)
-
-    async def completions(request: Request) -> Response:
-        return await handle(request, chat=False)
-
-    async def chat_completions(request: Request) -> Response:
-        return await handle(request, chat=True)
-
-    async def embeddings(request: Request) -> Response:
-        try:
-            check_key(request)
-            if embedder is None:
-                raise APIError(400, f"this server serves the language model {names[0]!r}: /v1/embeddings is served "
-                               "for text-embedding runs (a sentence encoder imported with tokennet import, e.g. "
-                               "MiniLM); use /v1/completions or /v1/chat/completions", param="model")
-            body = parse_json(await body_of(request))
-            texts, fmt, name = parse_embeddings(body, served=names, any_model=any_model_name, dim=embedder.dim)
-            vecs, tokens = await asyncio.to_thread(embedder.embed, texts)
-        except APIError as e:
-            return _error(e)
-        return JSON(embeddings_body(vecs, fmt, name, tokens))
-
-    async def on_http_error(request: Request, exc: HTTPException) -> Response:
-        return _error(APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}"))
-
-    async def on_error(request: Request, exc: Exception) -> Response:
-        log.exception("internal error")
-        return _error(APIError(500, f"internal error: {type(exc).__name__}"))
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app):
-        if engine is not None:
-            engine.start()
-        try:
-            yield
-        finally:
-            if engine is not None:
-                engine.stop()
-
-    routes = [Route("/health", health), Route("/v1/models", models), Route("/v1/models/{model:path}", model),
-              Route("/v1/completions", completions, methods=["POST"]),
-              Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-              Route("/v1/embeddings", embeddings, methods=["POST"])]
-    if engine is not None:  # GET /: the chat page (a language model; an embedding run has nothing to chat with)
-        routes.append(chat_page_route(names[0], engine.context))
-    routes += tokenizer_routes(tok, context=engine.context if engine is not None else None, vocab=vocab,
-                               check_key=check_key, read_body=body_of, error=_error)  # lm-eval's remote tokenizer
-    return Starlette(routes=routes, lifespan=lifespan,
-                     exception_handlers={HTTPException: on_http_error, Exception: on_error})
+    served = _Served(engine, embedder, names, api_key=api_key, max_body=max_body, any_model_name=any_model_name)
+    return Starlette(routes=served.routes(), lifespan=_lifespan(engine),
+                     exception_handlers={HTTPException: _on_http_error, Exception: _on_error})
 
 
 def _echo(r: _Request, i: int, text_of: TokenText) -> tuple[str, dict | None]:
     """An echoed prompt's text and (with logprobs) its completions ``logprobs`` object."""
-    req, s = r.req, r.seqs[i]
-    lp = None
+    req, seq = r.req, r.seqs[i]
+    logprobs = None
     if req.logprobs is not None:
-        lp = completion_logprobs(text_of, s.prompt_logprobs, first=s.prompt[0])
-    return req.prompt_texts[i], lp
+        logprobs = completion_logprobs(text_of, seq.prompt_logprobs, first=seq.prompt[0])
+    return req.prompt_texts[i], logprobs
 
 
 def _join(a: dict | None, b: dict) -> dict:
@@ -379,7 +401,7 @@ def _join(a: dict | None, b: dict) -> dict:
     end = sum(len(t) for t in a["tokens"])
     return {"tokens": a["tokens"] + b["tokens"], "token_logprobs": a["token_logprobs"] + b["token_logprobs"],
             "top_logprobs": a["top_logprobs"] + b["top_logprobs"],
-            "text_offset": a["text_offset"] + [o + end for o in b["text_offset"]]}
+            "text_offset": a["text_offset"] + [offset + end for offset in b["text_offset"]]}
 
 
 async def _collect(request: Request, r: _Request, text_of: TokenText) -> Response:
@@ -391,31 +413,31 @@ async def _collect(request: Request, r: _Request, text_of: TokenText) -> Respons
     try:
         while None in reasons:
             try:
-                i, ev = await asyncio.wait_for(r.queue.get(), timeout=DISCONNECT_POLL)
+                i, event = await asyncio.wait_for(r.queue.get(), timeout=DISCONNECT_POLL)
             except asyncio.TimeoutError:
-                i, ev = -1, None
+                i, event = -1, None
             if time.monotonic() - checked >= DISCONNECT_POLL:  # whether or not text keeps coming
                 checked = time.monotonic()
                 if await request.is_disconnected():
                     return Response(status_code=499)  # nobody reads it (the rows are freed below)
-            if ev is None:
+            if event is None:
                 continue
-            texts[i] += ev.text
-            entries[i] += ev.logprobs
-            if ev.finish_reason == "error":
-                return _error(_failed(ev))
-            if ev.finish_reason is not None:
-                reasons[i] = ev.finish_reason
+            texts[i] += event.text
+            entries[i] += event.logprobs
+            if event.finish_reason == "error":
+                return _error(_failed(event))
+            if event.finish_reason is not None:
+                reasons[i] = event.finish_reason
     finally:
         r.cancel()
     req = r.req
     if req.chat:
-        lp = None if req.logprobs is None else chat_logprobs(text_of, entries[0])
+        logprobs = None if req.logprobs is None else chat_logprobs(text_of, entries[0])
         message, reason = _reply(req, texts[0], reasons[0])
-        return JSON(chat_body(req, texts[0], reason, r.usage(), lp, message=message))
+        return JSON(chat_body(req, texts[0], reason, r.usage(), logprobs, message=message))
     lps = None
     if req.logprobs is not None:
-        lps = [completion_logprobs(text_of, e) for e in entries]
+        lps = [completion_logprobs(text_of, entry) for entry in entries]
     if req.echo:
         for i in range(len(texts)):
             head, head_lp = _echo(r, i, text_of)
@@ -441,35 +463,35 @@ async def _stream(r: _Request, text_of: TokenText) -> AsyncIterator[str]:
     try:
         if req.chat:
             yield _sse(chat_chunk(req, {"role": "assistant", "content": ""}, None))
-        async for i, ev in r.events():
-            if ev.finish_reason == "error":
-                yield _sse(error_body(_failed(ev)))
+        async for i, event in r.events():
+            if event.finish_reason == "error":
+                yield _sse(error_body(_failed(event)))
                 break
             if req.echo and i not in echoed:  # the prompt's text (and logprobs) first: it is prefilled by now
                 echoed.add(i)
                 head, head_lp = _echo(r, i, text_of)
                 yield _sse(completion_chunk(req, i, head, None, logprobs=head_lp))
             if req.tools:
-                held += ev.text
-                if ev.finish_reason is None:
+                held += event.text
+                if event.finish_reason is None:
                     continue
-                message, reason = _reply(req, held, ev.finish_reason)
+                message, reason = _reply(req, held, event.finish_reason)
                 delta = {k: v for k, v in message.items() if k != "role"}
                 if "tool_calls" in delta:
-                    delta["tool_calls"] = [{"index": j, **c} for j, c in enumerate(delta["tool_calls"])]
+                    delta["tool_calls"] = [{"index": j, **call} for j, call in enumerate(delta["tool_calls"])]
                 yield _sse(chat_chunk(req, delta, None))
                 yield _sse(chat_chunk(req, {}, reason))
                 continue
-            if ev.text or ev.logprobs:
+            if event.text or event.logprobs:
                 if req.chat:
-                    lp = None if req.logprobs is None else chat_logprobs(text_of, ev.logprobs)
-                    yield _sse(chat_chunk(req, {"content": ev.text}, None, logprobs=lp))
+                    logprobs = None if req.logprobs is None else chat_logprobs(text_of, event.logprobs)
+                    yield _sse(chat_chunk(req, {"content": event.text}, None, logprobs=logprobs))
                 else:
-                    lp = None if req.logprobs is None else completion_logprobs(text_of, ev.logprobs)
-                    yield _sse(completion_chunk(req, i, ev.text, None, logprobs=lp))
-            if ev.finish_reason is not None:
-                yield _sse(chat_chunk(req, {}, ev.finish_reason) if req.chat
-                           else completion_chunk(req, i, "", ev.finish_reason))
+                    logprobs = None if req.logprobs is None else completion_logprobs(text_of, event.logprobs)
+                    yield _sse(completion_chunk(req, i, event.text, None, logprobs=logprobs))
+            if event.finish_reason is not None:
+                yield _sse(chat_chunk(req, {}, event.finish_reason) if req.chat
+                           else completion_chunk(req, i, "", event.finish_reason))
         if req.include_usage:
             yield _sse(chat_chunk(req, None, None, r.usage()) if req.chat
                        else completion_chunk(req, -1, "", None, r.usage()))
