@@ -31,8 +31,8 @@ def peak_allocated(fn: Callable[[], Any], device: torch.device | str = "cpu") ->
         return out, torch.cuda.max_memory_allocated(device) - start
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
         out = fn()
-    events = sorted(((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
-                     if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU))
+    events = sorted(((event.start_ns(), event.nbytes()) for event in prof.profiler.kineto_results.events()
+                     if event.name() == "[memory]" and event.device_type() == torch.autograd.DeviceType.CPU))
     held = peak = 0
     for _, n in events:
         held += n

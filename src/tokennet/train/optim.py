@@ -27,11 +27,11 @@ NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 
 def _adamw_groups(model: nn.Module, weight_decay: float, exclude: set[int] = frozenset()) -> list[dict]:
     seen, decay, no_decay = set(exclude), [], []
-    for p in model.parameters():
-        if not p.requires_grad or id(p) in seen:  # tied weights appear once
+    for param in model.parameters():
+        if not param.requires_grad or id(param) in seen:  # tied weights appear once
             continue
-        seen.add(id(p))
-        (decay if p.dim() >= 2 else no_decay).append(p)
+        seen.add(id(param))
+        (decay if param.dim() >= 2 else no_decay).append(param)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
@@ -49,11 +49,11 @@ def muon_param_names(model: nn.Module) -> list[str]:
     for mname, m in model.named_modules():
         if not isinstance(m, nn.Linear) or not m.weight.requires_grad:
             continue
-        w = m.weight
+        weight = m.weight
         leaf = mname.rsplit(".", 1)[-1]
-        if id(w) in embed_ids or id(w) in seen or leaf in ("lm_head", "head"):
+        if id(weight) in embed_ids or id(weight) in seen or leaf in ("lm_head", "head"):
             continue
-        seen.add(id(w))
+        seen.add(id(weight))
         names.append(f"{mname}.weight" if mname else "weight")
     return names
 
@@ -96,11 +96,11 @@ def configure_optimizer(
     if optimizer == "adamw":
         # The fused kernel updates every parameter in one pass, on CPU as on CUDA: on a small CPU model it
         # is ~10× faster than the default per-parameter loop (bench/gpt_train.py measures the whole step).
-        kw = {"fused": True} if device_type in ("cpu", "cuda") else {}
-        return torch.optim.AdamW(_adamw_groups(model, weight_decay), lr=lr, betas=betas, **kw)
+        options = {"fused": True} if device_type in ("cpu", "cuda") else {}
+        return torch.optim.AdamW(_adamw_groups(model, weight_decay), lr=lr, betas=betas, **options)
     params = dict(model.named_parameters())
     muon = [params[n] for n in muon_param_names(model)]
-    adam = _adamw_groups(model, weight_decay, exclude={id(p) for p in muon})
+    adam = _adamw_groups(model, weight_decay, exclude={id(param) for param in muon})
     return MuonAdamW(muon, adam, lr=lr, betas=betas, muon_lr=muon_lr, momentum=muon_momentum,
                      muon_weight_decay=muon_weight_decay, ns_steps=ns_steps, row_splits=_row_splits(model))
 
@@ -112,17 +112,20 @@ def newton_schulz(G: Tensor, steps: int = 5, eps: float = 1e-7) -> Tensor:
     singular value is ≤ 1). Runs in fp32: on CPUs without bf16 matmul units, bf16 is several times slower
     (PyTorch's ``torch.optim.Muon`` casts to bf16, ~15× slower per step here; bench/gpt_train.py).
     """
-    a, b, c = NS_COEFFICIENTS
-    X = G.float()
-    tall = X.size(-2) > X.size(-1)
+    coef_x, coef_a, coef_a2 = NS_COEFFICIENTS  # the docstring's a, b, c; ``iterate`` is its X
+    iterate = G.float()
+    tall = iterate.size(-2) > iterate.size(-1)
     if tall:  # iterate on the short side: A is (min, min)
-        X = X.mT
-    X = X / (X.norm(dim=(-2, -1), keepdim=True) + eps)
+        iterate = iterate.mT
+    iterate = iterate / (iterate.norm(dim=(-2, -1), keepdim=True) + eps)
     for _ in range(steps):
-        A = X @ X.mT
-        B = torch.baddbmm(A, A, A, beta=b, alpha=c) if A.dim() == 3 else b * A + c * (A @ A)
-        X = torch.baddbmm(X, B, X, beta=a) if X.dim() == 3 else a * X + B @ X
-    return X.mT if tall else X
+        A = iterate @ iterate.mT
+        B = torch.baddbmm(A, A, A, beta=coef_a, alpha=coef_a2) if A.dim() == 3 else coef_a * A + coef_a2 * (A @ A)
+        if iterate.dim() == 3:
+            iterate = torch.baddbmm(iterate, B, iterate, beta=coef_x)
+        else:
+            iterate = coef_x * iterate + B @ iterate
+    return iterate.mT if tall else iterate
 
 
 class MuonAdamW(torch.optim.Optimizer):
@@ -151,9 +154,9 @@ class MuonAdamW(torch.optim.Optimizer):
                  muon_lr: float = 0.02, momentum: float = 0.95, muon_weight_decay: float = 0.0, ns_steps: int = 5,
                  row_splits: dict[int, list[int]] | None = None):
         muon_params = list(muon_params)
-        for p in muon_params:
-            if p.dim() != 2:
-                raise ValueError(f"Muon updates 2-D matrices only, got a parameter of shape {tuple(p.shape)}")
+        for param in muon_params:
+            if param.dim() != 2:
+                raise ValueError(f"Muon updates 2-D matrices only, got a parameter of shape {tuple(param.shape)}")
         if not 0 <= momentum < 1:
             raise ConfigError(f"muon_momentum must be in [0, 1), got {momentum}")
         if not (muon_lr > 0 and math.isfinite(muon_lr)):
@@ -162,7 +165,7 @@ class MuonAdamW(torch.optim.Optimizer):
             raise ConfigError(f"ns_steps must be >= 1, got {ns_steps}")
         groups = [{"params": muon_params, "kind": "muon", "lr": muon_lr, "momentum": momentum,
                    "weight_decay": muon_weight_decay, "ns_steps": ns_steps}]
-        groups += [{**g, "kind": "adamw"} for g in adam_groups if g["params"]]
+        groups += [{**group, "kind": "adamw"} for group in adam_groups if group["params"]]
         defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": 0.0, "momentum": momentum,
                     "ns_steps": ns_steps}
         super().__init__(groups, defaults)
@@ -174,64 +177,64 @@ class MuonAdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for g in self.param_groups:
-            if g["kind"] == "muon":
-                self._muon(g)
+        for group in self.param_groups:
+            if group["kind"] == "muon":
+                self._muon(group)
             else:
-                self._adamw(g)
+                self._adamw(group)
         return loss
 
     def _muon(self, g: dict) -> None:
-        ps = [p for p in g["params"] if p.grad is not None]
-        if not ps:
+        params = [param for param in g["params"] if param.grad is not None]
+        if not params:
             return
-        mu, lr, wd = g["momentum"], g["lr"], g["weight_decay"]
-        grads = [p.grad for p in ps]
+        momentum, lr, weight_decay = g["momentum"], g["lr"], g["weight_decay"]
+        grads = [param.grad for param in params]
         bufs = []
-        for p in ps:
-            st = self.state[p]
-            if "momentum_buffer" not in st:
-                st["momentum_buffer"] = torch.zeros_like(p)
-            bufs.append(st["momentum_buffer"])
-        torch._foreach_lerp_(bufs, grads, 1 - mu)
-        updates = torch._foreach_lerp(grads, bufs, mu)  # Nesterov: (1−μ) G + μ M
+        for param in params:
+            state = self.state[param]
+            if "momentum_buffer" not in state:
+                state["momentum_buffer"] = torch.zeros_like(param)
+            bufs.append(state["momentum_buffer"])
+        torch._foreach_lerp_(bufs, grads, 1 - momentum)
+        updates = torch._foreach_lerp(grads, bufs, momentum)  # Nesterov: (1−μ) G + μ M
         # Bucket every (block of a) matrix by shape; orthogonalize each bucket in one batched chain.
         # Under FSDP a parameter is a DTensor sharded by rows: orthogonalize the whole matrix (the same
         # computation on every rank) and keep this rank's rows.
-        full = [_full(u) for u in updates]
-        out = [torch.empty_like(u) for u in full]
+        full = [_full(update) for update in updates]
+        out = [torch.empty_like(update) for update in full]
         buckets: dict[tuple[int, int], list[tuple[Tensor, Tensor]]] = {}
-        for p, u, o in zip(ps, full, out, strict=True):
-            rows = self._splits.get(id(p), [u.shape[0]])
-            for ob, ub in zip(o.split(rows), u.split(rows), strict=True):
-                buckets.setdefault(tuple(ub.shape), []).append((ob, ub))
+        for param, update, result in zip(params, full, out, strict=True):
+            rows = self._splits.get(id(param), [update.shape[0]])
+            for result_rows, update_rows in zip(result.split(rows), update.split(rows), strict=True):
+                buckets.setdefault(tuple(update_rows.shape), []).append((result_rows, update_rows))
         for (m, n), items in buckets.items():
-            O = newton_schulz(torch.stack([u for _, u in items]), g["ns_steps"])  # (k, m, n)
-            for (ob, _), o in zip(items, O.unbind(0), strict=True):
-                ob.copy_(o).mul_(max(1.0, m / n) ** 0.5)
-        if wd:
-            torch._foreach_mul_(ps, 1 - lr * wd)
-        for p, o in zip(ps, out, strict=True):
-            _local(p).add_(_local_rows(p, o), alpha=-lr)
+            ortho = newton_schulz(torch.stack([update_rows for _, update_rows in items]), g["ns_steps"])  # (k, m, n)
+            for (result_rows, _), ortho_rows in zip(items, ortho.unbind(0), strict=True):
+                result_rows.copy_(ortho_rows).mul_(max(1.0, m / n) ** 0.5)
+        if weight_decay:
+            torch._foreach_mul_(params, 1 - lr * weight_decay)
+        for param, result in zip(params, out, strict=True):
+            _local(param).add_(_local_rows(param, result), alpha=-lr)
 
     def _adamw(self, g: dict) -> None:
         """PyTorch's own AdamW update (``torch.optim.adamw.adamw``: fused on CPU and CUDA, foreach under FSDP)
         on this group, with the state kept under ``torch.optim.AdamW``'s keys."""
-        ps = [p for p in g["params"] if p.grad is not None]
-        if not ps:
+        params = [param for param in g["params"] if param.grad is not None]
+        if not params:
             return
-        for p in ps:
-            st = self.state[p]
-            if "exp_avg" not in st:
-                st["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
-                st["exp_avg"], st["exp_avg_sq"] = torch.zeros_like(p), torch.zeros_like(p)
-        sts = [self.state[p] for p in ps]
-        fused = ps[0].device.type in ("cpu", "cuda") and not any(_is_dtensor(p) for p in ps)
-        (b1, b2) = g["betas"]
-        _adamw_update(ps, [p.grad for p in ps], [s["exp_avg"] for s in sts], [s["exp_avg_sq"] for s in sts],
-                                [], [s["step"] for s in sts], fused=fused, foreach=not fused, amsgrad=False,
-                                beta1=b1, beta2=b2, lr=g["lr"], weight_decay=g["weight_decay"], eps=g["eps"],
-                                maximize=False)
+        for param in params:
+            state = self.state[param]
+            if "exp_avg" not in state:
+                state["step"] = torch.zeros((), dtype=torch.float32, device=param.device)
+                state["exp_avg"], state["exp_avg_sq"] = torch.zeros_like(param), torch.zeros_like(param)
+        states = [self.state[param] for param in params]
+        fused = params[0].device.type in ("cpu", "cuda") and not any(_is_dtensor(param) for param in params)
+        (beta1, beta2) = g["betas"]
+        _adamw_update(params, [param.grad for param in params], [state["exp_avg"] for state in states],
+                      [state["exp_avg_sq"] for state in states], [], [state["step"] for state in states],
+                      fused=fused, foreach=not fused, amsgrad=False, beta1=beta1, beta2=beta2, lr=g["lr"],
+                      weight_decay=g["weight_decay"], eps=g["eps"], maximize=False)
 
 
 def _is_dtensor(t: Tensor) -> bool:
@@ -252,9 +255,9 @@ def _local_rows(p: Tensor, full: Tensor) -> Tensor:
         return full
     from torch.distributed.tensor import Shard
 
-    for dim_mesh, pl in enumerate(p.placements):
-        if isinstance(pl, Shard):
-            if pl.dim != 0:
+    for dim_mesh, placement in enumerate(p.placements):
+        if isinstance(placement, Shard):
+            if placement.dim != 0:
                 raise NotImplementedError("Muon under FSDP supports parameters sharded on dim 0 only")
             mesh = p.device_mesh
             full = full.chunk(mesh.size(dim_mesh), dim=0)[mesh.get_local_rank(dim_mesh)]
@@ -269,8 +272,8 @@ def cosine_lr(step: int, decay_progress: float, *, lr: float, min_lr: float, war
     """
     if step < warmup_iters:
         return lr * (step + 1) / (warmup_iters + 1)
-    p = min(1.0, max(0.0, decay_progress))
-    return min_lr + 0.5 * (lr - min_lr) * (1.0 + math.cos(math.pi * p))
+    progress = min(1.0, max(0.0, decay_progress))
+    return min_lr + 0.5 * (lr - min_lr) * (1.0 + math.cos(math.pi * progress))
 
 
 def wsd_lr(step: int, decay_progress: float, *, lr: float, min_lr: float, warmup_iters: int,
@@ -285,11 +288,11 @@ def wsd_lr(step: int, decay_progress: float, *, lr: float, min_lr: float, warmup
         raise ConfigError(f"decay_fraction must be in (0, 1], got {decay_fraction}")
     if step < warmup_iters:
         return lr * (step + 1) / (warmup_iters + 1)
-    p = min(1.0, max(0.0, decay_progress))
+    progress = min(1.0, max(0.0, decay_progress))
     start = 1.0 - decay_fraction
-    if p <= start:
+    if progress <= start:
         return lr
-    return lr - (lr - min_lr) * (p - start) / decay_fraction
+    return lr - (lr - min_lr) * (progress - start) / decay_fraction
 
 
 def schedule_lr(kind: str, step: int, decay_progress: float, *, lr: float, min_lr: float, warmup_iters: int,

@@ -120,10 +120,10 @@ class TrainConfig:
     decay_fraction: float = 0.3
 
     def __post_init__(self):
-        for f in dataclasses.fields(self):  # inf or nan in a setting can only train to NaN weights: refuse it here
-            v = getattr(self, f.name)
+        for field in dataclasses.fields(self):  # inf or nan in a setting can only train to NaN weights: refuse it here
+            v = getattr(self, field.name)
             if isinstance(v, float) and not math.isfinite(v):
-                raise ConfigError(f"{f.name} must be a finite number, got {v}")
+                raise ConfigError(f"{field.name} must be a finite number, got {v}")
         for k in ("max_iters", "batch_size", "grad_accum"):
             if getattr(self, k) < 1:
                 raise ConfigError(f"{k} must be >= 1, got {getattr(self, k)}")
@@ -161,11 +161,11 @@ class TrainConfig:
         if not (self.grad_clip >= 0 and self.weight_decay >= 0):
             raise ConfigError(f"grad_clip and weight_decay must be >= 0, got {self.grad_clip} and {self.weight_decay}")
         # Decoupled decay multiplies each matrix by 1 − lr·weight_decay per step: at 1 or more it zeroes or flips them.
-        for lr, wd, name in ((self.lr, self.weight_decay, "lr·weight_decay"),
+        for lr, decay, name in ((self.lr, self.weight_decay, "lr·weight_decay"),
                              (self.muon_lr, self.muon_weight_decay, "muon_lr·muon_weight_decay")):
-            if lr * wd >= 1:
+            if lr * decay >= 1:
                 raise ConfigError(f"{name} must be < 1 (each step multiplies the weights by 1 − {name}), got "
-                                  f"{lr:g}·{wd:g} = {lr * wd:g}; lower the weight decay")
+                                  f"{lr:g}·{decay:g} = {lr * decay:g}; lower the weight decay")
 
 
 class Trainer:
@@ -248,26 +248,26 @@ class Trainer:
         path = latest_checkpoint(self.ckpt_dir)
         if path is None:
             return False
-        ck = read_checkpoint(path)
+        saved = read_checkpoint(path)
         expected, _ = full_state(self.model, None) if self.dist.enabled else (self.module.state_dict(), None)
         if self.dist.is_main or not self.dist.enabled:
-            check_state_dict(expected, ck.model_state, f"checkpoint {path}", RunError)
-        step, elapsed, history = ck.meta["step"], ck.meta.get("elapsed"), ck.meta.get("history", [])
+            check_state_dict(expected, saved.model_state, f"checkpoint {path}", RunError)
+        step, elapsed, history = saved.meta["step"], saved.meta.get("elapsed"), saved.meta.get("history", [])
         if isinstance(step, bool) or not isinstance(step, int) or step < 0 or isinstance(elapsed, bool) \
                 or not isinstance(elapsed, (int, float)) or not isinstance(history, list):
             raise RunError(f"checkpoint {path} is damaged: its trainer.json has no valid step, elapsed or history")
-        groups = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
+        groups = [{k: v for k, v in group.items() if k != "params"} for group in self.optimizer.param_groups]
         try:  # the file's optimizer and random states, as torch, numpy and random take them
-            load_full_state(self.model, self.optimizer, ck.model_state, ck.optim_state, self.dist)
+            load_full_state(self.model, self.optimizer, saved.model_state, saved.optim_state, self.dist)
             for old, new in zip(groups, self.optimizer.param_groups, strict=True):
                 for k, v in old.items():  # torch takes the hyperparameters as they come; the step would fail
                     if not _same_kind(v, new.get(k)):
                         raise ValueError(f"optimizer setting {k} is {new.get(k)!r}")
-            js, tensors = ck.rng[self.dist.rank] if self.dist.rank < len(ck.rng) else ck.rng[0]
-            restore_rng(js, tensors)
-        except (KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError, RuntimeError) as e:
+            rng_json, tensors = saved.rng[self.dist.rank] if self.dist.rank < len(saved.rng) else saved.rng[0]
+            restore_rng(rng_json, tensors)
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError, RuntimeError) as error:
             raise RunError(f"checkpoint {path} is damaged: its optimizer or random state cannot be restored "
-                           f"({type(e).__name__}: {one_line(e)[:200]})") from None
+                           f"({type(error).__name__}: {one_line(error)[:200]})") from None
         self.step, self.elapsed, self.history = step, elapsed, history
         log.info("resumed from %s (step %d)", path, self.step)
         return True
@@ -275,19 +275,19 @@ class Trainer:
     # -- loop ----------------------------------------------------------------------------------
     def _progress_line(self, loss: float, rate: float) -> str:
         """``step 250/1000 · 31 s of 150 s · loss 1.9234 · 12,345 items/s``: what a log file shows while training."""
-        c = self.c
-        budget = f" of {c.time_budget:.0f} s" if c.time_budget is not None else ""
-        return (f"step {self.step}/{c.max_iters} · {self.elapsed:.0f} s{budget} · loss {loss:.4f} · "
+        config = self.c
+        budget = f" of {config.time_budget:.0f} s" if config.time_budget is not None else ""
+        return (f"step {self.step}/{config.max_iters} · {self.elapsed:.0f} s{budget} · loss {loss:.4f} · "
                 f"{rate:,.0f} items/s")
 
     def _lr(self) -> float:
-        c = self.c
-        min_lr = c.lr / 10 if c.min_lr is None else c.min_lr
-        p = (self.step - c.warmup_iters) / max(1, c.max_iters - c.warmup_iters)
-        if c.time_budget is not None:
-            p = max(p, self.elapsed / c.time_budget)
-        return schedule_lr(c.schedule, self.step, p, lr=c.lr, min_lr=min_lr, warmup_iters=c.warmup_iters,
-                           decay_fraction=c.decay_fraction)
+        config = self.c
+        min_lr = config.lr / 10 if config.min_lr is None else config.min_lr
+        progress = (self.step - config.warmup_iters) / max(1, config.max_iters - config.warmup_iters)
+        if config.time_budget is not None:
+            progress = max(progress, self.elapsed / config.time_budget)
+        return schedule_lr(config.schedule, self.step, progress, lr=config.lr, min_lr=min_lr,
+                           warmup_iters=config.warmup_iters, decay_fraction=config.decay_fraction)
 
     def _autocast(self):
         if self.c.precision == "bf16":
@@ -316,8 +316,8 @@ class Trainer:
     def _log(self, record: dict[str, Any]) -> None:
         if not self.dist.is_main:
             return
-        with open(self.out_dir / LOG_FILE, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        with open(self.out_dir / LOG_FILE, "a") as log:
+            log.write(json.dumps(record) + "\n")
         if self._tb is not None:
             self._tb.write(record)
 
@@ -351,10 +351,10 @@ class Trainer:
 
         The loop reads as the lecture's training loop: one step (:meth:`train_step`), then what the step is
         reported as (:class:`_Reporter`), an evaluation and a checkpoint when they are due."""
-        c = self.c
+        config = self.c
         self._open_outputs()
-        ckpt_every = c.eval_interval if c.checkpoint_interval is None else c.checkpoint_interval
-        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)} \
+        ckpt_every = config.eval_interval if config.checkpoint_interval is None else config.checkpoint_interval
+        old = {signum: signal.signal(signum, self._on_signal) for signum in (signal.SIGINT, signal.SIGTERM)} \
             if _main_thread() else {}
         report = _Reporter(self)
         self.model.train()
@@ -365,7 +365,7 @@ class Trainer:
                 loss_val, grad_norm, lr = self.train_step()
                 last_loss = loss_val
                 report.step(loss_val, grad_norm, lr)
-                if c.eval_interval and self.step % c.eval_interval == 0 and not self._done():
+                if config.eval_interval and self.step % config.eval_interval == 0 and not self._done():
                     report.eval(self._eval_record(loss_val, report.t_fit))
                 if ckpt_every and self.step % ckpt_every == 0 and not self._done():
                     self.save()
@@ -374,8 +374,8 @@ class Trainer:
                     raise KeyboardInterrupt
         finally:
             report.close()
-            for s, h in old.items():
-                signal.signal(s, h)
+            for signum, handler in old.items():
+                signal.signal(signum, handler)
         final = self._eval_record(last_loss, report.t_fit, at_end=True)
         self.save()
         return final
@@ -394,41 +394,41 @@ class Trainer:
         """One optimizer step: the learning rate of this step, ``grad_accum`` micro-batches' gradients, clipping,
         the update. Returns ``(loss, gradient norm before clipping, lr)``; a non-finite loss or norm stops training
         (:meth:`_diverged`)."""
-        c = self.c
-        t0 = time.perf_counter()
+        config = self.c
+        started = time.perf_counter()
         lr = self._lr()
-        for g in self.optimizer.param_groups:  # Muon's groups follow the same schedule, scaled
-            g["lr"] = lr * c.muon_lr / c.lr if g.get("kind") == "muon" else lr
+        for group in self.optimizer.param_groups:  # Muon's groups follow the same schedule, scaled
+            group["lr"] = lr * config.muon_lr / config.lr if group.get("kind") == "muon" else lr
         loss_sum = torch.zeros((), device=self.device)
-        for micro in range(c.grad_accum):
+        for micro in range(config.grad_accum):
             loss_sum += self._micro_batch(micro)
         loss_val = float(all_reduce_mean(loss_sum, self.dist))
         if not math.isfinite(loss_val):
             self._diverged(f"loss became {loss_val}")
         # The norm before clipping is logged as grad_norm; max_norm=inf leaves the gradients as they are.
         grad_norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(),
-                                                   c.grad_clip if c.grad_clip > 0 else math.inf)
+                                                   config.grad_clip if config.grad_clip > 0 else math.inf)
         if not math.isfinite(float(grad_norm)):  # a finite loss can still have inf/nan gradients
             self._diverged(f"the gradient norm became {float(grad_norm)} (loss {loss_val:.4g})")
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        self.elapsed += time.perf_counter() - t0
+        self.elapsed += time.perf_counter() - started
         self._agree_across_ranks()
         return loss_val, grad_norm, lr
 
     def _micro_batch(self, micro: int) -> torch.Tensor:
         """Forward and backward of micro-batch ``micro`` of this step; its share of the step's loss (detached)."""
-        c = self.c
+        config = self.c
         # Each rank draws its own micro-batches: N ranks = one process accumulating N of them.
-        index = (self.step * c.grad_accum + micro) * self.dist.world_size + self.dist.rank
+        index = (self.step * config.grad_accum + micro) * self.dist.world_size + self.dist.rank
         x, y = self._to_device(self.source.batch(index))
-        last = micro == c.grad_accum - 1
+        last = micro == config.grad_accum - 1
         sync = contextlib.nullcontext() if last or not hasattr(self.model, "no_sync") \
             else self.model.no_sync()  # DDP: one all-reduce per step, not per micro-batch
         with sync:
             with self._autocast():
-                loss = self._forward(x, y).loss / c.grad_accum
+                loss = self._forward(x, y).loss / config.grad_accum
             loss.backward()
         return loss.detach()
 
@@ -462,10 +462,10 @@ class _Reporter:
     each evaluation shown on one line."""
 
     def __init__(self, trainer: Trainer):
-        self.trainer, c = trainer, trainer.c
-        self.bar = _progress(c, trainer.step) if trainer.dist.is_main else None
+        self.trainer, config = trainer, trainer.c
+        self.bar = _progress(config, trainer.step) if trainer.dist.is_main else None
         self.lines = trainer.dist.is_main and self.bar is None
-        self.per_step = (trainer.tokens_per_batch or 0) * c.grad_accum
+        self.per_step = (trainer.tokens_per_batch or 0) * config.grad_accum
         self.t_fit = self.t_line = self.t_line_window = self.t_window = time.perf_counter()
         self.tokens = self.line_tokens = 0
 
