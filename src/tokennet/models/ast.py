@@ -140,9 +140,9 @@ def spec_augment(spec: Tensor, freq_mask: int, time_mask: int, num_masks: int) -
             continue
         pos = torch.arange(size, device=spec.device)
         for _ in range(num_masks):
-            w = torch.randint(0, width + 1, (B, 1), device=spec.device)  # (B, 1)
-            start = (torch.rand(B, 1, device=spec.device) * (size - w + 1)).long()  # (B, 1)
-            band = (pos >= start) & (pos < start + w)  # (B, size)
+            mask_width = torch.randint(0, width + 1, (B, 1), device=spec.device)  # (B, 1)
+            start = (torch.rand(B, 1, device=spec.device) * (size - mask_width + 1)).long()  # (B, 1)
+            band = (pos >= start) & (pos < start + mask_width)  # (B, size)
             keep &= ~(band[:, :, None] if axis == 1 else band[:, None, :])
     return spec * keep
 
@@ -154,8 +154,8 @@ def freq_warp(spec: Tensor, fbank_hz: Tensor, alpha: Tensor) -> Tensor:
     B, M, T = spec.shape
     src = fbank_hz[None, :] / alpha[:, None]  # (B, M): where each band reads from, in Hz
     pos = torch.searchsorted(fbank_hz.contiguous(), src.contiguous()).clamp(1, M - 1)  # (B, M) right neighbour
-    lo, hi = fbank_hz[pos - 1], fbank_hz[pos]
-    t = ((src - lo) / (hi - lo)).clamp(0.0, 1.0)[..., None]  # (B, M, 1)
+    low, high = fbank_hz[pos - 1], fbank_hz[pos]
+    t = ((src - low) / (high - low)).clamp(0.0, 1.0)[..., None]  # (B, M, 1)
     left = spec.gather(1, (pos - 1)[..., None].expand(B, M, T))
     right = spec.gather(1, pos[..., None].expand(B, M, T))
     return left + t * (right - left)
@@ -170,60 +170,62 @@ class AST(ViT):
 
     def __init__(self, config: ASTConfig):
         super().__init__(config)
-        c = config
-        self.spectrogram = LogMelSpectrogram(c.sample_rate, c.n_fft, c.hop_length, c.n_mels, c.f_min, c.f_max,
-                                             c.mel_scale, top_db=c.top_db)
+        cfg = config
+        self.spectrogram = LogMelSpectrogram(cfg.sample_rate, cfg.n_fft, cfg.hop_length, cfg.n_mels, cfg.f_min,
+                                             cfg.f_max, cfg.mel_scale, top_db=cfg.top_db)
 
     def example_input(self, batch_size: int = 2) -> Tensor:
         """Waveforms: tones of a few random frequencies with noise, ``(B, clip_samples)``."""
-        c = self.config
-        g = torch.Generator().manual_seed(0)
-        t = torch.arange(c.clip_samples) / c.sample_rate
-        f = 100 + torch.rand(batch_size, 1, generator=g) * (c.sample_rate / 4)
-        return 0.5 * torch.sin(2 * torch.pi * f * t) + 0.01 * torch.randn(batch_size, c.clip_samples, generator=g)
+        cfg = self.config
+        gen = torch.Generator().manual_seed(0)
+        t = torch.arange(cfg.clip_samples) / cfg.sample_rate
+        freq = 100 + torch.rand(batch_size, 1, generator=gen) * (cfg.sample_rate / 4)
+        return (0.5 * torch.sin(2 * torch.pi * freq * t)
+                + 0.01 * torch.randn(batch_size, cfg.clip_samples, generator=gen))
 
     def spectrogram_image(self, wave: Tensor) -> Tensor:
         """Waveforms ``(B, ≤ clip_samples)`` → standardized log-mel spectrograms ``(B, mels, frames)``."""
-        c = self.config
+        cfg = self.config
         if wave.dim() == 1:
             wave = wave[None]
         if wave.dim() != 2 or not wave.dtype.is_floating_point:
-            raise DataError(f"an AST takes float waveforms (B, samples) at {c.sample_rate} Hz, got "
+            raise DataError(f"an AST takes float waveforms (B, samples) at {cfg.sample_rate} Hz, got "
                             f"{tuple(wave.shape)} {wave.dtype}")
-        if wave.shape[1] > c.clip_samples:
-            raise DataError(f"the clip has {wave.shape[1]} samples, more than the model's maximum {c.clip_samples} "
-                            f"({c.clip_samples / c.sample_rate:.2f} s at {c.sample_rate} Hz)")
-        wave = F.pad(wave, (0, c.clip_samples - wave.shape[1]))  # (B, clip_samples)
-        s = self.spectrogram(wave)  # (B, mels, frames)
-        if c.normalize == "mel":  # cepstral mean normalization: each band's mean over time
-            s = s - s.mean(dim=2, keepdim=True)
-        s = (s - s.mean(dim=(1, 2), keepdim=True)) / (s.std(dim=(1, 2), keepdim=True) + 1e-5)
-        return s
+        if wave.shape[1] > cfg.clip_samples:
+            raise DataError(f"the clip has {wave.shape[1]} samples, more than the model's maximum {cfg.clip_samples} "
+                            f"({cfg.clip_samples / cfg.sample_rate:.2f} s at {cfg.sample_rate} Hz)")
+        wave = F.pad(wave, (0, cfg.clip_samples - wave.shape[1]))  # (B, clip_samples)
+        spec = self.spectrogram(wave)  # (B, mels, frames)
+        if cfg.normalize == "mel":  # cepstral mean normalization: each band's mean over time
+            spec = spec - spec.mean(dim=2, keepdim=True)
+        spec = (spec - spec.mean(dim=(1, 2), keepdim=True)) / (spec.std(dim=(1, 2), keepdim=True) + 1e-5)
+        return spec
 
     def band_centres(self) -> Tensor:
         """Centre frequency (Hz) of each mel band ``(mels,)``: the peak of its triangle (equally spaced mels)."""
-        c = self.config
-        f_max = c.sample_rate / 2 if c.f_max is None else c.f_max
-        lo, hi = (hz_to_mel(torch.tensor(float(f), dtype=torch.float64), c.mel_scale) for f in (c.f_min, f_max))
-        return mel_to_hz(torch.linspace(lo, hi, c.n_mels + 2, dtype=torch.float64), c.mel_scale)[1:-1].float()
+        cfg = self.config
+        f_max = cfg.sample_rate / 2 if cfg.f_max is None else cfg.f_max
+        low, high = (hz_to_mel(torch.tensor(float(freq_hz), dtype=torch.float64), cfg.mel_scale)
+                     for freq_hz in (cfg.f_min, f_max))
+        return mel_to_hz(torch.linspace(low, high, cfg.n_mels + 2, dtype=torch.float64), cfg.mel_scale)[1:-1].float()
 
     def _images(self, x: Tensor) -> Tensor:
         """Waveforms ``(B, samples)``, or spectrograms ``(B, 1, mels, frames)`` from :meth:`spectrogram_image`
         (a recipe computes them once instead of every step), → the ViT's image ``(B, 1, mels, frames)``."""
-        c = self.config
+        cfg = self.config
         if x.dim() == 4:
-            if tuple(x.shape[1:]) != (1, c.n_mels, c.num_frames):
-                raise DataError(f"an AST takes waveforms (B, samples) or spectrograms (B, 1, {c.n_mels}, "
-                                f"{c.num_frames}), got {tuple(x.shape)}")
-            s = x[:, 0]
+            if tuple(x.shape[1:]) != (1, cfg.n_mels, cfg.num_frames):
+                raise DataError(f"an AST takes waveforms (B, samples) or spectrograms (B, 1, {cfg.n_mels}, "
+                                f"{cfg.num_frames}), got {tuple(x.shape)}")
+            spec = x[:, 0]
         else:
-            s = self.spectrogram_image(x)
-        if self.training and c.freq_warp > 0:
-            alpha = 1 + (torch.rand(len(s), device=s.device) * 2 - 1) * c.freq_warp  # (B,)
-            s = freq_warp(s, self.band_centres().to(s.device, s.dtype), alpha)
-        if self.training and (c.freq_mask or c.time_mask) and c.num_masks:
-            s = spec_augment(s, c.freq_mask, c.time_mask, c.num_masks)
-        return super()._images(s[:, None])  # (B, 1, mels, frames)
+            spec = self.spectrogram_image(x)
+        if self.training and cfg.freq_warp > 0:
+            alpha = 1 + (torch.rand(len(spec), device=spec.device) * 2 - 1) * cfg.freq_warp  # (B,)
+            spec = freq_warp(spec, self.band_centres().to(spec.device, spec.dtype), alpha)
+        if self.training and (cfg.freq_mask or cfg.time_mask) and cfg.num_masks:
+            spec = spec_augment(spec, cfg.freq_mask, cfg.time_mask, cfg.num_masks)
+        return super()._images(spec[:, None])  # (B, 1, mels, frames)
 
 
 register_family("ast", ASTConfig, AST)

@@ -117,17 +117,17 @@ class Bahdanau(nn.Module):
 
     def __init__(self, config: BahdanauConfig):
         super().__init__()
-        self.config = c = config
-        D, L = c.dim, c.num_layers
-        rnn_drop = c.dropout if L > 1 else 0.0
-        self.tok_emb = nn.Embedding(c.vocab_size, D, padding_idx=c.pad_id)
-        self.drop = nn.Dropout(c.dropout)
+        self.config = cfg = config
+        D, L = cfg.dim, cfg.num_layers
+        rnn_drop = cfg.dropout if L > 1 else 0.0
+        self.tok_emb = nn.Embedding(cfg.vocab_size, D, padding_idx=cfg.pad_id)
+        self.drop = nn.Dropout(cfg.dropout)
         self.encoder = nn.GRU(D, D // 2, num_layers=L, batch_first=True, bidirectional=True, dropout=rnn_drop)
         self.init_proj = nn.Linear(D // 2, D)  # W_s: backward summary → s_0
-        self.score = AdditiveScore(D, D, c.attention_dim or D) if c.attention else None
+        self.score = AdditiveScore(D, D, cfg.attention_dim or D) if cfg.attention else None
         self.decoder = nn.GRU(2 * D, D, num_layers=L, batch_first=True, dropout=rnn_drop)
         self.out_proj = nn.Linear(3 * D, D)  # W_h over [s_t; c_t; E y_{t-1}]
-        self.lm_head = nn.Linear(D, c.vocab_size)
+        self.lm_head = nn.Linear(D, cfg.vocab_size)
 
     # -- encoder -------------------------------------------------------------------------------
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -135,22 +135,22 @@ class Bahdanau(nn.Module):
 
         Without attention the "states" are the one summary ``c = [h→_S; h←_1]`` ``(B, 1, D)``, mask all True.
         """
-        c = self.config
-        check_token_ids(src, c.vocab_size, c.max_source_len, "source")
+        cfg = self.config
+        check_token_ids(src, cfg.vocab_size, cfg.max_source_len, "source")
         B, S = src.shape
-        mask = padding(src.eq(c.pad_id))[:, 0]  # (B, 1, S)
+        mask = padding(src.eq(cfg.pad_id))[:, 0]  # (B, 1, S)
         # pack_padded_sequence needs lengths >= 1: an empty source is read as one <pad>, whose state
         # the mask then hides (its context vector is zero).
         lengths = mask[:, 0].sum(-1).clamp(min=1).cpu()
         packed = pack_padded_sequence(self.drop(self.tok_emb(src)), lengths, batch_first=True, enforce_sorted=False)
         out, h_n = self.encoder(packed)
         memory, _ = pad_packed_sequence(out, batch_first=True, total_length=S)  # (B, S, D)
-        finals = h_n.view(c.num_layers, 2, B, c.dim // 2)  # (L, 2, B, D/2): h→_S and h←_1 of every layer
-        s0 = torch.tanh(self.init_proj(finals[:, 1]))  # (L, B, D)
-        if not c.attention:  # the fixed-length summary of the top layer, [h→_S; h←_1]
+        finals = h_n.view(cfg.num_layers, 2, B, cfg.dim // 2)  # (L, 2, B, D/2): h→_S and h←_1 of every layer
+        init_state = torch.tanh(self.init_proj(finals[:, 1]))  # (L, B, D)
+        if not cfg.attention:  # the fixed-length summary of the top layer, [h→_S; h←_1]
             summary = torch.cat([finals[-1, 0], finals[-1, 1]], dim=-1)[:, None]  # (B, 1, D)
-            return summary, torch.ones(B, 1, 1, dtype=torch.bool, device=src.device), s0
-        return memory, mask, s0
+            return summary, torch.ones(B, 1, 1, dtype=torch.bool, device=src.device), init_state
+        return memory, mask, init_state
 
     # -- decoder -------------------------------------------------------------------------------
     def _steps(self, tgt: Tensor, memory: Tensor, mask: Tensor, hidden: Tensor, *, return_attention: bool = False):
@@ -165,12 +165,12 @@ class Bahdanau(nn.Module):
             else:
                 alpha = masked_softmax(self.score(query, memory), mask)  # (B, 1, S)
                 ctx = alpha @ memory  # (B, 1, D)
-            e = emb[:, t : t + 1]  # (B, 1, D)
-            s, hidden = self.decoder(torch.cat([e, ctx], dim=-1), hidden)  # s: (B, 1, D)
-            outs.append(torch.cat([s, ctx, e], dim=-1))
+            emb_t = emb[:, t : t + 1]  # (B, 1, D)
+            dec_out, hidden = self.decoder(torch.cat([emb_t, ctx], dim=-1), hidden)  # s: (B, 1, D)
+            outs.append(torch.cat([dec_out, ctx, emb_t], dim=-1))
             alphas.append(alpha)
-        h = torch.tanh(self.out_proj(torch.cat(outs, dim=1)))  # (B, T, D)
-        logits = self.lm_head(self.drop(h))
+        feats = torch.tanh(self.out_proj(torch.cat(outs, dim=1)))  # (B, T, D)
+        logits = self.lm_head(self.drop(feats))
         return (logits, hidden, torch.cat(alphas, dim=1)) if return_attention else (logits, hidden)
 
     def forward(self, inputs: tuple[Tensor, Tensor], targets: Tensor | None = None) -> Output:
@@ -179,10 +179,10 @@ class Bahdanau(nn.Module):
 
     def _teacher_forced(self, inputs, return_attention: bool = False):
         src, tgt = source_target(inputs)
-        c = self.config
-        check_token_ids(tgt, c.vocab_size, c.max_target_len, "target")
-        memory, mask, h0 = self.encode(src)
-        out = self._steps(tgt, memory, mask, h0, return_attention=return_attention)
+        cfg = self.config
+        check_token_ids(tgt, cfg.vocab_size, cfg.max_target_len, "target")
+        memory, mask, init_hidden = self.encode(src)
+        out = self._steps(tgt, memory, mask, init_hidden, return_attention=return_attention)
         return out[0], (out[2] if return_attention else None)
 
     def attention_maps(self, inputs: tuple[Tensor, Tensor]) -> dict[str, list[Tensor]]:
@@ -199,8 +199,8 @@ class Bahdanau(nn.Module):
 
     # -- decoding ------------------------------------------------------------------------------
     def init_decode(self, src: Tensor, *, use_cache: bool = True) -> RNNState:
-        memory, mask, h0 = self.encode(src)
-        return RNNState(memory, mask, h0, h0, use_cache)
+        memory, mask, init_hidden = self.encode(src)
+        return RNNState(memory, mask, init_hidden, init_hidden, use_cache)
 
     def decode_step(self, tokens: Tensor, state: RNNState) -> Tensor:
         """Next-token logits ``(B, n, V)``: cached, ``tokens`` are new and the state advances; else the prefix."""
@@ -213,19 +213,19 @@ class Bahdanau(nn.Module):
     # -- examples for tests --------------------------------------------------------------------
     def example_input(self, batch_size: int = 2) -> tuple[Tensor, Tensor]:
         """``(src, tgt_in)`` of random ids; row 0 is full length, the others end in padding."""
-        c = self.config
-        g = torch.Generator().manual_seed(0)
-        S, T = min(12, c.max_source_len), min(8, c.max_target_len)
-        src = torch.randint(min(4, c.vocab_size - 1), c.vocab_size, (batch_size, S), generator=g)
-        for b in range(1, batch_size):
-            src[b, max(1, S - b) :] = c.pad_id
-        tgt = torch.randint(c.vocab_size, (batch_size, T), generator=g)
-        tgt[:, 0] = c.bos_id
+        cfg = self.config
+        gen = torch.Generator().manual_seed(0)
+        S, T = min(12, cfg.max_source_len), min(8, cfg.max_target_len)
+        src = torch.randint(min(4, cfg.vocab_size - 1), cfg.vocab_size, (batch_size, S), generator=gen)
+        for row in range(1, batch_size):
+            src[row, max(1, S - row) :] = cfg.pad_id
+        tgt = torch.randint(cfg.vocab_size, (batch_size, T), generator=gen)
+        tgt[:, 0] = cfg.bos_id
         return src, tgt
 
     def example_targets(self, batch_size: int = 2) -> Tensor:
-        g = torch.Generator().manual_seed(1)
-        return torch.randint(self.config.vocab_size, (batch_size, min(8, self.config.max_target_len)), generator=g)
+        gen = torch.Generator().manual_seed(1)
+        return torch.randint(self.config.vocab_size, (batch_size, min(8, self.config.max_target_len)), generator=gen)
 
 
 register_family("bahdanau", BahdanauConfig, Bahdanau)

@@ -93,8 +93,8 @@ class CaptionerConfig(TransformerConfig):
 
     @property
     def grid(self) -> tuple[int, int]:
-        g = self.image_size // self.patch_size
-        return g, g
+        side = self.image_size // self.patch_size
+        return side, side
 
     @property
     def num_patches(self) -> int:
@@ -115,15 +115,15 @@ class _CaptionerBase(nn.Module):
 
     def __init__(self, config: CaptionerConfig):
         super().__init__()
-        self.config = c = config
-        self.patch = PatchEmbed(c.in_channels, c.dim, c.patch_size)
-        self.img_pos = LearnedPosition2D(c.grid, c.dim)
-        self.tok_emb = nn.Embedding(c.vocab_size, c.dim)
-        self.txt_pos = LearnedPosition(c.max_target_len, c.dim)
-        self.drop = nn.Dropout(c.dropout)
-        self.block_kw = dict(mlp_ratio=c.mlp_ratio, norm="pre", dropout=c.dropout, bias=c.bias, backend=c.backend,
-                             value_proj=c.value_proj)
-        self.lm_head = nn.Linear(c.dim, c.vocab_size, bias=False)
+        self.config = cfg = config
+        self.patch = PatchEmbed(cfg.in_channels, cfg.dim, cfg.patch_size)
+        self.img_pos = LearnedPosition2D(cfg.grid, cfg.dim)
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.txt_pos = LearnedPosition(cfg.max_target_len, cfg.dim)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.block_kw = dict(mlp_ratio=cfg.mlp_ratio, norm="pre", dropout=cfg.dropout, bias=cfg.bias,
+                             backend=cfg.backend, value_proj=cfg.value_proj)
+        self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
 
     def _init(self) -> None:
         for m in self.modules():
@@ -136,12 +136,12 @@ class _CaptionerBase(nn.Module):
 
     def check_images(self, images: Tensor) -> Tensor:
         """Raise ``ValueError`` unless ``images`` is ``(B, C, H, W)`` float of the model's size."""
-        c = self.config
-        want = (c.in_channels, c.image_size, c.image_size)
+        cfg = self.config
+        want = (cfg.in_channels, cfg.image_size, cfg.image_size)
         if not torch.is_tensor(images) or images.dim() != 4 or tuple(images.shape[1:]) != want:
             got = tuple(images.shape) if torch.is_tensor(images) else type(images).__name__
             raise ValueError(f"expected images of shape (B, {want[0]}, {want[1]}, {want[2]}), got {got}; "
-                             f"resize them to {c.image_size}×{c.image_size}")
+                             f"resize them to {cfg.image_size}×{cfg.image_size}")
         if not images.dtype.is_floating_point:
             raise ValueError(f"images must be floating point in [0, 1], got dtype {images.dtype}")
         return images
@@ -153,8 +153,8 @@ class _CaptionerBase(nn.Module):
 
     def embed_text(self, ids: Tensor, offset: int = 0) -> Tensor:
         """Caption ids ``(B, T)`` → token embeddings with positions ``(B, T, D)``."""
-        c = self.config
-        check_token_ids(ids, c.vocab_size, c.max_target_len - offset, "caption")
+        cfg = self.config
+        check_token_ids(ids, cfg.vocab_size, cfg.max_target_len - offset, "caption")
         return self.drop(self.txt_pos(self.tok_emb(ids), offset))
 
     def forward_head(self, h: Tensor) -> Tensor:
@@ -167,16 +167,16 @@ class _CaptionerBase(nn.Module):
 
     def example_input(self, batch_size: int = 2) -> tuple[Tensor, Tensor]:
         """``(images, tgt_in)``: random images of the model's size and random caption ids."""
-        c = self.config
-        g = torch.Generator().manual_seed(0)
-        images = torch.rand(batch_size, c.in_channels, c.image_size, c.image_size, generator=g)
-        tgt = torch.randint(c.vocab_size, (batch_size, min(8, c.max_target_len)), generator=g)
-        tgt[:, 0] = c.bos_id
+        cfg = self.config
+        gen = torch.Generator().manual_seed(0)
+        images = torch.rand(batch_size, cfg.in_channels, cfg.image_size, cfg.image_size, generator=gen)
+        tgt = torch.randint(cfg.vocab_size, (batch_size, min(8, cfg.max_target_len)), generator=gen)
+        tgt[:, 0] = cfg.bos_id
         return images, tgt
 
     def example_targets(self, batch_size: int = 2) -> Tensor:
-        g = torch.Generator().manual_seed(1)
-        return torch.randint(self.config.vocab_size, (batch_size, min(8, self.config.max_target_len)), generator=g)
+        gen = torch.Generator().manual_seed(1)
+        return torch.randint(self.config.vocab_size, (batch_size, min(8, self.config.max_target_len)), generator=gen)
 
 
 def _unpack(inputs) -> tuple[Tensor, Tensor]:
@@ -188,9 +188,9 @@ class Captioner(_CaptionerBase):
 
     def __init__(self, config: CaptionerConfig):
         super().__init__(config)
-        c = config
-        self.encoder = Encoder(c.dim, c.num_layers, c.num_heads, **self.block_kw)
-        self.decoder = Decoder(c.dim, c.num_decoder_layers or c.num_layers, c.num_heads, cross_attention=True,
+        cfg = config
+        self.encoder = Encoder(cfg.dim, cfg.num_layers, cfg.num_heads, **self.block_kw)
+        self.decoder = Decoder(cfg.dim, cfg.num_decoder_layers or cfg.num_layers, cfg.num_heads, cross_attention=True,
                                **self.block_kw)
         self._init()
 
@@ -211,9 +211,9 @@ class Captioner(_CaptionerBase):
 
     def decode_step(self, tokens: Tensor, state: EncoderDecoderState) -> Tensor:
         offset = state.caches[0].length if state.caches else 0
-        h = self.decoder(self.embed_text(tokens, offset), state.memory, is_causal=True, caches=state.caches,
+        feats = self.decoder(self.embed_text(tokens, offset), state.memory, is_causal=True, caches=state.caches,
                          cross_caches=state.cross_caches)
-        return self.forward_head(h)
+        return self.forward_head(feats)
 
     def attention_maps(self, inputs) -> AttentionMaps:
         """Every layer's attention under teacher forcing, plain formula: ``{"encoder": [(B, H, P, P)],
@@ -239,8 +239,8 @@ class PrefixState:
 
     def reorder(self, index: Tensor) -> None:
         self.image_tokens = self.image_tokens.index_select(0, index)
-        for c in self.caches or []:
-            c.reorder(index)
+        for cache in self.caches or []:
+            cache.reorder(index)
 
 
 class PrefixCaptioner(_CaptionerBase):
@@ -248,8 +248,8 @@ class PrefixCaptioner(_CaptionerBase):
 
     def __init__(self, config: CaptionerConfig):
         super().__init__(config)
-        c = config
-        self.decoder = Decoder(c.dim, c.num_layers + (c.num_decoder_layers or c.num_layers), c.num_heads,
+        cfg = config
+        self.decoder = Decoder(cfg.dim, cfg.num_layers + (cfg.num_decoder_layers or cfg.num_layers), cfg.num_heads,
                                **self.block_kw)
         self._init()
 
@@ -263,8 +263,8 @@ class PrefixCaptioner(_CaptionerBase):
         images, tgt = _unpack(inputs)
         img = self.embed_image(images)  # (B, P, D)
         P = img.shape[1]
-        h = self._run(torch.cat([img, self.embed_text(tgt)], dim=1), P)  # (B, P + T, D)
-        return h[:, P:]  # the text positions predict the next words
+        feats = self._run(torch.cat([img, self.embed_text(tgt)], dim=1), P)  # (B, P + T, D)
+        return feats[:, P:]  # the text positions predict the next words
 
     def init_decode(self, images: Tensor, *, use_cache: bool = True) -> PrefixState:
         img = self.embed_image(images)
@@ -277,10 +277,10 @@ class PrefixCaptioner(_CaptionerBase):
     def decode_step(self, tokens: Tensor, state: PrefixState) -> Tensor:
         P = state.image_tokens.shape[1]
         if state.caches is None:
-            h = self._run(torch.cat([state.image_tokens, self.embed_text(tokens)], dim=1), P)[:, P:]
+            feats = self._run(torch.cat([state.image_tokens, self.embed_text(tokens)], dim=1), P)[:, P:]
         else:
-            h = self._run(self.embed_text(tokens, state.caches[0].length - P), P, state.caches)
-        return self.forward_head(h)
+            feats = self._run(self.embed_text(tokens, state.caches[0].length - P), P, state.caches)
+        return self.forward_head(feats)
 
     def attention_maps(self, inputs) -> AttentionMaps:
         """Every layer's attention over ``[image; text]`` under the prefix mask, plain formula:

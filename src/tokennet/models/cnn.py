@@ -70,19 +70,19 @@ def receptive_field(layers, *, paddings=None) -> ReceptiveField:
             layers count as layers too (a 2×2 max-pool is ``(2, 2)``).
         paddings: zero padding per layer (default: none), which only moves ``start``.
     """
-    r, j, start = 1, 1, 0
+    field, j, start = 1, 1, 0
     layers = list(layers)
     paddings = [0] * len(layers) if paddings is None else list(paddings)
     if len(paddings) != len(layers):
         raise ValueError(f"{len(layers)} layers but {len(paddings)} paddings")
-    for layer, p in zip(layers, paddings, strict=True):
-        k, s, d = (*layer, 1) if len(layer) == 2 else layer
-        if min(k, s, d) < 1:
+    for layer, pad in zip(layers, paddings, strict=True):
+        k, stride, dilation = (*layer, 1) if len(layer) == 2 else layer
+        if min(k, stride, dilation) < 1:
             raise ValueError(f"kernel, stride and dilation must be >= 1, got {layer}")
-        r += d * (k - 1) * j
-        start -= p * j
-        j *= s
-    return ReceptiveField(r, j, start)
+        field += dilation * (k - 1) * j
+        start -= pad * j
+        j *= stride
+    return ReceptiveField(field, j, start)
 
 
 # -- the trunk --------------------------------------------------------------------------------------------------
@@ -161,13 +161,13 @@ class _Block(nn.Module):
         return [first] if self.arch == "plain" else [first, ((self.k, 1, self.dilation), self.pad)]
 
     def forward(self, x: Tensor, film: tuple[Tensor, Tensor] | None = None) -> Tensor:
-        h = self.norm1(self.conv1(x))
+        feats = self.norm1(self.conv1(x))
         if self.arch == "resnet":
-            h = self.norm2(self.conv2(F.relu(h)))
+            feats = self.norm2(self.conv2(F.relu(feats)))
         if film is not None:
             gamma, beta = film  # (B, C) each
-            h = (1 + gamma[:, :, None, None]) * h + beta[:, :, None, None]
-        return F.relu(h + self.shortcut(x)) if self.arch == "resnet" else F.relu(h)
+            feats = (1 + gamma[:, :, None, None]) * feats + beta[:, :, None, None]
+        return F.relu(feats + self.shortcut(x)) if self.arch == "resnet" else F.relu(feats)
 
 
 class ConvTrunk(nn.Module):
@@ -180,25 +180,26 @@ class ConvTrunk(nn.Module):
                               bias=c.norm == "none")
         self.stem_norm = _norm(c.norm, c.widths[0])
         blocks, c_in = [], c.widths[0]
-        for i, (w, n) in enumerate(zip(c.widths, c.depths, strict=True)):
-            for b in range(n):
-                blocks.append(_Block(c.arch, c_in, w, c.kernel_size, 2 if i > 0 and b == 0 else 1, c.dilation, c.norm))
-                c_in = w
+        for i, (width, n) in enumerate(zip(c.widths, c.depths, strict=True)):
+            for block_index in range(n):
+                blocks.append(_Block(c.arch, c_in, width, c.kernel_size, 2 if i > 0 and block_index == 0 else 1,
+                                     c.dilation, c.norm))
+                c_in = width
         self.blocks = nn.ModuleList(blocks)
         self.out_channels = c_in
 
     def film_channels(self) -> list[int]:
         """The channels each block's FiLM ``(γ, β)`` must have, in order."""
-        return [b.conv1.out_channels for b in self.blocks]
+        return [block.conv1.out_channels for block in self.blocks]
 
     def layer_specs(self) -> tuple[list[tuple[int, int, int]], list[int]]:
         """``(layers, paddings)`` of the longest path, for :func:`receptive_field`."""
-        s = self.stem
-        layers, pads = [(s.kernel_size[0], s.stride[0], 1)], [s.padding[0]]
-        for b in self.blocks:
-            for spec, p in b.layers():
+        stem = self.stem
+        layers, pads = [(stem.kernel_size[0], stem.stride[0], 1)], [stem.padding[0]]
+        for block in self.blocks:
+            for spec, pad in block.layers():
                 layers.append(spec)
-                pads.append(p)
+                pads.append(pad)
         return layers, pads
 
     def receptive_field(self) -> ReceptiveField:
@@ -208,10 +209,10 @@ class ConvTrunk(nn.Module):
         return receptive_field(layers, paddings=pads)
 
     def forward(self, x: Tensor, films: list[tuple[Tensor, Tensor]] | None = None) -> Tensor:
-        h = F.relu(self.stem_norm(self.stem(x)))  # (B, widths[0], H/stem_stride, W/stem_stride)
+        feats = F.relu(self.stem_norm(self.stem(x)))  # (B, widths[0], H/stem_stride, W/stem_stride)
         for i, blk in enumerate(self.blocks):
-            h = blk(h, None if films is None else films[i])
-        return h  # (B, widths[-1], H', W')
+            feats = blk(feats, None if films is None else films[i])
+        return feats  # (B, widths[-1], H', W')
 
 
 # -- the classifier ---------------------------------------------------------------------------------------------
@@ -262,26 +263,26 @@ class CNN(CountsParameters, nn.Module):
 
     def __init__(self, config: CNNConfig):
         super().__init__()
-        self.config = c = config
-        self.trunk = ConvTrunk(c)
-        self.drop = nn.Dropout(c.dropout)
-        self.head = nn.Linear(self.trunk.out_channels, c.num_classes)
+        self.config = cfg = config
+        self.trunk = ConvTrunk(cfg)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.head = nn.Linear(self.trunk.out_channels, cfg.num_classes)
         self.apply(init_conv_weights)
 
     def receptive_field(self) -> ReceptiveField:
         return self.trunk.receptive_field()
 
     def example_input(self, batch_size: int = 2) -> Tensor:
-        c = self.config
-        return torch.rand((batch_size, c.in_channels, *c.image_hw), generator=torch.Generator().manual_seed(0))
+        cfg = self.config
+        return torch.rand((batch_size, cfg.in_channels, *cfg.image_hw), generator=torch.Generator().manual_seed(0))
 
     def example_targets(self, batch_size: int = 2) -> Tensor:
         return torch.randint(self.config.num_classes, (batch_size,), generator=torch.Generator().manual_seed(1))
 
     def _check(self, x: Tensor) -> None:
-        c = self.config
-        if x.dim() != 4 or x.shape[1] != c.in_channels:
-            raise ValueError(f"this CNN expects images (B, {c.in_channels}, H, W), got {tuple(x.shape)}")
+        cfg = self.config
+        if x.dim() != 4 or x.shape[1] != cfg.in_channels:
+            raise ValueError(f"this CNN expects images (B, {cfg.in_channels}, H, W), got {tuple(x.shape)}")
 
     def forward_features(self, x: Tensor) -> Tensor:
         """Images → the last feature map ``(B, C', H', W')``."""
@@ -303,11 +304,11 @@ class CNN(CountsParameters, nn.Module):
         """CAM (Zhou et al. 2016, https://arxiv.org/abs/1512.04150): ``M_c(u) = w_c · h_u``, the local vote
         of every unit for class ``c`` (their mean plus the bias is the logit). Returns ``(maps (B, H', W'),
         classes (B,))`` for the predicted class (or ``cls``)."""
-        h = self.forward_features(x)  # (B, C', H', W')
+        feats = self.forward_features(x)  # (B, C', H', W')
         if cls is None:
-            cls = self.forward_head(h).argmax(-1)
-        w = self.head.weight[cls]  # (B, C')
-        return torch.einsum("bc,bchw->bhw", w, h), cls
+            cls = self.forward_head(feats).argmax(-1)
+        class_weight = self.head.weight[cls]  # (B, C')
+        return torch.einsum("bc,bchw->bhw", class_weight, feats), cls
 
 
 register_family("cnn", CNNConfig, CNN)

@@ -137,12 +137,12 @@ class GPTConfig(TransformerConfig, defaults=dict(dim=384, num_layers=6, num_head
                 or not math.isfinite(self.embedding_scale) or self.embedding_scale <= 0:
             raise ConfigError(f"embedding_scale must be a positive number, got {self.embedding_scale!r}")
         if self.attention_windows is not None:
-            w = self.attention_windows
-            if not isinstance(w, list) or len(w) != self.num_layers or not all(
-                    isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in w):
+            windows = self.attention_windows
+            if not isinstance(windows, list) or len(windows) != self.num_layers or not all(
+                    isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in windows):
                 raise ConfigError(f"attention_windows must list one window per layer ({self.num_layers}), each an "
-                                  f"integer >= 0 (0: global), got {w!r}")
-            if any(w) and self.mixer != "attention":
+                                  f"integer >= 0 (0: global), got {windows!r}")
+            if any(windows) and self.mixer != "attention":
                 raise ConfigError("attention_windows needs mixer='attention'")
         if self.rope_local_base is not None and (
                 isinstance(self.rope_local_base, bool) or not isinstance(self.rope_local_base, (int, float))
@@ -177,53 +177,57 @@ class GPT(nn.Module):
 
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.config = c = config
+        self.config = cfg = config
         # A model holding GGUF blocks (an imported file) does not build its float32 weights first (538 MB for
         # SmolLM2-135M, to be thrown away): its layers are made on the meta device and the blocks replace them.
         # (Modules are registered in the same order either way: optimizer states follow that order.)
-        meta = (lambda: torch.device("meta")) if c.quantized else contextlib.nullcontext
-        if c.quantized or torch.get_default_device().type == "meta":  # (normal_ on meta would load torch._dynamo)
-            self.tok_emb = nn.Embedding(c.vocab_size, c.dim, _weight=torch.empty(c.vocab_size, c.dim, device="meta"))
+        meta = (lambda: torch.device("meta")) if cfg.quantized else contextlib.nullcontext
+        if cfg.quantized or torch.get_default_device().type == "meta":  # (normal_ on meta would load torch._dynamo)
+            self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.dim,
+                                        _weight=torch.empty(cfg.vocab_size, cfg.dim, device="meta"))
         else:
-            self.tok_emb = nn.Embedding(c.vocab_size, c.dim)
+            self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.pos_emb = None
-        if c.position == "learned":
-            self.pos_emb = LearnedPosition(c.block_size, c.dim)
-        elif c.position == "sinusoidal":
-            self.pos_emb = SinusoidalPosition(c.dim, max_len=c.block_size)
-        self.rope = RotaryEmbedding(c.head_width, base=c.rope_base) if c.position == "rope" else None
+        if cfg.position == "learned":
+            self.pos_emb = LearnedPosition(cfg.block_size, cfg.dim)
+        elif cfg.position == "sinusoidal":
+            self.pos_emb = SinusoidalPosition(cfg.dim, max_len=cfg.block_size)
+        self.rope = RotaryEmbedding(cfg.head_width, base=cfg.rope_base) if cfg.position == "rope" else None
         # Layers with a window turn with their own base (Gemma 3: 1e4 local, 1e6 global).
-        self.rope_local = (RotaryEmbedding(c.head_width, base=c.rope_local_base)
-                           if c.position == "rope" and c.rope_local_base is not None else None)
-        self.alibi = ALiBi(c.num_heads) if c.position == "alibi" else None
-        self.drop = (nn.Dropout(c.dropout) if c.dropout > 0 else nn.Identity())
+        self.rope_local = (RotaryEmbedding(cfg.head_width, base=cfg.rope_local_base)
+                           if cfg.position == "rope" and cfg.rope_local_base is not None else None)
+        self.alibi = ALiBi(cfg.num_heads) if cfg.position == "alibi" else None
+        self.drop = (nn.Dropout(cfg.dropout) if cfg.dropout > 0 else nn.Identity())
         with meta():
             self.decoder = Decoder(
-                c.dim, c.num_layers, c.num_heads, norm=c.norm_placement, dropout=c.dropout, num_kv_heads=c.num_kv_heads,
-                bias=c.bias, mixer=c.mixer, num_tokens=c.block_size, backend=c.backend, head_dim=c.head_dim,
-                qk_norm=Norm(c.qk_norm, eps=c.norm_eps, bias=False) if isinstance(c.qk_norm, str) else c.qk_norm,
-                value_proj=c.value_proj,
-                norm_layer=Norm(c.norm_layer, eps=c.norm_eps, bias=c.bias),  # LayerNorm (GPT-2) or RMSNorm (Llama)
-                mlp=mlp_kind(mlp_ratio=c.mlp_ratio, activation=c.activation, gated=c.gated_mlp, dropout=c.dropout,
-                             bias=c.bias),  # GELU MLP (GPT-2) or SwiGLU (Llama)
+                cfg.dim, cfg.num_layers, cfg.num_heads, norm=cfg.norm_placement, dropout=cfg.dropout,
+                num_kv_heads=cfg.num_kv_heads, bias=cfg.bias, mixer=cfg.mixer, num_tokens=cfg.block_size,
+                backend=cfg.backend, head_dim=cfg.head_dim,
+                qk_norm=(Norm(cfg.qk_norm, eps=cfg.norm_eps, bias=False) if isinstance(cfg.qk_norm, str)
+                         else cfg.qk_norm),
+                value_proj=cfg.value_proj,
+                # LayerNorm (GPT-2) or RMSNorm (Llama)
+                norm_layer=Norm(cfg.norm_layer, eps=cfg.norm_eps, bias=cfg.bias),
+                mlp=mlp_kind(mlp_ratio=cfg.mlp_ratio, activation=cfg.activation, gated=cfg.gated_mlp,
+                             dropout=cfg.dropout, bias=cfg.bias),  # GELU MLP (GPT-2) or SwiGLU (Llama)
             )
-            self.lm_head = nn.Linear(c.dim, c.vocab_size, bias=False)
-            if c.qkv_bias and not c.bias:
+            self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+            if cfg.qkv_bias and not cfg.bias:
                 self._qkv_biases()
         self._init(self)
-        if c.tie_weights:
+        if cfg.tie_weights:
             self.lm_head.weight = self.tok_emb.weight
-        if c.quantized:
-            self._use_blocks(c.quantized)
+        if cfg.quantized:
+            self._use_blocks(cfg.quantized)
             for m in self.modules():  # what the blocks did not replace (norms, a float table) on the CPU
                 if any(t.is_meta for t in [*m.parameters(recurse=False), *m.buffers(recurse=False)]):
                     m.to_empty(device="cpu", recurse=False)
                     if hasattr(m, "reset_parameters"):
                         m.reset_parameters()
             self._init(self)
-            if c.tie_weights and type(self.lm_head) is nn.Linear and type(self.tok_emb) is nn.Embedding:
+            if cfg.tie_weights and type(self.lm_head) is nn.Linear and type(self.tok_emb) is nn.Embedding:
                 self.lm_head.weight = self.tok_emb.weight  # to_empty made each its own tensor
-            if c.tie_weights and isinstance(self.lm_head, BlockLinear) and isinstance(self.tok_emb, BlockEmbedding):
+            if cfg.tie_weights and isinstance(self.lm_head, BlockLinear) and isinstance(self.tok_emb, BlockEmbedding):
                 self.tok_emb.qs, self.tok_emb.d, self.tok_emb.m = self.lm_head.qs, self.lm_head.d, self.lm_head.m
 
     def _qkv_biases(self) -> None:
@@ -235,14 +239,14 @@ class GPT(nn.Module):
     def _init(self, module: nn.Module) -> None:
         module.apply(self._init_weights)
         # GPT-2: scale the residual projections by 1/√(2L) so the residual stream's variance stays put.
-        for name, p in module.named_parameters():
-            if name.endswith(("out_proj.weight", "fc2.weight")) and not p.is_meta:
-                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * self.config.num_layers))
+        for name, param in module.named_parameters():
+            if name.endswith(("out_proj.weight", "fc2.weight")) and not param.is_meta:
+                nn.init.normal_(param, 0.0, 0.02 / math.sqrt(2 * self.config.num_layers))
 
     def _use_blocks(self, formats: dict[str, str]) -> None:
         """Replace the modules ``formats`` names by empty block-quantized ones (filled by ``load_state_dict``)."""
         def fmt_of(name: str) -> str | None:
-            hits = {f for pattern, f in formats.items() if fnmatchcase(name, pattern)}
+            hits = {block_format for pattern, block_format in formats.items() if fnmatchcase(name, pattern)}
             if len(hits) > 1:
                 raise ConfigError(f"quantized gives {name} two formats: {sorted(hits)}")
             return hits.pop() if hits else None
@@ -264,7 +268,7 @@ class GPT(nn.Module):
             with torch.device("meta"):  # allocated (not written) by __init__'s to_empty: the load fills them
                 block = BlockLinear(mod.in_features, mod.out_features, fmt, bias=mod.bias is not None)
             setattr(self.get_submodule(parent) if parent else self, child, block)
-            used.update(p for p in formats if fnmatchcase(name, p))
+            used.update(glob for glob in formats if fnmatchcase(name, glob))
         if emb is not None or (self.config.tie_weights and isinstance(self.lm_head, BlockLinear)):
             if self.config.tie_weights:
                 if not isinstance(self.lm_head, BlockLinear):
@@ -275,7 +279,7 @@ class GPT(nn.Module):
                 with torch.device("meta"):
                     table = BlockLinear(self.config.dim, self.config.vocab_size, emb)
             self.tok_emb = BlockEmbedding(table)
-            used.update(p for p in formats if fnmatchcase("tok_emb", p) or fnmatchcase("lm_head", p))
+            used.update(glob for glob in formats if fnmatchcase("tok_emb", glob) or fnmatchcase("lm_head", glob))
         unused = sorted(set(formats) - used)
         if unused:
             raise ConfigError(f"quantized names modules this model does not have: {unused}")
@@ -294,7 +298,7 @@ class GPT(nn.Module):
 
     def num_parameters(self, exclude_embeddings: bool = False) -> int:
         """Parameters, counting each weight held in blocks (see ``quantized``) as one; tied tensors once."""
-        n = sum(p.numel() for p in self.parameters())
+        n = sum(param.numel() for param in self.parameters())
         n += sum(m.in_features * m.out_features for m in self.modules() if isinstance(m, BlockLinear))
         if isinstance(self.tok_emb, BlockEmbedding) and not self.config.tie_weights:
             n += self.tok_emb.num_embeddings * self.tok_emb.embedding_dim
@@ -304,13 +308,13 @@ class GPT(nn.Module):
 
     def example_input(self, batch_size: int = 2) -> Tensor:
         """A valid input for tests and tracing: random token ids ``(B, block_size)``."""
-        g = torch.Generator().manual_seed(0)
-        return torch.randint(self.config.vocab_size, (batch_size, self.config.block_size), generator=g)
+        gen = torch.Generator().manual_seed(0)
+        return torch.randint(self.config.vocab_size, (batch_size, self.config.block_size), generator=gen)
 
     def example_targets(self, batch_size: int = 2) -> Tensor:
         """Targets matching :meth:`example_input`: random next-token ids ``(B, block_size)``."""
-        g = torch.Generator().manual_seed(1)
-        return torch.randint(self.config.vocab_size, (batch_size, self.config.block_size), generator=g)
+        gen = torch.Generator().manual_seed(1)
+        return torch.randint(self.config.vocab_size, (batch_size, self.config.block_size), generator=gen)
 
     def make_caches(self, max_len: int | None = None) -> list[KVCache]:
         """Empty KV caches, one per layer, for decoding up to ``max_len`` (default block_size) tokens."""
@@ -348,8 +352,8 @@ class GPT(nn.Module):
         bias = self.alibi(T, offset + T).to(device=idx.device, dtype=x.dtype) if self.alibi is not None else None
         mask = None
         # A window shorter than the keys: that layer's causal band i − W < j ≤ i (others: the causal mask only).
-        bands = {w: sliding_window(T, offset + T, w, device=idx.device)
-                 for w in set(self.config.attention_windows or ()) if 0 < w < offset + T}
+        bands = {window: sliding_window(T, offset + T, window, device=idx.device)
+                 for window in set(self.config.attention_windows or ()) if 0 < window < offset + T}
         if bands:
             mask = [bands.get(self.config.window(i)) for i in range(self.config.num_layers)]
         return self.decoder(x, mask=mask, is_causal=True, rope=rope, bias=bias, caches=caches,
@@ -358,8 +362,8 @@ class GPT(nn.Module):
     def embed(self, idx: Tensor) -> Tensor:
         """Token ids ``(B, T)`` → ``s · E[ids]`` ``(B, T, D)`` (``s = embedding_scale``: 1, or √D for Gemma)."""
         x = self.tok_emb(idx)  # (B, T, D)
-        s = self.config.embedding_scale
-        return x if s == 1.0 else x * torch.tensor(s, dtype=x.dtype)
+        scale = self.config.embedding_scale
+        return x if scale == 1.0 else x * torch.tensor(scale, dtype=x.dtype)
 
     def _rows_forward(self, idx: Tensor, positions: Tensor, mask: Tensor | None, caches) -> Tensor:
         """:meth:`forward_features` with per-row positions: the same formulas, each row at its own offset."""
@@ -392,7 +396,8 @@ class GPT(nn.Module):
             bias = -self.alibi.slopes.to(device=idx.device, dtype=x.dtype)[None, :, None, None] * dist  # (B, H, T, Nk)
         if self.config.attention_windows and any(self.config.attention_windows):
             n_k = mask.shape[-1] if mask is not None else (caches[0].length + idx.shape[1] if caches else idx.shape[1])
-            bands = {w: window_band(positions, n_k, w) for w in set(self.config.attention_windows) if w}
+            bands = {window: window_band(positions, n_k, window)
+                     for window in set(self.config.attention_windows) if window}
             mask = [mask if not self.config.window(i) else
                     bands[self.config.window(i)] if mask is None else mask & bands[self.config.window(i)]
                     for i in range(self.config.num_layers)]

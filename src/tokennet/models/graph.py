@@ -99,34 +99,35 @@ class GraphTransformer(CountsParameters, nn.Module):
 
     def __init__(self, config: GraphConfig):
         super().__init__()
-        self.config = c = config
-        self.node_proj = nn.Linear(c.node_features, c.dim)
-        self.lap_pos = LaplacianPosition(c.pe_dim, c.dim) if c.position == "laplacian" else None
-        self.rw_pos = nn.Linear(c.pe_dim, c.dim) if c.position == "random-walk" else None
-        self.ct_pos = CommuteTimePosition(c.pe_dim, c.dim) if c.position == "commute-time" else None
-        self.kernel_pos = SpectralKernelBias(c.num_heads, c.dim) if c.position == "spectral-kernel" else None
+        self.config = cfg = config
+        self.node_proj = nn.Linear(cfg.node_features, cfg.dim)
+        self.lap_pos = LaplacianPosition(cfg.pe_dim, cfg.dim) if cfg.position == "laplacian" else None
+        self.rw_pos = nn.Linear(cfg.pe_dim, cfg.dim) if cfg.position == "random-walk" else None
+        self.ct_pos = CommuteTimePosition(cfg.pe_dim, cfg.dim) if cfg.position == "commute-time" else None
+        self.kernel_pos = SpectralKernelBias(cfg.num_heads, cfg.dim) if cfg.position == "spectral-kernel" else None
         # Graphormer's spatial encoding: one learned scalar per head and distance bucket 0..max+1.
-        self.dist_bias = nn.Embedding(c.max_distance + 2, c.num_heads) if c.attention == "distance-bias" else None
+        self.dist_bias = nn.Embedding(cfg.max_distance + 2, cfg.num_heads) if cfg.attention == "distance-bias" else None
         if self.dist_bias is not None:
             nn.init.zeros_(self.dist_bias.weight)
-        self.rbf_bias = nn.Linear(RBF_CENTERS, c.num_heads) if c.attention == "distance-3d" else None
+        self.rbf_bias = nn.Linear(RBF_CENTERS, cfg.num_heads) if cfg.attention == "distance-3d" else None
         if self.rbf_bias is not None:
             self.register_buffer("rbf_mu", torch.linspace(0.0, RBF_MAX, RBF_CENTERS), persistent=False)
-        self.drop = nn.Dropout(c.dropout) if c.dropout > 0 else nn.Identity()
-        self.encoder = Encoder(c.dim, c.num_layers, c.num_heads, mlp_ratio=c.mlp_ratio, norm="pre", dropout=c.dropout,
-                               backend=c.backend, value_proj=c.value_proj)
-        self.head = nn.Linear(c.dim, c.num_outputs)
+        self.drop = nn.Dropout(cfg.dropout) if cfg.dropout > 0 else nn.Identity()
+        self.encoder = Encoder(cfg.dim, cfg.num_layers, cfg.num_heads, mlp_ratio=cfg.mlp_ratio, norm="pre",
+                               dropout=cfg.dropout, backend=cfg.backend, value_proj=cfg.value_proj)
+        self.head = nn.Linear(cfg.dim, cfg.num_outputs)
 
     def _check(self, g: GraphBatch) -> GraphBatch:
-        c = self.config
+        cfg = self.config
         if not isinstance(g, GraphBatch):
             raise ValueError(f"a graph model takes a GraphBatch (see tokennet.tokens.graph.collate_graphs), "
                              f"got {type(g).__name__}")
-        if g.x.shape[-1] != c.node_features:
-            raise ValueError(f"node features are {g.x.shape[-1]} wide, the model expects {c.node_features}")
-        if c.position in ("laplacian", "random-walk") and (g.lap.shape[-1] != c.pe_dim or g.rw.shape[-1] != c.pe_dim):
+        if g.x.shape[-1] != cfg.node_features:
+            raise ValueError(f"node features are {g.x.shape[-1]} wide, the model expects {cfg.node_features}")
+        if (cfg.position in ("laplacian", "random-walk")
+                and (g.lap.shape[-1] != cfg.pe_dim or g.rw.shape[-1] != cfg.pe_dim)):
             raise ValueError(f"the batch has {g.lap.shape[-1]} eigenvectors / {g.rw.shape[-1]} walk steps, the model "
-                             f"expects pe_dim={c.pe_dim}: collate with k=rw_steps={c.pe_dim}")
+                             f"expects pe_dim={cfg.pe_dim}: collate with k=rw_steps={cfg.pe_dim}")
         return g
 
     def structure(self, g: GraphBatch) -> tuple[Tensor, Tensor | None]:
@@ -140,9 +141,9 @@ class GraphTransformer(CountsParameters, nn.Module):
         elif self.rbf_bias is not None:
             if g.pos is None:
                 raise ValueError("attention='distance-3d' needs node coordinates: the batch has no pos")
-            d = torch.cdist(g.pos.to(self.rbf_mu.dtype), g.pos.to(self.rbf_mu.dtype))  # (B, N, N) in Å
+            dist = torch.cdist(g.pos.to(self.rbf_mu.dtype), g.pos.to(self.rbf_mu.dtype))  # (B, N, N) in Å
             gamma = (RBF_CENTERS / RBF_MAX) ** 2  # one width per centre spacing
-            phi = torch.exp(-gamma * (d[..., None] - self.rbf_mu) ** 2)  # (B, N, N, K)
+            phi = torch.exp(-gamma * (dist[..., None] - self.rbf_mu) ** 2)  # (B, N, N, K)
             bias = self.rbf_bias(phi).permute(0, 3, 1, 2)  # (B, H, N, N)
         return mask, bias
 
@@ -163,25 +164,25 @@ class GraphTransformer(CountsParameters, nn.Module):
 
     def forward_features(self, g: GraphBatch, *, return_attention: bool = False):
         """Node tokens after the encoder ``(B, N, D)`` (padding rows are not meaningful)."""
-        g = self._check(g)
-        h = self.node_proj(g.x)  # (B, N, D)
-        node_pos, pos_bias = self.positions(g)
+        graph = self._check(g)
+        feats = self.node_proj(graph.x)  # (B, N, D)
+        node_pos, pos_bias = self.positions(graph)
         if node_pos is not None:
-            h = h + node_pos
-        mask, bias = self.structure(g)
+            feats = feats + node_pos
+        mask, bias = self.structure(graph)
         if pos_bias is not None:
             bias = pos_bias if bias is None else bias + pos_bias
-        return self.encoder(self.drop(h), mask=mask, bias=bias, return_weights=return_attention)
+        return self.encoder(self.drop(feats), mask=mask, bias=bias, return_weights=return_attention)
 
     def readout(self, h: Tensor, node_mask: Tensor) -> Tensor:
         """Mean of the real nodes' tokens ``(B, D)``: the same for every ordering of the nodes."""
-        w = node_mask.to(h.dtype)[..., None]  # (B, N, 1)
-        return (h * w).sum(1) / w.sum(1).clamp_min(1)
+        weight = node_mask.to(h.dtype)[..., None]  # (B, N, 1)
+        return (h * weight).sum(1) / weight.sum(1).clamp_min(1)
 
     def forward_head(self, h: Tensor, node_mask: Tensor) -> Tensor:
-        c = self.config
+        cfg = self.config
         out = self.head(self.readout(h, node_mask))
-        return out if c.task == "classify" else c.target_mean + c.target_std * out
+        return out if cfg.task == "classify" else cfg.target_mean + cfg.target_std * out
 
     def forward(self, g: GraphBatch, targets: Tensor | None = None) -> Output:
         out = self.forward_head(self.forward_features(g), g.node_mask)  # (B, num_outputs)
@@ -201,21 +202,21 @@ class GraphTransformer(CountsParameters, nn.Module):
     # -- examples for tests --------------------------------------------------------------------
     def example_input(self, batch_size: int = 2) -> GraphBatch:
         """Random small graphs (cycles with a chord, different sizes) with random features."""
-        c = self.config
+        cfg = self.config
         gen = torch.Generator().manual_seed(0)
         graphs = []
-        for b in range(batch_size):
-            n = 5 + b % 4
+        for index in range(batch_size):
+            n = 5 + index % 4
             edges = [(i, (i + 1) % n) for i in range(n)] + [(0, n // 2)]
-            graphs.append((torch.randn(n, c.node_features, generator=gen), edges))
-        return collate_graphs(graphs, k=c.pe_dim, rw_steps=c.pe_dim, max_distance=c.max_distance)
+            graphs.append((torch.randn(n, cfg.node_features, generator=gen), edges))
+        return collate_graphs(graphs, k=cfg.pe_dim, rw_steps=cfg.pe_dim, max_distance=cfg.max_distance)
 
     def example_targets(self, batch_size: int = 2) -> Tensor:
-        g = torch.Generator().manual_seed(1)
-        c = self.config
-        if c.task == "classify":
-            return torch.randint(c.num_outputs, (batch_size,), generator=g)
-        return torch.randn(batch_size, c.num_outputs, generator=g)
+        gen = torch.Generator().manual_seed(1)
+        cfg = self.config
+        if cfg.task == "classify":
+            return torch.randint(cfg.num_outputs, (batch_size,), generator=gen)
+        return torch.randn(batch_size, cfg.num_outputs, generator=gen)
 
 
 register_family("graph", GraphConfig, GraphTransformer)

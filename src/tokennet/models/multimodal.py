@@ -84,11 +84,11 @@ class MultimodalConfig(TransformerConfig, defaults=dict(dim=64, num_layers=2, nu
         unknown = sorted(set(self.shared_head) - set(self.parts))
         if unknown:
             raise ConfigError(f"shared_head names tasks without a part: {unknown}; parts: {sorted(self.parts)}")
-        for name, w in self.weights.items():
+        for name, weight in self.weights.items():
             if name not in self.parts:
                 raise ConfigError(f"weights names {name!r}, which has no part; parts: {sorted(self.parts)}")
-            if isinstance(w, bool) or not isinstance(w, (int, float)) or not w > 0:
-                raise ConfigError(f"the loss weight of {name!r} must be a positive number, got {w!r}")
+            if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
+                raise ConfigError(f"the loss weight of {name!r} must be a positive number, got {weight!r}")
 
     def part_config(self, name: str):
         """The config of part ``name``: its own fields, with the trunk's shape."""
@@ -119,10 +119,10 @@ class MultimodalModel(CountsParameters, nn.Module):
 
     def __init__(self, config: MultimodalConfig):
         super().__init__()
-        self.config = c = config
-        self.trunk = Decoder(c.dim, c.num_layers, c.num_heads, mlp_ratio=c.mlp_ratio, norm="pre", dropout=c.dropout,
-                             backend=c.backend, value_proj=c.value_proj)
-        self.parts = nn.ModuleDict({name: model_from_config(c.part_config(name)) for name in c.parts})
+        self.config = cfg = config
+        self.trunk = Decoder(cfg.dim, cfg.num_layers, cfg.num_heads, mlp_ratio=cfg.mlp_ratio, norm="pre",
+                             dropout=cfg.dropout, backend=cfg.backend, value_proj=cfg.value_proj)
+        self.parts = nn.ModuleDict({name: model_from_config(cfg.part_config(name)) for name in cfg.parts})
         bidirectional = SharedStack(self.trunk)
         for name, part in self.parts.items():
             family = part.config.family
@@ -130,9 +130,9 @@ class MultimodalModel(CountsParameters, nn.Module):
             if not isinstance(getattr(part, attr, None), nn.Module):
                 raise ConfigError(f"part {name!r} ({family}) has no stack of blocks at .{attr} to share")
             setattr(part, attr, self.trunk if family in CAUSAL_FAMILIES else bidirectional)
-        if c.shared_head:
-            head = getattr(self.parts[c.shared_head[0]], HEAD_ATTR)
-            for name in c.shared_head[1:]:
+        if cfg.shared_head:
+            head = getattr(self.parts[cfg.shared_head[0]], HEAD_ATTR)
+            for name in cfg.shared_head[1:]:
                 self._share_head(name, head)
 
     def _share_head(self, name: str, head: nn.Module) -> None:

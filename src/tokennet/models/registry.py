@@ -57,7 +57,7 @@ class CountsParameters:
     """Mixin of the families' models: ``num_parameters()``, the count that run summaries and reports print."""
 
     def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters())
+        return sum(param.numel() for param in self.parameters())
 
 
 def parameter_count(model: nn.Module) -> int:
@@ -65,7 +65,7 @@ def parameter_count(model: nn.Module) -> int:
     held in blocks, e.g. a GGUF's Q4 matrices kept on import, as the elements it stands for), else every
     ``nn.Parameter``'s elements. What import, training summaries and reports print and record."""
     count = getattr(model, "num_parameters", None)
-    return int(count()) if callable(count) else sum(p.numel() for p in model.parameters())
+    return int(count()) if callable(count) else sum(param.numel() for param in model.parameters())
 
 
 @dataclass
@@ -79,7 +79,7 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]):
-        names = {f.name for f in dataclasses.fields(cls) if f.init}
+        names = {dc_field.name for dc_field in dataclasses.fields(cls) if dc_field.init}
         unknown = sorted(set(d) - names - {"family"})
         if unknown:
             raise ConfigError(f"unknown {cls.__name__} field(s) {unknown}; valid fields: {sorted(names)}")
@@ -110,9 +110,10 @@ class ModelConfig:
         """The fields every transformer family shares: ``mlp_ratio`` (with ``dim``) and ``backend``."""
         from ..attention.functional import BACKENDS
 
-        r = self.mlp_ratio
-        if isinstance(r, bool) or not isinstance(r, numbers.Real) or not (r > 0 and round(r * self.dim) >= 1):
-            raise ConfigError(f"mlp_ratio must be positive (the MLP needs mlp_ratio·dim >= 1 units), got {r!r}")
+        ratio = self.mlp_ratio
+        if (isinstance(ratio, bool) or not isinstance(ratio, numbers.Real)
+                or not (ratio > 0 and round(ratio * self.dim) >= 1)):
+            raise ConfigError(f"mlp_ratio must be positive (the MLP needs mlp_ratio·dim >= 1 units), got {ratio!r}")
         self._choice("backend", self.backend, BACKENDS)
 
 
@@ -156,7 +157,7 @@ class TransformerConfig(ModelConfig):
         super().__init_subclass__(**kw)
         if not defaults:
             return
-        shared = {f.name: f.type for f in dataclasses.fields(TransformerConfig) if f.init}
+        shared = {dc_field.name: dc_field.type for dc_field in dataclasses.fields(TransformerConfig) if dc_field.init}
         unknown = sorted(set(defaults) - set(shared))
         if unknown:
             raise TypeError(f"{cls.__name__}: defaults for {unknown}, which are not shared transformer fields "
@@ -185,10 +186,10 @@ class TransformerConfig(ModelConfig):
             return
         if getattr(self, "mixer", "attention") != "attention":
             raise ConfigError("value_proj=false (W_v = I) needs mixer='attention' (the token mixer has no W_v)")
-        kv = getattr(self, "num_kv_heads", None)
-        if kv not in (None, self.num_heads):
+        kv_heads = getattr(self, "num_kv_heads", None)
+        if kv_heads not in (None, self.num_heads):
             raise ConfigError(f"value_proj=false (W_v = I) needs num_kv_heads=num_heads={self.num_heads} (the values "
-                              f"are the tokens themselves, one slice per head), got num_kv_heads={kv}")
+                              f"are the tokens themselves, one slice per head), got num_kv_heads={kv_heads}")
 
     def _position_mode(self, multiple: int = 1) -> None:
         """A family with ``position_mode`` / ``pos_dim`` fields (the encoders that take added positions): the mode
@@ -205,11 +206,12 @@ class TransformerConfig(ModelConfig):
         if self.pos_dim is None:
             raise ConfigError(f"position_mode='concat' needs pos_dim, the positions' share of dim={self.dim} "
                               f"(e.g. pos_dim={self.dim // 4})")
-        p = self.pos_dim
-        if isinstance(p, bool) or not isinstance(p, numbers.Integral) or not 1 <= p < self.dim or p % multiple:
+        pos_dim = self.pos_dim
+        if (isinstance(pos_dim, bool) or not isinstance(pos_dim, numbers.Integral) or not 1 <= pos_dim < self.dim
+                or pos_dim % multiple):
             rule = f" and a multiple of {multiple}" if multiple > 1 else ""
             raise ConfigError(f"pos_dim must be an integer in [1, dim={self.dim}){rule} (the tokens keep "
-                              f"dim - pos_dim), got {p!r}")
+                              f"dim - pos_dim), got {pos_dim!r}")
 
 _FAMILIES: dict[str, tuple[type[ModelConfig], type[nn.Module]]] = {}
 _PRESETS: dict[str, tuple[str, dict[str, Any], str]] = {}
@@ -295,9 +297,9 @@ def load_state_assigned(model: nn.Module, state: dict[str, torch.Tensor], *, str
         value = owner._parameters[attr] if attr in owner._parameters else owner._buffers[attr]
         for k in names:
             if k != src:
-                m, _, a = k.rpartition(".")
+                m, _, tied_attr = k.rpartition(".")
                 sub = model.get_submodule(m)
-                (sub._parameters if a in sub._parameters else sub._buffers)[a] = value
+                (sub._parameters if tied_attr in sub._parameters else sub._buffers)[tied_attr] = value
     return result
 
 
@@ -331,14 +333,14 @@ def read_config(directory: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise RunError(f"{directory} is not a saved tokennet model: {CONFIG_FILE} is missing")
     try:
-        d = jsonio.load(path)
-    except jsonio.JSONTooDeep as e:  # its message names the file
-        raise RunError(str(e)) from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise RunError(f"{path} is not valid JSON: {e}") from None
-    if not isinstance(d, dict) or "family" not in d:
+        data = jsonio.load(path)
+    except jsonio.JSONTooDeep as err:  # its message names the file
+        raise RunError(str(err)) from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise RunError(f"{path} is not valid JSON: {err}") from None
+    if not isinstance(data, dict) or "family" not in data:
         raise RunError(f"{path} is not a tokennet model config (no 'family' field)")
-    return d
+    return data
 
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
@@ -356,32 +358,34 @@ def load_pretrained(directory: str | Path, *, map_location: str | torch.device =
     from safetensors.torch import load_file, load_model
 
     directory = Path(directory)
-    d = read_config(directory)
-    meta = d.pop("tokennet", None) or {}
+    data = read_config(directory)
+    meta = data.pop("tokennet", None) or {}
     if not isinstance(meta, dict):
         raise RunError(f"{directory / CONFIG_FILE} is not a valid model config: 'tokennet' is not an object")
     try:
-        config = config_from_dict(d)
-    except (ConfigError, TypeError) as e:  # a hand-edited or foreign config.json (TypeError: a field of the wrong type)
-        raise RunError(f"{directory / CONFIG_FILE} is not a valid model config: {e}") from None
+        config = config_from_dict(data)
+    # a hand-edited or foreign config.json (TypeError: a field of the wrong type)
+    except (ConfigError, TypeError) as err:
+        raise RunError(f"{directory / CONFIG_FILE} is not a valid model config: {err}") from None
     with unwritten_blocks():  # every weight comes from the file next (a missing one is an error below)
         model = model_from_config(config)
     wpath = directory / WEIGHTS_FILE
     if not wpath.is_file():
-        pickled = sorted(p for p in directory.iterdir() if p.suffix in PICKLE_SUFFIXES) if directory.is_dir() else []
+        pickled = (sorted(pickle_path for pickle_path in directory.iterdir() if pickle_path.suffix in PICKLE_SUFFIXES)
+                   if directory.is_dir() else [])
         if not pickled:
             raise RunError(f"{directory} has no {WEIGHTS_FILE}")
         if not allow_pickle:
             raise RunError(f"refusing to load pickle-based weights {pickled[0]} (unpickling can run code); "
                            "convert them to safetensors, or pass allow_pickle=True")
         try:
-            sd = torch.load(pickled[0], map_location="cpu", weights_only=True)
-        except Exception as e:  # noqa: BLE001 - any failure of an untrusted file is reported the same way
-            raise RunError(f"{pickled[0]} could not be loaded as plain tensors: {str(e).splitlines()[0]}") from None
-        if not isinstance(sd, dict):
+            loaded = torch.load(pickled[0], map_location="cpu", weights_only=True)
+        except Exception as err:  # noqa: BLE001 - any failure of an untrusted file is reported the same way
+            raise RunError(f"{pickled[0]} could not be loaded as plain tensors: {str(err).splitlines()[0]}") from None
+        if not isinstance(loaded, dict):
             raise RunError(f"{pickled[0]} does not hold a state dict")
-        check_state_dict(model.state_dict(), sd, str(pickled[0]), RunError)
-        model.load_state_dict(sd)
+        check_state_dict(model.state_dict(), loaded, str(pickled[0]), RunError)
+        model.load_state_dict(loaded)
         return model.to(map_location)
     expected = meta.get("weights_sha256")
     if expected is not None and sha256_file(wpath) != expected:
@@ -400,16 +404,17 @@ def load_pretrained(directory: str | Path, *, map_location: str | torch.device =
         else:  # other names (an older layout a module's load hook renames, or a damaged file): safetensors' way
             del state
             missing, unexpected = load_model(model, str(wpath), strict=False, device=str(map_location))
-    except (SafetensorError, RuntimeError, OSError) as e:
+    except (SafetensorError, RuntimeError, OSError) as err:
         # torch's "Error(s) in loading state_dict for GPT:" says nothing; the line after it names the tensor.
-        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()] or [type(e).__name__]
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()] or [type(err).__name__]
         detail = lines[1] if len(lines) > 1 and lines[0].startswith("Error(s) in loading") else lines[0]
         raise RunError(f"{wpath} is corrupt or does not match its config: {detail}") from None
     if missing or unexpected:
         what = f"missing tensor {sorted(missing)[0]!r}" if missing else f"unexpected tensor {sorted(unexpected)[0]!r}"
         raise RunError(f"{wpath} does not match its config: {what}")
     # A file without a recorded checksum (a hand-made or older run) can hold bit flips the format cannot see.
-    bad = next((n for n, p in model.named_parameters() if p.is_floating_point() and not torch.isfinite(p).all()), None)
+    bad = next((n for n, param in model.named_parameters()
+                if param.is_floating_point() and not torch.isfinite(param).all()), None)
     if bad is not None:
         raise RunError(f"{wpath}: tensor {bad!r} holds NaN or infinite values (a damaged file, or a run that "
                        "diverged)")

@@ -104,16 +104,16 @@ class Seq2Seq(nn.Module):
 
     def __init__(self, config: Seq2SeqConfig):
         super().__init__()
-        self.config = c = config
-        block_kw = dict(mlp_ratio=c.mlp_ratio, norm=c.norm, dropout=c.dropout, activation=c.activation,
-                        bias=c.bias, backend=c.backend, value_proj=c.value_proj)
-        self.tok_emb = nn.Embedding(c.vocab_size, c.dim)
-        self.pos = SinusoidalPosition(c.dim, max_len=max(c.max_source_len, c.max_target_len))
-        self.drop = nn.Dropout(c.dropout)
-        self.encoder = Encoder(c.dim, c.num_layers, c.num_heads, **block_kw)
-        self.decoder = Decoder(c.dim, c.num_decoder_layers or c.num_layers, c.num_heads, cross_attention=True,
+        self.config = cfg = config
+        block_kw = dict(mlp_ratio=cfg.mlp_ratio, norm=cfg.norm, dropout=cfg.dropout, activation=cfg.activation,
+                        bias=cfg.bias, backend=cfg.backend, value_proj=cfg.value_proj)
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.pos = SinusoidalPosition(cfg.dim, max_len=max(cfg.max_source_len, cfg.max_target_len))
+        self.drop = nn.Dropout(cfg.dropout)
+        self.encoder = Encoder(cfg.dim, cfg.num_layers, cfg.num_heads, **block_kw)
+        self.decoder = Decoder(cfg.dim, cfg.num_decoder_layers or cfg.num_layers, cfg.num_heads, cross_attention=True,
                                **block_kw)
-        self.lm_head = nn.Linear(c.dim, c.vocab_size, bias=False)
+        self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 nn.init.xavier_uniform_(m.weight)
@@ -121,8 +121,8 @@ class Seq2Seq(nn.Module):
                     nn.init.zeros_(m.bias)
         # Embeddings are multiplied by √D below, so N(0, 1/D) gives unit-variance tokens, on the scale
         # of the sinusoidal positions; tied, the same matrix is a well-scaled output layer.
-        nn.init.normal_(self.tok_emb.weight, 0.0, c.dim**-0.5)
-        if c.tie_weights:
+        nn.init.normal_(self.tok_emb.weight, 0.0, cfg.dim**-0.5)
+        if cfg.tie_weights:
             self.lm_head.weight = self.tok_emb.weight
 
     # -- pieces --------------------------------------------------------------------------------
@@ -133,9 +133,9 @@ class Seq2Seq(nn.Module):
 
     def source_mask(self, src: Tensor) -> Tensor:
         """``(B, 1, 1, S)``: True at real source tokens, False at padding."""
-        c = self.config
-        check_token_ids(src, c.vocab_size, c.max_source_len, "source")
-        return padding(src.eq(c.pad_id))
+        cfg = self.config
+        check_token_ids(src, cfg.vocab_size, cfg.max_source_len, "source")
+        return padding(src.eq(cfg.pad_id))
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
         """Source ids ``(B, S)`` → ``(memory (B, S, D), mask (B, 1, 1, S))``; padding is masked out."""
@@ -148,9 +148,9 @@ class Seq2Seq(nn.Module):
 
         With ``return_attention``, ``(h, maps)``: each decoder block's weights (see :meth:`Decoder.forward`).
         """
-        c = self.config
+        cfg = self.config
         offset = caches[0].length if caches else 0
-        check_token_ids(tgt, c.vocab_size, c.max_target_len - offset, "target")
+        check_token_ids(tgt, cfg.vocab_size, cfg.max_target_len - offset, "target")
         return self.decoder(self.embed(tgt, offset), memory, is_causal=True, context_mask=mask,
                             caches=caches, cross_caches=cross_caches, return_weights=return_attention)
 
@@ -179,8 +179,8 @@ class Seq2Seq(nn.Module):
 
     def decode_step(self, tokens: Tensor, state: EncoderDecoderState) -> Tensor:
         """Next-token logits ``(B, n, V)`` for ``tokens`` ``(B, n)`` (new tokens if cached, else the prefix)."""
-        h = self.decode(tokens, state.memory, state.mask, caches=state.caches, cross_caches=state.cross_caches)
-        return self.forward_head(h)
+        feats = self.decode(tokens, state.memory, state.mask, caches=state.caches, cross_caches=state.cross_caches)
+        return self.forward_head(feats)
 
     def attention_maps(self, inputs: tuple[Tensor, Tensor]) -> AttentionMaps:
         """Every layer's attention under teacher forcing, plain formula: ``{"encoder": [(B, H, S, S)],
@@ -196,22 +196,22 @@ class Seq2Seq(nn.Module):
     # -- examples for tests --------------------------------------------------------------------
     def example_input(self, batch_size: int = 2) -> tuple[Tensor, Tensor]:
         """``(src, tgt_in)`` of random ids; row 0 is full length, the others end in padding."""
-        c = self.config
-        g = torch.Generator().manual_seed(0)
-        lo = min(4, c.vocab_size)  # real tokens avoid the specials 0..3 where the vocabulary allows
-        S, T = min(12, c.max_source_len), min(8, c.max_target_len)
-        src = torch.randint(lo, c.vocab_size, (batch_size, S), generator=g) if lo < c.vocab_size \
-            else torch.full((batch_size, S), c.vocab_size - 1)
-        for b in range(1, batch_size):
-            src[b, max(1, S - b) :] = c.pad_id
-        tgt = torch.randint(c.vocab_size, (batch_size, T), generator=g)
-        tgt[:, 0] = c.bos_id
+        cfg = self.config
+        gen = torch.Generator().manual_seed(0)
+        low = min(4, cfg.vocab_size)  # real tokens avoid the specials 0..3 where the vocabulary allows
+        S, T = min(12, cfg.max_source_len), min(8, cfg.max_target_len)
+        src = torch.randint(low, cfg.vocab_size, (batch_size, S), generator=gen) if low < cfg.vocab_size \
+            else torch.full((batch_size, S), cfg.vocab_size - 1)
+        for row in range(1, batch_size):
+            src[row, max(1, S - row) :] = cfg.pad_id
+        tgt = torch.randint(cfg.vocab_size, (batch_size, T), generator=gen)
+        tgt[:, 0] = cfg.bos_id
         return src, tgt
 
     def example_targets(self, batch_size: int = 2) -> Tensor:
         """Next-token targets ``(B, T)`` matching :meth:`example_input`."""
-        g = torch.Generator().manual_seed(1)
-        return torch.randint(self.config.vocab_size, (batch_size, min(8, self.config.max_target_len)), generator=g)
+        gen = torch.Generator().manual_seed(1)
+        return torch.randint(self.config.vocab_size, (batch_size, min(8, self.config.max_target_len)), generator=gen)
 
 
 register_family("seq2seq", Seq2SeqConfig, Seq2Seq)

@@ -106,5 +106,5 @@ class EncoderDecoderState:
         self.memory = self.memory.index_select(0, index)
         if self.mask is not None:
             self.mask = self.mask.index_select(0, index)
-        for c in (self.caches or []) + (self.cross_caches or []):
-            c.reorder(index)
+        for cache in (self.caches or []) + (self.cross_caches or []):
+            cache.reorder(index)

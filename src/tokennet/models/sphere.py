@@ -60,10 +60,10 @@ POSITIONS = ("sh", "angle-bias", "angle-bias+centroid", "frame", "none")
 def legendre(t: Tensor, L: int) -> Tensor:
     """Legendre polynomials ``P_0..P_L`` at t, ``(..., L+1)``, by Bonnet's recurrence
     ``(l+1) P_{l+1} = (2l+1) t P_l − l P_{l−1}``."""
-    p = [torch.ones_like(t), t]
-    for l in range(1, L):
-        p.append(((2 * l + 1) * t * p[l] - l * p[l - 1]) / (l + 1))
-    return torch.stack(p[: L + 1], dim=-1)
+    polys = [torch.ones_like(t), t]
+    for deg in range(1, L):
+        polys.append(((2 * deg + 1) * t * polys[deg] - deg * polys[deg - 1]) / (deg + 1))
+    return torch.stack(polys[: L + 1], dim=-1)
 
 
 class AngleBias(nn.Module):
@@ -83,16 +83,16 @@ class AngleBias(nn.Module):
         # gain lets it get there in hundreds of steps rather than thousands. It starts as a locality prior,
         # ALiBi's idea on the sphere (Press et al. 2022, https://arxiv.org/abs/2108.12409): b_h = s_h cos(angle)
         # with slopes s_h = 0, 2, 4, 8, … (degree 1 only: (2·1+1)/(4π) P_1 = 3/(4π) cos): one head global.
-        w = torch.zeros(num_heads, L + 1)
+        weight = torch.zeros(num_heads, L + 1)
         if L >= 1:
-            slopes = torch.tensor([0.0] + [2.0 ** (1 + h % 3) for h in range(num_heads - 1)])
-            w[:, 1] = slopes * 4 * math.pi / 3 / self.GAIN
-        self.weight = nn.Parameter(w)
+            slopes = torch.tensor([0.0] + [2.0 ** (1 + head % 3) for head in range(num_heads - 1)])
+            weight[:, 1] = slopes * 4 * math.pi / 3 / self.GAIN
+        self.weight = nn.Parameter(weight)
 
     def forward(self, centres: Tensor) -> Tensor:
         """``(N, 3)`` unit centres → ``(1, H, N, N)`` bias."""
         cos = (centres @ centres.T).clamp(-1.0, 1.0)  # (N, N)
-        scale = torch.tensor([(2 * l + 1) / (4 * math.pi) for l in range(self.L + 1)], dtype=cos.dtype,
+        scale = torch.tensor([(2 * deg + 1) / (4 * math.pi) for deg in range(self.L + 1)], dtype=cos.dtype,
                              device=cos.device)
         k = legendre(cos, self.L) * scale  # (N, N, L+1): the addition theorem's zonal kernels
         return self.GAIN * (k.to(self.weight.dtype) @ self.weight.T).permute(2, 0, 1)[None]  # (1, H, N, N)
@@ -124,8 +124,8 @@ class CentroidPosition(nn.Module):
     def forward(self, signal: Tensor, samples: Tensor, centres: Tensor) -> Tensor:
         """``signal (B, C, M)``, ``samples (M, 3)``, ``centres (N, 3)`` → ``(B, N, D)``."""
         mass = signal.abs().sum(1).to(samples.dtype)  # (B, M)
-        u = F.normalize(mass @ samples, dim=-1)  # (B, 3)
-        t = (u @ centres.T).clamp(-1.0, 1.0)  # (B, N)
+        centre = F.normalize(mass @ samples, dim=-1)  # (B, 3)
+        t = (centre @ centres.T).clamp(-1.0, 1.0)  # (B, N)
         return self.proj(legendre(t, self.L).to(self.proj.weight.dtype))
 
 
@@ -188,17 +188,17 @@ class SphereTransformer(CountsParameters, nn.Module):
 
     def __init__(self, config: SphereConfig):
         super().__init__()
-        self.config = c = config
-        self.patches = SpherePatches(c.num_centres, c.num_samples, c.patch_size, c.rings, c.descriptor)
-        self.patch_proj = nn.Linear(self.patches.out_features(c.in_channels), c.dim)
-        self.pos = SphericalHarmonicsPosition(c.sh_degree, c.dim) if c.position in ("sh", "frame") else None
-        self.angle_bias = AngleBias(c.sh_degree, c.num_heads) if c.position.startswith("angle-bias") or \
-            c.position == "frame" else None
-        self.centroid = CentroidPosition(c.sh_degree, c.dim) if c.position == "angle-bias+centroid" else None
-        self.drop = nn.Dropout(c.dropout) if c.dropout > 0 else nn.Identity()
-        self.encoder = Encoder(c.dim, c.num_layers, c.num_heads, mlp_ratio=c.mlp_ratio, norm="pre", dropout=c.dropout,
-                               backend=c.backend, value_proj=c.value_proj)
-        self.head = nn.Linear(c.dim, c.num_classes)
+        self.config = cfg = config
+        self.patches = SpherePatches(cfg.num_centres, cfg.num_samples, cfg.patch_size, cfg.rings, cfg.descriptor)
+        self.patch_proj = nn.Linear(self.patches.out_features(cfg.in_channels), cfg.dim)
+        self.pos = SphericalHarmonicsPosition(cfg.sh_degree, cfg.dim) if cfg.position in ("sh", "frame") else None
+        self.angle_bias = AngleBias(cfg.sh_degree, cfg.num_heads) if cfg.position.startswith("angle-bias") or \
+            cfg.position == "frame" else None
+        self.centroid = CentroidPosition(cfg.sh_degree, cfg.dim) if cfg.position == "angle-bias+centroid" else None
+        self.drop = nn.Dropout(cfg.dropout) if cfg.dropout > 0 else nn.Identity()
+        self.encoder = Encoder(cfg.dim, cfg.num_layers, cfg.num_heads, mlp_ratio=cfg.mlp_ratio, norm="pre",
+                               dropout=cfg.dropout, backend=cfg.backend, value_proj=cfg.value_proj)
+        self.head = nn.Linear(cfg.dim, cfg.num_classes)
 
     @property
     def centres(self) -> Tensor:
@@ -212,11 +212,11 @@ class SphereTransformer(CountsParameters, nn.Module):
 
     def frame(self, x: Tensor, half_turn: Tensor | None = None) -> Tensor:
         """The signal's frame ``(B, 3, 3)`` (rows e1, e2, u); ``half_turn`` ``(B,)`` bool: use (−e1, −e2, u)."""
-        f = signal_frame(x, self.samples)
+        sig_frame = signal_frame(x, self.samples)
         if half_turn is not None:
-            flip = 1.0 - 2.0 * half_turn.to(f.dtype)  # (B,): −1 where turned
-            f = f * torch.stack([flip, flip, torch.ones_like(flip)], dim=1)[:, :, None]
-        return f
+            flip = 1.0 - 2.0 * half_turn.to(sig_frame.dtype)  # (B,): −1 where turned
+            sig_frame = sig_frame * torch.stack([flip, flip, torch.ones_like(flip)], dim=1)[:, :, None]
+        return sig_frame
 
     def forward_features(self, signal: Tensor, *, return_attention: bool = False, half_turn: Tensor | None = None):
         """Patch tokens after the encoder ``(B, N, D)``.
@@ -224,25 +224,25 @@ class SphereTransformer(CountsParameters, nn.Module):
         With ``position="frame"``, ``half_turn`` ``(B,)`` picks each signal's frame; default: a random one in
         training, the first in evaluation (:meth:`forward` averages over both).
         """
-        c = self.config
-        x = self.patches.check(signal, c.in_channels).to(self.patch_proj.weight.dtype)
+        cfg = self.config
+        x = self.patches.check(signal, cfg.in_channels).to(self.patch_proj.weight.dtype)
         frame = None
-        if c.position == "frame":
+        if cfg.position == "frame":
             if half_turn is None:
                 half_turn = torch.rand(len(x), device=x.device) < 0.5 if self.training else \
                     torch.zeros(len(x), dtype=torch.bool, device=x.device)
             frame = self.frame(x, half_turn)
-        h = self.patch_proj(self.patches(x, frame))  # (B, N, D)
+        feats = self.patch_proj(self.patches(x, frame))  # (B, N, D)
         if frame is not None:
             theta, phi = to_angles(torch.einsum("nj,bij->bni", self.centres, frame))  # centres in the frame (B, N)
-            h = h + self.pos(theta, phi)  # (B, N, D)
+            feats = feats + self.pos(theta, phi)  # (B, N, D)
         elif self.pos is not None:
             theta, phi = to_angles(self.centres)
-            h = h + self.pos(theta, phi)  # (N, D) broadcast over B
+            feats = feats + self.pos(theta, phi)  # (N, D) broadcast over B
         if self.centroid is not None:
-            h = h + self.centroid(x, self.samples, self.centres)  # (B, N, D)
+            feats = feats + self.centroid(x, self.samples, self.centres)  # (B, N, D)
         bias = self.angle_bias(self.centres) if self.angle_bias is not None else None
-        return self.encoder(self.drop(h), bias=bias, return_weights=return_attention)
+        return self.encoder(self.drop(feats), bias=bias, return_weights=return_attention)
 
     def forward_head(self, h: Tensor) -> Tensor:
         return self.head(h.mean(1))  # the mean over patches: invariant to their order
@@ -250,9 +250,9 @@ class SphereTransformer(CountsParameters, nn.Module):
     def forward(self, signal: Tensor, targets: Tensor | None = None) -> Output:
         if self.config.position == "frame" and not self.training:  # the frame average: log ½(p(·|F) + p(·|F'))
             B = signal.shape[0]
-            lp = [F.log_softmax(self.forward_head(self.forward_features(signal, half_turn=torch.full(
+            log_probs = [F.log_softmax(self.forward_head(self.forward_features(signal, half_turn=torch.full(
                 (B,), t, dtype=torch.bool, device=signal.device))).float(), -1) for t in (False, True)]
-            logits = torch.logsumexp(torch.stack(lp), 0) - math.log(2)  # (B, K) log-probabilities
+            logits = torch.logsumexp(torch.stack(log_probs), 0) - math.log(2)  # (B, K) log-probabilities
         else:
             logits = self.forward_head(self.forward_features(signal))  # (B, K)
         loss = F.cross_entropy(logits, targets) if targets is not None else None
@@ -265,12 +265,12 @@ class SphereTransformer(CountsParameters, nn.Module):
 
     # -- examples for tests --------------------------------------------------------------------
     def example_input(self, batch_size: int = 2) -> Tensor:
-        g = torch.Generator().manual_seed(0)
-        return torch.rand(batch_size, self.config.in_channels, self.config.num_samples, generator=g)
+        gen = torch.Generator().manual_seed(0)
+        return torch.rand(batch_size, self.config.in_channels, self.config.num_samples, generator=gen)
 
     def example_targets(self, batch_size: int = 2) -> Tensor:
-        g = torch.Generator().manual_seed(1)
-        return torch.randint(self.config.num_classes, (batch_size,), generator=g)
+        gen = torch.Generator().manual_seed(1)
+        return torch.randint(self.config.num_classes, (batch_size,), generator=gen)
 
 
 register_family("sphere", SphereConfig, SphereTransformer)

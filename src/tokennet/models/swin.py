@@ -90,7 +90,7 @@ class SwinConfig(ModelConfig):
                        num_heads=self.num_heads, window_size=self.window_size)
         if not isinstance(self.depths, list) or not self.depths:
             raise ConfigError(f"depths must be a non-empty list of blocks per stage, got {self.depths!r}")
-        self._positive(**{f"depths[{i}]": d for i, d in enumerate(self.depths)})
+        self._positive(**{f"depths[{i}]": depth for i, depth in enumerate(self.depths)})
         self._choice("patch_embed", self.patch_embed, EMBED_MODES)
         self._mlp_and_backend()
         if self.dim % self.num_heads:
@@ -106,14 +106,14 @@ class SwinConfig(ModelConfig):
             if self.patch_embed != "conv-stem":
                 raise ConfigError("stem_width applies to patch_embed='conv-stem' only")
         if self.patch_embed == "conv-stem":
-            p = self.patch_hw
-            if self.is_1d or p[0] != p[1] or p[0] < 2 or p[0] & (p[0] - 1):
+            patch = self.patch_hw
+            if self.is_1d or patch[0] != patch[1] or patch[0] < 2 or patch[0] & (patch[0] - 1):
                 raise ConfigError(f"patch_embed='conv-stem' needs 2-D images and patch_size a power of two >= 2, "
                                   f"got patch_size={self.patch_size}")
         try:
             grid_size(self.image_hw, self.patch_hw, pad=self.pad_grid)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
 
     @property
     def is_1d(self) -> bool:
@@ -125,8 +125,8 @@ class SwinConfig(ModelConfig):
 
     @property
     def patch_hw(self) -> tuple[int, int]:
-        p = self.patch_size
-        return (1, to_pair(p, "patch_size")[1]) if self.is_1d else to_pair(p, "patch_size")
+        patch = self.patch_size
+        return (1, to_pair(patch, "patch_size")[1]) if self.is_1d else to_pair(patch, "patch_size")
 
     @property
     def stride_hw(self) -> tuple[int, int]:
@@ -156,18 +156,18 @@ class SwinConfig(ModelConfig):
         return 0  # no <cls> token: the head averages the last stage's tokens
 
     def stage_dims(self) -> list[int]:
-        return [self.dim * 2**s for s in range(len(self.depths))]
+        return [self.dim * 2**stage for stage in range(len(self.depths))]
 
     def stage_heads(self) -> list[int]:
-        return [self.num_heads * 2**s for s in range(len(self.depths))]
+        return [self.num_heads * 2**stage for stage in range(len(self.depths))]
 
     def stage_grids(self, grid: tuple[int, int] | None = None) -> list[tuple[int, int]]:
         """Each stage's token grid (merging rounds odd sizes up)."""
-        g = self.grid if grid is None else tuple(grid)
+        current = self.grid if grid is None else tuple(grid)
         out = []
         for _ in self.depths:
-            out.append(g)
-            g = tuple(-(-n // f) for n, f in zip(g, self.merge_factor, strict=True))
+            out.append(current)
+            current = tuple(-(-n // factor) for n, factor in zip(current, self.merge_factor, strict=True))
         return out
 
 
@@ -192,53 +192,55 @@ class Swin(CountsParameters, nn.Module):
 
     def __init__(self, config: SwinConfig):
         super().__init__()
-        self.config = c = config
-        if c.patch_embed == "conv-stem":
-            self.patch_embed = ConvStem(c.in_channels, c.dim, c.patch_hw, width=c.stem_width, bias=c.bias)
+        self.config = cfg = config
+        if cfg.patch_embed == "conv-stem":
+            self.patch_embed = ConvStem(cfg.in_channels, cfg.dim, cfg.patch_hw, width=cfg.stem_width, bias=cfg.bias)
         else:
-            self.patch_embed = PatchEmbed(c.in_channels, c.dim, c.patch_hw, c.patch_hw, pad=c.pad,
-                                          mode=c.patch_embed, bias=c.bias)
-        self.embed_norm = nn.LayerNorm(c.dim, eps=c.norm_eps, bias=c.bias)  # Swin's patch_norm
-        self.drop = nn.Dropout(c.dropout)
-        rates = drop_path_rates(c.drop_path, c.num_layers)
-        starts = [sum(c.depths[:s]) for s in range(len(c.depths))]
-        self.stages = nn.ModuleList(SwinStage(c, s, rates[starts[s]:starts[s] + c.depths[s]])
-                                    for s in range(len(c.depths)))
-        width = c.stage_dims()[-1]
-        self.norm = nn.LayerNorm(width, eps=c.norm_eps, bias=c.bias)
-        self.head = nn.Linear(width, c.num_classes, bias=c.bias)
+            self.patch_embed = PatchEmbed(cfg.in_channels, cfg.dim, cfg.patch_hw, cfg.patch_hw, pad=cfg.pad,
+                                          mode=cfg.patch_embed, bias=cfg.bias)
+        self.embed_norm = nn.LayerNorm(cfg.dim, eps=cfg.norm_eps, bias=cfg.bias)  # Swin's patch_norm
+        self.drop = nn.Dropout(cfg.dropout)
+        rates = drop_path_rates(cfg.drop_path, cfg.num_layers)
+        starts = [sum(cfg.depths[:stage]) for stage in range(len(cfg.depths))]
+        self.stages = nn.ModuleList(SwinStage(cfg, stage, rates[starts[stage]:starts[stage] + cfg.depths[stage]])
+                                    for stage in range(len(cfg.depths)))
+        width = cfg.stage_dims()[-1]
+        self.norm = nn.LayerNorm(width, eps=cfg.norm_eps, bias=cfg.bias)
+        self.head = nn.Linear(width, cfg.num_classes, bias=cfg.bias)
         self.apply(init_trunc_normal)
 
     # -- inputs ------------------------------------------------------------------------------------
     def example_input(self, batch_size: int = 2) -> Tensor:
-        c = self.config
-        g = torch.Generator().manual_seed(0)
-        shape = (batch_size, c.in_channels, c.image_hw[1]) if c.is_1d else (batch_size, c.in_channels, *c.image_hw)
-        return torch.rand(shape, generator=g)
+        cfg = self.config
+        gen = torch.Generator().manual_seed(0)
+        shape = ((batch_size, cfg.in_channels, cfg.image_hw[1]) if cfg.is_1d
+                 else (batch_size, cfg.in_channels, *cfg.image_hw))
+        return torch.rand(shape, generator=gen)
 
     def example_targets(self, batch_size: int = 2) -> Tensor:
-        g = torch.Generator().manual_seed(1)
-        return torch.randint(self.config.num_classes, (batch_size,), generator=g)
+        gen = torch.Generator().manual_seed(1)
+        return torch.randint(self.config.num_classes, (batch_size,), generator=gen)
 
     def _images(self, x: Tensor) -> Tensor:
         """Check the input and return it as ``(B, C, H, W)`` (1-D signals as ``(B, C, 1, L)``)."""
-        c = self.config
-        if c.is_1d:
-            if x.dim() == 2 and c.in_channels == 1:
+        cfg = self.config
+        if cfg.is_1d:
+            if x.dim() == 2 and cfg.in_channels == 1:
                 x = x[:, None]  # (B, 1, L)
             if x.dim() != 3:
-                raise ValueError(f"this 1-D Swin expects signals of shape (B, {c.in_channels}, L), got "
+                raise ValueError(f"this 1-D Swin expects signals of shape (B, {cfg.in_channels}, L), got "
                                  f"{tuple(x.shape)}")
             x = x[:, :, None, :]  # (B, C, 1, L)
         elif x.dim() != 4:
-            raise ValueError(f"this Swin expects images of shape (B, {c.in_channels}, H, W), got {tuple(x.shape)}")
-        if x.shape[1] != c.in_channels:
-            raise ValueError(f"this Swin expects {c.in_channels} channel(s); got shape {tuple(x.shape)}")
+            raise ValueError(f"this Swin expects images of shape (B, {cfg.in_channels}, H, W), got {tuple(x.shape)}")
+        if x.shape[1] != cfg.in_channels:
+            raise ValueError(f"this Swin expects {cfg.in_channels} channel(s); got shape {tuple(x.shape)}")
         try:
             self.patch_embed.grid(x.shape[-2:])
-        except ValueError as e:
-            size = "x".join(map(str, x.shape[-2:] if not c.is_1d else x.shape[-1:]))
-            raise DataError(f"input of size {size} does not fit this Swin (patch_size={c.patch_size}): {e}") from None
+        except ValueError as err:
+            size = "x".join(map(str, x.shape[-2:] if not cfg.is_1d else x.shape[-1:]))
+            raise DataError(f"input of size {size} does not fit this Swin (patch_size={cfg.patch_size}): "
+                            f"{err}") from None
         return x
 
     # -- the model ---------------------------------------------------------------------------------
@@ -249,20 +251,20 @@ class Swin(CountsParameters, nn.Module):
         on that block's grid (zero outside each token's window), and ``grids``: each block's grid.
         """
         x = self._images(x)
-        gh, gw = self.patch_embed.grid(x.shape[-2:])
+        grid_h, grid_w = self.patch_embed.grid(x.shape[-2:])
         z = self.embed_norm(self.patch_embed(x))  # (B, N, C)
-        z = self.drop(z).view(z.shape[0], gh, gw, -1)  # (B, gh, gw, C): tokens stay a grid
+        z = self.drop(z).view(z.shape[0], grid_h, grid_w, -1)  # (B, gh, gw, C): tokens stay a grid
         maps = []
         for stage in self.stages:
             for blk in stage.blocks:
                 z = blk(z, return_weights=return_attention)
                 if return_attention:
-                    z, w = z
-                    maps.append({**w, "grid": tuple(z.shape[1:3])})
+                    z, weights = z
+                    maps.append({**weights, "grid": tuple(z.shape[1:3])})
             if stage.merge is not None:
                 z = stage.merge(z)  # (B, ⌈gh/2⌉, ⌈gw/2⌉, 2·D)
-        h = self.norm(z.flatten(1, 2))  # (B, L, D_last)
-        return (h, maps) if return_attention else h
+        feats = self.norm(z.flatten(1, 2))  # (B, L, D_last)
+        return (feats, maps) if return_attention else feats
 
     def forward_head(self, h: Tensor) -> Tensor:
         """Final tokens ``(B, L, D)`` → logits ``(B, num_classes)``: the mean token, then a linear layer."""
@@ -287,13 +289,15 @@ class Swin(CountsParameters, nn.Module):
     def block_layouts(self, grid: tuple[int, int] | None = None) -> list[dict]:
         """Per block: ``stage``, ``grid``, ``layout`` (:class:`~tokennet.attention.windows.WindowLayout`) and the
         token's size in input pixels (``cell``), for drawing the windows on an image."""
-        c = self.config
-        grids = c.stage_grids(grid)
+        cfg = self.config
+        grids = cfg.stage_grids(grid)
         out = []
-        for s, stage in enumerate(self.stages):
-            cell = (c.patch_hw[0] * c.merge_factor[0] ** s, c.patch_hw[1] * c.merge_factor[1] ** s)
+        for stage_index, stage in enumerate(self.stages):
+            cell = (cfg.patch_hw[0] * cfg.merge_factor[0] ** stage_index,
+                    cfg.patch_hw[1] * cfg.merge_factor[1] ** stage_index)
             for blk in stage.blocks:
-                out.append({"stage": s, "grid": grids[s], "layout": blk.attn.layout(grids[s]), "cell": cell})
+                out.append({"stage": stage_index, "grid": grids[stage_index],
+                            "layout": blk.attn.layout(grids[stage_index]), "cell": cell})
         return out
 
 

@@ -76,19 +76,19 @@ class TextEncoder(nn.Module):
 
     def __init__(self, config: TextEncoderConfig):
         super().__init__()
-        self.config = c = config
-        d_pos = c.pos_dim if c.position_mode == "concat" else c.dim
-        self.tok_emb = nn.Embedding(c.vocab_size, c.dim - c.pos_dim if c.position_mode == "concat" else c.dim)
-        self.pos_emb = with_position_mode(LearnedPosition(c.max_len, d_pos), c.position_mode, d_pos)
-        self.type_emb = nn.Embedding(c.type_vocab_size, c.dim) if c.type_vocab_size else None
-        self.emb_norm = nn.LayerNorm(c.dim, eps=c.norm_eps)
-        self.encoder = Encoder(c.dim, c.num_layers, c.num_heads, mlp_ratio=c.mlp_ratio, norm="post", dropout=c.dropout,
-                               activation=c.activation, norm_eps=c.norm_eps, backend=c.backend,
-                               value_proj=c.value_proj)
+        self.config = cfg = config
+        d_pos = cfg.pos_dim if cfg.position_mode == "concat" else cfg.dim
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.dim - cfg.pos_dim if cfg.position_mode == "concat" else cfg.dim)
+        self.pos_emb = with_position_mode(LearnedPosition(cfg.max_len, d_pos), cfg.position_mode, d_pos)
+        self.type_emb = nn.Embedding(cfg.type_vocab_size, cfg.dim) if cfg.type_vocab_size else None
+        self.emb_norm = nn.LayerNorm(cfg.dim, eps=cfg.norm_eps)
+        self.encoder = Encoder(cfg.dim, cfg.num_layers, cfg.num_heads, mlp_ratio=cfg.mlp_ratio, norm="post",
+                               dropout=cfg.dropout, activation=cfg.activation, norm_eps=cfg.norm_eps,
+                               backend=cfg.backend, value_proj=cfg.value_proj)
 
     def example_input(self, batch_size: int = 2) -> Tensor:
-        g = torch.Generator().manual_seed(0)
-        return torch.randint(self.config.vocab_size, (batch_size, min(16, self.config.max_len)), generator=g)
+        gen = torch.Generator().manual_seed(0)
+        return torch.randint(self.config.vocab_size, (batch_size, min(16, self.config.max_len)), generator=gen)
 
     def forward_features(self, ids: Tensor, mask: Tensor | None = None, *, return_attention: bool = False):
         """Token ids ``(B, N)`` → token states ``(B, N, D)``; ``mask`` ``(B, N)`` True at real tokens
@@ -112,9 +112,9 @@ class TextEncoder(nn.Module):
         """Sentence embeddings ``(B, D)``: the mean of the token states over real tokens, L2-normalized."""
         if mask is None:
             mask = ids.ne(self.config.pad_id)
-        h = self.forward_features(ids, mask)  # (B, N, D)
-        m = mask[:, :, None].to(h.dtype)  # (B, N, 1)
-        pooled = (h * m).sum(1) / m.sum(1).clamp(min=1e-9)  # (B, D)
+        feats = self.forward_features(ids, mask)  # (B, N, D)
+        m = mask[:, :, None].to(feats.dtype)  # (B, N, 1)
+        pooled = (feats * m).sum(1) / m.sum(1).clamp(min=1e-9)  # (B, D)
         return F.normalize(pooled, p=2, dim=-1)
 
     def attention_maps(self, ids: Tensor) -> AttentionMaps:

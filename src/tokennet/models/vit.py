@@ -138,14 +138,14 @@ class ViTConfig(TransformerConfig, defaults=dict(dim=192, num_layers=12, num_hea
             if one_d or self.patch_stride is not None:
                 raise ConfigError("patch_embed='conv-stem' needs 2-D images and patch_stride=None (its stride is "
                                   "patch_size)")
-            p = self.patch_hw
-            if p[0] != p[1] or p[0] < 2 or p[0] & (p[0] - 1):
+            patch = self.patch_hw
+            if patch[0] != patch[1] or patch[0] < 2 or patch[0] & (patch[0] - 1):
                 raise ConfigError(f"patch_embed='conv-stem' needs patch_size a power of two >= 2, "
                                   f"got {self.patch_size}")
         try:
             grid_size(self.image_hw, self.patch_hw, self.stride_hw, pad=self.pad_grid)
-        except ValueError as e:  # the patches do not tile the image
-            raise ConfigError(str(e)) from None
+        except ValueError as err:  # the patches do not tile the image
+            raise ConfigError(str(err)) from None
 
     @property
     def token_dim(self) -> int:
@@ -164,15 +164,15 @@ class ViTConfig(TransformerConfig, defaults=dict(dim=192, num_layers=12, num_hea
 
     @property
     def patch_hw(self) -> tuple[int, int]:
-        p = self.patch_size
-        return (1, to_pair(p, "patch_size")[1]) if self.is_1d else to_pair(p, "patch_size")
+        patch = self.patch_size
+        return (1, to_pair(patch, "patch_size")[1]) if self.is_1d else to_pair(patch, "patch_size")
 
     @property
     def stride_hw(self) -> tuple[int, int]:
-        s = self.patch_stride
-        if s is None:
+        stride = self.patch_stride
+        if stride is None:
             return self.patch_hw
-        return (1, to_pair(s, "patch_stride")[1]) if self.is_1d else to_pair(s, "patch_stride")
+        return (1, to_pair(stride, "patch_stride")[1]) if self.is_1d else to_pair(stride, "patch_stride")
 
     @property
     def pad_grid(self) -> bool:
@@ -203,89 +203,90 @@ class ViT(CountsParameters, nn.Module):
 
     def __init__(self, config: ViTConfig):
         super().__init__()
-        self.config = c = config
-        d_tok = c.token_dim  # D, or D − D_p when the positions are concatenated
-        d_pos = c.pos_dim if c.position_mode == "concat" else c.dim
-        if c.patch_embed == "conv-stem":
-            self.patch_embed = ConvStem(c.in_channels, d_tok, c.patch_hw, width=c.stem_width, bias=c.bias)
+        self.config = cfg = config
+        d_tok = cfg.token_dim  # D, or D − D_p when the positions are concatenated
+        d_pos = cfg.pos_dim if cfg.position_mode == "concat" else cfg.dim
+        if cfg.patch_embed == "conv-stem":
+            self.patch_embed = ConvStem(cfg.in_channels, d_tok, cfg.patch_hw, width=cfg.stem_width, bias=cfg.bias)
         else:
-            self.patch_embed = PatchEmbed(c.in_channels, d_tok, c.patch_hw, c.stride_hw, pad=c.pad,
-                                          mode=c.patch_embed, bias=c.bias)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, d_tok)) if c.pool == "cls" else None
-        self.dist_token = nn.Parameter(torch.zeros(1, 1, d_tok)) if c.distill else None
+            self.patch_embed = PatchEmbed(cfg.in_channels, d_tok, cfg.patch_hw, cfg.stride_hw, pad=cfg.pad,
+                                          mode=cfg.patch_embed, bias=cfg.bias)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, d_tok)) if cfg.pool == "cls" else None
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, d_tok)) if cfg.distill else None
         self.pos_emb = None
-        if c.position == "learned":
-            self.pos_emb = LearnedPosition2D(c.grid, d_pos, num_prefix=c.num_prefix)
-        elif c.position == "fourier":
-            self.pos_emb = Fourier2DPosition(d_pos, c.grid, num_prefix=c.num_prefix)
+        if cfg.position == "learned":
+            self.pos_emb = LearnedPosition2D(cfg.grid, d_pos, num_prefix=cfg.num_prefix)
+        elif cfg.position == "fourier":
+            self.pos_emb = Fourier2DPosition(d_pos, cfg.grid, num_prefix=cfg.num_prefix)
         if self.pos_emb is not None:
             # "concat": ConcatPosition([z ; P]), its table the encoding added to zeros; the grid rides in its
             # offset argument (``forward(z, grid)``).
-            self.pos_emb = with_position_mode(self.pos_emb, c.position_mode, d_pos)
-        self.drop = nn.Dropout(c.dropout)
-        self.encoder = Encoder(c.dim, c.num_layers, c.num_heads, mlp_ratio=c.mlp_ratio, norm="pre",
-                               dropout=c.dropout, activation="gelu", bias=c.bias, backend=c.backend,
-                               norm_eps=c.norm_eps, value_proj=c.value_proj)
+            self.pos_emb = with_position_mode(self.pos_emb, cfg.position_mode, d_pos)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.encoder = Encoder(cfg.dim, cfg.num_layers, cfg.num_heads, mlp_ratio=cfg.mlp_ratio, norm="pre",
+                               dropout=cfg.dropout, activation="gelu", bias=cfg.bias, backend=cfg.backend,
+                               norm_eps=cfg.norm_eps, value_proj=cfg.value_proj)
         # The head's LayerNorm closes the pre-norm stack instead of the encoder's own final norm: for
         # <cls> pooling that is the same function, and for mean pooling it normalizes the pooled token.
         self.encoder.norm = nn.Identity()
         # Stochastic depth: a block applies its `drop` module to both residual branches (attention, MLP), so a
         # per-sample DropPath there drops whole branches, with an independent draw per branch (as timm's).
-        for blk, rate in zip(self.encoder.layers(), drop_path_rates(c.drop_path, c.num_layers), strict=True):
+        for blk, rate in zip(self.encoder.layers(), drop_path_rates(cfg.drop_path, cfg.num_layers), strict=True):
             if rate > 0:
                 blk.drop = nn.Sequential(blk.drop, DropPath(rate))
         self.head = self._head()
-        self.head_dist = self._head() if c.distill else None
+        self.head_dist = self._head() if cfg.distill else None
         self.apply(init_trunc_normal)
         for t in (self.cls_token, self.dist_token):
             if t is not None:
                 nn.init.normal_(t, 0.0, 0.02)
 
     def _head(self) -> nn.Module:
-        c = self.config
+        cfg = self.config
         return nn.Sequential(OrderedDict(
-            norm=nn.LayerNorm(c.dim, eps=c.norm_eps, bias=c.bias),
-            fc=nn.Linear(c.dim, c.num_classes, bias=c.bias),
+            norm=nn.LayerNorm(cfg.dim, eps=cfg.norm_eps, bias=cfg.bias),
+            fc=nn.Linear(cfg.dim, cfg.num_classes, bias=cfg.bias),
         ))
 
     # -- inputs ------------------------------------------------------------------------------------
     def example_input(self, batch_size: int = 2) -> Tensor:
         """A valid input for tests and tracing: uniform random pixels at the configured size."""
-        c = self.config
-        g = torch.Generator().manual_seed(0)
-        shape = (batch_size, c.in_channels, c.image_hw[1]) if c.is_1d else (batch_size, c.in_channels, *c.image_hw)
-        return torch.rand(shape, generator=g)
+        cfg = self.config
+        gen = torch.Generator().manual_seed(0)
+        shape = ((batch_size, cfg.in_channels, cfg.image_hw[1]) if cfg.is_1d
+                 else (batch_size, cfg.in_channels, *cfg.image_hw))
+        return torch.rand(shape, generator=gen)
 
     def example_targets(self, batch_size: int = 2) -> Tensor:
         """Class ids matching :meth:`example_input`."""
-        g = torch.Generator().manual_seed(1)
-        return torch.randint(self.config.num_classes, (batch_size,), generator=g)
+        gen = torch.Generator().manual_seed(1)
+        return torch.randint(self.config.num_classes, (batch_size,), generator=gen)
 
     def _images(self, x: Tensor) -> Tensor:
         """Check the input and return it as ``(B, C, H, W)`` (1-D signals as ``(B, C, 1, L)``)."""
-        c = self.config
-        if c.is_1d:
-            if x.dim() == 2 and c.in_channels == 1:
+        cfg = self.config
+        if cfg.is_1d:
+            if x.dim() == 2 and cfg.in_channels == 1:
                 x = x[:, None]  # (B, 1, L)
             if x.dim() != 3:
-                raise ValueError(f"this 1-D ViT expects signals of shape (B, {c.in_channels}, L) with L = "
-                                 f"{c.image_hw[1]} (image_size={c.image_size}), got {tuple(x.shape)}")
+                raise ValueError(f"this 1-D ViT expects signals of shape (B, {cfg.in_channels}, L) with L = "
+                                 f"{cfg.image_hw[1]} (image_size={cfg.image_size}), got {tuple(x.shape)}")
             x = x[:, :, None, :]  # (B, C, 1, L)
         elif x.dim() != 4:
-            raise ValueError(f"this ViT expects images of shape (B, {c.in_channels}, {c.image_hw[0]}, "
-                             f"{c.image_hw[1]}), got {tuple(x.shape)}")
-        if x.shape[1] != c.in_channels:
-            want = f"(B, {c.in_channels}, {'L' if c.is_1d else 'H, W'})"
-            raise ValueError(f"this ViT expects {c.in_channels} channel(s) {want}; got shape {tuple(x.shape)} "
+            raise ValueError(f"this ViT expects images of shape (B, {cfg.in_channels}, {cfg.image_hw[0]}, "
+                             f"{cfg.image_hw[1]}), got {tuple(x.shape)}")
+        if x.shape[1] != cfg.in_channels:
+            want = f"(B, {cfg.in_channels}, {'L' if cfg.is_1d else 'H, W'})"
+            raise ValueError(f"this ViT expects {cfg.in_channels} channel(s) {want}; got shape {tuple(x.shape)} "
                              f"({x.shape[1]} channels)")
         try:
             self.patch_embed.grid(x.shape[-2:])
-        except ValueError as e:
-            size = "x".join(map(str, x.shape[-2:] if not c.is_1d else x.shape[-1:]))
-            raise DataError(f"input of size {size} does not fit this ViT (image_size={c.image_size}, patch_size="
-                            f"{c.patch_size}): {e}") from None
-        if c.position == "none" and tuple(x.shape[-2:]) != c.image_hw:
-            raise DataError(f"this ViT has no positions to resize: it expects size {c.image_hw}, got "
+        except ValueError as err:
+            size = "x".join(map(str, x.shape[-2:] if not cfg.is_1d else x.shape[-1:]))
+            raise DataError(f"input of size {size} does not fit this ViT (image_size={cfg.image_size}, patch_size="
+                            f"{cfg.patch_size}): {err}") from None
+        if cfg.position == "none" and tuple(x.shape[-2:]) != cfg.image_hw:
+            raise DataError(f"this ViT has no positions to resize: it expects size {cfg.image_hw}, got "
                             f"{tuple(x.shape[-2:])}")
         return x
 
@@ -355,9 +356,9 @@ class ViT(CountsParameters, nn.Module):
                 raise ValueError("teacher labels need a distillation token (distill=True)")
             loss = F.cross_entropy(cls, labels, label_smoothing=self.config.label_smoothing)
             if dist is not None:
-                d = F.cross_entropy(dist, labels, label_smoothing=self.config.label_smoothing) if teacher is None \
-                    else F.cross_entropy(dist, teacher)
-                loss = (loss + d) / 2
+                distill_loss = (F.cross_entropy(dist, labels, label_smoothing=self.config.label_smoothing)
+                                if teacher is None else F.cross_entropy(dist, teacher))
+                loss = (loss + distill_loss) / 2
         return Output(logits, loss)
 
     # -- inspection --------------------------------------------------------------------------------
@@ -377,14 +378,15 @@ class ViT(CountsParameters, nn.Module):
     def position_table(self, grid: tuple[int, int] | None = None) -> Tensor:
         """The patch positions ``(gh·gw, D)`` the model adds (learned: interpolated to ``grid``); ``(gh·gw, D_p)``
         the ones it concatenates."""
-        c = self.config
-        grid = c.grid if grid is None else grid
+        cfg = self.config
+        grid = cfg.grid if grid is None else grid
         enc = getattr(self.pos_emb, "encoding", self.pos_emb)  # the additive encoding inside ConcatPosition
         if isinstance(enc, LearnedPosition2D):
-            return enc.interpolate(grid)[c.num_prefix:].detach()
+            return enc.interpolate(grid)[cfg.num_prefix:].detach()
         if isinstance(enc, Fourier2DPosition):
-            z = torch.zeros(1, c.num_prefix + grid[0] * grid[1], c.pos_dim if c.position_mode == "concat" else c.dim)
-            return enc(z, grid)[0, c.num_prefix:]
+            z = torch.zeros(1, cfg.num_prefix + grid[0] * grid[1],
+                            cfg.pos_dim if cfg.position_mode == "concat" else cfg.dim)
+            return enc(z, grid)[0, cfg.num_prefix:]
         raise ValueError("this ViT has no position embeddings (position='none')")
 
 

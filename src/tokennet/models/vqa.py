@@ -102,12 +102,13 @@ class AnswerHead(nn.Module):
         groups = [[j for j, v in enumerate(points) if v is not None and len(v) == n] for n in sizes]
         # logits = cat([words, space 0, space 1, …])[:, order]: answer j's position in that concatenation
         order = torch.empty(num_answers, dtype=torch.long)
-        order[torch.tensor(words + [j for g in groups for j in g], dtype=torch.long)] = torch.arange(num_answers)
+        order[torch.tensor(words + [j for group in groups for j in group], dtype=torch.long)] = \
+            torch.arange(num_answers)
         self.register_buffer("order", order, persistent=False)
         self.linear = nn.Linear(dim, len(words))
         self.spaces = nn.ModuleList(nn.Linear(dim, n + 1) for n in sizes)  # (p̂_S, g_S)
-        for i, g in enumerate(groups):  # points{i}: (A_S, n), space i's answers' points
-            self.register_buffer(f"points{i}", torch.tensor([points[j] for j in g], dtype=torch.float32),
+        for i, group in enumerate(groups):  # points{i}: (A_S, n), space i's answers' points
+            self.register_buffer(f"points{i}", torch.tensor([points[j] for j in group], dtype=torch.float32),
                                  persistent=False)
         self.log_sharpness = nn.Parameter(torch.zeros(len(sizes)))
         self.reset_points()
@@ -131,9 +132,9 @@ class AnswerHead(nn.Module):
         parts = [self.linear(h)]
         for i, lin in enumerate(self.spaces):
             out = lin(h)
-            where, g = out[:, :-1], out[:, -1:]  # (B, n), (B, 1)
-            d2 = (where[:, None, :] - getattr(self, f"points{i}")).pow(2).sum(-1)  # (B, A_S)
-            parts.append(g - self.log_sharpness[i].exp() * d2)
+            where, bonus = out[:, :-1], out[:, -1:]  # (B, n), (B, 1)
+            sq_dist = (where[:, None, :] - getattr(self, f"points{i}")).pow(2).sum(-1)  # (B, A_S)
+            parts.append(bonus - self.log_sharpness[i].exp() * sq_dist)
         return torch.cat(parts, -1)[:, self.order]  # (B, A)
 
     def vote_weights(self, h: Tensor, answer: Tensor) -> Tensor:
@@ -141,10 +142,10 @@ class AnswerHead(nn.Module):
         (its linear part around ``h``: what a unit's features add to the answer, for a class activation map)."""
         if self.readout == "class":
             return self.linear.weight[answer]
-        h = h.detach().requires_grad_(True)
+        leaf = h.detach().requires_grad_(True)
         with torch.enable_grad():
-            logit = self.forward(h).gather(1, answer[:, None]).sum()
-            (grad,) = torch.autograd.grad(logit, h)
+            logit = self.forward(leaf).gather(1, answer[:, None]).sum()
+            (grad,) = torch.autograd.grad(logit, leaf)
         return grad
 
 
@@ -166,7 +167,8 @@ def answer_points(answers, colours: dict | None = None) -> list[list[float] | No
     """Each answer's point, the ``answer_points`` setting: a whole number ``"7"`` → ``[7.0]``; a colour name in
     ``colours`` (name → RGB) → its RGB; anything else None."""
     colours = colours or {}
-    return [[float(a)] if a.isdigit() else list(map(float, colours[a])) if a in colours else None for a in answers]
+    return [[float(answer)] if answer.isdigit() else list(map(float, colours[answer])) if answer in colours else None
+            for answer in answers]
 
 
 class ConvPatchStem(nn.Module):
@@ -178,13 +180,13 @@ class ConvPatchStem(nn.Module):
 
     def __init__(self, in_channels: int, dim: int, patch_size: int, hidden: int):
         super().__init__()
-        sub = next(s for s in (4, 2, 1) if patch_size % s == 0)
+        sub = next(size for size in (4, 2, 1) if patch_size % size == 0)
         self.conv1 = nn.Conv2d(in_channels, hidden, sub, sub)
         self.conv2 = nn.Conv2d(hidden, dim, patch_size // sub, patch_size // sub)
 
     def forward(self, x: Tensor) -> Tensor:
-        h = self.conv2(F.gelu(self.conv1(x)))  # (B, D, H/p, W/p)
-        return h.flatten(2).transpose(1, 2)  # (B, N, D)
+        feats = self.conv2(F.gelu(self.conv1(x)))  # (B, D, H/p, W/p)
+        return feats.flatten(2).transpose(1, 2)  # (B, N, D)
 
 
 class PatchColour(nn.Module):
@@ -228,15 +230,15 @@ class ShapeColourStem(nn.Module):
 
     def foreground(self, x: Tensor) -> Tensor:
         """``f`` ``(B, 1, H, W)`` in [0, 1] from standardized images ``x̂`` ``(B, C, H, W)``."""
-        b = x[:, :, ::4, ::4].flatten(2).median(-1).values[:, :, None, None]  # (B, C, 1, 1): the background
-        d = (x - b) * self.std  # raw pixel units
+        background = x[:, :, ::4, ::4].flatten(2).median(-1).values[:, :, None, None]  # (B, C, 1, 1): the background
+        diff = (x - background) * self.std  # raw pixel units
         # (Σ d²)^½ by hand: torch's vector norm over the 3 channels took 23 ms a call in a profile of a training step
-        return (d * d).sum(1, keepdim=True).sqrt().div(self.threshold).clamp(max=1.0)
+        return (diff * diff).sum(1, keepdim=True).sqrt().div(self.threshold).clamp(max=1.0)
 
     def parts(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """``(shape, colour)`` embeddings ``(B, N, D)`` each, of standardized images ``(B, C, H, W)``."""
-        f = self.foreground(x)  # (B, 1, H, W)
-        return self.shape(f), self.colour(_patch_colour(x, f, self.p))
+        fore = self.foreground(x)  # (B, 1, H, W)
+        return self.shape(fore), self.colour(_patch_colour(x, fore, self.p))
 
     def forward(self, x: Tensor) -> Tensor:
         shape, colour = self.parts(x)
@@ -271,9 +273,9 @@ PIXEL_STD = [0.25, 0.25, 0.25]
 
 
 def _example(config, batch_size: int) -> tuple[Tensor, Tensor]:
-    g = torch.Generator().manual_seed(0)
-    images = torch.rand(batch_size, config.in_channels, config.image_size, config.image_size, generator=g)
-    questions = torch.randint(1, config.vocab_size, (batch_size, config.max_question_len), generator=g)
+    gen = torch.Generator().manual_seed(0)
+    images = torch.rand(batch_size, config.in_channels, config.image_size, config.image_size, generator=gen)
+    questions = torch.randint(1, config.vocab_size, (batch_size, config.max_question_len), generator=gen)
     questions[:, config.max_question_len // 2:] = 0  # padding after the words
     return images, questions
 
@@ -282,12 +284,12 @@ def _check_inputs(config, inputs) -> tuple[Tensor, Tensor]:
     if not (isinstance(inputs, (tuple, list)) and len(inputs) == 2):
         raise ValueError("a question-answering model takes (images (B, 3, H, W), questions (B, T)) as one pair")
     images, questions = inputs
-    c = config
-    if images.dim() != 4 or tuple(images.shape[1:]) != (c.in_channels, c.image_size, c.image_size):
-        raise ValueError(f"images must be (B, {c.in_channels}, {c.image_size}, {c.image_size}), got "
+    cfg = config
+    if images.dim() != 4 or tuple(images.shape[1:]) != (cfg.in_channels, cfg.image_size, cfg.image_size):
+        raise ValueError(f"images must be (B, {cfg.in_channels}, {cfg.image_size}, {cfg.image_size}), got "
                          f"{tuple(images.shape)}")
-    if questions.dim() != 2 or questions.shape[0] != images.shape[0] or questions.shape[1] > c.max_question_len:
-        raise ValueError(f"questions must be word ids (B, T ≤ {c.max_question_len}) for the B images, got "
+    if questions.dim() != 2 or questions.shape[0] != images.shape[0] or questions.shape[1] > cfg.max_question_len:
+        raise ValueError(f"questions must be word ids (B, T ≤ {cfg.max_question_len}) for the B images, got "
                          f"{tuple(questions.shape)}")
     return images, questions
 
@@ -388,8 +390,8 @@ class VQATransformerConfig(TransformerConfig, defaults=dict(dim=64, num_layers=3
 
     @property
     def num_patches(self) -> int:
-        gh, gw = self.grid
-        return gh * gw
+        grid_h, grid_w = self.grid
+        return grid_h * grid_w
 
     @property
     def tokens_per_patch(self) -> int:
@@ -411,37 +413,39 @@ class VQATransformer(CountsParameters, nn.Module):
 
     def __init__(self, config: VQATransformerConfig):
         super().__init__()
-        self.config = c = config
-        if c.patch_stem == "linear":
-            self.patch_embed = PatchEmbed(c.in_channels, c.dim, c.patch_size)
-        elif c.patch_stem in ("shape+colour", "shape,colour"):
-            self.patch_embed = ShapeColourStem(c.in_channels, c.dim, c.patch_size, c.stem_channels, c.pixel_std)
+        self.config = cfg = config
+        if cfg.patch_stem == "linear":
+            self.patch_embed = PatchEmbed(cfg.in_channels, cfg.dim, cfg.patch_size)
+        elif cfg.patch_stem in ("shape+colour", "shape,colour"):
+            self.patch_embed = ShapeColourStem(cfg.in_channels, cfg.dim, cfg.patch_size, cfg.stem_channels,
+                                               cfg.pixel_std)
         else:
-            self.patch_embed = ConvPatchStem(c.in_channels, c.dim, c.patch_size, c.stem_channels)
-        self.patch_colour = PatchColour(c.in_channels, c.dim, c.patch_size) if c.patch_stem == "conv+colour" else None
-        self.word_emb = nn.Embedding(c.vocab_size, c.dim, padding_idx=0)
-        self.summary = nn.Parameter(torch.zeros(1, 1, c.dim))
-        self.sink = nn.Parameter(torch.randn(1, 1, c.dim) * POSITION_STD) if c.sink else None
+            self.patch_embed = ConvPatchStem(cfg.in_channels, cfg.dim, cfg.patch_size, cfg.stem_channels)
+        self.patch_colour = (PatchColour(cfg.in_channels, cfg.dim, cfg.patch_size) if cfg.patch_stem == "conv+colour"
+                             else None)
+        self.word_emb = nn.Embedding(cfg.vocab_size, cfg.dim, padding_idx=0)
+        self.summary = nn.Parameter(torch.zeros(1, 1, cfg.dim))
+        self.sink = nn.Parameter(torch.randn(1, 1, cfg.dim) * POSITION_STD) if cfg.sink else None
         # a learned score per layer and head added to every query's score on the sink (sink_logit: its start);
         # flat, so that it is not decayed as a matrix
-        self.sink_logit = (nn.Parameter(torch.full((c.num_layers * c.num_heads,), float(c.sink_logit)))
-                           if c.sink and c.sink_logit is not None else None)
-        self.type_emb = nn.Parameter(torch.zeros(2, c.dim))  # 0: question, 1: image
+        self.sink_logit = (nn.Parameter(torch.full((cfg.num_layers * cfg.num_heads,), float(cfg.sink_logit)))
+                           if cfg.sink and cfg.sink_logit is not None else None)
+        self.type_emb = nn.Parameter(torch.zeros(2, cfg.dim))  # 0: question, 1: image
         # with two tokens per patch, which part a token is (0: shape, 1: colour)
-        self.part_emb = nn.Parameter(torch.zeros(2, c.dim)) if c.tokens_per_patch == 2 else None
-        self.text_pos = nn.Parameter(torch.zeros(c.num_text, c.dim))
-        self.patch_pos = nn.Parameter(torch.zeros(c.num_patches, c.dim))
-        self.drop = nn.Dropout(c.dropout)
-        self.encoder = Encoder(c.dim, c.num_layers, c.num_heads, mlp_ratio=c.mlp_ratio, norm="pre",
-                               dropout=c.dropout, activation="gelu", backend=c.backend, value_proj=c.value_proj)
-        self.head = AnswerHead(c.dim, c.num_answers, c.answer_readout, c.answer_points)
-        for p in (self.summary, self.type_emb, self.part_emb):
-            if p is not None:
-                nn.init.normal_(p, 0.0, 0.02)
+        self.part_emb = nn.Parameter(torch.zeros(2, cfg.dim)) if cfg.tokens_per_patch == 2 else None
+        self.text_pos = nn.Parameter(torch.zeros(cfg.num_text, cfg.dim))
+        self.patch_pos = nn.Parameter(torch.zeros(cfg.num_patches, cfg.dim))
+        self.drop = nn.Dropout(cfg.dropout)
+        self.encoder = Encoder(cfg.dim, cfg.num_layers, cfg.num_heads, mlp_ratio=cfg.mlp_ratio, norm="pre",
+                               dropout=cfg.dropout, activation="gelu", backend=cfg.backend, value_proj=cfg.value_proj)
+        self.head = AnswerHead(cfg.dim, cfg.num_answers, cfg.answer_readout, cfg.answer_points)
+        for param in (self.summary, self.type_emb, self.part_emb):
+            if param is not None:
+                nn.init.normal_(param, 0.0, 0.02)
         # Positions start as large as the content (words: N(0, 1), standardized patches: about as much), not at
         # ViT's 0.02: a question about the top right corner must be able to find it from the first steps.
-        for p in (self.text_pos, self.patch_pos):
-            nn.init.normal_(p, 0.0, POSITION_STD)
+        for param in (self.text_pos, self.patch_pos):
+            nn.init.normal_(param, 0.0, POSITION_STD)
         self.apply(init_trunc_normal)
         self.head.reset_points()
 
@@ -453,11 +457,11 @@ class VQATransformer(CountsParameters, nn.Module):
 
     def _tokens(self, inputs) -> tuple[Tensor, Tensor]:
         """``(tokens (B, L, D), mask (B, 1, L, L) or (B, 1, 1, L))`` with ``L = num_text + num_patches``."""
-        c = self.config
-        images, questions = _check_inputs(c, inputs)
+        cfg = self.config
+        images, questions = _check_inputs(cfg, inputs)
         B, T = questions.shape
-        if T < c.max_question_len:  # pad to the fixed slots (positions are per slot)
-            questions = F.pad(questions, (0, c.max_question_len - T))
+        if T < cfg.max_question_len:  # pad to the fixed slots (positions are per slot)
+            questions = F.pad(questions, (0, cfg.max_question_len - T))
         words = self.word_emb(questions)  # (B, T, D)
         # The summary token starts as the question's bag of words, so the first layer can already look for what
         # the question asks (a learned constant alone would make its first query the same for every question).
@@ -465,7 +469,7 @@ class VQATransformer(CountsParameters, nn.Module):
         bag = (words.sum(1) / n_words)[:, None]  # (B, 1, D)
         head = [self.summary + bag] + ([self.sink.expand(B, 1, -1)] if self.sink is not None else [])
         text = torch.cat([*head, words], 1) + self.text_pos + self.type_emb[0]  # (B, num_text, D)
-        x = _standardize(c, images)
+        x = _standardize(cfg, images)
         if self.part_emb is not None:  # two tokens per patch: its shape, then (after all shapes) its colour
             shape, colour = self.patch_embed.parts(x)  # (B, N, D) each
             where = self.patch_pos + self.type_emb[1]
@@ -478,31 +482,33 @@ class VQATransformer(CountsParameters, nn.Module):
         is_pad = torch.cat([torch.zeros(B, len(head), dtype=torch.bool, device=z.device), questions == 0,
                             torch.zeros(B, patches.shape[1], dtype=torch.bool, device=z.device)], 1)  # (B, L)
         mask = padding(is_pad)  # (B, 1, 1, L): nobody attends to padding words
-        nt, L = c.num_text, z.shape[1]
-        if c.modality_mask != "full":
+        n_text, L = cfg.num_text, z.shape[1]
+        if cfg.modality_mask != "full":
             allowed = torch.ones(L, L, dtype=torch.bool, device=z.device)
-            allowed[nt:, :nt] = False  # a patch's query never meets a question key
-            if c.modality_mask == "summary-reads":
-                allowed[1:nt, nt:] = False  # the sink's and the words' queries never meet a patch key: only q reads
+            allowed[n_text:, :n_text] = False  # a patch's query never meets a question key
+            if cfg.modality_mask == "summary-reads":
+                # the sink's and the words' queries never meet a patch key: only q reads
+                allowed[1:n_text, n_text:] = False
             mask = mask & allowed  # (B, 1, L, L)
-        if self.part_emb is not None or c.modality_mask in PATCH_LOCAL:
+        if self.part_emb is not None or cfg.modality_mask in PATCH_LOCAL:
             # A patch's own tokens only (its two tokens attend to each other: each takes in the other half; the
             # question's tokens attend to all, and meet keys that are pure shape or pure colour): in the first
             # layer, then all (image-first) or in every layer (patch-local, summary-reads).
-            N = c.num_patches
+            N = cfg.num_patches
             allowed = torch.ones(L, L, dtype=torch.bool, device=z.device)
-            own = torch.eye(N, dtype=torch.bool, device=z.device).repeat(c.tokens_per_patch, c.tokens_per_patch)
-            if c.pair_binding == "shape-reads-colour" and c.tokens_per_patch == 2:
+            own = torch.eye(N, dtype=torch.bool, device=z.device).repeat(cfg.tokens_per_patch, cfg.tokens_per_patch)
+            if cfg.pair_binding == "shape-reads-colour" and cfg.tokens_per_patch == 2:
                 own[N:, :N] = False  # a colour token's query never meets its shape's key: it stays pure colour
-            allowed[nt:] = False
-            allowed[nt:, nt:] = own  # (tN, tN): the same patch
+            allowed[n_text:] = False
+            allowed[n_text:, n_text:] = own  # (tN, tN): the same patch
             local = mask & allowed
-            mask = [local] * c.num_layers if c.modality_mask in PATCH_LOCAL else [local] + [mask] * (c.num_layers - 1)
-        if c.read_layers is not None:  # the question's tokens meet patch keys only in these layers
+            mask = ([local] * cfg.num_layers if cfg.modality_mask in PATCH_LOCAL
+                    else [local] + [mask] * (cfg.num_layers - 1))
+        if cfg.read_layers is not None:  # the question's tokens meet patch keys only in these layers
             blind = torch.ones(L, L, dtype=torch.bool, device=z.device)
-            blind[:nt, nt:] = False
-            masks = mask if isinstance(mask, list) else [mask] * c.num_layers
-            mask = [m if i in c.read_layers else m & blind for i, m in enumerate(masks)]
+            blind[:n_text, n_text:] = False
+            masks = mask if isinstance(mask, list) else [mask] * cfg.num_layers
+            mask = [m if i in cfg.read_layers else m & blind for i, m in enumerate(masks)]
         return self.drop(z), mask
 
     def forward_features(self, inputs, *, return_attention: bool = False):
@@ -511,7 +517,8 @@ class VQATransformer(CountsParameters, nn.Module):
         bias = None
         if self.sink_logit is not None:  # (1, H, 1, L) per layer: the sink's column only
             col = F.one_hot(torch.tensor(1, device=z.device), z.shape[1]).to(z.dtype)  # (L,)
-            bias = [(s[:, None] * col)[None, :, None, :] for s in self.sink_logit.view(self.config.num_layers, -1)]
+            bias = [(sink[:, None] * col)[None, :, None, :]
+                    for sink in self.sink_logit.view(self.config.num_layers, -1)]
         return self.encoder(z, mask=mask, bias=bias, return_weights=return_attention)
 
     def forward_head(self, h: Tensor) -> Tensor:
@@ -533,14 +540,14 @@ class VQATransformer(CountsParameters, nn.Module):
         _, maps = self.forward_features(inputs, return_attention=True)
         maps = [m["self"] for m in maps]
         if self.config.tokens_per_patch == 2:
-            maps = [_per_patch(a, self.config.num_text, self.config.num_patches) for a in maps]
+            maps = [_per_patch(amap, self.config.num_text, self.config.num_patches) for amap in maps]
         return {"self": maps}
 
     def question_attention(self, inputs) -> list[Tensor]:
         """Per layer, the summary token's attention over the patches ``(B, H, N)`` (its row of ``A``,
         the patch columns; the rest of the row went to the question's own tokens)."""
         n = self.config.num_text
-        return [a[:, :, 0, n:] for a in self.attention_maps(inputs)["self"]]
+        return [amap[:, :, 0, n:] for amap in self.attention_maps(inputs)["self"]]
 
 
 def _per_patch(a: Tensor, nt: int, n: int) -> Tensor:
@@ -600,15 +607,15 @@ class VQACNN(CountsParameters, nn.Module):
 
     def __init__(self, config: VQACNNConfig):
         super().__init__()
-        self.config = c = config
-        self.word_emb = nn.Embedding(c.vocab_size, c.word_dim, padding_idx=0)
-        self.gru = nn.GRU(c.word_dim, c.question_dim, batch_first=True)
-        coords = c.readout == "coords"
-        trunk = {f.name: getattr(c, f.name) for f in fields(ConvTrunkConfig) if f.init}
-        self.trunk = ConvTrunk(ConvTrunkConfig(**{**trunk, "in_channels": c.in_channels + 2}) if coords else c)
+        self.config = cfg = config
+        self.word_emb = nn.Embedding(cfg.vocab_size, cfg.word_dim, padding_idx=0)
+        self.gru = nn.GRU(cfg.word_dim, cfg.question_dim, batch_first=True)
+        coords = cfg.readout == "coords"
+        trunk = {dc_field.name: getattr(cfg, dc_field.name) for dc_field in fields(ConvTrunkConfig) if dc_field.init}
+        self.trunk = ConvTrunk(ConvTrunkConfig(**{**trunk, "in_channels": cfg.in_channels + 2}) if coords else cfg)
         self.channels = self.trunk.film_channels()
-        self.film = nn.Linear(c.question_dim, 2 * sum(self.channels))
-        self.head = AnswerHead(self.trunk.out_channels, c.num_answers, c.answer_readout, c.answer_points)
+        self.film = nn.Linear(cfg.question_dim, 2 * sum(self.channels))
+        self.head = AnswerHead(self.trunk.out_channels, cfg.num_answers, cfg.answer_readout, cfg.answer_points)
         self.apply(init_conv_weights)
         self.head.reset_points()
         # channels-last: oneDNN's convolutions skip a layout reorder each way (6–19 % less per training step of the
@@ -634,11 +641,11 @@ class VQACNN(CountsParameters, nn.Module):
 
     def films(self, questions: Tensor) -> list[tuple[Tensor, Tensor]]:
         """Per block, FiLM's ``(γ, β)`` ``(B, C_block)`` each."""
-        gb = self.film(self.encode_question(questions))  # (B, 2 ΣC)
+        gamma_beta = self.film(self.encode_question(questions))  # (B, 2 ΣC)
         out, i = [], 0
-        for ch in self.channels:
-            out.append((gb[:, i:i + ch], gb[:, i + ch:i + 2 * ch]))
-            i += 2 * ch
+        for width in self.channels:
+            out.append((gamma_beta[:, i:i + width], gamma_beta[:, i + width:i + 2 * width]))
+            i += 2 * width
         return out
 
     def forward_features(self, inputs) -> Tensor:
@@ -647,9 +654,9 @@ class VQACNN(CountsParameters, nn.Module):
         x = _standardize(self.config, images)
         if self.config.readout == "coords":
             B, _, H, W = x.shape
-            yy = torch.linspace(-1, 1, H, device=x.device)[:, None].expand(H, W)
-            xx = torch.linspace(-1, 1, W, device=x.device)[None, :].expand(H, W)
-            x = torch.cat([x, torch.stack([yy, xx])[None].expand(B, 2, H, W)], 1)  # (B, C + 2, H, W)
+            grid_y = torch.linspace(-1, 1, H, device=x.device)[:, None].expand(H, W)
+            grid_x = torch.linspace(-1, 1, W, device=x.device)[None, :].expand(H, W)
+            x = torch.cat([x, torch.stack([grid_y, grid_x])[None].expand(B, 2, H, W)], 1)  # (B, C + 2, H, W)
         return self.trunk(x.contiguous(memory_format=torch.channels_last), self.films(questions))
 
     def forward_head(self, h: Tensor) -> Tensor:
@@ -664,10 +671,10 @@ class VQACNN(CountsParameters, nn.Module):
 
     def answer_map(self, inputs, answer: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Each unit's vote for the answer (a class activation map): ``(maps (B, H', W'), answers (B,))``."""
-        h = self.forward_features(inputs)
+        feats = self.forward_features(inputs)
         if answer is None:
-            answer = self.forward_head(h).argmax(-1)
-        return torch.einsum("bc,bchw->bhw", self.head.vote_weights(h.mean((2, 3)), answer), h), answer
+            answer = self.forward_head(feats).argmax(-1)
+        return torch.einsum("bc,bchw->bhw", self.head.vote_weights(feats.mean((2, 3)), answer), feats), answer
 
 
 register_family("vqa-transformer", VQATransformerConfig, VQATransformer)
