@@ -77,9 +77,9 @@ def mfcc_stats(x: torch.Tensor, spec: LogMelSpectrogram, num_mfcc: int = 13, bat
     out = []
     with torch.no_grad():
         for i in range(0, len(x), batch):
-            s = spec(x[i:i + batch].float()).numpy()  # (b, mels, T)
-            c = dct(s, type=2, axis=1, norm="ortho")[:, :num_mfcc]  # (b, num_mfcc, T)
-            out.append(np.concatenate([c.mean(2), c.std(2)], axis=1))  # (b, 2·num_mfcc)
+            mels = spec(x[i:i + batch].float()).numpy()  # (b, mels, T)
+            coeffs = dct(mels, type=2, axis=1, norm="ortho")[:, :num_mfcc]  # (b, num_mfcc, T)
+            out.append(np.concatenate([coeffs.mean(2), coeffs.std(2)], axis=1))  # (b, 2·num_mfcc)
     return np.concatenate(out)
 
 
@@ -119,10 +119,10 @@ def _evaluate(model, ds: AudioSet, batch_size: int, feats: torch.Tensor | None =
     preds, loss = [], 0.0
     with torch.no_grad():
         for i in range(0, len(ds.x_test), batch_size):
-            xb, yb = feats[i:i + batch_size].to(dev), ds.y_test[i:i + batch_size].to(dev)
-            logits = model(xb).logits.float()
+            x_batch, y_batch = feats[i:i + batch_size].to(dev), ds.y_test[i:i + batch_size].to(dev)
+            logits = model(x_batch).logits.float()
             preds.append(logits.argmax(-1).cpu())
-            loss += float(torch.nn.functional.cross_entropy(logits, yb, reduction="sum"))
+            loss += float(torch.nn.functional.cross_entropy(logits, y_batch, reduction="sum"))
     model.train(was)
     pred = torch.cat(preds).numpy()
     n = max(1, len(pred))
@@ -151,8 +151,8 @@ def robustness(model, spec: SpokenWords, batch_size: int = 200, baseline=None) -
     sets = evaluation_sets(seed=spec.seed, per_voice=spec.per_voice, test_voices=spec.test_voices, other=other)
     out = {}
     for name, (x, y, voices) in sets.items():
-        ds = AudioSet(name, list(DIGITS), spec.sample_rate, x[:0], y[:0], x, y, list(voices))
-        out[f"test_accuracy_{name}"] = _evaluate(model, ds, batch_size)[0]["test_accuracy"]
+        dataset = AudioSet(name, list(DIGITS), spec.sample_rate, x[:0], y[:0], x, y, list(voices))
+        out[f"test_accuracy_{name}"] = _evaluate(model, dataset, batch_size)[0]["test_accuracy"]
         if baseline is not None:
             out[f"baseline_accuracy_{name}"] = float((baseline(x) == y.numpy()).mean())
     return out
@@ -220,29 +220,29 @@ def _train_source(model, spec: SpokenWords, ds: AudioSet, train, options: dict[s
     aug = WaveAugment(noises=("white", "pink", "babble") if generated else ("white", "pink"), noise_prob=1.0,
                       noise_snr=(0.0, 30.0), resynth=(80.0, 260.0) if "resynth" in how else None)
     probe = copy.deepcopy(model).cpu().eval()  # the batches are drawn on the CPU: its spectrogram, there
-    waves = WaveFeatures(aug, lambda w: probe.spectrogram_image(w)[:, None],
+    waves = WaveFeatures(aug, lambda wave: probe.spectrogram_image(wave)[:, None],
                          words=training_word_bank(spec.seed) if generated else None, sample_rate=ds.sample_rate)
     return ImageBatches(x, y, train.batch_size, seed=train.seed, augment=waves, num_classes=ds.num_classes)
 
 
 def build(ctx: BuildContext) -> Job:
-    ds = ctx.data.load()
+    dataset = ctx.data.load()
     train, device, options = ctx.train, ctx.device, ctx.options
     torch.manual_seed(train.seed)
-    ctx.from_data("num_classes", ds.num_classes)
+    ctx.from_data("num_classes", dataset.num_classes)
     model = create_model("ast", **{k: v for k, v in ctx.model.items() if k != "image_size"})
-    src = _train_source(model, ctx.data, ds, train, options)
-    c = model.config
-    more = f" (training on {len(src.y)} with wave_augment's extra voices)" if len(src.y) != len(ds.y_train) else ""
+    src = _train_source(model, ctx.data, dataset, train, options)
+    config = model.config
+    more = f" (training on {len(src.y)} with wave_augment's extra voices)" if len(src.y) != len(dataset.y_train) else ""
     log.info("%s: %d train%s / %d test clips, %d classes; AST %.3fM parameters, spectrogram %d×%d, %d tokens, "
-             "%d steps per epoch", ds.name, len(ds.y_train), more, len(ds.y_test), ds.num_classes,
-             model.num_parameters() / 1e6, c.n_mels, c.num_frames, c.grid[0] * c.grid[1] + c.num_prefix,
-             src.steps_per_epoch)
+             "%d steps per epoch", dataset.name, len(dataset.y_train), more, len(dataset.y_test), dataset.num_classes,
+             model.num_parameters() / 1e6, config.n_mels, config.num_frames,
+             config.grid[0] * config.grid[1] + config.num_prefix, src.steps_per_epoch)
 
-    test_feats = spectrograms(model, ds.x_test, options["eval_batch_size"])
+    test_feats = spectrograms(model, dataset.x_test, options["eval_batch_size"])
 
     def evaluate(m) -> dict[str, float]:
-        return _evaluate(m, ds, options["eval_batch_size"], test_feats)[0]
+        return _evaluate(m, dataset, options["eval_batch_size"], test_feats)[0]
 
     def finish(m) -> dict[str, Any]:  # noqa: ARG001
         # train_size counts the split's clips; the training set may hold more (wave_augment's extra voices)
@@ -250,18 +250,18 @@ def build(ctx: BuildContext) -> Job:
                 "wave_augment": _wave_augment(ctx.data, options)}
 
     return Job(model=model.to(device), source=src, evaluate=evaluate, tokens_per_batch=train.batch_size,
-               finish=finish, data=ctx.data.replace(labels=list(ds.labels)))
+               finish=finish, data=ctx.data.replace(labels=list(dataset.labels)))
 
 
 def evaluate_run(run, data) -> dict[str, Any]:
     """``tokennet eval``: the run's test metrics recomputed from the saved model (and the baseline refitted)."""
     spec = run.data if data is None else run.data.replace(source=data)
-    ds = spec.held_out()
-    if ds.num_classes != run.model.config.num_classes:
+    held = spec.held_out()
+    if held.num_classes != run.model.config.num_classes:
         raise DataError(f"{run.path} was trained on {run.model.config.num_classes} classes, but the data has "
-                        f"{ds.num_classes}; evaluate it on data like its own")
+                        f"{held.num_classes}; evaluate it on data like its own")
     opts = {k: run.settings.get(k, v) for k, v in _OPTIONS.items()}
-    return _metrics(run.model, ds, opts, spec)
+    return _metrics(run.model, held, opts, spec)
 
 
 def smoke_data(directory) -> str:
@@ -272,11 +272,11 @@ def smoke_data(directory) -> str:
 
     root = Path(directory) / "tones"
     rng = np.random.default_rng(0)
-    for label, hz in (("low", 300.0), ("high", 1200.0)):
+    for label, freq in (("low", 300.0), ("high", 1200.0)):
         (root / label).mkdir(parents=True, exist_ok=True)
         for i in range(6):
             t = np.arange(4000) / 8000
-            wave = np.sin(2 * np.pi * hz * (1 + 0.02 * i) * t) * 0.5 + rng.normal(0, 0.01, t.shape)
+            wave = np.sin(2 * np.pi * freq * (1 + 0.02 * i) * t) * 0.5 + rng.normal(0, 0.01, t.shape)
             wavfile.write(root / label / f"{i:03d}.wav", 8000, (wave * 32767).astype(np.int16))
     return str(root)
 

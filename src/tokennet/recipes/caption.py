@@ -38,13 +38,13 @@ TOKENIZER_VOCAB = 320
 
 
 def _evaluate(model, tok, scenes, beam_size: int) -> dict[str, Any]:
-    refs = [caption(s) for s in scenes]
+    refs = [caption(scene) for scene in scenes]
     images = images_of(scenes, model.config.image_size)
     hyps = caption_images(model, tok, images, beam_size=beam_size)
-    hits = [h == r for h, r in zip(hyps, refs, strict=True)]
+    hits = [hyp == ref for hyp, ref in zip(hyps, refs, strict=True)]
     by_n: dict[int, list[bool]] = {}
-    for s, ok in zip(scenes, hits, strict=True):
-        by_n.setdefault(len(s.objects), []).append(ok)
+    for scene, ok in zip(scenes, hits, strict=True):
+        by_n.setdefault(len(scene.objects), []).append(ok)
     # Token accuracy under teacher forcing: how close the misses are.
     dev = next(model.parameters()).device
     tgt_in, tgt_out = encode_captions(refs, tok, tok.pad_id)
@@ -57,7 +57,7 @@ def _evaluate(model, tok, scenes, beam_size: int) -> dict[str, Any]:
         "exact_match_by_objects": {str(n): round(100.0 * sum(v) / len(v), 2) for n, v in sorted(by_n.items())},
         "token_accuracy": 100.0 * tok_acc,
         "test_size": len(scenes),
-        "errors": [f"{h!r} (expected {r!r})" for h, r, ok in zip(hyps, refs, hits, strict=True) if not ok][:10],
+        "errors": [f"{hyp!r} (expected {ref!r})" for hyp, ref, ok in zip(hyps, refs, hits, strict=True) if not ok][:10],
     }
 
 
@@ -80,18 +80,18 @@ def build(ctx: BuildContext) -> Job:
     # Validation: held-out combinations too (a different draw from the test set), for monitoring only.
     val = spec.val_scenes()
     val_images = images_of(val)
-    val_in, val_out = encode_captions([caption(s) for s in val], tok, tok.pad_id)
-    val_refs = [caption(s) for s in val]
+    val_in, val_out = encode_captions([caption(scene) for scene in val], tok, tok.pad_id)
+    val_refs = [caption(scene) for scene in val]
     torch.manual_seed(seed)
     log.info("caption (%s): vocab %d, %.2fM parameters", form, tok.vocab_size,
-             sum(p.numel() for p in model.parameters()) / 1e6)
+             sum(param.numel() for param in model.parameters()) / 1e6)
 
     def evaluate(m) -> dict[str, float]:
         dev = next(m.parameters()).device
         loss = float(m((val_images.to(dev), val_in.to(dev)), val_out.to(dev)).loss)
         hyps = caption_images(m, tok, val_images)
-        em = 100.0 * sum(h == r for h, r in zip(hyps, val_refs, strict=True)) / len(val_refs)
-        return {"val_loss": loss, "val_exact_match": em}
+        exact = 100.0 * sum(hyp == ref for hyp, ref in zip(hyps, val_refs, strict=True)) / len(val_refs)
+        return {"val_loss": loss, "val_exact_match": exact}
 
     def finish(m) -> dict[str, Any]:  # noqa: ARG001
         return {"form": form}

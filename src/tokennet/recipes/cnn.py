@@ -90,8 +90,8 @@ def fit_classifier(data: VisionData, *, steps: int, preset: str = "cnn", batch_s
     with tempfile.TemporaryDirectory() as scratch:  # a baseline's checkpoints are not kept
         Trainer(m, cfg, src, out_dir=scratch, device=device).fit()
     m.eval()
-    r = evaluate_classifier(m, data.x_test, data.y_test)
-    return {**r, "parameters": sum(p.numel() for p in m.parameters()), "model": m}
+    scores = evaluate_classifier(m, data.x_test, data.y_test)
+    return {**scores, "parameters": sum(param.numel() for param in m.parameters()), "model": m}
 
 
 def cnn_baseline(data: VisionData, *, steps: int, preset: str = "cnn", batch_size: int = 64, lr: float = 2e-3,
@@ -102,13 +102,13 @@ def cnn_baseline(data: VisionData, *, steps: int, preset: str = "cnn", batch_siz
     Returns ``baseline_cnn_accuracy`` (test accuracy in [0, 1]), ``baseline_cnn_loss``,
     ``baseline_cnn_parameters`` and ``baseline_cnn`` (a description of what was trained).
     """
-    r = fit_classifier(data, steps=steps, preset=preset, batch_size=batch_size, lr=lr, seed=seed, augment=augment,
+    result = fit_classifier(data, steps=steps, preset=preset, batch_size=batch_size, lr=lr, seed=seed, augment=augment,
                        device=device, **model)
-    m = r["model"]
-    c = m.config
-    return {"baseline_cnn_accuracy": r["test_accuracy"], "baseline_cnn_loss": r["test_loss"],
-            "baseline_cnn_parameters": r["parameters"],
-            "baseline_cnn": f"{preset} ({c.arch}, widths {c.widths}, depths {c.depths}; receptive field "
+    m = result["model"]
+    config = m.config
+    return {"baseline_cnn_accuracy": result["test_accuracy"], "baseline_cnn_loss": result["test_loss"],
+            "baseline_cnn_parameters": result["parameters"],
+            "baseline_cnn": f"{preset} ({config.arch}, widths {config.widths}, depths {config.depths}; receptive field "
                             f"{m.receptive_field().size} px), {steps} steps of batch "
                             f"{min(batch_size, len(data.y_train))}, lr {lr}"}
 
@@ -116,22 +116,25 @@ def cnn_baseline(data: VisionData, *, steps: int, preset: str = "cnn", batch_siz
 def build(ctx: BuildContext) -> Job:
     spec: ImageDataset = ctx.data
     _kind(spec.source)
-    ds = spec.load()
-    for k, v in _data_fields(ds).items():
+    dataset = spec.load()
+    for k, v in _data_fields(dataset).items():
         ctx.from_data(k, v)
     opts, train = ctx.options, ctx.train
     torch.manual_seed(train.seed)
     model = create_model("cnn", **ctx.model)
     aug = Augment(translate=int(opts["translate"]), flip=bool(opts["flip"]))
-    src = ImageBatches(ds.x_train, ds.y_train, train.batch_size, seed=train.seed, augment=aug if aug.active else None)
-    log.info("%s: %d train / %d test; CNN (%s) %.3fM parameters, receptive field %d px", ds.name, len(ds.y_train),
-             len(ds.y_test), model.config.arch, model.num_parameters() / 1e6, model.receptive_field().size)
+    src = ImageBatches(dataset.x_train, dataset.y_train, train.batch_size, seed=train.seed,
+                       augment=aug if aug.active else None)
+    log.info("%s: %d train / %d test; CNN (%s) %.3fM parameters, receptive field %d px", dataset.name,
+             len(dataset.y_train), len(dataset.y_test), model.config.arch, model.num_parameters() / 1e6,
+             model.receptive_field().size)
 
     def evaluate(m) -> dict[str, float]:
-        return evaluate_classifier(m, ds.x_test, ds.y_test, batch_size=opts["eval_batch_size"])
+        return evaluate_classifier(m, dataset.x_test, dataset.y_test, batch_size=opts["eval_batch_size"])
 
     def finish(m) -> dict[str, Any]:
-        return {"dataset": ds.name, "train_size": len(ds.y_train), "receptive_field": m.receptive_field().size,
+        return {"dataset": dataset.name, "train_size": len(dataset.y_train),
+                "receptive_field": m.receptive_field().size,
                 "epochs": round((src.max_index + 1) / src.steps_per_epoch, 2)}
 
     return Job(model=model.to(ctx.device), source=src, evaluate=evaluate, tokens_per_batch=train.batch_size,
@@ -141,13 +144,13 @@ def build(ctx: BuildContext) -> Job:
 def evaluate_run(run, data) -> dict[str, Any]:
     """``tokennet eval``: test accuracy on the run's dataset (or another of the same shape)."""
     spec = run.data if data is None else ImageDataset(source=data)
-    ds = spec.held_out()
-    c = run.model.config
-    for k, have in _data_fields(ds).items():
-        if getattr(c, k) != have:
-            raise DataError(f"{run.path} was trained with {k}={getattr(c, k)}, but {ds.name} has {k}={have}")
-    m = evaluate_classifier(run.model, ds.x_test, ds.y_test, batch_size=run.settings.get("eval_batch_size", 500))
-    return {"dataset": ds.name, "test_size": len(ds.y_test), **m}
+    held = spec.held_out()
+    config = run.model.config
+    for k, have in _data_fields(held).items():
+        if getattr(config, k) != have:
+            raise DataError(f"{run.path} was trained with {k}={getattr(config, k)}, but {held.name} has {k}={have}")
+    m = evaluate_classifier(run.model, held.x_test, held.y_test, batch_size=run.settings.get("eval_batch_size", 500))
+    return {"dataset": held.name, "test_size": len(held.y_test), **m}
 
 
 register_recipe(Recipe(

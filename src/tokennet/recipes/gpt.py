@@ -110,9 +110,9 @@ def build(ctx: BuildContext) -> Job:
         n = ctx.options["sample_tokens"]
         if n <= 0:
             return {}
-        g = torch.Generator(device=ctx.device).manual_seed(t.seed)
+        rng = torch.Generator(device=ctx.device).manual_seed(t.seed)
         prompt = torch.tensor([tok.encode(SAMPLE_PROMPT) or [tok.bos_id]], device=ctx.device)
-        out = generate(m, prompt, n, temperature=0.8, top_k=None, generator=g)
+        out = generate(m, prompt, n, temperature=0.8, top_k=None, generator=rng)
         return {"sample": tok.decode(out[0].tolist())}
 
     return Job(model=model.to(ctx.device), source=src, evaluate=lambda m: lm_eval(m, val_batches),
@@ -121,16 +121,17 @@ def build(ctx: BuildContext) -> Job:
 
 def evaluate_run(run, data) -> dict[str, Any]:
     """``tokennet eval``: validation loss of a trained run on its split (or on the whole of another corpus)."""
-    model, tok, s = run.model, run.tokenizer, run.settings
-    T = window(s, model)
-    spec = run.data if data is None else make_data(data, s)
+    model, tok, settings = run.model, run.tokenizer, run.settings
+    T = window(settings, model)
+    spec = run.data if data is None else make_data(data, settings)
     with torch.no_grad():
         if isinstance(spec, ChatConversations):  # conversations, the loss on the replies
             chats = spec.held_out(tok) if data is None else read_chats(data, tok)
-            m = lm_eval(model, ChatBatches(chats, T, s["batch_size"], pad_id=_pad(tok)).eval_batches())
+            m = lm_eval(model, ChatBatches(chats, T, settings["batch_size"], pad_id=_pad(tok)).eval_batches())
         else:  # the run's validation split, or the whole of another corpus
             ids = spec.held_out(tok, T) if data is None else torch.tensor(tok.encode(spec.read()), dtype=torch.long)
-            m = lm_eval(model, LMBatches(ids, T, s["batch_size"], seed=s["seed"] + 1).eval_batches(s["eval_iters"]))
+            m = lm_eval(model, LMBatches(ids, T, settings["batch_size"], seed=settings["seed"] + 1)
+                        .eval_batches(settings["eval_iters"]))
     m["val_perplexity"] = math.exp(m["val_loss"])
     return m
 
@@ -147,9 +148,9 @@ def smoke_data(directory) -> str:
     """A small corpus (numbered lines of a pangram, 17 kB) for the registry tests."""
     from pathlib import Path
 
-    p = Path(directory) / "corpus.txt"
-    p.write_text("".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(300)))
-    return str(p)
+    corpus = Path(directory) / "corpus.txt"
+    corpus.write_text("".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(300)))
+    return str(corpus)
 
 _SMOKE = {"dim": 32, "num_layers": 1, "num_heads": 2, "block_size": 16, "batch_size": 8, "eval_iters": 2,
           "sample_tokens": 8}

@@ -123,12 +123,12 @@ def _baselines(mols, tr, te, y) -> dict[str, float]:
 
     from ..data.qm9 import ELEMENTS
 
-    counts = np.stack([(mols.z == e).sum(1) for e in range(len(ELEMENTS))], axis=1).astype(np.float64)
-    X = np.concatenate([counts, np.ones((len(counts), 1))], axis=1)
-    yt = y[:, 0].double().numpy()
-    w, *_ = np.linalg.lstsq(X[tr.numpy()], yt[tr.numpy()], rcond=None)
-    return {"baseline_mean_mae": float(np.abs(yt[te.numpy()] - yt[tr.numpy()].mean()).mean()),
-            "baseline_linear_counts_mae": float(np.abs(X[te.numpy()] @ w - yt[te.numpy()]).mean())}
+    counts = np.stack([(mols.z == elem).sum(1) for elem in range(len(ELEMENTS))], axis=1).astype(np.float64)
+    design = np.concatenate([counts, np.ones((len(counts), 1))], axis=1)
+    target = y[:, 0].double().numpy()
+    coef, *_ = np.linalg.lstsq(design[tr.numpy()], target[tr.numpy()], rcond=None)
+    return {"baseline_mean_mae": float(np.abs(target[te.numpy()] - target[tr.numpy()].mean()).mean()),
+            "baseline_linear_counts_mae": float(np.abs(design[te.numpy()] @ coef - target[te.numpy()]).mean())}
 
 
 def _build_qm9(ctx: BuildContext, spec: QM9Targets) -> Job:
@@ -136,24 +136,24 @@ def _build_qm9(ctx: BuildContext, spec: QM9Targets) -> Job:
 
     train = ctx.train
     mols = spec.molecules()
-    tr, va, te = spec.split(mols)
+    train_idx, val_idx, test_idx = spec.split(mols)
     y = spec.targets(mols)
-    val, val_y = spec.collate(mols, va), y[va]
-    over = {**ctx.model, "task": "regress", "num_outputs": 1, "target_mean": float(y[tr].mean()),
-            "target_std": float(y[tr].std())}
+    val, val_y = spec.collate(mols, val_idx), y[val_idx]
+    over = {**ctx.model, "task": "regress", "num_outputs": 1, "target_mean": float(y[train_idx].mean()),
+            "target_std": float(y[train_idx].std())}
     torch.manual_seed(train.seed)
     model = create_model("graph-small", **over)
-    src = MoleculeBatches(mols, tr, train.batch_size, spec.target, seed=train.seed, pe_dim=spec.pe_dim,
+    src = MoleculeBatches(mols, train_idx, train.batch_size, spec.target, seed=train.seed, pe_dim=spec.pe_dim,
                           max_distance=spec.max_distance)
-    log.info("qm9: %d train / %d val / %d test molecules, target %s; %.3fM parameters", len(tr), len(va), len(te),
-             spec.target, model.num_parameters() / 1e6)
+    log.info("qm9: %d train / %d val / %d test molecules, target %s; %.3fM parameters", len(train_idx), len(val_idx),
+             len(test_idx), spec.target, model.num_parameters() / 1e6)
 
     def evaluate(m) -> dict[str, float]:
         mae = evaluate_regression(m, val, val_y)
         return {"val_loss": mae / m.config.target_std, **_mae_metrics(mae, spec.target, "val")}
 
     def finish(m) -> dict[str, Any]:  # noqa: ARG001
-        return {"target": spec.target, "train_size": len(tr), **_baselines(mols, tr, te, y)}
+        return {"target": spec.target, "train_size": len(train_idx), **_baselines(mols, train_idx, test_idx, y)}
 
     return Job(model=model.to(ctx.device), source=src, evaluate=evaluate, tokens_per_batch=train.batch_size,
                finish=finish, data=spec)
@@ -182,8 +182,8 @@ def build(ctx: BuildContext) -> Job:
              model.num_parameters() / 1e6)
 
     def evaluate(m) -> dict[str, float]:
-        r = evaluate_graphs(m, val, val_y)
-        return {"val_accuracy": r["test_accuracy"], "val_loss": r["test_loss"]}
+        scores = evaluate_graphs(m, val, val_y)
+        return {"val_accuracy": scores["test_accuracy"], "val_loss": scores["test_loss"]}
 
     def finish(m) -> dict[str, Any]:
         out: dict[str, Any] = {"variant": variant_name(m.config)}
@@ -201,12 +201,12 @@ def _ablation(model_overrides, train, src, test, test_y, device, trained) -> dic
     import dataclasses
     import tempfile
 
-    c = trained.config
+    config = trained.config
     table = {}
     steps = dataclasses.replace(train, time_budget=None, eval_interval=0, checkpoint_interval=0, progress=False,
                                 log_interval=0, report=False, tensorboard=False)
     for name, (attention, position) in VARIANTS.items():
-        if (attention, position) == (c.attention, c.position):
+        if (attention, position) == (config.attention, config.position):
             table[name] = evaluate_graphs(trained, test, test_y)["test_accuracy"]
             continue
         torch.manual_seed(train.seed)

@@ -73,28 +73,28 @@ def _part_options(task: str) -> dict[str, Any]:
     """The task's own settings this recipe exposes as ``<task>_<name>``: its model, data and recipe settings with a
     scalar default (not the trunk's shape, the trainer's or fine-tuning's, nor those its recipe says do not apply)."""
     sub = get_recipe(PARTS[task])
-    d = _part_defaults(task)
-    skip = set(TRUNK_FIELDS) | _TRAIN_ONLY | _LORA | (sub.unused(d) if sub.unused else set())
-    return {f"{task}_{k}": v for k, v in d.items() if k not in skip and isinstance(v, (bool, int, float, str))}
+    defaults = _part_defaults(task)
+    skip = set(TRUNK_FIELDS) | _TRAIN_ONLY | _LORA | (sub.unused(defaults) if sub.unused else set())
+    return {f"{task}_{k}": v for k, v in defaults.items() if k not in skip and isinstance(v, (bool, int, float, str))}
 
 
 def parse_weights(text: str, tasks: list[str], what: str) -> dict[str, float]:
     """``"text=2,image=0.5"`` → a positive weight per task (the tasks not named: 1); anything else is one line."""
     out = dict.fromkeys(tasks, 1.0)
-    for item in (p.strip() for p in str(text).split(",") if p.strip()):
-        name, eq, value = item.partition("=")
+    for item in (piece.strip() for piece in str(text).split(",") if piece.strip()):
+        name, sep, value = item.partition("=")
         name = name.strip()
-        if not eq or name not in TASKS:
+        if not sep or name not in TASKS:
             raise RecipeError(f"{what}: expected task=weight pairs with tasks from {', '.join(TASKS)}, got {item!r}")
         if name not in tasks:
             raise RecipeError(f"{what} names {name!r}, which is not among tasks={','.join(tasks)}")
         try:
-            w = float(value)
+            weight = float(value)
         except ValueError:
-            w = float("nan")
-        if not w > 0 or w == float("inf"):
+            weight = float("nan")
+        if not weight > 0 or weight == float("inf"):
             raise RecipeError(f"{what}: the weight of {name!r} must be a positive number, got {value.strip()!r}")
-        out[name] = w
+        out[name] = weight
     return out
 
 
@@ -109,11 +109,11 @@ def make_data(source: str | None, settings: dict[str, Any]) -> MultimodalData:
     parts = {}
     for t in names:
         sub = get_recipe(PARTS[t])
-        s = _part_defaults(t)
-        s.update({k: settings[k] for k in (*TRUNK_FIELDS, "seed", "batch_size")})
-        s.update({k.removeprefix(f"{t}_"): v for k, v in settings.items() if k in _part_options(t)})
-        spec = sub.data_spec(None, s)
-        parts[t] = {"recipe": sub.name, "spec": spec.to_dict(), "settings": s}
+        defaults = _part_defaults(t)
+        defaults.update({k: settings[k] for k in (*TRUNK_FIELDS, "seed", "batch_size")})
+        defaults.update({k.removeprefix(f"{t}_"): v for k, v in settings.items() if k in _part_options(t)})
+        spec = sub.data_spec(None, defaults)
+        parts[t] = {"recipe": sub.name, "spec": spec.to_dict(), "settings": defaults}
     return MultimodalData(tasks=",".join(names), parts=parts)
 
 
@@ -140,13 +140,13 @@ def _build_part(ctx: BuildContext, name: str, part: dict[str, Any]) -> Job:
     from ..data.spec import spec_from_dict
 
     sub = get_recipe(part["recipe"])
-    s = dict(part["settings"])
-    model, train, opts = sub.split(s)
-    sub_ctx = BuildContext(recipe=sub, settings=s, given=set(), model=model, train=train, options=opts,
+    settings = dict(part["settings"])
+    model, train, opts = sub.split(settings)
+    sub_ctx = BuildContext(recipe=sub, settings=settings, given=set(), model=model, train=train, options=opts,
                            data=spec_from_dict(part["spec"]), source=None, device=ctx.device, out_dir=ctx.out_dir,
                            tokenizer=ctx.tokenizer if name == "text" else None)
     job = sub.build(sub_ctx)
-    part["settings"] = s  # with what its data decided (vocab_size, num_classes, ...)
+    part["settings"] = settings  # with what its data decided (vocab_size, num_classes, ...)
     if job.data is not None:
         part["spec"] = job.data.to_dict()
     return job

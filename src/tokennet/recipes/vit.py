@@ -125,9 +125,9 @@ def svm_baseline(data: VisionData, gamma: float | str = 0.001) -> dict[str, Any]
     from sklearn.svm import SVC
 
     x = data.x_train.flatten(1).numpy() * 16.0  # the example's pixel scale 0..16 (gamma=0.001 is tuned to it)
-    xt = data.x_test.flatten(1).numpy() * 16.0
+    x_test = data.x_test.flatten(1).numpy() * 16.0
     clf = SVC(kernel="rbf", gamma=gamma).fit(x, data.y_train.numpy())
-    return {"baseline_svm_accuracy": float(clf.score(xt, data.y_test.numpy())),
+    return {"baseline_svm_accuracy": float(clf.score(x_test, data.y_test.numpy())),
             "baseline_svm": f"sklearn.svm.SVC(kernel='rbf', gamma={gamma!r}, C=1.0) on raw pixels 0..16"}
 
 
@@ -137,12 +137,12 @@ def _init_model(init, ds: VisionData):
     ``(model, the new modules)``: with LoRA those train in full (``Job.new_modules``)."""
     from ..interop.init import modules_of, with_num_classes
 
-    c = init.model.config
-    if not hasattr(c, "num_classes") or not hasattr(c, "image_size"):
-        raise DataError(f"{init.path} is not an image classifier (a {c.family} model): vit fine-tunes one")
+    config = init.model.config
+    if not hasattr(config, "num_classes") or not hasattr(config, "image_size"):
+        raise DataError(f"{init.path} is not an image classifier (a {config.family} model): vit fine-tunes one")
     for k in ("image_size", "in_channels"):
-        if getattr(c, k) != getattr(ds, k):
-            raise DataError(f"{init.path} takes {k}={getattr(c, k)}, but {ds.name} has {k}={getattr(ds, k)}")
+        if getattr(config, k) != getattr(ds, k):
+            raise DataError(f"{init.path} takes {k}={getattr(config, k)}, but {ds.name} has {k}={getattr(ds, k)}")
     model, fresh = with_num_classes(init.model, ds.num_classes)
     if fresh:
         log.info("a new classification head for %d classes (%s)", ds.num_classes, ", ".join(fresh))
@@ -151,7 +151,7 @@ def _init_model(init, ds: VisionData):
 
 def _depths(text: str) -> list[int]:
     try:
-        depths = [int(p) for p in str(text).replace(" ", "").split(",") if p]
+        depths = [int(piece) for piece in str(text).replace(" ", "").split(",") if piece]
     except ValueError:
         depths = []
     if not depths or min(depths) < 1:
@@ -184,31 +184,31 @@ def load_teacher(path: str, ds: VisionData, device) -> tuple[Callable[[torch.Ten
 
     try:
         run = load(path, device=device)
-    except RunError as e:  # "PATH is not a run directory ...": say it of teacher=PATH
-        msg = str(e)
+    except RunError as err:  # "PATH is not a run directory ...": say it of teacher=PATH
+        msg = str(err)
         raise RecipeError(f"teacher={path}{msg[len(str(path)):]}" if msg.startswith(str(path))
                           else f"teacher={path}: {msg}") from None
     if "classify" not in run.task.verbs:
         raise RecipeError(f"teacher={path} is a {run.task.name} run, not an image classifier")
-    model, c = run.model.eval(), run.model.config
-    k = getattr(c, "num_classes", None)
+    model, config = run.model.eval(), run.model.config
+    k = getattr(config, "num_classes", None)
     if k is not None and k != ds.num_classes:
         raise RecipeError(f"teacher={path} classifies {k} classes, but {ds.name} has {ds.num_classes}")
     for name in ("in_channels", "image_size"):
-        have = getattr(c, name, None)
+        have = getattr(config, name, None)
         if have is not None and have != getattr(ds, name):
             raise RecipeError(f"teacher={path} takes images with {name}={have}, but {ds.name} has "
                               f"{name}={getattr(ds, name)}")
     try:  # whatever its config says, it must classify this data's images into its classes
         with torch.no_grad():
             out = model(ds.x_train[:2].to(device)).logits
-    except (ValueError, RuntimeError) as e:
-        raise RecipeError(f"teacher={path} cannot classify {ds.name}'s images: {str(e).splitlines()[0]}") from None
+    except (ValueError, RuntimeError) as err:
+        raise RecipeError(f"teacher={path} cannot classify {ds.name}'s images: {str(err).splitlines()[0]}") from None
     if tuple(out.shape) != (2, ds.num_classes):
         raise RecipeError(f"teacher={path} gives logits of shape {tuple(out.shape[1:])} per image; {ds.name} has "
                           f"{ds.num_classes} classes")
-    for p in model.parameters():
-        p.requires_grad_(False)
+    for param in model.parameters():
+        param.requires_grad_(False)
 
     def teacher(x: torch.Tensor) -> torch.Tensor:
         return model(x.to(device)).logits.argmax(-1).to(x.device)  # (B,) the teacher's hard labels
@@ -222,7 +222,7 @@ def load_teacher(path: str, ds: VisionData, device) -> tuple[Callable[[torch.Ten
 def build(ctx: BuildContext) -> Job:
     spec: ImageDataset = ctx.data
     kind = dataset_kind(spec.source)
-    ds = spec.load()
+    dataset = spec.load()
     opts, train, device = ctx.options, ctx.train, ctx.device
     teacher, teacher_info = None, {}
     if opts["teacher"]:
@@ -230,7 +230,7 @@ def build(ctx: BuildContext) -> Job:
             raise RecipeError("teacher= trains DeiT's distillation token, which is ViT's: set arch=vit")
         if "distill" in ctx.given and not ctx.settings["distill"]:
             raise RecipeError("teacher= trains the distillation token: leave distill unset (or true)")
-        teacher, teacher_info = load_teacher(opts["teacher"], ds, device)
+        teacher, teacher_info = load_teacher(opts["teacher"], dataset, device)
         ctx.settings["distill"] = ctx.model["distill"] = True  # the teacher's labels are read by the distillation token
     torch.manual_seed(train.seed)
     new_modules: tuple[str, ...] = ()
@@ -238,10 +238,10 @@ def build(ctx: BuildContext) -> Job:
         if teacher is not None and not getattr(ctx.init.model.config, "distill", False):
             raise RecipeError(f"teacher= trains DeiT's distillation token, which {ctx.init.path} does not have: "
                               "fine-tune without teacher=, or train from scratch with it")
-        model, new_modules = _init_model(ctx.init, ds)
+        model, new_modules = _init_model(ctx.init, dataset)
     else:
         for k in DATA_FIELDS:  # e.g. a directory of idx files with another image size
-            ctx.from_data(k, getattr(ds, k))
+            ctx.from_data(k, getattr(dataset, k))
         model = _model(ctx)
     if model.config.is_1d and opts["randaugment"]:
         raise RecipeError("randaugment applies to 2-D images; this data is 1-D signals")
@@ -250,28 +250,29 @@ def build(ctx: BuildContext) -> Job:
     aug = Augment(translate=int(opts["translate"]), flip=bool(opts["flip"]), erase=float(opts["erase"]),
                   rotate=float(opts["rotate"]), scale=float(opts["scale"]), randaugment=int(opts["randaugment"]),
                   magnitude=float(opts["magnitude"]))
-    src = ImageBatches(ds.x_train, ds.y_train, train.batch_size, seed=train.seed, augment=aug if aug.active else None,
-                       mixup=float(opts["mixup"]), cutmix=float(opts["cutmix"]), num_classes=ds.num_classes,
+    src = ImageBatches(dataset.x_train, dataset.y_train, train.batch_size, seed=train.seed,
+                       augment=aug if aug.active else None, mixup=float(opts["mixup"]), cutmix=float(opts["cutmix"]),
+                       num_classes=dataset.num_classes,
                        repeats=int(opts["repeats"]), teacher=teacher)
-    c = model.config
-    log.info("%s: %d train / %d test, input %s; %s %.3fM parameters, %d tokens, %d steps per epoch", ds.name,
-             len(ds.y_train), len(ds.y_test), tuple(ds.x_train.shape[1:]), opts["arch"], model.num_parameters() / 1e6,
-             c.grid[0] * c.grid[1] + c.num_prefix, src.steps_per_epoch)
+    config = model.config
+    log.info("%s: %d train / %d test, input %s; %s %.3fM parameters, %d tokens, %d steps per epoch", dataset.name,
+             len(dataset.y_train), len(dataset.y_test), tuple(dataset.x_train.shape[1:]), opts["arch"],
+             model.num_parameters() / 1e6, config.grid[0] * config.grid[1] + config.num_prefix, src.steps_per_epoch)
 
     def evaluate(m) -> dict[str, float]:
-        return evaluate_classifier(m, ds.x_test, ds.y_test, batch_size=opts["eval_batch_size"])
+        return evaluate_classifier(m, dataset.x_test, dataset.y_test, batch_size=opts["eval_batch_size"])
 
     def finish(m) -> dict[str, Any]:  # noqa: ARG001
-        out: dict[str, Any] = {"dataset": ds.name, "arch": opts["arch"], "train_size": len(ds.y_train),
-                               "test_size": len(ds.y_test),
+        out: dict[str, Any] = {"dataset": dataset.name, "arch": opts["arch"], "train_size": len(dataset.y_train),
+                               "test_size": len(dataset.y_test),
                                "epochs": round((src.max_index + 1) / src.steps_per_epoch, 2), **teacher_info}
         if kind == "digits" and opts["svm_baseline"]:
-            out.update(svm_baseline(ds))
+            out.update(svm_baseline(dataset))
         if opts["cnn_baseline"]:  # the CNN of the dataset's cnn profile, the same steps, batch, rate and augmentation
             from .cnn import PROFILES as CNN_PROFILES
             from .cnn import cnn_baseline
 
-            out.update(cnn_baseline(ds, steps=src.max_index + 1, preset=CNN_PROFILES[kind]["model"],
+            out.update(cnn_baseline(dataset, steps=src.max_index + 1, preset=CNN_PROFILES[kind]["model"],
                                     batch_size=train.batch_size, lr=train.lr, seed=train.seed,
                                     augment=aug if aug.active else None, device=device))
         return out
@@ -283,15 +284,15 @@ def build(ctx: BuildContext) -> Job:
 def evaluate_run(run, data) -> dict[str, Any]:
     """``tokennet eval``: test accuracy of a trained run on its dataset's test split (or on another dataset)."""
     spec = run.data if data is None else ImageDataset(source=data)
-    ds = spec.held_out()
-    c = run.model.config
+    held = spec.held_out()
+    config = run.model.config
     for k in DATA_FIELDS:
-        have = getattr(ds, k)
-        if getattr(c, k) != have:
-            raise DataError(f"{run.path} was trained with {k}={getattr(c, k)}, but {ds.name} ({spec.source}) has "
-                            f"{k}={have}; evaluate it on data like its own")
-    m = evaluate_classifier(run.model, ds.x_test, ds.y_test, batch_size=run.settings.get("eval_batch_size", 500))
-    return {"dataset": ds.name, "test_size": len(ds.y_test), **m}
+        have = getattr(held, k)
+        if getattr(config, k) != have:
+            raise DataError(f"{run.path} was trained with {k}={getattr(config, k)}, but {held.name} "
+                            f"({spec.source}) has {k}={have}; evaluate it on data like its own")
+    m = evaluate_classifier(run.model, held.x_test, held.y_test, batch_size=run.settings.get("eval_batch_size", 500))
+    return {"dataset": held.name, "test_size": len(held.y_test), **m}
 
 
 def unused(settings: dict[str, Any]) -> set[str]:

@@ -104,8 +104,8 @@ def evaluate(model, spec: AnimalQuestions, qa: QASet | None = None, prefix: str 
 def _check_lengths(spec: AnimalQuestions, max_len: int) -> None:
     if spec.generated:
         return
-    u = spec.user()
-    longest = max(len(tokenize_question(q)) for q in u.train.questions + u.test.questions)
+    user = spec.user()
+    longest = max(len(tokenize_question(q)) for q in user.train.questions + user.test.questions)
     if longest > max_len:
         raise RecipeError(f"{spec.source} has questions of {longest} words; set max_question_len={longest} or more")
 
@@ -148,8 +148,8 @@ def _baseline_in_worker(conn, preset: str, model_settings: dict[str, Any], train
         buf = io.BytesIO()  # bytes, not tensors: torch's shared-memory handles die with this process
         torch.save(m.state_dict(), buf)
         conn.send(("ok", buf.getvalue()))
-    except BaseException as e:  # noqa: BLE001 - reported in the parent, whatever it was
-        conn.send(("error", f"{type(e).__name__}: {one_line(e)}"))
+    except BaseException as err:  # noqa: BLE001 - reported in the parent, whatever it was
+        conn.send(("error", f"{type(err).__name__}: {one_line(err)}"))
     finally:
         conn.close()
 
@@ -234,14 +234,14 @@ def build(ctx: BuildContext) -> Job:
             return out
         steps = dataclasses.replace(train, max_iters=src.max_index + 1)  # what the transformer trained
         out["cnn_precision"] = precision
-        qa = spec.held_out()
+        held = spec.held_out()
         shared = {k: ctx.settings[k] for k in (*DATA_FIELDS, "max_question_len", "answer_readout")}
         parallel = opts["cnn_parallel"] and torch.get_num_threads() >= 2 and torch.device(device).type == "cpu"
         out["cnn_parallel"] = parallel
         cnns = train_baselines(shared, steps, src, device, lr=opts["cnn_lr"], precision=precision, parallel=parallel)
         for prefix, preset in BASELINES.items():
             cnn = cnns[prefix]
-            out.update(evaluate(cnn, spec, qa, prefix=prefix))
+            out.update(evaluate(cnn, spec, held, prefix=prefix))
             out[f"{prefix}num_parameters"] = cnn.num_parameters()
             out[f"{prefix}receptive_field"] = cnn.receptive_field().size
             log.info("vqa baseline %s: %s", preset, {k: v for k, v in out.items() if k.startswith(prefix)})
@@ -255,13 +255,13 @@ def evaluate_run(run, data) -> dict[str, Any]:
     """``tokennet eval``: exact match per template on the run's held-out questions, and the attention mass."""
     if data is not None and data != run.data.source:
         raise RecipeError("the vqa recipe evaluates on the run's own held-out questions; it takes no other data")
-    spec, qa = run.data, run.data.held_out()
-    out: dict[str, Any] = {**evaluate(run.model, spec, qa), "test_size": len(qa)}
+    spec, held = run.data, run.data.held_out()
+    out: dict[str, Any] = {**evaluate(run.model, spec, held), "test_size": len(held)}
     if hasattr(run.model, "question_attention"):
-        out.update(attention_mass(run.model, qa, spec.words))
-        out.update(attention_vs_others(run.model, qa, spec.words))
-        out.update(patch_grouping(run.model, qa, spec.words))
-        counts = _count_questions(spec, qa)
+        out.update(attention_mass(run.model, held, spec.words))
+        out.update(attention_vs_others(run.model, held, spec.words))
+        out.update(patch_grouping(run.model, held, spec.words))
+        counts = _count_questions(spec, held)
         out.update(sink_summary(sink_weights(run.model, counts, spec.words)))
         out.update(counted_summary(counted_mass(run.model, counts, spec.words)))
     return out
@@ -287,8 +287,8 @@ def sink_summary(sw: dict[str, Any]) -> dict[str, float]:
     best = sw["heads"][sw["best"]]
     layer, head = sw["best"].split(".")
     out = {"sink_head": float(f"{layer}.{head}"), "sink_vs_inverse_count_r": best["r"]}
-    out.update({f"sink_weight_k{k}": w for k, w in best["by_k"].items()})
-    out["sink_max_gap"] = round(max(abs(w - 1 / (k + 1)) for k, w in best["by_k"].items()), 4)
+    out.update({f"sink_weight_k{k}": weight for k, weight in best["by_k"].items()})
+    out["sink_max_gap"] = round(max(abs(weight - 1 / (k + 1)) for k, weight in best["by_k"].items()), 4)
     return out
 
 
@@ -303,7 +303,7 @@ def counted_summary(cm: dict[str, Any]) -> dict[str, float]:
     best = cm["layers"][layer]
     out = {"counted_mass_layer": float(layer), "counted_mass_c": best["c"], "counted_mass_gap": best["gap"],
            "counted_mass_r": best["r"]}
-    out.update({f"counted_mass_k{k}": w for k, w in best["by_k"].items()})
+    out.update({f"counted_mass_k{k}": weight for k, weight in best["by_k"].items()})
     return out
 
 
