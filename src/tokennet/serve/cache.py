@@ -56,16 +56,16 @@ class SlotCache:
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write the new tokens' ``(B, Hkv, n, E)`` keys/values as planned; return the keys/values to attend over."""
-        o = self._owner
-        if o.mode == "prefill":  # after the o.offset tokens already in the row (a cached prefix, or none)
-            r, a, b = o.row, o.offset, o.offset + k.shape[2]
-            self.k[r : r + 1, :, a:b] = k
-            self.v[r : r + 1, :, a:b] = v
-            return self.k[r : r + 1, :, :b], self.v[r : r + 1, :, :b]
-        rows = o.rows_index  # (B,)
-        self.k[rows, :, o.write_at] = k[:, :, 0]  # (B, Hkv, E) into each row's next slot
-        self.v[rows, :, o.write_at] = v[:, :, 0]
-        return self.k[o.rows, :, : o.n_keys], self.v[o.rows, :, : o.n_keys]
+        owner = self._owner
+        if owner.mode == "prefill":  # after the o.offset tokens already in the row (a cached prefix, or none)
+            row, begin, end = owner.row, owner.offset, owner.offset + k.shape[2]
+            self.k[row : row + 1, :, begin:end] = k
+            self.v[row : row + 1, :, begin:end] = v
+            return self.k[row : row + 1, :, :end], self.v[row : row + 1, :, :end]
+        rows = owner.rows_index  # (B,)
+        self.k[rows, :, owner.write_at] = k[:, :, 0]  # (B, Hkv, E) into each row's next slot
+        self.v[rows, :, owner.write_at] = v[:, :, 0]
+        return self.k[owner.rows, :, : owner.n_keys], self.v[owner.rows, :, : owner.n_keys]
 
 
 class DecodePlan:
@@ -118,12 +118,12 @@ class SlotCaches:
         while cap < length:
             cap = min(2 * cap, self.max_len)
         # Every new buffer first: an allocation that fails here leaves each layer at the old capacity.
-        grown = [(self._alloc(c.k, cap), self._alloc(c.v, cap)) for c in self.layers]
-        for c, (k, v) in zip(self.layers, grown):
-            k[:, :, : self.capacity] = c.k
-            v[:, :, : self.capacity] = c.v
-        for c, (k, v) in zip(self.layers, grown):
-            c.k, c.v = k, v
+        grown = [(self._alloc(layer.k, cap), self._alloc(layer.v, cap)) for layer in self.layers]
+        for layer, (k, v) in zip(self.layers, grown):
+            k[:, :, : self.capacity] = layer.k
+            v[:, :, : self.capacity] = layer.v
+        for layer, (k, v) in zip(self.layers, grown):
+            layer.k, layer.v = k, v
         self.capacity = cap
 
     @staticmethod
@@ -139,15 +139,15 @@ class SlotCaches:
 
     def read(self, row: int, start: int, end: int) -> list[tuple[Tensor, Tensor]]:
         """Row ``row``'s keys and values of tokens ``start..end−1``, per layer: views ``(Hkv, end − start, E)``."""
-        return [(c.k[row, :, start:end], c.v[row, :, start:end]) for c in self.layers]
+        return [(layer.k[row, :, start:end], layer.v[row, :, start:end]) for layer in self.layers]
 
     def load_prefix(self, row: int, kv: list[tuple[Tensor, Tensor]]) -> None:
         """Write per-layer keys and values ``(Hkv, m, E)`` into row ``row``'s first ``m`` tokens."""
         m = kv[0][0].shape[1]
         self.ensure(m)
-        for c, (k, v) in zip(self.layers, kv):
-            c.k[row, :, :m] = k
-            c.v[row, :, :m] = v
+        for layer, (k, v) in zip(self.layers, kv):
+            layer.k[row, :, :m] = k
+            layer.v[row, :, :m] = v
 
     def plan_decode(self, lengths: Tensor, first: int = 0) -> Tensor:
         """The next forward feeds one token to rows ``first..first+B−1``, whose caches hold ``lengths`` ``(B,)``.
@@ -170,9 +170,9 @@ class SlotCaches:
         """Copy row ``src``'s first ``length`` tokens to row ``dst`` (a finished sequence's row is refilled)."""
         if src == dst:
             return
-        for c in self.layers:
-            c.k[dst, :, :length] = c.k[src, :, :length]
-            c.v[dst, :, :length] = c.v[src, :, :length]
+        for layer in self.layers:
+            layer.k[dst, :, :length] = layer.k[src, :, :length]
+            layer.v[dst, :, :length] = layer.v[src, :, :length]
 
 
 class _Block:
@@ -216,9 +216,9 @@ class PrefixCache:
 
     def _walk(self, tokens: list[int], n_blocks: int) -> list[_Block]:
         """The cached blocks of ``tokens``' first ``n_blocks`` whole blocks, as far as they are cached."""
-        out, parent, b = [], self.ROOT, self.block
+        out, parent, block = [], self.ROOT, self.block
         for j in range(n_blocks):
-            blk = self.blocks.get((parent, tuple(tokens[j * b : (j + 1) * b])))
+            blk = self.blocks.get((parent, tuple(tokens[j * block : (j + 1) * block])))
             if blk is None:
                 break
             out.append(blk)
@@ -247,30 +247,31 @@ class PrefixCache:
         self.hits += 1
         m = len(chain) * self.block
         self.hit_tokens += m
-        kv = torch.stack([blk.kv for blk in chain])  # (n, L, 2, Hkv, b, E)
-        n, L, _, H, b, E = kv.shape
-        kv = kv.permute(1, 2, 3, 0, 4, 5).reshape(L, 2, H, n * b, E)  # (L, 2, Hkv, m, E): the blocks in order
-        return m, [(kv[i, 0], kv[i, 1]) for i in range(L)]
+        stacked = torch.stack([blk.kv for blk in chain])  # (n, L, 2, Hkv, b, E)
+        n, L, _, H, block, E = stacked.shape
+        # (L, 2, Hkv, m, E): the blocks in order
+        stacked = stacked.permute(1, 2, 3, 0, 4, 5).reshape(L, 2, H, n * block, E)
+        return m, [(stacked[i, 0], stacked[i, 1]) for i in range(L)]
 
     def insert(self, tokens: list[int], read) -> int:
         """Store the whole blocks of ``tokens`` not cached yet; ``read(start, end)`` gives their keys and values
         per layer ``(Hkv, end − start, E)`` (views of a cache row). Returns the blocks added."""
-        b = self.block
-        n_blocks = len(tokens) // b
+        block = self.block
+        n_blocks = len(tokens) // block
         chain = self._walk(tokens, n_blocks)
         if len(chain) == n_blocks or self.budget <= 0:
             self._touch(chain)
             return 0
-        start = len(chain) * b
-        kv = read(start, n_blocks * b)  # per layer (Hkv, m', E)
-        new = torch.stack([torch.stack([k, v]) for k, v in kv])  # (L, 2, Hkv, m', E): one copy, off the row
+        start = len(chain) * block
+        layer_kv = read(start, n_blocks * block)  # per layer (Hkv, m', E)
+        new = torch.stack([torch.stack([k, v]) for k, v in layer_kv])  # (L, 2, Hkv, m', E): one copy, off the row
         L, _, H, _, E = new.shape
-        per_block = new[..., :b, :].nelement() * new.element_size()
+        per_block = new[..., :block, :].nelement() * new.element_size()
         if per_block > self.budget:
             self._touch(chain)
             return 0
         first = len(chain)  # the first block not cached
-        new = new.reshape(L, 2, H, n_blocks - first, b, E)
+        new = new.reshape(L, 2, H, n_blocks - first, block, E)
         parent = chain[-1] if chain else None
         added = 0
         for j in range(first, n_blocks):
@@ -278,7 +279,7 @@ class PrefixCache:
                 if not self._evict_one(keep=chain):
                     self._touch(chain)
                     return added  # the budget holds no more of this sequence's blocks
-            key = (parent.id if parent is not None else self.ROOT, tuple(tokens[j * b : (j + 1) * b]))
+            key = (parent.id if parent is not None else self.ROOT, tuple(tokens[j * block : (j + 1) * block]))
             blk = _Block(next(self._ids), key, new[:, :, :, j - first].clone())  # (L, 2, Hkv, b, E)
             self.blocks[key] = blk
             self._by_id[blk.id] = blk

@@ -64,15 +64,15 @@ def token_bytes(tokenizer, vocab_size: int) -> tuple[list[bytes], list[int]]:
         data = loads(engine.to_str(), what="the tokenizer")
         byte_level = "ByteLevel" in json.dumps(data.get("decoder")) or "ByteLevel" in json.dumps(
             data.get("pre_tokenizer"))
-        byte_of = {c: b for b, c in bytes_to_unicode().items()}
+        byte_of = {char: byte for byte, char in bytes_to_unicode().items()}
         special = {int(i) for i, t in engine.get_added_tokens_decoder().items() if t.special}
         for tok, i in engine.get_vocab(with_added_tokens=True).items():
             if not 0 <= i < vocab_size:
                 continue
             if i in special:
                 out[i] = tok.encode("utf-8")
-            elif byte_level and all(c in byte_of for c in tok):
-                out[i] = bytes(byte_of[c] for c in tok)
+            elif byte_level and all(char in byte_of for char in tok):
+                out[i] = bytes(byte_of[char] for char in tok)
             elif len(tok) == 6 and tok.startswith("<0x") and tok.endswith(">"):
                 out[i] = bytes([int(tok[3:5], 16)])
             else:
@@ -172,14 +172,14 @@ class Constraints:
 
         text = json.dumps({"type": "object"} if schema is None else schema)
         try:
-            g = llguidance.LLMatcher.grammar_from_json_schema(text, defaults={"whitespace_flexible": False})
-        except (ValueError, TypeError, RuntimeError) as e:
-            raise ValueError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
+            json_grammar = llguidance.LLMatcher.grammar_from_json_schema(text, defaults={"whitespace_flexible": False})
+        except (ValueError, TypeError, RuntimeError) as error:
+            raise ValueError(str(error).splitlines()[0] if str(error) else type(error).__name__) from None
         lltok = self._tokenizer()
-        err = llguidance.LLMatcher.validate_grammar(g, lltok)
+        err = llguidance.LLMatcher.validate_grammar(json_grammar, lltok)
         if err:
             raise ValueError(" ".join(err.split()))
-        grammar = Grammar(lltok, g, self.V, self._never)
+        grammar = Grammar(lltok, json_grammar, self.V, self._never)
         try:  # the first mask, before the request is queued: a schema no text can begin is the request's 400
             grammar.matcher().mask(torch.zeros(self.V))
         except RequestFault:

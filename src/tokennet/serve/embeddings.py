@@ -64,9 +64,9 @@ def parse_embeddings(body: dict[str, Any], *, served: list[str], any_model: bool
     fmt = body.get("encoding_format") or "float"
     if fmt not in ("float", "base64"):
         raise APIError(400, f"encoding_format must be 'float' or 'base64', got {fmt!r}", param="encoding_format")
-    d = body.get("dimensions")
-    if d is not None and d != dim:
-        raise APIError(400, f"dimensions must be this model's {dim} (vectors are not shortened), got {d!r}",
+    dimensions = body.get("dimensions")
+    if dimensions is not None and dimensions != dim:
+        raise APIError(400, f"dimensions must be this model's {dim} (vectors are not shortened), got {dimensions!r}",
                        param="dimensions")
     return x, fmt, model
 
@@ -76,10 +76,10 @@ def embeddings_body(vecs: torch.Tensor, fmt: str, model: str, tokens: int) -> di
     data = []
     for i, v in enumerate(vecs.float().cpu()):
         if fmt == "base64":
-            e: Any = base64.b64encode(v.numpy().astype("<f4").tobytes()).decode("ascii")
+            embedding: Any = base64.b64encode(v.numpy().astype("<f4").tobytes()).decode("ascii")
         else:
-            e = v.tolist()
-        data.append({"object": "embedding", "index": i, "embedding": e})
+            embedding = v.tolist()
+        data.append({"object": "embedding", "index": i, "embedding": embedding})
     use = usage(tokens, 0)
     return {"object": "list", "data": data, "model": model,
             "usage": {"prompt_tokens": use["prompt_tokens"], "total_tokens": use["total_tokens"]}}

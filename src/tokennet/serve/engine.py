@@ -77,8 +77,8 @@ def available_memory(device: torch.device) -> int | None:
     try:
         if device.type == "cuda":
             return int(torch.cuda.mem_get_info(device)[0])
-        with open("/proc/meminfo") as f:
-            for line in f:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
                 if line.startswith("MemAvailable:"):
                     return int(line.split()[1]) * 1024
         return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
@@ -165,10 +165,10 @@ def token_logprobs(logits: Tensor, tokens: Tensor, top: list[int]) -> list[Token
     Shapes: logits ``(R, V)``, tokens ``(R,)``; the log-softmax is taken in float32,
     :math:`\\log p_i = z_i - \\log \\sum_j e^{z_j}`.
     """
-    lp = torch.log_softmax(logits.float(), dim=-1)  # (R, V)
-    chosen = lp.gather(-1, tokens.clamp(min=0)[:, None])[:, 0].tolist()  # (R,)
+    log_probs = torch.log_softmax(logits.float(), dim=-1)  # (R, V)
+    chosen = log_probs.gather(-1, tokens.clamp(min=0)[:, None])[:, 0].tolist()  # (R,)
     k = max(top, default=0)
-    vals, ids = lp.topk(k, dim=-1) if k else (None, None)  # (R, k)
+    vals, ids = log_probs.topk(k, dim=-1) if k else (None, None)  # (R, k)
     out = []
     for i, t in enumerate(tokens.tolist()):
         pairs = list(zip(ids[i, : top[i]].tolist(), vals[i, : top[i]].tolist())) if top[i] else []
@@ -219,38 +219,39 @@ def sample_rows(logits: Tensor, params: list[SamplingParams], generators: list[t
     bad: dict[int, str] = {}
     for i in torch.isnan(logits).any(dim=-1).nonzero().flatten().tolist():
         bad[i] = "the model's logits are NaN"
-    greedy = [i for i, p in enumerate(params) if p.greedy]
+    greedy = [i for i, param in enumerate(params) if param.greedy]
     if greedy:
         out[greedy] = logits[greedy].float().argmax(dim=-1)
-    rest = [i for i, p in enumerate(params) if not p.greedy and i not in bad]
+    rest = [i for i, param in enumerate(params) if not param.greedy and i not in bad]
     if rest:
-        lg = logits[rest].float() / torch.tensor([params[i].temperature for i in rest],
-                                                 device=logits.device)[:, None]
-        V = lg.shape[-1]
-        top_k = torch.tensor([params[i].top_k if 0 < params[i].top_k < V else 0 for i in rest], device=lg.device)
+        scaled = logits[rest].float() / torch.tensor([params[i].temperature for i in rest],
+                                                     device=logits.device)[:, None]
+        V = scaled.shape[-1]
+        top_k = torch.tensor([params[i].top_k if 0 < params[i].top_k < V else 0 for i in rest], device=scaled.device)
         top_p = torch.tensor([params[i].top_p for i in rest], device=logits.device)
         if bool((top_k > 0).any()) or bool((top_p < 1).any()):
-            sorted_lg, order = lg.sort(dim=-1, descending=True)  # (R, V)
-            rank = torch.arange(V, device=lg.device)
+            sorted_lg, order = scaled.sort(dim=-1, descending=True)  # (R, V)
+            rank = torch.arange(V, device=scaled.device)
             drop = (top_k[:, None] > 0) & (rank[None, :] >= top_k[:, None])
             probs = torch.softmax(sorted_lg.masked_fill(drop, float("-inf")), dim=-1)
             # Drop a token when the ones ranked above it already reach top_p (the first always stays, also for
             # a top_p that float32 rounds to 0).
             drop |= (probs.cumsum(dim=-1) - probs) >= top_p[:, None]
             drop[:, 0] = False
-            lg = torch.full_like(lg, float("-inf")).scatter(-1, order, sorted_lg.masked_fill(drop, float("-inf")))
-        probs = torch.softmax(lg, dim=-1)  # (R, V)
+            kept = sorted_lg.masked_fill(drop, float("-inf"))
+            scaled = torch.full_like(scaled, float("-inf")).scatter(-1, order, kept)
+        probs = torch.softmax(scaled, dim=-1)  # (R, V)
         # Checked here, not left to multinomial: on CUDA its check is a device-side assert, fatal to the process.
         finite = (torch.isfinite(probs).all(dim=-1) & (probs.sum(dim=-1) > 0)).tolist()
         for j, i in enumerate(rest):
             if not finite[j]:
                 bad[i] = f"the sampling probabilities are not finite (temperature {params[i].temperature:g})"
                 continue
-            g = generators[i] if generators[i] is not None else default
+            generator = generators[i] if generators[i] is not None else default
             try:
-                out[i] = torch.multinomial(probs[j : j + 1], 1, generator=g)[0, 0]
-            except RuntimeError as e:
-                bad[i] = f"sampling failed: {e}"
+                out[i] = torch.multinomial(probs[j : j + 1], 1, generator=generator)[0, 0]
+            except RuntimeError as error:
+                bad[i] = f"sampling failed: {error}"
     if bad:
         if errors is None:
             raise ValueError("; ".join(f"row {i}: {m}" for i, m in sorted(bad.items())))
@@ -280,8 +281,8 @@ class RowsStep(CompiledStep):
         plan = DecodePlan(lengths, keys.shape[0], torch.arange(B, device=feed.device))
         caches = [SlotCache(k, v, plan) for k, v in buffers]
         mask = (keys[None, :] <= lengths[:, None])[:, None, None, :]  # (B, 1, 1, Nk): True where a row's key is real
-        h = self.net.forward_features(feed, caches=caches, positions=lengths[:, None], mask=mask)  # (B, 1, D)
-        return self.net.forward_head(h)[:, -1]  # (B, V)
+        hidden = self.net.forward_features(feed, caches=caches, positions=lengths[:, None], mask=mask)  # (B, 1, D)
+        return self.net.forward_head(hidden)[:, -1]  # (B, V)
 
     @torch.inference_mode()
     def __call__(self, feed: Tensor, lengths: Tensor, n_keys: int, caches: SlotCaches) -> Tensor | None:
@@ -311,13 +312,13 @@ class RowsStep(CompiledStep):
         buffers = kept[1].get(B)
         if buffers is None:
             buffers = []
-            for c in caches.layers:
-                kv = (c.k[:B], c.v[:B])
-                for t in kv:
+            for layer in caches.layers:
+                layer_kv = (layer.k[:B], layer.v[:B])
+                for t in layer_kv:
                     torch._dynamo.mark_dynamic(t, 2)  # the capacity: one graph for every cache size
                     if B > 1:
                         torch._dynamo.mark_dynamic(t, 0)
-                buffers.append(kv)
+                buffers.append(layer_kv)
             kept[1][B] = buffers
         return buffers
 
@@ -362,26 +363,26 @@ class Engine:
     def __init__(self, model: nn.Module, tokenizer, *, max_batch: int = 16, context: int | None = None,
                  prefill_tokens: int = 2048, seed: int = 0, quantize: str = "none", max_queue: int | None = None,
                  prefix_cache_mb: float = PREFIX_CACHE_MB, prefix_block: int = 16, compile: bool | None = None):
-        c = model.config
+        config = model.config
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if max_queue is not None and max_queue < 1:
             raise ValueError(f"max_queue must be >= 1, got {max_queue}")
-        if context is not None and not 1 <= context <= c.block_size:  # never clamped silently
-            raise ConfigError(f"the context must be 1 to the model's {c.block_size} tokens (its block_size), "
+        if context is not None and not 1 <= context <= config.block_size:  # never clamped silently
+            raise ConfigError(f"the context must be 1 to the model's {config.block_size} tokens (its block_size), "
                               f"got {context}")
         self.model, self.tokenizer = model.eval(), tokenizer
-        self.context = context or c.block_size
+        self.context = context or config.block_size
         self.max_batch, self.prefill_tokens, self.max_queue = max_batch, prefill_tokens, max_queue
-        p = next(model.parameters())
-        self.device = p.device
+        param = next(model.parameters())
+        self.device = param.device
         quantize = quantization.resolve_mode(model, quantize)  # "auto": the file's own blocks, else float32
         self.quantize = quantize
         self.net = quantization.decoding_copy(model, quantize)  # what tokennet.sampling.generate decodes with
         with torch.no_grad():  # the activations' dtype (bf16 for the bf16 copy): the cache holds keys of it
             act = self.net.tok_emb(torch.zeros(1, 1, dtype=torch.long, device=self.device)).dtype
-        heads = c.num_kv_heads or c.num_heads
-        self.caches = SlotCaches(c.num_layers, heads, c.head_width, max_batch, self.context,
+        heads = config.num_kv_heads or config.num_heads
+        self.caches = SlotCaches(config.num_layers, heads, config.head_width, max_batch, self.context,
                                  device=self.device, dtype=act)
         self.prefix = self._prefix_cache(prefix_cache_mb, prefix_block)
         self.step = compiled_step(self.net, RowsStep) if compile_default(compile) else None
@@ -496,10 +497,10 @@ class Engine:
                         self._admit()
                         if self.running:
                             self._decode()
-                except Exception as e:  # noqa: BLE001 - a bug outside any one sequence: fail the batch, go on
+                except Exception as error:  # noqa: BLE001 - a bug outside any one sequence: fail the batch, go on
                     log.exception("decoding step failed")
-                    for s in [*self.running]:
-                        self._finish(s, "error", error=_describe(e))
+                    for seq in [*self.running]:
+                        self._finish(seq, "error", error=_describe(error))
                     self.running.clear()
         finally:  # however the loop ends, nobody is left waiting for an answer
             self._fail_all(self._abort or "the engine stopped")
@@ -509,17 +510,17 @@ class Engine:
             left = [*self.running, *self.waiting]
             self.running.clear()
             self.waiting.clear()
-        for s in left:
-            if s.finish_reason is None:
-                self._finish(s, "error", error=why, fault="unavailable")
+        for seq in left:
+            if seq.finish_reason is None:
+                self._finish(seq, "error", error=why, fault="unavailable")
 
     def _retire_cancelled(self) -> None:
         with self._cv:
-            gone = [s for s in self.waiting if s.cancelled]
-            for s in gone:
-                self.waiting.remove(s)
-        for s in gone:
-            self._finish(s, "cancelled")
+            gone = [seq for seq in self.waiting if seq.cancelled]
+            for seq in gone:
+                self.waiting.remove(seq)
+        for seq in gone:
+            self._finish(seq, "cancelled")
         for i in reversed(range(len(self.running))):
             if self.running[i].cancelled:
                 self._remove(i, "cancelled")
@@ -539,13 +540,13 @@ class Engine:
                 if token is None:  # nothing to generate (max_tokens 0: the prompt's log probabilities only)
                     self._finish(seq, "length")
                     continue
-            except RequestFault as e:  # what the request asked for cannot be served: its own error, no traceback
-                log.info("a sequence ends with its request's error: %s", e)
-                self._finish(seq, "error", **_failure(e))
+            except RequestFault as error:  # what the request asked for cannot be served: its own error, no traceback
+                log.info("a sequence ends with its request's error: %s", error)
+                self._finish(seq, "error", **_failure(error))
                 continue
-            except Exception as e:  # noqa: BLE001 - this prompt's failure (e.g. out of memory) is its own
+            except Exception as error:  # noqa: BLE001 - this prompt's failure (e.g. out of memory) is its own
                 log.exception("prefill failed; that sequence ends with an error")
-                self._finish(seq, "error", **_failure(e))
+                self._finish(seq, "error", **_failure(error))
                 continue
             except BaseException:  # the thread ends (the loop's finally answers the others): answer this one too
                 self._finish(seq, "error", error="the engine stopped", fault="unavailable")
@@ -565,34 +566,36 @@ class Engine:
         """
         if not self.waiting:
             return None
-        held = Counter(s.group for s in self.running if s.group is not None)
+        held = Counter(seq.group for seq in self.running if seq.group is not None)
         best, fewest = None, None
-        for s in self.waiting:
-            n = held.get(s.group, 0) if s.group is not None else 0
+        for seq in self.waiting:
+            n = held.get(seq.group, 0) if seq.group is not None else 0
             if n == 0:
-                return s
+                return seq
             if fewest is None or n < fewest:
-                best, fewest = s, n
+                best, fewest = seq, n
         return best
 
     def _prefill(self, seq: Sequence, row: int) -> int | None:
         """Fill row ``row`` of the cache with the prompt (its cached prefix copied, the rest computed); the first
         new token (None: ``max_tokens`` is 0). A request for the prompt's log probabilities computes it whole."""
         self.feeding = [seq]
-        p = seq.params
-        start = 0 if p.prompt_logprobs else self._load_prefix(seq, row)
+        seq_params = seq.params
+        start = 0 if seq_params.prompt_logprobs else self._load_prefix(seq, row)
         self.caches.plan_prefill(row, len(seq.prompt), start)
         ids = torch.tensor([seq.prompt], device=self.device)  # (1, P)
-        h = self.net.forward_features(ids[:, start:], caches=self.caches.layers)  # (1, P − start, D)
-        if p.prompt_logprobs:  # every position's logits, from this same forward (in chunks: P × V can be large)
-            P, k = len(seq.prompt), p.logprobs or 0
-            for a in range(0, P - 1, PROMPT_LOGPROBS_CHUNK):
-                b = min(a + PROMPT_LOGPROBS_CHUNK, P - 1)
-                lg = self.net.forward_head(h[:, a:b])[0]  # (b - a, V): predicts prompt[a + 1 : b + 1]
-                seq.prompt_logprobs += token_logprobs(lg, ids[0, a + 1 : b + 1], [k] * (b - a))
-        logits = self.net.forward_head(h[:, -1:])[:, -1]  # (1, V)
+        hidden = self.net.forward_features(ids[:, start:], caches=self.caches.layers)  # (1, P − start, D)
+        # every position's logits, from this same forward (in chunks: P × V can be large)
+        if seq_params.prompt_logprobs:
+            P, k = len(seq.prompt), seq_params.logprobs or 0
+            for begin in range(0, P - 1, PROMPT_LOGPROBS_CHUNK):
+                end = min(begin + PROMPT_LOGPROBS_CHUNK, P - 1)
+                # (end - begin, V): predicts prompt[begin + 1 : end + 1]
+                chunk_logits = self.net.forward_head(hidden[:, begin:end])[0]
+                seq.prompt_logprobs += token_logprobs(chunk_logits, ids[0, begin + 1 : end + 1], [k] * (end - begin))
+        logits = self.net.forward_head(hidden[:, -1:])[:, -1]  # (1, V)
         self._remember(seq.prompt, row)
-        if p.max_tokens == 0:
+        if seq_params.max_tokens == 0:
             return None
         return int(self._sample(logits, [seq])[0])
 
@@ -602,25 +605,25 @@ class Engine:
         With ``errors`` given, a row that cannot be sampled is recorded there (row → message, or the
         :class:`RequestFault` of a grammar no token can continue) with token −1, and the others are sampled."""
         masked, refused = logits, {}
-        if any(s.matcher is not None for s in rows):
+        if any(seq.matcher is not None for seq in rows):
             masked = logits.clone()
-            for i, s in enumerate(rows):
-                if s.matcher is not None:
+            for i, seq in enumerate(rows):
+                if seq.matcher is not None:
                     try:
-                        s.matcher.mask(masked[i])
-                    except RequestFault as e:
+                        seq.matcher.mask(masked[i])
+                    except RequestFault as error:
                         if errors is None:
                             raise
-                        refused[i] = e
-        nxt = sample_rows(masked, [s.params for s in rows], [s.generator for s in rows], self.generator,
+                        refused[i] = error
+        nxt = sample_rows(masked, [seq.params for seq in rows], [seq.generator for seq in rows], self.generator,
                           errors=errors)
         if refused:
             errors.update(refused)
             nxt[list(refused)] = -1
-        want = [i for i, s in enumerate(rows) if s.params.logprobs is not None and nxt[i] >= 0]
+        want = [i for i, seq in enumerate(rows) if seq.params.logprobs is not None and nxt[i] >= 0]
         if want:
-            for i, e in zip(want, token_logprobs(logits[want], nxt[want], [rows[i].params.logprobs for i in want])):
-                rows[i].logprobs.append(e)
+            for i, error in zip(want, token_logprobs(logits[want], nxt[want], [rows[i].params.logprobs for i in want])):
+                rows[i].logprobs.append(error)
         return nxt
 
     def _cached(self, seq: Sequence) -> int:
@@ -635,9 +638,9 @@ class Engine:
         seq.cached_tokens = 0
         if self.prefix is None or len(seq.prompt) <= self.prefix.block:
             return 0
-        m, kv = self.prefix.match(seq.prompt, limit=len(seq.prompt) - 1)
+        m, cached_kv = self.prefix.match(seq.prompt, limit=len(seq.prompt) - 1)
         if m:
-            self.caches.load_prefix(row, kv)
+            self.caches.load_prefix(row, cached_kv)
             seq.cached_tokens = m
         return m
 
@@ -646,7 +649,7 @@ class Engine:
         if self.prefix is None or len(tokens) < self.prefix.block:
             return
         try:
-            self.prefix.insert(tokens, lambda a, b: [(k, v) for k, v in self.caches.read(row, a, b)])
+            self.prefix.insert(tokens, lambda begin, end: [(k, v) for k, v in self.caches.read(row, begin, end)])
         except Exception:  # noqa: BLE001 - a cache that cannot store (out of memory) costs reuse, never a request
             log.exception("the prefix cache could not store a sequence's blocks")
 
@@ -654,29 +657,29 @@ class Engine:
         """One decoding forward of rows ``first..first+n−1``: their next tokens' logits ``(n, V)``."""
         rows = self.running[first : first + n]
         self.feeding = rows
-        feed = torch.tensor([[s.next_token] for s in rows], device=self.device)  # (n, 1)
-        lengths = torch.tensor([s.length for s in rows], device=self.device)  # (n,): tokens already cached
+        feed = torch.tensor([[seq.next_token] for seq in rows], device=self.device)  # (n, 1)
+        lengths = torch.tensor([seq.length for seq in rows], device=self.device)  # (n,): tokens already cached
         if self.step is not None and first == 0:  # the batch (a row retried alone after a failure runs eagerly)
-            logits = self.step(feed, lengths, max(s.length for s in rows) + 1, self.caches)
+            logits = self.step(feed, lengths, max(seq.length for seq in rows) + 1, self.caches)
             if logits is not None:
                 return logits
         mask = self.caches.plan_decode(lengths, first)  # (n, 1, 1, Nk)
-        h = self.net.forward_features(feed, caches=self.caches.layers, positions=lengths[:, None], mask=mask)
-        return self.net.forward_head(h)[:, -1]  # (n, V)
+        hidden = self.net.forward_features(feed, caches=self.caches.layers, positions=lengths[:, None], mask=mask)
+        return self.net.forward_head(hidden)[:, -1]  # (n, V)
 
     def _grow(self) -> None:
         """Make room for one more token in every row; when the cache cannot grow, the rows that need it fail."""
-        need = max(s.length for s in self.running) + 1
+        need = max(seq.length for seq in self.running) + 1
         if need <= self.caches.capacity:
             return
         try:
             self.caches.ensure(need)
-        except Exception as e:  # noqa: BLE001 - out of memory: the longest rows fail, the others fit as they are
+        except Exception as error:  # noqa: BLE001 - out of memory: the longest rows fail, the others fit as they are
             log.exception("the KV cache could not grow to %d tokens", need)
             for i in reversed(range(len(self.running))):
                 if self.running[i].length + 1 > self.caches.capacity:
                     self._remove(i, "error", error=f"the KV cache could not grow to {need} tokens: "
-                                 f"{type(e).__name__}: {e}")
+                                 f"{type(error).__name__}: {error}")
 
     def _decode(self) -> None:
         self._grow()
@@ -688,19 +691,19 @@ class Engine:
         try:
             logits = self._forward_rows(0, B)  # (B, V)
             nxt = self._sample(logits, rows, errors).tolist()
-        except Exception as e:  # noqa: BLE001 - find the row(s) at fault: retry the step one row at a time
+        except Exception as error:  # noqa: BLE001 - find the row(s) at fault: retry the step one row at a time
             log.warning("a batched decoding step of %d rows failed (%s: %s); retrying row by row", B,
-                        type(e).__name__, e)
+                        type(error).__name__, error)
             nxt, errors = [-1] * B, {}
-            for i, s in enumerate(rows):
+            for i, seq in enumerate(rows):
                 try:
-                    lg = self._forward_rows(i, 1)  # (1, V)
-                    nxt[i] = int(self._sample(lg, [s])[0])
-                except RequestFault as e1:  # its request's own error: no traceback
-                    errors[i] = e1
-                except Exception as e1:  # noqa: BLE001 - this row's own failure
+                    row_logits = self._forward_rows(i, 1)  # (1, V)
+                    nxt[i] = int(self._sample(row_logits, [seq])[0])
+                except RequestFault as row_error:  # its request's own error: no traceback
+                    errors[i] = row_error
+                except Exception as row_error:  # noqa: BLE001 - this row's own failure
                     log.exception("decoding failed for one sequence; it ends with an error")
-                    errors[i] = _describe(e1)
+                    errors[i] = _describe(row_error)
         finally:
             self.feeding = []
         self.steps += 1
@@ -714,48 +717,48 @@ class Engine:
                 self._accept_or_fail(i, nxt[i])
 
     def _accept_or_fail(self, row: int, token: int) -> None:
-        s = self.running[row]
+        seq = self.running[row]
         try:
             self._accept(row, token)
-        except Exception as e:  # noqa: BLE001 - e.g. the tokenizer cannot decode the token: this sequence only
+        except Exception as error:  # noqa: BLE001 - e.g. the tokenizer cannot decode the token: this sequence only
             log.exception("a sequence's new token could not be taken")
-            if row < len(self.running) and self.running[row] is s:
-                self._remove(row, "error", **_failure(e))
-            elif s.finish_reason is None:
-                self._finish(s, "error", **_failure(e))
+            if row < len(self.running) and self.running[row] is seq:
+                self._remove(row, "error", **_failure(error))
+            elif seq.finish_reason is None:
+                self._finish(seq, "error", **_failure(error))
 
     def _accept(self, row: int, token: int) -> None:
         """Take a sequence's newly sampled token: stop, or turn it into text and emit it."""
-        s = self.running[row]
-        p = s.params
-        if token in p.stop_ids:
-            self._flush(s, final=True)
+        seq = self.running[row]
+        seq_params = seq.params
+        if token in seq_params.stop_ids:
+            self._flush(seq, final=True)
             self._remove(row, "stop")
             return
-        if s.matcher is not None:
-            s.matcher.accept(token)
-        s.generated.append(token)
-        s.next_token = token
-        text = self.tokenizer.decode_continuation(s.generated)
+        if seq.matcher is not None:
+            seq.matcher.accept(token)
+        seq.generated.append(token)
+        seq.next_token = token
+        text = self.tokenizer.decode_continuation(seq.generated)
         if not text.endswith("\ufffd"):  # a token that ends inside a UTF-8 character waits for the next one
-            s.text = text
-        at = first_stop(s.text, p.stop, s.sent)
-        if at >= 0:
-            s.text = s.text[:at]
-            self._flush(s, final=True)
+            seq.text = text
+        stop_at = first_stop(seq.text, seq_params.stop, seq.sent)
+        if stop_at >= 0:
+            seq.text = seq.text[:stop_at]
+            self._flush(seq, final=True)
             self._remove(row, "stop")
             return
-        if s.matcher is not None and s.matcher.done():  # the grammar is complete: nothing may follow
-            s.text = self.tokenizer.decode_continuation(s.generated)
-            self._flush(s, final=True)
+        if seq.matcher is not None and seq.matcher.done():  # the grammar is complete: nothing may follow
+            seq.text = self.tokenizer.decode_continuation(seq.generated)
+            self._flush(seq, final=True)
             self._remove(row, "stop")
             return
-        if len(s.generated) >= p.max_tokens:
-            s.text = self.tokenizer.decode_continuation(s.generated)
-            self._flush(s, final=True)
+        if len(seq.generated) >= seq_params.max_tokens:
+            seq.text = self.tokenizer.decode_continuation(seq.generated)
+            self._flush(seq, final=True)
             self._remove(row, "length")
             return
-        self._flush(s, final=False)
+        self._flush(seq, final=False)
 
     def _flush(self, s: Sequence, *, final: bool) -> None:
         """Emit the text not sent yet, holding back a tail that could begin a stop string."""
@@ -772,15 +775,15 @@ class Engine:
         return new
 
     def _remove(self, row: int, reason: str, *, error: str | None = None, fault: str | None = None) -> None:
-        s = self.running[row]
+        seq = self.running[row]
         if reason != "error":  # its prompt and reply, for a chat's next turn (a failed row's keys are not trusted)
-            self._remember((s.prompt + s.generated)[: s.length], row)
+            self._remember((seq.prompt + seq.generated)[: seq.length], row)
         last = len(self.running) - 1
         if row != last:
             self.caches.move(last, row, self.running[last].length)
             self.running[row] = self.running[last]
         self.running.pop()
-        self._finish(s, reason, error=error, fault=fault)
+        self._finish(seq, reason, error=error, fault=fault)
 
     def _finish(self, s: Sequence, reason: str, *, error: str | None = None, fault: str | None = None) -> None:
         s.finish_reason = reason
@@ -802,13 +805,13 @@ class Engine:
         again. Call it before :meth:`start` (it writes a dummy token into rows that no sequence holds yet)."""
         if self.step is None:
             return None
-        t0 = time.perf_counter()
+        started = time.perf_counter()
         with torch.inference_mode():
             for B in sorted({1, min(2, self.max_batch)}):
                 feed = torch.zeros(B, 1, dtype=torch.long, device=self.device)
                 if self.step(feed, torch.ones(B, dtype=torch.long, device=self.device), 2, self.caches) is None:
                     return None
-        self.warm_up_s = time.perf_counter() - t0
+        self.warm_up_s = time.perf_counter() - started
         return self.warm_up_s
 
     def compile_status(self) -> dict[str, Any]:
@@ -837,9 +840,9 @@ def first_stop(text: str, stops: list[str], sent: int = 0) -> int:
     """
     best = -1
     for stop in stops:
-        at = text.find(stop, max(0, sent - len(stop) + 1))
-        if at >= 0 and (best < 0 or at < best):
-            best = at
+        found = text.find(stop, max(0, sent - len(stop) + 1))
+        if found >= 0 and (best < 0 or found < best):
+            best = found
     return best
 
 

@@ -56,10 +56,10 @@ def parse_json(raw: bytes) -> dict[str, Any]:
     a 400 for anything else."""
     try:
         body = loads(raw, what="the request body")
-    except JSONTooDeep as e:
-        raise APIError(400, str(e)) from None
-    except (ValueError, UnicodeDecodeError) as e:
-        raise APIError(400, f"the request body is not valid JSON: {e}") from None
+    except JSONTooDeep as error:
+        raise APIError(400, str(error)) from None
+    except (ValueError, UnicodeDecodeError) as error:
+        raise APIError(400, f"the request body is not valid JSON: {error}") from None
     if not isinstance(body, dict):
         raise APIError(400, "the request body must be a JSON object")
     return body
@@ -111,25 +111,25 @@ def _logprobs(body: dict[str, Any], chat: bool) -> int | None:
     Chat: ``logprobs: true`` and ``top_logprobs: k``; completions: ``logprobs: k``. At most
     :data:`MAX_LOGPROBS`.
     """
-    lp, top = body.get("logprobs"), body.get("top_logprobs")
+    wanted, top = body.get("logprobs"), body.get("top_logprobs")
     if chat:
-        if lp is not None and not isinstance(lp, bool):
-            raise APIError(400, f"logprobs must be true or false, got {lp!r}", param="logprobs")
+        if wanted is not None and not isinstance(wanted, bool):
+            raise APIError(400, f"logprobs must be true or false, got {wanted!r}", param="logprobs")
         if top is not None and (not _is_int(top) or not 0 <= top <= MAX_LOGPROBS):
             raise APIError(400, f"top_logprobs must be an integer in [0, {MAX_LOGPROBS}], got {top!r}",
                            param="top_logprobs")
-        if top and not lp:
+        if top and not wanted:
             raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
-        return int(top or 0) if lp else None
+        return int(top or 0) if wanted else None
     if top not in (None, 0):
         raise APIError(400, "top_logprobs is a chat completions field; completions take logprobs: k",
                        param="top_logprobs")
-    if lp is None or lp is False:
+    if wanted is None or wanted is False:
         return None
-    if not _is_int(lp) or not 0 <= lp <= MAX_LOGPROBS:
+    if not _is_int(wanted) or not 0 <= wanted <= MAX_LOGPROBS:
         raise APIError(400, f"logprobs must be an integer in [0, {MAX_LOGPROBS}] (the most likely tokens "
-                       f"returned beside each token), got {lp!r}", param="logprobs")
-    return int(lp)
+                       f"returned beside each token), got {wanted!r}", param="logprobs")
+    return int(wanted)
 
 
 def _response_format(body: dict[str, Any], constraints) -> Any:
@@ -139,29 +139,29 @@ def _response_format(body: dict[str, Any], constraints) -> Any:
     "schema": {...}}}``: JSON valid under the schema (no schema: any JSON value). A schema the decoder cannot
     compile is a 400 naming the problem (:mod:`.constrained`).
     """
-    rf = body.get("response_format")
-    if rf is None:
+    requested = body.get("response_format")
+    if requested is None:
         return None
-    if not isinstance(rf, dict) or rf.get("type") not in ("text", "json_object", "json_schema"):
+    if not isinstance(requested, dict) or requested.get("type") not in ("text", "json_object", "json_schema"):
         raise APIError(400, "response_format must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
                        "{\"type\": \"json_schema\", \"json_schema\": {\"name\": ..., \"schema\": {...}}}",
                        param="response_format")
-    if rf["type"] == "text":
+    if requested["type"] == "text":
         return None
     if constraints is None:
         raise APIError(400, "response_format is not supported by this server (constrained decoding needs the "
                        "llguidance package: pip install 'tokennet[serve]')", param="response_format")
     schema = None
-    if rf["type"] == "json_schema":
-        js = rf.get("json_schema")
-        if not isinstance(js, dict) or not isinstance(js.get("schema", {}), dict):
+    if requested["type"] == "json_schema":
+        json_schema = requested.get("json_schema")
+        if not isinstance(json_schema, dict) or not isinstance(json_schema.get("schema", {}), dict):
             raise APIError(400, "response_format.json_schema must be an object with a \"schema\" object",
                            param="response_format")
-        schema = js.get("schema", {})
+        schema = json_schema.get("schema", {})
     try:
         return constraints.compile(schema)
-    except ValueError as e:
-        raise APIError(400, f"response_format: the JSON schema cannot be used for constrained decoding: {e}",
+    except ValueError as error:
+        raise APIError(400, f"response_format: the JSON schema cannot be used for constrained decoding: {error}",
                        param="response_format") from None
 
 
@@ -215,7 +215,8 @@ def _common(body: dict[str, Any], served: str | list[str], *, default_max: int |
         stop = []
     elif isinstance(stop, str):
         stop = [stop]
-    if not isinstance(stop, list) or len(stop) > MAX_STOP or not all(isinstance(s, str) and s for s in stop):
+    if not isinstance(stop, list) or len(stop) > MAX_STOP or not all(
+            isinstance(item, str) and item for item in stop):
         raise APIError(400, f"stop must be a non-empty string or a list of at most {MAX_STOP} of them",
                        param="stop")
     name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
@@ -244,16 +245,16 @@ def _common(body: dict[str, Any], served: str | list[str], *, default_max: int |
 
 
 def _prompts(body: dict[str, Any], tokenizer, vocab: int) -> list[list[int]]:
-    p = body.get("prompt")
-    if p is None:
+    given = body.get("prompt")
+    if given is None:
         raise APIError(400, "prompt is required: a string, a list of strings, or token ids", param="prompt")
-    if isinstance(p, str):
-        items = [p]
-    elif isinstance(p, list) and p and all(_is_int(t) for t in p):
-        items = [p]
-    elif isinstance(p, list) and p and all(isinstance(x, str) or (isinstance(x, list) and x and all(_is_int(t)
-                                                                                         for t in x)) for x in p):
-        items = p
+    if isinstance(given, str):
+        items = [given]
+    elif isinstance(given, list) and given and all(_is_int(t) for t in given):
+        items = [given]
+    elif isinstance(given, list) and given and all(isinstance(x, str) or (isinstance(x, list) and x and all(_is_int(t)
+                                                                                         for t in x)) for x in given):
+        items = given
     else:
         raise APIError(400, "prompt must be a string, a list of strings, a list of token ids, or a list of lists "
                        "of token ids", param="prompt")
@@ -283,7 +284,7 @@ def parse_completion(body: dict[str, Any], *, tokenizer, served: str | list[str]
     if echo is not None and not isinstance(echo, bool):
         raise APIError(400, f"echo must be true or false, got {echo!r}", param="echo")
     prompts = _prompts(body, tokenizer, vocab)
-    longest = max(len(p) for p in prompts)
+    longest = max(len(ids) for ids in prompts)
     params, stream, include_usage, model = _common(body, served, default_max=16, context=context,
                                                    prompt_len=longest, stop_ids=stop_ids, extra_stop=[],
                                                    prompt_param="prompt", any_model=any_model, zero_max=bool(echo),
@@ -291,8 +292,8 @@ def parse_completion(body: dict[str, Any], *, tokenizer, served: str | list[str]
     params.prompt_logprobs = bool(echo) and params.logprobs is not None
     texts = []
     if echo:
-        p = body["prompt"]
-        items = [p] if isinstance(p, str) or (p and _is_int(p[0])) else p
+        given = body["prompt"]
+        items = [given] if isinstance(given, str) or (given and _is_int(given[0])) else given
         texts = [x if isinstance(x, str) else tokenizer.decode(x, skip_special=False) for x in items]
     return CompletionRequest(prompts, params, stream, include_usage, model, logprobs=params.logprobs,
                              echo=bool(echo), prompt_texts=texts)
@@ -316,10 +317,10 @@ def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
         if content is None and role == "assistant":
             content = ""
         if isinstance(content, list):  # content parts: text only
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                       for p in content):
+            if not all(isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+                       for part in content):
                 raise APIError(400, f"messages[{i}].content: only text parts are supported", param="messages")
-            content = "".join(p["text"] for p in content)
+            content = "".join(part["text"] for part in content)
         if not isinstance(content, str):
             raise APIError(400, f"messages[{i}].content must be a string, got {type(content).__name__}",
                            param="messages")
@@ -349,16 +350,16 @@ def parse_chat(body: dict[str, Any], *, tokenizer, served: str | list[str], cont
                            param="tool_choice")
         try:
             forced = constraints.compile(call_schema(tools, choice))
-        except ValueError as e:
+        except ValueError as error:
             raise APIError(400, f"tool_choice {what}: the tools' parameters schema cannot be used for constrained "
-                           f"decoding: {e}", param="tools") from None
+                           f"decoding: {error}", param="tools") from None
     try:
         prompt = render_chat(tokenizer, messages, add_generation_prompt=True, where=f"model {name!r}", **extra)
-    except DataError as e:
-        raise APIError(400, f"the conversation cannot be rendered with this model's chat template: {e}",
+    except DataError as error:
+        raise APIError(400, f"the conversation cannot be rendered with this model's chat template: {error}",
                        param="messages") from None
-    except Exception as e:  # noqa: BLE001 - a template raising on these messages (jinja2 errors) is the request's
-        raise APIError(400, f"the chat template refused these messages: {e}", param="messages") from None
+    except Exception as error:  # noqa: BLE001 - a template raising on these messages (jinja2 errors) is the request's
+        raise APIError(400, f"the chat template refused these messages: {error}", param="messages") from None
     ids = tokenizer.encode(prompt) or [tokenizer.bos_id]
     params, stream, include_usage, model = _common(body, served, default_max=None, context=context,
                                                    prompt_len=len(ids), stop_ids=stop_ids,
@@ -398,22 +399,22 @@ def completion_logprobs(text_of: TokenText, entries: list, *, first: int | None 
     the returned text from ``offset``.
     """
     tokens, lps, tops, offsets = [], [], [], []
-    at = offset
+    position = offset
     if first is not None:
         tokens.append(text_of(first))
         lps.append(None)
         tops.append(None)
-        offsets.append(at)
-        at += len(tokens[-1])
-    for e in entries:
-        tokens.append(text_of(e.token))
-        lps.append(e.logprob)
+        offsets.append(position)
+        position += len(tokens[-1])
+    for entry in entries:
+        tokens.append(text_of(entry.token))
+        lps.append(entry.logprob)
         top: dict[str, float] = {}
-        for t, lp in e.top:  # two ids with one text: the likelier one's
-            top.setdefault(text_of(t), lp)
+        for t, logprob in entry.top:  # two ids with one text: the likelier one's
+            top.setdefault(text_of(t), logprob)
         tops.append(top)
-        offsets.append(at)
-        at += len(tokens[-1])
+        offsets.append(position)
+        position += len(tokens[-1])
     return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
 
 
@@ -421,19 +422,20 @@ def chat_logprobs(text_of: TokenText, entries: list) -> dict[str, Any]:
     """Chat's ``logprobs`` object: ``{"content": [{token, logprob, bytes, top_logprobs}], "refusal": null}``."""
 
     def one(t: int, lp: float) -> dict[str, Any]:
-        s = text_of(t)
-        return {"token": s, "logprob": lp, "bytes": list(s.encode("utf-8", "surrogatepass"))}
+        text = text_of(t)
+        return {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8", "surrogatepass"))}
 
-    return {"content": [{**one(e.token, e.logprob), "top_logprobs": [one(t, lp) for t, lp in e.top]}
-                        for e in entries], "refusal": None}
+    return {"content": [{**one(entry.token, entry.logprob),
+                         "top_logprobs": [one(t, logprob) for t, logprob in entry.top]}
+                        for entry in entries], "refusal": None}
 
 
 def completion_body(req: CompletionRequest, texts: list[str], reasons: list[str], use: dict,
                     logprobs: list | None = None) -> dict[str, Any]:
     return {"id": f"cmpl-{req.id}", "object": "text_completion", "created": req.created, "model": req.model,
-            "choices": [{"index": i, "text": t, "logprobs": None if logprobs is None else logprobs[i],
-                         "finish_reason": r}
-                        for i, (t, r) in enumerate(zip(texts, reasons))], "usage": use}
+            "choices": [{"index": i, "text": text, "logprobs": None if logprobs is None else logprobs[i],
+                         "finish_reason": reason}
+                        for i, (text, reason) in enumerate(zip(texts, reasons))], "usage": use}
 
 
 def chat_body(req: CompletionRequest, text: str, reason: str, use: dict, logprobs: dict | None = None,

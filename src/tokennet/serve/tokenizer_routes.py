@@ -55,10 +55,10 @@ def tokenizer_routes(tok, *, context: int | None, vocab: int | None, check_key: 
             if not isinstance(text, str):
                 raise APIError(400, "prompt must be a string", param="prompt")
             ids = tok.encode(text)
-        except APIError as e:
-            return error(e)
-        except UnicodeError as e:
-            return error(APIError(400, f"the text cannot be encoded as UTF-8: {e}", param="prompt"))
+        except APIError as failure:
+            return error(failure)
+        except UnicodeError as failure:
+            return error(APIError(400, f"the text cannot be encoded as UTF-8: {failure}", param="prompt"))
         return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": context})
 
     async def detokenize(request: Request) -> Response:
@@ -69,8 +69,8 @@ def tokenizer_routes(tok, *, context: int | None, vocab: int | None, check_key: 
                 raise APIError(400, "tokens must be a list of token ids", param="tokens")
             if vocab is not None and any(not 0 <= i < vocab for i in ids):
                 raise APIError(400, f"token ids must be in [0, {vocab})", param="tokens")
-        except APIError as e:
-            return error(e)
+        except APIError as failure:
+            return error(failure)
         return JSONResponse({"prompt": tok.decode(ids)})
 
     info: dict[str, Any] = {}  # made on the first request (creating the app tokenizes nothing)
@@ -78,8 +78,8 @@ def tokenizer_routes(tok, *, context: int | None, vocab: int | None, check_key: 
     async def tokenizer_info(request: Request) -> Response:
         try:
             check_key(request)
-        except APIError as e:
-            return error(e)
+        except APIError as failure:
+            return error(failure)
         if not info:
             info.update({"eos_token": _special(tok, "eos_id"), "bos_token": _special(tok, "bos_id"),
                          "pad_token": _special(tok, "pad_id"), "chat_template": getattr(tok, "chat_template", None),

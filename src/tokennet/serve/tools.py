@@ -65,12 +65,12 @@ def check_tools(body: dict[str, Any], tokenizer, where: str) -> tuple[list[dict[
     tools = body.get("tools")
     choice = body.get("tool_choice")
     if isinstance(choice, dict):
-        fn = choice.get("function")
-        if choice.get("type") != "function" or not isinstance(fn, dict) or not isinstance(fn.get("name"), str) \
-                or not fn["name"]:
+        function = choice.get("function")
+        if choice.get("type") != "function" or not isinstance(function, dict) \
+                or not isinstance(function.get("name"), str) or not function["name"]:
             raise APIError(400, "tool_choice must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
                            "\"function\": {\"name\": ...}}", param="tool_choice")
-        choice = {"name": fn["name"]}
+        choice = {"name": function["name"]}
     elif choice not in (None, "none", "auto", "required"):
         raise APIError(400, f"tool_choice must be \"none\", \"auto\", \"required\" or {{\"type\": \"function\", "
                        f"\"function\": {{\"name\": ...}}}}, got {choice!r}", param="tool_choice")
@@ -105,9 +105,9 @@ def call_schema(tools: list[dict[str, Any]], choice: Any) -> dict[str, Any]:
     """The JSON schema of one call that ``choice`` (``"required"`` or ``{"name": N}``) allows:
     ``{"name": N, "arguments": A}``, ``A`` under that tool's ``parameters`` (any object where it has none)."""
     def one(t: dict[str, Any]) -> dict[str, Any]:
-        f = t["function"]
-        return {"type": "object", "properties": {"name": {"const": f["name"]},
-                                                 "arguments": f.get("parameters") or {"type": "object"}},
+        function = t["function"]
+        return {"type": "object", "properties": {"name": {"const": function["name"]},
+                                                 "arguments": function.get("parameters") or {"type": "object"}},
                 "required": ["name", "arguments"], "additionalProperties": False}
 
     chosen = [t for t in tools if choice == "required" or t["function"]["name"] == choice["name"]]
@@ -121,28 +121,28 @@ def tool_messages(messages: list[dict[str, Any]], raw: list[Any]) -> list[dict[s
     an object (transformers), so it is parsed (text that is not JSON is left as is).
     """
     out = []
-    for m, r in zip(messages, raw):
+    for m, original in zip(messages, raw):
         m = dict(m)
-        if isinstance(r, dict):
-            calls = r.get("tool_calls")
+        if isinstance(original, dict):
+            calls = original.get("tool_calls")
             if calls is not None:
-                if not isinstance(calls, list) or not all(isinstance(c, dict) and isinstance(c.get("function"), dict)
-                                                          for c in calls):
+                if not isinstance(calls, list) or not all(
+                        isinstance(call, dict) and isinstance(call.get("function"), dict) for call in calls):
                     raise APIError(400, "tool_calls must be a list of {\"id\", \"type\": \"function\", \"function\": "
                                    "{\"name\", \"arguments\"}}", param="messages")
                 fixed = []
-                for c in calls:
-                    f = dict(c["function"])
-                    if isinstance(f.get("arguments"), str):
+                for call in calls:
+                    function = dict(call["function"])
+                    if isinstance(function.get("arguments"), str):
                         try:
-                            f["arguments"] = loads(f["arguments"], what="tool_calls arguments")
+                            function["arguments"] = loads(function["arguments"], what="tool_calls arguments")
                         except ValueError:  # not JSON, or nested too deep (JSONTooDeep): left as text
                             pass
-                    fixed.append({**c, "function": f})
+                    fixed.append({**call, "function": function})
                 m["tool_calls"] = fixed
             for k in ("tool_call_id", "name"):
-                if isinstance(r.get(k), str):
-                    m[k] = r[k]
+                if isinstance(original.get(k), str):
+                    m[k] = original[k]
         out.append(m)
     return out
 
@@ -165,7 +165,7 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
             except ValueError:
                 return text, []  # not a well-formed call: the reply is content
             items = obj if isinstance(obj, list) else [obj]
-            parsed = [_call(o) for o in items]
+            parsed = [_call(item) for item in items]
             if not parsed or None in parsed:
                 return text, []
             calls += parsed
