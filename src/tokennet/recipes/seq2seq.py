@@ -57,10 +57,10 @@ def text_metrics(hyps: list[str], refs: list[str]) -> dict[str, float]:
 
     if len(hyps) != len(refs) or not refs:
         raise ValueError(f"need as many hypotheses as references (> 0), got {len(hyps)} and {len(refs)}")
-    em = 100.0 * sum(h == r for h, r in zip(hyps, refs, strict=True)) / len(refs)
+    exact_match = 100.0 * sum(hyp == ref for hyp, ref in zip(hyps, refs, strict=True)) / len(refs)
     bleu = sacrebleu.corpus_bleu(hyps, [refs], tokenize="char").score
     chrf = sacrebleu.corpus_chrf(hyps, [refs]).score
-    return {"exact_match": em, "bleu": bleu, "chrf": chrf}
+    return {"exact_match": exact_match, "bleu": bleu, "chrf": chrf}
 
 
 def _evaluate_pairs(model, tok, triples, options) -> dict[str, Any]:
@@ -75,9 +75,10 @@ def _evaluate_pairs(model, tok, triples, options) -> dict[str, Any]:
     for (_, ref, fmt), hyp in zip(triples, hyps, strict=True):
         by_fmt.setdefault(fmt, []).append(hyp == ref)
     if len(by_fmt) > 1:
-        m["exact_match_by_format"] = {f: round(100.0 * sum(v) / len(v), 2) for f, v in sorted(by_fmt.items())}
-    m["errors"] = [f"{s!r} -> {h!r} (expected {r!r})" for s, h, r in zip(srcs, hyps, refs, strict=True)
-                   if h != r][:10]
+        m["exact_match_by_format"] = {name: round(100.0 * sum(hits) / len(hits), 2)
+                                       for name, hits in sorted(by_fmt.items())}
+    m["errors"] = [f"{source!r} -> {output!r} (expected {expected!r})"
+                   for source, output, expected in zip(srcs, hyps, refs, strict=True) if output != expected][:10]
     m["test_size"] = len(refs)
     return m
 
@@ -108,15 +109,15 @@ def build(ctx: BuildContext) -> Job:
     val_batch = encode_pairs(val_pairs, tok, tok.pad_id)
     torch.manual_seed(seed)
     log.info("seq2seq (%s): %d train / %d val dates, vocab %d, %.2fM parameters", arch, len(train_dates),
-             len(val_dates), tok.vocab_size, sum(p.numel() for p in model.parameters()) / 1e6)
+             len(val_dates), tok.vocab_size, sum(param.numel() for param in model.parameters()) / 1e6)
 
     def evaluate(m) -> dict[str, float]:
         dev = next(m.parameters()).device
-        (s, t), y = val_batch
-        loss = float(m((s.to(dev), t.to(dev)), y.to(dev)).loss)
-        hyps = translate_batch(m, tok, [p[0] for p in val_pairs], beam_size=1, alpha=0.0)
-        em = 100.0 * sum(h == r for h, (_, r) in zip(hyps, val_pairs, strict=True)) / len(val_pairs)
-        return {"val_loss": loss, "val_exact_match": em}
+        (sources, targets), y = val_batch
+        loss = float(m((sources.to(dev), targets.to(dev)), y.to(dev)).loss)
+        hyps = translate_batch(m, tok, [pair[0] for pair in val_pairs], beam_size=1, alpha=0.0)
+        exact_match = 100.0 * sum(hyp == ref for hyp, (_, ref) in zip(hyps, val_pairs, strict=True)) / len(val_pairs)
+        return {"val_loss": loss, "val_exact_match": exact_match}
 
     def finish(m) -> dict[str, Any]:  # noqa: ARG001
         return {"arch": arch}
@@ -138,11 +139,11 @@ def unused(settings: dict[str, Any]) -> set[str]:
 
 
 def _read_tsv(path: str) -> list[tuple[str, str, str]]:
-    p = Path(path)
-    if not p.is_file():
+    tsv = Path(path)
+    if not tsv.is_file():
         raise DataError(f"data file {path} does not exist (expected a TSV of source<TAB>target lines)")
     triples = []
-    for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(tsv.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
             continue
         parts = line.split("\t")
@@ -156,7 +157,7 @@ def _read_tsv(path: str) -> list[tuple[str, str, str]]:
 
 def evaluate_run(run, data) -> dict[str, Any]:
     """``tokennet eval``: test-set metrics of a trained run (or on a TSV file given as data)."""
-    s, model, tok = run.settings, run.model, run.tokenizer
+    settings, model, tok = run.settings, run.model, run.tokenizer
     if data is None:
         triples = run.data.held_out()
     else:
@@ -166,7 +167,7 @@ def evaluate_run(run, data) -> dict[str, Any]:
         if too_long:
             raise DataError(f"{len(too_long)} source(s) are empty or longer than {limit} characters, "
                             f"e.g. {too_long[0]!r}")
-    return _evaluate_pairs(model, tok, triples, s)
+    return _evaluate_pairs(model, tok, triples, settings)
 
 
 register_recipe(Recipe(

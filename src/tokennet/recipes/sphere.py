@@ -94,29 +94,30 @@ def _vit(settings, num_classes, in_channels):
 def build(ctx: BuildContext) -> Job:
     spec: SphereProjection = ctx.data
     train, device = ctx.train, ctx.device
-    vd = spec.images()
+    images = spec.images()
     (xtr, ytr), (xva, yva), (xte, yte) = spec.split()
     extent, rotated = spec.extent, spec.train_rotated
-    ctx.from_data("num_classes", vd.num_classes)
-    ctx.from_data("in_channels", vd.in_channels)
+    ctx.from_data("num_classes", images.num_classes)
+    ctx.from_data("in_channels", images.in_channels)
     torch.manual_seed(train.seed)
     model = create_model("sphere-small", **ctx.model)
     points = model.samples
     src = SphereImages(xtr, ytr, points, train.batch_size, seed=train.seed, rotate=rotated, extent=extent)
     val = spec.project(xva, points, rotate=rotated, seed=train.seed + 1)
     log.info("sphere: %s, %d train / %d val / %d test images, %s training, %s positions, %.3fM parameters",
-             vd.name, len(ytr), len(yva), len(yte), "rotated" if rotated else "unrotated", model.config.position,
+             images.name, len(ytr), len(yva), len(yte), "rotated" if rotated else "unrotated", model.config.position,
              model.num_parameters() / 1e6)
 
     def evaluate(m) -> dict[str, float]:
-        r = evaluate_sphere(m, val, yva)
-        return {"val_accuracy": r["accuracy"], "val_loss": r["loss"]}
+        scores = evaluate_sphere(m, val, yva)
+        return {"val_accuracy": scores["accuracy"], "val_loss": scores["loss"]}
 
     def finish(m) -> dict[str, Any]:
         out: dict[str, Any] = {"train_rotated": rotated}
         if ctx.options["ablation"]:
-            nr, r, _ = spec.held_out(points)
-            out["ablation"] = _ablation(ctx.settings, ctx.model, train, spec, (xtr, ytr), vd, device, m, (nr, r))
+            upright, turned, _ = spec.held_out(points)
+            out["ablation"] = _ablation(ctx.settings, ctx.model, train, spec, (xtr, ytr), images, device, m,
+                                        (upright, turned))
             out["ablation_steps"] = ctx.options["ablation_steps"]
             for name, row in out["ablation"].items():
                 log.info("ablation: %-32s %s", name, "  ".join(f"{k} {v:.4f}" for k, v in row.items()))
@@ -126,48 +127,48 @@ def build(ctx: BuildContext) -> Job:
                finish=finish)
 
 
-def _ablation(settings, model_overrides, train, spec, trainset, vd, device, trained, trained_tests):
+def _ablation(settings, model_overrides, train, spec, trainset, images, device, trained, trained_tests):
     """``{model: {regime: test accuracy}}`` for every model of :data:`MODELS`, trained NR and R for the same
     ``ablation_steps`` on the same images from the same seed; the configured model's own training is reused for
     its regime when it trained for that many steps."""
     (xtr, ytr) = trainset
     yte = spec.split()[2][1]
-    extent, c = spec.extent, trained.config
+    extent, config = spec.extent, trained.config
     steps = dataclasses.replace(train, max_iters=int(settings["ablation_steps"]), time_budget=None, eval_interval=0,
                                 checkpoint_interval=0, progress=False, log_interval=0, report=False,
                                 tensorboard=False)
     reuse = steps.max_iters == train.max_iters and train.time_budget is None
-    hw = (settings["grid_height"], settings["grid_width"])
-    planar_points = equirectangular_points(*hw)
+    grid = (settings["grid_height"], settings["grid_width"])
+    planar_points = equirectangular_points(*grid)
     table: dict[str, dict[str, float]] = {}
     for name, over in MODELS.items():
         points = planar_points if over is None else trained.samples
-        shape = (vd.in_channels, *hw) if over is None else None
+        shape = (images.in_channels, *grid) if over is None else None
         tests = None
         row: dict[str, float] = {}
         for rotate in (False, True):
-            same = reuse and over is not None and all(getattr(c, k) == v for k, v in over.items()) \
+            same = reuse and over is not None and all(getattr(config, k) == v for k, v in over.items()) \
                 and rotate == spec.train_rotated
             if same:
-                m, nr, r = trained, *trained_tests
+                m, upright, turned = trained, *trained_tests
             else:
                 if tests is None:
                     tests = spec.held_out(points, shape)
-                nr, r, _ = tests
+                upright, turned, _ = tests
                 torch.manual_seed(train.seed)
-                m = _vit(settings, vd.num_classes, vd.in_channels) if over is None else \
-                    create_model("sphere-small", **{**model_overrides, **over, "num_classes": vd.num_classes,
-                                                    "in_channels": vd.in_channels})
+                m = _vit(settings, images.num_classes, images.in_channels) if over is None else \
+                    create_model("sphere-small", **{**model_overrides, **over, "num_classes": images.num_classes,
+                                                    "in_channels": images.in_channels})
                 src = SphereImages(xtr, ytr, points, train.batch_size, seed=train.seed, rotate=rotate, extent=extent,
                                    shape=shape)
                 with tempfile.TemporaryDirectory() as scratch:  # the variants' checkpoints are not part of the run
                     Trainer(m.to(device), steps, src, out_dir=scratch, device=device).fit()
                 m.eval()
             if rotate:
-                row["R/R"] = evaluate_sphere(m, r, yte)["accuracy"]
+                row["R/R"] = evaluate_sphere(m, turned, yte)["accuracy"]
             else:
-                row["NR/NR"] = evaluate_sphere(m, nr, yte)["accuracy"]
-                row["NR/R"] = evaluate_sphere(m, r, yte)["accuracy"]
+                row["NR/NR"] = evaluate_sphere(m, upright, yte)["accuracy"]
+                row["NR/R"] = evaluate_sphere(m, turned, yte)["accuracy"]
         table[name] = {k: row[k] for k in REGIMES}
     return table
 
@@ -176,9 +177,9 @@ def evaluate_run(run, data) -> dict[str, Any]:
     """``tokennet eval``: the configured model's test accuracy, unrotated and under the fixed test rotations."""
     if data is not None:
         raise RecipeError("the sphere recipe evaluates on its own test split; it takes no other data")
-    nr, r, yte = run.data.held_out(run.model.samples.cpu())
-    return {"test_accuracy": evaluate_sphere(run.model, nr, yte)["accuracy"],
-            "test_accuracy_rotated": evaluate_sphere(run.model, r, yte)["accuracy"], "test_size": len(yte)}
+    upright, turned, yte = run.data.held_out(run.model.samples.cpu())
+    return {"test_accuracy": evaluate_sphere(run.model, upright, yte)["accuracy"],
+            "test_accuracy_rotated": evaluate_sphere(run.model, turned, yte)["accuracy"], "test_size": len(yte)}
 
 
 register_recipe(Recipe(

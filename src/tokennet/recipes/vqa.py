@@ -92,8 +92,8 @@ DATA_FIELDS = ("vocab_size", "num_answers", "image_size", "pixel_mean", "pixel_s
 def evaluate(model, spec: AnimalQuestions, qa: QASet | None = None, prefix: str = "") -> dict[str, float]:
     """Exact match overall and per template on the test questions (``qa``, default the spec's), and on the
     held-out counts (``…exact_match_unseen_count``; generated data)."""
-    qa = spec.held_out() if qa is None else qa
-    out = exact_match(model, qa, spec.words, model.config.max_question_len, prefix=prefix)
+    questions = spec.held_out() if qa is None else qa
+    out = exact_match(model, questions, spec.words, model.config.max_question_len, prefix=prefix)
     unseen = spec.unseen_counts()
     if len(unseen):
         out[f"{prefix}exact_match_unseen_count"] = exact_match(model, unseen, spec.words, model.config.max_question_len,
