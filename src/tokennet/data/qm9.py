@@ -30,6 +30,7 @@ from .. import jsonio
 from ..errors import DataError
 from ..tokens.graph import GraphBatch, collate_graphs
 from .spec import DataSpec, register_data
+from .spoken_digits import _save_npz
 
 __all__ = ["ELEMENTS", "TARGETS", "HARTREE_EV", "Molecules", "find_qm9", "load_qm9", "bonds", "molecule_batch",
            "MoleculeBatches", "split_indices", "QM9Targets", "is_qm9"]
@@ -146,9 +147,8 @@ def load_qm9(path: str | Path | None = None, *, cache: bool = True) -> Molecules
     mols = _parse(directory)
     if cache:
         cache_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache_path.with_suffix(".tmp.npz")
-        np.savez(tmp, z=mols.z, pos=mols.pos, n=mols.n, **{f"y_{k}": v for k, v in mols.y.items()})
-        tmp.replace(cache_path)
+        # atomic: a private temporary beside the cache, fsynced, renamed into place (no fixed name to collide on)
+        _save_npz(cache_path, z=mols.z, pos=mols.pos, n=mols.n, **{f"y_{k}": v for k, v in mols.y.items()})
     return mols
 
 
