@@ -50,10 +50,10 @@ def _declared():
     for task in list_tasks().values():
         for i in task.inputs:
             inputs.setdefault(i.name, i)
-        for o in task.options:
-            options.setdefault(o.name, o)
-        for o in task.viz_options:
-            viz.setdefault(o.name, o)
+        for option in task.options:
+            options.setdefault(option.name, option)
+        for option in task.viz_options:
+            viz.setdefault(option.name, option)
     return inputs, options, viz
 
 
@@ -66,7 +66,7 @@ def _add_option(p, o) -> None:
 
 
 def _add_train(sub) -> None:
-    p = sub.add_parser(
+    cmd = sub.add_parser(
         "train",
         help="train a recipe into a run directory",
         description="Train RECIPE (see `tokennet list`) and write a run directory: config.json, "
@@ -76,77 +76,77 @@ def _add_train(sub) -> None:
         "  --set dim=256 num_layers=6 lr=3e-4 batch_size=64 tokenizer=char precision=bf16\n"
         "`tokennet train RECIPE --show-settings` lists them with their defaults.",
     )
-    p.add_argument("recipe", help="recipe name, e.g. gpt, gpt-char")
-    p.add_argument("--data", help="the recipe's data: an embedded dataset's name or a path (text recipes: shakespeare, "
-                   "python-docs, a file, directory or glob; vit: digits, fashion-mnist, mnist1d, ...; default: the "
-                   "recipe's own)")
-    p.add_argument("--out", help="run directory (default: runs/RECIPE)")
-    p.add_argument("--max-iters", type=int,
-                   help="optimizer steps; given alone, it replaces the recipe's default time budget")
-    p.add_argument("--time-budget", type=float, metavar="SEC",
-                   help="stop after SEC seconds of training (evaluation excluded); the learning-rate schedule "
-                   "then follows time")
-    p.add_argument("--seed", type=int, help="random seed (data order, init, dropout)")
-    p.add_argument("--init", metavar="SOURCE",
-                   help="fine-tune: start from these weights instead of a fresh model — a tokennet run, or anything "
-                   "`tokennet import` reads (a Hugging Face directory, a .gguf file), converted on the fly; text "
-                   "recipes then read the data with the source's own tokenizer (and a --data chats.jsonl of "
-                   '{"messages": [...]} records through its chat template, the loss on the replies only). '
-                   "--set lora_rank=R trains LoRA adapters instead of every weight (lora_alpha, lora_dropout, "
-                   "lora_targets=attn,mlp, lora_save=merged|adapter, lora_modules_to_save=MODULES trained in full "
-                   "beside them; a classifier's new head always is); as for any training, --set compile=true "
-                   "compiles the step (torch.compile) and --set checkpointing=true recomputes each block's forward "
-                   "in backward (less memory, the same losses)")
-    p.add_argument("--device", default="auto", help="auto (CUDA if present, else CPU), cpu, cuda, cuda:N, mps")
-    p.add_argument("--set", dest="sets", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
-                   help="override settings (repeatable: --set a=1 --set b=2 sets both; a key given twice takes "
-                   "the last value)")
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
-    g.add_argument("--overwrite", action="store_true", help="replace an existing run directory")
-    p.add_argument("--show-settings", action="store_true",
-                   help="print the settings a new run would use — the recipe's defaults (for the --data given, "
-                   "where the recipe has per-dataset profiles) with --set, --max-iters, --time-budget and --seed "
-                   "applied — and exit")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar (a line every ~10 s instead; also "
-                   "what a log file gets)")
-    p.add_argument("--json", action="store_true", help="print metrics.json's content at the end instead of the "
-                   "short summary")
+    cmd.add_argument("recipe", help="recipe name, e.g. gpt, gpt-char")
+    cmd.add_argument("--data", help="the recipe's data: an embedded dataset's name or a path (text recipes: "
+                     "shakespeare, python-docs, a file, directory or glob; vit: digits, fashion-mnist, mnist1d, ...; "
+                     "default: the recipe's own)")
+    cmd.add_argument("--out", help="run directory (default: runs/RECIPE)")
+    cmd.add_argument("--max-iters", type=int,
+                     help="optimizer steps; given alone, it replaces the recipe's default time budget")
+    cmd.add_argument("--time-budget", type=float, metavar="SEC",
+                     help="stop after SEC seconds of training (evaluation excluded); the learning-rate schedule "
+                     "then follows time")
+    cmd.add_argument("--seed", type=int, help="random seed (data order, init, dropout)")
+    cmd.add_argument("--init", metavar="SOURCE",
+                     help="fine-tune: start from these weights instead of a fresh model — a tokennet run, or anything "
+                     "`tokennet import` reads (a Hugging Face directory, a .gguf file), converted on the fly; text "
+                     "recipes then read the data with the source's own tokenizer (and a --data chats.jsonl of "
+                     '{"messages": [...]} records through its chat template, the loss on the replies only). '
+                     "--set lora_rank=R trains LoRA adapters instead of every weight (lora_alpha, lora_dropout, "
+                     "lora_targets=attn,mlp, lora_save=merged|adapter, lora_modules_to_save=MODULES trained in full "
+                     "beside them; a classifier's new head always is); as for any training, --set compile=true "
+                     "compiles the step (torch.compile) and --set checkpointing=true recomputes each block's forward "
+                     "in backward (less memory, the same losses)")
+    cmd.add_argument("--device", default="auto", help="auto (CUDA if present, else CPU), cpu, cuda, cuda:N, mps")
+    cmd.add_argument("--set", dest="sets", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
+                     help="override settings (repeatable: --set a=1 --set b=2 sets both; a key given twice takes "
+                     "the last value)")
+    exclusive = cmd.add_mutually_exclusive_group()
+    exclusive.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
+    exclusive.add_argument("--overwrite", action="store_true", help="replace an existing run directory")
+    cmd.add_argument("--show-settings", action="store_true",
+                     help="print the settings a new run would use — the recipe's defaults (for the --data given, "
+                     "where the recipe has per-dataset profiles) with --set, --max-iters, --time-budget and --seed "
+                     "applied — and exit")
+    cmd.add_argument("--no-progress", action="store_true", help="no progress bar (a line every ~10 s instead; also "
+                     "what a log file gets)")
+    cmd.add_argument("--json", action="store_true", help="print metrics.json's content at the end instead of the "
+                     "short summary")
 
 
 def _add_eval(sub) -> None:
-    p = sub.add_parser("eval", help="evaluate a run and print its metrics as JSON",
-                       description="Evaluate a trained run on its own held-out split, or on --data. An "
-                       "imported language model (`tokennet import`) has no split of its own: --data FILE is required, "
-                       "and its next-token loss and perplexity on that text file are printed (non-overlapping "
-                       "windows of up to 1,024 tokens, at most 262,144 tokens read), with bits per byte "
-                       "(comparable across tokenizers). --stride S: sliding-window perplexity on --data, for any "
-                       "language-model run (each window starts S tokens after the last, so every token is "
-                       "predicted from at least window - S tokens before it).")
-    p.add_argument("run_dir")
-    p.add_argument("--data", help="evaluate on this data instead of the run's validation split")
-    p.add_argument("--stride", type=int, default=None, metavar="S",
-                   help="sliding-window perplexity and bits per byte on the text file --data: windows of "
-                   "min(1024, context) tokens every S tokens (S = the window: non-overlapping)")
-    p.add_argument("--device", default="auto")
+    cmd = sub.add_parser("eval", help="evaluate a run and print its metrics as JSON",
+                         description="Evaluate a trained run on its own held-out split, or on --data. An "
+                         "imported language model (`tokennet import`) has no split of its own: --data FILE is "
+                         "required, and its next-token loss and perplexity on that text file are printed "
+                         "(non-overlapping windows of up to 1,024 tokens, at most 262,144 tokens read), with bits "
+                         "per byte (comparable across tokenizers). --stride S: sliding-window perplexity on --data, "
+                         "for any language-model run (each window starts S tokens after the last, so every token is "
+                         "predicted from at least window - S tokens before it).")
+    cmd.add_argument("run_dir")
+    cmd.add_argument("--data", help="evaluate on this data instead of the run's validation split")
+    cmd.add_argument("--stride", type=int, default=None, metavar="S",
+                     help="sliding-window perplexity and bits per byte on the text file --data: windows of "
+                     "min(1024, context) tokens every S tokens (S = the window: non-overlapping)")
+    cmd.add_argument("--device", default="auto")
 
 
 def _add_demo(sub) -> None:
     from .demos import list_demos
 
     demos = list_demos()
-    p = sub.add_parser("demo", help="small demonstrations from the lecture",
-                       description=" ".join(f"{d.name}: {d.description}." for d in demos))
-    p.add_argument("name", choices=[d.name for d in demos])
-    p.add_argument("--out", default=None, help="output directory (default: runs/NAME); refused if it exists")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--only", metavar="PART", help="run one part of a demo made of parts (claims: one claim)")
-    p.add_argument("--list", action="store_true", help="list the demo's parts (claims: the claims) and exit")
-    p.add_argument("--overwrite", action="store_true", help="write into an output directory that exists")
+    cmd = sub.add_parser("demo", help="small demonstrations from the lecture",
+                         description=" ".join(f"{demo.name}: {demo.description}." for demo in demos))
+    cmd.add_argument("name", choices=[demo.name for demo in demos])
+    cmd.add_argument("--out", default=None, help="output directory (default: runs/NAME); refused if it exists")
+    cmd.add_argument("--seed", type=int, default=0)
+    cmd.add_argument("--only", metavar="PART", help="run one part of a demo made of parts (claims: one claim)")
+    cmd.add_argument("--list", action="store_true", help="list the demo's parts (claims: the claims) and exit")
+    cmd.add_argument("--overwrite", action="store_true", help="write into an output directory that exists")
 
 
 def _add_report(sub) -> None:
-    p = sub.add_parser(
+    cmd = sub.add_parser(
         "report",
         help="write one self-contained HTML page about a run (curves, samples, predictions, attention)",
         description="Write RUN_DIR/report.html: the run's status, wall time, parameter count and throughput; "
@@ -160,26 +160,26 @@ def _add_report(sub) -> None:
         "(--set report=false turns that off).",
         epilog="example: tokennet report runs/gpt-char && xdg-open runs/gpt-char/report.html",
     )
-    p.add_argument("run_dir", help="a run directory from `tokennet train` (finished, running or interrupted)")
-    p.add_argument("--out", metavar="FILE", help="where to write the page (default: RUN_DIR/report.html)")
-    p.add_argument("--device", default="cpu", help="where to run the model for samples and predictions "
-                   "(cpu by default; auto, cuda, ...)")
+    cmd.add_argument("run_dir", help="a run directory from `tokennet train` (finished, running or interrupted)")
+    cmd.add_argument("--out", metavar="FILE", help="where to write the page (default: RUN_DIR/report.html)")
+    cmd.add_argument("--device", default="cpu", help="where to run the model for samples and predictions "
+                     "(cpu by default; auto, cuda, ...)")
 
 
 def _add_embed(sub) -> None:
-    p = sub.add_parser(
+    cmd = sub.add_parser(
         "embed",
         help="sentence embeddings of texts from a text-encoder run (e.g. imported all-MiniLM-L6-v2)",
         description="Print one JSON list per --text: the sentence embedding as the model defines it (mean of "
         "the token states over the real tokens, L2-normalized), and, with two or more texts, their cosine "
         "similarities. Texts longer than the model's context are truncated (a warning on stderr says so).",
     )
-    p.add_argument("run_dir", help="a text-encoder run (tokennet import of a BertModel directory)")
-    p.add_argument("--text", action="append", required=True, help="a text to embed (repeat for several)")
+    cmd.add_argument("run_dir", help="a text-encoder run (tokennet import of a BertModel directory)")
+    cmd.add_argument("--text", action="append", required=True, help="a text to embed (repeat for several)")
 
 
 def _add_export(sub) -> None:
-    p = sub.add_parser(
+    cmd = sub.add_parser(
         "export",
         help="export a run as ONNX, a torch.export program, a GGUF file (llama.cpp) or a Hugging Face directory",
         description="Export RUN_DIR. onnx / pt2: the network with dynamic batch (and sequence length): gpt: token "
@@ -190,28 +190,28 @@ def _add_export(sub) -> None:
         "is read back (onnxruntime, torch.export.load, tokennet's importers) and run on two input shapes against "
         "the run's model; it is written only if every output is within the tolerance.",
     )
-    p.add_argument("run_dir", help="a run directory (trained or imported)")
-    p.add_argument("--format", required=True, choices=["onnx", "pt2", "gguf", "hf"],
-                   help="onnx (torch.onnx.export with dynamo=True; needs onnx, onnxscript, onnxruntime), pt2 "
-                   "(torch.export.save), gguf (needs the gguf package) or hf")
-    p.add_argument("--out", required=True, help="the file to write (a directory for --format hf), e.g. model.onnx")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace --out if it exists (otherwise it is refused): only a previous export of the same "
-                   "format (hf: a directory with config.json naming a model_type and model.safetensors; gguf: a GGUF "
-                   "file; pt2: a torch.export archive; onnx: an ONNX model and its .data), never the run itself or a "
-                   "path inside it; the new export is checked before the old one is replaced")
-    p.add_argument("--gguf-type", choices=["f32", "f16", "q8_0"], default="f16",
-                   help="GGUF: the type of the matrices (default f16, as llama.cpp's converter); vectors and norms "
-                   "stay f32, and weights the run holds in GGUF blocks (an imported file's) are written as they are")
-    p.add_argument("--tolerance", type=float, default=None,
-                   help="replace the default check (every output within 1e-4·max|output| + 1e-4·|output| of the "
-                   "run's, like torch.testing.assert_close scaled to the outputs) by an absolute limit on "
-                   "max |exported − PyTorch|")
+    cmd.add_argument("run_dir", help="a run directory (trained or imported)")
+    cmd.add_argument("--format", required=True, choices=["onnx", "pt2", "gguf", "hf"],
+                     help="onnx (torch.onnx.export with dynamo=True; needs onnx, onnxscript, onnxruntime), pt2 "
+                     "(torch.export.save), gguf (needs the gguf package) or hf")
+    cmd.add_argument("--out", required=True, help="the file to write (a directory for --format hf), e.g. model.onnx")
+    cmd.add_argument("--overwrite", action="store_true",
+                     help="replace --out if it exists (otherwise it is refused): only a previous export of the same "
+                     "format (hf: a directory with config.json naming a model_type and model.safetensors; gguf: a GGUF "
+                     "file; pt2: a torch.export archive; onnx: an ONNX model and its .data), never the run itself or a "
+                     "path inside it; the new export is checked before the old one is replaced")
+    cmd.add_argument("--gguf-type", choices=["f32", "f16", "q8_0"], default="f16",
+                     help="GGUF: the type of the matrices (default f16, as llama.cpp's converter); vectors and norms "
+                     "stay f32, and weights the run holds in GGUF blocks (an imported file's) are written as they are")
+    cmd.add_argument("--tolerance", type=float, default=None,
+                     help="replace the default check (every output within 1e-4·max|output| + 1e-4·|output| of the "
+                     "run's, like torch.testing.assert_close scaled to the outputs) by an absolute limit on "
+                     "max |exported − PyTorch|")
 
 
 def _add_generate(sub, declared) -> None:
     inputs, options, _ = declared
-    p = sub.add_parser(
+    cmd = sub.add_parser(
         "generate",
         help="use a run: continue text, translate, caption, classify, answer ... (whatever its task does)",
         description="Use a trained or imported run on new inputs; what it takes and prints is its task's "
@@ -223,22 +223,22 @@ def _add_generate(sub, declared) -> None:
         "each graph of a --graphs JSON file. --input FILE ... is the run's first file input, whatever it is "
         "called. A flag the run's task does not take is refused in one line.",
     )
-    p.add_argument("run_dir", help="a run directory from `tokennet train` or `tokennet import`")
-    p.add_argument("--input", nargs="+", action="extend", metavar="FILE",
-                   help="the run's input files (its task's first file input: --image, --audio, --graphs, ...)")
+    cmd.add_argument("run_dir", help="a run directory from `tokennet train` or `tokennet import`")
+    cmd.add_argument("--input", nargs="+", action="extend", metavar="FILE",
+                     help="the run's input files (its task's first file input: --image, --audio, --graphs, ...)")
     for i in inputs.values():
         if i.file:
-            p.add_argument(i.flag, dest=i.name, nargs="+", action="extend", metavar="FILE", default=None,
-                           help=i.help)
+            cmd.add_argument(i.flag, dest=i.name, nargs="+", action="extend", metavar="FILE", default=None,
+                             help=i.help)
         else:
-            p.add_argument(i.flag, dest=i.name, default=None, metavar=i.name.upper(), help=i.help)
-    for o in options.values():
-        _add_option(p, o)
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, ...")
+            cmd.add_argument(i.flag, dest=i.name, default=None, metavar=i.name.upper(), help=i.help)
+    for option in options.values():
+        _add_option(cmd, option)
+    cmd.add_argument("--device", default="auto", help="auto, cpu, cuda, ...")
 
 
 def _add_viz(sub, declared) -> None:
-    p = sub.add_parser(
+    cmd = sub.add_parser(
         "viz",
         help="draw a trained model's attention (PNG)",
         description="Draw the pictures a run's task declares. Language models: token-to-token causal attention "
@@ -250,27 +250,27 @@ def _add_viz(sub, declared) -> None:
         "patch's attention over the sphere. Imported text encoders: bidirectional token attention over --text. "
         "Attention is recomputed with the plain formula, so runs trained with the fused backend work.",
     )
-    p.add_argument("run_dir", help="a run directory from `tokennet train`")
-    p.add_argument("--out", help="output directory (default: RUN_DIR/viz)")
-    p.add_argument("--index", type=int, help="which test example to draw (default 0)")
-    p.add_argument("--patch", type=int, help="the query patch (or node), row-major (default: the centre patch)")
-    p.add_argument("--layer", type=int, help="only this layer (default: all)")
-    p.add_argument("--head", type=int, help="only this head (default: all, and their mean)")
-    p.add_argument("--data", help="the data to draw from (default: the run's)")
-    p.add_argument("--text", help="language models and text encoders: the text whose attention to draw (default: a "
-                   "fixed sentence); translation runs: draw the alignment of this source instead of a test example")
-    p.add_argument("--image", metavar="PATH", help="captioning and image runs: draw this image file (the model's "
-                   "size) instead of a test image")
-    p.add_argument("--audio", metavar="FILE", help="audio classification runs: draw this audio file instead of a "
-                   "test clip")
-    for o in declared[2].values():
-        if o.cli not in p._option_string_actions:
-            _add_option(p, o)
-    p.add_argument("--device", default="cpu", help="cpu (default), cuda, ...")
+    cmd.add_argument("run_dir", help="a run directory from `tokennet train`")
+    cmd.add_argument("--out", help="output directory (default: RUN_DIR/viz)")
+    cmd.add_argument("--index", type=int, help="which test example to draw (default 0)")
+    cmd.add_argument("--patch", type=int, help="the query patch (or node), row-major (default: the centre patch)")
+    cmd.add_argument("--layer", type=int, help="only this layer (default: all)")
+    cmd.add_argument("--head", type=int, help="only this head (default: all, and their mean)")
+    cmd.add_argument("--data", help="the data to draw from (default: the run's)")
+    cmd.add_argument("--text", help="language models and text encoders: the text whose attention to draw (default: a "
+                     "fixed sentence); translation runs: draw the alignment of this source instead of a test example")
+    cmd.add_argument("--image", metavar="PATH", help="captioning and image runs: draw this image file (the model's "
+                     "size) instead of a test image")
+    cmd.add_argument("--audio", metavar="FILE", help="audio classification runs: draw this audio file instead of a "
+                     "test clip")
+    for option in declared[2].values():
+        if option.cli not in cmd._option_string_actions:
+            _add_option(cmd, option)
+    cmd.add_argument("--device", default="cpu", help="cpu (default), cuda, ...")
 
 
 def _add_import(sub) -> None:
-    p = sub.add_parser(
+    cmd = sub.add_parser(
         "import",
         help="convert a foreign checkpoint (Hugging Face GPT-2, Llama, BERT, ViT; a GGUF file) into a run directory",
         description="Convert the checkpoint in SOURCE onto tokennet's own modules and write an ordinary run "
@@ -287,15 +287,15 @@ def _add_import(sub) -> None:
         "must be accounted for: an unknown field, an unused or missing tensor stops the import with one line, "
         "and nothing is written.",
     )
-    p.add_argument("source", help="a Hugging Face checkpoint directory or a .gguf file")
-    p.add_argument("--out", required=True, help="the new run directory (must not exist, or be empty)")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace the run in --out (only a directory whose run.json reads as a tokennet run; the new "
-                   "run is written beside it and swapped in once whole, so a failure leaves the old one as it was)")
+    cmd.add_argument("source", help="a Hugging Face checkpoint directory or a .gguf file")
+    cmd.add_argument("--out", required=True, help="the new run directory (must not exist, or be empty)")
+    cmd.add_argument("--overwrite", action="store_true",
+                     help="replace the run in --out (only a directory whose run.json reads as a tokennet run; the new "
+                     "run is written beside it and swapped in once whole, so a failure leaves the old one as it was)")
 
 
 def _add_serve(sub) -> None:
-    p = sub.add_parser(
+    cmd = sub.add_parser(
         "serve",
         help="serve a language-model run over HTTP in the OpenAI format (completions, chat, streaming)",
         description="An OpenAI-compatible server for RUN_DIR (trained or imported): POST /v1/completions and "
@@ -306,49 +306,49 @@ def _add_serve(sub) -> None:
         "prompts use the run's chat template (plain ChatML for a tokenizer without one). Ctrl-C lets the "
         "requests in flight finish, then exits. Needs the serve extra: pip install 'tokennet[serve]'.",
     )
-    p.add_argument("run_dir", help="a language-model run directory (trained, or imported with tokennet import)")
-    p.add_argument("--host", default="127.0.0.1", help="the address to bind (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8000, help="the port (default 8000)")
-    p.add_argument("--api-key", default=None,
-                   help="require 'Authorization: Bearer KEY' on every /v1 request. Default: the environment "
-                   "variable TOKENNET_API_KEY (preferred: a flag is visible to every user in ps); --api-key wins "
-                   "when both are set; neither: no key. An empty key is refused")
-    p.add_argument("--model-name", action="append", default=None, metavar="NAME",
-                   help="a model id clients may ask for; repeat it for aliases (default: the run's directory "
-                   "name). Another name is a 404 that names these")
-    p.add_argument("--any-model-name", action="store_true",
-                   help="accept whatever model name a client sends (e.g. a client's default 'gpt-3.5-turbo')")
-    p.add_argument("--max-batch", type=int, default=16, help="the most requests decoded together (default 16)")
-    p.add_argument("--context", type=int, default=None,
-                   help="the longest prompt + reply served, in tokens (default: the model's context; more than "
-                   "the model's context is refused)")
-    p.add_argument("--device", default="cpu", help="cpu (default), cuda, or auto")
-    p.add_argument("--quantize", default="auto", choices=["auto", "none", "bf16", "int8", "int4"],
-                   help="decode with a low-precision copy of the weights, as generate --quantize does. Default "
-                   "auto: the fastest copy that keeps quality: on the CPU, int4 for a GGUF run whose linear layers "
-                   "all hold Q8_0/Q4_0/Q4_1 blocks where the CPU has AVX-512 VNNI (the file's own blocks × int8 "
-                   "activations by integer dot products), else int8 per-channel (other runs' blocks requantized); "
-                   "none (float32) elsewhere; the start log and GET /health say which")
-    p.add_argument("--no-compile", action="store_true",
-                   help="decode eagerly. Default: the batched decoding step compiled by torch.compile (as generate), "
-                   "compiled before the first request; the first start on a machine pays for it (minutes for a "
-                   "135M model), later starts load it from Inductor's on-disk cache (~/.cache/tokennet/inductor). "
-                   "Where it "
-                   "does not compile it says so once and decodes eagerly; TOKENNET_COMPILE=0 also turns it off. "
-                   "The start log and GET /health (compile) say which")
-    p.add_argument("--threads", type=int, default=None,
-                   help="CPU threads a decoding step uses. Default: all but one of torch's (OMP_NUM_THREADS, else the "
-                   "cores), at least 1: the core left over runs the HTTP server and its clients, which a step using "
-                   "every core waits for at each of its parallel regions. GET /health says how many")
-    p.add_argument("--prefix-cache-mb", type=float, default=256.0,
-                   help="MiB of keys and values kept for prompt prefixes that requests share (a system prompt, "
-                   "few-shot examples, a chat's earlier turns), so their next requests compute only what "
-                   "follows; least recently used blocks of 16 tokens are evicted (default 256; 0 = off; more "
-                   "than the free memory is refused)")
-    p.add_argument("--max-queue", type=int, default=256,
-                   help="the most sequences (one per prompt) waiting for a decoding row; beyond it a request is "
-                   "answered 429 rate_limit_error (default 256). Requests also hold at most 2,048 prompts and "
-                   "8 MiB of body")
+    cmd.add_argument("run_dir", help="a language-model run directory (trained, or imported with tokennet import)")
+    cmd.add_argument("--host", default="127.0.0.1", help="the address to bind (default 127.0.0.1: this machine only)")
+    cmd.add_argument("--port", type=int, default=8000, help="the port (default 8000)")
+    cmd.add_argument("--api-key", default=None,
+                     help="require 'Authorization: Bearer KEY' on every /v1 request. Default: the environment "
+                     "variable TOKENNET_API_KEY (preferred: a flag is visible to every user in ps); --api-key wins "
+                     "when both are set; neither: no key. An empty key is refused")
+    cmd.add_argument("--model-name", action="append", default=None, metavar="NAME",
+                     help="a model id clients may ask for; repeat it for aliases (default: the run's directory "
+                     "name). Another name is a 404 that names these")
+    cmd.add_argument("--any-model-name", action="store_true",
+                     help="accept whatever model name a client sends (e.g. a client's default 'gpt-3.5-turbo')")
+    cmd.add_argument("--max-batch", type=int, default=16, help="the most requests decoded together (default 16)")
+    cmd.add_argument("--context", type=int, default=None,
+                     help="the longest prompt + reply served, in tokens (default: the model's context; more than "
+                     "the model's context is refused)")
+    cmd.add_argument("--device", default="cpu", help="cpu (default), cuda, or auto")
+    cmd.add_argument("--quantize", default="auto", choices=["auto", "none", "bf16", "int8", "int4"],
+                     help="decode with a low-precision copy of the weights, as generate --quantize does. Default "
+                     "auto: the fastest copy that keeps quality: on the CPU, int4 for a GGUF run whose linear layers "
+                     "all hold Q8_0/Q4_0/Q4_1 blocks where the CPU has AVX-512 VNNI (the file's own blocks × int8 "
+                     "activations by integer dot products), else int8 per-channel (other runs' blocks requantized); "
+                     "none (float32) elsewhere; the start log and GET /health say which")
+    cmd.add_argument("--no-compile", action="store_true",
+                     help="decode eagerly. Default: the batched decoding step compiled by torch.compile (as generate), "
+                     "compiled before the first request; the first start on a machine pays for it (minutes for a "
+                     "135M model), later starts load it from Inductor's on-disk cache (~/.cache/tokennet/inductor). "
+                     "Where it "
+                     "does not compile it says so once and decodes eagerly; TOKENNET_COMPILE=0 also turns it off. "
+                     "The start log and GET /health (compile) say which")
+    cmd.add_argument("--threads", type=int, default=None,
+                     help="CPU threads a decoding step uses. Default: all but one of torch's (OMP_NUM_THREADS, else "
+                     "the cores), at least 1: the core left over runs the HTTP server and its clients, which a step "
+                     "using every core waits for at each of its parallel regions. GET /health says how many")
+    cmd.add_argument("--prefix-cache-mb", type=float, default=256.0,
+                     help="MiB of keys and values kept for prompt prefixes that requests share (a system prompt, "
+                     "few-shot examples, a chat's earlier turns), so their next requests compute only what "
+                     "follows; least recently used blocks of 16 tokens are evicted (default 256; 0 = off; more "
+                     "than the free memory is refused)")
+    cmd.add_argument("--max-queue", type=int, default=256,
+                     help="the most sequences (one per prompt) waiting for a decoding row; beyond it a request is "
+                     "answered 429 rate_limit_error (default 256). Requests also hold at most 2,048 prompts and "
+                     "8 MiB of body")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -394,8 +394,8 @@ def cmd_lm_eval(argv: list[str]) -> int:
     """Every argument to lm-eval's command line, after importing tokennet's lm-eval model (which registers it)."""
     try:
         from .interop.lm_eval import main as lm_eval_main
-    except ImportError as e:
-        raise CLIError(f"tokennet lm-eval needs the evaluation harness: pip install lm-eval ({e})") from None
+    except ImportError as error:
+        raise CLIError(f"tokennet lm-eval needs the evaluation harness: pip install lm-eval ({error})") from None
     return lm_eval_main(argv)
 
 
@@ -414,15 +414,15 @@ def cmd_list(args) -> int:
     for name in list_models():
         print(f"  {name:<18} {preset_info(name)[2]}")
     print("recipes:")
-    for r in list_recipes():
-        print(f"  {r.name:<18} {r.description}")
+    for recipe in list_recipes():
+        print(f"  {recipe.name:<18} {recipe.description}")
     print("tasks (model family: task, verbs):")
     for family, t in list_tasks().items():
         print(f"  {family:<18} {t.name}: {', '.join(sorted(t.verbs)) or '-'}")
     if loaded():
         print("plugins:")
-        for p in loaded():
-            print(f"  {p}")
+        for plugin in loaded():
+            print(f"  {plugin}")
     return 0
 
 
@@ -518,7 +518,7 @@ def cmd_generate(args) -> int:
             _check_option(options[n], v)
     run = _load_run(args.run_dir, resolve_device(args.device))
     task = run.task
-    takes = [*(i.flag for i in task.inputs), *(o.cli for o in task.options)]
+    takes = [*(i.flag for i in task.inputs), *(option.cli for option in task.options)]
     if args.input:
         files = [i for i in task.inputs if i.file]
         if not files:
@@ -527,7 +527,7 @@ def cmd_generate(args) -> int:
         if files[0].name in given:
             raise CLIError(f"--input and {files[0].flag} name the same input; give one of them")
         given[files[0].name] = args.input
-    mine = {i.name for i in task.inputs} | {o.name for o in task.options}
+    mine = {i.name for i in task.inputs} | {option.name for option in task.options}
     for n in given:
         if n not in mine:
             flag = (inputs[n].flag if n in inputs else options[n].cli)
@@ -536,11 +536,11 @@ def cmd_generate(args) -> int:
     if not task.declares("respond"):
         raise CLIError(f"{args.run_dir} is a {task.name} run: it has nothing to generate")
     values = {i.name: given.get(i.name, i.default) for i in task.inputs}
-    values.update({o.name: given.get(o.name, o.default) for o in task.options})
+    values.update({option.name: given.get(option.name, option.default) for option in task.options})
     try:
         check_values(task, values)
-    except ValueError as e:
-        raise CLIError(f"{args.run_dir} is a {task.name} run: {str(e).split(': ', 1)[1]}") from None
+    except ValueError as error:
+        raise CLIError(f"{args.run_dir} is a {task.name} run: {str(error).split(': ', 1)[1]}") from None
     for piece in task.respond(run, values):
         sys.stdout.write(piece)
         sys.stdout.flush()
@@ -588,8 +588,8 @@ def cmd_viz(args) -> int:
     options = {k: v for k, v in vars(args).items() if k not in ("command", "quiet", "run_dir", "out", "device",
                                                                 "plugin")}
     run = _load_run(args.run_dir, str(resolve_device(args.device)))
-    for f in visualize(run, args.out, **options):
-        print(f)
+    for path in visualize(run, args.out, **options):
+        print(path)
     return 0
 
 
@@ -597,8 +597,9 @@ def cmd_import(args) -> int:
     from .interop import import_checkpoint
     from .models.registry import parameter_count
 
-    r = import_checkpoint(args.source, args.out, overwrite=args.overwrite)
-    print(f"{r.path}: {r.converter} → tokennet {r.model.config.family} ({parameter_count(r.model):,} parameters)")
+    imported = import_checkpoint(args.source, args.out, overwrite=args.overwrite)
+    print(f"{imported.path}: {imported.converter} → tokennet {imported.model.config.family} "
+          f"({parameter_count(imported.model):,} parameters)")
     return 0
 
 
@@ -619,8 +620,8 @@ def cmd_demo(args) -> int:
         raise TokennetError(f"{out} exists; pass --overwrite to write into it, or choose another --out")
     metrics = demo.run(out, seed=args.seed, **({"only": args.only} if args.only is not None else {}))
     print(demo.summary(metrics) if demo.summary else json.dumps(metrics, indent=2))
-    for f in demo.files:
-        print(f"{'figure' if f.endswith('.png') else 'written'}: {out / f}")
+    for file in demo.files:
+        print(f"{'figure' if file.endswith('.png') else 'written'}: {out / file}")
     return 0
 
 
@@ -643,23 +644,24 @@ def cmd_report(args) -> int:
 def cmd_export(args) -> int:
     from .interop.export import export_run
 
-    r = export_run(_load_run(args.run_dir, "cpu"), args.out, args.format, tolerance=args.tolerance,
-                   overwrite=args.overwrite, gguf_type=args.gguf_type)
-    checks = ", ".join(f"{shape}: {d:.1e}" for shape, d in r.max_diff.items())
-    print(f"{r.path}: {r.format}, {', '.join(r.inputs)} → {', '.join(r.outputs)}; max |diff| vs PyTorch {checks}")
-    if r.path.is_dir():
-        print(f"a directory of {', '.join(f.name for f in r.files)}")
-    elif len(r.files) > 1:
-        print(f"written together (keep them side by side): {', '.join(str(f) for f in r.files)}")
+    exported = export_run(_load_run(args.run_dir, "cpu"), args.out, args.format, tolerance=args.tolerance,
+                          overwrite=args.overwrite, gguf_type=args.gguf_type)
+    checks = ", ".join(f"{shape}: {diff:.1e}" for shape, diff in exported.max_diff.items())
+    print(f"{exported.path}: {exported.format}, {', '.join(exported.inputs)} → {', '.join(exported.outputs)}; "
+          f"max |diff| vs PyTorch {checks}")
+    if exported.path.is_dir():
+        print(f"a directory of {', '.join(file.name for file in exported.files)}")
+    elif len(exported.files) > 1:
+        print(f"written together (keep them side by side): {', '.join(str(file) for file in exported.files)}")
     return 0
 
 
 def cmd_embed(args) -> int:
-    e = _load_run(args.run_dir, "cpu").embed(args.text)
-    for row in e.tolist():
+    vectors = _load_run(args.run_dir, "cpu").embed(args.text)
+    for row in vectors.tolist():
         print(json.dumps([round(v, 6) for v in row]))
     if len(args.text) > 1:
-        print(json.dumps({"cosine": [[round(v, 4) for v in r] for r in (e @ e.T).tolist()]}))
+        print(json.dumps({"cosine": [[round(v, 4) for v in cosines] for cosines in (vectors @ vectors.T).tolist()]}))
     return 0
 
 
@@ -702,8 +704,8 @@ def cmd_serve(args) -> int:
         raise CLIError(f"{where} is empty: give a key, or unset it to serve without one")
     try:
         from .serve.app import serve
-    except ImportError as e:
-        raise CLIError(f"tokennet serve needs starlette and uvicorn ({e.name} is missing): "
+    except ImportError as error:
+        raise CLIError(f"tokennet serve needs starlette and uvicorn ({error.name} is missing): "
                        "pip install 'tokennet[serve]'") from None
     serve(args.run_dir, host=args.host, port=args.port, api_key=api_key, model_name=args.model_name,
           any_model_name=args.any_model_name, max_batch=args.max_batch, context=args.context,
@@ -726,8 +728,8 @@ def _load_plugins(argv: list[str]) -> None:
     pre.add_argument("--plugin", action="append", default=[])
     known, _ = pre.parse_known_args(argv)
     discover()
-    for f in known.plugin:
-        load_file(f)
+    for file in known.plugin:
+        load_file(file)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -736,14 +738,14 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         _load_plugins(argv)
-    except TokennetError as e:
-        print(f"tokennet: error: {str(e).strip().splitlines()[0]}", file=sys.stderr)
+    except TokennetError as error:
+        print(f"tokennet: error: {str(error).strip().splitlines()[0]}", file=sys.stderr)
         return 2
     if argv[:1] == ["lm-eval"]:  # lm-eval parses its own arguments (argparse cannot pass "--model ..." through)
         try:
             return cmd_lm_eval(argv[1:])
-        except (CLIError, TokennetError) as e:
-            print(f"tokennet: error: {str(e).strip().splitlines()[0]}", file=sys.stderr)
+        except (CLIError, TokennetError) as error:
+            print(f"tokennet: error: {str(error).strip().splitlines()[0]}", file=sys.stderr)
             return 2
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -756,13 +758,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("tokennet").setLevel(logging.WARNING if quiet else logging.INFO)
     try:
         return COMMANDS[args.command](args)
-    except (CLIError, TokennetError) as e:
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    except (CLIError, TokennetError) as error:
+        msg = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         print(f"tokennet: error: {msg}", file=sys.stderr)
         return 2
-    except OSError as e:  # the disk, permissions, a missing file: the user's to fix, not a bug
-        where = f" ({e.filename})" if getattr(e, "filename", None) else ""
-        print(f"tokennet: error: {e.strerror or e}{where}", file=sys.stderr)
+    except OSError as error:  # the disk, permissions, a missing file: the user's to fix, not a bug
+        where = f" ({error.filename})" if getattr(error, "filename", None) else ""
+        print(f"tokennet: error: {error.strerror or error}{where}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("tokennet: interrupted", file=sys.stderr)

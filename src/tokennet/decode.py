@@ -62,20 +62,20 @@ def greedy_search(model: nn.Module, inputs, *, max_len: int | None = None, use_c
         use_cache: decode with the KV cache (False recomputes the prefix every step).
     """
     max_len = _check(model, max_len)
-    c = model.config
+    config = model.config
     was_training = model.training
     model.eval()
     try:
         state = model.init_decode(inputs, use_cache=use_cache)
         B = state.batch_size
         device = next(model.parameters()).device
-        seq = torch.full((B, 1), c.bos_id, dtype=torch.long, device=device)
+        seq = torch.full((B, 1), config.bos_id, dtype=torch.long, device=device)
         done = torch.zeros(B, dtype=torch.bool, device=device)
         for _ in range(max_len):
             feed = seq[:, -1:] if use_cache else seq
             nxt = model.decode_step(feed, state)[:, -1].argmax(-1)  # (B,)
-            nxt = torch.where(done, torch.full_like(nxt, c.pad_id), nxt)
-            done = done | nxt.eq(c.eos_id)
+            nxt = torch.where(done, torch.full_like(nxt, config.pad_id), nxt)
+            done = done | nxt.eq(config.eos_id)
             seq = torch.cat([seq, nxt[:, None]], dim=1)
             if bool(done.all()):
                 break
@@ -101,7 +101,7 @@ def beam_search(model: nn.Module, inputs, *, beam_size: int = 4, alpha: float = 
         return_scores: also return the normalized scores ``(B,)`` of the chosen hypotheses.
     """
     max_len = _check(model, max_len)
-    c = model.config
+    config = model.config
     if beam_size < 1:
         raise ConfigError(f"beam_size must be >= 1, got {beam_size}")
     if alpha < 0:
@@ -114,7 +114,7 @@ def beam_search(model: nn.Module, inputs, *, beam_size: int = 4, alpha: float = 
         K = beam_size
         device = next(model.parameters()).device
         state.reorder(torch.arange(B, device=device).repeat_interleave(K))  # every input → K beams
-        seq = torch.full((B * K, 1), c.bos_id, dtype=torch.long, device=device)
+        seq = torch.full((B * K, 1), config.bos_id, dtype=torch.long, device=device)
         scores = torch.full((B, K), float("-inf"), device=device)
         scores[:, 0] = 0.0  # all beams start identical: expand only the first
         finished = torch.zeros(B * K, dtype=torch.bool, device=device)
@@ -125,7 +125,7 @@ def beam_search(model: nn.Module, inputs, *, beam_size: int = 4, alpha: float = 
             V = logp.shape[-1]
             # A finished hypothesis continues only with <pad>, at no cost: its score is frozen.
             frozen = torch.full_like(logp, float("-inf"))
-            frozen[:, c.pad_id] = 0.0
+            frozen[:, config.pad_id] = 0.0
             logp = torch.where(finished[:, None], frozen, logp)
             cand = (scores.reshape(B * K, 1) + logp).reshape(B, K * V)
             scores, flat = cand.topk(K, dim=-1)  # (B, K)
@@ -134,7 +134,7 @@ def beam_search(model: nn.Module, inputs, *, beam_size: int = 4, alpha: float = 
             tok = tok.reshape(-1)
             seq = torch.cat([seq[rows], tok[:, None]], dim=1)
             lengths = lengths[rows] + (~finished[rows]).long()
-            finished = finished[rows] | tok.eq(c.eos_id)
+            finished = finished[rows] | tok.eq(config.eos_id)
             state.reorder(rows)
             if bool(finished.all()):
                 break

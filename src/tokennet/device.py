@@ -40,8 +40,8 @@ def resolve_device(device: str) -> torch.device:
 def cpu_flags() -> frozenset[str]:
     """The CPU's feature flags (``/proc/cpuinfo``'s ``flags`` line; empty where there is none)."""
     try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
                 if line.startswith("flags"):
                     return frozenset(line.split(":", 1)[1].split())
     except OSError:

@@ -25,7 +25,7 @@ _NONE = ("none", "null")
 def field_types(cls) -> dict[str, Any]:
     """``name → annotation`` (resolved) of a dataclass's init fields."""
     hints = typing.get_type_hints(cls)
-    return {f.name: hints.get(f.name, Any) for f in dataclasses.fields(cls) if f.init}
+    return {field.name: hints.get(field.name, Any) for field in dataclasses.fields(cls) if field.init}
 
 
 def _args(annotation) -> tuple:
@@ -42,16 +42,16 @@ def type_name(annotation) -> str:
 
 def _names(members: tuple) -> str:
     names = []
-    for a in members:
-        if a is type(None):
+    for member in members:
+        if member is type(None):
             continue
-        if a is bool:
+        if member is bool:
             names.append("true/false")
-        elif typing.get_origin(a) in (list, tuple):
-            inner = typing.get_args(a)[0] if typing.get_args(a) else Any
+        elif typing.get_origin(member) in (list, tuple):
+            inner = typing.get_args(member)[0] if typing.get_args(member) else Any
             names.append(f"a comma-separated list of {getattr(inner, '__name__', inner)}")
         else:
-            names.append(getattr(a, "__name__", str(a)))
+            names.append(getattr(member, "__name__", str(member)))
     if type(None) in members:
         names.append("none")
     return " or ".join(names)
@@ -76,10 +76,10 @@ def _parse_one(text: str, a) -> Any:
         return text
     if typing.get_origin(a) in (list, tuple):
         inner = (typing.get_args(a) or (str,))[0]
-        parts = [p for p in text.replace(" ", "").split(",") if p]
+        parts = [part for part in text.replace(" ", "").split(",") if part]
         if not parts:
             raise ValueError
-        return [_parse_one(p, inner) for p in parts]
+        return [_parse_one(part, inner) for part in parts]
     raise ValueError
 
 

@@ -65,7 +65,7 @@ def task_for(family: str):
 def list_tasks() -> dict[str, object]:
     """Model family → task adapter, for every family registered so far (after discovery)."""
     discover()
-    return dict(sorted((f, t) for f, t in _TASKS.items() if f is not None))
+    return dict(sorted((family, task) for family, task in _TASKS.items() if family is not None))
 
 
 def all_verbs() -> set[str]:
@@ -89,14 +89,14 @@ def discover() -> None:
         importlib.import_module(name)
     from importlib.metadata import entry_points
 
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
+    for entry in entry_points(group=ENTRY_POINT_GROUP):
         try:
-            ep.load()
-        except Exception as e:  # noqa: BLE001 - a broken third-party plugin must not break tokennet's own commands
-            log.warning("tokennet: plugin %s (%s) failed to load and is skipped: %s", ep.name, ep.value,
-                        str(e).splitlines()[0] if str(e) else type(e).__name__)
+            entry.load()
+        except Exception as error:  # noqa: BLE001 - a broken third-party plugin must not break tokennet's own commands
+            log.warning("tokennet: plugin %s (%s) failed to load and is skipped: %s", entry.name, entry.value,
+                        str(error).splitlines()[0] if str(error) else type(error).__name__)
             continue
-        _loaded.append(f"{ENTRY_POINT_GROUP}:{ep.name}")
+        _loaded.append(f"{ENTRY_POINT_GROUP}:{entry.name}")
 
 
 def load_file(path: str | Path) -> str:
@@ -107,16 +107,16 @@ def load_file(path: str | Path) -> str:
     :class:`PluginError` naming the file and the error's first line.
     """
     discover()  # the plugin's own imports of tokennet may rely on the built-ins being registered
-    p = Path(path)
-    if not p.is_file():
+    file = Path(path)
+    if not file.is_file():
         raise PluginError(f"plugin file {path} does not exist")
-    if p.suffix != ".py":
+    if file.suffix != ".py":
         raise PluginError(f"plugin file {path} is not a Python file (.py)")
-    name = "tokennet_plugin_" + "".join(c if c.isalnum() else "_" for c in p.stem)
-    key = str(p.resolve())
+    name = "tokennet_plugin_" + "".join(char if char.isalnum() else "_" for char in file.stem)
+    key = str(file.resolve())
     if key in _loaded and name in sys.modules:
         return name
-    spec = importlib.util.spec_from_file_location(name, p)
+    spec = importlib.util.spec_from_file_location(name, file)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses and pickling look the module up by name while it runs
     try:
@@ -124,9 +124,9 @@ def load_file(path: str | Path) -> str:
     except TokennetError:
         sys.modules.pop(name, None)
         raise
-    except Exception as e:  # noqa: BLE001 - the user's file: report it as theirs, in one line
+    except Exception as error:  # noqa: BLE001 - the user's file: report it as theirs, in one line
         sys.modules.pop(name, None)
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise PluginError(f"plugin {path} failed to import: {type(e).__name__}: {first}") from e
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise PluginError(f"plugin {path} failed to import: {type(error).__name__}: {first}") from error
     _loaded.append(key)
     return name

@@ -65,10 +65,10 @@ __all__ = ["Run", "load", "RunLock", "is_run_dir", "read_run_info", "write_run_i
 def _read_json(path: Path) -> Any:
     try:
         return jsonio.load(path)
-    except jsonio.JSONTooDeep as e:  # its message names the file
-        raise RunError(f"{e}; the run directory is damaged") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise RunError(f"{path} is not valid JSON ({e}); the run directory is damaged") from None
+    except jsonio.JSONTooDeep as error:  # its message names the file
+        raise RunError(f"{error}; the run directory is damaged") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise RunError(f"{path} is not valid JSON ({error}); the run directory is damaged") from None
 
 
 def is_run_dir(path: str | Path) -> bool:
@@ -81,12 +81,12 @@ def read_run_info(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_dir():
         raise RunError(f"{path} is not a run directory (it does not exist or is not a directory)")
-    f = path / RUN_FILE
-    if not f.is_file():
+    run_file = path / RUN_FILE
+    if not run_file.is_file():
         raise RunError(f"{path} is not a tokennet run directory (no {RUN_FILE})")
-    info = _read_json(f)
+    info = _read_json(run_file)
     if not isinstance(info, dict) or not isinstance(info.get("settings"), dict):
-        raise RunError(f"{f} is not a tokennet run file (no 'settings')")
+        raise RunError(f"{run_file} is not a tokennet run file (no 'settings')")
     return info
 
 
@@ -108,8 +108,8 @@ def read_data_spec(info: dict[str, Any]) -> DataSpec | None:
     if "data_spec" in info:
         try:
             return spec_from_dict(info["data_spec"])
-        except (ValueError, TypeError) as e:
-            raise RunError(f"the data spec in {RUN_FILE} cannot be read: {e}") from None
+        except (ValueError, TypeError) as error:
+            raise RunError(f"the data spec in {RUN_FILE} cannot be read: {error}") from None
     if not info.get("recipe"):
         return None
     return legacy_spec(info["recipe"], info.get("data"), info.get("settings", {}))
@@ -117,8 +117,8 @@ def read_data_spec(info: dict[str, Any]) -> DataSpec | None:
 
 def read_metrics(path: str | Path) -> dict[str, Any]:
     """``metrics.json``, or ``{}`` while a run has not finished."""
-    f = Path(path) / METRICS_FILE
-    return _read_json(f) if f.is_file() else {}
+    metrics_file = Path(path) / METRICS_FILE
+    return _read_json(metrics_file) if metrics_file.is_file() else {}
 
 
 def write_metrics(path: str | Path, metrics: dict[str, Any]) -> None:
@@ -130,15 +130,15 @@ def read_tokenizer(path: str | Path):
     """The run's tokenizer (``tokenizer.json``), or None for a model without text."""
     from .tokens.text import load_tokenizer
 
-    f = Path(path) / TOKENIZER_FILE
-    return load_tokenizer(f) if f.is_file() else None
+    tokenizer_file = Path(path) / TOKENIZER_FILE
+    return load_tokenizer(tokenizer_file) if tokenizer_file.is_file() else None
 
 
 def save_tokenizer(path: str | Path, tokenizer) -> None:
     """Write the tokenizer as ``tokenizer.json`` (unless the run already has one: resuming keeps its vocabulary)."""
-    f = Path(path) / TOKENIZER_FILE
-    if not f.is_file():
-        tokenizer.save(f)
+    tokenizer_file = Path(path) / TOKENIZER_FILE
+    if not tokenizer_file.is_file():
+        tokenizer.save(tokenizer_file)
 
 
 def clear_run_dir(path: str | Path) -> None:
@@ -146,13 +146,13 @@ def clear_run_dir(path: str | Path) -> None:
     ``train --overwrite`` no longer uses it: it replaces a run whole (:meth:`RunLock.swap_in`)."""
     import shutil
 
-    for p in Path(path).iterdir():
-        if p.name == LOCK_FILE:
+    for entry in Path(path).iterdir():
+        if entry.name == LOCK_FILE:
             continue
-        if p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p)
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
         else:
-            p.unlink()
+            entry.unlink()
 
 
 # -- the one writer ---------------------------------------------------------------------------------
@@ -189,20 +189,20 @@ class RunLock:
         for _ in range(LOCK_TRIES):
             created = not lock.exists()
             # The file's contents are never written: a refused writer leaves the run exactly as it was.
-            fd = os.open(lock, os.O_RDONLY | os.O_CREAT, 0o644)
+            descriptor = os.open(lock, os.O_RDONLY | os.O_CREAT, 0o644)
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                holder = _flock_holder(fd)
-                os.close(fd)
+                holder = _flock_holder(descriptor)
+                os.close(descriptor)
                 raise RunError(f"{self.path} is being written by another process (PID {holder}); wait for it to "
                                "finish or write to another directory") from None
             # The lock is on a file, not a name: if the file was unlinked or replaced between our open and our
             # flock (a writer that swapped a new run in, or one that removed its lock file on the way out), this
             # lock guards a file no other writer will open — two writers. Open the name again.
-            if _same_file(fd, lock):
-                return fd, created
-            os.close(fd)
+            if _same_file(descriptor, lock):
+                return descriptor, created
+            os.close(descriptor)
         raise RunError(f"{lock} keeps being replaced while it is being locked; is another process writing "
                        f"{self.path}?")
 
@@ -219,13 +219,13 @@ class RunLock:
         has its ``run.json`` (``--resume`` continues it), and the old one is a hidden sibling being deleted.
         """
         new = Path(new)
-        fd, _ = self._lock(new)
+        descriptor, _ = self._lock(new)
         try:
             trash = swap_into_place(new, self.path)
         except BaseException:
-            os.close(fd)
+            os.close(descriptor)
             raise
-        old, self._fd = self._fd, fd
+        old, self._fd = self._fd, descriptor
         self.created = True  # the lock file under the name is this writer's
         if old is not None:
             os.close(old)
@@ -251,28 +251,28 @@ LOCK_TRIES = 5  # reopen the lock file at most this often when it is replaced be
 
 def _same_file(fd: int, path: Path) -> bool:
     """True when the open file ``fd`` is the file at ``path`` now (same device and inode)."""
-    st = os.fstat(fd)
+    opened = os.fstat(fd)
     try:
         cur = os.stat(path)
     except FileNotFoundError:
         return False
-    return (st.st_dev, st.st_ino) == (cur.st_dev, cur.st_ino)
+    return (opened.st_dev, opened.st_ino) == (cur.st_dev, cur.st_ino)
 
 
 def _flock_holder(fd: int) -> str:
     """The PID holding a flock on ``fd``'s file, from ``/proc/locks`` (Linux); ``"?"`` where it is not known."""
-    st = os.fstat(fd)
+    opened = os.fstat(fd)
     try:
         lines = Path("/proc/locks").read_text().splitlines()
     except OSError:
         return "?"
     for line in lines:
-        f = line.split()
+        fields = line.split()
         # "1: FLOCK  ADVISORY  WRITE 4321 00:2e:1234 0 EOF" (a waiting lock has "->" after the number)
-        if "->" in f:
+        if "->" in fields:
             continue
-        if len(f) >= 6 and f[1] == "FLOCK" and f[5].rsplit(":", 1)[-1] == str(st.st_ino):
-            return f[4]
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5].rsplit(":", 1)[-1] == str(opened.st_ino):
+            return fields[4]
     return "?"
 
 

@@ -193,19 +193,19 @@ def _remember_compile_seconds(net: nn.Module, seconds: float) -> None:
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         atomic_write_text(path, json.dumps(times, indent=1) + "\n")
-    except OSError as e:  # a read-only cache: the next process estimates again
-        logger.debug("could not remember the compile time in %s: %s", path, e)
+    except OSError as error:  # a read-only cache: the next process estimates again
+        logger.debug("could not remember the compile time in %s: %s", path, error)
 
 
 def inductor_cache_dir() -> str:
     """Where Inductor keeps compiled code across processes: ``$TORCHINDUCTOR_CACHE_DIR`` when set, else
     ``$TOKENNET_CACHE/inductor`` or ``~/.cache/tokennet/inductor`` (set when this module is imported, before
     Inductor first reads it, so the cache outlives a reboot's cleaning of /tmp, Inductor's own default)."""
-    d = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if not d:
+    cache_dir = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if not cache_dir:
         root = os.environ.get("TOKENNET_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "tokennet")
-        d = os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(root, "inductor")
-    return d
+        cache_dir = os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(root, "inductor")
+    return cache_dir
 
 
 inductor_cache_dir()
@@ -237,9 +237,9 @@ class CompiledStep:
         use_kernel(self.net, one_query_step_kernel)  # attention of one query, fused into the step's loops
         # torch.compile keeps its compiled graphs per code object, so every CompiledStep would share (and
         # evict, past Dynamo's recompile limit) one list of graphs: give each its own copy of the code.
-        fn = type(self)._step  # a subclass's own step (the serving engine's rows at their own lengths)
-        code = fn.__code__.replace(co_name=f"_step_{next(_SERIAL)}")
-        step = types.MethodType(types.FunctionType(code, fn.__globals__), self)
+        method = type(self)._step  # a subclass's own step (the serving engine's rows at their own lengths)
+        code = method.__code__.replace(co_name=f"_step_{next(_SERIAL)}")
+        step = types.MethodType(types.FunctionType(code, method.__globals__), self)
         # Dynamo checks its guards before every call, and on the decoding copy's hundreds of tensors that is a
         # visible share of a small model's step. The copy never changes under its step (a changed model gets a new
         # copy and a new step, decoding_copy), so only the guards on the step's own inputs are kept.
@@ -252,11 +252,11 @@ class CompiledStep:
     def _step(self, tok: Tensor, keys: Tensor, buffers: list[tuple[Tensor, Tensor]]) -> Tensor:
         caches = []
         for k, v in buffers:  # a KVCache over the given buffers, holding keys.shape[0] − 1 tokens
-            c = KVCache(k.shape[2])
-            c.k, c.v, c.length = k, v, keys.shape[0] - 1
-            caches.append(c)
-        h = self.net.forward_features(tok, caches=caches)  # (B, 1, D)
-        return self.net.forward_head(h)[:, -1]  # (B, V)
+            cache = KVCache(k.shape[2])
+            cache.k, cache.v, cache.length = k, v, keys.shape[0] - 1
+            caches.append(cache)
+        hidden = self.net.forward_features(tok, caches=caches)  # (B, 1, D)
+        return self.net.forward_head(hidden)[:, -1]  # (B, V)
 
     def _run(self, *args) -> Tensor | None:
         """``self.fn(*args)``, compiled at the first call (timed, logged once); None when it does not compile
@@ -264,15 +264,15 @@ class CompiledStep:
         if self.compiled is not None:
             return self.fn(*args)
         where = inductor_cache_dir()
-        t0 = time.perf_counter()
+        started = time.perf_counter()
         try:
             out = self.fn(*args)
-        except (torch._dynamo.exc.TorchDynamoException, RuntimeError, OSError) as e:
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        except (torch._dynamo.exc.TorchDynamoException, RuntimeError, OSError) as error:
+            first = (str(error).strip().splitlines() or [type(error).__name__])[0]
             logger.warning("torch.compile is unavailable for decoding (%s); decoding eagerly", first[:200])
             self.compiled = False
             return None
-        self.compiled, self.compile_s = True, time.perf_counter() - t0
+        self.compiled, self.compile_s = True, time.perf_counter() - started
         _remember_compile_seconds(self.eager, self.compile_s)
         logger.info("compiled the decoding step in %.1f s (Inductor's cache: %s; --no-compile decodes eagerly)",
                     self.compile_s, where)
@@ -292,16 +292,16 @@ class CompiledStep:
         # the compiled graph's guards check both
         tok = tok.reshape(-1).clone()[:, None]
         buffers = []
-        for c in caches:
-            for t in (c.k, c.v):
+        for cache in caches:
+            for t in (cache.k, cache.v):
                 if not hasattr(t, "_dynamo_dynamic_indices"):
                     torch._dynamo.mark_dynamic(t, 2)  # the capacity: one graph for every cache size
-            buffers.append((c.k, c.v))
+            buffers.append((cache.k, cache.v))
         logits = self._run(tok, keys, buffers)
         if logits is None:  # it does not compile: eager from now on
             return self(tok, caches)
-        for c in caches:
-            c.length = n
+        for cache in caches:
+            cache.length = n
         return logits
 
 
@@ -440,18 +440,18 @@ def stream(
         feed = seq[:, max(0, T - block) : T]
         for t in range(T, T + max_new_tokens):
             if use_cache and caches[0].length + feed.shape[1] > block:
-                for c in caches:  # sliding window: rebuild the cache from the recent half context
-                    c.reset()
+                for cache in caches:  # sliding window: rebuild the cache from the recent half context
+                    cache.reset()
                 feed = seq[:, t - block // 2 : t]
             if step is not None and feed.shape[1] == 1 and caches[0].k is not None:  # a one-token prompt fills
                 # the caches eagerly first (the compiled step marks their buffers, which must exist)
                 logits = step(feed, caches)  # (B, V)
             else:  # the prompt (prefill), or decoding without the compiled step
-                t0 = time.perf_counter()
-                h = net.forward_features(feed, caches=caches)  # (B, t, D)
-                logits = net.forward_head(h[:, -1:])[:, -1]  # (B, V): only the last position is needed
+                started = time.perf_counter()
+                hidden = net.forward_features(feed, caches=caches)  # (B, t, D)
+                logits = net.forward_head(hidden[:, -1:])[:, -1]  # (B, V): only the last position is needed
                 if feed.shape[1] == 1:  # an eager decoding step: timed for the plan
-                    step = plan.observe(time.perf_counter() - t0, T + max_new_tokens - t - 1) or step
+                    step = plan.observe(time.perf_counter() - started, T + max_new_tokens - t - 1) or step
             nxt = sample_next(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
             if len(stops):
                 first = stops[0]

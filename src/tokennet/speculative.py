@@ -99,8 +99,8 @@ def accept_greedy(logits: Tensor, draft: Sequence[int]) -> list[int]:
     """
     best = greedy_next(logits).tolist()  # (k+1,)
     out = []
-    for x, b in zip(draft, best):
-        if x != b:
+    for x, choice in zip(draft, best):
+        if x != choice:
             break
         out.append(x)
     out.append(best[len(out)])
@@ -123,8 +123,8 @@ def accept_sampled(p: Tensor, draft: Draft, generator: torch.Generator | None = 
     else:
         q = draft.probs.to(p.device, torch.float32)
     ratio = p[rows, x] / q[rows, x]  # q_i(x_i) > 0: x_i was drawn from q_i
-    u = torch.rand(k, generator=generator, device=p.device)
-    rejected = (u >= ratio).tolist()  # u < min(1, ratio)  ⇔  u < ratio, as u < 1
+    uniform = torch.rand(k, generator=generator, device=p.device)
+    rejected = (uniform >= ratio).tolist()  # u < min(1, ratio)  ⇔  u < ratio, as u < 1
     n = rejected.index(True) if True in rejected else k
     if n == k:
         last = p[k]
@@ -215,8 +215,8 @@ class ModelDrafter:
         k = min(k, self.block // 2)
         length = self.caches[0].length
         if length + (S - self.start - length) + k - 1 > self.block or self.start + length > S:
-            for c in self.caches:  # past the draft's context: restart from the recent half of it
-                c.reset()
+            for cache in self.caches:  # past the draft's context: restart from the recent half of it
+                cache.reset()
             self.start, length = max(0, S - self.block // 2), 0
         logits = self._logits(seq[None, self.start + length : S])
         greedy = self.sampling["temperature"] < SAMPLING_EPS
@@ -235,8 +235,8 @@ class ModelDrafter:
     def rollback(self, length: int) -> None:
         """Keep only the cached tokens among the text's first ``length`` (the accepted ones)."""
         keep = max(0, min(self.caches[0].length, length - self.start))
-        for c in self.caches:
-            c.length = keep
+        for cache in self.caches:
+            cache.length = keep
 
 
 class DraftLength:
@@ -294,7 +294,7 @@ def _average(old: float | None, new: float, weight: float = 0.3) -> float:
 
 
 def _check_decodes(model: nn.Module, what: str) -> None:
-    if not all(hasattr(model, a) for a in ("forward_features", "forward_head", "make_caches")) or not hasattr(
+    if not all(hasattr(model, attr) for attr in ("forward_features", "forward_head", "make_caches")) or not hasattr(
             getattr(model, "config", None), "block_size"):
         raise ConfigError(f"{what} ({type(model).__name__}) is not a causal language model with a KV cache: "
                           "speculative decoding needs one")
@@ -344,28 +344,28 @@ class _Target:
         cached, after restarting the window from the last half context when the cache is full."""
         feed = self.seq[None, self.start + self.length : self.n]
         if self.length + feed.shape[1] > self.block:
-            for c in self.caches:
-                c.reset()
+            for cache in self.caches:
+                cache.reset()
             self.start = self.n - self.block // 2
             feed = self.seq[None, self.start : self.n]
         if self.step is not None and feed.shape[1] == 1 and self.caches[0].k is not None:
             return self.step(feed, self.caches)
-        h = self.net.forward_features(feed, caches=self.caches)  # (1, n, D)
-        return self.net.forward_head(h[:, -1:])[:, -1]  # (1, V)
+        hidden = self.net.forward_features(feed, caches=self.caches)  # (1, n, D)
+        return self.net.forward_head(hidden[:, -1:])[:, -1]  # (1, V)
 
     def verify_logits(self, draft: Sequence[int]) -> Tensor:
         """The target's logits ``(k+1, V)`` at the newest token and at each of the ``k`` drafts: one forward over the
         tokens not yet cached (the prompt, at the first) and the drafts."""
         k = len(draft)
         feed = torch.cat([self.seq[self.n - self.pending : self.n], self.seq.new_tensor(draft)])[None]  # (1, P+k)
-        h = self.net.forward_features(feed, caches=self.caches)  # (1, P+k, D)
-        return self.net.forward_head(h[:, -(k + 1):])[0]  # (k+1, V)
+        hidden = self.net.forward_features(feed, caches=self.caches)  # (1, P+k, D)
+        return self.net.forward_head(hidden[:, -(k + 1):])[0]  # (k+1, V)
 
     def keep(self, accepted: int, k: int) -> None:
         """Roll the rejected drafts' keys and values out of the caches: keep the text and the ``accepted`` drafts of
         the ``k`` just cached."""
-        for c in self.caches:
-            c.length -= k - accepted
+        for cache in self.caches:
+            cache.length -= k - accepted
 
     def append(self, token: int) -> None:
         self.seq[self.n] = token
@@ -420,20 +420,20 @@ def stream_speculative(
         target = _Target(model, idx, max_new_tokens, quantize, compile)
         while stats.tokens < max_new_tokens:
             k = min(policy.k, target.room(), max_new_tokens - stats.tokens - 1)
-            t0 = policy.clock()
+            started = policy.clock()
             draft = drafter.propose(target.seq[: target.n], k) if k >= 1 and policy.speculate() else Draft([])
             if draft.tokens:
                 new = _verify(target, draft, sampling, generator)
                 drafter.rollback(target.n + len(new) - 1)
                 stats.drafted, stats.accepted = stats.drafted + len(draft.tokens), stats.accepted + len(new) - 1
                 stats.verifications += 1
-                policy.round_done(len(draft.tokens), len(new) - 1, policy.clock() - t0)
+                policy.round_done(len(draft.tokens), len(new) - 1, policy.clock() - started)
             else:
                 one = target.pending == 1  # not the prompt's forward
                 new = [int(sample_next(target.plain_logits(), **sampling, generator=generator)[0])]
                 stats.plain_steps += 1
                 if one:
-                    policy.plain_done(policy.clock() - t0)
+                    policy.plain_done(policy.clock() - started)
             for token in new:
                 target.append(token)
                 stats.tokens += 1
