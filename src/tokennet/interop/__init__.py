@@ -80,7 +80,7 @@ def import_checkpoint(source: str | Path, out: str | Path, *, keep_blocks: bool 
         keep_blocks: a GGUF file's Q8_0/Q4_0/Q4_1 tensors stay blocks (False: dequantized to float32).
         overwrite: replace an existing run at ``out``.
     """
-    from ..fileio import temp_dir_beside
+    from ..fileio import swap_into_place, temp_dir_beside
     from ..run import LOCK_FILE, RunLock, read_run_info
 
     source, out = Path(source), Path(out)
@@ -89,13 +89,13 @@ def import_checkpoint(source: str | Path, out: str | Path, *, keep_blocks: bool 
         if not overwrite:
             raise RunError(f"{out} already exists and is not an empty directory; choose another --out "
                            "(or --overwrite to replace the run there)")
-        s, o = source.resolve(), out.resolve()
-        if s == o or o in s.parents:
+        source_real, out_real = source.resolve(), out.resolve()
+        if source_real == out_real or out_real in source_real.parents:
             raise RunError(f"refusing to overwrite {out}: it holds the source {source} (nothing was written)")
         try:  # --overwrite deletes what it replaces: only a directory whose run.json reads as a run
             read_run_info(out)
-        except RunError as e:
-            raise RunError(f"refusing to overwrite {out}: it does not read as a tokennet run ({e}); nothing was "
+        except RunError as err:
+            raise RunError(f"refusing to overwrite {out}: it does not read as a tokennet run ({err}); nothing was "
                            "written") from None
     model, tokenizer, name, notes = convert(source, keep_blocks=keep_blocks)
     lock = RunLock(out).acquire() if replacing else None  # a run being trained is not replaced under its writer
@@ -110,9 +110,10 @@ def import_checkpoint(source: str | Path, out: str | Path, *, keep_blocks: bool 
             lock.swap_in(tmp)  # raises only before the swap; afterwards the old run is deleted
             swapped = True
         else:
-            if out.exists():
-                out.rmdir()  # empty, checked above
-            tmp.rename(out)
+            trash = swap_into_place(tmp, out)  # an empty directory at ``out`` (checked above) trades places
+            swapped = True
+            if trash is not None:
+                trash.rmdir()
     except BaseException:
         if not swapped:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -49,26 +49,28 @@ def convert_bert(source: Path, cfg: dict[str, Any]) -> Converted:
         num_heads=cfg.get("num_attention_heads", 12), mlp_ratio=cfg.get("intermediate_size", 3072) / dim,
         norm_eps=float(cfg.get("layer_norm_eps", 1e-12)), pad_id=cfg.get("pad_token_id") or 0)
     tensors = read_safetensors(source)
-    p = "bert." if any(k.startswith("bert.") for k in tensors) else ""
-    pooler = sorted(k for k in tensors if k.startswith(p + "pooler."))
-    m = NameMap(tensors, str(source / "model.safetensors"), derived=rf"{p}embeddings\.position_ids|{p}pooler\..*")
+    prefix = "bert." if any(k.startswith("bert.") for k in tensors) else ""
+    pooler = sorted(k for k in tensors if k.startswith(prefix + "pooler."))
+    m = NameMap(tensors, str(source / "model.safetensors"),
+                derived=rf"{prefix}embeddings\.position_ids|{prefix}pooler\..*")
     check_layer_count(tensors, config.num_layers, m.where)  # before the loop below runs that many times
-    e = p + "embeddings."
-    m.put("tok_emb.weight", e + "word_embeddings.weight")
-    m.put("pos_emb.weight", e + "position_embeddings.weight")
-    m.put("type_emb.weight", e + "token_type_embeddings.weight")
+    emb = prefix + "embeddings."
+    m.put("tok_emb.weight", emb + "word_embeddings.weight")
+    m.put("pos_emb.weight", emb + "position_embeddings.weight")
+    m.put("type_emb.weight", emb + "token_type_embeddings.weight")
     for part in ("weight", "bias"):
-        m.put(f"emb_norm.{part}", f"{e}LayerNorm.{part}")
+        m.put(f"emb_norm.{part}", f"{emb}LayerNorm.{part}")
     for i in range(config.num_layers):
-        h, b = f"{p}encoder.layer.{i}.", f"encoder.blocks.{i}."
+        their_layer, our_block = f"{prefix}encoder.layer.{i}.", f"encoder.blocks.{i}."
         for part in ("weight", "bias"):
-            m.put(f"{b}attn.qkv_proj.{part}", [f"{h}attention.self.{n}.{part}" for n in ("query", "key", "value")],
+            m.put(f"{our_block}attn.qkv_proj.{part}",
+                  [f"{their_layer}attention.self.{n}.{part}" for n in ("query", "key", "value")],
                   lambda q, k, v: torch.cat([q, k, v]))  # [W_q; W_k; W_v]
-            m.put(f"{b}attn.out_proj.{part}", f"{h}attention.output.dense.{part}")
-            m.put(f"{b}norm1.{part}", f"{h}attention.output.LayerNorm.{part}")
-            m.put(f"{b}mlp.fc1.{part}", f"{h}intermediate.dense.{part}")
-            m.put(f"{b}mlp.fc2.{part}", f"{h}output.dense.{part}")
-            m.put(f"{b}norm2.{part}", f"{h}output.LayerNorm.{part}")
+            m.put(f"{our_block}attn.out_proj.{part}", f"{their_layer}attention.output.dense.{part}")
+            m.put(f"{our_block}norm1.{part}", f"{their_layer}attention.output.LayerNorm.{part}")
+            m.put(f"{our_block}mlp.fc1.{part}", f"{their_layer}intermediate.dense.{part}")
+            m.put(f"{our_block}mlp.fc2.{part}", f"{their_layer}output.dense.{part}")
+            m.put(f"{our_block}norm2.{part}", f"{their_layer}output.LayerNorm.{part}")
     model = build_checked(TextEncoder, config, m, sizes="in config.json")  # names, shapes checked on meta first
     notes = [f"not imported: {', '.join(pooler)} (BERT's [CLS] pooler; sentence embeddings use mean pooling)"] \
         if pooler else []

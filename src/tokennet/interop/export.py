@@ -119,29 +119,29 @@ class _Embeddings(nn.Module):
 
 def _spec(model: nn.Module):
     """``(wrapper, input name, output name, dynamic dims {axis: Dim}, two check inputs, example input)``."""
-    c, family = model.config, model.config.family
-    g = torch.Generator().manual_seed(0)
+    cfg, family = model.config, model.config.family
+    gen = torch.Generator().manual_seed(0)
     batch = torch.export.Dim("batch", min=1, max=4096)
     if family == "gpt":
-        seq = torch.export.Dim("seq", min=1, max=c.block_size)
-        T = min(c.block_size, CHECK_LEN)
-        ids = [torch.randint(c.vocab_size, s, generator=g) for s in ((2, max(2, T // 2)), (3, T), (1, 1))]
+        seq = torch.export.Dim("seq", min=1, max=cfg.block_size)
+        T = min(cfg.block_size, CHECK_LEN)
+        ids = [torch.randint(cfg.vocab_size, size, generator=gen) for size in ((2, max(2, T // 2)), (3, T), (1, 1))]
         return _Logits(model), "idx", "logits", {0: batch, 1: seq}, ids[1:], ids[0]
     if family == "vit":
-        shape = (c.in_channels, c.image_hw[1]) if c.is_1d else (c.in_channels, *c.image_hw)
-        x = [torch.rand(b, *shape, generator=g) for b in (2, 5, 1)]
+        shape = (cfg.in_channels, cfg.image_hw[1]) if cfg.is_1d else (cfg.in_channels, *cfg.image_hw)
+        x = [torch.rand(count, *shape, generator=gen) for count in (2, 5, 1)]
         return _Logits(model), "images", "logits", {0: batch}, x[1:], x[0]
     if family == "seq2seq":
-        seq = torch.export.Dim("seq", min=1, max=c.max_source_len)
-        S = min(c.max_source_len, CHECK_LEN)
-        src = [torch.randint(c.vocab_size, s, generator=g) for s in ((2, max(2, S // 2)), (3, S), (1, 1))]
-        src[1][:, S // 2:] = c.pad_id  # padding exercised
+        seq = torch.export.Dim("seq", min=1, max=cfg.max_source_len)
+        S = min(cfg.max_source_len, CHECK_LEN)
+        src = [torch.randint(cfg.vocab_size, size, generator=gen) for size in ((2, max(2, S // 2)), (3, S), (1, 1))]
+        src[1][:, S // 2:] = cfg.pad_id  # padding exercised
         return _Seq2SeqEncoder(model), "src", "memory", {0: batch, 1: seq}, src[1:], src[0]
     if family == "text-encoder":
-        seq = torch.export.Dim("seq", min=1, max=c.max_len)
-        N = min(c.max_len, CHECK_LEN)
-        ids = [torch.randint(1, c.vocab_size, s, generator=g) for s in ((2, max(2, N // 2)), (3, N), (1, 1))]
-        ids[1][1:, N // 2:] = c.pad_id  # padding exercised
+        seq = torch.export.Dim("seq", min=1, max=cfg.max_len)
+        N = min(cfg.max_len, CHECK_LEN)
+        ids = [torch.randint(1, cfg.vocab_size, size, generator=gen) for size in ((2, max(2, N // 2)), (3, N), (1, 1))]
+        ids[1][1:, N // 2:] = cfg.pad_id  # padding exercised
         return _Embeddings(model), "ids", "embeddings", {0: batch, 1: seq}, ids[1:], ids[0]
     raise ConfigError(f"exporting a {family} model is not supported (exportable families: {', '.join(EXPORTABLE)})")
 
@@ -200,8 +200,8 @@ def _not_an_export(path: Path, fmt: str) -> str | None:
         return None
     if not path.is_file() or path.is_symlink():
         return "it is not a file"
-    with open(path, "rb") as f:
-        head = f.read(4)
+    with open(path, "rb") as file:
+        head = file.read(4)
     if fmt == "gguf":
         return None if head == b"GGUF" else "it is not a GGUF file (no GGUF magic)"
     if fmt == "pt2":
@@ -228,9 +228,9 @@ def _check_out(run: Run, out: Path, fmt: str, overwrite: bool) -> None:
     path that is not a previous export of this format; an existing one is replaced only with ``overwrite``."""
     if fmt != "hf" and out.is_dir():
         raise RunError(f"{out} is a directory; give a file name for the exported model")
-    o, r = out.resolve(), run.path.resolve()
-    if o == r or r in o.parents or o in r.parents:
-        where = "is" if o == r else "is inside" if r in o.parents else "holds"
+    out_real, run_real = out.resolve(), run.path.resolve()
+    if out_real == run_real or run_real in out_real.parents or out_real in run_real.parents:
+        where = "is" if out_real == run_real else "is inside" if run_real in out_real.parents else "holds"
         raise RunError(f"--out {out} {where} the run being exported ({run.path}); write the export outside it "
                        "(nothing was written)")
     empty_dir = fmt == "hf" and out.is_dir() and not out.is_symlink() and not any(out.iterdir())
@@ -263,14 +263,14 @@ def _replace(tmp_files: list[Path], out: Path) -> list[Path]:
 
     stale = _onnx_weights(out) if out.suffix == ".onnx" else []
     placed = []
-    for f in reversed(tmp_files):
-        dest = out if f is tmp_files[0] else out.parent / f.name
-        if f.is_dir():
-            trash = swap_into_place(f, dest)
+    for tmp_file in reversed(tmp_files):
+        dest = out if tmp_file is tmp_files[0] else out.parent / tmp_file.name
+        if tmp_file.is_dir():
+            trash = swap_into_place(tmp_file, dest)
             if trash is not None:
                 shutil.rmtree(trash, ignore_errors=True)
         else:
-            f.replace(dest)
+            tmp_file.replace(dest)
         placed.append(dest)
     for old in stale:
         if old not in placed:
@@ -286,7 +286,8 @@ def _onnx_weights(out: Path) -> list[Path]:
     ``NAME.XXXXXXXX.data`` (:func:`_onnx_weights_name`), whether or not the model still names them."""
     pattern = re.compile(rf"^{re.escape(out.name)}(?:\.[0-9a-f]{{8}})?\.data$")
     try:
-        return [p for p in out.parent.iterdir() if pattern.match(p.name) and p.is_file() and not p.is_symlink()]
+        return [candidate for candidate in out.parent.iterdir()
+                if pattern.match(candidate.name) and candidate.is_file() and not candidate.is_symlink()]
     except OSError:
         return []
 
@@ -339,8 +340,8 @@ def export_run(run: Run, out: str | Path, fmt: str, *, tolerance: float | None =
         try:
             import onnxruntime  # noqa: F401
             import onnxscript  # noqa: F401
-        except ImportError as e:
-            raise RunError(f"ONNX export needs the packages onnx, onnxscript and onnxruntime ({e.name} is missing): "
+        except ImportError as err:
+            raise RunError(f"ONNX export needs the packages onnx, onnxscript and onnxruntime ({err.name} is missing): "
                            "pip install onnx onnxscript onnxruntime") from None
     model = _onnx_model(run.model.to("cpu").eval()) if fmt == "onnx" else run.model.to("cpu").eval()
     wrapper, in_name, out_name, dims, checks, example = _spec(model)
@@ -378,7 +379,7 @@ def export_run(run: Run, out: str | Path, fmt: str, *, tolerance: float | None =
             raise RunError(f"the exported {fmt} model differs from PyTorch's by {diffs[bad[0]]:.2e} (allowed: "
                            f"{bad[1]}) on input shape {bad[0]}; nothing was written (--tolerance sets an absolute "
                            "limit)")
-        files = sorted(tmp_dir.iterdir(), key=lambda f: f.name != out.name)  # the model first, then its weights
+        files = sorted(tmp_dir.iterdir(), key=lambda file: file.name != out.name)  # the model first, then its weights
         placed = _replace(files, out)
     finally:
         for q, level in zip(quiet, levels):

@@ -139,33 +139,35 @@ def convert_gemma3_gguf(path: Path, *, reader=None, keep_blocks: bool = True) ->
         ``(model, tokenizer, notes)``.
     """
     reader = reader or read_gguf(path)
-    g = arch_fields(path, reader, "gemma3", GGUF_GEMMA3_KEYS, reals=_REALS,
+    fields = arch_fields(path, reader, "gemma3", GGUF_GEMMA3_KEYS, reals=_REALS,
                     required=("block_count", "context_length", "embedding_length", "feed_forward_length",
                             "attention.head_count", "attention.layer_norm_rms_epsilon", "attention.sliding_window"),
                     unknown=" (rope scaling, softcapping and the like are not implemented)")
-    dim, heads = g["embedding_length"], g["attention.head_count"]
-    kv_heads = g["attention.head_count_kv"] or heads
-    head_dim = g["attention.key_length"] or dim // heads
-    if (g["attention.value_length"] or head_dim) != head_dim:
-        raise ConfigError(f"{path}: gemma3.attention.value_length={g['attention.value_length']} differs from "
+    dim, heads = fields["embedding_length"], fields["attention.head_count"]
+    kv_heads = fields["attention.head_count_kv"] or heads
+    head_dim = fields["attention.key_length"] or dim // heads
+    if (fields["attention.value_length"] or head_dim) != head_dim:
+        raise ConfigError(f"{path}: gemma3.attention.value_length={fields['attention.value_length']} differs from "
                           f"key_length={head_dim}; tokennet's heads have one width; nothing was written")
-    if g["rope.dimension_count"] not in (None, head_dim):
-        raise ConfigError(f"{path}: gemma3.rope.dimension_count={g['rope.dimension_count']} (partial rotary) is not "
-                          "supported; nothing was written")
+    if fields["rope.dimension_count"] not in (None, head_dim):
+        raise ConfigError(f"{path}: gemma3.rope.dimension_count={fields['rope.dimension_count']} (partial rotary) "
+                          "is not supported; nothing was written")
     # The vocabulary is read once, into the tokenizer (262,144 pieces for Gemma 3), before the tensors.
     tokenizer = gguf_sentencepiece(reader, path) if field_count(reader, "tokenizer.ggml.tokens") else None
-    vocab = g["vocab_size"] or (tokenizer.vocab_size if tokenizer is not None else 0)
+    vocab = fields["vocab_size"] or (tokenizer.vocab_size if tokenizer is not None else 0)
     if tokenizer is not None and tokenizer.vocab_size != vocab:
         raise DataError(f"{path}: the tokenizer has {tokenizer.vocab_size} tokens but the model {vocab}; "
                         "nothing was written")
     weights, notes = load_tensors(reader, path, keep_blocks=keep_blocks)
-    check_block_count(path, weights, g["block_count"])
+    check_block_count(path, weights, fields["block_count"])
     if "output.weight" in weights:
         raise DataError(f"{path}: a gemma3 file with an untied output.weight is not supported; nothing was written")
-    config = gemma3_config(vocab_size=vocab, context=g["context_length"], dim=dim, hidden=g["feed_forward_length"],
-                           layers=g["block_count"], heads=heads, kv_heads=kv_heads, head_dim=head_dim,
-                           rope_base=f32(g["rope.freq_base"]) or 10000.0,
-                           eps=f32(g["attention.layer_norm_rms_epsilon"]), window=g["attention.sliding_window"])
+    config = gemma3_config(vocab_size=vocab, context=fields["context_length"], dim=dim,
+                           hidden=fields["feed_forward_length"],
+                           layers=fields["block_count"], heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+                           rope_base=f32(fields["rope.freq_base"]) or 10000.0,
+                           eps=f32(fields["attention.layer_norm_rms_epsilon"]),
+                           window=fields["attention.sliding_window"])
     m = NameMap(weights, str(path))
     mixed: list[str] = []
     widened: list[str] = []

@@ -51,41 +51,42 @@ _LLAMA3_NAMES = ("llama-bpe", "llama3", "dbrx", "smaug-bpe")
 
 def field(reader, key: str, default=None):
     """The value of a metadata field (a string, a number, or a list of them), or ``default``."""
-    f = reader.fields.get(key)
-    if f is None:
+    entry = reader.fields.get(key)
+    if entry is None:
         return default
     from gguf import GGUFValueType
 
     try:
-        if f.types[0] == GGUFValueType.STRING:
-            return bytes(f.parts[f.data[0]]).decode("utf-8")
-        if f.types[0] == GGUFValueType.ARRAY and len(f.data) == 1:  # read_gguf's compact arrays (or one element)
-            whole = f.parts[f.data[0]]
+        if entry.types[0] == GGUFValueType.STRING:
+            return bytes(entry.parts[entry.data[0]]).decode("utf-8")
+        # read_gguf's compact arrays (or one element)
+        if entry.types[0] == GGUFValueType.ARRAY and len(entry.data) == 1:
+            whole = entry.parts[entry.data[0]]
             if isinstance(whole, _Strings):
                 return whole.decode()
-            if len(f.types) == 2 and whole.size == int(f.parts[f.data[0] - 1][0]):
+            if len(entry.types) == 2 and whole.size == int(entry.parts[entry.data[0] - 1][0]):
                 return whole.tolist()
-        if f.types[0] == GGUFValueType.ARRAY:
-            if f.types[-1] == GGUFValueType.STRING:
-                return [bytes(f.parts[i]).decode("utf-8", errors="replace") for i in f.data]
-            return [f.parts[i].tolist()[0] for i in f.data]
-        return f.parts[f.data[0]].tolist()[0]
-    except (UnicodeDecodeError, IndexError) as e:  # a damaged file: a string that is not UTF-8, a value cut short
+        if entry.types[0] == GGUFValueType.ARRAY:
+            if entry.types[-1] == GGUFValueType.STRING:
+                return [bytes(entry.parts[i]).decode("utf-8", errors="replace") for i in entry.data]
+            return [entry.parts[i].tolist()[0] for i in entry.data]
+        return entry.parts[entry.data[0]].tolist()[0]
+    except (UnicodeDecodeError, IndexError) as err:  # a damaged file: a string that is not UTF-8, a value cut short
         where = getattr(reader.data, "filename", None) or "the GGUF file"
-        raise DataError(f"{where}: GGUF field {key!r} cannot be read ({type(e).__name__}): the file is "
+        raise DataError(f"{where}: GGUF field {key!r} cannot be read ({type(err).__name__}): the file is "
                         "damaged; nothing was written") from None
 
 
 def field_count(reader, key: str) -> int:
     """The number of values of an array field (0 when absent), without reading them."""
-    f = reader.fields.get(key)
-    if f is None:
+    entry = reader.fields.get(key)
+    if entry is None:
         return 0
     from gguf import GGUFValueType
 
-    if f.types[0] != GGUFValueType.ARRAY:
+    if entry.types[0] != GGUFValueType.ARRAY:
         return 1
-    return len(f.parts[f.data[0]]) if len(f.data) == 1 else len(f.data)
+    return len(entry.parts[entry.data[0]]) if len(entry.data) == 1 else len(entry.data)
 
 
 def check_numbers(path: Path, prefix: str, values: dict[str, Any], *, counts: tuple[str, ...],
@@ -119,14 +120,14 @@ def arch_fields(path: Path, reader, arch: str, keys: tuple[str, ...], *, reals: 
         if key.startswith(arch + ".") and key[len(arch) + 1:] not in keys:
             raise ConfigError(f"{path}: GGUF field {key!r} is not known to the {arch} converter{unknown}; "
                               "nothing was written")
-    g = {k: field(reader, f"{arch}.{k}") for k in keys}
-    check_numbers(path, arch, g, counts=tuple(k for k in keys if k not in reals), reals=reals, required=required)
-    return g
+    fields = {k: field(reader, f"{arch}.{k}") for k in keys}
+    check_numbers(path, arch, fields, counts=tuple(k for k in keys if k not in reals), reals=reals, required=required)
+    return fields
 
 
 def _short(v) -> str:
-    r = repr(v)
-    return r if len(r) <= 40 else r[:37] + "..."
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def check_block_count(path: Path, weights: dict[str, Any], layers: int) -> None:
@@ -156,9 +157,9 @@ def build_checked(model_class, config, names, *, sizes: str = "in its header") -
         with torch.device("meta"):
             # every weight a float tensor (a config that can hold GGUF blocks asks for none), none allocated
             probe = model_class(config.replace(quantized={}) if hasattr(config, "quantized") else config)
-    except (RuntimeError, ValueError, OverflowError, TypeError) as e:  # TypeError: torch's "Overflow when unpacking"
+    except (RuntimeError, ValueError, OverflowError, TypeError) as err:  # TypeError: torch's "Overflow when unpacking"
         raise DataError(f"{names.where}: the sizes {sizes} do not make a model "
-                        f"({one_line(e)[:200]}); nothing was written") from None
+                        f"({one_line(err)[:200]}); nothing was written") from None
     expected = probe.state_dict()
     if names.missing or names.unused():
         names.finish(probe)  # raises, naming the tensors
@@ -219,8 +220,8 @@ def read_gguf(path: Path):
 
     try:
         return BoundedReader(str(path))
-    except (ValueError, OSError, KeyError, IndexError, EOFError) as e:
-        first = (str(e).splitlines() or [type(e).__name__])[0]
+    except (ValueError, OSError, KeyError, IndexError, EOFError) as err:
+        first = (str(err).splitlines() or [type(err).__name__])[0]
         raise DataError(f"{path} is not a readable GGUF file (truncated or damaged?): {first}") from None
 
 
@@ -235,27 +236,27 @@ class _Strings:
     @classmethod
     def read(cls, data: np.ndarray, offset: int, n: int) -> _Strings:
         """``n`` strings from byte ``offset`` of the file's map ``data``; a length past the end raises ValueError."""
-        mv, end = memoryview(data).cast("B"), len(data)
+        view, end = memoryview(data).cast("B"), len(data)
         if n > (end - offset) // 8:
             raise ValueError(f"an array at byte {offset} of {n} strings runs past the end of the file")
         starts = np.empty(n, dtype=np.int64)
         lengths = np.empty(n, dtype=np.int64)
-        o = offset
+        pos = offset
         for i in range(n):
-            if o + 8 > end:
-                raise ValueError(f"a string at byte {o} runs past the end of the file")
-            k = int.from_bytes(mv[o:o + 8], "little")
-            if o + 8 + k > end:
-                raise ValueError(f"a string at byte {o} runs past the end of the file")
-            starts[i], lengths[i] = o + 8, k
-            o += 8 + k
-        blob = bytes(mv[offset:o])
-        return cls(blob, starts - offset, lengths, o - offset)
+            if pos + 8 > end:
+                raise ValueError(f"a string at byte {pos} runs past the end of the file")
+            k = int.from_bytes(view[pos:pos + 8], "little")
+            if pos + 8 + k > end:
+                raise ValueError(f"a string at byte {pos} runs past the end of the file")
+            starts[i], lengths[i] = pos + 8, k
+            pos += 8 + k
+        blob = bytes(view[offset:pos])
+        return cls(blob, starts - offset, lengths, pos - offset)
 
     def decode(self) -> list[str]:
-        b = self.blob
-        return [b[s:s + k].decode("utf-8", errors="replace")
-                for s, k in zip(self.starts.tolist(), self.lengths.tolist())]
+        blob = self.blob
+        return [blob[start:start + k].decode("utf-8", errors="replace")
+                for start, k in zip(self.starts.tolist(), self.lengths.tolist())]
 
     def __len__(self) -> int:
         return len(self.starts)
@@ -266,12 +267,12 @@ def _dequantize(t) -> Tensor:
     from gguf.quants import dequantize
 
     try:
-        a = dequantize(t.data, t.tensor_type)
-    except (NotImplementedError, KeyError, ValueError) as e:
+        array = dequantize(t.data, t.tensor_type)
+    except (NotImplementedError, KeyError, ValueError) as err:
         raise ConfigError(f"tensor {t.name} has GGUF type {GGMLQuantizationType(t.tensor_type).name}, which the gguf "
-                          f"package cannot dequantize ({e}); nothing was written") from None
+                          f"package cannot dequantize ({err}); nothing was written") from None
     shape = tuple(reversed([int(n) for n in t.shape]))  # GGUF lists dims innermost first
-    return torch.from_numpy(a.astype("float32", copy=False).reshape(shape).copy())
+    return torch.from_numpy(array.astype("float32", copy=False).reshape(shape).copy())
 
 
 @dataclass
@@ -295,9 +296,9 @@ class Blocks:
     @staticmethod
     def cat(parts: list[Blocks]) -> Blocks:
         """Rows stacked (Q, K, V into one projection); all parts in one format."""
-        m = None if parts[0].m is None else torch.cat([p.m for p in parts])
-        d = None if parts[0].d is None else torch.cat([p.d for p in parts])
-        return Blocks(parts[0].fmt, torch.cat([p.qs for p in parts]), d, m)
+        m = None if parts[0].m is None else torch.cat([part.m for part in parts])
+        scales = None if parts[0].d is None else torch.cat([part.d for part in parts])
+        return Blocks(parts[0].fmt, torch.cat([part.qs for part in parts]), scales, m)
 
 
 def _tensor_bytes(t, f=None) -> np.ndarray:
@@ -328,26 +329,26 @@ def _blocks(t, f=None) -> Blocks:
     # Split into scales and values a few MB of rows at a time: never the whole tensor twice in memory.
     G, B = K // 32, block_bytes(fmt)
     head = 4 if fmt == "q4_1" else 2
-    qs = np.empty((N, G, B - head), dtype=np.uint8)
-    d = np.empty((N, G), dtype=np.float16)
+    quants = np.empty((N, G, B - head), dtype=np.uint8)
+    scales = np.empty((N, G), dtype=np.float16)
     m = np.empty((N, G), dtype=np.float16) if fmt == "q4_1" else None
     step = max(1, (4 << 20) // (G * B))
     whole = None if f is not None else _tensor_bytes(t).reshape(N, G, B)
-    for r in range(0, N, step):
-        n = min(step, N - r)
+    for row in range(0, N, step):
+        n = min(step, N - row)
         if whole is not None:
-            raw = whole[r:r + n]
+            raw = whole[row:row + n]
         else:
             raw = np.empty((n, G, B), dtype=np.uint8)
-            f.seek(int(t.data_offset) + r * G * B)
+            f.seek(int(t.data_offset) + row * G * B)
             if f.readinto(memoryview(raw).cast("B")) != raw.nbytes:
                 raise ValueError(f"the file ends inside tensor {t.name}")
-        d[r:r + n] = raw[..., :2].copy().view(np.float16)[..., 0]
+        scales[row:row + n] = raw[..., :2].copy().view(np.float16)[..., 0]
         if m is not None:
-            m[r:r + n] = raw[..., 2:4].copy().view(np.float16)[..., 0]
-        qs[r:r + n] = raw[..., head:]
-    q = torch.from_numpy(qs.reshape(N, -1))  # (N, K) int8 or (N, K/2) packed nibbles
-    return Blocks(fmt, q.view(torch.int8) if fmt == "q8_0" else q, torch.from_numpy(d),
+            m[row:row + n] = raw[..., 2:4].copy().view(np.float16)[..., 0]
+        quants[row:row + n] = raw[..., head:]
+    q = torch.from_numpy(quants.reshape(N, -1))  # (N, K) int8 or (N, K/2) packed nibbles
+    return Blocks(fmt, q.view(torch.int8) if fmt == "q8_0" else q, torch.from_numpy(scales),
                   None if m is None else torch.from_numpy(m))
 
 
@@ -361,22 +362,23 @@ def load_tensors(reader, path: Path, *, keep_blocks: bool = True) -> tuple[dict[
 
     out: dict[str, Any] = {}
     dequantized: set[str] = set()
-    with open(path, "rb") as f:  # blocks are read from the file, not through the memory map
+    with open(path, "rb") as file:  # blocks are read from the file, not through the memory map
         for t in reader.tensors:
             kind = GGMLQuantizationType(t.tensor_type).name
             try:
                 if keep_blocks and kind in KEPT_TYPES and len(t.shape) == 2:
-                    out[t.name] = _blocks(t, f)
+                    out[t.name] = _blocks(t, file)
                 else:
                     out[t.name] = _dequantize(t)
                     if kind not in FLOAT_TYPES:
                         dequantized.add(kind)
             except (ConfigError, DataError):
                 raise
-            except (ValueError, IndexError) as e:  # a damaged tensor info: a shape its bytes cannot have
+            except (ValueError, IndexError) as err:  # a damaged tensor info: a shape its bytes cannot have
                 shape = [int(n) for n in t.shape]
                 raise DataError(f"{path}: tensor {t.name} (GGUF type {kind}, shape {shape}) cannot be read "
-                                f"({(str(e).splitlines() or [type(e).__name__])[0]}); nothing was written") from None
+                                f"({(str(err).splitlines() or [type(err).__name__])[0]}); nothing was written"
+                                ) from None
     notes = []
     if dequantized and keep_blocks:
         notes.append(f"{path.name}: tensors of GGUF type {', '.join(sorted(dequantized))} were dequantized to float32 "
@@ -394,16 +396,16 @@ def stack_rows(mixed: list[str], name: str, widened: list[str] | None = None):
     mix Q8_0, Q4_0 and Q5_0 (which widen to Q8_0 exactly, see :func:`~tokennet.layers.blockquant.widen_to_q8_0`;
     ``name`` joins ``widened``); float32 otherwise (and ``name`` joins ``mixed``)."""
     def cat(*parts):
-        if all(isinstance(p, Blocks) for p in parts):
-            if len({p.fmt for p in parts}) == 1:
+        if all(isinstance(part, Blocks) for part in parts):
+            if len({part.fmt for part in parts}) == 1:
                 return Blocks.cat(list(parts))
-            if all(p.fmt in WIDENS_TO_Q8_0 for p in parts):
+            if all(part.fmt in WIDENS_TO_Q8_0 for part in parts):
                 if widened is not None:
                     widened.append(name)
-                return Blocks.cat([Blocks("q8_0", *widen_to_q8_0(p.fmt, p.qs, p.d)) for p in parts])
-        if any(isinstance(p, Blocks) for p in parts):
+                return Blocks.cat([Blocks("q8_0", *widen_to_q8_0(part.fmt, part.qs, part.d)) for part in parts])
+        if any(isinstance(part, Blocks) for part in parts):
             mixed.append(name)
-        return torch.cat([dense(p) for p in parts])
+        return torch.cat([dense(part) for part in parts])
     return cat
 
 
@@ -431,7 +433,7 @@ def block_formats(state: dict[str, Any], num_layers: int) -> dict[str, str]:
         parts = name.split(".")
         if name.startswith("decoder.blocks."):
             same = [named.get(".".join(parts[:2] + [str(i)] + parts[3:])) for i in range(num_layers)]
-            if all(f == fmt for f in same):
+            if all(other == fmt for other in same):
                 out[".".join(parts[:2] + ["*"] + parts[3:])] = fmt
                 continue
         out[name] = fmt
@@ -442,7 +444,7 @@ def gguf_tokenizer(reader, path: Path, vocab_size: int) -> PretrainedTokenizer:
     """The file's byte-level BPE tokenizer (``tokenizer.ggml.*``), checked against the model's vocabulary."""
     get = lambda k: field(reader, "tokenizer." + k)  # noqa: E731
     pre = get("ggml.pre")
-    kw = dict(model=get("ggml.model"), tokens=get("ggml.tokens") or [], token_types=get("ggml.token_type"),
+    kwargs = dict(model=get("ggml.model"), tokens=get("ggml.tokens") or [], token_types=get("ggml.token_type"),
               merges=get("ggml.merges"), bos_id=get("ggml.bos_token_id"), eos_id=get("ggml.eos_token_id"),
               pad_id=get("ggml.padding_token_id"), unk_id=get("ggml.unknown_token_id"),
               chat_template=get("chat_template"), where=str(path))
@@ -453,11 +455,11 @@ def gguf_tokenizer(reader, path: Path, vocab_size: int) -> PretrainedTokenizer:
         split.pre_tokenizer = pre_tokenizers.Sequence([
             pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated"),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-        data = PretrainedTokenizer.from_gguf_fields(pre="gpt2", **kw).to_dict()
+        data = PretrainedTokenizer.from_gguf_fields(pre="gpt2", **kwargs).to_dict()
         data["engine"]["pre_tokenizer"] = json_loads(split.to_str(), what="tokenizer JSON")["pre_tokenizer"]
         tok = PretrainedTokenizer.from_dict(data)
     else:
-        tok = PretrainedTokenizer.from_gguf_fields(pre=pre, **kw)
+        tok = PretrainedTokenizer.from_gguf_fields(pre=pre, **kwargs)
     if tok.vocab_size != vocab_size:
         raise DataError(f"{path}: the tokenizer has {tok.vocab_size} tokens but the model {vocab_size}; "
                         "nothing was written")

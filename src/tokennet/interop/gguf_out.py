@@ -95,7 +95,7 @@ def gguf_arch(config) -> str:
         arch = "qwen2"  # Llama with biases on q, k, v
     for k, v in styles["llama" if arch == "qwen2" else arch].items():
         if getattr(config, k) != v:
-            want = ", ".join(f"{a}={b!r}" for a, b in styles["llama" if arch == "qwen2" else arch].items())
+            want = ", ".join(f"{key}={value!r}" for key, value in styles["llama" if arch == "qwen2" else arch].items())
             raise ConfigError(f"GGUF export: {k}={getattr(config, k)!r} fits neither llama.cpp architecture "
                               f"({arch} needs {want}); nothing was written")
     if arch == "gpt2" and config.activation not in ("gelu_tanh", "gelu"):
@@ -118,7 +118,7 @@ def _rows(w, index: Tensor):
 
 def _split_rows(w, sizes: list[int]) -> list:
     starts = np.cumsum([0, *sizes])
-    return [_rows(w, torch.arange(a, b)) for a, b in zip(starts[:-1], starts[1:])]
+    return [_rows(w, torch.arange(start, stop)) for start, stop in zip(starts[:-1], starts[1:])]
 
 
 def _permute_rows(w, heads: int):
@@ -130,40 +130,41 @@ def _permute_rows(w, heads: int):
 
 def _tensors(model: nn.Module, arch: str) -> dict[str, Any]:
     """GGUF name → weight (float tensor or :class:`Blocks`), in the converter's order."""
-    c = model.config
+    cfg = model.config
     out: dict[str, Any] = {"token_embd.weight": _weight(model.tok_emb)}
     if arch == "gpt2":
         out["position_embd.weight"] = model.pos_emb.weight.detach().float()
     for i, blk in enumerate(model.decoder.blocks):
-        p = f"blk.{i}."
+        prefix = f"blk.{i}."
         mods = dict(blk.named_modules())
         if arch == "gpt2":
             for ours, theirs in GGUF_LAYER_NAMES.items():
                 mod = mods[ours]
-                out[p + theirs + ".weight"] = _weight(mod)
+                out[prefix + theirs + ".weight"] = _weight(mod)
                 n = (mod.normalized_shape[0] if isinstance(mod, nn.LayerNorm) else mod.out_features)
-                b = getattr(mod, "bias", None)
-                out[p + theirs + ".bias"] = torch.zeros(n) if b is None else b.detach().float()
+                bias = getattr(mod, "bias", None)
+                out[prefix + theirs + ".bias"] = torch.zeros(n) if bias is None else bias.detach().float()
         else:
-            H, Hkv, E = c.num_heads, c.num_kv_heads or c.num_heads, c.dim // c.num_heads
+            H, Hkv, E = cfg.num_heads, cfg.num_kv_heads or cfg.num_heads, cfg.dim // cfg.num_heads
             q, k, v = _split_rows(_weight(blk.attn.qkv_proj), [H * E, Hkv * E, Hkv * E])
-            out[p + "attn_norm.weight"] = _weight(blk.norm1)
+            out[prefix + "attn_norm.weight"] = _weight(blk.norm1)
             if arch == "qwen2":  # llama.cpp's qwen2 graph rotates halves, as tokennet does: no permutation
-                out[p + "attn_q.weight"], out[p + "attn_k.weight"], out[p + "attn_v.weight"] = q, k, v
-                bq, bk, bv = blk.attn.qkv_proj.bias.detach().float().split([H * E, Hkv * E, Hkv * E])
-                out[p + "attn_q.bias"], out[p + "attn_k.bias"], out[p + "attn_v.bias"] = bq, bk, bv
+                out[prefix + "attn_q.weight"], out[prefix + "attn_k.weight"], out[prefix + "attn_v.weight"] = q, k, v
+                q_bias, k_bias, v_bias = blk.attn.qkv_proj.bias.detach().float().split([H * E, Hkv * E, Hkv * E])
+                out[prefix + "attn_q.bias"], out[prefix + "attn_k.bias"] = q_bias, k_bias
+                out[prefix + "attn_v.bias"] = v_bias
             else:
-                out[p + "attn_q.weight"] = _permute_rows(q, H)
-                out[p + "attn_k.weight"] = _permute_rows(k, Hkv)
-                out[p + "attn_v.weight"] = v
+                out[prefix + "attn_q.weight"] = _permute_rows(q, H)
+                out[prefix + "attn_k.weight"] = _permute_rows(k, Hkv)
+                out[prefix + "attn_v.weight"] = v
             for ours, (_, theirs) in LAYER_NAMES.items():
                 if ours != "norm1.weight":
-                    out[p + theirs] = _weight(mods[ours.removesuffix(".weight")])
+                    out[prefix + theirs] = _weight(mods[ours.removesuffix(".weight")])
     out["output_norm.weight"] = _weight(model.decoder.norm)
     if arch == "gpt2":
-        b = model.decoder.norm.bias
-        out["output_norm.bias"] = torch.zeros(c.dim) if b is None else b.detach().float()
-    if not c.tie_weights:
+        bias = model.decoder.norm.bias
+        out["output_norm.bias"] = torch.zeros(cfg.dim) if bias is None else bias.detach().float()
+    if not cfg.tie_weights:
         out["output.weight"] = _weight(model.lm_head)
     return out
 
@@ -172,11 +173,11 @@ def _raw_blocks(b: Blocks) -> np.ndarray:
     """The bytes a GGUF file holds for blocks: per block ``d`` (f16), [``m`` (f16)], ``qs``; ``(N, bytes per row)``."""
     if b.d is None:  # Q5_0, K-quants: qs is already the file's bytes
         return b.qs.contiguous().numpy()
-    n, g = b.d.shape
-    parts = [b.d.contiguous().view(torch.uint8).view(n, g, 2)]
+    n, groups = b.d.shape
+    parts = [b.d.contiguous().view(torch.uint8).view(n, groups, 2)]
     if b.m is not None:
-        parts.append(b.m.contiguous().view(torch.uint8).view(n, g, 2))
-    parts.append(b.qs.contiguous().view(torch.uint8).view(n, g, -1))
+        parts.append(b.m.contiguous().view(torch.uint8).view(n, groups, 2))
+    parts.append(b.qs.contiguous().view(torch.uint8).view(n, groups, -1))
     return torch.cat(parts, -1).reshape(n, -1).numpy()
 
 
@@ -185,14 +186,15 @@ def _encode(name: str, w, file_type: str, gguf) -> tuple[np.ndarray, Any, str]:
     Q = gguf.GGMLQuantizationType
     if isinstance(w, Blocks):
         return _raw_blocks(w), Q[_TYPE_NAMES[w.fmt]], _TYPE_NAMES[w.fmt]
-    a = w.numpy().astype(np.float32)
-    if a.ndim <= 1 or name.endswith("_norm.weight") or name == "position_embd.weight" or not name.endswith(".weight"):
-        return a, None, "F32"
+    array = w.numpy().astype(np.float32)
+    if (array.ndim <= 1 or name.endswith("_norm.weight") or name == "position_embd.weight"
+            or not name.endswith(".weight")):
+        return array, None, "F32"
     if file_type == "f32":
-        return a, None, "F32"
-    if file_type == "q8_0" and a.shape[-1] % 32 == 0:
-        return gguf.quants.quantize(a, Q.Q8_0), Q.Q8_0, "Q8_0"
-    return a.astype(np.float16), None, "F16"  # f16, or Q8_0's fallback for a width blocks cannot take
+        return array, None, "F32"
+    if file_type == "q8_0" and array.shape[-1] % 32 == 0:
+        return gguf.quants.quantize(array, Q.Q8_0), Q.Q8_0, "Q8_0"
+    return array.astype(np.float16), None, "F16"  # f16, or Q8_0's fallback for a width blocks cannot take
 
 
 # -- tokenizer ------------------------------------------------------------------------------------------------
@@ -205,14 +207,14 @@ def _pre_name(pre: dict | None) -> str | None:
     if pre.get("type") == "ByteLevel" and pre.get("use_regex", True):
         return "gpt-2"
     parts = pre.get("pretokenizers") or []
-    kinds = [p.get("type") for p in parts]
+    kinds = [part.get("type") for part in parts]
     if kinds == ["Digits", "ByteLevel"] and parts[0].get("individual_digits"):
         return "smollm"
     if kinds[:1] == ["Split"] and kinds[-1:] == ["ByteLevel"] and not parts[-1].get("use_regex", True):
         # tokennet's own BPE adds a second split that caps a pre-token at 256 characters (a long run of one
         # character): llama.cpp has no cap, which changes nothing below that length
-        middle = [(p.get("pattern") or {}).get("Regex") for p in parts[1:-1]]
-        if any(r != r"[\s\S]{1,256}" for r in middle):
+        middle = [(part.get("pattern") or {}).get("Regex") for part in parts[1:-1]]
+        if any(pattern != r"[\s\S]{1,256}" for pattern in middle):
             return None
         regex = (parts[0].get("pattern") or {}).get("Regex")
         if regex == GPT2_PATTERN:
@@ -280,34 +282,34 @@ def write_gguf(model: nn.Module, tokenizer, out: str | Path, *, file_type: str =
         raise ConfigError("GGUF export needs the gguf package: pip install gguf") from None
     if file_type not in FILE_TYPES:
         raise ConfigError(f"GGUF file type must be one of {list(FILE_TYPES)}, got {file_type!r}")
-    c = model.config
-    arch = gguf_arch(c)
+    cfg = model.config
+    arch = gguf_arch(cfg)
     notes = []
-    if arch == "gpt2" and c.activation == "gelu":
+    if arch == "gpt2" and cfg.activation == "gelu":
         notes.append("llama.cpp's gpt2 graph computes GELU with the tanh approximation; this model was trained with "
                      "the erf GELU, so llama.cpp's logits differ slightly (activation='gelu_tanh' matches exactly)")
-    vocab = _vocab(tokenizer, c.vocab_size)
+    vocab = _vocab(tokenizer, cfg.vocab_size)
     tensors = _tensors(model.eval(), arch)
-    encoded = {n: _encode(n, w, file_type, gguf) for n, w in tensors.items()}
+    encoded = {n: _encode(n, weight, file_type, gguf) for n, weight in tensors.items()}
     out = Path(out)
     tmp = temp_name_beside(out, "tmp")
     quiet = logging.getLogger("gguf")  # the writer logs each file it writes at INFO
     level = quiet.level
     quiet.setLevel(logging.WARNING)
     try:
-        w = gguf.GGUFWriter(str(tmp), arch)
-        w.add_type(gguf.GGUFType.MODEL)
-        w.add_name(name)
-        _add_shape(w, c, arch)
-        w.add_file_type(_file_type(tensors, encoded, gguf))
-        _add_vocab(w, vocab)
-        w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+        weight = gguf.GGUFWriter(str(tmp), arch)
+        weight.add_type(gguf.GGUFType.MODEL)
+        weight.add_name(name)
+        _add_shape(weight, cfg, arch)
+        weight.add_file_type(_file_type(tensors, encoded, gguf))
+        _add_vocab(weight, vocab)
+        weight.add_quantization_version(gguf.GGML_QUANT_VERSION)
         for n, (data, raw, _) in encoded.items():
-            w.add_tensor(n, data, raw_dtype=raw)
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
+            weight.add_tensor(n, data, raw_dtype=raw)
+        weight.write_header_to_file()
+        weight.write_kv_data_to_file()
+        weight.write_tensors_to_file()
+        weight.close()
         tmp.replace(out)
     except BaseException:
         tmp.unlink(missing_ok=True)

@@ -104,32 +104,32 @@ def convert_gpt2(source: Path, cfg: dict[str, Any]) -> Converted:
         raise ConfigError(f"config field n_inner={cfg.get('n_inner')} cannot be expressed as mlp_ratio·n_embd")
     tensors = read_safetensors(source)
     # Checkpoints saved from GPT2Model (or old ones) have no "transformer." prefix.
-    p = "transformer." if any(k.startswith("transformer.") for k in tensors) else ""
+    prefix = "transformer." if any(k.startswith("transformer.") for k in tensors) else ""
     # attn.bias / attn.masked_bias: the causal mask as a buffer (older transformers saved it); tokennet builds it.
-    m = NameMap(tensors, str(source / "model.safetensors"), derived=rf"{p}h\.\d+\.attn\.(bias|masked_bias)")
+    m = NameMap(tensors, str(source / "model.safetensors"), derived=rf"{prefix}h\.\d+\.attn\.(bias|masked_bias)")
     check_layer_count(tensors, config.num_layers, m.where)
     t = linear_from_conv1d
-    m.put("tok_emb.weight", f"{p}wte.weight")
-    m.put("pos_emb.weight", f"{p}wpe.weight")
+    m.put("tok_emb.weight", f"{prefix}wte.weight")
+    m.put("pos_emb.weight", f"{prefix}wpe.weight")
     for i in range(config.num_layers):
-        h, b = f"{p}h.{i}.", f"decoder.blocks.{i}."
+        their_layer, our_block = f"{prefix}h.{i}.", f"decoder.blocks.{i}."
         for ours, theirs in (("norm1", "ln_1"), ("norm2", "ln_2")):
-            m.put(f"{b}{ours}.weight", f"{h}{theirs}.weight")
-            m.put(f"{b}{ours}.bias", f"{h}{theirs}.bias")
+            m.put(f"{our_block}{ours}.weight", f"{their_layer}{theirs}.weight")
+            m.put(f"{our_block}{ours}.bias", f"{their_layer}{theirs}.bias")
         for ours, theirs in (("attn.qkv_proj", "attn.c_attn"), ("attn.out_proj", "attn.c_proj"),
                              ("mlp.fc1", "mlp.c_fc"), ("mlp.fc2", "mlp.c_proj")):
-            m.put(f"{b}{ours}.weight", f"{h}{theirs}.weight", t)
-            m.put(f"{b}{ours}.bias", f"{h}{theirs}.bias")
-    m.put("decoder.norm.weight", f"{p}ln_f.weight")
-    m.put("decoder.norm.bias", f"{p}ln_f.bias")
+            m.put(f"{our_block}{ours}.weight", f"{their_layer}{theirs}.weight", t)
+            m.put(f"{our_block}{ours}.bias", f"{their_layer}{theirs}.bias")
+    m.put("decoder.norm.weight", f"{prefix}ln_f.weight")
+    m.put("decoder.norm.bias", f"{prefix}ln_f.bias")
     if config.tie_weights:
         # save_pretrained drops the tied copy; a file that keeps it must hold the same matrix.
         if m.has("lm_head.weight"):
-            if not m.tensors["lm_head.weight"].equal(m.tensors[f"{p}wte.weight"]):
+            if not m.tensors["lm_head.weight"].equal(m.tensors[f"{prefix}wte.weight"]):
                 raise ConfigError("tie_word_embeddings is true but lm_head.weight differs from wte.weight; "
                                   "nothing was written")
             m.used.add("lm_head.weight")
-        m.put("lm_head.weight", f"{p}wte.weight")
+        m.put("lm_head.weight", f"{prefix}wte.weight")
     else:
         m.put("lm_head.weight", "lm_head.weight")
     model = build_checked(GPT, config, m)
@@ -150,25 +150,26 @@ def convert_gpt2_gguf(path: Path, *, reader=None, keep_blocks: bool = True) -> C
     for key in reader.fields:
         if key.startswith("gpt2.") and key[len("gpt2."):] not in GGUF_GPT2_KEYS:
             raise ConfigError(f"{path}: GGUF field {key!r} is not known to the gpt2 converter; nothing was written")
-    g = {k: field(reader, "gpt2." + k) for k in GGUF_GPT2_KEYS}
-    check_numbers(path, "gpt2", g, counts=tuple(k for k in GGUF_GPT2_KEYS if k != "attention.layer_norm_epsilon"),
+    fields = {k: field(reader, "gpt2." + k) for k in GGUF_GPT2_KEYS}
+    check_numbers(path, "gpt2", fields, counts=tuple(k for k in GGUF_GPT2_KEYS if k != "attention.layer_norm_epsilon"),
                   reals=("attention.layer_norm_epsilon",))
     weights, notes = load_tensors(reader, path, keep_blocks=keep_blocks)
-    dim, heads = g["embedding_length"], g["attention.head_count"]
+    dim, heads = fields["embedding_length"], fields["attention.head_count"]
     emb = weights.get("token_embd.weight")
-    if emb is None or dim is None or heads is None or g["block_count"] is None:
+    if emb is None or dim is None or heads is None or fields["block_count"] is None:
         raise DataError(f"{path} lacks the gpt2 fields or the token embedding the converter needs; nothing was written")
-    check_block_count(path, weights, g["block_count"])
-    vocab = g["vocab_size"] or (emb.qs if hasattr(emb, "qs") else emb).shape[0]
-    hidden = g["feed_forward_length"] or 4 * dim
-    kv = g["attention.head_count_kv"]
+    check_block_count(path, weights, fields["block_count"])
+    vocab = fields["vocab_size"] or (emb.qs if hasattr(emb, "qs") else emb).shape[0]
+    hidden = fields["feed_forward_length"] or 4 * dim
+    kv_heads = fields["attention.head_count_kv"]
     biases = [n for n in weights if n.endswith(".bias")]
     # llama.cpp's GPT-2 graph needs biases; a model without them (tokennet's bias=False) is written with zeros
     bias = not biases or any(bool(dense(weights[n]).any()) for n in biases)
-    config = GPTConfig(vocab_size=vocab, block_size=g["context_length"], dim=dim, num_layers=g["block_count"],
-                       num_heads=heads, num_kv_heads=None if kv in (None, heads) else kv, mlp_ratio=hidden / dim,
+    config = GPTConfig(vocab_size=vocab, block_size=fields["context_length"], dim=dim,
+                       num_layers=fields["block_count"], num_heads=heads,
+                       num_kv_heads=None if kv_heads in (None, heads) else kv_heads, mlp_ratio=hidden / dim,
                        position="learned", tie_weights="output.weight" not in weights, bias=bias,
-                       activation="gelu_tanh", norm_eps=f32(g["attention.layer_norm_epsilon"]) or 1e-5)
+                       activation="gelu_tanh", norm_eps=f32(fields["attention.layer_norm_epsilon"]) or 1e-5)
     if round(config.mlp_ratio * dim) != hidden:
         raise ConfigError(f"feed_forward_length {hidden} cannot be expressed as mlp_ratio·{dim}; nothing was written")
     m = NameMap(weights, str(path))

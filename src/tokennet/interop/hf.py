@@ -45,16 +45,16 @@ def read_hf_config(source: Path) -> dict[str, Any]:
     """``SOURCE/config.json`` of a Hugging Face checkpoint directory, with a one-line error when it is not one."""
     if not source.is_dir():
         raise DataError(f"{source} is not a checkpoint directory (it does not exist or is not a directory)")
-    f = source / "config.json"
-    if not f.is_file():
+    file = source / "config.json"
+    if not file.is_file():
         raise DataError(f"{source} is not a Hugging Face checkpoint: it has no config.json")
     try:
-        cfg = load_json(f)  # nesting bounded (JSONTooDeep); UnicodeDecodeError and parse errors are ValueErrors
-    except ValueError as e:
-        raise DataError(f"{f} is not valid JSON: {one_line(e)[:200]}") from None
+        cfg = load_json(file)  # nesting bounded (JSONTooDeep); UnicodeDecodeError and parse errors are ValueErrors
+    except ValueError as err:
+        raise DataError(f"{file} is not valid JSON: {one_line(err)[:200]}") from None
     if not isinstance(cfg, dict) or "model_type" not in cfg:
-        raise DataError(f"{f} is not a Hugging Face model config (no 'model_type' field)")
-    _check_types(cfg, f)
+        raise DataError(f"{file} is not a Hugging Face model config (no 'model_type' field)")
+    _check_types(cfg, file)
     return cfg
 
 
@@ -70,13 +70,13 @@ _REALS = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "rope_theta")
 
 def _check_types(cfg: dict[str, Any], f: Path) -> None:
     def bad(k, what):
-        r = repr(cfg[k])
-        raise DataError(f"{f}: field {k} = {r if len(r) <= 40 else r[:37] + '...'} is not {what}")
+        text = repr(cfg[k])
+        raise DataError(f"{f}: field {k} = {text if len(text) <= 40 else text[:37] + '...'} is not {what}")
 
     if not isinstance(cfg["model_type"], str):
         bad("model_type", "a string")
     archs = cfg.get("architectures")
-    if archs is not None and not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
+    if archs is not None and not (isinstance(archs, list) and all(isinstance(arch, str) for arch in archs)):
         bad("architectures", "a list of class names")
     for k in _COUNTS:
         v = cfg.get(k)
@@ -120,27 +120,27 @@ def read_safetensors(source: Path) -> dict[str, Tensor]:
     if index.is_file():
         try:
             files = sorted(set(load_json(index)["weight_map"].values()))
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise DataError(f"{index} is not a safetensors index: {one_line(e)[:200]}") from None
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise DataError(f"{index} is not a safetensors index: {one_line(err)[:200]}") from None
         if not files or not all(isinstance(n, str) and n and Path(n).name == n and n not in (".", "..")
                                 for n in files):
             raise DataError(f"{index}: its weight_map must name shard files in the same directory")
     elif (source / "model.safetensors").is_file():
         files = ["model.safetensors"]
     else:
-        pickled = [p.name for p in sorted(source.glob("*.bin"))]
+        pickled = [pickle_path.name for pickle_path in sorted(source.glob("*.bin"))]
         hint = f" ({pickled[0]} is pickle-based: convert it to safetensors first)" if pickled else ""
         raise DataError(f"{source} has no model.safetensors{hint}")
     out: dict[str, Tensor] = {}
     for name in files:
         path = source / name
         try:
-            with safe_open(str(path), framework="pt") as f:
-                for k in f.keys():  # noqa: SIM118 - safe_open has keys(), not __iter__
-                    t = f.get_tensor(k)
+            with safe_open(str(path), framework="pt") as reader:
+                for k in reader.keys():  # noqa: SIM118 - safe_open has keys(), not __iter__
+                    t = reader.get_tensor(k)
                     out[k] = t.float() if t.is_floating_point() else t
-        except (SafetensorError, OSError, RuntimeError) as e:
-            first = (str(e).splitlines() or [type(e).__name__])[0]
+        except (SafetensorError, OSError, RuntimeError) as err:
+            first = (str(err).splitlines() or [type(err).__name__])[0]
             raise DataError(f"{path} is not a readable safetensors file (truncated or damaged?): {first}") from None
     return out
 
@@ -208,8 +208,8 @@ class NameMap:
             self.missing.extend(absent)
             return
         self.used.update(names)
-        ts = [self.tensors[n] for n in names]
-        self.state[ours] = fn(*ts) if fn is not None else ts[0]
+        found = [self.tensors[n] for n in names]
+        self.state[ours] = fn(*found) if fn is not None else found[0]
 
     def unused(self) -> list[str]:
         return sorted(k for k in self.tensors

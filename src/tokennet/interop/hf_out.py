@@ -24,9 +24,7 @@ JSON tokennet's BPE already is), ``tokenizer_config.json`` (special tokens, chat
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import ConfigError
+from ..fileio import swap_into_place, temp_dir_beside
 from ..layers.blockquant import BlockEmbedding, BlockLinear
 from ..layers.quantize import _to_float
 
@@ -72,7 +71,7 @@ def hf_class(config) -> str:
         if k == "num_kv_heads" and got == config.num_heads:
             continue
         if got != v:
-            need = ", ".join(f"{a}={b!r}" for a, b in want.items())
+            need = ", ".join(f"{key}={value!r}" for key, value in want.items())
             raise ConfigError(f"Hugging Face export: {k}={got!r} does not fit {kind} ({need}); nothing was written")
     return kind
 
@@ -91,69 +90,71 @@ def _float_model(model: nn.Module) -> nn.Module:
 
 
 def _gpt2(model: nn.Module) -> tuple[dict[str, Any], dict[str, Tensor]]:
-    c = model.config
-    hidden = round(c.mlp_ratio * c.dim)
-    cfg = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": c.vocab_size,
-           "n_positions": c.block_size, "n_embd": c.dim, "n_layer": c.num_layers, "n_head": c.num_heads,
-           "n_inner": hidden, "activation_function": _ACT[c.activation], "layer_norm_epsilon": c.norm_eps,
-           "tie_word_embeddings": c.tie_weights, "attn_pdrop": 0.0, "embd_pdrop": 0.0, "resid_pdrop": 0.0}
-    sd = {"transformer.wte.weight": model.tok_emb.weight, "transformer.wpe.weight": model.pos_emb.weight}
+    config = model.config
+    hidden = round(config.mlp_ratio * config.dim)
+    cfg = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": config.vocab_size,
+           "n_positions": config.block_size, "n_embd": config.dim, "n_layer": config.num_layers,
+           "n_head": config.num_heads,
+           "n_inner": hidden, "activation_function": _ACT[config.activation], "layer_norm_epsilon": config.norm_eps,
+           "tie_word_embeddings": config.tie_weights, "attn_pdrop": 0.0, "embd_pdrop": 0.0, "resid_pdrop": 0.0}
+    state = {"transformer.wte.weight": model.tok_emb.weight, "transformer.wpe.weight": model.pos_emb.weight}
 
     def bias(mod, n):
-        b = getattr(mod, "bias", None)
-        return torch.zeros(n) if b is None else b
+        own_bias = getattr(mod, "bias", None)
+        return torch.zeros(n) if own_bias is None else own_bias
 
     for i, blk in enumerate(model.decoder.blocks):
-        h = f"transformer.h.{i}."
+        prefix = f"transformer.h.{i}."
         for ours, theirs in ((blk.norm1, "ln_1"), (blk.norm2, "ln_2")):
-            sd[h + theirs + ".weight"], sd[h + theirs + ".bias"] = ours.weight, bias(ours, c.dim)
+            state[prefix + theirs + ".weight"], state[prefix + theirs + ".bias"] = ours.weight, bias(ours, config.dim)
         for ours, theirs in ((blk.attn.qkv_proj, "attn.c_attn"), (blk.attn.out_proj, "attn.c_proj"),
                              (blk.mlp.fc1, "mlp.c_fc"), (blk.mlp.fc2, "mlp.c_proj")):
-            sd[h + theirs + ".weight"] = ours.weight.T  # Conv1D: (in, out)
-            sd[h + theirs + ".bias"] = bias(ours, ours.out_features)
-    sd["transformer.ln_f.weight"], sd["transformer.ln_f.bias"] = model.decoder.norm.weight, bias(model.decoder.norm,
-                                                                                                  c.dim)
-    if not c.tie_weights:
-        sd["lm_head.weight"] = model.lm_head.weight
-    return cfg, sd
+            state[prefix + theirs + ".weight"] = ours.weight.T  # Conv1D: (in, out)
+            state[prefix + theirs + ".bias"] = bias(ours, ours.out_features)
+    state["transformer.ln_f.weight"], state["transformer.ln_f.bias"] = (model.decoder.norm.weight,
+                                                                        bias(model.decoder.norm, config.dim))
+    if not config.tie_weights:
+        state["lm_head.weight"] = model.lm_head.weight
+    return cfg, state
 
 
 def _llama(model: nn.Module) -> tuple[dict[str, Any], dict[str, Tensor]]:
-    c = model.config
-    H, Hkv, E = c.num_heads, c.num_kv_heads or c.num_heads, c.dim // c.num_heads
-    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": c.vocab_size,
-           "max_position_embeddings": c.block_size, "hidden_size": c.dim,
-           "intermediate_size": round(c.mlp_ratio * c.dim), "num_hidden_layers": c.num_layers,
+    config = model.config
+    H, Hkv, E = config.num_heads, config.num_kv_heads or config.num_heads, config.dim // config.num_heads
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": config.vocab_size,
+           "max_position_embeddings": config.block_size, "hidden_size": config.dim,
+           "intermediate_size": round(config.mlp_ratio * config.dim), "num_hidden_layers": config.num_layers,
            "num_attention_heads": H, "num_key_value_heads": Hkv, "head_dim": E, "hidden_act": "silu",
-           "rms_norm_eps": c.norm_eps, "rope_theta": c.rope_base, "tie_word_embeddings": c.tie_weights,
+           "rms_norm_eps": config.norm_eps, "rope_theta": config.rope_base, "tie_word_embeddings": config.tie_weights,
            "attention_bias": False, "mlp_bias": False, "attention_dropout": 0.0}
-    sd = {"model.embed_tokens.weight": model.tok_emb.weight}
+    state = {"model.embed_tokens.weight": model.tok_emb.weight}
     for i, blk in enumerate(model.decoder.blocks):
-        p = f"model.layers.{i}."
+        prefix = f"model.layers.{i}."
         q, k, v = blk.attn.qkv_proj.weight.split([H * E, Hkv * E, Hkv * E])
-        sd.update({p + "input_layernorm.weight": blk.norm1.weight, p + "self_attn.q_proj.weight": q,
-                   p + "self_attn.k_proj.weight": k, p + "self_attn.v_proj.weight": v,
-                   p + "self_attn.o_proj.weight": blk.attn.out_proj.weight,
-                   p + "post_attention_layernorm.weight": blk.norm2.weight,
-                   p + "mlp.gate_proj.weight": blk.mlp.gate.weight, p + "mlp.up_proj.weight": blk.mlp.fc1.weight,
-                   p + "mlp.down_proj.weight": blk.mlp.fc2.weight})
-    sd["model.norm.weight"] = model.decoder.norm.weight
-    if not c.tie_weights:
-        sd["lm_head.weight"] = model.lm_head.weight
-    return cfg, sd
+        state.update({prefix + "input_layernorm.weight": blk.norm1.weight, prefix + "self_attn.q_proj.weight": q,
+                   prefix + "self_attn.k_proj.weight": k, prefix + "self_attn.v_proj.weight": v,
+                   prefix + "self_attn.o_proj.weight": blk.attn.out_proj.weight,
+                   prefix + "post_attention_layernorm.weight": blk.norm2.weight,
+                   prefix + "mlp.gate_proj.weight": blk.mlp.gate.weight,
+                   prefix + "mlp.up_proj.weight": blk.mlp.fc1.weight,
+                   prefix + "mlp.down_proj.weight": blk.mlp.fc2.weight})
+    state["model.norm.weight"] = model.decoder.norm.weight
+    if not config.tie_weights:
+        state["lm_head.weight"] = model.lm_head.weight
+    return cfg, state
 
 
 def _qwen2(model: nn.Module, cfg: dict[str, Any], sd: dict[str, Tensor]) -> None:
     """A Llama directory made Qwen2's (``qkv_bias``): its config, and the q, k, v biases (in place)."""
-    c = model.config
-    H, Hkv, E = c.num_heads, c.num_kv_heads or c.num_heads, c.dim // c.num_heads
+    config = model.config
+    H, Hkv, E = config.num_heads, config.num_kv_heads or config.num_heads, config.dim // config.num_heads
     for k in ("attention_bias", "mlp_bias", "head_dim"):
         cfg.pop(k)
     cfg.update(architectures=["Qwen2ForCausalLM"], model_type="qwen2", use_sliding_window=False)
     for i, blk in enumerate(model.decoder.blocks):
         q, k, v = blk.attn.qkv_proj.bias.split([H * E, Hkv * E, Hkv * E])
-        p = f"model.layers.{i}.self_attn."
-        sd.update({p + "q_proj.bias": q, p + "k_proj.bias": k, p + "v_proj.bias": v})
+        prefix = f"model.layers.{i}.self_attn."
+        sd.update({prefix + "q_proj.bias": q, prefix + "k_proj.bias": k, prefix + "v_proj.bias": v})
 
 
 def _tokenizer_files(tokenizer, block_size: int) -> dict[str, Any]:
@@ -188,9 +189,9 @@ def write_hf(model: nn.Module, tokenizer, out: str | Path) -> list[Path]:
     kind = hf_class(model.config)
     files = _tokenizer_files(tokenizer, model.config.block_size)
     model = _float_model(model)
-    cfg, sd = (_gpt2 if kind == "gpt2" else _llama)(model)
+    cfg, state = (_gpt2 if kind == "gpt2" else _llama)(model)
     if getattr(model.config, "qkv_bias", False):
-        _qwen2(model, cfg, sd)
+        _qwen2(model, cfg, state)
     tok = tokenizer.to_dict()
     ids = {"bos_id": 1, "eos_id": 2, "pad_id": 0} if tokenizer.kind == "bpe" else tok["tokennet"]
     for k in ("bos", "eos", "pad"):
@@ -199,19 +200,17 @@ def write_hf(model: nn.Module, tokenizer, out: str | Path) -> list[Path]:
     cfg["torch_dtype"] = "float32"
     gen = {k: cfg[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in cfg}
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.hf-", dir=out.parent))
+    if out.exists() or out.is_symlink():
+        raise FileExistsError(f"{out} exists; write_hf writes a new directory (nothing was written)")
+    tmp = temp_dir_beside(out, "new")
     try:
-        umask = os.umask(0)
-        os.umask(umask)
-        tmp.chmod(0o777 & ~umask)
-        tensors = {k: v.detach().float().contiguous().clone() for k, v in sd.items()}  # no shared storage
+        tensors = {k: v.detach().float().contiguous().clone() for k, v in state.items()}  # no shared storage
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
         (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
         for name, content in files.items():
             (tmp / name).write_text(json.dumps(content, indent=2, ensure_ascii=False) + "\n")
-        tmp.rename(out)
+        swap_into_place(tmp, out)  # ``out`` is absent (checked above): a plain rename
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -49,11 +49,11 @@ class InitSource:
 
 
 def _is_tokennet_model_dir(path: Path) -> bool:
-    f = path / CONFIG_FILE
-    if not f.is_file():
+    config_file = path / CONFIG_FILE
+    if not config_file.is_file():
         return False
     try:
-        cfg = load_json(f)
+        cfg = load_json(config_file)
     except ValueError:  # not JSON, not UTF-8, or nested deeper than jsonio's bound (JSONTooDeep)
         return False
     return isinstance(cfg, dict) and "family" in cfg  # Hugging Face's config.json has "model_type" instead
@@ -89,16 +89,16 @@ def load_init(source: str | Path, *, device: str | torch.device = "cpu") -> Init
         raise RunError(f"{path} is neither a tokennet run (config.json + model.safetensors) nor a checkpoint "
                        "tokennet imports (a Hugging Face directory with config.json, or a .gguf file)")
     model.train()
-    for p in model.parameters():
-        p.requires_grad_(True)
+    for param in model.parameters():
+        param.requires_grad_(True)
     return InitSource(model, tokenizer, kind, path, notes)
 
 
 def _gguf_magic(path: Path) -> bool:
     if not path.is_file():
         return False
-    with open(path, "rb") as f:
-        return f.read(4) == b"GGUF"
+    with open(path, "rb") as file:
+        return file.read(4) == b"GGUF"
 
 
 def check_resume_vocabulary(init: InitSource, run_dir: str | Path) -> None:

@@ -168,8 +168,8 @@ def permute(w: Tensor, num_heads: int) -> Tensor:
     """llama.cpp's Q/K row permutation (``convert_hf_to_gguf.py``): rotate-half pairs (j, j+E/2) → interleaved pairs
     (2j, 2j+1), ``w.reshape(H, 2, E/2, …).swapaxes(1, 2)``; for a weight ``(H·E, D)`` or a bias ``(H·E,)``."""
     rows = w.shape[0]
-    e = rows // num_heads
-    return w.reshape(num_heads, 2, e // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)  # (H, E/2, 2, …)
+    head_dim = rows // num_heads
+    return w.reshape(num_heads, 2, head_dim // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)  # (H, E/2, 2, …)
 
 
 def unpermute(w: Tensor, num_heads: int) -> Tensor:
@@ -178,9 +178,10 @@ def unpermute(w: Tensor, num_heads: int) -> Tensor:
     llama.cpp's ``convert_hf_to_gguf.py`` applies ``w.reshape(H, 2, E/2, D).swapaxes(1, 2).reshape(H·E, D)``;
     this is its inverse.
     """
-    rows, d = w.shape
-    e = rows // num_heads
-    return w.reshape(num_heads, e // 2, 2, d).transpose(1, 2).reshape(rows, d)  # (H, 2, E/2, D) → (H·E, D)
+    rows, width = w.shape
+    head_dim = rows // num_heads
+    # (H, 2, E/2, D) → (H·E, D)
+    return w.reshape(num_heads, head_dim // 2, 2, width).transpose(1, 2).reshape(rows, width)
 
 
 # llama.* metadata keys the converter maps; others (e.g. rope scaling) stop the import.
@@ -222,7 +223,8 @@ def convert_llama_gguf(path: Path, *, reader=None, keep_blocks: bool = True) -> 
 def _put_qkv_bias(m: NameMap, config: GPTConfig, *, gguf: bool) -> None:
     for i in range(config.num_layers):
         theirs = [f"blk.{i}.attn_{n}.bias" if gguf else f"model.layers.{i}.self_attn.{n}_proj.bias" for n in "qkv"]
-        m.put(f"decoder.blocks.{i}.attn.qkv_proj.bias", theirs, lambda *parts: torch.cat([dense(p) for p in parts]))
+        m.put(f"decoder.blocks.{i}.attn.qkv_proj.bias", theirs,
+              lambda *parts: torch.cat([dense(part) for part in parts]))
 
 
 @register(hf=[("qwen2", "Qwen2ForCausalLM")])
@@ -276,23 +278,25 @@ def _llama_like_gguf(path: Path, reader, keep_blocks: bool, arch: str,
     """A ``llama`` or ``qwen2`` GGUF file as a tokennet GPT: the same header and tensors, except that llama.cpp
     permutes Llama's query/key rows (undone here) and Qwen2 has biases on q, k, v and no permutation."""
     qwen2 = arch == "qwen2"
-    g = arch_fields(path, reader, arch, keys, reals=_GGUF_LLAMA_REALS,
+    fields = arch_fields(path, reader, arch, keys, reals=_GGUF_LLAMA_REALS,
                     required=("block_count", "context_length", "embedding_length", "feed_forward_length",
                               "attention.head_count", "attention.layer_norm_rms_epsilon"))
-    dim, heads = g["embedding_length"], g["attention.head_count"]
-    kv_heads = g["attention.head_count_kv"] or heads
-    if g["rope.dimension_count"] not in (None, dim // heads):
-        raise ConfigError(f"{path}: {arch}.rope.dimension_count={g['rope.dimension_count']} (partial rotary) is not "
-                          "supported; nothing was written")
+    dim, heads = fields["embedding_length"], fields["attention.head_count"]
+    kv_heads = fields["attention.head_count_kv"] or heads
+    if fields["rope.dimension_count"] not in (None, dim // heads):
+        raise ConfigError(f"{path}: {arch}.rope.dimension_count={fields['rope.dimension_count']} (partial rotary) "
+                          "is not supported; nothing was written")
     tokens = field(reader, "tokenizer.ggml.tokens") or []
-    vocab = g["vocab_size"] or len(tokens)
+    vocab = fields["vocab_size"] or len(tokens)
     if tokens and len(tokens) != vocab:
         raise DataError(f"{path}: the tokenizer has {len(tokens)} tokens but the model {vocab}; nothing was written")
     weights, notes = load_tensors(reader, path, keep_blocks=keep_blocks)
-    check_block_count(path, weights, g["block_count"])
-    config = llama_config(vocab_size=vocab, context=g["context_length"], dim=dim, hidden=g["feed_forward_length"],
-                          layers=g["block_count"], heads=heads, kv_heads=kv_heads,
-                          rope_base=f32(g["rope.freq_base"]) or 10000.0, eps=f32(g["attention.layer_norm_rms_epsilon"]),
+    check_block_count(path, weights, fields["block_count"])
+    config = llama_config(vocab_size=vocab, context=fields["context_length"], dim=dim,
+                          hidden=fields["feed_forward_length"],
+                          layers=fields["block_count"], heads=heads, kv_heads=kv_heads,
+                          rope_base=f32(fields["rope.freq_base"]) or 10000.0,
+                          eps=f32(fields["attention.layer_norm_rms_epsilon"]),
                           tied="output.weight" not in weights).replace(qkv_bias=qwen2)
     if not qwen2:
         for name in weights:

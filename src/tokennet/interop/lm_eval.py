@@ -192,18 +192,19 @@ class TokennetLM(TemplateLM):
         for i in range(0, len(pairs), self.batch_size):
             chunk = pairs[i:i + self.batch_size]
             rows = [toks[-(self.max_length + 1):] for toks, _ in chunk]
-            n = max(len(r) for r in rows) - 1
+            n = max(len(seq) for seq in rows) - 1
             x = torch.zeros(len(rows), n, dtype=torch.long)  # right padding: causal, so it never reaches a real token
-            for r, row in enumerate(rows):
-                x[r, :len(row) - 1] = torch.tensor(row[:-1])
+            for row_index, row in enumerate(rows):
+                x[row_index, :len(row) - 1] = torch.tensor(row[:-1])
             with torch.no_grad():
                 logp = F.log_softmax(self.model(x.to(self.dev)).logits.float(), dim=-1).cpu()  # (B, n, V)
-            for r, (row, (_, k)) in enumerate(zip(rows, chunk)):
+            for row_index, (row, (_, k)) in enumerate(zip(rows, chunk)):
                 k = min(k, len(row) - 1)
                 pos = torch.arange(len(row) - 1 - k, len(row) - 1)  # the logits that predict the last k tokens
                 tgt = torch.tensor(row[-k:])
-                lp = logp[r, pos]  # (k, V)
-                out.append((float(lp.gather(1, tgt[:, None]).sum()), bool((lp.argmax(-1) == tgt).all())))
+                target_logp = logp[row_index, pos]  # (k, V)
+                out.append((float(target_logp.gather(1, tgt[:, None]).sum()),
+                            bool((target_logp.argmax(-1) == tgt).all())))
         return out
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
@@ -214,8 +215,8 @@ class TokennetLM(TemplateLM):
                 raise RunError("lm-eval asked for the likelihood of an empty continuation")
             pairs.append((ctx + cont, len(cont)))
         res = self._score(pairs)
-        for (key, _, _), r in zip(requests, res):
-            self.cache_hook.add_partial("loglikelihood", key, r)
+        for (key, _, _), result in zip(requests, res):
+            self.cache_hook.add_partial("loglikelihood", key, result)
         return res
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
@@ -223,11 +224,11 @@ class TokennetLM(TemplateLM):
         out = []
         for req in requests:
             (text,) = req.args
-            windows = [make_disjoint_window(w) for w in get_rolling_token_windows(
+            windows = [make_disjoint_window(window) for window in get_rolling_token_windows(
                 token_list=self.tok_encode(text), prefix_token=self.prefix_token_id, max_seq_len=self.max_length,
                 context_len=1)]
             # a window (context, targets): the targets follow context + targets[:-1]
-            total = sum(lp for lp, _ in self._score([(ctx + tgt, len(tgt)) for ctx, tgt in windows]))
+            total = sum(logp for logp, _ in self._score([(ctx + tgt, len(tgt)) for ctx, tgt in windows]))
             self.cache_hook.add_partial("loglikelihood_rolling", (text,), total)
             out.append(total)
         return out
@@ -238,26 +239,26 @@ class TokennetLM(TemplateLM):
 
         out = []
         for req in requests:
-            context, kw = req.args
-            kw = dict(kw or {})
-            until = kw.get("until") or []
+            context, gen_kwargs = req.args
+            gen_kwargs = dict(gen_kwargs or {})
+            until = gen_kwargs.get("until") or []
             until = [until] if isinstance(until, str) else list(until)
-            max_new = int(kw.get("max_gen_toks", 256))
-            temperature = float(kw.get("temperature", 0.0)) if kw.get("do_sample", True) else 0.0
+            max_new = int(gen_kwargs.get("max_gen_toks", 256))
+            temperature = float(gen_kwargs.get("temperature", 0.0)) if gen_kwargs.get("do_sample", True) else 0.0
             ids = (self.tok_encode(context) or [self.prefix_token_id])[-(self.block - 1):]
             max_new = max(1, min(max_new, self.block - len(ids)))
-            g = torch.Generator(device=self.dev).manual_seed(int(kw.get("seed", 0)))
+            gen = torch.Generator(device=self.dev).manual_seed(int(gen_kwargs.get("seed", 0)))
             new: list[int] = []
             text = ""
             for nxt in stream(self.model, torch.tensor([ids], device=self.dev), max_new, temperature=temperature,
-                              generator=g, quantize=self.quantize, stop=getattr(self.tok, "stop_ids", None)):
+                              generator=gen, quantize=self.quantize, stop=getattr(self.tok, "stop_ids", None)):
                 new.append(int(nxt[0]))
                 text = self.tok.decode_continuation(new)
-                if any(u and u in text for u in until):
+                if any(stop and stop in text for stop in until):
                     break
-            for u in until:
-                if u:
-                    text = text.split(u)[0]
+            for stop in until:
+                if stop:
+                    text = text.split(stop)[0]
             self.cache_hook.add_partial("generate_until", (context, req.args[1]), text)
             out.append(text)
         return out
@@ -266,41 +267,41 @@ class TokennetLM(TemplateLM):
 def _split_top_level(text: str) -> list[str]:
     """``text`` split at commas outside brackets and quotes (how lm-eval splits ``key=value,key=value``)."""
     parts, depth, quote, start = [], 0, None, 0
-    for i, c in enumerate(text):
+    for i, char in enumerate(text):
         if quote is not None:
-            quote = None if c == quote else quote
-        elif c in "\"'":
-            quote = c
-        elif c in "[({":
+            quote = None if char == quote else quote
+        elif char in "\"'":
+            quote = char
+        elif char in "[({":
             depth += 1
-        elif c in "])}":
+        elif char in "])}":
             depth = max(depth - 1, 0)
-        elif c == "," and depth == 0:
+        elif char == "," and depth == 0:
             parts.append(text[start:i])
             start = i + 1
     parts.append(text[start:])
-    return [p for p in parts if p]
+    return [part for part in parts if part]
 
 
 def _model_args_in(argv: list[str]) -> tuple[str | None, list[str]]:
     """The ``--model`` and the ``--model_args`` strings of lm-eval's command line ``argv``."""
     model, values, i = None, [], 0
     while i < len(argv):
-        a = argv[i]
-        if a in ("--model", "--model_args", "-a"):
+        arg = argv[i]
+        if arg in ("--model", "--model_args", "-a"):
             j = i + 1
-            while j < len(argv) and not argv[j].startswith("-") and (j == i + 1 or a != "--model"):
+            while j < len(argv) and not argv[j].startswith("-") and (j == i + 1 or arg != "--model"):
                 j += 1
-            if a == "--model":
+            if arg == "--model":
                 model = argv[i + 1] if j > i + 1 else model
             else:
                 values += argv[i + 1:j]
             i = j
             continue
-        if a.startswith("--model="):
-            model = a.split("=", 1)[1]
-        elif a.startswith("--model_args="):
-            values.append(a.split("=", 1)[1])
+        if arg.startswith("--model="):
+            model = arg.split("=", 1)[1]
+        elif arg.startswith("--model_args="):
+            values.append(arg.split("=", 1)[1])
         i += 1
     return model, values
 
@@ -312,8 +313,8 @@ def parse_model_args(values: list[str]) -> dict[str, Any]:
         if n == 0 and text.lstrip().startswith("{"):
             try:
                 obj = json_loads(text, what="lm-eval model_args")
-            except ValueError as e:
-                raise ConfigError(f"lm-eval model_args: not a JSON object: {one_line(e)[:200]}") from None
+            except ValueError as err:
+                raise ConfigError(f"lm-eval model_args: not a JSON object: {one_line(err)[:200]}") from None
             if not isinstance(obj, dict):
                 raise ConfigError("lm-eval model_args: not a JSON object")
             args.update(obj)
@@ -332,9 +333,9 @@ def check_argv(argv: list[str]) -> None:
     """What tokennet can check of lm-eval's command line before lm-eval reads its task index (a minute): no
     argument nested deeper than JSON's bound, and for ``--model tokennet`` its model_args (and that the run
     directory exists). One :class:`ConfigError` / :class:`RunError` line, or nothing."""
-    for a in argv:
-        if json_depth(a) > MAX_JSON_DEPTH:
-            raise ConfigError(f"lm-eval argument {a[:20]!r}...: nested deeper than {MAX_JSON_DEPTH} levels")
+    for arg in argv:
+        if json_depth(arg) > MAX_JSON_DEPTH:
+            raise ConfigError(f"lm-eval argument {arg[:20]!r}...: nested deeper than {MAX_JSON_DEPTH} levels")
     model, values = _model_args_in(argv)
     if model != "tokennet":
         return
@@ -346,12 +347,12 @@ def check_argv(argv: list[str]) -> None:
 def _raised_by_lm_eval(e: BaseException) -> bool:
     """Whether the innermost lm-eval or tokennet frame of ``e``'s traceback is lm-eval's (lm-eval refused its
     input), not tokennet's (where anything but a TokennetError is a bug)."""
-    tb, last = e.__traceback__, None
-    while tb is not None:
-        name = tb.tb_frame.f_globals.get("__name__", "")
+    frame_tb, last = e.__traceback__, None
+    while frame_tb is not None:
+        name = frame_tb.tb_frame.f_globals.get("__name__", "")
         if name.split(".")[0] in ("lm_eval", "tokennet"):
             last = name
-        tb = tb.tb_next
+        frame_tb = frame_tb.tb_next
     return last is not None and last.startswith("lm_eval")
 
 
@@ -370,10 +371,10 @@ def main(argv: list[str] | None = None) -> int:
         cli_evaluate()
     except TokennetError:
         raise
-    except (ValueError, RecursionError) as e:
-        if not _raised_by_lm_eval(e):
+    except (ValueError, RecursionError) as err:
+        if not _raised_by_lm_eval(err):
             raise
-        raise LMEvalError(f"lm-eval: {one_line(e)[:300]}") from e
+        raise LMEvalError(f"lm-eval: {one_line(err)[:300]}") from err
     finally:
         sys.argv = saved
     return 0

@@ -66,8 +66,8 @@ def register(*, hf: Iterable[tuple[str, str]] = (), gguf: Iterable[str] = ()):
 
 
 def _magic(path: Path) -> bytes:
-    with open(path, "rb") as f:
-        return f.read(4)
+    with open(path, "rb") as file:
+        return file.read(4)
 
 
 def convert(source: str | Path, *, keep_blocks: bool = True) -> tuple[nn.Module, Any, str, list[str]]:
@@ -112,7 +112,7 @@ def _convert_hf(source: Path) -> tuple[str, Converted]:
     for arch in archs:
         if (model_type, arch) in HF_CONVERTERS:
             return f"{model_type}/{arch}", HF_CONVERTERS[(model_type, arch)](source, cfg)
-    supported = ", ".join(f"{a} ({t})" for t, a in HF_CONVERTERS)
+    supported = ", ".join(f"{known_arch} ({t})" for t, known_arch in HF_CONVERTERS)
     got = f"{model_type} / {', '.join(archs) or 'no architectures field'}"
     raise ConfigError(f"{source}: architecture {got} has no tokennet converter (supported: {supported}); "
                       "nothing was written")
@@ -128,5 +128,5 @@ def _check_template(tokenizer: Any, source: Path) -> None:
 
     try:
         check_chat_template(template, where=str(source))
-    except DataError as e:
-        raise DataError(f"{e}; nothing was written") from None
+    except DataError as err:
+        raise DataError(f"{err}; nothing was written") from None

@@ -68,21 +68,22 @@ def convert_vit(source: Path, cfg: dict[str, Any]) -> Converted:
     config = vit_config(cfg, num_classes=tensors["classifier.weight"].shape[0])
     m = NameMap(tensors, where)
     check_layer_count(tensors, config.num_layers, where)  # before the loop below runs that many times
-    e = "vit.embeddings."
-    m.put("cls_token", e + "cls_token")
-    m.put("pos_emb.weight", e + "position_embeddings", lambda w: w[0])  # (1, 1+N, D) → (1+N, D)
-    m.put("patch_embed.weight", e + "patch_embeddings.projection.weight")
-    m.put("patch_embed.bias", e + "patch_embeddings.projection.bias")
+    emb = "vit.embeddings."
+    m.put("cls_token", emb + "cls_token")
+    m.put("pos_emb.weight", emb + "position_embeddings", lambda pos: pos[0])  # (1, 1+N, D) → (1+N, D)
+    m.put("patch_embed.weight", emb + "patch_embeddings.projection.weight")
+    m.put("patch_embed.bias", emb + "patch_embeddings.projection.bias")
     for i in range(config.num_layers):
-        h, b = f"vit.encoder.layer.{i}.", f"encoder.blocks.{i}."
+        their_layer, our_block = f"vit.encoder.layer.{i}.", f"encoder.blocks.{i}."
         for part in ("weight", "bias"):
-            m.put(f"{b}norm1.{part}", f"{h}layernorm_before.{part}")
-            m.put(f"{b}norm2.{part}", f"{h}layernorm_after.{part}")
-            m.put(f"{b}attn.qkv_proj.{part}", [f"{h}attention.attention.{n}.{part}" for n in ("query", "key", "value")],
+            m.put(f"{our_block}norm1.{part}", f"{their_layer}layernorm_before.{part}")
+            m.put(f"{our_block}norm2.{part}", f"{their_layer}layernorm_after.{part}")
+            m.put(f"{our_block}attn.qkv_proj.{part}",
+                  [f"{their_layer}attention.attention.{n}.{part}" for n in ("query", "key", "value")],
                   lambda q, k, v: torch.cat([q, k, v]))  # (3D, D) or (3D,): [W_q; W_k; W_v]
-            m.put(f"{b}attn.out_proj.{part}", f"{h}attention.output.dense.{part}")
-            m.put(f"{b}mlp.fc1.{part}", f"{h}intermediate.dense.{part}")
-            m.put(f"{b}mlp.fc2.{part}", f"{h}output.dense.{part}")
+            m.put(f"{our_block}attn.out_proj.{part}", f"{their_layer}attention.output.dense.{part}")
+            m.put(f"{our_block}mlp.fc1.{part}", f"{their_layer}intermediate.dense.{part}")
+            m.put(f"{our_block}mlp.fc2.{part}", f"{their_layer}output.dense.{part}")
     for part in ("weight", "bias"):
         m.put(f"head.norm.{part}", f"vit.layernorm.{part}")
         m.put(f"head.fc.{part}", f"classifier.{part}")
