@@ -34,8 +34,11 @@ class RotaryEmbedding(nn.Module):
         if base <= 0:
             raise ValueError(f"base must be > 0, got {base}; the usual value is 10000.0")
         self.head_dim, self.base = head_dim, base
-        # (on the CPU even under torch.device("meta"), whose arange would load torch._dynamo: a model built on meta
-        # to check a file's shapes; to_empty/`.to` move it with the model)
+        if torch.get_default_device().type == "meta":  # a model built without storage to check a file's shapes:
+            # no table is computed (meta's arange would load torch._dynamo, and a damaged header's head_dim of
+            # 2**29 would make the CPU compute gigabytes of it); to_empty/`.to` move the buffer with the model
+            self.register_buffer("inv_freq", torch.empty(head_dim // 2, device="meta"), persistent=False)
+            return
         inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64, device="cpu") / head_dim)  # (E/2,)
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
 
