@@ -100,6 +100,16 @@ def test_chat_data_trains_on_the_replies_and_eval_recomputes_it(world, tmp_path,
     assert _eval(out, capsys=capsys)["val_loss"] == pytest.approx(m["val_loss"], rel=1e-6)
 
 
+def test_a_run_fine_tuned_on_chats_has_its_report(world, tmp_path, capsys):
+    """Found by the tutorials' test: the report's surprise panel asked the chat data for a token stream."""
+    out = tmp_path / "chat-report"
+    assert _train("gpt", "--init", world / "base", "--data", world / "chats.jsonl", "--out", out, "--max-iters", 2,
+                  "--set", *SMALL, "block_size=96", "report=true") == 0
+    assert "could not write" not in capsys.readouterr().err
+    page = (out / "report.html").read_text()
+    assert "nats" in page  # the per-token loss of the validation conversations
+
+
 def test_fine_tuning_errors_are_one_line_and_write_nothing(world, tmp_path, capsys):
     (tmp_path / "bad.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"}]}\n{not json\n')
     other = tmp_path / "other"

@@ -49,7 +49,11 @@ def per_token_loss(model, ids: list[int]) -> list[float]:
 
 def _validation_snippet(run) -> list[int]:
     block = run.model.config.block_size
-    val = run.data.held_out(run.tokenizer, block)  # the validation split, as in training
+    held_out = run.data.held_out
+    if getattr(run.data, "kind", None) == "chats":  # fine-tuned on conversations: the validation ones, joined
+        val = torch.cat([chat.ids for chat in held_out(run.tokenizer)])
+    else:
+        val = held_out(run.tokenizer, block)  # the validation split, as in training
     return val[: min(block, SNIPPET_TOKENS) + 1].tolist()
 
 
