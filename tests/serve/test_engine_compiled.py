@@ -129,6 +129,44 @@ def test_the_traced_step_fuses_the_rows_mask_into_its_attention_and_gives_the_ea
     assert any("softmax" in c for c in called)  # the attention is in the graph, written out
 
 
+def test_requests_are_answered_eagerly_while_the_step_compiles_in_the_background():
+    """``tokennet serve`` takes requests at once: the step compiles in a thread of its own (here a traced graph held
+    back until released, standing for a slow Inductor compile) over caches of its own; meanwhile the engine
+    decodes eagerly, and the first step after it is ready runs compiled, with the eager engine's tokens."""
+    import types
+
+    m = _model(num_layers=1)
+    eager = Engine(m, TOK, max_batch=3, compile=False).start()
+    want_first, want_rest = _session(eager, [2]), _session(eager, [1, 3])
+    eager.stop()
+    engine = Engine(m, TOK, max_batch=3, compile=True)
+    step, release, traced = engine.step, threading.Event(), []
+
+    def slow_backend(gm, example_inputs):
+        assert release.wait(60), "the test never released the compile"
+        traced.append(threading.current_thread().name)
+        return gm.forward
+
+    fn = type(step)._step
+    code = fn.__code__.replace(co_name="_step_held_back_for_a_test")
+    step.fn = torch.compile(types.MethodType(types.FunctionType(code, fn.__globals__), step), fullgraph=True,
+                            dynamic=False, backend=slow_backend)
+    engine.start()
+    assert engine.warm_up_in_background() and not engine.warm_up_in_background()  # one compile at a time
+    assert engine.status()["compile"]["ready"] is False
+    first = _session(engine, [2])  # answered while the compile is held: eagerly
+    assert first == want_first and not traced and step.compiled is None
+    release.set()
+    engine._warming.join(60)
+    assert engine.status()["compile"]["ready"] is True
+    assert step.compiled is True and set(traced) == {"tokennet-compile"}  # traced in the background thread
+    steps_before = engine.steps
+    rest = _session(engine, [1, 3])
+    engine.stop()
+    assert rest == want_rest and engine.steps > steps_before
+    assert set(traced) == {"tokennet-compile"}  # the engine's steps reused the graphs: nothing traced again
+
+
 def test_the_steps_views_of_the_rows_are_kept_until_the_buffers_grow():
     """RowsStep hands the graph rows 0..B−1 of every layer's buffers: made once per batch size, views of the
     buffers themselves (the graph's writes land in the cache), made again once the cache has grown."""

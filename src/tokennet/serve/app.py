@@ -564,8 +564,9 @@ def serve(run_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, api
     ``api_key`` is used as given (the CLI reads ``--api-key`` or ``TOKENNET_API_KEY``); ``max_queue``: the most
     sequences waiting for a row (429 beyond); ``max_body``: the largest request body in bytes; ``quantize``: the
     decoding copy (``"auto"``: :func:`serving_mode`); ``prefix_cache_mb``: the prefix cache's bound (0: off);
-    ``compile``: decode with the compiled step (None: on unless ``TOKENNET_COMPILE=0``), compiled before the first
-    request (:meth:`Engine.warm_up`; a later start loads it from Inductor's on-disk cache); ``threads``: the CPU
+    ``compile``: decode with the compiled step (None: on unless ``TOKENNET_COMPILE=0``), compiled in the background
+    while the first requests are decoded eagerly (:meth:`Engine.warm_up_in_background`; a later start loads it from
+    Inductor's on-disk cache); ``threads``: the CPU
     threads a decoding step uses (:func:`serving_threads`; set before anything is compiled, whose kernels keep it).
     """
     import uvicorn
@@ -585,12 +586,11 @@ def serve(run_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, api
     else:
         engine = engine_for_run(run, max_batch=max_batch, context=context, quantize=quantize, max_queue=max_queue,
                                 prefix_cache_mb=prefix_cache_mb, compile=compile)
-        if engine.step is not None:
-            log.info("compiling the batched decoding step (once per machine: Inductor's cache %s keeps it; "
-                     "--no-compile decodes eagerly)", inductor_cache_dir())
-            took = engine.warm_up()
-            if took is not None:
-                log.info("the batched decoding step is compiled (%.1f s)", took)
+        if engine.step is not None:  # requests are answered at once, eagerly, until the compiled step is ready
+            engine.warm_up_in_background()
+            log.info("compiling the batched decoding step in the background; requests are decoded eagerly until it "
+                     "is ready (once per machine: Inductor's cache %s keeps it; --no-compile decodes eagerly)",
+                     inductor_cache_dir())
         app = create_app(engine, model_name=name, api_key=api_key, max_body=max_body, any_model_name=any_model_name)
         int8 = "int8 per-channel" + (" × int8 activations (integer dot products)" if int8dot.available() else "")
         int4 = "4-bit blocks (a GGUF file's own, as they are)" + (

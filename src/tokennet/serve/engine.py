@@ -387,6 +387,9 @@ class Engine:
         self.prefix = self._prefix_cache(prefix_cache_mb, prefix_block)
         self.step = compiled_step(self.net, RowsStep) if compile_default(compile) else None
         self.warm_up_s: float | None = None  # the time warm_up took (compiling, or loading Inductor's cache)
+        # False while warm_up_in_background compiles: the engine decodes eagerly meanwhile, then takes the step
+        self.step_ready = True
+        self._warming: threading.Thread | None = None
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -659,7 +662,7 @@ class Engine:
         self.feeding = rows
         feed = torch.tensor([[seq.next_token] for seq in rows], device=self.device)  # (n, 1)
         lengths = torch.tensor([seq.length for seq in rows], device=self.device)  # (n,): tokens already cached
-        if self.step is not None and first == 0:  # the batch (a row retried alone after a failure runs eagerly)
+        if self.step is not None and self.step_ready and first == 0:  # (a row retried alone runs eagerly)
             logits = self.step(feed, lengths, max(seq.length for seq in rows) + 1, self.caches)
             if logits is not None:
                 return logits
@@ -803,23 +806,56 @@ class Engine:
         the seconds it took (None: no compiled step, or it does not compile). A later process loads the graphs
         from Inductor's on-disk cache (:func:`~tokennet.sampling.inductor_cache_dir`) instead of compiling them
         again. Call it before :meth:`start` (it writes a dummy token into rows that no sequence holds yet)."""
+        return self._compile_on(self.caches)
+
+    def warm_up_in_background(self) -> bool:
+        """Compile as :meth:`warm_up` does, in a thread of its own, while the engine answers requests eagerly; the
+        first decoding step after the graphs are ready runs compiled (``compile_status()["ready"]``). The graphs
+        are traced over caches of their own, the same shapes as the engine's but never read by a request, so this
+        may be called before or after :meth:`start`. False when there is no step to compile."""
+        if self.step is None or self._warming is not None:
+            return False
+        self.step_ready = False
+        spare = SlotCaches(len(self.caches.layers), self.caches.layers[0].k.shape[1],
+                           self.caches.layers[0].k.shape[3], self.max_batch, self.context, device=self.device,
+                           dtype=self.caches.layers[0].k.dtype, capacity=16)
+
+        def compile_then_switch() -> None:
+            try:
+                took = self._compile_on(spare)
+                if took is not None:
+                    log.info("the batched decoding step is compiled (%.1f s); decoding switches to it", took)
+            except Exception:  # noqa: BLE001 - a failed compile costs speed, never the server
+                log.exception("compiling the decoding step failed; decoding stays eager")
+                self.step.compiled = False
+            finally:
+                self.step_ready = True
+
+        self._warming = threading.Thread(target=compile_then_switch, name="tokennet-compile", daemon=True)
+        self._warming.start()
+        return True
+
+    def _compile_on(self, caches: SlotCaches) -> float | None:
+        """Run the compiled step once for each graph over ``caches`` (compiling it, or loading Inductor's cache);
+        the seconds it took, or None."""
         if self.step is None:
             return None
         started = time.perf_counter()
         with torch.inference_mode():
             for B in sorted({1, min(2, self.max_batch)}):
                 feed = torch.zeros(B, 1, dtype=torch.long, device=self.device)
-                if self.step(feed, torch.ones(B, dtype=torch.long, device=self.device), 2, self.caches) is None:
+                if self.step(feed, torch.ones(B, dtype=torch.long, device=self.device), 2, caches) is None:
                     return None
         self.warm_up_s = time.perf_counter() - started
         return self.warm_up_s
 
     def compile_status(self) -> dict[str, Any]:
-        """How the decoding step runs: ``{"compiled": True / False (eager) / None (not tried yet), "warm_up_s",
+        """How the decoding step runs: ``{"compiled": True / False (eager) / None (not tried yet), "ready": False
+        while :meth:`warm_up_in_background` compiles (requests are decoded eagerly meanwhile), "warm_up_s",
         "inductor_cache"}``."""
         if self.step is None:
             return {"compiled": False, "why": "off (--no-compile or TOKENNET_COMPILE=0)"}
-        out: dict[str, Any] = {"compiled": self.step.compiled, "warm_up_s": self.warm_up_s,
+        out: dict[str, Any] = {"compiled": self.step.compiled, "ready": self.step_ready, "warm_up_s": self.warm_up_s,
                                "inductor_cache": inductor_cache_dir()}
         if self.step.compiled is False:
             out["why"] = "torch.compile is unavailable here (see the log); decoding eagerly"
