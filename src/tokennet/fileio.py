@@ -14,6 +14,7 @@ import os
 import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import IO
 
 __all__ = ["atomic_write_text", "atomic_directory", "sha256_file", "safetensors_write", "exchange_paths",
            "swap_into_place", "remove_aside", "fsync_path", "temp_dir_beside", "temp_name_beside", "sweep_stale_temps"]
@@ -69,24 +70,33 @@ def sweep_stale_temps(dest: str | Path) -> list[Path]:
     return removed
 
 
-def atomic_write_text(path: str | Path, text: str | Iterable[str]) -> Path:
-    """Write ``text`` (a string, or its pieces in order: a large JSON file written as it is encoded, never whole
-    in memory) to ``path`` through a temporary file, fsync and rename (atomic on POSIX)."""
+@contextlib.contextmanager
+def atomic_open(path: str | Path, mode: str = "wb", **options) -> Iterator[IO]:
+    """Open a temporary sibling of ``path`` for writing (:func:`temp_name_beside`); when the block ends cleanly the
+    file is flushed, fsynced and renamed onto ``path`` (atomic on POSIX), and on an error it is removed: a reader
+    of ``path`` sees the old file or the new one whole, never half of one."""
     path = Path(path)
     tmp = temp_name_beside(path, "tmp")
     try:
-        with open(tmp, "w", encoding="utf-8") as stream:
-            if isinstance(text, str):
-                stream.write(text)
-            else:
-                stream.writelines(text)
+        with open(tmp, mode, **options) as stream:
+            yield stream
             stream.flush()
             os.fsync(stream.fileno())
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     tmp.replace(path)
-    return path
+
+
+def atomic_write_text(path: str | Path, text: str | Iterable[str]) -> Path:
+    """Write ``text`` (a string, or its pieces in order: a large JSON file written as it is encoded, never whole
+    in memory) to ``path`` through a temporary file, fsync and rename (atomic on POSIX)."""
+    with atomic_open(path, "w", encoding="utf-8") as stream:
+        if isinstance(text, str):
+            stream.write(text)
+        else:
+            stream.writelines(text)
+    return Path(path)
 
 
 _AT_FDCWD, _RENAME_EXCHANGE = -100, 2

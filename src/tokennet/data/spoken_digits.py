@@ -39,7 +39,7 @@ from torch import Tensor
 
 from .. import jsonio
 from ..errors import DataError
-from ..fileio import temp_name_beside
+from ..fileio import atomic_open
 from ..tokens.audio import SILENCE, resample
 from ..tokens.clips import load_fitted
 from .spec import DataSpec, register_data
@@ -109,18 +109,9 @@ def _trim(x: np.ndarray, threshold: float = 0.02) -> np.ndarray:
 
 
 def _save_npz(path: Path, **arrays) -> None:
-    """``np.savez(path, **arrays)`` with nothing ever half-written: into a temporary sibling
-    (:func:`~tokennet.fileio.temp_name_beside`), flushed to disk, then renamed into place."""
-    tmp = temp_name_beside(path, "tmp")
-    try:
-        with open(tmp, "wb") as handle:  # a file object: np.savez adds no ".npz" to its name
-            np.savez(handle, **arrays)
-            handle.flush()
-            os.fsync(handle.fileno())
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    tmp.replace(path)
+    """``np.savez(path, **arrays)`` with nothing ever half-written (:func:`~tokennet.fileio.atomic_open`)."""
+    with atomic_open(path) as handle:  # a file object: np.savez adds no ".npz" to its name
+        np.savez(handle, **arrays)
 
 
 def _clip(word: np.ndarray, rate: int, *, sample_rate: int, clip_samples: int, rng: np.random.Generator,
