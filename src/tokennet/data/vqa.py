@@ -799,11 +799,6 @@ class AnimalQuestions(DataSpec):
                          [])
         return _generated_set(self.seed, "unseen", self.unseen_size, self.clutter, "unseen_count")
 
-    def train_like(self, n: int = 1000) -> QASet:
-        """``n`` questions drawn like the training ones (no held-out kind), from a seed of their own: to tell
-        what the model learned from how far it generalizes."""
-        return _generated_set(self.seed, "train-like", n, self.clutter, None, False)
-
     def batch_items(self, index: int, batch_size: int) -> list[Item]:
         """Training batch ``index`` of generated items (a pure function of ``(seed, index)``)."""
         return sample_items(batch_size, f"train-{index}", seed=self.seed, held_out=False, num_clutter=self.clutter)
