@@ -7,11 +7,15 @@ it, as a first use did before). Rows:
 
 - ``generate``: ``tokennet generate RUN --prompt ... --max-new-tokens 16`` — the first, then the same again
   (caches now warm), then with ``--no-compile``; wall seconds of each process, start to exit;
+- ``serve``: ``tokennet serve RUN`` on new caches: seconds from the process's start to the end of its first
+  request (16 tokens, greedy), and to the moment ``/health`` says the compiled step is ready (the requests before
+  it are decoded eagerly while it compiles in the background);
 - ``train-to-sample``: ``tokennet train gpt-char`` for a few steps: seconds from the training's final record
   (``log.jsonl`` written) to the 400-character sample printed, and to the process's end (the report page is
   drawn after the summary).
 
-Goals (issue 47): the first ``generate`` of 16 tokens on SmolLM2 <= 15 s; a repeated short ``generate`` no slower
+Goals (issue 47): the first ``generate`` of 16 tokens on SmolLM2 <= 15 s; ``tokennet serve``'s first answer
+<= 15 s after its start; a repeated short ``generate`` no slower
 than ``--no-compile``; the end of training to the printed sample <= 5 s. Writes ``bench/results/first-use.json``.
 
     python bench/first_use.py --run runs/smollm2          # a run imported from SmolLM2's GGUF file
@@ -66,6 +70,51 @@ def generate_rows(run: str, prebuilt: bool) -> dict[str, float]:
     return {"first": round(first, 2), "again": round(again, 2), "no_compile": round(eager, 2)}
 
 
+def _post(port: int, path: str, body: dict | None = None, timeout: float = 600) -> dict:
+    import urllib.request
+
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as answer:
+        return json.loads(answer.read())
+
+
+def serve_first_request(run: str, prebuilt: bool) -> dict[str, float]:
+    """Seconds from ``tokennet serve``'s start to its first answer (16 tokens), and to its compiled step ready."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with tempfile.TemporaryDirectory() as d:
+        env = _fresh_env(Path(d), prebuilt)
+        started = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, "-m", "tokennet", "-q", "serve", run, "--port", str(port)], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            answered = ready = None
+            while ready is None and time.perf_counter() - started < 1800:
+                if proc.poll() is not None:
+                    raise SystemExit(f"first_use: tokennet serve {run} exited {proc.returncode}")
+                try:
+                    if answered is None:
+                        _post(port, "/v1/completions", {"prompt": PROMPT, "max_tokens": 16, "temperature": 0})
+                        answered = time.perf_counter() - started
+                    if (_post(port, "/health").get("compile") or {}).get("ready", True):
+                        ready = time.perf_counter() - started
+                except OSError:
+                    time.sleep(0.1)
+                else:
+                    time.sleep(0.2)
+        finally:
+            proc.terminate()
+            proc.wait(60)
+    if answered is None or ready is None:
+        raise SystemExit(f"first_use: tokennet serve {run} did not answer within 1800 s")
+    return {"first_answer": round(answered, 2), "compiled_ready": round(ready, 2)}
+
+
 def train_to_sample(steps: int) -> dict[str, float]:
     """Seconds from gpt-char's final training record (``log.jsonl`` written) to the sample printed, and to the end
     of the process (the report page is drawn after the summary is printed)."""
@@ -99,6 +148,7 @@ def main() -> None:
         row = {"train_to_sample_s": train_to_sample(args.steps)}
         if args.run:
             row["generate_s"] = generate_rows(args.run, not args.no_prebuilt)
+            row["serve_s"] = serve_first_request(args.run, not args.no_prebuilt)
         print(f"round {r + 1}: {json.dumps(row)}", flush=True)
         rounds.append(row)
     medians = {f"train_{k}_s": statistics.median(r["train_to_sample_s"][k] for r in rounds)
@@ -106,6 +156,8 @@ def main() -> None:
     if args.run:
         for k in ("first", "again", "no_compile"):
             medians[f"generate_{k}_s"] = statistics.median(r["generate_s"][k] for r in rounds)
+        for k in ("first_answer", "compiled_ready"):
+            medians[f"serve_{k}_s"] = statistics.median(r["serve_s"][k] for r in rounds)
     print("\n| figure | seconds (median) |\n| --- | ---: |")
     for k, v in medians.items():
         print(f"| {k} | {v:.2f} |")
