@@ -370,77 +370,100 @@ def sample_item(rng: random.Random, *, seed: int, held_out: bool, num_clutter: i
     raise RuntimeError("no scene fits the constraints")  # pragma: no cover - the constraints are satisfiable
 
 
-def _try_item(rng, t, allowed, hc, num_clutter, held) -> Item | None:
-    """One item of template ``t``, or None when the drawn count is a held-out one (the caller draws again).
+_CELLS = tuple((row, col) for row in range(GRID) for col in range(GRID))  # every cell of the grid, row by row
+
+
+def _try_item(rng, template, allowed, held_counts, num_clutter, held) -> Item | None:
+    """One item of ``template``, or None when the drawn count is a held-out one (the caller draws again).
     With ``held`` (the held-out kinds; test side), one slot drawn uniformly holds one of them."""
-    cells_all = [(row, col) for row in range(GRID) for col in range(GRID)]
-    unseen = t == "unseen_count"
+    if template == "unseen_count":
+        counting = rng.choice(("count", "count_colour"))
+        return _count_item(rng, counting, allowed, held_counts, num_clutter, held, unseen=True)
+    build = _TEMPLATE_ITEMS.get(template)
+    if build is None:
+        raise ValueError(f"unknown template {template!r}; templates: {', '.join(TEMPLATES)}")
+    return build(rng, template, allowed, held_counts, num_clutter, held)
+
+
+def _count_item(rng, template, allowed, held_counts, num_clutter, held, unseen=False) -> Item | None:
+    """The question "how many {species / colour} animals are there?" (``unseen``: a held-out (question, count)
+    pair)."""
+    if template == "count":
+        species = rng.choice((*SPECIES, "animal"))
+        question = f"how many {PLURAL[species]} are there"
+    else:
+        colour = rng.choice(list(COLOURS))
+        question = f"how many {colour} animals are there"
+    held_for_question = sorted(count for asked, count in held_counts if asked == question)
     if unseen:
-        t = rng.choice(("count", "count_colour"))
-    if t in ("count", "count_colour"):
-        if t == "count":
-            species = rng.choice((*SPECIES, "animal"))
-            question = f"how many {PLURAL[species]} are there"
+        count = held_for_question[0]
+    else:
+        count = rng.randint(1 if template == "count" and species == "animal" else 0, MAX_ANIMALS)
+        if count in held_for_question:
+            return None
+    n = rng.randint(max(1, count), MAX_ANIMALS)
+    if template == "count":
+        if species == "animal":
+            n = count  # count >= 1 here
+            slots = [{}] * n
         else:
-            colour = rng.choice(list(COLOURS))
-            question = f"how many {colour} animals are there"
-        held_counts = sorted(count for asked, count in hc if asked == question)
-        if unseen:
-            count = held_counts[0]
-        else:
-            count = rng.randint(1 if t == "count" and species == "animal" else 0, MAX_ANIMALS)
-            if count in held_counts:
-                return None
-        n = rng.randint(max(1, count), MAX_ANIMALS)
-        if t == "count":
-            if species == "animal":
-                n = count  # count >= 1 here
-                slots = [{}] * n
-            else:
-                slots = [{"species": species}] * count + [{"not_species": species}] * (n - count)
-        else:
-            slots = [{"colour": colour}] * count + [{"not_colour": colour}] * (n - count)
-        kinds = _kinds(rng, allowed, slots, held, rng.randrange(n) if held else -1)
-        rng.shuffle(kinds)
-        scene = _place(rng, kinds, rng.sample(cells_all, n), num_clutter)
-        about = tuple(animal for animal in scene.animals
-                      if (t == "count" and (species == "animal" or animal.species == species))
-                      or (t == "count_colour" and animal.colour == colour))
-        return Item(scene, question + "?", str(count), "unseen_count" if unseen else t, about)
-    if t == "same_species":
-        corner_a, corner_b = rng.choice(CORNER_PAIRS)
-        if rng.random() < 0.5:
-            corner_a, corner_b = corner_b, corner_a  # either order of the two corners
-        same = rng.random() < 0.5
-        n = rng.randint(2, MAX_ANIMALS)
-        j = rng.randrange(n) if held else -1  # 0: corner a, 1: corner b, else one of the others
-        kind_a = _held_kind(rng, held) if j == 0 else _kind(rng, allowed)
-        pick = functools.partial(_held_kind, rng, held) if j == 1 else functools.partial(_kind, rng, allowed)
-        kind_b = pick(species=kind_a[0]) if same else pick(not_species=kind_a[0])
-        rest = [cell for cell in cells_all if cell not in (CORNERS[corner_a], CORNERS[corner_b])]
-        kinds = [kind_a, kind_b] + _kinds(rng, allowed, [{}] * (n - 2), held, j - 2)
-        scene = _place(rng, kinds, [CORNERS[corner_a], CORNERS[corner_b], *rng.sample(rest, n - 2)], num_clutter)
-        question = f"is the {corner_a} animal the same species as the {corner_b} animal?"
-        return Item(scene, question, "yes" if same else "no", t,
-                    (scene.at(CORNERS[corner_a]), scene.at(CORNERS[corner_b])))
-    if t == "species":
-        corner = rng.choice(list(CORNERS))
-        n = rng.randint(1, MAX_ANIMALS)
-        rest = [cell for cell in cells_all if cell != CORNERS[corner]]
-        kinds = _kinds(rng, allowed, [{}] * n, held, rng.randrange(n) if held else -1)
-        scene = _place(rng, kinds, [CORNERS[corner], *rng.sample(rest, n - 1)], num_clutter)
-        target = scene.at(CORNERS[corner])
-        return Item(scene, f"what species is the {corner} animal?", target.species, t, (target,))
-    if t == "colour":
-        species = rng.choice(SPECIES)
-        n = rng.randint(1, MAX_ANIMALS)
-        slots = [{"species": species, "named": True}] + [{"not_species": species}] * (n - 1)
-        kinds = _kinds(rng, allowed, slots, held, rng.randrange(n) if held else -1)
-        rng.shuffle(kinds)
-        scene = _place(rng, kinds, rng.sample(cells_all, n), num_clutter)
-        target = next(animal for animal in scene.animals if animal.species == species)
-        return Item(scene, f"what colour is the {species}?", target.colour, t, (target,))
-    raise ValueError(f"unknown template {t!r}; templates: {', '.join(TEMPLATES)}")
+            slots = [{"species": species}] * count + [{"not_species": species}] * (n - count)
+    else:
+        slots = [{"colour": colour}] * count + [{"not_colour": colour}] * (n - count)
+    kinds = _kinds(rng, allowed, slots, held, rng.randrange(n) if held else -1)
+    rng.shuffle(kinds)
+    scene = _place(rng, kinds, rng.sample(_CELLS, n), num_clutter)
+    about = tuple(animal for animal in scene.animals
+                  if (template == "count" and (species == "animal" or animal.species == species))
+                  or (template == "count_colour" and animal.colour == colour))
+    return Item(scene, question + "?", str(count), "unseen_count" if unseen else template, about)
+
+
+def _same_species_item(rng, template, allowed, held_counts, num_clutter, held) -> Item:
+    """The lecture's question, "is the {corner} animal the same species as the {corner} animal?"."""
+    corner_a, corner_b = rng.choice(CORNER_PAIRS)
+    if rng.random() < 0.5:
+        corner_a, corner_b = corner_b, corner_a  # either order of the two corners
+    same = rng.random() < 0.5
+    n = rng.randint(2, MAX_ANIMALS)
+    j = rng.randrange(n) if held else -1  # 0: corner a, 1: corner b, else one of the others
+    kind_a = _held_kind(rng, held) if j == 0 else _kind(rng, allowed)
+    pick = functools.partial(_held_kind, rng, held) if j == 1 else functools.partial(_kind, rng, allowed)
+    kind_b = pick(species=kind_a[0]) if same else pick(not_species=kind_a[0])
+    rest = [cell for cell in _CELLS if cell not in (CORNERS[corner_a], CORNERS[corner_b])]
+    kinds = [kind_a, kind_b] + _kinds(rng, allowed, [{}] * (n - 2), held, j - 2)
+    scene = _place(rng, kinds, [CORNERS[corner_a], CORNERS[corner_b], *rng.sample(rest, n - 2)], num_clutter)
+    question = f"is the {corner_a} animal the same species as the {corner_b} animal?"
+    return Item(scene, question, "yes" if same else "no", template,
+                (scene.at(CORNERS[corner_a]), scene.at(CORNERS[corner_b])))
+
+
+def _species_item(rng, template, allowed, held_counts, num_clutter, held) -> Item:
+    """The question "what species is the {corner} animal?"."""
+    corner = rng.choice(list(CORNERS))
+    n = rng.randint(1, MAX_ANIMALS)
+    rest = [cell for cell in _CELLS if cell != CORNERS[corner]]
+    kinds = _kinds(rng, allowed, [{}] * n, held, rng.randrange(n) if held else -1)
+    scene = _place(rng, kinds, [CORNERS[corner], *rng.sample(rest, n - 1)], num_clutter)
+    target = scene.at(CORNERS[corner])
+    return Item(scene, f"what species is the {corner} animal?", target.species, template, (target,))
+
+
+def _colour_item(rng, template, allowed, held_counts, num_clutter, held) -> Item:
+    """The question "what colour is the {species}?" (the species named appears once)."""
+    species = rng.choice(SPECIES)
+    n = rng.randint(1, MAX_ANIMALS)
+    slots = [{"species": species, "named": True}] + [{"not_species": species}] * (n - 1)
+    kinds = _kinds(rng, allowed, slots, held, rng.randrange(n) if held else -1)
+    rng.shuffle(kinds)
+    scene = _place(rng, kinds, rng.sample(_CELLS, n), num_clutter)
+    target = next(animal for animal in scene.animals if animal.species == species)
+    return Item(scene, f"what colour is the {species}?", target.colour, template, (target,))
+
+
+# one function per question template (unseen_count is count's with a held-out pair: _try_item)
+_TEMPLATE_ITEMS = {"count": _count_item, "count_colour": _count_item, "same_species": _same_species_item,
+                   "species": _species_item, "colour": _colour_item}
 
 
 def sample_items(n: int, key: str, *, seed: int, held_out: bool, num_clutter: int = 6,
