@@ -22,10 +22,12 @@ def records():
     return module
 
 
-def test_the_docs_page_is_rendered_from_the_json(records):
-    assert records.PAGE.read_text() == records.page(records.load_rows()), (
-        "docs/records.md differs from bench/results/records.json: run python bench/records.py table --write "
-        "docs/records.md")
+def test_the_docs_page_and_the_readme_table_are_rendered_from_the_json(records):
+    regenerate = "run python bench/records.py table --write docs/records.md"
+    rows = records.load_rows()
+    assert records.PAGE.read_text() == records.page(rows), f"docs/records.md differs from records.json: {regenerate}"
+    readme = records.README.read_text()
+    assert readme == records.readme_with_table(readme, rows), f"README.md's table differs: {regenerate}"
 
 
 def test_a_record_must_beat_the_old_one_beyond_the_spread(records):
@@ -57,6 +59,9 @@ def test_an_attempt_runs_its_seeds_and_keeps_its_history(records, tmp_path, monk
     assert row["record"]["change"] == "the first"
     with pytest.raises(SystemExit, match="at least 3 seeds"):
         records.attempt("tiny", [0], "one seed", path=path)
+    monkeypatch.setitem(records.TASKS, "tiny", dataclasses.replace(tiny, budget_s=0.5))  # a rule tightened
+    row = records.rejudge(path)["tiny"]
+    assert row["record"] is None and not any(h["within_budget"] for h in row["history"])
 
 
 def test_every_task_names_a_recipe_and_a_budget(records):
