@@ -62,9 +62,8 @@ _OPTIONS = {"baseline": True, "eval_batch_size": 200, "num_mfcc": 13, "robustnes
 # "none": the clips as generated or read (their spectrograms computed once); "auto": "noise+resynth+voices" on
 # the generated digits, "none" on a directory.
 WAVE_AUGMENTS = ("auto", "none", "noise", "noise+resynth", "noise+resynth+voices")
-# 1,500 steps: 100% on the held-out voices and 82% on the other synthesizers in 181 s of training (idle, 2
-# threads; the module docstring); time_budget caps the training time on slower machines (the cosine schedule
-# then follows the clock).
+# 1,500 steps: how they were chosen is in docs/experiments/audio.md; time_budget caps the training time on slower
+# machines (the cosine schedule then follows the clock).
 _TRAIN_DEFAULTS = {"max_iters": 1500, "time_budget": 270.0, "batch_size": 64, "lr": 2e-3, "warmup_iters": 100,
                    "weight_decay": 0.05, "beta2": 0.99, "eval_interval": 200, "log_interval": 50}
 
