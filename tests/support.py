@@ -247,3 +247,12 @@ def data_uris(text: str) -> list[bytes]:
     import re
 
     return [base64.b64decode(m) for m in re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', text)]
+
+
+def setting_value(value) -> str:
+    """A recipe setting as ``tokennet train --set KEY=VALUE`` spells it (booleans, lists, None)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value))
+    return "none" if value is None else str(value)

@@ -57,7 +57,8 @@ def short_local_names(under: str = "") -> list[str]:
         for func in ast.walk(tree):
             if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
                 continue
-            bound = [(n.id, n.lineno) for n in ast.walk(func) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
+            bound = [(node.id, node.lineno) for node in ast.walk(func)
+                     if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)]
             if isinstance(func, ast.Lambda):
                 bound += [(a.arg, func.lineno) for a in func.args.args]
             bound += [(h.name, h.lineno) for h in ast.walk(func) if isinstance(h, ast.ExceptHandler) and h.name]

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support import setting_value
 
 from tokennet.cli import build_parser, main
 from tokennet.lifecycle import list_recipes
@@ -174,14 +175,6 @@ def test_unskipped_blocks_run_only_tokennet():
 # ------------------------------------------------------------------------------------------------------- rewriting
 
 
-def _value(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (list, tuple)):
-        return ",".join(map(str, v))
-    return "none" if v is None else str(v)
-
-
 def _split_sets(args: list[str]) -> tuple[list[str], dict[str, str]]:
     """The arguments without their ``--set`` groups, and the settings those groups give."""
     rest, sets, i = [], {}, 0
@@ -232,7 +225,7 @@ def small_train(args: list[str], workdir: Path) -> list[str]:
     if recipe.unused is not None:
         unused = recipe.unused({**recipe.defaults(), **merged})
         merged = {k: v for k, v in merged.items() if k not in unused or k in sets}
-    return head + rest + ["--set", *(f"{k}={_value(v)}" for k, v in merged.items())]
+    return head + rest + ["--set", *(f"{k}={setting_value(v)}" for k, v in merged.items())]
 
 
 CORPUS = "".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(300))

@@ -30,7 +30,7 @@ from unittest import mock
 import pytest
 import torch
 from PIL import Image
-from support import assert_same_function, data_uris, parse_html
+from support import assert_same_function, data_uris, parse_html, setting_value
 
 from tokennet.cli import main
 from tokennet.lifecycle import list_recipes
@@ -45,14 +45,6 @@ CASES = [(r.name, v) for r in list_recipes() for v in (None, *r.variants)]
 IDS = [name if v is None else f"{name}/{v}" for name, v in CASES]
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def _value(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (list, tuple)):
-        return ",".join(map(str, v))
-    return "none" if v is None else str(v)
 
 
 def _cli(*argv) -> int:
@@ -93,7 +85,7 @@ def _train(name: str, variant: str | None, root: Path, **flags) -> tuple[Path, t
         sets = {**recipe.smoke, **(recipe.variants[variant] if variant else {}), **STEPS}
         if recipe.unused is not None:  # a variant may not take every smoke setting (the GRU baseline: no heads)
             sets = {k: v for k, v in sets.items() if k not in recipe.unused({**recipe.defaults(), **sets})}
-        argv += ["--set", *(f"{k}={_value(v)}" for k, v in sets.items())]
+        argv += ["--set", *(f"{k}={setting_value(v)}" for k, v in sets.items())]
     held = {}
     real = lifecycle.save_pretrained
 

@@ -59,6 +59,17 @@ def _graphs() -> int:
     return counters["stats"]["unique_graphs"]
 
 
+def _trace_with(step, backend, name: str) -> None:
+    """Compile ``step``'s own code with ``backend`` (no Inductor: the graph runs as traced, in seconds), under a
+    code name of its own so that no other test's graphs are shared."""
+    import types
+
+    fn = type(step)._step
+    code = fn.__code__.replace(co_name=name)
+    step.fn = torch.compile(types.MethodType(types.FunctionType(code, fn.__globals__), step), fullgraph=True,
+                            dynamic=False, backend=backend)
+
+
 @pytest.mark.slow  # two compilations: ~25 s with Inductor's cache warm, minutes cold on a shared machine
 def test_the_compiled_engine_gives_the_eager_tokens_and_its_graphs_stop_growing():
     m = _model(num_layers=1)
@@ -101,7 +112,6 @@ def test_the_traced_step_fuses_the_rows_mask_into_its_attention_and_gives_the_ea
     """What Dynamo captures of the engine's step (no Inductor: the graph runs as traced, in seconds): the rows' key
     mask goes into the step's own attention (one_query_attention), never an SDPA call per layer, as in
     sampling.stream's step; and the tokens are the eager engine's, one row and several."""
-    import types
 
     m = _model(num_layers=2)
     rounds = [1, 3, 2]
@@ -115,10 +125,7 @@ def test_the_traced_step_fuses_the_rows_mask_into_its_attention_and_gives_the_ea
         graphs.append(gm)
         return gm.forward
 
-    fn = type(step)._step
-    code = fn.__code__.replace(co_name="_step_traced_for_a_test")
-    step.fn = torch.compile(types.MethodType(types.FunctionType(code, fn.__globals__), step), fullgraph=True,
-                            dynamic=False, backend=backend)
+    _trace_with(step, backend, "_step_traced_for_a_test")
     engine.start()
     got = _session(engine, rounds)
     engine.stop()
@@ -133,8 +140,6 @@ def test_requests_are_answered_eagerly_while_the_step_compiles_in_the_background
     """``tokennet serve`` takes requests at once: the step compiles in a thread of its own (here a traced graph held
     back until released, standing for a slow Inductor compile) over caches of its own; meanwhile the engine
     decodes eagerly, and the first step after it is ready runs compiled, with the eager engine's tokens."""
-    import types
-
     m = _model(num_layers=1)
     eager = Engine(m, TOK, max_batch=3, compile=False).start()
     want_first, want_rest = _session(eager, [2]), _session(eager, [1, 3])
@@ -147,10 +152,7 @@ def test_requests_are_answered_eagerly_while_the_step_compiles_in_the_background
         traced.append(threading.current_thread().name)
         return gm.forward
 
-    fn = type(step)._step
-    code = fn.__code__.replace(co_name="_step_held_back_for_a_test")
-    step.fn = torch.compile(types.MethodType(types.FunctionType(code, fn.__globals__), step), fullgraph=True,
-                            dynamic=False, backend=slow_backend)
+    _trace_with(step, slow_backend, "_step_held_back_for_a_test")
     engine.start()
     assert engine.warm_up_in_background() and not engine.warm_up_in_background()  # one compile at a time
     assert engine.status()["compile"]["ready"] is False
