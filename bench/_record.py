@@ -54,5 +54,7 @@ def write(path: str | Path, results: dict, *, settings: dict | None = None, argv
     record.update(results)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=indent, default=str) + "\n")
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")  # written aside, then swapped in: a crash mid-write
+    tmp.write_text(json.dumps(record, indent=indent, default=str) + "\n")  # never leaves a half file (records.json
+    os.replace(tmp, path)  # holds every attempt's history)
     return record
