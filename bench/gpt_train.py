@@ -26,13 +26,15 @@ Every figure comes from one script run, the compared systems alternating, each a
 
     python bench/gpt_train.py best [--pairs 3]
     python bench/gpt_train.py budget [--pairs 3] [--fraction 0.4] [--nanogpt-wall 141] [--nanogpt-iters 20]
+                                     [--recipe-defaults]
     python bench/gpt_train.py steptime [--rounds 5 --iters 60]
     python bench/gpt_train.py ablation [--steps 400]
     python bench/gpt_train.py throughput [--rounds 5 --iters 60] [--compile]
 
 ``--threads N`` sets OMP_NUM_THREADS for every process (default: PyTorch's choice, all cores); on a
 machine shared with other jobs use ``--threads 1``: multi-threaded OpenMP under contention is slower
-by orders of magnitude. Results go to ``bench/results/gpt_train_MODE.json``.
+by orders of magnitude. Results go to ``bench/results/gpt_train_MODE.json`` (``budget --recipe-defaults``:
+``gpt_train_budget-recipe-defaults.json``).
 
 How :data:`BUDGET_SETTINGS` were chosen (issue 35, on a 2-core machine shared with ~10 other jobs, so by
 quantities the load changes little). Each try is ``tokennet train gpt-char`` (through
@@ -277,7 +279,9 @@ def budget(args) -> dict:
     run in a fresh process (its wall time less its one step) and taken off the budget; intermediate
     evaluations are off (``eval_interval=0``: the budget's time goes to training). The run's own wall time
     is reported beside the budget, so an overshoot shows."""
-    settings = {**BEST_SETTINGS, **BUDGET_SETTINGS, **_parse(args.sets)}
+    # --recipe-defaults: the recipe as a user runs it (its own model, schedule, evaluations, sample and report);
+    # only the protocol's time budget is given.
+    settings = {**({} if args.recipe_defaults else {**BEST_SETTINGS, **BUDGET_SETTINGS}), **_parse(args.sets)}
     pairs = []
     for i in range(args.pairs):
         if args.nanogpt_wall:  # a given W (e.g. the reference machine's 141 s): nanoGPT is not run
@@ -486,6 +490,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5, help="throughput, steptime: interleaved rounds")
     p.add_argument("--iters", type=int, default=60, help="throughput, steptime: iterations per system per round")
     p.add_argument("--compile", action="store_true", help="throughput: also time tokennet under torch.compile")
+    p.add_argument("--recipe-defaults", action="store_true",
+                   help="budget: tokennet train gpt-char's own defaults (sample and report included), not BEST_SETTINGS")
     p.add_argument("--set", dest="sets", nargs="*", default=[], help="override BEST_SETTINGS (KEY=VALUE)")
     p.add_argument("--threads", type=int, default=None, help="OMP threads for every process (default: all)")
     p.add_argument("--out", default=str(ROOT / "bench" / "results"))
@@ -503,7 +509,7 @@ def main() -> None:
     res["machine"] = machine(torch=res["env"]["torch"], threads=res["env"]["threads"])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"gpt_train_{args.mode}.json"
+    path = out / f"gpt_train_{args.mode}{'-recipe-defaults' if args.recipe_defaults else ''}.json"
     path.write_text(json.dumps(res, indent=2) + "\n")
     print(f"\nwrote {path}")
 

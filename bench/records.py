@@ -6,6 +6,7 @@ the same command; it replaces the row's record only when it beats it beyond the 
 rule: a new record states its change and shows it is not noise). Every attempt is kept in the row's history.
 
     python bench/records.py run mnist1d --change "what this attempt changed"   # 3 seeds, then the verdict
+    python bench/records.py run characters --change "..." -- --time-budget 840  # with more `train` arguments
     python bench/records.py table                                              # the markdown table
     python bench/records.py table --write docs/records.md                      # the page, and README's table
 
@@ -49,9 +50,10 @@ class Task:
     reference: tuple[tuple[str, float | None, str], ...]  # what a reader compares it with: (label, value, unit)
     args: tuple[str, ...] = ()  # the documented settings: what `tokennet train RECIPE` is given
 
-    def command(self, seed: int, out: str) -> list[str]:
-        return [sys.executable, "-m", "tokennet.cli", "-q", "train", self.recipe, *self.args, "--seed", str(seed),
-                "--out", out, "--no-progress"]
+    def command(self, seed: int, out: str, extra: tuple[str, ...] = ()) -> list[str]:
+        """The ``tokennet train`` process of one seed: the row's documented settings, then this attempt's."""
+        return [sys.executable, "-m", "tokennet.cli", "-q", "train", self.recipe, *self.args, *extra, "--seed",
+                str(seed), "--out", out, "--no-progress"]
 
 
 TASKS = {
@@ -71,12 +73,12 @@ TASKS = {
 }
 
 
-def run_seed(task: Task, seed: int) -> dict:
+def run_seed(task: Task, seed: int, extra: tuple[str, ...] = ()) -> dict:
     """One ``tokennet train`` process, timed from its start to its end; its metric read back from the run."""
     with tempfile.TemporaryDirectory(prefix="record-") as tmp:
         out = str(Path(tmp) / "run")
         started = time.perf_counter()
-        done = subprocess.run(task.command(seed, out), capture_output=True, text=True,
+        done = subprocess.run(task.command(seed, out, extra), capture_output=True, text=True,
                               env={**os.environ, "PYTHONPATH": str(_record.ROOT / "src")})
         wall = time.perf_counter() - started
         if done.returncode != 0:
@@ -112,13 +114,15 @@ def settings() -> dict:
     return {"min_seeds": MIN_SEEDS, "tasks": {name: dataclasses.asdict(task) for name, task in TASKS.items()}}
 
 
-def attempt(name: str, seeds: list[int], change: str, path: Path = RESULTS) -> dict:
-    """Run ``seeds`` of task ``name``, judge the attempt against the row's record and write the file."""
+def attempt(name: str, seeds: list[int], change: str, path: Path = RESULTS, extra: tuple[str, ...] = ()) -> dict:
+    """Run ``seeds`` of task ``name`` (``extra``: this attempt's ``tokennet train`` arguments after the row's own),
+    judge the attempt against the row's record and write the file."""
     if len(seeds) < MIN_SEEDS:
         raise SystemExit(f"a record needs at least {MIN_SEEDS} seeds, got {len(seeds)}")
     task = TASKS[name]
-    new = {**summarize([run_seed(task, s) for s in seeds]), "change": change, "commit": _record.commit(),
-           "command": " ".join(["tokennet", "train", task.recipe, *task.args, "--seed", "S"])}
+    new = {**summarize([run_seed(task, s, extra) for s in seeds]), "change": change, "commit": _record.commit(),
+           "command": " ".join(["tokennet", "train", task.recipe, *task.args, *extra, "--seed", "S"]),
+           "load_average": os.getloadavg()}
     rows = load_rows(path)
     rows.setdefault(name, {"record": None, "history": []})["history"].append(new)
     _record.write(path, {"rows": judge(rows)}, settings=settings())
@@ -167,12 +171,32 @@ def table(rows: dict, results: str = "../bench/results") -> str:
     return "\n".join(lines)
 
 
+def history(rows: dict) -> str:
+    """Each row's story: every attempt in order — its change, its median and spread, its wall, the verdict."""
+    parts = []
+    for name, task in TASKS.items():
+        tried = (rows.get(name) or {}).get("history") or []
+        if not tried:
+            continue
+        parts.append(f"### {task.title}\n")
+        for number, entry in enumerate(tried, 1):
+            verdict = "**record**" if entry["record"] else "not a record" + (
+                "" if entry["within_budget"] else " (over the budget)")
+            parts.append(f"{number}. {entry['change']}: {entry['median']:.4g} (spread "
+                         f"{entry['spread']:.2g}), {entry['wall_s_median']:g} s, `{entry['command']}`, "
+                         f"commit `{(entry.get('commit') or '?')[:12]}` — {verdict}")
+        parts.append("")
+    return "\n".join(parts)
+
+
 def page(rows: dict) -> str:
     return ("# Records on 2 CPU cores\n\n<!-- rendered by `python bench/records.py table --write docs/records.md` "
             "from bench/results/records.json; do not edit -->\n\nEach record is the median over at least "
             f"{MIN_SEEDS} seeds of `tokennet train`, timed as a whole process on 2 cores; it stands until an "
             "attempt beats it beyond the seeds' spread. Every attempt, record or not, is in "
-            "[records.json](../bench/results/records.json).\n\n" + table(rows) + "\n")
+            "[records.json](../bench/results/records.json).\n\n" + table(rows) + "\n\n## Every attempt, in order\n\n"
+            "What each attempt changed and how it was judged: a record must beat the one before it beyond the "
+            "seeds' spread, within the budget.\n\n" + history(rows))
 
 
 def readme_with_table(readme: str, rows: dict) -> str:
@@ -187,16 +211,19 @@ def readme_with_table(readme: str, rows: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    go = sub.add_parser("run", help="run one task's seeds and judge them against its record")
+    go = sub.add_parser("run", help="run one task's seeds and judge them against its record",
+                        epilog="After --: more `tokennet train` arguments for this attempt (-- --time-budget 840).")
     go.add_argument("task", choices=sorted(TASKS))
     go.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     go.add_argument("--change", required=True, help="what this attempt changed (stated in the table)")
     sub.add_parser("rejudge", help="judge every attempt again by today's rules (after a rule changed)")
     show = sub.add_parser("table", help="print the table (or write the docs page) from records.json")
     show.add_argument("--write", metavar="PATH", help="write the docs page there (and the README's table)")
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    extra = tuple(argv[argv.index("--") + 1:]) if "--" in argv else ()
+    args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     if args.command == "run":
-        new = attempt(args.task, args.seeds, args.change)
+        new = attempt(args.task, args.seeds, args.change, extra=extra)
         verdict = "a new record" if new["record"] else "not a record" + (
             "" if new["within_budget"] else " (over the budget)")
         print(f"{args.task}: median {new['median']:.4g}, spread {new['spread']:.2g}, wall {new['wall_s_median']:g} s"

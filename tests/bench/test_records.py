@@ -50,8 +50,8 @@ def test_an_attempt_runs_its_seeds_and_keeps_its_history(records, tmp_path, monk
     first = records.attempt("tiny", [0, 1, 2], "the first", path=path)
     assert first["record"] and [r["seed"] for r in first["runs"]] == [0, 1, 2]
     assert all(r["value"] > 0 and r["wall_s"] > 0 for r in first["runs"])
-    monkeypatch.setattr(records, "run_seed", lambda task, seed: {"seed": seed, "value": first["median"],
-                                                                  "wall_s": 1.0})
+    monkeypatch.setattr(records, "run_seed", lambda task, seed, extra: {"seed": seed, "value": first["median"],
+                                                                         "wall_s": 1.0})
     again = records.attempt("tiny", [0, 1, 2], "the same again", path=path)
     assert not again["record"]  # equal is not better
     row = json.loads(path.read_text())["rows"]["tiny"]
@@ -70,3 +70,27 @@ def test_every_task_names_a_recipe_and_a_budget(records):
     names = {r.name for r in list_recipes()}
     for task in records.TASKS.values():
         assert task.recipe in names and task.budget_s > 0, dataclasses.asdict(task)
+
+
+def test_an_attempts_own_arguments_reach_the_process_and_its_recorded_command(records, tmp_path, monkeypatch):
+    seen = []
+    monkeypatch.setattr(records, "run_seed", lambda task, seed, extra: seen.append(extra) or {
+        "seed": seed, "value": 1.0, "wall_s": 1.0})
+    path = tmp_path / "records.json"
+    new = records.attempt("characters", [0, 1, 2], "longer", path=path, extra=("--time-budget", "840"))
+    assert seen == [("--time-budget", "840")] * 3
+    assert new["command"].endswith("--time-budget 840 --seed S") and len(new["load_average"]) == 3
+    argv = records.TASKS["characters"].command(0, "OUT", ("--time-budget", "840"))
+    assert argv[argv.index("--time-budget") + 1] == "840" and argv.index("--time-budget") < argv.index("--seed")
+
+
+def test_the_command_line_passes_what_follows_two_dashes_to_tokennet_train(records, monkeypatch):
+    given = {}
+
+    def fake_attempt(name, seeds, change, extra=()):
+        given.update(name=name, extra=extra)
+        return {"median": 1.5, "spread": 0.0, "wall_s_median": 1.0, "record": True, "within_budget": True}
+
+    monkeypatch.setattr(records, "attempt", fake_attempt)
+    assert records.main(["run", "characters", "--change", "longer", "--", "--time-budget", "840"]) == 0
+    assert given == {"name": "characters", "extra": ("--time-budget", "840")}
