@@ -112,13 +112,14 @@ def start_server(run: Path, port: int, threads: int, max_batch: int, quantize: s
     return wait_for(proc, port, "/health")
 
 
-def start_llamacpp(gguf: Path, port: int, threads: int, context: int) -> subprocess.Popen:
-    """llama.cpp's own OpenAI server (llama-cpp-python) on ``gguf``, queueing concurrent requests."""
+def start_llamacpp(gguf: Path, port: int, threads: int, context: int, extra: tuple[str, ...] = ()) -> subprocess.Popen:
+    """llama.cpp's own OpenAI server (llama-cpp-python) on ``gguf``, queueing concurrent requests (``extra``: more
+    of its settings, e.g. its prompt-lookup draft)."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     log = tempfile.TemporaryFile()  # llama.cpp logs a lot while loading: a pipe nobody reads would fill and block it
     proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", "bench",
                              "--n_threads", str(threads), "--n_threads_batch", str(threads), "--n_ctx", str(context),
-                             "--host", "127.0.0.1", "--port", str(port), "--interrupt_requests", "False"],
+                             "--host", "127.0.0.1", "--port", str(port), "--interrupt_requests", "False", *extra],
                             env=env, stdout=subprocess.DEVNULL, stderr=log)
     proc.log = log
     return wait_for(proc, port, "/v1/models")

@@ -451,19 +451,12 @@ def tokennet_serves_speculation() -> bool:
 
 
 def start_llamacpp_server(gguf: Path, port: int, threads: int, lookup_tokens: int | None):
-    """llama.cpp's OpenAI server (as bench/serve.py starts it), with prompt lookup when ``lookup_tokens``."""
-    from serve import wait_for
+    """llama.cpp's OpenAI server (bench/serve.py's), with prompt lookup when ``lookup_tokens``."""
+    from serve import start_llamacpp
 
-    extra = ["--draft_model", "prompt-lookup-decoding", "--draft_model_num_pred_tokens", str(lookup_tokens)] \
-        if lookup_tokens else []
-    log = tempfile.TemporaryFile()  # not a pipe: one nobody reads would fill and block the server
-    proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", "bench",
-                             "--n_threads", str(threads), "--n_threads_batch", str(threads), "--n_ctx", "2048",
-                             "--host", "127.0.0.1", "--port", str(port), "--interrupt_requests", "False", *extra],
-                            env={**os.environ, "OMP_NUM_THREADS": str(threads)}, stdout=subprocess.DEVNULL,
-                            stderr=log)
-    proc.log = log
-    return wait_for(proc, port, "/v1/models")
+    extra = ("--draft_model", "prompt-lookup-decoding", "--draft_model_num_pred_tokens", str(lookup_tokens)) \
+        if lookup_tokens else ()
+    return start_llamacpp(gguf, port, threads, 2048, extra)
 
 
 def request_extra(system: str, mode: str, args) -> dict:
