@@ -349,6 +349,19 @@ def _add_serve(sub) -> None:
                      help="the most sequences (one per prompt) waiting for a decoding row; beyond it a request is "
                      "answered 429 rate_limit_error (default 256). Requests also hold at most 2,048 prompts and "
                      "8 MiB of body")
+    cmd.add_argument("--speculative", default="off", choices=["off", "ngram", "draft"],
+                     help="speculative decoding of the requests that do not choose theirs (a request's "
+                     "\"speculative\" field does), lossless as generate --speculative: greedy text is plain "
+                     "decoding's, sampled text is distributed as plain sampling's. ngram drafts from each request's "
+                     "prompt and text so far; draft from --draft RUN. Drafting requests verify their drafts in the "
+                     "batch's one forward (eager: the compiled step serves the steps without drafts). GET /health "
+                     "says the mode and the acceptance rate (default off)")
+    cmd.add_argument("--draft", default=None, metavar="RUN",
+                     help="the draft run for --speculative draft (implies it): a smaller language-model run with the "
+                     "same tokenizer (another tokenizer is refused, naming both runs)")
+    cmd.add_argument("--draft-tokens", type=int, default=8, metavar="K",
+                     help="the most tokens drafted a round, 1 to the context − 1 (default 8; the number drafted "
+                     "adapts below it per request; a request's \"draft_tokens\" field sets its own)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -696,6 +709,10 @@ def cmd_serve(args) -> int:
         raise CLIError(f"--context must be at least 2 tokens, got {args.context}")
     if args.model_name is not None and any(not n.strip() for n in args.model_name):
         raise CLIError(f"--model-name must not be blank, got {args.model_name!r}")
+    if args.draft_tokens < 1:  # above the context: refused once the model is loaded
+        raise CLIError(f"--draft-tokens must be >= 1, got {args.draft_tokens}")
+    if args.speculative == "ngram" and args.draft is not None:
+        raise CLIError("--draft drafts only with --speculative draft; n-gram drafts come from the text")
     if not 0 <= args.prefix_cache_mb < float("inf"):
         raise CLIError(f"--prefix-cache-mb must be a number of MiB >= 0, got {args.prefix_cache_mb:g}")
     api_key = args.api_key if args.api_key is not None else os.environ.get("TOKENNET_API_KEY")
@@ -711,7 +728,8 @@ def cmd_serve(args) -> int:
           any_model_name=args.any_model_name, max_batch=args.max_batch, context=args.context,
           device=str(resolve_device(args.device)),
           log_level="warning" if args.quiet else "info", quantize=args.quantize, max_queue=args.max_queue,
-          prefix_cache_mb=args.prefix_cache_mb, compile=False if args.no_compile else None, threads=args.threads)
+          prefix_cache_mb=args.prefix_cache_mb, compile=False if args.no_compile else None, threads=args.threads,
+          speculative=args.speculative, draft=args.draft, draft_tokens=args.draft_tokens)
     return 0
 
 

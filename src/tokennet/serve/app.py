@@ -241,7 +241,8 @@ class _Served:
         """The body checked and tokenized (in a worker thread: a big body must not stall the event loop)."""
         body = parse_json(raw)
         shared = dict(tokenizer=self.tokenizer, served=self.names, context=self.engine.context,
-                      stop_ids=self.stop_ids, any_model=self.any_model_name, constraints=self.constraints)
+                      stop_ids=self.stop_ids, any_model=self.any_model_name, constraints=self.constraints,
+                      speculation=self.engine.speculation)
         try:
             if chat:
                 return parse_chat(body, **shared)
@@ -500,6 +501,15 @@ async def _stream(r: _Request, text_of: TokenText) -> AsyncIterator[str]:
         r.cancel()  # a client that went away: free its rows
 
 
+def _speculation_shown(engine: Engine) -> str:
+    """The start log's words for the server's speculative decoding (``GET /health``'s ``speculative`` says it too)."""
+    spec = engine.speculation
+    if spec.mode == "off":
+        return "off" + (f" (requests may ask for drafts from {spec.draft})" if spec.draft else "")
+    source = "n-gram drafts" if spec.mode == "ngram" else f"drafts from {spec.draft}"
+    return f"{spec.mode}: {source}, up to {spec.draft_tokens} a round"
+
+
 def serving_mode(model, quantize: str = "auto") -> str:
     """The decoding copy ``tokennet serve`` uses: ``quantize`` itself, or for ``"auto"`` the fastest copy that keeps
     the model's quality, in eager batched steps as in compiled ones: on the CPU, ``"int4"`` for a model whose
@@ -536,10 +546,15 @@ def serving_threads(threads: int | None = None, device: str = "cpu") -> int | No
 
 def engine_for_run(run, *, max_batch: int = 16, context: int | None = None, quantize: str = "auto",
                    max_queue: int | None = MAX_QUEUE, prefix_cache_mb: float = PREFIX_CACHE_MB,
-                   compile: bool | None = None) -> Engine:
+                   compile: bool | None = None, speculative: str = "off", draft=None, draft_tokens: int = 8) -> Engine:
     """An :class:`Engine` for a loaded language-model run; a RunError when the run is not one (``quantize``:
     see :func:`serving_mode`; ``prefix_cache_mb``: the prefix cache's bound, 0 = off; ``compile``: the compiled
-    decoding step, None = on unless ``TOKENNET_COMPILE=0``)."""
+    decoding step, None = on unless ``TOKENNET_COMPILE=0``). ``speculative``, ``draft`` (a run directory or a loaded
+    run; alone it implies ``"draft"``) and ``draft_tokens``: the server's speculative decoding, checked as ``tokennet
+    generate`` checks it (:func:`~tokennet.tasks.language.check_speculation`: a draft run with another tokenizer is
+    refused, naming both)."""
+    from ..tasks.language import check_speculation
+
     model = run.model
     if run.tokenizer is None or not hasattr(model, "forward_features") or not hasattr(model.config, "block_size"):
         raise RunError(f"{run.path} is a {run.task.name} run: tokennet serve serves language models with a "
@@ -549,8 +564,14 @@ def engine_for_run(run, *, max_batch: int = 16, context: int | None = None, quan
     template = getattr(run.tokenizer, "chat_template", None)
     if template and importlib.util.find_spec("jinja2") is not None:  # refused at start, not on every chat request
         check_chat_template(template, where=str(run.path))
+    helper, mode = None, speculative
+    if speculative != "off" or draft is not None:
+        helper = check_speculation(run, speculative, draft, draft_tokens)
+        mode = "draft" if helper is not None else speculative
     return Engine(model, run.tokenizer, max_batch=max_batch, context=context, quantize=serving_mode(model, quantize),
-                  max_queue=max_queue, prefix_cache_mb=prefix_cache_mb, compile=compile)
+                  max_queue=max_queue, prefix_cache_mb=prefix_cache_mb, compile=compile, speculative=mode,
+                  draft_model=None if helper is None else helper.model, draft_tokens=draft_tokens,
+                  draft_name=None if helper is None else str(helper.path))
 
 
 def serve(run_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
@@ -558,7 +579,8 @@ def serve(run_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, api
           context: int | None = None, device: str = "cpu",
           log_level: str = "info", quantize: str = "auto", max_queue: int | None = MAX_QUEUE,
           max_body: int = MAX_BODY, prefix_cache_mb: float = PREFIX_CACHE_MB, compile: bool | None = None,
-          threads: int | None = None) -> None:
+          threads: int | None = None, speculative: str = "off", draft: str | Path | None = None,
+          draft_tokens: int = 8) -> None:
     """Serve a language-model run over HTTP until Ctrl-C (which lets the requests in flight finish).
 
     ``api_key`` is used as given (the CLI reads ``--api-key`` or ``TOKENNET_API_KEY``); ``max_queue``: the most
@@ -567,7 +589,9 @@ def serve(run_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, api
     ``compile``: decode with the compiled step (None: on unless ``TOKENNET_COMPILE=0``), compiled in the background
     while the first requests are decoded eagerly (:meth:`Engine.warm_up_in_background`; a later start loads it from
     Inductor's on-disk cache); ``threads``: the CPU
-    threads a decoding step uses (:func:`serving_threads`; set before anything is compiled, whose kernels keep it).
+    threads a decoding step uses (:func:`serving_threads`; set before anything is compiled, whose kernels keep it);
+    ``speculative``, ``draft``, ``draft_tokens``: the speculative decoding of requests that do not choose theirs
+    (:func:`engine_for_run`; a request's ``"speculative"`` and ``"draft_tokens"`` fields choose per request).
     """
     import uvicorn
 
@@ -585,7 +609,8 @@ def serve(run_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, api
         log.info("serving %s (text embeddings) as model %s on http://%s:%d/v1", run_dir, shown, host, port)
     else:
         engine = engine_for_run(run, max_batch=max_batch, context=context, quantize=quantize, max_queue=max_queue,
-                                prefix_cache_mb=prefix_cache_mb, compile=compile)
+                                prefix_cache_mb=prefix_cache_mb, compile=compile, speculative=speculative, draft=draft,
+                                draft_tokens=draft_tokens)
         if engine.step is not None:  # requests are answered at once, eagerly, until the compiled step is ready
             engine.warm_up_in_background()
             log.info("compiling the batched decoding step in the background; requests are decoded eagerly until it "
@@ -596,10 +621,10 @@ def serve(run_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, api
         int4 = "4-bit blocks (a GGUF file's own, as they are)" + (
             " × int8 activations (integer dot products)" if int8dot.blocks_available() else "")
         weights = {"none": "float32", "bf16": "bf16", "int8": int8, "int4": int4}[engine.quantize]
-        log.info("serving %s as model %s on http://%s:%d/v1 (batch %d, context %d, %s weights%s, prefix cache %s)",
-                 run_dir, shown, host, port, max_batch, engine.context, weights,
+        log.info("serving %s as model %s on http://%s:%d/v1 (batch %d, context %d, %s weights%s, prefix cache %s, "
+                 "speculative %s)", run_dir, shown, host, port, max_batch, engine.context, weights,
                  " chosen by --quantize auto" if quantize == "auto" else "",
-                 "off" if engine.prefix is None else f"{prefix_cache_mb:g} MiB")
+                 "off" if engine.prefix is None else f"{prefix_cache_mb:g} MiB", _speculation_shown(engine))
         if engine.step is None:
             log.info("batched decoding runs eagerly (--no-compile or TOKENNET_COMPILE=0)")
     uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=None)

@@ -14,7 +14,8 @@ every layer as it was, all at the old capacity.
 
 The attention layers see an object with ``append(k, v)`` (and ``static = False``), like
 :class:`tokennet.attention.multihead.KVCache`; :class:`SlotCaches` tells every layer's cache what the
-next forward writes (:meth:`SlotCaches.plan_prefill`, :meth:`SlotCaches.plan_decode`). A prefill may start
+next forward writes (:meth:`SlotCaches.plan_prefill`, :meth:`SlotCaches.plan_decode`, and
+:meth:`SlotCaches.plan_verify` for speculative decoding's several tokens a row). A prefill may start
 past a row's first tokens (``plan_prefill(row, n, start=m)``): the row's first ``m`` keys and values were
 copied in from the :class:`PrefixCache`, and only the rest of the prompt is computed.
 
@@ -62,6 +63,11 @@ class SlotCache:
             self.k[row : row + 1, :, begin:end] = k
             self.v[row : row + 1, :, begin:end] = v
             return self.k[row : row + 1, :, :end], self.v[row : row + 1, :, :end]
+        if owner.mode == "verify":  # T tokens a row, at lengths_b + 0..T−1
+            rows = owner.rows_index[:, None]  # (B, 1), broadcast against write_at (B, T)
+            self.k[rows, :, owner.write_at] = k.transpose(1, 2)  # (B, T, Hkv, E)
+            self.v[rows, :, owner.write_at] = v.transpose(1, 2)
+            return self.k[owner.rows, :, : owner.n_keys], self.v[owner.rows, :, : owner.n_keys]
         rows = owner.rows_index  # (B,)
         self.k[rows, :, owner.write_at] = k[:, :, 0]  # (B, Hkv, E) into each row's next slot
         self.v[rows, :, owner.write_at] = v[:, :, 0]
@@ -165,6 +171,24 @@ class SlotCaches:
         self.write_at = lengths
         keys = torch.arange(n_keys, device=lengths.device)
         return (keys[None, :] <= lengths[:, None])[:, None, None, :]  # (B, 1, 1, Nk)
+
+    def plan_verify(self, lengths: Tensor, width: int, first: int = 0) -> Tensor:
+        """The next forward feeds ``width`` tokens to each of rows ``first..first+B−1`` (speculative decoding's
+        verification: a row's last token and its drafts, padded to ``width``), written at ``lengths_b + t``.
+
+        Returns the key mask ``(B, 1, width, Nk)``, ``Nk = max(lengths) + width``: query ``t`` of row ``b`` sees the
+        keys ``j <= lengths_b + t``, its own cached tokens and the tokens fed before it. A padded position writes its
+        key past what the row keeps; the row's length never counts it, and the next forward overwrites it.
+        """
+        n_keys = int(lengths.max()) + width
+        self.ensure(n_keys)
+        B = len(lengths)
+        self.mode, self.n_keys, self.offset = "verify", n_keys, n_keys - width
+        self.rows_index = torch.arange(first, first + B, device=lengths.device)
+        self.rows = slice(first, first + B)
+        self.write_at = lengths[:, None] + torch.arange(width, device=lengths.device)  # (B, width)
+        keys = torch.arange(n_keys, device=lengths.device)
+        return (keys[None, None, :] <= self.write_at[:, :, None])[:, None]  # (B, 1, width, Nk)
 
     def move(self, src: int, dst: int, length: int) -> None:
         """Copy row ``src``'s first ``length`` tokens to row ``dst`` (a finished sequence's row is refilled)."""

@@ -60,11 +60,28 @@ from torch import Tensor, nn
 from ..errors import ConfigError, DataError
 from ..layers import quantize as quantization
 from ..layers.blockquant import symbolic_rows
-from ..sampling import SAMPLING_EPS, CompiledStep, compile_default, compiled_step, inductor_cache_dir
+from ..sampling import (
+    SAMPLING_EPS,
+    CompiledStep,
+    compile_default,
+    compiled_step,
+    inductor_cache_dir,
+    next_token_probs,
+)
+from ..speculative import (
+    SPECULATIVE_MODES,
+    Draft,
+    DraftLength,
+    ModelDrafter,
+    NgramDrafter,
+    accept_greedy,
+    accept_sampled,
+    check_draft_tokens,
+)
 from .cache import DecodePlan, PrefixCache, SlotCache, SlotCaches
 
 __all__ = ["Engine", "Sequence", "SamplingParams", "QueueFull", "RequestFault", "sample_rows", "SAMPLING_EPS",
-           "TokenLogprob", "token_logprobs", "PREFIX_CACHE_MB", "available_memory", "RowsStep"]
+           "TokenLogprob", "token_logprobs", "PREFIX_CACHE_MB", "available_memory", "RowsStep", "Speculation"]
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +133,9 @@ class SamplingParams:
         prompt_logprobs: also record each prompt token's (from the prefill's forward; the first has none).
         constraint: a grammar (:mod:`.constrained`) whose ``matcher()`` masks each step's logits to the tokens
             that keep the output valid; the sequence stops when the grammar is complete.
+        speculative: ``"off"``, ``"ngram"`` or ``"draft"`` (:class:`Speculation`); None: the engine's mode. A
+            constrained sequence never drafts.
+        draft_tokens: the most tokens drafted a round (None: the engine's).
     """
 
     @property
@@ -132,6 +152,8 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: bool = False
     constraint: Any = None
+    speculative: str | None = None
+    draft_tokens: int | None = None
 
 
 @dataclass
@@ -197,6 +219,7 @@ class Sequence:
         self.prompt_logprobs: list[TokenLogprob] = []  # of prompt[1:] (params.prompt_logprobs)
         self.logprobs_sent = 0
         self.matcher = params.constraint.matcher() if params.constraint is not None else None
+        self.drafting: RowDrafting | None = None  # how it drafts, decided at its first decoding step
 
     @property
     def length(self) -> int:
@@ -258,6 +281,41 @@ def sample_rows(logits: Tensor, params: list[SamplingParams], generators: list[t
         errors.update(bad)
         out[sorted(bad)] = -1
     return out
+
+
+@dataclass
+class Speculation:
+    """The engine's speculative decoding (:mod:`tokennet.speculative`) and what it has done so far.
+
+    ``mode``: ``"off"``, ``"ngram"`` or ``"draft"``, the default of sequences that do not choose
+    (``SamplingParams.speculative``); ``draft``: the draft model's name (its run's path), None without a draft
+    model; ``draft_tokens``:
+    the default most tokens drafted a round. ``drafted`` and ``accepted`` count draft tokens over every sequence,
+    ``verifications`` the rows verified. ``clock``: each row's :class:`~tokennet.speculative.DraftLength` times its
+    rounds with it (None: never pauses speculation; deterministic, for tests).
+    """
+
+    mode: str = "off"
+    draft: str | None = None
+    draft_tokens: int = 8
+    drafted: int = 0
+    accepted: int = 0
+    verifications: int = 0
+    clock: Callable[[], float] | None = time.perf_counter
+
+    def status(self) -> dict[str, Any]:
+        """What ``GET /health`` shows: the mode, the draft run, draft tokens and the acceptance so far."""
+        return {"mode": self.mode, "draft": self.draft, "draft_tokens": self.draft_tokens, "drafted": self.drafted,
+                "accepted": self.accepted,
+                "acceptance_rate": round(self.accepted / self.drafted, 4) if self.drafted else 0.0}
+
+
+@dataclass
+class RowDrafting:
+    """One sequence's drafting: its drafter (None: it decodes plainly) and its adaptive draft length."""
+
+    drafter: NgramDrafter | ModelDrafter | None = None
+    length: DraftLength | None = None
 
 
 class RowsStep(CompiledStep):
@@ -323,6 +381,17 @@ class RowsStep(CompiledStep):
         return buffers
 
 
+class _CannotSample(ValueError):
+    """A row's logits or probabilities that no token can be drawn from (NaN): its sequence ends with the message."""
+
+
+def _processing(params: SamplingParams, vocab: int) -> dict[str, Any]:
+    """A sampled sequence's settings as :func:`~tokennet.sampling.next_token_probs` takes them (top-k past the
+    vocabulary and top-p of 1 are off), the distribution :func:`sample_rows` draws from."""
+    return {"temperature": params.temperature, "top_k": params.top_k if 0 < params.top_k < vocab else None,
+            "top_p": params.top_p if params.top_p < 1 else None}
+
+
 def _describe(e: BaseException) -> str:
     return f"internal error: {type(e).__name__}: {e}"
 
@@ -358,11 +427,19 @@ class Engine:
         compile: decode with the compiled step (:class:`RowsStep`; eager, with one note in the log, where it
             does not compile). None (the default): on unless ``TOKENNET_COMPILE=0``
             (:func:`~tokennet.sampling.compile_default`), as ``tokennet generate``; False: eager.
+        speculative: the speculative decoding of sequences that do not choose theirs: ``"off"``, ``"ngram"``
+            (drafts looked up in each sequence's prompt and text so far) or ``"draft"`` (drafts from
+            ``draft_model``); see :meth:`_decode`.
+        draft_model: a smaller causal LM over the model's vocabulary, whose drafts ``"draft"`` sequences verify
+            (None: no sequence may ask for them); ``draft_name``: what :meth:`status` calls it.
+        draft_tokens: the default most tokens drafted a round, 1 to ``context − 1``.
     """
 
     def __init__(self, model: nn.Module, tokenizer, *, max_batch: int = 16, context: int | None = None,
                  prefill_tokens: int = 2048, seed: int = 0, quantize: str = "none", max_queue: int | None = None,
-                 prefix_cache_mb: float = PREFIX_CACHE_MB, prefix_block: int = 16, compile: bool | None = None):
+                 prefix_cache_mb: float = PREFIX_CACHE_MB, prefix_block: int = 16, compile: bool | None = None,
+                 speculative: str = "off", draft_model: nn.Module | None = None, draft_tokens: int = 8,
+                 draft_name: str | None = None):
         config = model.config
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
@@ -401,6 +478,26 @@ class Engine:
         self.steps = 0  # decode steps taken (for tests and statistics)
         self.batch_sizes: list[int] = []  # rows of each decode step, the last 1000
         self.finished: Counter[str] = Counter()  # sequences ended, by finish reason
+        self.draft_model = draft_model
+        self.speculation = self._speculation(speculative, draft_model, draft_tokens, draft_name)
+        self.ngram = NgramDrafter()  # stateless: one for every sequence
+
+    def _speculation(self, mode: str, draft_model: nn.Module | None, draft_tokens: int,
+                     draft_name: str | None) -> Speculation:
+        """The engine's speculative decoding, checked: a known mode, ``"draft"`` with a draft model, and a draft
+        length that fits the context."""
+        if mode not in SPECULATIVE_MODES:
+            raise ConfigError(f"speculative must be one of {', '.join(SPECULATIVE_MODES)}, got {mode!r}")
+        if mode == "draft" and draft_model is None:
+            raise ConfigError("speculative 'draft' needs a draft model: a smaller language model with the same "
+                              "tokenizer")
+        check_draft_tokens(draft_tokens, self.context)
+        if draft_model is not None:
+            self.draft_quantize = quantization.resolve_mode(draft_model, "auto" if self.quantize == "int4"
+                                                            else self.quantize)
+            draft_model.eval()
+        shown = None if draft_model is None else draft_name or type(draft_model).__name__
+        return Speculation(mode, shown, draft_tokens)
 
     def _prefix_cache(self, mb: float, block: int) -> PrefixCache | None:
         if not (mb >= 0) or mb == float("inf"):
@@ -456,6 +553,7 @@ class Engine:
             if len(seq.prompt) + seq.params.max_tokens > self.context:
                 raise ValueError(f"{len(seq.prompt)} prompt tokens + {seq.params.max_tokens} new tokens exceed "
                                  f"the context of {self.context}")
+            self._check_speculative(seq.params)
         for seq in seqs:  # a seeded sequence's generator lives on the device its probabilities are on
             if seq.params.seed is not None and seq.generator is None:
                 seq.generator = torch.Generator(device=self.device).manual_seed(seq.params.seed)
@@ -469,6 +567,18 @@ class Engine:
                                 f"no room for {len(seqs)} more; try again later")
             self.waiting.extend(seqs)
             self._cv.notify_all()
+
+    def _check_speculative(self, params: SamplingParams) -> None:
+        """A ValueError for a sequence's speculative settings that this engine cannot follow."""
+        if params.speculative is not None and params.speculative not in SPECULATIVE_MODES:
+            raise ValueError(f"speculative must be one of {', '.join(SPECULATIVE_MODES)}, got {params.speculative!r}")
+        if params.speculative == "draft" and self.draft_model is None:
+            raise ValueError("speculative 'draft' needs the engine's draft model; this engine has none")
+        if params.draft_tokens is not None:
+            try:
+                check_draft_tokens(params.draft_tokens, self.context)
+            except ConfigError as error:
+                raise ValueError(str(error)) from None
 
     def cancel(self, seq: Sequence) -> None:
         """Stop a sequence (its client went away); its row is freed before the next step."""
@@ -685,39 +795,214 @@ class Engine:
                                  f"{type(error).__name__}: {error}")
 
     def _decode(self) -> None:
+        """One decoding step of every running row; the rows that speculate verify their drafts in it.
+
+        Without drafts the B rows feed their last token, ``(B, 1)`` (the compiled step). When any row has drafts
+        (:meth:`_draft_rows`), the step is one eager forward of ``(B, 1 + k_max)``: each row its last token and its
+        own drafts, padded (the padded positions' keys are written past what the row keeps, masked for its other
+        queries, and their logits ignored); each drafting row then keeps the drafts the rule accepts
+        (:func:`~tokennet.speculative.accept_greedy` for a greedy row, the lossless rejection rule
+        :func:`~tokennet.speculative.accept_sampled` for a sampled one) and one token of the model's own, and the
+        rows without drafts take one sampled token. A row's length counts only what it accepted, so the rejected
+        drafts' keys are rolled back by being overwritten later. Every token goes through :meth:`_accept` one at a
+        time: stop tokens, stop strings, the token budget and log probabilities work as in plain steps, and a stop
+        inside accepted drafts ends the sequence there.
+        """
         self._grow()
         B = len(self.running)
         if not B:
             return
         rows = list(self.running)
-        errors: dict[int, str] = {}
-        try:
-            logits = self._forward_rows(0, B)  # (B, V)
-            nxt = self._sample(logits, rows, errors).tolist()
-        except Exception as error:  # noqa: BLE001 - find the row(s) at fault: retry the step one row at a time
-            log.warning("a batched decoding step of %d rows failed (%s: %s); retrying row by row", B,
-                        type(error).__name__, error)
-            nxt, errors = [-1] * B, {}
-            for i, seq in enumerate(rows):
-                try:
-                    row_logits = self._forward_rows(i, 1)  # (1, V)
-                    nxt[i] = int(self._sample(row_logits, [seq])[0])
-                except RequestFault as row_error:  # its request's own error: no traceback
-                    errors[i] = row_error
-                except Exception as row_error:  # noqa: BLE001 - this row's own failure
-                    log.exception("decoding failed for one sequence; it ends with an error")
-                    errors[i] = _describe(row_error)
-        finally:
-            self.feeding = []
+        started = time.perf_counter()
+        drafts = self._draft_rows(rows)
+        errors: dict[int, Any] = {}
+        if drafts:
+            new, entries = self._verify_step(rows, drafts, errors)
+        else:
+            new, entries = self._plain_step(rows, errors), {}
         self.steps += 1
         self.batch_sizes = self.batch_sizes[-999:] + [B]
+        self._rounds_done(rows, drafts, new, errors, time.perf_counter() - started)
         for i in reversed(range(B)):  # from the end: a retired row is refilled by the last, already handled
             if i in errors:
                 if isinstance(errors[i], RequestFault):
                     log.info("a sequence ends with its request's error: %s", errors[i])
                 self._remove(i, "error", **_failure(errors[i]))
             else:
-                self._accept_or_fail(i, nxt[i])
+                self._take(i, new[i], entries.get(i))
+
+    def _plain_step(self, rows: list[Sequence], errors: dict[int, Any]) -> list[list[int]]:
+        """One token for every row from one ``(B, 1)`` forward; when the batched forward raises, it is retried one
+        row at a time, and a row whose own forward raises is recorded in ``errors``."""
+        B = len(rows)
+        try:
+            logits = self._forward_rows(0, B)  # (B, V)
+            return [[token] for token in self._sample(logits, rows, errors).tolist()]
+        except Exception as error:  # noqa: BLE001 - find the row(s) at fault: retry the step one row at a time
+            log.warning("a batched decoding step of %d rows failed (%s: %s); retrying row by row", B,
+                        type(error).__name__, error)
+            errors.clear()
+            nxt = [[-1] for _ in range(B)]
+            for i, seq in enumerate(rows):
+                try:
+                    row_logits = self._forward_rows(i, 1)  # (1, V)
+                    nxt[i] = [int(self._sample(row_logits, [seq])[0])]
+                except RequestFault as row_error:  # its request's own error: no traceback
+                    errors[i] = row_error
+                except Exception as row_error:  # noqa: BLE001 - this row's own failure
+                    log.exception("decoding failed for one sequence; it ends with an error")
+                    errors[i] = _describe(row_error)
+            return nxt
+        finally:
+            self.feeding = []
+
+    def _take(self, row: int, tokens: list[int], entries: list[TokenLogprob] | None) -> None:
+        """Accept a row's new tokens one at a time (with their log probabilities, when a verification computed
+        them), until the sequence ends."""
+        seq = self.running[row]
+        for j, token in enumerate(tokens):
+            if seq.finish_reason is not None:  # a stop, the budget, or a failure among the earlier tokens
+                return
+            if entries is not None:
+                seq.logprobs.append(entries[j])
+            self._accept_or_fail(row, token)
+
+    def _drafting(self, seq: Sequence) -> RowDrafting:
+        """How ``seq`` drafts, decided at its first decoding step: its own mode or the engine's; a constrained
+        sequence decodes plainly (its grammar masks one position's logits at a time)."""
+        if seq.drafting is None:
+            seq.drafting = RowDrafting()  # plain, also when what follows raises
+            params = seq.params
+            mode = params.speculative or self.speculation.mode
+            if mode != "off" and seq.matcher is None:
+                drafter = self.ngram if mode == "ngram" else ModelDrafter(
+                    self.draft_model, self.model.config.vocab_size,
+                    **_processing(params, self.model.config.vocab_size),
+                    generator=seq.generator if seq.generator is not None else self.generator,
+                    quantize=self.draft_quantize, compile=False)
+                length = DraftLength(params.draft_tokens or self.speculation.draft_tokens,
+                                     clock=self.speculation.clock)
+                seq.drafting = RowDrafting(drafter, length)
+        return seq.drafting
+
+    def _draft_rows(self, rows: list[Sequence]) -> dict[int, Draft]:
+        """Each speculating row's drafts (row → a draft of at least one token), at most what the row's token budget
+        and the context leave: a verification of width ``1 + k_max`` writes every row's keys up to its length +
+        width, so ``k_max`` stays below what the longest row leaves. A drafter that raises costs its sequence
+        speculation (it decodes plainly from then on), never the sequence."""
+        room = self.context - max(seq.length for seq in rows) - 1
+        drafts: dict[int, Draft] = {}
+        for i, seq in enumerate(rows):
+            try:
+                drafting = self._drafting(seq)
+                if drafting.drafter is None:
+                    continue
+                k = min(drafting.length.k, room, seq.params.max_tokens - len(seq.generated) - 1)
+                if k < 1 or not drafting.length.speculate():
+                    continue
+                draft = drafting.drafter.propose(torch.tensor(seq.prompt + seq.generated, device=self.device), k)
+            except Exception:  # noqa: BLE001 - drafts are an optimization: this sequence goes on without them
+                log.exception("drafting failed for one sequence; it decodes without drafts from now on")
+                seq.drafting = RowDrafting()
+                continue
+            if draft.tokens:
+                drafts[i] = draft
+        return drafts
+
+    def _forward_verify(self, first: int, rows: list[Sequence], drafts: dict[int, Draft]) -> Tensor:
+        """One forward of rows ``first..first+n−1``, each its last token and its drafts (``drafts``: by index in
+        ``rows``), padded with its last token to the widest: logits ``(n, W, V)``."""
+        self.feeding = rows
+        feeds = [[seq.next_token, *(drafts[j].tokens if j in drafts else [])] for j, seq in enumerate(rows)]
+        width = max(len(fed) for fed in feeds)
+        feed = torch.tensor([fed + fed[:1] * (width - len(fed)) for fed in feeds], device=self.device)  # (n, W)
+        lengths = torch.tensor([seq.length for seq in rows], device=self.device)  # (n,): tokens already cached
+        mask = self.caches.plan_verify(lengths, width, first)  # (n, 1, W, Nk)
+        positions = lengths[:, None] + torch.arange(width, device=self.device)  # (n, W)
+        hidden = self.net.forward_features(feed, caches=self.caches.layers, positions=positions, mask=mask)
+        return self.net.forward_head(hidden)  # (n, W, V)
+
+    def _verify_step(self, rows: list[Sequence], drafts: dict[int, Draft], errors: dict[int, Any]
+                     ) -> tuple[list[list[int]], dict[int, list[TokenLogprob]]]:
+        """Every row's new tokens from one verification forward (:meth:`_decode`), and the log probabilities of the
+        drafting rows that ask for them. When the batched forward raises, each row is verified alone; a row whose
+        own forward or choice raises is recorded in ``errors``, the others go on."""
+        B = len(rows)
+        try:
+            logits = self._forward_verify(0, rows, drafts)  # (B, W, V)
+            each = [(i, logits[i]) for i in range(B)]
+        except Exception as error:  # noqa: BLE001 - find the row(s) at fault: verify one row at a time
+            log.warning("a batched verification of %d rows failed (%s: %s); retrying row by row", B,
+                        type(error).__name__, error)
+            each = []
+            for i, seq in enumerate(rows):
+                try:
+                    each.append((i, self._forward_verify(i, [seq], {0: drafts[i]} if i in drafts else {})[0]))
+                except Exception as row_error:  # noqa: BLE001 - this row's own failure
+                    log.exception("verifying one sequence's drafts failed; it ends with an error")
+                    errors[i] = _describe(row_error)
+        finally:
+            self.feeding = []
+        new: list[list[int]] = [[] for _ in rows]
+        entries: dict[int, list[TokenLogprob]] = {}
+        for i, row_logits in each:
+            try:
+                new[i], got = self._choose(rows[i], row_logits, drafts.get(i))
+            except (RequestFault, _CannotSample) as error:  # the request's own, or its probabilities: no traceback
+                errors[i] = error if isinstance(error, RequestFault) else str(error)
+                continue
+            except Exception as error:  # noqa: BLE001 - this row's own failure
+                log.exception("verifying one sequence's drafts failed; it ends with an error")
+                errors[i] = _describe(error)
+                continue
+            if got is not None:
+                entries[i] = got
+        return new, entries
+
+    def _choose(self, seq: Sequence, logits: Tensor, draft: Draft | None
+                ) -> tuple[list[int], list[TokenLogprob] | None]:
+        """A row's tokens from its verification's logits ``(W, V)``: without a draft, one token sampled from the
+        first position (as a plain step samples it; its log probability recorded there); with ``k`` drafts, the
+        accepted drafts and one token of the model's own, with their log probabilities when asked for."""
+        if draft is None:
+            failed: dict[int, Any] = {}
+            token = int(self._sample(logits[:1], [seq], failed)[0])
+            if failed:
+                raise failed[0] if isinstance(failed[0], RequestFault) else _CannotSample(failed[0])
+            return [token], None
+        logits = logits[: len(draft.tokens) + 1]  # (k+1, V): after the last token and after each draft
+        if bool(torch.isnan(logits).any()):
+            raise _CannotSample("the model's logits are NaN")
+        params = seq.params
+        if params.greedy:
+            tokens = accept_greedy(logits, draft.tokens)
+        else:
+            probs = next_token_probs(logits, **_processing(params, logits.shape[-1]))  # what sample_rows draws from
+            if not bool((torch.isfinite(probs).all(dim=-1) & (probs.sum(dim=-1) > 0)).all()):
+                raise _CannotSample(f"the sampling probabilities are not finite (temperature {params.temperature:g})")
+            tokens = accept_sampled(probs, draft, seq.generator if seq.generator is not None else self.generator)
+        if params.logprobs is None:
+            return tokens, None
+        chosen = torch.tensor(tokens, device=logits.device)
+        return tokens, token_logprobs(logits[: len(tokens)], chosen, [params.logprobs] * len(tokens))
+
+    def _rounds_done(self, rows: list[Sequence], drafts: dict[int, Draft], new: list[list[int]],
+                     errors: dict[int, Any], seconds: float) -> None:
+        """After a step: each speculating row's draft length adapts (a verification, or a plain step of
+        ``seconds``), a draft model's cache keeps only the accepted text, and the engine's counts grow."""
+        stats = self.speculation
+        for i, seq in enumerate(rows):
+            drafting = seq.drafting
+            if i in errors or drafting is None or drafting.length is None:
+                continue
+            if i not in drafts:
+                drafting.length.plain_done(seconds)
+                continue
+            drafted, accepted = len(drafts[i].tokens), len(new[i]) - 1
+            drafting.length.round_done(drafted, accepted, seconds)
+            drafting.drafter.rollback(len(seq.prompt) + len(seq.generated) + accepted)
+            stats.drafted, stats.accepted = stats.drafted + drafted, stats.accepted + accepted
+            stats.verifications += 1
 
     def _accept_or_fail(self, row: int, token: int) -> None:
         seq = self.running[row]
@@ -865,7 +1150,8 @@ class Engine:
         return {**self.load, "max_batch": self.max_batch, "context": self.context, "steps": self.steps,
                 "quantize": self.quantize, "max_queue": self.max_queue, "compile": self.compile_status(),
                 "threads": torch.get_num_threads(),
-                "prefix_cache": None if self.prefix is None else self.prefix.stats()}
+                "prefix_cache": None if self.prefix is None else self.prefix.stats(),
+                "speculative": self.speculation.status()}
 
 
 def first_stop(text: str, stops: list[str], sent: int = 0) -> int:

@@ -2,8 +2,9 @@
 
 Every request field a client may send is either used (``model, prompt, messages, max_tokens,
 max_completion_tokens, temperature, top_p, stop, stream, stream_options, seed, n=1, logprobs,
-top_logprobs, echo, response_format, tools, tool_choice``, and vLLM's ``top_k``), accepted when it asks for
-nothing (``user``, penalties of 0, ...), or
+top_logprobs, echo, response_format, tools, tool_choice``, vLLM's ``top_k``, and tokennet's extensions
+``speculative`` and ``draft_tokens``: :func:`speculation_fields`), accepted when it asks for nothing (``user``,
+penalties of 0, ...), or
 refused with a 400 that names it: a client must never believe a setting took effect when it did not.
 Unknown fields are ignored, as the OpenAI API ignores them. An error body is OpenAI's::
 
@@ -20,12 +21,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..jsonio import JSONTooDeep, loads
+from ..speculative import SPECULATIVE_MODES
 from .engine import SamplingParams
 from .errors import APIError, error_body  # re-exported: their old home
 from .tools import call_schema, check_tools, tool_messages
 
 __all__ = ["APIError", "CompletionRequest", "MAX_PROMPTS", "parse_completion", "parse_chat", "error_body",
-           "completion_body", "chat_body", "completion_chunk", "chat_chunk", "usage"]
+           "completion_body", "chat_body", "completion_chunk", "chat_chunk", "usage", "speculation_fields"]
 
 MAX_STOP = 4
 MAX_LOGPROBS = 20  # top_logprobs / logprobs at most (OpenAI's cap)
@@ -165,10 +167,30 @@ def _response_format(body: dict[str, Any], constraints) -> Any:
                        param="response_format") from None
 
 
+def speculation_fields(body: dict[str, Any], speculation, context: int) -> tuple[str | None, int | None]:
+    """A request's speculative decoding (tokennet's extension fields): ``"speculative": "off" | "ngram" | "draft"``
+    (None: the server's mode) and ``"draft_tokens": K`` (1 to the context − 1; None: the server's).
+
+    ``speculation``: the engine's :class:`~tokennet.serve.engine.Speculation` (None: a server without one);
+    ``"draft"`` is a 400 on a server without a draft run (``tokennet serve --draft RUN``).
+    """
+    mode, k = body.get("speculative"), body.get("draft_tokens")
+    if mode is not None and mode not in SPECULATIVE_MODES:
+        raise APIError(400, f"speculative must be one of {', '.join(map(repr, SPECULATIVE_MODES))}, got {mode!r}",
+                       param="speculative")
+    if mode == "draft" and (speculation is None or speculation.draft is None):
+        raise APIError(400, "speculative 'draft' needs a draft model, and this server has none (tokennet serve "
+                       "--draft RUN gives one); 'ngram' drafts from the text itself", param="speculative")
+    if k is not None and (not _is_int(k) or not 1 <= k < context):
+        raise APIError(400, f"draft_tokens must be an integer from 1 to {context - 1} (the context of {context} "
+                       f"tokens less the one being continued), got {k!r}", param="draft_tokens")
+    return mode, None if k is None else int(k)
+
+
 def _common(body: dict[str, Any], served: str | list[str], *, default_max: int | None, context: int,
             prompt_len: int, stop_ids: list[int], extra_stop: list[str],
             prompt_param: str, any_model: bool = False, chat: bool = False,
-            zero_max: bool = False, constraints=None) -> tuple[SamplingParams, bool, bool, str]:
+            zero_max: bool = False, constraints=None, speculation=None) -> tuple[SamplingParams, bool, bool, str]:
     served = check_model(body.get("model"), served, any_model)
     stream = body.get("stream", False)
     if stream is None:
@@ -241,6 +263,7 @@ def _common(body: dict[str, Any], served: str | list[str], *, default_max: int |
                             stop=list(stop) + list(extra_stop or []),
                             stop_ids=list(stop_ids), seed=None if seed is None else int(seed),
                             logprobs=logprobs, constraint=_response_format(body, constraints))
+    params.speculative, params.draft_tokens = speculation_fields(body, speculation, context)
     return params, stream, include_usage, served
 
 
@@ -273,7 +296,8 @@ def _prompts(body: dict[str, Any], tokenizer, vocab: int) -> list[list[int]]:
 
 
 def parse_completion(body: dict[str, Any], *, tokenizer, served: str | list[str], context: int, vocab: int,
-                     stop_ids: list[int], any_model: bool = False, constraints=None) -> CompletionRequest:
+                     stop_ids: list[int], any_model: bool = False, constraints=None,
+                     speculation=None) -> CompletionRequest:
     """``POST /v1/completions``: one sequence per prompt (OpenAI's default ``max_tokens`` is 16).
 
     ``echo: true`` returns each prompt before its completion; with ``logprobs: k`` also the prompt tokens'
@@ -288,7 +312,7 @@ def parse_completion(body: dict[str, Any], *, tokenizer, served: str | list[str]
     params, stream, include_usage, model = _common(body, served, default_max=16, context=context,
                                                    prompt_len=longest, stop_ids=stop_ids, extra_stop=[],
                                                    prompt_param="prompt", any_model=any_model, zero_max=bool(echo),
-                                                   constraints=constraints)
+                                                   constraints=constraints, speculation=speculation)
     params.prompt_logprobs = bool(echo) and params.logprobs is not None
     texts = []
     if echo:
@@ -329,7 +353,7 @@ def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
 
 
 def parse_chat(body: dict[str, Any], *, tokenizer, served: str | list[str], context: int, stop_ids: list[int],
-               any_model: bool = False, constraints=None) -> CompletionRequest:
+               any_model: bool = False, constraints=None, speculation=None) -> CompletionRequest:
     """``POST /v1/chat/completions``: the conversation rendered with the run's chat template, one reply."""
     from ..data.chats import chat_stop_strings, render_chat
     from ..errors import DataError
@@ -364,7 +388,8 @@ def parse_chat(body: dict[str, Any], *, tokenizer, served: str | list[str], cont
     params, stream, include_usage, model = _common(body, served, default_max=None, context=context,
                                                    prompt_len=len(ids), stop_ids=stop_ids,
                                                    extra_stop=chat_stop_strings(tokenizer), prompt_param="messages",
-                                                   any_model=any_model, chat=True, constraints=constraints)
+                                                   any_model=any_model, chat=True, constraints=constraints,
+                                                   speculation=speculation)
     if forced is not None:
         params.constraint = forced
     return CompletionRequest([ids], params, stream, include_usage, model, chat=True, logprobs=params.logprobs,
