@@ -182,15 +182,17 @@ class ModelDrafter:
         temperature, top_k, top_p: the target's sampling settings, applied to the draft's logits as well.
         generator: the random generator the drafts are drawn with.
         quantize, compile: as in :func:`tokennet.sampling.generate`, for the draft model.
+        context: the window its cache holds (default and at most the draft model's context); a server drafting
+            for many sequences gives its own context, so each sequence's draft cache is no larger than it needs.
     """
 
     def __init__(self, model: nn.Module, vocab_size: int, *, temperature: float = 1.0, top_k: int | None = None,
                  top_p: float | None = None, generator: torch.Generator | None = None, quantize: str = "auto",
-                 compile: bool | None = None):
+                 compile: bool | None = None, context: int | None = None):
         _check_decodes(model, "the draft model")
         self.net = quantization.decoding_copy(model, quantization.resolve_mode(model, quantize))
         self.step = compiled_step(self.net) if compile_default(compile) else None
-        self.block = model.config.block_size
+        self.block = min(model.config.block_size, context or model.config.block_size)
         self.caches = self.net.make_caches(self.block)
         self.vocab_size = vocab_size
         self.sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)

@@ -879,7 +879,7 @@ class Engine:
                     self.draft_model, self.model.config.vocab_size,
                     **_processing(params, self.model.config.vocab_size),
                     generator=seq.generator if seq.generator is not None else self.generator,
-                    quantize=self.draft_quantize, compile=False)
+                    quantize=self.draft_quantize, compile=False, context=self.context)
                 length = DraftLength(params.draft_tokens or self.speculation.draft_tokens,
                                      clock=self.speculation.clock)
                 seq.drafting = RowDrafting(drafter, length)
