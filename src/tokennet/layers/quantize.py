@@ -26,9 +26,10 @@ its speed is set by the bytes of weights read: fp32 → bf16 halves them, int8 q
   and compiled steps alike; a GGUF Q4_1 layer reads the file's 20 bytes per 32 weights). Elsewhere (or
   ``TOKENNET_BLOCKDOT=0`` / ``TOKENNET_INT8DOT=0``, with a note in the log) the blocks stay
   :class:`~tokennet.layers.blockquant.BlockLinear` with float32 activations: dequantized in eager steps, fused
-  into the product's loop in compiled ones. In ``"int8"``, an LM head tied to a block embedding stays in its
-  blocks (a :class:`BlockDotLinear` where the kernel runs; the embedding dequantizes only the rows it looks up),
-  so the copy holds no float32 or int8 table;
+  into the product's loop in compiled ones. In ``"int8"``, a layer in blocks becomes int8 from its blocks a slice of
+  rows at a time (:func:`quantize_int8_blocks`: no float32 copy of a weight), an embedding in blocks dequantizes only
+  the rows it looks up, and an LM head tied to it stays in its blocks (a :class:`BlockDotLinear` where the kernel
+  runs; elsewhere int8 with per-row scales), so the copy holds no float32 table and at most one quantized one;
 - ``"none"``: the model itself, unchanged (a model holding blocks decodes from their float32 values).
 
 Each layer type has a fused form for a decoding step compiled by torch.compile (:func:`gemv`): see
@@ -63,7 +64,8 @@ from . import int8dot
 from .blockquant import BlockEmbedding, BlockLinear, dequantize_blocks, gemv, gemv_rows
 
 __all__ = ["QUANTIZE_MODES", "DOT_FORMATS", "Int8Linear", "BlockDotLinear", "PackedLinear", "GemvLinear", "quantize",
-           "quantize_int8", "check_mode", "resolve_mode", "holds_file_blocks", "decoding_copy", "gemv"]
+           "quantize_int8", "quantize_int8_blocks", "check_mode", "resolve_mode", "holds_file_blocks", "decoding_copy",
+           "gemv"]
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +79,12 @@ DOT_FORMATS = (*int8dot.BLOCK_FORMATS, *int8dot.KBLOCK_FORMATS)
 _K_ALIGN = 8
 _ROWS = 2048  # rows quantized at a time (a block of a 384-wide matrix is 3 MiB)
 _PACK_ROWS = 256  # rows transposed at a time when packing
+# Weights of a layer in blocks dequantized at a time when it becomes int8 (1 MB of float32), and rows of blocks
+# repacked at a time for the integer-dot kernel (a multiple of 16; Gemma 3's Q8_0 table: 2.7 MB a slice). Small
+# slices, freed and allocated again at the same size, keep the heap from growing: one float32 weight per layer
+# (Gemma 3's 18 layers, 22 MB each) left ~290 MB of freed memory that glibc kept resident.
+_SLICE_WEIGHTS = 1 << 18
+_PACK_SLICE_ROWS = 4096
 
 
 def check_mode(mode: str) -> str:
@@ -125,6 +133,25 @@ def quantize_int8(w: Tensor) -> tuple[Tensor, Tensor]:
     return q, s
 
 
+def quantize_int8_blocks(fmt: str, qs: Tensor, d: Tensor | None = None,
+                         m: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """:func:`quantize_int8` of GGUF blocks' weights (``dequantize_blocks(fmt, qs, d, m)``), bit for bit, computed a
+    slice of rows at a time: the float32 weight is never whole (each row's scale depends on that row alone)."""
+    N = qs.shape[0]
+    q = s = None
+    a, step = 0, 1
+    while a < N:
+        rows = slice(a, a + step)
+        w = dequantize_blocks(fmt, qs[rows], None if d is None else d[rows], None if m is None else m[rows])
+        if q is None:  # the first row tells the width
+            q = torch.empty(N, w.shape[1], dtype=torch.int8, device=qs.device)
+            s = torch.empty(N, device=qs.device)
+        q[rows], s[rows] = quantize_int8(w)
+        a += step
+        step = max(1, _SLICE_WEIGHTS // w.shape[1])
+    return q, s
+
+
 class Int8Linear(nn.Module):
     """``y = x (s ⊙ Q)ᵀ + b`` with int8 weights ``Q (N, K)`` and per-channel scales ``s (N,)``; for inference.
 
@@ -137,14 +164,16 @@ class Int8Linear(nn.Module):
 
     Args:
         linear: the layer to quantize (read, not modified).
+        quantized: its weight already quantized, ``(Q, s)`` as :func:`quantize_int8` makes them (``linear.weight``
+            is then not read: it may be on the meta device).
     """
 
-    def __init__(self, linear: nn.Linear):
+    def __init__(self, linear: nn.Linear, quantized: tuple[Tensor, Tensor] | None = None):
         super().__init__()
         if linear.in_features % _K_ALIGN:
             raise ValueError(f"Int8Linear needs in_features divisible by {_K_ALIGN}, got {linear.in_features}")
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        q, s = quantize_int8(linear.weight)
+        q, s = quantize_int8(linear.weight) if quantized is None else quantized
         b = linear.bias
         if q.device.type == "cpu" and self.in_features % int8dot.GROUP == 0 and int8dot.available():
             self.register_buffer("packed", int8dot.pack(q))  # (⌈N/16⌉, K/4, 16, 4) int8
@@ -156,6 +185,15 @@ class Int8Linear(nn.Module):
             self.register_buffer("qweight", q)  # (N, K) int8
             self.register_buffer("scale", s.to(torch.bfloat16))  # (N,)
             self.register_buffer("bias", None if b is None else b.detach().to(torch.bfloat16))
+
+    @classmethod
+    def from_blocks(cls, blocks: BlockLinear) -> Int8Linear:
+        """The int8 layer of a layer in GGUF blocks (read, not modified): its dequantized weight quantized as
+        :func:`quantize_int8` does, without ever holding that float32 weight whole (:func:`quantize_int8_blocks`)."""
+        shape = nn.Linear(blocks.in_features, blocks.out_features, bias=False, device="meta")
+        if blocks.bias is not None:
+            shape.bias = nn.Parameter(blocks.bias.detach().float(), requires_grad=False)
+        return cls(shape, quantize_int8_blocks(blocks.fmt, blocks.qs, blocks.d, blocks.m))
 
     def int8_weight(self) -> Tensor:
         """``Q`` ``(N, K)`` int8 (rebuilt from the packed layout when the integer-dot kernel holds it)."""
@@ -222,10 +260,12 @@ class BlockDotLinear(nn.Module):
         fmt, qs, d, m = blocks.fmt, blocks.qs, blocks.d, blocks.m
         self.fmt = fmt
         if fmt in int8dot.KBLOCK_FORMATS:
-            packed = int8dot.pack_kblocks(fmt, qs)  # (⌈N/16⌉, K/256, S)
+            # (⌈N/16⌉, K/256, S)
+            packed = _packed_in_slices(lambda a, b: int8dot.pack_kblocks(fmt, qs[a:b]), qs.shape[0])
         else:
-            packed = int8dot.pack_blocks(fmt, qs, d, m)  # (⌈N/16⌉, G, C)
-        self.register_buffer("packed", packed)
+            packed = _packed_in_slices(lambda a, b: int8dot.pack_blocks(fmt, qs[a:b], None if d is None else d[a:b],
+                                                                        None if m is None else m[a:b]), qs.shape[0])
+        self.register_buffer("packed", packed)  # (⌈N/16⌉, G, C)
         self.register_buffer("bias", None if blocks.bias is None else blocks.bias.detach().float())
 
     def blocks(self) -> tuple:
@@ -256,6 +296,21 @@ class BlockDotLinear(nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, fmt={self.fmt}, "
                 f"bias={self.bias is not None}, kernel=int8dot")
+
+
+def _packed_in_slices(pack_rows, N: int) -> Tensor:
+    """``pack_rows(a, b)`` (the kernel's layout of rows ``a … b − 1``, 16 rows per leading index) over slices of
+    :data:`_PACK_SLICE_ROWS` rows, written into one tensor: a large table's temporaries stay a few MB."""
+    first = pack_rows(0, min(N, _PACK_SLICE_ROWS))
+    if N <= _PACK_SLICE_ROWS:
+        return first
+    out = first.new_empty(-(-N // 16), *first.shape[1:])
+    out[: first.shape[0]] = first
+    del first
+    for a in range(_PACK_SLICE_ROWS, N, _PACK_SLICE_ROWS):
+        part = pack_rows(a, min(a + _PACK_SLICE_ROWS, N))
+        out[a // 16 : a // 16 + part.shape[0]] = part
+    return out
 
 
 class PackedLinear(nn.Module):
@@ -413,22 +468,16 @@ def _to_int4(model: nn.Module) -> list[str]:
 
 
 def _blocks_to_int8(model: nn.Module, keep: frozenset[int]) -> None:
-    """Every :class:`BlockLinear` of ``model`` (a copy) whose ``qs`` is neither in ``keep`` nor shared with another
-    module → an :class:`Int8Linear` of its dequantized weight (a float ``nn.Linear`` where K is not a multiple of 8),
-    in place, one layer at a time: each float32 weight is dropped before the next is made."""
-    counts: dict[int, int] = {}
-    for m in model.modules():
-        if isinstance(m, (BlockLinear, BlockEmbedding)):
-            counts[id(m.qs)] = counts.get(id(m.qs), 0) + 1
+    """Every :class:`BlockLinear` of ``model`` (a copy) whose ``qs`` is not in ``keep`` → an :class:`Int8Linear` of its
+    weights (:meth:`Int8Linear.from_blocks`: no float32 copy of a weight, a slice at a time), in place; a layer
+    registered in two places becomes one new layer in both. An embedding sharing its blocks keeps them."""
+    made: dict[int, nn.Module] = {}
     for m in list(model.modules()):
         for name, child in list(m.named_children()):
-            if not isinstance(child, BlockLinear) or id(child.qs) in keep or counts[id(child.qs)] > 1:
-                continue
-            lin = nn.Linear(child.in_features, child.out_features, bias=child.bias is not None, device="meta")
-            lin.weight = nn.Parameter(child.dequantized_weight(), requires_grad=False)
-            if child.bias is not None:
-                lin.bias = nn.Parameter(child.bias.float(), requires_grad=False)
-            setattr(m, name, Int8Linear(lin) if lin.in_features % _K_ALIGN == 0 else lin)
+            if isinstance(child, BlockLinear) and id(child.qs) not in keep:
+                if id(child) not in made:
+                    made[id(child)] = Int8Linear.from_blocks(child)  # blocks hold K a multiple of 32
+                setattr(m, name, made[id(child)])
 
 
 def _tied_tables(model: nn.Module) -> frozenset[int]:
@@ -478,18 +527,20 @@ def quantize(model: nn.Module, mode: str = "int8") -> nn.Module:
             logger.info("int4: blocks multiplied without the integer-dot kernel (%s): dequantized per call, fused by "
                         "a compiled step", int8dot.blocks_unavailable_reason())
         return out
-    # int8: a tied head in blocks stays in them (the kernel multiplies them; the embedding looks up its rows), so the
-    # copy holds no float32 table (Gemma 3's: 671 MB) and no int8 one
-    tied = _tied_tables(out) if mode == "int8" else frozenset()
-    if tied:  # the other block layers one at a time: no float32 copy of them all at once (Gemma 3's: 400 MB)
-        _blocks_to_int8(out, keep=tied)
-    _to_float(out, keep=tied)
     if mode == "int8":
-        _replace_linears(out, Int8Linear, lambda lin: lin.in_features % _K_ALIGN == 0)
+        # Layers in blocks become int8 from their blocks, a slice at a time (no float32 weight); an embedding in
+        # blocks stays in them and dequantizes only the rows it looks up. A head tied to it stays in its blocks where
+        # the block kernel multiplies them (the file's own weights), else it is int8 (per-row scales): either way the
+        # copy holds no float32 table (Gemma 3's: 671 MB) and at most one quantized one.
+        tied = _tied_tables(out)
+        _blocks_to_int8(out, keep=tied)
         _to_block_dot(out, only=tied)
+        _replace_linears(out, Int8Linear, lambda lin: lin.in_features % _K_ALIGN == 0)
         for m in out.modules():
             if isinstance(m, BlockEmbedding):
                 m.out_dtype = torch.bfloat16  # the rows in the copy's dtype, as a bf16 nn.Embedding's
+    else:
+        _to_float(out)
     converted: dict[int, Tensor] = {}  # tied tensors (embedding = LM head) stay tied in the copy
 
     def low(t: Tensor) -> Tensor:
