@@ -184,7 +184,8 @@ def history(rows: dict) -> str:
                 "" if entry["within_budget"] else " (over the budget)")
             parts.append(f"{number}. {entry['change']}: {entry['median']:.4g} (spread "
                          f"{entry['spread']:.2g}), {entry['wall_s_median']:g} s, `{entry['command']}`, "
-                         f"commit `{(entry.get('commit') or '?')[:12]}` — {verdict}")
+                         f"commit `{(entry.get('commit') or '?')[:12]}` — {verdict} "
+                         "([records.json](../bench/results/records.json))")
         parts.append("")
     return "\n".join(parts)
 
