@@ -120,6 +120,9 @@ def test_int8_from_blocks_is_quantize_int8_of_the_dequantized_weight_bit_for_bit
     q, s = quantize_int8_blocks(fmt, qs, d, m)
     want_q, want_s = quantize_int8(dequantize_blocks(fmt, qs, d, m))
     assert torch.equal(q, want_q) and torch.equal(s, want_s)
+    if int8dot.available():  # packed slice by slice: the kernel's layout of the whole, byte for byte
+        packed, s = quantize_int8_blocks(fmt, qs, d, m, pack=True)
+        assert torch.equal(packed, int8dot.pack(want_q)) and torch.equal(s, want_s)
     blocks = BlockLinear(96, 77, fmt)
     blocks.set_blocks(qs, d, m)
     lin = nn.Linear(96, 77, bias=False)

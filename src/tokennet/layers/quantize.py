@@ -133,23 +133,30 @@ def quantize_int8(w: Tensor) -> tuple[Tensor, Tensor]:
     return q, s
 
 
-def quantize_int8_blocks(fmt: str, qs: Tensor, d: Tensor | None = None,
-                         m: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def quantize_int8_blocks(fmt: str, qs: Tensor, d: Tensor | None = None, m: Tensor | None = None, *,
+                         pack: bool = False) -> tuple[Tensor, Tensor]:
     """:func:`quantize_int8` of GGUF blocks' weights (``dequantize_blocks(fmt, qs, d, m)``), bit for bit, computed a
-    slice of rows at a time: the float32 weight is never whole (each row's scale depends on that row alone)."""
+    slice of rows at a time: the float32 weight is never whole (each row's scale depends on that row alone).
+
+    ``pack``: ``Q`` in :func:`tokennet.layers.int8dot.pack`'s layout instead, each slice packed as it is made (the
+    layout holds 16 rows per leading index): no whole ``(N, K)`` int8 copy beside it either."""
     N = qs.shape[0]
-    q = s = None
-    a, step = 0, 1
+    out = scale = None
+    a, step = 0, 16
     while a < N:
         rows = slice(a, a + step)
         w = dequantize_blocks(fmt, qs[rows], None if d is None else d[rows], None if m is None else m[rows])
-        if q is None:  # the first row tells the width
-            q = torch.empty(N, w.shape[1], dtype=torch.int8, device=qs.device)
-            s = torch.empty(N, device=qs.device)
-        q[rows], s[rows] = quantize_int8(w)
+        part, part_scale = quantize_int8(w)
+        if pack:
+            part = int8dot.pack(part)
+        if out is None:  # the first slice tells the width; every result is allocated before the next temporaries
+            out = part.new_empty((-(-N // 16) if pack else N, *part.shape[1:]))
+            scale = torch.empty(N, device=qs.device)
+        (out[a // 16 : a // 16 + part.shape[0]] if pack else out[rows]).copy_(part)
+        scale[rows] = part_scale
         a += step
-        step = max(1, _SLICE_WEIGHTS // w.shape[1])
-    return q, s
+        step = max(16, _SLICE_WEIGHTS // w.shape[1] // 16 * 16)
+    return out, scale
 
 
 class Int8Linear(nn.Module):
@@ -175,7 +182,12 @@ class Int8Linear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         q, s = quantize_int8(linear.weight) if quantized is None else quantized
         b = linear.bias
-        if q.device.type == "cpu" and self.in_features % int8dot.GROUP == 0 and int8dot.available():
+        if q.dim() == 4:  # already in the kernel's layout (from_blocks)
+            self.register_buffer("packed", q)
+            self.register_buffer("qweight", None)
+            self.register_buffer("scale", s)
+            self.register_buffer("bias", None if b is None else b.detach().float())
+        elif self.kernel_runs(q.device, self.in_features):
             self.register_buffer("packed", int8dot.pack(q))  # (⌈N/16⌉, K/4, 16, 4) int8
             self.register_buffer("qweight", None)
             self.register_buffer("scale", s)  # (N,) float32
@@ -186,14 +198,21 @@ class Int8Linear(nn.Module):
             self.register_buffer("scale", s.to(torch.bfloat16))  # (N,)
             self.register_buffer("bias", None if b is None else b.detach().to(torch.bfloat16))
 
+    @staticmethod
+    def kernel_runs(device: torch.device, in_features: int) -> bool:
+        """Whether the weights are held in the integer-dot kernel's layout (on the CPU, K a multiple of 32)."""
+        return device.type == "cpu" and in_features % int8dot.GROUP == 0 and int8dot.available()
+
     @classmethod
     def from_blocks(cls, blocks: BlockLinear) -> Int8Linear:
         """The int8 layer of a layer in GGUF blocks (read, not modified): its dequantized weight quantized as
-        :func:`quantize_int8` does, without ever holding that float32 weight whole (:func:`quantize_int8_blocks`)."""
+        :func:`quantize_int8` does, without ever holding that float32 weight whole, nor a second int8 copy of it
+        (:func:`quantize_int8_blocks`, packed slice by slice where the kernel runs)."""
         shape = nn.Linear(blocks.in_features, blocks.out_features, bias=False, device="meta")
         if blocks.bias is not None:
             shape.bias = nn.Parameter(blocks.bias.detach().float(), requires_grad=False)
-        return cls(shape, quantize_int8_blocks(blocks.fmt, blocks.qs, blocks.d, blocks.m))
+        pack = cls.kernel_runs(blocks.qs.device, blocks.in_features)
+        return cls(shape, quantize_int8_blocks(blocks.fmt, blocks.qs, blocks.d, blocks.m, pack=pack))
 
     def int8_weight(self) -> Tensor:
         """``Q`` ``(N, K)`` int8 (rebuilt from the packed layout when the integer-dot kernel holds it)."""
