@@ -16,7 +16,6 @@ import torch
 from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
-from torch.utils.flop_counter import FlopCounterMode
 
 from ... import jsonio
 from ...attention.multihead import MultiHeadAttention
@@ -93,6 +92,10 @@ def _chain_depth(layer: nn.Module, x: Tensor) -> int:
 
 
 def _flops(layer: nn.Module, x: Tensor) -> int:
+    # imported here: torch.utils.flop_counter loads Triton (~77 MB resident, ~1 s), and this module is imported
+    # by every `tokennet.load` through the plugin registry
+    from torch.utils.flop_counter import FlopCounterMode
+
     with FlopCounterMode(display=False) as counter, torch.no_grad():
         layer(x)
     return int(counter.get_total_flops())
