@@ -58,3 +58,13 @@ def write(path: str | Path, results: dict, *, settings: dict | None = None, argv
     tmp.write_text(json.dumps(record, indent=indent, default=str) + "\n")  # never leaves a half file (records.json
     os.replace(tmp, path)  # holds every attempt's history)
     return record
+
+
+def between_markers(text: str, begin: str, end: str, body: str) -> str:
+    """``text`` (a README) with what stands between its ``begin`` and ``end`` marker lines replaced by ``body``: a
+    table rendered from a results file, never edited by hand."""
+    head, found_begin, rest = text.partition(begin)
+    _, found_end, tail = rest.partition(end)
+    if not (found_begin and found_end):
+        raise SystemExit(f"no {begin} ... {end} block to render into")
+    return f"{head}{begin}\n{body}\n{end}{tail}"

@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _record  # noqa: E402
 
 RESULTS = _record.ROOT / "bench" / "results" / "default-runs.json"
+RECORDS = RESULTS.with_name("records.json")  # bench/records.py's rows
 README = _record.ROOT / "README.md"
 BEGIN, END = "<!-- default runs: rendered by bench/default_runs.py, do not edit -->", "<!-- default runs: end -->"
 LIMIT_S = 600.0  # the issue's bar for a default run on 2 cores
@@ -65,7 +66,7 @@ def run_default(recipe: str, seed: int = 0) -> dict:
             "load_average_before": load_before, "load_average_after": os.getloadavg()[0]}
 
 
-def from_records(records_path: Path = RESULTS.with_name("records.json")) -> dict:
+def from_records(records_path: Path = RECORDS) -> dict:
     """Rows already measured by ``bench/records.py``: a records attempt whose command is the recipe's plain default
     (``tokennet train RECIPE --seed S``, nothing else) ran this very process for seed 0; its latest such seed-0 run
     is taken (wall, metric, commit), marked as coming from records.json."""
@@ -119,11 +120,8 @@ def table(rows: dict) -> str:
 
 
 def readme_with_table(readme: str, rows: dict) -> str:
-    head, begin, rest = readme.partition(BEGIN)
-    _, end, tail = rest.partition(END)
-    if not (begin and end):
-        raise SystemExit(f"README.md has no {BEGIN} ... {END} block for the recipe table")
-    return f"{head}{BEGIN}\n{table(rows)}\n{END}{tail}"
+    """README.md's text with the recipe table between its BEGIN and END markers rendered anew."""
+    return _record.between_markers(readme, BEGIN, END, table(rows))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -491,7 +491,7 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=60, help="throughput, steptime: iterations per system per round")
     p.add_argument("--compile", action="store_true", help="throughput: also time tokennet under torch.compile")
     p.add_argument("--recipe-defaults", action="store_true",
-                   help="budget: tokennet train gpt-char's own defaults (sample and report included), not BEST_SETTINGS")
+                   help="budget: gpt-char's own defaults (sample and report included), not BEST_SETTINGS")
     p.add_argument("--set", dest="sets", nargs="*", default=[], help="override BEST_SETTINGS (KEY=VALUE)")
     p.add_argument("--threads", type=int, default=None, help="OMP threads for every process (default: all)")
     p.add_argument("--out", default=str(ROOT / "bench" / "results"))

@@ -202,11 +202,7 @@ def page(rows: dict) -> str:
 
 def readme_with_table(readme: str, rows: dict) -> str:
     """README.md's text with the table between its BEGIN and END markers rendered anew."""
-    head, begin, rest = readme.partition(BEGIN)
-    _, end, tail = rest.partition(END)
-    if not (begin and end):
-        raise SystemExit(f"README.md has no {BEGIN} ... {END} block for the records table")
-    return f"{head}{BEGIN}\n{table(rows, 'bench/results')}\n{END}{tail}"
+    return _record.between_markers(readme, BEGIN, END, table(rows, "bench/results"))
 
 
 def main(argv: list[str] | None = None) -> int:
