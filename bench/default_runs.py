@@ -8,6 +8,7 @@ The issue's bar: no default run above 10 minutes on 2 cores.
 
     python bench/default_runs.py run [--recipes vit gpt-char ...]   # one process per recipe, in turn
     python bench/default_runs.py from-records                        # rows records.py measured (same command)
+    python bench/default_runs.py from-file bench/results/vqa_default.json   # a bench's own whole default runs
     python bench/default_runs.py table [--write]                     # the README's table from the JSON
 """
 
@@ -42,9 +43,12 @@ def recipes() -> list[str]:
 
 
 def headline(metrics: dict) -> tuple[str | None, float | None]:
-    """The run's headline metric: the first key of :data:`HEADLINES` it has."""
-    key = next((key for key in HEADLINES if isinstance(metrics.get(key), (int, float))), None)
-    return key, (float(metrics[key]) if key else None)
+    """The run's headline metric: the first key of :data:`HEADLINES` it has (else a task's own, ``image.test_accuracy``,
+    in a run of several tasks)."""
+    numbers = {key: value for key, value in metrics.items() if isinstance(value, (int, float))}
+    key = next((key for key in HEADLINES if key in numbers), None)
+    key = key or next((key for head in HEADLINES for key in sorted(numbers) if key.endswith("." + head)), None)
+    return key, (float(numbers[key]) if key else None)
 
 
 def run_default(recipe: str, seed: int = 0) -> dict:
@@ -83,6 +87,24 @@ def from_records(records_path: Path = RECORDS) -> dict:
     return rows
 
 
+def from_runs_file(path: Path) -> dict:
+    """Rows from a bench file of whole default runs (``runs``: ``command``, ``seed``, ``wall_seconds``, ``metrics``,
+    ``commit``; bench/vqa_default.py's): its seed-0 run, where that run was ``tokennet train RECIPE --seed 0`` with
+    nothing but where to write it and the progress bar changed, marked as coming from that file."""
+    rows = {}
+    for run in json.loads(path.read_text()).get("runs", []):
+        words = run["command"].split()
+        plain = [word for word in words if not word.startswith(("--out", "/", "--overwrite", "progress=", "--set"))]
+        if run["seed"] != 0 or plain[:2] != ["tokennet", "train"] or plain[3:] != ["--seed", "0"]:
+            continue
+        key, value = headline(run["metrics"])
+        rows[plain[2]] = {"recipe": plain[2], "command": f"tokennet train {plain[2]}", "seed": 0,
+                          "wall_s": run["wall_seconds"], "within_limit": run["wall_seconds"] <= LIMIT_S,
+                          "metric": key, "value": value, "commit": run.get("commit"),
+                          "source": f"{path.name}: {run['command']}"}
+    return rows
+
+
 def _metric_of(task: str) -> str:
     import records  # bench/records.py, beside this file
 
@@ -115,7 +137,10 @@ def table(rows: dict) -> str:
             continue
         over = "" if row["within_limit"] else f" (over the {LIMIT_S / 60:g}-minute bar)"
         metric = f"{row['metric']} {row['value']:.4g}" if row["metric"] else "—"
-        lines.append(f"| `{name}` | {row['wall_s']:g} s{over} | {metric} | {link} |")
+        origin = row.get("source", "").split(":")[0].split(",")[0]  # a row another bench measured, at its commit
+        taken = f"; the run of [{origin}](bench/results/{origin}), commit `{(row.get('commit') or '?')[:7]}`" \
+            if origin else ""
+        lines.append(f"| `{name}` | {row['wall_s']:g} s{over}{taken} | {metric} | {link} |")
     return "\n".join(lines)
 
 
@@ -130,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     go = sub.add_parser("run", help="time each recipe's default run (all of them, or --recipes)")
     go.add_argument("--recipes", nargs="+", help="only these (default: every recipe)")
     sub.add_parser("from-records", help="take the rows bench/records.py measured with the plain default command")
+    take = sub.add_parser("from-file", help="take the seed-0 default run of a bench file of whole runs")
+    take.add_argument("path", type=Path)
     show = sub.add_parser("table", help="print the README's recipe table from the JSON")
     show.add_argument("--write", action="store_true", help="write it into README.md between its markers")
     args = parser.parse_args(argv)
@@ -139,8 +166,8 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"unknown recipes {unknown}; the recipes are {recipes()}")
         measure(args.recipes or recipes())
         return 0
-    if args.command == "from-records":
-        rows = {**load_rows(), **from_records()}
+    if args.command in ("from-records", "from-file"):
+        rows = {**load_rows(), **(from_records() if args.command == "from-records" else from_runs_file(args.path))}
         _record.write(RESULTS, {"rows": rows}, settings={"limit_s": LIMIT_S, "headlines": list(HEADLINES)})
         print(table(rows))
         return 0

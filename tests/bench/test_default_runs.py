@@ -40,6 +40,7 @@ def test_the_headline_is_the_first_known_metric(default_runs):
     assert default_runs.headline({"val_loss": 1.5, "test_accuracy": 0.9}) == ("test_accuracy", 0.9)
     assert default_runs.headline({"val_loss": 1.5, "sample": "text"}) == ("val_loss", 1.5)
     assert default_runs.headline({"sample": "text"}) == (None, None)
+    assert default_runs.headline({"text.val_loss": 2.0, "image.test_accuracy": 0.9}) == ("image.test_accuracy", 0.9)
 
 
 def test_a_run_is_a_real_process_and_a_failure_is_kept(default_runs, tmp_path, monkeypatch):
@@ -73,3 +74,18 @@ def test_rows_come_from_records_only_where_the_command_was_the_plain_default(def
     assert list(taken) == ["graph"]  # vit --data mnist1d is not vit's default run
     assert taken["graph"]["wall_s"] == 80.0 and taken["graph"]["value"] == 0.9
     assert taken["graph"]["metric"] == "test_accuracy" and "records.json" in taken["graph"]["source"]
+
+
+def test_rows_come_from_a_runs_file_only_for_a_plain_seed_0_default(default_runs, tmp_path):
+    import json
+
+    runs = [{"seed": 0, "command": "tokennet train vqa --seed 0 --out /tmp/x --overwrite --set progress=false",
+             "wall_seconds": 525.9, "commit": "abc", "metrics": {"exact_match": 99.3}},
+            {"seed": 1, "command": "tokennet train vqa --seed 1 --out /tmp/y", "wall_seconds": 9.0, "metrics": {}},
+            {"seed": 0, "command": "tokennet train vit --data mnist1d --seed 0", "wall_seconds": 9.0, "metrics": {}}]
+    path = tmp_path / "vqa_default.json"
+    path.write_text(json.dumps({"runs": runs}))
+    taken = default_runs.from_runs_file(path)
+    assert list(taken) == ["vqa"]
+    assert taken["vqa"]["wall_s"] == 525.9 and taken["vqa"]["metric"] == "exact_match"
+    assert taken["vqa"]["within_limit"] and "vqa_default.json" in taken["vqa"]["source"]
