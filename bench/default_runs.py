@@ -45,7 +45,9 @@ def recipes() -> list[str]:
 def headline(metrics: dict) -> tuple[str | None, float | None]:
     """The run's headline metric: the first key of :data:`HEADLINES` it has (else a task's own, ``image.test_accuracy``,
     in a run of several tasks)."""
-    numbers = {key: value for key, value in metrics.items() if isinstance(value, (int, float))}
+    flat = {f"{task}.{key}": value for task, part in metrics.items() if isinstance(part, dict)
+            for key, value in part.items()}  # a run of several tasks: {"image": {"test_accuracy": ...}, ...}
+    numbers = {key: value for key, value in {**metrics, **flat}.items() if isinstance(value, (int, float))}
     key = next((key for key in HEADLINES if key in numbers), None)
     key = key or next((key for head in HEADLINES for key in sorted(numbers) if key.endswith("." + head)), None)
     return key, (float(numbers[key]) if key else None)

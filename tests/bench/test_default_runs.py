@@ -41,6 +41,8 @@ def test_the_headline_is_the_first_known_metric(default_runs):
     assert default_runs.headline({"val_loss": 1.5, "sample": "text"}) == ("val_loss", 1.5)
     assert default_runs.headline({"sample": "text"}) == (None, None)
     assert default_runs.headline({"text.val_loss": 2.0, "image.test_accuracy": 0.9}) == ("image.test_accuracy", 0.9)
+    nested = {"text": {"val_loss": 2.0}, "image": {"test_accuracy": 0.9}, "sample": "x"}  # multimodal's metrics.json
+    assert default_runs.headline(nested) == ("image.test_accuracy", 0.9)
 
 
 def test_a_run_is_a_real_process_and_a_failure_is_kept(default_runs, tmp_path, monkeypatch):
