@@ -52,6 +52,7 @@ from ..layers import quantize as quantization
 from ..sampling import inductor_cache_dir
 from ..tokens.chat_template import check_chat_template
 from .chat_page import chat_page_route
+from .drafting import check_speculation
 from .embeddings import Embedder, embeddings_body, parse_embeddings
 from .engine import PREFIX_CACHE_MB, Engine, Event, QueueFull, Sequence
 from .protocol import (
@@ -551,10 +552,8 @@ def engine_for_run(run, *, max_batch: int = 16, context: int | None = None, quan
     see :func:`serving_mode`; ``prefix_cache_mb``: the prefix cache's bound, 0 = off; ``compile``: the compiled
     decoding step, None = on unless ``TOKENNET_COMPILE=0``). ``speculative``, ``draft`` (a run directory or a loaded
     run; alone it implies ``"draft"``) and ``draft_tokens``: the server's speculative decoding, checked as ``tokennet
-    generate`` checks it (:func:`~tokennet.tasks.language.check_speculation`: a draft run with another tokenizer is
+    generate`` checks it (:func:`~tokennet.serve.drafting.check_speculation`: a draft run with another tokenizer is
     refused, naming both)."""
-    from ..tasks.language import check_speculation
-
     model = run.model
     if run.tokenizer is None or not hasattr(model, "forward_features") or not hasattr(model.config, "block_size"):
         raise RunError(f"{run.path} is a {run.task.name} run: tokennet serve serves language models with a "
