@@ -108,11 +108,21 @@ def _failed(ev: Event) -> APIError:
     return APIError(FAULT_STATUS.get(ev.fault, 500), ev.error or "internal error")
 
 
+async def _one_loop_turn_each(chunks: AsyncIterator[str]) -> AsyncIterator[str]:
+    """``chunks``, giving the event loop a turn after each: when a client hangs up, the failed write schedules the
+    connection's loss for the loop's next turn, and tokens already queued would otherwise be written to the lost
+    socket back to back until asyncio logs a warning (at its fifth such write)."""
+    async for chunk in chunks:
+        yield chunk
+        await asyncio.sleep(0)
+
+
 class _SSE(StreamingResponse):
     """Server-sent events that always notice a client going away (and then close the stream, freeing its rows)."""
 
     def __init__(self, content: AsyncIterator[str], on_close):
-        super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        super().__init__(_one_loop_turn_each(content), media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache"})
         self._on_close = on_close
 
     async def __call__(self, scope, receive, send) -> None:
