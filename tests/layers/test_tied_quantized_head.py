@@ -81,6 +81,8 @@ def test_embedding_gather_of_a_quantized_tied_table_is_dequantize_then_gather(he
     q = quantize(m, "int8")
     ids = torch.tensor([[0, 7, VOCAB - 1], [3, 3, 4096]])
     table = dequantize_blocks("q8_0", m.lm_head.qs, m.lm_head.d)
+    # exact on every CPU: a row's dequantization is one elementwise product (scale × int), no reduction, so the
+    # rows gathered then dequantized and the table dequantized then gathered round identically
     assert torch.equal(m.tok_emb(ids), table[ids])  # the model: float32 rows
     assert torch.equal(q.tok_emb(ids), table[ids].to(torch.bfloat16))  # the copy: the same rows in its dtype
     assert q.tok_emb.qs is m.lm_head.qs and q.tok_emb.d is m.lm_head.d  # the model's own blocks, not a copy
@@ -119,6 +121,8 @@ def test_int8_from_blocks_is_quantize_int8_of_the_dequantized_weight_bit_for_bit
     qs, d, m = quantize_blocks(torch.randn(77, 96), fmt)
     q, s = quantize_int8_blocks(fmt, qs, d, m)
     want_q, want_s = quantize_int8(dequantize_blocks(fmt, qs, d, m))
+    # bit for bit is the contract, and it holds on any CPU: both sides run the same per-row operations (a max, which
+    # is order-free, then elementwise division and rounding) on the same machine; slicing rows changes no row's sum
     assert torch.equal(q, want_q) and torch.equal(s, want_s)
     if int8dot.available():  # packed slice by slice: the kernel's layout of the whole, byte for byte
         packed, s = quantize_int8_blocks(fmt, qs, d, m, pack=True)
