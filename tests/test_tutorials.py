@@ -220,8 +220,8 @@ def small_train(args: list[str], workdir: Path) -> list[str]:
     merged = {**({} if "--init" in rest else recipe.smoke), **sets, **STEPS}
     merged.update({k: recipe.smoke[k] for k in shrink if k in recipe.smoke})
     merged.update({k: v for k, v in SHRINK_GIVEN.items() if k in sets})
-    if "--init" in rest:
-        merged.update({"batch_size": 2, "block_size": 16})
+    if "--init" in rest:  # the settings of these the recipe has (a vit has no block_size)
+        merged.update({k: v for k, v in {"batch_size": 2, "block_size": 16}.items() if k in recipe.defaults()})
     if recipe.unused is not None:
         unused = recipe.unused({**recipe.defaults(), **merged})
         merged = {k: v for k, v in merged.items() if k not in unused or k in sets}

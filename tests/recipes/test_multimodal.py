@@ -1,21 +1,29 @@
 """The multimodal recipe beyond the registry loop: one trunk and one digit head really shared, settings refused before
-anything is written, the mixing a pure function of the step, and a run of all five modalities (espeak-ng's spoken
-digits included) answering each modality with its own head."""
+anything is written, the mixing a pure function of the step, a run of all five modalities (espeak-ng's spoken
+digits included) answering each modality with its own head, and what the shared digit head does across modalities
+(agreement on same-digit pairs, retrieval of the digit by the trunk's summaries), recorded in metrics.json,
+recomputed by ``tokennet eval`` and shown on the report page."""
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
+import re
 import shutil
 from collections import Counter
+from pathlib import Path
 from unittest import mock
 
 import pytest
 import torch
 
 from tokennet.cli import main
+from tokennet.errors import DataError
 from tokennet.models import create_model
 from tokennet.recipes.multimodal import MixedBatches
 from tokennet.run import load
+from tokennet.tasks.multimodal import DigitView, cross_modal, pair_agreement, part_run, retrieval
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -101,3 +109,151 @@ def test_five_modalities_one_run(tmp_path, capsys):
     with torch.no_grad():
         x = run.model.part("image").example_input(1)
         assert run.model(("image", x)).logits.shape == (1, 10)
+    # tokennet eval recomputes all five tasks and the three digit tasks' cross-modal figures.
+    saved = _assert_eval_equals_metrics(out, capsys)
+    assert set(saved["cross_modal"]["agreement"]) == {"image_audio", "image_sphere", "audio_sphere"}
+    assert len(saved["cross_modal"]["nearest"]) == 6
+
+
+def _flat(d: dict, prefix: str = "") -> dict[str, float]:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[f"{prefix}{k}"] = float(v)
+    return out
+
+
+def _assert_eval_equals_metrics(out: Path, capsys) -> dict:
+    """``tokennet eval`` recomputes every task's metrics (and ``cross_modal``) equal to ``metrics.json``."""
+    saved = json.loads((out / "metrics.json").read_text())
+    capsys.readouterr()
+    assert main(["-q", "eval", str(out)]) == 0
+    fresh = json.loads(capsys.readouterr().out)
+    tasks = saved["tasks"].split(",")
+    assert set(tasks) <= set(fresh)
+    want = _flat({k: saved[k] for k in (*tasks, "cross_modal") if k in saved})
+    got = _flat({k: fresh[k] for k in (*tasks, "cross_modal") if k in fresh})
+    assert want and set(want) == set(got), (sorted(want), sorted(got))
+    for k in want:
+        assert math.isclose(want[k], got[k], rel_tol=1e-6, abs_tol=1e-9), (k, want[k], got[k])
+    return saved
+
+
+# -- what the shared digit head does across modalities ---------------------------------------------------------------
+
+def _view(labels, predictions, summaries=None) -> DigitView:
+    labels = torch.tensor(labels)
+    return DigitView(labels, torch.tensor(predictions),
+                     torch.zeros(len(labels), 2) if summaries is None else summaries)
+
+
+def test_agreement_is_the_fraction_of_same_digit_pairs_with_the_same_answer():
+    gen = torch.Generator().manual_seed(0)
+    a = _view(torch.randint(0, 4, (30,), generator=gen).tolist(), torch.randint(0, 4, (30,), generator=gen).tolist())
+    b = _view(torch.randint(0, 4, (20,), generator=gen).tolist(), torch.randint(0, 4, (20,), generator=gen).tolist())
+    pairs = [(i, j) for i, j in itertools.product(range(30), range(20)) if a.labels[i] == b.labels[j]]
+    same = sum(bool(a.predictions[i] == b.predictions[j]) for i, j in pairs) / len(pairs)
+    right = sum(bool(a.predictions[i] == a.labels[i] == b.predictions[j]) for i, j in pairs) / len(pairs)
+    got_same, got_right = pair_agreement(a, b, num_classes=4)
+    assert math.isclose(got_same, same) and math.isclose(got_right, right)
+    # A head that answers every input with one class agrees on every pair while right on few: both figures matter.
+    const = _view([0, 1, 2, 3], [7, 7, 7, 7])
+    assert pair_agreement(const, const, num_classes=10) == (1.0, 0.0)
+    with pytest.raises(DataError, match="no digit"):
+        pair_agreement(_view([0], [0]), _view([1], [1]), num_classes=2)
+
+
+def test_retrieval_finds_the_digit_through_a_per_modality_offset_and_not_without_the_digit():
+    gen = torch.Generator().manual_seed(0)
+    directions = torch.randn(10, 16, generator=gen)  # one direction per digit, shared by both modalities
+    ya, yb = torch.arange(200) % 10, torch.arange(150) % 10
+    za = directions[ya] + 0.3 * torch.randn(200, 16, generator=gen) + 5.0  # a large constant offset in one modality
+    zb = directions[yb] + 0.3 * torch.randn(150, 16, generator=gen) - 3.0
+    nearest, by_mean = retrieval(DigitView(ya, ya, za), DigitView(yb, yb, zb))
+    assert nearest > 0.95 and by_mean > 0.95
+    # Summaries that carry no digit: retrieval at chance (one in ten; 200 queries, so well below 0.3).
+    noise = DigitView(ya, ya, torch.randn(200, 16, generator=gen))
+    assert max(retrieval(noise, DigitView(yb, yb, torch.randn(150, 16, generator=gen)))) < 0.3
+
+
+SMALL = {"dim": 32, "num_layers": 1, "num_heads": 2, "batch_size": 8, "tasks": "text,image,sphere,graph",
+         "text_block_size": 16, "text_eval_iters": 2, "text_sample_tokens": 8, "sphere_test_size": 40,
+         "sphere_val_size": 16, "graph_test_size": 64, "graph_val_size": 16, "max_iters": 8, "eval_interval": 4,
+         "log_interval": 1, "progress": "false"}
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory):
+    """A tiny run of four tasks (no audio: no espeak-ng), its report written."""
+    out = tmp_path_factory.mktemp("multimodal") / "run"
+    assert main(["-q", "train", "multimodal", "--out", str(out), "--set", *(f"{k}={v}" for k, v in SMALL.items())]) == 0
+    return out
+
+
+def test_cross_modal_is_in_metrics_and_eval_recomputes_every_task_and_it(small_run, capsys):
+    saved = _assert_eval_equals_metrics(small_run, capsys)
+    cross = saved["cross_modal"]
+    assert set(cross["agreement"]) == {"image_sphere"} and set(cross["nearest"]) == {"image_to_sphere",
+                                                                                     "sphere_to_image"}
+    # The library function on the saved run gives metrics.json's figures.
+    again = cross_modal(load(small_run))
+    assert _flat(again).keys() == _flat(cross).keys()
+    assert all(math.isclose(v, _flat(cross)[k], abs_tol=1e-9) for k, v in _flat(again).items())
+    # Its agreement counts same-digit pairs between the two tasks' own held-out predictions.
+    run = load(small_run)
+    image, sphere = (part_run(run, t) for t in ("image", "sphere"))
+    assert run.model.part("image").head is run.model.part("sphere").head
+    held = image.data.held_out()
+    with torch.no_grad():
+        pred = run.model.part("image")(held.x_test).logits.argmax(-1)
+    assert math.isclose(saved["image"]["test_accuracy"], float((pred == held.y_test).double().mean()), abs_tol=1e-9)
+    assert len(sphere.data.split()[2][1]) == SMALL["sphere_test_size"]
+
+
+def test_a_run_with_one_digit_task_has_no_cross_modal_figures(tmp_path, capsys):
+    out = tmp_path / "run"
+    sets = {k: v for k, v in {**SMALL, "tasks": "image,graph", "max_iters": 2}.items() if not k.startswith(("text_",
+                                                                                                        "sphere_"))}
+    assert main(["-q", "train", "multimodal", "--out", str(out), "--set", *(f"{k}={v}" for k, v in sets.items())]) == 0
+    assert "cross_modal" not in json.loads((out / "metrics.json").read_text())
+    with pytest.raises(DataError, match="two tasks sharing the digit head"):
+        cross_modal(load(out))
+
+
+def test_viz_draws_each_modality_and_the_report_has_a_panel_per_task_and_one_loss_figure(small_run, tmp_path, capsys):
+    capsys.readouterr()
+    assert main(["-q", "viz", str(small_run), "--out", str(tmp_path / "viz")]) == 0
+    files = [Path(line) for line in capsys.readouterr().out.split()]
+    drawn = {path.relative_to(tmp_path / "viz").parts[0] for path in files}
+    assert drawn == {"text", "image", "sphere", "graph"}, files
+    assert all(path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for path in files)
+    page = (small_run / "report.html").read_text(encoding="utf-8")
+    headings = re.findall(r"<h2>([^<]*)</h2>", page)
+    assert "Held-out loss per task (one trunk)" in headings
+    assert "The shared digit head across modalities" in headings
+    for task in ("text", "image", "sphere", "graph"):
+        assert any(h.startswith(f"{task}: ") for h in headings), (task, headings)
+    # One figure, one line per task: the loss figure's series are the trained tasks' held-out losses.
+    from tokennet.viz.report import read_log
+    from tokennet.viz.report.multimodal import loss_figure
+
+    log = read_log(small_run / "log.jsonl")
+    for task in ("text", "image", "sphere", "graph"):
+        assert any(log.series("eval", f"{kind}_loss_{task}")[1] for kind in ("val", "test")), task
+    assert loss_figure(log, ["text", "image", "sphere", "graph"])[:8] == b"\x89PNG\r\n\x1a\n"
+    metrics = json.loads((small_run / "metrics.json").read_text())
+    shown = dict(re.findall(r'data-metric="(cross_modal\.[^"]+)">([^<]*)<', page))
+    assert set(shown) == {f"cross_modal.{k}" for k in _flat(metrics["cross_modal"])}
+    assert all(json.loads(v) == _flat(metrics["cross_modal"])[k.removeprefix("cross_modal.")] for k, v in shown.items())
+
+
+def test_an_input_of_a_modality_not_trained_is_refused_in_one_line_naming_the_trained_ones(small_run, tmp_path,
+                                                                                          capsys):
+    wav = tmp_path / "one.wav"
+    wav.write_bytes(b"RIFF")
+    code, err = _err(capsys, ["generate", small_run, "--audio", wav])
+    assert code == 2 and "\n" not in err and "trained on text, image, sphere, graph" in err, err
+    with pytest.raises(DataError, match="trained on text, image, sphere, graph"):
+        load(small_run).classify(torch.zeros(1, 16000))  # a waveform: the audio task, which this run has not

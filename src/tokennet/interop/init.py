@@ -12,7 +12,8 @@ came from; :func:`check_resume_vocabulary` refuses to resume it on a source whos
 from the run's own tokenizer. :func:`with_num_classes` gives a classifier a new head when the fine-tuning
 data has other classes, and says which tensors are new; :func:`modules_of` names the modules that hold them
 (what a recipe reports as its ``Job.new_modules``: with LoRA they train in full instead of staying frozen at
-their random initialization).
+their random initialization). :func:`from_trunk` starts a model of another task from the shared stack of blocks
+of a multimodal run, everything around the blocks new.
 """
 
 from __future__ import annotations
@@ -26,11 +27,12 @@ from torch import nn
 
 from ..errors import ConfigError, RunError
 from ..jsonio import load as load_json
+from ..models.multimodal import STACK_ATTR, TRUNK_FIELDS
 from ..models.registry import CONFIG_FILE, WEIGHTS_FILE, model_from_config
 from ..run import load, read_tokenizer
 from .registry import convert
 
-__all__ = ["InitSource", "load_init", "check_resume_vocabulary", "with_num_classes", "modules_of"]
+__all__ = ["InitSource", "load_init", "check_resume_vocabulary", "with_num_classes", "from_trunk", "modules_of"]
 
 
 @dataclass
@@ -146,6 +148,40 @@ def with_num_classes(model: nn.Module, num_classes: int) -> tuple[nn.Module, lis
     new.load_state_dict({k: (new_sd[k] if k in fresh else old_sd[k]) for k in new_sd})
     device = next(model.parameters()).device
     return new.to(device).train(model.training), fresh
+
+
+def from_trunk(source: nn.Module, config) -> tuple[nn.Module, tuple[str, ...]]:
+    """A model of ``config`` whose stack of blocks starts as the shared trunk of the multimodal model ``source``.
+
+    The lecture's claim, used: the blocks do not care where tokens come from, so a new task's model (its own tokens,
+    positions and head, all new) can start from blocks trained on other modalities. The model takes the trunk's
+    shape (``dim``, ``num_layers``, ``num_heads``, ``mlp_ratio``, ``dropout``, ``backend``, ``value_proj``) whatever
+    ``config`` says, and the trunk's block weights; the stack's final norm is the new model's own (a ViT closes
+    its stack with its head's norm).
+
+    Returns:
+        ``(model, the names of its modules that are new)``: every child module but the stack of blocks.
+
+    Raises:
+        ConfigError: ``source`` has no shared trunk, or ``config``'s family has no stack of blocks of the trunk's
+            kind (e.g. blocks without biases).
+    """
+    trunk = getattr(source, "trunk", None)
+    if trunk is None or not hasattr(source.config, "parts"):
+        raise ConfigError(f"a {source.config.family} model has no shared trunk to start from (a multimodal run has)")
+    model = model_from_config(config.replace(**{k: getattr(source.config, k) for k in TRUNK_FIELDS}))
+    attr = STACK_ATTR.get(model.config.family, "encoder")
+    stack = getattr(model, attr, None)
+    if not isinstance(getattr(stack, "blocks", None), nn.ModuleList):
+        raise ConfigError(f"a {model.config.family} model has no stack of blocks at .{attr} to start from a trunk")
+    try:
+        stack.blocks.load_state_dict(trunk.blocks.state_dict())
+    except RuntimeError as err:  # missing, unexpected or mis-shaped tensors: another kind of block
+        raise ConfigError(f"the {model.config.family} model's blocks are not the trunk's kind: "
+                          f"{str(err).splitlines()[0]}") from None
+    device = next(trunk.parameters()).device
+    fresh = tuple(name for name, _ in model.named_children() if name != attr)
+    return model.to(device).train(source.training), fresh
 
 
 def modules_of(tensor_names: list[str]) -> tuple[str, ...]:

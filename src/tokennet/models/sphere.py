@@ -244,8 +244,13 @@ class SphereTransformer(CountsParameters, nn.Module):
         bias = self.angle_bias(self.centres) if self.angle_bias is not None else None
         return self.encoder(self.drop(feats), bias=bias, return_weights=return_attention)
 
+    def pool(self, h: Tensor) -> Tensor:
+        """Tokens ``(B, N, D)`` → one vector per signal ``(B, D)``: the mean over patches, invariant to their order
+        (what the head reads)."""
+        return h.mean(1)
+
     def forward_head(self, h: Tensor) -> Tensor:
-        return self.head(h.mean(1))  # the mean over patches: invariant to their order
+        return self.head(self.pool(h))
 
     def forward(self, signal: Tensor, targets: Tensor | None = None) -> Output:
         if self.config.position == "frame" and not self.training:  # the frame average: log ½(p(·|F) + p(·|F'))

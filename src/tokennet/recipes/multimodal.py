@@ -24,8 +24,14 @@ is exact; that task's loss is multiplied by its ``loss_weights`` entry (default 
 settings here with the task's name in front (``text_block_size``, ``sphere_num_centres``, ``graph_test_size``).
 
 ``metrics.json`` holds, per task, what that task's recipe's ``evaluate_run`` computes from the saved run
-(``text.val_loss``, ``image.test_accuracy``, ...), which ``tokennet eval`` recomputes; during training each task's
-validation figures are logged as ``<name>_<task>`` (``val_loss_text``, ``test_accuracy_image``).
+(``text.val_loss``, ``image.test_accuracy``, ...), and, with two or more digit tasks, ``cross_modal``: how the shared
+digit head answers the same digit in different modalities and whether the trunk's summaries of one modality find the
+same digit in another (:func:`~tokennet.tasks.multimodal.cross_modal`); ``tokennet eval`` recomputes all of it.
+During training each task's validation figures are logged as ``<name>_<task>`` (``val_loss_text``,
+``test_accuracy_image``).
+
+A new task can start from the trunk: ``tokennet train vit --data mnist1d --init RUN`` builds the data's ViT around
+the run's blocks (:func:`~tokennet.interop.init.from_trunk`). ``bench/multimodal.py`` measures what sharing does.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from ..errors import RecipeError
 from ..lifecycle import BuildContext, Job, Recipe, get_recipe, register_recipe
 from ..models.multimodal import TRUNK_FIELDS
 from ..models.registry import create_model
+from ..tasks.multimodal import cross_modal, part_run
 from ..train.trainer import TrainConfig
 from . import audio, gpt, graph, sphere, vit  # noqa: F401 - the single-task recipes this one composes
 
@@ -182,12 +189,15 @@ def build(ctx: BuildContext) -> Job:
 
 
 def evaluate_run(run, data) -> dict[str, Any]:
-    """``tokennet eval``: per task, its own recipe's ``evaluate_run`` on that task's part of the saved run."""
-    from ..tasks.multimodal import part_run
-
+    """``tokennet eval``: per task, its own recipe's ``evaluate_run`` on that task's part of the saved run; with two
+    or more digit tasks, ``cross_modal``: how the shared digit head agrees across them
+    (:func:`~tokennet.tasks.multimodal.cross_modal`)."""
     if data is not None:
         raise RecipeError("the multimodal recipe evaluates each task on its own held-out data; it takes no --data")
-    return {t: get_recipe(PARTS[t]).evaluate_run(part_run(run, t), None) for t in run.data.names()}
+    out: dict[str, Any] = {t: get_recipe(PARTS[t]).evaluate_run(part_run(run, t), None) for t in run.data.names()}
+    if sum(t in run.model.config.shared_head for t in run.model.tasks) >= 2:
+        out["cross_modal"] = cross_modal(run)
+    return out
 
 
 def unused(settings: dict[str, Any]) -> set[str]:

@@ -35,6 +35,9 @@ The rest of the lecture's vision family is one setting away:
   each training batch as the student sees it (augmented, mixed), and is fixed, so batches stay a pure
   function of their index (exact resume). A run that is no classifier, has other classes, or takes images
   of another size or channel count is refused in one line.
+- ``--init RUN`` fine-tunes an image classifier run (a new head where the classes differ); a ``multimodal`` run gives
+  its shared trunk instead: the data's ViT (its profile's patches, positions and head, all new) around the trunk's
+  blocks, with the trunk's width, depth and heads (:func:`~tokennet.interop.init.from_trunk`).
 - DeiT's augmentation: ``randaugment`` (operations per image, with ``magnitude`` 0–10), ``cutmix`` and
   ``mixup`` (Beta α; both: one per batch), ``erase``, ``repeats`` (repeated augmentation), ``drop_path``
   (stochastic depth).
@@ -60,6 +63,7 @@ from ..data.text import DataError
 from ..data.vision_data import ImageDataset, VisionData, dataset_kind
 from ..errors import RecipeError, RunError
 from ..lifecycle import BuildContext, Job, Recipe, register_recipe
+from ..models.multimodal import TRUNK_FIELDS
 from ..models.registry import config_from_dict, create_model, model_from_config, preset_info
 from ..models.swin import SwinConfig
 
@@ -131,13 +135,27 @@ def svm_baseline(data: VisionData, gamma: float | str = 0.001) -> dict[str, Any]
             "baseline_svm": f"sklearn.svm.SVC(kernel='rbf', gamma={gamma!r}, C=1.0) on raw pixels 0..16"}
 
 
-def _init_model(init, ds: VisionData):
+def _init_model(ctx: BuildContext, ds: VisionData):
     """An image classifier from ``--init`` for this data: its image size and channels must be the data's; a new
-    head when the number of classes differs (:func:`~tokennet.interop.init.with_num_classes`). Returns
-    ``(model, the new modules)``: with LoRA those train in full (``Job.new_modules``)."""
-    from ..interop.init import modules_of, with_num_classes
+    head when the number of classes differs (:func:`~tokennet.interop.init.with_num_classes`). A multimodal run
+    gives its shared trunk instead: a new ViT of the data's profile around the trunk's blocks
+    (:func:`~tokennet.interop.init.from_trunk`). Returns ``(model, the new modules)``: with LoRA those train in
+    full (``Job.new_modules``)."""
+    from ..interop.init import from_trunk, modules_of, with_num_classes
 
+    init = ctx.init
     config = init.model.config
+    if config.family == "multimodal":
+        if ctx.options["arch"] != "vit":
+            raise RecipeError(f"a multimodal run's trunk starts a ViT, not a {ctx.options['arch']}: leave arch unset")
+        for k in DATA_FIELDS:
+            ctx.from_data(k, getattr(ds, k))
+        model, fresh_modules = from_trunk(init.model, config_from_dict({"family": "vit", **ctx.model}))
+        for k in TRUNK_FIELDS:  # run.json says the shape the model has: the trunk's
+            ctx.settings[k] = ctx.model[k] = getattr(model.config, k)
+        log.info("a new ViT for %s around the shared trunk of %s (%d × %d); new: %s", ds.name, init.path,
+                 model.config.num_layers, model.config.dim, ", ".join(fresh_modules))
+        return model, fresh_modules
     if not hasattr(config, "num_classes") or not hasattr(config, "image_size"):
         raise DataError(f"{init.path} is not an image classifier (a {config.family} model): vit fine-tunes one")
     for k in ("image_size", "in_channels"):
@@ -238,7 +256,7 @@ def build(ctx: BuildContext) -> Job:
         if teacher is not None and not getattr(ctx.init.model.config, "distill", False):
             raise RecipeError(f"teacher= trains DeiT's distillation token, which {ctx.init.path} does not have: "
                               "fine-tune without teacher=, or train from scratch with it")
-        model, new_modules = _init_model(ctx.init, dataset)
+        model, new_modules = _init_model(ctx, dataset)
     else:
         for k in DATA_FIELDS:  # e.g. a directory of idx files with another image size
             ctx.from_data(k, getattr(dataset, k))

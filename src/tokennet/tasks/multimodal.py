@@ -4,16 +4,22 @@ A multimodal model (:mod:`tokennet.models.multimodal`) is, per task, a complete 
 the shared one. :func:`part_run` views one task of a run as that task's own run (its part of the model, its data
 spec, settings and metrics), so the language model's, the classifiers' and the graph task's verbs, pictures,
 panels and bad-input checks apply unchanged: this module only routes.
+
+:func:`cross_modal` measures what sharing the digit head does: whether the same digit, drawn, spoken or on the
+sphere, gets the same answer, and whether the trunk's summary vectors of one modality find the same digit in another.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..data.sphere import SphereProjection
 from ..errors import DataError, RunError
 from ..plugins import task_for
 from ..tokens.graph import GraphBatch
@@ -23,7 +29,8 @@ from .language import LanguageModel
 if TYPE_CHECKING:
     from ..run import Run
 
-__all__ = ["MultimodalTask", "part_run", "INPUT_OF"]
+__all__ = ["MultimodalTask", "part_run", "INPUT_OF", "DigitView", "digit_view", "cross_modal", "pair_agreement",
+           "retrieval"]
 
 # task → the `tokennet generate` input that feeds it, and the name its own task gives that input
 INPUT_OF = {"text": ("prompt", "prompt"), "image": ("image", "image"), "audio": ("audio", "audio"),
@@ -163,3 +170,108 @@ class MultimodalTask(Task):
         from ..viz.report.multimodal import multimodal_panel
 
         return multimodal_panel(run, log, [(t, part_run(run, t)) for t in self.trained(run)])
+
+
+# -- what the shared digit head does across modalities ---------------------------------------------------------------
+
+@dataclass
+class DigitView:
+    """One digit task's held-out set as its part of the model sees it: ``labels (N,)``, the head's ``predictions
+    (N,)`` and the trunk's ``summaries (N, D)`` (the pooled final tokens the shared head reads)."""
+
+    labels: torch.Tensor
+    predictions: torch.Tensor
+    summaries: torch.Tensor
+
+
+def _held_out(part: Run) -> tuple[torch.Tensor, torch.Tensor]:
+    """The held-out inputs and labels of a digit task's part, as its own recipe evaluates them."""
+    spec = part.data
+    if isinstance(spec, SphereProjection):  # the test images projected onto the model's sample points, unrotated
+        _, _, (images, labels) = spec.split()
+        return spec.project(images, part.model.samples.cpu()), labels
+    held = spec.held_out()
+    return held.x_test, held.y_test
+
+
+def digit_view(part: Run, batch_size: int = 256) -> DigitView:
+    """Task ``part`` (a classifier's run, e.g. :func:`part_run`'s) on its held-out set: labels, predictions, summaries.
+
+    The summary of an input is ``model.pool(model.forward_features(x))``: the vector the head reads (for the sphere's
+    frame positions, in the first frame, where ``forward`` averages the head's answer over both)."""
+    inputs, labels = _held_out(part)
+    model = part.model
+    device = next(model.parameters()).device
+    was = model.training
+    model.eval()
+    predictions, summaries = [], []
+    try:
+        with torch.no_grad():
+            for i in range(0, len(labels), batch_size):
+                x = inputs[i:i + batch_size].to(device)
+                predictions.append(model(x).logits.argmax(-1).cpu())
+                summaries.append(model.pool(model.forward_features(x)).float().cpu())  # (b, D)
+    finally:
+        model.train(was)
+    return DigitView(labels.long().cpu(), torch.cat(predictions), torch.cat(summaries))
+
+
+def pair_agreement(a: DigitView, b: DigitView, num_classes: int) -> tuple[float, float]:
+    """Over every pair (an input of ``a``, an input of ``b``) of the same digit: the fraction whose predictions agree,
+    and the fraction where both are that digit. Exact over all pairs: with ``c_a[d, k]`` the inputs of digit d that
+    ``a`` calls k, agreeing pairs are ``Σ_d Σ_k c_a[d, k] c_b[d, k]`` out of ``Σ_d n_a[d] n_b[d]``."""
+    def counts(view: DigitView) -> torch.Tensor:  # (K, K): true digit × predicted digit
+        flat = view.labels * num_classes + view.predictions.long()
+        return torch.bincount(flat, minlength=num_classes * num_classes).view(num_classes, num_classes).double()
+
+    counts_a, counts_b = counts(a), counts(b)
+    pairs = float((counts_a.sum(1) * counts_b.sum(1)).sum())
+    if pairs == 0:
+        raise DataError("the two held-out sets share no digit: there is no pair to compare")
+    return (float((counts_a * counts_b).sum()) / pairs,
+            float((counts_a.diagonal() * counts_b.diagonal()).sum()) / pairs)
+
+
+def retrieval(query: DigitView, bank: DigitView) -> tuple[float, float]:
+    """How often a summary of ``query`` finds its own digit among ``bank``'s: ``(nearest, class_mean)`` accuracies.
+
+    Both use cosine similarity after each modality's vectors are centred on their own mean (no labels): a constant
+    offset between modalities would otherwise dominate the cosine and say nothing about the digit. ``nearest``: the
+    label of the most similar bank vector; ``class_mean``: the most similar of the bank's per-digit mean vectors."""
+    def unit(x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.normalize(x, dim=-1)
+
+    q = unit(query.summaries.double() - query.summaries.double().mean(0))  # (Nq, D)
+    k = unit(bank.summaries.double() - bank.summaries.double().mean(0))  # (Nb, D)
+    nearest = bank.labels[(q @ k.T).argmax(1)]  # (Nq,)
+    digits = bank.labels.unique()  # (C,) the digits the bank holds
+    means = unit(torch.stack([k[bank.labels == digit].mean(0) for digit in digits]))  # (C, D)
+    by_mean = digits[(q @ means.T).argmax(1)]  # (Nq,)
+    return float((nearest == query.labels).double().mean()), float((by_mean == query.labels).double().mean())
+
+
+def cross_modal(run: Run, batch_size: int = 256) -> dict[str, dict[str, float]]:
+    """What the shared digit head does across the modalities of a multimodal run, on their held-out sets.
+
+    Returns ``{"agreement": {"a_b": …}, "both_right": {"a_b": …}, "nearest": {"a_to_b": …}, "class_mean":
+    {"a_to_b": …}}`` for the tasks that share the head (``config.shared_head`` and trained): :func:`pair_agreement`
+    per pair of tasks, :func:`retrieval` per ordered pair (``a``'s summaries query ``b``'s).
+
+    Raises:
+        DataError: fewer than two trained tasks share the head.
+    """
+    model = run.model
+    shared = [t for t in getattr(model.config, "shared_head", []) if t in model.tasks]
+    if len(shared) < 2:
+        raise DataError(f"{run.path}: cross-modal agreement needs two tasks sharing the digit head; it has "
+                        f"{', '.join(shared) or 'none'}")
+    views = {t: digit_view(part_run(run, t), batch_size) for t in shared}
+    num_classes = int(model.part(shared[0]).config.num_classes)
+    out: dict[str, dict[str, float]] = {"agreement": {}, "both_right": {}, "nearest": {}, "class_mean": {}}
+    for first, second in itertools.combinations(shared, 2):
+        pair = f"{first}_{second}"
+        out["agreement"][pair], out["both_right"][pair] = pair_agreement(views[first], views[second], num_classes)
+    for query, bank in itertools.permutations(shared, 2):
+        direction = f"{query}_to_{bank}"
+        out["nearest"][direction], out["class_mean"][direction] = retrieval(views[query], views[bank])
+    return out
