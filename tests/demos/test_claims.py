@@ -22,13 +22,13 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 NAMES = ["linear-family", "low-rank", "mlp-is-conv1x1", "fixed-W-vs-attention", "identity-value", "concat-positions",
          "causal-mask", "sqrt-d-scaling", "cnn-rnn-attention-table", "rnn-forgets-long-inputs", "vit-vs-cnn-data",
-         "layernorm-optimization", "fourier-positions", "receptive-field-learned"]
+         "layernorm-optimization", "fourier-positions", "receptive-field-learned", "one-trunk-every-modality"]
 
 
 def test_every_claim_is_registered_in_the_issues_order_with_the_lectures_words():
     assert claim_names() == NAMES
     assert [c.number for c in claims()] == ["1", "2", "3", "4", "5", "6", "7", "8", "9", "9b", "10", "11", "12",
-                                             "13"]
+                                             "13", "14"]
     for c in claims():
         assert c.quote.startswith(('"', "An RNN")) and len(c.quote) > 40, c.name
 
@@ -147,6 +147,22 @@ def test_9_and_10_the_long_experiments_are_read_from_their_bench_files(tmp_path)
     bad = read_bench_claim("rnn_forgets.json", "rnn_forgets.py", results_dir=tmp_path)
     assert bad.holds is None and "unreadable" in bad.run
     assert bench_results_dir() is not None and bench_results_dir().name == "results"  # this checkout has bench/
+
+
+def test_14_one_trunk_is_read_from_the_sharing_bench_or_not_measured(tmp_path, monkeypatch):
+    from tokennet.demos.claims import architectures
+
+    claim = next(c for c in claims() if c.name == "one-trunk-every-modality")
+    monkeypatch.setattr(architectures, "bench_results_dir", lambda: tmp_path)
+    absent = claim(0)
+    assert (absent.holds, absent.measured) == (None, "not measured here")
+    assert absent.run == "not measured here: run python bench/multimodal.py sharing"
+    (tmp_path / "multimodal-sharing.json").write_text(json.dumps({
+        "claim": {"holds": False, "measured": "image 0.9x its single run's accuracy", "run": "one trunk, 5 tasks"},
+        "command": "python bench/multimodal.py sharing", "commit": "0123456789abcdef0123", "machine": {"cpus": 2}}))
+    read = claim(0)
+    assert (read.holds, read.run) == (False, "one trunk, 5 tasks") and read.measured.startswith("image 0.9x")
+    assert read.source == "from bench/results/multimodal-sharing.json, measured at commit 0123456789ab"
 
 
 def test_a_measured_claim_with_no_verdict_is_not_decided_and_an_absent_one_not_measured():

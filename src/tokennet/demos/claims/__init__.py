@@ -3,7 +3,8 @@
 Each claim is a function (one module per group: :mod:`.linear_maps` 1–3, :mod:`.mixing` 4–6, :mod:`.causal` 7,
 :mod:`.scaling` 8, :mod:`.architectures` 9–10, and two the issue did not list: :mod:`.normalization` 11, LayerNorm's
 optimization properties, :mod:`.positions` 12, Fourier positions against other kinds; and issue 45's
-:mod:`.receptive_field` 13, the transcript's x1 … x7 learned) whose docstring quotes the
+:mod:`.receptive_field` 13, the transcript's x1 … x7 learned; issue 46's :mod:`.modalities` 14, one trunk for
+every modality) whose docstring quotes the
 lecture; the command, the tests and the page call the same functions. :func:`run_claims` runs them (or one,
 ``only=``), and writes ``claims.json`` and ``claims.html`` (a figure per claim, inline). Claims that take minutes
 are read from their bench's results file.
@@ -22,7 +23,17 @@ from typing import Any
 import torch
 
 from ...errors import TokennetError
-from . import architectures, causal, linear_maps, mixing, normalization, positions, receptive_field, scaling  # noqa: F401 -- each registers its claims
+from . import (  # noqa: F401 -- each registers its claims
+    architectures,
+    causal,
+    linear_maps,
+    mixing,
+    modalities,
+    normalization,
+    positions,
+    receptive_field,
+    scaling,
+)
 from ._registry import Claim, Result, claims
 
 __all__ = ["Claim", "Result", "claims", "claim_names", "run_claims", "format_table", "FILES"]
