@@ -60,17 +60,23 @@ def test_eval_recomputes_the_saved_metrics_and_viz_draws_two_questions_and_the_s
 def test_eight_pixel_patches_measure_how_an_animals_patches_group(tmp_path):
     # two layers, image-first: in the first, a patch's shape and colour tokens attend only to each other (patch_stem
     # "shape,colour", the default), so patches of one animal can first meet in the second. (The default mask,
-    # patch-local, never lets a patch meet another: its grouping is 0 in every layer, by design.)
+    # patch-local, never lets a patch meet another: there is no grouping to measure, and none is reported.)
     sets = {**TINY, "patch_size": 8, "num_layers": 2, "read_layers": [0, 1], "baselines": False, "report": False}
     _, m = train("vqa", out=tmp_path / "p8", sets={**sets, "modality_mask": "image-first"}, device="cpu")
     assert m["patch_grouping_ratio_layer0"] == 0 and m["patch_grouping_ratio"] == m["patch_grouping_ratio_layer1"] > 0
+    heads = [m[f"head_grouping_layer1_head{h}"] for h in range(2)]  # the same ratio, head by head
+    assert min(heads) <= m["patch_grouping_ratio_layer1"] <= max(heads)
+    assert m["head_distance_layer0_head0"] == 0 < m["head_distance_max"]  # layer 0: a patch's own tokens only
     _, m = train("vqa", out=tmp_path / "p8-default", sets=sets, device="cpu")
-    assert m["patch_grouping_ratio"] == 0
+    assert not any(k.startswith(("patch_grouping", "head_")) for k in m)
     from tokennet.errors import TokennetError
 
     with pytest.raises(TokennetError, match="must divide"):
         train("vqa", out=tmp_path / "p12", sets={**TINY, "patch_size": 12}, device="cpu")
     assert not (tmp_path / "p12").exists()
+    with pytest.raises(TokennetError, match="needs a mask that lets them meet") as err:  # an option needing another
+        train("vqa", out=tmp_path / "grouped", sets={**sets, "grouping": True}, device="cpu")
+    assert "\n" not in str(err.value) and not (tmp_path / "grouped").exists()
 
 
 def test_answer_from_python_and_from_the_cli(run_dir, tmp_path, capsys):

@@ -112,7 +112,9 @@ class ConvTrunkConfig(ModelConfig):
     dilation: int = 1
     norm: str = "batch"
 
-    def _check_trunk(self) -> None:
+    def _check_trunk(self, *, one_per_stage: bool = True) -> None:
+        """Check the trunk's fields; ``one_per_stage=False`` lets ``widths`` and ``depths`` differ in length (a
+        trunk that repeats their last entries: :class:`~tokennet.models.strided_cnn.StridedTrunk`)."""
         self._choice("arch", self.arch, ARCHS)
         self._choice("norm", self.norm, NORMS)
         for k in ("widths", "depths"):
@@ -123,7 +125,7 @@ class ConvTrunkConfig(ModelConfig):
                 raise ConfigError(f"{k} must be a non-empty list of positive integers, got {v!r}")
             for x in getattr(self, k):
                 self._positive(**{k: x})
-        if len(self.widths) != len(self.depths):
+        if one_per_stage and len(self.widths) != len(self.depths):
             raise ConfigError(f"widths {self.widths} and depths {self.depths} must have one entry per stage")
         self._positive(in_channels=self.in_channels, stem_kernel=self.stem_kernel, stem_stride=self.stem_stride,
                        kernel_size=self.kernel_size, dilation=self.dilation)
@@ -142,9 +144,10 @@ class _Block(nn.Module):
     """One block: plain ``conv → norm → [FiLM] → ReLU``, or residual ``relu(F(x) + shortcut(x))`` with
     ``F = conv → norm → ReLU → conv → norm → [FiLM]``."""
 
-    def __init__(self, arch: str, c_in: int, c_out: int, k: int, stride: int, dilation: int, norm: str):
+    def __init__(self, arch: str, c_in: int, c_out: int, k: int, stride: int, dilation: int, norm: str,
+                 padding: int | None = None):
         super().__init__()
-        pad = dilation * (k - 1) // 2
+        pad = dilation * (k - 1) // 2 if padding is None else padding  # None: "same"; 0: "valid"
         bias = norm == "none"
         self.arch, self.stride, self.k, self.dilation, self.pad = arch, stride, k, dilation, pad
         self.conv1 = nn.Conv2d(c_in, c_out, k, stride, pad, dilation=dilation, bias=bias)

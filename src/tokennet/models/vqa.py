@@ -43,6 +43,9 @@ trunk on it — ``h ← (1 + γ(q)) ⊙ h + β(q)`` — followed by global avera
 only its receptive field, and the answer is the mean of the units' votes. ``readout="coords"`` appends two
 coordinate channels to the image (as FiLM's own model does), so a unit's vote can depend on where it is:
 the receptive-field sweep (``bench/vqa_receptive_field.py``) uses it, so that pooling is not what fails.
+``readout="unit"`` pools nothing: strided convolutions take the picture's centred ``window`` down to one unit,
+and the answer is that unit's (:mod:`tokennet.models.strided_cnn`; preset ``vqa-cnn-unit``): its receptive field
+is the window, which a sweep varies from below the distance between two corners to the whole picture.
 """
 
 from __future__ import annotations
@@ -57,9 +60,11 @@ from ..attention.masks import padding
 from ..errors import ConfigError
 from ..layers.init import init_conv_weights, init_trunc_normal
 from ..layers.stack import AttentionMaps, Encoder
+from ..position.fourier import fourier_2d
 from ..tokens.image import PatchEmbed, grid_size
-from .cnn import ConvTrunk, ConvTrunkConfig, ReceptiveField
+from .cnn import ConvTrunk, ConvTrunkConfig, ReceptiveField, _norm
 from .registry import CountsParameters, Output, TransformerConfig, register_family, register_preset
+from .strided_cnn import StridedTrunk, check_window
 
 __all__ = ["VQATransformerConfig", "VQATransformer", "VQACNNConfig", "VQACNN", "MODALITY_MASKS", "AnswerHead",
            "answer_points"]
@@ -68,7 +73,8 @@ MODALITY_MASKS = ("full", "image-first", "patch-local", "summary-reads")
 PATCH_LOCAL = ("patch-local", "summary-reads")  # patches never attend to other patches
 PATCH_STEMS = ("linear", "conv", "conv+colour", "shape+colour", "shape,colour")
 PAIR_BINDINGS = ("both", "shape-reads-colour")
-CNN_READOUTS = ("mean", "coords")
+PATCH_POSITIONS = ("learned", "fourier")
+CNN_READOUTS = ("mean", "coords", "unit")
 ANSWER_READOUTS = ("class", "points")
 
 
@@ -316,6 +322,10 @@ class VQATransformerConfig(TransformerConfig, defaults=dict(dim=64, num_layers=3
             takes in the other half) or ``"shape-reads-colour"`` (the shape token takes in its colour; the colour
             token attends only to itself and stays a function of the colour alone, so a held-out kind's colour
             token is one training saw).
+        patch_positions: the patches' positions: ``"learned"`` (one vector per patch, trained) or ``"fourier"``
+            (the fixed 2-D sin-cos features of the patch's row and column,
+            :func:`~tokennet.position.fourier.fourier_2d`: the lecture's "Fourier coefficients associated with that
+            position"; needs ``dim`` divisible by 4).
         sink_logit: with a sink, a learned score per layer and head added to every query's score on the sink,
             starting at this value (``None``: none, the sink's score is its key's alone) — a place to rest that
             every head has from the start, as the hand-built counter's sink is.
@@ -354,6 +364,7 @@ class VQATransformerConfig(TransformerConfig, defaults=dict(dim=64, num_layers=3
     sink_logit: float | None = None
     read_layers: list[int] | None = None
     pair_binding: str = "both"
+    patch_positions: str = "learned"
 
     def __post_init__(self):
         self.family = "vqa-transformer"
@@ -366,6 +377,10 @@ class VQATransformerConfig(TransformerConfig, defaults=dict(dim=64, num_layers=3
         self._choice("modality_mask", self.modality_mask, MODALITY_MASKS)
         self._choice("patch_stem", self.patch_stem, PATCH_STEMS)
         self._choice("pair_binding", self.pair_binding, PAIR_BINDINGS)
+        self._choice("patch_positions", self.patch_positions, PATCH_POSITIONS)
+        if self.patch_positions == "fourier" and self.dim % 4:
+            raise ConfigError(f"patch_positions='fourier' needs dim divisible by 4 (sin and cos of the row and the "
+                              f"column), got dim={self.dim}")
         self._positive(stem_channels=self.stem_channels)
         self._mlp_and_backend()
         self._fraction(dropout=self.dropout, label_smoothing=self.label_smoothing)
@@ -434,7 +449,10 @@ class VQATransformer(CountsParameters, nn.Module):
         # with two tokens per patch, which part a token is (0: shape, 1: colour)
         self.part_emb = nn.Parameter(torch.zeros(2, cfg.dim)) if cfg.tokens_per_patch == 2 else None
         self.text_pos = nn.Parameter(torch.zeros(cfg.num_text, cfg.dim))
-        self.patch_pos = nn.Parameter(torch.zeros(cfg.num_patches, cfg.dim))
+        if cfg.patch_positions == "fourier":  # fixed, not learned: a buffer the checkpoint need not hold
+            self.register_buffer("patch_pos", fourier_2d(*cfg.grid, cfg.dim), persistent=False)
+        else:
+            self.patch_pos = nn.Parameter(torch.zeros(cfg.num_patches, cfg.dim))
         self.drop = nn.Dropout(cfg.dropout)
         self.encoder = Encoder(cfg.dim, cfg.num_layers, cfg.num_heads, mlp_ratio=cfg.mlp_ratio, norm="pre",
                                dropout=cfg.dropout, activation="gelu", backend=cfg.backend, value_proj=cfg.value_proj)
@@ -445,7 +463,8 @@ class VQATransformer(CountsParameters, nn.Module):
         # Positions start as large as the content (words: N(0, 1), standardized patches: about as much), not at
         # ViT's 0.02: a question about the top right corner must be able to find it from the first steps.
         for param in (self.text_pos, self.patch_pos):
-            nn.init.normal_(param, 0.0, POSITION_STD)
+            if isinstance(param, nn.Parameter):
+                nn.init.normal_(param, 0.0, POSITION_STD)
         self.apply(init_trunc_normal)
         self.head.reset_points()
 
@@ -570,9 +589,16 @@ class VQACNNConfig(ConvTrunkConfig):
         question_dim: the GRU's hidden width (the question vector FiLM reads).
         pixel_mean, pixel_std: per-channel statistics the images are standardized with (from the data).
         label_smoothing: the loss's label smoothing.
-        readout: ``"mean"`` (global average pooling, then linear: where a unit is, is lost) or ``"coords"``
+        readout: ``"mean"`` (global average pooling, then linear: where a unit is, is lost), ``"coords"``
             (two coordinate channels, ``y`` and ``x`` in [−1, 1], appended to the image as FiLM's own model
-            does — every unit knows where its field is — then the same pooling).
+            does — every unit knows where its field is — then the same pooling) or ``"unit"`` (no pooling: an
+            all-convolutional trunk strided down to one unit that sees the centred ``window``,
+            :class:`~tokennet.models.strided_cnn.StridedTrunk`; ``depths[i]`` blocks per scale, the last the
+            strided reduction; needs a patchify stem).
+        window: with ``readout="unit"``, the pixels the one unit sees (its receptive field), centred on the
+            picture; ``None``: the whole picture.
+        head_layers: 1×1 conv → norm → ReLU layers between the trunk and the readout: depth that does not
+            change the receptive field.
         answer_readout, answer_points: as for the transformer (:class:`AnswerHead`).
     """
 
@@ -586,14 +612,23 @@ class VQACNNConfig(ConvTrunkConfig):
     pixel_std: list[float] = field(default_factory=lambda: list(PIXEL_STD))
     label_smoothing: float = 0.0
     readout: str = "mean"
+    window: int | None = None
+    head_layers: int = 0
     answer_readout: str = "class"
     answer_points: list = field(default_factory=list)
 
     def __post_init__(self):
         self.family = "vqa-cnn"
-        self._check_trunk()
+        self._check_trunk(one_per_stage=self.readout != "unit")  # the strided trunk's lists are per scale
         _check_readout(self)
         self._choice("readout", self.readout, CNN_READOUTS)
+        if self.readout == "unit":
+            check_window(self, self.image_size if self.window is None else self.window, self.image_size)
+        elif self.window is not None:
+            raise ConfigError(f"window={self.window} is the field of readout='unit'; with readout="
+                              f"{self.readout!r} leave it unset (a unit's field is set by the layers)")
+        if isinstance(self.head_layers, bool) or not isinstance(self.head_layers, int) or self.head_layers < 0:
+            raise ConfigError(f"head_layers must be a whole number >= 0, got {self.head_layers!r}")
         _check_pixels(self)
         self._positive(image_size=self.image_size, vocab_size=self.vocab_size, num_answers=self.num_answers,
                        max_question_len=self.max_question_len, word_dim=self.word_dim,
@@ -603,7 +638,7 @@ class VQACNNConfig(ConvTrunkConfig):
 
 class VQACNN(CountsParameters, nn.Module):
     """``forward((images, questions), answers=None) → Output(logits, loss)``: GRU → FiLM → conv trunk → GAP →
-    linear."""
+    linear (``readout="unit"``: the trunk's one unit → linear)."""
 
     def __init__(self, config: VQACNNConfig):
         super().__init__()
@@ -612,9 +647,17 @@ class VQACNN(CountsParameters, nn.Module):
         self.gru = nn.GRU(cfg.word_dim, cfg.question_dim, batch_first=True)
         coords = cfg.readout == "coords"
         trunk = {dc_field.name: getattr(cfg, dc_field.name) for dc_field in fields(ConvTrunkConfig) if dc_field.init}
-        self.trunk = ConvTrunk(ConvTrunkConfig(**{**trunk, "in_channels": cfg.in_channels + 2}) if coords else cfg)
+        if cfg.readout == "unit":
+            self.trunk = StridedTrunk(cfg, cfg.image_size if cfg.window is None else cfg.window, cfg.image_size)
+        else:
+            self.trunk = ConvTrunk(ConvTrunkConfig(**{**trunk, "in_channels": cfg.in_channels + 2}) if coords
+                                   else cfg)
         self.channels = self.trunk.film_channels()
         self.film = nn.Linear(cfg.question_dim, 2 * sum(self.channels))
+        width = self.trunk.out_channels
+        self.head_layers = nn.Sequential(*(nn.Sequential(nn.Conv2d(width, width, 1, bias=cfg.norm == "none"),
+                                                         _norm(cfg.norm, width), nn.ReLU())
+                                           for _ in range(cfg.head_layers)))
         self.head = AnswerHead(self.trunk.out_channels, cfg.num_answers, cfg.answer_readout, cfg.answer_points)
         self.apply(init_conv_weights)
         self.head.reset_points()
@@ -657,10 +700,11 @@ class VQACNN(CountsParameters, nn.Module):
             grid_y = torch.linspace(-1, 1, H, device=x.device)[:, None].expand(H, W)
             grid_x = torch.linspace(-1, 1, W, device=x.device)[None, :].expand(H, W)
             x = torch.cat([x, torch.stack([grid_y, grid_x])[None].expand(B, 2, H, W)], 1)  # (B, C + 2, H, W)
-        return self.trunk(x.contiguous(memory_format=torch.channels_last), self.films(questions))
+        feats = self.trunk(x.contiguous(memory_format=torch.channels_last), self.films(questions))
+        return self.head_layers(feats)  # (B, C', H', W'); (B, C', 1, 1) with readout="unit"
 
     def forward_head(self, h: Tensor) -> Tensor:
-        return self.head(h.mean((2, 3)))  # (B, A): the mean of the units' linear votes
+        return self.head(h.mean((2, 3)))  # (B, A): the mean of the units' linear votes (the one unit's, if one)
 
     def forward(self, inputs, targets: Tensor | None = None) -> Output:
         logits = self.forward_head(self.forward_features(inputs))
@@ -681,9 +725,18 @@ register_family("vqa-transformer", VQATransformerConfig, VQATransformer)
 register_family("vqa-cnn", VQACNNConfig, VQACNN)
 register_preset("vqa-transformer", "vqa-transformer", "answers questions about 64×64 pictures: [question; sink; "
                 "16×16 patches] in one encoder, 3 layers × 64, the answer read from the question's summary token")
+register_preset("vqa-generic", "vqa-transformer", "the lecture's transformer for vqa: question words and linear 16×16 "
+                "patch embeddings (learned positions) in one sequence, full self-attention, pre-norm blocks, the "
+                "answer read from the summary token by one linear map; no mask, stem, readout or sink made for the "
+                "task",
+                sink=False)
 register_preset("vqa-cnn", "vqa-cnn", "the CNN baseline for vqa: GRU question → FiLM on a small ResNet (4×4 "
                 "patchify stem, stages 20/40/80; a 92-pixel receptive field covers the 64×64 image), GAP + linear",
                 stem_kernel=4, stem_stride=4, widths=[20, 40, 80], depths=[1, 1, 1])
+register_preset("vqa-cnn-unit", "vqa-cnn", "an all-convolutional CNN for vqa: FiLM on a 4×4 patchify stem and "
+                "strided convolutions down to one unit that sees the whole 64×64 picture; the answer is read from it "
+                "(no pooling)", readout="unit", arch="plain", stem_kernel=4, stem_stride=4, widths=[32, 64, 96, 128],
+                depths=[1])
 register_preset("vqa-cnn-shallow", "vqa-cnn", "a shallow CNN for vqa: FiLM on two conv layers after a 4×4 "
                 "patchify stem (a 20-pixel receptive field: no unit sees two corners of the 64×64 image)",
                 arch="plain", stem_kernel=4, stem_stride=4, widths=[64, 112], depths=[1, 1])

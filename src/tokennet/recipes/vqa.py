@@ -35,6 +35,16 @@ once, one thread each, where torch has two threads or more — the metric ``cnn_
   than the 32 pixels between two corner cells (preset ``vqa-cnn-shallow``): its answer is a mean of local
   votes, additive in the two corners, so "same species?" is out of its reach — the lecture's x1 … x7.
 
+``cnn_readout`` says how both read their answer: ``mean`` (the default: global average pooling, which dilutes the
+few units that see both corners among hundreds that do not), ``coords`` (coordinate channels, then pooling) or
+``unit`` (nothing pooled: an all-convolutional trunk strided down to one unit whose field is the preset's, at most the
+picture — 64 px and 20 px; :mod:`tokennet.models.strided_cnn`); the metric ``cnn_readout`` says which.
+
+``transformer=generic`` trains the lecture's transformer instead of the tuned one (preset ``vqa-generic``): linear
+patch embeddings, full self-attention, no sink, the answer read from the summary token by one linear map; a
+task-specific piece can be added back one at a time (``--set transformer=generic modality_mask=patch-local``). The
+default stays ``tuned`` until measurements say otherwise (``bench/vqa_generic.py`` tunes the generic one).
+
 ``metrics.json``: ``exact_match`` (%) and ``exact_match_<template>`` (``count``, ``count_colour``, ``same_species``,
 ``colour``), ``exact_match_unseen_count`` (count questions asking a held-out (question, count) pair), the same with
 the ``cnn_`` and ``shallow_cnn_`` prefixes, each CNN's ``…receptive_field`` and ``…num_parameters``, and
@@ -52,8 +62,13 @@ counted animals in the layer that counts (``counted_mass_layer``), and the ``c``
 follows (``counted_mass_c``: 1 for the hand-built counter, whose sink weighs as much as one animal; larger when the
 weight rests on the empty patches and the words instead; :func:`~tokennet.tasks.vqa.counted_mass`); with patches
 smaller than an animal (``patch_size=8``) and a mask that lets patches meet (``modality_mask=image-first`` or
-``full``: under patch-local they never do, and the ratio is 0), ``patch_grouping_ratio``
-(:func:`~tokennet.tasks.vqa.patch_grouping`; ``bench/results/vqa_patch8.json``). ``tokennet eval`` recomputes the
+``full``: under patch-local they never do, and nothing is reported), ``patch_grouping_ratio``
+(:func:`~tokennet.tasks.vqa.patch_grouping`; ``bench/results/vqa_patch8.json``); where patches meet, each head's
+mean attention distance in pixels, ``head_distance_layer<ℓ>_head<h>`` (the ViT paper's measure; ``head_distance_min``
+and ``…_max`` over the heads) and, with patches smaller than an animal, its grouping ratio
+``head_grouping_layer<ℓ>_head<h>`` (:func:`~tokennet.tasks.vqa_heads.head_statistics`; ``tokennet viz`` draws both
+as ``attention_heads.png``). ``grouping=false`` skips these; ``grouping=true`` under a mask that keeps every patch to
+itself is refused in one line. ``tokennet eval`` recomputes the
 transformer's figures from the saved run (the same numbers as ``metrics.json``); the CNNs' come from training (they
 are not saved).
 
@@ -76,17 +91,54 @@ from ..data.vqa import COLOURS, GENERATED, AnimalQuestions, QABatches, QASet, to
 from ..device import native_bf16
 from ..errors import RecipeError, one_line
 from ..lifecycle import BuildContext, Job, Recipe, register_recipe
-from ..models.registry import create_model
+from ..models.registry import config_from_dict, create_model, preset_info
 from ..models.vqa import answer_points
 from ..tasks.vqa import attention_mass, attention_vs_others, counted_mass, exact_match, patch_grouping, sink_weights
+from ..tasks.vqa_heads import head_statistics, head_summary, patches_meet
 from ..train.trainer import Trainer
 
-__all__ = ["evaluate", "train_baseline", "train_baselines", "BASELINES"]
+__all__ = ["evaluate", "train_baseline", "train_baselines", "baseline_settings", "generic_settings", "BASELINES",
+           "GENERIC"]
 
 log = logging.getLogger(__name__)
 
 BASELINES = {"cnn_": "vqa-cnn", "shallow_cnn_": "vqa-cnn-shallow"}
 DATA_FIELDS = ("vocab_size", "num_answers", "image_size", "pixel_mean", "pixel_std", "answer_points")
+# The tuned transformer's task-specific pieces (the recipe's default), each measured in docs/experiments/vqa.md.
+MODEL_DEFAULTS = {"patch_stem": "shape,colour", "stem_channels": 48, "modality_mask": "patch-local",
+                  "read_layers": [1, 2], "sink_logit": 2.0, "answer_readout": "points"}
+
+
+def _generic() -> dict[str, Any]:
+    family, preset, _ = preset_info("vqa-generic")
+    config = config_from_dict({"family": family, **preset}).to_dict()
+    return {name: config[name] for name in (*MODEL_DEFAULTS, "sink", "pair_binding")}
+
+
+# The lecture's transformer (``--set transformer=generic``): the ``vqa-generic`` preset's values of every setting the
+# tuned default changes — linear patch embeddings, full self-attention, no sink, the answer read from the summary
+# token by one linear map.
+GENERIC = _generic()
+TRANSFORMERS = ("tuned", "generic")
+
+
+def generic_settings(ctx: BuildContext) -> None:
+    """``transformer=generic``: the :data:`GENERIC` model settings, each unless the user set it (so one task-specific
+    piece can be added back at a time: ``--set transformer=generic modality_mask=patch-local``); ``tuned`` (the
+    default) keeps the recipe's ``model_defaults``. A grouping measurement asked for under a mask that keeps every
+    patch to itself is refused."""
+    kind = ctx.options["transformer"]
+    if kind not in TRANSFORMERS:
+        raise RecipeError(f"transformer must be one of {', '.join(TRANSFORMERS)}, got {kind!r}")
+    if kind == "generic":
+        for name, value in GENERIC.items():
+            if name not in ctx.given:
+                ctx.model[name] = ctx.settings[name] = value
+    mask = ctx.model["modality_mask"]
+    if "grouping" in ctx.given and ctx.options["grouping"] and mask in ("patch-local", "summary-reads"):
+        raise RecipeError(f"grouping=true measures how patches attend to other patches, which needs a mask that lets "
+                          f"them meet (modality_mask=full or image-first); modality_mask={mask} keeps each patch to "
+                          "itself")
 
 
 def evaluate(model, spec: AnimalQuestions, qa: QASet | None = None, prefix: str = "") -> dict[str, float]:
@@ -154,16 +206,37 @@ def _baseline_in_worker(conn, preset: str, model_settings: dict[str, Any], train
         conn.close()
 
 
+CNN_READOUTS = ("mean", "coords", "unit")
+
+
+def baseline_settings(preset: str, model_settings: dict[str, Any], readout: str = "mean") -> dict[str, Any]:
+    """A baseline's model settings with the readout ``cnn_readout`` asks for: ``"mean"`` as the preset has it (global
+    average pooling), ``"coords"`` (coordinate channels, then pooling), or ``"unit"``: no pooling, an
+    all-convolutional trunk strided down to one unit whose window is the preset's receptive field, at most the
+    picture (:mod:`tokennet.models.strided_cnn`: 64 px for ``vqa-cnn``, 20 px for ``vqa-cnn-shallow``)."""
+    if readout not in CNN_READOUTS:
+        raise RecipeError(f"cnn_readout must be one of {', '.join(CNN_READOUTS)}, got {readout!r}")
+    if readout == "mean":
+        return dict(model_settings)
+    if readout == "coords":
+        return {**model_settings, "readout": "coords"}
+    pooled = create_model(preset, **model_settings)
+    window = min(pooled.receptive_field().size, pooled.config.image_size)
+    return {**model_settings, "readout": "unit", "window": window}
+
+
 def train_baselines(model_settings: dict[str, Any], train, source, device, *, lr: float, precision: str = "fp32",
-                    parallel: bool = False) -> dict[str, torch.nn.Module]:
-    """Both CNN baselines (:data:`BASELINES`, by prefix), each as :func:`train_baseline` trains it.
+                    parallel: bool = False, readout: str = "mean") -> dict[str, torch.nn.Module]:
+    """Both CNN baselines (:data:`BASELINES`, by prefix), each as :func:`train_baseline` trains it, with the
+    readout :func:`baseline_settings` gives.
 
     ``parallel`` (CPU only): the two train at once, one thread each — the first in a spawned process, the second
     here — instead of one after the other on all threads. A CNN this small gains little from a second thread, so
     this takes about the time of one of them (the weights are those of training each on one thread). If this
     process fails or is stopped, the worker is stopped too; a worker that fails or dies is a one-line error."""
+    settings = {preset: baseline_settings(preset, model_settings, readout) for preset in BASELINES.values()}
     if not parallel or torch.device(device).type != "cpu":
-        return {prefix: train_baseline(preset, model_settings, train, source, device, lr=lr, precision=precision)
+        return {prefix: train_baseline(preset, settings[preset], train, source, device, lr=lr, precision=precision)
                 for prefix, preset in BASELINES.items()}
     import multiprocessing
 
@@ -171,14 +244,15 @@ def train_baselines(model_settings: dict[str, Any], train, source, device, *, lr
     ctx = multiprocessing.get_context("spawn")  # not fork: this process's thread pools do not survive a fork
     receive, send = ctx.Pipe(duplex=False)
     worker = ctx.Process(target=_baseline_in_worker, daemon=True, name=f"tokennet-{far_preset}",
-                         args=(send, far_preset, model_settings, train, source, lr, precision))
+                         args=(send, far_preset, settings[far_preset], train, source, lr, precision))
     worker.start()
     send.close()  # the worker holds the only sending end: its death ends the pipe (EOFError below)
     threads, done = torch.get_num_threads(), False
     try:
         torch.set_num_threads(1)
         try:
-            here = train_baseline(near_preset, model_settings, train, source, device, lr=lr, precision=precision)
+            here = train_baseline(near_preset, settings[near_preset], train, source, device, lr=lr,
+                                  precision=precision)
         finally:
             torch.set_num_threads(threads)
         try:
@@ -196,7 +270,7 @@ def train_baselines(model_settings: dict[str, Any], train, source, device, *, lr
         if worker.is_alive():
             worker.terminate()
             worker.join()
-    m = create_model(far_preset, **model_settings)
+    m = create_model(far_preset, **settings[far_preset])
     m.load_state_dict(torch.load(io.BytesIO(payload), weights_only=True))
     return {far: m.to(device).eval(), near: here}
 
@@ -212,7 +286,10 @@ def build(ctx: BuildContext) -> Job:
     ctx.from_data("pixel_mean", mean)
     ctx.from_data("pixel_std", std)
     train, opts, device = ctx.train, ctx.options, ctx.device
+    generic_settings(ctx)
     precision = cnn_precision(opts["cnn_precision"], device)  # a bad setting fails before training
+    if opts["cnn_readout"] not in CNN_READOUTS:
+        raise RecipeError(f"cnn_readout must be one of {', '.join(CNN_READOUTS)}, got {opts['cnn_readout']!r}")
     max_len = ctx.model["max_question_len"]
     _check_lengths(spec, max_len)
     torch.manual_seed(train.seed)
@@ -238,7 +315,9 @@ def build(ctx: BuildContext) -> Job:
         shared = {k: ctx.settings[k] for k in (*DATA_FIELDS, "max_question_len", "answer_readout")}
         parallel = opts["cnn_parallel"] and torch.get_num_threads() >= 2 and torch.device(device).type == "cpu"
         out["cnn_parallel"] = parallel
-        cnns = train_baselines(shared, steps, src, device, lr=opts["cnn_lr"], precision=precision, parallel=parallel)
+        out["cnn_readout"] = opts["cnn_readout"]
+        cnns = train_baselines(shared, steps, src, device, lr=opts["cnn_lr"], precision=precision, parallel=parallel,
+                               readout=opts["cnn_readout"])
         for prefix, preset in BASELINES.items():
             cnn = cnns[prefix]
             out.update(evaluate(cnn, spec, held, prefix=prefix))
@@ -260,7 +339,9 @@ def evaluate_run(run, data) -> dict[str, Any]:
     if hasattr(run.model, "question_attention"):
         out.update(attention_mass(run.model, held, spec.words))
         out.update(attention_vs_others(run.model, held, spec.words))
-        out.update(patch_grouping(run.model, held, spec.words))
+        if run.settings.get("grouping", True) and patches_meet(run.model.config):
+            out.update(patch_grouping(run.model, held, spec.words))
+            out.update(head_summary(head_statistics(run.model, held, spec.words)))
         counts = _count_questions(spec, held)
         out.update(sink_summary(sink_weights(run.model, counts, spec.words)))
         out.update(counted_summary(counted_mass(run.model, counts, spec.words)))
@@ -315,12 +396,13 @@ register_recipe(Recipe(
     build=build,
     data=AnimalQuestions,
     default_data=GENERATED,
-    options={"baselines": True, "cnn_lr": 3e-3, "cnn_precision": "auto", "cnn_parallel": True},
-    model_defaults={"patch_stem": "shape,colour", "stem_channels": 48, "modality_mask": "patch-local",
-                    "read_layers": [1, 2], "sink_logit": 2.0, "answer_readout": "points"},
+    options={"baselines": True, "cnn_lr": 3e-3, "cnn_precision": "auto", "cnn_parallel": True, "cnn_readout": "mean",
+             "transformer": "tuned", "grouping": True},
+    model_defaults=dict(MODEL_DEFAULTS),
     train_defaults={"max_iters": 4000, "batch_size": 64, "lr": 3e-3, "warmup_iters": 100, "eval_interval": 1000,
                     "weight_decay": 0.05, "log_interval": 50, "optimizer": "muon", "muon_lr": 0.02},
     evaluate_run=evaluate_run,
+    variants={"generic": {"transformer": "generic"}},
     smoke={"dim": 32, "num_layers": 1, "read_layers": [0], "num_heads": 2, "batch_size": 16, "test_size": 48,
            "val_size": 16},
 ))

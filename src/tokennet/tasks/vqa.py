@@ -27,6 +27,7 @@ from ..data.vqa import QASet, encode_questions, object_patches
 from ..errors import DataError, RunError
 from ..viz.vqa import question_rollout
 from .base import HELP, Input, Option, Task, as_paths, image_file_bad_inputs, register_task, verb
+from .vqa_heads import EVAL_BATCH, head_statistics, question_maps
 
 if TYPE_CHECKING:
     from ..run import Run
@@ -35,7 +36,6 @@ __all__ = ["VisualQuestionAnswering", "predict", "exact_match", "attention_mass"
            "sink_weights", "counted_mass", "fit_rest", "patch_grouping", "two_corner_picture", "question_rollout",
            "object_patches", "load_question_images"]
 
-EVAL_BATCH = 250
 
 
 # -- evaluation -------------------------------------------------------------------------------------------------
@@ -121,18 +121,6 @@ def attention_mass(model, qa: QASet, words, *, limit: int = 500) -> dict[str, fl
     return out
 
 
-def _maps(model, qa: QASet, idx: list[int], words) -> list[Tensor]:
-    """Every layer's attention ``(n, H, L, L)`` (float, on the CPU) for the questions ``idx`` of ``qa``."""
-    config = model.config
-    images = qa.images[idx]
-    questions = encode_questions([qa.questions[i] for i in idx], words, config.max_question_len)
-    dev = next(model.parameters()).device
-    per_batch = [[m.float().cpu() for m in model.attention_maps((images[start:start + EVAL_BATCH].to(dev),
-                                                                 questions[start:start + EVAL_BATCH].to(dev)))["self"]]
-                 for start in range(0, len(idx), EVAL_BATCH)]
-    return [torch.cat([batch_maps[layer] for batch_maps in per_batch]) for layer in range(len(per_batch[0]))]
-
-
 @torch.no_grad()
 def attention_vs_others(model, qa: QASet, words, *, limit: int = 500) -> dict[str, float]:
     """Does the question's attention follow *the question*, or just the animals? The control is the picture's
@@ -155,14 +143,14 @@ def attention_vs_others(model, qa: QASet, words, *, limit: int = 500) -> dict[st
     idx = [i for i in range(n) if qa.boxes and qa.boxes[i] and qa.other_boxes and qa.other_boxes[i]]
     out: dict[str, float] = {}
     if n:
-        share = torch.stack([m[:, :, 0, config.num_text:].sum(-1).mean(1) for m in _maps(model, qa, list(range(n)),
-                                                                                   words)], 1)  # (n, L)
+        maps = question_maps(model, qa, list(range(n)), words)
+        share = torch.stack([m[:, :, 0, config.num_text:].sum(-1).mean(1) for m in maps], 1)  # (n, L)
         out["attention_image_share"] = round(float(share.mean()), 4)
         for layer in range(share.shape[1]):
             out[f"attention_image_share_layer{layer}"] = round(float(share[:, layer].mean()), 4)
     if not idx:
         return out
-    maps = _maps(model, qa, idx, words)
+    maps = question_maps(model, qa, idx, words)
     roll = question_rollout(maps, config.num_text)  # (n, N)
     rows = [m[:, :, 0, config.num_text:].mean(1) for m in maps]
     layers = torch.stack([layer_row / layer_row.sum(-1, keepdim=True).clamp_min(1e-12)
@@ -214,7 +202,7 @@ def sink_weights(model, qa: QASet, words, *, limit: int = 1000) -> dict[str, Any
     k = torch.tensor([len(qa.boxes[i]) for i in idx], dtype=torch.float)  # (n,): the animals counted
     target = 1 / (k + 1)
     heads: dict[str, Any] = {}
-    for layer, m in enumerate(_maps(model, qa, idx, words)):
+    for layer, m in enumerate(question_maps(model, qa, idx, words)):
         for head in range(m.shape[1]):
             weight = m[:, head, 0, 1]  # (n,): the summary token's weight on the sink
             corr = float(torch.corrcoef(torch.stack([weight, target]))[0, 1]) if weight.std() > 0 else 0.0
@@ -264,7 +252,7 @@ def counted_mass(model, qa: QASet, words, *, limit: int = 1000) -> dict[str, Any
             for i in idx]
     counts = sorted(int(v) for v in set(k.tolist()))
     layers: dict[int, Any] = {}
-    for layer, m in enumerate(_maps(model, qa, idx, words)):
+    for layer, m in enumerate(question_maps(model, qa, idx, words)):
         row = m.mean(1)[:, 0]  # (n, L): the summary token's row, mean of heads
         weight = torch.stack([row[j, patch_cols].sum() for j, patch_cols in enumerate(cols)])  # (n,)
         by_k = {v: round(float(weight[k == v].mean()), 4) for v in counts}
@@ -294,7 +282,7 @@ def patch_grouping(model, qa: QASet, words, *, limit: int = 200) -> dict[str, fl
     if not items:
         return {}
     out, ratios = {}, []
-    for layer, m in enumerate(_maps(model, qa, idx, words)):
+    for layer, m in enumerate(question_maps(model, qa, idx, words)):
         attn = m.mean(1)[:, n_text:, n_text:]  # (n, N, N): patch → patch, mean of heads
         attn = attn / attn.sum(-1, keepdim=True).clamp_min(1e-12)
         mass, share = [], []
@@ -427,9 +415,10 @@ class VisualQuestionAnswering(Task):
 
     def _extras(self, run: Run, spec, out_dir: Path) -> list[Path]:
         """``two_questions.png`` (one held-out picture asked about two corners), ``sink_curve.png`` (the sink's
-        weight against the count, and the weight on the counted animals) and, with patches smaller than an animal,
-        ``patch_grouping.png``."""
-        from ..viz.vqa import draw_patch_grouping, draw_sink_curve, draw_two_questions
+        weight against the count, and the weight on the counted animals), with patches smaller than an animal,
+        ``patch_grouping.png``, and where patches attend to patches, ``attention_heads.png`` (each head's mean
+        attention distance and grouping, :func:`~tokennet.tasks.vqa_heads.head_statistics`)."""
+        from ..viz.vqa import draw_head_statistics, draw_patch_grouping, draw_sink_curve, draw_two_questions
 
         held, config, files = run.data.held_out(), run.model.config, []
         pick = two_corner_picture(held)
@@ -452,6 +441,9 @@ class VisualQuestionAnswering(Task):
             files.append(draw_patch_grouping(run.model, spec, held.images[i], held.questions[i],
                                              held.boxes[i] + held.other_boxes[i], out_dir / "patch_grouping.png",
                                              layer=layer))
+        stats = head_statistics(run.model, held, spec.words)
+        if stats:
+            files.append(draw_head_statistics(stats, out_dir / "attention_heads.png"))
         return files
 
     def panel(self, run: Run, log) -> list[tuple[str, str]]:

@@ -19,7 +19,7 @@ from .attention_maps import attention_rollout, overlay, patch_map, pyplot, save_
 from .cnn import receptive_field_box, upsample_map
 
 __all__ = ["question_rollout", "draw_transformer_item", "draw_cnn_item", "overlay", "draw_two_questions",
-           "draw_sink_curve", "draw_patch_grouping"]
+           "draw_sink_curve", "draw_patch_grouping", "draw_head_statistics"]
 
 
 def question_rollout(maps: list[Tensor], num_text: int) -> Tensor:
@@ -196,5 +196,38 @@ def draw_patch_grouping(model, spec, image: Tensor, question: str, boxes, path: 
         axes[0, 0].axis("off")
         axes[0, 0].set_title(f"{cfg.patch_size}-px patches: one per animal, nothing to group", fontsize=7)
     fig.suptitle("objects group themselves: a patch looks at its own animal's other patches (cyan)", fontsize=8)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def draw_head_statistics(stats: dict, path: Path) -> Path:
+    """Each head's mean attention distance against its layer (as the ViT paper's Fig. 7 draws it), and, when some
+    animal covers several patches, each head's grouping ratio (1 = blind to objects), from
+    :func:`~tokennet.tasks.vqa_heads.head_statistics`."""
+    plt = pyplot()
+    panels = 2 if stats["grouping"] else 1
+    fig, axes = plt.subplots(1, panels, figsize=(4.4 * panels, 3.1), squeeze=False)
+    ax = axes[0, 0]
+    for layer, heads in stats["distance"].items():
+        ax.scatter([int(layer)] * len(heads), heads, s=22, color="C0")
+        for head, value in enumerate(heads):
+            ax.annotate(str(head), (int(layer), value), textcoords="offset points", xytext=(5, -3), fontsize=6)
+    ax.axhline(stats["uniform_distance"], color="grey", ls=":", lw=1, label="attending to every patch alike")
+    ax.set_ylim(0, 1.15 * max(stats["uniform_distance"], *(v for heads in stats["distance"].values() for v in heads)))
+    ax.legend(fontsize=7)
+    ax.set_xlabel("layer")
+    ax.set_ylabel("mean attention distance (px)")
+    ax.set_title(f"how far each head looks ({stats['patch_size']}-px patches; labels: heads)", fontsize=8)
+    if stats["grouping"]:
+        ax = axes[0, 1]
+        for layer, heads in stats["grouping"].items():
+            ax.scatter([int(layer)] * len(heads), heads, s=22, color="C2")
+        ax.axhline(1.0, color="grey", ls=":", lw=1, label="blind to objects")
+        ax.set_xlabel("layer")
+        ax.set_ylabel("own animal's patches / their share")
+        ax.set_title("does a patch attend to its own animal?", fontsize=8)
+        ax.legend(fontsize=7)
+    for ax in axes[0]:
+        ax.set_xticks(sorted(int(layer) for layer in stats["distance"]))
     fig.tight_layout()
     return save_figure(fig, path)

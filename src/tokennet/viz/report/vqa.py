@@ -65,6 +65,13 @@ def _comparison(run) -> str:
         body += (f'<p class="sub">Objects group themselves: a patch token of an animal puts '
                  f"{_cell(m, 'patch_grouping_ratio')}× their share of its attention on its own animal's other "
                  "patches (the best layer; 1× = blind to objects).</p>")
+    if "head_distance_min" in m:
+        grouping = (f"; the head that groups most puts {_cell(m, 'head_grouping_max')}× their share on its own "
+                    "animal's other patches" if "head_grouping_max" in m else "")
+        body += (f'<p class="sub">Head by head (the ViT paper\'s mean attention distance: how far in the picture a '
+                 f"patch's attention reaches, weighted by it): from {_cell(m, 'head_distance_min')} px to "
+                 f"{_cell(m, 'head_distance_max')} px{grouping}. Per layer and head: <code>head_distance_layer"
+                 "&lt;ℓ&gt;_head&lt;h&gt;</code> in metrics.json, and <code>attention_heads.png</code> below.</p>")
     return body
 
 
