@@ -22,13 +22,14 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 NAMES = ["linear-family", "low-rank", "mlp-is-conv1x1", "fixed-W-vs-attention", "identity-value", "concat-positions",
          "causal-mask", "sqrt-d-scaling", "cnn-rnn-attention-table", "rnn-forgets-long-inputs", "vit-vs-cnn-data",
-         "layernorm-optimization", "fourier-positions", "receptive-field-learned", "one-trunk-every-modality"]
+         "layernorm-optimization", "fourier-positions", "receptive-field-learned", "one-trunk-every-modality",
+         "receptive-field"]
 
 
 def test_every_claim_is_registered_in_the_issues_order_with_the_lectures_words():
     assert claim_names() == NAMES
     assert [c.number for c in claims()] == ["1", "2", "3", "4", "5", "6", "7", "8", "9", "9b", "10", "11", "12",
-                                             "13", "14"]
+                                             "13", "14", "15"]
     for c in claims():
         assert c.quote.startswith(('"', "An RNN")) and len(c.quote) > 40, c.name
 

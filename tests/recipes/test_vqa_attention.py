@@ -176,7 +176,7 @@ def _bench():
     return mod
 
 
-def test_the_receptive_field_sweep_builds_its_fields_and_refuses_one_it_cannot_in_one_line(capsys):
+def test_the_receptive_field_sweep_builds_its_fields_and_refuses_one_it_cannot_in_one_line(capsys, tmp_path):
     from tokennet.models.registry import create_model
 
     b = _bench()
@@ -192,17 +192,29 @@ def test_the_receptive_field_sweep_builds_its_fields_and_refuses_one_it_cannot_i
         m = create_model("vqa-cnn", **s)
         assert s["arch"] == "resnet" and m.receptive_field().size == f
         assert abs(m.num_parameters() - 150_000) < 15_000
-    dilated = create_model("vqa-cnn", **b.cnn_settings(68, "dilation", 150_000, data, "coords", "resnet"))
-    assert dilated.receptive_field().size == 68 and dilated.config.depths == [1]
+    dilated = create_model("vqa-cnn", **b.cnn_settings(52, "dilation", 150_000, data, "coords", "resnet"))
+    assert dilated.receptive_field().size == 52 and dilated.config.depths == [1]
+    for f in b.UNIT_FIELDS:  # one unit: its field is its window, the parameters matched as the pooled ones'
+        m = create_model("vqa-cnn", **b.cnn_settings(f, "depth", 150_000, data, "coords", family="unit"))
+        assert m.config.readout == "unit" and m.receptive_field().size == f
+        assert abs(m.num_parameters() - 150_000) < 15_000
+    wide = b.cnn_settings(64, "depth", 150_000, data, "coords", family="unit", width=1.5, head_layers=2)
+    assert wide["head_layers"] == 2 and create_model("vqa-cnn", **wide).num_parameters() > 200_000
     m = create_model("vqa-cnn", **b.cnn_settings(20, "depth", 150_000, data, "coords"))
     assert m(m.example_input()).logits.shape == (2, 22)  # the coordinate channels go in with the image
+    out = tmp_path / "sweep.json"
     for argv, fragment in [(["--fields", "30"], "cannot be built by depth"),
-                           (["--fields", "92", "--via", "dilation"], "cannot be built by dilation"),
+                           (["--fields", "28", "--via", "dilation"], "cannot be built by dilation"),
+                           (["--fields", "68"], "larger than the 64-pixel picture"),
+                           (["--family", "unit", "--fields", "20", "128"], "larger than the 64-pixel picture"),
+                           (["--family", "unit", "--fields", "30"], "whole 4-px patches"),
+                           (["--family", "vgg"], "--family must be"), (["--transformer", "big"], "--transformer must"),
                            (["--via", "width"], "--via must be"), (["--readout", "max"], "--readout must be"),
-                           (["--arch", "resnet", "--fields", "92"], "cannot be built by depth with resnet"),
-                           (["--arch", "vgg"], "--arch must be"),
+                           (["--arch", "resnet", "--fields", "28"], "cannot be built by depth with resnet"),
+                           (["--arch", "vgg"], "--arch must be"), (["--trials", "-1"], "must be >= 0"),
                            (["--into", str(Path(__file__).parent)], "not a run directory")]:
         capsys.readouterr()
-        assert b.main(argv) == 2
+        assert b.main([*argv, "--out", str(out)]) == 2
         err = capsys.readouterr().err.strip()
         assert "\n" not in err and fragment in err, err
+        assert not out.exists() and not out.with_suffix(".png").exists()  # nothing written

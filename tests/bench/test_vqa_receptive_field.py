@@ -1,0 +1,69 @@
+"""bench/vqa_receptive_field.py --curves on tiny settings: every model's learning curve per seed, the same tuning trials
+for every family recorded, the JSON's provenance and figures, and claim 15 reading what it wrote."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _bench():
+    path = ROOT / "bench" / "vqa_receptive_field.py"
+    spec = importlib.util.spec_from_file_location("bench_vqa_receptive_field", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_trial_plan_is_the_same_for_every_family_and_starts_at_the_defaults():
+    import sys
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    from _vqa_train import trial_plan
+
+    knobs = {"lr": (1e-3, 3e-3), "width": (0.5, 1.0), "depth": (0, 1)}
+    plan = trial_plan(4, 0, knobs, {"lr": 3e-3, "width": 1.0, "depth": 0})
+    assert plan[0] == {"lr": 3e-3, "width": 1.0, "depth": 0} and len({json.dumps(t) for t in plan}) == 4
+    assert plan == trial_plan(4, 0, knobs, {"lr": 3e-3, "width": 1.0, "depth": 0})  # seeded
+    assert len(trial_plan(100, 0, knobs, plan[0])) == 8 and trial_plan(0, 0, knobs, plan[0]) == []
+
+
+def test_curves_per_model_and_seed_tuning_recorded_and_the_claim_reads_them(tmp_path, capsys):
+    from tokennet.demos.claims.corner_pairs import FILE, claim_corner_pairs
+
+    out = tmp_path / FILE
+    argv = ["--curves", "--family", "unit", "--fields", "20", "64", "--steps", "4", "--eval-every", "2", "--trials",
+            "2", "--tune-steps", "2", "--seeds", "0", "1", "--test-size", "8", "--val-size", "8", "--batch-size", "4",
+            "--out", str(out)]
+    assert _bench().main(argv) == 0
+    record = json.loads(out.read_text())
+    assert record["command"] == "python bench/vqa_receptive_field.py " + " ".join(argv)
+    assert record["commit"] and record["machine"]["cpu"] and record["settings"]["seeds"] == [0, 1]
+    rows = record["rows"]
+    assert [(r["family"], r["receptive_field"], r["seed"]) for r in rows] == [
+        ("transformer", 64, 0), ("transformer", 64, 1), ("unit", 20, 0), ("unit", 20, 1), ("unit", 64, 0),
+        ("unit", 64, 1)]
+    for r in rows:
+        assert [p["step"] for p in r["curve"]] == [2, 4] and [p["examples"] for p in r["curve"]] == [8, 16]
+        assert all(0 <= p["same_species"] <= 100 and p["seconds"] > 0 for p in r["curve"])
+    tuning = record["tuning"]
+    assert set(tuning) == {"transformer", "unit"} and tuning["unit"]["field"] == 64
+    for family in tuning.values():
+        assert len(family["trials"]) == 2 and family["chosen"] in [{k: t[k] for k in ("lr", "width", "depth")}
+                                                                   for t in family["trials"]]
+    # the same budget: the same learning rates and widths tried, in the same order
+    assert [(t["lr"], t["width"]) for t in tuning["transformer"]["trials"]] == \
+        [(t["lr"], t["width"]) for t in tuning["unit"]["trials"]]
+    assert {(s["family"], s["receptive_field"]) for s in record["summary"]} == {("transformer", 64), ("unit", 20),
+                                                                                ("unit", 64)}
+    assert set(record["verdicts"]) == {"a", "b", "c"}
+    assert out.with_suffix(".png").is_file() and (tmp_path / "vqa_learning_curves_curves.png").is_file()
+    assert "examples to 75 %" in capsys.readouterr().out
+    result = claim_corner_pairs(0, results_dir=tmp_path)
+    assert result.source.startswith(f"from bench/results/{FILE}") and len(result.table) == 4
+    assert result.data["verdicts"] == record["verdicts"]
