@@ -76,3 +76,14 @@ def test_a_tiny_model_is_measured_only_where_its_patches_meet():
     assert all(0 < share < 1 for heads in stats["patch_share"].values() for share in heads)  # words take some
     local = create_model("vqa-transformer", modality_mask="patch-local", **kw)
     assert not patches_meet(local.config) and head_statistics(local, qa, spec.words) == {} == head_summary({})
+
+
+def test_the_report_says_how_far_the_heads_look():
+    from types import SimpleNamespace
+
+    from tokennet.viz.report.vqa import _comparison
+
+    metrics = {"exact_match": 50.0, "head_distance_min": 3.5, "head_distance_max": 21.25, "head_grouping_max": 2.5}
+    page = _comparison(SimpleNamespace(metrics=metrics))
+    assert "Head by head" in page and "3.5" in page and "21.25" in page and "2.5" in page
+    assert "Head by head" not in _comparison(SimpleNamespace(metrics={"exact_match": 50.0}))
