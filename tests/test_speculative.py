@@ -15,6 +15,7 @@ from tokennet.speculative import (
     ModelDrafter,
     NgramDrafter,
     SpeculationStats,
+    VerifyCost,
     accept_sampled,
     stream_speculative,
 )
@@ -101,23 +102,133 @@ def test_stop_token_ends_a_speculative_round():
     assert got[prompt.shape[1]:].tolist() == plain[: plain.index(stop) + 1]
 
 
-def test_draft_length_adapts_and_pauses_when_speculation_is_slower():
-    now = [0.0]
-    policy = DraftLength(8, clock=lambda: now[0])
-    assert [policy.speculate() for _ in range(4)] == [False, False, False, True]
-    assert policy.k == 4
-    policy.round_done(4, 4, 0.0)
-    assert policy.k == 5  # all accepted: grows
-    policy.round_done(5, 1, 0.0)
-    assert policy.k == 2  # one accepted: the next round drafts two
-    policy.plain_done(1.0)  # warm-up, not recorded
-    policy.plain_done(0.01)
-    policy.round_done(2, 0, 0.05)  # one token in 0.05 s: slower than a plain step's 0.01 s
-    assert policy.k == 1 and not policy.speculate() and policy.speculate()
-    policy.round_done(1, 0, 0.05)  # loses again: pauses twice as long
-    assert [policy.speculate() for _ in range(3)] == [False, False, True]
-    policy.round_done(1, 1, 0.004)  # wins: back to short pauses
-    assert policy.pause == 1
+def test_acceptance_estimate_counts_rounds_and_shadow_checks():
+    policy = DraftLength(8, clock=None, prior=0.6, drift=0.1)
+    a = policy.acceptance
+    policy.round_done(4, 4)  # four acceptances, no rejection
+    assert policy.acceptance == pytest.approx(1 - (1 - a) * 0.8 ** 4)
+    a = policy.acceptance
+    policy.round_done(3, 0)  # one rejection: the drafts after it were never judged
+    assert policy.acceptance == pytest.approx(0.8 * a)
+    a = policy.acceptance
+    policy.plain_done(shadow=True)  # the plain step's token was the first draft
+    assert policy.acceptance == pytest.approx(a + 0.2 * (1 - a))
+    for _ in range(30):
+        policy.plain_done(shadow=False)
+    assert policy.acceptance < 0.01
+    a = policy.acceptance
+    policy.plain_done()  # nothing proposed: back toward the prior
+    assert policy.acceptance == pytest.approx(a + 0.1 * (0.6 - a))
+    for alpha, k in itertools.product([0.0, 0.3, 0.9, 1.0], [1, 2, 5]):
+        policy.acceptance = alpha
+        assert policy.expected(k) == pytest.approx(sum(alpha ** j for j in range(1, k + 1)))
+
+
+def test_verify_cost_fits_a_line_in_the_drafts_and_picks_the_fastest_width():
+    cost = VerifyCost()
+    for rows, drafts in itertools.product([1, 8], [1, 4, 8]):  # nothing timed: the prior
+        assert cost.ratio(rows, drafts) == pytest.approx(VerifyCost.prior(rows, drafts))
+    cost.verify_done(1, 3, 1.0)  # no plain step to compare with yet: not recorded
+    assert 1 not in cost.fits
+    cost.plain_done(1, 5.0)  # the first plain step of a batch size is warm-up
+    cost.plain_done(1, 0.01)
+    for _ in range(60):  # verifications of 2 drafts cost 2 plain steps, of 6 drafts 4
+        cost.verify_done(1, 2, 0.02)
+        cost.verify_done(1, 6, 0.04)
+    # the timed verifications outweigh the prior's two points ten to one
+    assert cost.ratio(1, 2) == pytest.approx(2.0, abs=0.15) and cost.ratio(1, 4) == pytest.approx(3.0, abs=0.15)
+    assert cost.ratio(8, 4) == pytest.approx(VerifyCost.prior(8, 4))  # each batch size its own line
+
+    def fastest(rows, expected, most):  # the width with the most tokens a second that repays its cost, by brute force
+        rates = {d: (rows + expected(d)) / (rows * cost.ratio(rows, d)) for d in range(1, most + 1)
+                 if expected(d) > VerifyCost.MARGIN * rows * (cost.ratio(rows, d) - 1)}
+        return max(rates, key=rates.get) if rates and max(rates.values()) > 1 else 0
+
+    for alpha in (0.0, 0.5, 0.8, 0.95, 1.0):
+        expected = lambda d, a=alpha: sum(a ** j for j in range(1, d + 1))  # noqa: E731
+        assert cost.best(1, expected, 8) == fastest(1, expected, 8), alpha
+    assert cost.best(1, lambda d: 0.0, 8) == 0  # drafts that fail: a plain step
+    assert cost.best(1, lambda d: float(d), 8) == 8  # drafts always right: the widest
+    assert VerifyCost(clock=None).best(8, lambda d: 0.0, 5) == 5  # untimed: every draft
+    zero = VerifyCost()
+    zero.plain_done(1, 0.0)
+    zero.plain_done(1, 0.0)
+    zero.verify_done(1, 2, 0.0)
+    assert 1 not in zero.fits  # a clock too coarse to time a step
+
+
+def test_choose_waits_then_follows_the_expected_gain():
+    policy = DraftLength(8, clock=lambda: 0.0, plain_first=2)
+    assert [policy.choose(8) for _ in range(2)] == [0, 0]
+    assert policy.choose(8) > 0  # the prior acceptance, 0.8, against the prior cost
+    for _ in range(10):
+        policy.plain_done(shadow=False)
+    assert policy.choose(8) == 0  # the drafts stopped matching
+    for _ in range(20):
+        policy.plain_done(shadow=True)
+    assert policy.choose(8) == 8 and policy.choose(3) == 3
+    assert DraftLength(8, clock=None).choose(5) == 5
+
+
+class Fixed(VerifyCost):
+    """A verification that always costs ``ratio`` plain steps (a deterministic stand-in for the measured cost)."""
+
+    def __init__(self, ratio):
+        super().__init__()
+        self.fixed = ratio
+
+    def ratio(self, rows, drafts):
+        return self.fixed
+
+
+class ListDrafter:
+    """Proposes the given tokens wherever the text is: the right continuation (``right``) or never it."""
+
+    free_to_propose = True
+
+    def __init__(self, tokens):
+        self.tokens = tokens
+
+    def propose(self, seq, k):
+        return Draft(self.tokens[: k])
+
+    def rollback(self, length):
+        pass
+
+
+def test_drafts_that_fail_stop_being_verified():
+    """A drafter whose drafts are never right, at a verification cost of two plain steps: two verifications (the
+    prior acceptance, 0.8, expects 2.4 of 4 drafts accepted, and after one miss 1.5, more than the 1.25 that repay
+    one; after two misses 1.0), then the shadow checks keep the acceptance low and the steps are plain ones (a
+    workload where drafts fail decodes as plain decoding does)."""
+    model, prompt = tiny(0), PROMPTS["random"]
+    plain = generate(model, prompt, 40, temperature=0, compile=False)[0, prompt.shape[1]:].tolist()
+    wrong = next(t for t in range(40) if t not in plain)
+    policy = DraftLength(4, clock=lambda: 0.0, plain_first=0)
+    policy.cost = Fixed(2.0)
+    stats = SpeculationStats()
+    got = list(stream_speculative(model, prompt, 40, drafter=ListDrafter([wrong] * 4), draft_tokens=4,
+                                  stats=stats, compile=False, draft_length=policy, temperature=0))
+    assert torch.cat(got).tolist() == plain
+    assert stats.verifications == 2 and stats.plain_steps == 38 and policy.acceptance < 0.05
+
+
+def test_drafts_that_match_are_verified():
+    model, prompt = tiny(0), PROMPTS["random"]
+    plain = generate(model, prompt, 40, temperature=0, compile=False)[0, prompt.shape[1]:].tolist()
+
+    class Oracle(ListDrafter):
+        def propose(self, seq, k):
+            n = seq.shape[0] - prompt.shape[1]
+            return Draft(plain[n : n + k])
+
+    policy = DraftLength(4, clock=lambda: 0.0, plain_first=0)
+    policy.cost = Fixed(2.0)
+    stats = SpeculationStats()
+    got = list(stream_speculative(model, prompt, 40, drafter=Oracle([]), draft_tokens=4, stats=stats,
+                                  compile=False, draft_length=policy, temperature=0))
+    assert torch.cat(got).tolist() == plain
+    assert stats.accepted == stats.drafted and stats.verifications <= 10
 
 
 # -- the rejection rule: sampled output distributed as plain sampling --------------------------------------------
@@ -331,7 +442,7 @@ def test_run_generate_speculative_python_api(runs):
     plain = run.generate(prompt, 30, temperature=0, compile=False)
     stats = SpeculationStats()
     assert run.generate(prompt, 30, temperature=0, compile=False, speculative="ngram", stats=stats) == plain
-    assert stats.tokens == 30 and stats.drafted > 0
+    assert stats.tokens == 30 and stats.plain_steps + stats.verifications > 0  # whether drafts are verified: timed
     assert run.generate(prompt, 30, temperature=0, compile=False, draft=tokennet.load(runs["draft"])) == plain
     with pytest.raises(RunError, match="one prompt at a time"):
         run.generate([prompt, prompt], 5, speculative="ngram")

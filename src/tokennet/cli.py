@@ -354,8 +354,9 @@ def _add_serve(sub) -> None:
                      "\"speculative\" field does), lossless as generate --speculative: greedy text is plain "
                      "decoding's, sampled text is distributed as plain sampling's. ngram drafts from each request's "
                      "prompt and text so far; draft from --draft RUN. Drafting requests verify their drafts in the "
-                     "batch's one forward (eager: the compiled step serves the steps without drafts). GET /health "
-                     "says the mode and the acceptance rate (default off)")
+                     "batch's one forward (eager: the compiled step serves the steps without drafts), in the steps "
+                     "where the drafts' expected accepted tokens repay that forward's measured cost for the whole "
+                     "batch. GET /health says the mode and the acceptance rate (default off)")
     cmd.add_argument("--draft", default=None, metavar="RUN",
                      help="the draft run for --speculative draft (implies it): a smaller language-model run with the "
                      "same tokenizer (another tokenizer is refused, naming both runs)")

@@ -33,9 +33,12 @@ After a verification the rejected drafts' keys and values are rolled back out of
 ``length`` is set back: the buffers are overwritten by the next forward), and the drafter's likewise.
 
 The number of drafted tokens adapts (:class:`DraftLength`): it grows while drafts are all accepted and falls to
-what was accepted after a rejection; and where a speculative round yields fewer tokens per second than a plain
-step (drafts that fail, or a verification dearer than the tokens it saves), speculation pauses for a number of
-plain steps that doubles each time it loses again, so a workload where drafts fail decodes at about plain speed.
+what was accepted after a rejection. Whether a step verifies at all is a measured bet (:class:`VerifyCost`): a
+verification of ``k`` drafts costs ``r`` plain steps (timed as decoding goes) and is expected to add
+``α + α² + … + α^k`` accepted tokens, where ``α`` is the sequence's moving acceptance rate — kept current between
+verifications by checking each plain step's token against the first draft proposed for it, which prompt lookup
+gives for free. A step verifies only when the expected tokens repay the extra time, so a workload where drafts fail
+decodes at plain speed, on the compiled plain step.
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ from .layers import quantize as quantization
 from .sampling import SAMPLING_EPS, compile_default, compiled_step, greedy_next, next_token_probs, sample_next
 from .sampling import _validate as validate_sampling
 
-__all__ = ["Draft", "NgramDrafter", "ModelDrafter", "DraftLength", "SpeculationStats", "accept_greedy",
+__all__ = ["Draft", "NgramDrafter", "ModelDrafter", "DraftLength", "VerifyCost", "SpeculationStats", "accept_greedy",
            "accept_sampled", "stream_speculative", "check_draft_tokens", "SPECULATIVE_MODES"]
 
 logger = logging.getLogger(__name__)
@@ -147,6 +150,8 @@ class NgramDrafter:
         min_ngram: the shortest (one-token suffixes match often and by chance).
     """
 
+    free_to_propose = True  # a lookup, no forward: it may propose at every step
+
     def __init__(self, max_ngram: int = 3, min_ngram: int = 2):
         if not 1 <= min_ngram <= max_ngram:
             raise ConfigError(f"n-gram sizes need 1 <= min_ngram <= max_ngram, got {min_ngram} and {max_ngram}")
@@ -185,6 +190,8 @@ class ModelDrafter:
         context: the window its cache holds (default and at most the draft model's context); a server drafting
             for many sequences gives its own context, so each sequence's draft cache is no larger than it needs.
     """
+
+    free_to_propose = False  # a forward of the draft model per token: it proposes only when a draft is expected to pay
 
     def __init__(self, model: nn.Module, vocab_size: int, *, temperature: float = 1.0, top_k: int | None = None,
                  top_p: float | None = None, generator: torch.Generator | None = None, quantize: str = "auto",
@@ -241,54 +248,151 @@ class ModelDrafter:
             cache.length = keep
 
 
-class DraftLength:
-    """How many tokens to draft next, and whether to speculate at all.
+class VerifyCost:
+    """What a verification costs against a plain step, measured: by the number of rows decoded and of drafts read.
 
-    ``k`` starts at ``min(k_max, 4)``, grows by one after a round that accepted every draft (up to ``k_max``) and falls
-    to one more than the accepted count after a rejection. The first ``plain_first`` steps are plain (the prompt's
-    forward, one one-token step to warm up — a compiled step compiles —, not timed, then timed ones). Each round's and
-    each plain step's seconds per token are kept as moving averages; when speculation yields tokens more slowly than
-    plain steps, it pauses for ``pause`` plain steps, a number that doubles (up to 64) every time it loses again and
-    returns to 1 when it wins. Without a clock (``clock=None``) it never pauses: the tests' deterministic policy.
+    A plain step of ``B`` rows yields ``B`` tokens. A verification of ``d`` drafts a row (a forward of width
+    ``1 + d``) yields ``B`` plus the drafts it accepts, in ``ratio(B, d)`` times the seconds, a line in ``d``
+    (``c₀ + c₁·d``) fitted to the verifications timed (recent ones weigh more; two pseudo-points of
+    :meth:`prior` keep the line defined before there are any). :meth:`best` picks the ``d`` with the most tokens a
+    second, and says a plain step (0) unless the drafts it is expected to accept repay the extra time by a
+    :attr:`MARGIN` (the expectation is an estimate, and the rounds it looks best for are those it overrates)::
+
+        E[accepted](d)  >  MARGIN · B · (ratio(B, d) − 1)
+
+    Plain steps' seconds are a moving average by ``B`` (the first of each ``B`` is warm-up, not recorded). Without a
+    clock nothing is timed and every verification pays: the tests' deterministic policy.
+    """
+
+    MARGIN = 1.25
+
+    @staticmethod
+    def prior(rows: int, drafts: int) -> float:
+        """The plain steps a verification is taken to cost before any is timed: SmolLM2 on 2 cores, an eager
+        verification against the compiled step, measured 2.0 steps for 4 drafts of one row, 2.7 for 8, and for 8 rows
+        2.7 for 3 drafts, 3.1 for 4 and 5.0 for 8."""
+        return 1.4 + (0.15 + 0.035 * (rows - 1)) * drafts
+
+    def __init__(self, clock: Callable[[], float] | None = time.perf_counter, decay: float = 0.9):
+        self.clock, self.decay = clock, decay
+        self.plain: dict[int, float] = {}  # rows → seconds of a plain step (moving average)
+        self.fits: dict[int, list[float]] = {}  # rows → weighted sums w, wx, wxx, wy, wxy of (drafts, ratio)
+        self._seen: set[int] = set()
+
+    @property
+    def timed(self) -> bool:
+        return self.clock is not None
+
+    def plain_done(self, rows: int, seconds: float) -> None:
+        if rows in self._seen:
+            self.plain[rows] = _average(self.plain.get(rows), seconds)
+        self._seen.add(rows)
+
+    def verify_done(self, rows: int, drafts: int, seconds: float) -> None:
+        """A verification of ``rows`` rows, ``drafts`` drafts wide, took ``seconds``."""
+        plain = self.plain.get(rows)
+        if not plain:  # nothing to compare it with yet (or a clock too coarse to time a step)
+            return
+        y = seconds / plain
+        sums = self.fits.setdefault(rows, [0.0] * 5)
+        for j, term in enumerate((1.0, drafts, drafts * drafts, y, drafts * y)):
+            sums[j] = self.decay * sums[j] + term
+
+    def ratio(self, rows: int, drafts: int) -> float:
+        """Seconds of a verification of ``drafts`` drafts over a plain step's, for ``rows`` rows."""
+        weight, sum_x, sum_xx, sum_y, sum_xy = self.fits.get(rows, [0.0] * 5)  # weighted least squares: y = c₀ + c₁x
+        for x in (1, 8):  # the prior's two points, at weight ½ each
+            y = self.prior(rows, x)
+            weight, sum_x, sum_xx, sum_y, sum_xy = (weight + 0.5, sum_x + 0.5 * x, sum_xx + 0.5 * x * x,
+                                                    sum_y + 0.5 * y, sum_xy + 0.5 * x * y)
+        slope = (weight * sum_xy - sum_x * sum_y) / (weight * sum_xx - sum_x * sum_x)
+        return (sum_y - slope * sum_x) / weight + slope * drafts
+
+    def best(self, rows: int, expected: Callable[[int], float], most: int) -> int:
+        """How many drafts a row to verify (0: a plain step), given ``expected(d)``: the drafts accepted over all
+        rows when each verifies up to ``d`` (``1 ≤ d ≤ most``)."""
+        if not self.timed:
+            return most
+        best, rate = 0, 1.0  # tokens a row per plain step's time
+        for drafts in range(1, most + 1):
+            gain, ratio = expected(drafts), self.ratio(rows, drafts)
+            if gain > self.MARGIN * rows * (ratio - 1) and (rows + gain) / (rows * ratio) > rate:
+                best, rate = drafts, (rows + gain) / (rows * ratio)
+        return best
+
+
+class DraftLength:
+    """How many drafts one sequence is expected to have accepted, and (for a lone sequence) how many to verify.
+
+    ``acceptance`` (α) is a moving average of whether a draft token was accepted: a verification that kept ``a`` of
+    ``k`` drafts counts ``a`` acceptances and, when ``a < k``, one rejection; a plain step counts one *shadow*
+    check, when the drafter had proposed a token for it (prompt lookup proposes for free): was the token decoded the
+    first draft? (Its expectation is the probability the rule would have accepted that draft, greedy or sampled.) A
+    draft of ``k`` tokens is then expected to yield ``E = α + α² + … + α^k`` accepted tokens, each accepted only
+    after the ones before it (:meth:`expected`); :class:`VerifyCost` weighs that against the verification's cost, so
+    the number of drafts verified adapts between 0 and ``k_max``. A plain step with nothing to check moves α back
+    toward its prior by ``drift``, so a sequence whose drafter costs a forward to propose (a draft model) is tried
+    again now and then.
+
+    For :func:`stream_speculative` it also keeps one sequence's :class:`VerifyCost` (``cost``, timed by ``clock``)
+    and :meth:`choose` decides each step; the first ``plain_first`` steps are plain (the prompt's forward, one
+    one-token step to warm up, then a timed one). The serving engine decides for its whole batch instead (one
+    :class:`VerifyCost` over every row). Without a clock (``clock=None``) every draft is verified.
 
     Args:
         k_max: the most tokens drafted in one round.
-        clock: the time source; None: no timing, no pauses.
+        clock: the time source; None: no timing, always speculate.
         plain_first: plain steps before the first draft (with a clock).
+        prior: α before any evidence.
+        drift: how far α moves back toward ``prior`` at a plain step with nothing to check.
     """
 
-    def __init__(self, k_max: int, clock: Callable[[], float] | None = time.perf_counter, plain_first: int = 3):
-        self.k_max, self.k = k_max, min(k_max, 4)
+    def __init__(self, k_max: int, clock: Callable[[], float] | None = time.perf_counter, plain_first: int = 3,
+                 prior: float = 0.8, drift: float = 0.02):
+        self.k_max = k_max
+        self.cost = VerifyCost(clock)
         self.clock = clock or (lambda: 0.0)
-        self.timed = clock is not None
-        self.spec_cost: float | None = None  # seconds per token, speculative rounds (moving average)
-        self.plain_cost: float | None = None  # seconds per token, plain steps
-        self.pause, self.wait, self.warm = 1, (plain_first if self.timed else 0), False
+        self.wait = plain_first if clock is not None else 0
+        self.prior, self.drift, self.acceptance = prior, drift, prior
 
-    def speculate(self) -> bool:
-        """Whether the next step drafts (False: a plain step, while speculation pauses)."""
+    def expected(self, k: int) -> float:
+        """``α + α² + … + α^k``: the drafts of a ``k``-token draft the target is expected to accept."""
+        alpha = self.acceptance
+        return float(k) if alpha >= 1 else alpha * (1 - alpha ** k) / (1 - alpha)
+
+    def choose(self, most: int) -> int:
+        """How many of ``most`` drafts a lone sequence's next step verifies (0: a plain step)."""
         if self.wait > 0:
             self.wait -= 1
-            return False
-        return True
+            return 0
+        return self.cost.best(1, self.expected, most) if most >= 1 else 0
 
-    def round_done(self, drafted: int, accepted: int, seconds: float) -> None:
-        """Adapt after a verification that kept ``accepted`` of ``drafted`` drafts and took ``seconds``."""
-        self.k = min(self.k_max, self.k + 1) if accepted == drafted else max(1, accepted + 1)
-        if not self.timed:
-            return
-        self.spec_cost = _average(self.spec_cost, seconds / (accepted + 1))
-        if self.plain_cost is not None and self.spec_cost > self.plain_cost:
-            self.wait, self.pause = self.pause, min(64, 2 * self.pause)
-            self.spec_cost = None  # judged afresh after the pause
-        elif self.plain_cost is not None:
-            self.pause = 1
+    def round_done(self, drafted: int, accepted: int, seconds: float | None = None) -> None:
+        """After a verification that kept ``accepted`` of ``drafted`` drafts (and took ``seconds``, for a lone
+        sequence's own cost)."""
+        for hit in outcomes(drafted, accepted):
+            self._observe(hit)
+        if seconds is not None:
+            self.cost.verify_done(1, drafted, seconds)
 
-    def plain_done(self, seconds: float) -> None:
-        """Record a one-token plain step of ``seconds`` (the first is warm-up, not recorded)."""
-        if self.warm:
-            self.plain_cost = _average(self.plain_cost, seconds)
-        self.warm = True
+    def plain_done(self, seconds: float | None = None, shadow: bool | None = None) -> None:
+        """After a plain step (of ``seconds``, for a lone sequence's own cost): ``shadow`` whether its token was the
+        first draft proposed for it (None: nothing was proposed)."""
+        if shadow is None:
+            self.acceptance += self.drift * (self.prior - self.acceptance)
+        else:
+            self._observe(shadow)
+        if seconds is not None:
+            self.cost.plain_done(1, seconds)
+
+    def _observe(self, hit: bool, weight: float = 0.2) -> None:
+        self.acceptance += weight * (float(hit) - self.acceptance)
+
+
+def outcomes(drafted: int, accepted: int) -> list[bool]:
+    """What a verification that kept ``accepted`` of ``drafted`` drafts says of each draft judged: ``accepted``
+    acceptances and, when it stopped short, one rejection (the drafts after it were never judged)."""
+    return [True] * accepted + [False] * (accepted < drafted)
 
 
 def _average(old: float | None, new: float, weight: float = 0.3) -> float:
@@ -421,21 +525,21 @@ def stream_speculative(
     try:
         target = _Target(model, idx, max_new_tokens, quantize, compile)
         while stats.tokens < max_new_tokens:
-            k = min(policy.k, target.room(), max_new_tokens - stats.tokens - 1)
+            most = min(policy.k_max, target.room(), max_new_tokens - stats.tokens - 1)
             started = policy.clock()
-            draft = drafter.propose(target.seq[: target.n], k) if k >= 1 and policy.speculate() else Draft([])
-            if draft.tokens:
-                new = _verify(target, draft, sampling, generator)
+            proposed, chosen = _draft(drafter, policy, target.seq[: target.n], most)
+            if chosen.tokens:
+                new = _verify(target, chosen, sampling, generator)
                 drafter.rollback(target.n + len(new) - 1)
-                stats.drafted, stats.accepted = stats.drafted + len(draft.tokens), stats.accepted + len(new) - 1
+                stats.drafted, stats.accepted = stats.drafted + len(chosen.tokens), stats.accepted + len(new) - 1
                 stats.verifications += 1
-                policy.round_done(len(draft.tokens), len(new) - 1, policy.clock() - started)
+                policy.round_done(len(chosen.tokens), len(new) - 1, policy.clock() - started)
             else:
                 one = target.pending == 1  # not the prompt's forward
                 new = [int(sample_next(target.plain_logits(), **sampling, generator=generator)[0])]
                 stats.plain_steps += 1
-                if one:
-                    policy.plain_done(policy.clock() - started)
+                policy.plain_done(policy.clock() - started if one else None,
+                                  shadow=new[0] == proposed.tokens[0] if proposed.tokens else None)
             for token in new:
                 target.append(token)
                 stats.tokens += 1
@@ -444,6 +548,22 @@ def stream_speculative(
                     return
     finally:
         model.train(was_training)
+
+
+def _draft(drafter, policy: DraftLength, text: Tensor, most: int) -> tuple[Draft, Draft]:
+    """What the drafter proposed (for the plain step's shadow check) and the drafts to verify (none: a plain step).
+
+    A free drafter (prompt lookup) proposes up to ``most`` tokens at every step and the policy chooses how many of
+    them to verify; a draft model, whose proposals cost forwards, proposes only the number the policy chooses."""
+    if most < 1:
+        return Draft([]), Draft([])
+    if getattr(drafter, "free_to_propose", False):  # a drafter that does not say is a costly one
+        proposed = drafter.propose(text, most)
+        chosen = policy.choose(len(proposed.tokens)) if proposed.tokens else 0
+        probs = None if proposed.probs is None else proposed.probs[:chosen]
+        return proposed, Draft(proposed.tokens[:chosen], probs)
+    chosen = policy.choose(most)
+    return Draft([]), drafter.propose(text, chosen) if chosen else Draft([])
 
 
 def _verify(target: _Target, draft: Draft, sampling: dict, generator: torch.Generator | None) -> list[int]:

@@ -11,6 +11,7 @@ from tokennet.models import create_model, save_pretrained
 from tokennet.run import save_tokenizer, write_run_info
 from tokennet.sampling import next_token_probs
 from tokennet.serve.engine import Engine, SamplingParams, Sequence
+from tokennet.speculative import Draft, VerifyCost
 from tokennet.tokens.text import CharTokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -230,6 +231,72 @@ def test_a_drafter_that_raises_costs_speculation_not_the_sequence(plain):
     assert engine.speculation.drafted == 0
 
 
+class _FixedCost(VerifyCost):
+    """A verification that always costs ``ratio`` plain steps (a deterministic stand-in for the measured cost)."""
+
+    def __init__(self, ratio):
+        super().__init__()
+        self.fixed = ratio
+
+    def ratio(self, rows, drafts):
+        return self.fixed
+
+
+class _Proposing:
+    """A free drafter that always proposes ``tokens``."""
+
+    free_to_propose = True
+
+    def __init__(self, tokens):
+        self.tokens = tokens
+
+    def propose(self, seq, k):
+        return Draft(self.tokens[:k])
+
+    def rollback(self, length):
+        pass
+
+
+def test_drafts_that_fail_stop_being_verified_and_new_requests_start_from_what_failed(plain):
+    """Drafts that are never right, at a verification cost of two plain steps: the batch of 4 verifies them twice
+    (the prior acceptance, 0.8, expects 4 × 3.3 of 8 drafts accepted, and after one miss each 4 × 1.7, more than
+    the 4 × 1.25 that repay a verification; after two misses 4 × 1.0), then every step is plain — the shadow checks
+    keep each row's estimate low — and the engine's estimate for n-gram drafts, where a new request starts, has
+    fallen too."""
+    wrong = next(t for t in range(TOK.vocab_size) if all(t not in seq.generated for seq in plain[:4]))
+    engine = Engine(MODEL, TOK, compile=False, max_batch=4, speculative="ngram")
+    engine.speculation.cost = _FixedCost(2.0)
+    engine.ngram = _Proposing([wrong] * 8)
+    engine.start()
+    seqs = _run(engine, PROMPTS[:4], [SamplingParams(max_tokens=40, temperature=0) for _ in range(4)])
+    for got, want in zip(seqs, plain):
+        assert got.generated == want.generated
+    stats = engine.speculation
+    assert stats.verifications == 8 and stats.accepted == 0 and stats.skipped >= 35, stats  # two steps of 4 rows
+    assert stats.prior("ngram") < 0.2
+    fresh = Sequence(TOK.encode("abc"), SamplingParams(max_tokens=5, temperature=0), lambda e: None)
+    assert engine._drafting(fresh).length.acceptance == stats.prior("ngram")
+
+
+def test_drafts_that_match_are_verified_in_the_batch(plain):
+    """The same cost with drafts that are always right: nearly every step verifies, and each keeps its drafts."""
+    engine = Engine(MODEL, TOK, compile=False, max_batch=1, speculative="ngram")
+    engine.speculation.cost = _FixedCost(2.0)
+    want = plain[0].generated
+
+    class Right(_Proposing):
+        def propose(self, seq, k):
+            n = seq.shape[0] - len(TOK.encode(PROMPTS[0]))
+            return Draft(want[n : n + k])
+
+    engine.ngram = Right([])
+    engine.start()
+    (got,) = _run(engine, PROMPTS[:1], [SamplingParams(max_tokens=40, temperature=0)])
+    assert got.generated == want
+    stats = engine.speculation
+    assert stats.accepted == stats.drafted > 20 and engine.steps <= 12, (stats, engine.steps)
+
+
 def test_the_engine_refuses_speculation_it_cannot_follow():
     from tokennet.errors import ConfigError
 
@@ -276,7 +343,8 @@ def test_request_fields_and_health():
                                                       "max_tokens": 10, "speculative": "ngram", "draft_tokens": 2})
         assert r.status_code == 200, r.text
         health = client.get("/health").json()["speculative"]
-    assert set(health) == {"mode", "draft", "draft_tokens", "drafted", "accepted", "acceptance_rate"}
+    assert set(health) == {"mode", "draft", "draft_tokens", "drafted", "accepted", "verifications", "skipped",
+                           "acceptance_rate"}
     assert health["mode"] == "ngram" and health["draft"] is None and health["draft_tokens"] == 5
     assert health["drafted"] > 0 and 0 <= health["acceptance_rate"] <= 1
 

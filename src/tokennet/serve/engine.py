@@ -74,9 +74,11 @@ from ..speculative import (
     DraftLength,
     ModelDrafter,
     NgramDrafter,
+    VerifyCost,
     accept_greedy,
     accept_sampled,
     check_draft_tokens,
+    outcomes,
 )
 from .cache import DecodePlan, PrefixCache, SlotCache, SlotCaches
 
@@ -86,6 +88,7 @@ __all__ = ["Engine", "Sequence", "SamplingParams", "QueueFull", "RequestFault", 
 log = logging.getLogger(__name__)
 
 PREFIX_CACHE_MB = 256.0  # the prefix cache's default bound (tokennet serve --prefix-cache-mb)
+PRIOR_ACCEPTANCE = 0.8  # a new sequence's draft acceptance estimate before the engine has judged any draft
 
 
 def available_memory(device: torch.device) -> int | None:
@@ -291,8 +294,11 @@ class Speculation:
     (``SamplingParams.speculative``); ``draft``: the draft model's name (its run's path), None without a draft
     model; ``draft_tokens``:
     the default most tokens drafted a round. ``drafted`` and ``accepted`` count draft tokens over every sequence,
-    ``verifications`` the rows verified. ``clock``: each row's :class:`~tokennet.speculative.DraftLength` times its
-    rounds with it (None: never pauses speculation; deterministic, for tests).
+    ``verifications`` the rows verified, ``skipped`` the steps that had drafts but decoded plainly because no
+    verification was expected to pay. ``cost``: what a verification of the batch costs against a plain step,
+    measured over the engine's steps (:class:`~tokennet.speculative.VerifyCost`); ``acceptance``: each mode's
+    acceptance over the engine's sequences, where a new sequence's estimate starts (:meth:`prior`); ``clock``: None
+    verifies every draft (deterministic, for tests).
     """
 
     mode: str = "off"
@@ -301,12 +307,30 @@ class Speculation:
     drafted: int = 0
     accepted: int = 0
     verifications: int = 0
+    skipped: int = 0
     clock: Callable[[], float] | None = time.perf_counter
+    cost: VerifyCost = field(default_factory=VerifyCost)
+    acceptance: dict[str, float] = field(default_factory=dict)
+
+    def width(self, rows: int, expected: Callable[[int], float], most: int) -> int:
+        """How many drafts a row a step of ``rows`` rows verifies (0: a plain step): :meth:`VerifyCost.best
+        <tokennet.speculative.VerifyCost.best>`; all ``most`` without a clock."""
+        return most if self.clock is None else self.cost.best(rows, expected, most)
+
+    def prior(self, mode: str) -> float:
+        """Where a new sequence's acceptance estimate starts: what this mode's drafts have scored over the engine's
+        sequences so far (a moving average of every judged draft), :data:`PRIOR_ACCEPTANCE` before any."""
+        return self.acceptance.get(mode, PRIOR_ACCEPTANCE)
+
+    def observe(self, mode: str, hits: list[bool], weight: float = 0.02) -> None:
+        """Fold judged drafts (True: accepted) into the mode's engine-wide acceptance."""
+        for hit in hits:
+            self.acceptance[mode] = (1 - weight) * self.prior(mode) + weight * float(hit)
 
     def status(self) -> dict[str, Any]:
         """What ``GET /health`` shows: the mode, the draft run, draft tokens and the acceptance so far."""
         return {"mode": self.mode, "draft": self.draft, "draft_tokens": self.draft_tokens, "drafted": self.drafted,
-                "accepted": self.accepted,
+                "accepted": self.accepted, "verifications": self.verifications, "skipped": self.skipped,
                 "acceptance_rate": round(self.accepted / self.drafted, 4) if self.drafted else 0.0}
 
 
@@ -316,6 +340,7 @@ class RowDrafting:
 
     drafter: NgramDrafter | ModelDrafter | None = None
     length: DraftLength | None = None
+    mode: str = "off"
 
 
 class RowsStep(CompiledStep):
@@ -814,15 +839,16 @@ class Engine:
             return
         rows = list(self.running)
         started = time.perf_counter()
-        drafts = self._draft_rows(rows)
+        drafts, verify = self._draft_rows(rows)
         errors: dict[int, Any] = {}
-        if drafts:
+        if verify:
             new, entries = self._verify_step(rows, drafts, errors)
         else:
             new, entries = self._plain_step(rows, errors), {}
         self.steps += 1
         self.batch_sizes = self.batch_sizes[-999:] + [B]
-        self._rounds_done(rows, drafts, new, errors, time.perf_counter() - started)
+        self._rounds_done(rows, drafts if verify else {}, {} if verify else drafts, new, errors,
+                          time.perf_counter() - started)
         for i in reversed(range(B)):  # from the end: a retired row is refilled by the last, already handled
             if i in errors:
                 if isinstance(errors[i], RequestFault):
@@ -880,34 +906,66 @@ class Engine:
                     **_processing(params, self.model.config.vocab_size),
                     generator=seq.generator if seq.generator is not None else self.generator,
                     quantize=self.draft_quantize, compile=False, context=self.context)
-                length = DraftLength(params.draft_tokens or self.speculation.draft_tokens,
-                                     clock=self.speculation.clock)
-                seq.drafting = RowDrafting(drafter, length)
+                length = DraftLength(params.draft_tokens or self.speculation.draft_tokens, clock=None,
+                                     prior=self.speculation.prior(mode))
+                seq.drafting = RowDrafting(drafter, length, mode)
         return seq.drafting
 
-    def _draft_rows(self, rows: list[Sequence]) -> dict[int, Draft]:
-        """Each speculating row's drafts (row → a draft of at least one token), at most what the row's token budget
-        and the context leave: a verification of width ``1 + k_max`` writes every row's keys up to its length +
-        width, so ``k_max`` stays below what the longest row leaves. A drafter that raises costs its sequence
-        speculation (it decodes plainly from then on), never the sequence."""
+    def _draft_rows(self, rows: list[Sequence]) -> tuple[dict[int, Draft], bool]:
+        """Each speculating row's drafts (row → a draft of at least one token), and whether this step verifies them.
+
+        A row drafts at most what its token budget and the context leave: a verification of width ``1 + d`` writes
+        every row's keys up to its length + width, so ``d`` stays below what the longest row leaves. A verification
+        reads the whole batch ``(B, 1 + d)``, so ``d`` is chosen for the batch (:meth:`Speculation.width`): the
+        width with the most tokens a second, counting the drafts each row is expected to have accepted
+        (:meth:`~tokennet.speculative.DraftLength.expected`) against the verification's measured cost, and 0 — a
+        plain step — unless they repay it. Prompt lookup proposes at every step, so a plain step checks its drafts'
+        first tokens (their acceptance estimates stay current); a draft model proposes only the drafts verified. A
+        drafter that raises costs its sequence speculation (it decodes plainly from then on), never the sequence."""
         room = self.context - max(seq.length for seq in rows) - 1
         drafts: dict[int, Draft] = {}
+        caps: dict[int, int] = {}  # row → the most drafts it may have verified
         for i, seq in enumerate(rows):
-            try:
-                drafting = self._drafting(seq)
-                if drafting.drafter is None:
-                    continue
-                k = min(drafting.length.k, room, seq.params.max_tokens - len(seq.generated) - 1)
-                if k < 1 or not drafting.length.speculate():
-                    continue
-                draft = drafting.drafter.propose(torch.tensor(seq.prompt + seq.generated, device=self.device), k)
-            except Exception:  # noqa: BLE001 - drafts are an optimization: this sequence goes on without them
-                log.exception("drafting failed for one sequence; it decodes without drafts from now on")
-                seq.drafting = RowDrafting()
+            drafting = self._drafting(seq)
+            if drafting.drafter is None:
                 continue
-            if draft.tokens:
-                drafts[i] = draft
-        return drafts
+            k = min(drafting.length.k_max, room, seq.params.max_tokens - len(seq.generated) - 1)
+            if k < 1:
+                continue
+            if not getattr(drafting.drafter, "free_to_propose", False):  # a drafter that does not say: a costly one
+                caps[i] = k
+            elif self._propose(i, seq, k, drafts):
+                caps[i] = len(drafts[i].tokens)
+        if not caps:
+            return drafts, False
+
+        def expected(width: int) -> float:
+            return sum(rows[i].drafting.length.expected(min(width, cap)) for i, cap in caps.items())
+
+        width = self.speculation.width(len(rows), expected, max(caps.values()))
+        if not width:
+            self.speculation.skipped += 1
+            return drafts, False
+        for i, cap in caps.items():
+            if i in drafts:  # a free drafter's proposal: its first `width`
+                draft = drafts[i]
+                drafts[i] = Draft(draft.tokens[:width], None if draft.probs is None else draft.probs[:width])
+            else:
+                self._propose(i, rows[i], min(width, cap), drafts)
+        return drafts, bool(drafts)
+
+    def _propose(self, i: int, seq: Sequence, k: int, drafts: dict[int, Draft]) -> bool:
+        """Row ``i``'s draft of up to ``k`` tokens into ``drafts`` (True when it drafted any); a drafter that raises
+        is logged and the sequence decodes plainly from then on."""
+        try:
+            draft = seq.drafting.drafter.propose(torch.tensor(seq.prompt + seq.generated, device=self.device), k)
+        except Exception:  # noqa: BLE001 - drafts are an optimization: this sequence goes on without them
+            log.exception("drafting failed for one sequence; it decodes without drafts from now on")
+            seq.drafting = RowDrafting()
+            return False
+        if draft.tokens:
+            drafts[i] = draft
+        return bool(draft.tokens)
 
     def _forward_verify(self, first: int, rows: list[Sequence], drafts: dict[int, Draft]) -> Tensor:
         """One forward of rows ``first..first+n−1``, each its last token and its drafts (``drafts``: by index in
@@ -986,20 +1044,30 @@ class Engine:
         chosen = torch.tensor(tokens, device=logits.device)
         return tokens, token_logprobs(logits[: len(tokens)], chosen, [params.logprobs] * len(tokens))
 
-    def _rounds_done(self, rows: list[Sequence], drafts: dict[int, Draft], new: list[list[int]],
-                     errors: dict[int, Any], seconds: float) -> None:
-        """After a step: each speculating row's draft length adapts (a verification, or a plain step of
-        ``seconds``), a draft model's cache keeps only the accepted text, and the engine's counts grow."""
+    def _rounds_done(self, rows: list[Sequence], verified: dict[int, Draft], unverified: dict[int, Draft],
+                     new: list[list[int]], errors: dict[int, Any], seconds: float) -> None:
+        """After a step of ``seconds``: the engine's cost of a plain step or a verification, and each speculating
+        row's acceptance — a verified row's from what it kept (and a draft model's cache keeps only the accepted
+        text), an unverified row's from whether its token was its first draft
+        (:meth:`~tokennet.speculative.DraftLength.plain_done`), the engine's for the mode likewise; the engine's
+        counts grow."""
         stats = self.speculation
+        if verified:
+            stats.cost.verify_done(len(rows), max(len(draft.tokens) for draft in verified.values()), seconds)
+        else:
+            stats.cost.plain_done(len(rows), seconds)
         for i, seq in enumerate(rows):
             drafting = seq.drafting
             if i in errors or drafting is None or drafting.length is None:
                 continue
-            if i not in drafts:
-                drafting.length.plain_done(seconds)
+            if i not in verified:
+                shadow = unverified[i].tokens[0] == new[i][0] if i in unverified and new[i] else None
+                drafting.length.plain_done(shadow=shadow)
+                stats.observe(drafting.mode, [] if shadow is None else [shadow])
                 continue
-            drafted, accepted = len(drafts[i].tokens), len(new[i]) - 1
-            drafting.length.round_done(drafted, accepted, seconds)
+            drafted, accepted = len(verified[i].tokens), len(new[i]) - 1
+            drafting.length.round_done(drafted, accepted)
+            stats.observe(drafting.mode, outcomes(drafted, accepted))
             drafting.drafter.rollback(len(seq.prompt) + len(seq.generated) + accepted)
             stats.drafted, stats.accepted = stats.drafted + drafted, stats.accepted + accepted
             stats.verifications += 1

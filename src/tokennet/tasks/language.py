@@ -186,8 +186,9 @@ SPECULATIVE = (
            "text is distributed as plain sampling's, by the rejection rule of Leviathan et al. 2023): ngram drafts "
            "tokens by looking up the last few tokens' most recent earlier occurrence in the prompt and the text so "
            "far (fast when the output repeats its input: rewriting, editing, quoting); draft drafts them with "
-           "--draft RUN; the target checks all drafts in one forward. The draft length adapts, and speculation "
-           "pauses while it is slower than plain steps. stderr names the mode and, at the end, the acceptance "
+           "--draft RUN; the target checks all drafts in one forward. The draft length adapts, and drafts are "
+           "verified only while the tokens they are expected to add repay the verification's measured cost (drafts "
+           "that fail decode at plain speed). stderr names the mode and, at the end, the acceptance "
            "rate. Default off", str, "off", choices=SPECULATIVE_MODES),
     Option("draft", "language models: the draft run for --speculative draft (implies it): a smaller language-model "
            "run with the same tokenizer", str, metavar="RUN"),
