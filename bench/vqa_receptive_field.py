@@ -24,8 +24,10 @@ held-out kind; chance is 50 %). ``--transformer generic`` trains the lecture's g
 Tuning (``--trials N``): every family — the transformer and each CNN family — gets the same ``N`` trials over the
 same kinds of knobs (``_vqa_train.trial_plan``: the peak learning rate; the width, as a scale of the
 parameter-matched one; depth that does not change the field: the transformer's layers, the CNNs' 1×1 head layers),
-each trained ``--tune-steps`` steps on seed 0 and scored on validation corner pairs; the best trial's knobs train
-every field and seed of its family (a CNN family is tuned at its largest field). The trials are in the JSON.
+each trained ``--tune-steps`` steps on seed 0 and scored on validation corner pairs (a score within twice
+chance's standard error of 50 % ranks as chance, and then the species questions decide: :func:`choose`); the best
+trial's knobs train every field and seed of its family (a CNN family is tuned at its largest field). The trials and
+the rule are in the JSON.
 
 Learning curves (``--eval-every K``, on by ``--curves``): every ``K`` steps, exact match per template on validation
 corner questions against the training examples seen and the training seconds, for every model and seed; the
@@ -240,9 +242,26 @@ def tune(sweep: Sweep, family: str, field: int) -> dict:
         trials.append({**knobs, "num_parameters": m.num_parameters(), "train_seconds": secs,
                        "val_same_species": em["exact_match_same_species"], "val_species": em["exact_match_species"]})
         print(json.dumps({"tuning": family, "field": field, **trials[-1]}), flush=True)
-    best = max(trials, key=lambda trial: (trial["val_same_species"], trial["val_species"]))
-    return {"field": field, "steps": args.tune_steps, "trials": trials,
+    best = choose(trials, args.val_size // 2)
+    return {"field": field, "steps": args.tune_steps, "trials": trials, "rule": CHOICE_RULE,
             "chosen": {k: best[k] for k in KNOBS}}
+
+
+CHOICE_RULE = ("the most corner pairs, where a trial is above chance by more than twice chance's standard error; "
+               "trials the noise of chance explains tie at chance, and the species questions decide between them")
+
+
+def choose(trials: list[dict], pairs: int) -> dict:
+    """The best trial by :data:`CHOICE_RULE`: a score on ``pairs`` validation corner pairs within ``2 σ`` of chance
+    (``σ = 50 / √pairs`` points) ranks as chance, so that 53 % against 50 % on 100 pairs does not pick the knobs
+    when every trial is still guessing (short trials often are: the pairs are learned late)."""
+    noise = 2 * 50 / max(pairs, 1) ** 0.5
+
+    def rank(trial: dict) -> tuple[float, float]:
+        pairs_score = trial["val_same_species"]
+        return (pairs_score if pairs_score - 50 > noise else 50.0, trial["val_species"])
+
+    return max(trials, key=rank)
 
 
 def layers_of(m) -> int:

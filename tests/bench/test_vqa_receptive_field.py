@@ -33,6 +33,17 @@ def test_the_trial_plan_is_the_same_for_every_family_and_starts_at_the_defaults(
     assert len(trial_plan(100, 0, knobs, plan[0])) == 8 and trial_plan(0, 0, knobs, plan[0]) == []
 
 
+def test_tuning_ranks_pairs_the_noise_of_chance_explains_as_chance_and_then_species_decides():
+    choose = _bench().choose
+    guessing = [{"lr": 1e-3, "val_same_species": 53.0, "val_species": 83.0},
+                {"lr": 3e-3, "val_same_species": 50.0, "val_species": 99.0}]
+    assert choose(guessing, 100)["lr"] == 3e-3  # 53 % on 100 pairs is within 2 sigma (10 points) of chance
+    learning = [{"lr": 1e-3, "val_same_species": 75.0, "val_species": 60.0},
+                {"lr": 3e-3, "val_same_species": 50.0, "val_species": 99.0}]
+    assert choose(learning, 100)["lr"] == 1e-3  # a trial that compares the corners wins over one that only names
+    assert choose(guessing, 10_000)["lr"] == 1e-3  # on 10,000 pairs 3 points are well outside chance's noise
+
+
 def test_curves_per_model_and_seed_tuning_recorded_and_the_claim_reads_them(tmp_path, capsys):
     from tokennet.demos.claims.corner_pairs import FILE, claim_corner_pairs
 
@@ -53,6 +64,7 @@ def test_curves_per_model_and_seed_tuning_recorded_and_the_claim_reads_them(tmp_
         assert all(0 <= p["same_species"] <= 100 and p["seconds"] > 0 for p in r["curve"])
     tuning = record["tuning"]
     assert set(tuning) == {"transformer", "unit"} and tuning["unit"]["field"] == 64
+    assert all("chance" in family["rule"] for family in tuning.values())
     for family in tuning.values():
         assert len(family["trials"]) == 2 and family["chosen"] in [{k: t[k] for k in ("lr", "width", "depth")}
                                                                    for t in family["trials"]]
