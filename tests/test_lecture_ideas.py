@@ -121,3 +121,80 @@ def test_every_domain_runs_the_same_transformer_block():
         blocks = [mod for mod in m.modules() if isinstance(mod, Block)]
         assert blocks, f"{name} has no tokennet.layers.Block"
         assert all(type(b) is Block and isinstance(b.attn, MultiHeadAttention) for b in blocks), name
+
+
+@torch.no_grad()
+def test_coordinate_channels_break_the_cnns_translation_equivariance():
+    """transcript: "convolution has this nice property of translation equivariance, conv of trans x is trans of conv
+    x" and "if we want convolutional networks to not be translation equivariant, we tell the filter where I am in
+    the image". The vqa CNN's trunk, without and with two coordinate channels (``readout="coords"``): move the
+    picture by two of the trunk's units (8 pixels) and, away from the borders the padding touches, the plain trunk's
+    map moves with it exactly as far; the trunk that is told where it is answers differently there."""
+    from tokennet.models.vqa import VQACNN, VQACNNConfig
+
+    def trunk_maps(readout: str) -> tuple[torch.Tensor, torch.Tensor]:
+        torch.manual_seed(0)
+        cfg = VQACNNConfig(arch="plain", widths=[8], depths=[2], stem_kernel=4, stem_stride=4, norm="none",
+                           image_size=32, readout=readout)
+        model = VQACNN(cfg).eval()
+        images = torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+        question = torch.tensor([[1, 2, 3]])
+        moved = torch.roll(images, shifts=8, dims=-1)  # 8 px = 2 units of the stride-4 stem, to the right
+        return model.forward_features((images, question)), model.forward_features((moved, question))
+
+    plain, plain_moved = trunk_maps("mean")
+    # columns 3..5 of the moved map hold what columns 1..3 held; a 2-layer 3×3 trunk sees ±2 units, so these
+    # columns' fields touch neither the padding nor the pixels the roll wrapped around
+    assert plain.shape[-1] == 8
+    torch.testing.assert_close(plain_moved[..., 2:-2, 4:6], plain[..., 2:-2, 2:4], rtol=1e-5, atol=1e-6)
+    told, told_moved = trunk_maps("coords")
+    assert (told_moved[..., 2:-2, 4:6] - told[..., 2:-2, 2:4]).abs().max() > 1e-2
+
+
+class _ScoreWork(torch.utils._python_dispatch.TorchDispatchMode):
+    """The arithmetic a score function does: multiply-adds of its matrix products, one operation per element
+    written by anything else that computes (adds, tanh, scaling), and the largest tensor it makes."""
+
+    PRODUCTS = {"mm", "bmm"}
+    ELEMENTWISE = {"add", "mul", "tanh", "div"}
+
+    def __init__(self):
+        super().__init__()
+        self.multiply_adds = self.elementwise = self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__
+        if name in self.PRODUCTS:
+            a, b = args[0], args[1]
+            self.multiply_adds += a.numel() * b.shape[-1]  # (…, M, K) @ (…, K, N): M·K·N per batch entry
+        elif name in self.ELEMENTWISE:
+            self.elementwise += out.numel()
+        if isinstance(out, torch.Tensor) and name not in {"view", "_unsafe_view", "unsqueeze", "expand",
+                                                           "transpose", "t", "squeeze", "permute", "detach"}:
+            self.largest = max(self.largest, out.numel())
+        return out
+
+
+@torch.no_grad()
+def test_dot_product_scores_do_less_work_than_additive_ones():
+    """attention-notes: scaled dot-product attention is "more computationally efficient but requires both query and
+    key having the same vector of length". For ``n`` queries and keys of width ``d`` (additive: hidden width ``d``
+    too), counted op by op: the dot product is one ``n × d × n`` product (``n²d`` multiply-adds, ``n²`` scaled);
+    additive attention adds every query to every key (``n²d``), takes ``tanh`` of all of it (``n²d``), then reduces
+    it with ``w_v`` (``n²d`` multiply-adds) after projecting both sides (``2nd²``) — about three times the work,
+    and an ``n × n × d`` tensor where the dot product's largest is ``n × n``."""
+    from tokennet.attention.scores import AdditiveScore, DotProductScore
+
+    n, d = 64, 32
+    q, k = torch.randn(1, n, d), torch.randn(1, n, d)
+    counts = {}
+    for name, score in (("dot", DotProductScore()), ("additive", AdditiveScore(d, d, d))):
+        with _ScoreWork() as work:
+            assert score(q, k).shape == (1, n, n)
+        counts[name] = work
+    dot, additive = counts["dot"], counts["additive"]
+    assert (dot.multiply_adds, dot.elementwise, dot.largest) == (n * n * d, n * n, n * n)
+    assert additive.multiply_adds == n * n * d + 2 * n * d * d and additive.elementwise >= 2 * n * n * d
+    assert additive.largest == n * n * d
+    assert additive.multiply_adds + additive.elementwise > 3 * (dot.multiply_adds + dot.elementwise)
