@@ -294,3 +294,27 @@ def test_a_baseline_that_fails_in_its_worker_is_one_line_and_a_failure_here_stop
     finally:
         torch.set_num_threads(before)
     assert not [p for p in multiprocessing.active_children() if p.name.startswith("tokennet-")]
+
+
+def test_the_generic_transformers_settings_are_resolved_where_show_settings_and_run_json_see_them(capsys):
+    """``--set transformer=generic`` sets the lecture's model pieces as the settings are resolved (not later, inside
+    the build), so ``--show-settings`` prints what the run trains; a piece the user sets stays theirs, a resumed
+    run keeps what it saved, and an unknown kind is refused in one line."""
+    from tokennet.lifecycle import resolve_settings
+    from tokennet.recipes import get_recipe
+    from tokennet.recipes.vqa import GENERIC, MODEL_DEFAULTS
+
+    recipe = get_recipe("vqa")
+    defaults = recipe.defaults(None)
+    tuned = resolve_settings(recipe, defaults, None, {})
+    assert {k: tuned[k] for k in MODEL_DEFAULTS} == MODEL_DEFAULTS
+    generic = resolve_settings(recipe, defaults, None, {"transformer": "generic"})
+    assert {k: generic[k] for k in GENERIC} == GENERIC and GENERIC["modality_mask"] == "full"
+    one_back = resolve_settings(recipe, defaults, None, {"transformer": "generic", "modality_mask": "patch-local"})
+    assert one_back["modality_mask"] == "patch-local" and one_back["patch_stem"] == GENERIC["patch_stem"]
+    resumed = resolve_settings(recipe, defaults, one_back, {})
+    assert resumed["modality_mask"] == "patch-local"  # what that run trained with, not derived again
+    assert main(["train", "vqa", "--show-settings", "--set", "transformer=generic"]) == 0
+    assert f"modality_mask = {GENERIC['modality_mask']!r}" in capsys.readouterr().out
+    assert main(["train", "vqa", "--show-settings", "--set", "transformer=bogus"]) == 2
+    assert "transformer must be one of tuned, generic" in capsys.readouterr().err

@@ -191,6 +191,9 @@ class Recipe:
             (``{"bahdanau": {"arch": "bahdanau"}}``); the registry tests train each one too.
         init: the recipe can start from existing weights (``--init``: ``build`` reads ``ctx.init``), and takes
             the :class:`FineTune` settings.
+        derive: ``derive(settings, given) -> settings`` that follow from others unless the user set them
+            (``given``: the names set); applied as the settings are resolved, so ``--show-settings`` and
+            ``run.json`` show them (``vqa``: ``transformer=generic`` sets the generic model's pieces).
     """
 
     name: str
@@ -210,6 +213,7 @@ class Recipe:
     make_data: Callable[[str | None, dict[str, Any]], DataSpec] | None = None
     variants: dict[str, dict[str, Any]] = field(default_factory=dict)
     init: bool = False
+    derive: Callable[[dict[str, Any], set[str]], dict[str, Any]] | None = None
 
     def __post_init__(self):
         if self.data is not None:

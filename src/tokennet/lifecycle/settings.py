@@ -57,7 +57,8 @@ def resolve_settings(recipe: Recipe, defaults: dict[str, Any], saved: dict[str, 
 
     Settings a saved run does not name were added later: it ran with their field defaults (e.g.
     ``optimizer="adamw"``), not with what the recipe defaults to now. Setting ``max_iters`` without
-    ``time_budget`` on a new run drops the recipe's default time budget (an exact iteration budget).
+    ``time_budget`` on a new run drops the recipe's default time budget (an exact iteration budget). A new run's
+    settings that follow from others come last (``recipe.derive``), each unless the user set it.
     """
     settings = dict(defaults)
     if saved is not None:
@@ -67,4 +68,7 @@ def resolve_settings(recipe: Recipe, defaults: dict[str, Any], saved: dict[str, 
     elif "max_iters" in sets and "time_budget" not in sets:
         settings["time_budget"] = None
     settings.update(sets)
+    if recipe.derive is not None and saved is None:  # settings that follow from others, unless the user set them
+        # (a resumed run's saved settings hold what they derived to, and what its user set then)
+        settings.update(recipe.derive(settings, set(sets)))
     return settings

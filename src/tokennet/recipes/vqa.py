@@ -97,8 +97,8 @@ from ..tasks.vqa import attention_mass, attention_vs_others, counted_mass, exact
 from ..tasks.vqa_heads import head_statistics, head_summary, patches_meet
 from ..train.trainer import Trainer
 
-__all__ = ["evaluate", "train_baseline", "train_baselines", "baseline_settings", "generic_settings", "BASELINES",
-           "GENERIC"]
+__all__ = ["evaluate", "train_baseline", "train_baselines", "baseline_settings", "check_transformer",
+           "derive_settings", "BASELINES", "GENERIC"]
 
 log = logging.getLogger(__name__)
 
@@ -122,18 +122,24 @@ GENERIC = _generic()
 TRANSFORMERS = ("tuned", "generic")
 
 
-def generic_settings(ctx: BuildContext) -> None:
+def derive_settings(settings: dict[str, Any], given: set[str]) -> dict[str, Any]:
     """``transformer=generic``: the :data:`GENERIC` model settings, each unless the user set it (so one task-specific
     piece can be added back at a time: ``--set transformer=generic modality_mask=patch-local``); ``tuned`` (the
-    default) keeps the recipe's ``model_defaults``. A grouping measurement asked for under a mask that keeps every
-    patch to itself is refused."""
+    default) keeps the recipe's ``model_defaults``. The recipe's ``derive`` hook: ``--show-settings`` and
+    ``run.json`` show what the run trains."""
+    kind = settings["transformer"]
+    if kind not in TRANSFORMERS:
+        raise RecipeError(f"transformer must be one of {', '.join(TRANSFORMERS)}, got {kind!r}")
+    return {name: value for name, value in GENERIC.items() if name not in given} if kind == "generic" else {}
+
+
+def check_transformer(ctx: BuildContext) -> None:
+    """The transformer's settings, before anything is built: its kind (a resumed run's too, which
+    :func:`derive_settings` does not see), and a grouping measurement asked for under a mask that keeps every patch to
+    itself is refused."""
     kind = ctx.options["transformer"]
     if kind not in TRANSFORMERS:
         raise RecipeError(f"transformer must be one of {', '.join(TRANSFORMERS)}, got {kind!r}")
-    if kind == "generic":
-        for name, value in GENERIC.items():
-            if name not in ctx.given:
-                ctx.model[name] = ctx.settings[name] = value
     mask = ctx.model["modality_mask"]
     if "grouping" in ctx.given and ctx.options["grouping"] and mask in ("patch-local", "summary-reads"):
         raise RecipeError(f"grouping=true measures how patches attend to other patches, which needs a mask that lets "
@@ -286,7 +292,7 @@ def build(ctx: BuildContext) -> Job:
     ctx.from_data("pixel_mean", mean)
     ctx.from_data("pixel_std", std)
     train, opts, device = ctx.train, ctx.options, ctx.device
-    generic_settings(ctx)
+    check_transformer(ctx)
     precision = cnn_precision(opts["cnn_precision"], device)  # a bad setting fails before training
     if opts["cnn_readout"] not in CNN_READOUTS:
         raise RecipeError(f"cnn_readout must be one of {', '.join(CNN_READOUTS)}, got {opts['cnn_readout']!r}")
@@ -403,6 +409,7 @@ register_recipe(Recipe(
                     "weight_decay": 0.05, "log_interval": 50, "optimizer": "muon", "muon_lr": 0.02},
     evaluate_run=evaluate_run,
     variants={"generic": {"transformer": "generic"}},
+    derive=derive_settings,
     smoke={"dim": 32, "num_layers": 1, "read_layers": [0], "num_heads": 2, "batch_size": 16, "test_size": 48,
            "val_size": 16},
 ))
