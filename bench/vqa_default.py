@@ -5,8 +5,10 @@ wall time (process start to exit, as a user waits for it).
     python bench/vqa_default.py --seeds 0 1 2                     # one run after another, each on all cores
     python bench/vqa_default.py --seeds 1 2 --parallel 2          # two at once, one thread each (times not idle)
     python bench/vqa_default.py --seeds 0 1 2 --collect           # only read runs already in --runs-dir
+    python bench/vqa_default.py --seeds 0 --set transformer=generic --out bench/results/vqa_default_generic.json
 
-Each run is ``tokennet train vqa --seed S --out RUNS_DIR/seedS`` (the recipe's defaults otherwise), so its report
+Each run is ``tokennet train vqa --seed S --out RUNS_DIR/seedS`` (the recipe's defaults otherwise; ``--set`` passes
+settings on, e.g. the lecture's generic transformer), so its report
 and ``tokennet eval`` are there to look at. Prints a markdown table and writes ``bench/results/vqa_default.json``
 (the command, the commit, the machine; each run's own wall time, threads and load average, since runs measured
 at different times can be collected into one file).
@@ -33,17 +35,18 @@ TEMPLATES = ("count", "count_colour", "same_species", "species", "colour", "unse
 MODELS = (("", "transformer"), ("cnn_", "cnn_ (92 px)"), ("shallow_cnn_", "shallow_cnn_ (20 px)"))
 EXTRA = ("attention_vs_other_animals", "attention_vs_other_animals_layer0", "attention_vs_other_animals_layer1",
          "attention_vs_other_animals_layer2", "attention_mass_ratio",
-         "attention_image_share", "sink_vs_inverse_count_r", "sink_weight_k0", "sink_weight_k9")
+         "attention_image_share", "sink_vs_inverse_count_r", "sink_weight_k0", "sink_weight_k9",
+         "head_distance_min", "head_distance_max", "head_grouping_max")
 RUN_INFO = "bench_run.json"  # beside a run's metrics.json: how this script ran it
 
 
-def run_seed(seed: int, runs_dir: Path, threads: int | None) -> dict:
+def run_seed(seed: int, runs_dir: Path, threads: int | None, sets: list[str]) -> dict:
     out = runs_dir / f"seed{seed}"
     env = dict(os.environ)
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     cmd = [sys.executable, "-m", "tokennet.cli", "train", "vqa", "--seed", str(seed), "--out", str(out),
-           "--overwrite", "--set", "progress=false"]  # a seed measured again replaces its earlier run
+           "--overwrite", "--set", "progress=false", *sets]  # a seed measured again replaces its earlier run
     load = list(os.getloadavg())
     t = time.perf_counter()
     subprocess.run(cmd, check=True, env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
@@ -76,6 +79,8 @@ def main(argv=None) -> int:
     ap.add_argument("--parallel", type=int, default=1, help="runs at once (each with --threads, default 1 then)")
     ap.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS per run (default: all cores)")
     ap.add_argument("--collect", action="store_true", help="read the runs already in --runs-dir, train nothing")
+    ap.add_argument("--set", dest="sets", nargs="+", default=[], metavar="KEY=VALUE",
+                    help="settings passed to every run's tokennet train (default: the recipe's)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "vqa_default.json"))
     args = ap.parse_args(argv)
     if args.parallel < 1:
@@ -86,7 +91,7 @@ def main(argv=None) -> int:
     if not args.collect:
         threads = args.threads or (1 if args.parallel > 1 else None)
         with ThreadPoolExecutor(args.parallel) as ex:
-            list(ex.map(lambda s: run_seed(s, runs_dir, threads), args.seeds))
+            list(ex.map(lambda s: run_seed(s, runs_dir, threads, args.sets), args.seeds))
     missing = [s for s in args.seeds if not (runs_dir / f"seed{s}" / "metrics.json").is_file()]
     if missing:
         print(f"error: no finished run for seeds {missing} in {runs_dir}", file=sys.stderr)
@@ -104,7 +109,7 @@ def main(argv=None) -> int:
                                                f"threads)" for r in rows))
     result = {"benchmark": "vqa_default", "command": "python " + " ".join([sys.argv[0], *sys.argv[1:]]),
               "commit": commit(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "seeds": args.seeds, "median": med, "runs": rows,
+              "seeds": args.seeds, "sets": args.sets, "median": med, "runs": rows,
               "machine": machine(cpus_used=os.cpu_count())}
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")
