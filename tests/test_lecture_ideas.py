@@ -198,3 +198,28 @@ def test_dot_product_scores_do_less_work_than_additive_ones():
     assert additive.multiply_adds == n * n * d + 2 * n * d * d and additive.elementwise >= 2 * n * n * d
     assert additive.largest == n * n * d
     assert additive.multiply_adds + additive.elementwise > 3 * (dot.multiply_adds + dot.elementwise)
+
+
+def test_layernorm_makes_the_weight_updates_independent_of_the_activations_scale():
+    """transcript: "normalizing activations will have a consequence on changing the size of the weight updates.
+    Because if I backprop through normalizing the activations, you can see that the weight update will be a
+    function of the scale of the activations." A pre-norm block's sublayers read ``LayerNorm(x)``, the same for
+    ``x`` and ``10 x``: for the same gradient on their outputs, the weights' gradients are the same. Without the
+    norms (``norm="none"``) the same sublayers' weight gradients grow with the activations' scale."""
+
+    def grads(norm: str, scale: float) -> dict[str, torch.Tensor]:
+        torch.manual_seed(0)
+        block = Block(16, 4, norm=norm).double()
+        x = scale * torch.randn(2, 6, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+        direction = torch.randn(2, 6, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+        # each sublayer on its own, as the block applies it to the residual stream: f(norm(x))
+        outputs = block.attn(block.norm1(x)) + block.mlp(block.norm2(x))
+        (outputs * direction).sum().backward()
+        return {name: p.grad.clone() for name, p in block.named_parameters() if "norm" not in name}
+
+    normed, normed_big = grads("pre", 1.0), grads("pre", 10.0)
+    for name in normed:  # equal up to LayerNorm's eps (1e-5 against a variance of about 1): measured ~1e-5
+        assert (normed_big[name] - normed[name]).norm() <= 1e-4 * normed[name].norm(), name
+    bare, bare_big = grads("none", 1.0), grads("none", 10.0)
+    for name in ("attn.qkv_proj.weight", "attn.out_proj.weight", "mlp.fc1.weight", "mlp.fc2.weight"):
+        assert bare_big[name].norm() > 9.9 * bare[name].norm(), name  # measured 11x to 46x
