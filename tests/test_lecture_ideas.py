@@ -223,3 +223,40 @@ def test_layernorm_makes_the_weight_updates_independent_of_the_activations_scale
     bare, bare_big = grads("none", 1.0), grads("none", 10.0)
     for name in ("attn.qkv_proj.weight", "attn.out_proj.weight", "mlp.fc1.weight", "mlp.fc2.weight"):
         assert bare_big[name].norm() > 9.9 * bare[name].norm(), name  # measured 11x to 46x
+
+
+@torch.no_grad()
+def test_a_query_computed_by_an_mlp_picks_keys_no_linear_query_can():
+    """transcript: the query function "is just a linear projection of the token vector … But it could be other
+    functions … It could be an MLP". Two keys, A and B, and a question ``x ∈ {0, 1}²``: attend to A exactly when
+    ``x₁ XOR x₂``. With a linear query the score difference ``s_A − s_B`` is affine in ``x``, so
+    ``f(0,0) + f(1,1) = f(0,1) + f(1,0)`` and the XOR pattern of signs is impossible; a cross-attention layer with
+    ``query_mlp=2`` (``Q = GELU(x W₁ + b₁) W₂ + b₂``), weights set by hand, does it — and its output is the
+    formula's ``softmax(Q Kᵀ / √E) V``."""
+    questions = torch.tensor([[0.0, 0.0], [0.0, 1.0], [1.0, 0.0], [1.0, 1.0]]).unsqueeze(1)  # (4, 1, 2)
+    keys = torch.eye(2).expand(4, 2, 2)  # (4, 2, 2): key A = (1, 0), key B = (0, 1)
+
+    def weight_on_a(layer: MultiHeadAttention) -> torch.Tensor:
+        for proj in (layer.kv_proj, layer.out_proj):  # K = V = the context, the output = the weights on A and B
+            proj.weight.copy_(torch.eye(2).repeat(proj.weight.shape[0] // 2, 1))
+            proj.bias.zero_()
+        out = layer(questions, keys)[:, 0]  # (4, 2)
+        q = layer.project_q(questions)[:, 0]  # (4, 2)
+        torch.testing.assert_close(out, torch.softmax(q @ torch.eye(2) / math.sqrt(2), -1), rtol=1e-5, atol=1e-6)
+        return out[:, 0]
+
+    torch.manual_seed(0)
+    linear = MultiHeadAttention(2, 1, context_dim=2)
+    score_gap = torch.logit(weight_on_a(linear).double())  # s_A − s_B (up to 1/√E)
+    torch.testing.assert_close(score_gap[0] + score_gap[3], score_gap[1] + score_gap[2], rtol=1e-4, atol=1e-4)
+
+    mlp = MultiHeadAttention(2, 1, context_dim=2, query_mlp=2)
+    first, second = mlp.q_proj[0], mlp.q_proj[2]
+    first.weight.copy_(torch.full((2, 2), 10.0))  # h = GELU(10 s), GELU(10 (s − 1)) with s = x₁ + x₂
+    first.bias.copy_(torch.tensor([0.0, -10.0]))
+    second.weight.copy_(torch.tensor([[1.0, -2.0], [-1.0, 2.0]]))  # h₁ − 2 h₂ = 10 · XOR, then centred
+    second.bias.copy_(torch.tensor([-5.0, 5.0]))
+    on_a = weight_on_a(mlp)
+    assert on_a[1] > 0.99 and on_a[2] > 0.99 and on_a[0] < 0.01 and on_a[3] < 0.01
+    with pytest.raises(ValueError, match="cross-attention"):
+        MultiHeadAttention(2, 1, query_mlp=2)

@@ -141,6 +141,10 @@ class MultiHeadAttention(nn.Module):
         value_proj: learn ``W_v`` (default). ``False`` takes ``W_v = I``, ``V = C``: the lecture's *"One could
             simply take W_v to be the identity; it's just extra expressivity"* (needs ``Hkv·E`` equal to the
             context's width; ``W_o`` remains).
+        query_mlp: a cross-attention layer's queries from an MLP of this hidden width, ``Q = GELU(X W_1 + b_1)
+            W_2 + b_2``, instead of ``Q = X W_q`` (0, the default: linear). The transcript: the query function
+            "is just a linear projection of the token vector … But it could be other functions … It could be an
+            MLP". A query that is not affine in ``x`` can pick different keys for inputs no linear map separates.
     """
 
     def __init__(
@@ -156,6 +160,7 @@ class MultiHeadAttention(nn.Module):
         backend: str = "auto",
         qk_norm: bool | Callable[[int], nn.Module] = False,
         value_proj: bool = True,
+        query_mlp: int = 0,
     ):
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
@@ -173,6 +178,11 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"unknown attention backend {backend!r}; expected one of {', '.join(BACKENDS)}")
         if context_dim is not None and context_dim < 1:
             raise ValueError(f"context_dim must be positive, got {context_dim}")
+        if isinstance(query_mlp, bool) or not isinstance(query_mlp, int) or query_mlp < 0:
+            raise ValueError(f"query_mlp is the hidden width of the query MLP (0: linear queries), got {query_mlp!r}")
+        if query_mlp and context_dim is None:
+            raise ValueError("query_mlp needs a cross-attention layer (context_dim given): self-attention computes "
+                             "its queries with the keys and values in one fused projection")
         self.dim, self.num_heads, self.num_kv_heads, self.head_dim = dim, num_heads, num_kv_heads, head_dim
         self.context_dim = dim if context_dim is None else context_dim
         self.is_cross = context_dim is not None
@@ -187,7 +197,9 @@ class MultiHeadAttention(nn.Module):
         self.value_proj = value_proj
         self.v_dim = self.kv_dim if value_proj else 0  # the rows of W_v in the fused projection (none when W_v = I)
         if self.is_cross:
-            self.q_proj = nn.Linear(dim, self.q_dim, bias=bias)
+            self.q_proj = (nn.Sequential(nn.Linear(dim, query_mlp, bias=bias), nn.GELU(),
+                                         nn.Linear(query_mlp, self.q_dim, bias=bias)) if query_mlp
+                           else nn.Linear(dim, self.q_dim, bias=bias))
             self.kv_proj = nn.Linear(context_dim, self.kv_dim + self.v_dim, bias=bias)
         else:
             self.qkv_proj = nn.Linear(dim, self.q_dim + self.kv_dim + self.v_dim, bias=bias)
@@ -203,7 +215,7 @@ class MultiHeadAttention(nn.Module):
         return t.reshape(B, N, h, self.head_dim).transpose(1, 2)  # (B, h, N, E)
 
     def project_q(self, x: Tensor) -> Tensor:
-        """Queries ``Q = X W_q`` ``(B, N, H·E)``."""
+        """Queries ``Q = X W_q`` ``(B, N, H·E)`` (``query_mlp``: ``Q = MLP(X)``)."""
         if self.is_cross:
             return self.q_proj(x)
         qkv_bias = self.qkv_proj.bias
