@@ -67,6 +67,10 @@ def test_each_prediction_the_measurements_contradict_is_reported_as_not_holding(
     assert [found[k]["holds"] for k in "abc"] == [False, False, False], found
     assert "unit CNN, 20 px 70.0 %" in found["a"]["measured"]
     assert "reached 75 % after 1,000 examples" in found["b"]["measured"]
+    assert "layers deep" not in found["c"]["measured"]  # the record does not say how deep
+    for row in record["rows"]:
+        row["layers"] = 3 if row["family"] == "transformer" else 5
+    assert found["c"]["measured"] + " — its 64-px field is only 5 layers deep" == verdicts(record)["c"]["measured"]
     at_chance = verdicts(_record([(1000, 60.0), (2000, 80.0)], [(1000, 50.0), (2000, 50.0)],
                                  [(1000, 50.0), (2000, 52.0)]))
     assert at_chance["b"]["holds"] is False and at_chance["c"]["holds"] is True  # covering, but at chance

@@ -128,8 +128,18 @@ def verdicts(record: dict[str, Any]) -> dict[str, dict[str, Any]]:
         first = t_goal is not None and all(_later(stats[goal], t_goal) for stats in cnns.values())
         soonest = min(cnns.items(), key=lambda item: (item[1][goal] is None, item[1][goal] or 0))
         out["c"] = {"holds": first, "measured": f"the transformer {_reached(t_goal)}; the soonest CNN "
-                    f"({name(soonest[0])}) {_reached(soonest[1][goal])}"}
+                    f"({name(soonest[0])}) {_reached(soonest[1][goal])}"
+                    + ("" if first else _depth(record["rows"], soonest[0]))}
     return out
+
+
+def _depth(rows: list[dict[str, Any]], model: tuple[str, int]) -> str:
+    """Why a CNN can get there first: how few layers its field took (the dye bleeds one kernel per layer at stride
+    1, but a strided CNN doubles its field each layer), where the record says."""
+    layers = [row.get("layers") for row in rows if _model(row) == model]
+    if not layers or not all(isinstance(n, int) for n in layers):
+        return ""
+    return f" — its {model[1]}-px field is only {max(layers)} layers deep"
 
 
 def _number(value) -> bool:
