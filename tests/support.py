@@ -1,8 +1,11 @@
 """Helpers shared by several test modules (on the path via ``pythonpath = ["tests"]`` in pyproject.toml)."""
 
 import gzip
+import importlib.util
 import struct
+import sys
 from html.parser import HTMLParser
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -30,6 +33,22 @@ def assert_same_function(got: torch.Tensor, want: torch.Tensor, msg: str = "") -
     scale = max(1.0, float(want.abs().max())) if want.numel() else 1.0
     torch.testing.assert_close(got, want, rtol=SAME_FUNCTION_TOL, atol=SAME_FUNCTION_TOL * scale,
                                msg=(lambda m: f"{msg}: {m}") if msg else None)
+
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+def load_bench(name: str):
+    """``bench/NAME.py`` as a fresh module ``bench_NAME`` (bench scripts are not a package): ``bench/`` on the path
+    for their helpers (``_record``, ``_vqa_train``), and the module in ``sys.modules`` while it runs, where its
+    dataclasses look it up."""
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def idx_bytes(a: np.ndarray) -> bytes:

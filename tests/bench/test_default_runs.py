@@ -1,22 +1,14 @@
 """bench/default_runs.py: the README's recipe table is rendered from its JSON, every recipe has a row, a run is a
 real ``tokennet train`` process whose headline metric is read back, and a failed run is kept as a failure."""
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from support import load_bench
 
 
 @pytest.fixture(scope="module")
 def default_runs():
-    sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location("bench_default_runs", BENCH / "default_runs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("default_runs")
 
 
 def test_the_readme_table_is_rendered_from_the_json(default_runs):

@@ -1,18 +1,14 @@
 """bench/gemma_memory.py's pure parts, with fakes: a server's peaks as ratios to the file above the baseline, the
 summary's lines for each part, and what ``--before`` keeps (no model, no server, no subprocess)."""
 
-import importlib.util
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "gemma_memory.py"
+from support import load_bench
+
 MB = 1_000_000
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("bench_gemma_memory", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("gemma_memory")
 
 
 def _served(server="tokennet", mode="int4", peak=900 * MB):

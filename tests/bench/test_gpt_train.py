@@ -2,24 +2,19 @@
 takes through its command line, and a budget run trains on time (no evaluation before the end, a time-tied
 schedule). A tiny model on a small corpus: a few CPU seconds."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from support import load_bench
 
 from tokennet.cli import main
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_gpt_train", ROOT / "bench" / "gpt_train.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("gpt_train")
 
 
 B = _bench()

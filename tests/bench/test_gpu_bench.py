@@ -1,7 +1,6 @@
 """bench/gpu.py on a machine without a GPU: the one-line refusal, the MFU arithmetic, and every section's setup at
 a tiny size on the CPU (the model's and the batches' device and dtype, bf16 autocast, the JSON record)."""
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -9,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from support import load_bench
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -16,10 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_gpu", ROOT / "bench" / "gpu.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("gpu")
 
 
 B = _bench()

@@ -2,26 +2,20 @@
 apply to them; medians, ratios and the verdict against the issue's targets; the results file keeps the contract
 ``tokennet demo claims`` reads; and, end to end on tiny runs, ``sharing`` and ``finetune`` write their files."""
 
-import importlib.util
 import json
 from collections import Counter
-from pathlib import Path
 
 import pytest
+from support import load_bench
 
 from tokennet.demos.claims import architectures, claims
 from tokennet.recipes.multimodal import MixedBatches
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_multimodal", ROOT / "bench" / "multimodal.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("multimodal")
 
 
 B = _bench()

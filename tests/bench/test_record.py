@@ -1,18 +1,13 @@
 """bench/_record.py's ``write``: every bench JSON says how it was run, on which commit and machine, with which
 settings, before its results."""
 
-import importlib.util
 import json
-from pathlib import Path
 
-RECORD = Path(__file__).resolve().parents[2] / "bench" / "_record.py"
+from support import load_bench
 
 
 def _record():
-    spec = importlib.util.spec_from_file_location("bench_record", RECORD)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("_record")
 
 
 def test_write_records_command_commit_machine_settings_then_results(tmp_path):

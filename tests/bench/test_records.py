@@ -2,24 +2,15 @@
 one beyond the seeds' spread, and a seed is a real ``tokennet train`` process whose metric is read back."""
 
 import dataclasses
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from support import load_bench
 
 
 @pytest.fixture(scope="module")
 def records():
-    sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location("bench_records", BENCH / "records.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_records"] = module  # (dataclasses look their module up there)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("records")
 
 
 def test_the_docs_page_and_the_readme_table_are_rendered_from_the_json(records):

@@ -6,23 +6,17 @@ models' falls < 30 — and asks :func:`claim` for its verdict with a 25-point ma
 bench's recorded setting (lengths 1–12, tested up to 24).
 """
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
+from support import load_bench
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_rnn_forgets", ROOT / "bench" / "rnn_forgets.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("rnn_forgets")
 
 
 B = _bench()

@@ -5,20 +5,14 @@ each check can be made to fail: a speculative mode whose tokens differ from its 
 ``identical``, a ratio under its goal is not met, a draft's kept tokens are counted from the ids that follow it.
 """
 
-import importlib.util
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
-
-ROOT = Path(__file__).resolve().parents[2]
+from support import load_bench
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_speculative", ROOT / "bench" / "speculative.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("speculative")
 
 
 B = _bench()

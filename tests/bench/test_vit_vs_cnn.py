@@ -1,25 +1,19 @@
 """bench/vit_vs_cnn.py's sweep machinery on a tiny size: the budget grows with the data, early stopping stops,
 the best weights are tested, and the results file keeps the contract ``tokennet demo claims`` reads."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
+from support import load_bench
 
 from tokennet.data.vision_data import load_digits
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_vit_vs_cnn", ROOT / "bench" / "vit_vs_cnn.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("vit_vs_cnn")
 
 
 B = _bench()

@@ -1,18 +1,14 @@
 """bench/vqa_default.py: each seed's run is ``tokennet train vqa`` with the settings ``--set`` passes on, and the JSON
 records them beside the per-seed metrics it collects."""
 
-import importlib.util
 import json
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from support import load_bench
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_vqa_default", ROOT / "bench" / "vqa_default.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("vqa_default")
 
 
 def test_set_reaches_every_runs_command_and_the_json(tmp_path, monkeypatch):

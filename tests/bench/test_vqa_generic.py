@@ -1,22 +1,16 @@
 """bench/vqa_generic.py on tiny settings: trials of the generic transformer recorded with their curves, the best
 one tested on a seed, no knob that builds the task in, bad settings refused in one line with nothing written."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
+from support import load_bench
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_vqa_generic", ROOT / "bench" / "vqa_generic.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("vqa_generic")
 
 
 def test_trials_are_recorded_with_curves_and_the_best_is_tested_on_its_seeds(tmp_path):

@@ -1,11 +1,11 @@
 """bench/vqa_receptive_field.py --curves on tiny settings: every model's learning curve per seed, the same tuning trials
 for every family recorded, the JSON's provenance and figures, and claim 15 reading what it wrote."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from support import load_bench
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -13,11 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _bench():
-    path = ROOT / "bench" / "vqa_receptive_field.py"
-    spec = importlib.util.spec_from_file_location("bench_vqa_receptive_field", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("vqa_receptive_field")
 
 
 def test_the_trial_plan_is_the_same_for_every_family_and_starts_at_the_defaults():

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from support import load_bench
 
 from tokennet.data.vqa import AnimalQuestions
 from tokennet.errors import TokennetError
@@ -166,14 +167,7 @@ def test_a_patch_size_that_does_not_divide_the_image_is_refused_in_one_line():
 
 
 def _bench():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[2] / "bench" / "vqa_receptive_field.py"
-    spec = importlib.util.spec_from_file_location("vqa_receptive_field", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("vqa_receptive_field")
 
 
 def test_the_receptive_field_sweep_builds_its_fields_and_refuses_one_it_cannot_in_one_line(capsys, tmp_path):

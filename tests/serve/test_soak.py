@@ -3,24 +3,16 @@
 server processes (a random gpt-mini and a random text encoder). RSS growth is judged by the 10-minute bench only:
 25 s holds no warm-up worth the name."""
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
+from support import load_bench
 
 for name in ("uvicorn", "llguidance", "jsonschema", "tokenizers", "jinja2"):
     pytest.importorskip(name)
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_serve_soak", ROOT / "bench" / "serve_soak.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclass looks its module up while the module runs
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("serve_soak")
 
 
 B = _bench()
