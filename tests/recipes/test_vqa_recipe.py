@@ -318,3 +318,18 @@ def test_the_generic_transformers_settings_are_resolved_where_show_settings_and_
     assert f"modality_mask = {GENERIC['modality_mask']!r}" in capsys.readouterr().out
     assert main(["train", "vqa", "--show-settings", "--set", "transformer=bogus"]) == 2
     assert "transformer must be one of tuned, generic" in capsys.readouterr().err
+
+
+def test_resuming_with_an_unknown_transformer_is_refused_before_anything_changes(run_dir, tmp_path):
+    """A resumed run's settings are not derived again, so the build checks the kind itself: one line, and the run
+    directory as it was."""
+    import shutil
+
+    from tokennet.errors import RecipeError
+
+    copy = tmp_path / "vqa"
+    shutil.copytree(run_dir, copy)
+    before = {p.relative_to(copy): p.read_bytes() for p in copy.rglob("*") if p.is_file()}
+    with pytest.raises(RecipeError, match="transformer must be one of tuned, generic, got 'bogus'"):
+        train("vqa", out=copy, sets={**TINY, "max_iters": 8, "transformer": "bogus"}, device="cpu", resume=True)
+    assert {p.relative_to(copy): p.read_bytes() for p in copy.rglob("*") if p.is_file()} == before

@@ -127,19 +127,22 @@ def derive_settings(settings: dict[str, Any], given: set[str]) -> dict[str, Any]
     piece can be added back at a time: ``--set transformer=generic modality_mask=patch-local``); ``tuned`` (the
     default) keeps the recipe's ``model_defaults``. The recipe's ``derive`` hook: ``--show-settings`` and
     ``run.json`` show what the run trains."""
-    kind = settings["transformer"]
+    if _transformer_kind(settings["transformer"]) == "tuned":
+        return {}
+    return {name: value for name, value in GENERIC.items() if name not in given}
+
+
+def _transformer_kind(kind: str) -> str:
     if kind not in TRANSFORMERS:
         raise RecipeError(f"transformer must be one of {', '.join(TRANSFORMERS)}, got {kind!r}")
-    return {name: value for name, value in GENERIC.items() if name not in given} if kind == "generic" else {}
+    return kind
 
 
 def check_transformer(ctx: BuildContext) -> None:
     """The transformer's settings, before anything is built: its kind (a resumed run's too, which
     :func:`derive_settings` does not see), and a grouping measurement asked for under a mask that keeps every patch to
     itself is refused."""
-    kind = ctx.options["transformer"]
-    if kind not in TRANSFORMERS:
-        raise RecipeError(f"transformer must be one of {', '.join(TRANSFORMERS)}, got {kind!r}")
+    _transformer_kind(ctx.options["transformer"])
     mask = ctx.model["modality_mask"]
     if "grouping" in ctx.given and ctx.options["grouping"] and mask in ("patch-local", "summary-reads"):
         raise RecipeError(f"grouping=true measures how patches attend to other patches, which needs a mask that lets "
