@@ -13,6 +13,9 @@ template (:func:`tokennet.recipes.vqa.evaluate`, what ``metrics.json`` holds), t
 
     PYTHONPATH=src OMP_NUM_THREADS=2 python bench/vqa_generic.py --trials 12                 # the search
     PYTHONPATH=src python bench/vqa_generic.py --trials 2 --steps 50 --confirm-seeds         # a quick look
+    PYTHONPATH=src python bench/vqa_generic.py --trial lr=1e-3,schedule=wsd --trial dim=96   # given trials
+
+``--trial`` runs the trials it names (each the first trial with the knobs it sets) instead of drawn ones.
 
 Prints a table of the trials and writes ``bench/results/vqa_generic.json`` (the command, the commit, the machine, the
 trials with their curves, the best, the seeds' test figures). Bad settings are refused in one line, nothing written.
@@ -88,8 +91,10 @@ class Task:
 def run(args) -> int:
     task = Task(args.batch_size)
     first = {**FIRST, "steps": args.steps[-1]}
+    plan = ([{**first, **given} for given in args.trial] if args.trial
+            else trial_plan(args.trials, args.tune_seed, {**KNOBS, "steps": tuple(args.steps)}, first))
     trials = []
-    for knobs in trial_plan(args.trials, args.tune_seed, {**KNOBS, "steps": tuple(args.steps)}, first):
+    for knobs in plan:
         m, secs, curve = task.train(knobs, 0, args.eval_every)
         em = exact_match(m, task.val, task.spec.words, MAX_LEN)
         trials.append({**knobs, "num_parameters": m.num_parameters(), "train_seconds": secs,
@@ -126,12 +131,32 @@ def report(args, trials: list[dict], chosen: dict, seeds: list[dict]) -> None:
     print(f"\nwrote {args.out}")
 
 
+def given_trial(text: str) -> dict:
+    """``"lr=1e-3,schedule=wsd"`` → the knobs it sets, each value as the first trial's type; an unknown knob or a
+    value of the wrong type is refused."""
+    knobs = {}
+    for item in filter(None, text.split(",")):
+        name, sep, value = item.partition("=")
+        if not sep or name not in KNOBS:
+            raise argparse.ArgumentTypeError(f"{item!r}: expected KNOB=VALUE with KNOB one of {', '.join(KNOBS)}")
+        try:
+            knobs[name] = type(FIRST[name])(float(value)) if isinstance(FIRST[name], (int, float)) else value
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{item!r}: {name} takes a number") from None
+        if isinstance(FIRST[name], int) and float(value) != knobs[name]:
+            raise argparse.ArgumentTypeError(f"{item!r}: {name} takes a whole number")
+    return knobs
+
+
 def parse(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trials", type=int, default=12, help="trials (the first: the recipe's budget, dim 64 × 3 "
                     "layers, 16-px patches, learned positions, lr 3e-3, cosine)")
     ap.add_argument("--steps", type=int, nargs="+", default=list(KNOBS["steps"]), help="the step budgets a trial may "
                     "draw (the first trial takes the last)")
+    ap.add_argument("--trial", type=given_trial, action="append", default=[], metavar="KNOB=VALUE,...",
+                    help=f"run this trial (the first trial's knobs, these changed; knobs: {', '.join(KNOBS)}) "
+                    "instead of drawn ones; repeatable")
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--eval-every", type=int, default=500, help="steps between the curves' evaluations (0: none)")
     ap.add_argument("--tune-seed", type=int, default=0)

@@ -66,7 +66,7 @@ from tokennet.demos.claims.corner_pairs import LEVELS, summarize, verdicts  # no
 from tokennet.errors import ConfigError, TokennetError  # noqa: E402
 from tokennet.models.registry import create_model  # noqa: E402
 from tokennet.models.vqa import answer_points  # noqa: E402
-from tokennet.recipes.vqa import GENERIC, cnn_precision  # noqa: E402
+from tokennet.recipes.vqa import GENERIC, TUNED, cnn_precision  # noqa: E402
 from tokennet.tasks.vqa import exact_match  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/_record.py, also when a test loads this file
@@ -180,9 +180,7 @@ def corner_test(spec: AnimalQuestions, n: int, split: str = "test"):
 def transformer_settings(data: dict, kind: str, width: float = 1.0, depth: int = 1) -> dict:
     """The recipe's tuned transformer or the generic one, ``64 × width`` wide (a multiple of 16) and ``2 + depth``
     layers (the tuned one's question reads in its layers 1 and 2, those it has)."""
-    from tokennet.recipes import get_recipe
-
-    pieces = dict(get_recipe("vqa").model_defaults) if kind == "tuned" else dict(GENERIC)
+    pieces = dict(TUNED) if kind == "tuned" else dict(GENERIC)
     layers = 2 + depth
     if pieces.get("read_layers"):
         pieces["read_layers"] = [i for i in pieces["read_layers"] if i < layers] or [layers - 1]

@@ -9,22 +9,24 @@ the same proportions), except that one animal of every test picture is a held-ou
 the held-out counts are asked only by a test set of their own (``unseen_count``). ``--data DIR`` trains on a
 directory of your own pictures and questions (``answers.tsv``; the format is in :mod:`tokennet.data.vqa`).
 
-The model (:class:`~tokennet.models.vqa.VQATransformer`): the question's words and the image's 16×16
-patches in one sequence, one encoder, the answer read from the question's summary token. The recipe's defaults,
-each measured below: a patch is **two tokens**, its shape (a conv stem over the silhouette, colour-blind) and its
-colour (the foreground's mean colour, shape-blind) — ``patch_stem="shape,colour"``, 48 stem channels — so a
-question's query meets keys that hold one or the other, and a kind training never showed (a purple bird) is two
-parts it did; in the first layer a patch's two tokens attend only to each other; the patches never attend to the
-question (``modality_mask="image-first"``: the lecture's picture — the question's query does the looking); and
-counts and colours are answered as **points** (``answer_readout="points"``: a count is a position on a line, a
-colour one in RGB, :class:`~tokennet.models.vqa.AnswerHead`), so that no question can learn to veto one answer
-it never met with in training; and **the question reads the picture in layers 1 and 2, with a sink score**: a
-patch's tokens attend only to each other in every layer (``modality_mask="patch-local"``), the question's tokens
-meet patch keys only in layers 1 and 2 (``read_layers=[1, 2]``), and every layer and head has a learned score on
-the sink, starting at 2 (``sink_logit=2.0``: somewhere to rest from the start, as the hand-built counter's sink
-is). After training,
+The model (:class:`~tokennet.models.vqa.VQATransformer`) is the lecture's: the question's words and the image's
+16×16 patches, each patch flattened and mapped to a token by one linear map (the notes' ``tokenize(x, K)``), with
+learned positions, in one sequence; full self-attention through pre-norm blocks; the answer read from the question's
+summary token by one linear map (preset ``vqa-generic``; its width, learning rate and schedule chosen by the trials of
+``bench/vqa_generic.py``, ``bench/results/vqa_generic_tuning.json``). Nothing in it is made for this task.
+
+``transformer=tuned`` trains the model the recipe had before (``TUNED``, at its own width and training,
+``TUNED_TRAIN``): a patch is **two tokens**, its shape (a conv stem over the silhouette, colour-blind) and its colour
+(the foreground's mean colour, shape-blind) — ``patch_stem="shape,colour"``, 48 stem channels; a patch's tokens
+attend only to each other (``modality_mask="patch-local"``); the question's tokens meet the patches only in layers
+1 and 2 (``read_layers=[1, 2]``); a sink token with a learned score per layer and head, starting at 2
+(``sink_logit=2.0``); counts and colours answered as **points** (``answer_readout="points"``: a count is a position
+on a line, a colour one in RGB, :class:`~tokennet.models.vqa.AnswerHead`). Each piece can be added to the generic
+default alone (``--set modality_mask=patch-local``); ``bench/vqa_pieces.py`` measures what each adds
+(``bench/results/vqa_pieces.json``). After training,
 with ``baselines=true`` (the default), two CNNs answer the same questions, trained on the same batches for
-the same number of steps, each with about the transformer's parameter count (``cnn_lr`` their peak rate;
+the same number of steps with the same schedule, each with about the transformer's parameter count (``cnn_lr``
+their peak rate, Muon's scaled alike;
 ``cnn_precision``: ``auto``, the default, trains them with bf16 autocast on a CPU with bf16 in hardware, else in
 fp32 as the transformer; the metric ``cnn_precision`` says which; ``cnn_parallel``, the default, trains the two at
 once, one thread each, where torch has two threads or more — the metric ``cnn_parallel`` says whether it did):
@@ -39,11 +41,6 @@ once, one thread each, where torch has two threads or more — the metric ``cnn_
 few units that see both corners among hundreds that do not), ``coords`` (coordinate channels, then pooling) or
 ``unit`` (nothing pooled: an all-convolutional trunk strided down to one unit whose field is the preset's, at most the
 picture — 64 px and 20 px; :mod:`tokennet.models.strided_cnn`); the metric ``cnn_readout`` says which.
-
-``transformer=generic`` trains the lecture's transformer instead of the tuned one (preset ``vqa-generic``): linear
-patch embeddings, full self-attention, no sink, the answer read from the summary token by one linear map; a
-task-specific piece can be added back one at a time (``--set transformer=generic modality_mask=patch-local``). The
-default stays ``tuned`` until measurements say otherwise (``bench/vqa_generic.py`` tunes the generic one).
 
 ``metrics.json``: ``exact_match`` (%) and ``exact_match_<template>`` (``count``, ``count_colour``, ``same_species``,
 ``colour``), ``exact_match_unseen_count`` (count questions asking a held-out (question, count) pair), the same with
@@ -98,38 +95,43 @@ from ..tasks.vqa_heads import head_statistics, head_summary, patches_meet
 from ..train.trainer import Trainer
 
 __all__ = ["evaluate", "train_baseline", "train_baselines", "baseline_settings", "check_transformer",
-           "derive_settings", "BASELINES", "GENERIC"]
+           "derive_settings", "BASELINES", "GENERIC", "GENERIC_TRAIN", "TUNED", "TUNED_TRAIN"]
 
 log = logging.getLogger(__name__)
 
 BASELINES = {"cnn_": "vqa-cnn", "shallow_cnn_": "vqa-cnn-shallow"}
 DATA_FIELDS = ("vocab_size", "num_answers", "image_size", "pixel_mean", "pixel_std", "answer_points")
-# The tuned transformer's task-specific pieces (the recipe's default), each measured in docs/experiments/vqa.md.
-MODEL_DEFAULTS = {"patch_stem": "shape,colour", "stem_channels": 48, "modality_mask": "patch-local",
-                  "read_layers": [1, 2], "sink_logit": 2.0, "answer_readout": "points"}
+# The tuned transformer (``--set transformer=tuned``): its task-specific pieces, each measured in
+# docs/experiments/vqa.md, at the width and with the training they were tuned with.
+TUNED = {"patch_stem": "shape,colour", "stem_channels": 48, "modality_mask": "patch-local", "read_layers": [1, 2],
+         "sink": True, "sink_logit": 2.0, "answer_readout": "points", "pair_binding": "both", "dim": 64}
+TUNED_TRAIN = {"lr": 3e-3, "muon_lr": 0.02, "schedule": "cosine"}
+MODEL_DEFAULTS = {name: TUNED[name] for name in ("patch_stem", "stem_channels", "modality_mask", "read_layers",
+                                                 "sink_logit", "answer_readout")}  # the pieces built for the task
 
 
 def _generic() -> dict[str, Any]:
     family, preset, _ = preset_info("vqa-generic")
     config = config_from_dict({"family": family, **preset}).to_dict()
-    return {name: config[name] for name in (*MODEL_DEFAULTS, "sink", "pair_binding")}
+    return {name: config[name] for name in TUNED}
 
 
-# The lecture's transformer (``--set transformer=generic``): the ``vqa-generic`` preset's values of every setting the
-# tuned default changes — linear patch embeddings, full self-attention, no sink, the answer read from the summary
-# token by one linear map.
+# The lecture's transformer, the recipe's default (``transformer=generic``): the ``vqa-generic`` preset's value of every
+# setting the tuned model changes — linear patch embeddings, full self-attention, no sink, the answer read from the
+# summary token by one linear map — and the training its tuning chose (bench/results/vqa_generic_tuning.json).
 GENERIC = _generic()
-TRANSFORMERS = ("tuned", "generic")
+GENERIC_TRAIN = {"lr": 2e-3, "muon_lr": 0.02 * 2e-3 / 3e-3, "schedule": "wsd"}
+TRANSFORMERS = ("generic", "tuned")
 
 
 def derive_settings(settings: dict[str, Any], given: set[str]) -> dict[str, Any]:
-    """``transformer=generic``: the :data:`GENERIC` model settings, each unless the user set it (so one task-specific
-    piece can be added back at a time: ``--set transformer=generic modality_mask=patch-local``); ``tuned`` (the
-    default) keeps the recipe's ``model_defaults``. The recipe's ``derive`` hook: ``--show-settings`` and
+    """``transformer=tuned``: the :data:`TUNED` model settings and :data:`TUNED_TRAIN`, each unless the user set it;
+    ``generic`` (the default) keeps the recipe's defaults, the lecture's model — so one task-specific piece can be
+    added to it at a time (``--set modality_mask=patch-local``). The recipe's ``derive`` hook: ``--show-settings`` and
     ``run.json`` show what the run trains."""
-    if _transformer_kind(settings["transformer"]) == "tuned":
+    if _transformer_kind(settings["transformer"]) == "generic":
         return {}
-    return {name: value for name, value in GENERIC.items() if name not in given}
+    return {name: value for name, value in {**TUNED, **TUNED_TRAIN}.items() if name not in given}
 
 
 def _transformer_kind(kind: str) -> str:
@@ -189,8 +191,9 @@ def cnn_precision(setting: str, device) -> str:
 def train_baseline(preset: str, model_settings: dict[str, Any], train, source, device, *, lr: float,
                    precision: str = "fp32"):
     """Train a CNN baseline like the transformer: the same batches, the same number of steps (``train``'s
-    ``max_iters``), its own peak learning rate ``lr`` and ``precision``; returns the trained model."""
-    steps = dataclasses.replace(train, lr=lr, time_budget=None, eval_interval=0, checkpoint_interval=0,
+    ``max_iters``) and schedule, its own peak learning rate ``lr`` (Muon's scaled alike) and ``precision``; returns
+    the trained model."""
+    steps = dataclasses.replace(train, lr=lr, muon_lr=train.muon_lr * lr / train.lr, time_budget=None, eval_interval=0, checkpoint_interval=0,
                                 progress=False, log_interval=0, report=False, tensorboard=False, precision=precision)
     torch.manual_seed(train.seed)
     m = create_model(preset, **model_settings).to(device)
@@ -406,12 +409,12 @@ register_recipe(Recipe(
     data=AnimalQuestions,
     default_data=GENERATED,
     options={"baselines": True, "cnn_lr": 3e-3, "cnn_precision": "auto", "cnn_parallel": True, "cnn_readout": "mean",
-             "transformer": "tuned", "grouping": True},
-    model_defaults=dict(MODEL_DEFAULTS),
-    train_defaults={"max_iters": 4000, "batch_size": 64, "lr": 3e-3, "warmup_iters": 100, "eval_interval": 1000,
-                    "weight_decay": 0.05, "log_interval": 50, "optimizer": "muon", "muon_lr": 0.02},
+             "transformer": "generic", "grouping": True},
+    model_defaults=dict(GENERIC),
+    train_defaults={"max_iters": 4000, "batch_size": 64, "warmup_iters": 100, "eval_interval": 1000,
+                    "weight_decay": 0.05, "log_interval": 50, "optimizer": "muon", **GENERIC_TRAIN},
     evaluate_run=evaluate_run,
-    variants={"generic": {"transformer": "generic"}},
+    variants={"tuned": {"transformer": "tuned"}},
     derive=derive_settings,
     smoke={"dim": 32, "num_layers": 1, "read_layers": [0], "num_heads": 2, "batch_size": 16, "test_size": 48,
            "val_size": 16},
