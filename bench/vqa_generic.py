@@ -1,5 +1,4 @@
-"""Tuning the lecture's generic transformer on the whole ``vqa`` task (``tokennet train vqa --set
-transformer=generic``): trials over width, depth, patch size, positions, learning rate, schedule and steps, each
+"""Tuning the lecture's generic transformer on the whole ``vqa`` task (the ``tokennet train vqa`` default): trials over width, depth, patch size, positions, learning rate, schedule and steps, each
 recorded with its learning curve; then the best trial again on several seeds, tested as the recipe tests.
 
 The generic model is the lecture's: the question's words and linear patch embeddings in one sequence, full
@@ -8,8 +7,9 @@ self-attention, pre-norm blocks, the answer read from the summary token by one l
 so no knob here is a mask, a stem, a readout or a sink. Every trial trains as the recipe trains (its batches of all
 templates, its optimizer settings) and is scored on the validation questions (``spec.val()``, not the test set);
 ``--confirm-seeds`` trains the best trial's settings once per seed and reports the held-out test exact match per
-template (:func:`tokennet.recipes.vqa.evaluate`, what ``metrics.json`` holds), to set beside
-``bench/results/vqa_default.json`` before any default changes.
+template (:func:`tokennet.recipes.vqa.evaluate`, what ``metrics.json`` holds); ``bench/vqa_default.py`` confirms a
+chosen default through ``tokennet train vqa`` itself. The trials train with the rate the first trials started from
+(lr 3e-3, cosine: the tuned model's), not the recipe's current default, so a recorded trial can be run again.
 
     PYTHONPATH=src OMP_NUM_THREADS=2 python bench/vqa_generic.py --trials 12                 # the search
     PYTHONPATH=src python bench/vqa_generic.py --trials 2 --steps 50 --confirm-seeds         # a quick look
@@ -48,7 +48,7 @@ from _vqa_train import LR, fit, train_config, trial_plan  # noqa: E402
 
 MAX_LEN = 12
 # The knobs of the generic model and its training (none builds the task in); the first trial is the recipe's
-# budget at the lecture's sizes.
+# budget at the lecture's sizes, at the tuned model's rate and schedule (where the generic model's tuning started).
 KNOBS = {"dim": (64, 96, 128), "num_layers": (3, 4, 6), "patch_size": (8, 16),
          "patch_positions": ("learned", "fourier"), "lr": (1e-3, 2e-3, 3e-3), "schedule": ("cosine", "wsd"),
          "steps": (2000, 4000)}
@@ -151,7 +151,7 @@ def given_trial(text: str) -> dict:
 def parse(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trials", type=int, default=12, help="trials (the first: the recipe's budget, dim 64 × 3 "
-                    "layers, 16-px patches, learned positions, lr 3e-3, cosine)")
+                    "layers, 16-px patches, learned positions, lr 3e-3, cosine, where the tuning started)")
     ap.add_argument("--steps", type=int, nargs="+", default=list(KNOBS["steps"]), help="the step budgets a trial may "
                     "draw (the first trial takes the last)")
     ap.add_argument("--trial", type=given_trial, action="append", default=[], metavar="KNOB=VALUE,...",

@@ -34,6 +34,22 @@ def test_trials_are_recorded_with_curves_and_the_best_is_tested_on_its_seeds(tmp
     assert record["generic"] == GENERIC
 
 
+def test_given_trials_run_instead_of_drawn_ones_and_a_bad_one_is_refused(tmp_path, capsys):
+    b = _bench()
+    out = tmp_path / "given.json"
+    argv = ["--trial", "lr=2e-3,schedule=wsd,steps=2", "--trial", "dim=32,steps=2", "--eval-every", "0",
+            "--batch-size", "4", "--confirm-seeds", "--out", str(out)]
+    assert b.main(argv) == 0
+    trials = json.loads(out.read_text())["trials"]
+    assert [{k: t[k] for k in b.KNOBS} for t in trials] == [{**b.FIRST, "lr": 2e-3, "schedule": "wsd", "steps": 2},
+                                                            {**b.FIRST, "dim": 32, "steps": 2}]
+    for bad, fragment in [("width=2", "KNOB one of dim"), ("steps=1.5", "whole number"), ("lr=fast", "a number")]:
+        with pytest.raises(SystemExit) as exit_:
+            b.parse(["--trial", bad, "--out", str(tmp_path / "bad.json")])
+        assert exit_.value.code == 2 and fragment in capsys.readouterr().err
+    assert not (tmp_path / "bad.json").exists()
+
+
 @pytest.mark.parametrize("argv", [["--trials", "0"], ["--steps", "0"], ["--batch-size", "1"]])
 def test_bad_settings_are_one_line_and_write_nothing(tmp_path, capsys, argv):
     out = tmp_path / "generic.json"

@@ -102,9 +102,9 @@ log = logging.getLogger(__name__)
 BASELINES = {"cnn_": "vqa-cnn", "shallow_cnn_": "vqa-cnn-shallow"}
 DATA_FIELDS = ("vocab_size", "num_answers", "image_size", "pixel_mean", "pixel_std", "answer_points")
 # The tuned transformer (``--set transformer=tuned``): its task-specific pieces, each measured in
-# docs/experiments/vqa.md, at the width and with the training they were tuned with.
+# docs/experiments/vqa.md, and the training they were tuned with (the width is the generic model's, 64).
 TUNED = {"patch_stem": "shape,colour", "stem_channels": 48, "modality_mask": "patch-local", "read_layers": [1, 2],
-         "sink": True, "sink_logit": 2.0, "answer_readout": "points", "pair_binding": "both", "dim": 64}
+         "sink": True, "sink_logit": 2.0, "answer_readout": "points", "pair_binding": "both"}
 TUNED_TRAIN = {"lr": 3e-3, "muon_lr": 0.02, "schedule": "cosine"}
 MODEL_DEFAULTS = {name: TUNED[name] for name in ("patch_stem", "stem_channels", "modality_mask", "read_layers",
                                                  "sink_logit", "answer_readout")}  # the pieces built for the task
