@@ -51,7 +51,8 @@ def run_seed(seed: int, runs_dir: Path, threads: int | None, sets: list[str]) ->
     t = time.perf_counter()
     subprocess.run(cmd, check=True, env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
     info = {"command": " ".join(["tokennet", *cmd[3:]]), "wall_seconds": round(time.perf_counter() - t, 1),
-            "threads": threads or "all", "load_before": load, "load_after": list(os.getloadavg()),
+            "threads": threads or int(env.get("OMP_NUM_THREADS") or 0) or "all", "load_before": load,
+            "load_after": list(os.getloadavg()),
             "commit": commit(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     (out / RUN_INFO).write_text(json.dumps(info, indent=2) + "\n")
     return info

@@ -1,5 +1,6 @@
-"""Tuning the lecture's generic transformer on the whole ``vqa`` task (the ``tokennet train vqa`` default): trials over width, depth, patch size, positions, learning rate, schedule and steps, each
-recorded with its learning curve; then the best trial again on several seeds, tested as the recipe tests.
+"""Tuning the lecture's generic transformer on the whole ``vqa`` task (the ``tokennet train vqa`` default): trials over
+width, depth, patch size, positions, learning rate, schedule and steps, each recorded with its learning curve; then
+the best trial again on several seeds, tested as the recipe tests.
 
 The generic model is the lecture's: the question's words and linear patch embeddings in one sequence, full
 self-attention, pre-norm blocks, the answer read from the summary token by one linear map

@@ -11,7 +11,8 @@ change the transformer's figures):
     PYTHONPATH=src python bench/vqa_pieces.py --collect                       # only read runs in --runs-dir
 
 Prints the medians over seeds per template and each piece's change against ``generic`` (the same seeds), and
-writes ``bench/results/vqa_pieces.json`` (the command, the commit, the machine, every run's metrics and wall time).
+writes ``bench/results/vqa_pieces.json`` (the command, the commit, the machine, every run's metrics and wall time,
+the medians and each piece's change against ``generic``).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ PIECES = {
     "generic": [],
     "stem": ["patch_stem=shape,colour", "stem_channels=48"],  # two tokens a patch: a shape and a colour stem
     "mask": ["modality_mask=patch-local"],  # a patch's tokens attend only to each other
-    "read_layers": ["read_layers=[1,2]"],  # the question meets the patches in layers 1 and 2 only
+    "read_layers": ["read_layers=1,2"],  # the question meets the patches in layers 1 and 2 only
     "sink": ["sink=true", "sink_logit=2.0"],  # a sink token with a learned score per head, starting at 2
     "points": ["answer_readout=points"],  # counts and colours read as points on a line and in RGB
 }
@@ -52,6 +53,8 @@ def parse(argv=None):
     ap.add_argument("--runs-dir", default="/tmp/tokennet-vqa-pieces", help="where the runs go (PIECE/seedS)")
     ap.add_argument("--collect", action="store_true", help="read the runs already in --runs-dir, train nothing")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "vqa_pieces.json"))
+    ap.add_argument("--note", help="how the runs were made, kept in the JSON (with --collect: what the command cannot "
+                    "say)")
     args = ap.parse_args(argv)
     if args.parallel < 1:
         ap.error("--parallel must be >= 1")
@@ -77,13 +80,15 @@ def main(argv=None) -> int:
           "in brackets the change against generic)\n")
     print("| piece | settings | " + " | ".join(k.removeprefix("exact_match_") for k in KEYS) + " |")
     print("| --- | --- | " + " | ".join("---:" for _ in KEYS) + " |")
+    change = {p: {k: round(medians[p][k] - medians["generic"][k], 3) for k in KEYS}
+              for p in args.pieces if p != "generic"} if "generic" in medians else {}
     for p in args.pieces:
-        delta = {k: medians[p][k] - medians["generic"][k] for k in KEYS} if "generic" in medians else {}
-        cells = [f"{medians[p][k]:.1f}" + (f" ({delta[k]:+.1f})" if delta and p != "generic" else "") for k in KEYS]
+        cells = [f"{medians[p][k]:.1f}" + (f" ({change[p][k]:+.1f})" if p in change else "") for k in KEYS]
         print(f"| {p} | {' '.join(PIECES[p]) or '(default)'} | " + " | ".join(cells) + " |")
     result = {"benchmark": "vqa_pieces", "command": "python " + " ".join([sys.argv[0], *sys.argv[1:]]),
               "commit": commit(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "seeds": args.seeds, "pieces": {p: PIECES[p] for p in args.pieces}, "median": medians,
+              "change_against_generic": change, **({"note": args.note} if args.note else {}),
               "runs": rows, "machine": machine(cpus_used=os.cpu_count())}
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(f"\nwrote {args.out}")

@@ -19,7 +19,8 @@ Each CNN's width is chosen so that it has about the transformer's parameter coun
 of the corner questions (``same_species`` and ``species``, half each; the generated data of ``tokennet train
 vqa``, no held-out kind in training) for the same steps, and answers the held-out corner pairs (each picture with a
 held-out kind; chance is 50 %). ``--transformer generic`` trains the lecture's generic transformer
-(``tokennet train vqa --set transformer=generic``) instead of the recipe's tuned one.
+(the ``tokennet train vqa`` default's pieces) instead of the tuned one (``--set transformer=tuned``), which
+``vqa_learning_curves.json`` was recorded with.
 
 Tuning (``--trials N``): every family — the transformer and each CNN family — gets the same ``N`` trials over the
 same kinds of knobs (``_vqa_train.trial_plan``: the peak learning rate; the width, as a scale of the
@@ -32,13 +33,16 @@ the rule are in the JSON.
 Learning curves (``--eval-every K``, on by ``--curves``): every ``K`` steps, exact match per template on validation
 corner questions against the training examples seen and the training seconds, for every model and seed; the
 examples each needed to reach 75 % and 90 % on the corner pairs (median over seeds). ``tokennet demo claims --only
-receptive-field`` reads the curves (``bench/results/vqa_learning_curves.json``) and gives the lecture's three
+receptive-field`` reads the generic transformer's curves (``bench/results/vqa_learning_curves_generic.json``, the
+recipe's default model; ``vqa_learning_curves.json`` holds the tuned one's) and gives the lecture's three
 predictions a verdict each.
 
     PYTHONPATH=src OMP_NUM_THREADS=1 python bench/vqa_receptive_field.py            # the pooled sweep, 1500 steps
     PYTHONPATH=src python bench/vqa_receptive_field.py --fields 20 52 --steps 200     # a quick look
     PYTHONPATH=src python bench/vqa_receptive_field.py --family unit --no-transformer  # one unit, 20 … 64 px
     PYTHONPATH=src OMP_NUM_THREADS=1 python bench/vqa_receptive_field.py --curves     # curves, 3 seeds, tuning
+    PYTHONPATH=src OMP_NUM_THREADS=1 python bench/vqa_receptive_field.py --curves --transformer generic \
+        --family unit --fields 36 52 64 --out bench/results/vqa_learning_curves_generic.json  # claim 15's record
 
 Prints markdown tables and writes the JSON (``--out``; the command, the commit, the machine), a figure of the corner
 pairs against the field beside it (``.png``) and, with curves, one of the curves (``_curves.png``). A field a family
@@ -429,7 +433,9 @@ def parse(argv=None):
     ap.add_argument("--arch", default="plain", help="pooled: plain conv-norm-ReLU layers (depth: 4 + 8n px; "
                     "dilation: 4 + 16d px) or resnet: residual blocks (depth: 4 + 16n px; dilation: 4 + 16d px)")
     ap.add_argument("--readout", default="coords", help="pooled: coords (default) or mean (the plain GAP)")
-    ap.add_argument("--transformer", default="tuned", help="tuned (the recipe's default) or generic (the lecture's)")
+    ap.add_argument("--transformer", default="tuned", help="tuned (the default here: the model "
+                    "vqa_learning_curves.json was "
+                    "recorded with) or generic (the lecture's, the recipe's default)")
     ap.add_argument("--steps", type=int)
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--test-size", type=int, default=1000)

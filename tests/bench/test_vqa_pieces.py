@@ -40,6 +40,8 @@ def test_each_piece_alone_on_the_same_seeds_and_its_medians_recorded(tmp_path, m
     assert record["seeds"] == [0, 2] and set(record["median"]) == {"generic", "stem", "sink"}
     generic, stem = record["median"]["generic"]["exact_match"], record["median"]["stem"]["exact_match"]
     assert stem - generic == len(bench.PIECES["stem"])  # the median over seeds 0 and 2 of each
+    assert record["change_against_generic"]["stem"]["exact_match"] == stem - generic
+    assert set(record["change_against_generic"]) == {"stem", "sink"} and "note" not in record
     assert "(+2.0)" in capsys.readouterr().out  # the stem's two settings, against generic
 
 
@@ -49,3 +51,17 @@ def test_a_missing_run_is_one_line_and_nothing_is_written(tmp_path, capsys):
     assert _bench().main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert "mask/seed0" in err and "\n" not in err and not out.exists()
+
+
+def test_every_pieces_settings_are_ones_tokennet_train_vqa_accepts(capsys):
+    """Each piece's ``--set`` words parse and land in the settings a run would train with (a piece whose value the
+    CLI refused would cost hours of runs before the bench noticed)."""
+    from tokennet.cli import main
+
+    shown = {}
+    for piece, sets in _bench().PIECES.items():
+        assert main(["train", "vqa", "--show-settings", "--set", "baselines=false", *sets]) == 0, piece
+        shown[piece] = capsys.readouterr().out.splitlines()
+    assert "read_layers = [1, 2]" in shown["read_layers"] and "read_layers = None" in shown["generic"]
+    assert "modality_mask = 'patch-local'" in shown["mask"] and "modality_mask = 'full'" in shown["generic"]
+    assert "sink = True" in shown["sink"] and "answer_readout = 'points'" in shown["points"]

@@ -44,13 +44,15 @@ def test_curves_per_model_and_seed_tuning_recorded_and_the_claim_reads_them(tmp_
     from tokennet.demos.claims.corner_pairs import FILE, claim_corner_pairs
 
     out = tmp_path / FILE
-    argv = ["--curves", "--family", "unit", "--fields", "20", "64", "--steps", "4", "--eval-every", "2", "--trials",
+    argv = ["--curves", "--transformer", "generic", "--family", "unit", "--fields", "20", "64", "--steps", "4",
+            "--eval-every", "2", "--trials",
             "2", "--tune-steps", "2", "--seeds", "0", "1", "--test-size", "8", "--val-size", "8", "--batch-size", "4",
             "--out", str(out)]
     assert _bench().main(argv) == 0
     record = json.loads(out.read_text())
     assert record["command"] == "python bench/vqa_receptive_field.py " + " ".join(argv)
     assert record["commit"] and record["machine"]["cpu"] and record["settings"]["seeds"] == [0, 1]
+    assert record["settings"]["transformer"] == "generic"  # claim 15 reads the recipe default's curves
     rows = record["rows"]
     assert [(r["family"], r["receptive_field"], r["seed"]) for r in rows] == [
         ("transformer", 64, 0), ("transformer", 64, 1), ("unit", 20, 0), ("unit", 20, 1), ("unit", 64, 0),
@@ -70,7 +72,7 @@ def test_curves_per_model_and_seed_tuning_recorded_and_the_claim_reads_them(tmp_
     assert {(s["family"], s["receptive_field"]) for s in record["summary"]} == {("transformer", 64), ("unit", 20),
                                                                                 ("unit", 64)}
     assert set(record["verdicts"]) == {"a", "b", "c"}
-    assert out.with_suffix(".png").is_file() and (tmp_path / "vqa_learning_curves_curves.png").is_file()
+    assert out.with_suffix(".png").is_file() and out.with_name(out.stem + "_curves.png").is_file()
     assert "examples to 75 %" in capsys.readouterr().out
     result = claim_corner_pairs(0, results_dir=tmp_path)
     assert result.source.startswith(f"from bench/results/{FILE}") and len(result.table) == 4

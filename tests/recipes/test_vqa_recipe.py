@@ -16,9 +16,9 @@ from tokennet.tasks.vqa import attention_mass, object_patches
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 # The slow test's floor for attention_vs_other_animals: the issue's goal, 3. The tuned transformer of seed 0 (4000
-# steps; patch-local, the question reading in layers 1 and 2, sink_logit 2; the default before 0a1e136) measured 5.57 on 2000 test questions on 1
-# thread (7.03 on the corner pairs; bench/results/vqa_ablation.json, the row "the default (4000 steps) …: seed 0");
-# at 3000 steps 3.70 (3.77 on the first 400, which the slow test uses).
+# steps; patch-local, the question reading in layers 1 and 2, sink_logit 2; the default before 0a1e136) measured 5.57
+# on 2000 test questions on 1 thread (7.03 on the corner pairs; bench/results/vqa_ablation.json, the row "the default
+# (4000 steps) …: seed 0"); at 3000 steps 3.70 (3.77 on the first 400, which the slow test uses).
 ATTENTION_VS_OTHERS = 3.0
 
 TINY = {"dim": 32, "num_layers": 1, "read_layers": [0], "num_heads": 2, "batch_size": 16, "max_iters": 4,

@@ -193,7 +193,8 @@ def train_baseline(preset: str, model_settings: dict[str, Any], train, source, d
     """Train a CNN baseline like the transformer: the same batches, the same number of steps (``train``'s
     ``max_iters``) and schedule, its own peak learning rate ``lr`` (Muon's scaled alike) and ``precision``; returns
     the trained model."""
-    steps = dataclasses.replace(train, lr=lr, muon_lr=train.muon_lr * lr / train.lr, time_budget=None, eval_interval=0, checkpoint_interval=0,
+    steps = dataclasses.replace(train, lr=lr, muon_lr=train.muon_lr * lr / train.lr, time_budget=None,
+                                eval_interval=0, checkpoint_interval=0,
                                 progress=False, log_interval=0, report=False, tensorboard=False, precision=precision)
     torch.manual_seed(train.seed)
     m = create_model(preset, **model_settings).to(device)
