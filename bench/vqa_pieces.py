@@ -65,12 +65,15 @@ def main(argv=None) -> int:
     args = parse(argv)
     runs_dir = Path(args.runs_dir)
     jobs = [(piece, seed) for piece in args.pieces for seed in args.seeds]
-    if not args.collect:
+    failed = []
+    if not args.collect:  # every run is tried: one that fails does not cancel the others (hours of them)
         threads = 1 if args.parallel > 1 else None
         with ThreadPoolExecutor(args.parallel) as ex:
-            list(ex.map(lambda job: run_seed(job[1], runs_dir / job[0], threads,
-                                             ["baselines=false", *PIECES[job[0]]]), jobs))
-    missing = [f"{p}/seed{s}" for p, s in jobs if not (runs_dir / p / f"seed{s}" / "metrics.json").is_file()]
+            futures = {job: ex.submit(run_seed, job[1], runs_dir / job[0], threads,
+                                      ["baselines=false", *PIECES[job[0]]]) for job in jobs}
+        failed = [f"{p}/seed{s}" for (p, s), future in futures.items() if future.exception() is not None]
+    missing = [f"{p}/seed{s}" for p, s in jobs
+               if f"{p}/seed{s}" in failed or not (runs_dir / p / f"seed{s}" / "metrics.json").is_file()]
     if missing:
         print(f"error: no finished run for {', '.join(missing)} in {runs_dir}", file=sys.stderr)
         return 2

@@ -45,6 +45,30 @@ def test_each_piece_alone_on_the_same_seeds_and_its_medians_recorded(tmp_path, m
     assert "(+2.0)" in capsys.readouterr().out  # the stem's two settings, against generic
 
 
+def test_a_failing_run_cancels_no_other_and_is_named_in_one_line(tmp_path, monkeypatch, capsys):
+    bench = _bench()
+    trained, real_run = [], subprocess.run
+
+    def fake_train(cmd, **kwargs):  # the mask's run fails as a refused setting would; the others finish
+        if "train" not in cmd:
+            return real_run(cmd, **kwargs)
+        out = Path(cmd[cmd.index("--out") + 1])
+        if out.parent.name == "mask":
+            raise subprocess.CalledProcessError(2, cmd)
+        trained.append(out.parent.name)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "metrics.json").write_text(json.dumps({k: 90.0 for k in bench.KEYS}))
+
+    monkeypatch.setattr(subprocess, "run", fake_train)
+    out = tmp_path / "pieces.json"
+    argv = ["--pieces", "generic", "mask", "sink", "points", "--seeds", "0", "--runs-dir", str(tmp_path / "runs"),
+            "--parallel", "1", "--out", str(out)]
+    assert bench.main(argv) == 2
+    assert trained == ["generic", "sink", "points"]  # the runs queued after the failed one still ran
+    err = capsys.readouterr().err.strip()
+    assert "mask/seed0" in err and "sink" not in err and "\n" not in err and not out.exists()
+
+
 def test_a_missing_run_is_one_line_and_nothing_is_written(tmp_path, capsys):
     out = tmp_path / "pieces.json"
     argv = ["--pieces", "mask", "--seeds", "0", "--runs-dir", str(tmp_path / "none"), "--collect", "--out", str(out)]
