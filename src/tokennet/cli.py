@@ -16,6 +16,8 @@ import os
 import sys
 from pathlib import Path
 
+from .viz.explore.command import add_explore_parser, explore_command
+
 __all__ = ["main", "build_parser"]
 
 EPILOG = """examples:
@@ -391,6 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_export(sub)
     _add_embed(sub)
     _add_serve(sub)
+    add_explore_parser(sub)
     _add_lm_eval(sub)
     return parser
 
@@ -736,7 +739,7 @@ def cmd_serve(args) -> int:
 
 COMMANDS = {"embed": cmd_embed, "export": cmd_export, "import": cmd_import,
             "list": cmd_list, "train": cmd_train, "generate": cmd_generate, "eval": cmd_eval, "demo": cmd_demo,
-            "viz": cmd_viz, "report": cmd_report, "serve": cmd_serve}
+            "viz": cmd_viz, "report": cmd_report, "serve": cmd_serve, "explore": explore_command}
 
 
 def _load_plugins(argv: list[str]) -> None:

@@ -11,6 +11,7 @@ import torch
 
 from ..errors import DataError
 from ..tokens.clips import classify_clip, load_clip
+from ..viz.explore.pictures import AudioExplorer
 from .base import HELP, Input, as_paths, register_task
 from .classification import ImageClassification
 
@@ -38,6 +39,7 @@ class AudioClassification(ImageClassification):
     kind = "audio-classifier"
     families = ("ast",)
     inputs = (Input("audio", HELP["audio"]),)
+    explorer = AudioExplorer
 
     def label_names(self, run: Run) -> list[str] | None:
         """The class names the run was trained with (its data's ``labels``), if any."""

@@ -11,6 +11,7 @@ import torch
 
 from ..data.image_files import read_image, write_image
 from ..errors import DataError
+from ..viz.explore.pictures import ImageExplorer
 from . import Classifier
 from .base import HELP, Input, Task, as_paths, image_file_bad_inputs, register_task, verb
 
@@ -48,6 +49,7 @@ class ImageClassification(Task):
     families = ("vit", "swin")
     protocol = Classifier
     inputs = (Input("image", HELP["image"]),)
+    explorer = ImageExplorer
 
     def respond(self, run: Run, values: dict[str, Any]) -> Iterator[str]:
         """``PATH<TAB>class index<TAB>probability`` per ``--image``."""

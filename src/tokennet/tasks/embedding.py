@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..errors import RunError
+from ..viz.explore.text import TextEncoderExplorer
 from . import Embedder
 from .base import Task, register_task, verb
 
@@ -27,6 +28,7 @@ class TextEmbedding(Task):
     name = "text embedding"
     kind = "text-embedding"
     families = ("text-encoder",)
+    explorer = TextEncoderExplorer
     protocol = Embedder
 
     def draw(self, run: Run, out_dir: Path, **options) -> list[Path]:

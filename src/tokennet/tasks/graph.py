@@ -23,6 +23,7 @@ import torch
 from .. import jsonio
 from ..errors import DataError, RunError
 from ..tokens.graph import MAX_NODE_PAIRS, Graph, GraphBatch, collate_graphs, graph_size_problem, length
+from ..viz.explore.graphs import GraphExplorer
 from .base import Input, Task, register_task, verb
 
 if TYPE_CHECKING:
@@ -118,6 +119,7 @@ class GraphPrediction(Task):
     name = "graph prediction"
     kind = "graph"
     families = ("graph",)
+    explorer = GraphExplorer
     inputs = (Input("graphs", "graph runs: JSON files of graphs ({\"nodes\": [[features]], \"edges\": [[i, j]]}, one "
                     "graph or a list per file)"),)
 

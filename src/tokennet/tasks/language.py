@@ -21,6 +21,7 @@ from ..speculative import (
     SpeculationStats,
     stream_speculative,
 )
+from ..viz.explore.text import LanguageExplorer
 from . import CausalLM
 from .base import HELP, OPTIONS, Input, Option, Task, register_task, verb
 
@@ -211,6 +212,7 @@ class LanguageModel(Task):
     name = "language model"
     kind = "language-model"
     families = ("gpt",)
+    explorer = LanguageExplorer
     protocol = CausalLM
     inputs = (PROMPT,)
     options = tuple(OPTIONS[k] for k in ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "no_cache",

@@ -25,6 +25,7 @@ from torch import Tensor
 from ..data.image_files import read_images
 from ..data.vqa import QASet, encode_questions, object_patches
 from ..errors import DataError, RunError
+from ..viz.explore.pictures import QuestionExplorer
 from ..viz.vqa import question_rollout
 from .base import HELP, Input, Option, Task, as_paths, image_file_bad_inputs, register_task, verb
 from .vqa_heads import EVAL_BATCH, head_statistics, question_maps
@@ -332,6 +333,7 @@ class VisualQuestionAnswering(Task):
     name = "visual question answering"
     kind = "vqa"
     families = ("vqa-transformer", "vqa-cnn")
+    explorer = QuestionExplorer
     inputs = (Input("image", HELP["image"]), Input("prompt", HELP["prompt"], file=False))
     viz_options = (Option("question", "question-answering runs: with --image, the question whose attention to "
                           "draw (default: held-out questions, one per template)"),)
