@@ -49,7 +49,13 @@ from tokennet.tasks import Input, Task, register_task, verb
 @dataclasses.dataclass
 class BitStrings(DataSpec):
     """Random bit strings of ``length`` bits; the label is how many are 1. Training draws fresh strings per
-    batch from ``(seed, batch index)``; the ``test_size`` test strings come from their own seed."""
+    batch from ``(seed, batch index)``; the ``test_size`` test strings come from their own seed.
+
+    Args:
+        seed: draws the training and the test strings.
+        length: bits per string (the model's ``length`` follows it).
+        test_size: held-out strings the accuracy is measured on.
+    """
 
     kind: ClassVar[str] = "bit-strings"
     seed: int = 0
@@ -78,6 +84,15 @@ class BitBatches:
 # -- the model ---------------------------------------------------------------------------------------------
 @dataclasses.dataclass
 class BitCounterConfig(ModelConfig):
+    """The bit counter's settings.
+
+    Args:
+        length: bits per string, one token each (set by the data).
+        dim: width D of every token vector.
+        num_layers: encoder blocks L.
+        num_heads: attention heads H.
+    """
+
     length: int = 16
     dim: int = 32
     num_layers: int = 1

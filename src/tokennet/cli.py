@@ -13,9 +13,11 @@ import json
 import logging
 import math
 import os
+import re
 import sys
 from pathlib import Path
 
+from .errors import did_you_mean
 from .viz.explore.command import add_explore_parser, explore_command
 
 __all__ = ["main", "build_parser"]
@@ -38,10 +40,32 @@ class CLIError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (like every other tokennet error), exit status 2."""
+    """argparse, but a usage error is one line (like every other tokennet error), exit status 2, and names the
+    closest flags or choices to a mistyped one ("did you mean '--max-iters'?")."""
+
+    def parse_args(self, args=None, namespace=None):
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:  # a subcommand's unknown flags reach the top parser: suggest from that subcommand's own flags
+            command = _subcommand(self, getattr(parsed, "command", None)) or self
+            hints = [did_you_mean(extra.split("=", 1)[0], command._option_string_actions)
+                     for extra in extras if extra.startswith("-")]
+            hint = next(filter(None, hints), "")
+            command.error(f"unrecognized arguments: {' '.join(extras)}" + (f"; {hint}" if hint else ""))
+        return parsed
 
     def error(self, message: str):
+        choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if choice and (hint := did_you_mean(choice.group(1), re.findall(r"'([^']*)'", choice.group(2)))):
+            message = message[:choice.start()] + f"invalid choice: {choice.group(1)!r}; {hint}"
         self.exit(2, f"tokennet: error: {message} (see `{self.prog} --help`)\n")
+
+
+def _subcommand(parser: argparse.ArgumentParser, name: str | None) -> argparse.ArgumentParser | None:
+    """The parser of subcommand ``name`` under ``parser`` (None when there is none)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and name in action.choices:
+            return action.choices[name]
+    return None
 
 
 def _declared():
@@ -109,11 +133,12 @@ def _add_train(sub) -> None:
     cmd.add_argument("--show-settings", action="store_true",
                      help="print the settings a new run would use — the recipe's defaults (for the --data given, "
                      "where the recipe has per-dataset profiles) with --set, --max-iters, --time-budget and --seed "
-                     "applied — and exit")
+                     "applied —, grouped (model, training, data, the recipe's own) with a description each, and exit "
+                     "(with --json: one JSON object of name → value)")
     cmd.add_argument("--no-progress", action="store_true", help="no progress bar (a line every ~10 s instead; also "
                      "what a log file gets)")
     cmd.add_argument("--json", action="store_true", help="print metrics.json's content at the end instead of the "
-                     "short summary")
+                     "short summary (with --show-settings: the settings as JSON)")
 
 
 def _add_eval(sub) -> None:
@@ -468,21 +493,21 @@ def _summary(recipe: str, run_dir: Path, metrics: dict, report_next: bool = Fals
 
 def cmd_train(args) -> int:
     from .lifecycle import resolve_settings
+    from .lifecycle.settings import show_settings
     from .recipes import get_recipe, parse_sets, train
 
     recipe = get_recipe(args.recipe)
     defaults = recipe.defaults(args.data)  # the dataset's profile, where the recipe has one
-    sets = parse_sets(args.sets, defaults, recipe.setting_types())
+    sets = parse_sets(args.sets, defaults, recipe.setting_types(), recipe=recipe.name)
     for flag, key in (("max_iters", "max_iters"), ("time_budget", "time_budget"), ("seed", "seed")):
         v = getattr(args, flag)
         if v is not None:
             if key in sets and sets[key] != v:
                 raise CLIError(f"--{flag.replace('_', '-')} {v} conflicts with --set {key}={sets[key]}")
             sets[key] = v
-    if args.show_settings:
-        shown = resolve_settings(recipe, defaults, None, sets)  # as a new run resolves them
-        for k in sorted(shown):
-            print(f"{k} = {shown[k]!r}")
+    if args.show_settings:  # as a new run resolves them, grouped by where each is declared, with its description
+        shown = resolve_settings(recipe, defaults, None, sets)
+        print(json.dumps(shown, indent=2, sort_keys=True) if args.json else "\n".join(show_settings(recipe, shown)))
         return 0
     if args.no_progress or not sys.stderr.isatty():
         sets.setdefault("progress", False)  # a log file gets plain progress lines instead of a bar

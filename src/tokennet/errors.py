@@ -9,7 +9,8 @@ and how to fix it in library terms; they do not name CLI flags.
 
 from __future__ import annotations
 
-__all__ = ["TokennetError", "ConfigError", "DataError", "RecipeError", "RunError", "TrainingStopped", "one_line"]
+__all__ = ["TokennetError", "ConfigError", "DataError", "RecipeError", "RunError", "TrainingStopped", "one_line",
+           "did_you_mean", "unknown_name"]
 
 
 class TokennetError(Exception):
@@ -40,3 +41,30 @@ def one_line(message: object) -> str:
     """A message on one line, as the CLI prints errors (a parser's or the Rust tokenizer engine's messages can
     span several); an exception with no message gives its type's name."""
     return " ".join(str(message).split()) or (type(message).__name__ if isinstance(message, BaseException) else "")
+
+
+def did_you_mean(word: str, choices) -> str:
+    """``"did you mean 'gpt'?"`` — the names of ``choices`` closest to ``word`` by edit distance (difflib's ratio,
+    at least 0.6, and within 0.05 of the closest: up to three, closest first); ``""`` when none is close."""
+    import difflib
+
+    names = [str(choice) for choice in choices]
+    close = difflib.get_close_matches(word, names, n=3, cutoff=0.6)
+    best = difflib.SequenceMatcher(None, word, close[0]).ratio() if close else 0.0
+    close = [name for name in close if difflib.SequenceMatcher(None, word, name).ratio() >= best - 0.05]
+    if not close:  # the same words in another order ("lr_min"), or a part of a longer name, that the ratio misses
+        words = sorted(word.replace("-", "_").split("_"))
+        close = [name for name in names if sorted(name.replace("-", "_").split("_")) == words]
+        close = close or [name for name in names if len(word) > 2 and word in name][:3]
+    return f"did you mean {' or '.join(repr(name) for name in close)}?" if close else ""
+
+
+def unknown_name(kind: str, word: str, choices, *, listed: int = 20, where: str = "") -> str:
+    """One line for an unknown ``kind`` of name: the closest names, and the whole list only when it is short
+    (``listed`` names at most; ``where`` says where to see a longer one)."""
+    names = sorted(str(choice) for choice in choices)
+    hint = did_you_mean(word, names)
+    message = f"unknown {kind} {word!r}" + (f"; {hint}" if hint else "")
+    if len(names) <= listed:
+        return message + f" ({kind}s: {', '.join(names)})"
+    return message + (f" ({where})" if where else f" ({len(names)} {kind}s)")

@@ -10,14 +10,16 @@ naming the setting and the type, whatever the default is (a field defaulting to 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
+import re
 import types
 import typing
 from typing import Any
 
 from .errors import RecipeError
 
-__all__ = ["field_types", "coerce", "type_name"]
+__all__ = ["field_types", "field_docs", "coerce", "type_name"]
 
 _NONE = ("none", "null")
 
@@ -26,6 +28,45 @@ def field_types(cls) -> dict[str, Any]:
     """``name → annotation`` (resolved) of a dataclass's init fields."""
     hints = typing.get_type_hints(cls)
     return {field.name: hints.get(field.name, Any) for field in dataclasses.fields(cls) if field.init}
+
+
+_SECTION = re.compile(r"^(Args|Attributes):\s*$")
+_ENTRY = re.compile(r"^    (\w+(?:, \w+)*)(?: \([^)]*\))?: (.+)$")  # "    name: text", "    lr, min_lr: text"
+
+
+def field_docs(cls) -> dict[str, str]:
+    """``name → description`` of a dataclass's fields, from the ``Args:`` or ``Attributes:`` sections of the
+    docstrings of the class and its bases (Google style; ``lr, min_lr: ...`` describes both). A subclass's words
+    win over its base's, except that an entry naming several fields (``dim, num_layers: the encoder``) leaves a
+    base's own entry of a field as it was."""
+    out: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        doc = inspect.getdoc(klass) if "__doc__" in vars(klass) and klass.__doc__ else ""
+        inherited = set(out)
+        names: list[str] = []
+        in_section = False
+        for line in doc.splitlines():
+            if _SECTION.match(line):
+                in_section, names = True, []
+            elif in_section and line.strip() and not line.startswith(" "):
+                in_section, names = False, []
+            elif in_section and names and line.startswith("        "):
+                out.update({name: out[name] + " " + line.strip() for name in names})
+            elif in_section and (entry := _ENTRY.match(line)):
+                names = [name.strip() for name in entry.group(1).split(",")]
+                if len(names) > 1:
+                    names = [name for name in names if name not in inherited]
+                out.update(dict.fromkeys(names, entry.group(2).strip()))
+    return {name: _own_part(name, text, out) for name, text in out.items()}
+
+
+def _own_part(name: str, text: str, docs: dict[str, str]) -> str:
+    """``dim, num_layers, num_heads: width D, depth L, heads H``: each name its own part, where the text is a list of
+    short parts (a few words each, split at the commas), as many as the names that share it; else the whole text."""
+    sharing = [other for other, same in docs.items() if same == text]
+    parts = [part.strip() for part in text.rstrip(".").split(",")]
+    listed = len(sharing) > 1 and len(parts) == len(sharing) and all(len(part.split()) <= 3 for part in parts)
+    return parts[sharing.index(name)] if listed else text
 
 
 def _args(annotation) -> tuple:

@@ -84,8 +84,8 @@ def test_every_pieces_settings_are_ones_tokennet_train_vqa_accepts(capsys):
 
     shown = {}
     for piece, sets in _bench().PIECES.items():
-        assert main(["train", "vqa", "--show-settings", "--set", "baselines=false", *sets]) == 0, piece
-        shown[piece] = capsys.readouterr().out.splitlines()
-    assert "read_layers = [1, 2]" in shown["read_layers"] and "read_layers = None" in shown["generic"]
-    assert "modality_mask = 'patch-local'" in shown["mask"] and "modality_mask = 'full'" in shown["generic"]
-    assert "sink = True" in shown["sink"] and "answer_readout = 'points'" in shown["points"]
+        assert main(["train", "vqa", "--show-settings", "--json", "--set", "baselines=false", *sets]) == 0, piece
+        shown[piece] = json.loads(capsys.readouterr().out)
+    assert shown["read_layers"]["read_layers"] == [1, 2] and shown["generic"]["read_layers"] is None
+    assert shown["mask"]["modality_mask"] == "patch-local" and shown["generic"]["modality_mask"] == "full"
+    assert shown["sink"]["sink"] is True and shown["points"]["answer_readout"] == "points"

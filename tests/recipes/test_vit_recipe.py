@@ -74,9 +74,9 @@ def test_data_defaults_are_the_dataset_profile_and_user_values_win(tmp_path, cap
     run, _ = train("vit", data="mnist1d", out=tmp_path / "r", sets={**TINY, "translate": 1, "svm_baseline": False},
                    device="cpu")
     assert json.loads((run / "run.json").read_text())["settings"]["translate"] == 1
-    assert main(["train", "vit", "--data", "fashion-mnist", "--show-settings"]) == 0
-    shown = dict(line.split(" = ", 1) for line in capsys.readouterr().out.splitlines())
-    assert shown["dim"] == "96" and shown["patch_embed"] == "'conv-stem'" and shown["image_size"] == "28"
+    assert main(["train", "vit", "--data", "fashion-mnist", "--show-settings", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["dim"] == 96 and shown["patch_embed"] == "conv-stem" and shown["image_size"] == 28
 
 
 def test_fashion_mnist_from_a_user_directory(tmp_path):

@@ -247,7 +247,15 @@ class DatePairs:
 @dataclasses.dataclass
 class DateTranslations(DataSpec):
     """The date-translation data: the split of the dates (by ``seed``, fractions of the date range held out)
-    and the sizes of the validation and test sets drawn from the held-out dates."""
+    and the sizes of the validation and test sets drawn from the held-out dates.
+
+    Args:
+        seed: draws the dates, their formats and the split.
+        test_fraction: the share of the dates held out for the test set (never trained on).
+        val_fraction: the share of the dates held out for validation.
+        test_size: date pairs drawn from the test dates.
+        val_size: date pairs drawn from the validation dates.
+    """
 
     kind: ClassVar[str] = "dates"
     legacy_recipes: ClassVar[tuple[str, ...]] = ("seq2seq",)

@@ -81,7 +81,16 @@ class MarkedDistanceGraphs:
 class MarkedDistance(DataSpec):
     """The generated marked-distance task: graphs drawn from ``seed``; ``num_outputs`` distance classes
     (the last: at least that far); collated with ``pe_dim`` Laplacian / random-walk positions and hop
-    distances capped at ``max_distance`` (the model's settings of the same names)."""
+    distances capped at ``max_distance`` (the model's settings of the same names).
+
+    Args:
+        seed: draws the graphs (the training batches, the validation and the test graphs).
+        pe_dim: Laplacian / random-walk position features per node.
+        num_outputs: distance classes; the last means at least that many hops.
+        max_distance: hop distances the attention bias tells apart (farther ones share the last).
+        val_size: graphs in the validation set.
+        test_size: graphs in the test set.
+    """
 
     kind: ClassVar[str] = "marked-distance"
     legacy_recipes: ClassVar[tuple[str, ...]] = ("graph",)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from ..errors import DataError
+from ..errors import DataError, unknown_name
 from .spec import DataSpec, register_data, spec_from_dict
 
 __all__ = ["MultimodalData", "TASKS", "parse_tasks"]
@@ -29,7 +29,7 @@ def parse_tasks(text: str) -> list[str]:
         raise DataError(f"tasks is empty: name at least one of {', '.join(TASKS)} (e.g. tasks=text,image,graph)")
     unknown = [t for t in names if t not in TASKS]
     if unknown:
-        raise DataError(f"tasks: unknown task {unknown[0]!r}; the tasks are {', '.join(TASKS)}")
+        raise DataError(f"tasks: {unknown_name('task', unknown[0], TASKS)}")
     if len(set(names)) != len(names):
         raise DataError(f"tasks names a task twice: {text}")
     return names
@@ -40,7 +40,11 @@ def parse_tasks(text: str) -> list[str]:
 class MultimodalData(DataSpec):
     """Several tasks' data: ``tasks`` (comma-separated, from :data:`TASKS`) and, filled when the run is built,
     ``parts``: task → ``{"recipe": the single-task recipe, "spec": its data spec as a dict, "settings": its
-    settings}``."""
+    settings}``.
+
+    Args:
+        tasks: the tasks trained together, comma-separated (text, image, audio, sphere, graph).
+    """
 
     kind: ClassVar[str] = "multimodal"
     derived: ClassVar[tuple[str, ...]] = ("parts",)

@@ -213,7 +213,18 @@ def is_qm9(data: str | None) -> bool:
 class QM9Targets(DataSpec):
     """QM9 regression: one ``target`` of :data:`TARGETS`, the standard random split (``train_size`` /
     ``val_size`` / the rest, by ``seed``; ``test_size`` > 0 keeps only the first that many test molecules),
-    molecules collated with ``pe_dim`` bond-graph Laplacian positions and hops capped at ``max_distance``."""
+    molecules collated with ``pe_dim`` bond-graph Laplacian positions and hops capped at ``max_distance``.
+
+    Args:
+        source: ``qm9`` (the installed qm9pack package's copy) or a directory of ``qm9_part1..3.csv``.
+        target: the molecular property to predict, one of :data:`TARGETS`.
+        seed: draws the random split.
+        train_size: molecules in the training set (QM9 with ``--data qm9``).
+        val_size: molecules in the validation set.
+        test_size: keep only the first this many test molecules (0: every one left).
+        pe_dim: bond-graph Laplacian position features per atom.
+        max_distance: bond hops the attention bias tells apart (farther ones share the last).
+    """
 
     kind: ClassVar[str] = "qm9"
     legacy_recipes: ClassVar[tuple[str, ...]] = ("graph",)

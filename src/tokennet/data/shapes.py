@@ -229,7 +229,14 @@ class ShapeCaptions:
 @dataclasses.dataclass
 class ShapeScenes(DataSpec):
     """The captioning data: generated scenes split by combination of object kinds (``seed``,
-    ``held_out_fraction``), and the sizes of the held-out validation and test sets."""
+    ``held_out_fraction``), and the sizes of the held-out validation and test sets.
+
+    Args:
+        seed: draws the scenes and which combinations of object kinds are held out.
+        held_out_fraction: the share of the combinations of object kinds never seen in training (the test's).
+        test_size: scenes in the test set, all of held-out combinations.
+        val_size: scenes in the validation set, all of held-out combinations.
+    """
 
     kind: ClassVar[str] = "shapes"
     legacy_recipes: ClassVar[tuple[str, ...]] = ("caption",)

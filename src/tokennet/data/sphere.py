@@ -134,7 +134,15 @@ class SphereProjection(DataSpec):
     """Images (``source``: digits or Fashion-MNIST, as for ``vit``) projected onto the northern hemisphere with
     ``extent`` (see the module docstring), trained unrotated or under fresh rotations (``train_rotated``). The
     last ``val_size`` training images validate; the test set is the first ``test_size`` test images (0: all),
-    unrotated and under the fixed rotations of :data:`TEST_SEED`."""
+    unrotated and under the fixed rotations of :data:`TEST_SEED`.
+
+    Args:
+        source: the images: ``digits`` or ``fashion-mnist``, as for ``vit`` (``--data``).
+        val_size: the last training images, held out for validation.
+        test_size: test images used (0: all).
+        extent: how much of the hemisphere the image covers (the projection's scale, see the module docstring).
+        train_rotated: train under fresh random rotations of the sphere (default: unrotated).
+    """
 
     kind: ClassVar[str] = "sphere-images"
     legacy_recipes: ClassVar[tuple[str, ...]] = ("sphere",)

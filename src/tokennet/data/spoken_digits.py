@@ -295,7 +295,16 @@ class SpokenWords(DataSpec):
     """An audio classification dataset: the generated spoken digits (``source="spoken-digits"``: ``per_voice``
     takes of each digit per voice, ``test_voices`` whole voices held out, drawn by ``seed``) or a directory
     of ``LABEL/*.wav`` (``source`` its path), read at the model's ``sample_rate`` as clips of at most
-    ``clip_samples``. ``labels`` — the class names — come from the data when training starts."""
+    ``clip_samples``. ``labels`` — the class names — come from the data when training starts.
+
+    Args:
+        source: ``spoken-digits`` (synthesized) or a directory of ``LABEL/*.wav``.
+        seed: draws the voices, the takes and which voices are held out.
+        per_voice: takes of each digit per voice (generated data).
+        test_voices: whole voices held out for the test set (generated data).
+        sample_rate: the rate clips are read at, in Hz (the model's).
+        clip_samples: the most samples of a clip (longer ones are cut).
+    """
 
     kind: ClassVar[str] = "spoken-words"
     legacy_recipes: ClassVar[tuple[str, ...]] = ("audio",)

@@ -141,6 +141,10 @@ class TextCorpus(DataSpec):
 
     The split is by tokens, so it needs the tokenizer: the last ``max(⌊n · val_fraction⌋, block_size + 1)``
     of the ``n`` token ids validate, the rest train (:meth:`split`).
+
+    Args:
+        source: the corpus: an embedded one by name, or a file, directory or glob (``--data``).
+        val_fraction: the share of the corpus's tokens, at its end, held out for validation.
     """
 
     kind: ClassVar[str] = "text"

@@ -752,7 +752,17 @@ class AnimalQuestions(DataSpec):
     counts, ``val_size`` for monitoring, up to
     ``clutter`` pieces of clutter per picture) or a user's directory (``source`` its path; ``test_fraction``
     of its images are the test set when it names no split). ``words`` and ``answers`` — the question
-    vocabulary and the answer classes — come from the data when training starts."""
+    vocabulary and the answer classes — come from the data when training starts.
+
+    Args:
+        source: ``generated`` (the animal scenes) or the path of a directory of pictures and questions.
+        seed: draws the scenes and which kinds and counts are held out.
+        test_size: held-out test questions (generated data).
+        unseen_size: test questions asking counts never asked in training (generated data).
+        val_size: questions for monitoring during training.
+        clutter: the most pieces of clutter drawn in a picture (generated data).
+        test_fraction: the share of a directory's images that test, when it names no split.
+    """
 
     kind: ClassVar[str] = "animal-questions"
     derived: ClassVar[tuple[str, ...]] = ("words", "answers")

@@ -26,8 +26,8 @@ from typing import Any
 from torch import nn
 
 from ..data.spec import DataSpec
-from ..errors import RecipeError
-from ..fields import field_types
+from ..errors import RecipeError, unknown_name
+from ..fields import field_docs, field_types
 from ..models.registry import config_from_dict, preset_info
 from ..train.trainer import TrainConfig
 
@@ -194,6 +194,9 @@ class Recipe:
         derive: ``derive(settings, given) -> settings`` that follow from others unless the user set them
             (``given``: the names set); applied as the settings are resolved, so ``--show-settings`` and
             ``run.json`` show them (``vqa``: ``transformer=generic`` sets the generic model's pieces).
+        option_help: one line describing each of ``options`` (``--show-settings`` prints it; the other settings
+            are described in their dataclasses' docstrings, :func:`~tokennet.fields.field_docs`).
+        option_groups: the heading ``--show-settings`` lists an option under (default: ``recipe NAME``).
     """
 
     name: str
@@ -214,6 +217,8 @@ class Recipe:
     variants: dict[str, dict[str, Any]] = field(default_factory=dict)
     init: bool = False
     derive: Callable[[dict[str, Any], set[str]], dict[str, Any]] | None = None
+    option_help: dict[str, str] = field(default_factory=dict)
+    option_groups: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self):
         if self.data is not None:
@@ -243,6 +248,25 @@ class Recipe:
         types.update({k: type(v) for k, v in self.options.items() if v is not None})
         types.pop("family", None)
         return types
+
+    def setting_docs(self) -> dict[str, tuple[str, str]]:
+        """``name → (group, one-line description)`` of every setting, from where each is declared: the model
+        config's, TrainConfig's, the data spec's and :class:`FineTune`'s docstrings, and ``option_help``. A setting
+        nobody describes has ``""`` (``tests/lifecycle/test_setting_docs.py`` fails on one)."""
+        config = self._config_class()
+        sources = [(f"model ({config.__name__})", field_docs(config)), ("training", field_docs(TrainConfig))]
+        if self.data is not None:
+            sources.append((f"data ({self.data.__name__})", field_docs(self.data)))
+        if self.init:
+            sources.append(("fine-tuning (--init)", field_docs(FineTune)))
+        out = {}
+        for name in self.defaults():
+            if name in self.options:
+                out[name] = (self.option_groups.get(name, f"recipe {self.name}"), self.option_help.get(name, ""))
+                continue
+            group, text = next(((group, docs[name]) for group, docs in sources if name in docs), ("other", ""))
+            out[name] = (group, text)
+        return out
 
     def field_defaults(self) -> dict[str, Any]:
         """Each model and trainer setting's value when nothing sets it: the config classes' own field defaults.
@@ -322,5 +346,5 @@ def get_recipe(name: str) -> Recipe:
     if name not in _RECIPES:
         discover()
     if name not in _RECIPES:
-        raise RecipeError(f"unknown recipe {name!r}; available: {', '.join(sorted(_RECIPES))}")
+        raise RecipeError(unknown_name("recipe", name, _RECIPES))
     return _RECIPES[name]

@@ -8,18 +8,20 @@ to it as configured (``vocab_size`` with a character tokenizer), is an error rat
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-from ..errors import RecipeError
+from ..errors import RecipeError, unknown_name
 from ..fields import coerce
 from .recipe import Recipe
 
-__all__ = ["parse_sets", "check_known", "check_applicable", "resolve_settings"]
+__all__ = ["parse_sets", "check_known", "check_applicable", "resolve_settings", "show_settings", "one_line"]
 
 
-def parse_sets(items: list[str], defaults: dict[str, Any], types: dict[str, Any] | None = None) -> dict[str, Any]:
+def parse_sets(items: list[str], defaults: dict[str, Any], types: dict[str, Any] | None = None, *,
+               recipe: str = "RECIPE") -> dict[str, Any]:
     """Parse ``key=value`` strings against the recipe's settings (``types``: from :meth:`Recipe.setting_types`;
-    without them, each default's type)."""
+    without them, each default's type; ``recipe``: its name, for the message naming an unknown key)."""
     from typing import Any as _Any
 
     out = {}
@@ -29,7 +31,7 @@ def parse_sets(items: list[str], defaults: dict[str, Any], types: dict[str, Any]
         key, value = item.split("=", 1)
         key = key.strip().replace("-", "_")
         if key not in defaults:
-            raise RecipeError(f"unknown setting {key!r}; valid: {', '.join(sorted(defaults))}")
+            raise RecipeError(_unknown_setting(key, defaults, recipe))
         out[key] = coerce(key, value, (types or {}).get(key, _Any), defaults[key])
     return out
 
@@ -37,7 +39,13 @@ def parse_sets(items: list[str], defaults: dict[str, Any], types: dict[str, Any]
 def check_known(recipe: Recipe, sets: dict[str, Any], defaults: dict[str, Any]) -> None:
     for k in sets:
         if k not in defaults:
-            raise RecipeError(f"unknown setting {k!r}; valid: {', '.join(sorted(defaults))}")
+            raise RecipeError(_unknown_setting(k, defaults, recipe.name))
+
+
+def _unknown_setting(key: str, defaults: dict[str, Any], recipe: str = "RECIPE") -> str:
+    """One line: the closest settings' names, not all of them (``--show-settings`` lists those)."""
+    return unknown_name("setting", key, defaults, listed=0,
+                        where=f"`tokennet train {recipe} --show-settings` lists all {len(defaults)}")
 
 
 def check_applicable(recipe: Recipe, settings: dict[str, Any], given: set[str]) -> None:
@@ -72,3 +80,35 @@ def resolve_settings(recipe: Recipe, defaults: dict[str, Any], saved: dict[str, 
         # (a resumed run's saved settings hold what they derived to, and what its user set then)
         settings.update(recipe.derive(settings, set(sets)))
     return settings
+
+
+_MARKUP = re.compile(r":\w+:`~?([^`]+)`|``([^`]+)``")  # :class:`~x.Y` → Y.. (last part), ``x`` → x
+
+
+def one_line(text: str) -> str:
+    """A description's first sentence, without reStructuredText markup (``--show-settings`` prints it)."""
+    plain = _MARKUP.sub(lambda m: m.group(1).rsplit(".", 1)[-1] if m.group(1) else m.group(2), text)
+    first = re.split(r"(?<!e\.g)(?<!i\.e)(?<!etc)\.\s+(?=[A-Z(])", plain.strip(), maxsplit=1)[0]
+    return first.rstrip(".")
+
+
+def show_settings(recipe: Recipe, settings: dict[str, Any]) -> list[str]:
+    """``--show-settings``: the settings grouped by where they are declared (the model config, the trainer, the
+    data spec, fine-tuning, the recipe's options), one line each: ``name = value  description``."""
+    docs = recipe.setting_docs()
+    order = ("model", "training", "data", "fine-tuning")  # then the recipe's own options
+    headings = sorted(dict.fromkeys(group for group, _ in docs.values()),
+                      key=lambda group: next((i for i, word in enumerate(order) if group.startswith(word)), len(order)))
+    groups: dict[str, list[str]] = {group: [] for group in headings}
+    for name in sorted(settings):
+        groups.setdefault(docs.get(name, ("other", ""))[0], []).append(name)
+    width = min(36, max(len(f"{name} = {settings[name]!r}") for name in settings))
+    lines = []
+    for group, names in groups.items():
+        if not names:
+            continue
+        lines.append(f"{group}:")
+        for name in names:
+            shown = f"{name} = {settings[name]!r}"
+            lines.append(f"  {shown:<{width}}  {one_line(docs.get(name, ('', ''))[1])}".rstrip())
+    return lines

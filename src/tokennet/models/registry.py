@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import jsonio
-from ..errors import ConfigError, RunError
+from ..errors import ConfigError, RunError, unknown_name
 from ..fileio import atomic_write_text, safetensors_write, sha256_file, temp_name_beside
 from ..layers.blockquant import unwritten_blocks
 from ..state import check_state_dict
@@ -241,7 +241,7 @@ def list_families() -> list[str]:
 def preset_info(name: str) -> tuple[str, dict[str, Any], str]:
     """``(family, defaults, description)`` of a preset."""
     if name not in _PRESETS:
-        raise ConfigError(f"unknown model {name!r}; available: {', '.join(list_models())}")
+        raise ConfigError(unknown_name("model", name, list_models(), listed=0, where="`tokennet list` shows them"))
     return _PRESETS[name]
 
 

@@ -135,9 +135,11 @@ class SphereConfig(TransformerConfig, defaults=dict(dim=48, mlp_ratio=2.0)):
 
     Args:
         num_classes, in_channels: classes K and signal channels C.
-        num_centres: N patch centres (tokens); num_samples: M points of the input signal's grid.
-        patch_size: samples per patch; rings: distance rings per patch (divides patch_size, except with
-            ``descriptor="zonal"``, which does not use patch_size).
+        num_centres: N patch centres (tokens).
+        num_samples: M points of the input signal's grid.
+        patch_size: samples per patch.
+        rings: distance rings per patch (divides patch_size, except with ``descriptor="zonal"``, which does not
+            use patch_size).
         descriptor: ``"ordered"`` (local frame), ``"rings"`` (rotation-invariant per ring), ``"zonal"``
             (smooth invariant ring-kernel quadrature; uses every sample within 4·√(4/N) rad, not patch_size)
             or ``"zonal-frame"`` (the same, oriented by the signal's frame; needs ``position="frame"``).

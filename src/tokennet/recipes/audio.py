@@ -286,6 +286,14 @@ RECIPE = register_recipe(Recipe(
     model="ast-digits",
     build=build,
     data=SpokenWords,
+    option_help={
+        "baseline": "also fit the classical baseline, an SVM on MFCC statistics, and report baseline_accuracy",
+        "eval_batch_size": "clips per batch when evaluating (memory only; the metrics do not change)",
+        "num_mfcc": "MFCC coefficients the baseline reads (mean and std over time of each)",
+        "robustness": "also test on speech the model never trained on (other synthesizers), generated digits only",
+        "wave_augment": "the perturbation drawn afresh for every training clip: auto, none, noise, noise+resynth or "
+                        "noise+resynth+voices",
+    },
     options=dict(_OPTIONS),
     model_defaults={},
     train_defaults=dict(_TRAIN_DEFAULTS),

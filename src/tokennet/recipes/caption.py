@@ -114,6 +114,11 @@ register_recipe(Recipe(
     model="captioner-small",
     build=build,
     data=ShapeScenes,
+    option_help={
+        "form": "encoder-decoder (a ViT encoder, a text decoder with cross-attention) or decoder-only (one stack "
+                "over image and text)",
+        "beam_size": "beam width when captioning (1 = greedy)",
+    },
     options={"form": "encoder-decoder", "beam_size": 1},
     model_defaults={"dim": 128, "num_layers": 2, "num_heads": 4, "dropout": 0.0},
     train_defaults={"max_iters": 4000, "batch_size": 64, "lr": 2e-3, "warmup_iters": 100, "eval_interval": 500,

@@ -161,6 +161,11 @@ register_recipe(Recipe(
     build=build,
     data=ImageDataset,
     default_data="digits",
+    option_help={
+        "translate": "largest random shift of a training image in pixels (0 = none)",
+        "flip": "mirror half of the training images left-right (right for clothes, wrong for digits)",
+        "eval_batch_size": "images per batch when evaluating (memory only; the metrics do not change)",
+    },
     options=dict(_OPTIONS),
     train_defaults=dict(_TRAIN_DEFAULTS),
     evaluate_run=evaluate_run,

@@ -164,6 +164,12 @@ register_recipe(Recipe(
     make_data=make_data,
     init=True,
     default_data="python-docs",
+    option_help={
+        "tokenizer": "bpe (byte-level BPE trained on the corpus) or char (the corpus's characters)",
+        "vocab_size": "the BPE vocabulary's size (the tokenizer is trained to it; not for char)",
+        "eval_iters": "validation batches per evaluation",
+        "sample_tokens": "tokens of the sample printed after training",
+    },
     options={"tokenizer": "bpe", "vocab_size": 1024, **_COMMON_OPTS},
     model_defaults={"dim": 128, "num_layers": 4, "num_heads": 4, "block_size": 128, "dropout": 0.1},
     # Muon + WSD: val loss 4.04 after 300 steps against 4.23 with AdamW + cosine, and a more readable sample.
@@ -184,6 +190,12 @@ register_recipe(Recipe(
     make_data=make_data,
     init=True,
     default_data="shakespeare",
+    option_help={
+        "tokenizer": "bpe (byte-level BPE trained on the corpus) or char (the corpus's characters)",
+        "vocab_size": "the BPE vocabulary's size (the tokenizer is trained to it; not for char)",
+        "eval_iters": "validation batches per evaluation",
+        "sample_tokens": "tokens of the sample printed after training",
+    },
     options={"tokenizer": "char", "vocab_size": 0, **_COMMON_OPTS},
     # Muon for the hidden matrices + QK-norm + a warm-up–stable–decay schedule: on Tiny Shakespeare, val loss
     # 1.817 after 400 steps against 2.218 with AdamW + cosine (bench/gpt_train.py ablation). Block 64 × batch 32

@@ -85,6 +85,19 @@ def _part_options(task: str) -> dict[str, Any]:
     return {f"{task}_{k}": v for k, v in defaults.items() if k not in skip and isinstance(v, (bool, int, float, str))}
 
 
+def _part_help() -> tuple[dict[str, str], dict[str, str]]:
+    """``--show-settings``' description and heading of each ``<task>_<name>`` setting: its own recipe's words."""
+    helps = {"mix": "how often each task's batch is drawn: task=weight pairs (the tasks not named: 1)",
+             "loss_weights": "each task's loss multiplier: task=weight pairs (the tasks not named: 1)"}
+    groups = {}
+    for t in TASKS:
+        docs = get_recipe(PARTS[t]).setting_docs()
+        for k in _part_options(t):
+            helps[k] = docs[k.removeprefix(f"{t}_")][1]
+            groups[k] = f"task {t} (recipe {PARTS[t]}'s settings)"
+    return helps, groups
+
+
 def parse_weights(text: str, tasks: list[str], what: str) -> dict[str, float]:
     """``"text=2,image=0.5"`` → a positive weight per task (the tasks not named: 1); anything else is one line."""
     out = dict.fromkeys(tasks, 1.0)
@@ -213,6 +226,8 @@ _SMOKE = {"dim": 32, "num_layers": 1, "num_heads": 2, "batch_size": 8, "tasks": 
           "sphere_sh_degree": 3, "sphere_test_size": 40, "sphere_val_size": 16,
           "graph_test_size": 64, "graph_val_size": 16, "graph_pe_dim": 8}
 
+_HELP, _GROUPS = _part_help()
+
 register_recipe(Recipe(
     name="multimodal",
     description="one trunk on text, digits images, spoken digits, digits on the sphere and graphs at once "
@@ -222,6 +237,8 @@ register_recipe(Recipe(
     data=MultimodalData,
     make_data=make_data,
     options={"mix": "", "loss_weights": "", **{k: v for t in TASKS for k, v in _part_options(t).items()}},
+    option_help=_HELP,
+    option_groups=_GROUPS,
     model_defaults={"dim": 64, "num_layers": 2, "num_heads": 4, "mlp_ratio": 2.0},
     train_defaults={"max_iters": 3000, "time_budget": 290.0, "batch_size": 32, "lr": 2e-3, "warmup_iters": 100,
                     "weight_decay": 0.05, "eval_interval": 500, "log_interval": 50},

@@ -177,6 +177,11 @@ register_recipe(Recipe(
     model="seq2seq-small",
     build=build,
     data=DateTranslations,
+    option_help={
+        "arch": "transformer (the encoder-decoder) or bahdanau (the RNN with additive attention)",
+        "beam_size": "beam width when translating (1 = greedy)",
+        "alpha": "beam search's length penalty exponent (0 = none)",
+    },
     options={"arch": "transformer", "beam_size": 4, "alpha": 0.6},
     model_defaults={"dim": 128, "num_layers": 2, "num_heads": 4, "max_source_len": 40, "max_target_len": 16,
                     "dropout": 0.0},

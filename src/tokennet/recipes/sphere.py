@@ -190,6 +190,13 @@ register_recipe(Recipe(
     build=build,
     data=SphereProjection,
     default_data="digits",
+    option_help={
+        "ablation": "also train the rotation table: a planar ViT and three sphere models in three regimes (eight more "
+                    "trainings)",
+        "ablation_steps": "training steps of each model of the ablation table",
+        "grid_height": "ablation's planar ViT: rows of the lat/lon grid the sphere is sampled on",
+        "grid_width": "ablation's planar ViT: columns of the lat/lon grid the sphere is sampled on",
+    },
     options={"ablation": False, "ablation_steps": 400, "grid_height": 16, "grid_width": 32},
     # the best invariant row (bench/sphere_invariant.py; the module docstring)
     model_defaults={"position": "frame", "descriptor": "zonal-frame"},
