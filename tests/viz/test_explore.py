@@ -16,7 +16,9 @@ pytest.importorskip("uvicorn")
 from starlette.testclient import TestClient  # noqa: E402
 
 from tokennet.cli import main  # noqa: E402
+from tokennet.data.shapes import images_of  # noqa: E402
 from tokennet.data.vqa import encode_questions  # noqa: E402
+from tokennet.decode import greedy_search, strip_special  # noqa: E402
 from tokennet.errors import RunError  # noqa: E402
 from tokennet.recipes import get_recipe, train  # noqa: E402
 from tokennet.viz.explore import app as explore_app  # noqa: E402
@@ -28,7 +30,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 STEPS = {"max_iters": 2, "time_budget": None, "warmup_iters": 1, "eval_interval": 0, "progress": False,
          "report": False}
-MODALITIES = {"vit": {"num_layers": 2}, "gpt-char": {}, "vqa": {}, "graph": {}, "audio": {}}
+MODALITIES = {"vit": {"num_layers": 2}, "gpt-char": {}, "vqa": {}, "graph": {}, "audio": {}, "sphere": {},
+              "caption": {}, "caption/decoder-only": {}, "seq2seq": {}, "seq2seq/bahdanau": {}, "multimodal": {}}
 
 
 @pytest.fixture(scope="module")
@@ -36,10 +39,14 @@ def runs(tmp_path_factory):
     """A tiny run of each modality (the recipes' smoke settings, two steps), and a CNN run (no attention)."""
     root = tmp_path_factory.mktemp("explore")
     out = {}
-    for name, extra in {**MODALITIES, "cnn": {}}.items():
+    for case, extra in {**MODALITIES, "cnn": {}}.items():
+        name, _, variant = case.partition("/")
         recipe = get_recipe(name)
         data = recipe.smoke_data(root) if recipe.smoke_data is not None else None
-        out[name], _ = train(name, data=data, out=root / name, sets={**recipe.smoke, **STEPS, **extra}, device="cpu")
+        sets = {**recipe.smoke, **(recipe.variants[variant] if variant else {}), **STEPS, **extra}
+        if recipe.unused is not None:  # a variant may not take every smoke setting (the GRU: no heads)
+            sets = {k: v for k, v in sets.items() if k not in recipe.unused({**recipe.defaults(), **sets})}
+        out[case], _ = train(name, data=data, out=root / case.replace("/", "-"), sets=sets, device="cpu")
     return out
 
 
@@ -53,9 +60,17 @@ def pages(runs):
     return out
 
 
-def _reference_maps(name: str, explore, title_index: int) -> tuple[list[torch.Tensor], int | None]:
-    """The model's attention for held-out example ``title_index``, its input built here from the run's data as
-    ``tokennet viz`` builds it (not by the page); for a language model, the query rows to compare (the prompt's)."""
+def _decoded(run, source: torch.Tensor) -> torch.Tensor:
+    """``<bos>`` and the greedy output, as ``tokennet viz``'s alignment pictures read it ``(1, T)``."""
+    config = run.model.config
+    out_ids = strip_special(greedy_search(run.model, source), config.eos_id, config.pad_id)[0]
+    return torch.tensor([[config.bos_id, *out_ids]])
+
+
+def _reference_maps(name: str, explore, title_index: int) -> tuple[dict[str, list[torch.Tensor]], int | None]:
+    """The model's attention (per kind, per layer ``(H, Nq, Nk)``) for held-out example ``title_index``, its input
+    built here from the run's data as ``tokennet viz`` builds it (not by the page); for a language model, how many
+    tokens to compare (the prompt's)."""
     run = explore.run
     if name == "vit":
         inputs = run.data.held_out().x_test[title_index][None]
@@ -68,11 +83,22 @@ def _reference_maps(name: str, explore, title_index: int) -> tuple[list[torch.Te
         inputs = (held.images[title_index][None], ids)
     elif name == "graph":
         inputs = run.data.held_out()[0].select(torch.tensor([title_index]))
+    elif name == "sphere":
+        _, _, (x_test, _) = run.data.split()
+        inputs = run.data.project(x_test[title_index:title_index + 1], run.model.samples)
+    elif name.startswith("caption"):
+        image = images_of([run.data.held_out()[title_index]], run.model.config.image_size)
+        inputs = (image, _decoded(run, image))
+    elif name.startswith("seq2seq"):
+        source = torch.tensor([run.tokenizer.encode(run.data.held_out()[title_index][0])])
+        inputs = (source, _decoded(run, source))
     else:  # the prompt alone: causal attention of its tokens does not see the continuation
-        text = explore.explorer.texts[title_index]
-        ids = run.tokenizer.encode(text)[:run.model.config.block_size]
-        return [m[0] for m in run.attention_maps(torch.tensor([ids]))["self"]], len(ids)
-    return [m[0] for m in run.attention_maps(inputs)["self"]], None
+        text = explore.explorer.texts[title_index] if name == "gpt-char" else \
+            explore.explorer.explorers["text"].texts[title_index]
+        ids = torch.tensor([run.tokenizer.encode(text)[:explore.explorer.context if name == "gpt-char" else 10**9]])
+        maps = run.attention_maps(("text", ids) if name == "multimodal" else ids)
+        return {kind: [m[0] for m in layers] for kind, layers in maps.items()}, ids.shape[1]
+    return {kind: [m[0] for m in layers] for kind, layers in run.attention_maps(inputs).items()}, None
 
 
 @pytest.mark.parametrize("name", list(MODALITIES))
@@ -82,25 +108,29 @@ def test_the_attention_the_page_draws_is_the_models(name, pages):
     assert shown.status_code == 200, shown.text
     body = shown.json()
     want, prompt = _reference_maps(name, explore, 1)
-    shape = body["kinds"]["self"]
-    assert (shape["layers"], shape["heads"]) == (len(want), want[0].shape[0])
-    assert len(body["tokens"]) == shape["queries"] == shape["keys"]
-    n = prompt or shape["queries"]
-    for layer in range(shape["layers"]):
-        for head in range(shape["heads"]):
-            got = torch.tensor(client.get("/api/matrix", params={"id": body["id"], "layer": layer,
-                                                                  "head": head}).json()["matrix"])
-            torch.testing.assert_close(got[:n, :n], want[layer][head][:n, :n].float(), rtol=1e-5, atol=1e-6)
-    query = n - 1
-    rows = client.get("/api/attention", params={"id": body["id"], "query": query}).json()
-    for layer in range(shape["layers"]):
-        row = torch.tensor(rows["rows"][layer])  # (H, Nk)
-        torch.testing.assert_close(row[:, :n], torch.stack([h[query, :n] for h in want[layer]]).float(),
-                                   rtol=1e-5, atol=1e-6)
-        assert torch.allclose(row.sum(-1), torch.ones(len(row)), atol=1e-4)  # each head's row is a distribution
-    assert rows["rollout"] is not None and abs(sum(rows["rollout"]) - 1) < 1e-4
+    assert set(body["kinds"]) == set(want)
+    for kind, shape in body["kinds"].items():
+        assert (shape["layers"], shape["heads"]) == (len(want[kind]), want[kind][0].shape[0])
+        assert shape["query_offset"] + shape["queries"] <= len(body["tokens"])
+        assert shape["key_offset"] + shape["keys"] <= len(body["tokens"])
+        nq, nk = (prompt, prompt) if prompt else (shape["queries"], shape["keys"])
+        for layer in range(shape["layers"]):
+            for head in range(shape["heads"]):
+                got = torch.tensor(client.get("/api/matrix", params={"id": body["id"], "kind": kind, "layer": layer,
+                                                                      "head": head}).json()["matrix"])
+                torch.testing.assert_close(got[:nq, :nk], want[kind][layer][head][:nq, :nk].float(), rtol=1e-5,
+                                           atol=1e-6)
+        query = nq - 1
+        rows = client.get("/api/attention", params={"id": body["id"], "kind": kind, "query": query}).json()
+        for layer in range(shape["layers"]):
+            row = torch.tensor(rows["rows"][layer])  # (H, Nk)
+            torch.testing.assert_close(row[:, :nk], torch.stack([h[query, :nk] for h in want[kind][layer]]).float(),
+                                       rtol=1e-5, atol=1e-6)
+            assert torch.allclose(row.sum(-1), torch.ones(len(row)), atol=1e-4)  # each row is a distribution
+        assert (rows["rollout"] is not None) == (kind != "cross")
+        writes = name.startswith(("gpt", "caption", "seq2seq")) or name == "multimodal"
+        assert (rows.get("next") is not None) == (writes and kind != "encoder")
     assert body["prediction"]["top"] and body["views"]
-    assert ("next" in rows) == (name == "gpt-char")
 
 
 def test_the_prediction_is_the_models_and_an_ablated_head_changes_it(pages):
@@ -324,3 +354,35 @@ def test_the_page_in_chromium(pages, tmp_path):
         assert browser.console == []
     pixels = np.asarray(Image.open(shot).convert("L"), dtype=np.float32)
     assert pixels.std() > 20 and (pixels < 100).mean() > 0.01  # not blank: text, the picture, the heat
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (Debian: apt-get install chromium)")
+def test_cross_attention_in_chromium(pages):
+    """A translation: click a written token, switch to the cross-attention, and the source's chips light up."""
+    pytest.importorskip("websockets")
+    from tokennet.viz.explore.browser import READY, Browser, PageServer
+
+    _, explore = pages["seq2seq"]
+    with PageServer(explore) as server, Browser(width=1300, height=900) as browser:
+        browser.goto(server.url)
+        browser.wait_for(READY)
+        source = browser.evaluate("window.explore.input.kinds.cross.key_offset + window.explore.input.kinds.cross.keys")
+        browser.click_element(f'.chip[data-index="{source + 1}"]')  # the first token the decoder wrote
+        browser.wait_for(f"window.explore.query === {source + 1}")
+        assert browser.evaluate("document.getElementById('kind').value") == "decoder"
+        browser.choose("kind", "cross")
+        browser.wait_for("window.explore.rows && window.explore.rows[0][0].length === "
+                         "window.explore.input.kinds.cross.keys")
+        lit = browser.evaluate(f"[...document.querySelectorAll('.chip')].filter((c) => Number(c.dataset.index) < "
+                               f"{source} && c.style.background !== '').length")
+        assert lit == source and browser.evaluate("window.explore.query") == source + 1
+        assert browser.console == []
+
+
+def test_every_task_explores_or_refuses_in_one_line():
+    from tokennet.tasks import list_tasks, task_for
+
+    without = {family for family, name in list_tasks().items() if task_for(family).explorer is None}
+    assert "cnn" in without and not without & {"vit", "gpt", "vqa-transformer", "graph", "ast", "sphere", "captioner",
+                                                   "captioner-prefix", "seq2seq", "bahdanau", "text-encoder",
+                                                   "multimodal"}

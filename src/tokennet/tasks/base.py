@@ -156,7 +156,7 @@ class Task:
     inputs: tuple[Input, ...] = ()
     options: tuple[Option, ...] = ()
     viz_options: tuple[Option, ...] = ()  # `tokennet viz` flags beyond the common ones (index, patch, layer, ...)
-    explorer: type | None = None  # `tokennet explore`: a viz.explore Explorer class; None: the page refuses the run
+    explorer: Callable | None = None  # `tokennet explore`: run → a viz.explore Explorer (its class); None: refused
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

@@ -11,6 +11,7 @@ import torch
 from ..data.image_files import read_images
 from ..decode import beam_search, greedy_search, strip_special
 from ..errors import DataError
+from ..viz.explore.sequences import CaptionExplorer
 from . import ConditionalDecoder
 from .base import HELP, OPTIONS, Input, Task, as_paths, image_file_bad_inputs, register_task, verb
 
@@ -49,6 +50,7 @@ class Captioning(Task):
     name = "captioning"
     kind = "captioning"
     families = ("captioner", "captioner-prefix")
+    explorer = CaptionExplorer
     protocol = ConditionalDecoder
     inputs = (Input("image", HELP["image"]),)
     options = (OPTIONS["beam_size"],)

@@ -11,6 +11,7 @@ sphere, gets the same answer, and whether the trunk's summary vectors of one mod
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from ..data.sphere import SphereProjection
 from ..errors import DataError, RunError
 from ..plugins import task_for
 from ..tokens.graph import GraphBatch
+from ..viz.explore.multimodal import MultimodalExplorer
 from .base import HELP, Input, Task, as_paths, register_task, verb
 from .language import LanguageModel
 
@@ -65,6 +67,7 @@ class MultimodalTask(Task):
     name = "multimodal"
     kind = "multimodal"
     families = ("multimodal",)
+    explorer = functools.partial(MultimodalExplorer, parts=part_run)  # each part through its own task's explorer
     inputs = (Input("prompt", HELP["prompt"], file=False, required=False),
               Input("image", HELP["image"], required=False),
               Input("audio", HELP["audio"], required=False),

@@ -9,6 +9,7 @@ import torch
 
 from ..data.image_files import read_image, write_image
 from ..errors import DataError, RunError
+from ..viz.explore.sphere import SphereExplorer
 from .base import as_paths, register_task
 from .classification import ImageClassification
 
@@ -27,6 +28,7 @@ class SphereClassification(ImageClassification):
     name = "sphere classification"
     kind = "sphere"
     families = ("sphere",)
+    explorer = SphereExplorer
 
     def draw(self, run: Run, out_dir: Path, **options) -> list[Path]:
         """``patch_attention.png``: one patch's attention over the sphere, per layer, for a test image."""

@@ -16,6 +16,7 @@ import torch
 from ..data.dates import encode_pairs
 from ..decode import beam_search, greedy_search, strip_special
 from ..errors import DataError
+from ..viz.explore.sequences import TranslationExplorer
 from . import ConditionalDecoder
 from .base import HELP, OPTIONS, Input, Task, register_task, verb
 
@@ -69,6 +70,7 @@ class Translation(Task):
     name = "translation"
     kind = "translation"
     families = ("seq2seq", "bahdanau")
+    explorer = TranslationExplorer
     protocol = ConditionalDecoder
     inputs = (Input("prompt", HELP["prompt"], file=False),)
     options = (OPTIONS["beam_size"],)

@@ -11,7 +11,8 @@ Routes (JSON in, JSON out; every error is a 4xx ``{"error": message}``, never a 
 - ``GET /api/attention?id=&kind=self&query=i``: query token ``i``'s attention in every layer and head
   ``(L, H, Nk)``, its rollout row, and (language models) the next-token distribution at ``i``;
 - ``GET /api/matrix?id=&kind=self&layer=&head=``: one head's whole matrix ``(Nq, Nk)``;
-- ``POST /api/ablate`` ``{"id", "layer", "head"}``: the prediction with that head ablated, beside the model's.
+- ``POST /api/ablate`` ``{"id", "kind", "layer", "head"}``: the prediction with that head ablated, beside the
+  model's.
 
 Bodies are capped (``max_body`` bytes for a file, 1 MiB for JSON; 413 beyond), read before any parsing. The
 model runs in a worker thread, one request at a time (an ablation hooks the model while it runs).
@@ -87,20 +88,25 @@ class Explore:
         """Build an input with ``make()`` (the explorer's), compute its attention and prediction; remember it."""
         with self.lock:
             exploration: Exploration = make()
-            inspection = Inspection(self.run.attention_maps(exploration.inputs))
+            inspection = Inspection((exploration.run or self.run).attention_maps(exploration.inputs))
             prediction = exploration.predict()
         input_id = str(next(self.ids))
         self.inputs[input_id] = (exploration, inspection, prediction)
         while len(self.inputs) > KEEP:
             forgotten, _ = self.inputs.popitem(last=False)
             self.next_tokens.pop(forgotten, None)
-        kinds = {kind: dict(zip(("layers", "heads", "queries", "keys"), inspection.shape(kind), strict=True))
-                 for kind in inspection.maps}
-        self_maps = inspection.maps.get("self")
-        ablatable = self_maps is not None and attention_layers(self.run.model, self_maps.shape[0]) is not None
         return {"id": input_id, "title": exploration.title, "tokens": exploration.tokens, "views": exploration.views,
-                "kinds": kinds, "prediction": _public(prediction), "ablation": ablatable,
-                "next_tokens": exploration.per_token is not None}
+                "kinds": {kind: self._kind(exploration, inspection, kind) for kind in inspection.maps},
+                "prediction": _public(prediction), "next_tokens": exploration.per_token is not None}
+
+    def _kind(self, exploration: Exploration, inspection: Inspection, kind: str) -> dict[str, Any]:
+        """One attention kind's shape, where its queries and keys sit among the tokens, and whether a head of it
+        can be ablated."""
+        layers, heads, queries, keys = inspection.shape(kind)
+        query_offset, key_offset = exploration.offsets.get(kind, (0, 0))
+        return {"layers": layers, "heads": heads, "queries": queries, "keys": keys, "query_offset": query_offset,
+                "key_offset": key_offset,
+                "ablation": attention_layers((exploration.run or self.run).model, kind, layers) is not None}
 
     def get(self, input_id: str) -> tuple[Exploration, Inspection, dict]:
         if input_id not in self.inputs:
@@ -111,26 +117,27 @@ class Explore:
         exploration, inspection, _ = self.get(input_id)
         rows = inspection.row(kind, query)  # (L, H, Nk)
         out: dict[str, Any] = {"rows": rows.tolist()}
-        rollout = inspection.rollout_row(query) if kind == "self" else None
+        rollout = inspection.rollout_row(kind, query)
         out["rollout"] = None if rollout is None else rollout.tolist()
         if exploration.per_token is not None:
             if input_id not in self.next_tokens:  # computed on the first click, once per input
                 with self.lock:
                     self.next_tokens[input_id] = exploration.per_token()
-            out["next"] = self.next_tokens[input_id][query]
+            out["next"] = self.next_tokens[input_id][exploration.offsets.get(kind, (0, 0))[0] + query]
         return out
 
-    def ablate(self, input_id: str, layer: int, head: int) -> dict[str, Any]:
+    def ablate(self, input_id: str, kind: str, layer: int, head: int) -> dict[str, Any]:
         exploration, inspection, prediction = self.get(input_id)
-        maps = inspection.tensor("self")
-        layers = attention_layers(self.run.model, maps.shape[0])
+        layers = attention_layers((exploration.run or self.run).model, kind, inspection.tensor(kind).shape[0])
         if layers is None:
-            raise RequestError(400, "this model's attention modules do not line up one per layer: no ablation")
+            raise RequestError(400, f"this model's {kind} attention modules do not line up one per layer: no "
+                                    "ablation")
         if not 0 <= layer < len(layers):
             raise RequestError(400, f"layer {layer} out of range: 0..{len(layers) - 1}")
         with self.lock, ablated_head(layers[layer], head):
             ablated = exploration.predict()
-        out = {"layer": layer, "head": head, "prediction": _public(prediction), "ablated": _public(ablated)}
+        out = {"kind": kind, "layer": layer, "head": head, "prediction": _public(prediction),
+               "ablated": _public(ablated)}
         if "vector" in prediction:
             out["cosine"] = _cosine(prediction["vector"], ablated["vector"])
         return out
@@ -239,7 +246,8 @@ def create_app(explore: Explore, *, max_upload: int = MAX_UPLOAD) -> Starlette:
 
     async def ablate(request: Request) -> Response:
         fields = await _json_object(request)
-        args = (str(fields.get("id")), _int(fields.get("layer"), "layer"), _int(fields.get("head"), "head"))
+        args = (str(fields.get("id")), str(fields.get("kind", "self")), _int(fields.get("layer"), "layer"),
+                _int(fields.get("head"), "head"))
         return JSONResponse(await run_in_threadpool(explore.ablate, *args))
 
     routes = [Route("/", page), Route("/static/{name:path}", static), Route("/api/run", run_info),

@@ -4,7 +4,8 @@ one head ablated.
 - **Attention** is ``model.attention_maps(inputs)`` — the data ``tokennet viz`` draws — stacked per kind into
   ``(L, H, Nq, Nk)``: row ``i`` of layer ``ℓ``, head ``h`` is ``softmax(Q Kᵀ / √E)`` for query token ``i``.
 - **Rollout** (Abnar & Zuidema 2020): ``R = Â_L ⋯ Â_1`` with ``Â = ½ mean_h A + ½ I``
-  (:func:`~tokennet.viz.attention_maps.attention_rollout`), for self-attention.
+  (:func:`~tokennet.viz.attention_maps.attention_rollout`), for self-attention (``self``, ``encoder``,
+  ``decoder``; not across a cross-attention, whose rows and columns are different tokens).
 - **Ablating a head**: the head's output is zeroed where the heads are concatenated, just before the
   attention's output projection ``out_proj`` (a forward pre-hook, removed afterwards), so the rest of the model
   sees the layer without that head — Michel et al. 2019, "Are Sixteen Heads Really Better than One?".
@@ -22,7 +23,9 @@ from ...attention.multihead import MultiHeadAttention
 from ...errors import DataError
 from ..attention_maps import attention_rollout
 
-__all__ = ["Inspection", "attention_layers", "ablated_head"]
+__all__ = ["Inspection", "attention_layers", "ablated_head", "SELF_KINDS"]
+
+SELF_KINDS = ("self", "encoder", "decoder")  # kinds whose queries and keys are the same tokens
 
 
 class Inspection:
@@ -31,7 +34,7 @@ class Inspection:
     def __init__(self, maps: dict[str, list[torch.Tensor]]):
         self.maps = {kind: torch.stack([layer[0].float().cpu() for layer in layers])  # (L, H, Nq, Nk)
                      for kind, layers in maps.items() if layers}
-        self._rollout: torch.Tensor | None = None
+        self._rollouts: dict[str, torch.Tensor] = {}
 
     def shape(self, kind: str) -> tuple[int, int, int, int]:
         return tuple(self.tensor(kind).shape)
@@ -57,20 +60,27 @@ class Inspection:
             raise DataError(f"head {head} out of range: 0..{maps.shape[1] - 1}")
         return maps[layer, head]
 
-    def rollout_row(self, query: int) -> torch.Tensor | None:
-        """Row ``query`` of the self-attention rollout ``(Nk,)`` (None without square self-attention)."""
-        maps = self.maps.get("self")
-        if maps is None or maps.shape[2] != maps.shape[3]:
+    def rollout_row(self, kind: str, query: int) -> torch.Tensor | None:
+        """Row ``query`` of the rollout of a self-attention kind ``(N,)`` (None for cross-attention)."""
+        maps = self.tensor(kind)
+        if kind not in SELF_KINDS or maps.shape[2] != maps.shape[3]:
             return None
-        if self._rollout is None:
-            self._rollout = attention_rollout([layer[None] for layer in maps])[0]  # (N, N)
-        return self._rollout[query]
+        if kind not in self._rollouts:
+            self._rollouts[kind] = attention_rollout([layer[None] for layer in maps])[0]  # (N, N)
+        return self._rollouts[kind][query]
 
 
-def attention_layers(model: nn.Module, num_layers: int) -> list[MultiHeadAttention] | None:
-    """The self-attention module of each layer, in order — or None when the model's attention modules do not
-    line up one per layer (then the page offers no ablation and says why)."""
-    found = [module for module in model.modules() if isinstance(module, MultiHeadAttention) and not module.is_cross]
+def attention_layers(model: nn.Module, kind: str, num_layers: int) -> list[MultiHeadAttention] | None:
+    """The attention module of each layer of ``kind``, in order: ``cross`` the cross-attention modules,
+    ``encoder`` / ``decoder`` the self-attention modules under the model's ``encoder`` / ``decoder``, ``self`` all
+    self-attention modules — or None when they do not line up one per layer (the page then offers no ablation)."""
+    found = []
+    for name, module in model.named_modules():
+        if not isinstance(module, MultiHeadAttention) or module.is_cross != (kind == "cross"):
+            continue
+        if kind in ("encoder", "decoder") and not name.startswith(kind + "."):
+            continue
+        found.append(module)
     return found if len(found) == num_layers else None
 
 

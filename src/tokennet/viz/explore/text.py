@@ -14,7 +14,7 @@ from .views import MAX_TEXT_CHARS, Exploration, Explorer, check_index, text_toke
 if TYPE_CHECKING:
     from ...run import Run
 
-__all__ = ["LanguageExplorer", "TextEncoderExplorer"]
+__all__ = ["LanguageExplorer", "TextEncoderExplorer", "typed_text"]
 
 SENTENCES = ("The attention of each token looks back at the tokens before it.",
              "A picture is worth sixteen by sixteen words.",
@@ -23,7 +23,7 @@ EXAMPLE_TOKENS = 64  # the length of a held-out example
 CONTINUATION = 16  # tokens the page generates after the input (fewer where the context is full)
 
 
-def _typed_text(fields: dict[str, Any]) -> str:
+def typed_text(fields: dict[str, Any]) -> str:
     text = fields.get("text")
     if not isinstance(text, str) or not text.strip():
         raise DataError("type a text to read (it is empty)")
@@ -56,7 +56,7 @@ class _TextExplorer(Explorer):
         return self.explore(ids[:self.context], f"example #{index}{cut}")
 
     def custom(self, fields: dict[str, Any]) -> Exploration:
-        ids = self.tok.encode(_typed_text(fields))
+        ids = self.tok.encode(typed_text(fields))
         if len(ids) > self.context:
             raise DataError(f"the text is {len(ids)} tokens, past the model's context of {self.context}; shorten it")
         return self.explore(ids, "your text")

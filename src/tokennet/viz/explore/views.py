@@ -41,7 +41,13 @@ class Exploration:
         predict: the output of the model as it is when called (class probabilities, the answer, the
             continuation), as ``{"text": ..., "top": [[label, probability], ...]}``; called again with a head
             ablated.
-        per_token: language models: each position's next-token distribution (top-k), else None.
+        per_token: a model that writes tokens: each token's next-token distribution (top-k), one entry per token
+            of ``tokens`` (None for the tokens it does not write), else None.
+        offsets: attention kind → ``(first query token, first key token)`` in ``tokens``, where a kind's queries
+            and keys are not all the tokens from the first: an encoder–decoder lists the source (or the patches),
+            then the target, so ``"cross"`` is ``(S, 0)`` and ``"decoder"`` ``(S, S)``; a kind not named is
+            ``(0, 0)``.
+        run: the run whose model computes it, where not the explored run itself (a multimodal run's part).
     """
 
     inputs: Any
@@ -49,12 +55,15 @@ class Exploration:
     views: dict[str, dict[str, Any]]
     title: str
     predict: Callable[[], dict[str, Any]]
-    per_token: Callable[[], list[list[list[Any]]]] | None = None
+    per_token: Callable[[], list[list[list[Any]] | None]] | None = None
+    offsets: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
+    run: Any = None
 
 
 class Explorer:
-    """How one task's runs are explored. A task names its explorer class (``Task.explorer``; ``None``: the page
-    has nothing to show for it); the page builds one per run, so it may keep the held-out data it reads.
+    """How one task's runs are explored. A task names its explorer class (``Task.explorer``, or any callable
+    ``run → Explorer``; ``None``: the page has nothing to show for it); the page builds one per run, so it may keep
+    the held-out data it reads.
 
     ``accepts`` says what the page lets a user give besides the held-out examples: ``"text"`` (typed),
     ``"image"``, ``"audio"`` (uploaded files), ``"graph"`` (JSON), ``"question"`` (typed, with a picture).
@@ -134,9 +143,9 @@ def graph_view(num_nodes: int, edges: list[tuple[int, int]], marked: list[int]) 
     graph.add_nodes_from(range(num_nodes))
     graph.add_edges_from(edges)
     layout = nx.spring_layout(graph, seed=0)
-    xy = np.array([layout[i] for i in range(num_nodes)], dtype=np.float64).reshape(num_nodes, 2)
-    low, span = xy.min(0), np.maximum(xy.max(0) - xy.min(0), 1e-9)
-    unit = (xy - low) / span
+    points = np.array([layout[i] for i in range(num_nodes)], dtype=np.float64).reshape(num_nodes, 2)
+    low, span = points.min(0), np.maximum(points.max(0) - points.min(0), 1e-9)
+    unit = (points - low) / span
     return {"kind": "graph", "positions": [[round(float(x), 4), round(float(y), 4)] for x, y in unit],
             "edges": [[int(i), int(j)] for i, j in edges], "marked": [int(i) for i in marked],
             "caption": f"{num_nodes} nodes, {len(edges)} edges (spring layout)"}

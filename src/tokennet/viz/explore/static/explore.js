@@ -1,6 +1,8 @@
 // tokennet explore: the page. Plain JavaScript and canvas, nothing fetched but this server's own JSON.
 // State: the run, the current input (tokens, views), the picked query token, kind, layer and head, and the
-// query's attention rows (layers x heads x keys) as the server returned them.
+// query's attention rows (layers x heads x keys) as the server returned them. Tokens are numbered as the input
+// lists them; an attention kind's queries and keys start at its query_offset and key_offset among them (an
+// encoder-decoder: the source, then the target; "cross" rows are target tokens, its columns source tokens).
 "use strict";
 const $ = (id) => document.getElementById(id);
 const state = { run: null, input: null, query: null, rows: null, rollout: null, next: null, pictures: {},
@@ -90,12 +92,25 @@ function showInput(input) {
   fillLayers();
   drawViews();
   showPrediction(input.prediction, $("prediction"));
-  $("ablate").disabled = !input.ablation;
-  $("ablate-note").textContent = input.ablation ? "the selected layer and head contribute nothing; the rest of the model runs as trained"
-    : "this model's attention modules do not line up one per layer: no ablation";
   $("ablated").textContent = "";
-  const first = input.tokens.findIndex((token) => !token.hidden);
+  const shape = input.kinds[$("kind").value];
+  const first = input.tokens.findIndex((token, g) => !token.hidden && g >= shape.query_offset);
   selectQuery(first < 0 ? 0 : first);
+}
+
+function showAblation() {
+  const shape = state.input.kinds[$("kind").value];
+  $("ablate").disabled = !shape.ablation;
+  $("ablate-note").textContent = shape.ablation ? "the selected layer and head contribute nothing; the rest of the model runs as trained"
+    : `this model's ${$("kind").value} attention modules do not line up one per layer: no ablation`;
+}
+
+// Whether token g is one of a kind's queries, and a key's weight by token number (null: not one of its keys).
+const isQuery = (shape, g) => g >= shape.query_offset && g < shape.query_offset + shape.queries;
+function weightOf(weights, g) {
+  if (!weights) return null;
+  const shape = state.input.kinds[$("kind").value], k = g - shape.key_offset;
+  return k >= 0 && k < shape.keys ? weights[k] : null;
 }
 
 function fillLayers() {
@@ -107,8 +122,9 @@ function fillLayers() {
   layer.value = String(shape.layers - 1);
   option(head, "mean", "mean of heads");
   for (let h = 0; h < shape.heads; h++) option(head, h, String(h));
-  if ($("kind").value === "self") option(head, "rollout", "rollout (all layers)");
+  if (["self", "encoder", "decoder"].includes($("kind").value)) option(head, "rollout", "rollout (all layers)");
   head.value = "0";
+  showAblation();
 }
 
 // -- drawing -----------------------------------------------------------------------------------------------------
@@ -195,9 +211,17 @@ function graphPoint(view, node, canvas, margin = 22) {
 
 async function selectQuery(index) {
   const started = performance.now();
+  const kinds = state.input.kinds;
+  if (!isQuery(kinds[$("kind").value], index)) {  // a token of another kind's queries: show that kind
+    const other = Object.keys(kinds).find((kind) => isQuery(kinds[kind], index));
+    if (other === undefined) return;
+    $("kind").value = other;
+    fillLayers();
+  }
   state.query = index;
   try {
-    const query = new URLSearchParams({ id: state.input.id, kind: $("kind").value, query: index });
+    const local = index - kinds[$("kind").value].query_offset;
+    const query = new URLSearchParams({ id: state.input.id, kind: $("kind").value, query: local });
     const answer = await api(`/api/attention?${query}`);
     if (state.query !== index) return;  // a later click won
     state.rows = answer.rows;
@@ -226,16 +250,17 @@ function drawView(name, view, canvas, weights, keyTokens, query) {
   const context = canvas.getContext("2d");
   context.clearRect(0, 0, canvas.width, canvas.height);
   let peak = 1e-12;
-  keyTokens.forEach((token, k) => { if (token.view === name && weights) peak = Math.max(peak, weights[k]); });
+  keyTokens.forEach((token, g) => { const w = weightOf(weights, g); if (token.view === name && w !== null) peak = Math.max(peak, w); });
   if (view.kind === "grid") {
     const picture = state.pictures[name];
     if (picture) context.drawImage(picture, 0, 0, canvas.width, canvas.height);
     context.fillStyle = "rgba(0, 0, 0, 0.45)";
     context.fillRect(0, 0, canvas.width, canvas.height);
     const sx = canvas.width / view.image_hw[1], sy = canvas.height / view.image_hw[0];
-    keyTokens.forEach((token, k) => {
-      if (token.view !== name || !weights) return;
-      const share = weights[k] / peak;
+    keyTokens.forEach((token, g) => {
+      const w = weightOf(weights, g);
+      if (token.view !== name || w === null) return;
+      const share = w / peak;
       if (share < 0.02) return;
       context.fillStyle = heatColour(share);
       context.fillRect(...cellBox(view, token.cell, sx, sy));
@@ -253,10 +278,10 @@ function drawView(name, view, canvas, weights, keyTokens, query) {
       const [x1, y1] = graphPoint(view, i, canvas), [x2, y2] = graphPoint(view, j, canvas);
       context.beginPath(); context.moveTo(x1, y1); context.lineTo(x2, y2); context.stroke();
     }
-    keyTokens.forEach((token, k) => {
+    keyTokens.forEach((token, g) => {
       if (token.view !== name) return;
-      const [x, y] = graphPoint(view, token.cell, canvas);
-      context.fillStyle = weights ? heatColour(weights[k] / peak) : "#ccd2dd";
+      const [x, y] = graphPoint(view, token.cell, canvas), w = weightOf(weights, g);
+      context.fillStyle = w !== null ? heatColour(w / peak) : "#ccd2dd";
       context.beginPath();
       if (view.marked.includes(token.cell)) context.rect(x - radius, y - radius, 2 * radius, 2 * radius);
       else context.arc(x, y, radius, 0, 2 * Math.PI);
@@ -278,17 +303,15 @@ function redraw() {
   if (!state.input) return;
   const weights = shownWeights();
   const tokens = state.input.tokens;
-  const shape = state.input.kinds[$("kind").value];
-  const sameSet = shape.queries === shape.keys;
   for (const [name, view] of Object.entries(state.input.views)) {
     if (view.kind !== "text") drawView(name, view, state.canvases[name], weights, tokens, state.query);
   }
   let peak = 1e-12;
-  if (weights) weights.forEach((w, k) => { if (!tokens[k].hidden) peak = Math.max(peak, w); });
+  tokens.forEach((token, g) => { const w = weightOf(weights, g); if (w !== null && !token.hidden) peak = Math.max(peak, w); });
   document.querySelectorAll(".chip").forEach((chip) => {
-    const k = Number(chip.dataset.index);
-    chip.style.background = weights && sameSet ? heatColour(weights[k] / peak) : "";
-    chip.classList.toggle("query", k === state.query);
+    const g = Number(chip.dataset.index), w = weightOf(weights, g);
+    chip.style.background = w !== null ? heatColour(w / peak) : "";
+    chip.classList.toggle("query", g === state.query);
   });
   const token = tokens[state.query];
   const head = $("head").value;
@@ -316,7 +339,9 @@ function drawModelView() {
       }
     }
   }
-  const [name, view] = Object.entries(state.input.views).find(([, v]) => v.kind !== "text") || Object.entries(state.input.views)[0];
+  // The small pictures draw the view the kind's keys sit on (the picture for a captioner's cross-attention).
+  const keyToken = state.input.tokens.find((token, g) => token.view !== null && g >= shape.key_offset && g < shape.key_offset + shape.keys);
+  const name = keyToken ? keyToken.view : Object.keys(state.input.views)[0], view = state.input.views[name];
   [...box.children].forEach((small, i) => {
     const l = Math.floor(i / shape.heads), h = i % shape.heads;
     small.classList.toggle("picked", String(l) === $("layer").value && String(h) === $("head").value);
@@ -376,9 +401,9 @@ async function ablate() {
   if (!/^\d+$/.test(head)) { showError("pick one head (not the mean or the rollout) to ablate"); return; }
   try {
     const answer = await api("/api/ablate", { method: "POST", headers: { "Content-Type": "application/json" },
-      body: JSON.stringify({ id: state.input.id, layer: Number($("layer").value), head: Number(head) }) });
+      body: JSON.stringify({ id: state.input.id, kind: $("kind").value, layer: Number($("layer").value), head: Number(head) }) });
     const note = answer.cosine !== undefined ? ` (cosine with the model's own embedding: ${answer.cosine.toFixed(4)})` : "";
-    showPrediction(answer.ablated, $("ablated"), `layer ${answer.layer}, head ${answer.head} ablated${note}:`);
+    showPrediction(answer.ablated, $("ablated"), `${answer.kind} layer ${answer.layer}, head ${answer.head} ablated${note}:`);
     showError("");
   } catch (error) { showError(error.message); }
 }
@@ -392,7 +417,11 @@ async function start() {
     run.examples.forEach((label, i) => option($("example"), i, label));
     $("example").onchange = () => pick({ example: Number($("example").value) });
     customForm(run.accepts);
-    $("kind").onchange = () => { fillLayers(); selectQuery(state.query || 0); };
+    $("kind").onchange = () => {
+      fillLayers();
+      const shape = state.input.kinds[$("kind").value];
+      selectQuery(isQuery(shape, state.query) ? state.query : shape.query_offset);
+    };
     $("layer").onchange = redraw;
     $("head").onchange = redraw;
     $("ablate").onclick = ablate;
