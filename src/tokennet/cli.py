@@ -110,8 +110,11 @@ def _add_train(sub) -> None:
     cmd.add_argument("--max-iters", type=int,
                      help="optimizer steps; given alone, it replaces the recipe's default time budget")
     cmd.add_argument("--time-budget", type=float, metavar="SEC",
-                     help="stop after SEC seconds of training (evaluation excluded); the learning-rate schedule "
-                     "then follows time")
+                     help="the whole run in SEC seconds, from the command's start: data preparation (clips "
+                     "synthesized, a tokenizer trained, caching), training, the final evaluation and the report "
+                     "(a resumed run's earlier sessions count too); training stops early enough for what follows it "
+                     "to fit, and the learning-rate schedule follows the clock. A budget that cannot hold the data's "
+                     "preparation is refused at the start, with the preparation's measured time")
     cmd.add_argument("--seed", type=int, help="random seed (data order, init, dropout)")
     cmd.add_argument("--init", metavar="SOURCE",
                      help="fine-tune: start from these weights instead of a fresh model — a tokennet run, or anything "
@@ -469,26 +472,15 @@ def cmd_list(args) -> int:
 
 
 def _summary(recipe: str, run_dir: Path, metrics: dict, report_next: bool = False) -> str:
-    """The end of `tokennet train`: steps, time, the headline metrics, the sample, where the run and report are
-    (``report_next``: the page is written right after this is printed)."""
-    from .run import REPORT_FILE
+    """The end of `tokennet train`: where training stopped (the last progress line's step and seconds), the
+    recipe's headline metrics as a table beside its baselines, the sample, where the run and report are
+    (``report_next``: the page is written right after this is printed). See :mod:`tokennet.lifecycle.summary`."""
+    from .lifecycle.summary import summary
+    from .recipes import get_recipe
+    from .run import read_run_info
 
-    skip = {"step", "elapsed", "wall", "wall_seconds", "num_parameters", "world_size", "test_size", "train_size",
-            "epochs"}
-    scalars = [(k, v) for k, v in metrics.items() if k not in skip and isinstance(v, (int, float))
-               and not isinstance(v, bool)]
-    lines = [f"trained {recipe}: {metrics.get('step', '?')} steps, {metrics.get('wall_seconds', 0):.0f} s, "
-             f"{metrics.get('num_parameters', 0) / 1e6:.2f}M parameters"]
-    if scalars:
-        lines.append("  " + "  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in scalars))
-    if isinstance(metrics.get("sample"), str):
-        lines += ["", "--- sample ---", metrics["sample"].strip("\n"), "--- end of sample ---"]
-    lines += ["", f"run directory: {run_dir}  (metrics.json has every metric)"]
-    if report_next:
-        lines.append(f"report: {run_dir / REPORT_FILE}  (being written)")
-    elif (run_dir / REPORT_FILE).is_file():
-        lines.append(f"report: {run_dir / REPORT_FILE}")
-    return "\n".join(lines)
+    budget = read_run_info(run_dir).get("settings", {}).get("time_budget")
+    return summary(get_recipe(recipe), run_dir, metrics, report_next=report_next, time_budget=budget)
 
 
 def cmd_train(args) -> int:
@@ -520,8 +512,10 @@ def cmd_train(args) -> int:
             shown.append(run_dir)
 
     try:
+    from .train.budget import process_started
         run_dir, metrics = train(recipe.name, data=args.data, out=out, sets=sets, device=args.device,
-                                 resume=args.resume, overwrite=args.overwrite, init=args.init, on_metrics=show)
+                                 resume=args.resume, overwrite=args.overwrite, init=args.init, on_metrics=show,
+                                 started=process_started())
     except KeyboardInterrupt:
         print(f"tokennet: interrupted; a checkpoint is in {out / 'checkpoints'}; "
               f"continue with: tokennet train {recipe.name} --out {out} --resume", file=sys.stderr)
@@ -610,7 +604,10 @@ def cmd_eval(args) -> int:
             raise CLIError(f"{args.run_dir} was trained by recipe {run.recipe!r}, which is not registered here "
                            "(load its plugin with --plugin FILE)") from None
     if recipe is not None and recipe.evaluate_run is not None:
-        metrics = recipe.evaluate_run(run, args.data)
+        from .progress import phase
+
+        with phase(f"evaluating {args.run_dir}"):  # seconds to a minute (audio's robustness sets): shown
+            metrics = recipe.evaluate_run(run, args.data)
     elif run.recipe is None:
         raise CLIError(f"{args.run_dir} is a saved model without run.json: no recipe to evaluate it with")
     else:  # an imported checkpoint has no split of its own: its task evaluates it on --data

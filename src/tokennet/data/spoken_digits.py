@@ -27,6 +27,7 @@ import logging
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -40,6 +41,7 @@ from torch import Tensor
 from .. import jsonio
 from ..errors import DataError
 from ..fileio import atomic_open
+from ..progress import advance, phase
 from ..tokens.audio import SILENCE, resample
 from ..tokens.clips import load_fitted
 from .spec import DataSpec, register_data
@@ -134,6 +136,50 @@ def _clip(word: np.ndarray, rate: int, *, sample_rate: int, clip_samples: int, r
     return np.clip(out + noise, -1.0, 1.0)
 
 
+def _cache_entry(root, *, seed: int, per_voice: int, test_voices: int, sample_rate: int, clip_samples: int, snr_db,
+                 voices: list[str], synth: str, only_test: bool, extra_voices) -> tuple[dict, Path]:
+    """The generation parameters of a spoken-digits set and the cache file they name."""
+    if not 0 < test_voices < len(voices):
+        raise DataError(f"test_voices must be in 1..{len(voices) - 1} (there are {len(voices)} voices), "
+                        f"got {test_voices}")
+    params = {"version": FORMAT_VERSION, "seed": seed, "per_voice": per_voice, "test_voices": test_voices,
+              "sample_rate": sample_rate, "clip_samples": clip_samples,
+              "snr_db": None if snr_db is None else list(snr_db), "voices": voices, "synth": synth}
+    if only_test:
+        params["only_test"] = True
+    if extra_voices:
+        params["extra_voices"] = list(extra_voices)
+    key = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:12]
+    root = cache_dir() if root is None else Path(root)
+    return params, root / f"spoken-digits-{key}.npz"
+
+
+def clips_to_synthesize(*, seed: int = 0, per_voice: int = 3, test_voices: int = 20,
+                        snr_db: tuple[float, float] | None = (5.0, 30.0), only_test: bool = False,
+                        extra_voices: tuple[str, ...] = ()) -> int:
+    """How many clips :func:`synthesize_spoken_digits` (espeak-ng, 16 kHz, 1-s clips) would synthesize with these
+    arguments: 0 when the set is cached."""
+    voices = [f"{accent}+{variant}" for accent in ACCENTS for variant in VARIANTS]
+    _, path = _cache_entry(None, seed=seed, per_voice=per_voice, test_voices=test_voices, sample_rate=16000,
+                           clip_samples=16000, snr_db=snr_db, voices=voices, synth="espeak_synth", only_test=only_test,
+                           extra_voices=extra_voices)
+    if path.is_file():
+        return 0
+    speakers = test_voices if only_test else len(voices) + len([v for v in extra_voices if v not in voices])
+    return speakers * len(DIGITS) * per_voice
+
+
+def seconds_per_clip(probes: int = 4, synth: Callable[[str, str, int, int], tuple[np.ndarray, int]] | None = None
+                     ) -> float:
+    """Seconds espeak-ng takes to speak one digit here, timed on ``probes`` of them (one after the other)."""
+    synth = espeak_synth if synth is None else synth
+    voices = [f"{accent}+{variant}" for accent in ACCENTS for variant in VARIANTS]
+    started = time.perf_counter()
+    for i in range(probes):
+        synth(DIGITS[i % len(DIGITS)], voices[(7 * i) % len(voices)], 170, 50)
+    return (time.perf_counter() - started) / max(1, probes)
+
+
 def synthesize_spoken_digits(root: str | Path | None = None, *, seed: int = 0, per_voice: int = 3,
                              test_voices: int = 20, sample_rate: int = 16000, clip_samples: int = 16000,
                              snr_db: tuple[float, float] | None = (5.0, 30.0), accents=ACCENTS, variants=VARIANTS,
@@ -157,20 +203,11 @@ def synthesize_spoken_digits(root: str | Path | None = None, *, seed: int = 0, p
     """
     synth = espeak_synth if synth is None else synth
     voices = [f"{accent}+{variant}" for accent in accents for variant in variants]
-    if not 0 < test_voices < len(voices):
-        raise DataError(f"test_voices must be in 1..{len(voices) - 1} (there are {len(voices)} voices), "
-                        f"got {test_voices}")
-    params = {"version": FORMAT_VERSION, "seed": seed, "per_voice": per_voice, "test_voices": test_voices,
-              "sample_rate": sample_rate, "clip_samples": clip_samples,
-              "snr_db": None if snr_db is None else list(snr_db), "voices": voices,
-              "synth": getattr(synth, "__name__", "custom")}
-    if only_test:
-        params["only_test"] = True
-    if extra_voices:
-        params["extra_voices"] = list(extra_voices)
-    key = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:12]
-    root = cache_dir() if root is None else Path(root)
-    path = root / f"spoken-digits-{key}.npz"
+    params, path = _cache_entry(root, seed=seed, per_voice=per_voice, test_voices=test_voices,
+                                sample_rate=sample_rate, clip_samples=clip_samples, snr_db=snr_db, voices=voices,
+                                synth=getattr(synth, "__name__", "custom"), only_test=only_test,
+                                extra_voices=extra_voices)
+    root = path.parent
     if path.is_file():
         return path
     rng = np.random.default_rng(seed)
@@ -188,8 +225,12 @@ def synthesize_spoken_digits(root: str | Path | None = None, *, seed: int = 0, p
         jobs = [jobs[i] for i in index]
     log.info("synthesizing %d clips: %d voices × %d digits × %d (this happens once; cached in %s)", len(jobs),
              len(voices), len(DIGITS), per_voice, root)
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        words = list(pool.map(lambda job: synth(DIGITS[job[1]], voices[job[0]], job[2], job[3]), jobs))
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool, \
+            phase(f"synthesizing {len(jobs):,} clips", total=len(jobs), unit="clips"):
+        words = []
+        for word in pool.map(lambda job: synth(DIGITS[job[1]], voices[job[0]], job[2], job[3]), jobs):
+            words.append(word)
+            advance()
     clips = np.zeros((len(jobs), clip_samples), np.int16)
     for i, ((voice_idx, _, _, _), (samples, rate)) in enumerate(zip(jobs, words, strict=True)):
         if np.abs(samples.astype(np.float32)).max() < SILENCE * (32768.0 if samples.dtype == np.int16 else 1.0):

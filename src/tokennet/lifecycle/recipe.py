@@ -194,6 +194,14 @@ class Recipe:
         derive: ``derive(settings, given) -> settings`` that follow from others unless the user set them
             (``given``: the names set); applied as the settings are resolved, so ``--show-settings`` and
             ``run.json`` show them (``vqa``: ``transformer=generic`` sets the generic model's pieces).
+        headline: the metrics a person reads first (``metrics.json`` keys; ``task.key`` inside a run of several
+            tasks): the columns of the end-of-training summary, whose full set stays in ``metrics.json``.
+        baselines: each baseline the run trains or fits beside the model, as a row of that summary: its name →
+            its metrics' keys in the ``headline`` columns' order (None where it has no such metric).
+        preparation: ``preparation(spec, settings) -> Preparation | None``: what the run must still compute before
+            its first step where that can take long (clips to synthesize), with an estimate measured now; None when
+            it is cached. A time budget that cannot hold it is refused before anything is built
+            (:mod:`tokennet.lifecycle.budget`).
         option_help: one line describing each of ``options`` (``--show-settings`` prints it; the other settings
             are described in their dataclasses' docstrings, :func:`~tokennet.fields.field_docs`).
         option_groups: the heading ``--show-settings`` lists an option under (default: ``recipe NAME``).
@@ -217,10 +225,17 @@ class Recipe:
     variants: dict[str, dict[str, Any]] = field(default_factory=dict)
     init: bool = False
     derive: Callable[[dict[str, Any], set[str]], dict[str, Any]] | None = None
+    headline: tuple[str, ...] = ()
+    baselines: dict[str, tuple[str | None, ...]] = field(default_factory=dict)
+    preparation: Callable[[Any, dict[str, Any]], Any] | None = None
     option_help: dict[str, str] = field(default_factory=dict)
     option_groups: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self):
+        for name, keys in self.baselines.items():
+            if len(keys) != len(self.headline):
+                raise ValueError(f"recipe {self.name!r}: baseline {name!r} names {len(keys)} metrics for the "
+                                 f"{len(self.headline)} headline columns")
         if self.data is not None:
             clash = sorted(set(self.options) & self.data.setting_names())
             if clash:

@@ -27,6 +27,7 @@ from ..device import resolve_device
 from ..errors import RecipeError, RunError
 from ..fileio import temp_dir_beside
 from ..models.registry import model_from_config, parameter_count, save_pretrained
+from ..progress import phase
 from ..run import (
     LOCK_FILE,
     RUN_FILE,
@@ -41,8 +42,10 @@ from ..run import (
     write_run_info,
 )
 from ..run_files import ADAPTER_FILE
+from ..train.budget import RunClock
 from ..train.distributed import barrier, full_state, init_distributed
 from ..train.trainer import Trainer
+from . import budget as timings
 from .recipe import BuildContext, FineTune, Recipe, get_recipe
 from .settings import check_applicable, check_known, resolve_settings
 
@@ -90,6 +93,7 @@ def train(
     overwrite: bool = False,
     init: str | Path | None = None,
     on_metrics: Callable[[Path, dict[str, Any], bool], None] | None = None,
+    started: float | None = None,
 ) -> tuple[Path, dict[str, Any]]:
     """Train a recipe into a run directory; return ``(run_dir, metrics)``.
 
@@ -106,7 +110,11 @@ def train(
     ``on_metrics(run_dir, metrics, report)`` is called once ``metrics.json`` is written, before the report page
     (seconds of drawing; ``report``: whether one follows): the CLI prints its summary and the sample there, so a
     user reads them without waiting for the page.
+
+    ``started``: the ``time.perf_counter()`` reading the run's clock starts from (the CLI passes its command's
+    start: a ``time_budget`` counts the whole process, preparation included; default: now).
     """
+    clock = RunClock(started=time.perf_counter() if started is None else started)
     recipe = get_recipe(recipe) if isinstance(recipe, str) else recipe
     sets = dict(sets or {})
     out = Path(out) if out is not None else Path("runs") / recipe.name
@@ -121,7 +129,7 @@ def train(
     finished = False
     try:
         result = _run(recipe, out, defaults, data, sets, dev, info, resume, overwrite, created, init, lock,
-                      on_metrics)
+                      on_metrics, clock=clock)
         finished = True
         return result
     finally:
@@ -189,14 +197,16 @@ class _Plan:
     tune: FineTune | None
     lora: Any  # the LoRA config, or None
     report_defaults: dict[str, Any] | None = None  # the recipe's defaults for this data, as the report shows them
-    t_start: float = field(default_factory=time.perf_counter)
+    clock: RunClock = field(default_factory=RunClock)  # the run's seconds and time budget, from the command's start
+    timings_key: str = ""  # which earlier runs' measured seconds apply to this one (lifecycle.budget)
+    one_time: bool = False  # the recipe's default budget counts from the end of a one-time data preparation
 
 
 def _run(recipe: Recipe, out: Path, defaults, data, sets, dev, info, resume, overwrite, created, init=None,
-         lock: RunLock | None = None, on_metrics=None):
+         lock: RunLock | None = None, on_metrics=None, *, clock: RunClock | None = None):
     """resolve → build → publish → train → finish."""
     plan = _resolve(recipe, out, defaults, data, sets, dev, info, resume=resume, overwrite=overwrite, created=created,
-                    init=init, lock=lock)
+                    init=init, lock=lock, clock=clock or RunClock())
     job, trainer = _build(plan)
     _publish(plan, job)
     barrier(info)
@@ -204,11 +214,11 @@ def _run(recipe: Recipe, out: Path, defaults, data, sets, dev, info, resume, ove
     model = _final_model(plan, job, trainer)
     if model is None:  # a rank other than 0: rank 0 saves
         return out, final
-    return out, _finish(plan, job, model, final, on_metrics)
+    return out, _finish(plan, job, model, final, on_metrics, trainer)
 
 
 def _resolve(recipe: Recipe, out: Path, defaults, data, sets, dev, info, *, resume: bool, overwrite: bool,
-             created: bool, init, lock: RunLock | None) -> _Plan:
+             created: bool, init, lock: RunLock | None, clock: RunClock) -> _Plan:
     """Check the output directory, settings, data and fine-tuning, and decide everything the build needs; nothing
     is written but an empty ``out`` for a new run."""
     saved, replacing = _prepare_out_dir(out, recipe.name, resume, overwrite)
@@ -225,11 +235,23 @@ def _resolve(recipe: Recipe, out: Path, defaults, data, sets, dev, info, *, resu
     tune = _check_fine_tuning(recipe, init, settings, given)
     model_over, tcfg, opts = recipe.split(settings)
     spec = read_data_spec(saved) if saved is not None else recipe.data_spec(data, settings)
+    clock.budget = tcfg.time_budget
+    key = timings.timings_key(recipe.name, data, settings)
+    one_time = False  # a one-time preparation that the recipe's own budget does not count
+    if recipe.preparation is not None and clock.budget is not None and info.is_main:
+        prep = recipe.preparation(spec, settings)
+        if "time_budget" in given:  # the user's budget holds everything, or the run is refused now
+            timings.check_preparation(prep, clock.budget, timings.recorded(key).get("final"), "--time-budget")
+        elif prep is not None:
+            one_time = True
+            log.info("%s first (~%.0f s here, once: cached for later runs); the recipe's time_budget of %.0f s "
+                     "counts from its end", prep.what, prep.seconds, clock.budget)
     barrier(info)
     if info.is_main and not replacing:
         out.mkdir(parents=True, exist_ok=True)
     plan = _Plan(recipe=recipe, out=out, info=info, dev=dev, data=data, init=init, resume=resume,
-                 replacing=replacing, created=created, lock=lock, saved=saved, tune=tune, lora=None,
+                 replacing=replacing, created=created, lock=lock, saved=saved, tune=tune, lora=None, clock=clock,
+                 timings_key=key, one_time=one_time,
                  ctx=BuildContext(recipe=recipe, settings=settings, given=given, model=model_over, train=tcfg,
                                   options=opts, data=spec, source=data, device=dev, out_dir=out,
                                   tokenizer=read_tokenizer(out) if saved is not None else None))
@@ -249,7 +271,10 @@ def _build(plan: _Plan):
             ctx.init = load_init(plan.init, device=plan.dev)
             if plan.saved is not None:
                 check_resume_vocabulary(ctx.init, plan.out)
-        job = plan.recipe.build(ctx)
+        with phase("preparing the data and the model") as preparing:  # synthesis, a tokenizer, caching: shown
+            job = plan.recipe.build(ctx)
+        if plan.one_time:
+            plan.clock.budget += preparing.seconds()
         if plan.lora is not None:
             from ..layers.lora import apply_lora
 
@@ -266,11 +291,44 @@ def _build(plan: _Plan):
         _seed_everything(tcfg.seed + 1000 * info.rank)  # different dropout masks per rank
     plan.report_defaults = plan.recipe.defaults(plan.data)
     trainer = Trainer(job.model, tcfg, job.source, evaluate=job.evaluate, out_dir=plan.out, device=plan.dev,
-                      tokens_per_batch=job.tokens_per_batch, dist=info,
+                      tokens_per_batch=job.tokens_per_batch, dist=info, clock=plan.clock,
                       on_checkpoint=_checkpoint_reports(plan.out, plan.report_defaults) if tcfg.report else None)
     if plan.resume:
         trainer.resume()  # a damaged checkpoint stops here, before any file of the run is touched
+    if plan.clock.budget is not None:
+        _reserve_final(plan, trainer)
     return job, trainer
+
+
+def _reserve_final(plan: _Plan, trainer: Trainer) -> None:
+    """Keep the seconds that follow training inside the budget: those measured at the end of the last run like
+    this one here, or (the first time) from one evaluation measured now. A new run left no time to train by its
+    preparation is refused, one line, nothing written."""
+    clock, info = plan.clock, plan.info
+    final = timings.recorded(plan.timings_key).get("final")
+    how = "as the last run like it took here"
+    if final is None:
+        started = time.perf_counter()
+        trainer.run_eval()
+        measured = time.perf_counter() - started
+        final, how = timings.first_reserve(measured), f"from one evaluation measured now, {measured:.1f} s"
+    if info.enabled:  # every rank stops training at the same reading
+        import torch
+        import torch.distributed as dist
+
+        agreed = torch.tensor([final])
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+        final = float(agreed[0])
+    clock.reserve = final
+    left = clock.left_for_training()
+    log.info("time budget %.0f s: %.0f s spent before training, ~%.0f s kept for the final evaluation (%s), "
+             "%.0f s to train", clock.budget, clock.spent(), final, how, max(0.0, left))
+    if left <= 0 and trainer.step == 0:
+        if plan.created and info.is_main:
+            shutil.rmtree(plan.out, ignore_errors=True)
+        raise RecipeError(f"time_budget {clock.budget:g} s leaves no time to train: {clock.spent():.0f} s went to "
+                          f"preparing the run and ~{final:.0f} s are needed after training ({how}); give at least "
+                          f"~{clock.spent() + final + 10:.0f} s (data prepared now is cached for the next run)")
 
 
 def _publish(plan: _Plan, job) -> None:
@@ -314,9 +372,26 @@ def _final_model(plan: _Plan, job, trainer):
     return model
 
 
-def _finish(plan: _Plan, job, model, final: dict[str, Any], on_metrics=None) -> dict[str, Any]:
+def _finish(plan: _Plan, job, model, final: dict[str, Any], on_metrics=None, trainer: Trainer | None = None
+            ) -> dict[str, Any]:
     """Save the final model (adapters merged, or saved apart as asked), then the metrics — the trainer's, the
     recipe's ``finish`` extras and its ``evaluate_run`` on the run reloaded from disk — and the report page."""
+    with phase("final evaluation"):
+        metrics = _final_metrics(plan, job, model, final)
+    write_metrics(plan.out, metrics)
+    if on_metrics is not None:
+        on_metrics(plan.out, metrics, plan.ctx.train.report)
+    if plan.ctx.train.report:
+        with phase("writing the report"):
+            write_report(plan.out, plan.report_defaults, panels=True, device=str(plan.dev))
+    if trainer is not None and trainer.stopped_at is not None:  # what this machine took, for the next run's budget
+        timings.record(plan.timings_key, final=plan.clock.spent() - trainer.stopped_at)
+    return metrics
+
+
+def _final_metrics(plan: _Plan, job, model, final: dict[str, Any]) -> dict[str, Any]:
+    """Save the final model, then measure it: the trainer's metrics, the recipe's ``finish`` extras and its
+    ``evaluate_run`` on the run reloaded from disk."""
     out, recipe = plan.out, plan.recipe
     if plan.lora is not None:
         from ..layers.lora import merge_lora, save_adapter
@@ -334,12 +409,7 @@ def _finish(plan: _Plan, job, model, final: dict[str, Any], on_metrics=None) -> 
     if recipe.evaluate_run is not None:
         # The held-out metrics of the run as saved: what `tokennet eval` recomputes in a fresh process.
         metrics.update(recipe.evaluate_run(load(out, device=plan.dev), None))
-    metrics["wall_seconds"] = round(time.perf_counter() - plan.t_start, 2)
-    write_metrics(out, metrics)
-    if on_metrics is not None:
-        on_metrics(out, metrics, plan.ctx.train.report)
-    if plan.ctx.train.report:
-        write_report(out, plan.report_defaults, panels=True, device=str(plan.dev))
+    metrics["wall_seconds"] = round(plan.clock.spent(), 2)  # the whole run: every session, preparation included
     return metrics
 
 

@@ -47,9 +47,18 @@ import numpy as np
 import torch
 
 from ..data.image_batches import ImageBatches
-from ..data.spoken_digits import DEFAULT_DATA, DIGITS, AudioSet, SpokenWords
+from ..data.spoken_digits import (
+    DEFAULT_DATA,
+    DIGITS,
+    EXTRA_VOICES,
+    AudioSet,
+    SpokenWords,
+    clips_to_synthesize,
+    seconds_per_clip,
+)
 from ..errors import DataError
 from ..lifecycle import BuildContext, Job, Recipe, register_recipe
+from ..lifecycle.budget import Preparation
 from ..models.registry import create_model
 from ..tokens.audio import LogMelSpectrogram
 
@@ -263,6 +272,29 @@ def evaluate_run(run, data) -> dict[str, Any]:
     return _metrics(run.model, held, opts, spec)
 
 
+def preparation(spec: SpokenWords, settings: dict[str, Any]) -> Preparation | None:
+    """The espeak-ng clips this run must synthesize before training (none once cached): the generated set, its
+    clean copy with the extra training voices (``wave_augment``), the clean held-out clips of the robustness sets;
+    timed on a few clips synthesized now. (The babble words and the other synthesizers' clips, a few hundred, are
+    not counted.)"""
+    if spec.source != DEFAULT_DATA:
+        return None
+    common = {"seed": spec.seed, "per_voice": spec.per_voice, "test_voices": spec.test_voices}
+    clips = clips_to_synthesize(**common)
+    how = _wave_augment(spec, settings)
+    if how != "none":  # _train_source's clean clips
+        more = EXTRA_VOICES if how.endswith("+voices") else ()
+        clips += clips_to_synthesize(**common, snr_db=None, extra_voices=more)
+    if settings.get("robustness"):
+        clips += clips_to_synthesize(**common, snr_db=None, only_test=True)
+    if clips == 0:
+        return None
+    workers, probes = 2, 4  # synthesize_spoken_digits's threads
+    each = seconds_per_clip(probes)
+    return Preparation(f"synthesizing {clips:,} clips with espeak-ng", clips * each / workers,
+                       f"{probes} clips timed: {1000 * each:.0f} ms each, {workers} at a time")
+
+
 def smoke_data(directory) -> str:
     """A tiny ``LABEL/*.wav`` set (two synthetic tones per label pitch, 0.5 s at 8 kHz) for the registry tests."""
     from pathlib import Path
@@ -298,6 +330,9 @@ RECIPE = register_recipe(Recipe(
     model_defaults={},
     train_defaults=dict(_TRAIN_DEFAULTS),
     evaluate_run=evaluate_run,
+    headline=("test_accuracy", "test_accuracy_other_synth", "test_accuracy_babble_10db"),
+    baselines={"MFCC + SVM": ("baseline_accuracy", "baseline_accuracy_other_synth", "baseline_accuracy_babble_10db")},
+    preparation=preparation,
     smoke={"dim": 32, "num_layers": 1, "num_heads": 2, "batch_size": 8, "n_mels": 16, "clip_samples": 8000,
            "sample_rate": 8000, "baseline": False},
     smoke_data=smoke_data,

@@ -124,6 +124,7 @@ register_recipe(Recipe(
     train_defaults={"max_iters": 4000, "batch_size": 64, "lr": 2e-3, "warmup_iters": 100, "eval_interval": 500,
                     "weight_decay": 0.05},
     evaluate_run=evaluate_run,
+    headline=("exact_match", "token_accuracy"),
     variants={"decoder-only": {"form": "decoder-only"}},
     smoke={"dim": 32, "num_layers": 1, "num_heads": 2, "batch_size": 16, "test_size": 24, "val_size": 8},
 ))

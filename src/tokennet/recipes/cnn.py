@@ -88,7 +88,7 @@ def fit_classifier(data: VisionData, *, steps: int, preset: str = "cnn", batch_s
                       warmup_iters=min(warmup_iters, max(0, steps // 5)), eval_interval=0, checkpoint_interval=0,
                       log_interval=0, progress=False, report=False, seed=seed)
     with tempfile.TemporaryDirectory() as scratch:  # a baseline's checkpoints are not kept
-        Trainer(m, cfg, src, out_dir=scratch, device=device).fit()
+        Trainer(m, cfg, src, out_dir=scratch, device=device, label=f"{preset} baseline").fit()
     m.eval()
     scores = evaluate_classifier(m, data.x_test, data.y_test)
     return {**scores, "parameters": sum(param.numel() for param in m.parameters()), "model": m}
@@ -169,6 +169,7 @@ register_recipe(Recipe(
     options=dict(_OPTIONS),
     train_defaults=dict(_TRAIN_DEFAULTS),
     evaluate_run=evaluate_run,
+    headline=("test_accuracy",),
     data_defaults=data_defaults,
     smoke={"widths": [8, 16], "depths": [1, 1], "batch_size": 32},
 ))

@@ -212,7 +212,7 @@ def _ablation(model_overrides, train, src, test, test_y, device, trained) -> dic
         torch.manual_seed(train.seed)
         m = create_model("graph-small", **{**model_overrides, "attention": attention, "position": position})
         with tempfile.TemporaryDirectory() as scratch:  # the variants' checkpoints are not part of the run
-            Trainer(m.to(device), steps, src, out_dir=scratch, device=device).fit()
+            Trainer(m.to(device), steps, src, out_dir=scratch, device=device, label=f"ablation {name}").fit()
         table[name] = evaluate_graphs(m, test, test_y)["test_accuracy"]
         log.info("ablation: %-28s test accuracy %.4f", name, table[name])
     return table
@@ -256,6 +256,9 @@ register_recipe(Recipe(
     train_defaults={"max_iters": 800, "batch_size": 64, "lr": 1e-3, "warmup_iters": 100, "eval_interval": 400,
                     "weight_decay": 0.01},
     evaluate_run=evaluate_run,
+    headline=("test_accuracy", "test_mae"),
+    baselines={"mean target": (None, "baseline_mean_mae"),
+               "linear on atom counts": (None, "baseline_linear_counts_mae")},
     data_defaults=data_defaults,
     unused=unused,
     smoke={"dim": 32, "num_layers": 1, "num_heads": 2, "batch_size": 16, "test_size": 64, "val_size": 16,

@@ -243,6 +243,8 @@ register_recipe(Recipe(
     train_defaults={"max_iters": 3000, "time_budget": 290.0, "batch_size": 32, "lr": 2e-3, "warmup_iters": 100,
                     "weight_decay": 0.05, "eval_interval": 500, "log_interval": 50},
     evaluate_run=evaluate_run,
+    headline=("text.val_loss", "image.test_accuracy", "audio.test_accuracy", "sphere.test_accuracy",
+              "graph.test_accuracy"),
     unused=unused,
     smoke=_SMOKE,
 ))

@@ -188,6 +188,7 @@ register_recipe(Recipe(
     train_defaults={"max_iters": 1800, "batch_size": 64, "lr": 2e-3, "warmup_iters": 100, "eval_interval": 600,
                     "weight_decay": 0.01},
     evaluate_run=evaluate_run,
+    headline=("exact_match", "bleu", "chrf"),
     unused=unused,
     variants={"bahdanau": {"arch": "bahdanau"}},
     smoke={"dim": 32, "num_layers": 1, "num_heads": 2, "batch_size": 16, "test_size": 40, "val_size": 16,

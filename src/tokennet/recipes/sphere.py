@@ -203,6 +203,7 @@ register_recipe(Recipe(
     train_defaults={"max_iters": 1200, "batch_size": 32, "lr": 2e-3, "warmup_iters": 40, "eval_interval": 200,
                     "weight_decay": 0.05},
     evaluate_run=evaluate_run,
+    headline=("test_accuracy", "test_accuracy_rotated"),
     data_defaults=data_defaults,
     smoke={"num_centres": 48, "num_samples": 256, "patch_size": 8, "rings": 2, "sh_degree": 3, "dim": 32,
            "num_layers": 1, "num_heads": 2, "batch_size": 16, "test_size": 40, "val_size": 16, "ablation": False},

@@ -173,6 +173,10 @@ def _check_lengths(spec: AnimalQuestions, max_len: int) -> None:
         raise RecipeError(f"{spec.source} has questions of {longest} words; set max_question_len={longest} or more")
 
 
+def _percent(value) -> str:
+    return "–" if value is None else f"{value:.1f} %"
+
+
 CNN_PRECISIONS = ("auto", "fp32", "bf16")
 
 
@@ -199,7 +203,8 @@ def train_baseline(preset: str, model_settings: dict[str, Any], train, source, d
     torch.manual_seed(train.seed)
     m = create_model(preset, **model_settings).to(device)
     with tempfile.TemporaryDirectory() as scratch:  # the baselines' checkpoints are not part of the run
-        Trainer(m, steps, source, out_dir=scratch, device=device, tokens_per_batch=train.batch_size).fit()
+        Trainer(m, steps, source, out_dir=scratch, device=device, tokens_per_batch=train.batch_size,
+                label=f"{preset} baseline").fit()
     return m.eval()
 
 
@@ -336,7 +341,9 @@ def build(ctx: BuildContext) -> Job:
             out.update(evaluate(cnn, spec, held, prefix=prefix))
             out[f"{prefix}num_parameters"] = cnn.num_parameters()
             out[f"{prefix}receptive_field"] = cnn.receptive_field().size
-            log.info("vqa baseline %s: %s", preset, {k: v for k, v in out.items() if k.startswith(prefix)})
+            log.info("vqa baseline %s: exact match %.1f %% (unseen counts %s), %s parameters", preset,
+                     out[f"{prefix}exact_match"], _percent(out.get(f"{prefix}exact_match_unseen_count")),
+                     f"{out[f'{prefix}num_parameters']:,}")
         return out
 
     return Job(model=model.to(device), source=src, evaluate=monitor, tokens_per_batch=train.batch_size,
@@ -424,6 +431,9 @@ register_recipe(Recipe(
     train_defaults={"max_iters": 4000, "batch_size": 64, "warmup_iters": 100, "eval_interval": 1000,
                     "weight_decay": 0.05, "log_interval": 50, "optimizer": "muon", **GENERIC_TRAIN},
     evaluate_run=evaluate_run,
+    headline=("exact_match", "exact_match_unseen_count"),
+    baselines={"vqa-cnn": ("cnn_exact_match", "cnn_exact_match_unseen_count"),
+               "vqa-cnn-shallow": ("shallow_cnn_exact_match", "shallow_cnn_exact_match_unseen_count")},
     variants={"tuned": {"transformer": "tuned"}},
     derive=derive_settings,
     smoke={"dim": 32, "num_layers": 1, "read_layers": [0], "num_heads": 2, "batch_size": 16, "test_size": 48,

@@ -26,6 +26,7 @@ from ..errors import ConfigError, RunError, TrainingStopped, one_line
 from ..layers.stack import set_checkpointing
 from ..run_files import CHECKPOINT_DIR, LOG_FILE
 from ..state import check_state_dict
+from .budget import RunClock
 from .checkpoint import capture_rng, latest_checkpoint, read_checkpoint, restore_rng, save_checkpoint
 from .distributed import (
     STRATEGIES,
@@ -54,7 +55,10 @@ class TrainConfig:
 
     Args:
         max_iters: optimizer steps (the iteration budget).
-        time_budget: seconds of training (None = no limit); the cosine schedule then follows time.
+        time_budget: seconds for the whole run (None = no limit): from the command's start — data preparation
+            included — to the end of the final evaluation and the report, a resumed run's earlier sessions
+            included; training stops early enough for the final evaluation to fit, and the learning-rate schedule
+            then follows the clock.
         batch_size: sequences per micro-batch.
         grad_accum: micro-batches per optimizer step.
         lr, min_lr: peak and final learning rate (min_lr None = lr/10).
@@ -183,6 +187,9 @@ class Trainer:
         dist: this process's place in a torchrun launch (None = a single process).
         on_checkpoint: called with the trainer after each checkpoint written before the run is done (periodic
             ones, and the one an interrupted run writes; rank 0 only), e.g. to refresh the run's report.
+        clock: the run's clock and time budget (:class:`~tokennet.train.budget.RunClock`; default: one started
+            now, with ``config.time_budget`` and nothing reserved).
+        label: what the progress lines begin with (a baseline trained beside the model: ``vqa-cnn baseline``).
     """
 
     def __init__(
@@ -197,8 +204,16 @@ class Trainer:
         tokens_per_batch: int | None = None,
         dist: DistInfo | None = None,
         on_checkpoint: Callable[[Trainer], None] | None = None,
+        clock: RunClock | None = None,
+        label: str = "",
     ):
         self.c = config
+        self.clock = clock if clock is not None else RunClock(budget=config.time_budget)
+        self.label = label
+        self.train_started: float | None = None  # the clock's reading at the run's first step
+        self.stopped_at: float | None = None  # the clock's reading when training stopped (the last progress line)
+        self._step_seconds = 0.0  # the last step's wall seconds: a step that would end past the budget is not begun
+        self._agreed_end = 0.0  # under torchrun: when the next step would end, the latest of every rank's view
         self.dist = dist or DistInfo()
         self.device = torch.device(device)
         if config.checkpointing and not set_checkpointing(model):
@@ -228,6 +243,7 @@ class Trainer:
     # -- state ---------------------------------------------------------------------------------
     def _state(self) -> dict[str, Any]:
         return {"elapsed": self.elapsed, "data_position": self.step * self.c.grad_accum,
+                "run_seconds": self.clock.spent(), "train_started": self.train_started,
                 "train_config": dataclasses.asdict(self.c), "history": self.history[-50:]}
 
     def save(self) -> Path | None:
@@ -269,23 +285,36 @@ class Trainer:
             raise RunError(f"checkpoint {path} is damaged: its optimizer or random state cannot be restored "
                            f"({type(error).__name__}: {one_line(error)[:200]})") from None
         self.step, self.elapsed, self.history = step, elapsed, history
-        log.info("resumed from %s (step %d)", path, self.step)
+        # the run's clock goes on from the seconds its earlier sessions spent (older checkpoints: their training's)
+        run_seconds, started = saved.meta.get("run_seconds", elapsed), saved.meta.get("train_started")
+        if isinstance(run_seconds, (int, float)) and not isinstance(run_seconds, bool) and run_seconds >= 0:
+            self.clock.earlier = float(run_seconds)
+        self.train_started = float(started) if isinstance(started, (int, float)) and not isinstance(started, bool) \
+            else None
+        log.info("resumed from %s (step %d, %.0f s spent)", path, self.step, self.clock.earlier)
         return True
 
     # -- loop ----------------------------------------------------------------------------------
-    def _progress_line(self, loss: float, rate: float) -> str:
-        """``step 250/1000 · 31 s of 150 s · loss 1.9234 · 12,345 items/s``: what a log file shows while training."""
-        config = self.c
-        budget = f" of {config.time_budget:.0f} s" if config.time_budget is not None else ""
-        return (f"step {self.step}/{config.max_iters} · {self.elapsed:.0f} s{budget} · loss {loss:.4f} · "
+    def _progress_line(self, loss: float, rate: float, seconds: float | None = None) -> str:
+        """``step 250/1000 · 31 s of 150 s · loss 1.9234 · 12,345 items/s``: what a log file shows while training;
+        the seconds are the run's clock (``seconds``, default now: the whole run so far, preparation included), of
+        its time budget."""
+        budget = self.clock.budget
+        shown = f" of {budget:.0f} s" if budget is not None else ""
+        seconds = self.clock.spent() if seconds is None else seconds
+        label = f"{self.label}: " if self.label else ""
+        return (f"{label}step {self.step}/{self.c.max_iters} · {seconds:.0f} s{shown} · loss {loss:.4f} · "
                 f"{rate:,.0f} items/s")
 
     def _lr(self) -> float:
         config = self.c
         min_lr = config.lr / 10 if config.min_lr is None else config.min_lr
         progress = (self.step - config.warmup_iters) / max(1, config.max_iters - config.warmup_iters)
-        if config.time_budget is not None:
-            progress = max(progress, self.elapsed / config.time_budget)
+        until = self.clock.train_until
+        if until is not None:  # the share of the training time gone, from the run's first step to its stop
+            now = self._agreed_end if self.dist.enabled else self.clock.spent()  # the same on every rank
+            begun = now if self.train_started is None else self.train_started
+            progress = max(progress, (now - begun) / max(1e-9, until - begun))
         return schedule_lr(config.schedule, self.step, progress, lr=config.lr, min_lr=min_lr,
                            warmup_iters=config.warmup_iters, decay_fraction=config.decay_fraction)
 
@@ -342,9 +371,16 @@ class Trainer:
         return self._stop_signal is not None
 
     def _done(self) -> bool:
+        """Whether training stops now: the steps are done, the target loss reached, or the next step would end
+        past the time the budget leaves for training (a run takes at least one step)."""
         if self.step >= self.c.max_iters or self._reached:
             return True
-        return self.c.time_budget is not None and self.elapsed >= self.c.time_budget
+        until = self.clock.train_until
+        if until is None or self.step == 0:
+            return False
+        # under torchrun every rank takes the same decision: the latest end any rank foresees (_agree_across_ranks)
+        next_end = self._agreed_end if self.dist.enabled else self.clock.spent() + self._step_seconds
+        return next_end > until
 
     def fit(self) -> dict[str, Any]:
         """Train until the iteration or time budget is spent; return the final metrics.
@@ -360,6 +396,12 @@ class Trainer:
         self.model.train()
         last_loss = float("nan")
         self._reached = False
+        if self.train_started is None:
+            self.train_started = self.clock.spent()
+            if self.dist.enabled:  # one reading for every rank: the schedule follows the same clock everywhere
+                begun = torch.tensor([self.train_started])
+                torch.distributed.all_reduce(begun, op=torch.distributed.ReduceOp.MAX)
+                self.train_started = self._agreed_end = float(begun[0])
         try:
             while not self._done():
                 loss_val, grad_norm, lr = self.train_step()
@@ -373,7 +415,8 @@ class Trainer:
                     self.save()
                     raise KeyboardInterrupt
         finally:
-            report.close()
+            self.stopped_at = round(self.clock.spent(), 2)  # as the final record holds it: the same line, summary
+            report.close(last_loss)
             for signum, handler in old.items():
                 signal.signal(signum, handler)
         final = self._eval_record(last_loss, report.t_fit, at_end=True)
@@ -413,7 +456,8 @@ class Trainer:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        self.elapsed += time.perf_counter() - started
+        self._step_seconds = time.perf_counter() - started
+        self.elapsed += self._step_seconds
         self._agree_across_ranks()
         return loss_val, grad_norm, lr
 
@@ -436,9 +480,10 @@ class Trainer:
         """Every rank must take the same decision to stop: the longest elapsed time, and a signal seen by any."""
         if not self.dist.enabled:
             return
-        flags = torch.tensor([self.elapsed, float(self._stop_signal is not None)])
+        flags = torch.tensor([self.elapsed, float(self._stop_signal is not None),
+                              self.clock.spent() + self._step_seconds])
         torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
-        self.elapsed = float(flags[0])
+        self.elapsed, self._agreed_end = float(flags[0]), float(flags[2])
         if flags[1] > 0 and self._stop_signal is None:
             self._stop_signal = signal.SIGTERM
 
@@ -448,6 +493,8 @@ class Trainer:
         metrics = self.run_eval()
         rec = {"step": self.step, "elapsed": round(self.elapsed, 3), "wall": round(time.perf_counter() - t_fit, 3),
                "train_loss": train_loss, **metrics}
+        if at_end:  # the run's clock when training stopped: the seconds of the last progress line
+            rec["run_seconds"] = round(self.stopped_at if self.stopped_at is not None else self.clock.spent(), 2)
         target = self.c.target_val_loss
         if not at_end and target is not None and metrics.get("val_loss", math.inf) <= target:
             self._reached = True
@@ -467,11 +514,12 @@ class _Reporter:
         self.lines = trainer.dist.is_main and self.bar is None
         self.per_step = (trainer.tokens_per_batch or 0) * config.grad_accum
         self.t_fit = self.t_line = self.t_line_window = self.t_window = time.perf_counter()
-        self.tokens = self.line_tokens = 0
+        self.tokens = self.line_tokens = self.all_tokens = 0
 
     def step(self, loss_val: float, grad_norm: torch.Tensor, lr: float) -> None:
         t = self.trainer
         self.tokens += self.per_step
+        self.all_tokens += self.per_step
         self.line_tokens += self.per_step
         if self.bar is not None:
             self.bar.update(1)
@@ -496,9 +544,15 @@ class _Reporter:
         elif self.lines:
             log.info("eval: %s", shown)
 
-    def close(self) -> None:
+    def close(self, loss_val: float) -> None:
+        """Close the bar, and show where training stopped: the last progress line, whose step and seconds the
+        end-of-training summary repeats."""
+        t = self.trainer
         if self.bar is not None:
             self.bar.close()
+        if t.dist.is_main and t.step > 0:
+            rate = self.all_tokens / max(1e-9, time.perf_counter() - self.t_fit)  # this session's mean
+            log.info("%s", t._progress_line(loss_val, rate, t.stopped_at))
 
 
 PROGRESS_SECONDS = 10.0  # without a progress bar, one progress line at most this often

@@ -1,0 +1,95 @@
+"""``--time-budget`` is the whole process's budget: the summary repeats the last progress line's step and seconds
+(after ``--resume`` too, whose clock goes on from its earlier session), a budget that cannot hold the data's
+preparation is refused at the start (one line, exit 2, nothing written), one that leaves no time to train after the
+preparation is refused too, and what follows training is measured for the next run's budget."""
+
+from __future__ import annotations
+
+import re
+from unittest import mock
+
+import pytest
+from support import setting_value
+
+from tokennet.cli import main
+from tokennet.lifecycle import budget as timings
+from tokennet.lifecycle.budget import Preparation
+from tokennet.recipes import get_recipe
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+LINE = re.compile(r"step (\d+)/\d+ · (\d+) s of (\d+) s")
+SUMMARY = re.compile(r"trained graph: (\d+) steps in (\d+) s of a (\d+) s budget, (\d+) s in all")
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    """Timings measured here stay here (not in the user's cache)."""
+    monkeypatch.setenv("TOKENNET_CACHE", str(tmp_path / "cache"))
+
+
+def _graph(out, *flags):
+    sets = {**get_recipe("graph").smoke, "eval_interval": 0, "warmup_iters": 2, "report": False}
+    return ["train", "graph", "--out", str(out), *flags, "--set", *(f"{k}={setting_value(v)}" for k, v in sets.items())]
+
+
+def _last_line_and_summary(err: str, out: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    lines = [m.groups() for m in LINE.finditer(err)]
+    summary = SUMMARY.search(out)
+    assert lines and summary, (err, out)
+    return lines[-1], summary.groups()
+
+
+def test_summary_repeats_the_last_progress_line_and_resume_goes_on(tmp_path, capsys):
+    run = tmp_path / "graph"
+    assert main(_graph(run, "--time-budget", "120", "--max-iters", "6")) == 0
+    captured = capsys.readouterr()
+    (step, seconds, budget), (s_step, s_seconds, s_budget, total) = _last_line_and_summary(captured.err, captured.out)
+    assert (step, seconds, budget) == (s_step, s_seconds, s_budget) == ("6", seconds, "120")
+    assert int(total) >= int(seconds)
+    assert "time budget 120 s:" in captured.err  # what was spent, kept and left, said before training
+    first_seconds = int(seconds)
+
+    assert main(["train", "graph", "--out", str(run), "--resume", "--max-iters", "10", "--time-budget", "120"]) == 0
+    captured = capsys.readouterr()
+    (step, seconds, _), (s_step, s_seconds, _, _) = _last_line_and_summary(captured.err, captured.out)
+    assert (step, seconds) == (s_step, s_seconds) and step == "10"
+    assert int(seconds) >= first_seconds  # the run's clock counts the first session too
+    assert "final" in timings.recorded(next(iter(timings._read())))  # measured for the next run like it
+
+
+def test_a_budget_that_cannot_hold_the_preparation_is_refused_at_the_start(tmp_path, capsys):
+    recipe = get_recipe("graph")
+    slow = Preparation("synthesizing 9,999 clips", 400.0, "4 clips timed: 80 ms each, 2 at a time")
+    run = tmp_path / "refused"
+    with mock.patch.object(recipe, "preparation", lambda spec, settings: slow), \
+            mock.patch.object(recipe, "build", side_effect=AssertionError("built before refusing")):
+        assert main(_graph(run, "--time-budget", "30")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("tokennet: error: --time-budget 30 s cannot hold")
+    assert "~400 s here (4 clips timed" in err[0]
+    assert not run.exists()
+
+
+def test_a_budget_the_preparation_leaves_no_training_time_is_refused(tmp_path, capsys):
+    run = tmp_path / "short"
+    assert main(_graph(run, "--time-budget", "3")) == 2  # the first run reserves at least 10 s after training
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("tokennet: error: time_budget 3 s leaves no time to train:")
+    assert not run.exists()
+
+
+def test_preparation_check_passes_cached_data_and_unbudgeted_runs():
+    timings.check_preparation(None, 30.0, None, "--time-budget")  # cached: nothing to prepare
+    timings.check_preparation(Preparation("x", 400.0, "y"), None, None, "--time-budget")  # no budget
+    with pytest.raises(Exception, match="~20 s of final evaluation"):
+        timings.check_preparation(Preparation("x", 15.0, "y"), 30.0, 20.0, "--time-budget")
+
+
+def test_timings_are_keyed_by_what_decides_them(tmp_path):
+    a = timings.timings_key("gpt", None, {"dim": 64, "time_budget": 60, "seed": 0})
+    assert a == timings.timings_key("gpt", None, {"dim": 64, "time_budget": 300, "seed": 3})
+    assert a != timings.timings_key("gpt", None, {"dim": 128, "time_budget": 60, "seed": 0})
+    assert timings.recorded(a) == {}
+    timings.record(a, final=12.345)
+    assert timings.recorded(a)["final"] == 12.35
