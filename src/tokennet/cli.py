@@ -487,6 +487,7 @@ def cmd_train(args) -> int:
     from .lifecycle import resolve_settings
     from .lifecycle.settings import show_settings
     from .recipes import get_recipe, parse_sets, train
+    from .train.budget import process_started
 
     recipe = get_recipe(args.recipe)
     defaults = recipe.defaults(args.data)  # the dataset's profile, where the recipe has one
@@ -512,7 +513,6 @@ def cmd_train(args) -> int:
             shown.append(run_dir)
 
     try:
-    from .train.budget import process_started
         run_dir, metrics = train(recipe.name, data=args.data, out=out, sets=sets, device=args.device,
                                  resume=args.resume, overwrite=args.overwrite, init=args.init, on_metrics=show,
                                  started=process_started())
