@@ -153,6 +153,7 @@ class BitCounting(Task):
     name = "bit counting"
     kind = "bit-counting"
     families = ("bit-counter",)
+    viz_uses = ("index",)  # the `tokennet viz` flags its pictures read; any other is refused in one line
     inputs = (Input("bits", "count-ones runs: the bit string to count the ones of, e.g. 0110100111010001",
                     file=False),)
 

@@ -82,9 +82,11 @@ def test_load_of_what_is_not_a_run_is_one_clear_error(tmp_path):
 
 def test_viz_draws_token_attention_for_a_language_model(lm_run, tmp_path, capsys):
     assert main(["viz", str(lm_run), "--out", str(tmp_path), "--text", "the quick fox", "--layer", "1"]) == 0
-    png = tmp_path / "token_attention.png"
+    png = tmp_path / "token_attention-the-quick-fox.png"  # --text's own picture: the default one is not overwritten
     assert capsys.readouterr().out.strip() == str(png)
     assert png.read_bytes()[:4] == b"\x89PNG"
+    assert main(["viz", str(lm_run), "--out", str(tmp_path), "--layer", "1"]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "token_attention.png") and png.is_file()
 
 
 # -- one writer ----------------------------------------------------------------------------------------

@@ -558,7 +558,7 @@ def cmd_generate(args) -> int:
     if args.input:
         files = [i for i in task.inputs if i.file]
         if not files:
-            raise CLIError(f"--input: {args.run_dir} is a {task.name} run, which takes no input files "
+            raise CLIError(f"--input: {args.run_dir} is {task.a_name} run, which takes no input files "
                            f"(it takes: {', '.join(takes) or 'nothing'})")
         if files[0].name in given:
             raise CLIError(f"--input and {files[0].flag} name the same input; give one of them")
@@ -567,16 +567,16 @@ def cmd_generate(args) -> int:
     for n in given:
         if n not in mine:
             flag = (inputs[n].flag if n in inputs else options[n].cli)
-            raise CLIError(f"{flag} does not apply to {args.run_dir}, a {task.name} run (it takes: "
+            raise CLIError(f"{flag} does not apply to {args.run_dir}, {task.a_name} run (it takes: "
                            f"{', '.join(takes) or 'nothing'})")
     if not task.declares("respond"):
-        raise CLIError(f"{args.run_dir} is a {task.name} run: it has nothing to generate")
+        raise CLIError(f"{args.run_dir} is {task.a_name} run: it has nothing to generate")
     values = {i.name: given.get(i.name, i.default) for i in task.inputs}
     values.update({option.name: given.get(option.name, option.default) for option in task.options})
     try:
         check_values(task, values)
     except ValueError as error:
-        raise CLIError(f"{args.run_dir} is a {task.name} run: {str(error).split(': ', 1)[1]}") from None
+        raise CLIError(f"{args.run_dir} is {task.a_name} run: {str(error).split(': ', 1)[1]}") from None
     for piece in task.respond(run, values):
         sys.stdout.write(piece)
         sys.stdout.flush()
@@ -593,7 +593,7 @@ def cmd_eval(args) -> int:
         if args.data is None:
             raise CLIError("--stride needs --data FILE: the text file to slide the window over")
         if not hasattr(run.task, "evaluate_text"):
-            raise CLIError(f"--stride applies to language-model runs; {args.run_dir} is a {run.task.name} run")
+            raise CLIError(f"--stride applies to language-model runs; {args.run_dir} is {run.task.a_name} run")
         print(json.dumps(run.task.evaluate(run, args.data, stride=args.stride), indent=2))
         return 0
     recipe = None
@@ -623,10 +623,15 @@ def cmd_viz(args) -> int:
     from .device import resolve_device
     from .viz import visualize
 
-    # Every viz option goes to the task's pictures, which use those they know (see tokennet.viz).
+    # The viz options go to the task's pictures; one they do not read is refused before anything is written.
     options = {k: v for k, v in vars(args).items() if k not in ("command", "quiet", "run_dir", "out", "device",
                                                                 "plugin")}
     run = _load_run(args.run_dir, str(resolve_device(args.device)))
+    takes = run.task.viz_takes(run)
+    for name in (name for name, value in options.items() if value is not None and name not in takes):
+        flags = ", ".join(sorted("--" + n.replace("_", "-") for n in takes)) or "no flags"
+        raise CLIError(f"--{name.replace('_', '-')} does not apply to {args.run_dir}, {run.task.a_name} run (its "
+                       f"pictures take: {flags})")
     for path in visualize(run, args.out, **options):
         print(path)
     return 0

@@ -304,7 +304,7 @@ class Run:
             return functools.partial(verbs[name], self.task, self)
         if name in all_verbs():
             have = ", ".join(sorted(verbs)) or "none"
-            raise RunError(f"{self.path} is a {self.task.name} run: it cannot {name} (it supports: {have})")
+            raise RunError(f"{self.path} is {self.task.a_name} run: it cannot {name} (it supports: {have})")
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __dir__(self):

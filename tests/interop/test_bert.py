@@ -108,5 +108,5 @@ def test_viz_draws_bidirectional_attention_equal_to_transformers(tmp_path, rando
         assert (a - b).abs().max() <= 1e-5
     assert ours[0][0, :, 0, -1].abs().min() > 0  # the first token attends to the last: not causal
     assert main(["viz", str(tmp_path / "run"), "--text", text, "--out", str(tmp_path / "viz")]) == 0
-    png = tmp_path / "viz" / "token_attention.png"
+    png = tmp_path / "viz" / f"token_attention-{'-'.join(text.lower().split())}.png"  # the text's own picture
     assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

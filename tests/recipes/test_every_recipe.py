@@ -177,6 +177,12 @@ def test_viz_writes_a_png(name, variant, trained, tmp_path, capsys):
     assert _cli("viz", run_dir, "--out", tmp_path / "viz") == 0
     files = [Path(p) for p in capsys.readouterr().out.split()]
     assert files and all(p.suffix == ".png" and p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in files), files
+    # A viz flag its pictures do not read: one line, exit 2, nothing written (not ignored).
+    takes = load(run_dir).task.viz_takes(load(run_dir))
+    foreign = next(flag for flag in ("text", "audio", "image", "patch") if flag not in takes)
+    err = _one_line_error(capsys, ["viz", run_dir, f"--{foreign}", "1" if foreign == "patch" else "x", "--out",
+                                   tmp_path / "refused"])
+    assert f"--{foreign} does not apply to" in err and not (tmp_path / "refused").exists(), err
 
 
 @pytest.mark.parametrize(("name", "variant"), CASES, ids=IDS)

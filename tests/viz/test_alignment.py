@@ -57,7 +57,8 @@ def test_tokennet_viz_for_translation_and_captions(tmp_path, capsys):
     assert (s2s / "viz" / "alignment.png").read_bytes()[:4] == PNG
     assert main(["viz", str(s2s), "--text", "3rd of March 1999", "--layer", "0", "--head", "1",
                  "--out", str(tmp_path / "v")]) == 0
-    assert (tmp_path / "v" / "alignment.png").is_file()
+    assert (tmp_path / "v" / "alignment-3rd-of-march-1999.png").is_file()  # the text's own name: no overwrite
+    assert not (tmp_path / "v" / "alignment.png").exists()
     assert main(["viz", str(s2s), "--layer", "5"]) == 2
     assert "out of range" in capsys.readouterr().err
     assert main(["viz", str(s2s), "--index", "99"]) == 2

@@ -207,7 +207,7 @@ def load_teacher(path: str, ds: VisionData, device) -> tuple[Callable[[torch.Ten
         raise RecipeError(f"teacher={path}{msg[len(str(path)):]}" if msg.startswith(str(path))
                           else f"teacher={path}: {msg}") from None
     if "classify" not in run.task.verbs:
-        raise RecipeError(f"teacher={path} is a {run.task.name} run, not an image classifier")
+        raise RecipeError(f"teacher={path} is {run.task.a_name} run, not an image classifier")
     model, config = run.model.eval(), run.model.config
     k = getattr(config, "num_classes", None)
     if k is not None and k != ds.num_classes:

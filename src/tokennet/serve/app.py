@@ -566,7 +566,7 @@ def engine_for_run(run, *, max_batch: int = 16, context: int | None = None, quan
     refused, naming both)."""
     model = run.model
     if run.tokenizer is None or not hasattr(model, "forward_features") or not hasattr(model.config, "block_size"):
-        raise RunError(f"{run.path} is a {run.task.name} run: tokennet serve serves language models with a "
+        raise RunError(f"{run.path} is {run.task.a_name} run: tokennet serve serves language models with a "
                        "tokenizer (completions, chat) and text-embedding runs (/v1/embeddings)")
     if context is not None and not 2 <= context <= model.config.block_size:  # never clamped silently
         raise RunError(f"the context must be 2 to the model's {model.config.block_size} tokens, got {context}")

@@ -48,7 +48,7 @@ def _draft_run(run: Run, draft: str | Path | Run | None) -> Run:
         raise RunError("speculative='draft' needs a draft run: a smaller language-model run with the same tokenizer")
     helper = draft if isinstance(draft, Run) else load(draft, device=run.device)
     if not isinstance(helper.task, type(run.task)):
-        raise RunError(f"the draft run {helper.path} is a {helper.task.name} run, not a language model: it cannot "
+        raise RunError(f"the draft run {helper.path} is {helper.task.a_name} run, not a language model: it cannot "
                        "draft tokens")
     if helper.tokenizer is None or _vocabulary(helper.tokenizer) != _vocabulary(run.tokenizer):
         raise RunError(f"the draft run {helper.path} and the run {run.path} have different tokenizers: drafts must "

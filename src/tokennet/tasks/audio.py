@@ -38,6 +38,7 @@ class AudioClassification(ImageClassification):
     name = "audio classification"
     kind = "audio-classifier"
     families = ("ast",)
+    viz_uses = ("index", "data", "audio")
     inputs = (Input("audio", HELP["audio"]),)
     explorer = AudioExplorer
 

@@ -149,13 +149,14 @@ class _VerbNames:
 class Task:
     """Base task adapter (no verbs). Subclasses set the class attributes and override what they support."""
 
-    name = "model"  # for messages: "a language model run"
+    name = "model"  # for messages: "a language model run" (with its article: ``a_name``)
     kind = "model"  # what `tokennet viz` and the report call the task (stable, used in old registries)
     families: tuple[str, ...] = ()  # the model families this task serves
     protocol: type | None = None  # what a model must offer (structural typing; see tokennet.tasks)
     inputs: tuple[Input, ...] = ()
     options: tuple[Option, ...] = ()
     viz_options: tuple[Option, ...] = ()  # `tokennet viz` flags beyond the common ones (index, patch, layer, ...)
+    viz_uses: tuple[str, ...] | None = None  # the common `tokennet viz` flags its pictures read (None: every one)
     explorer: Callable | None = None  # `tokennet explore`: run → a viz.explore Explorer (its class); None: refused
 
     def __repr__(self) -> str:
@@ -173,6 +174,17 @@ class Task:
                     out[name] = method
         return out
 
+    @property
+    def a_name(self) -> str:
+        """The task's name with its article, for messages: "a language model", "an image classification"."""
+        return f"{'an' if self.name[:1].lower() in 'aeiou' else 'a'} {self.name}"
+
+    def viz_takes(self, run: Run) -> set[str]:
+        """The ``tokennet viz`` options this run's pictures read: ``viz_uses`` (None: all of :data:`VIZ_COMMON`)
+        and the task's own ``viz_options``. ``tokennet viz`` refuses any other it is given, in one line."""
+        common = VIZ_COMMON if self.viz_uses is None else self.viz_uses
+        return set(common) | {option.name for option in self.viz_options}
+
     def declares(self, what: str) -> bool:
         """Whether this task overrides the base's ``what`` (``"draw"``, ``"panel"``, ``"respond"``, ...)."""
         return getattr(type(self), what) is not getattr(Task, what)
@@ -181,18 +193,18 @@ class Task:
         """Raise ``RunError`` unless the model offers what this task needs (its protocol)."""
         if self.protocol is not None and not isinstance(model, self.protocol):
             raise RunError(f"{type(model).__name__} does not implement {self.protocol.__name__}, "
-                           f"which a {self.name} task needs")
+                           f"which {self.a_name} task needs")
 
     # -- the command line ---------------------------------------------------------------------------
     def respond(self, run: Run, values: dict[str, Any]) -> Iterator[str]:
         """``tokennet generate``: the text to print for ``values`` (every declared input and option, defaults
         filled in). Yields pieces (a language model streams its tokens)."""
-        raise RunError(f"{run.path} is a {self.name} run: it has nothing to generate")
+        raise RunError(f"{run.path} is {self.a_name} run: it has nothing to generate")
 
     # -- pictures and the report ----------------------------------------------------------------------
     def draw(self, run: Run, out_dir: Path, **options) -> list[Path]:
         """``tokennet viz``: write the task's pictures into ``out_dir``; return the files."""
-        raise RunError(f"no pictures for a {self.name} run")
+        raise RunError(f"no pictures for {self.a_name} run")
 
     def panel(self, run: Run, log) -> list[tuple[str, str]]:
         """The report's task sections: ``[(heading, html), ...]`` (see :mod:`tokennet.viz.report`)."""
@@ -224,6 +236,9 @@ def register_task(cls: type[Task]) -> type[Task]:
 
 _register(None, Task())  # the generic task (no verbs) of a family no task serves
 
+# The `tokennet viz` options every task may read (a task names those its pictures use in ``viz_uses``).
+VIZ_COMMON = ("index", "patch", "layer", "head", "data", "text", "image", "audio")
+
 
 def image_file_bad_inputs(directory: Path, name: str = "image") -> list[tuple[dict[str, Any], str]]:
     """Bad image files every image input must refuse in one line: missing, empty, not an image."""
@@ -239,4 +254,4 @@ def check_values(task: Task, values: dict[str, Any]) -> None:
     """Refuse missing required inputs, in one line naming the flag."""
     for i in task.inputs:
         if i.required and values.get(i.name) in (None, [], ""):
-            raise DataError(f"a {task.name} run takes {i.flag}: pass {i.flag} ({i.help})")
+            raise DataError(f"{task.a_name} run takes {i.flag}: pass {i.flag} ({i.help})")

@@ -50,6 +50,7 @@ class Captioning(Task):
     name = "captioning"
     kind = "captioning"
     families = ("captioner", "captioner-prefix")
+    viz_uses = ("index", "layer", "head", "image")
     explorer = CaptionExplorer
     protocol = ConditionalDecoder
     inputs = (Input("image", HELP["image"]),)

@@ -47,6 +47,7 @@ class ImageClassification(Task):
     name = "image classification"
     kind = "image-classifier"
     families = ("vit", "swin")
+    viz_uses = ("index", "patch", "layer", "head", "data", "image")
     protocol = Classifier
     inputs = (Input("image", HELP["image"]),)
     explorer = ImageExplorer

@@ -30,6 +30,7 @@ class CNNClassification(ImageClassification):
     name = "image classification"
     kind = "cnn-classifier"
     families = ("cnn",)
+    viz_uses = ("index", "image")
     explorer = None  # no attention to draw: `tokennet explore` refuses in one line
 
     def draw(self, run: Run, out_dir: Path, *, index: int | None = None, image=None, **_) -> list[Path]:

@@ -28,6 +28,7 @@ class TextEmbedding(Task):
     name = "text embedding"
     kind = "text-embedding"
     families = ("text-encoder",)
+    viz_uses = ("text", "layer", "head")
     explorer = TextEncoderExplorer
     protocol = Embedder
 

@@ -119,6 +119,7 @@ class GraphPrediction(Task):
     name = "graph prediction"
     kind = "graph"
     families = ("graph",)
+    viz_uses = ("index", "patch", "layer", "head")
     explorer = GraphExplorer
     inputs = (Input("graphs", "graph runs: JSON files of graphs ({\"nodes\": [[features]], \"edges\": [[i, j]]}, one "
                     "graph or a list per file)"),)

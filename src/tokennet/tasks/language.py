@@ -212,6 +212,7 @@ class LanguageModel(Task):
     name = "language model"
     kind = "language-model"
     families = ("gpt",)
+    viz_uses = ("text", "layer", "head")
     explorer = LanguageExplorer
     protocol = CausalLM
     inputs = (PROMPT,)

@@ -161,6 +161,10 @@ class MultimodalTask(Task):
         return out
 
     # -- pictures and the report ------------------------------------------------------------------------------------
+    def viz_takes(self, run: Run) -> set[str]:
+        """The ``tokennet viz`` options any of the run's trained tasks reads (each task's pictures take theirs)."""
+        return set().union(*(part_run(run, t).task.viz_takes(part_run(run, t)) for t in self.trained(run)))
+
     def draw(self, run: Run, out_dir: Path, **options) -> list[Path]:
         """Each task's own pictures, for an input of that modality, in ``out_dir/<task>/``."""
         files = []

@@ -28,6 +28,7 @@ class SphereClassification(ImageClassification):
     name = "sphere classification"
     kind = "sphere"
     families = ("sphere",)
+    viz_uses = ("index", "patch", "layer", "head")
     explorer = SphereExplorer
 
     def draw(self, run: Run, out_dir: Path, **options) -> list[Path]:

@@ -70,6 +70,7 @@ class Translation(Task):
     name = "translation"
     kind = "translation"
     families = ("seq2seq", "bahdanau")
+    viz_uses = ("index", "layer", "head", "text")
     explorer = TranslationExplorer
     protocol = ConditionalDecoder
     inputs = (Input("prompt", HELP["prompt"], file=False),)

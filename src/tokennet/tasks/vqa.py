@@ -333,6 +333,7 @@ class VisualQuestionAnswering(Task):
     name = "visual question answering"
     kind = "vqa"
     families = ("vqa-transformer", "vqa-cnn")
+    viz_uses = ("index", "layer", "head", "image")
     explorer = QuestionExplorer
     inputs = (Input("image", HELP["image"]), Input("prompt", HELP["prompt"], file=False))
     viz_options = (Option("question", "question-answering runs: with --image, the question whose attention to "

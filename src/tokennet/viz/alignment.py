@@ -20,6 +20,8 @@ formula (``model.attention_maps``), so runs trained with the fused backend work.
 
 from __future__ import annotations
 
+import hashlib
+import re
 from pathlib import Path
 
 import torch
@@ -182,9 +184,19 @@ def _tokens_out(model, tok, ids: list[int]) -> tuple[Tensor, list[str]]:
     return tgt_in, [tok.decode([i]) for i in ids] + ["<eos>"]
 
 
+def text_file_name(stem: str, text: str | None) -> str:
+    """``stem.png`` for the default input; ``stem-<the text's first words>.png`` for a text the user gave, so that a
+    picture of another text never overwrites the default one (``token_attention-hello-world.png``)."""
+    if text is None:
+        return f"{stem}.png"
+    slug = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:40].strip("-")
+    return f"{stem}-{slug or hashlib.sha256(text.encode()).hexdigest()[:8]}.png"
+
+
 def seq2seq_viz(run, out_dir: Path, *, index: int | None = None, layer: int | None = None,
                 head: int | None = None, text: str | None = None, **_) -> list[Path]:
-    """Write ``alignment.png``: the cross-attention of a translation, per decoder layer and head.
+    """Write ``alignment.png`` (``alignment-<its first words>.png`` for ``text``): the cross-attention of a
+    translation, per decoder layer and head.
 
     Args:
         run: a loaded translation :class:`~tokennet.run.Run` (Transformer or Bahdanau).
@@ -198,6 +210,7 @@ def seq2seq_viz(run, out_dir: Path, *, index: int | None = None, layer: int | No
     out_dir = Path(out_dir)
     model, tok = run.model, run.tokenizer
     config = model.config
+    file_name = text_file_name("alignment", text)
     if text is None:
         if run.data is None:
             raise RunError(f"{run.path} has no run.json to draw test examples from; give a source text")
@@ -223,7 +236,7 @@ def seq2seq_viz(run, out_dir: Path, *, index: int | None = None, layer: int | No
     output = tok.decode(out_ids)
     title = f"{text!r} → {output!r}" + ("" if ref is None else f"   (reference {ref!r})")
     source_labels = [tok.decode([i]) if i != tok.unk_id else "<unk>" for i in ids]
-    return [plot_alignment(weights, source_labels, labels, out_dir / "alignment.png", layers=layers, heads=heads,
+    return [plot_alignment(weights, source_labels, labels, out_dir / file_name, layers=layers, heads=heads,
                            title=title)]
 
 

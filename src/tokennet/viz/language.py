@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from ..errors import DataError
-from .alignment import plot_alignment
+from .alignment import plot_alignment, text_file_name
 from .attention_maps import select as _select
 
 __all__ = ["language_viz", "text_encoder_viz", "DEFAULT_TEXT"]
@@ -23,7 +23,8 @@ MAX_TOKENS = 48  # beyond this the labels are unreadable
 
 def language_viz(run, out_dir: Path, *, text: str | None = None, layer: int | None = None,
                  head: int | None = None, **_) -> list[Path]:
-    """Write ``token_attention.png``: causal self-attention over ``text`` (default :data:`DEFAULT_TEXT`).
+    """Write ``token_attention.png``: causal self-attention over :data:`DEFAULT_TEXT`, or over ``text`` as
+    ``token_attention-<its first words>.png`` (so the default picture is not overwritten).
 
     Args:
         run: a loaded language-model :class:`~tokennet.run.Run`.
@@ -48,6 +49,7 @@ def _token_attention(run, out_dir: Path, *, text, layer, head, context: int, kin
     model, tok = run.model, run.tokenizer
     if tok is None:
         raise DataError(f"{run.path} has no tokenizer.json: drawing attention over text needs one")
+    file_name = text_file_name("token_attention", text)
     text = DEFAULT_TEXT if text is None else text
     if not text.strip():
         raise DataError("the text is empty; give a sentence to draw")
@@ -60,6 +62,6 @@ def _token_attention(run, out_dir: Path, *, text, layer, head, context: int, kin
     labels = [tok.decode([i], skip_special=False) for i in ids]
     shown = tok.decode(ids)
     title = f"{kind} over {shown!r}" + ("" if len(ids) == len(tok.encode(text)) else " (cut)")
-    return [plot_alignment(weights[layers][:, heads], labels, labels, Path(out_dir) / "token_attention.png",
+    return [plot_alignment(weights[layers][:, heads], labels, labels, Path(out_dir) / file_name,
                            layers=layers, heads=heads, title=title)]
 

@@ -43,7 +43,7 @@ def explore_command(args: argparse.Namespace) -> int:
                           "pip install 'tokennet[serve]'") from None
     explore = open_run(args.run_dir, device=str(resolve_device(args.device)))
     shown = f"[{args.host}]" if ":" in args.host else args.host
-    line = f"tokennet explore: http://{shown}:{args.port}/ — {explore.run.path.name}, a {explore.run.task.name} run"
+    line = f"tokennet explore: http://{shown}:{args.port}/ — {explore.run.path.name}, {explore.run.task.a_name} run"
     warning = exposure(args.host)
     print(line + (f"; {warning}" if warning else " (this machine only)") + "; Ctrl-C stops", flush=True)
     run_server(explore, host=args.host, port=args.port, log_level="warning" if args.quiet else "info")
