@@ -251,7 +251,7 @@ def _add_generate(sub, declared) -> None:
         "Captioning runs: caption the --image files. Image classifiers: print each --image file's class index "
         "and probability. Audio classifiers: each --audio file's class index, name and probability. Graph runs: "
         "each graph of a --graphs JSON file. --input FILE ... is the run's first file input, whatever it is "
-        "called. A flag the run's task does not take is refused in one line.",
+        "called. A flag the run's task does not take is refused in one line. " + _output_formats(),
     )
     cmd.add_argument("run_dir", help="a run directory from `tokennet train` or `tokennet import`")
     cmd.add_argument("--input", nargs="+", action="extend", metavar="FILE",
@@ -265,6 +265,20 @@ def _add_generate(sub, declared) -> None:
     for option in options.values():
         _add_option(cmd, option)
     cmd.add_argument("--device", default="auto", help="auto, cpu, cuda, ...")
+    cmd.add_argument("--json", action="store_true", help="a run whose output is a table (classes, graph "
+                     "predictions): each line as a JSON object of the table's fields instead (one a line)")
+
+
+def _output_formats() -> str:
+    """What each task that prints a table prints, from the tasks' own declarations (``Task.columns``)."""
+    from .plugins import list_tasks
+
+    tables = {task.name: task.columns for task in list_tasks().values() if task.columns}
+    if not tables:
+        return ""
+    listed = "; ".join(f"{name}: {', '.join(columns)}" for name, columns in tables.items())
+    return (f"Tables are printed as tab-separated lines, one per input, without a header: {listed} (a graph "
+            "regression: graph, then its predicted values); --json prints each line as a JSON object of those fields.")
 
 
 def _add_viz(sub, declared) -> None:
@@ -577,10 +591,30 @@ def cmd_generate(args) -> int:
         check_values(task, values)
     except ValueError as error:
         raise CLIError(f"{args.run_dir} is {task.a_name} run: {str(error).split(': ', 1)[1]}") from None
+    columns = task.table_columns(run) if args.json else ()
+    if args.json and not columns:
+        raise CLIError(f"--json: {args.run_dir} prints text, not a table ({task.name})")
     for piece in task.respond(run, values):
+        if columns:  # the machine form: each tab-separated line as an object of the task's fields
+            for line in piece.splitlines():
+                print(json.dumps(_table_record(columns, line)), flush=True)
+            continue
         sys.stdout.write(piece)
         sys.stdout.flush()
     return 0
+
+
+def _table_record(columns: tuple[str, ...], line: str) -> dict:
+    """One tab-separated line of a task's table as ``{field: value}``, numbers as numbers."""
+    def value(field: str):
+        for kind in (int, float):
+            try:
+                return kind(field)
+            except ValueError:
+                pass
+        return field
+
+    return dict(zip(columns, map(value, line.split("\t")), strict=True))
 
 
 def cmd_eval(args) -> int:

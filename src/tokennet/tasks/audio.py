@@ -36,6 +36,7 @@ class AudioClassification(ImageClassification):
     """
 
     name = "audio classification"
+    columns = ("file", "class", "name", "probability")  # respond: one line per --audio file
     kind = "audio-classifier"
     families = ("ast",)
     viz_uses = ("index", "data", "audio")

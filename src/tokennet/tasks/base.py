@@ -150,6 +150,7 @@ class Task:
     """Base task adapter (no verbs). Subclasses set the class attributes and override what they support."""
 
     name = "model"  # for messages: "a language model run" (with its article: ``a_name``)
+    columns: tuple[str, ...] = ()  # the tab-separated fields of each line `respond` prints (empty: free text)
     kind = "model"  # what `tokennet viz` and the report call the task (stable, used in old registries)
     families: tuple[str, ...] = ()  # the model families this task serves
     protocol: type | None = None  # what a model must offer (structural typing; see tokennet.tasks)
@@ -213,6 +214,11 @@ class Task:
     # -- evaluation without a recipe (imported checkpoints) ------------------------------------------------
     def evaluate(self, run: Run, data: str | None) -> dict[str, Any]:
         raise RunError(f"{run.path}: tokennet eval has no evaluation for an imported {self.name}")
+
+    def table_columns(self, run: Run) -> tuple[str, ...]:
+        """The fields of each tab-separated line :meth:`respond` prints for ``run`` (``generate --help`` lists them,
+        ``generate --json`` names them); empty where it prints free text. Default: :attr:`columns`."""
+        return self.columns
 
     # -- for tests and documentation ---------------------------------------------------------------------
     def examples(self, run: Run, directory: Path) -> dict[str, Any]:

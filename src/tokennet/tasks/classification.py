@@ -45,6 +45,7 @@ class ImageClassification(Task):
     """A ViT or Swin: ``run.classify(images or paths)`` → ``(class index, probability)`` per input."""
 
     name = "image classification"
+    columns = ("file", "class", "probability")  # respond: one line per --image
     kind = "image-classifier"
     families = ("vit", "swin")
     viz_uses = ("index", "patch", "layer", "head", "data", "image")

@@ -117,6 +117,7 @@ class GraphPrediction(Task):
     :class:`~tokennet.tokens.graph.GraphBatch`, a list of ``(node features, edges)`` or a JSON file of graphs."""
 
     name = "graph prediction"
+    columns = ("graph", "class", "probability")  # respond: one line per graph; a regression's: table_columns
     kind = "graph"
     families = ("graph",)
     viz_uses = ("index", "patch", "layer", "head")
@@ -158,6 +159,14 @@ class GraphPrediction(Task):
             raise RunError(f"{run.path} is a regression model: it predicts values, not classes (run.predict)")
         prob, idx = self.predict(run, graphs).softmax(-1).max(-1)
         return [(int(i), float(top_prob)) for i, top_prob in zip(idx, prob, strict=True)]
+
+    def table_columns(self, run: Run) -> tuple[str, ...]:
+        """``graph`` (its place in the --graphs file), then ``class`` and ``probability``, or a regression's
+        predicted values (``value``, or ``value_0``, ``value_1``, ...)."""
+        if run.model.config.task == "classify":
+            return ("graph", "class", "probability")
+        outputs = run.model.config.num_outputs
+        return ("graph", "value") if outputs == 1 else ("graph", *(f"value_{i}" for i in range(outputs)))
 
     def respond(self, run: Run, values: dict[str, Any]) -> Iterator[str]:
         for path in values["graphs"]:
