@@ -469,12 +469,12 @@ def cmd_list(args) -> int:
     from .plugins import list_tasks, loaded
     from .recipes import list_recipes
 
-    print("models:")
+    print("models:  (presets, as create_model builds them; a recipe trains its own size, below)")
     for name in list_models():
         print(f"  {name:<18} {preset_info(name)[2]}")
-    print("recipes:")
+    print("recipes:  (what each trains by default; `tokennet train RECIPE --show-settings` lists every setting)")
     for recipe in list_recipes():
-        print(f"  {recipe.name:<18} {recipe.description}")
+        print(f"  {recipe.name:<18} {recipe.description}\n  {'':<18} trains {_model_size(recipe)}")
     print("tasks (model family: task, verbs):")
     for family, t in list_tasks().items():
         print(f"  {family:<18} {t.name}: {', '.join(sorted(t.verbs)) or '-'}")
@@ -483,6 +483,20 @@ def cmd_list(args) -> int:
         for plugin in loaded():
             print(f"  {plugin}")
     return 0
+
+
+def _model_size(recipe) -> str:
+    """The model a recipe trains with its default data and settings: ``the gpt model at 4 layers × 128 wide, 4
+    heads`` (not the preset's own size, which ``tokennet list`` prints under models)."""
+    settings = recipe.defaults()
+    size = ""
+    if "dim" in settings and "num_layers" in settings:
+        decoder = settings.get("num_decoder_layers")
+        size = (f"{settings['num_layers']}{f' + {decoder}' if decoder else ''} layers × {settings['dim']} wide"
+                + (f", {settings['num_heads']} heads" if "num_heads" in settings else ""))
+    elif "widths" in settings:  # a CNN: its stages' widths
+        size = f"stages {'/'.join(map(str, settings['widths']))}"
+    return f"the {recipe.model} model at {size}" if size else f"the {recipe.model} model"
 
 
 def _summary(recipe: str, run_dir: Path, metrics: dict, report_next: bool = False) -> str:

@@ -101,20 +101,11 @@ OPTIONS = {
                          "cache). TOKENNET_COMPILE=0 or 1 sets the default", flag=True),
     "compile": Option("compile", "language models: decode with the compiled step however short the answer (see "
                       "--no-compile)", flag=True),
-    "quantize": Option("quantize", "language models: decode with low-precision weights in every linear layer and the "
-                       "LM head, converted when generation starts (the saved run is not changed): bf16; int8 "
-                       "weights with one scale per output channel (on an x86 CPU with AVX-512 VNNI the activations "
-                       "are rounded to int8 too, one scale per 32, and multiplied by integer dot products, as "
-                       "llama.cpp does; elsewhere, or with TOKENNET_INT8DOT=0, bf16 activations); int4: 4-bit "
-                       "blocks of 32 weights with a scale and a minimum each (GGUF's Q4_1; the LM head in Q8_0), "
-                       "and a run imported from a GGUF file keeps the file's own Q4_0/Q4_1/Q8_0 blocks as they are "
-                       "(layers whose width is not a multiple of 32 stay float32, with a note), multiplied on an "
-                       "x86 CPU with AVX-512 VNNI by integer dot products with int8 activations, one scale per "
-                       "block of 32, as llama.cpp does (TOKENNET_BLOCKDOT=0: float32 activations); fewer bytes "
-                       "per weight read per token make decoding faster, at a small cost in accuracy; none: float32 "
-                       "weights (on the CPU a copy packed in column blocks, one per thread). Default auto: int4 for a "
-                       "run whose linear layers all hold a GGUF file's Q8_0/Q4_0/Q4_1 blocks where the CPU has "
-                       "AVX-512 VNNI (the file's own weights, as llama.cpp reads them), none for every other run",
+    "quantize": Option("quantize", "language models: decode with low-precision weights (a copy made when generation "
+                       "starts; the run is unchanged): bf16, int8 (per output channel), int4 (blocks of 32, GGUF's "
+                       "Q4_1; a GGUF run keeps its own blocks) or none (float32). Default auto: int4 for a GGUF run "
+                       "of Q8_0/Q4_0/Q4_1 blocks on a CPU with AVX-512 VNNI, else none. Details: "
+                       "docs/tutorials/checkpoints-and-serving.md",
                        str, "auto", choices=_quantize_choices()),
     "chat": Option("chat", "language models with a chat template (imported chat models such as SmolLM2-Instruct): "
                    "send --prompt as a user message through the template and print only the reply", flag=True),
