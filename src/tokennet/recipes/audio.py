@@ -17,7 +17,8 @@ training), ``clean`` (the held-out voices' clips without their noise) and ``whit
 Training for them (``wave_augment``; ``auto``, the default, is ``noise+resynth+voices`` on the generated
 digits and ``none`` on a directory): the clips synthesized clean, white/pink/babble noise at U(0, 30) dB
 drawn afresh at every step, half the clips re-synthesized with a new voice source (LPC, U(80, 260) Hz), and
-240 more espeak-ng voices for training; 1,500 steps (``max_iters``) capped at 270 s (``time_budget``). Why
+240 more espeak-ng voices for training; 1,500 steps (``max_iters``) capped at 270 s for the whole run (``time_budget``:
+preparation and final evaluation included; a first run's one-time synthesis is added to it). Why
 these (``python bench/audio_robust.py``, one change per row) and how the default run did: ``docs/experiments/audio.md``.
 
 Model: the ``ast-digits`` preset (:mod:`tokennet.models.ast`): a 40-mel log spectrogram of 1-s clips
