@@ -287,10 +287,9 @@ class Trainer:
         self.step, self.elapsed, self.history = step, elapsed, history
         # the run's clock goes on from the seconds its earlier sessions spent (older checkpoints: their training's)
         run_seconds, started = saved.meta.get("run_seconds", elapsed), saved.meta.get("train_started")
-        if isinstance(run_seconds, (int, float)) and not isinstance(run_seconds, bool) and run_seconds >= 0:
-            self.clock.earlier = float(run_seconds)
-        self.train_started = float(started) if isinstance(started, (int, float)) and not isinstance(started, bool) \
-            else None
+        if _seconds(run_seconds) is not None:
+            self.clock.earlier = _seconds(run_seconds)
+        self.train_started = _seconds(started)
         log.info("resumed from %s (step %d, %.0f s spent)", path, self.step, self.clock.earlier)
         return True
 
@@ -570,6 +569,13 @@ def _progress(c: TrainConfig, initial: int):
     from tqdm.auto import tqdm
 
     return tqdm(total=c.max_iters, initial=initial, unit="it", dynamic_ncols=True, leave=False)
+
+
+def _seconds(value: Any) -> float | None:
+    """A number of seconds read back from a checkpoint (None: absent, or not a finite number >= 0)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        return None
+    return float(value)
 
 
 def _same_kind(a: Any, b: Any) -> bool:
