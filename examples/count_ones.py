@@ -8,7 +8,7 @@ needs, with nothing changed in tokennet:
 - a **model family** (``bit-counter``): a token embedding, learned positions and tokennet's own
   :class:`~tokennet.layers.stack.Encoder`;
 - a **task** (:class:`BitCounting`): the verb ``run.count(bits)``, the input ``--bits`` of ``tokennet
-  generate``, the pictures of ``tokennet viz`` and the report's panel;
+  generate``, held-out strings for ``tokennet examples``, the pictures of ``tokennet viz`` and the report's panel;
 - a **recipe** (``count-ones``): which data, which model, which settings, which metrics.
 
 Use it with every command::
@@ -41,7 +41,7 @@ from tokennet.errors import ConfigError, DataError
 from tokennet.layers.stack import Encoder
 from tokennet.lifecycle import BuildContext, Job, Recipe, register_recipe
 from tokennet.models.registry import ModelConfig, Output, create_model, register_family, register_preset
-from tokennet.tasks import Input, Task, register_task, verb
+from tokennet.tasks import Example, Input, Task, register_task, take, verb
 
 
 # -- the data --------------------------------------------------------------------------------------------
@@ -196,9 +196,16 @@ class BitCounting(Task):
         classes = ["hit" if int(p) == int(t) else "miss" for p, t in zip(pred, y[:10], strict=True)]
         return [("Held-out strings", table(["bits", "ones", "model"], rows, classes))]
 
-    def examples(self, run, directory: Path) -> dict[str, Any]:
-        x, _ = run.data.held_out()
-        return {"bits": "".join(map(str, x[0].tolist()))}
+    def examples(self, run, directory: Path, count: int = 1) -> list[Example]:
+        """``bits-K.txt`` per held-out string (``tokennet examples``), labelled with its count of ones."""
+        x, y = run.data.held_out()
+        out = []
+        for k in take(count, len(y), run.path):
+            bits = "".join(map(str, x[k].tolist()))
+            path = Path(directory) / f"bits-{k}.txt"
+            path.write_text(bits)
+            out.append(Example({"bits": bits}, str(int(y[k])), (path,)))
+        return out
 
     def bad_inputs(self, run, directory: Path) -> list[tuple[dict[str, Any], str]]:
         return [({"bits": "0120"}, "bits"), ({"bits": ""}, "bits")]

@@ -1,37 +1,40 @@
 """The tutorials do what they say: every ```bash block of docs/tutorials/*.md and README.md runs, with small budgets.
 
-Each page runs top to bottom in a fresh directory (with ``examples/`` and ``bench/`` linked in), as a reader who
-copies its blocks in order would, through ``tokennet.cli.main`` in this process. What changes is the size, never the
-meaning:
+Each page runs top to bottom in a new, empty directory, as a reader who copies its blocks in order into a shell at
+the root of a fresh clone would: the clone's ``examples/``, ``bench/``, ``docs/`` and ``README.md`` are linked in
+(the pages name them), and nothing else is there. ``tokennet`` commands run through ``tokennet.cli.main`` in this
+process; every other line (a heredoc, ``python -c``, ``mkdir``, a ``for`` loop) runs with bash, consecutive lines
+together. Every file a command reads is made by an earlier command of the page (``tokennet examples`` writes the
+runs' inputs): the test makes none. What changes is the size, never the meaning:
 
 - ``tokennet train``: ``--max-iters 2`` (4 with ``--resume``) instead of any step count or time budget; the
   recipe's own ``smoke`` settings (``Recipe.smoke``, what tests/recipes/test_every_recipe.py trains with) where the
   block does not choose them, and the smoke sizes (``SHRINK``, ``SHRINK_GIVEN``) even where it does; no evaluation
   during training. A recipe whose default data takes minutes to make (``SMOKE_DATA``: the spoken digits) trains on
-  its smoke data, and so does a ``--data DIR`` of the reader's own that does not exist.
+  its smoke data when the block gives no ``--data``.
 - ``tokennet generate``: ``--max-new-tokens`` 8 where the block gives it; ``tokennet eval``: ``--stride`` 8 (the small
   models' context is 16 tokens).
-- A file a block names that does not exist is made: an input of a run (``--image``, ``--audio``, ``--graphs``,
-  ``--sphere``, ``--input``) from the run's held-out example (``Task.examples``); a ``.txt`` file from a small
-  corpus; a ``.jsonl`` file as a few chat records.
 
 A block that needs what a test machine lacks is marked just above its fence with ``<!-- test: skip (REASON) -->``,
-REASON one of ``REASONS``; there are at most ``MAX_SKIPS`` of them. Skipped or not, every ``tokennet`` command of
-every block must parse (the fast test): its command and flags exist, and a ``train`` command's ``--set`` keys and
-values are valid for its recipe (``--show-settings``).
+REASON one of ``REASONS``; there are at most ``MAX_SKIPS`` of them. A shell line that calls a program this machine
+lacks (``OPTIONAL_PROGRAMS``: espeak-ng) skips the rest of its page, saying so. Skipped or not, every ``tokennet``
+command of every block must parse (the fast test): its command and flags exist, and a ``train`` command's ``--set``
+keys and values are valid for its recipe (``--show-settings``); and the shell lines of the blocks that run call only
+``SHELL_PROGRAMS``, which make files and fetch nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
+import os
 import re
 import shlex
 import shutil
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pytest
 from support import setting_value
 
@@ -59,7 +62,10 @@ INIT_SHRINK = ("batch_size", "block_size", "eval_iters", "sample_tokens")  # --i
 STEPS = {"eval_interval": 0, "warmup_iters": 1, "progress": False}
 SHRINK_GIVEN = {"ablation_steps": 2}  # where a block sets them
 SMOKE_DATA = {"audio"}
-INPUT_FLAGS = {"--image": "image", "--audio": "audio", "--graphs": "graphs", "--sphere": "sphere", "--input": None}
+CLONE = ("examples", "bench", "docs", "README.md")  # the clone's files a page names, linked into its directory
+SHELL_PROGRAMS = {"cat", "mkdir", "python", "for", "done", "espeak-ng", "cp", "echo", "printf"}
+OPTIONAL_PROGRAMS = {"espeak-ng"}  # installed by scripts/install.sh system where the machine allows it
+HEREDOC = re.compile(r"<<-?\s*(['\"]?)(\w+)\1")
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -93,16 +99,68 @@ def blocks(page: Path) -> list[Block]:
     return out
 
 
-def commands(block: Block) -> list[list[str]]:
-    """The block's commands as argument lists: continuation lines joined, comments dropped, ``&&`` split."""
-    text = re.sub(r"\\\n", " ", block.text)
-    out = []
-    for line in text.splitlines():
-        words = [w for w in shlex.split(line, comments=True) if w != "&"]  # a server in the background
+@dataclass
+class Step:
+    """One step of a block: a command's words (``tokennet ...``, or another program's on a skipped block's line), or
+    ``shell``: lines bash runs together (a heredoc, a loop, ``python -c``)."""
+
+    words: list[str] | None = None
+    shell: str | None = None
+
+
+def _words(line: str) -> list[str] | None:
+    try:
+        return [w for w in shlex.split(line, comments=True) if w != "&"]  # "&": a server in the background
+    except ValueError:  # an unbalanced quote: shell syntax this reader does not split (a loop's body, say)
+        return None
+
+
+def steps(block: Block) -> list[Step]:
+    """The block's steps in order: continuation lines joined, comments dropped, ``&&`` split; a line that is not a
+    command of ``tokennet`` (or ``torchrun``, ``pip``, ``lm-eval``: programs of skipped blocks) is shell, with the
+    lines after it up to the next command, and a heredoc's body up to its terminator."""
+    out, shell, lines = [], [], re.sub(r"\\\n", " ", block.text).splitlines()
+    i = 0
+    while i < len(lines):
+        line, i = lines[i], i + 1
+        heredoc = HEREDOC.search(line)
+        words = None if heredoc else _words(line)
+        if heredoc or words is None or (words and words[0] not in ("tokennet", "torchrun", "pip", "lm-eval")):
+            shell.append(line)
+            while heredoc and i < len(lines):
+                shell.append(lines[i])
+                i += 1
+                if shell[-1].strip() == heredoc.group(2):
+                    break
+            continue
+        if shell:
+            out.append(Step(shell="\n".join(shell)))
+            shell = []
         while words:
             cut = words.index("&&") if "&&" in words else len(words)
-            out.append(words[:cut])
+            out.append(Step(words=words[:cut]))
             words = words[cut + 1:]
+    if shell:
+        out.append(Step(shell="\n".join(shell)))
+    return out
+
+
+def commands(block: Block) -> list[list[str]]:
+    """The block's commands (not its shell lines) as argument lists."""
+    return [step.words for step in steps(block) if step.words is not None]
+
+
+def shell_programs(text: str) -> list[str]:
+    """The first word of each line of shell text, heredoc bodies left out."""
+    out, lines, i = [], text.splitlines(), 0
+    while i < len(lines):
+        words = lines[i].split()
+        if words and not words[0].startswith("#"):
+            out.append(words[0])
+        heredoc = HEREDOC.search(lines[i])
+        i += 1
+        while heredoc and i < len(lines) and lines[i - 1].strip() != heredoc.group(2):
+            i += 1
     return out
 
 
@@ -166,10 +224,25 @@ def test_every_command_parses(capsys):
     assert not bad, "\n".join(bad)
 
 
-def test_unskipped_blocks_run_only_tokennet():
-    bad = [f"{b}: {shlex.join(w)}" for b in ALL if not b.skip for w in commands(b) if tokennet_args(w) is None
-           or w[0] != "tokennet"]
-    assert not bad, "a block this test runs may hold only tokennet commands (else mark it skip):\n" + "\n".join(bad)
+def test_unskipped_blocks_run_tokennet_and_make_files():
+    bad = [f"{b}: {shlex.join(w)}" for b in ALL if not b.skip for w in commands(b) if w[0] != "tokennet"]
+    bad += [f"{b}: {program}" for b in ALL if not b.skip for step in steps(b) if step.shell
+            for program in shell_programs(step.shell) if program not in SHELL_PROGRAMS]
+    assert not bad, ("a block this test runs may hold tokennet commands and shell lines that make files "
+                     f"({sorted(SHELL_PROGRAMS)}; else mark it skip):\n" + "\n".join(bad))
+
+
+def test_steps_keep_heredocs_and_loops_whole():
+    text = ("tokennet train vit\ncat > a.txt <<'EOF'\ntokennet is not run here\nit's text\nEOF\n"
+            "for w in a b; do\n  mkdir -p d/$w\ndone\ntokennet examples runs/vit --out e && tokennet list")
+    block = Block(ROOT / "x.md", 1, text, None)
+    found = steps(block)
+    assert [s.words for s in found if s.words] == [["tokennet", "train", "vit"],
+                                                    ["tokennet", "examples", "runs/vit", "--out", "e"],
+                                                    ["tokennet", "list"]]
+    assert [s.shell for s in found if s.shell] == ["cat > a.txt <<'EOF'\ntokennet is not run here\nit's text\nEOF\n"
+                                                   "for w in a b; do\n  mkdir -p d/$w\ndone"]
+    assert shell_programs(found[1].shell) == ["cat", "for", "mkdir", "done"]
 
 
 # ------------------------------------------------------------------------------------------------------- rewriting
@@ -208,13 +281,9 @@ def small_train(args: list[str], workdir: Path) -> list[str]:
     rest += ["--max-iters", "4" if "--resume" in rest else "2"]
     if "--resume" in rest:  # the run's settings are its own
         return head + rest
-    if "--data" not in rest and recipe.name in SMOKE_DATA:
-        rest += ["--data", recipe.smoke_data(workdir)]
-    elif "--data" in rest and recipe.name in SMOKE_DATA:  # a directory of the reader's own: the smoke data
-        j = rest.index("--data") + 1
-        if not (workdir / rest[j]).exists():
-            (workdir / "smoke").mkdir(exist_ok=True)
-            shutil.move(recipe.smoke_data(workdir / "smoke"), workdir / rest[j])
+    if "--data" not in rest and recipe.name in SMOKE_DATA:  # the default data takes minutes to make
+        (workdir / ".smoke").mkdir(exist_ok=True)
+        rest += ["--data", recipe.smoke_data(workdir / ".smoke")]
     sets = {k: v for k, v in sets.items() if k not in ("max_iters", "time_budget")}
     shrink = INIT_SHRINK if "--init" in rest else SHRINK
     merged = {**({} if "--init" in rest else recipe.smoke), **sets, **STEPS}
@@ -226,54 +295,6 @@ def small_train(args: list[str], workdir: Path) -> list[str]:
         unused = recipe.unused({**recipe.defaults(), **merged})
         merged = {k: v for k, v in merged.items() if k not in unused or k in sets}
     return head + rest + ["--set", *(f"{k}={setting_value(v)}" for k, v in merged.items())]
-
-
-CORPUS = "".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(300))
-CHATS = [{"messages": [{"role": "user", "content": f"what is {i} plus {i}?"},
-                       {"role": "assistant", "content": f"{i} plus {i} is {2 * i}."}]} for i in range(20)]
-
-
-def _copy_example(src: Path, dest: Path) -> None:
-    """A held-out example file as ``dest``: copied, or a ``.npy`` image saved as the image file ``dest`` names."""
-    if src.suffix == dest.suffix or dest.suffix == ".npy":
-        shutil.copyfile(src, dest)
-        return
-    from PIL import Image
-
-    x = np.load(src) if src.suffix == ".npy" else np.asarray(Image.open(src))
-    if src.suffix == ".npy":
-        x = np.clip(np.moveaxis(x, 0, -1) * 255, 0, 255).astype(np.uint8).squeeze()
-    Image.fromarray(x).save(dest)
-
-
-def make_missing_files(args: list[str], workdir: Path) -> None:
-    """Make the files a command names that do not exist (see the module's docstring)."""
-    for prev, a in zip(["", *args], args):
-        path = workdir / a
-        if path.exists() or a.startswith("-"):
-            continue
-        if prev == "--data" and path.suffix == ".txt":
-            path.write_text(CORPUS)
-        elif prev == "--data" and path.suffix == ".jsonl":
-            path.write_text("".join(json.dumps(c) + "\n" for c in CHATS))
-    flag = None
-    for a in args:
-        if a.startswith("--"):
-            flag = a
-            continue
-        if flag not in INPUT_FLAGS or (workdir / a).exists():
-            continue
-        import tokennet
-
-        run_dir = next(x for x in args[1:] if not x.startswith("-"))
-        run = tokennet.load(workdir / run_dir)
-        (workdir / "examples-held-out").mkdir(exist_ok=True)
-        given = run.task.examples(run, workdir / "examples-held-out")
-        key = INPUT_FLAGS[flag] or next(iter(given))
-        value = given.get(key) or given[next(iter(given))]
-        value = value[0] if isinstance(value, list) else value
-        (workdir / a).parent.mkdir(parents=True, exist_ok=True)
-        _copy_example(Path(value), workdir / a)
 
 
 def small(args: list[str], workdir: Path) -> list[str]:
@@ -288,24 +309,37 @@ def small(args: list[str], workdir: Path) -> list[str]:
         if command in ("generate", "eval") and flag in args:
             j = args.index(flag)
             args = args[:j + 1] + [value] + args[j + 2:]
-    make_missing_files(args[i:], workdir)
     return args
 
 
 # ------------------------------------------------------------------------------------------------------ the runs
 
 
+def run_shell(block: Block, text: str, workdir: Path) -> None:
+    """Shell lines of a block, with bash in the page's directory (``python`` is this test's interpreter)."""
+    missing = [p for p in shell_programs(text) + text.split() if p in OPTIONAL_PROGRAMS and shutil.which(p) is None]
+    if missing:
+        pytest.skip(f"{block}: needs {missing[0]}, which this machine lacks (bash scripts/install.sh system)")
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    done = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", text], cwd=workdir, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, f"{block}: bash exited {done.returncode}:\n{text}\n{done.stderr[-2000:]}"
+
+
 @pytest.mark.slow  # a few minutes in all on 2 cores: test_every_command_parses is the fast check of every block
 @pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
 def test_page_runs(page, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    for name in ("examples", "bench"):
+    for name in CLONE:
         (tmp_path / name).symlink_to(ROOT / name)
     for block in blocks(page):
         if block.skip:
             continue
-        for words in commands(block):
-            args = small(tokennet_args(words), tmp_path)
+        for step in steps(block):
+            if step.shell is not None:
+                run_shell(block, step.shell, tmp_path)
+                continue
+            args = small(tokennet_args(step.words), tmp_path)
             rc = main(args)
             out = capsys.readouterr()
             assert rc == 0, f"{block}: tokennet {shlex.join(args)} exited {rc}:\n{out.err[-2000:]}"

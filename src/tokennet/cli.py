@@ -28,7 +28,8 @@ EPILOG = """examples:
   tokennet generate runs/gpt-char --prompt "ROMEO:" --max-new-tokens 200
   tokennet eval runs/gpt-char
   tokennet train vit                         # ViT on 8x8 digits, next to an RBF SVM
-  tokennet generate runs/vit --input digit.png
+  tokennet examples runs/vit --out examples-vit   # held-out digits as PNG files, with their labels
+  tokennet generate runs/vit --input examples-vit/image-0.png
   tokennet viz runs/vit --index 3            # attention maps, rollout, position similarity (PNG)
   tokennet --plugin my_task.py train my-task # a task of your own, in a file (see examples/)
   tokennet list
@@ -281,6 +282,29 @@ def _output_formats() -> str:
             "regression: graph, then its predicted values); --json prints each line as a JSON object of those fields.")
 
 
+def _add_examples(sub) -> None:
+    cmd = sub.add_parser(
+        "examples",
+        help="write a few held-out inputs of a run as files to try it on (pictures, clips, graphs, prompts)",
+        description="Write the first --count held-out examples of the run's own data into --out, as files its "
+        "`tokennet generate` takes: pictures as PNG (a 1-D model's signals as .npy), a question-answering run's "
+        "scenes as PNG with their questions and answers beside them (scene-K.json), audio clips as WAV, graphs as "
+        "the JSON --graphs reads (one graph a file), prompts and source texts as .txt; a multimodal run's in one "
+        "folder per task. The names are stable (image-0.png, clip-0.wav, graph-0.json, scene-0.png, "
+        "prompt-0.txt, ...). --out/examples.json indexes them: each example's files, its generate flags and its "
+        "label (the answer the held-out data gives). Prints each file with its label, then a generate command to "
+        "try. --out must be new, empty, or a directory tokennet examples wrote (replaced whole); nothing is "
+        "written when the command is refused.",
+        epilog="example: tokennet examples runs/vit --out examples-vit && "
+        "tokennet generate runs/vit --image examples-vit/image-0.png",
+    )
+    cmd.add_argument("run_dir", help="a run directory from `tokennet train`")
+    cmd.add_argument("--out", required=True, metavar="DIR", help="the directory to write the examples into")
+    cmd.add_argument("--count", type=int, default=None, metavar="N",
+                     help="how many held-out examples, 1 to 1000 (refused where the held-out data has fewer; a "
+                     "multimodal run: N per task). Default: 3, or all of them where there are fewer")
+
+
 def _add_viz(sub, declared) -> None:
     cmd = sub.add_parser(
         "viz",
@@ -427,6 +451,7 @@ def build_parser() -> argparse.ArgumentParser:
     declared = _declared()
     _add_train(sub)
     _add_generate(sub, declared)
+    _add_examples(sub)
     _add_eval(sub)
     _add_demo(sub)
     _add_viz(sub, declared)
@@ -574,6 +599,7 @@ def cmd_generate(args) -> int:
     """Hand the run's task the values of the flags it declares; refuse, in one line, any flag it does not take."""
     from .device import resolve_device
     from .tasks.base import check_values
+    from .tasks.example_files import examples_command
 
     inputs, options, _ = _declared()
     given = {n: getattr(args, n) for n in (*inputs, *options) if getattr(args, n, None) is not None}
@@ -604,7 +630,8 @@ def cmd_generate(args) -> int:
     try:
         check_values(task, values)
     except ValueError as error:
-        raise CLIError(f"{args.run_dir} is {task.a_name} run: {str(error).split(': ', 1)[1]}") from None
+        hint = f" (held-out inputs to try: {examples_command(args.run_dir)})" if task.declares("examples") else ""
+        raise CLIError(f"{args.run_dir} is {task.a_name} run: {str(error).split(': ', 1)[1]}{hint}") from None
     columns = task.table_columns(run) if args.json else ()
     if args.json and not columns:
         raise CLIError(f"--json: {args.run_dir} prints text, not a table ({task.name})")
@@ -629,6 +656,33 @@ def _table_record(columns: tuple[str, ...], line: str) -> dict:
         return field
 
     return dict(zip(columns, map(value, line.split("\t")), strict=True))
+
+
+def _asked(example, inputs) -> str:
+    """An example's text inputs (a prompt, a question) as the table shows them, quoted, before its label."""
+    texts = [json.dumps(example.values[i.name], ensure_ascii=False) for i in inputs
+             if not i.file and isinstance(example.values.get(i.name), str)]
+    return "".join(f"{text} " for text in texts)
+
+
+def cmd_examples(args) -> int:
+    """Write the run's held-out examples; print each with its label, then a generate command to try."""
+    from .tasks.example_files import DEFAULT_COUNT, INDEX_FILE, check_request, generate_command
+
+    check_request(args.out, DEFAULT_COUNT if args.count is None else args.count)  # before loading the run
+    run = _load_run(args.run_dir)
+    written = run.write_examples(args.out, args.count)
+    inputs = run.task.inputs
+    shown = [(" ".join(str(path) for path in example.files), _asked(example, inputs), example.label)
+             for example in written]
+    width = max(len(files) for files, _, _ in shown)
+    print(f"{len(written)} held-out example{'s' * (len(written) != 1)} of {args.run_dir} ({run.task.name}), "
+          "each with the answer its data gives:")
+    for files, asked, label in shown:
+        print(f"  {files:<{width}}  {asked}→ {' '.join(label.split())}")
+    print(f"  {Path(args.out) / INDEX_FILE}: the index (each example's files, generate flags and label)")
+    print(f"try: {generate_command(args.run_dir, written[0], inputs)}")
+    return 0
 
 
 def cmd_eval(args) -> int:
@@ -812,7 +866,7 @@ def cmd_serve(args) -> int:
     return 0
 
 
-COMMANDS = {"embed": cmd_embed, "export": cmd_export, "import": cmd_import,
+COMMANDS = {"embed": cmd_embed, "examples": cmd_examples, "export": cmd_export, "import": cmd_import,
             "list": cmd_list, "train": cmd_train, "generate": cmd_generate, "eval": cmd_eval, "demo": cmd_demo,
             "viz": cmd_viz, "report": cmd_report, "serve": cmd_serve, "explore": explore_command}
 

@@ -348,6 +348,12 @@ class Run:
         with torch.no_grad():
             return self.model.attention_maps(inputs)
 
+    def write_examples(self, out_dir: str | Path, count: int | None = None) -> list:
+        """Write ``count`` held-out inputs of this run's data (None: up to 3) into ``out_dir`` (``tokennet
+        examples``): files its task takes (PNG, WAV, graph JSON, text) and the index ``examples.json``; returns
+        them as :class:`~tokennet.tasks.example_files.Example` (``values`` for ``generate``, ``label``, ``files``)."""
+        return self.task.write_examples(self, out_dir, count)
+
 
 def load(path: str | Path, *, device: str | torch.device = "cpu", allow_pickle: bool = False) -> Run:
     """Load a run directory (or a bare saved model: ``config.json`` + ``model.safetensors``) as a :class:`Run`.

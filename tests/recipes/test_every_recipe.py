@@ -5,7 +5,8 @@ same tests the day it is registered (as timm's tests loop over ``list_models()``
   (evaluations *during* training, the recipe's ``finish``), and again after ``--resume``;
 - ``metrics.json`` equals what ``tokennet eval`` recomputes in a fresh process, metric by metric, and the
   model left in memory by training gives the logits of the model reloaded from disk;
-- ``tokennet generate`` answers one held-out input (the task's :meth:`~tokennet.tasks.Task.examples`);
+- ``tokennet examples`` writes held-out inputs (the task's :meth:`~tokennet.tasks.Task.examples`) and
+  ``tokennet generate`` answers each as the index ``examples.json`` gives its flags;
 - ``tokennet viz`` writes a PNG, and ``tokennet report`` writes valid, self-contained HTML that shows every
   metric exactly as ``metrics.json`` holds it;
 - every bad input the task declares (:meth:`~tokennet.tasks.Task.bad_inputs`) and a flag it does not take
@@ -158,16 +159,27 @@ def _flags(values: dict) -> list[str]:
 
 
 @pytest.mark.parametrize(("name", "variant"), CASES, ids=IDS)
-def test_generate_answers_a_held_out_input(name, variant, trained, tmp_path, capsys):
+def test_examples_writes_inputs_that_generate_answers(name, variant, trained, tmp_path, capsys):
+    """``tokennet examples`` writes held-out inputs and their index; ``generate`` answers each one as the index
+    gives its flags (from inside the examples directory, where the index's paths point)."""
     run_dir, _ = trained(name, variant)
     run = load(run_dir)
-    values = run.task.examples(run, tmp_path)
+    out_dir = tmp_path / "examples"
     capsys.readouterr()
-    assert _cli("generate", run_dir, *_flags(values), *(["--max-new-tokens", "4"] if "prompt" in values
-                                                         and "max_new_tokens" in [o.name for o in run.task.options]
-                                                         else [])) == 0
-    out = capsys.readouterr().out
-    assert out.strip(), f"{name}: generate printed nothing for {values}"
+    assert _cli("examples", run_dir, "--out", out_dir, "--count", 2) == 0
+    printed = capsys.readouterr().out
+    index = json.loads((out_dir / "examples.json").read_text())
+    assert index["task"] == run.task.name and len(index["examples"]) >= 2, index
+    takes_tokens = "max_new_tokens" in [o.name for o in run.task.options]
+    for example in index["examples"]:
+        files = [out_dir / file for file in example["files"]]
+        assert files and all(file.is_file() and file.stat().st_size > 0 for file in files), example
+        assert str(files[0]) in printed and " ".join(example["label"].split()) in printed
+        flags = [word for flag, value in example["generate"].items()
+                 for word in [flag, *([str(out_dir / v) for v in value] if isinstance(value, list) else [value])]]
+        assert _cli("generate", run_dir, *flags, *(["--max-new-tokens", "4"] if takes_tokens else [])) == 0
+        assert capsys.readouterr().out.strip(), f"{name}: generate printed nothing for {flags}"
+    assert f"try: tokennet generate {run_dir}" in printed
 
 
 @pytest.mark.parametrize(("name", "variant"), CASES, ids=IDS)
@@ -235,9 +247,10 @@ def test_bad_inputs_fail_in_one_line(name, variant, trained, tmp_path, capsys):
     foreign = "--bits" if "bits" not in {i.name for i in run.task.inputs} else "--image"
     err = _one_line_error(capsys, ["generate", run_dir, foreign, "x"])
     assert "does not apply" in err
-    # Missing required inputs.
+    # Missing required inputs: the message says how to get held-out ones.
     if any(i.required for i in run.task.inputs):
-        assert "pass --" in _one_line_error(capsys, ["generate", run_dir])
+        err = _one_line_error(capsys, ["generate", run_dir])
+        assert "pass --" in err and f"tokennet examples {run_dir} --out examples-{run_dir.name}" in err, err
 
 
 def test_every_recipe_declares_what_the_registry_tests_need():

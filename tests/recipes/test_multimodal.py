@@ -95,7 +95,9 @@ def test_five_modalities_one_run(tmp_path, capsys):
     assert {"text", "image", "audio", "sphere", "graph"} <= set(metrics)
     run = load(out)
     assert run.model.part("audio").head is run.model.part("image").head is run.model.part("sphere").head
-    examples = run.task.examples(run, tmp_path)
+    examples = {}
+    for example in run.write_examples(tmp_path / "examples", 1):
+        examples.update(example.values)
     # Each modality answered by its own head: classify as the CLI does, and the verbs.
     for flag in ("image", "audio", "sphere", "graphs"):
         capsys.readouterr()

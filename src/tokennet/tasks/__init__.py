@@ -31,9 +31,10 @@ from torch import Tensor
 from ..plugins import list_tasks as _list_tasks
 from ..plugins import task_for as _task_for
 from .base import OPTIONS, Input, Option, Task, all_verbs, as_paths, register_task, verb
+from .example_files import Example, take
 
 __all__ = ["Task", "Input", "Option", "OPTIONS", "verb", "as_paths", "register_task", "task_for", "list_tasks",
-           "all_verbs", "CausalLM", "ConditionalDecoder", "Classifier", "Embedder"]
+           "all_verbs", "Example", "take", "CausalLM", "ConditionalDecoder", "Classifier", "Embedder"]
 
 
 @runtime_checkable

@@ -14,6 +14,7 @@ from ..tokens.clips import classify_clip, load_clip
 from ..viz.explore.pictures import AudioExplorer
 from .base import HELP, Input, as_paths, register_task
 from .classification import ImageClassification
+from .example_files import Example, class_label, varied
 
 if TYPE_CHECKING:
     from ..run import Run
@@ -80,14 +81,18 @@ class AudioClassification(ImageClassification):
                                                  num_cols=(1, 2) if base else (1,))))
         return out
 
-    def examples(self, run: Run, directory: Path) -> dict[str, Any]:
+    def examples(self, run: Run, directory: Path, count: int = 1) -> list[Example]:
+        """``clip-K.wav`` per held-out clip (float samples at the model's rate), labelled with its class; the classes
+        in turn."""
         from scipy.io import wavfile
 
-        config = run.model.config
-        wave = run.data.held_out().x_test[0].numpy()
-        path = Path(directory) / "held_out_0.wav"
-        wavfile.write(path, config.sample_rate, wave)
-        return {"audio": [str(path)]}
+        data = run.data.held_out()
+        out = []
+        for k, item in enumerate(varied(data.y_test, count, run.path)):
+            path = Path(directory) / f"clip-{k}.wav"
+            wavfile.write(path, run.model.config.sample_rate, data.x_test[item].numpy())
+            out.append(Example({"audio": [str(path)]}, class_label(int(data.y_test[item]), data.labels), (path,)))
+        return out
 
     def bad_inputs(self, run: Run, directory: Path) -> list[tuple[dict[str, Any], str]]:
         root = Path(directory)

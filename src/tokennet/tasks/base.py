@@ -9,8 +9,8 @@ A task adapter knows how to use a model of some families at inference. It declar
   ``--beam-size``, ...). The CLI builds its flags from every registered task's declarations, sends a run's
   values to :meth:`Task.respond` and refuses, in one line, a flag the run's task does not take;
 - its **pictures** (:meth:`Task.draw`, what ``tokennet viz`` writes) and **report panel** (:meth:`Task.panel`);
-- one held-out input (:meth:`Task.examples`) and bad inputs that must fail in one line (:meth:`Task.bad_inputs`),
-  which the registry tests use for every task.
+- held-out inputs written as files (:meth:`Task.examples`, what ``tokennet examples`` writes) and bad inputs that
+  must fail in one line (:meth:`Task.bad_inputs`), which the registry tests use for every task.
 
 ``register_task(TaskClass)`` (a class decorator) registers one instance for each of ``TaskClass.families``.
 Held-out data always comes from the run's data spec (``run.data``), never from loose settings.
@@ -24,14 +24,25 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import DataError, RunError
+from ..fileio import atomic_directory
 from ..plugins import all_verbs
 from ..plugins import register_task as _register
+from .example_files import (
+    DEFAULT_COUNT,
+    INDEX_FILE,
+    Example,
+    check_request,
+    index_text,
+    missing_parents,
+    relocate,
+    removed_on_failure,
+)
 
 if TYPE_CHECKING:
     from ..run import Run
 
 __all__ = ["Task", "verb", "Input", "Option", "register_task", "all_verbs", "as_paths", "OPTIONS", "HELP",
-           "image_file_bad_inputs", "check_values"]
+           "image_file_bad_inputs", "check_values", "Example"]
 
 
 def verb(fn: Callable) -> Callable:
@@ -211,10 +222,32 @@ class Task:
         ``generate --json`` names them); empty where it prints free text. Default: :attr:`columns`."""
         return self.columns
 
-    # -- for tests and documentation ---------------------------------------------------------------------
-    def examples(self, run: Run, directory: Path) -> dict[str, Any]:
-        """One held-out input as ``tokennet generate`` values (files written into ``directory``)."""
-        raise RunError(f"a {self.name} run has no example input")
+    # -- held-out inputs, for people, tests and documentation ----------------------------------------------------
+    def examples(self, run: Run, directory: Path, count: int = 1) -> list[Example]:
+        """The first ``count`` held-out inputs of the run's data, written into ``directory`` as files a person can
+        use (PNG, WAV, the JSON ``--graphs`` reads, text), each with its ``tokennet generate`` values and label.
+        A task that overrides this has ``tokennet examples``; :func:`~tokennet.tasks.example_files.take` refuses
+        a ``count`` beyond the held-out data."""
+        raise RunError(f"{self.a_name} run has no held-out examples to write")
+
+    def write_examples(self, run: Run, out_dir: str | Path, count: int | None = None) -> list[Example]:
+        """``tokennet examples``: :meth:`examples` written into ``out_dir`` with its index ``examples.json``, all
+        or nothing (see :mod:`tokennet.tasks.example_files`); returns the examples with their final paths.
+        ``count``: exactly that many (refused where the held-out data has fewer); None: up to 3."""
+        count = DEFAULT_COUNT if count is None else count
+        check_request(out_dir, count)
+        if not self.declares("examples"):
+            raise RunError(f"{run.path} is {self.a_name} run: it has no held-out examples to write")
+        if run.data is None:
+            raise RunError(f"{run.path} has no held-out data of its own (an imported checkpoint or a bare model): "
+                           "no examples to write")
+        out = Path(out_dir)
+        with removed_on_failure(missing_parents(out)), atomic_directory(out) as built:
+            examples = [relocate(example, built, out) for example in self.examples(run, built, count)]
+            if not examples:
+                raise DataError(f"{run.path} holds no held-out examples to write")
+            (built / INDEX_FILE).write_text(index_text(run, examples, out), encoding="utf-8")
+        return examples
 
     def bad_inputs(self, run: Run, directory: Path) -> list[tuple[dict[str, Any], str]]:
         """Inputs that must fail in one line: ``(values, a fragment of the message)`` pairs."""

@@ -14,6 +14,7 @@ from ..errors import DataError
 from ..viz.explore.sequences import CaptionExplorer
 from . import ConditionalDecoder
 from .base import HELP, OPTIONS, Input, Task, as_paths, image_file_bad_inputs, register_task, verb
+from .example_files import Example, take
 
 if TYPE_CHECKING:
     from ..run import Run
@@ -73,13 +74,18 @@ class Captioning(Task):
 
         return captioning_panel(run, log)
 
-    def examples(self, run: Run, directory: Path) -> dict[str, Any]:
+    def examples(self, run: Run, directory: Path, count: int = 1) -> list[Example]:
+        """``image-K.png`` per held-out scene, labelled with its caption."""
         from ..data.image_files import write_image
-        from ..data.shapes import images_of
+        from ..data.shapes import caption, images_of
 
-        path = write_image(images_of(run.data.held_out()[:1], run.model.config.image_size)[0],
-                           Path(directory) / "held_out_0.npy")
-        return {"image": [str(path)]}
+        scenes = run.data.held_out()
+        scenes = [scenes[k] for k in take(count, len(scenes), run.path)]
+        out = []
+        for k, (scene, image) in enumerate(zip(scenes, images_of(scenes, run.model.config.image_size), strict=True)):
+            path = write_image(image, Path(directory) / f"image-{k}.png")
+            out.append(Example({"image": [str(path)]}, caption(scene), (path,)))
+        return out
 
     def bad_inputs(self, run: Run, directory: Path) -> list[tuple[dict[str, Any], str]]:
         import numpy as np

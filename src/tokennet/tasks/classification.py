@@ -14,6 +14,7 @@ from ..errors import DataError
 from ..viz.explore.pictures import ImageExplorer
 from . import Classifier
 from .base import HELP, Input, Task, as_paths, image_file_bad_inputs, register_task, verb
+from .example_files import Example, class_label, varied
 
 if TYPE_CHECKING:
     from ..run import Run
@@ -76,13 +77,21 @@ class ImageClassification(Task):
 
         return classifier_panel(run, log)
 
-    def examples(self, run: Run, directory: Path) -> dict[str, Any]:
-        x = run.data.held_out().x_test[0]
-        if run.model.config.is_1d:  # (C, L): a signal file
-            path = Path(directory) / "held_out_0.npy"
+    def examples(self, run: Run, directory: Path, count: int = 1) -> list[Example]:
+        """``image-K.png`` per held-out image (``signal-K.npy`` for a 1-D model), labelled with its class; the
+        classes in turn (:func:`~tokennet.tasks.example_files.varied`)."""
+        data = run.data.held_out()
+        return [self._write_input(run, data.x_test[item], Path(directory), k,
+                                  class_label(int(data.y_test[item]), data.classes))
+                for k, item in enumerate(varied(data.y_test, count, run.path))]
+
+    def _write_input(self, run: Run, x: torch.Tensor, directory: Path, k: int, label: str) -> Example:
+        if getattr(run.model.config, "is_1d", False):  # (C, L): a signal file
+            path = directory / f"signal-{k}.npy"
             np.save(path, x.numpy())
-            return {"image": [str(path)]}
-        return {"image": [str(write_image(x, Path(directory) / "held_out_0.png"))]}
+        else:
+            path = write_image(x, directory / f"image-{k}.png")
+        return Example({"image": [str(path)]}, label, (path,))
 
     def bad_inputs(self, run: Run, directory: Path) -> list[tuple[dict[str, Any], str]]:
         return image_file_bad_inputs(directory)

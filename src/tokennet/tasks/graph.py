@@ -25,6 +25,7 @@ from ..errors import DataError, RunError
 from ..tokens.graph import MAX_NODE_PAIRS, Graph, GraphBatch, collate_graphs, graph_size_problem, length
 from ..viz.explore.graphs import GraphExplorer
 from .base import Input, Task, register_task, verb
+from .example_files import Example, take, varied
 
 if TYPE_CHECKING:
     from ..run import Run
@@ -96,10 +97,10 @@ def _chunks(sizes: Sequence[int], cells: int = 2**21) -> Iterator[slice]:
     yield slice(start, len(sizes))
 
 
-def write_graphs(batch: GraphBatch, path: str | Path, count: int | None = None) -> Path:
-    """Write the first ``count`` graphs of a batch in the file format :func:`read_graphs` reads."""
+def write_graphs(batch: GraphBatch, path: str | Path, items: Sequence[int] | None = None) -> Path:
+    """Write the graphs ``items`` of a batch (default: all) in the file format :func:`read_graphs` reads."""
     graphs = []
-    for item in range(len(batch.x) if count is None else count):
+    for item in range(len(batch.x)) if items is None else items:
         n = int(batch.node_mask[item].sum())
         i, j = torch.triu(batch.adj[item, :n, :n], diagonal=1).nonzero(as_tuple=True)
         graph = {"nodes": batch.x[item, :n].tolist(), "edges": torch.stack([i, j], 1).tolist()}
@@ -150,7 +151,10 @@ class GraphPrediction(Task):
     @verb
     @torch.no_grad()
     def predict(self, run: Run, graphs) -> torch.Tensor:
-        """The model's outputs ``(B, K)`` for the graphs: class logits, or a regression's values in its units."""
+        """The model's raw outputs ``(B, K)`` for the graphs: class logits, or a regression's values in its units.
+        ``tokennet generate --graphs`` prints the values of a regression, and a classifier's :meth:`classify`
+        (``(class, probability)`` per graph, the softmax of these logits): this returns more than a classifier's
+        command prints."""
         return torch.cat([run.model(batch.to(run.device)).logits.float().cpu() for batch in self.batches(run, graphs)])
 
     @verb
@@ -188,9 +192,19 @@ class GraphPrediction(Task):
 
         return graph_panel(run, log)
 
-    def examples(self, run: Run, directory: Path) -> dict[str, Any]:
-        batch = run.data.held_out()[0]
-        return {"graphs": [str(write_graphs(batch, Path(directory) / "held_out_0.json", count=1))]}
+    def examples(self, run: Run, directory: Path, count: int = 1) -> list[Example]:
+        """``graph-K.json`` per held-out graph (one graph a file), labelled with its class (the classes in turn) or
+        its target values."""
+        batch, targets = run.data.held_out()
+        classes = targets.dim() == 1  # class indices (n,); a regression's targets are (n, K)
+        items = varied(targets, count, run.path) if classes else list(take(count, len(batch.x), run.path))
+        out = []
+        for k, item in enumerate(items):
+            path = write_graphs(batch, Path(directory) / f"graph-{k}.json", [item])
+            target = targets[item]
+            label = str(int(target)) if classes else "\t".join(f"{v:.6g}" for v in target.tolist())
+            out.append(Example({"graphs": [str(path)]}, label, (path,)))
+        return out
 
     def bad_inputs(self, run: Run, directory: Path) -> list[tuple[dict[str, Any], str]]:
         root = Path(directory)

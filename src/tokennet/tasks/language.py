@@ -24,6 +24,7 @@ from ..speculative import (
 from ..viz.explore.text import LanguageExplorer
 from . import CausalLM
 from .base import HELP, OPTIONS, Input, Option, Task, register_task, verb
+from .example_files import Example, take
 
 __all__ = ["LanguageModel", "stream_text", "generate_batch", "check_speculation"]
 
@@ -264,10 +265,23 @@ class LanguageModel(Task):
 
         return language_panel(run, log)
 
-    def examples(self, run: Run, directory: Path) -> dict[str, Any]:
-        """The first tokens of the run's validation split, as a prompt."""
-        val = run.data.held_out(run.tokenizer, run.model.config.block_size)
-        return {"prompt": run.tokenizer.decode(val[:8].tolist()) or "\n"}
+    def examples(self, run: Run, directory: Path, count: int = 1) -> list[Example]:
+        """``prompt-K.txt``: prompts of up to 16 tokens spread over the validation split (each from the start of a
+        line where one begins nearby), labelled with the 24 tokens that follow it there."""
+        block_size, tokenizer = run.model.config.block_size, run.tokenizer
+        val = run.data.held_out(tokenizer, block_size).tolist()
+        prompt, follows = min(16, max(1, block_size // 2)), 24
+        spacing = len(val) // count
+        out = []
+        for k in take(count, len(val) // (prompt + follows), run.path):
+            start = next((j for j in range(k * spacing, k * spacing + spacing - prompt - follows)
+                          if j > 0 and tokenizer.decode(val[j - 1:j]).endswith("\n")), k * spacing)
+            text = tokenizer.decode(val[start:start + prompt]) or "\n"
+            path = Path(directory) / f"prompt-{k}.txt"
+            path.write_text(text, encoding="utf-8")
+            label = tokenizer.decode(val[start + prompt:start + prompt + follows])
+            out.append(Example({"prompt": text}, label, (path,)))
+        return out
 
     def evaluate(self, run: Run, data: str | None, *, stride: int | None = None) -> dict[str, Any]:
         """``tokennet eval`` of a language model on the text file ``data``: loss, perplexity and bits per byte.

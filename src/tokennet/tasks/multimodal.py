@@ -26,6 +26,7 @@ from ..plugins import task_for
 from ..tokens.graph import GraphBatch
 from ..viz.explore.multimodal import MultimodalExplorer
 from .base import HELP, Input, Task, as_paths, register_task, verb
+from .example_files import Example, examples_command
 from .language import LanguageModel
 
 if TYPE_CHECKING:
@@ -88,7 +89,8 @@ class MultimodalTask(Task):
     # -- verbs ---------------------------------------------------------------------------------------------------
     @verb
     def generate(self, run: Run, prompt: str | list[str] = "\n", max_new_tokens: int = 200, **kw):
-        """The text part's continuation of ``prompt`` (see :meth:`LanguageModel.generate`)."""
+        """The text part's continuation of ``prompt`` (see :meth:`LanguageModel.generate`; ``include_prompt=True``:
+        what ``tokennet generate --prompt`` prints)."""
         part = self._need(run, "text", "prompt")
         return part.task.generate(part, prompt, max_new_tokens, **kw)
 
@@ -118,7 +120,10 @@ class MultimodalTask(Task):
 
     @verb
     def predict(self, run: Run, graphs) -> torch.Tensor:
-        """The graph head's outputs ``(B, K)`` (see :meth:`~tokennet.tasks.graph.GraphPrediction.predict`)."""
+        """The graph head's raw outputs ``(B, K)``: class logits, or a regression's values (see
+        :meth:`~tokennet.tasks.graph.GraphPrediction.predict`). For a graph classifier ``tokennet generate --graphs``
+        prints :meth:`classify`'s ``(class, probability)`` per graph, computed from these logits; a regression's
+        values are what it prints."""
         part = self._need(run, "graph", "graphs")
         return part.task.predict(part, graphs)
 
@@ -128,7 +133,8 @@ class MultimodalTask(Task):
         given = [name for name, (flag, _) in INPUT_OF.items() if values.get(flag) not in (None, [], "")]
         if not given:
             flags = ", ".join("--" + INPUT_OF[name][0] for name in self.trained(run))
-            raise DataError(f"a multimodal run takes an input of a task it was trained on: pass one of {flags}")
+            raise DataError(f"a multimodal run takes an input of a task it was trained on: pass one of {flags} "
+                            f"(held-out inputs to try: {examples_command(run.path)})")
         # all refused before any answer
         parts = {name: self._need(run, name, "--" + INPUT_OF[name][0]) for name in given}
         for name, part in parts.items():
@@ -137,13 +143,17 @@ class MultimodalTask(Task):
             yield from part.task.respond(part, {**{k: v for k, v in values.items() if k in mine},
                                                 theirs: values[flag]})
 
-    def examples(self, run: Run, directory: Path) -> dict[str, Any]:
-        out = {}
+    def examples(self, run: Run, directory: Path, count: int = 1) -> list[Example]:
+        """Each task's own examples, in ``directory/<task>/`` (``text/prompt-0.txt``, ``image/image-0.png``, ...),
+        with the flag this run takes them by (``--sphere`` for the sphere task's pictures)."""
+        out = []
         for name in self.trained(run):
             part = part_run(run, name)
             task_dir = Path(directory) / name
             task_dir.mkdir(parents=True, exist_ok=True)
-            out[INPUT_OF[name][0]] = part.task.examples(part, task_dir)[INPUT_OF[name][1]]
+            flag, theirs = INPUT_OF[name]
+            out += [Example({flag: example.values[theirs]}, example.label, example.files)
+                    for example in part.task.examples(part, task_dir, count)]
         return out
 
     def bad_inputs(self, run: Run, directory: Path) -> list[tuple[dict[str, Any], str]]:

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
-from ..data.image_files import read_image, write_image
+from ..data.image_files import read_image
 from ..errors import DataError, RunError
 from ..viz.explore.sphere import SphereExplorer
 from .base import as_paths, register_task
 from .classification import ImageClassification
+from .example_files import Example, class_label, varied
 
 if TYPE_CHECKING:
     from ..run import Run
@@ -42,9 +43,11 @@ class SphereClassification(ImageClassification):
 
         return sphere_panel(run, log)
 
-    def examples(self, run: Run, directory: Path) -> dict[str, Any]:
-        _, _, (x, _) = run.data.split()
-        return {"image": [str(write_image(x[0], Path(directory) / "held_out_0.png"))]}
+    def examples(self, run: Run, directory: Path, count: int = 1) -> list[Example]:
+        """``image-K.png`` per held-out test image (flat: ``generate`` projects it as the run's data did)."""
+        _, _, (x, y) = run.data.split()
+        return [self._write_input(run, x[item], Path(directory), k, class_label(int(y[item]), None))
+                for k, item in enumerate(varied(y, count, run.path))]
 
     def inputs_of(self, run: Run, inputs) -> torch.Tensor:
         config = run.model.config

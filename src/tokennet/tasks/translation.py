@@ -19,6 +19,7 @@ from ..errors import DataError
 from ..viz.explore.sequences import TranslationExplorer
 from . import ConditionalDecoder
 from .base import HELP, OPTIONS, Input, Task, register_task, verb
+from .example_files import Example, take
 
 if TYPE_CHECKING:
     from ..run import Run
@@ -94,8 +95,16 @@ class Translation(Task):
 
         return translation_panel(run, log)
 
-    def examples(self, run: Run, directory: Path) -> dict[str, Any]:
-        return {"prompt": run.data.held_out()[0][0]}
+    def examples(self, run: Run, directory: Path, count: int = 1) -> list[Example]:
+        """``prompt-K.txt`` per held-out source text, labelled with its translation."""
+        pairs = run.data.held_out()
+        out = []
+        for k in take(count, len(pairs), run.path):
+            source, target = pairs[k][:2]
+            path = Path(directory) / f"prompt-{k}.txt"
+            path.write_text(source, encoding="utf-8")
+            out.append(Example({"prompt": source}, target, (path,)))
+        return out
 
     def bad_inputs(self, run: Run, directory: Path) -> list[tuple[dict[str, Any], str]]:
         limit = run.model.config.max_source_len

@@ -14,6 +14,7 @@ that lands on the patches of the objects it asks about, divided by those patches
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +29,7 @@ from ..errors import DataError, RunError
 from ..viz.explore.pictures import QuestionExplorer
 from ..viz.vqa import question_rollout
 from .base import HELP, Input, Option, Task, as_paths, image_file_bad_inputs, register_task, verb
+from .example_files import Example, take
 from .vqa_heads import EVAL_BATCH, head_statistics, question_maps
 
 if TYPE_CHECKING:
@@ -455,12 +457,26 @@ class VisualQuestionAnswering(Task):
         return vqa_panel(run)
 
     # -- for tests and documentation ------------------------------------------------------------------------
-    def examples(self, run: Run, directory: Path) -> dict[str, Any]:
+    def examples(self, run: Run, directory: Path, count: int = 1) -> list[Example]:
+        """``scene-K.png`` per held-out picture and ``scene-K.json``, the held-out questions about it with their
+        answers; the example asks the first of them."""
         from ..data.image_files import write_image
 
-        held = run.data.held_out()
-        return {"image": [str(write_image(held.images[0], Path(directory) / "held_out_0.npy"))],
-                "prompt": held.questions[0]}
+        held, answers = run.data.held_out(), run.data.answers
+        pictures: dict[bytes, list[int]] = {}  # a picture's bytes → the held-out questions about it, in order
+        for i in range(len(held)):
+            pictures.setdefault(held.images[i].numpy().tobytes(), []).append(i)
+        groups = list(pictures.values())
+        out = []
+        for k in take(count, len(groups), run.path):
+            image = write_image(held.images[groups[k][0]], Path(directory) / f"scene-{k}.png")
+            asked = [{"question": held.questions[i], "answer": answers[int(held.answers[i])],
+                      "template": held.templates[i]} for i in groups[k]]
+            questions = Path(directory) / f"scene-{k}.json"
+            questions.write_text(json.dumps({"image": image.name, "questions": asked}, indent=1) + "\n")
+            out.append(Example({"image": [str(image)], "prompt": asked[0]["question"]}, asked[0]["answer"],
+                               (image, questions)))
+        return out
 
     def bad_inputs(self, run: Run, directory: Path) -> list[tuple[dict[str, Any], str]]:
         import numpy as np
