@@ -112,8 +112,24 @@ with tempfile.TemporaryDirectory() as run_dir:
     run = tokennet.load(run_dir)                                  # model, tokenizer, settings, metrics, task
     text = run.generate("the ", 20, temperature=0)                # an untrained model: 20 characters of noise
     texts = run.generate(["the ", "a quick", "lazy"], 10, temperature=0)  # batched by the serving engine
+    shown = run.generate("the ", 20, temperature=0, include_prompt=True)   # what `tokennet generate` prints
 assert "generate" in run.verbs and isinstance(text, str) and len(texts) == 3   # run.verbs: what its task does
+assert shown == "the " + text
 ```
+
+What `tokennet generate RUN` prints is what a verb returns, for the same run, options and seed (the command adds
+the formatting: tabs, newlines, file names):
+
+| task | `tokennet generate` prints | the verb |
+|---|---|---|
+| language model | `--prompt P`: the prompt, its continuation, a newline (`--chat`: the reply alone) | `run.generate(P, n, include_prompt=True)`; without `include_prompt` (the default) the continuation alone |
+| translation | the translation of `--prompt` | `run.translate(text)` |
+| captioning | a caption per `--image` | `run.caption(paths)` |
+| image, sphere classification | `PATH`, class, probability per file | `run.classify(paths)`: `(class, probability)` per file |
+| audio classification | `FILE`, class, class name, probability per file | `run.classify(paths)`; the names: `run.task.label_names(run)` |
+| graph prediction | a classifier: graph, class, probability; a regression: graph, its values | `run.classify(graphs)`; `run.predict(graphs)` returns more: the raw outputs (a classifier's logits, a regression's values) |
+| visual question answering | the answer per `--image` | `run.answer(paths, question)` |
+| multimodal | each input answered by its task, as above | the same verbs on the multimodal run: `run.generate`, `run.classify(inputs)` (the head by the inputs' kind), `run.predict(graphs)` (the graph head's raw outputs) |
 '''
 
 

@@ -221,17 +221,22 @@ class LanguageModel(Task):
                                          "no_compile", "compile", "quantize", "chat")) + SPECULATIVE
 
     @verb
-    def generate(self, run: Run, prompt: str | list[str] = "\n", max_new_tokens: int = 200, **kw) -> str | list[str]:
-        """The continuation of ``prompt`` (without the prompt); options as in :func:`stream_text`.
+    def generate(self, run: Run, prompt: str | list[str] = "\n", max_new_tokens: int = 200, *,
+                 include_prompt: bool = False, **kw) -> str | list[str]:
+        """The continuation of ``prompt``; options as in :func:`stream_text`.
 
-        A list of prompts is decoded in one batch by the serving engine (:func:`generate_batch`, which also takes
-        ``max_batch``): one text per prompt.
+        ``include_prompt=True`` puts the prompt in front, as ``tokennet generate --prompt`` prints it: the command
+        prints ``run.generate(prompt, n, include_prompt=True, ...)`` and a newline, for the same options and seed.
+        The default leaves the prompt out (the continuation alone, as before). A list of prompts is decoded in one
+        batch by the serving engine (:func:`generate_batch`, which also takes ``max_batch``): one text per prompt.
         """
         if isinstance(prompt, (list, tuple)):
             if kw.get("speculative", "off") != "off" or kw.get("draft") is not None:
                 raise RunError("speculative decoding continues one prompt at a time: give one prompt")
-            return generate_batch(run, list(prompt), max_new_tokens, **kw)
-        return "".join(stream_text(run, prompt, max_new_tokens, **kw))
+            texts = generate_batch(run, list(prompt), max_new_tokens, **kw)
+            return [p + text for p, text in zip(prompt, texts, strict=True)] if include_prompt else texts
+        text = "".join(stream_text(run, prompt, max_new_tokens, **kw))
+        return prompt + text if include_prompt else text
 
     def respond(self, run: Run, values: dict[str, Any]) -> Iterator[str]:
         """Echo the prompt, then stream the continuation (``--chat``: the reply to the prompt as a user message)."""
