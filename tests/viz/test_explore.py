@@ -386,3 +386,10 @@ def test_every_task_explores_or_refuses_in_one_line():
     assert "cnn" in without and not without & {"vit", "gpt", "vqa-transformer", "graph", "ast", "sphere", "captioner",
                                                    "captioner-prefix", "seq2seq", "bahdanau", "text-encoder",
                                                    "multimodal"}
+
+
+def test_the_runs_own_head_measures_are_listed(pages):
+    client, explore = pages["vqa"]
+    measures = client.get("/api/run").json()["head_measures"]
+    distances = {(m["layer"], m["head"]): m["value"] for m in measures if m["name"] == "head distance"}
+    assert distances == {(0, head): explore.run.metrics[f"head_distance_layer0_head{head}"] for head in range(2)}

@@ -23,6 +23,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import re
 import threading
 from collections import OrderedDict
 from importlib import resources
@@ -51,6 +52,7 @@ MAX_JSON = 1024 * 1024  # bytes of a JSON body (a typed text, a graph)
 KEEP = 8  # inputs remembered (the page asks about the last one; a few more for other tabs)
 EXAMPLES = 50  # held-out examples listed on the page
 STATIC = {"explore.js": "text/javascript", "explore.css": "text/css"}
+HEAD_MEASURE = re.compile(r"^(?P<name>.+)_layer(?P<layer>\d+)(?:_head(?P<head>\d+))?$")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
@@ -72,7 +74,7 @@ class Explore:
                            "explore to draw; `tokennet viz` draws what it has (a CNN: its class activation map)")
         if explorer_class is None:
             raise RunError(f"{run.path}: tokennet explore does not show {run.task.name} runs yet; `tokennet viz` "
-                           "draws their attention")
+                           "draws their pictures")
         self.run = run
         self.explorer: Explorer = explorer_class(run)
         self.inputs: OrderedDict[str, tuple[Exploration, Inspection, dict]] = OrderedDict()
@@ -81,8 +83,10 @@ class Explore:
         self.lock = threading.Lock()
 
     def describe(self) -> dict[str, Any]:
-        return {"run": self.run.path.name, "task": self.run.task.name, "family": self.run.family,
-                "accepts": list(self.explorer.accepts), "examples": self.explorer.examples(EXAMPLES)}
+        return {"run": self.run.path.name, "task": self.run.task.name, "a_task": self.run.task.a_name,
+                "family": self.run.family,
+                "accepts": list(self.explorer.accepts), "examples": self.explorer.examples(EXAMPLES),
+                "head_measures": head_measures(self.run.metrics)}
 
     def add(self, make) -> dict[str, Any]:
         """Build an input with ``make()`` (the explorer's), compute its attention and prediction; remember it."""
@@ -141,6 +145,20 @@ class Explore:
         if "vector" in prediction:
             out["cosine"] = _cosine(prediction["vector"], ablated["vector"])
         return out
+
+
+def head_measures(metrics: dict[str, Any]) -> list[dict[str, Any]]:
+    """The run's own measures of what a layer or a head does (``metrics.json``'s ``NAME_layerL`` and
+    ``NAME_layerL_headH`` numbers, e.g. a vqa run's mean attention distance per head), for the page to show beside
+    the picked layer and head."""
+    out = []
+    for key, value in metrics.items():
+        found = HEAD_MEASURE.match(key)
+        if found and isinstance(value, (int, float)) and not isinstance(value, bool):
+            head = found["head"]
+            out.append({"name": found["name"].replace("_", " "), "layer": int(found["layer"]),
+                        "head": None if head is None else int(head), "value": value})
+    return out
 
 
 def _public(prediction: dict) -> dict:

@@ -182,28 +182,36 @@ READY = "window.explore && window.explore.ready && window.explore.draws > 0 && w
 
 
 def screenshots(run_dir: str | Path, out_dir: str | Path, *, name: str | None = None) -> list[Path]:
-    """The tutorial's pictures of one run: the page after it opens, and after a click on a token and a change of
-    head (``explore-<name>.png``, shrunk to a small 256-colour PNG)."""
+    """The tutorial's picture of one run's page (``explore-<name>.png``, a small 256-colour PNG): its first held-out
+    example, a token clicked (a written token's cross-attention where the run has one, else a patch or a node of
+    the picture or the graph, else a token of the text), head 1 picked and ablated."""
     from ..report.browser import docs_image
     from .app import open_run
 
     explore = open_run(run_dir)
-    name = name or Path(run_dir).name
-    out = Path(out_dir) / f"explore-{name}.png"
+    out = Path(out_dir) / f"explore-{name or Path(run_dir).name}.png"
     with PageServer(explore) as server, Browser(width=1400, height=900) as browser:
         browser.goto(server.url)
         browser.wait_for(READY)
-        canvas = browser.evaluate("(() => { const c = document.querySelector('#views canvas'); return !!c; })()")
-        if canvas:
-            browser.click_element("#views canvas", 0.3, 0.6)
+        kinds = browser.evaluate("window.explore.input.kinds")
+        if "cross" in kinds:
+            cross = kinds["cross"]
+            browser.click_element(f'.chip[data-index="{cross["query_offset"] + min(3, cross["queries"] - 1)}"]')
+            browser.wait_for(READY)
+            browser.choose("kind", "cross")
+        elif browser.evaluate("!!document.querySelector('#views canvas')"):
+            browser.click_element("#views canvas", 0.35, 0.55)
         else:
-            browser.click_element("#views .chip:nth-child(3)")
+            count = browser.evaluate("document.querySelectorAll('#views .chip').length")
+            browser.click_element(f"#views .chip:nth-child({max(1, count * 2 // 3)})")
         browser.wait_for(READY)
         browser.choose("head", "1")
+        browser.click_element("#ablate")
+        browser.wait_for("document.getElementById('ablated').textContent.includes('ablated')")
         browser.screenshot(out)
         if browser.console:
             raise RuntimeError(f"the page logged: {browser.console}")
-    docs_image(out, top=900, width=900)
+    docs_image(out, top=900, width=1000)
     return [out]
 
 
@@ -211,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tokennet.viz.explore.browser",
                                      description="Screenshots of the explore page of runs, for the docs.")
     parser.add_argument("runs", nargs="+", help="run directories")
-    parser.add_argument("--out", default="docs/images", help="where the PNGs go (default docs/images)")
+    parser.add_argument("--out", default="docs/explore", help="where the PNGs go (default docs/explore)")
     args = parser.parse_args(argv)
     for run_dir in args.runs:
         for path in screenshots(run_dir, args.out):

@@ -75,29 +75,34 @@ class LanguageExplorer(_TextExplorer):
             starts = range(0, max(1, len(val) - length), max(1, (len(val) - length) // 8 or 1))
             self.texts = [self.tok.decode(val[start:start + length].tolist()) for start in list(starts)[:8]]
 
-    def continuation(self, ids: list[int], count: int) -> list[int]:
-        """``count`` greedy tokens after ``ids`` (the whole window recomputed each step: a few tokens only)."""
-        idx = torch.tensor([ids], device=self.run.device)
+    def continuation(self, ids: list[int], count: int) -> tuple[list[int], torch.Tensor]:
+        """``count`` greedy tokens after ``ids``, over a KV cache (the input read once, then one token a step), and
+        the next-token probabilities after ``ids`` ``(V,)``."""
+        model = self.run.model
+        out: list[int] = []
         with torch.no_grad():
+            caches = model.make_caches(len(ids) + max(count, 1))
+            logits = model(torch.tensor([ids], device=self.run.device), caches=caches).logits[:, -1]  # (1, V)
+            first = logits[0].float().softmax(-1).cpu()
             for _ in range(count):
-                logits = self.run.model(idx[:, -self.context:]).logits[:, -1]  # (1, V)
-                idx = torch.cat([idx, logits.argmax(-1, keepdim=True)], 1)
-        return idx[0, len(ids):].tolist()
+                out.append(int(logits.argmax(-1)))
+                if len(out) < count:
+                    logits = model(torch.tensor([[out[-1]]], device=self.run.device), caches=caches).logits[:, -1]
+        return out, first
 
     def explore(self, ids: list[int], title: str) -> Exploration:
         if not ids:
             raise DataError("the text has no tokens")
         count = max(0, min(CONTINUATION, self.context - len(ids)))
-        generated = self.continuation(ids, count)
+        generated, _ = self.continuation(ids, count)
         full = torch.tensor([ids + generated], device=self.run.device)  # (1, T)
         tokens = text_tokens([self.piece(i) for i in ids + generated])
         for token in tokens[len(ids):]:
             token["generated"] = True
 
         def predict() -> dict[str, Any]:
-            with torch.no_grad():
-                probs = self.run.model(full[:, :len(ids)]).logits[0, -1].float().softmax(-1).cpu()
-            text = self.tok.decode(self.continuation(ids, count)) if count else "(the context is full)"
+            written, probs = self.continuation(ids, count)
+            text = self.tok.decode(written) if count else "(the context is full)"
             return {"text": text, "top": top_k(probs, None, 5, label=self.piece)}
 
         def per_token() -> list[list[list[Any]]]:

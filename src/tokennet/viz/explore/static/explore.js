@@ -22,6 +22,9 @@ function showError(message) {
   box.textContent = message || "";
 }
 
+// A token as a chip shows it: a newline, a tab and a lone space made visible.
+const visible = (label) => (label === " " ? "␣" : String(label).replace(/\n/g, "↵").replace(/\t/g, "⇥"));
+
 function option(select, value, text) {
   const item = document.createElement("option");
   item.value = value;
@@ -168,7 +171,7 @@ function drawViews() {
     if (token.view === null || state.input.views[token.view].kind === "text") {
       const chip = document.createElement("span");
       chip.className = "chip" + (token.generated ? " generated" : "");
-      chip.textContent = token.label;
+      chip.textContent = visible(token.label);
       chip.title = `token ${index}: ${JSON.stringify(token.label)}`;
       chip.dataset.index = index;
       chip.onclick = () => selectQuery(index);
@@ -242,8 +245,9 @@ function shownWeights() {
   return heads[Number(head)];
 }
 
-function heatColour(share) {
-  return `rgba(232, 89, 12, ${(0.1 + 0.85 * share).toFixed(3)})`;
+// Orange, as opaque as the weight is large against the largest (over a picture a little less, so it shows through).
+function heatColour(share, strongest = 0.95) {
+  return `rgba(232, 89, 12, ${(0.05 + (strongest - 0.05) * share).toFixed(3)})`;
 }
 
 function drawView(name, view, canvas, weights, keyTokens, query) {
@@ -262,7 +266,7 @@ function drawView(name, view, canvas, weights, keyTokens, query) {
       if (token.view !== name || w === null) return;
       const share = w / peak;
       if (share < 0.02) return;
-      context.fillStyle = heatColour(share);
+      context.fillStyle = heatColour(share, 0.8);
       context.fillRect(...cellBox(view, token.cell, sx, sy));
     });
     const picked = query !== null && state.input.tokens[query];
@@ -319,6 +323,7 @@ function redraw() {
   $("legend").textContent = weights ? `orange: how much the picked token takes from each token (scaled to the largest, ${peak.toFixed(3)}; uniform would be ${(1 / weights.length).toFixed(3)})` : "";
   drawModelView();
   showNext();
+  showMeasures();
   state.draws += 1;
 }
 
@@ -369,7 +374,7 @@ function bars(top) {
   for (const [name, p] of top) {
     const row = document.createElement("div");
     row.className = "bar";
-    const label = document.createElement("span"); label.textContent = name;
+    const label = document.createElement("span"); label.textContent = visible(name);
     const fill = document.createElement("span"); fill.className = "fill"; fill.style.width = `${(100 * Math.abs(p) / peak).toFixed(1)}%`;
     const value = document.createElement("span"); value.textContent = Number(p).toFixed(3);
     row.append(label, fill, value);
@@ -385,6 +390,23 @@ function showPrediction(prediction, box, heading) {
   text.className = "pred";
   text.textContent = prediction.text;
   box.append(text, bars(prediction.top));
+}
+
+// The run's own measures of the picked layer and head (metrics.json's NAME_layerL[_headH]), where it has them.
+function showMeasures() {
+  const box = $("measures"), layer = Number($("layer").value), head = $("head").value;
+  box.textContent = "";
+  const shown = (state.run.head_measures || []).filter((m) => m.layer === layer && (m.head === null || String(m.head) === head));
+  if (!shown.length) return;
+  const heading = document.createElement("h3");
+  heading.textContent = `what the run measured of layer ${layer}` + (/^\d+$/.test(head) ? `, head ${head}` : "");
+  box.appendChild(heading);
+  for (const m of shown) {
+    const row = document.createElement("div");
+    row.className = "sub";
+    row.textContent = `${m.name}${m.head === null ? "" : " (this head)"}: ${Number(m.value).toPrecision(4)}`;
+    box.appendChild(row);
+  }
 }
 
 function showNext() {
@@ -413,7 +435,7 @@ async function start() {
   try {
     const run = await api("/api/run");
     state.run = run;
-    $("run").textContent = `${run.run} — a ${run.task} run (${run.family})`;
+    $("run").textContent = `${run.run} — ${run.a_task} run (${run.family})`;
     run.examples.forEach((label, i) => option($("example"), i, label));
     $("example").onchange = () => pick({ example: Number($("example").value) });
     customForm(run.accepts);
