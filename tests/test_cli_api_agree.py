@@ -1,5 +1,6 @@
 """One behaviour for the command line and the API: what ``tokennet generate`` prints is what a verb returns, for the
-same run and options (issue 61; docs/python-api.md has the table)."""
+same run and options (issue 61; docs/python-api.md has the table); and ``eval`` refuses, in one line, a flag the run
+cannot use."""
 
 from __future__ import annotations
 
@@ -62,3 +63,18 @@ def test_a_graph_classifier_prints_run_classify_and_run_predict_returns_its_logi
     assert [round(prob, 4) for _, prob in classified] == [prob for _, prob in printed]
     logits = run.predict(graphs)  # more than the command prints: the raw outputs it computes them from
     assert logits.shape[0] == 3 and logits.argmax(-1).tolist() == [label for label, _ in printed]
+
+
+@pytest.mark.parametrize("kind, argv, fragment", [
+    ("graph", ["--data", "other.json"], "takes no other data"),
+    ("multimodal", ["--data", "other"], "takes no --data"),
+    ("graph", ["--stride", "4", "--data", "notes.txt"], "--stride applies to language-model runs"),
+    ("lm", ["--stride", "4"], "--stride needs --data"),
+])
+def test_eval_refuses_a_flag_the_runs_task_cannot_use_in_one_line(kind, argv, fragment, runs, capsys):
+    before = sorted(path.name for path in runs[kind].iterdir())
+    capsys.readouterr()
+    assert main(["eval", str(runs[kind]), *argv]) == 2
+    err = capsys.readouterr().err
+    assert fragment in err and err.count("\n") == 1, err
+    assert sorted(path.name for path in runs[kind].iterdir()) == before  # nothing written
