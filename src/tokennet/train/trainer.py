@@ -24,6 +24,7 @@ from torch import nn
 
 from ..errors import ConfigError, RunError, TrainingStopped, one_line
 from ..layers.stack import set_checkpointing
+from ..progress import phase
 from ..run_files import CHECKPOINT_DIR, LOG_FILE
 from ..state import check_state_dict
 from .budget import RunClock
@@ -418,8 +419,9 @@ class Trainer:
             report.close(last_loss)
             for signum, handler in old.items():
                 signal.signal(signum, handler)
-        final = self._eval_record(last_loss, report.t_fit, at_end=True)
-        self.save()
+        with phase(f"{self.label}: evaluating and saving" if self.label else "evaluating and saving the last step"):
+            final = self._eval_record(last_loss, report.t_fit, at_end=True)
+            self.save()
         return final
 
     def _open_outputs(self) -> None:
