@@ -177,7 +177,8 @@ def _refused(response, status: int, fragment: str) -> None:
 def test_bad_inputs_are_a_4xx_with_one_line(pages):
     vit, _ = pages["vit"]
     shown = vit.post("/api/input", json={"example": 0}).json()
-    _refused(vit.post("/api/upload?kind=audio", content=b"RIFF....WAVE"), 400, "takes a image file")
+    _refused(vit.post("/api/upload?kind=audio", content=b"RIFF....WAVE"), 400,
+             "takes an image file, not an audio upload")
     _refused(vit.post("/api/upload?kind=image", content=b"\0" * (50 * 2**20)), 413, f"{MAX_UPLOAD:,}")
     _refused(vit.post("/api/upload?kind=image", content=_png_bytes((5, 7), "L")), 400, "resize it first")
     _refused(vit.post("/api/upload?kind=image", content=b"not a picture"), 400, "the uploaded image")
@@ -352,6 +353,13 @@ def test_the_page_in_chromium(pages, tmp_path):
         browser.wait_for("document.getElementById('ablated').textContent.includes('ablated')")
         shot = browser.screenshot(tmp_path / "explore.png")
         assert browser.console == []
+        wave = tmp_path / "clip.wav"
+        wave.write_bytes(b"RIFF" + bytes(40))
+        browser.upload("#file", wave)  # a sound to a picture run: one line on the page, from a 400
+        message = browser.wait_for("!document.getElementById('error').hidden && "
+                                   "document.getElementById('error').textContent")
+        assert message.startswith("the uploaded image") and "\n" not in message, message
+        assert all("status of 400" in line for line in browser.console), browser.console
     pixels = np.asarray(Image.open(shot).convert("L"), dtype=np.float32)
     assert pixels.std() > 20 and (pixels < 100).mean() > 0.01  # not blank: text, the picture, the heat
 

@@ -78,7 +78,7 @@ class Explore:
         self.run = run
         self.explorer: Explorer = explorer_class(run)
         self.inputs: OrderedDict[str, tuple[Exploration, Inspection, dict]] = OrderedDict()
-        self.next_tokens: dict[str, list] = {}  # input id → each position's next-token top-k (language models)
+        self.next_tokens: dict[str, list] = {}  # input id → each token's next-token top-k (models that write)
         self.ids = itertools.count(1)
         self.lock = threading.Lock()
 
@@ -94,11 +94,13 @@ class Explore:
             exploration: Exploration = make()
             inspection = Inspection((exploration.run or self.run).attention_maps(exploration.inputs))
             prediction = exploration.predict()
-        input_id = str(next(self.ids))
-        self.inputs[input_id] = (exploration, inspection, prediction)
-        while len(self.inputs) > KEEP:
-            forgotten, _ = self.inputs.popitem(last=False)
-            self.next_tokens.pop(forgotten, None)
+            input_id = str(next(self.ids))
+            self.inputs[input_id] = (exploration, inspection, prediction)
+            if exploration.per_token is not None:  # now, so that a click only looks it up
+                self.next_tokens[input_id] = exploration.per_token()
+            while len(self.inputs) > KEEP:
+                forgotten, _ = self.inputs.popitem(last=False)
+                self.next_tokens.pop(forgotten, None)
         return {"id": input_id, "title": exploration.title, "tokens": exploration.tokens, "views": exploration.views,
                 "kinds": {kind: self._kind(exploration, inspection, kind) for kind in inspection.maps},
                 "prediction": _public(prediction), "next_tokens": exploration.per_token is not None}
@@ -123,10 +125,7 @@ class Explore:
         out: dict[str, Any] = {"rows": rows.tolist()}
         rollout = inspection.rollout_row(kind, query)
         out["rollout"] = None if rollout is None else rollout.tolist()
-        if exploration.per_token is not None:
-            if input_id not in self.next_tokens:  # computed on the first click, once per input
-                with self.lock:
-                    self.next_tokens[input_id] = exploration.per_token()
+        if input_id in self.next_tokens:
             out["next"] = self.next_tokens[input_id][exploration.offsets.get(kind, (0, 0))[0] + query]
         return out
 

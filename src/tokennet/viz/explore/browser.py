@@ -121,6 +121,12 @@ class Browser:
         self.evaluate(f"(() => {{ const s = document.getElementById({json.dumps(select_id)}); "
                       f"s.value = {json.dumps(value)}; s.dispatchEvent(new Event('change')); }})()")
 
+    def upload(self, selector: str, path: str | Path) -> None:
+        """Choose the file ``path`` in the ``<input type=file>`` at ``selector``, as a person picking it does."""
+        root = self.call("DOM.getDocument")["root"]["nodeId"]
+        node = self.call("DOM.querySelector", nodeId=root, selector=selector)["nodeId"]
+        self.call("DOM.setFileInputFiles", files=[str(Path(path).resolve())], nodeId=node)
+
     def screenshot(self, path: str | Path) -> Path:
         data = self.call("Page.captureScreenshot", format="png")["data"]
         Path(path).write_bytes(base64.b64decode(data))

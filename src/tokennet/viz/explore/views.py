@@ -172,6 +172,10 @@ def uploaded_suffix(data: bytes, kind: str) -> str:
     return {"audio": ".wav"}.get(kind, ".png")
 
 
+def _a(word: str) -> str:
+    return f"{'an' if word[:1] in 'aeiou' else 'a'} {word}"
+
+
 def read_upload(fields: dict[str, Any], kind: str, read: Callable[[str], Any]) -> Any:
     """Read an uploaded file of ``kind`` with ``read(path)`` (the task's own reader and checks), from a private
     temporary file that is removed afterwards; a ``DataError`` when the upload is missing or of another kind."""
@@ -182,7 +186,8 @@ def read_upload(fields: dict[str, Any], kind: str, read: Callable[[str], Any]) -
     if not isinstance(data, bytes) or not data:
         raise DataError(f"no {kind} file uploaded")
     if fields.get("upload_kind") != kind:
-        raise DataError(f"this run takes a {kind} file, not a {fields.get('upload_kind') or 'file'} upload")
+        given = fields.get("upload_kind") or "file"
+        raise DataError(f"this run takes {_a(kind)} file, not {_a(given)} upload")
     with tempfile.TemporaryDirectory(prefix="tokennet-explore-") as directory:
         path = Path(directory) / ("upload" + uploaded_suffix(data, kind))
         path.write_bytes(data)
