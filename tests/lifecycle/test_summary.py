@@ -53,3 +53,10 @@ def test_every_recipe_declares_its_headline(recipe):
 def test_a_baseline_row_must_fill_the_headline_columns():
     with pytest.raises(ValueError, match="baseline 'b' names 2 metrics for the 1 headline columns"):
         Recipe("x", "", "gpt-micro", build=lambda ctx: None, headline=("a",), baselines={"b": ("c", "d")})
+
+
+def test_the_budget_shown_is_the_one_training_ran_under(tmp_path):
+    """A recipe's default budget extended by a first run's one-time preparation: the progress line said "of 412 s",
+    so the summary does too (the setting, 270, is what the run.json holds)."""
+    metrics = {"step": 9, "run_seconds": 400.0, "time_budget": 412.0, "wall_seconds": 410.0, "num_parameters": 1}
+    assert "9 steps in 400 s of a 412 s budget" in summary(get_recipe("audio"), tmp_path, metrics, time_budget=270.0)

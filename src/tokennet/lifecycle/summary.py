@@ -19,8 +19,8 @@ from .recipe import Recipe
 __all__ = ["summary", "headline_rows", "stopped_line"]
 
 # Bookkeeping, not results: left out of the one-line fallback.
-_NOT_RESULTS = {"step", "elapsed", "wall", "wall_seconds", "run_seconds", "num_parameters", "world_size", "test_size",
-                "train_size", "epochs"}
+_NOT_RESULTS = {"step", "elapsed", "wall", "wall_seconds", "run_seconds", "time_budget", "num_parameters", "world_size",
+                "test_size", "train_size", "epochs"}
 
 
 def _lookup(metrics: dict[str, Any], key: str | None) -> Any:
@@ -80,8 +80,9 @@ def stopped_line(name: str, metrics: dict[str, Any]) -> str:
 def summary(recipe: Recipe, run_dir: Path, metrics: dict[str, Any], *, report_next: bool = False,
             time_budget: float | None = None) -> str:
     """The end of ``tokennet train``: where training stopped, the headline table, the sample (a language model's),
-    where the run and its report are (``report_next``: the page is written right after this is printed)."""
-    lines = [stopped_line(recipe.name, {**metrics, "time_budget": time_budget})]
+    where the run and its report are (``report_next``: the page is written right after this is printed).
+    ``time_budget``: the run's setting, where its metrics do not say the budget training ran under."""
+    lines = [stopped_line(recipe.name, {"time_budget": time_budget, **metrics})]  # the budget training ran under
     columns, rows = headline_rows(recipe, metrics)
     if columns:
         lines += ["", *_table(columns, rows)]

@@ -494,8 +494,10 @@ class Trainer:
         metrics = self.run_eval()
         rec = {"step": self.step, "elapsed": round(self.elapsed, 3), "wall": round(time.perf_counter() - t_fit, 3),
                "train_loss": train_loss, **metrics}
-        if at_end:  # the run's clock when training stopped: the seconds of the last progress line
+        if at_end:  # the run's clock when training stopped, of its budget: the last progress line's seconds
             rec["run_seconds"] = round(self.stopped_at if self.stopped_at is not None else self.clock.spent(), 2)
+            if self.clock.budget is not None:
+                rec["time_budget"] = round(self.clock.budget, 2)
         target = self.c.target_val_loss
         if not at_end and target is not None and metrics.get("val_loss", math.inf) <= target:
             self._reached = True
