@@ -234,7 +234,7 @@ class LanguageModel(Task):
             if kw.get("speculative", "off") != "off" or kw.get("draft") is not None:
                 raise RunError("speculative decoding continues one prompt at a time: give one prompt")
             texts = generate_batch(run, list(prompt), max_new_tokens, **kw)
-            return [p + text for p, text in zip(prompt, texts, strict=True)] if include_prompt else texts
+            return [given + text for given, text in zip(prompt, texts, strict=True)] if include_prompt else texts
         text = "".join(stream_text(run, prompt, max_new_tokens, **kw))
         return prompt + text if include_prompt else text
 
