@@ -328,7 +328,7 @@ def _reserve_final(plan: _Plan, trainer: Trainer) -> None:
             shutil.rmtree(plan.out, ignore_errors=True)
         raise RecipeError(f"time_budget {clock.budget:g} s leaves no time to train: {clock.spent():.0f} s went to "
                           f"preparing the run and ~{final:.0f} s are needed after training ({how}); give at least "
-                          f"~{clock.spent() + final + 10:.0f} s (data prepared now is cached for the next run)")
+                          f"~{clock.spent() + final + 10:.0f} s")
 
 
 def _publish(plan: _Plan, job) -> None:
