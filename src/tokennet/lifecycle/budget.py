@@ -4,8 +4,8 @@
 a recipe that can measure what its data still needs (:attr:`~tokennet.lifecycle.recipe.Recipe.preparation`: clips
 to synthesize, timed on a few) says so, and a budget that cannot hold it is refused in one line. Before training,
 the seconds that follow it — the final evaluation, the saved run's evaluation, a sample, the report — are
-reserved: as they were measured at the end of the last run of the same recipe, data and settings on this machine
-(``$TOKENNET_CACHE/timings.json``), or, the first time, from one evaluation measured now.
+reserved: as they were measured at the end of the last runs of the same recipe, data and settings on this machine
+(the median of three, ``$TOKENNET_CACHE/timings.json``), or, the first time, from one evaluation measured now.
 """
 
 from __future__ import annotations
