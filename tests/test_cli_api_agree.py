@@ -78,3 +78,12 @@ def test_eval_refuses_a_flag_the_runs_task_cannot_use_in_one_line(kind, argv, fr
     err = capsys.readouterr().err
     assert fragment in err and err.count("\n") == 1, err
     assert sorted(path.name for path in runs[kind].iterdir()) == before  # nothing written
+
+
+def test_a_mistyped_task_of_a_multimodal_run_gets_the_closest(runs, tmp_path):
+    from tokennet.errors import DataError
+
+    run = tokennet.load(runs["multimodal"])
+    graphs = str(write_graphs(run.data.part("graph").held_out()[0], tmp_path / "graphs.json", items=range(1)))
+    with pytest.raises(DataError, match=r"no grap task; did you mean 'graph'\?"):
+        run.classify(graphs, task="grap")

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..data.sphere import SphereProjection
-from ..errors import DataError, RunError
+from ..errors import DataError, RunError, did_you_mean
 from ..plugins import task_for
 from ..tokens.graph import GraphBatch
 from ..viz.explore.multimodal import MultimodalExplorer
@@ -82,8 +82,9 @@ class MultimodalTask(Task):
 
     def _need(self, run: Run, name: str, what: str) -> Run:
         if name not in self.trained(run):
+            hint = did_you_mean(name, self.trained(run))
             raise DataError(f"{run.path} was trained on {', '.join(self.trained(run))}: it takes no {what} "
-                            f"(no {name} task)")
+                            f"(no {name} task{'; ' + hint if hint else ''})")
         return part_run(run, name)
 
     # -- verbs ---------------------------------------------------------------------------------------------------
