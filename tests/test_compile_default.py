@@ -93,8 +93,9 @@ def test_a_one_token_prompt_on_the_compiled_default(monkeypatch, backend):
     assert sampled.shape == (1, 11) and torch.equal(sampled, sampled_eager)
 
 
-def _plan_with(monkeypatch, compile_seconds):
+def _plan_with(monkeypatch, compile_seconds, tmp_path_factory=None):
     made = []
+    monkeypatch.setenv("TOKENNET_CACHE", "/nonexistent/tokennet-cache")  # no step kept on this machine
     monkeypatch.setattr(sampling, "compiled_step", lambda net: made.append(net) or "the compiled step")
     monkeypatch.setattr(sampling, "_compile_seconds", lambda net: compile_seconds)
     return made

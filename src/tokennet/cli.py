@@ -9,6 +9,7 @@ registered task declares (:mod:`tokennet.tasks`) and hand a run's values to its 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import math
@@ -635,14 +636,57 @@ def cmd_generate(args) -> int:
     columns = task.table_columns(run) if args.json else ()
     if args.json and not columns:
         raise CLIError(f"--json: {args.run_dir} prints text, not a table ({task.name})")
-    for piece in task.respond(run, values):
-        if columns:  # the machine form: each tab-separated line as an object of the task's fields
-            for line in piece.splitlines():
-                print(json.dumps(_table_record(columns, line)), flush=True)
-            continue
-        sys.stdout.write(piece)
-        sys.stdout.flush()
+    with _notes_between_lines() as wrote:
+        for piece in task.respond(run, values):
+            if columns:  # the machine form: each tab-separated line as an object of the task's fields
+                for line in piece.splitlines():
+                    print(json.dumps(_table_record(columns, line)), flush=True)
+                continue
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+            wrote(piece)
     return 0
+
+
+@contextlib.contextmanager
+def _notes_between_lines():
+    """Hold the log's notes (stderr) while stdout is in the middle of a line, and write them once it ends: a
+    note never lands inside the generated text when both go to one terminal. Yields ``wrote(piece)``, to be called
+    with each piece written to stdout."""
+    handlers = [h for h in logging.getLogger().handlers if isinstance(h, _StderrHandler)]
+    held: list[logging.LogRecord] = []
+    mid_line = False
+
+    def hold(record: logging.LogRecord) -> bool:
+        if mid_line:
+            held.append(record)
+        return not mid_line
+
+    def wrote(piece: str) -> None:
+        nonlocal mid_line
+        if piece:
+            mid_line = not piece.endswith("\n")
+        if not mid_line:
+            release()
+
+    def release() -> None:
+        while held:
+            record = held.pop(0)
+            for handler in handlers:
+                handler.handle(record)
+
+    for handler in handlers:
+        handler.addFilter(hold)
+    try:
+        yield wrote
+    finally:
+        mid_line = False
+        for handler in handlers:
+            handler.removeFilter(hold)
+        if held:
+            sys.stdout.flush()
+            print(file=sys.stderr)  # the text's line is unfinished (an error, or output without a last newline)
+            release()
 
 
 def _table_record(columns: tuple[str, ...], line: str) -> dict:

@@ -38,6 +38,7 @@ compiling again.
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import itertools
 import json
@@ -52,7 +53,7 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 from torch import Tensor, nn
 
-from . import jsonio
+from . import jsonio, step_store
 from .attention.multihead import KVCache, one_query_attention, use_kernel
 from .errors import ConfigError
 from .fileio import atomic_write_text
@@ -109,25 +110,37 @@ class CompilePlan:
         saved = steps_left · t_eager · (1 − 1 / COMPILED_SPEEDUP)   >   cost = the last compile of this model
                                                                           here (UNMEASURED_COMPILE_S if none)
 
-    A step already compiled in this process costs nothing and is taken at once. So a short answer never waits
-    for a compilation (``tokennet generate --max-new-tokens 16`` on SmolLM2, the 400-character sample at the end
-    of ``tokennet train gpt-char``), and a long one pays for it."""
+    A step already compiled in this process, or kept on this machine by an earlier one (:mod:`tokennet.step_store`:
+    loaded in about a second), costs nothing and is taken at once. So a short answer never waits for a compilation
+    (``tokennet generate --max-new-tokens 16`` on SmolLM2, the 400-character sample at the end of ``tokennet train
+    gpt-char``), a long one pays for it once per machine, and every later process decodes compiled from its first
+    token. ``declined`` is True when the plan decided against compiling (the caller may then build the step for
+    later processes in the background: :func:`tokennet.serve.prebuild.spawn`)."""
 
     PROBE = 4
 
-    def __init__(self, net: nn.Module, compile: bool | None, steps: int):
-        self.net, self.steps, self.mode = net, steps, compile_mode(compile)
+    def __init__(self, net: nn.Module, compile: bool | None, steps: int, rows: int = 1):
+        self.net, self.steps, self.mode, self.rows = net, steps, compile_mode(compile), rows
         self.times: list[float] = []
         self.decided = self.mode != "auto"
+        self.declined = False
 
     def first_step(self) -> CompiledStep | None:
-        """The compiled step to start with: on, or auto with a step already compiled in this process."""
+        """The compiled step to start with: on, or auto with a step compiled in this process or kept on this
+        machine (loaded now)."""
         if self.mode == "on":
             return compiled_step(self.net)
+        if self.mode != "auto":
+            return None
         ready = _STEPS.get(self.net, {}).get(CompiledStep)
-        if self.mode == "auto" and ready is not None and ready.compiled:
+        if ready is not None and ready.compiled:
             self.decided = True
             return ready
+        if step_store.Artifact(CompiledStep.__name__, f"B{self.rows}", self.net).present():
+            step = compiled_step(self.net)
+            if step.load(f"B{self.rows}"):
+                self.decided = True
+                return step
         return None
 
     def observe(self, seconds: float, steps_left: int) -> CompiledStep | None:
@@ -144,6 +157,7 @@ class CompilePlan:
         known = "measured" if cost is not None else "not measured here yet"
         cost = UNMEASURED_COMPILE_S if cost is None else cost
         pays = saved > cost
+        self.declined = not pays
         _say_once(f"{'compiling' if pays else 'not compiling'} the decoding step: {steps_left} steps left at "
                   f"{1e3 * eager:.1f} ms would save ~{saved:.1f} s against ~{cost:.0f} s of compiling ({known}); "
                   "--compile / --no-compile decide it yourself")
@@ -235,19 +249,56 @@ class CompiledStep:
         self.net = copy.deepcopy(net, quantization._share_tensors(net))  # same tensors, GEMV linears
         quantization._replace_linears(self.net, quantization.GemvLinear)
         use_kernel(self.net, one_query_step_kernel)  # attention of one query, fused into the step's loops
+        self._fns: dict[str, Callable] = {}  # variant → its compiled graph, loaded from the step store or built
+        self.fn: Callable | None = None  # a compiled step to use instead of building one (tests: their own backend)
+        self.compiled: bool | None = None  # None: not tried yet
+        self.compile_s: float | None = None
+        self.loaded_s: float | None = None  # the seconds the last graph took to load from the step store
+        self._positions = torch.arange(0)
+
+    def __getstate__(self) -> dict:
+        """Without the compiled graphs: saving one graph (its guards' state reaches the step object) must not try
+        to pickle the others."""
+        return {k: v for k, v in self.__dict__.items() if k not in ("_fns", "fn")}
+
+    def artifact(self, variant: str) -> step_store.Artifact:
+        """Where the graph of ``variant`` is kept across processes (:mod:`tokennet.step_store`)."""
+        return step_store.Artifact(type(self).__name__, variant, self.eager)
+
+    def load(self, variant: str) -> bool:
+        """Load the graph of ``variant`` from the step store, if a fitting one is kept there; whether it is ready."""
+        if variant in self._fns:
+            return True
+        started = time.perf_counter()
+        fn = self.artifact(variant).load(f_globals=type(self)._step.__globals__)
+        if fn is None:
+            return False
+        self._fns[variant] = functools.partial(fn, self)
+        self.compiled, self.loaded_s = True, time.perf_counter() - started
+        logger.info("loaded the compiled decoding step (%s) in %.2f s from %s", variant, self.loaded_s,
+                    step_store.store_dir())
+        return True
+
+    def _build(self, variant: str, args: tuple) -> Callable:
+        """Compile the graph of ``variant`` ahead of time and keep it in the step store; where it cannot be captured
+        whole for the store, ``torch.compile`` as it is (Inductor's caches still spare a later process the code
+        generation)."""
+        method = types.MethodType(type(self)._step, self)  # a subclass's own step (the server's rows)
+        try:
+            fn, _ = self.artifact(variant).build(method, args, INDUCTOR_OPTIONS)
+            return functools.partial(fn, self)
+        except Exception as error:  # noqa: BLE001 - a step the ahead-of-time capture refuses: torch.compile's own
+            first = (str(error).splitlines() or [""])[0][:160]
+            logger.info("the decoding step is compiled for this process only (%s: %s)", type(error).__name__, first)
         # torch.compile keeps its compiled graphs per code object, so every CompiledStep would share (and
         # evict, past Dynamo's recompile limit) one list of graphs: give each its own copy of the code.
-        method = type(self)._step  # a subclass's own step (the serving engine's rows at their own lengths)
-        code = method.__code__.replace(co_name=f"_step_{next(_SERIAL)}")
-        step = types.MethodType(types.FunctionType(code, method.__globals__), self)
+        code = type(self)._step.__code__.replace(co_name=f"_step_{next(_SERIAL)}")
+        step = types.MethodType(types.FunctionType(code, type(self)._step.__globals__), self)
         # Dynamo checks its guards before every call, and on the decoding copy's hundreds of tensors that is a
         # visible share of a small model's step. The copy never changes under its step (a changed model gets a new
         # copy and a new step, decoding_copy), so only the guards on the step's own inputs are kept.
-        self.fn = torch.compile(step, fullgraph=True, dynamic=False, options={
+        return torch.compile(step, fullgraph=True, dynamic=False, options={
             **INDUCTOR_OPTIONS, "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
-        self.compiled: bool | None = None  # None: not tried yet
-        self.compile_s: float | None = None
-        self._positions = torch.arange(0)
 
     def _step(self, tok: Tensor, keys: Tensor, buffers: list[tuple[Tensor, Tensor]]) -> Tensor:
         caches = []
@@ -258,24 +309,37 @@ class CompiledStep:
         hidden = self.net.forward_features(tok, caches=caches)  # (B, 1, D)
         return self.net.forward_head(hidden)[:, -1]  # (B, V)
 
-    def _run(self, *args) -> Tensor | None:
-        """``self.fn(*args)``, compiled at the first call (timed, logged once); None when it does not compile
-        (``compiled`` is then False, and the caller runs its eager forward)."""
-        if self.compiled is not None:
-            return self.fn(*args)
-        where = inductor_cache_dir()
+    def _run(self, variant: str, *args) -> Tensor | None:
+        """The graph of ``variant`` on ``args``: loaded from the step store, or compiled at its first call (timed,
+        logged once, kept in the store); None when it does not compile (``compiled`` is then False, and the
+        caller runs its eager forward)."""
+        fn = self._fns.get(variant)
+        if fn is not None:
+            try:
+                return fn(*args)
+            except step_store.StepMismatch as error:  # a kept step built for inputs of another form
+                logger.info("rebuilding the compiled decoding step (%s): %s", variant, error)
+                del self._fns[variant]
+                return self._compile(variant, args)
+        if self.compiled is False or self.load(variant):
+            return self._run(variant, *args) if self.compiled else None
+        return self._compile(variant, args)
+
+    def _compile(self, variant: str, args: tuple) -> Tensor | None:
         started = time.perf_counter()
         try:
-            out = self.fn(*args)
+            fn = self._build(variant, args) if self.fn is None else self.fn
+            out = fn(*args)
         except (torch._dynamo.exc.TorchDynamoException, RuntimeError, OSError) as error:
             first = (str(error).strip().splitlines() or [type(error).__name__])[0]
             logger.warning("torch.compile is unavailable for decoding (%s); decoding eagerly", first[:200])
             self.compiled = False
             return None
+        self._fns[variant] = fn
         self.compiled, self.compile_s = True, time.perf_counter() - started
         _remember_compile_seconds(self.eager, self.compile_s)
-        logger.info("compiled the decoding step in %.1f s (Inductor's cache: %s; --no-compile decodes eagerly)",
-                    self.compile_s, where)
+        logger.info("compiled the decoding step in %.1f s, kept for later processes in %s (--no-compile decodes "
+                    "eagerly)", self.compile_s, step_store.store_dir())
         return out
 
     @torch.inference_mode()
@@ -297,7 +361,7 @@ class CompiledStep:
                 if not hasattr(t, "_dynamo_dynamic_indices"):
                     torch._dynamo.mark_dynamic(t, 2)  # the capacity: one graph for every cache size
             buffers.append((cache.k, cache.v))
-        logits = self._run(tok, keys, buffers)
+        logits = self._run(f"B{tok.shape[0]}", tok, keys, buffers)
         if logits is None:  # it does not compile: eager from now on
             return self(tok, caches)
         for cache in caches:
@@ -434,7 +498,7 @@ def stream(
     seq[:, :T] = idx
     try:
         net = quantization.decoding_copy(model, quantize)  # fp32: packed linears; bf16, int8: quantized
-        plan = CompilePlan(net, compile if use_cache else False, max_new_tokens)
+        plan = CompilePlan(net, compile if use_cache else False, max_new_tokens, rows=B)
         step = plan.first_step()
         caches = net.make_caches(min(block, T + max_new_tokens)) if use_cache else None
         feed = seq[:, max(0, T - block) : T]

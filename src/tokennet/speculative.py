@@ -53,7 +53,7 @@ from torch import Tensor, nn
 
 from .errors import ConfigError
 from .layers import quantize as quantization
-from .sampling import SAMPLING_EPS, compile_default, compiled_step, greedy_next, next_token_probs, sample_next
+from .sampling import SAMPLING_EPS, CompilePlan, greedy_next, next_token_probs, sample_next
 from .sampling import _validate as validate_sampling
 
 __all__ = ["Draft", "NgramDrafter", "ModelDrafter", "DraftLength", "VerifyCost", "SpeculationStats", "accept_greedy",
@@ -198,7 +198,9 @@ class ModelDrafter:
                  compile: bool | None = None, context: int | None = None):
         _check_decodes(model, "the draft model")
         self.net = quantization.decoding_copy(model, quantization.resolve_mode(model, quantize))
-        self.step = compiled_step(self.net) if compile_default(compile) else None
+        # auto: a step compiled in this process or kept on this machine, else eager (how many tokens it will draft
+        # is not known here, so a compilation is never bet on)
+        self.step = CompilePlan(self.net, compile, 0).first_step()
         self.block = min(model.config.block_size, context or model.config.block_size)
         self.caches = self.net.make_caches(self.block)
         self.vocab_size = vocab_size
@@ -422,7 +424,8 @@ class _Target:
 
     def __init__(self, model: nn.Module, idx: Tensor, max_new_tokens: int, quantize: str, compile: bool | None):
         self.net = quantization.decoding_copy(model, quantization.resolve_mode(model, quantize))
-        self.step = compiled_step(self.net) if compile_default(compile) else None
+        self.plan = CompilePlan(self.net, compile, max_new_tokens)  # the same decision as plain decoding's
+        self.step = self.plan.first_step()
         self.block = model.config.block_size
         T = idx.shape[1]
         self.seq = idx.new_empty(T + max_new_tokens)  # every token id, written in place
@@ -456,8 +459,12 @@ class _Target:
             feed = self.seq[None, self.start : self.n]
         if self.step is not None and feed.shape[1] == 1 and self.caches[0].k is not None:
             return self.step(feed, self.caches)
+        started = time.perf_counter()
         hidden = self.net.forward_features(feed, caches=self.caches)  # (1, n, D)
-        return self.net.forward_head(hidden[:, -1:])[:, -1]  # (1, V)
+        logits = self.net.forward_head(hidden[:, -1:])[:, -1]  # (1, V)
+        if feed.shape[1] == 1:  # an eager plain step: timed for the compile plan
+            self.step = self.plan.observe(time.perf_counter() - started, self.seq.numel() - self.n - 1) or self.step
+        return logits
 
     def verify_logits(self, draft: Sequence[int]) -> Tensor:
         """The target's logits ``(k+1, V)`` at the newest token and at each of the ``k`` drafts: one forward over the

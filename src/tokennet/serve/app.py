@@ -49,7 +49,7 @@ from starlette.routing import Route
 from ..errors import ConfigError, RunError
 from ..layers import int8dot
 from ..layers import quantize as quantization
-from ..sampling import inductor_cache_dir
+from .. import step_store
 from ..tokens.chat_template import check_chat_template
 from .chat_page import chat_page_route
 from .drafting import check_speculation
@@ -621,10 +621,10 @@ def serve(run_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, api
                                 prefix_cache_mb=prefix_cache_mb, compile=compile, speculative=speculative, draft=draft,
                                 draft_tokens=draft_tokens)
         if engine.step is not None:  # requests are answered at once, eagerly, until the compiled step is ready
-            engine.warm_up_in_background()
-            log.info("compiling the batched decoding step in the background; requests are decoded eagerly until it "
-                     "is ready (once per machine: Inductor's cache %s keeps it; --no-compile decodes eagerly)",
-                     inductor_cache_dir())
+            engine.warm_up_in_background(run_dir)
+            log.info("the batched decoding step is loaded from %s, or built there once per machine by a process at the "
+                     "lowest priority; requests are decoded eagerly until it is ready (--no-compile: always eager)",
+                     step_store.store_dir())
         app = create_app(engine, model_name=name, api_key=api_key, max_body=max_body, any_model_name=any_model_name)
         int8 = "int8 per-channel" + (" × int8 activations (integer dot products)" if int8dot.available() else "")
         int4 = "4-bit blocks (a GGUF file's own, as they are)" + (

@@ -45,6 +45,7 @@ evicted while its request waits is simply not found, and the prompt is computed 
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -52,6 +53,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -381,7 +383,7 @@ class RowsStep(CompiledStep):
             torch._dynamo.mark_dynamic(lengths, 0)
         B = feed.shape[0]
         with symbolic_rows(B > 1):  # a symbolic batch: matrix products, not the one-row sum of products
-            return self._run(feed, lengths, keys, self._views(caches, B))
+            return self._run("B1" if B == 1 else "Bn", feed, lengths, keys, self._views(caches, B))
 
     @staticmethod
     def _views(caches: SlotCaches, B: int) -> list[tuple[Tensor, Tensor]]:
@@ -1161,32 +1163,70 @@ class Engine:
         again. Call it before :meth:`start` (it writes a dummy token into rows that no sequence holds yet)."""
         return self._compile_on(self.caches)
 
-    def warm_up_in_background(self) -> bool:
-        """Compile as :meth:`warm_up` does, in a thread of its own, while the engine answers requests eagerly; the
-        first decoding step after the graphs are ready runs compiled (``compile_status()["ready"]``). The graphs
-        are traced over caches of their own, the same shapes as the engine's but never read by a request, so this
-        may be called before or after :meth:`start`. False when there is no step to compile."""
+    def warm_up_in_background(self, run_dir: str | Path | None = None) -> bool:
+        """Make the compiled step ready while the engine answers requests eagerly; the first decoding step after it
+        is ready runs compiled (``compile_status()["ready"]``). False when there is no step to compile.
+
+        With ``run_dir`` (the server's run): the steps kept on this machine (:mod:`tokennet.step_store`) are loaded
+        in a thread (about a second); where none is kept, a builder process at nice 19 compiles them
+        (:func:`tokennet.serve.prebuild.spawn`), so the eager steps served meanwhile keep this process's cores and
+        interpreter, and they are loaded when it is done. Without ``run_dir`` they are compiled in a thread of this
+        process, over caches of their own (the same shapes as the engine's, never read by a request), which slows
+        the eager steps served meanwhile."""
         if self.step is None or self._warming is not None:
             return False
         self.step_ready = False
-        spare = SlotCaches(len(self.caches.layers), self.caches.layers[0].k.shape[1],
-                           self.caches.layers[0].k.shape[3], self.max_batch, self.context, device=self.device,
-                           dtype=self.caches.layers[0].k.dtype, capacity=16)
+        target = self._compile_in_thread if run_dir is None else functools.partial(self._load_or_build, run_dir)
 
-        def compile_then_switch() -> None:
+        def then_switch() -> None:
             try:
-                took = self._compile_on(spare)
+                took = target()
                 if took is not None:
-                    log.info("the batched decoding step is compiled (%.1f s); decoding switches to it", took)
+                    log.info("the batched decoding step is ready (%.1f s); decoding switches to it", took)
             except Exception:  # noqa: BLE001 - a failed compile costs speed, never the server
                 log.exception("compiling the decoding step failed; decoding stays eager")
                 self.step.compiled = False
             finally:
                 self.step_ready = True
 
-        self._warming = threading.Thread(target=compile_then_switch, name="tokennet-compile", daemon=True)
+        self._warming = threading.Thread(target=then_switch, name="tokennet-compile", daemon=True)
         self._warming.start()
         return True
+
+    def _variants(self) -> list[str]:
+        return ["B1"] + (["Bn"] if self.max_batch > 1 else [])
+
+    def _load_kept(self) -> bool:
+        return all(self.step.load(variant) for variant in self._variants())
+
+    def _load_or_build(self, run_dir: str | Path) -> float | None:
+        """Load the kept steps, or have a builder process at nice 19 make them first; the seconds it took."""
+        from . import prebuild
+
+        started = time.perf_counter()
+        if not self._load_kept():
+            artifact = self.step.artifact(self._variants()[-1])
+            child = prebuild.spawn(run_dir, "rows", self.quantize, artifact)
+            log.info("building the batched decoding step in a process of its own at the lowest priority (its log: "
+                     "%s); requests are decoded eagerly until it is ready", artifact.path.with_suffix(".log"))
+            if child is not None:
+                child.wait()
+            else:  # another process is building it: wait for its lock to go
+                while artifact.path.with_suffix(".building").exists():
+                    time.sleep(1.0)
+            if not self._load_kept():
+                log.warning("the batched decoding step could not be built (see %s); decoding stays eager",
+                            artifact.path.with_suffix(".log"))
+                self.step.compiled = False
+                return None
+        self.warm_up_s = time.perf_counter() - started
+        return self.warm_up_s
+
+    def _compile_in_thread(self) -> float | None:
+        spare = SlotCaches(len(self.caches.layers), self.caches.layers[0].k.shape[1],
+                           self.caches.layers[0].k.shape[3], self.max_batch, self.context, device=self.device,
+                           dtype=self.caches.layers[0].k.dtype, capacity=16)
+        return self._compile_on(spare)
 
     def _compile_on(self, caches: SlotCaches) -> float | None:
         """Run the compiled step once for each graph over ``caches`` (compiling it, or loading Inductor's cache);

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,8 +12,9 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError, RunError
+from ..layers import quantize as quantization
 from ..run import Run
-from ..sampling import stream
+from ..sampling import compile_mode, compiled_step, stream
 from ..serve.drafting import check_speculation
 from ..speculative import (
     SPECULATIVE_MODES,
@@ -85,6 +87,28 @@ def stream_text(run: Run, prompt: str, max_new_tokens: int = 200, *, temperature
     rest = tok.decode_continuation(new)[len(shown):]
     if rest:
         yield rest
+    if use_cache:
+        _build_for_later(run, quantize, compile)
+
+
+def _build_for_later(run: Run, quantize: str, compile: bool | None) -> None:
+    """Where this call decoded eagerly because a compilation would not have paid (:class:`~tokennet.sampling.
+    CompilePlan`) and no compiled step is kept for the run on this machine, start a builder at the lowest priority
+    (:func:`tokennet.serve.prebuild.spawn`): the next ``generate`` of the run loads it and decodes compiled from its
+    first token. ``TOKENNET_PREBUILD=0`` turns this off."""
+    if compile_mode(compile) != "auto" or os.environ.get("TOKENNET_PREBUILD", "1") == "0" or run.path is None:
+        return
+    net = quantization.decoding_copy(run.model, quantization.resolve_mode(run.model, quantize))
+    step = compiled_step(net)
+    artifact = step.artifact("B1")
+    if step.compiled is not None or artifact.present():
+        return
+    from ..serve import prebuild
+
+    if prebuild.spawn(run.path, "one", quantize, artifact) is not None:
+        log.info("building the compiled decoding step once for this run and machine, in a process of its own at the "
+                 "lowest priority (its log: %s); later generates of this run decode compiled from their first token "
+                 "(TOKENNET_PREBUILD=0: never)", artifact.path.with_suffix(".log"))
 
 
 def _speculative_tokens(run: Run, idx: torch.Tensor, max_new_tokens: int, helper: Run | None, draft_tokens: int,
