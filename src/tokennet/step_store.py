@@ -109,7 +109,8 @@ def model_digests(net: nn.Module) -> tuple[str, str]:
             continue
         seen.add(id(tensor))
         flat = tensor.detach().reshape(-1)
-        picks = torch.linspace(0, flat.numel() - 1, min(16, flat.numel())).long()
+        count = min(16, flat.numel())
+        picks = torch.arange(count) * (flat.numel() - 1) // max(count - 1, 1)
         weights.update(flat[picks].cpu().contiguous().view(torch.uint8).numpy().tobytes())
     return structure.hexdigest()[:20], weights.hexdigest()[:20]
 

@@ -27,6 +27,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -63,13 +64,15 @@ def _take_lock(lock: Path) -> bool:
         except FileExistsError:
             try:
                 pid = int(lock.read_text().strip() or 0)
+                fresh = time.time() - lock.stat().st_mtime < 60
             except (OSError, ValueError):
-                pid = 0
-            if pid and _alive(pid):
+                pid, fresh = 0, False
+            if (pid and _alive(pid)) or (not pid and fresh):  # a live builder, or one being started
                 return False
             lock.unlink(missing_ok=True)  # its builder is gone: take it over
             continue
-        os.close(fd)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{os.getpid()}\n")  # the starter's until the builder's own is written
         return True
     return False
 
