@@ -79,7 +79,6 @@ def test_the_builder_lowers_its_own_priority_first(tmp_path, monkeypatch):
 def test_generate_starts_a_builder_only_where_it_decoded_eagerly_and_nothing_is_kept(run_dir, tmp_path,
                                                                                       monkeypatch):
     from tokennet import load
-    from tokennet.tasks import language
 
     monkeypatch.setenv("TOKENNET_CACHE", str(tmp_path))
     spawned = []
