@@ -66,9 +66,31 @@ def test_spawn_starts_the_builder_at_the_lowest_priority_with_this_process_threa
     assert "--nice" not in argv  # the builder's own default: 19
 
 
+def test_lowering_the_priority_reaches_the_session_group(monkeypatch):
+    niced, written = [], {}
+    monkeypatch.setattr(prebuild.os, "nice", niced.append)
+
+    class Autogroup:
+        def __init__(self, path, mode):
+            written["path"] = path
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def write(self, text):
+            written["text"] = text
+
+    monkeypatch.setattr("builtins.open", Autogroup)
+    prebuild._lower_priority(19)
+    assert niced == [19] and written == {"path": "/proc/self/autogroup", "text": "19"}
+
+
 def test_the_builder_lowers_its_own_priority_first(tmp_path, monkeypatch):
     niced = []
-    monkeypatch.setattr(prebuild.os, "nice", niced.append)
+    monkeypatch.setattr(prebuild, "_lower_priority", niced.append)
     lock = tmp_path / "x.building"
     lock.write_text("1\n")
     with pytest.raises(Exception, match="does not exist|no such|not a run"):
