@@ -7,7 +7,8 @@ Rows:
   ``--max-iters 2``: what the page loads — the model, the held-out data, the first example — does not depend on how
   long it trained). ``python -m tokennet explore RUN --port P`` starts as a fresh process; seconds from its start
   until the server answers ``/api/run``, and until the page, opened in a Chromium started beforehand, is interactive
-  (the first held-out example's attention drawn, ``window.explore.ready``). Goal: <= 4 s.
+  (the first held-out example's attention drawn, ``window.explore.ready``); and the CPU seconds the server process
+  used until then (``/proc/PID/stat``: what the start costs whatever else shares the cores). Goal: <= 4 s.
 - ``click``: a character GPT of 4 layers × 4 heads with a context of 256, on a 240-character text (+ 16 generated:
   256 tokens): clicks on tokens as mouse events through the DevTools protocol; the page's own measure (from the
   click's handler to the end of the redraw, the request for the token's rows included) and the time seen from
@@ -22,6 +23,7 @@ Rows:
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 import statistics
 import subprocess
@@ -40,9 +42,9 @@ from tokennet.viz.explore.browser import READY, Browser, PageServer  # noqa: E40
 
 DEFAULT_RUNS = ("vit", "vqa", "gpt-char")
 CLICK_RUN = {"num_layers": 4, "num_heads": 4, "block_size": 256, "dim": 128}
-TEXT = ("To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer the slings and "
-        "arrows of outrageous fortune, or to take arms against a sea of troubles, and by opposing end them. To die, "
-        "to sleep, no more.")[:240]
+VERSE = ("To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer the slings and "
+         "arrows of outrageous fortune, or to take arms against a sea of troubles, and by opposing end them. ")
+TEXT = (VERSE * 2)[:240]  # 240 characters: with the 16 the page generates, 256 tokens
 
 
 def _train(recipe: str, out: Path, sets: dict | None = None) -> Path:
@@ -58,6 +60,12 @@ def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used so far (Linux's ``/proc/PID/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def startup(run_dir: Path, browser: Browser) -> dict:
@@ -81,10 +89,12 @@ def startup(run_dir: Path, browser: Browser) -> dict:
         browser.goto(url)
         browser.wait_for(READY, timeout=120)
         ready = time.perf_counter() - t0
+        cpu = _cpu_seconds(server.pid)
     finally:
         server.terminate()
         server.wait(timeout=30)
-    return {"server_answers_s": round(answered, 3), "interactive_s": round(ready, 3)}
+    return {"server_answers_s": round(answered, 3), "interactive_s": round(ready, 3),
+            "server_cpu_s": round(cpu, 2)}
 
 
 def clicks(run_dir: Path, text: str, count: int, browser: Browser) -> dict:
@@ -124,13 +134,15 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "explore.json")
     args = parser.parse_args(argv)
     work = args.work or Path(tempfile.mkdtemp(prefix="explore-bench-"))
+    load_before = os.getloadavg()  # how busy the machine was: the wall seconds are only as good as it was idle
     rows = []
     with Browser(width=1400, height=1000, timeout=120) as browser:
         for recipe in DEFAULT_RUNS:
             row = {"row": "startup", "run": recipe, **startup(_train(recipe, work / recipe), browser)}
             rows.append(row)
             print(f"{row['row']:>14} {recipe:>10}: server answers {row['server_answers_s']:.2f} s, "
-                  f"interactive {row['interactive_s']:.2f} s", flush=True)
+                  f"interactive {row['interactive_s']:.2f} s (the server's CPU: {row['server_cpu_s']:.2f} s)",
+                  flush=True)
         click_run = _train("gpt-char", work / "gpt-char-256", CLICK_RUN)
         row = {"row": "click", "run": "gpt-char 4x4, context 256", **clicks(click_run, TEXT, args.clicks, browser)}
         rows.append(row)
@@ -151,9 +163,10 @@ def main(argv: list[str] | None = None) -> dict:
             rows.append(row)
             print(f"{'click-smollm2':>14}: {row['tokens']} tokens × {row['layers']} × {row['heads']}: page "
                   f"{row['page_ms_median']:.0f} ms median ({row['page_ms_max']:.0f} max)", flush=True)
+    busy = {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in os.getloadavg()]}
     record = write(args.out, {"rows": rows, "note": args.note}, settings={"clicks": args.clicks,
                                                                         "click_run": CLICK_RUN, "text": TEXT},
-                   argv=argv)
+                   argv=argv, load_average_1_5_15_min=busy)
     print(f"wrote {args.out}")
     return record
 

@@ -401,3 +401,17 @@ def test_the_runs_own_head_measures_are_listed(pages):
     measures = client.get("/api/run").json()["head_measures"]
     distances = {(m["layer"], m["head"]): m["value"] for m in measures if m["name"] == "head distance"}
     assert distances == {(0, head): explore.run.metrics[f"head_distance_layer0_head{head}"] for head in range(2)}
+
+
+def test_a_swin_run_and_a_task_without_an_explorer_are_refused_in_one_line(tmp_path):
+    from tokennet.models.registry import create_model
+    from tokennet.run import Run
+    from tokennet.tasks import task_for
+
+    run = Run(tmp_path, create_model("swin-micro").eval(), None, {}, {}, task_for("swin"))
+    with pytest.raises(RunError, match="shifted windows"):
+        explore_app.Explore(run)
+    # a plugin's task that names no explorer (examples/count_ones.py, loaded by conftest.py): one line too
+    run = Run(tmp_path, create_model("bit-counter").eval(), None, {}, {}, task_for("bit-counter"))
+    with pytest.raises(RunError, match="does not show .* runs yet"):
+        explore_app.Explore(run)

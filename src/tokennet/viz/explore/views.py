@@ -111,7 +111,7 @@ def png_data_url(image: torch.Tensor, *, scale_to: int = 256) -> str:
     factor = max(1, scale_to // max(picture.size))
     picture = picture.resize((picture.width * factor, picture.height * factor), Image.NEAREST)
     buffer = io.BytesIO()
-    picture.save(buffer, format="PNG", optimize=True)
+    picture.save(buffer, format="PNG")
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
