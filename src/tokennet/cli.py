@@ -16,6 +16,7 @@ import math
 import os
 import re
 import sys
+import time
 from pathlib import Path
 
 from .errors import did_you_mean
@@ -541,7 +542,6 @@ def cmd_train(args) -> int:
     from .lifecycle import resolve_settings
     from .lifecycle.settings import show_settings
     from .recipes import get_recipe, parse_sets, train
-    from .train.budget import process_started
 
     recipe = get_recipe(args.recipe)
     defaults = recipe.defaults(args.data)  # the dataset's profile, where the recipe has one
@@ -569,7 +569,7 @@ def cmd_train(args) -> int:
     try:
         run_dir, metrics = train(recipe.name, data=args.data, out=out, sets=sets, device=args.device,
                                  resume=args.resume, overwrite=args.overwrite, init=args.init, on_metrics=show,
-                                 started=process_started())
+                                 started=getattr(args, "started", None))
     except KeyboardInterrupt:
         print(f"tokennet: interrupted; a checkpoint is in {out / 'checkpoints'}; "
               f"continue with: tokennet train {recipe.name} --out {out} --resume", file=sys.stderr)
@@ -928,6 +928,10 @@ def _load_plugins(argv: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .train.budget import process_started
+
+    # a command's clock (its --time-budget): from the process's start when this is the command line, else from now
+    started = process_started() if argv is None else time.perf_counter()
     argv = sys.argv[1:] if argv is None else list(argv)
     from .errors import TokennetError
 
@@ -952,6 +956,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s", handlers=[_StderrHandler()], force=True)
     logging.getLogger("tokennet").setLevel(logging.WARNING if quiet else logging.INFO)
     try:
+        if args.command == "train":
+            args.started = started
         return COMMANDS[args.command](args)
     except (CLIError, TokennetError) as error:
         msg = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

@@ -99,3 +99,15 @@ def test_timings_are_keyed_by_what_decides_them(tmp_path):
     for seconds in (20.0, 21.0, 22.0):
         timings.record(a, final=seconds)
     assert timings.recorded(a)["final"] == 21.0  # only the last three count
+
+
+def test_a_call_of_main_counts_from_the_call_not_the_process(tmp_path, capsys, monkeypatch):
+    """``tokennet`` on the command line counts from its process's start; ``main([...])`` called from Python (a
+    notebook, a test session hours old) from the call."""
+    import time
+
+    import tokennet.train.budget as clock
+
+    monkeypatch.setattr(clock, "process_started", lambda: time.perf_counter() - 10_000.0)
+    assert main(_graph(tmp_path / "graph", "--time-budget", "60", "--max-iters", "2")) == 0
+    assert SUMMARY.search(capsys.readouterr().out).group(1) == "2"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from ..errors import RecipeError
 from ..fileio import atomic_write_text
 
 __all__ = ["Preparation", "timings_key", "recorded", "record", "first_reserve", "check_preparation",
-           "TIMINGS_FILE", "FINAL_EVALS", "FINAL_FIXED_SECONDS"]
+           "TIMINGS_FILE", "FINAL_EVALS", "FINAL_FIXED_SECONDS", "KEPT", "KEYS_KEPT"]
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,8 @@ _NOT_IN_KEY = {"time_budget", "max_iters", "seed", "progress", "eval_interval", 
 # panel) and FINAL_FIXED_SECONDS (saving, a sample, drawing the report) for what follows training.
 FINAL_EVALS = 3
 FINAL_FIXED_SECONDS = 10.0
+KEPT = 3  # the runs of one key whose median is the estimate
+KEYS_KEPT = 200  # the most recent keys kept (a test session makes many)
 
 
 @dataclass(frozen=True)
@@ -75,24 +78,38 @@ def _read() -> dict[str, Any]:
 
 
 def recorded(key: str) -> dict[str, float]:
-    """The seconds measured at the last run with this key on this machine (``final``: what follows training,
-    ``prepare``: from the command's start to the first step); empty when none."""
+    """What the runs with this key measured on this machine, as the next run's estimate: for each kind of seconds
+    (``final``: what follows training) the median of the last :data:`KEPT` runs, so one run slowed by a busy machine
+    does not decide the next one's budget alone; empty when none."""
     entry = _read().get(key)
     if not isinstance(entry, dict):
         return {}
-    return {k: float(v) for k, v in entry.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
-            and v >= 0}
+    out = {}
+    for kind, values in entry.items():
+        values = values if isinstance(values, list) else [values]
+        numbers = sorted(float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)
+                         and 0 <= v < math.inf)
+        if numbers and kind != "when":
+            out[kind] = numbers[len(numbers) // 2]
+    return out
 
 
 def record(key: str, **seconds: float) -> None:
-    """Remember this run's measured seconds for the next run with this key; a cache that cannot be written is
-    only a warning (the next run measures again)."""
+    """Add this run's measured seconds to those of the last runs with this key (the last :data:`KEPT` of each kind;
+    the :data:`KEYS_KEPT` most recent keys); a cache that cannot be written is only a warning (the next run measures
+    again)."""
     table = _read()
-    table[key] = {**(table.get(key) if isinstance(table.get(key), dict) else {}),
-                  **{k: round(v, 2) for k, v in seconds.items()}, "when": round(time.time())}
+    entry = table.get(key) if isinstance(table.get(key), dict) else {}
+    for kind, value in seconds.items():
+        before = entry.get(kind) if isinstance(entry.get(kind), list) else []
+        entry[kind] = [*before, round(value, 2)][-KEPT:]
+    entry["when"] = round(time.time())
+    table[key] = entry
+    recent = sorted(table, key=lambda k: table[k].get("when", 0) if isinstance(table[k], dict) else 0)[-KEYS_KEPT:]
     try:
         _cache_dir().mkdir(parents=True, exist_ok=True)
-        atomic_write_text(_cache_dir() / TIMINGS_FILE, json.dumps(table, indent=1, sort_keys=True))
+        atomic_write_text(_cache_dir() / TIMINGS_FILE, json.dumps({k: table[k] for k in recent}, indent=1,
+                                                                  sort_keys=True))
     except OSError as err:
         log.warning("could not record the run's timings in %s: %s", _cache_dir() / TIMINGS_FILE, err)
 
