@@ -20,7 +20,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from ..report.browser import find_chromium
+from ..report.browser import docs_image, find_chromium
 
 __all__ = ["Browser", "PageServer", "screenshots"]
 
@@ -191,8 +191,7 @@ def screenshots(run_dir: str | Path, out_dir: str | Path, *, name: str | None = 
     """The tutorial's picture of one run's page (``explore-<name>.png``, a small 256-colour PNG): its first held-out
     example, a token clicked (a written token's cross-attention where the run has one, else a patch or a node of
     the picture or the graph, else a token of the text), head 1 picked and ablated."""
-    from ..report.browser import docs_image
-    from .app import open_run
+    from .app import open_run  # starlette and uvicorn: the serve extra
 
     explore = open_run(run_dir)
     out = Path(out_dir) / f"explore-{name or Path(run_dir).name}.png"

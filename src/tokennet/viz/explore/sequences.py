@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ...data.shapes import caption, images_of
 from ...decode import greedy_search, strip_special
 from ...errors import DataError, RunError
 from .text import typed_text
@@ -117,13 +118,9 @@ class CaptionExplorer(_DecoderExplorer):
         self.scenes = run.data.held_out() if run.data is not None else []
 
     def examples(self, limit: int) -> list[str]:
-        from ...data.shapes import caption
-
         return [f"#{i}: {caption(scene)}" for i, scene in enumerate(self.scenes[:limit])]
 
     def example(self, index: int) -> Exploration:
-        from ...data.shapes import caption, images_of
-
         index = check_index(index, len(self.scenes))
         image = images_of([self.scenes[index]], self.run.model.config.image_size)[0]
         return self.explore(image, f"#{index} (reference {caption(self.scenes[index])!r})")

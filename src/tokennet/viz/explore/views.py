@@ -12,7 +12,9 @@ from __future__ import annotations
 import base64
 import dataclasses
 import io
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -179,9 +181,6 @@ def _a(word: str) -> str:
 def read_upload(fields: dict[str, Any], kind: str, read: Callable[[str], Any]) -> Any:
     """Read an uploaded file of ``kind`` with ``read(path)`` (the task's own reader and checks), from a private
     temporary file that is removed afterwards; a ``DataError`` when the upload is missing or of another kind."""
-    import tempfile
-    from pathlib import Path
-
     data = fields.get("upload")
     if not isinstance(data, bytes) or not data:
         raise DataError(f"no {kind} file uploaded")
