@@ -111,3 +111,23 @@ def test_a_call_of_main_counts_from_the_call_not_the_process(tmp_path, capsys, m
     monkeypatch.setattr(clock, "process_started", lambda: time.perf_counter() - 10_000.0)
     assert main(_graph(tmp_path / "graph", "--time-budget", "60", "--max-iters", "2")) == 0
     assert SUMMARY.search(capsys.readouterr().out).group(1) == "2"
+
+
+def test_a_recipes_own_budget_counts_from_the_end_of_a_one_time_preparation(tmp_path, caplog):
+    """No --time-budget given: the recipe's default budget is not refused for a first run's synthesis; it starts
+    counting once the data is prepared (the budget training ran under is the default plus the preparation)."""
+    import logging
+
+    from tokennet.recipes import train
+
+    recipe = get_recipe("graph")
+    real = recipe.defaults
+    slow = Preparation("synthesizing 9,999 clips", 400.0, "4 clips timed")
+    own = {"time_budget": 60.0, "max_iters": 3, "eval_interval": 0, "warmup_iters": 1, "report": False,
+           "progress": False}
+    with mock.patch.object(recipe, "preparation", lambda spec, settings: slow), \
+            mock.patch.object(recipe, "defaults", lambda data=None: {**real(data), **recipe.smoke, **own}), \
+            caplog.at_level(logging.INFO, logger="tokennet"):
+        _, metrics = train("graph", out=tmp_path / "graph")
+    assert metrics["step"] == 3 and metrics["time_budget"] > 60.0
+    assert any("the recipe's time_budget of 60 s counts from its end" in m for m in caplog.messages)
