@@ -417,6 +417,7 @@ def test_cli_refuses_bad_speculation_in_one_line(runs, capsys):
         ([target, "--speculative", "ngram", "--draft-tokens", "0"], "--draft-tokens must be >= 1"),
         ([target, "--speculative", "ngram", "--draft-tokens", "-3"], "--draft-tokens must be >= 1"),
         ([target, "--speculative", "ngram", "--draft-tokens", "16"], "between 1 and 15"),
+        ([target, "--speculative", "ngram", "--draft-tokens", str(10**9)], "between 1 and 15"),
         ([target, "--draft", str(runs["other"])], "different tokenizers"),
         ([target, "--speculative", "draft"], "needs a draft run"),
         ([target, "--draft", str(runs["counter"])], "not a language model"),
