@@ -536,8 +536,10 @@ class _Reporter:
             rate = self.tokens / dt if dt > 0 else 0.0
             t._log({"step": t.step, "loss": loss_val, "lr": lr, "elapsed": round(t.elapsed, 3),
                     "items_per_s": round(rate, 1), "grad_norm": round(float(grad_norm), 5)})
-            if self.bar is not None:
-                self.bar.set_postfix(loss=f"{loss_val:.4f}", tok_s=f"{rate:,.0f}")
+            if self.bar is not None:  # the run's clock, of its budget, as the lines and the summary say it
+                budget = f" of {t.clock.budget:.0f} s" if t.clock.budget is not None else ""
+                self.bar.set_postfix(loss=f"{loss_val:.4f}", tok_s=f"{rate:,.0f}",
+                                     run=f"{t.clock.spent():.0f}{budget if budget else ' s'}")
             self.tokens, self.t_window = 0, time.perf_counter()
 
     def eval(self, rec: dict[str, Any]) -> None:
