@@ -129,8 +129,11 @@ class QuestionExplorer(Explorer):
         if run.family == "vqa-cnn":
             raise RunError(f"{run.path} is a CNN baseline: it has no attention to explore (`tokennet viz` draws "
                            "each unit's vote for the answer instead)")
-        self.spec = run.task._spec(run)
-        self.held = self.spec.held_out()
+        if run.data is None or not getattr(run.data, "words", None):
+            raise RunError(f"{run.path} has no question vocabulary (no data spec in run.json): the page needs the "
+                           "questions it was trained on")
+        self.spec = run.data
+        self.held = self.spec.held_out()  # the test scenes, rendered (most of the page's start for a vqa run)
 
     def examples(self, limit: int) -> list[str]:
         return [f"#{i}: {self.held.questions[i]} → {self.spec.answers[int(self.held.answers[i])]}"
