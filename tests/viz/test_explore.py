@@ -17,7 +17,7 @@ from starlette.testclient import TestClient  # noqa: E402
 
 from tokennet.cli import main  # noqa: E402
 from tokennet.data.shapes import images_of  # noqa: E402
-from tokennet.data.vqa import encode_questions  # noqa: E402
+from tokennet.data.vqa import encode_questions, tokenize_question  # noqa: E402
 from tokennet.decode import greedy_search, strip_special  # noqa: E402
 from tokennet.errors import RunError  # noqa: E402
 from tokennet.recipes import get_recipe, train  # noqa: E402
@@ -415,3 +415,23 @@ def test_a_swin_run_and_a_task_without_an_explorer_are_refused_in_one_line(tmp_p
     run = Run(tmp_path, create_model("bit-counter").eval(), None, {}, {}, task_for("bit-counter"))
     with pytest.raises(RunError, match="does not show .* runs yet"):
         explore_app.Explore(run)
+
+
+def test_a_users_own_clip_picture_and_question(pages):
+    from scipy.io import wavfile
+
+    audio, _ = pages["audio"]
+    buffer = io.BytesIO()
+    wavfile.write(buffer, 16000, (0.5 * np.sin(np.arange(8000) / 5)).astype(np.float32))
+    body = audio.post("/api/upload?kind=audio", content=buffer.getvalue()).json()
+    assert body["title"] == "your clip" and body["views"]["spectrogram"]["kind"] == "grid"
+    _refused(audio.post("/api/upload?kind=audio", content=b"RIFFxxxxWAVEjunk"), 400, "the uploaded audio")
+    vqa, explore = pages["vqa"]
+    side = explore.run.model.config.image_size
+    picture = io.BytesIO()
+    Image.fromarray((np.random.default_rng(0).random((side, side, 3)) * 255).astype(np.uint8)).save(picture, "PNG")
+    question = explore.explorer.held.questions[0]
+    body = vqa.post("/api/upload", params={"kind": "image", "question": question}, content=picture.getvalue()).json()
+    assert body["title"] == f"your picture: {question}"
+    words = [token["label"] for token in body["tokens"] if token["view"] == "question"]
+    assert [word for word in words if word != "<pad>"] == tokenize_question(question)  # the question's own words
