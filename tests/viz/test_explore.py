@@ -252,8 +252,8 @@ def test_the_start_line_says_what_another_host_exposes(runs, monkeypatch, capsys
 # -- imported checkpoints --------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def imported(tmp_path_factory):
-    """Tiny random Llama (SmolLM2's architecture, with a BPE tokenizer), BERT (MiniLM's, with a WordPiece one)
-    and ViT checkpoints, imported."""
+    """Tiny random Llama (SmolLM2's architecture) and GPT-2 (each with a BPE tokenizer), BERT (MiniLM's, with a
+    WordPiece one) and ViT checkpoints, imported."""
     transformers = pytest.importorskip("transformers")
     tokenizers = pytest.importorskip("tokenizers")
     from tokennet.interop import import_checkpoint
@@ -268,6 +268,9 @@ def imported(tmp_path_factory):
         "llama": transformers.LlamaForCausalLM(transformers.LlamaConfig(
             vocab_size=bpe.get_vocab_size(), bos_token_id=0, eos_token_id=1, hidden_size=48, intermediate_size=80,
             num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=64)),
+        "gpt2": transformers.GPT2LMHeadModel(transformers.GPT2Config(
+            vocab_size=bpe.get_vocab_size(), n_positions=64, n_embd=48, n_layer=2, n_head=3, bos_token_id=0,
+            eos_token_id=1)),
         "bert": transformers.BertModel(transformers.BertConfig(
             vocab_size=len(words), hidden_size=36, num_hidden_layers=2, num_attention_heads=3, intermediate_size=50,
             max_position_embeddings=20)),
@@ -279,7 +282,7 @@ def imported(tmp_path_factory):
     for name, model in models.items():
         source = root / f"hf-{name}"
         model.save_pretrained(source)
-        if name == "llama":
+        if name in ("llama", "gpt2"):
             bpe._tokenizer.save(str(source / "tokenizer.json"))
         if name == "bert":
             (source / "vocab.txt").write_text("\n".join(words) + "\n")
@@ -289,7 +292,7 @@ def imported(tmp_path_factory):
 
 
 def test_imported_checkpoints_with_attention(imported):
-    for name in ("llama", "bert"):
+    for name in ("llama", "gpt2", "bert"):
         explore = open_run(imported[name])
         client = TestClient(create_app(explore))
         body = client.post("/api/input", json={"text": "the attention of each token"}).json()
