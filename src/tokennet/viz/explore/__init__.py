@@ -12,3 +12,7 @@ the network. The server needs starlette and uvicorn (``pip install 'tokennet[ser
 :mod:`.app`, so tasks import their explorers without them.
 """
 
+
+from .views import Exploration, Explorer
+
+__all__ = ["Explorer", "Exploration"]
