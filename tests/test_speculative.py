@@ -447,3 +447,22 @@ def test_run_generate_speculative_python_api(runs):
     assert run.generate(prompt, 30, temperature=0, compile=False, draft=tokennet.load(runs["draft"])) == plain
     with pytest.raises(RunError, match="one prompt at a time"):
         run.generate([prompt, prompt], 5, speculative="ngram")
+
+
+def test_compiled_speculation_verifies_in_the_compiled_graph_and_gives_plain_text(monkeypatch, tmp_path):
+    """With --compile the plain steps and every verification (any number of drafts) run compiled: greedy text is
+    plain decoding's (float32: the sums' order changes nothing at these margins), past the context too."""
+    monkeypatch.setenv("TOKENNET_CACHE", str(tmp_path))
+    model = tiny(0, position="rope")
+    for prompt in (PROMPTS["repeating"], PROMPTS["past the context"]):
+        want = generate(model, prompt, 40, temperature=0, compile=False)[0]
+        stats = SpeculationStats()
+        new = list(stream_speculative(model, prompt, 40, drafter=NgramDrafter(min_ngram=1), draft_tokens=5,
+                                      stats=stats, compile=True, draft_length=DraftLength(5, clock=None),
+                                      temperature=0))
+        assert torch.equal(torch.cat([prompt[0], *new]), want) and stats.verifications > 0
+    from tokennet.layers.quantize import decoding_copy
+    from tokennet.sampling import VerifyStep, compiled_step
+
+    verify = compiled_step(decoding_copy(model, "none"), VerifyStep)
+    assert verify.compiled and list(verify._fns) == ["K"]  # one graph for every draft length

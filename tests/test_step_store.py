@@ -60,7 +60,8 @@ def _fresh(root, monkeypatch, tmp_path, seed: int = 0):
 def test_a_later_process_loads_the_kept_step_and_decodes_the_eager_logits(kept, monkeypatch, tmp_path, capfd):
     steps, net, step = _fresh(kept[0], monkeypatch, tmp_path)
     assert step.load("B1") and step.compiled and step.loaded_s is not None and step.compile_s is None
-    for prompt, capacity in (((1, 2, 3), 16), ((5, 6, 7, 8, 9, 10, 11), 24)):  # other lengths, another capacity
+    # other lengths, another capacity, and a cache filled to its capacity by the step (generate's last token)
+    for prompt, capacity in (((1, 2, 3), 16), ((5, 6, 7, 8, 9, 10, 11), 24), ((1, 2, 3), 4)):
         caches = net.make_caches(capacity)
         with torch.inference_mode():
             net.forward_features(torch.tensor([list(prompt)]), caches=caches)
@@ -152,3 +153,25 @@ def test_the_key_names_the_thread_count_and_the_record_the_machine(kept):
     assert record["inputs"][0] == ["int64", [1, 1]]  # the token: static; the keys' length: dynamic
     assert record["inputs"][1] == ["int64", [None]]
     assert oct(os.stat(kept[1].path).st_mode & 0o777) == "0o600"
+
+
+def test_the_compiled_verification_gives_the_eager_logits_for_every_draft_length(monkeypatch, tmp_path):
+    """One graph for every number of drafts (K symbolic), over caches of any length; kept in the store as ``K``."""
+    monkeypatch.setenv("TOKENNET_CACHE", str(tmp_path))
+    net = decoding_copy(_model(), "none")
+    verify = sampling.compiled_step(net, sampling.VerifyStep)
+    for prompt, drafts in (((1, 2, 3), (4, 5)), ((1, 2, 3, 4, 5, 6), (7, 8, 9, 10, 11)), ((9,), (3, 3, 3))):
+        caches, reference = net.make_caches(24), net.make_caches(24)
+        with torch.inference_mode():
+            net.forward_features(torch.tensor([list(prompt)]), caches=caches)
+            net.forward_features(torch.tensor([list(prompt)]), caches=reference)
+            got = verify(torch.tensor([list(drafts)]), caches)
+            want = net.forward_head(net.forward_features(torch.tensor([list(drafts)]), caches=reference))[0]
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        assert caches[0].length == reference[0].length == len(prompt) + len(drafts)
+    assert verify.compiled and len(verify._fns) == 1 and any((tmp_path / "steps").glob("VerifyStep-K-*.step"))
+    full = net.make_caches(6)
+    with torch.inference_mode():
+        net.forward_features(torch.tensor([[1, 2, 3]]), caches=full)
+        assert verify(torch.tensor([[4, 5, 6]]), full) is None  # fills the cache: left to the eager forward
+    assert full[0].length == 3

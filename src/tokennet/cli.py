@@ -653,7 +653,7 @@ def _notes_between_lines():
     """Hold the log's notes (stderr) while stdout is in the middle of a line, and write them once it ends: a
     note never lands inside the generated text when both go to one terminal. Yields ``wrote(piece)``, to be called
     with each piece written to stdout."""
-    handlers = [h for h in logging.getLogger().handlers if isinstance(h, _StderrHandler)]
+    handlers = [handler for handler in logging.getLogger().handlers if isinstance(handler, _StderrHandler)]
     held: list[logging.LogRecord] = []
     mid_line = False
 

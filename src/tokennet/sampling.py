@@ -58,8 +58,10 @@ from .attention.multihead import KVCache, one_query_attention, use_kernel
 from .errors import ConfigError
 from .fileio import atomic_write_text
 from .layers import quantize as quantization
+from .layers.blockquant import symbolic_rows
 
 __all__ = ["generate", "stream", "sample_next", "next_token_probs", "greedy_next", "SAMPLING_EPS", "CompiledStep",
+           "VerifyStep",
            "compiled_step", "compile_default", "compile_mode", "CompilePlan", "inductor_cache_dir"]
 
 logger = logging.getLogger(__name__)
@@ -270,10 +272,10 @@ class CompiledStep:
         if variant in self._fns:
             return True
         started = time.perf_counter()
-        fn = self.artifact(variant).load(f_globals=type(self)._step.__globals__)
-        if fn is None:
+        loaded = self.artifact(variant).load(f_globals=type(self)._step.__globals__)
+        if loaded is None:
             return False
-        self._fns[variant] = functools.partial(fn, self)
+        self._fns[variant] = functools.partial(loaded, self)
         self.compiled, self.loaded_s = True, time.perf_counter() - started
         logger.info("loaded the compiled decoding step (%s) in %.2f s from %s", variant, self.loaded_s,
                     step_store.store_dir())
@@ -285,8 +287,8 @@ class CompiledStep:
         generation)."""
         method = types.MethodType(type(self)._step, self)  # a subclass's own step (the server's rows)
         try:
-            fn, _ = self.artifact(variant).build(method, args, INDUCTOR_OPTIONS)
-            return functools.partial(fn, self)
+            built, _ = self.artifact(variant).build(method, args, INDUCTOR_OPTIONS)
+            return functools.partial(built, self)
         except Exception as error:  # noqa: BLE001 - a step the ahead-of-time capture refuses: torch.compile's own
             first = (str(error).splitlines() or [""])[0][:160]
             logger.info("the decoding step is compiled for this process only (%s: %s)", type(error).__name__, first)
@@ -313,14 +315,20 @@ class CompiledStep:
         """The graph of ``variant`` on ``args``: loaded from the step store, or compiled at its first call (timed,
         logged once, kept in the store); None when it does not compile (``compiled`` is then False, and the
         caller runs its eager forward)."""
-        fn = self._fns.get(variant)
-        if fn is not None:
+        graph = self._fns.get(variant)
+        if graph is not None:
             try:
-                return fn(*args)
+                return graph(*args)
             except step_store.StepMismatch as error:  # a kept step built for inputs of another form
                 logger.info("rebuilding the compiled decoding step (%s): %s", variant, error)
                 del self._fns[variant]
                 return self._compile(variant, args)
+            except RuntimeError as error:  # a step built here, outside the shapes its guards allow: eager this once
+                if "GuardManager check failed" not in str(error):
+                    raise
+                _say_once(f"a compiled decoding step ({variant}): inputs outside the shapes it was traced for run "
+                          "eagerly")
+                return None
         if self.compiled is False or self.load(variant):
             return self._run(variant, *args) if self.compiled else None
         return self._compile(variant, args)
@@ -328,14 +336,14 @@ class CompiledStep:
     def _compile(self, variant: str, args: tuple) -> Tensor | None:
         started = time.perf_counter()
         try:
-            fn = self._build(variant, args) if self.fn is None else self.fn
-            out = fn(*args)
+            graph = self._build(variant, args) if self.fn is None else self.fn
+            out = graph(*args)
         except (torch._dynamo.exc.TorchDynamoException, RuntimeError, OSError) as error:
             first = (str(error).strip().splitlines() or [type(error).__name__])[0]
             logger.warning("torch.compile is unavailable for decoding (%s); decoding eagerly", first[:200])
             self.compiled = False
             return None
-        self._fns[variant] = fn
+        self._fns[variant] = graph
         self.compiled, self.compile_s = True, time.perf_counter() - started
         _remember_compile_seconds(self.eager, self.compile_s)
         logger.info("compiled the decoding step in %.1f s, kept for later processes in %s (--no-compile decodes "
@@ -362,10 +370,56 @@ class CompiledStep:
                     torch._dynamo.mark_dynamic(t, 2)  # the capacity: one graph for every cache size
             buffers.append((cache.k, cache.v))
         logits = self._run(f"B{tok.shape[0]}", tok, keys, buffers)
-        if logits is None:  # it does not compile: eager from now on
-            return self(tok, caches)
+        if logits is None:  # it does not compile (eager from now on), or not for these inputs (eager this once)
+            return self.eager.forward_head(self.eager.forward_features(tok, caches=caches))[:, -1]
         for cache in caches:
             cache.length = n
+        return logits
+
+
+class VerifyStep(CompiledStep):
+    """Speculative decoding's verification forward compiled: ``step(tok (1, K), caches) → logits (K, V)`` for the
+    ``K`` tokens not yet cached (the newest token and ``K − 1`` drafts), each attending to the cache and to the
+    tokens before it, as ``net.forward_head(net.forward_features(tok, caches=caches))[0]`` computes them. ``K`` is
+    symbolic (from 2 on: one graph for every draft length), and so are the cache's length and capacity; the linear
+    layers take matrix products (:func:`~tokennet.layers.blockquant.symbolic_rows`). Kept in the step store as the
+    variant ``K`` (:mod:`tokennet.step_store`); eager (None) where it does not compile."""
+
+    def _step(self, tok: Tensor, keys: Tensor, buffers: list[tuple[Tensor, Tensor]]) -> Tensor:
+        caches = []
+        for k, v in buffers:  # a KVCache over the given buffers, holding keys.shape[0] − K tokens
+            cache = KVCache(k.shape[2])
+            cache.k, cache.v, cache.length = k, v, keys.shape[0] - tok.shape[1]
+            caches.append(cache)
+        hidden = self.net.forward_features(tok, caches=caches)  # (1, K, D)
+        return self.net.forward_head(hidden)[0]  # (K, V)
+
+    @torch.inference_mode()
+    def __call__(self, tok: Tensor, caches: list[KVCache]) -> Tensor | None:
+        """Logits ``(K, V)`` after each of the tokens ``tok (1, K)``, K ≥ 2; their keys and values join ``caches``.
+        None where the step does not compile (the caller runs its eager forward)."""
+        if self.compiled is False:
+            return None
+        n = caches[0].length + tok.shape[1]
+        if n >= caches[0].k.shape[2]:  # a cache filled to its capacity is another graph (its slices are the whole
+            return None  # buffer): verified eagerly, rather than traced again for one verification
+        if self._positions.numel() < n:
+            self._positions = torch.arange(max(n, 2 * self._positions.numel()), device=tok.device)
+        keys = self._positions[:n]
+        torch._dynamo.mark_dynamic(keys, 0)
+        tok = tok.clone()
+        torch._dynamo.mark_dynamic(tok, 1)
+        buffers = []
+        for cache in caches:
+            for t in (cache.k, cache.v):
+                if not hasattr(t, "_dynamo_dynamic_indices"):
+                    torch._dynamo.mark_dynamic(t, 2)
+            buffers.append((cache.k, cache.v))
+        with symbolic_rows():
+            logits = self._run("K", tok, keys, buffers)
+        if logits is not None:
+            for cache in caches:
+                cache.length = n
         return logits
 
 

@@ -53,7 +53,7 @@ from torch import Tensor, nn
 
 from .errors import ConfigError
 from .layers import quantize as quantization
-from .sampling import SAMPLING_EPS, CompilePlan, greedy_next, next_token_probs, sample_next
+from .sampling import SAMPLING_EPS, CompilePlan, VerifyStep, compiled_step, greedy_next, next_token_probs, sample_next
 from .sampling import _validate as validate_sampling
 
 __all__ = ["Draft", "NgramDrafter", "ModelDrafter", "DraftLength", "VerifyCost", "SpeculationStats", "accept_greedy",
@@ -416,6 +416,18 @@ def check_draft_tokens(draft_tokens: int, block_size: int) -> int:
     return draft_tokens
 
 
+def _verify_step(net: nn.Module, mode: str) -> VerifyStep | None:
+    """The compiled verification forward: with ``--compile`` always; in auto mode where it is kept on this machine
+    (:mod:`tokennet.step_store`; the builder that ``generate`` starts keeps it with the plain step), since its
+    compilation is not in the plain step's bet; otherwise None (eager)."""
+    if mode == "off":
+        return None
+    step = compiled_step(net, VerifyStep)
+    if mode == "on" or step.compiled or step.load("K"):
+        return step
+    return None
+
+
 class _Target:
     """The target model's side: its decoding copy, its KV caches and the text so far (``seq[:n]``).
 
@@ -426,6 +438,7 @@ class _Target:
         self.net = quantization.decoding_copy(model, quantization.resolve_mode(model, quantize))
         self.plan = CompilePlan(self.net, compile, max_new_tokens)  # the same decision as plain decoding's
         self.step = self.plan.first_step()
+        self.verify = _verify_step(self.net, self.plan.mode)
         self.block = model.config.block_size
         T = idx.shape[1]
         self.seq = idx.new_empty(T + max_new_tokens)  # every token id, written in place
@@ -471,6 +484,10 @@ class _Target:
         tokens not yet cached (the prompt, at the first) and the drafts."""
         k = len(draft)
         feed = torch.cat([self.seq[self.n - self.pending : self.n], self.seq.new_tensor(draft)])[None]  # (1, P+k)
+        if self.verify is not None and self.caches[0].k is not None:
+            logits = self.verify(feed, self.caches)  # (P+k, V), compiled
+            if logits is not None:
+                return logits[-(k + 1):]
         hidden = self.net.forward_features(feed, caches=self.caches)  # (1, P+k, D)
         return self.net.forward_head(hidden[:, -(k + 1):])[0]  # (k+1, V)
 

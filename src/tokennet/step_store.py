@@ -77,8 +77,8 @@ def _source_digest() -> str:
 def _cpu_flags() -> str:
     """The processor's instruction-set flags (Linux's /proc/cpuinfo), hashed; the platform's name elsewhere."""
     try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
                 if line.startswith("flags"):
                     flags = " ".join(sorted(line.split(":", 1)[1].split()))
                     return hashlib.sha256(flags.encode()).hexdigest()[:16]
@@ -122,8 +122,8 @@ def serializable_guards(entries) -> list[bool]:
     from torch._dynamo.guards import CheckFunctionManager
 
     unsupported = set(CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES)
-    return [not (e.orig_guard.source.is_unspecialized_nn_module() or e.is_global or e.guard_type in unsupported)
-            for e in entries]
+    return [not (entry.orig_guard.source.is_unspecialized_nn_module() or entry.is_global
+                 or entry.guard_type in unsupported) for entry in entries]
 
 
 class StepMismatch(ValueError):
@@ -137,7 +137,7 @@ def input_spec(args: tuple) -> list:
     spec = []
     for arg in _tensors(args):
         dynamic = getattr(arg, "_dynamo_dynamic_indices", set())
-        shape = [None if d in dynamic else n for d, n in enumerate(arg.shape)]
+        shape = [None if dim in dynamic else size for dim, size in enumerate(arg.shape)]
         spec.append([str(arg.dtype).removeprefix("torch."), shape])
     return spec
 
@@ -236,9 +236,9 @@ class Artifact:
             if why is None and not isinstance(record.get("inputs"), list):
                 why = "its record does not say what inputs it takes"
             if why is None:
-                fn = torch.compiler.load_compiled_function(io.BytesIO(data), f_globals=f_globals)
-                fn.disable_guard_check()
-                return _Checked(fn, record["inputs"])
+                loaded = torch.compiler.load_compiled_function(io.BytesIO(data), f_globals=f_globals)
+                loaded.disable_guard_check()
+                return _Checked(loaded, record["inputs"])
         except (OSError, ValueError) as error:
             why = f"it could not be read ({error})"
         except Exception as error:  # noqa: BLE001 - a file that passed every check but does not load: rebuilt
@@ -254,22 +254,22 @@ class Artifact:
         compiled = torch.compile(method, fullgraph=True, dynamic=False,
                                  options={**options, "guard_filter_fn": serializable_guards})
         with torch._dynamo.config.patch(enable_aot_compile=True):
-            fn = compiled.aot_compile((args, {}))
+            built = compiled.aot_compile((args, {}))
         took = time.perf_counter() - started
         try:
-            self._save(fn, took, input_spec(args))
+            self._save(built, took, input_spec(args))
         except Exception as error:  # noqa: BLE001 - a read-only cache, or a step that does not serialize: kept
             # for this process only
             logger.info("the compiled decoding step was not kept for later processes (%s: %s)", type(error).__name__,
                         str(error)[:200])
-        return fn, took
+        return built, took
 
-    def _save(self, fn, took: float, inputs: list) -> None:
-        data = type(fn).serialize(fn).serialized_data
+    def _save(self, built, took: float, inputs: list) -> None:
+        data = type(built).serialize(built).serialized_data
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         tmp = self.path.with_suffix(f".tmp{os.getpid()}")
-        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
-            f.write(data)
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as stream:
+            stream.write(data)
         os.replace(tmp, self.path)
         record = {"format": FORMAT, "machine": self.machine, "structure": self.structure, "weights": self.weights,
                   "sha256": hashlib.sha256(data).hexdigest(), "compile_s": round(took, 2), "bytes": len(data),

@@ -123,11 +123,10 @@ def test_a_server_whose_builder_fails_stays_eager_and_never_compiles_itself(run_
     from tokennet.serve.app import engine_for_run
 
     monkeypatch.setenv("TOKENNET_CACHE", str(tmp_path))
-    monkeypatch.setattr(prebuild, "spawn", lambda *a: types.SimpleNamespace(wait=lambda: 1))
     engine = engine_for_run(load(run_dir), max_batch=2, compile=True, prefix_cache_mb=0)
     monkeypatch.setattr(sampling.CompiledStep, "_build", lambda *a: pytest.fail("compiled in the server's process"))
     with caplog.at_level(logging.INFO, logger="tokennet"):
-        assert engine.warm_up_in_background(run_dir)
+        assert engine.warm_up_in_background(lambda artifact: types.SimpleNamespace(wait=lambda: 1))
         engine._warming.join(30)
     assert engine.step_ready and engine.step.compiled is False
     assert any("could not be built" in r.getMessage() for r in caplog.records)
@@ -140,12 +139,12 @@ def test_the_builder_makes_the_steps_that_a_server_then_loads(run_dir, tmp_path,
 
     monkeypatch.setenv("TOKENNET_CACHE", str(tmp_path))
 
-    def build_here(run, kind, quantize, artifact):  # the builder's own code, in this process (no nice)
-        assert prebuild.main([str(run), "--kind", kind, "--quantize", quantize, "--threads", "1", "--nice", "0"]) == 0
+    def build_here(artifact):  # the builder's own code, in this process (no nice), as the server starts it
+        assert prebuild.main([str(run_dir), "--kind", "rows", "--quantize", engine.quantize, "--threads", "1",
+                              "--nice", "0"]) == 0
         return types.SimpleNamespace(wait=lambda: 0)
 
-    monkeypatch.setattr(prebuild, "spawn", build_here)
     engine = engine_for_run(load(run_dir), max_batch=2, compile=True, prefix_cache_mb=0)
-    assert engine.warm_up_in_background(run_dir)
+    assert engine.warm_up_in_background(build_here)
     engine._warming.join(600)
     assert engine.step_ready and engine.step.compiled is True and set(engine.step._fns) == {"B1", "Bn"}

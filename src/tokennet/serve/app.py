@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import importlib.util
 import json
@@ -46,11 +47,12 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from .. import step_store
 from ..errors import ConfigError, RunError
 from ..layers import int8dot
 from ..layers import quantize as quantization
-from .. import step_store
 from ..tokens.chat_template import check_chat_template
+from . import prebuild
 from .chat_page import chat_page_route
 from .drafting import check_speculation
 from .embeddings import Embedder, embeddings_body, parse_embeddings
@@ -621,7 +623,7 @@ def serve(run_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, api
                                 prefix_cache_mb=prefix_cache_mb, compile=compile, speculative=speculative, draft=draft,
                                 draft_tokens=draft_tokens)
         if engine.step is not None:  # requests are answered at once, eagerly, until the compiled step is ready
-            engine.warm_up_in_background(run_dir)
+            engine.warm_up_in_background(functools.partial(prebuild.spawn, run_dir, "rows", engine.quantize))
             log.info("the batched decoding step is loaded from %s, or built there once per machine by a process at the "
                      "lowest priority; requests are decoded eagerly until it is ready (--no-compile: always eager)",
                      step_store.store_dir())

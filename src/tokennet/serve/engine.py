@@ -53,7 +53,6 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -1163,20 +1162,21 @@ class Engine:
         again. Call it before :meth:`start` (it writes a dummy token into rows that no sequence holds yet)."""
         return self._compile_on(self.caches)
 
-    def warm_up_in_background(self, run_dir: str | Path | None = None) -> bool:
+    def warm_up_in_background(self, builder: Callable | None = None) -> bool:
         """Make the compiled step ready while the engine answers requests eagerly; the first decoding step after it
         is ready runs compiled (``compile_status()["ready"]``). False when there is no step to compile.
 
-        With ``run_dir`` (the server's run): the steps kept on this machine (:mod:`tokennet.step_store`) are loaded
-        in a thread (about a second); where none is kept, a builder process at nice 19 compiles them
-        (:func:`tokennet.serve.prebuild.spawn`), so the eager steps served meanwhile keep this process's cores and
-        interpreter, and they are loaded when it is done. Without ``run_dir`` they are compiled in a thread of this
-        process, over caches of their own (the same shapes as the engine's, never read by a request), which slows
-        the eager steps served meanwhile."""
+        With ``builder`` (the server's: :func:`tokennet.serve.prebuild.spawn` for its run, called with the step's
+        :class:`~tokennet.step_store.Artifact`, returning the builder process or None when one is already at work):
+        the steps kept on this machine (:mod:`tokennet.step_store`) are loaded in a thread (about a second); where
+        none is kept, the builder process compiles them at the lowest priority, so the eager steps served meanwhile
+        keep this process's cores and interpreter, and they are loaded when it is done. Without ``builder`` they are
+        compiled in a thread of this process, over caches of their own (the same shapes as the engine's, never read
+        by a request), which slows the eager steps served meanwhile."""
         if self.step is None or self._warming is not None:
             return False
         self.step_ready = False
-        target = self._compile_in_thread if run_dir is None else functools.partial(self._load_or_build, run_dir)
+        target = self._compile_in_thread if builder is None else functools.partial(self._load_or_build, builder)
 
         def then_switch() -> None:
             try:
@@ -1199,14 +1199,12 @@ class Engine:
     def _load_kept(self) -> bool:
         return all(self.step.load(variant) for variant in self._variants())
 
-    def _load_or_build(self, run_dir: str | Path) -> float | None:
-        """Load the kept steps, or have a builder process at nice 19 make them first; the seconds it took."""
-        from . import prebuild
-
+    def _load_or_build(self, builder: Callable) -> float | None:
+        """Load the kept steps, or have a builder process make them first; the seconds it took."""
         started = time.perf_counter()
         if not self._load_kept():
             artifact = self.step.artifact(self._variants()[-1])
-            child = prebuild.spawn(run_dir, "rows", self.quantize, artifact)
+            child = builder(artifact)
             log.info("building the batched decoding step in a process of its own at the lowest priority (its log: "
                      "%s); requests are decoded eagerly until it is ready", artifact.path.with_suffix(".log"))
             if child is not None:

@@ -60,7 +60,7 @@ def _take_lock(lock: Path) -> bool:
     lock.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     for _ in range(2):
         try:
-            fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            descriptor = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
             try:
                 pid = int(lock.read_text().strip() or 0)
@@ -71,8 +71,8 @@ def _take_lock(lock: Path) -> bool:
                 return False
             lock.unlink(missing_ok=True)  # its builder is gone: take it over
             continue
-        with os.fdopen(fd, "w") as f:
-            f.write(f"{os.getpid()}\n")  # the starter's until the builder's own is written
+        with os.fdopen(descriptor, "w") as stream:
+            stream.write(f"{os.getpid()}\n")  # the starter's until the builder's own is written
         return True
     return False
 
@@ -102,7 +102,7 @@ def spawn(run_dir: str | Path, kind: str, quantize: str, artifact: step_store.Ar
 
 def _build_one(run, quantize: str) -> None:
     from ..layers import quantize as quantization
-    from ..sampling import compiled_step
+    from ..sampling import VerifyStep, compiled_step
 
     net = quantization.decoding_copy(run.model, quantization.resolve_mode(run.model, quantize))
     step = compiled_step(net)
@@ -111,13 +111,16 @@ def _build_one(run, quantize: str) -> None:
         net.forward_features(torch.zeros(1, 1, dtype=torch.long, device=run.device), caches=caches)
         if step(torch.zeros(1, 1, dtype=torch.long, device=run.device), caches) is None or not step.compiled:
             raise SystemExit("the decoding step does not compile here")
+        # speculative decoding's verification forward, kept beside it (generate --speculative loads it)
+        if compiled_step(net, VerifyStep)(torch.zeros(1, 3, dtype=torch.long, device=run.device), caches) is None:
+            log.warning("the verification forward does not compile here: speculative decoding verifies eagerly")
 
 
 def _build_rows(run, quantize: str) -> None:
-    from .app import engine_for_run
+    from .engine import Engine
 
-    engine = engine_for_run(run, max_batch=2, context=min(32, run.model.config.block_size), quantize=quantize,
-                            prefix_cache_mb=0, compile=True)
+    engine = Engine(run.model, run.tokenizer, max_batch=2, context=min(32, run.model.config.block_size),
+                    quantize=quantize, prefix_cache_mb=0, compile=True)
     if engine.warm_up() is None:
         raise SystemExit("the batched decoding step does not compile here")
 
@@ -128,8 +131,8 @@ def _lower_priority(niceness: int) -> None:
     niceness too; without that, nice 19 would only rank it within its own session."""
     os.nice(niceness)
     try:
-        with open("/proc/self/autogroup", "w") as f:
-            f.write(str(niceness))
+        with open("/proc/self/autogroup", "w") as autogroup:
+            autogroup.write(str(niceness))
     except OSError:  # no autogroups here: the process's niceness is what counts
         pass
 
