@@ -251,8 +251,9 @@ def test_generate_help_explains_quantize(capsys):
     with pytest.raises(SystemExit):
         main(["generate", "--help"])
     out = " ".join(capsys.readouterr().out.split())
-    assert "--quantize {auto,none,bf16,int8,int4}" in out and "LM head" in out and "Default auto" in out
-    assert "int8 weights with one scale per output channel" in out and "integer dot products" in out
+    assert "--quantize {auto,none,bf16,int8,int4}" in out and "Default auto" in out
+    assert "int8 (per output channel)" in out and "AVX-512 VNNI" in out  # the details: the serving tutorial
+    assert "checkpoints-and-serving.md" in out
 
 
 def test_generate_quantized_from_the_command_line(char_run, capsys):

@@ -73,10 +73,18 @@ def test_a_budget_that_cannot_hold_the_preparation_is_refused_at_the_start(tmp_p
 
 def test_a_budget_the_preparation_leaves_no_training_time_is_refused(tmp_path, capsys):
     run = tmp_path / "short"
-    assert main(_graph(run, "--time-budget", "3")) == 2  # the first run reserves at least 10 s after training
+    measured = mock.patch.object(timings, "recorded", lambda key: {"final": 60.0})  # a last run here took 60 s after
+    with measured:
+        assert main(_graph(run, "--time-budget", "30")) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("tokennet: error: time_budget 3 s leaves no time to train:")
+    assert err[-1].startswith("tokennet: error: time_budget 30 s leaves no time to train:")
     assert not run.exists()
+
+
+def test_a_first_run_whose_guessed_costs_fill_the_budget_still_trains_its_one_step(tmp_path, capsys):
+    run = tmp_path / "short"
+    assert main(_graph(run, "--time-budget", "3")) == 0  # the first run's 10 s guess is no reason to refuse
+    assert (run / "metrics.json").exists() and (run / "log.jsonl").read_text().count('"step"') >= 1
 
 
 def test_preparation_check_passes_cached_data_and_unbudgeted_runs():

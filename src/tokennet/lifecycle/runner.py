@@ -303,15 +303,17 @@ def _build(plan: _Plan):
 def _reserve_final(plan: _Plan, trainer: Trainer) -> None:
     """Keep the seconds that follow training inside the budget: those measured at the end of the last run like
     this one here, or (the first time) from one evaluation measured now. A new run left no time to train by its
-    preparation is refused, one line, nothing written."""
+    preparation is refused, one line, nothing written; where only the first run's guess of the fixed costs after
+    training (:data:`~tokennet.lifecycle.budget.FINAL_FIXED_SECONDS`) leaves none, it trains its one step."""
     clock, info = plan.clock, plan.info
     final = timings.recorded(plan.timings_key).get("final")
-    how = "as the last run like it took here"
+    how, guessed = "as the last run like it took here", 0.0
     if final is None:
         started = time.perf_counter()
         trainer.run_eval()
         measured = time.perf_counter() - started
         final, how = timings.first_reserve(measured), f"from one evaluation measured now, {measured:.1f} s"
+        guessed = timings.FINAL_FIXED_SECONDS  # not measured: it shortens training, it never refuses a run
     if info.enabled:  # every rank stops training at the same reading
         import torch
         import torch.distributed as dist
@@ -323,7 +325,7 @@ def _reserve_final(plan: _Plan, trainer: Trainer) -> None:
     left = clock.left_for_training()
     log.info("time budget %.0f s: %.0f s spent before training, ~%.0f s kept for the final evaluation (%s), "
              "%.0f s to train", clock.budget, clock.spent(), final, how, max(0.0, left))
-    if left <= 0 and trainer.step == 0:
+    if left + guessed <= 0 and trainer.step == 0:
         if plan.created and info.is_main:
             shutil.rmtree(plan.out, ignore_errors=True)
         raise RecipeError(f"time_budget {clock.budget:g} s leaves no time to train: {clock.spent():.0f} s went to "
