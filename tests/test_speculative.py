@@ -449,6 +449,7 @@ def test_run_generate_speculative_python_api(runs):
         run.generate([prompt, prompt], 5, speculative="ngram")
 
 
+@pytest.mark.slow  # a compilation (~15 s); tests/test_step_store.py holds the compiled verification to the eager one
 def test_compiled_speculation_verifies_in_the_compiled_graph_and_gives_plain_text(monkeypatch, tmp_path):
     """With --compile the plain steps and every verification (any number of drafts) run compiled: greedy text is
     plain decoding's (float32: the sums' order changes nothing at these margins), past the context too."""
