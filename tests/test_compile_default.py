@@ -98,6 +98,7 @@ def _plan_with(monkeypatch, compile_seconds, tmp_path_factory=None):
     monkeypatch.setenv("TOKENNET_CACHE", "/nonexistent/tokennet-cache")  # no step kept on this machine
     monkeypatch.setattr(sampling, "compiled_step", lambda net: made.append(net) or "the compiled step")
     monkeypatch.setattr(sampling, "_compile_seconds", lambda net: compile_seconds)
+    monkeypatch.setattr(sampling, "_remembered", lambda net, what: None)  # no speedup or load measured here
     return made
 
 

@@ -70,14 +70,21 @@ def test_a_later_process_loads_the_kept_step_and_decodes_the_eager_logits(kept, 
     assert "rebuilding" not in capfd.readouterr().err
 
 
-def test_the_plan_takes_a_kept_step_at_once_in_auto_mode(kept, monkeypatch, tmp_path):
+def test_the_plan_loads_a_kept_step_where_its_measured_speedup_repays_the_load(kept, monkeypatch, tmp_path):
     _, net, _ = _fresh(kept[0], monkeypatch, tmp_path)
     monkeypatch.delenv("TOKENNET_COMPILE", raising=False)
-    plan = sampling.CompilePlan(net, None, 4)  # four tokens: never worth a compilation, but this one is kept
-    step = plan.first_step()
-    assert step is not None and step.compiled and plan.decided
-    other = sampling.CompilePlan(decoding_copy(_model(), "bf16"), None, 4)  # another copy: nothing kept for it
-    assert other.first_step() is None
+    measured = {"speedup": 3.0, "load": 0.5}
+    monkeypatch.setattr(sampling, "_remembered", lambda net, what: measured.get(what))
+    plan = sampling.CompilePlan(net, None, 100)
+    assert plan.first_step() is None  # kept, but a load is a cost: decided after the probe like a compilation
+    steps = [plan.observe(0.02, 99 - i) for i in range(4)]  # 96 · 20 ms · ⅔ ≈ 1.3 s saved > 0.5 s of loading
+    assert steps[:3] == [None] * 3 and steps[3] is not None and not plan.declined
+    assert steps[3].load("B1") and steps[3].compile_s is None  # its first call loads the kept step: no compilation
+    short = sampling.CompilePlan(net, None, 10)  # 6 · 20 ms · ⅔ < 0.5 s: eager, and no builder is asked for
+    assert [short.observe(0.02, 9 - i) for i in range(4)] == [None] * 4 and not short.declined
+    measured["speedup"] = 1.0  # a machine where the compiled step is no faster: never taken
+    never = sampling.CompilePlan(net, None, 10**6)
+    assert [never.observe(0.02, 10**6 - i) for i in range(4)] == [None] * 4
 
 
 def _edit_record(steps, change):

@@ -62,7 +62,7 @@ from .layers.blockquant import symbolic_rows
 
 __all__ = ["generate", "stream", "sample_next", "next_token_probs", "greedy_next", "SAMPLING_EPS", "CompiledStep",
            "VerifyStep",
-           "compiled_step", "compile_default", "compile_mode", "CompilePlan", "inductor_cache_dir"]
+           "compiled_step", "compile_default", "compile_mode", "CompilePlan", "inductor_cache_dir", "measure_speedup"]
 
 logger = logging.getLogger(__name__)
 
@@ -112,12 +112,14 @@ class CompilePlan:
         saved = steps_left · t_eager · (1 − 1 / COMPILED_SPEEDUP)   >   cost = the last compile of this model
                                                                           here (UNMEASURED_COMPILE_S if none)
 
-    A step already compiled in this process, or kept on this machine by an earlier one (:mod:`tokennet.step_store`:
-    loaded in about a second), costs nothing and is taken at once. So a short answer never waits for a compilation
-    (``tokennet generate --max-new-tokens 16`` on SmolLM2, the 400-character sample at the end of ``tokennet train
-    gpt-char``), a long one pays for it once per machine, and every later process decodes compiled from its first
-    token. ``declined`` is True when the plan decided against compiling (the caller may then build the step for
-    later processes in the background: :func:`tokennet.serve.prebuild.spawn`)."""
+    where ``cost`` is the compilation's, or — where an earlier process kept the step on this machine
+    (:mod:`tokennet.step_store`) — the seconds loading it took here (about one), and the speedup is the one measured
+    here for this model (the builder that keeps a step times it against the eager step; ``COMPILED_SPEEDUP`` where
+    nothing was measured). A step already compiled in this process costs nothing and is taken at once. So a short
+    answer never waits for a compilation or a load, a long one pays for it, a machine where the compiled step is no
+    faster never compiles, and a later process takes a kept step after its first few tokens. ``declined`` is True
+    when the plan decided against compiling (the caller may then build the step for later processes in the
+    background: :func:`tokennet.serve.prebuild.spawn`)."""
 
     PROBE = 4
 
@@ -128,25 +130,17 @@ class CompilePlan:
         self.declined = False
 
     def first_step(self) -> CompiledStep | None:
-        """The compiled step to start with: on, or auto with a step compiled in this process or kept on this
-        machine (loaded now)."""
+        """The compiled step to start with: on, or auto with a step already compiled in this process."""
         if self.mode == "on":
             return compiled_step(self.net)
-        if self.mode != "auto":
-            return None
         ready = _STEPS.get(self.net, {}).get(CompiledStep)
-        if ready is not None and ready.compiled:
+        if self.mode == "auto" and ready is not None and ready.compiled:
             self.decided = True
             return ready
-        if step_store.Artifact(CompiledStep.__name__, f"B{self.rows}", self.net).present():
-            step = compiled_step(self.net)
-            if step.load(f"B{self.rows}"):
-                self.decided = True
-                return step
         return None
 
     def observe(self, seconds: float, steps_left: int) -> CompiledStep | None:
-        """One eager decoding step took ``seconds``; the compiled step when it is now worth compiling."""
+        """One eager decoding step took ``seconds``; the compiled step when it is now worth compiling (or loading)."""
         if self.decided:
             return None
         self.times.append(seconds)
@@ -154,15 +148,20 @@ class CompilePlan:
             return None
         self.decided = True
         eager = min(self.times)  # the first steps also pay one-time costs (allocations, kernel choice): the fastest
-        saved = steps_left * eager * (1 - 1 / COMPILED_SPEEDUP)
-        cost = _compile_seconds(self.net)
-        known = "measured" if cost is not None else "not measured here yet"
-        cost = UNMEASURED_COMPILE_S if cost is None else cost
+        speedup = _remembered(self.net, "speedup") or COMPILED_SPEEDUP
+        saved = steps_left * eager * (1 - 1 / speedup)
+        kept = step_store.Artifact(CompiledStep.__name__, f"B{self.rows}", self.net).present()
+        if kept:
+            cost, how = _remembered(self.net, "load") or 2.0, "loading the step kept here"
+        else:
+            cost, how = _compile_seconds(self.net), "compiling"
+            how += " (measured)" if cost is not None else " (not measured here yet)"
+            cost = UNMEASURED_COMPILE_S if cost is None else cost
         pays = saved > cost
-        self.declined = not pays
+        self.declined = not pays and not kept
         _say_once(f"{'compiling' if pays else 'not compiling'} the decoding step: {steps_left} steps left at "
-                  f"{1e3 * eager:.1f} ms would save ~{saved:.1f} s against ~{cost:.0f} s of compiling ({known}); "
-                  "--compile / --no-compile decide it yourself")
+                  f"{1e3 * eager:.1f} ms, {speedup:.2f}x faster compiled, would save ~{saved:.1f} s against ~{cost:.1f}"
+                  f" s of {how}; --compile / --no-compile decide it yourself")
         return compiled_step(self.net) if pays else None
 
 
@@ -198,14 +197,47 @@ def _compile_seconds(net: nn.Module) -> float | None:
     return float(value) if isinstance(value, (int, float)) and value >= 0 else None
 
 
-def _remember_compile_seconds(net: nn.Module, seconds: float) -> None:
+def measure_speedup(net: nn.Module, step: CompiledStep, steps: int = 8) -> float:
+    """How many times faster ``step`` (compiled, ready) decodes one token of ``net`` than the eager forward does here:
+    the fastest of ``steps`` of each, over a short cache. Remembered for :class:`CompilePlan` (a machine where the
+    compiled step is no faster never compiles or loads one)."""
+    def fastest(decode) -> float:
+        caches = net.make_caches(min(64, net.config.block_size))
+        tok = torch.zeros(1, 1, dtype=torch.long, device=next(net.parameters()).device)
+        best = math.inf
+        with torch.inference_mode():
+            net.forward_features(tok, caches=caches)
+            for _ in range(steps):
+                started = time.perf_counter()
+                decode(tok, caches)
+                best = min(best, time.perf_counter() - started)
+        return best
+
+    eager = fastest(lambda tok, caches: net.forward_head(net.forward_features(tok, caches=caches))[:, -1])
+    speedup = eager / fastest(step)
+    _remember_compile_seconds(net, speedup, "speedup")
+    return speedup
+
+
+def _remembered(net: nn.Module, what: str) -> float | None:
+    """A measurement of this model's decoding step on this machine: ``"load"`` (seconds to load its kept step) or
+    ``"speedup"`` (eager step time over compiled), None where none was made."""
+    try:
+        times = jsonio.load(_compile_times_file())
+    except (OSError, ValueError):
+        return None
+    value = times.get(f"{_signature(net)}:{what}") if isinstance(times, dict) else None
+    return float(value) if isinstance(value, (int, float)) and value > 0 else None
+
+
+def _remember_compile_seconds(net: nn.Module, seconds: float, what: str | None = None) -> None:
     path = _compile_times_file()
     try:
         times = jsonio.load(path)
         times = times if isinstance(times, dict) else {}
     except (OSError, ValueError):
         times = {}
-    times[_signature(net)] = round(seconds, 2)
+    times[_signature(net) if what is None else f"{_signature(net)}:{what}"] = round(seconds, 2 if what is None else 3)
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         atomic_write_text(path, json.dumps(times, indent=1) + "\n")
@@ -277,6 +309,7 @@ class CompiledStep:
             return False
         self._fns[variant] = functools.partial(loaded, self)
         self.compiled, self.loaded_s = True, time.perf_counter() - started
+        _remember_compile_seconds(self.eager, self.loaded_s, "load")
         logger.info("loaded the compiled decoding step (%s) in %.2f s from %s", variant, self.loaded_s,
                     step_store.store_dir())
         return True

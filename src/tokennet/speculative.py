@@ -417,9 +417,9 @@ def check_draft_tokens(draft_tokens: int, block_size: int) -> int:
 
 
 def _verify_step(net: nn.Module, mode: str) -> VerifyStep | None:
-    """The compiled verification forward: with ``--compile`` always; in auto mode where it is kept on this machine
-    (:mod:`tokennet.step_store`; the builder that ``generate`` starts keeps it with the plain step), since its
-    compilation is not in the plain step's bet; otherwise None (eager)."""
+    """The compiled verification forward, once the plain step is compiled: with ``--compile`` always; in auto mode
+    where it is kept on this machine (:mod:`tokennet.step_store`; the builder that ``generate`` starts keeps it with
+    the plain step), since its compilation is not in the plain step's bet; otherwise None (eager)."""
     if mode == "off":
         return None
     step = compiled_step(net, VerifyStep)
@@ -438,7 +438,7 @@ class _Target:
         self.net = quantization.decoding_copy(model, quantization.resolve_mode(model, quantize))
         self.plan = CompilePlan(self.net, compile, max_new_tokens)  # the same decision as plain decoding's
         self.step = self.plan.first_step()
-        self.verify = _verify_step(self.net, self.plan.mode)
+        self.verify = _verify_step(self.net, self.plan.mode) if self.step is not None else None
         self.block = model.config.block_size
         T = idx.shape[1]
         self.seq = idx.new_empty(T + max_new_tokens)  # every token id, written in place
@@ -477,6 +477,8 @@ class _Target:
         logits = self.net.forward_head(hidden[:, -1:])[:, -1]  # (1, V)
         if feed.shape[1] == 1:  # an eager plain step: timed for the compile plan
             self.step = self.plan.observe(time.perf_counter() - started, self.seq.numel() - self.n - 1) or self.step
+            if self.step is not None and self.verify is None:  # the plan took the compiled step: verify compiled too
+                self.verify = _verify_step(self.net, self.plan.mode)
         return logits
 
     def verify_logits(self, draft: Sequence[int]) -> Tensor:

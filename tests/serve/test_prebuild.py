@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -107,15 +108,17 @@ def test_generate_starts_a_builder_only_where_it_decoded_eagerly_and_nothing_is_
     monkeypatch.setattr(prebuild, "spawn", lambda *a: spawned.append(a) or object())
     run = load(run_dir)
     monkeypatch.setenv("TOKENNET_COMPILE", "0")  # --no-compile: nothing to build
-    run.generate("ab", 3, temperature=0)
+    run.generate("ab", 3, temperature=0, prebuild=True)
     assert not spawned
     monkeypatch.delenv("TOKENNET_COMPILE")  # auto: three tokens never repay a compilation
     monkeypatch.setenv("TOKENNET_PREBUILD", "0")
-    run.generate("ab", 3, temperature=0)
+    run.generate("ab", 3, temperature=0, prebuild=True)
     assert not spawned
     monkeypatch.delenv("TOKENNET_PREBUILD")
-    run.generate("ab", 3, temperature=0)
-    assert len(spawned) == 1 and spawned[0][1:3] == ("one", "auto") and spawned[0][0] == run.path
+    run.generate("ab", 3, temperature=0)  # the API (a report's sample, a notebook) starts none unless asked
+    assert not spawned
+    assert main(["-q", "generate", str(run_dir), "--prompt", "ab", "--max-new-tokens", "3", "--temperature", "0"]) == 0
+    assert len(spawned) == 1 and spawned[0][1:3] == ("one", "auto") and Path(spawned[0][0]) == Path(run_dir)
 
 
 def test_a_server_whose_builder_fails_stays_eager_and_never_compiles_itself(run_dir, tmp_path, monkeypatch, caplog):

@@ -37,7 +37,7 @@ def stream_text(run: Run, prompt: str, max_new_tokens: int = 200, *, temperature
                 top_k: int | None = None, top_p: float | None = None, seed: int = 0,
                 use_cache: bool = True, quantize: str = "auto", compile: bool | None = None,
                 speculative: str = "off", draft: str | Path | Run | None = None, draft_tokens: int = 8,
-                stats: SpeculationStats | None = None) -> Iterator[str]:
+                stats: SpeculationStats | None = None, prebuild: bool = False) -> Iterator[str]:
     """Yield the continuation of ``prompt`` as printable pieces of text, as the tokens come.
 
     A byte-level token may end inside a UTF-8 character: a piece is yielded only once it decodes
@@ -53,6 +53,8 @@ def stream_text(run: Run, prompt: str, max_new_tokens: int = 200, *, temperature
     same tokenizer; giving ``draft`` alone implies ``"draft"``), up to ``draft_tokens`` drafted tokens a round.
     Lossless: greedy text is plain decoding's, sampled text is distributed as plain sampling's (not the same draws
     for a seed). ``stats`` (a :class:`~tokennet.speculative.SpeculationStats`) is filled in as decoding goes.
+    ``prebuild`` (``tokennet generate`` sets it): where this call decoded eagerly and no compiled step is kept for the
+    run, start a builder at the lowest priority so the next process decodes compiled (:func:`_build_for_later`).
     """
     model, tok = run.model, run.tokenizer
     if tok is None:
@@ -87,7 +89,7 @@ def stream_text(run: Run, prompt: str, max_new_tokens: int = 200, *, temperature
     rest = tok.decode_continuation(new)[len(shown):]
     if rest:
         yield rest
-    if use_cache:
+    if use_cache and prebuild:
         _build_for_later(run, quantize, compile)
 
 
@@ -280,7 +282,7 @@ class LanguageModel(Task):
                                top_k=values["top_k"], top_p=values["top_p"], seed=values["seed"],
                                use_cache=not values["no_cache"], quantize=values["quantize"],
                                compile=compile, speculative=values["speculative"],
-                               draft=draft, draft_tokens=values["draft_tokens"])
+                               draft=draft, draft_tokens=values["draft_tokens"], prebuild=True)
         yield "\n"
 
     def draw(self, run: Run, out_dir: Path, **options) -> list[Path]:
