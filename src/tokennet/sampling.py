@@ -148,7 +148,8 @@ class CompilePlan:
             return None
         self.decided = True
         eager = min(self.times)  # the first steps also pay one-time costs (allocations, kernel choice): the fastest
-        speedup = _remembered(self.net, "speedup") or COMPILED_SPEEDUP
+        measured = _remembered(self.net, "speedup")
+        speedup = measured or COMPILED_SPEEDUP
         saved = steps_left * eager * (1 - 1 / speedup)
         kept = step_store.Artifact(CompiledStep.__name__, f"B{self.rows}", self.net).present()
         if kept:
@@ -160,7 +161,8 @@ class CompilePlan:
         pays = saved > cost
         self.declined = not pays and not kept
         _say_once(f"{'compiling' if pays else 'not compiling'} the decoding step: {steps_left} steps left at "
-                  f"{1e3 * eager:.1f} ms, {speedup:.2f}x faster compiled, would save ~{saved:.1f} s against ~{cost:.1f}"
+                  f"{1e3 * eager:.1f} ms, {speedup:.2f}x faster compiled ({'measured' if measured else 'assumed'}), "
+                  f"would save ~{saved:.1f} s against ~{cost:.1f}"
                   f" s of {how}; --compile / --no-compile decide it yourself")
         return compiled_step(self.net) if pays else None
 

@@ -109,7 +109,7 @@ def _build_for_later(run: Run, quantize: str, compile: bool | None) -> None:
 
     if prebuild.spawn(run.path, "one", quantize, artifact) is not None:
         log.info("building the compiled decoding step once for this run and machine, in a process of its own at the "
-                 "lowest priority (its log: %s); later generates of this run decode compiled from their first token "
+                 "lowest priority (its log: %s); later generates of this run load it where it pays "
                  "(TOKENNET_PREBUILD=0: never)", artifact.path.with_suffix(".log"))
 
 
