@@ -55,7 +55,7 @@ def test_the_compiled_path_gives_the_eager_greedy_tokens(monkeypatch):
     monkeypatch.setenv("TOKENNET_COMPILE", "1")
     compiled = generate(m, prompt, 12, temperature=0)  # no compile= argument: the environment's choice
     assert len(made) == 1 and made[0].compiled, "the compiled decoding path did not compile"
-    assert made[0].compile_s > 0
+    assert (made[0].compile_s or made[0].loaded_s) > 0  # compiled here, or loaded: kept by an earlier run
     assert torch.equal(compiled, eager)
     made.clear()
     assert torch.equal(generate(m, prompt, 12, temperature=0, compile=False), eager)
