@@ -1168,7 +1168,7 @@ class Engine:
 
         With ``builder`` (the server's: :func:`tokennet.serve.prebuild.spawn` for its run, called with the step's
         :class:`~tokennet.step_store.Artifact`, returning the builder process or None when one is already at work):
-        the steps kept on this machine (:mod:`tokennet.step_store`) are loaded in a thread (about a second); where
+        the steps kept on this machine (:mod:`tokennet.step_store`) are loaded in a thread (seconds, not minutes); where
         none is kept, the builder process compiles them at the lowest priority, so the eager steps served meanwhile
         keep this process's cores and interpreter, and they are loaded when it is done. Without ``builder`` they are
         compiled in a thread of this process, over caches of their own (the same shapes as the engine's, never read

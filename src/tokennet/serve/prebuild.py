@@ -5,7 +5,7 @@ the server's background thread until now — it takes the interpreter's lock and
 should speed up: the eager steps served meanwhile ran at a sixth of their own speed. Here the compilation runs in
 a separate process under ``nice 19`` with one compiler worker, so the process that decodes keeps its cores (the
 kernel gives a nice-19 process a share of ~1/70 against a normal one) and its interpreter, and loads the finished
-steps from the step store (:mod:`tokennet.step_store`) in about a second.
+steps from the step store (:mod:`tokennet.step_store`).
 
 - ``tokennet serve`` starts one for the batched step (:class:`~tokennet.serve.engine.RowsStep`) when the store has
   none, answers requests eagerly meanwhile, and switches to the compiled step once it is built
