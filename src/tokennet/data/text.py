@@ -142,15 +142,24 @@ class TextCorpus(DataSpec):
     The split is by tokens, so it needs the tokenizer: the last ``max(⌊n · val_fraction⌋, block_size + 1)``
     of the ``n`` token ids validate, the rest train (:meth:`split`).
 
+    With ``reverse``, both parts are read backwards: the same split, each part's token order flipped, so a
+    reversed run validates on exactly the forward run's validation tokens and the two losses compare. With characters
+    that is the text read from its end. The lecture: "the earlier words in the sentence are causally determining the
+    next words, but there's not quite the anti-causal direction. The statistics are different. It's not like a
+    reversible sequence".
+
     Args:
         source: the corpus: an embedded one by name, or a file, directory or glob (``--data``).
         val_fraction: the share of the corpus's tokens, at its end, held out for validation.
+        reverse: train and validate on the token stream read backwards (for characters: the text reversed), the
+            split unchanged.
     """
 
     kind: ClassVar[str] = "text"
     legacy_recipes: ClassVar[tuple[str, ...]] = ("gpt", "gpt-char")
     source: str = "python-docs"
     val_fraction: float = 0.1
+    reverse: bool = False
 
     def __post_init__(self):
         if not 0 < self.val_fraction < 1:
@@ -160,7 +169,7 @@ class TextCorpus(DataSpec):
     def from_legacy(cls, data, settings) -> TextCorpus:
         # Before the spec, no --data meant the Python docs (the default of both recipes then).
         return cls(source=data if data not in (None, "", "embedded") else "python-docs",
-                   val_fraction=settings.get("val_fraction", 0.1))
+                   val_fraction=settings.get("val_fraction", 0.1), reverse=settings.get("reverse", False))
 
     def read(self) -> str:
         """The corpus text."""
@@ -169,9 +178,16 @@ class TextCorpus(DataSpec):
         return read_corpus(self.source)
 
     def split(self, ids: Tensor, block_size: int) -> tuple[Tensor, Tensor]:
-        """``(train ids, validation ids)`` of a token stream: validation is its tail, at least one block + 1."""
+        """``(train ids, validation ids)`` of a token stream: validation is its tail, at least one block + 1; with
+        ``reverse``, each part read backwards (the boundary is the forward stream's)."""
         n_val = max(int(len(ids) * self.val_fraction), block_size + 1)
-        return ids[:-n_val], ids[-n_val:]
+        train, val = ids[:-n_val], ids[-n_val:]
+        return (train.flip(0), val.flip(0)) if self.reverse else (train, val)
+
+    def stream(self, tokenizer) -> Tensor:
+        """Every token id of the corpus, in the spec's reading direction (backwards with ``reverse``)."""
+        ids = torch.tensor(tokenizer.encode(self.read()), dtype=torch.long)
+        return ids.flip(0) if self.reverse else ids
 
     def held_out(self, tokenizer, block_size: int) -> Tensor:
         """The validation token ids of this corpus under ``tokenizer``."""

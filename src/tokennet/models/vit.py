@@ -35,7 +35,7 @@ from ..layers.stack import AttentionMaps, Encoder
 from ..position.concat import with_position_mode
 from ..position.fourier import Fourier2DPosition
 from ..position.learned import LearnedPosition2D
-from ..tokens.image import EMBED_MODES, ConvStem, PatchEmbed, grid_size, to_pair
+from ..tokens.image import EMBED_MODES, PROJECTIONS, ConvStem, PatchEmbed, grid_size, to_pair
 from .registry import CountsParameters, Output, TransformerConfig, register_family, register_preset
 
 __all__ = ["ViTConfig", "ViT", "POOLS", "POSITIONS"]
@@ -74,6 +74,11 @@ class ViTConfig(TransformerConfig, defaults=dict(dim=192, num_layers=12, num_hea
             4 for Fourier positions); None with ``"add"``.
         patch_embed: ``"conv"`` or ``"linear"`` (the same weights, see :class:`PatchEmbed`), or
             ``"conv-stem"``: early convolutions with total stride ``patch_size`` (:class:`ConvStem`, ViT_C).
+        patch_projection: how the patch matrix ``E`` (the lecture's ``W_tokenize``) is made: ``"learned"``
+            (trained, the default), or hard-coded and never trained: ``"random"`` (Gaussian, variance
+            ``1 / (C·p²)``, drawn from the run's seed) or ``"dct"`` (the patch's 2-D DCT basis per channel, low
+            frequencies first, cut or zero-padded to the width). The lecture: "that could be a learned matrix, or it
+            could be somehow hard-coded". Not with ``patch_embed="conv-stem"``.
         stem_width: channels of the conv stem's first convolution (None = ``D / 2^(layers − 1)``, at least
             16); each stride-2 layer doubles them. Only for ``patch_embed="conv-stem"``.
         pad: zero-pad images whose size the patches do not tile (else an error).
@@ -96,6 +101,7 @@ class ViTConfig(TransformerConfig, defaults=dict(dim=192, num_layers=12, num_hea
     position_mode: str = "add"
     pos_dim: int | None = None
     patch_embed: str = "conv"
+    patch_projection: str = "learned"
     stem_width: int | None = None
     pad: bool = False
     label_smoothing: float = 0.0
@@ -113,6 +119,10 @@ class ViTConfig(TransformerConfig, defaults=dict(dim=192, num_layers=12, num_hea
         self._choice("pool", self.pool, POOLS)
         self._choice("position", self.position, POSITIONS)
         self._choice("patch_embed", self.patch_embed, EMBED_MODES)
+        self._choice("patch_projection", self.patch_projection, PROJECTIONS)
+        if self.patch_projection != "learned" and self.patch_embed == "conv-stem":
+            raise ConfigError(f"patch_projection={self.patch_projection!r} fixes one patch matrix; a conv stem has "
+                              "none: use patch_embed='conv' or 'linear'")
         self._mlp_and_backend()
         if self.dim % self.num_heads:
             raise ConfigError(f"num_heads={self.num_heads} must divide dim={self.dim}")
@@ -210,7 +220,7 @@ class ViT(CountsParameters, nn.Module):
             self.patch_embed = ConvStem(cfg.in_channels, d_tok, cfg.patch_hw, width=cfg.stem_width, bias=cfg.bias)
         else:
             self.patch_embed = PatchEmbed(cfg.in_channels, d_tok, cfg.patch_hw, cfg.stride_hw, pad=cfg.pad,
-                                          mode=cfg.patch_embed, bias=cfg.bias)
+                                          mode=cfg.patch_embed, bias=cfg.bias, projection=cfg.patch_projection)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, d_tok)) if cfg.pool == "cls" else None
         self.dist_token = nn.Parameter(torch.zeros(1, 1, d_tok)) if cfg.distill else None
         self.pos_emb = None

@@ -4,7 +4,10 @@ Data (:class:`~tokennet.data.text.TextCorpus`): an embedded corpus — ``shakesp
 Shakespeare, 1.1 MB, the default of ``gpt-char``) or ``python-docs`` (the Python language reference that
 ships with CPython, 0.46 MB, the default of ``gpt``) — or ``--data`` a text file, a directory or a glob.
 The first ``1 - val_fraction`` of the token stream trains, the rest validates; ``metrics.json`` reports
-``val_loss`` (nats per token), ``val_perplexity`` and a sample.
+``val_loss`` (nats per token), ``val_perplexity`` and a sample. ``--set reverse=true`` trains and validates on the
+same two parts read backwards (the text reversed, for ``gpt-char``), so its ``val_loss`` compares with the forward
+run's on the same characters (the lecture: "The statistics are different. It's not like a reversible sequence";
+measured: ``bench/text_direction.py``); its sample reads backwards too.
 
 Fine-tuning (``--init SOURCE``: a run, a Hugging Face directory, a GGUF file): the model and tokenizer are the
 source's; ``block_size`` is then the training window (at most the model's context). ``--data`` may also be
@@ -48,6 +51,8 @@ def lm_eval(model, batches: list) -> dict[str, float]:
 def make_data(source: str | None, settings: dict[str, Any]):
     """A chat file (JSON lines of ``{"messages": ...}``) or a text corpus, by what ``--data`` holds."""
     if is_chat_file(source):
+        if settings.get("reverse"):
+            raise DataError("reverse=true reads a text corpus backwards; a chat file's conversations cannot be")
         return ChatConversations(source=source, val_fraction=settings["val_fraction"], seed=settings["seed"])
     return TextCorpus.from_settings(source, settings)
 
@@ -129,7 +134,7 @@ def evaluate_run(run, data) -> dict[str, Any]:
             chats = spec.held_out(tok) if data is None else read_chats(data, tok)
             m = lm_eval(model, ChatBatches(chats, T, settings["batch_size"], pad_id=_pad(tok)).eval_batches())
         else:  # the run's validation split, or the whole of another corpus
-            ids = spec.held_out(tok, T) if data is None else torch.tensor(tok.encode(spec.read()), dtype=torch.long)
+            ids = spec.held_out(tok, T) if data is None else spec.stream(tok)
             m = lm_eval(model, LMBatches(ids, T, settings["batch_size"], seed=settings["seed"] + 1)
                         .eval_batches(settings["eval_iters"]))
     m["val_perplexity"] = math.exp(m["val_loss"])

@@ -97,7 +97,7 @@ ARCHS = ("vit", "swin")
 # The settings only one architecture reads: the other refuses them (Recipe.unused).
 SWIN_ONLY = ("depths", "window_size")
 VIT_ONLY = ("patch_stride", "num_layers", "pool", "position", "position_mode", "pos_dim", "patch_dropout", "distill",
-            "teacher", "value_proj")
+            "teacher", "value_proj", "patch_projection")
 SHARED = ("image_size", "patch_size", "in_channels", "num_classes", "dim", "num_heads", "mlp_ratio", "dropout",
           "drop_path", "patch_embed", "stem_width", "pad", "label_smoothing", "bias", "norm_eps", "backend")
 

@@ -23,9 +23,11 @@ from torch import Tensor, nn
 
 from ..errors import ConfigError
 
-__all__ = ["PatchEmbed", "ConvStem", "patchify", "grid_size", "patch_padding", "to_pair", "EMBED_MODES"]
+__all__ = ["PatchEmbed", "ConvStem", "patchify", "grid_size", "patch_padding", "to_pair", "EMBED_MODES", "PROJECTIONS",
+           "dct_basis", "fixed_projection"]
 
 EMBED_MODES = ("conv", "linear", "conv-stem")
+PROJECTIONS = ("learned", "random", "dct")
 
 
 def to_pair(value, name: str = "size") -> tuple[int, int]:
@@ -124,6 +126,49 @@ def patchify(images: Tensor, patch_size, stride=None, *, pad: bool = False) -> T
     return cols.transpose(1, 2)  # (B, N, C·ph·pw)
 
 
+def dct_basis(channels: int, patch_hw: tuple[int, int]) -> Tensor:
+    """The orthonormal 2-D DCT-II basis of a patch, one channel at a time: ``(C·ph·pw, C, ph, pw)``.
+
+    Basis image ``(u, v)`` of channel ``c`` is ``α_u α_v cos(π (2i + 1) u / 2ph) cos(π (2j + 1) v / 2pw)`` on channel
+    ``c`` and zero on the others (``α_0 = √(1/n)``, ``α_k = √(2/n)``). The rows are ordered from low to high
+    frequency (``u + v``, then ``u``, then the channel), so truncating keeps the coarse content of every channel.
+    """
+    patch_h, patch_w = patch_hw
+
+    def cosines(n: int) -> Tensor:  # (n frequencies, n pixels), orthonormal rows
+        k, i = torch.arange(n, dtype=torch.float64)[:, None], torch.arange(n, dtype=torch.float64)[None, :]
+        table = torch.cos(math.pi * (2 * i + 1) * k / (2 * n)) * math.sqrt(2 / n)
+        table[0] /= math.sqrt(2)
+        return table
+
+    rows_h, rows_w = cosines(patch_h), cosines(patch_w)
+    order = sorted((freq_h + freq_w, freq_h, channel, freq_w)
+                   for freq_h in range(patch_h) for freq_w in range(patch_w) for channel in range(channels))
+    basis = torch.zeros(len(order), channels, patch_h, patch_w, dtype=torch.float64)
+    for row, (_, freq_h, channel, freq_w) in enumerate(order):
+        basis[row, channel] = rows_h[freq_h][:, None] * rows_w[freq_w][None, :]  # (ph, pw): two cosines' product
+    return basis.float()
+
+
+def fixed_projection(kind: str, dim: int, channels: int, patch_hw: tuple[int, int]) -> Tensor:
+    """A hard-coded ``W_tokenize`` of shape ``(D, C, ph, pw)`` (the lecture: "that could be a learned matrix, or it
+    could be somehow hard-coded").
+
+    ``"dct"``: the first ``D`` rows of :func:`dct_basis` (zero rows beyond ``C·ph·pw``): each token lists the
+    patch's frequencies. ``"random"``: Gaussian entries of variance ``1 / (C·ph·pw)``, drawn from PyTorch's global
+    generator (so from the run's seed); tokens then have about the patch's mean squared pixel as their mean square.
+    """
+    patch_h, patch_w = patch_hw
+    fan_in = channels * patch_h * patch_w
+    if kind == "random":
+        return torch.randn(dim, channels, patch_h, patch_w) / math.sqrt(fan_in)
+    if kind == "dct":
+        basis = dct_basis(channels, patch_hw)[:dim]
+        padding = torch.zeros(dim - len(basis), channels, patch_h, patch_w)
+        return torch.cat([basis, padding])
+    raise ConfigError(f"patch_projection must be one of {', '.join(PROJECTIONS)}, got {kind!r}")
+
+
 class PatchEmbed(nn.Module):
     """Patch embedding ``T = patchify(x) E + b``: one token of width D per patch.
 
@@ -131,6 +176,11 @@ class PatchEmbed(nn.Module):
     implementations do, fast); ``mode="linear"`` as the lecture writes it, flattened patches times a
     matrix. Both use the same parameter ``weight`` of shape ``(D, C, ph, pw)`` (``E`` is its
     ``(D, C·ph·pw)`` view, transposed), so a checkpoint works in either mode and they agree to rounding.
+
+    ``projection`` picks how ``E`` is made. The lecture: "you could use some matrix that you multiply the pixel
+    values by W tokenize to get a D dimensional vector. And that could be a learned matrix, or it could be somehow
+    hard-coded." ``"learned"`` trains it; ``"random"`` and ``"dct"`` fix it (:func:`fixed_projection`): ``weight``
+    is then a buffer, saved with the model and never trained (the bias ``b`` is still learned).
 
     Args:
         in_channels: channels C of the input.
@@ -140,23 +190,28 @@ class PatchEmbed(nn.Module):
         pad: zero-pad images whose size the patches do not tile (else a ``ValueError``).
         mode: ``"conv"`` or ``"linear"``.
         bias: add a bias ``b``.
+        projection: ``"learned"``, ``"random"`` or ``"dct"`` (see above).
     """
 
     def __init__(self, in_channels: int, dim: int, patch_size, stride=None, *, pad: bool = False,
-                 mode: str = "conv", bias: bool = True):
+                 mode: str = "conv", bias: bool = True, projection: str = "learned"):
         super().__init__()
         if in_channels < 1 or dim < 1:
             raise ValueError(f"in_channels and dim must be positive, got {in_channels}, {dim}")
         if mode not in ("conv", "linear"):
             raise ValueError(f"mode must be 'conv' or 'linear' (see ConvStem for 'conv-stem'), got {mode!r}")
         self.in_channels, self.dim, self.mode, self.pad = in_channels, dim, mode, pad
+        self.projection = projection
         self.patch_size = to_pair(patch_size, "patch_size")
         self.stride = self.patch_size if stride is None else to_pair(stride, "stride")
         patch_h, patch_w = self.patch_size
-        self.weight = nn.Parameter(torch.empty(dim, in_channels, patch_h, patch_w))
+        if projection == "learned":
+            self.weight = nn.Parameter(torch.empty(dim, in_channels, patch_h, patch_w))
+            # nn.Conv2d's default initialisation: uniform with fan_in = C·ph·pw.
+            nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        else:  # hard-coded: a buffer, so the optimizer never sees it and the saved model keeps it
+            self.register_buffer("weight", fixed_projection(projection, dim, in_channels, self.patch_size))
         self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
-        # nn.Conv2d's default initialisation: uniform with fan_in = C·ph·pw.
-        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
         if self.bias is not None:
             bound = 1 / math.sqrt(in_channels * patch_h * patch_w)
             nn.init.uniform_(self.bias, -bound, bound)
@@ -189,7 +244,7 @@ class PatchEmbed(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in_channels={self.in_channels}, dim={self.dim}, patch_size={self.patch_size}, "
-                f"stride={self.stride}, pad={self.pad}, mode={self.mode!r}")
+                f"stride={self.stride}, pad={self.pad}, mode={self.mode!r}, projection={self.projection!r}")
 
 
 class ConvStem(nn.Module):
