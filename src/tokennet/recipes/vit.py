@@ -16,6 +16,11 @@ augmentation), tuned for 2 CPU cores:
   ``--set patch_embed=linear patch_size=7`` trains the plain ViT instead; ``--set num_layers=4`` a deeper one.
 - ``mnist1d``: 1-D signals of length 40, 4k/1k, cut into overlapping 1-D patches of 8 at stride 2
   (17 tokens), 4 blocks × 64, 3,000 steps. Goal: ≥ 98% (the MNIST-1D paper's CNN 94%, human 96%).
+  The generator's own changes can be drawn again for each training batch
+  (:class:`~tokennet.data.signal_augment.SignalAugment`): ``roll`` (circular shift), ``scale`` (a resampling
+  stretch), ``gain``, ``noise``, ``corr_noise`` (smoothed noise) and ``shear`` (a linear trend), beside
+  ``translate`` (a shift with zero fill); ``patch_size``/``patch_stride`` set the patches. These are refused on
+  2-D images.
 
 How the profiles were chosen (depth, stems, patch sizes and strides, Swin and DeiT against the ViT, the ViT against a
 CNN as data grows): ``docs/experiments/vit.md``.
@@ -59,9 +64,10 @@ import torch
 
 from ..data.augment import Augment
 from ..data.image_batches import ImageBatches, evaluate_classifier
+from ..data.signal_augment import SignalAugment
 from ..data.text import DataError
 from ..data.vision_data import ImageDataset, VisionData, dataset_kind
-from ..errors import RecipeError, RunError
+from ..errors import ConfigError, RecipeError, RunError
 from ..lifecycle import BuildContext, Job, Recipe, register_recipe
 from ..models.multimodal import TRUNK_FIELDS
 from ..models.registry import config_from_dict, create_model, model_from_config, preset_info
@@ -98,12 +104,15 @@ ARCHS = ("vit", "swin")
 SWIN_ONLY = ("depths", "window_size")
 VIT_ONLY = ("patch_stride", "num_layers", "pool", "position", "position_mode", "pos_dim", "patch_dropout", "distill",
             "teacher", "value_proj", "patch_projection")
+# The MNIST-1D generator's augmentations (data/signal_augment.py): 1-D signals only, refused on images.
+SIGNAL_ONLY = ("roll", "gain", "noise", "corr_noise", "shear")
 SHARED = ("image_size", "patch_size", "in_channels", "num_classes", "dim", "num_heads", "mlp_ratio", "dropout",
           "drop_path", "patch_embed", "stem_width", "pad", "label_smoothing", "bias", "norm_eps", "backend")
 
 _OPTIONS = {"arch": "vit", "depths": "2,2", "window_size": 7, "teacher": "",
             "translate": 1, "flip": False, "erase": 0.0, "rotate": 0.0, "scale": 0.0, "randaugment": 0,
-            "magnitude": 9.0, "mixup": 0.0, "cutmix": 0.0, "repeats": 1, "svm_baseline": True, "cnn_baseline": False,
+            "magnitude": 9.0, "roll": 0, "gain": 0.0, "noise": 0.0, "corr_noise": 0.0, "shear": 0.0,
+            "mixup": 0.0, "cutmix": 0.0, "repeats": 1, "svm_baseline": True, "cnn_baseline": False,
             "eval_batch_size": 500}
 _TRAIN_DEFAULTS = {"max_iters": 2500, "time_budget": 45.0, "batch_size": 64, "lr": 2e-3, "warmup_iters": 100,
                    "weight_decay": 0.05, "beta2": 0.99, "eval_interval": 500, "log_interval": 50}
@@ -237,6 +246,42 @@ def load_teacher(path: str, ds: VisionData, device) -> tuple[Callable[[torch.Ten
     return teacher, info
 
 
+def _augment(opts: dict[str, Any], dataset: VisionData) -> Callable[[torch.Tensor, torch.Generator],
+                                                                     torch.Tensor] | None:
+    """The training batches' augmentation from the options, or None when every one is off: images get
+    :class:`~tokennet.data.augment.Augment`; 1-D signals its shift and flip, then the MNIST-1D generator's changes
+    (:class:`~tokennet.data.signal_augment.SignalAugment`: ``roll``, ``scale`` as a stretch, ``gain``, ``noise``,
+    ``corr_noise``, ``shear``). The test set is never augmented.
+
+    Raises:
+        ConfigError: a negative setting, or a shift as long as the data or longer.
+        RecipeError: a signal-only setting on 2-D images.
+    """
+    image = Augment(translate=int(opts["translate"]), flip=bool(opts["flip"]), erase=float(opts["erase"]),
+                    rotate=float(opts["rotate"]), scale=float(opts["scale"]), randaugment=int(opts["randaugment"]),
+                    magnitude=float(opts["magnitude"]))
+    shortest = min(dataset.x_train.shape[2:])
+    if image.translate >= shortest:
+        raise ConfigError(f"translate={image.translate} shifts by the whole {shortest}-sample side or more: "
+                          f"translate must be below {shortest}")
+    signal_only = {k: opts[k] for k in SIGNAL_ONLY if opts[k]}
+    if dataset.x_train.dim() == 4:
+        if signal_only:
+            raise RecipeError(f"{', '.join(signal_only)}: only for 1-D signals; this data is 2-D images")
+        return image if image.active else None
+    signal = SignalAugment(roll=int(opts["roll"]), scale=float(opts["scale"]), gain=float(opts["gain"]),
+                           noise=float(opts["noise"]), corr_noise=float(opts["corr_noise"]),
+                           shear=float(opts["shear"]))
+    signal.check_length(shortest)
+    if not signal.active:
+        return image if image.active else None
+
+    def augment(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        return signal(image(x, generator), generator)
+
+    return augment
+
+
 def build(ctx: BuildContext) -> Job:
     spec: ImageDataset = ctx.data
     kind = dataset_kind(spec.source)
@@ -265,11 +310,9 @@ def build(ctx: BuildContext) -> Job:
         raise RecipeError("randaugment applies to 2-D images; this data is 1-D signals")
     if model.config.is_1d and opts["cnn_baseline"]:
         raise RecipeError("cnn_baseline trains a 2-D CNN (the cnn recipe's); this data is 1-D signals")
-    aug = Augment(translate=int(opts["translate"]), flip=bool(opts["flip"]), erase=float(opts["erase"]),
-                  rotate=float(opts["rotate"]), scale=float(opts["scale"]), randaugment=int(opts["randaugment"]),
-                  magnitude=float(opts["magnitude"]))
+    aug = _augment(opts, dataset)
     src = ImageBatches(dataset.x_train, dataset.y_train, train.batch_size, seed=train.seed,
-                       augment=aug if aug.active else None, mixup=float(opts["mixup"]), cutmix=float(opts["cutmix"]),
+                       augment=aug, mixup=float(opts["mixup"]), cutmix=float(opts["cutmix"]),
                        num_classes=dataset.num_classes,
                        repeats=int(opts["repeats"]), teacher=teacher)
     config = model.config
@@ -292,7 +335,7 @@ def build(ctx: BuildContext) -> Job:
 
             out.update(cnn_baseline(dataset, steps=src.max_index + 1, preset=CNN_PROFILES[kind]["model"],
                                     batch_size=train.batch_size, lr=train.lr, seed=train.seed,
-                                    augment=aug if aug.active else None, device=device))
+                                    augment=aug, device=device))
         return out
 
     return Job(model=model.to(device), source=src, evaluate=evaluate, tokens_per_batch=train.batch_size,
@@ -334,7 +377,15 @@ RECIPE = register_recipe(Recipe(
         "flip": "mirror half of the training images left-right (right for clothes, wrong for digits)",
         "erase": "probability of erasing a random rectangle of a training image (0 = never)",
         "rotate": "largest random rotation of a training image in degrees",
-        "scale": "largest random zoom of a training image, e.g. 0.1 for 0.9..1.1",
+        "scale": "largest random zoom of a training image, e.g. 0.1 for 0.9..1.1 (a 1-D signal: a resampling "
+                 "stretch about its centre)",
+        "roll": "1-D signals: largest random circular shift of a training signal in samples (below its length; "
+                "0 = none; translate shifts with zero fill)",
+        "gain": "1-D signals: largest random change of a training signal's amplitude, e.g. 0.2 for 0.8..1.2",
+        "noise": "1-D signals: standard deviation of iid Gaussian noise added to training signals (0 = none)",
+        "corr_noise": "1-D signals: standard deviation of smoothed (correlated) Gaussian noise added to training "
+                      "signals (0 = none)",
+        "shear": "1-D signals: largest rise of a random linear trend added across a training signal (0 = none)",
         "randaugment": "RandAugment's operations per training image (0 = off)",
         "magnitude": "RandAugment's magnitude on the 0-10 scale",
         "mixup": "mixup's Beta(α, α) parameter (0 = off; with cutmix, one of the two per batch)",
