@@ -180,6 +180,7 @@ def attention_vs_others(model, qa: QASet, words, *, limit: int = 500) -> dict[st
 
 
 COUNT_TEMPLATES = ("count", "count_colour", "unseen_count")
+REPORT_HEAD_QUESTIONS = 400  # the report's "Heads' jobs": every head zeroed, on this many questions
 
 
 @torch.no_grad()
@@ -454,7 +455,19 @@ class VisualQuestionAnswering(Task):
     def panel(self, run: Run, log) -> list[tuple[str, str]]:
         from ..viz.report.vqa import vqa_panel
 
-        return vqa_panel(run)
+        return vqa_panel(run) + self._heads_section(run)
+
+    def _heads_section(self, run: Run) -> list[tuple[str, str]]:
+        """The report's section "Heads' jobs": each head zeroed in turn on the first :data:`REPORT_HEAD_QUESTIONS`
+        held-out questions (``tokennet heads``; a CNN has no heads, and no section)."""
+        from ..attention.ablation import self_attention_layers
+        from ..viz.report.heads import heads_section
+        from .heads import head_jobs
+
+        if not self_attention_layers(run.model):
+            return []
+        jobs = head_jobs(run, ablation="zero", limit=REPORT_HEAD_QUESTIONS)
+        return [("Heads' jobs", heads_section([jobs.to_dict()]))]
 
     # -- for tests and documentation ------------------------------------------------------------------------
     def examples(self, run: Run, directory: Path, count: int = 1) -> list[Example]:

@@ -29,7 +29,8 @@ from torch import Tensor
 
 from ..data.vqa import QASet, encode_questions, object_patches
 
-__all__ = ["patches_meet", "question_maps", "head_statistics", "head_summary", "patch_distances"]
+__all__ = ["patches_meet", "question_maps", "head_statistics", "head_summary", "patch_distances", "summary_targets",
+           "SUMMARY_TARGETS"]
 
 EVAL_BATCH = 250
 
@@ -129,3 +130,41 @@ def head_summary(stats: dict[str, Any]) -> dict[str, float]:
     if stats["grouping"]:
         out["head_grouping_max"] = max(value for heads in stats["grouping"].values() for value in heads)
     return out
+
+
+SUMMARY_TARGETS = ("asked", "other_patches", "words", "summary", "sink")
+
+
+@torch.no_grad()
+def summary_targets(model, qa: QASet, words) -> dict[str, Any]:
+    """What the question's summary token (the token the answer is read from) attends to, per layer and head.
+
+    Its row of each head's ``A`` is split, over the questions of ``qa`` about at least one animal, into the share on
+    the asked animals' patches (``asked``), on the picture's other patches (``other_patches``), on the question's
+    words (``words``), on itself (``summary``) and on the sink (``sink``, 0 without one); the five sum to 1.
+    ``asked_patch_share`` is the asked animals' share of the patches: what ``asked`` would be for a head that
+    looks at every patch alike.
+
+    Returns:
+        ``{"questions": n, "asked_patch_share": s, "shares": {layer: [{target: share} per head]}}``; ``{}`` when no
+        question of ``qa`` is about an animal.
+    """
+    config = model.config
+    idx = [i for i in range(len(qa)) if qa.boxes and qa.boxes[i]]
+    if not idx:
+        return {}
+    n_text, first_word = config.num_text, 1 + int(getattr(config, "sink", False))
+    asked = torch.zeros(len(idx), config.num_patches)  # (n, N): 1 on the asked animals' patches
+    for row, i in enumerate(idx):
+        asked[row, object_patches(qa.boxes[i], config.grid, config.patch_size)] = 1.0
+    shares: dict[int, list[dict[str, float]]] = {}
+    for layer, amap in enumerate(question_maps(model, qa, idx, words)):
+        row = amap[:, :, 0]  # (n, H, L): the summary token's row in each head
+        on_asked = (row[..., n_text:] * asked[:, None]).sum(-1)  # (n, H)
+        parts = {"asked": on_asked, "other_patches": row[..., n_text:].sum(-1) - on_asked,
+                 "words": row[..., first_word:n_text].sum(-1), "summary": row[..., 0],
+                 "sink": row[..., 1] if first_word == 2 else torch.zeros_like(on_asked)}
+        means = {target: part.mean(0) for target, part in parts.items()}  # each (H,)
+        shares[layer] = [{target: round(float(means[target][head]), 4) for target in SUMMARY_TARGETS}
+                         for head in range(row.shape[1])]
+    return {"questions": len(idx), "asked_patch_share": round(float(asked.mean()), 4), "shares": shares}

@@ -8,18 +8,15 @@ one head ablated.
   ``decoder``; not across a cross-attention, whose rows and columns are different tokens).
 - **Ablating a head**: the head's output is zeroed where the heads are concatenated, just before the
   attention's output projection ``out_proj`` (a forward pre-hook, removed afterwards), so the rest of the model
-  sees the layer without that head — Michel et al. 2019, "Are Sixteen Heads Really Better than One?".
+  sees the layer without that head — Michel et al. 2019, "Are Sixteen Heads Really Better than One?"
+  (:func:`~tokennet.attention.ablation.ablated_head`, which ``tokennet heads`` uses too).
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-
 import torch
-from torch import nn
 
-from ...attention.multihead import MultiHeadAttention
+from ...attention.ablation import ablated_head, attention_layers
 from ...errors import DataError
 from ..attention_maps import attention_rollout
 
@@ -68,38 +65,3 @@ class Inspection:
         if kind not in self._rollouts:
             self._rollouts[kind] = attention_rollout([layer[None] for layer in maps])[0]  # (N, N)
         return self._rollouts[kind][query]
-
-
-def attention_layers(model: nn.Module, kind: str, num_layers: int) -> list[MultiHeadAttention] | None:
-    """The attention module of each layer of ``kind``, in order: ``cross`` the cross-attention modules,
-    ``encoder`` / ``decoder`` the self-attention modules under the model's ``encoder`` / ``decoder``, ``self`` all
-    self-attention modules — or None when they do not line up one per layer (the page then offers no ablation)."""
-    found = []
-    for name, module in model.named_modules():
-        if not isinstance(module, MultiHeadAttention) or module.is_cross != (kind == "cross"):
-            continue
-        if kind in ("encoder", "decoder") and not name.startswith(kind + "."):
-            continue
-        found.append(module)
-    return found if len(found) == num_layers else None
-
-
-@contextlib.contextmanager
-def ablated_head(attention: MultiHeadAttention, head: int) -> Iterator[None]:
-    """Inside the block, head ``head`` of ``attention`` contributes nothing (its slice of the concatenated heads
-    ``(B, N, H·E)`` is zeroed before ``out_proj``)."""
-    if not 0 <= head < attention.num_heads:
-        raise DataError(f"head {head} out of range: 0..{attention.num_heads - 1}")
-    width = attention.head_dim
-    start, stop = head * width, (head + 1) * width
-
-    def zero_head(_module, args):
-        concatenated = args[0].clone()
-        concatenated[..., start:stop] = 0
-        return (concatenated, *args[1:])
-
-    handle = attention.out_proj.register_forward_pre_hook(zero_head)
-    try:
-        yield
-    finally:
-        handle.remove()
