@@ -195,3 +195,19 @@ def test_conv_stem_variant():
         ViTConfig(image_size=28, patch_size=7, patch_embed="conv-stem")
     with pytest.raises(ValueError, match="2-D images"):
         ViTConfig(image_size=[40], patch_size=4, patch_embed="conv-stem")
+
+
+def test_a_hard_coded_patch_projection_is_saved_with_the_model_and_refused_with_a_conv_stem(tmp_path):
+    """The lecture's W_tokenize "could be a learned matrix, or it could be somehow hard-coded"."""
+    m = micro(patch_projection="random")
+    assert "patch_embed.weight" not in dict(m.named_parameters())
+    save_pretrained(m, tmp_path)
+    torch.manual_seed(1)  # another seed would draw another matrix: the loaded one must be the saved one
+    n = load_pretrained(tmp_path).eval()
+    assert n.config.patch_projection == "random" and torch.equal(n.patch_embed.weight, m.patch_embed.weight)
+    x = m.example_input(2)
+    torch.testing.assert_close(n(x).logits, m(x).logits)
+    with pytest.raises(ValueError, match="patch_projection must be one of"):
+        ViTConfig(patch_projection="fourier")
+    with pytest.raises(ValueError, match="a conv stem has none"):
+        ViTConfig(image_size=28, patch_size=8, patch_embed="conv-stem", patch_projection="dct")

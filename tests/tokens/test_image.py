@@ -100,3 +100,48 @@ def test_conv_stem_tokens_cover_p_by_p_cells():
         ConvStem(1, 32, 6)
     with pytest.raises(ValueError, match="expected images with 1 channel"):
         stem(torch.randn(1, 3, 28, 28))
+
+
+# -- W_tokenize learned or hard-coded (issue 62 item 6) -------------------------------------------------------------
+
+
+def test_the_dct_basis_is_orthonormal_per_channel_with_the_constant_first():
+    from tokennet.tokens.image import dct_basis
+
+    basis = dct_basis(2, (4, 4))  # (C·ph·pw, C, ph, pw)
+    flat = basis.flatten(1)
+    torch.testing.assert_close(flat @ flat.T, torch.eye(32), atol=1e-5, rtol=0)
+    torch.testing.assert_close(basis[0, 0], torch.full((4, 4), 0.25))  # channel 0's mean, then channel 1's
+    torch.testing.assert_close(basis[1, 1], torch.full((4, 4), 0.25))
+    assert basis[0, 1].abs().sum() == 0 and basis[1, 0].abs().sum() == 0  # each row reads one channel
+
+
+def test_a_fixed_projection_is_a_saved_buffer_that_training_never_changes():
+    from tokennet.tokens.image import dct_basis
+
+    for projection in ("random", "dct"):
+        embed = PatchEmbed(1, 24, 4, projection=projection)
+        assert [name for name, _ in embed.named_parameters()] == ["bias"] and "weight" in embed.state_dict()
+        before = embed.weight.clone()
+        embed(torch.randn(2, 1, 8, 8)).square().sum().backward()
+        assert embed.bias.grad is not None and torch.equal(embed.weight, before)
+    cut = PatchEmbed(1, 8, 4, projection="dct").weight  # D = 8 < 16 frequencies: the 8 lowest
+    padded = PatchEmbed(1, 24, 4, projection="dct").weight  # D = 24 > 16: zero rows after the 16
+    torch.testing.assert_close(cut, dct_basis(1, (4, 4))[:8])
+    assert padded[16:].abs().sum() == 0 and torch.equal(padded[:8], cut)
+    assert [name for name, _ in PatchEmbed(1, 24, 4).named_parameters()] == ["weight", "bias"]  # learned
+
+
+def test_the_random_projection_follows_the_seed_and_has_unit_gain():
+    torch.manual_seed(0)
+    first = PatchEmbed(3, 256, 4, projection="random").weight
+    torch.manual_seed(0)
+    assert torch.equal(first, PatchEmbed(3, 256, 4, projection="random").weight)
+    assert abs(float(first.flatten(1).square().sum(1).mean()) - 1) < 0.1  # E‖row‖² = fan_in · 1/fan_in
+
+
+def test_an_unknown_projection_is_refused():
+    from tokennet.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="patch_projection must be one of learned, random, dct, got 'fourier'"):
+        PatchEmbed(1, 8, 4, projection="fourier")
