@@ -23,13 +23,13 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 NAMES = ["linear-family", "low-rank", "mlp-is-conv1x1", "fixed-W-vs-attention", "identity-value", "concat-positions",
          "causal-mask", "sqrt-d-scaling", "cnn-rnn-attention-table", "rnn-forgets-long-inputs", "vit-vs-cnn-data",
          "layernorm-optimization", "fourier-positions", "receptive-field-learned", "one-trunk-every-modality",
-         "receptive-field"]
+         "receptive-field", "heads-have-jobs"]
 
 
 def test_every_claim_is_registered_in_the_issues_order_with_the_lectures_words():
     assert claim_names() == NAMES
     assert [c.number for c in claims()] == ["1", "2", "3", "4", "5", "6", "7", "8", "9", "9b", "10", "11", "12",
-                                             "13", "14", "15"]
+                                             "13", "14", "15", "16"]
     for c in claims():
         assert c.quote.startswith(('"', "An RNN")) and len(c.quote) > 40, c.name
 
@@ -227,6 +227,30 @@ def test_12_positions_matter_on_the_grid_task_and_fourier_learns_it():
     big = {k: v["test_grid_accuracy"] for k, v in r["runs"].items()}
     # On the larger grid 1-D raster positions lose the offset (chance, 1/8): 2-D Fourier positions keep part of it.
     assert big["fourier"] > 0.5 > 0.2 > big["sinusoidal"], big
+
+
+# -- 16: heads with different jobs (issue 62) ---------------------------------------------------------------------
+
+
+def test_16_two_heads_take_one_lookup_each_and_ablating_each_costs_a_different_one():
+    from tokennet.demos.claims.heads import different_jobs, head_costs, train_two_lookups
+
+    res = head_costs(train_two_lookups(0), 0)
+    assert min(res["accuracy"].values()) > 0.95, res["accuracy"]
+    apart, jobs = different_jobs(res["cost"])
+    assert apart and sorted(jobs.values()) == ["by key", "by place"], res["cost"]
+    for head, job in jobs.items():
+        other = "by place" if job == "by key" else "by key"
+        assert res["cost"][head][job] > 60 and abs(res["cost"][head][other]) < 5, res["cost"]
+
+
+def test_16_the_verdict_fails_when_the_heads_share_the_jobs_or_one_does_both():
+    from tokennet.demos.claims.heads import different_jobs
+
+    assert different_jobs({0: {"by key": 80, "by place": 0}, 1: {"by key": 2, "by place": 75}})[0]
+    assert not different_jobs({0: {"by key": 45, "by place": 40}, 1: {"by key": 42, "by place": 44}})[0]  # shared
+    assert not different_jobs({0: {"by key": 80, "by place": 70}, 1: {"by key": 0, "by place": 0}})[0]  # one does both
+    assert not different_jobs({0: {"by key": 80, "by place": 0}, 1: {"by key": 50, "by place": 3}})[0]  # same job
 
 
 # -- the command --------------------------------------------------------------------------------------------------
