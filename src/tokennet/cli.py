@@ -21,6 +21,7 @@ from pathlib import Path
 
 from .errors import did_you_mean
 from .tasks.heads_command import add_heads_parser, heads_command
+from .tasks.probe_command import add_probe_parser, probe_command
 from .viz.explore.command import add_explore_parser, explore_command
 
 __all__ = ["main", "build_parser"]
@@ -465,6 +466,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve(sub)
     add_explore_parser(sub)
     add_heads_parser(sub)
+    add_probe_parser(sub)
     _add_lm_eval(sub)
     return parser
 
@@ -915,7 +917,7 @@ def cmd_serve(args) -> int:
 COMMANDS = {"embed": cmd_embed, "examples": cmd_examples, "export": cmd_export, "import": cmd_import,
             "list": cmd_list, "train": cmd_train, "generate": cmd_generate, "eval": cmd_eval, "demo": cmd_demo,
             "viz": cmd_viz, "report": cmd_report, "serve": cmd_serve, "explore": explore_command,
-            "heads": heads_command}
+            "heads": heads_command, "probe": probe_command}
 
 
 def _load_plugins(argv: list[str]) -> None:
