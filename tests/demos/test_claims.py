@@ -23,13 +23,13 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 NAMES = ["linear-family", "low-rank", "mlp-is-conv1x1", "fixed-W-vs-attention", "identity-value", "concat-positions",
          "causal-mask", "sqrt-d-scaling", "cnn-rnn-attention-table", "rnn-forgets-long-inputs", "vit-vs-cnn-data",
          "layernorm-optimization", "fourier-positions", "receptive-field-learned", "one-trunk-every-modality",
-         "receptive-field", "heads-have-jobs"]
+         "receptive-field", "heads-have-jobs", "patch-projection", "text-direction"]
 
 
 def test_every_claim_is_registered_in_the_issues_order_with_the_lectures_words():
     assert claim_names() == NAMES
     assert [c.number for c in claims()] == ["1", "2", "3", "4", "5", "6", "7", "8", "9", "9b", "10", "11", "12",
-                                             "13", "14", "15", "16"]
+                                             "13", "14", "15", "16", "17", "18"]
     for c in claims():
         assert c.quote.startswith(('"', "An RNN")) and len(c.quote) > 40, c.name
 
@@ -279,3 +279,35 @@ def test_cli_lists_refuses_unknown_names_and_existing_outputs(tmp_path, capsys):
     assert main(["demo", "claims", "--only", "low-rank", "--out", str(tmp_path), "--overwrite"]) == 0
     out = capsys.readouterr().out
     assert "| 2 | **low-rank**" in out and (tmp_path / "claims.html").is_file()
+
+
+# -- 17–18: the two ideas issue 62 found missing ---------------------------------------------------------------------
+
+
+def test_17_hard_coded_patch_matrices_learn_the_digits_about_as_well_as_a_learned_one():
+    from tokennet.demos.claims.patch_projection import compare_projections
+
+    r = compare_projections(0, steps=120)
+    acc = {name: run["accuracy"] for name, run in r["runs"].items()}
+    assert min(acc.values()) > 0.6, acc  # every one far above chance (one in ten)
+    assert abs(acc["random"] - acc["learned"]) < 0.1 and abs(acc["dct"] - acc["learned"]) < 0.1, acc
+    trained = {name: run["trained_parameters"] for name, run in r["runs"].items()}
+    assert trained["learned"] - trained["dct"] == trained["learned"] - trained["random"] == 32 * 16  # E: D × p²
+
+
+def test_18_the_square_process_is_determined_forwards_and_not_backwards():
+    import torch
+
+    from tokennet.demos.claims.text_direction import floor, square_sequences
+
+    seq = square_sequences(torch.Generator().manual_seed(0), 4)
+    assert bool((seq[:, 2:] == (seq[:, 1:-1] + seq[:, :-2] ** 2) % 11).all())
+    assert floor(False) == 0.0 and 0.2 < floor(True) < 0.35  # counted over the 121 starts: 0.269
+
+
+def test_18_a_gpt_learns_the_forward_reading_and_stays_above_the_backward_floor():
+    from tokennet.demos.claims.text_direction import compare_directions
+
+    r = compare_directions(0, steps=200)
+    loss, least = r["loss"], r["floor"]["backward"]
+    assert loss["forward"] < 0.1 and loss["backward"] > 0.8 * least, r  # nothing beats the floor on 500 sequences

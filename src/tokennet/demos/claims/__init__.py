@@ -3,11 +3,12 @@
 Each claim is a function (one module per group: :mod:`.linear_maps` 1–3, :mod:`.mixing` 4–6, :mod:`.causal` 7,
 :mod:`.scaling` 8, :mod:`.architectures` 9–10, and two the issue did not list: :mod:`.normalization` 11, LayerNorm's
 optimization properties, :mod:`.positions` 12, Fourier positions against other kinds; and issue 45's
-:mod:`.receptive_field` 13, the transcript's x1 … x7 learned; issue 46's :mod:`.modalities` 14, one trunk for
-every modality; issue 45's :mod:`.corner_pairs` 15, the lecture's three predictions about the corner pairs;
-issue 62's :mod:`.heads` 16, heads with different jobs) whose docstring quotes the lecture; the command, the tests
-and the page call the same functions. :func:`run_claims` runs them (or one, ``only=``), and writes ``claims.json``
-and ``claims.html`` (a figure per claim, inline). Claims that take minutes are read from their bench's results file.
+:mod:`.receptive_field` 13, the transcript's x1 … x7 learned; issue 46's :mod:`.modalities` 14, one trunk for every
+modality; issue 45's :mod:`.corner_pairs` 15, the lecture's three predictions about the corner pairs; issue 62's
+:mod:`.heads` 16, heads with different jobs, :mod:`.patch_projection` 17, W_tokenize learned or hard-coded, and
+:mod:`.text_direction` 18, text forwards and backwards) whose docstring quotes the lecture; the command, the tests and
+the page call the same functions. :func:`run_claims` runs them (or one, ``only=``), and writes ``claims.json`` and
+``claims.html`` (a figure per claim, inline). Claims that take minutes are read from their bench's results file.
 """
 
 from __future__ import annotations
@@ -32,9 +33,11 @@ from . import (  # noqa: F401 -- each registers its claims
     mixing,
     modalities,
     normalization,
+    patch_projection,
     positions,
     receptive_field,
     scaling,
+    text_direction,
 )
 from ._registry import Claim, Result, claims
 
