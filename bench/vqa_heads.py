@@ -41,7 +41,9 @@ def measure(run_dir: str, ablations, limit: int | None, layer: int | None = None
     from tokennet.tasks.heads import head_jobs
 
     run = load(run_dir)
-    out = {"run": str(run_dir), "seed": run.settings.get("seed"), "family": run.family, "ablations": {}}
+    shape = {key: getattr(run.model.config, key, None) for key in ("dim", "num_layers", "num_heads")}
+    out = {"run": str(run_dir), "recipe": run.recipe, "seed": run.settings.get("seed"), "family": run.family,
+           "steps": (run.metrics or {}).get("step"), "model": shape, "ablations": {}}
     for ablation in ablations:
         start = time.perf_counter()
         jobs = head_jobs(run, ablation=ablation, limit=limit, layer=layer).to_dict()
