@@ -60,8 +60,8 @@ class TwoLookups(nn.Module):
         x = torch.cat([x[:, :1] + query[:, None], x[:, 1:]], 1)
         x = x + self.attn(self.norm1(x))
         x = x + self.mlp(self.norm2(x))
-        h = self.norm3(x[:, 0])  # (B, D)
-        return self.read["key"](h), self.read["place"](h)
+        summary = self.norm3(x[:, 0])  # (B, D): token 0, where both answers are read
+        return self.read["key"](summary), self.read["place"](summary)
 
 
 def _accuracy(model: TwoLookups, batch: dict[str, Tensor]) -> dict[str, float]:
@@ -133,7 +133,8 @@ def _figure(costs: dict, rows: Tensor, found: int, place: int):
         for col, value in enumerate(values):
             axes[0].text(col, head, f"{value:.0f}", ha="center", va="center", fontsize=9,
                          color="white" if value > 50 else "black")
-    axes[0].set_xticks(range(len(GROUPS)), GROUPS), axes[0].set_yticks(range(len(grid)), [f"head {h}" for h in costs])
+    axes[0].set_xticks(range(len(GROUPS)), GROUPS)
+    axes[0].set_yticks(range(len(grid)), [f"head {head}" for head in costs])
     axes[0].set_title("accuracy points lost, head zeroed", fontsize=9)
     width = 0.8 / len(rows)
     for head, row in enumerate(rows):
