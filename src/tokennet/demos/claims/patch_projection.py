@@ -66,7 +66,7 @@ def _train_one(projection: str, seed: int, data, *, steps: int, batch_size: int)
         optimizer.step()
     with torch.no_grad():
         accuracy = float((model.eval()(x_test).argmax(-1) == y_test).float().mean())
-    return {"accuracy": accuracy, "trained_parameters": sum(p.numel() for p in model.parameters())}
+    return {"accuracy": accuracy, "trained_parameters": sum(weight.numel() for weight in model.parameters())}
 
 
 def compare_projections(seed: int = 0, *, steps: int = 300, batch_size: int = 64) -> dict:
