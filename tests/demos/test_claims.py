@@ -311,3 +311,13 @@ def test_18_a_gpt_learns_the_forward_reading_and_stays_above_the_backward_floor(
     r = compare_directions(0, steps=200)
     loss, least = r["loss"], r["floor"]["backward"]
     assert loss["forward"] < 0.1 and loss["backward"] > 0.8 * least, r  # nothing beats the floor on 500 sequences
+
+
+def test_the_lecture_tutorial_lists_every_registered_claim_by_number_and_name():
+    """docs/tutorials/lecture.md has a table row ``| NUMBER | `NAME` |`` for each claim the registry holds (a claim
+    registered later fails here until its row is written)."""
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "tutorials" / "lecture.md").read_text(encoding="utf-8")
+    missing = [f"{c.number} {c.name}" for c in claims() if f"| {c.number} | `{c.name}` |" not in page]
+    assert missing == [], f"claims missing from docs/tutorials/lecture.md: {missing}"
