@@ -117,9 +117,13 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args(argv)
     limit = args.limit if args.limit is not None else 10**9
-    per_seed = [measure(run, args.ablations, limit) for run in args.runs]
+    finished = [run for run in args.runs if (Path(run) / "metrics.json").is_file()]
+    skipped = [run for run in args.runs if run not in finished]
+    for run in skipped:
+        print(f"skipped {run}: no metrics.json (not a finished run)", flush=True)
+    per_seed = [measure(run, args.ablations, limit) for run in finished]
     summary = summarize(per_seed)
-    results = {"per_seed": per_seed, "summary": summary}
+    results = {"per_seed": per_seed, "skipped": skipped, "summary": summary}
     if args.gpt:
         results["gpt"] = measure(args.gpt, args.ablations, args.gpt_limit)
         print_tables([results["gpt"]], {})

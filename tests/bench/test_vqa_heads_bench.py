@@ -33,3 +33,26 @@ def test_the_summary_counts_seeds_per_template_and_per_layer():
     assert found["seeds"] == 3 and found["some_head_necessary"] == {"count": 2, "colour": 1}
     assert found["some_head_of_layer_necessary"] == {"count": {0: 1, 1: 1}, "colour": {0: 1, 1: 0}}
     assert "mean" not in bench.summarize(per_seed)
+
+
+def test_main_measures_the_finished_runs_skips_the_others_and_records_them(tmp_path, one_thread):
+    import json
+
+    from tokennet.recipes import train
+
+    sets = {"dim": 16, "num_layers": 1, "num_heads": 2, "batch_size": 8, "max_iters": 2, "eval_interval": 0,
+            "warmup_iters": 1, "test_size": 12, "unseen_size": 2, "val_size": 4, "progress": False,
+            "baselines": False, "grouping": False, "report": False}
+    run, _ = train("vqa", out=tmp_path / "vqa", sets=sets, device="cpu")
+    unfinished = tmp_path / "unfinished"
+    unfinished.mkdir()
+    out = tmp_path / "heads.json"
+    bench = load_bench("vqa_heads")
+    bench.main(["--runs", str(run), str(unfinished), "--ablations", "zero", "--out", str(out)])
+    record = json.loads(out.read_text())
+    assert record["skipped"] == [str(unfinished)] and len(record["per_seed"]) == 1
+    measured = record["per_seed"][0]
+    assert measured["recipe"] == "vqa" and measured["model"]["num_heads"] == 2
+    jobs = measured["ablations"]["zero"]
+    assert jobs["examples"] == 12 and [job["head"] for job in jobs["heads"]] == [0, 1]
+    assert record["summary"]["zero"]["seeds"] == 1 and "command" in record and "commit" in record
