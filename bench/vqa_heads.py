@@ -115,6 +115,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--gpt", default=None, help="also a language-model run (e.g. a gpt-char run)")
     ap.add_argument("--gpt-limit", type=int, default=64, help="the language model's held-out windows")
     ap.add_argument("--out", default=str(RESULTS))
+    ap.add_argument("--note", default=None, help="how the runs were trained, recorded with the settings")
     args = ap.parse_args(argv)
     limit = args.limit if args.limit is not None else 10**9
     finished = [run for run in args.runs if (Path(run) / "metrics.json").is_file()]
@@ -130,7 +131,8 @@ def main(argv: list[str] | None = None) -> dict:
     print_tables(per_seed, summary)
     return _record.write(args.out, results, argv=argv,
                          settings={"runs": args.runs, "limit": args.limit, "ablations": args.ablations,
-                                   "gpt": args.gpt, "gpt_limit": args.gpt_limit, "strong_points": STRONG},
+                                   "gpt": args.gpt, "gpt_limit": args.gpt_limit, "strong_points": STRONG,
+                                   "note": args.note},
                          torch_threads=os.environ.get("OMP_NUM_THREADS"))
 
 
