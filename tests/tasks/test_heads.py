@@ -167,3 +167,16 @@ def test_the_reports_section_has_the_table_and_the_heat_map(vqa_run):
     both = [head_jobs(run, limit=20, ablation=mode).to_dict() for mode in ("zero", "mean")]
     width, height = png_size(draw_head_costs(both))
     assert width > height > 100
+
+
+def test_a_tuned_run_with_a_sink_and_patch_local_attention_shows_the_sink_and_no_distance(tmp_path):
+    from tokennet.tasks.heads_command import format_head_jobs
+
+    sets = {**VQA, "max_iters": 2, "test_size": 12, "transformer": "tuned", "read_layers": [1]}
+    out, _ = train("vqa", out=tmp_path / "tuned", sets=sets, device="cpu")
+    jobs = head_jobs(load(out))
+    assert all(job.distance is None for job in jobs.heads)  # patch-local: a patch never attends to another patch
+    for job in jobs.heads:
+        assert sum(job.attends.values()) == pytest.approx(1.0, abs=1e-3) and job.attends["sink"] > 0
+    table = format_head_jobs(jobs)
+    assert "asked/other/words/self/sink" in table and "—" in table.splitlines()[3]

@@ -61,6 +61,8 @@ def format_head_jobs(jobs: HeadJobs) -> str:
     lost = "points lost" if jobs.higher_is_better else "nats gained"
     fmt = (lambda value: f"{value:.3f}") if jobs.unit == "nats" else _cell
     targets = [(key, label) for key, label in TARGETS if any(key in job.attends for job in jobs.heads)]
+    if any(job.attends.get("sink") for job in jobs.heads):  # a model with a sink (transformer=tuned)
+        targets.append(("sink", "sink"))
     head = ["head", *jobs.groups, f"dist {jobs.distance_unit}", *(label for _, label in targets)]
     rows = [["unablated", *(fmt(jobs.baseline[group]) for group in jobs.groups), "", *("" for _ in targets)]]
     rows += [[job.name, *(fmt(job.cost[group]) for group in jobs.groups), _cell(job.distance),
@@ -71,8 +73,8 @@ def format_head_jobs(jobs: HeadJobs) -> str:
     lines += ["  ".join(cell.rjust(width) if col else cell.ljust(width) for col, (cell, width)
                         in enumerate(zip(row, widths, strict=True))).rstrip() for row in [head, *rows]]
     if targets:
-        lines.append(f"asked/other/words/self: the summary token's attention through that head (the asked animals "
-                     f"cover {jobs.extra.get('asked_patch_share', 0):.2f} of the patches)")
+        lines.append(f"{'/'.join(label for _, label in targets)}: the summary token's attention through that head "
+                     f"(the asked animals cover {jobs.extra.get('asked_patch_share', 0):.2f} of the patches)")
     necessary = jobs.necessary()
     unit = "points" if jobs.higher_is_better else "nats"
     lines.append(f"necessary (cost > {jobs.threshold:g} {unit}): " + "; ".join(

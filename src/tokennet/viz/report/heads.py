@@ -13,14 +13,15 @@ TARGETS = (("asked", "asked animal"), ("other_patches", "other patches"), ("word
 
 def _table(jobs: dict) -> str:
     groups = jobs["groups"]
+    targets = TARGETS + ((("sink", "sink"),) if any(job["attends"].get("sink") for job in jobs["heads"]) else ())
     header = ["head", *(f"<code>{esc(group)}</code>" for group in groups), f"distance ({esc(jobs['distance_unit'])})",
-              *(esc(label) for _, label in TARGETS)]
-    rows = [["unablated", *(f"{jobs['baseline'][group]:.1f}" for group in groups), "", *("" for _ in TARGETS)]]
+              *(esc(label) for _, label in targets)]
+    rows = [["unablated", *(f"{jobs['baseline'][group]:.1f}" for group in groups), "", *("" for _ in targets)]]
     for job in jobs["heads"]:
         costs = [f"<b>{job['cost'][group]:.1f}</b>" if job["cost"][group] > jobs["threshold"]
                  else f"{job['cost'][group]:.1f}" for group in groups]
         distance = "—" if job["distance"] is None else f"{job['distance']:.1f}"
-        shares = [f"{job['attends'][key]:.2f}" if key in job["attends"] else "—" for key, _ in TARGETS]
+        shares = [f"{job['attends'][key]:.2f}" if key in job["attends"] else "—" for key, _ in targets]
         rows.append([f"L{job['layer']}H{job['head']}", *costs, distance, *shares])
     return table(header, rows, num_cols=tuple(range(1, len(header))))
 
@@ -37,7 +38,7 @@ def heads_section(measured: list[dict]) -> str:
         f"questions) and the {esc(first['examples'])} first held-out questions asked again; a row gives the exact "
         f"match points lost per template (the first row: the model unablated, %). With about "
         f"{first['examples'] // max(1, len(first['groups']) - 1)} questions a template, a point or two is noise. "
-        "Distance: how far in the picture a patch's attention reaches through that head (pixels). The last four "
+        "Distance: how far in the picture a patch's attention reaches through that head (pixels). The last "
         "columns: where the question's summary token attends through it (shares of its attention; the asked animals "
         f"cover {first['extra'].get('asked_patch_share', 0):.2f} of the patches).</p>"
         + _table(first)
