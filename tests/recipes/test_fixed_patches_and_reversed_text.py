@@ -51,6 +51,9 @@ def test_reversed_text_validates_on_the_forward_runs_characters_backwards(tmp_pa
     assert torch.equal(backward, forward.flip(0))
     text = runs[True].tokenizer.decode(backward.tolist())
     assert ".god yzal eht revo" in text  # the text read from its end
+    task = runs[True].task  # tokennet eval --data FILE --stride S reads the file backwards too
+    on_file = task.evaluate(runs[True], str(corpus), stride=8)
+    assert on_file["loss"] == pytest.approx(task.evaluate_text(runs[True], corpus.read_text()[::-1], stride=8)["loss"])
 
 
 def test_reverse_on_a_chat_file_is_refused_in_one_line(tmp_path, capsys):

@@ -232,6 +232,20 @@ def _compile_choice(values: dict) -> bool | None:
     return True if values.get("compile") else False if values.get("no_compile") else None
 
 
+def _in_reading_direction(run: Run, text: str) -> str:
+    """``text`` as the run read its corpus: backwards for a character model trained with ``reverse=true``.
+
+    Raises:
+        RunError: a run that read subword tokens backwards (reversing the characters would not reverse its tokens).
+    """
+    if not getattr(run.data, "reverse", False):
+        return text
+    if getattr(run.tokenizer, "kind", None) != "char":
+        raise RunError(f"{run.path} was trained on its tokens read backwards (reverse=true): evaluate it on its own "
+                       "held-out text (tokennet eval without --stride), or with --data and no --stride")
+    return text[::-1]
+
+
 @register_task
 class LanguageModel(Task):
     """A causal language model (GPT): ``run.generate(prompt, max_new_tokens, temperature=..., ...)``."""
@@ -326,7 +340,8 @@ class LanguageModel(Task):
         path = Path(data)
         if not path.is_file():
             raise RunError(f"{data}: no such file")
-        metrics = self.evaluate_text(run, path.read_text(encoding="utf-8", errors="replace"), stride=stride)
+        text = _in_reading_direction(run, path.read_text(encoding="utf-8", errors="replace"))
+        metrics = self.evaluate_text(run, text, stride=stride)
         if metrics["truncated"]:
             log.warning("%s is longer than 262,144 tokens: evaluated on its first 262,144", data)
         return metrics
