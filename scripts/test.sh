@@ -18,8 +18,13 @@ PY=${PYTHON:-python3}
 # The import-direction contract ([tool.importlinter] in pyproject.toml) first: a broken one fails the script.
 # Run through $PY so it checks the tokennet that $PY imports (what `lint-imports` does on PATH).
 "$PY" -c 'from importlinter.cli import lint_imports_command; lint_imports_command(prog_name="lint-imports")' --no-cache
+# One pytest worker per core this process may use, at most 4 (pytest-xdist; work stealing balances the long tests),
+# each worker's torch on its share of the cores (tests/conftest.py) unless OMP_NUM_THREADS says otherwise.
+# TOKENNET_TEST_WORKERS=N sets the number; 0 runs the tests in this one process.
+workers=${TOKENNET_TEST_WORKERS:-$(nproc)}
+if [ "$workers" -gt 4 ]; then workers=4; fi
 set +e
-"$PY" -m pytest -q "$@"
+"$PY" -m pytest -q -n "$workers" --dist worksteal "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then

@@ -14,6 +14,21 @@ from tokennet import plugins
 # sets it) pay for a compilation. Run the suite with TOKENNET_COMPILE=1 to decode compiled everywhere.
 os.environ.setdefault("TOKENNET_COMPILE", "0")
 
+
+def _share_the_cores_among_workers() -> None:
+    """Under pytest-xdist (scripts/test.sh runs a worker per core), each worker's torch — and the tokennet processes
+    its tests start — use their share of the cores, so that the workers do not oversubscribe them. An
+    ``OMP_NUM_THREADS`` set by the caller is kept (``OMP_NUM_THREADS=2`` tests the two-thread paths)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers < 2 or "OMP_NUM_THREADS" in os.environ:
+        return
+    share = max(1, len(os.sched_getaffinity(0)) // workers)
+    os.environ["OMP_NUM_THREADS"] = str(share)
+    torch.set_num_threads(share)
+
+
+_share_the_cores_among_workers()
+
 # The example plugin (examples/count_ones.py) is registered in every test session, so the registry loops
 # (tests/recipes/test_every_recipe.py, test_exact_resume.py, ...) test it like tokennet's own recipes.
 EXAMPLE_PLUGIN = Path(__file__).resolve().parents[1] / "examples" / "count_ones.py"
