@@ -65,3 +65,15 @@ def test_reverse_on_a_chat_file_is_refused_in_one_line(tmp_path, capsys):
                  "--set", "reverse=true"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "reverse=true" in err[0] and not out.exists()
+
+
+def test_a_bpe_run_read_backwards_is_not_evaluated_on_a_forward_file_with_a_stride(tmp_path):
+    from tokennet.errors import RunError
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(60)))
+    run, _ = train("gpt", data=str(corpus), out=tmp_path / "r", sets={**GPT_TINY, "reverse": True, "vocab_size": 300},
+                   device="cpu")
+    loaded = tokennet.load(run)
+    with pytest.raises(RunError, match="tokens read backwards"):
+        loaded.task.evaluate(loaded, str(corpus), stride=8)
