@@ -96,7 +96,7 @@ def print_tables(per_seed: list[dict], summary: dict) -> None:
         for ablation, jobs in run["ablations"].items():
             print(f"\n== {run['run']} (seed {run['seed']}), ablation {ablation}, {jobs['seconds']} s")
             heads = [HeadJob(**job) for job in jobs["heads"]]
-            fields = {k: v for k, v in jobs.items() if k not in ("heads", "necessary", "seconds")}
+            fields = {k: v for k, v in jobs.items() if k not in ("heads", "necessary", "seconds", "typical_error")}
             print(format_head_jobs(HeadJobs(**fields, heads=heads)))
     for ablation, found in summary.items():
         print(f"\n{ablation}: seeds (of {found['seeds']}) where some head is necessary (> {found['threshold']:g} "

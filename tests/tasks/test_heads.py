@@ -9,12 +9,13 @@ import torch
 from tokennet.attention.ablation import ablated_head, recorded_means, self_attention_layers
 from tokennet.attention.multihead import MultiHeadAttention
 from tokennet.cli import main
+from tokennet.data.vqa import encode_questions
 from tokennet.errors import DataError, RunError
 from tokennet.recipes import train
 from tokennet.run import load
 from tokennet.tasks.heads import THRESHOLDS, head_jobs
 from tokennet.tasks.heads_probes import character_class
-from tokennet.tasks.vqa import _subset, exact_match
+from tokennet.tasks.vqa import _subset, exact_match, predict
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -96,6 +97,15 @@ def test_every_vqa_head_is_measured_per_template_and_its_cost_is_the_accuracy_it
     job = jobs.heads[2]
     assert job.scores["all"] == by_hand["exact_match"] and job.cost["all"] == pytest.approx(
         jobs.baseline["all"] - by_hand["exact_match"], abs=1e-3)
+    assert {group: job.scores[group] for group in templates} == {t: by_hand[f"exact_match_{t}"] for t in templates}
+    # the standard error counts the questions whose answer turned right or wrong: 100 √(lost + gained) / n
+    questions = encode_questions(held.questions, run.data.words, run.model.config.max_question_len)
+    right = predict(run.model, held.images, questions) == held.answers
+    with ablated_head(layers[1], 0):
+        right_ablated = predict(run.model, held.images, questions) == held.answers
+    changed = int((right != right_ablated).sum())
+    assert set(job.error) == set(jobs.groups) and job.error["all"] == pytest.approx(100 * changed ** 0.5 / 40, abs=1e-3)
+    assert jobs.typical_error() is not None
     for job in jobs.heads:
         assert 0 < job.distance < 100  # pixels, in a 64-pixel picture
         assert sum(job.attends.values()) == pytest.approx(1.0, abs=1e-3) and job.attends["sink"] == 0.0

@@ -48,6 +48,7 @@ class HeadJob:
     cost: dict[str, float]
     distance: float | None = None
     attends: dict[str, float] = field(default_factory=dict)
+    error: dict[str, float] = field(default_factory=dict)  # vqa: the cost's standard error per group (points)
 
     @property
     def name(self) -> str:
@@ -78,8 +79,13 @@ class HeadJobs:
         return {group: [job.name for job in self.heads if job.cost.get(group, 0.0) > self.threshold]
                 for group in self.groups}
 
+    def typical_error(self) -> float | None:
+        """The median standard error of a head's cost on a template (vqa; None where it is not measured)."""
+        errors = sorted(value for job in self.heads for group, value in job.error.items() if group != "all")
+        return errors[len(errors) // 2] if errors else None
+
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "necessary": self.necessary()}
+        return {**asdict(self), "necessary": self.necessary(), "typical_error": self.typical_error()}
 
 
 def check_heads(run: Run, layer: int | None = None, head: int | None = None) -> list:
@@ -118,6 +124,7 @@ def head_jobs(run: Run, *, ablation: str = "zero", limit: int | None = None, lay
     run.model.eval()
     with recorded_means(layers) as means:  # the unablated pass records each head's mean output
         baseline = probe.score()
+    reference = getattr(probe, "hits", None)  # vqa: which questions the unablated model answers right
     distances, attends = probe.distances(), probe.attends()
     shares = attends.pop("shares", {})
     sign = 1.0 if probe.higher_is_better else -1.0  # a cost is always "how much worse"
@@ -127,8 +134,9 @@ def head_jobs(run: Run, *, ablation: str = "zero", limit: int | None = None, lay
         with ablated_head(layers[index], number, replacement):
             scores = probe.score()
         cost = {group: round(sign * (baseline[group] - scores[group]), 4) for group in baseline}
+        error = probe.standard_error(reference) if reference is not None else {}
         jobs.append(HeadJob(index, number, scores, cost, _at(distances, index, number),
-                            _at(shares, index, number) or {}))
+                            _at(shares, index, number) or {}, error))
     return HeadJobs(str(run.path), kind, probe.metric, probe.unit, probe.higher_is_better, ablation, probe.examples,
                     probe.example_name, THRESHOLDS[kind], probe.distance_unit, list(baseline), baseline, jobs, attends)
 

@@ -75,6 +75,9 @@ def format_head_jobs(jobs: HeadJobs) -> str:
     if targets:
         lines.append(f"{'/'.join(label for _, label in targets)}: the summary token's attention through that head "
                      f"(the asked animals cover {jobs.extra.get('asked_patch_share', 0):.2f} of the patches)")
+    if jobs.typical_error() is not None:
+        lines.append(f"a cost's standard error (the same questions asked with and without the head): "
+                     f"{jobs.typical_error():.1f} points on a template (median)")
     necessary = jobs.necessary()
     unit = "points" if jobs.higher_is_better else "nats"
     lines.append(f"necessary (cost > {jobs.threshold:g} {unit}): " + "; ".join(

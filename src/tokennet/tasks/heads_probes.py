@@ -15,8 +15,9 @@ import torch
 import torch.nn.functional as F
 
 from ..data.text import TextCorpus
+from ..data.vqa import encode_questions
 from ..errors import RunError
-from .vqa import _subset, exact_match
+from .vqa import _subset, predict
 from .vqa_heads import head_statistics, summary_targets
 
 if TYPE_CHECKING:
@@ -37,11 +38,25 @@ class QuestionProbe:
         self.qa = _subset(held, list(range(min(limit, len(held)))))
         self.model, self.words = run.model, run.data.words
         self.examples, self.example_name = len(self.qa), "questions"
+        self.questions = encode_questions(self.qa.questions, self.words, self.model.config.max_question_len)
+        self.groups = {template: torch.tensor([t == template for t in self.qa.templates])
+                       for template in sorted(set(self.qa.templates))}
+        self.groups["all"] = torch.ones(len(self.qa), dtype=torch.bool)
+        self.hits = torch.zeros(0, dtype=torch.bool)  # the last score's per-question hits
 
     def score(self) -> dict[str, float]:
-        found = exact_match(self.model, self.qa, self.words, self.model.config.max_question_len)
-        templates = sorted({key[len("exact_match_"):] for key in found if key.startswith("exact_match_")})
-        return {**{template: found[f"exact_match_{template}"] for template in templates}, "all": found["exact_match"]}
+        """Exact match (%) per template and over all, as :func:`~tokennet.tasks.vqa.exact_match` computes it."""
+        self.hits = predict(self.model, self.qa.images, self.questions) == self.qa.answers  # (n,)
+        return {group: round(100.0 * float(self.hits[chosen].float().mean()), 3)
+                for group, chosen in self.groups.items()}
+
+    def standard_error(self, reference: torch.Tensor) -> dict[str, float]:
+        """Per group, the standard error (points) of the last score's difference from ``reference``'s hits: the
+        same questions asked twice, so only those whose answer turned right or wrong count,
+        ``√(lost + gained) / n``."""
+        changed = self.hits != reference
+        return {group: round(100.0 * float(changed[chosen].sum()) ** 0.5 / int(chosen.sum()), 3)
+                for group, chosen in self.groups.items()}
 
     def distances(self) -> dict[int, list[float]]:
         return head_statistics(self.model, self.qa, self.words, limit=len(self.qa)).get("distance", {})

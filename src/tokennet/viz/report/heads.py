@@ -26,6 +26,13 @@ def _table(jobs: dict) -> str:
     return table(header, rows, num_cols=tuple(range(1, len(header))))
 
 
+def _noise(jobs: dict) -> str:
+    error = jobs.get("typical_error")
+    per = jobs["examples"] // max(1, len(jobs["groups"]) - 1)
+    return (f"; with about {per} questions a template, a cost's standard error is {error:.1f} points (median)"
+            if error is not None else "")
+
+
 def heads_section(measured: list[dict]) -> str:
     """The section's HTML for one or more ablations of the same run (the first one's table, every one's map)."""
     first = measured[0]
@@ -36,8 +43,7 @@ def heads_section(measured: list[dict]) -> str:
         '<p class="sub">The lecture: <i>"each attention layer can be attending to different things"</i>. Each head '
         f"of each layer is ablated in turn ({modes}: its output zeroed, or replaced by its mean over these "
         f"questions) and the {esc(first['examples'])} first held-out questions asked again; a row gives the exact "
-        f"match points lost per template (the first row: the model unablated, %). With about "
-        f"{first['examples'] // max(1, len(first['groups']) - 1)} questions a template, a point or two is noise. "
+        f"match points lost per template (the first row: the model unablated, %){_noise(first)}. "
         "Distance: how far in the picture a patch's attention reaches through that head (pixels). The last "
         "columns: where the question's summary token attends through it (shares of its attention; the asked animals "
         f"cover {first['extra'].get('asked_patch_share', 0):.2f} of the patches).</p>"
