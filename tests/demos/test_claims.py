@@ -23,13 +23,13 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 NAMES = ["linear-family", "low-rank", "mlp-is-conv1x1", "fixed-W-vs-attention", "identity-value", "concat-positions",
          "causal-mask", "sqrt-d-scaling", "cnn-rnn-attention-table", "rnn-forgets-long-inputs", "vit-vs-cnn-data",
          "layernorm-optimization", "fourier-positions", "receptive-field-learned", "one-trunk-every-modality",
-         "receptive-field", "heads-have-jobs", "patch-projection", "text-direction"]
+         "receptive-field", "heads-have-jobs", "patch-projection", "text-direction", "look-alikes"]
 
 
 def test_every_claim_is_registered_in_the_issues_order_with_the_lectures_words():
     assert claim_names() == NAMES
     assert [c.number for c in claims()] == ["1", "2", "3", "4", "5", "6", "7", "8", "9", "9b", "10", "11", "12",
-                                             "13", "14", "15", "16", "17", "18"]
+                                             "13", "14", "15", "16", "17", "18", "19"]
     for c in claims():
         assert c.quote.startswith(('"', "An RNN")) and len(c.quote) > 40, c.name
 
@@ -311,6 +311,29 @@ def test_18_a_gpt_learns_the_forward_reading_and_stays_above_the_backward_floor(
     r = compare_directions(0, steps=200)
     loss, least = r["loss"], r["floor"]["backward"]
     assert loss["forward"] < 0.1 and loss["backward"] > 0.8 * least, r  # nothing beats the floor on 500 sequences
+
+
+# -- 19: the impala and the gazelle -----------------------------------------------------------------------------------
+
+
+def test_19_a_token_learns_its_class_from_its_own_objects_tokens_and_not_without_them():
+    from tokennet.demos.claims.look_alikes import probe_depths, train_look_alikes, verdict
+
+    model, scenes = train_look_alikes(0)
+    depths = probe_depths(model, scenes, 0)
+    assert depths["none"][0] == depths["own"][0] < 80, depths  # at the input the cut changes nothing; a token guesses
+    assert depths["none"][-1] - depths["none"][0] >= 15 and depths["none"][-1] - depths["own"][-1] >= 10, depths
+    assert verdict(depths)
+
+
+def test_19_the_verdict_fails_for_a_model_that_never_learned_to_look():
+    import torch
+
+    from tokennet.demos.claims.look_alikes import ObjectScenes, TokenClassifier, probe_depths, verdict
+
+    torch.manual_seed(0)
+    depths = probe_depths(TokenClassifier().eval(), ObjectScenes(0), 0)
+    assert not verdict(depths), depths
 
 
 def test_the_lecture_tutorial_lists_every_registered_claim_by_number_and_name():

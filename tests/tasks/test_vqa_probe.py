@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from tokennet.cli import main
+from tokennet.linear_probe import linear_probe
 from tokennet.models.vqa import VQATransformer, VQATransformerConfig
 from tokennet.recipes import train
-from tokennet.tasks.vqa_probe import ProbePictures, cut_mask, depth_tokens, linear_probe, probe_pictures
+from tokennet.tasks.vqa_probe import ProbePictures, cut_mask, depth_tokens, probe_pictures
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

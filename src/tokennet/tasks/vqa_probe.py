@@ -35,9 +35,10 @@ from torch import Tensor
 
 from ..data.vqa import IMAGE_SIZE, SPECIES, encode_questions, object_patches, render, sample_items
 from ..errors import RunError
+from ..linear_probe import linear_probe
 
-__all__ = ["PROBE_CUTS", "ProbePictures", "probe_pictures", "cut_mask", "depth_tokens", "linear_probe",
-           "species_probe", "check_probe_run"]
+__all__ = ["PROBE_CUTS", "ProbePictures", "probe_pictures", "cut_mask", "depth_tokens", "species_probe",
+           "check_probe_run"]
 
 PROBE_CUTS = ("none", "own", "alike")  # the model as trained; own animal's patches cut; look-alikes cut
 TRAIN_SHARE = 0.7  # the share of the pictures the probe is fit on (the rest score it)
@@ -135,28 +136,6 @@ def depth_tokens(model, images: Tensor, questions: Tensor, extra_mask: Tensor | 
         for handle in handles:
             handle.remove()
     return seen
-
-
-def linear_probe(train_x: Tensor, train_y: Tensor, test_x: Tensor, test_y: Tensor, classes: int, *,
-                 weight_decay: float = 1e-3, steps: int = 100) -> float:
-    """Test accuracy (%) of a multinomial logistic regression ``softmax(x W + b)`` fit on ``train_x`` standardized
-    by its own mean and deviation (L-BFGS, an L2 penalty ``weight_decay · ‖W‖²``), deterministic."""
-    mean, std = train_x.mean(0), train_x.std(0).clamp_min(1e-6)
-    fit_x, score_x = (train_x - mean) / std, (test_x - mean) / std
-    weight = torch.zeros(fit_x.shape[1], classes, requires_grad=True)
-    bias = torch.zeros(classes, requires_grad=True)
-    optimizer = torch.optim.LBFGS([weight, bias], max_iter=steps, line_search_fn="strong_wolfe")
-
-    def loss_fn():
-        optimizer.zero_grad()
-        loss = torch.nn.functional.cross_entropy(fit_x @ weight + bias, train_y) + weight_decay * weight.square().sum()
-        loss.backward()
-        return loss
-
-    with torch.enable_grad():
-        optimizer.step(loss_fn)
-    with torch.no_grad():
-        return round(100.0 * float(((score_x @ weight + bias).argmax(1) == test_y).float().mean()), 2)
 
 
 def _patch_rows(config, pictures: ProbePictures, picks: range) -> tuple[list[int], list[list[int]], Tensor]:

@@ -6,7 +6,8 @@ optimization properties, :mod:`.positions` 12, Fourier positions against other k
 :mod:`.receptive_field` 13, the transcript's x1 … x7 learned; issue 46's :mod:`.modalities` 14, one trunk for every
 modality; issue 45's :mod:`.corner_pairs` 15, the lecture's three predictions about the corner pairs; issue 62's
 :mod:`.heads` 16, heads with different jobs, :mod:`.patch_projection` 17, W_tokenize learned or hard-coded, and
-:mod:`.text_direction` 18, text forwards and backwards) whose docstring quotes the lecture; the command, the tests and
+:mod:`.text_direction` 18, text forwards and backwards, :mod:`.look_alikes` 19, a token that learns what it is from the
+tokens that look like it) whose docstring quotes the lecture; the command, the tests and
 the page call the same functions. :func:`run_claims` runs them (or one, ``only=``), and writes ``claims.json`` and
 ``claims.html`` (a figure per claim, inline). Claims that take minutes are read from their bench's results file.
 """
@@ -30,6 +31,7 @@ from . import (  # noqa: F401 -- each registers its claims
     corner_pairs,
     heads,
     linear_maps,
+    look_alikes,
     mixing,
     modalities,
     normalization,
