@@ -2,12 +2,12 @@
 
 Objects made of several tokens: each object has a class and an appearance of its own, and each of its tokens shows
 ``[prototype[class] + noise, appearance[object]]`` — alone, a token's class is a guess (the noise is as large as the
-prototypes' distances); the appearance says which tokens belong together. A two-layer transformer is trained to
-name every token's class. A **linear probe** (:func:`~tokennet.linear_probe.linear_probe`) then reads the class from each token at the trunk's input and after
-each block, on held-out scenes; the same trained model is probed again with attention cut, in every layer, from a
-token to the other tokens of its own object (``own``). The lecture's account predicts the probe rises with depth
-(the token averaged its look-alikes) and rises less when the look-alikes are hidden. ``tokennet probe RUN`` measures
-the same on a trained vqa run's animal patches.
+prototypes' distances); the appearance says which tokens belong together. A two-layer transformer is trained to name
+every token's class. A **linear probe** (:func:`~tokennet.linear_probe.linear_probe`) then reads the class from each
+token at the trunk's input and after each block, on held-out scenes; the same trained model is probed again with
+attention cut, in every layer, from a token to the other tokens of its own object (``own``). The lecture's account
+predicts the probe rises with depth (the token averaged its look-alikes) and rises less when the look-alikes are hidden.
+``tokennet probe RUN`` measures the same on a trained vqa run's animal patches.
 """
 
 from __future__ import annotations
