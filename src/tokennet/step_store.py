@@ -1,4 +1,4 @@
-"""Compiled decoding steps kept on disk, per machine and per run, so that a later process loads its step instead of compiling it.
+"""Compiled decoding steps kept on disk, per machine and per run: a later process loads its step instead of compiling.
 
 ``torch.compile`` keeps what it generates across processes (Inductor's code, AOTAutograd's graphs), but a new
 process still traces the step with Dynamo before it can look those up: 13–17 s for SmolLM2's 30 layers with the
