@@ -18,11 +18,17 @@ PY=${PYTHON:-python3}
 # The import-direction contract ([tool.importlinter] in pyproject.toml) first: a broken one fails the script.
 # Run through $PY so it checks the tokennet that $PY imports (what `lint-imports` does on PATH).
 "$PY" -c 'from importlinter.cli import lint_imports_command; lint_imports_command(prog_name="lint-imports")' --no-cache
-# One pytest worker per core this process may use, at most 4 (pytest-xdist; work stealing balances the long tests),
-# each worker's torch on its share of the cores (tests/conftest.py) unless OMP_NUM_THREADS says otherwise.
-# TOKENNET_TEST_WORKERS=N sets the number; 0 runs the tests in this one process.
-workers=${TOKENNET_TEST_WORKERS:-$(nproc)}
+# One pytest worker per OMP_NUM_THREADS cores this process may use (one per core when it is unset), at most 4
+# (pytest-xdist; work stealing balances the long tests); each worker's torch on its share of the cores
+# (tests/conftest.py). More threads than cores makes OpenMP's threads wait on each other (a vqa training ran 20x
+# slower with two threads on one free core than with one). TOKENNET_TEST_WORKERS=N sets the number; 0 runs the tests
+# in this one process.
+threads=${OMP_NUM_THREADS:-1}
+case $threads in ''|*[!0-9]*) threads=1 ;; esac  # a list (OpenMP's nested form) counts as one
+cores=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)  # nproc alone answers OMP_NUM_THREADS
+workers=${TOKENNET_TEST_WORKERS:-$(( cores / (threads > 0 ? threads : 1) ))}
 if [ "$workers" -gt 4 ]; then workers=4; fi
+if [ "$workers" -lt 2 ]; then workers=0; fi
 set +e
 "$PY" -m pytest -q -n "$workers" --dist worksteal "$@"
 rc=$?
