@@ -116,15 +116,20 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--gpt-limit", type=int, default=64, help="the language model's held-out windows")
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--note", default=None, help="how the runs were trained, recorded with the settings")
+    ap.add_argument("--saved-model", action="store_true",
+                    help="also measure a run whose transformer is trained and saved but whose process did not finish "
+                    "(no metrics.json: e.g. stopped while training the CNN baselines); listed under 'unfinished'")
     args = ap.parse_args(argv)
     limit = args.limit if args.limit is not None else 10**9
-    finished = [run for run in args.runs if (Path(run) / "metrics.json").is_file()]
+    finished = [run for run in args.runs if (Path(run) / "metrics.json").is_file()
+                or (args.saved_model and (Path(run) / "model.safetensors").is_file())]
     skipped = [run for run in args.runs if run not in finished]
+    unfinished = [run for run in finished if not (Path(run) / "metrics.json").is_file()]
     for run in skipped:
         print(f"skipped {run}: no metrics.json (not a finished run)", flush=True)
     per_seed = [measure(run, args.ablations, limit) for run in finished]
     summary = summarize(per_seed)
-    results = {"per_seed": per_seed, "skipped": skipped, "summary": summary}
+    results = {"per_seed": per_seed, "skipped": skipped, "unfinished": unfinished, "summary": summary}
     if args.gpt:
         results["gpt"] = measure(args.gpt, args.ablations, args.gpt_limit)
         print_tables([results["gpt"]], {})
