@@ -15,7 +15,7 @@ from tokennet.recipes import train
 from tokennet.run import load
 from tokennet.tasks.heads import THRESHOLDS, head_jobs
 from tokennet.tasks.heads_probes import character_class
-from tokennet.tasks.vqa import _subset, exact_match, predict
+from tokennet.tasks.vqa import exact_match, predict
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -87,7 +87,7 @@ def test_a_zeroed_head_is_its_slice_of_the_concatenation_set_to_zero_and_the_hoo
 def test_every_vqa_head_is_measured_per_template_and_its_cost_is_the_accuracy_it_loses(vqa_run):
     run = load(vqa_run)
     jobs = head_jobs(run, limit=40)
-    held = _subset(run.data.held_out(), list(range(40)))
+    held = run.data.held_out().subset(list(range(40)))
     templates = sorted(set(held.templates))
     assert jobs.groups == [*templates, "all"] and jobs.examples == 40 and jobs.threshold == THRESHOLDS["vqa"]
     assert [job.name for job in jobs.heads] == ["L0H0", "L0H1", "L1H0", "L1H1"]

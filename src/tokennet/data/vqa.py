@@ -567,6 +567,12 @@ class QASet:
     def __len__(self) -> int:
         return len(self.questions)
 
+    def subset(self, idx: list[int]) -> QASet:
+        """The questions at the positions ``idx``, in that order."""
+        return QASet(self.images[idx], [self.questions[i] for i in idx], self.answers[idx],
+                     [self.templates[i] for i in idx], [self.boxes[i] for i in idx] if self.boxes else [],
+                     [self.other_boxes[i] for i in idx] if self.other_boxes else [])
+
 
 def _qaset(items: Sequence[Item], answers: Sequence[str], image_size: int, seed: int) -> QASet:
     index = {answer: i for i, answer in enumerate(answers)}

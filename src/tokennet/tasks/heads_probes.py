@@ -17,8 +17,7 @@ import torch.nn.functional as F
 from ..data.text import TextCorpus
 from ..data.vqa import encode_questions
 from ..errors import RunError
-from .vqa import _subset, predict
-from .vqa_heads import head_statistics, summary_targets
+from .vqa_heads import head_statistics, predict, summary_targets
 
 if TYPE_CHECKING:
     from ..run import Run
@@ -35,7 +34,7 @@ class QuestionProbe:
         if run.data is None or not getattr(run.data, "words", None):
             raise RunError(f"{run.path.name} has no question vocabulary (no data spec in run.json)")
         held = run.data.held_out()
-        self.qa = _subset(held, list(range(min(limit, len(held)))))
+        self.qa = held.subset(list(range(min(limit, len(held)))))
         self.model, self.words = run.model, run.data.words
         self.examples, self.example_name = len(self.qa), "questions"
         self.questions = encode_questions(self.qa.questions, self.words, self.model.config.max_question_len)

@@ -30,7 +30,7 @@ from ..viz.explore.pictures import QuestionExplorer
 from ..viz.vqa import question_rollout
 from .base import HELP, Input, Option, Task, as_paths, image_file_bad_inputs, register_task, verb
 from .example_files import Example, take
-from .vqa_heads import EVAL_BATCH, head_statistics, question_maps
+from .vqa_heads import EVAL_BATCH, head_statistics, predict, question_maps
 
 if TYPE_CHECKING:
     from ..run import Run
@@ -42,15 +42,6 @@ __all__ = ["VisualQuestionAnswering", "predict", "exact_match", "attention_mass"
 
 
 # -- evaluation -------------------------------------------------------------------------------------------------
-@torch.no_grad()
-def predict(model, images: torch.Tensor, questions: torch.Tensor, batch_size: int = EVAL_BATCH) -> torch.Tensor:
-    """Answer ids ``(N,)`` for images ``(N, 3, H, W)`` and word ids ``(N, T)``, in batches."""
-    dev = next(model.parameters()).device
-    out = [model((images[i:i + batch_size].to(dev), questions[i:i + batch_size].to(dev))).logits.argmax(-1).cpu()
-           for i in range(0, len(images), batch_size)]
-    return torch.cat(out) if out else torch.zeros(0, dtype=torch.long)
-
-
 def exact_match(model, qa: QASet, words, max_len: int, *, prefix: str = "") -> dict[str, float]:
     """``exact_match`` (% of questions answered exactly) and ``exact_match_<template>`` per template, each
     named with ``prefix`` (``cnn_exact_match_count``, ...)."""
@@ -302,12 +293,6 @@ def patch_grouping(model, qa: QASet, words, *, limit: int = 200) -> dict[str, fl
     return out
 
 
-def _subset(qa: QASet, idx: list[int]) -> QASet:
-    return QASet(qa.images[idx], [qa.questions[i] for i in idx], qa.answers[idx], [qa.templates[i] for i in idx],
-                 [qa.boxes[i] for i in idx] if qa.boxes else [], [qa.other_boxes[i] for i in idx] if qa.other_boxes
-                 else [])
-
-
 def two_corner_picture(qa: QASet, corners=("top right", "bottom left")):
     """The first picture of ``qa`` with animals in both ``corners``: ``(index, {corner: box})``, or None. A box's
     cell is ``(top // 16, left // 16)`` (an animal sits inside its 16-pixel cell)."""
@@ -435,9 +420,9 @@ class VisualQuestionAnswering(Task):
             files.append(draw_two_questions(run.model, spec, held.images[i], corner_questions, got,
                                             [[box] for box in corner_boxes.values()], out_dir / "two_questions.png"))
         counts = [i for i, template in enumerate(held.templates) if template in COUNT_TEMPLATES]
-        sink = sink_weights(run.model, _subset(held, counts), spec.words) if counts else {}
+        sink = sink_weights(run.model, held.subset(counts), spec.words) if counts else {}
         if sink:
-            counted = counted_mass(run.model, _subset(held, counts), spec.words)
+            counted = counted_mass(run.model, held.subset(counts), spec.words)
             files.append(draw_sink_curve(sink, out_dir / "sink_curve.png", counted=counted or None))
         if held.boxes and config.patch_size < 16:
             i = max(range(min(len(held), 50)), key=lambda j: len(held.boxes[j]) + len(held.other_boxes[j]))

@@ -29,8 +29,8 @@ from torch import Tensor
 
 from ..data.vqa import QASet, encode_questions, object_patches
 
-__all__ = ["patches_meet", "question_maps", "head_statistics", "head_summary", "patch_distances", "summary_targets",
-           "SUMMARY_TARGETS"]
+__all__ = ["patches_meet", "predict", "question_maps", "head_statistics", "head_summary", "patch_distances",
+           "summary_targets", "SUMMARY_TARGETS"]
 
 EVAL_BATCH = 250
 
@@ -40,6 +40,15 @@ LOCAL_MASKS = ("patch-local", "summary-reads")  # masks under which a patch atte
 def patches_meet(config) -> bool:
     """Whether a transformer's patch tokens can attend to other patches in some layer (a CNN has no patches)."""
     return getattr(config, "modality_mask", None) is not None and config.modality_mask not in LOCAL_MASKS
+
+
+@torch.no_grad()
+def predict(model, images: torch.Tensor, questions: torch.Tensor, batch_size: int = EVAL_BATCH) -> torch.Tensor:
+    """Answer ids ``(N,)`` for images ``(N, 3, H, W)`` and word ids ``(N, T)``, in batches."""
+    dev = next(model.parameters()).device
+    out = [model((images[i:i + batch_size].to(dev), questions[i:i + batch_size].to(dev))).logits.argmax(-1).cpu()
+           for i in range(0, len(images), batch_size)]
+    return torch.cat(out) if out else torch.zeros(0, dtype=torch.long)
 
 
 def question_maps(model, qa: QASet, idx: list[int], words) -> list[Tensor]:
