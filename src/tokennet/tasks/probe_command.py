@@ -16,8 +16,8 @@ DESCRIPTION = (
     "The lecture's impala and gazelle: \"I'm not sure if I'm an impala or I'm a gazelle ... So I will attend to "
     "other things that look like me in the image.\" For a question-answering run on tokennet's generated scenes, "
     "draw new pictures, read every animal patch's token at the trunk's input and after each block, and fit a "
-    "linear probe (logistic regression) on 70%% of the pictures to name the animal's species; print its accuracy "
-    "on the other 30%% per depth. Controls: the same trained model with attention cut, in every layer, from a "
+    "linear probe (logistic regression) on 70% of the pictures to name the animal's species; print its accuracy "
+    "on the other 30% per depth. Controls: the same trained model with attention cut, in every layer, from a "
     "patch to the other patches of its own animal (own), or to every patch of an animal of its species (alike). "
     "Writes nothing. A run of another task, on your own pictures, or whose model has no patch tokens (a CNN) is "
     "refused in one line.")
