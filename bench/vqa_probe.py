@@ -31,14 +31,11 @@ RUN_METRICS = ("exact_match", "exact_match_same_species", "exact_match_species",
 def measure(run_dir: str, pictures: int) -> dict:
     """One run: its settings and metrics that bear on the probe, and the probe per cut and depth."""
     from tokennet.run import load
-    from tokennet.tasks.vqa_probe import check_probe_run, probe_pictures, species_probe
+    from tokennet.tasks.vqa_probe import probe_run
 
     run = load(run_dir)
-    check_probe_run(run)
     config = run.model.config
-    drawn = probe_pictures(pictures, seed=run.data.seed, clutter=run.data.clutter, image_size=config.image_size,
-                           grid=config.grid, patch_size=config.patch_size)
-    probe = species_probe(run.model, run.data.words, drawn)
+    probe = probe_run(run, pictures=pictures)
     accuracy = probe["none"][0] / 100
     probe["standard_error"] = round(100 * math.sqrt(accuracy * (1 - accuracy) / probe["test_patches"]), 2)
     probe["gain"] = round(probe["none"][1] - probe["none"][0], 2)

@@ -74,11 +74,11 @@ def test_the_probe_names_separable_classes_and_is_at_chance_on_noise():
 
 
 def test_probe_pictures_label_every_animal_with_its_patches():
-    pictures = probe_pictures(12, seed=0, clutter=6, image_size=64, grid=(8, 8), patch_size=8)
+    pictures = probe_pictures(12, seed=0, clutter=6, grid=(8, 8), patch_size=8)
     assert pictures.images.shape == (12, 3, 64, 64) and len(pictures.questions) == 12
     counts = [len(patches) for animals in pictures.animals for _, patches in animals]
     assert min(counts) >= 1 and max(counts) <= 4 and sum(counts) / len(counts) > 1.5  # 8-px patches: several each
-    again = probe_pictures(12, seed=0, clutter=6, image_size=64, grid=(8, 8), patch_size=8)
+    again = probe_pictures(12, seed=0, clutter=6, grid=(8, 8), patch_size=8)
     assert torch.equal(pictures.images, again.images) and pictures.animals == again.animals
 
 

@@ -91,9 +91,11 @@ class TextProbe:
             raise RunError(f"{run.path.name}'s held-out text is shorter than one window of {T} tokens")
         self.x = ids[:n * T].view(n, T)  # (n, T)
         self.y = ids[1:n * T + 1].view(n, T)  # (n, T): the next token at each place
-        kinds = {token: character_class(run.tokenizer.decode([token])) for token in self.y.unique().tolist()}
-        self.classes = {kind: torch.tensor([[kinds[token] == kind for token in row] for row in self.y.tolist()])
-                        for kind in sorted(set(kinds.values()))}
+        tokens = self.y.unique()  # sorted: a token's place here is its row of the lookup below
+        kinds = [character_class(run.tokenizer.decode([token])) for token in tokens.tolist()]
+        names = sorted(set(kinds))
+        kind_of = torch.tensor([names.index(kind) for kind in kinds])[torch.searchsorted(tokens, self.y)]  # (n, T)
+        self.classes = {kind: kind_of == number for number, kind in enumerate(names)}
         self.examples, self.example_name = n, f"windows of {T} tokens"
 
     def _batches(self):

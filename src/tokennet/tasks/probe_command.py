@@ -8,7 +8,7 @@ import json
 
 from ..device import resolve_device
 from ..errors import ConfigError
-from .vqa_probe import PROBE_CUTS, check_probe_run, probe_pictures, species_probe
+from .vqa_probe import PROBE_CUTS, probe_run
 
 __all__ = ["add_probe_parser", "probe_command", "format_probe"]
 
@@ -43,12 +43,8 @@ def probe_command(args: argparse.Namespace) -> int:
     if not 10 <= args.pictures <= 100_000:
         raise ConfigError(f"--pictures must be in 10..100000, got {args.pictures}")
     run = load(args.run_dir, device=str(resolve_device(args.device)))
-    check_probe_run(run)
-    config = run.model.config
-    pictures = probe_pictures(args.pictures, seed=run.data.seed, clutter=run.data.clutter,
-                              image_size=config.image_size, grid=config.grid, patch_size=config.patch_size)
     cuts = tuple(dict.fromkeys(args.cut)) if args.cut else PROBE_CUTS
-    result = species_probe(run.model, run.data.words, pictures, cuts=cuts)
+    result = probe_run(run, pictures=args.pictures, cuts=cuts)
     print(json.dumps(result, indent=1) if args.json else format_probe(result, cuts))
     return 0
 

@@ -25,7 +25,7 @@ patch (the default's 16-pixel patches over 16-pixel cells) has no other patches:
 
 from __future__ import annotations
 
-import random
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +38,7 @@ from ..errors import RunError
 from ..linear_probe import linear_probe
 
 __all__ = ["PROBE_CUTS", "ProbePictures", "probe_pictures", "cut_mask", "depth_tokens", "species_probe",
-           "check_probe_run"]
+           "check_probe_run", "probe_run"]
 
 PROBE_CUTS = ("none", "own", "alike")  # the model as trained; own animal's patches cut; look-alikes cut
 TRAIN_SHARE = 0.7  # the share of the pictures the probe is fit on (the rest score it)
@@ -65,18 +65,15 @@ def check_probe_run(run) -> None:
         raise RunError(f"{run.path}'s model ({type(run.model).__name__}) has no patch tokens to probe (a CNN)")
 
 
-def probe_pictures(count: int, *, seed: int, clutter: int, image_size: int, grid, patch_size: int) -> ProbePictures:
-    """``count`` pictures drawn from ``(seed, "probe")``, a key no training batch uses, with each animal's patches
-    on ``grid`` (only animals that cover at least one patch no other animal covers)."""
+def probe_pictures(count: int, *, seed: int, clutter: int, grid, patch_size: int) -> ProbePictures:
+    """``count`` pictures of the generator's size drawn from ``(seed, "probe")``, a key no training batch uses, with
+    each animal's patches on ``grid`` (only animals that cover at least one patch no other animal covers)."""
     items = sample_items(count, "probe", seed=seed, held_out=False, num_clutter=clutter)
-    scale = image_size / IMAGE_SIZE
-    images = torch.from_numpy(np.stack(
-        [render(item.scene, image_size, seed=random.Random(f"probe-{seed}-{i}").getrandbits(32))
-         for i, item in enumerate(items)]))
+    images = torch.from_numpy(np.stack([render(item.scene, IMAGE_SIZE, seed=zlib.crc32(f"probe-{seed}-{i}".encode()))
+                                        for i, item in enumerate(items)]))
     animals = []
     for item in items:
-        boxes = [tuple(round(v * scale) for v in animal.box) for animal in item.scene.animals]
-        covered = [set(object_patches([box], grid, patch_size)) for box in boxes]
+        covered = [set(object_patches([animal.box], grid, patch_size)) for animal in item.scene.animals]
         shared = {patch for first, mine in enumerate(covered) for second, theirs in enumerate(covered) if first < second
               for patch in mine & theirs}
         animals.append([(SPECIES.index(animal.species), sorted(patches - shared))
@@ -184,3 +181,13 @@ def species_probe(model, words, pictures: ProbePictures, *, cuts=PROBE_CUTS, bat
     finally:
         model.train(was_training)
     return out
+
+
+def probe_run(run, *, pictures: int = 400, cuts=PROBE_CUTS) -> dict[str, Any]:
+    """:func:`species_probe` on ``pictures`` new pictures of ``run``'s generator, after :func:`check_probe_run`
+    (what ``tokennet probe RUN`` prints)."""
+    check_probe_run(run)
+    config = run.model.config
+    drawn = probe_pictures(pictures, seed=run.data.seed, clutter=run.data.clutter, grid=config.grid,
+                           patch_size=config.patch_size)
+    return species_probe(run.model, run.data.words, drawn, cuts=cuts)
