@@ -302,7 +302,7 @@ def test_18_the_square_process_is_determined_forwards_and_not_backwards():
 
     seq = square_sequences(torch.Generator().manual_seed(0), 4)
     assert bool((seq[:, 2:] == (seq[:, 1:-1] + seq[:, :-2] ** 2) % 11).all())
-    assert floor(False) == 0.0 and 0.2 < floor(True) < 0.35  # counted over the 121 starts: 0.269
+    assert floor(False) == pytest.approx(0.0, abs=1e-12) and 0.2 < floor(True) < 0.35  # counted: 0.269
 
 
 def test_18_a_gpt_learns_the_forward_reading_and_stays_above_the_backward_floor():
@@ -321,7 +321,8 @@ def test_19_a_token_learns_its_class_from_its_own_objects_tokens_and_not_without
 
     model, scenes = train_look_alikes(0)
     depths = probe_depths(model, scenes, 0)
-    assert depths["none"][0] == depths["own"][0] < 80, depths  # at the input the cut changes nothing; a token guesses
+    assert depths["none"][0] == pytest.approx(depths["own"][0], abs=0.5) and depths["none"][0] < 80, depths  # at
+    # the input the cut changes nothing; alone, a token guesses
     assert depths["none"][-1] - depths["none"][0] >= 15 and depths["none"][-1] - depths["own"][-1] >= 10, depths
     assert verdict(depths)
 

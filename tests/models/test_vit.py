@@ -204,6 +204,7 @@ def test_a_hard_coded_patch_projection_is_saved_with_the_model_and_refused_with_
     save_pretrained(m, tmp_path)
     torch.manual_seed(1)  # another seed would draw another matrix: the loaded one must be the saved one
     n = load_pretrained(tmp_path).eval()
+    # exact by contract: loading copies the saved bytes (a redrawn matrix would differ everywhere)
     assert n.config.patch_projection == "random" and torch.equal(n.patch_embed.weight, m.patch_embed.weight)
     x = m.example_input(2)
     torch.testing.assert_close(n(x).logits, m(x).logits)
