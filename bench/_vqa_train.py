@@ -56,3 +56,22 @@ def fit(model, batches, config, *, batch_size: int, evaluate=None) -> tuple[floa
               **{k: v for k, v in rec.items() if k not in ("step", "elapsed", "wall", "train_loss")}}
              for rec in trainer.history] if evaluate is not None else []
     return round(time.perf_counter() - start, 1), curve
+
+
+_BENCHES: dict[str, Any] = {}
+
+
+def call_in_bench(job: tuple[str, str, tuple]) -> Any:
+    """``(path, name, args)`` → ``name(*args)`` of the bench script at ``path``, loaded once per process: what a
+    bench's worker processes run (``--jobs``). A spawned worker imports this module by name (the parent's
+    ``sys.path`` comes with it), so the bench itself need not be importable — it may be ``__main__``, or loaded from
+    its file by a test."""
+    import importlib.util
+
+    path, name, args = job
+    if path not in _BENCHES:
+        spec = importlib.util.spec_from_file_location(f"bench_worker_{len(_BENCHES)}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _BENCHES[path] = module
+    return getattr(_BENCHES[path], name)(*args)

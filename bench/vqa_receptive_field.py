@@ -2,7 +2,14 @@
 animal?* answered by FiLM CNNs whose fields run from below the distance between two corners to the whole picture,
 beside the transformer; with ``--curves``, learning curves and an equal tuning budget for every family.
 
-The lecture's x1 … x7: no unit whose field misses one of the two corners can compare them. Two CNN families:
+The lecture's x1 … x7: no unit whose field misses one of the two corners can compare them. Three CNN families:
+
+- ``field``: the baselines ``tokennet train vqa`` trains beside its transformer (presets ``vqa-cnn`` and
+  ``vqa-cnn-shallow``): a 4×4 patchify stem, then plain 3×3 stages, each after the first at stride 2, so the field
+  doubles per stage (``r = 4 + 8·2^(n−1)``: 12, 20, 36, 68 px), coordinate channels, and the answer read from every
+  unit of the final map by one linear map (``readout="flatten"``: nothing averaged away, but still a sum of local
+  votes). The fields differ by stages alone: each stage doubles the one before's width (as the presets do), the
+  first's chosen so that the 68-px model has about the transformer's parameters;
 
 - ``pooled``: a conv trunk, then global average pooling (the answer is the mean of every unit's vote), with two
   coordinate channels appended to the image (``readout="coords"``, as FiLM's own model does). The field is set by
@@ -69,19 +76,21 @@ from tokennet.data.vqa import COLOURS, IMAGE_SIZE, AnimalQuestions, encode_quest
 from tokennet.demos.claims.corner_pairs import LEVELS, summarize, verdicts  # noqa: E402
 from tokennet.errors import ConfigError, TokennetError  # noqa: E402
 from tokennet.models.registry import create_model  # noqa: E402
-from tokennet.models.vqa import answer_points  # noqa: E402
+from tokennet.models.vqa import FIELD_FAMILY, answer_points  # noqa: E402
 from tokennet.recipes.vqa import GENERIC, TUNED, cnn_precision  # noqa: E402
 from tokennet.tasks.vqa import exact_match  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/_record.py, also when a test loads this file
 from _record import write  # noqa: E402
-from _vqa_train import LR, fit, train_config, trial_plan  # noqa: E402
+from _vqa_train import LR, call_in_bench, fit, train_config, trial_plan  # noqa: E402
 
 FIELDS = (20, 36, 52, 60)  # pooled, plain layers by depth: 4 + 8n up to the picture
 RESNET_FIELDS = (20, 36, 52)  # pooled, residual blocks: 4 + 16n up to the picture
 UNIT_FIELDS = (20, 36, 52, 64)  # one unit: any window of whole 4-px patches
 ARCHS = ("plain", "resnet")
-FAMILIES = ("pooled", "unit")
+FAMILIES = ("field", "pooled", "unit")
+STAGE_FIELDS = {4 + 8 * 2 ** (n - 1): n for n in range(1, 5)}  # field family: the field of n strided stages
+FIELD_FIELDS = (20, 36, 68)
 TRANSFORMERS = ("tuned", "generic")
 TEMPLATES = ("same_species", "species")
 # The knobs every family is tuned over, the same grid for each: peak rate, width (a scale of the parameter-matched
@@ -116,6 +125,11 @@ def layout(field: int, via: str, arch: str = "plain") -> dict:
 
 def check_field(field: int, family: str, via: str = "depth", arch: str = "plain") -> None:
     """Refuse a field larger than the picture, or one the family cannot build (one line)."""
+    if family == "field":
+        if field not in STAGE_FIELDS:
+            raise ConfigError(f"a {field}-pixel field cannot be built by the field family's stages (4 + 8·2^(n-1) "
+                              f"pixels: {', '.join(map(str, STAGE_FIELDS))})")
+        return
     if field > IMAGE_SIZE:
         raise ConfigError(f"a {field}-pixel field is larger than the {IMAGE_SIZE}-pixel picture: a unit cannot see "
                           f"more than all of it (fields up to {IMAGE_SIZE})")
@@ -131,7 +145,22 @@ def _matched_width(base: dict, budget: int) -> int:
     """The width (even, 8 … 256) whose model has the parameter count nearest ``budget``."""
     best = None
     for w in range(8, 257, 2):
-        n = create_model("vqa-cnn", **{**base, "widths": [w]}).num_parameters()
+        n = create_model("vqa-cnn", **{**base, "widths": [w] * len(base["depths"])}).num_parameters()
+        if best is None or abs(n - budget) < abs(best[1] - budget):
+            best = (w, n)
+        if n > budget:
+            break
+    return best[0]
+
+
+def _matched_first_width(base: dict, budget: int) -> int:
+    """The field family's first-stage width (even; each later stage doubles it, as the presets do) whose four-stage
+    (68-px) model has the parameter count nearest ``budget``: every field gets it, so fields differ in stages alone."""
+    stages = max(STAGE_FIELDS.values())
+    best = None
+    for w in range(2, 129, 2):
+        n = create_model("vqa-cnn", **{**base, "depths": [1] * stages,
+                                       "widths": [w * 2 ** i for i in range(stages)]}).num_parameters()
         if best is None or abs(n - budget) < abs(best[1] - budget):
             best = (w, n)
         if n > budget:
@@ -143,7 +172,13 @@ def cnn_settings(field: int, via: str, budget: int, data: dict, readout: str, ar
                  family: str = "pooled", width: float = 1.0, head_layers: int = 0) -> dict:
     """A FiLM CNN of ``family`` with a ``field``-pixel field, ``width`` × the width that gives about ``budget``
     parameters, and ``head_layers`` 1×1 layers before its readout. ``pooled``: the trunk of :func:`layout` and
-    ``readout``; ``unit``: the one-unit trunk whose window is the field."""
+    ``readout``; ``unit``: the one-unit trunk whose window is the field; ``field``: the recipe's baselines'
+    trunk with the stages that give ``field``, all fields at the width matched at the largest (68 px)."""
+    if family == "field":
+        base = {**data, **FIELD_FAMILY, "head_layers": head_layers}
+        first = max(2, 2 * round(width * _matched_first_width(base, budget) / 2))
+        stages = STAGE_FIELDS[field]
+        return {**base, "depths": [1] * stages, "widths": [first * 2 ** i for i in range(stages)]}
     if family == "unit":
         base = {**data, "readout": "unit", "window": field, "arch": "plain", "stem_kernel": 4, "stem_stride": 4,
                 "depths": [1], "head_layers": head_layers}
@@ -290,29 +325,76 @@ def plan_of(args) -> list[tuple[str, int]]:
     """``(family, field)`` of every model, the transformer first."""
     plans = [] if args.no_transformer else [("transformer", IMAGE_SIZE)]
     for family in args.families:
-        default = UNIT_FIELDS if family == "unit" else RESNET_FIELDS if args.arch == "resnet" else FIELDS
+        default = (UNIT_FIELDS if family == "unit" else FIELD_FIELDS if family == "field"
+                   else RESNET_FIELDS if args.arch == "resnet" else FIELDS)
         plans += [(family, f) for f in (args.fields or default)]
     return plans
 
 
 def run(args) -> int:
-    sweep = Sweep(args)
     plans = plan_of(args)
-    tuning = {}
-    for family in dict.fromkeys(family for family, _ in plans):
-        field = max(f for fam, f in plans if fam == family)
-        tuning[family] = tune(sweep, family, field) if args.trials else {"chosen": {
-            "lr": args.lr, "width": 1.0, "depth": 1 if family == "transformer" else 0}}
-    rows = []
-    for family, field in plans:
-        for seed in args.seeds:
-            m, settings, secs, curve = sweep.train(family, field, tuning[family]["chosen"], seed, args.steps,
-                                                   args.eval_every)
-            em = exact_match(m, sweep.test, sweep.spec.words, 12)
-            rows.append(row_of(family, field, seed, m, settings, secs, curve, em))
-            print(json.dumps({k: v for k, v in rows[-1].items() if k != "curve"}), flush=True)
+    families = list(dict.fromkeys(family for family, _ in plans))
+    widest = {family: max(f for fam, f in plans if fam == family) for family in families}
+    untuned = {family: {"chosen": {"lr": args.lr, "width": 1.0, "depth": 1 if family == "transformer" else 0}}
+               for family in families}
+    jobs = [(family, field, seed) for family, field in plans for seed in args.seeds]
+    if args.jobs == 1:
+        sweep = Sweep(args)
+        tuning = {family: tune(sweep, family, widest[family]) if args.trials else untuned[family]
+                  for family in families}
+        rows = [_trained_row(sweep, family, field, tuning[family]["chosen"], seed) for family, field, seed in jobs]
+    else:
+        with _pool(args.jobs) as pool:
+            tuning = dict(untuned)
+            if args.trials:
+                tuning.update(zip(families, pool.map(call_in_bench, [(__file__, "_tune_job", (args, f, widest[f]))
+                                                                     for f in families])))
+            rows = list(pool.map(call_in_bench, [(__file__, "_train_job", (args, family, field,
+                                                                         tuning[family]["chosen"], seed))
+                                                 for family, field, seed in jobs]))
     report(args, rows, tuning)
     return 0
+
+
+def _trained_row(sweep: Sweep, family: str, field: int, knobs: dict, seed: int) -> dict:
+    """Train one model of the plan and answer the test questions: its row of the record (printed as it lands)."""
+    m, settings, secs, curve = sweep.train(family, field, knobs, seed, sweep.args.steps, sweep.args.eval_every)
+    em = exact_match(m, sweep.test, sweep.spec.words, 12)
+    row = row_of(family, field, seed, m, settings, secs, curve, em)
+    print(json.dumps({k: v for k, v in row.items() if k != "curve"}), flush=True)
+    return row
+
+
+# -- --jobs N: N worker processes, one thread each, each with its own Sweep (the same data: it is seeded) ----------
+_SWEEP: Sweep | None = None
+
+
+def _pool(jobs: int):
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    # spawn, not fork: this process's thread pools do not survive a fork
+    return ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"))
+
+
+def _worker_sweep(args) -> Sweep:
+    global _SWEEP
+    if _SWEEP is None:
+        torch.set_num_threads(1)
+        _SWEEP = Sweep(args)
+    return _SWEEP
+
+
+def _tune_job(args, family: str, field: int) -> dict:
+    return tune(_worker_sweep(args), family, field)
+
+
+def _train_job(args, family: str, field: int, knobs: dict, seed: int) -> dict:
+    return _trained_row(_worker_sweep(args), family, field, knobs, seed)
+
+
+def _examples(value) -> str:
+    return "not reached" if value is None else f"{value:,.0f}"
 
 
 def _median(values):
@@ -338,10 +420,12 @@ def report(args, rows: list[dict], tuning: dict) -> None:
         summary = summarize(rows)
         result["summary"] = [{"family": fam, "receptive_field": field, **s} for (fam, field), s in summary.items()]
         result["verdicts"] = verdicts({"rows": rows})
-        print("\n| model | field (px) | " + " | ".join(f"examples to {lv:g} %" for lv in LEVELS) + " |")
+        print("\n| model | field (px) | " + " | ".join(f"examples to {lv:g} % (median, interval)" for lv in LEVELS)
+              + " |")
         print("| --- | ---: | " + " | ".join("---:" for _ in LEVELS) + " |")
         for (fam, field), s in summary.items():
-            cells = [("not reached" if s[f"examples_to_{lv:g}"] is None else f"{s[f'examples_to_{lv:g}']:,.0f}")
+            cells = [f"{_examples(s[f'examples_to_{lv:g}'])} ({_examples(s[f'examples_to_{lv:g}_interval'][0])} – "
+                     f"{_examples(s[f'examples_to_{lv:g}_interval'][1])}, {100 * s['interval_coverage']:.0f} %)"
                      for lv in LEVELS]
             print(f"| {fam} | {field} | " + " | ".join(cells) + " |")
         words = {True: "holds", False: "does not hold", None: "not decided"}
@@ -375,7 +459,8 @@ def plot(rows, path: Path) -> None:
         mine = [r for r in cnn if (r.get("family", "pooled"), r.get("arch", "plain")) == (family, arch)]
         fields = sorted({r["receptive_field"] for r in mine})
         med = [_median([r["same_species"] for r in mine if r["receptive_field"] == f]) for f in fields]
-        label = "one unit (no pooling)" if family == "unit" else f"pooled ({arch}) + coords"
+        label = {"unit": "one unit (no pooling)", "field": "strided stages, every unit read"}.get(
+            family, f"pooled ({arch}) + coords")
         ax.plot(fields, med, "os^"[k % 3] + "-", color=f"C{[0, 2, 4][k % 3]}", label=f"FiLM CNN, {label}")
         ax.scatter([r["receptive_field"] for r in mine], [r["same_species"] for r in mine], s=8, alpha=0.4,
                    color=f"C{[0, 2, 4][k % 3]}")
@@ -424,11 +509,12 @@ def parse(argv=None):
     ap.add_argument("--curves", action="store_true", help="learning curves and an equal tuning budget: defaults to "
                     "both CNN families, seeds 0 1 2, 3000 steps evaluated every 250, 4 trials of 600 steps per family, "
                     "--out bench/results/vqa_learning_curves.json")
-    ap.add_argument("--family", dest="families", nargs="+", help="CNN families: pooled (global average pooling) "
-                    "and/or unit (strided down to one unit); default pooled (with --curves: both)")
+    ap.add_argument("--family", dest="families", nargs="+", help="CNN families: field (the recipe's baselines: strided "
+                    "stages, every unit of the final map read), pooled (global average pooling) and/or unit (strided "
+                    "down to one unit); default pooled (with --curves: field)")
     ap.add_argument("--fields", type=int, nargs="+", help="receptive fields in pixels, for every family (default: "
                     f"pooled {' '.join(map(str, FIELDS))}, with --arch resnet {' '.join(map(str, RESNET_FIELDS))}; "
-                    f"unit {' '.join(map(str, UNIT_FIELDS))})")
+                    f"unit {' '.join(map(str, UNIT_FIELDS))}; field {' '.join(map(str, FIELD_FIELDS))})")
     ap.add_argument("--via", default="depth", help="pooled: depth or dilation (see --arch for the fields each builds)")
     ap.add_argument("--arch", default="plain", help="pooled: plain conv-norm-ReLU layers (depth: 4 + 8n px; "
                     "dilation: 4 + 16d px) or resnet: residual blocks (depth: 4 + 16n px; dilation: 4 + 16d px)")
@@ -447,13 +533,15 @@ def parse(argv=None):
     ap.add_argument("--tune-seed", type=int, default=0, help="the seed of the trial plan (the same for each family)")
     ap.add_argument("--eval-every", type=int, help="steps between evaluations of the curves (0: none; --curves: 250)")
     ap.add_argument("--no-transformer", action="store_true", help="only the CNNs")
+    ap.add_argument("--jobs", type=int, default=1, help="train this many models at once, each in its own process "
+                    "with one thread (the families' tuning too); 1 (the default): one after the other, here")
     ap.add_argument("--out")
     ap.add_argument("--into", metavar="RUN_DIR", help="also write receptive_field.json and .png into a vqa run "
                     "directory, where its report (tokennet report) shows them")
     args = ap.parse_args(argv)
     args.argv = argv  # the command the JSON records (None: sys.argv)
     curves = args.curves
-    defaults = {"families": list(FAMILIES) if curves else ["pooled"], "steps": 3000 if curves else 1500,
+    defaults = {"families": ["field"] if curves else ["pooled"], "steps": 3000 if curves else 1500,
                 "seeds": [0, 1, 2] if curves else [0], "trials": 4 if curves else 0,
                 "eval_every": 250 if curves else 0,
                 "out": str(ROOT / "bench" / "results" / ("vqa_learning_curves.json" if curves
@@ -468,6 +556,8 @@ def check(args) -> None:
     """Every setting, before anything trains or is written (a ConfigError: one line, exit 2)."""
     if args.steps < 1 or args.batch_size < 2 or args.test_size < 2 or args.val_size < 2 or args.tune_steps < 1:
         raise ConfigError("--steps and --tune-steps must be >= 1, --batch-size, --test-size and --val-size >= 2")
+    if args.jobs < 1:
+        raise ConfigError(f"--jobs must be >= 1, got {args.jobs}")
     if args.trials < 0 or args.eval_every < 0 or not args.seeds:
         raise ConfigError("--trials and --eval-every must be >= 0, and --seeds name at least one seed")
     if args.readout not in ("coords", "mean"):
@@ -476,7 +566,7 @@ def check(args) -> None:
         raise ConfigError(f"--transformer must be tuned or generic, got {args.transformer!r}")
     for family in args.families:
         if family not in FAMILIES:
-            raise ConfigError(f"--family must be pooled or unit, got {family!r}")
+            raise ConfigError(f"--family must be field, pooled or unit, got {family!r}")
     for family, field in plan_of(args):
         if family != "transformer":
             check_field(field, family, args.via, args.arch)

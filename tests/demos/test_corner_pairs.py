@@ -13,6 +13,7 @@ from tokennet.demos.claims.corner_pairs import (
     claim_corner_pairs,
     examples_to,
     median_examples,
+    median_interval,
     summarize,
     verdicts,
 )
@@ -49,6 +50,14 @@ def test_examples_to_a_level_and_their_median_over_seeds():
     assert median_examples([1000, None, 3000]) == 3000  # a seed that never reached it is the latest
     assert median_examples([1000, None, None]) is None and median_examples([]) is None
     assert median_examples([1000, 3000]) == 2000
+
+
+def test_the_interval_for_the_median_is_the_narrowest_order_statistics_that_cover_it():
+    # n = 5: only (min, max) covers 90 % (1 − 2/32 = 93.75 %); n = 10: (x_2, x_9), 1 − 2·11/1024 = 97.85 %
+    assert median_interval([5000, 1000, None, 3000, 2000]) == ([1000, None], 0.9375)  # one seed never got there
+    assert median_interval(list(range(10, 0, -1))) == ([2, 9], 0.9785)
+    assert median_interval([1, 2, 3]) == ([1, 3], 0.75)  # too few seeds for 90 %: the range, and its coverage
+    assert median_interval([]) == ([None, None], 0.0)
 
 
 def test_the_dye_bleeding_slowly_holds_on_curves_that_show_it():
@@ -96,8 +105,10 @@ def test_the_claim_reads_the_recorded_curves_or_says_not_recorded(tmp_path):
     read = claim_corner_pairs(0, results_dir=tmp_path)
     assert read.holds is True and read.figure.startswith(b"\x89PNG")
     assert read.source == f"from bench/results/{FILE}, measured at commit 0123456789ab"
-    assert read.measured.count("holds") == 3 and read.table[0][-2:] == ["examples to 75 %", "examples to 90 %"]
-    assert ["unit", "64", "3", "78.0", "4,000", "not reached"] in read.table
+    assert read.measured.count("holds") == 3
+    assert read.table[0][-2:] == ["examples to 75 % (median, interval)", "examples to 90 % (median, interval)"]
+    assert ["unit", "64", "3", "78.0", "4,000 (4,000 – 4,000, 75 %)", "not reached (not reached – not reached, 75 %)"
+            ] in read.table
     bad = _record([(1000, 60.0), (2000, 80.0)], [(1000, 70.0), (2000, 71.0)], [(1000, 60.0), (2000, 80.0)])
     (tmp_path / FILE).write_text(json.dumps(bad))
     assert claim_corner_pairs(0, results_dir=tmp_path).holds is False

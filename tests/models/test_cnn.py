@@ -68,11 +68,21 @@ def test_receptive_field_matches_autograd_on_the_trunk(arch):
     assert len(rows) == m.receptive_field().size == rows.max() - rows.min() + 1
 
 
+def _touches_both_corner_cells(field, units: int) -> bool:
+    """Whether some unit along one axis sees pixels of both corner cells of the 4×4 grid (pixels 0–15 and 48–63):
+    unit ``i`` sees ``[start + i·jump, start + i·jump + size)``."""
+    return any(field.start + i * field.jump < 16 and field.start + i * field.jump + field.size > 48
+               for i in range(units))
+
+
 def test_the_vqa_cnns_fields_one_covers_the_image_the_other_not_two_corners():
     deep, shallow = create_model("vqa-cnn"), create_model("vqa-cnn-shallow")
-    assert deep.receptive_field().covers(64)
-    # Corner cells of the 4×4 grid (16 pixels each) are 32 pixels apart: no shallow unit touches two corners.
-    assert shallow.receptive_field().size <= 32
+    assert deep.receptive_field().covers(64) and _touches_both_corner_cells(deep.receptive_field(), deep.map_side)
+    # The baselines differ only in stages (field): 36 px, less than the 48 px from one corner cell to the next, and
+    # placed so that no unit of the 4×4 map touches two corner cells.
+    assert shallow.receptive_field().size == 36 < 48
+    assert not _touches_both_corner_cells(shallow.receptive_field(), shallow.map_side)
+    assert deep.config.widths[:3] == shallow.config.widths and len(deep.config.widths) == 4
 
 
 def test_cnn_classifier_forward_backward_and_class_activation_map():

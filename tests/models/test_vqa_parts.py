@@ -99,6 +99,39 @@ def test_both_models_train_a_step_with_the_points_readout_and_the_cnn_draws_its_
         assert maps.shape[0] == 4 and answers.shape == (4,)
 
 
+def _corner_interaction(model, draws: int = 8) -> float:
+    """``f(a, b) − f(a′, b) − f(a, b′) + f(a′, b′)``, largest over the logits and ``draws`` random contents of the top
+    left (``a``) and bottom right (``b``) corner cells: how much the answer's dependence on one corner changes with
+    the other (0 for a sum of local votes that never see both; a ReLU network is linear between its switches, so
+    one draw may cross none)."""
+    generator = torch.Generator().manual_seed(0)
+    base, question = model.example_input(1)
+    images = base.repeat(4 * draws, 1, 1, 1)
+    for draw in range(draws):
+        a, b = torch.rand(2, 3, 16, 16, generator=generator), torch.rand(2, 3, 16, 16, generator=generator)
+        for k, (i, j) in enumerate([(0, 0), (1, 0), (0, 1), (1, 1)]):
+            images[4 * draw + k, :, :16, :16], images[4 * draw + k, :, 48:, 48:] = a[i], b[j]
+    with torch.no_grad():
+        f = model((images, question.repeat(4 * draws, 1))).logits.view(draws, 4, -1)
+    return float((f[:, 0] - f[:, 1] - f[:, 2] + f[:, 3]).abs().max())
+
+
+def test_the_flatten_readout_reads_every_unit_and_a_field_that_misses_a_corner_cannot_compare_two():
+    torch.manual_seed(0)
+    deep = create_model("vqa-cnn", widths=[16] * 4).eval()  # 68-px field: its 2×2 units see both corners
+    shallow = create_model("vqa-cnn-shallow", widths=[16] * 3).eval()  # 36 px: no unit sees two corner cells
+    assert deep.config.readout == shallow.config.readout == "flatten"
+    x = deep.example_input(3)
+    with torch.no_grad():
+        votes, answer = deep.answer_map(x)  # (3, 2, 2): each unit's own term of the answer's logit
+        logits = deep(x).logits
+    torch.testing.assert_close(votes.sum((1, 2)) + deep.head.linear.bias[answer], logits[torch.arange(3), answer])
+    # The shallow model's answer is a sum of terms that each see at most one corner cell: exactly additive in the two
+    # (up to float rounding); the deep one's units combine them.
+    assert _corner_interaction(shallow) < 1e-5  # rounding of logits of size ~1 in float32
+    assert _corner_interaction(deep) > 1e-3
+
+
 def _scene(colour: str) -> torch.Tensor:
     a = Animal("bird", colour, 1, 2, 18, 36, 14, False)
     return torch.from_numpy(render(Scene((a,)), seed=0))

@@ -192,6 +192,13 @@ def test_the_receptive_field_sweep_builds_its_fields_and_refuses_one_it_cannot_i
         m = create_model("vqa-cnn", **b.cnn_settings(f, "depth", 150_000, data, "coords", family="unit"))
         assert m.config.readout == "unit" and m.receptive_field().size == f
         assert abs(m.num_parameters() - 150_000) < 15_000
+    widths = set()
+    for f in b.FIELD_FIELDS:  # the recipe's baselines' family: strided stages, every field at the 68-px one's width
+        s = b.cnn_settings(f, "depth", 150_000, data, "coords", family="field")
+        m = create_model("vqa-cnn", **s)
+        assert m.config.readout == "flatten" and m.receptive_field().size == f
+        widths.add(s["widths"][0])
+    assert len(widths) == 1 and abs(m.num_parameters() - 150_000) < 15_000
     wide = b.cnn_settings(64, "depth", 150_000, data, "coords", family="unit", width=1.5, head_layers=2)
     assert wide["head_layers"] == 2 and create_model("vqa-cnn", **wide).num_parameters() > 200_000
     m = create_model("vqa-cnn", **b.cnn_settings(20, "depth", 150_000, data, "coords"))
@@ -202,6 +209,8 @@ def test_the_receptive_field_sweep_builds_its_fields_and_refuses_one_it_cannot_i
                            (["--fields", "68"], "larger than the 64-pixel picture"),
                            (["--family", "unit", "--fields", "20", "128"], "larger than the 64-pixel picture"),
                            (["--family", "unit", "--fields", "30"], "whole 4-px patches"),
+                           (["--family", "field", "--fields", "52"], "cannot be built by the field family"),
+                           (["--jobs", "0"], "--jobs must be >= 1"),
                            (["--family", "vgg"], "--family must be"), (["--transformer", "big"], "--transformer must"),
                            (["--via", "width"], "--via must be"), (["--readout", "max"], "--readout must be"),
                            (["--arch", "resnet", "--fields", "28"], "cannot be built by depth with resnet"),

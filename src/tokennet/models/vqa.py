@@ -46,6 +46,10 @@ the receptive-field sweep (``bench/vqa_receptive_field.py``) uses it, so that po
 ``readout="unit"`` pools nothing: strided convolutions take the picture's centred ``window`` down to one unit,
 and the answer is that unit's (:mod:`tokennet.models.strided_cnn`; preset ``vqa-cnn-unit``): its receptive field
 is the window, which a sweep varies from below the distance between two corners to the whole picture.
+``readout="flatten"`` (the ``vqa`` recipe's baselines, presets ``vqa-cnn`` and ``vqa-cnn-shallow``) keeps every
+unit: coordinate channels, then one linear map over the whole final map, as the classic CNN's
+fully connected layer — a unit's vote has weights of its own, so a few units that see two far-apart objects are not
+averaged away, and the two presets differ only in how many strided stages, so in field.
 """
 
 from __future__ import annotations
@@ -74,7 +78,7 @@ PATCH_LOCAL = ("patch-local", "summary-reads")  # patches never attend to other 
 PATCH_STEMS = ("linear", "conv", "conv+colour", "shape+colour", "shape,colour")
 PAIR_BINDINGS = ("both", "shape-reads-colour")
 PATCH_POSITIONS = ("learned", "fourier")
-CNN_READOUTS = ("mean", "coords", "unit")
+CNN_READOUTS = ("mean", "coords", "unit", "flatten")
 ANSWER_READOUTS = ("class", "points")
 
 
@@ -594,7 +598,11 @@ class VQACNNConfig(ConvTrunkConfig):
             does — every unit knows where its field is — then the same pooling) or ``"unit"`` (no pooling: an
             all-convolutional trunk strided down to one unit that sees the centred ``window``,
             :class:`~tokennet.models.strided_cnn.StridedTrunk`; ``depths[i]`` blocks per scale, the last the
-            strided reduction; needs a patchify stem).
+            strided reduction; needs a patchify stem) or ``"flatten"`` (the classic CNN's fully connected readout,
+            as LeNet's and VGG's: the coordinate channels, then one linear map over every unit of the final map,
+            ``logit_a = Σ_p W_{a,p} · h_p`` — each position has its own weights, so the few units whose field holds
+            two far-apart objects are read, not averaged away among those that hold one; the answer is still a sum
+            of local votes, so a field that never holds both objects cannot compare them).
         window: with ``readout="unit"``, the pixels the one unit sees (its receptive field), centred on the
             picture; ``None``: the whole picture.
         head_layers: 1×1 conv → norm → ReLU layers between the trunk and the readout: depth that does not
@@ -645,7 +653,7 @@ class VQACNN(CountsParameters, nn.Module):
         self.config = cfg = config
         self.word_emb = nn.Embedding(cfg.vocab_size, cfg.word_dim, padding_idx=0)
         self.gru = nn.GRU(cfg.word_dim, cfg.question_dim, batch_first=True)
-        coords = cfg.readout == "coords"
+        coords = cfg.readout in ("coords", "flatten")
         trunk = {dc_field.name: getattr(cfg, dc_field.name) for dc_field in fields(ConvTrunkConfig) if dc_field.init}
         if cfg.readout == "unit":
             self.trunk = StridedTrunk(cfg, cfg.image_size if cfg.window is None else cfg.window, cfg.image_size)
@@ -658,7 +666,9 @@ class VQACNN(CountsParameters, nn.Module):
         self.head_layers = nn.Sequential(*(nn.Sequential(nn.Conv2d(width, width, 1, bias=cfg.norm == "none"),
                                                          _norm(cfg.norm, width), nn.ReLU())
                                            for _ in range(cfg.head_layers)))
-        self.head = AnswerHead(self.trunk.out_channels, cfg.num_answers, cfg.answer_readout, cfg.answer_points)
+        self.map_side = _map_side(self.trunk, cfg.image_size)  # the final map is map_side × map_side units
+        votes = self.trunk.out_channels * (self.map_side ** 2 if cfg.readout == "flatten" else 1)
+        self.head = AnswerHead(votes, cfg.num_answers, cfg.answer_readout, cfg.answer_points)
         self.apply(init_conv_weights)
         self.head.reset_points()
         # channels-last: oneDNN's convolutions skip a layout reorder each way (6–19 % less per training step of the
@@ -695,7 +705,7 @@ class VQACNN(CountsParameters, nn.Module):
         """The conditioned feature map ``(B, C', H', W')``."""
         images, questions = _check_inputs(self.config, inputs)
         x = _standardize(self.config, images)
-        if self.config.readout == "coords":
+        if self.config.readout in ("coords", "flatten"):
             B, _, H, W = x.shape
             grid_y = torch.linspace(-1, 1, H, device=x.device)[:, None].expand(H, W)
             grid_x = torch.linspace(-1, 1, W, device=x.device)[None, :].expand(H, W)
@@ -704,7 +714,12 @@ class VQACNN(CountsParameters, nn.Module):
         return self.head_layers(feats)  # (B, C', H', W'); (B, C', 1, 1) with readout="unit"
 
     def forward_head(self, h: Tensor) -> Tensor:
-        return self.head(h.mean((2, 3)))  # (B, A): the mean of the units' linear votes (the one unit's, if one)
+        return self.head(self._readout(h))  # (B, A)
+
+    def _readout(self, h: Tensor) -> Tensor:
+        """The feature map ``(B, C', H', W')`` → what the answer head reads: every unit in order (``flatten``:
+        ``(B, C'·H'·W')``), else their mean ``(B, C')`` (the one unit's features, with ``unit``)."""
+        return h.flatten(1) if self.config.readout == "flatten" else h.mean((2, 3))
 
     def forward(self, inputs, targets: Tensor | None = None) -> Output:
         logits = self.forward_head(self.forward_features(inputs))
@@ -718,7 +733,21 @@ class VQACNN(CountsParameters, nn.Module):
         feats = self.forward_features(inputs)
         if answer is None:
             answer = self.forward_head(feats).argmax(-1)
-        return torch.einsum("bc,bchw->bhw", self.head.vote_weights(feats.mean((2, 3)), answer), feats), answer
+        weights = self.head.vote_weights(self._readout(feats), answer)  # (B, C') or, flatten, (B, C'·H'·W')
+        if self.config.readout == "flatten":  # each unit's own weights: its vote is its term of the logit
+            return (weights.view_as(feats) * feats).sum(1), answer
+        return torch.einsum("bc,bchw->bhw", weights, feats), answer
+
+
+def _map_side(trunk: nn.Module, image_size: int) -> int:
+    """The side of the trunk's output map for a square picture of ``image_size`` pixels: each convolution of its
+    longest path maps ``n`` to ``(n + 2·pad − dilation·(k − 1) − 1) // stride + 1`` (the shortcuts keep the size)."""
+    if not hasattr(trunk, "layer_specs"):  # the strided trunk ends in one unit
+        return 1
+    side = image_size
+    for (kernel, stride, dilation), pad in zip(*trunk.layer_specs(), strict=True):
+        side = (side + 2 * pad - dilation * (kernel - 1) - 1) // stride + 1
+    return side
 
 
 register_family("vqa-transformer", VQATransformerConfig, VQATransformer)
@@ -730,13 +759,26 @@ register_preset("vqa-generic", "vqa-transformer", "the lecture's transformer for
                 "answer read from the summary token by one linear map; no mask, stem, readout or sink made for the "
                 "task",
                 sink=False)
-register_preset("vqa-cnn", "vqa-cnn", "the CNN baseline for vqa: GRU question → FiLM on a small ResNet (4×4 "
-                "patchify stem, stages 20/40/80; a 92-pixel receptive field covers the 64×64 image), GAP + linear",
-                stem_kernel=4, stem_stride=4, widths=[20, 40, 80], depths=[1, 1, 1])
+# The two CNN baselines of ``tokennet train vqa``: one family, differing only in field. A 4×4 patchify stem, then plain
+# 3×3 stages, each after the first at stride 2 and twice as wide, so a unit's field doubles per stage (12, 20, 36,
+# 68 px); the coordinate channels; the answer read from every unit of the final map by one linear map.
+FIELD_FAMILY = {"arch": "plain", "stem_kernel": 4, "stem_stride": 4, "readout": "flatten"}
+FIELD_FAMILY_WIDTHS = [16, 32, 64, 128]  # four stages: about the generic transformer's parameters
+register_preset("vqa-cnn", "vqa-cnn", "the CNN baseline for vqa whose units see the whole picture: GRU question → "
+                "FiLM on a 4×4 patchify stem and four plain 3×3 stages of 16/32/64/128 channels, each after the first "
+                "at stride 2 (a 68-pixel field), coordinate channels, the answer read from every unit of the 2×2 map "
+                "by one linear map", **FIELD_FAMILY, widths=FIELD_FAMILY_WIDTHS, depths=[1] * 4)
+register_preset("vqa-cnn-shallow", "vqa-cnn", "the CNN baseline for vqa whose units cannot see two corners: vqa-cnn "
+                "without its last stage (a 36-pixel field, less than the 48 pixels from one corner cell to the next; "
+                "the answer read from every unit of the 4×4 map)", **FIELD_FAMILY,
+                widths=FIELD_FAMILY_WIDTHS[:3], depths=[1] * 3)
+register_preset("vqa-cnn-resnet", "vqa-cnn", "the vqa baseline before the field family: GRU question → FiLM on a "
+                "small ResNet (4×4 patchify stem, stages 20/40/80; a 92-pixel receptive field covers the 64×64 "
+                "image), GAP + linear", stem_kernel=4, stem_stride=4, widths=[20, 40, 80], depths=[1, 1, 1])
 register_preset("vqa-cnn-unit", "vqa-cnn", "an all-convolutional CNN for vqa: FiLM on a 4×4 patchify stem and "
                 "strided convolutions down to one unit that sees the whole 64×64 picture; the answer is read from it "
                 "(no pooling)", readout="unit", arch="plain", stem_kernel=4, stem_stride=4, widths=[32, 64, 96, 128],
                 depths=[1])
-register_preset("vqa-cnn-shallow", "vqa-cnn", "a shallow CNN for vqa: FiLM on two conv layers after a 4×4 "
-                "patchify stem (a 20-pixel receptive field: no unit sees two corners of the 64×64 image)",
-                arch="plain", stem_kernel=4, stem_stride=4, widths=[64, 112], depths=[1, 1])
+register_preset("vqa-cnn-local", "vqa-cnn", "the shallow vqa baseline before the field family: FiLM on two conv "
+                "layers after a 4×4 patchify stem (a 20-pixel receptive field: no unit sees two corners of the 64×64 "
+                "image), GAP + linear", arch="plain", stem_kernel=4, stem_stride=4, widths=[64, 112], depths=[1, 1])

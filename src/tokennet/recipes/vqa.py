@@ -31,16 +31,27 @@ their peak rate, Muon's scaled alike;
 fp32 as the transformer; the metric ``cnn_precision`` says which; ``cnn_parallel``, the default, trains the two at
 once, one thread each, where torch has two threads or more — the metric ``cnn_parallel`` says whether it did):
 
-- ``cnn_…``: a small ResNet conditioned on the question by FiLM, whose units' receptive field covers the
-  whole image (preset ``vqa-cnn``);
-- ``shallow_cnn_…``: two FiLM-conditioned conv layers after a patchify stem, whose 20-pixel field is smaller
-  than the 32 pixels between two corner cells (preset ``vqa-cnn-shallow``): its answer is a mean of local
-  votes, additive in the two corners, so "same species?" is out of its reach — the lecture's x1 … x7.
+one family of CNNs that differ only in their receptive field — the lecture's *"if the receptive fields are big
+enough, it can do it"* asked of the baselines a user gets. A GRU reads the question and FiLM conditions every
+stage; a 4×4 patchify stem, then plain 3×3 stages, each after the first at stride 2, so a unit's field doubles per
+stage; coordinate channels; the answer read from every unit of the final map by one linear map
+(``readout="flatten"``, the classic CNN's fully connected readout: each position has weights of its own, so the
+units that see two corners are read, not averaged away — yet the answer is still a sum of the units' votes):
 
-``cnn_readout`` says how both read their answer: ``mean`` (the default: global average pooling, which dilutes the
-few units that see both corners among hundreds that do not), ``coords`` (coordinate channels, then pooling) or
-``unit`` (nothing pooled: an all-convolutional trunk strided down to one unit whose field is the preset's, at most the
-picture — 64 px and 20 px; :mod:`tokennet.models.strided_cnn`); the metric ``cnn_readout`` says which.
+- ``cnn_…``: four stages, a 68-pixel field: each unit of its 2×2 map sees both corners of any pair (preset
+  ``vqa-cnn``);
+- ``shallow_cnn_…``: the same with three stages, a 36-pixel field, less than the 48 pixels from one corner cell to
+  the next: no unit sees two corners, so its answer is additive in them and "same species?" is out of its reach —
+  the lecture's x1 … x7 — while "what species is the top right animal?" is not (preset ``vqa-cnn-shallow``).
+
+``cnn_readout`` says how both read their answer: ``flatten`` (the default, above), ``mean`` (global average pooling,
+which dilutes the few units that see both corners among those that do not), ``coords`` (coordinate channels, then
+pooling) or ``unit`` (nothing pooled: an all-convolutional trunk strided down to one unit whose field is the
+preset's, at most the picture — 64 px and 36 px; :mod:`tokennet.models.strided_cnn`); the metric ``cnn_readout``
+says which. The baselines before this family — a small ResNet with global pooling (92 px) and two pooled layers
+(20 px), which both stayed at chance on the corner pairs — are the presets ``vqa-cnn-resnet`` and
+``vqa-cnn-local``; ``bench/vqa_receptive_field.py --curves`` measures the family's fields against the transformer
+(``bench/results/vqa_field_curves.json``).
 
 ``metrics.json``: ``exact_match`` (%) and ``exact_match_<template>`` (``count``, ``count_colour``, ``same_species``,
 ``colour``), ``exact_match_unseen_count`` (count questions asking a held-out (question, count) pair), the same with
@@ -224,27 +235,26 @@ def _baseline_in_worker(conn, preset: str, model_settings: dict[str, Any], train
         conn.close()
 
 
-CNN_READOUTS = ("mean", "coords", "unit")
+CNN_READOUTS = ("flatten", "mean", "coords", "unit")
 
 
-def baseline_settings(preset: str, model_settings: dict[str, Any], readout: str = "mean") -> dict[str, Any]:
-    """A baseline's model settings with the readout ``cnn_readout`` asks for: ``"mean"`` as the preset has it (global
-    average pooling), ``"coords"`` (coordinate channels, then pooling), or ``"unit"``: no pooling, an
-    all-convolutional trunk strided down to one unit whose window is the preset's receptive field, at most the
-    picture (:mod:`tokennet.models.strided_cnn`: 64 px for ``vqa-cnn``, 20 px for ``vqa-cnn-shallow``)."""
+def baseline_settings(preset: str, model_settings: dict[str, Any], readout: str = "flatten") -> dict[str, Any]:
+    """A baseline's model settings with the readout ``cnn_readout`` asks for: ``"flatten"`` as the presets have it
+    (coordinate channels, then one linear map over every unit of the final map), ``"mean"`` (global average
+    pooling), ``"coords"`` (coordinate channels, then pooling), or ``"unit"``: no pooling, an all-convolutional trunk
+    strided down to one unit whose window is the preset's receptive field, at most the picture
+    (:mod:`tokennet.models.strided_cnn`: 64 px for ``vqa-cnn``, 36 px for ``vqa-cnn-shallow``)."""
     if readout not in CNN_READOUTS:
         raise RecipeError(f"cnn_readout must be one of {', '.join(CNN_READOUTS)}, got {readout!r}")
-    if readout == "mean":
-        return dict(model_settings)
-    if readout == "coords":
-        return {**model_settings, "readout": "coords"}
+    if readout != "unit":
+        return {**model_settings, "readout": readout}
     pooled = create_model(preset, **model_settings)
     window = min(pooled.receptive_field().size, pooled.config.image_size)
     return {**model_settings, "readout": "unit", "window": window}
 
 
 def train_baselines(model_settings: dict[str, Any], train, source, device, *, lr: float, precision: str = "fp32",
-                    parallel: bool = False, readout: str = "mean") -> dict[str, torch.nn.Module]:
+                    parallel: bool = False, readout: str = "flatten") -> dict[str, torch.nn.Module]:
     """Both CNN baselines (:data:`BASELINES`, by prefix), each as :func:`train_baseline` trains it, with the
     readout :func:`baseline_settings` gives.
 
@@ -421,11 +431,12 @@ register_recipe(Recipe(
         "cnn_lr": "the CNN baselines' peak learning rate (Muon's scaled alike)",
         "cnn_precision": "the CNN baselines' precision: auto (bf16 where the CPU has it), bf16 or fp32",
         "cnn_parallel": "train the two CNN baselines at once, one thread each, where torch has two threads",
-        "cnn_readout": "how the CNN baselines read their answer: mean (pooling), coords (coordinate channels) or unit",
+        "cnn_readout": "how the CNN baselines read their answer: flatten (every unit of the final map, by one linear "
+        "map), mean (pooling), coords (coordinate channels, then pooling) or unit (one unit, nothing pooled)",
         "transformer": "generic (the lecture's transformer) or tuned (the task-specific pieces and their training)",
         "grouping": "measure how patches group by animal and each head's attention distance (where patches meet)",
     },
-    options={"baselines": True, "cnn_lr": 3e-3, "cnn_precision": "auto", "cnn_parallel": True, "cnn_readout": "mean",
+    options={"baselines": True, "cnn_lr": 3e-3, "cnn_precision": "auto", "cnn_parallel": True, "cnn_readout": "flatten",
              "transformer": "generic", "grouping": True},
     model_defaults=dict(GENERIC),
     train_defaults={"max_iters": 4000, "batch_size": 64, "warmup_iters": 100, "eval_interval": 1000,

@@ -1,6 +1,7 @@
 """Claim 15: the lecture's three predictions about the corner pairs, read from the learning curves that
-``bench/vqa_receptive_field.py --curves --transformer generic`` records for the lecture's generic transformer, the
-``vqa`` recipe's default (``bench/results/vqa_learning_curves_generic.json``: minutes of training).
+``bench/vqa_receptive_field.py --curves --transformer generic --family field`` records for the lecture's generic
+transformer, the ``vqa`` recipe's default, beside the recipe's own CNN baselines — one family that differs only in
+field (``bench/results/vqa_field_curves.json``: an hour of training, five seeds).
 
 *"Is the top right bird the same species as the bottom left bird? So can a CNN do this? Well, sure, if it's deep
 enough, if the receptive fields are big enough, it can do it. But it might not be the best way ... this dye just
@@ -22,6 +23,7 @@ prediction the measurements contradict is reported as not holding, with the meas
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from pathlib import Path
 from typing import Any
@@ -30,11 +32,12 @@ from ... import jsonio
 from ._registry import Result, claim, plt, png
 from .architectures import bench_results_dir
 
-__all__ = ["FILE", "CORNER_DISTANCE", "COVERS", "AT_CHANCE", "GOAL", "examples_to", "median_examples", "summarize",
+__all__ = ["FILE", "CORNER_DISTANCE", "COVERS", "AT_CHANCE", "GOAL", "examples_to", "median_examples",
+           "median_interval", "summarize",
            "verdicts", "read_curves"]
 
-FILE = "vqa_learning_curves_generic.json"
-SCRIPT = ("vqa_receptive_field.py --curves --transformer generic --family unit --fields 36 52 64 "
+FILE = "vqa_field_curves.json"
+SCRIPT = ("vqa_receptive_field.py --curves --transformer generic --family field --seeds 0 1 2 3 4 --jobs 2 "
           f"--out bench/results/{FILE}")
 # Two corner animals sit in 16-px cells 48 px apart (cell to cell): a square field narrower than that cannot hold
 # both; one of the whole 64-px picture holds both cells entirely.
@@ -61,22 +64,44 @@ def median_examples(values: list[int | None]) -> float | None:
     return None if upper is None or lower is None else (lower + upper) / 2
 
 
+def median_interval(values: list[int | None], coverage: float = 0.9) -> tuple[list[int | None], float]:
+    """An interval for the median over seeds of examples to a level, from the order statistics alone (no
+    assumption about their distribution): ``[x_(k), x_(n+1−k)]`` covers the true median with probability
+    ``1 − 2·P(Binomial(n, ½) < k)``; the narrowest such interval with at least ``coverage``, or, with too few seeds
+    for that (fewer than 5 for 90 %), the whole range. ``None`` in it: never reached. Returns ``([low, high],
+    its coverage)``."""
+    ranked = sorted(values, key=lambda value: (value is None, value or 0))
+    n = len(ranked)
+    if not n:
+        return [None, None], 0.0
+
+    def covers(k: int) -> float:
+        return 1 - 2 * sum(math.comb(n, i) for i in range(k)) / 2 ** n
+
+    k = max((k for k in range(1, (n + 1) // 2 + 1) if covers(k) >= coverage), default=1)
+    return [ranked[k - 1], ranked[n - k]], round(covers(k), 4)
+
+
 def _model(row: dict[str, Any]) -> tuple[str, int]:
     return row.get("family", row["model"]), int(row["receptive_field"])
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[tuple[str, int], dict[str, Any]]:
     """Per ``(family, field)``: the seeds, the median final exact match on the corner pairs, and the median examples
-    to each of :data:`LEVELS` on the curves."""
+    to each of :data:`LEVELS` on the curves, with an interval for it (``examples_to_<level>_interval``,
+    :func:`median_interval`; its coverage ``interval_coverage``)."""
     groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for row in rows:
         groups.setdefault(_model(row), []).append(row)
     out = {}
     for model, runs in groups.items():
-        out[model] = {"seeds": [run.get("seed") for run in runs],
-                      "final": statistics.median(run[KEY] for run in runs),
-                      **{f"examples_to_{level:g}": median_examples([examples_to(run["curve"], level) for run in runs])
-                         for level in LEVELS}}
+        stats: dict[str, Any] = {"seeds": [run.get("seed") for run in runs],
+                                 "final": statistics.median(run[KEY] for run in runs)}
+        for level in LEVELS:
+            reached = [examples_to(run["curve"], level) for run in runs]
+            stats[f"examples_to_{level:g}"] = median_examples(reached)
+            stats[f"examples_to_{level:g}_interval"], stats["interval_coverage"] = median_interval(reached)
+        out[model] = stats
     return out
 
 
@@ -192,11 +217,17 @@ def _figure(record: dict[str, Any]) -> bytes:
 
 
 def _table(record: dict[str, Any]) -> list[list[str]]:
-    rows = [["model", "field (px)", "seeds", "final % (median)", *(f"examples to {level:g} %" for level in LEVELS)]]
+    rows = [["model", "field (px)", "seeds", "final % (median)",
+             *(f"examples to {level:g} % (median, interval)" for level in LEVELS)]]
     for model, stats in sorted(summarize(record["rows"]).items()):
         rows.append([model[0], str(model[1]), str(len(stats["seeds"])), f"{stats['final']:.1f}",
-                     *(_fmt(stats[f"examples_to_{level:g}"]) for level in LEVELS)])
+                     *(f"{_fmt(stats[f'examples_to_{level:g}'])} ({_span(stats, level)})" for level in LEVELS)])
     return rows
+
+
+def _span(stats: dict[str, Any], level: float) -> str:
+    low, high = stats[f"examples_to_{level:g}_interval"]
+    return f"{_fmt(low)} – {_fmt(high)}, {100 * stats['interval_coverage']:.0f} %"
 
 
 @claim("receptive-field", "15")
