@@ -32,7 +32,8 @@ from _record import commit, machine  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATES = ("count", "count_colour", "same_species", "species", "colour", "unseen_count")
-MODELS = (("", "transformer"), ("cnn_", "cnn_ (92 px)"), ("shallow_cnn_", "shallow_cnn_ (20 px)"))
+MODELS = (("", "transformer"), ("cnn_", "cnn_"), ("shallow_cnn_", "shallow_cnn_"))  # the CNNs' fields: from the runs
+FIELDS = ("cnn_receptive_field", "shallow_cnn_receptive_field", "cnn_readout")
 EXTRA = ("attention_vs_other_animals", "attention_vs_other_animals_layer0", "attention_vs_other_animals_layer1",
          "attention_vs_other_animals_layer2", "attention_mass_ratio",
          "attention_image_share", "sink_vs_inverse_count_r", "sink_weight_k0", "sink_weight_k9",
@@ -63,7 +64,7 @@ def collect(seed: int, runs_dir: Path) -> dict:
     metrics = json.loads((d / "metrics.json").read_text())
     info = json.loads((d / RUN_INFO).read_text()) if (d / RUN_INFO).is_file() else {}
     keys = [f"{p}exact_match" for p, _ in MODELS] + [f"{p}exact_match_{t}" for p, _ in MODELS for t in TEMPLATES]
-    return {"seed": seed, "run": str(d), **info, "metrics": {k: metrics.get(k) for k in [*keys, *EXTRA,
+    return {"seed": seed, "run": str(d), **info, "metrics": {k: metrics.get(k) for k in [*keys, *EXTRA, *FIELDS,
                                                                                          "cnn_precision",
                                                                                          "cnn_parallel"]}}
 
@@ -98,11 +99,13 @@ def main(argv=None) -> int:
         print(f"error: no finished run for seeds {missing} in {runs_dir}", file=sys.stderr)
         return 2
     rows = [collect(s, runs_dir) for s in args.seeds]
-    med = {k: median(rows, k) for k in rows[0]["metrics"] if k not in ("cnn_precision", "cnn_parallel")}
+    med = {k: median(rows, k) for k in rows[0]["metrics"] if k not in ("cnn_precision", "cnn_parallel", "cnn_readout")}
     print(f"\nvqa default run, seeds {args.seeds}: exact match % (median over seeds; per seed in the JSON)\n")
     print("| model | all | " + " | ".join(TEMPLATES) + " |")
     print("| --- | ---: | " + " | ".join("---:" for _ in TEMPLATES) + " |")
     for p, name in MODELS:
+        field = med.get(f"{p}receptive_field")
+        name += f" ({field} px)" if field else ""
         print(f"| {name} | {med[f'{p}exact_match']} | " + " | ".join(str(med[f"{p}exact_match_{t}"]) for t in TEMPLATES)
               + " |")
     print("\n" + ", ".join(f"{k} {med[k]}" for k in EXTRA))
