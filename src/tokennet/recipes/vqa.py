@@ -25,7 +25,8 @@ on a line, a colour one in RGB, :class:`~tokennet.models.vqa.AnswerHead`). Each 
 default alone (``--set modality_mask=patch-local``); ``bench/vqa_pieces.py`` measures what each adds
 (``bench/results/vqa_pieces.json``). After training,
 with ``baselines=true`` (the default), two CNNs answer the same questions, trained on the same batches for
-the same number of steps with the same schedule, each with about the transformer's parameter count (``cnn_lr``
+the same number of steps with the same schedule, the covering one with about the transformer's parameter count and
+the other, one stage fewer, with about half (``cnn_lr``
 their peak rate, Muon's scaled alike;
 ``cnn_precision``: ``auto``, the default, trains them with bf16 autocast on a CPU with bf16 in hardware, else in
 fp32 as the transformer; the metric ``cnn_precision`` says which; ``cnn_parallel``, the default, trains the two at
