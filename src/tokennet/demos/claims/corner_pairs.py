@@ -37,8 +37,8 @@ __all__ = ["FILE", "CORNER_DISTANCE", "COVERS", "AT_CHANCE", "GOAL", "examples_t
            "verdicts", "read_curves"]
 
 FILE = "vqa_field_curves.json"
-SCRIPT = ("vqa_receptive_field.py --curves --transformer generic --family field --fields 36 68 --seeds 0 1 2 3 4 --jobs 2 "
-          f"--out bench/results/{FILE}")
+SCRIPT = ("vqa_receptive_field.py --curves --transformer generic --family field --fields 36 68 --seeds 0 1 2 3 4 "
+          f"--jobs 2 --out bench/results/{FILE}")
 # Two corner animals sit in 16-px cells 48 px apart (cell to cell): a square field narrower than that cannot hold
 # both; one of the whole 64-px picture holds both cells entirely.
 CORNER_DISTANCE = 48
