@@ -141,31 +141,30 @@ def check_field(field: int, family: str, via: str = "depth", arch: str = "plain"
     layout(field, via, arch)
 
 
-def _matched_width(base: dict, budget: int) -> int:
-    """The width (even, 8 … 256) whose model has the parameter count nearest ``budget``."""
+def _nearest_width(widths_of, base: dict, budget: int, start: int = 8) -> int:
+    """The even width ``w`` (``start`` … 256) whose model, ``base`` with ``widths_of(w)``, has the parameter count
+    nearest ``budget``."""
     best = None
-    for w in range(8, 257, 2):
-        n = create_model("vqa-cnn", **{**base, "widths": [w] * len(base["depths"])}).num_parameters()
+    for w in range(start, 257, 2):
+        n = create_model("vqa-cnn", **{**base, "widths": widths_of(w)}).num_parameters()
         if best is None or abs(n - budget) < abs(best[1] - budget):
             best = (w, n)
         if n > budget:
             break
     return best[0]
+
+
+def _matched_width(base: dict, budget: int) -> int:
+    """The width of every stage whose model has the parameter count nearest ``budget``."""
+    return _nearest_width(lambda w: [w] * len(base["depths"]), base, budget)
 
 
 def _matched_first_width(base: dict, budget: int) -> int:
-    """The field family's first-stage width (even; each later stage doubles it, as the presets do) whose four-stage
+    """The field family's first-stage width (each later stage doubles it, as the presets do) whose four-stage
     (68-px) model has the parameter count nearest ``budget``: every field gets it, so fields differ in stages alone."""
     stages = max(STAGE_FIELDS.values())
-    best = None
-    for w in range(2, 129, 2):
-        n = create_model("vqa-cnn", **{**base, "depths": [1] * stages,
-                                       "widths": [w * 2 ** i for i in range(stages)]}).num_parameters()
-        if best is None or abs(n - budget) < abs(best[1] - budget):
-            best = (w, n)
-        if n > budget:
-            break
-    return best[0]
+    return _nearest_width(lambda w: [w * 2 ** i for i in range(stages)], {**base, "depths": [1] * stages}, budget,
+                          start=2)
 
 
 def cnn_settings(field: int, via: str, budget: int, data: dict, readout: str, arch: str = "plain", *,
@@ -507,8 +506,8 @@ def plot_curves(rows, path: Path) -> None:
 def parse(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--curves", action="store_true", help="learning curves and an equal tuning budget: defaults to "
-                    "both CNN families, seeds 0 1 2, 3000 steps evaluated every 250, 4 trials of 600 steps per family, "
-                    "--out bench/results/vqa_learning_curves.json")
+                    "the field family (the recipe's baselines), seeds 0 1 2, 3000 steps evaluated every 250, 4 trials "
+                    "of 600 steps per family, --out bench/results/vqa_learning_curves.json")
     ap.add_argument("--family", dest="families", nargs="+", help="CNN families: field (the recipe's baselines: strided "
                     "stages, every unit of the final map read), pooled (global average pooling) and/or unit (strided "
                     "down to one unit); default pooled (with --curves: field)")

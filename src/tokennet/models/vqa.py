@@ -78,7 +78,7 @@ PATCH_LOCAL = ("patch-local", "summary-reads")  # patches never attend to other 
 PATCH_STEMS = ("linear", "conv", "conv+colour", "shape+colour", "shape,colour")
 PAIR_BINDINGS = ("both", "shape-reads-colour")
 PATCH_POSITIONS = ("learned", "fourier")
-CNN_READOUTS = ("mean", "coords", "unit", "flatten")
+CNN_READOUTS = ("flatten", "mean", "coords", "unit")  # flatten: the vqa baselines'
 ANSWER_READOUTS = ("class", "points")
 
 

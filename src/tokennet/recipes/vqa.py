@@ -101,7 +101,7 @@ from ..device import native_bf16
 from ..errors import RecipeError, one_line
 from ..lifecycle import BuildContext, Job, Recipe, register_recipe
 from ..models.registry import config_from_dict, create_model, preset_info
-from ..models.vqa import answer_points
+from ..models.vqa import CNN_READOUTS, answer_points
 from ..tasks.vqa import attention_mass, attention_vs_others, counted_mass, exact_match, patch_grouping, sink_weights
 from ..tasks.vqa_heads import head_statistics, head_summary, patches_meet
 from ..train.trainer import Trainer
@@ -234,9 +234,6 @@ def _baseline_in_worker(conn, preset: str, model_settings: dict[str, Any], train
         conn.send(("error", f"{type(err).__name__}: {one_line(err)}"))
     finally:
         conn.close()
-
-
-CNN_READOUTS = ("flatten", "mean", "coords", "unit")
 
 
 def baseline_settings(preset: str, model_settings: dict[str, Any], readout: str = "flatten") -> dict[str, Any]:
