@@ -277,3 +277,25 @@ def test_audio_classifier_report(tmp_path):
     recomputed = float(re.search(r'data-recomputed="test_accuracy">([^<]+)<', text).group(1))
     assert recomputed == pytest.approx(metrics["test_accuracy"], abs=1e-12)
     assert 'alt="attention rollout, test #0"' in text
+
+
+def test_a_chromium_profile_is_removed_even_while_a_helper_still_writes_into_it(monkeypatch):
+    """Chromium's helper processes can outlive the browser by a moment and write into its profile, so one removal can
+    leave it behind ("Directory not empty", ignored); remove_profile tries again, and says whether it is gone."""
+    from pathlib import Path
+
+    from tokennet.viz.report import browser
+
+    real_rmtree, calls = browser.shutil.rmtree, []
+
+    def racing_rmtree(path, ignore_errors=False):  # the first three removals lose the race with a lingering writer
+        calls.append(path)
+        if len(calls) > 3:
+            real_rmtree(path, ignore_errors=ignore_errors)
+
+    monkeypatch.setattr(browser.shutil, "rmtree", racing_rmtree)
+    profile = Path(browser.new_profile())
+    (profile / "Default").mkdir()
+    assert browser.remove_profile(profile, tries=2, wait=0.0) is False and profile.is_dir()  # gave up: left, said so
+    assert browser.remove_profile(profile, tries=5, wait=0.0) is True and not profile.exists()
+    assert len(calls) == 4  # two, then two more: the second of those removed it

@@ -13,14 +13,13 @@ import argparse
 import base64
 import json
 import subprocess
-import tempfile
 import threading
 import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
-from ..report.browser import docs_image, find_chromium
+from ..report.browser import docs_image, find_chromium, new_profile, remove_profile
 
 __all__ = ["Browser", "PageServer", "screenshots"]
 
@@ -34,11 +33,11 @@ class Browser:
         exe = find_chromium()
         if exe is None:
             raise FileNotFoundError("chromium is not installed (Debian: apt-get install chromium)")
-        self.profile = tempfile.TemporaryDirectory(prefix="tokennet-chromium-")
+        self.profile = new_profile()
         self.process = subprocess.Popen(
             [exe, "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
              "--disable-extensions", "--disable-background-networking", "--remote-debugging-port=0",
-             f"--user-data-dir={self.profile.name}", f"--window-size={width},{height}", "about:blank"],
+             f"--user-data-dir={self.profile}", f"--window-size={width},{height}", "about:blank"],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         port = self._devtools_port(timeout)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=timeout) as answer:
@@ -140,7 +139,7 @@ class Browser:
             self.process.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self.process.kill()
-        self.profile.cleanup()
+        remove_profile(self.profile)
 
     def __enter__(self) -> Browser:
         return self

@@ -16,9 +16,10 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
-__all__ = ["find_chromium", "screenshot", "crop_background"]
+__all__ = ["find_chromium", "new_profile", "remove_profile", "screenshot", "crop_background"]
 
 
 def find_chromium() -> str | None:
@@ -33,6 +34,24 @@ def find_chromium() -> str | None:
     return None
 
 
+def new_profile() -> str:
+    """A fresh, empty Chromium profile directory (``--user-data-dir``); :func:`remove_profile` removes it."""
+    return tempfile.mkdtemp(prefix="tokennet-chromium-")
+
+
+def remove_profile(path: str | Path, *, tries: int = 20, wait: float = 0.1) -> bool:
+    """Remove a Chromium profile directory; whether it is gone. Chromium's helper processes can outlive the browser
+    by a moment and still write into the profile, so one removal can fail ("Directory not empty"): try again a
+    little later, up to ``tries`` times, then leave it (a temporary directory left behind harms nothing)."""
+    for attempt in range(tries):
+        shutil.rmtree(path, ignore_errors=True)
+        if not os.path.exists(path):
+            return True
+        if attempt + 1 < tries:
+            time.sleep(wait)
+    return False
+
+
 def screenshot(html: str | Path, png: str | Path, *, width: int = 1280, height: int = 9000,
                timeout: float = 120.0) -> list[str]:
     """Render ``html`` to ``png`` (``width`` × ``height`` px, the empty bottom cropped); return the page's
@@ -44,11 +63,14 @@ def screenshot(html: str | Path, png: str | Path, *, width: int = 1280, height: 
     if exe is None:
         raise FileNotFoundError("chromium is not installed (Debian: apt-get install chromium)")
     html, png = Path(html).resolve(), Path(png).resolve()
-    with tempfile.TemporaryDirectory(prefix="tokennet-chromium-") as profile:
+    profile = new_profile()
+    try:
         cmd = [exe, "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
                "--disable-extensions", f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0",
                f"--window-size={width},{height}", f"--screenshot={png}", html.as_uri()]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    finally:
+        remove_profile(profile)
     if proc.returncode != 0 or not png.is_file():
         raise RuntimeError(f"chromium failed ({proc.returncode}): {proc.stderr[-2000:]}")
     crop_background(png)
