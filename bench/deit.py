@@ -1,10 +1,12 @@
-"""DeiT's ablation on a dataset of the vit recipe: ViT alone, + DeiT's augmentation, + distillation from a teacher.
+"""DeiT's ablation on a dataset of the vit recipe: ViT alone, + DeiT's augmentation, + distillation from a teacher —
+at one data size or across several (DeiT is "data-efficient": the question is how the rows move as data shrinks).
 
 Every row is ``tokennet train vit --data DATA --max-iters STEPS`` with the dataset's profile, in a fresh process,
 at the same number of steps (accuracy at a fixed step count does not depend on the machine's load); the rows
 differ only in what the table names:
 
-- **ViT**: the profile as it is;
+- **ViT**: the profile as it is; the same run also trains the ``cnn`` recipe's CNN for the same steps, batch,
+  learning rate and augmentation (``cnn_baseline=true``), reported as the **CNN, same budget** row;
 - **+ augmentation**: DeiT's — RandAugment (n = 2, m = 9), mixup 0.8 / cutmix 1.0 (one per batch), random
   erasing 0.25, repeated augmentation ×3, stochastic depth 0.1 (``--aug`` replaces them);
 - **+ distillation**: the augmentation, and ``teacher=RUN_DIR``: the distillation token learns the teacher's
@@ -12,17 +14,19 @@ differ only in what the table names:
 - **distillation alone**: the profile's own augmentation and ``teacher=RUN_DIR`` (what the token adds without
   DeiT's heavy augmentation, which a short schedule may not pay for).
 
-``--rows`` runs some of them; rows measured before at the same data and steps stay in the results file.
-
-The teacher is ``--teacher RUN_DIR`` (any image classifier run on the same data: a CNN, a Swin, a longer ViT),
-or, without it, a run this script trains first with ``--teacher-set`` (default: Swin, ``--teacher-steps``).
+``--sizes N ...`` repeats the table on the first N training images of one fixed shuffle (the recipes'
+``train_size``; 0 = all): the teacher, trained on the same N images, is a run of ``--teacher-recipe`` (``cnn``:
+DeiT's best teacher was a convnet; ``vit`` with ``--teacher-set``, by default a Swin) for ``--teacher-steps``.
+``--teacher RUN_DIR`` gives one teacher instead (one size only). ``--jobs J`` trains J sizes at once, each
+process on ``--threads`` threads. ``--rows`` runs some of the rows; rows measured before at the same data, steps
+and size stay in the results file.
 
 Usage::
 
     python bench/deit.py --data fashion-mnist --steps 4000 --teacher runs/swin-fashion
-    python bench/deit.py --data mnist1d --steps 3000          # trains its own teacher first
+    python bench/deit.py --data digits --sizes 100 200 400 0 --teacher-recipe cnn --threads 1 --jobs 2
 
-Writes ``bench/results/deit-DATA.json`` and prints the table.
+Writes ``bench/results/deit-DATA.json`` (``--results`` elsewhere) and prints the table.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/_record.py, also when a test loads this file
@@ -43,69 +48,101 @@ ROWS = ("ViT", "+ augmentation", "+ distillation", "distillation alone")
 TEACHER = ["arch=swin", "patch_size=2", "dim=32", "num_heads=2", "depths=2,2,2", "window_size=7"]
 
 
-def train(data: str, out: Path, steps: int, sets: list[str], threads: int | None) -> dict:
-    cmd = [sys.executable, "-m", "tokennet", "-q", "train", "vit", "--data", data, "--out", str(out), "--overwrite",
-           "--no-progress", "--max-iters", str(steps), "--set", "time_budget=none", "report=false",
-           "svm_baseline=false", *sets]
+def train(data: str, out: Path, steps: int, sets: list[str], threads: int | None, recipe: str = "vit") -> dict:
+    """One ``tokennet train RECIPE`` process at a fixed step count; its metrics, wall time and command."""
+    extra = ["svm_baseline=false"] if recipe == "vit" else []
+    cmd = [sys.executable, "-m", "tokennet", "-q", "train", recipe, "--data", data, "--out", str(out), "--overwrite",
+           "--no-progress", "--max-iters", str(steps), "--set", "time_budget=none", "report=false", *extra, *sets]
     env = dict(os.environ)
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     t0 = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if p.returncode != 0:
-        sys.exit(f"failed: {' '.join(cmd)}\n{p.stderr.strip()}")
+        raise SystemExit(f"failed: {' '.join(cmd)}\n{p.stderr.strip()}")
     m = json.loads((out / "metrics.json").read_text())
     return {"test_accuracy": m["test_accuracy"], "steps": m["step"], "epochs": m.get("epochs"),
-            "wall_s": round(time.perf_counter() - t0, 1), "teacher_test_accuracy": m.get("teacher_test_accuracy"),
+            "train_size": m.get("train_size"), "wall_s": round(time.perf_counter() - t0, 1),
+            "teacher_test_accuracy": m.get("teacher_test_accuracy"),
+            "baseline_cnn_accuracy": m.get("baseline_cnn_accuracy"), "load_average": os.getloadavg(),
             "command": " ".join(["tokennet", *cmd[3:]])}
 
 
-def main() -> None:
+def one_size(args, size: int) -> dict:
+    """The table's rows at one training-set size (0 = all): the teacher first where none is given, then the rows."""
+    out = Path(args.out) / args.data.replace("/", "_") / f"n{size or 'all'}"
+    sized = [*args.sets, f"train_size={size}"]
+    rows, teacher = {}, args.teacher
+    if teacher is None and any("distillation" in name for name in args.rows):
+        teacher = str(out / "teacher")
+        print(f"[n={size or 'all'}] training the teacher ({args.teacher_recipe}) ...", file=sys.stderr, flush=True)
+        rows["teacher"] = train(args.data, Path(teacher), args.teacher_steps or args.steps,
+                                [*args.teacher_set, *sized], args.threads, recipe=args.teacher_recipe)
+    plan = {"ViT": [*sized, "cnn_baseline=true"], "+ augmentation": [*sized, *args.aug],
+            "+ distillation": [*sized, *args.aug, f"teacher={teacher}"],
+            "distillation alone": [*sized, f"teacher={teacher}"]}
+    for name in args.rows:
+        print(f"[n={size or 'all'}] {name} ...", file=sys.stderr, flush=True)
+        rows[name] = train(args.data, out / name.strip("+ ").replace(" ", "-"), args.steps, plan[name], args.threads)
+        print(json.dumps(rows[name]), file=sys.stderr, flush=True)
+    if "ViT" in rows and rows["ViT"]["baseline_cnn_accuracy"] is not None:
+        rows["CNN, same budget"] = {**rows["ViT"], "test_accuracy": rows["ViT"]["baseline_cnn_accuracy"]}
+    return {"train_size": size, "teacher": teacher, "rows": rows}
+
+
+def table(results: list[dict], data: str, steps: int) -> str:
+    """The printed table: one row per model, one column per training-set size."""
+    sizes = [r["rows"][next(iter(r["rows"]))]["train_size"] or "all" for r in results]
+    names = list(dict.fromkeys(name for r in results for name in r["rows"]))
+    lines = [f"{data}, {steps} steps each; test accuracy by training images", "",
+             "| row | " + " | ".join(str(n) for n in sizes) + " |", "| --- |" + " --- |" * len(sizes)]
+    for name in names:
+        cells = [f"{r['rows'][name]['test_accuracy']:.4f}" if name in r["rows"] else "" for r in results]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default="fashion-mnist")
     ap.add_argument("--steps", type=int, default=4000)
-    ap.add_argument("--teacher", default=None, help="a trained image classifier run (default: train one)")
-    ap.add_argument("--teacher-set", nargs="+", default=TEACHER)
+    ap.add_argument("--sizes", type=int, nargs="+", default=[0],
+                    help="training-set sizes, each the first N of one fixed shuffle (0 = all; default: 0)")
+    ap.add_argument("--teacher", default=None, help="a trained image classifier run (default: train one per size)")
+    ap.add_argument("--teacher-recipe", choices=("vit", "cnn"), default="vit",
+                    help="the recipe that trains the teacher (vit: with --teacher-set, by default a Swin)")
+    ap.add_argument("--teacher-set", nargs="+", default=None,
+                    help=f"the teacher's settings (default with vit: {' '.join(TEACHER)}; with cnn: none)")
     ap.add_argument("--teacher-steps", type=int, default=None, help="default: --steps")
     ap.add_argument("--aug", nargs="+", default=DEIT_AUG, help="the augmentation row's settings")
     ap.add_argument("--set", dest="sets", nargs="+", default=[], help="settings added to every row")
-    ap.add_argument("--out", default="runs/bench-deit")
+    ap.add_argument("--out", default="runs/bench-deit", help="where the runs go")
+    ap.add_argument("--results", default=None, help="the results file (default: bench/results/deit-DATA.json)")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--jobs", type=int, default=1, help="sizes trained at once")
     ap.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
-    args = ap.parse_args()
-    out = Path(args.out) / args.data.replace("/", "_")
-    rows = {}
-    teacher = args.teacher
-    if teacher is None:
-        teacher = str(out / "teacher")
-        print("training the teacher ...", file=sys.stderr, flush=True)
-        rows["teacher"] = train(args.data, Path(teacher), args.teacher_steps or args.steps, args.teacher_set,
-                                args.threads)
-    plan = {"ViT": args.sets, "+ augmentation": [*args.sets, *args.aug],
-            "+ distillation": [*args.sets, *args.aug, f"teacher={teacher}"],
-            "distillation alone": [*args.sets, f"teacher={teacher}"]}
-    res = Path(__file__).parent / "results" / f"deit-{args.data.replace('/', '_')}.json"
-    if res.exists():  # rows measured before on the same data, steps and teacher stay in the table
+    args = ap.parse_args(argv)
+    if args.teacher is not None and len(args.sizes) > 1:
+        ap.error("--teacher gives one teacher for one size: a teacher must learn from the student's images")
+    if any(n < 0 for n in args.sizes) or args.jobs < 1:
+        ap.error("--sizes must be ≥ 0 (0 = all) and --jobs ≥ 1")
+    if args.teacher_set is None:
+        args.teacher_set = TEACHER if args.teacher_recipe == "vit" else []
+    res = Path(args.results or Path(__file__).parent / "results" / f"deit-{args.data.replace('/', '_')}.json")
+    with ThreadPoolExecutor(args.jobs) as pool:  # each size is its own processes; threads only wait on them
+        results = list(pool.map(lambda n: one_size(args, n), args.sizes))
+    if res.exists():  # rows measured before on the same data, steps and size stay in the table
         old = json.loads(res.read_text())
-        if (old.get("steps"), old.get("teacher")) == (args.steps, teacher):
-            rows = {**old["rows"], **rows}
-    for name, sets in plan.items():
-        if name not in args.rows:
-            continue
-        print(f"{name} ...", file=sys.stderr, flush=True)
-        rows[name] = train(args.data, out / name.strip("+ ").replace(" ", "-"), args.steps, sets, args.threads)
-        rows[name]["load_average"] = os.getloadavg()
-        print(json.dumps(rows[name]), file=sys.stderr, flush=True)
-    print(f"\n{args.data}, {args.steps} steps each (teacher: {teacher})\n")
-    print("| row | test accuracy | epochs | wall s (shared machine?) |")
-    print("| --- | --- | --- | --- |")
-    for name, r in rows.items():
-        print(f"| {name} | {r['test_accuracy']:.4f} | {r['epochs']} | {r['wall_s']} |")
-    res.parent.mkdir(parents=True, exist_ok=True)
-    write(res, {"data": args.data, "steps": args.steps, "teacher": teacher, "load_average": os.getloadavg(),
-                "rows": rows}, settings=vars(args), indent=1)
+        if old.get("steps") == args.steps:
+            before = {r["train_size"]: r for r in old.get("results", [])}
+            for r in results:
+                if r["train_size"] in before and before[r["train_size"]]["teacher"] == r["teacher"]:
+                    r["rows"] = {**before[r["train_size"]]["rows"], **r["rows"]}
+    print("\n" + table(results, args.data, args.steps))
+    write(res, {"data": args.data, "steps": args.steps, "results": results}, settings=vars(args), indent=1)
     print(f"\nwrote {res}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

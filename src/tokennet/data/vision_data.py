@@ -42,6 +42,8 @@ __all__ = [
     "DATASETS",
     "dataset_kind",
     "load_dataset",
+    "training_subset",
+    "TRAIN_SIZE_HELP",
     "ImageDataset",
 ]
 
@@ -84,6 +86,25 @@ class VisionData:
         if len(shape) == 1:
             return [shape[0]]
         return shape[0] if shape[0] == shape[1] else [shape[0], shape[1]]
+
+
+TRAIN_SIZE_HELP = ("train on the first N training images of one fixed shuffle (nested: a smaller N's images are a "
+                   "larger one's); 0 = all")
+
+
+def training_subset(data: VisionData, n: int, seed: int = 0) -> VisionData:
+    """``data`` with its training split cut to the first ``n`` images of a fixed shuffle (``seed``), the test split
+    unchanged; ``n = 0`` keeps them all. One shuffle for every ``n``, so a smaller subset lies inside a larger one:
+    a curve over data sizes adds images rather than drawing new ones (the ``train_size`` setting of the ``vit``
+    and ``cnn`` recipes)."""
+    total = len(data.y_train)
+    if not 0 <= n <= total:
+        raise DataError(f"train_size={n}: {data.name} has {total} training images (0 keeps them all)")
+    if n in (0, total):
+        return data
+    idx = torch.randperm(total, generator=torch.Generator().manual_seed(seed))[:n]
+    return dataclasses.replace(data, x_train=data.x_train[idx], y_train=data.y_train[idx],
+                               info={**data.info, "train_subset": {"size": n, "of": total, "seed": seed}})
 
 
 # -- digits ------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ import torch
 
 from ..data.augment import Augment
 from ..data.image_batches import ImageBatches, evaluate_classifier
-from ..data.vision_data import ImageDataset, VisionData, dataset_kind
+from ..data.vision_data import TRAIN_SIZE_HELP, ImageDataset, VisionData, dataset_kind, training_subset
 from ..errors import DataError
 from ..lifecycle import BuildContext, Job, Recipe, register_recipe
 from ..models.registry import config_from_dict, create_model, preset_info
@@ -36,7 +36,7 @@ PROFILES: dict[str, dict[str, Any]] = {
                       "settings": {"max_iters": 6000, "time_budget": 540.0, "batch_size": 128, "lr": 2e-3,
                                    "warmup_iters": 300, "eval_interval": 1000, "translate": 1, "flip": True}},
 }
-_OPTIONS = {"translate": 1, "flip": False, "eval_batch_size": 500}
+_OPTIONS = {"translate": 1, "flip": False, "eval_batch_size": 500, "train_size": 0}
 _TRAIN_DEFAULTS = {"max_iters": 1500, "time_budget": 60.0, "batch_size": 64, "lr": 2e-3, "warmup_iters": 100,
                    "weight_decay": 0.05, "eval_interval": 500, "log_interval": 50}
 DATA_FIELDS = ("image_size", "in_channels", "num_classes")
@@ -116,7 +116,7 @@ def cnn_baseline(data: VisionData, *, steps: int, preset: str = "cnn", batch_siz
 def build(ctx: BuildContext) -> Job:
     spec: ImageDataset = ctx.data
     _kind(spec.source)
-    dataset = spec.load()
+    dataset = training_subset(spec.load(), int(ctx.options["train_size"]))
     for k, v in _data_fields(dataset).items():
         ctx.from_data(k, v)
     opts, train = ctx.options, ctx.train
@@ -165,6 +165,7 @@ register_recipe(Recipe(
         "translate": "largest random shift of a training image in pixels (0 = none)",
         "flip": "mirror half of the training images left-right (right for clothes, wrong for digits)",
         "eval_batch_size": "images per batch when evaluating (memory only; the metrics do not change)",
+        "train_size": TRAIN_SIZE_HELP,
     },
     options=dict(_OPTIONS),
     train_defaults=dict(_TRAIN_DEFAULTS),

@@ -66,7 +66,7 @@ from ..data.augment import Augment
 from ..data.image_batches import ImageBatches, evaluate_classifier
 from ..data.signal_augment import SignalAugment
 from ..data.text import DataError
-from ..data.vision_data import ImageDataset, VisionData, dataset_kind
+from ..data.vision_data import TRAIN_SIZE_HELP, ImageDataset, VisionData, dataset_kind, training_subset
 from ..errors import ConfigError, RecipeError, RunError
 from ..lifecycle import BuildContext, Job, Recipe, register_recipe
 from ..models.multimodal import TRUNK_FIELDS
@@ -113,7 +113,7 @@ _OPTIONS = {"arch": "vit", "depths": "2,2", "window_size": 7, "teacher": "",
             "translate": 1, "flip": False, "erase": 0.0, "rotate": 0.0, "scale": 0.0, "randaugment": 0,
             "magnitude": 9.0, "roll": 0, "gain": 0.0, "noise": 0.0, "corr_noise": 0.0, "shear": 0.0,
             "mixup": 0.0, "cutmix": 0.0, "repeats": 1, "svm_baseline": True, "cnn_baseline": False,
-            "eval_batch_size": 500}
+            "eval_batch_size": 500, "train_size": 0}
 _TRAIN_DEFAULTS = {"max_iters": 2500, "time_budget": 45.0, "batch_size": 64, "lr": 2e-3, "warmup_iters": 100,
                    "weight_decay": 0.05, "beta2": 0.99, "eval_interval": 500, "log_interval": 50}
 
@@ -285,8 +285,8 @@ def _augment(opts: dict[str, Any], dataset: VisionData) -> Callable[[torch.Tenso
 def build(ctx: BuildContext) -> Job:
     spec: ImageDataset = ctx.data
     kind = dataset_kind(spec.source)
-    dataset = spec.load()
     opts, train, device = ctx.options, ctx.train, ctx.device
+    dataset = training_subset(spec.load(), int(opts["train_size"]))
     teacher, teacher_info = None, {}
     if opts["teacher"]:
         if opts["arch"] != "vit":
@@ -395,6 +395,7 @@ RECIPE = register_recipe(Recipe(
         "cnn_baseline": "also train the cnn recipe's CNN for the same steps and report baseline_cnn_accuracy (2-D "
                         "data)",
         "eval_batch_size": "images per batch when evaluating (memory only; the metrics do not change)",
+        "train_size": TRAIN_SIZE_HELP,
     },
     options=dict(_OPTIONS),
     model_defaults={},
