@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -68,10 +69,11 @@ def train(data: str, out: Path, steps: int, sets: list[str], threads: int | None
             "command": " ".join(["tokennet", *cmd[3:]])}
 
 
-def one_size(args, size: int) -> dict:
-    """The table's rows at one training-set size (0 = all): the teacher first where none is given, then the rows."""
-    out = Path(args.out) / args.data.replace("/", "_") / f"n{size or 'all'}"
-    sized = [*args.sets, f"train_size={size}"]
+def one_size(args, size: int, seed: int) -> dict:
+    """The table's rows at one training-set size (0 = all) and seed: the teacher first where none is given, then the
+    rows, every run with ``--seed seed`` (its initialisation, batch order and augmentation; the subset is the same)."""
+    out = Path(args.out) / args.data.replace("/", "_") / f"n{size or 'all'}-seed{seed}"
+    sized = [*args.sets, f"train_size={size}", f"seed={seed}"]
     rows, teacher = {}, args.teacher
     if teacher is None and any("distillation" in name for name in args.rows):
         teacher = str(out / "teacher")
@@ -87,17 +89,31 @@ def one_size(args, size: int) -> dict:
         print(json.dumps(rows[name]), file=sys.stderr, flush=True)
     if "ViT" in rows and rows["ViT"]["baseline_cnn_accuracy"] is not None:
         rows["CNN, same budget"] = {**rows["ViT"], "test_accuracy": rows["ViT"]["baseline_cnn_accuracy"]}
-    return {"train_size": size, "teacher": teacher, "rows": rows}
+    return {"train_size": size, "seed": seed, "teacher": teacher, "rows": rows}
 
 
-def table(results: list[dict], data: str, steps: int) -> str:
-    """The printed table: one row per model, one column per training-set size."""
-    sizes = [r["rows"][next(iter(r["rows"]))]["train_size"] or "all" for r in results]
-    names = list(dict.fromkeys(name for r in results for name in r["rows"]))
-    lines = [f"{data}, {steps} steps each; test accuracy by training images", "",
-             "| row | " + " | ".join(str(n) for n in sizes) + " |", "| --- |" + " --- |" * len(sizes)]
+def medians(results: list[dict]) -> dict[str, dict[str, dict]]:
+    """Per training-set size (the images trained on) and row: the median test accuracy over the seeds, and each
+    seed's."""
+    out: dict[str, dict[str, dict]] = {}
+    for r in sorted(results, key=lambda r: (r["train_size"] or float("inf"), r.get("seed", 0))):
+        images = str(next(iter(r["rows"].values()))["train_size"])
+        for name, row in r["rows"].items():
+            cell = out.setdefault(images, {}).setdefault(name, {"per_seed": {}})
+            cell["per_seed"][str(r.get("seed", 0))] = row["test_accuracy"]
+            cell["median"] = statistics.median(cell["per_seed"].values())
+    return out
+
+
+def table(summary: dict[str, dict[str, dict]], data: str, steps: int) -> str:
+    """The printed table: one row per model, one column per training-set size, the median over the seeds."""
+    sizes = list(summary)
+    names = list(dict.fromkeys(name for rows in summary.values() for name in rows))
+    seeds = max(len(cell["per_seed"]) for rows in summary.values() for cell in rows.values())
+    lines = [f"{data}, {steps} steps each; test accuracy by training images (median of {seeds} seeds)", "",
+             "| row | " + " | ".join(sizes) + " |", "| --- |" + " --- |" * len(sizes)]
     for name in names:
-        cells = [f"{r['rows'][name]['test_accuracy']:.4f}" if name in r["rows"] else "" for r in results]
+        cells = [f"{summary[n][name]['median']:.4f}" if name in summary[n] else "" for n in sizes]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -108,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=4000)
     ap.add_argument("--sizes", type=int, nargs="+", default=[0],
                     help="training-set sizes, each the first N of one fixed shuffle (0 = all; default: 0)")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0], help="every row's --seed (default: 0)")
     ap.add_argument("--teacher", default=None, help="a trained image classifier run (default: train one per size)")
     ap.add_argument("--teacher-recipe", choices=("vit", "cnn"), default="vit",
                     help="the recipe that trains the teacher (vit: with --teacher-set, by default a Swin)")
@@ -129,17 +146,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.teacher_set is None:
         args.teacher_set = TEACHER if args.teacher_recipe == "vit" else []
     res = Path(args.results or Path(__file__).parent / "results" / f"deit-{args.data.replace('/', '_')}.json")
-    with ThreadPoolExecutor(args.jobs) as pool:  # each size is its own processes; threads only wait on them
-        results = list(pool.map(lambda n: one_size(args, n), args.sizes))
-    if res.exists():  # rows measured before on the same data, steps and size stay in the table
+    jobs = [(n, seed) for seed in args.seeds for n in args.sizes]
+    with ThreadPoolExecutor(args.jobs) as pool:  # each job is its own processes; threads only wait on them
+        results = list(pool.map(lambda job: one_size(args, *job), jobs))
+    if res.exists():  # what was measured before on the same data and steps stays, unless measured again
         old = json.loads(res.read_text())
         if old.get("steps") == args.steps:
-            before = {r["train_size"]: r for r in old.get("results", [])}
-            for r in results:
-                if r["train_size"] in before and before[r["train_size"]]["teacher"] == r["teacher"]:
-                    r["rows"] = {**before[r["train_size"]]["rows"], **r["rows"]}
-    print("\n" + table(results, args.data, args.steps))
-    write(res, {"data": args.data, "steps": args.steps, "results": results}, settings=vars(args), indent=1)
+            key = {(r["train_size"], r.get("seed", 0)): r for r in results}
+            for r in old.get("results", []):
+                now = key.get((r["train_size"], r.get("seed", 0)))
+                if now is None:
+                    results.append(r)
+                elif now["teacher"] == r["teacher"]:
+                    now["rows"] = {**r["rows"], **now["rows"]}
+    summary = medians(results)
+    print("\n" + table(summary, args.data, args.steps))
+    write(res, {"data": args.data, "steps": args.steps, "medians": summary, "results": results},
+          settings=vars(args), indent=1)
     print(f"\nwrote {res}")
     return 0
 

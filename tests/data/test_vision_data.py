@@ -16,6 +16,7 @@ from tokennet.data.vision_data import (
     load_digits,
     load_fashion_mnist,
     load_mnist1d,
+    training_subset,
 )
 
 
@@ -89,3 +90,18 @@ def test_mnist1d_is_generated_and_leaves_global_rngs_alone():
     np.testing.assert_array_equal(np.random.get_state()[1], np_state)
     assert random.getstate() == py_state
     torch.testing.assert_close(load_mnist1d().x_test, ds.x_test)  # the same dataset every time
+
+
+# -- train_size: nested subsets of the training split ------------------------------------------------
+def test_training_subsets_are_nested_and_leave_the_test_split_alone():
+    digits = load_digits()
+    small, large = training_subset(digits, 100), training_subset(digits, 400)
+    assert len(small.y_train) == 100 and len(large.y_train) == 400
+    assert torch.equal(small.x_train, large.x_train[:100]) and torch.equal(small.y_train, large.y_train[:100])
+    assert torch.equal(small.x_test, digits.x_test) and small.classes == digits.classes
+    assert len(set(small.y_train.tolist())) == 10  # a shuffle, not the first 100 rows: every class is in it
+    assert small.info["train_subset"] == {"size": 100, "of": 898, "seed": 0}
+    assert training_subset(digits, 0) is digits and training_subset(digits, 898) is digits
+    for n in (-1, 899):
+        with pytest.raises(DataError, match=f"train_size={n}: digits has 898 training images"):
+            training_subset(digits, n)

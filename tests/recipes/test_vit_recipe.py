@@ -110,6 +110,19 @@ def test_bad_data_is_a_one_line_error(tmp_path, capsys):
     assert "in_channels=3 does not match the data, which has in_channels=1" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("recipe", ["vit", "cnn"])
+def test_train_size_trains_on_a_subset_and_refuses_more_than_there_is(tmp_path, capsys, recipe):
+    sets = {**TINY, "train_size": 64, "svm_baseline": False} if recipe == "vit" else {
+        "max_iters": 2, "time_budget": None, "eval_interval": 0, "progress": False, "batch_size": 16, "train_size": 64}
+    run, m = train(recipe, out=tmp_path / "r", sets=sets, device="cpu")
+    assert m["train_size"] == 64 and m["test_size"] == 899
+    assert json.loads((run / "run.json").read_text())["settings"]["train_size"] == 64
+    out = tmp_path / "too-many"
+    assert main(["train", recipe, "--out", str(out), "--set", "train_size=5000", "--max-iters", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "train_size=5000: digits has 898 training images" in err[0] and not out.exists()
+
+
 @pytest.mark.slow  # 300 steps of two models (~30 s); the cnn recipe itself is in test_every_recipe
 def test_cnn_baseline_beside_the_vit(tmp_path, capsys):
     """cnn_baseline=true: the cnn recipe's CNN for the same steps on the same split, its test accuracy as

@@ -1,0 +1,35 @@
+"""bench/deit.py across data sizes: a teacher trained on each size's own images, the rows at that size, the CNN of
+the same budget beside them, one table over the sizes; and the refusals (one teacher for several sizes)."""
+
+import json
+
+import pytest
+from support import load_bench
+
+
+def test_each_size_gets_its_own_teacher_rows_and_the_cnn_of_the_same_budget(tmp_path, capsys):
+    bench = load_bench("deit")
+    results = tmp_path / "deit-digits.json"
+    assert bench.main(["--data", "digits", "--sizes", "64", "0", "--steps", "3", "--teacher-recipe", "cnn",
+                       "--rows", "ViT", "+ distillation", "--threads", "1", "--jobs", "2",
+                       "--out", str(tmp_path / "runs"), "--results", str(results)]) == 0
+    record = json.loads(results.read_text())
+    assert record["steps"] == 3 and [r["train_size"] for r in record["results"]] == [64, 0]
+    for size, result in zip((64, 898), record["results"]):
+        rows = result["rows"]
+        assert set(rows) == {"teacher", "ViT", "+ distillation", "CNN, same budget"}
+        assert {row["train_size"] for row in rows.values()} == {size}  # the teacher learnt from the student's images
+        assert "train cnn" in rows["teacher"]["command"] and result["teacher"] in rows["+ distillation"]["command"]
+        assert rows["+ distillation"]["teacher_test_accuracy"] == pytest.approx(rows["teacher"]["test_accuracy"])
+        assert rows["CNN, same budget"]["test_accuracy"] == rows["ViT"]["baseline_cnn_accuracy"]
+    table = capsys.readouterr().out
+    assert "| row | 64 | 898 |" in table and "| + distillation |" in table
+
+
+def test_one_teacher_for_several_sizes_is_refused(tmp_path, capsys):
+    bench = load_bench("deit")
+    with pytest.raises(SystemExit) as stop:
+        bench.main(["--data", "digits", "--sizes", "64", "0", "--teacher", str(tmp_path), "--results",
+                    str(tmp_path / "x.json")])
+    assert stop.value.code == 2 and "one teacher for one size" in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists()
