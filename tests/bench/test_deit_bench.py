@@ -15,6 +15,7 @@ def test_each_size_gets_its_own_teacher_rows_and_the_cnn_of_the_same_budget(tmp_
                        "--out", str(tmp_path / "runs"), "--results", str(results)]) == 0
     record = json.loads(results.read_text())
     assert record["steps"] == 3 and [r["train_size"] for r in record["results"]] == [64, 0]
+    assert [r["seed"] for r in record["results"]] == [0, 0]
     for size, result in zip((64, 898), record["results"]):
         rows = result["rows"]
         assert set(rows) == {"teacher", "ViT", "+ distillation", "CNN, same budget"}
@@ -24,6 +25,7 @@ def test_each_size_gets_its_own_teacher_rows_and_the_cnn_of_the_same_budget(tmp_
         assert rows["CNN, same budget"]["test_accuracy"] == rows["ViT"]["baseline_cnn_accuracy"]
     table = capsys.readouterr().out
     assert "| row | 64 | 898 |" in table and "| + distillation |" in table
+    assert set(record["medians"]) == {"64", "898"}
 
 
 def test_one_teacher_for_several_sizes_is_refused(tmp_path, capsys):
@@ -33,3 +35,15 @@ def test_one_teacher_for_several_sizes_is_refused(tmp_path, capsys):
                     str(tmp_path / "x.json")])
     assert stop.value.code == 2 and "one teacher for one size" in capsys.readouterr().err
     assert not (tmp_path / "x.json").exists()
+
+
+def test_medians_are_per_size_and_row_over_the_seeds():
+    bench = load_bench("deit")
+    results = [{"train_size": size, "seed": seed, "teacher": "t",
+                "rows": {"ViT": {"test_accuracy": acc, "train_size": size or 898}}}
+               for size, accs in ((100, (0.8, 0.9, 0.7)), (0, (0.95, 0.97, 0.96))) for seed, acc in enumerate(accs)]
+    summary = bench.medians(results)
+    assert list(summary) == ["100", "898"]
+    assert summary["100"]["ViT"] == {"per_seed": {"0": 0.8, "1": 0.9, "2": 0.7}, "median": 0.8}
+    assert summary["898"]["ViT"]["median"] == 0.96
+    assert "| ViT | 0.8000 | 0.9600 |" in bench.table(summary, "digits", 10)
