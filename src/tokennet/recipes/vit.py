@@ -46,6 +46,9 @@ The rest of the lecture's vision family is one setting away:
 - DeiT's augmentation: ``randaugment`` (operations per image, with ``magnitude`` 0–10), ``cutmix`` and
   ``mixup`` (Beta α; both: one per batch), ``erase``, ``repeats`` (repeated augmentation), ``drop_path``
   (stochastic depth).
+- ``train_size=N`` trains on the first N training images of one fixed shuffle
+  (:func:`~tokennet.data.vision_data.training_subset`; the ``cnn`` recipe has it too, so a teacher and its student
+  can learn from the same images); ``bench/deit.py --sizes`` measures DeiT as data shrinks.
 
 The profile replaces the recipe's defaults through the recipe's ``data_defaults`` hook
 (``tokennet train vit --data fashion-mnist --show-settings`` lists them); anything given with
