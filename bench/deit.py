@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="runs/bench-deit", help="where the runs go")
     ap.add_argument("--results", default=None, help="the results file (default: bench/results/deit-DATA.json)")
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--jobs", type=int, default=1, help="sizes trained at once")
+    ap.add_argument("--jobs", type=int, default=1, help="(size, seed) pairs trained at once")
     ap.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
     args = ap.parse_args(argv)
     if args.teacher is not None and len(args.sizes) > 1:
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
             for r in old.get("results", []):
                 now = key.get((r["train_size"], r.get("seed", 0)))
                 if now is None:
-                    results.append(r)
+                    results.append({"seed": 0, **r})  # files written before --seeds: the recipe's default seed
                 elif now["teacher"] == r["teacher"]:
                     now["rows"] = {**r["rows"], **now["rows"]}
     summary = medians(results)
