@@ -22,7 +22,9 @@ def test_a_size_gets_its_own_teacher_rows_and_the_cnn_of_the_same_budget(tmp_pat
         assert set(rows) == {"teacher", "ViT", "+ distillation", "CNN, same budget"}
         assert {row["train_size"] for row in rows.values()} == {size}  # the teacher learnt from the student's images
         assert "train cnn" in rows["teacher"]["command"] and result["teacher"] in rows["+ distillation"]["command"]
-        assert rows["+ distillation"]["teacher_test_accuracy"] == pytest.approx(rows["teacher"]["test_accuracy"])
+        # the same teacher evaluated in two processes; a 3-step teacher's near-tied logits may flip an image or two
+        assert rows["+ distillation"]["teacher_test_accuracy"] == pytest.approx(rows["teacher"]["test_accuracy"],
+                                                                                abs=2 / 899)
         assert rows["CNN, same budget"]["test_accuracy"] == rows["ViT"]["baseline_cnn_accuracy"]
     table = capsys.readouterr().out
     assert "| row | 64 |" in table and "| + distillation |" in table and set(record["medians"]) == {"64"}
