@@ -21,10 +21,16 @@ DeiT's best teacher was a convnet; ``vit`` with ``--teacher-set``, by default a 
 process on ``--threads`` threads. ``--rows`` runs some of the rows; rows measured before at the same data, steps
 and size stay in the results file.
 
+The file's ``claim`` (read by ``tokennet demo claims``, claim ``deit-data-efficient``) judges the lecture's "effective
+with data-efficient training strategies": it holds when, at the smallest size measured, DeiT (augmentation and
+distillation) beats the plain ViT on every seed by ≥ 2 points in the median. ``--rejudge`` judges the results file
+again without training (after the rule changed).
+
 Usage::
 
     python bench/deit.py --data fashion-mnist --steps 4000 --teacher runs/swin-fashion
     python bench/deit.py --data digits --sizes 100 200 400 0 --teacher-recipe cnn --threads 1 --jobs 2
+    python bench/deit.py --data digits --rejudge
 
 Writes ``bench/results/deit-DATA.json`` (``--results`` elsewhere) and prints the table.
 """
@@ -42,10 +48,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/_record.py, also when a test loads this file
-from _record import write  # noqa: E402
+from _record import commit, write  # noqa: E402
 
 DEIT_AUG = ["randaugment=2", "magnitude=9", "mixup=0.8", "cutmix=1.0", "erase=0.25", "repeats=3", "drop_path=0.1"]
 ROWS = ("ViT", "+ augmentation", "+ distillation", "distillation alone")
+MIN_GAIN = 0.02  # the claim's median gain of DeiT over the plain ViT at the smallest size
 TEACHER = ["arch=swin", "patch_size=2", "dim=32", "num_heads=2", "depths=2,2,2", "window_size=7"]
 
 
@@ -118,6 +125,48 @@ def table(summary: dict[str, dict[str, dict]], data: str, steps: int) -> str:
     return "\n".join(lines)
 
 
+def claim(summary: dict[str, dict[str, dict]]) -> dict:
+    """The lecture's "effective with data-efficient training strategies of DeiT", judged at the smallest size in
+    ``summary``: holds when DeiT (augmentation and distillation) beats the plain ViT on every seed and by
+    ≥ ``MIN_GAIN`` in the median; ``None`` when either row is missing there."""
+    smallest = min(summary, key=int)
+    rows = summary[smallest]
+    if "ViT" not in rows or "+ distillation" not in rows:
+        return {"holds": None, "measured": f"no ViT and DeiT pair at {smallest} images",
+                "run": "python bench/deit.py --sizes ... (ViT and + distillation rows)"}
+    vit, deit = rows["ViT"], rows["+ distillation"]
+    seeds = sorted(set(vit["per_seed"]) & set(deit["per_seed"]), key=int)
+    gain = deit["median"] - vit["median"]
+    every_seed = bool(seeds) and all(deit["per_seed"][s] > vit["per_seed"][s] for s in seeds)
+    largest = max(summary, key=int)
+    at_largest = summary[largest]
+    measured = (f"{smallest} images: DeiT {deit['median']:.1%} against the plain ViT's {vit['median']:.1%} "
+                f"({gain * 100:+.1f} points; higher on {sum(deit['per_seed'][s] > vit['per_seed'][s] for s in seeds)}"
+                f" of {len(seeds)} seeds)")
+    if largest != smallest and {"ViT", "+ distillation"} <= set(at_largest):
+        measured += (f"; {largest} images: {at_largest['+ distillation']['median']:.1%} against "
+                     f"{at_largest['ViT']['median']:.1%}")
+    if "CNN, same budget" in rows:
+        measured += f"; the CNN of the same budget {rows['CNN, same budget']['median']:.1%} at {smallest}"
+    run = (f"ViT and DeiT (DeiT's augmentation, distillation from a teacher trained on the same images) on the first "
+           f"N training images, N = {', '.join(sorted(summary, key=int))}; medians of {len(seeds)} seeds; holds when "
+           f"DeiT beats the ViT on every seed and by ≥ {MIN_GAIN * 100:.0f} points at the smallest N")
+    return {"holds": every_seed and gain >= MIN_GAIN, "measured": measured, "run": run}
+
+
+def rejudge(res: Path) -> dict:
+    """Recompute the medians and the claim of the results file ``res`` from its results, without training; the
+    measurement's command, commit and date stay, ``judged`` says when and at which commit."""
+    record = json.loads(res.read_text())
+    record["medians"] = medians(record["results"])
+    record["claim"] = claim(record["medians"])
+    record["judged"] = {"commit": commit(), "date": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())}
+    tmp = res.with_name(f".{res.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(record, indent=1) + "\n")
+    os.replace(tmp, res)
+    return record
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default="fashion-mnist")
@@ -138,14 +187,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--jobs", type=int, default=1, help="(size, seed) pairs trained at once")
     ap.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
+    ap.add_argument("--rejudge", action="store_true",
+                    help="recompute the results file's medians and claim without training, and exit")
     args = ap.parse_args(argv)
+    res = Path(args.results or Path(__file__).parent / "results" / f"deit-{args.data.replace('/', '_')}.json")
+    if args.rejudge:
+        if not res.is_file():
+            ap.error(f"--rejudge: no results file {res}")
+        record = rejudge(res)
+        print(table(record["medians"], record["data"], record["steps"]))
+        verdict = {True: "holds", False: "does not hold", None: "not decided"}[record["claim"]["holds"]]
+        print(f"\nclaim: {verdict}: {record['claim']['measured']}")
+        return 0
     if args.teacher is not None and len(args.sizes) > 1:
         ap.error("--teacher gives one teacher for one size: a teacher must learn from the student's images")
     if any(n < 0 for n in args.sizes) or args.jobs < 1:
         ap.error("--sizes must be ≥ 0 (0 = all) and --jobs ≥ 1")
     if args.teacher_set is None:
         args.teacher_set = TEACHER if args.teacher_recipe == "vit" else []
-    res = Path(args.results or Path(__file__).parent / "results" / f"deit-{args.data.replace('/', '_')}.json")
     jobs = [(n, seed) for seed in args.seeds for n in args.sizes]
     with ThreadPoolExecutor(args.jobs) as pool:  # each job is its own processes; threads only wait on them
         results = list(pool.map(lambda job: one_size(args, *job), jobs))
@@ -161,8 +220,8 @@ def main(argv: list[str] | None = None) -> int:
                     now["rows"] = {**r["rows"], **now["rows"]}
     summary = medians(results)
     print("\n" + table(summary, args.data, args.steps))
-    write(res, {"data": args.data, "steps": args.steps, "medians": summary, "results": results},
-          settings=vars(args), indent=1)
+    write(res, {"data": args.data, "steps": args.steps, "medians": summary, "claim": claim(summary),
+                "results": results}, settings=vars(args), indent=1)
     print(f"\nwrote {res}")
     return 0
 

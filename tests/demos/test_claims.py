@@ -22,14 +22,15 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 NAMES = ["linear-family", "low-rank", "mlp-is-conv1x1", "fixed-W-vs-attention", "identity-value", "concat-positions",
          "causal-mask", "sqrt-d-scaling", "cnn-rnn-attention-table", "rnn-forgets-long-inputs", "vit-vs-cnn-data",
-         "layernorm-optimization", "fourier-positions", "receptive-field-learned", "one-trunk-every-modality",
-         "receptive-field", "heads-have-jobs", "patch-projection", "text-direction", "look-alikes"]
+         "deit-data-efficient", "layernorm-optimization", "fourier-positions", "receptive-field-learned",
+         "one-trunk-every-modality", "receptive-field", "heads-have-jobs", "patch-projection", "text-direction",
+         "look-alikes"]
 
 
 def test_every_claim_is_registered_in_the_issues_order_with_the_lectures_words():
     assert claim_names() == NAMES
-    assert [c.number for c in claims()] == ["1", "2", "3", "4", "5", "6", "7", "8", "9", "9b", "10", "11", "12",
-                                             "13", "14", "15", "16", "17", "18", "19"]
+    assert [c.number for c in claims()] == ["1", "2", "3", "4", "5", "6", "7", "8", "9", "9b", "10", "10b", "11",
+                                             "12", "13", "14", "15", "16", "17", "18", "19"]
     for c in claims():
         assert c.quote.startswith(('"', "An RNN")) and len(c.quote) > 40, c.name
 
@@ -148,6 +149,18 @@ def test_9_and_10_the_long_experiments_are_read_from_their_bench_files(tmp_path)
     bad = read_bench_claim("rnn_forgets.json", "rnn_forgets.py", results_dir=tmp_path)
     assert bad.holds is None and "unreadable" in bad.run
     assert bench_results_dir() is not None and bench_results_dir().name == "results"  # this checkout has bench/
+
+
+def test_10b_deit_is_read_from_its_bench_file_with_the_verdict_the_bench_gave():
+    """The claim reads bench/results/deit-digits.json of this checkout; its verdict is the one bench/deit.py's rule
+    gives on the file's own medians (a stale file, judged by an older rule, fails here)."""
+    from support import load_bench
+
+    read = next(c for c in claims() if c.name == "deit-data-efficient")(0)
+    record = json.loads((bench_results_dir() / "deit-digits.json").read_text())
+    judged = load_bench("deit").claim(record["medians"])
+    assert (read.holds, read.measured, read.run) == (judged["holds"], judged["measured"], judged["run"])
+    assert read.source.startswith("from bench/results/deit-digits.json, measured at commit")
 
 
 def test_14_one_trunk_is_read_from_the_sharing_bench_or_not_measured(tmp_path, monkeypatch):

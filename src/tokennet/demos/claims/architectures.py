@@ -1,9 +1,10 @@
-"""Claims 9 and 10: CNN, RNN and self-attention compared, and the two long experiments read from their benches.
+"""Claims 9 and 10: CNN, RNN and self-attention compared, and the long experiments read from their benches.
 
 The table of claim 9 is measured here (FLOPs counted by PyTorch's ``FlopCounterMode``, sequential steps counted
 as the calls that must run one after another, path lengths found by gradient reach as the lecture's x1 … x7
-test finds them). Claim 9's long-input sweep and claim 10 take minutes: they are read from
-``bench/results/rnn_forgets.json`` and ``bench/results/vit_vs_cnn.json`` when those exist.
+test finds them). Claim 9's long-input sweep and claims 10 and 10b take minutes: they are read from
+``bench/results/rnn_forgets.json``, ``bench/results/vit_vs_cnn.json`` and ``bench/results/deit-digits.json`` when
+those exist.
 """
 
 from __future__ import annotations
@@ -291,3 +292,13 @@ def claim_vit_vs_cnn(seed: int = 0) -> Result:
     A ViT and a CNN, each trained to convergence at each training-set size: read from the bench that trains them.
     """
     return read_bench_claim("vit_vs_cnn.json", "vit_vs_cnn.py")
+
+
+@claim("deit-data-efficient", "10b")
+def claim_deit(seed: int = 0) -> Result:
+    """"It was shown to be effective with data-efficient training strategies of DeiT (Touvron et al., 2021)."
+
+    The plain ViT against DeiT (its augmentation, and a distillation token learning from a CNN teacher trained on
+    the same images) on nested subsets of the training images: read from the bench that trains them (minutes).
+    """
+    return read_bench_claim("deit-digits.json", "deit.py")
