@@ -37,7 +37,8 @@ FIELDS = ("cnn_receptive_field", "shallow_cnn_receptive_field", "cnn_readout")
 EXTRA = ("attention_vs_other_animals", "attention_vs_other_animals_layer0", "attention_vs_other_animals_layer1",
          "attention_vs_other_animals_layer2", "attention_mass_ratio",
          "attention_image_share", "sink_vs_inverse_count_r", "sink_weight_k0", "sink_weight_k9",
-         "head_distance_min", "head_distance_max", "head_grouping_max")
+         "head_distance_min", "head_distance_max", "head_grouping_max", "patch_grouping_ratio_layer0",
+         "patch_grouping_ratio_layer1", "patch_grouping_ratio_layer2", "patch_grouping_ratio")
 RUN_INFO = "bench_run.json"  # beside a run's metrics.json: how this script ran it
 
 
@@ -84,6 +85,7 @@ def main(argv=None) -> int:
     ap.add_argument("--set", dest="sets", nargs="+", default=[], metavar="KEY=VALUE",
                     help="settings passed to every run's tokennet train (default: the recipe's)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "vqa_default.json"))
+    ap.add_argument("--note", default=None, help="how the runs were made, written into the JSON (e.g. for --collect)")
     args = ap.parse_args(argv)
     if args.parallel < 1:
         print("error: --parallel must be >= 1", file=sys.stderr)
@@ -113,7 +115,8 @@ def main(argv=None) -> int:
                                                f"threads)" for r in rows))
     result = {"benchmark": "vqa_default", "command": "python " + " ".join([sys.argv[0], *sys.argv[1:]]),
               "commit": commit(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "seeds": args.seeds, "sets": args.sets, "median": med, "runs": rows,
+              "seeds": args.seeds, "sets": args.sets, **({"note": args.note} if args.note else {}), "median": med,
+              "runs": rows,
               "machine": machine(cpus_used=os.cpu_count())}
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")
