@@ -5,6 +5,7 @@ preparation is refused too, and what follows training is measured for the next r
 
 from __future__ import annotations
 
+import json
 import re
 from unittest import mock
 
@@ -139,3 +140,58 @@ def test_a_recipes_own_budget_counts_from_the_end_of_a_one_time_preparation(tmp_
         _, metrics = train("graph", out=tmp_path / "graph")
     assert metrics["step"] == 3 and metrics["time_budget"] > 60.0
     assert any("the recipe's time_budget of 60 s counts from its end" in m for m in caplog.messages)
+
+
+def test_a_finish_that_repeats_the_steps_is_kept_per_step_and_measured_for_the_next_run(tmp_path, capsys):
+    """A job whose ``finish`` trains again for the run's steps (vqa's baselines): the first run keeps what the job
+    measures per step, so the whole run stays in its budget; what the finish then took, per step, is what the next
+    run keeps (apart from the fixed seconds after training, so another number of steps is kept right too)."""
+    import dataclasses
+    import time
+
+    recipe = get_recipe("graph")
+    build = recipe.build
+    per_step = 0.01  # the finish sleeps this per step trained: about as long again as a graph step here
+    sleeps = []
+
+    class Counted:  # the job's batches, counting the furthest one drawn (as vqa's QABatches do)
+        def __init__(self, source):
+            self.source, self.max_index = source, -1
+
+        def batch(self, i):
+            self.max_index = max(self.max_index, i)
+            return self.source.batch(i)
+
+        def __getattr__(self, name):
+            return getattr(self.source, name)
+
+    def repeating(ctx):
+        job = build(ctx)
+        source = Counted(job.source)
+
+        def finish(model):
+            sleeps.append(per_step * (source.max_index + 1))
+            time.sleep(sleeps[-1])
+            return {}
+
+        return dataclasses.replace(job, source=source, finish=finish, finish_step_seconds=lambda: per_step)
+
+    budget = 8.0
+    with mock.patch.object(recipe, "build", repeating), \
+            mock.patch.object(timings, "recorded", lambda key: {"final": 1.0}):  # a last run here took 1 s after
+        assert main(_graph(tmp_path / "first", "--time-budget", f"{budget:g}")) == 0
+    err = capsys.readouterr().err
+    assert "~10.0 ms per step trained for what the run trains after it (measured now)" in err
+    metrics = json.loads((tmp_path / "first" / "metrics.json").read_text())
+    assert metrics["step"] > 1 and sleeps[-1] == pytest.approx(per_step * metrics["step"])
+    # training stopped where its steps' share and the fixed second still fit: well before the fixed reserve's stop
+    assert metrics["run_seconds"] + per_step * metrics["step"] <= budget - 1.0 + 0.3
+    key = next(iter(timings._read()))
+    kept = timings.recorded(key)
+    assert kept["finish_per_step"] == pytest.approx(per_step, rel=0.5)  # the sleep's, per step (it may oversleep)
+    assert kept["final"] < sleeps[-1]  # the finish is kept apart from the fixed seconds after training
+
+    with mock.patch.object(recipe, "build", repeating):
+        assert main(_graph(tmp_path / "second", "--time-budget", f"{budget:g}")) == 0
+    assert "ms per step trained for what the run trains after it (as the last run like it took here)" in \
+        capsys.readouterr().err

@@ -307,6 +307,48 @@ def test_the_baselines_trained_at_once_equal_those_trained_one_after_the_other_o
         assert any(not torch.equal(a[k], untrained[k]) for k in a if a[k].is_floating_point())
 
 
+def test_a_budgeted_run_keeps_time_for_its_baselines_measured_on_a_copy_of_its_batches(tmp_path, caplog):
+    """The baselines train the transformer's steps after it: a time budget keeps their seconds per step, measured
+    before training on batches of their own (the run's furthest batch decides how many steps they train)."""
+    import logging
+
+    from tokennet.data.vqa import QABatches
+    from tokennet.lifecycle import BuildContext
+    from tokennet.recipes import get_recipe
+    from tokennet.recipes.vqa import baseline_step_seconds
+    from tokennet.train.trainer import TrainConfig
+
+    recipe = get_recipe("vqa")
+    build = recipe.build
+    jobs = []
+
+    def kept(ctx: BuildContext):
+        jobs.append(build(ctx))
+        return jobs[-1]
+
+    with pytest.MonkeyPatch.context() as mp, caplog.at_level(logging.INFO, logger="tokennet"):
+        mp.setenv("TOKENNET_CACHE", str(tmp_path / "cache"))
+        mp.setattr(recipe, "build", kept)
+        train("vqa", out=tmp_path / "vqa", sets={**TINY, "time_budget": 600.0}, device="cpu")
+    job = jobs[-1]
+    assert job.source.max_index == TINY["max_iters"] - 1  # the measurement drew none of the run's batches
+    assert any("ms per step trained for what the run trains after it (measured now)" in m for m in caplog.messages)
+    spec = job.data
+    mean, std = spec.pixel_stats()
+    shared = {"vocab_size": len(spec.words), "num_answers": len(spec.answers), "pixel_mean": mean, "pixel_std": std,
+              "max_question_len": 12}
+    cfg = TrainConfig(**{**recipe.train_defaults, "batch_size": 8, "warmup_iters": 1})
+    seconds = baseline_step_seconds(shared, cfg, QABatches(spec, 8, 12), "cpu", lr=3e-3, steps=(1, 5))
+    assert 0 < seconds < 5  # both CNNs' step, one after the other
+    assert jobs[-1].finish_step_seconds is not None
+    sets = {**TINY, "baselines": False}
+    jobs.clear()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(recipe, "build", kept)
+        train("vqa", out=tmp_path / "alone", sets=sets, device="cpu")
+    assert jobs[-1].finish_step_seconds is None  # no baselines: nothing to keep per step
+
+
 def test_a_run_on_one_thread_trains_its_baselines_one_after_the_other(run_dir):
     assert json.loads((run_dir / "metrics.json").read_text())["cnn_parallel"] is False
 

@@ -6,6 +6,9 @@ to synthesize, timed on a few) says so, and a budget that cannot hold it is refu
 the seconds that follow it — the final evaluation, the saved run's evaluation, a sample, the report — are
 reserved: as they were measured at the end of the last runs of the same recipe, data and settings on this machine
 (the median of three, ``$TOKENNET_CACHE/timings.json``), or, the first time, from one evaluation measured now.
+A job whose ``finish`` repeats the run's steps (:attr:`~tokennet.lifecycle.recipe.Job.finish_step_seconds`: the
+``vqa`` recipe's CNN baselines) has its seconds per step kept apart (``finish_per_step``), so that every step
+trained moves the end of training earlier by what it will cost after it, whatever number of steps a run takes.
 """
 
 from __future__ import annotations
@@ -79,8 +82,9 @@ def _read() -> dict[str, Any]:
 
 def recorded(key: str) -> dict[str, float]:
     """What the runs with this key measured on this machine, as the next run's estimate: for each kind of seconds
-    (``final``: what follows training) the median of the last :data:`KEPT` runs, so one run slowed by a busy machine
-    does not decide the next one's budget alone; empty when none."""
+    (``final``: what follows training; ``finish_per_step``: a finish's seconds per step trained) the median of the
+    last :data:`KEPT` runs, so one run slowed by a busy machine does not decide the next one's budget alone; empty
+    when none."""
     entry = _read().get(key)
     if not isinstance(entry, dict):
         return {}

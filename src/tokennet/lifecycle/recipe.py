@@ -98,6 +98,10 @@ class Job:
         finish: ``finish(model) -> metrics`` after training, for what only the training process can
             measure (a sample, an ablation that trains other models, the epochs seen); the held-out metrics
             come from the recipe's ``evaluate_run`` on the saved run.
+        finish_step_seconds: for a ``finish`` whose work repeats the run's steps (``vqa`` trains its CNN baselines
+            on the transformer's batches after it): measures here, before training, the seconds ``finish`` adds per
+            step trained. A time budget then keeps them for every step (the first run of a setting on a machine;
+            later ones reuse what ``finish`` took, per step, in the last runs).
         data: the data spec to save with the run (default: the context's; a recipe whose data fills in
             derived fields, such as class names, returns the filled spec).
         new_modules: dotted names of the modules of ``model`` that ``build`` created afresh instead of loading
@@ -111,6 +115,7 @@ class Job:
     tokens_per_batch: int
     tokenizer: Any = None
     finish: Callable[[nn.Module], dict[str, Any]] | None = None
+    finish_step_seconds: Callable[[], float] | None = None
     data: DataSpec | None = None
     new_modules: tuple[str, ...] = ()
 

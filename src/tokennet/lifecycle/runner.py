@@ -296,17 +296,20 @@ def _build(plan: _Plan):
     if plan.resume:
         trainer.resume()  # a damaged checkpoint stops here, before any file of the run is touched
     if plan.clock.budget is not None:
-        _reserve_final(plan, trainer)
+        _reserve_final(plan, trainer, job)
     return job, trainer
 
 
-def _reserve_final(plan: _Plan, trainer: Trainer) -> None:
+def _reserve_final(plan: _Plan, trainer: Trainer, job) -> None:
     """Keep the seconds that follow training inside the budget: those measured at the end of the last run like
-    this one here, or (the first time) from one evaluation measured now. A new run left no time to train by its
-    preparation is refused, one line, nothing written; where only the first run's guess of the fixed costs after
-    training (:data:`~tokennet.lifecycle.budget.FINAL_FIXED_SECONDS`) leaves none, it trains its one step."""
+    this one here, or (the first time) from one evaluation measured now; and, for a job whose ``finish`` repeats
+    the run's steps, its seconds per step (what the last runs' ``finish`` took per step, or the job's own
+    measurement now). A new run left no time to train by its preparation is refused, one line, nothing written;
+    where only the first run's guess of the fixed costs after training
+    (:data:`~tokennet.lifecycle.budget.FINAL_FIXED_SECONDS`) leaves none, it trains its one step."""
     clock, info = plan.clock, plan.info
-    final = timings.recorded(plan.timings_key).get("final")
+    measured_here = timings.recorded(plan.timings_key)
+    final = measured_here.get("final")
     how, guessed = "as the last run like it took here", 0.0
     if final is None:
         started = time.perf_counter()
@@ -314,23 +317,37 @@ def _reserve_final(plan: _Plan, trainer: Trainer) -> None:
         measured = time.perf_counter() - started
         final, how = timings.first_reserve(measured), f"from one evaluation measured now, {measured:.1f} s"
         guessed = timings.FINAL_FIXED_SECONDS  # not measured: it shortens training, it never refuses a run
+    per_step, per_step_how = _finish_per_step(job, measured_here)
     if info.enabled:  # every rank stops training at the same reading
         import torch
         import torch.distributed as dist
 
-        agreed = torch.tensor([final])
+        agreed = torch.tensor([final, per_step])
         dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
-        final = float(agreed[0])
-    clock.reserve = final
-    left = clock.left_for_training()
-    log.info("time budget %.0f s: %.0f s spent before training, ~%.0f s kept for the final evaluation (%s), "
-             "%.0f s to train", clock.budget, clock.spent(), final, how, max(0.0, left))
+        final, per_step = float(agreed[0]), float(agreed[1])
+    clock.reserve, clock.reserve_per_step = final, per_step
+    left = clock.left_for_training(trainer.step)
+    log.info("time budget %.0f s: %.0f s spent before training, ~%.0f s kept for the final evaluation (%s)%s, "
+             "%.0f s to train", clock.budget, clock.spent(), final, how, per_step_how, max(0.0, left))
     if left + guessed <= 0 and trainer.step == 0:
         if plan.created and info.is_main:
             shutil.rmtree(plan.out, ignore_errors=True)
         raise RecipeError(f"time_budget {clock.budget:g} s leaves no time to train: {clock.spent():.0f} s went to "
                           f"preparing the run and ~{final:.0f} s are needed after training ({how}); give at least "
                           f"~{clock.spent() + final + 10:.0f} s")
+
+
+def _finish_per_step(job, measured_here: dict[str, float]) -> tuple[float, str]:
+    """The seconds a job's ``finish`` adds per step trained, and how they were known, for the log line: what the
+    last runs like this one took here, per step, or (the first time) the job's own measurement now; 0 for a job
+    whose finish does not repeat the steps."""
+    if job.finish_step_seconds is None:
+        return 0.0, ""
+    per_step = measured_here.get("finish_per_step")
+    how = "as the last run like it took here"
+    if per_step is None:
+        per_step, how = float(job.finish_step_seconds()), "measured now"
+    return per_step, f" and ~{per_step * 1000:.1f} ms per step trained for what the run trains after it ({how})"
 
 
 def _publish(plan: _Plan, job) -> None:
@@ -379,7 +396,7 @@ def _finish(plan: _Plan, job, model, final: dict[str, Any], on_metrics=None, tra
     """Save the final model (adapters merged, or saved apart as asked), then the metrics — the trainer's, the
     recipe's ``finish`` extras and its ``evaluate_run`` on the run reloaded from disk — and the report page."""
     with phase("final evaluation"):
-        metrics = _final_metrics(plan, job, model, final)
+        metrics, finish_seconds = _final_metrics(plan, job, model, final)
     write_metrics(plan.out, metrics)
     if on_metrics is not None:
         on_metrics(plan.out, metrics, plan.ctx.train.report)
@@ -387,13 +404,19 @@ def _finish(plan: _Plan, job, model, final: dict[str, Any], on_metrics=None, tra
         with phase("writing the report"):
             write_report(plan.out, plan.report_defaults, panels=True, device=str(plan.dev))
     if trainer is not None and trainer.stopped_at is not None:  # what this machine took, for the next run's budget
-        timings.record(plan.timings_key, final=plan.clock.spent() - trainer.stopped_at)
+        after = plan.clock.spent() - trainer.stopped_at
+        if job.finish_step_seconds is None or finish_seconds is None or trainer.step == 0:
+            timings.record(plan.timings_key, final=after)
+        else:  # the finish apart, per step: the next run may train another number of steps
+            timings.record(plan.timings_key, final=after - finish_seconds,
+                           finish_per_step=finish_seconds / trainer.step)
     return metrics
 
 
-def _final_metrics(plan: _Plan, job, model, final: dict[str, Any]) -> dict[str, Any]:
+def _final_metrics(plan: _Plan, job, model, final: dict[str, Any]) -> tuple[dict[str, Any], float | None]:
     """Save the final model, then measure it: the trainer's metrics, the recipe's ``finish`` extras and its
-    ``evaluate_run`` on the run reloaded from disk."""
+    ``evaluate_run`` on the run reloaded from disk. Returns the metrics and the seconds ``finish`` took (None:
+    the job has none)."""
     out, recipe = plan.out, plan.recipe
     if plan.lora is not None:
         from ..layers.lora import merge_lora, save_adapter
@@ -405,14 +428,17 @@ def _final_metrics(plan: _Plan, job, model, final: dict[str, Any]) -> dict[str, 
     metrics = {**final, "wall_seconds": 0.0, "num_parameters": parameter_count(model)}
     if plan.info.enabled:
         metrics["world_size"] = plan.info.world_size
+    finish_seconds = None
     if job.finish is not None:
         model.eval()  # the final metrics are inference: no dropout, no training-time randomness (sign flips, ...)
+        started = time.perf_counter()
         metrics.update(job.finish(model))
+        finish_seconds = time.perf_counter() - started
     if recipe.evaluate_run is not None:
         # The held-out metrics of the run as saved: what `tokennet eval` recomputes in a fresh process.
         metrics.update(recipe.evaluate_run(load(out, device=plan.dev), None))
     metrics["wall_seconds"] = round(plan.clock.spent(), 2)  # the whole run: every session, preparation included
-    return metrics
+    return metrics, finish_seconds
 
 
 def _checkpoint_reports(out: Path, defaults: dict[str, Any]):

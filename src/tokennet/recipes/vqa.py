@@ -92,6 +92,7 @@ import dataclasses
 import io
 import logging
 import tempfile
+import time
 from typing import Any
 
 import torch
@@ -106,8 +107,8 @@ from ..tasks.vqa import attention_mass, attention_vs_others, counted_mass, exact
 from ..tasks.vqa_heads import head_statistics, head_summary, patches_meet
 from ..train.trainer import Trainer
 
-__all__ = ["evaluate", "train_baseline", "train_baselines", "baseline_settings", "check_transformer",
-           "derive_settings", "BASELINES", "GENERIC", "GENERIC_TRAIN", "TUNED", "TUNED_TRAIN"]
+__all__ = ["evaluate", "train_baseline", "train_baselines", "baseline_settings", "baseline_step_seconds",
+           "check_transformer", "derive_settings", "BASELINES", "GENERIC", "GENERIC_TRAIN", "TUNED", "TUNED_TRAIN"]
 
 log = logging.getLogger(__name__)
 
@@ -301,6 +302,34 @@ def train_baselines(model_settings: dict[str, Any], train, source, device, *, lr
     return {far: m.to(device).eval(), near: here}
 
 
+def baseline_step_seconds(model_settings: dict[str, Any], train, source, device, *, lr: float,
+                          precision: str = "fp32", parallel: bool = False, readout: str = "flatten",
+                          steps: tuple[int, int] = (2, 8)) -> float:
+    """The seconds :func:`train_baselines` takes per step trained, measured here: each baseline trained as it would
+    be for ``steps[0]`` and for ``steps[1]`` steps, the difference over the extra steps (building the model and the
+    trainer cancel out). In parallel both train at once on one thread each, so a step costs the slower one's; one
+    after the other, the two added. ``source`` must be a copy of the run's batches, not the one training reads
+    (its furthest batch decides how many steps the baselines train)."""
+    few, more = steps
+    threads = torch.get_num_threads()
+    per_model = []
+    try:
+        if parallel:
+            torch.set_num_threads(1)
+        for preset in BASELINES.values():
+            settings = baseline_settings(preset, model_settings, readout)
+            took = []
+            for n in (few, more):
+                started = time.perf_counter()
+                train_baseline(preset, settings, dataclasses.replace(train, max_iters=n), source, device, lr=lr,
+                               precision=precision)
+                took.append(time.perf_counter() - started)
+            per_model.append(max(0.0, took[1] - took[0]) / (more - few))
+    finally:
+        torch.set_num_threads(threads)
+    return max(per_model) if parallel else sum(per_model)
+
+
 def build(ctx: BuildContext) -> Job:
     spec: AnimalQuestions = ctx.data.filled()  # a bad --data directory fails here, before anything is written
     ctx.from_data("vocab_size", len(spec.words))
@@ -331,6 +360,10 @@ def build(ctx: BuildContext) -> Job:
         out = exact_match(m, val, spec.words, max_len, prefix="val_")
         return {k: v for k, v in out.items() if k == "val_exact_match" or k.startswith("val_exact_match_")}
 
+    shared = {k: ctx.settings[k] for k in (*DATA_FIELDS, "max_question_len", "answer_readout")}
+    parallel = opts["cnn_parallel"] and torch.get_num_threads() >= 2 and torch.device(device).type == "cpu"
+    baselines = {"lr": opts["cnn_lr"], "precision": precision, "parallel": parallel, "readout": opts["cnn_readout"]}
+
     def finish(m) -> dict[str, Any]:  # noqa: ARG001
         out: dict[str, Any] = {}
         if not opts["baselines"]:
@@ -338,12 +371,9 @@ def build(ctx: BuildContext) -> Job:
         steps = dataclasses.replace(train, max_iters=src.max_index + 1)  # what the transformer trained
         out["cnn_precision"] = precision
         held = spec.held_out()
-        shared = {k: ctx.settings[k] for k in (*DATA_FIELDS, "max_question_len", "answer_readout")}
-        parallel = opts["cnn_parallel"] and torch.get_num_threads() >= 2 and torch.device(device).type == "cpu"
         out["cnn_parallel"] = parallel
         out["cnn_readout"] = opts["cnn_readout"]
-        cnns = train_baselines(shared, steps, src, device, lr=opts["cnn_lr"], precision=precision, parallel=parallel,
-                               readout=opts["cnn_readout"])
+        cnns = train_baselines(shared, steps, src, device, **baselines)
         for prefix, preset in BASELINES.items():
             cnn = cnns[prefix]
             out.update(evaluate(cnn, spec, held, prefix=prefix))
@@ -354,8 +384,11 @@ def build(ctx: BuildContext) -> Job:
                      f"{out[f'{prefix}num_parameters']:,}")
         return out
 
+    def finish_step_seconds() -> float:  # for a time budget: the baselines train the transformer's steps after it
+        return baseline_step_seconds(shared, train, QABatches(spec, train.batch_size, max_len), device, **baselines)
+
     return Job(model=model.to(device), source=src, evaluate=monitor, tokens_per_batch=train.batch_size,
-               finish=finish, data=spec)
+               finish=finish, finish_step_seconds=finish_step_seconds if opts["baselines"] else None, data=spec)
 
 
 def evaluate_run(run, data) -> dict[str, Any]:

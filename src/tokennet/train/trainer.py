@@ -310,10 +310,10 @@ class Trainer:
         config = self.c
         min_lr = config.lr / 10 if config.min_lr is None else config.min_lr
         progress = (self.step - config.warmup_iters) / max(1, config.max_iters - config.warmup_iters)
-        until = self.clock.train_until
-        if until is not None:  # the share of the training time gone, from the run's first step to its stop
+        if self.clock.budget is not None:  # the share of the training time gone, from the run's first step to its stop
             now = self._agreed_end if self.dist.enabled else self.clock.spent()  # the same on every rank
             begun = now if self.train_started is None else self.train_started
+            until = self.clock.projected_stop(now, begun, self.step)
             progress = max(progress, (now - begun) / max(1e-9, until - begun))
         return schedule_lr(config.schedule, self.step, progress, lr=config.lr, min_lr=min_lr,
                            warmup_iters=config.warmup_iters, decay_fraction=config.decay_fraction)
@@ -375,7 +375,7 @@ class Trainer:
         past the time the budget leaves for training (a run takes at least one step)."""
         if self.step >= self.c.max_iters or self._reached:
             return True
-        until = self.clock.train_until
+        until = self.clock.train_until(self.step + 1)  # the next step's share of a reserve per step included
         if until is None or self.step == 0:
             return False
         # under torchrun every rank takes the same decision: the latest end any rank foresees (_agree_across_ranks)
