@@ -134,3 +134,44 @@ def test_cnn_baseline_beside_the_vit(tmp_path, capsys):
     assert main(["-q", "train", "vit", "--data", "mnist1d", "--out", str(tmp_path / "x"), "--set",
                  "cnn_baseline=true"]) == 2
     assert "1-D signals" in capsys.readouterr().err and not (tmp_path / "x").exists()
+
+
+def test_test_flips_average_each_image_with_its_mirror_and_eval_recomputes_them(tmp_path, capsys):
+    """``test_flips``: p(c | x) = (softmax f(x) + softmax f(flip x)) / 2, during training, at its end and in a fresh
+    ``tokennet eval``; refused on 1-D signals in one line."""
+    from types import SimpleNamespace
+
+    from tokennet.data.image_batches import evaluate_classifier
+
+    class LeftRight(torch.nn.Module):  # class 0 for ink on the left, class 1 for ink on the right
+        def __init__(self):
+            super().__init__()
+            self.scale = torch.nn.Parameter(torch.tensor(3.0))
+
+        def forward(self, x):
+            half = x.shape[-1] // 2
+            return SimpleNamespace(logits=self.scale * torch.stack([x[..., :half].sum((1, 2, 3)),
+                                                                    x[..., half:].sum((1, 2, 3))], -1))
+
+    x = torch.zeros(2, 1, 4, 4)
+    x[0, 0, 0, 0] = 1.0  # ink on the left: class 0 plainly, class 1 in the mirror
+    x[1, 0, 0, 3] = 1.0
+    y = torch.tensor([0, 1])
+    plain = evaluate_classifier(LeftRight(), x, y)
+    assert plain["test_accuracy"] == 1.0
+    p = torch.softmax(torch.tensor([3.0, 0.0]), -1)
+    mirrored = evaluate_classifier(LeftRight(), x, y, flips=True)
+    assert mirrored["test_loss"] == pytest.approx(-float(torch.log((p[0] + p[1]) / 2)))  # each image's mean is 1/2
+    assert plain["test_loss"] == pytest.approx(-float(torch.log(p[0])))
+
+    run, metrics = train("vit", out=tmp_path / "r", sets={**TINY, "test_flips": True}, device="cpu")
+    loaded = tokennet.load(run)
+    assert get_recipe("vit").evaluate_run(loaded, None)["test_accuracy"] == metrics["test_accuracy"]
+    held = get_recipe("vit").data_spec(None, {}).held_out()
+    plain = evaluate_classifier(loaded.model, held.x_test, held.y_test)
+    assert evaluate_classifier(loaded.model, held.x_test, held.y_test, flips=True)["test_loss"] == \
+        pytest.approx(metrics["test_loss"]) != plain["test_loss"]
+    out = str(tmp_path / "refused")
+    assert main(["train", "vit", "--data", "mnist1d", "--out", out, "--set", "test_flips=true"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()  # after the line of the data's preparation
+    assert err[-1].startswith("tokennet: error: test_flips mirrors 2-D images") and not (tmp_path / "refused").exists()

@@ -7,6 +7,7 @@ order, in batches.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -98,15 +99,23 @@ class ImageBatches:
         return x, y
 
 
-def evaluate_classifier(model, x: Tensor, y: Tensor, *, batch_size: int = 500) -> dict[str, float]:
-    """Accuracy and mean (unsmoothed) cross-entropy of ``model(x).logits`` over a labelled set, in batches."""
+def evaluate_classifier(model, x: Tensor, y: Tensor, *, batch_size: int = 500, flips: bool = False
+                        ) -> dict[str, float]:
+    """Accuracy and mean (unsmoothed) cross-entropy of ``model(x).logits`` over a labelled set, in batches.
+
+    ``flips``: test-time augmentation by mirroring: each image's class probabilities are the mean of its own and
+    its left–right mirror's, ``p(c | x) = (softmax f(x) + softmax f(flip x)) / 2``, and the loss is that mean's
+    cross-entropy (for a model trained with flips, to which an image and its mirror are the same class)."""
     dev = next(model.parameters()).device
     correct, loss = 0, 0.0
     with torch.no_grad():
         for i in range(0, len(x), batch_size):
             x_batch, y_batch = x[i:i + batch_size].to(dev), y[i:i + batch_size].to(dev)
-            logits = model(x_batch).logits.float()
-            correct += int((logits.argmax(-1) == y_batch).sum())
-            loss += float(torch.nn.functional.cross_entropy(logits, y_batch, reduction="sum"))
+            log_probs = torch.log_softmax(model(x_batch).logits.float(), -1)
+            if flips:
+                mirrored = torch.log_softmax(model(x_batch.flip(-1)).logits.float(), -1)
+                log_probs = torch.logsumexp(torch.stack([log_probs, mirrored]), 0) - math.log(2.0)
+            correct += int((log_probs.argmax(-1) == y_batch).sum())
+            loss += float(torch.nn.functional.nll_loss(log_probs, y_batch, reduction="sum"))
     n = max(1, len(x))
     return {"test_accuracy": correct / n, "test_loss": loss / n}

@@ -45,7 +45,8 @@ The rest of the lecture's vision family is one setting away:
   blocks, with the trunk's width, depth and heads (:func:`~tokennet.interop.init.from_trunk`).
 - DeiT's augmentation: ``randaugment`` (operations per image, with ``magnitude`` 0–10), ``cutmix`` and
   ``mixup`` (Beta α; both: one per batch), ``erase``, ``repeats`` (repeated augmentation), ``drop_path``
-  (stochastic depth).
+  (stochastic depth); at test time, ``test_flips`` averages each image's class probabilities with its mirror's
+  (2-D images; ``tokennet eval`` of the run does the same).
 - ``train_size=N`` trains on the first N training images of one fixed shuffle
   (:func:`~tokennet.data.vision_data.training_subset`; the ``cnn`` recipe has it too, so a teacher and its student
   can learn from the same images); ``bench/deit.py --sizes`` measures DeiT as data shrinks.
@@ -116,7 +117,7 @@ _OPTIONS = {"arch": "vit", "depths": "2,2", "window_size": 7, "teacher": "",
             "translate": 1, "flip": False, "erase": 0.0, "rotate": 0.0, "scale": 0.0, "randaugment": 0,
             "magnitude": 9.0, "roll": 0, "gain": 0.0, "noise": 0.0, "corr_noise": 0.0, "shear": 0.0,
             "mixup": 0.0, "cutmix": 0.0, "repeats": 1, "svm_baseline": True, "cnn_baseline": False,
-            "eval_batch_size": 500, "train_size": 0}
+            "eval_batch_size": 500, "train_size": 0, "test_flips": False}
 _TRAIN_DEFAULTS = {"max_iters": 2500, "time_budget": 45.0, "batch_size": 64, "lr": 2e-3, "warmup_iters": 100,
                    "weight_decay": 0.05, "beta2": 0.99, "eval_interval": 500, "log_interval": 50}
 
@@ -313,6 +314,9 @@ def build(ctx: BuildContext) -> Job:
         raise RecipeError("randaugment applies to 2-D images; this data is 1-D signals")
     if model.config.is_1d and opts["cnn_baseline"]:
         raise RecipeError("cnn_baseline trains a 2-D CNN (the cnn recipe's); this data is 1-D signals")
+    if model.config.is_1d and opts["test_flips"]:
+        raise RecipeError("test_flips mirrors 2-D images left to right; this data is 1-D signals, whose mirror is "
+                          "another signal")
     aug = _augment(opts, dataset)
     src = ImageBatches(dataset.x_train, dataset.y_train, train.batch_size, seed=train.seed,
                        augment=aug, mixup=float(opts["mixup"]), cutmix=float(opts["cutmix"]),
@@ -324,7 +328,8 @@ def build(ctx: BuildContext) -> Job:
              model.num_parameters() / 1e6, config.grid[0] * config.grid[1] + config.num_prefix, src.steps_per_epoch)
 
     def evaluate(m) -> dict[str, float]:
-        return evaluate_classifier(m, dataset.x_test, dataset.y_test, batch_size=opts["eval_batch_size"])
+        return evaluate_classifier(m, dataset.x_test, dataset.y_test, batch_size=opts["eval_batch_size"],
+                                   flips=bool(opts["test_flips"]))
 
     def finish(m) -> dict[str, Any]:  # noqa: ARG001
         out: dict[str, Any] = {"dataset": dataset.name, "arch": opts["arch"], "train_size": len(dataset.y_train),
@@ -355,7 +360,8 @@ def evaluate_run(run, data) -> dict[str, Any]:
         if getattr(config, k) != have:
             raise DataError(f"{run.path} was trained with {k}={getattr(config, k)}, but {held.name} "
                             f"({spec.source}) has {k}={have}; evaluate it on data like its own")
-    m = evaluate_classifier(run.model, held.x_test, held.y_test, batch_size=run.settings.get("eval_batch_size", 500))
+    m = evaluate_classifier(run.model, held.x_test, held.y_test, batch_size=run.settings.get("eval_batch_size", 500),
+                            flips=bool(run.settings.get("test_flips", False)))
     return {"dataset": held.name, "test_size": len(held.y_test), **m}
 
 
@@ -398,6 +404,8 @@ RECIPE = register_recipe(Recipe(
         "cnn_baseline": "also train the cnn recipe's CNN for the same steps and report baseline_cnn_accuracy (2-D "
                         "data)",
         "eval_batch_size": "images per batch when evaluating (memory only; the metrics do not change)",
+        "test_flips": "test-time augmentation: each test image's class probabilities averaged with its left-right "
+        "mirror's (2-D images; for a model trained with flip=true); tokennet eval of the run does the same",
         "train_size": TRAIN_SIZE_HELP,
     },
     options=dict(_OPTIONS),
