@@ -8,7 +8,8 @@ Backends:
   kernels on GPU, a flash kernel on CPU); never materializes ``A``.
 - ``"flash"``: tokennet's own FlashAttention-style tiled attention with an online softmax
   (:mod:`tokennet.attention.flash`), written for reading; slower than ``"sdpa"``.
-- ``"auto"``: ``"sdpa"`` unless the call needs ``A`` (``return_weights=True``), then ``"math"``.
+- ``"auto"``: ``"sdpa"`` unless the call needs ``A`` (``return_weights=True``) or drops attention weights on a CPU
+  (SDPA would fall back to the plain formula there, drawing its mask one unit at a time), then ``"math"``.
 
 All backends agree on one rule: a query row whose mask is all False attends to nothing and yields
 zeros (never NaN), in the forward and the backward pass.
@@ -22,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..dropout import dropout as drop
 from .masks import causal as causal_mask
 from .masks import check_mask
 
@@ -146,7 +148,10 @@ def attention(
     _check(q, k, v, mask, bias, backend)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     if backend == "auto":
-        backend = "math" if return_weights else "sdpa"
+        # On a CPU, SDPA with dropout falls back to this same formula and draws its mask one unit at a time; the
+        # math path draws it with tokennet.dropout's packed mask (bench/dropout.py).
+        on_cpu_with_dropout = dropout > 0 and q.device.type == "cpu"
+        backend = "math" if return_weights or on_cpu_with_dropout else "sdpa"
     elif return_weights and backend != "math":
         raise ValueError(f"return_weights=True needs backend 'math' or 'auto', got {backend!r}")
     n_queries, n_keys = q.shape[2], k.shape[2]
@@ -178,7 +183,7 @@ def _math(q, k, v, mask, bias, scale, dropout, return_weights):
     if bias is not None:
         scores = scores + bias
     weights = masked_softmax(scores, mask)
-    a_drop = F.dropout(weights, p=dropout) if dropout > 0 else weights
+    a_drop = drop(weights, dropout) if dropout > 0 else weights
     out = a_drop @ v  # (B, H, Nq, Ev)
     return (out, weights) if return_weights else out
 

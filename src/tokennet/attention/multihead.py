@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..dropout import Dropout
 from ..position.rope import apply_rope
 from .functional import BACKENDS, attention
 
@@ -204,7 +205,7 @@ class MultiHeadAttention(nn.Module):
         else:
             self.qkv_proj = nn.Linear(dim, self.q_dim + self.kv_dim + self.v_dim, bias=bias)
         self.out_proj = nn.Linear(self.q_dim, dim, bias=bias)
-        self.out_drop = (nn.Dropout(dropout) if dropout > 0 else nn.Identity())
+        self.out_drop = (Dropout(dropout) if dropout > 0 else nn.Identity())
         kind = qk_norm if callable(qk_norm) else (lambda width: nn.RMSNorm(width)) if qk_norm else None
         self.q_norm = kind(head_dim) if kind else None
         self.k_norm = kind(head_dim) if kind else None

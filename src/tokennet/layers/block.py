@@ -68,7 +68,8 @@ class Block(nn.Module):
         mlp_ratio: MLP inner width as a multiple of D.
         norm: ``"pre"``, ``"post"`` or ``"sandwich"`` (pre- and post-norm around each sublayer, Gemma) placement,
             or ``"none"``: no normalization at all (residual sublayers ``x + f(x)``; an ablation).
-        dropout: dropout on attention weights, residual branches and MLP.
+        dropout: dropout on the attention weights, the MLP's hidden units and each sublayer's output before it
+            joins the residual stream (once: the sublayers' own, as in the Transformer's "residual dropout").
         activation: MLP nonlinearity (``"gelu"`` or ``"relu"``).
         num_kv_heads: key/value heads for grouped-query attention.
         cross_attention: add a cross-attention sublayer (decoder block of an encoder–decoder).
@@ -148,9 +149,13 @@ class Block(nn.Module):
             if cross_attention:
                 self.post_cross_norm = norm_layer(dim)
             self.post_mlp_norm = norm_layer(dim)
-        self.drop = (nn.Dropout(dropout) if dropout > 0 else nn.Identity())
+        self.drop: nn.Module = nn.Identity()  # what a branch passes through last: see _residual
 
     def _residual(self, x: Tensor, norm: nn.Module, f, post: str | None = None) -> Tensor:
+        """``x + f(N(x))`` (pre), ``N(x + f(x))`` (post) or ``x + N'(f(N(x)))`` (sandwich), the branch passed
+        through ``self.drop``. Each sublayer ``f`` drops its own output (the attention's ``out_drop``, the MLP's last
+        ``drop``), so ``self.drop`` is the identity: a branch is dropped once. Stochastic depth puts a
+        :class:`~tokennet.layers.drop_path.DropPath` there (ViT's ``drop_path``)."""
         if self.sandwich:
             return x + self.drop(getattr(self, post)(f(norm(x))))
         if self.pre:

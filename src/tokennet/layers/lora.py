@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import jsonio
+from ..dropout import Dropout
 from ..errors import ConfigError, DataError
 from ..fileio import safetensors_write
 
@@ -144,7 +145,7 @@ class LoRALinear(nn.Linear):
         self.lora_B = nn.Parameter(torch.zeros(self.out_features, rank, device=device, dtype=dtype))  # (N, r)
         for block in self.lora_A.split(rank):  # peft's init, per map: U(±1/√K)
             nn.init.kaiming_uniform_(block, a=math.sqrt(5))
-        self.lora_dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.lora_dropout = Dropout(dropout) if dropout > 0 else nn.Identity()
         self.fused = fused
 
     def _frozen_weight(self, kind: str) -> Tensor:

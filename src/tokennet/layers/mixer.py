@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from ..dropout import Dropout
+
 __all__ = ["TokenMixing"]
 
 
@@ -45,7 +47,7 @@ class TokenMixing(nn.Module):
         self.W = nn.Parameter(torch.full((num_tokens, num_tokens), 1.0 / num_tokens if free else 0.0))
         self.v_proj = nn.Linear(dim, dim, bias=bias)
         self.out_proj = nn.Linear(dim, dim, bias=bias)
-        self.out_drop = (nn.Dropout(dropout) if dropout > 0 else nn.Identity())
+        self.out_drop = (Dropout(dropout) if dropout > 0 else nn.Identity())
 
     def extra_repr(self) -> str:
         return f"num_tokens={self.num_tokens}, free={self.free}"

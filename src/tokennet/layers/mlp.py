@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from ..dropout import Dropout
+
 __all__ = ["MLP", "GatedMLP", "ACTIVATIONS", "ReLU2"]
 
 
@@ -56,7 +58,7 @@ class MLP(nn.Module):
         self.fc1 = nn.Linear(dim, hidden_dim, bias=bias)
         self.act = ACTIVATIONS[activation]()
         self.fc2 = nn.Linear(hidden_dim, dim, bias=bias)
-        self.drop = (nn.Dropout(dropout) if dropout > 0 else nn.Identity())
+        self.drop = (Dropout(dropout) if dropout > 0 else nn.Identity())
 
     def forward(self, x: Tensor) -> Tensor:
         """``(B, N, D) → (B, N, D)``."""
@@ -80,7 +82,7 @@ class GatedMLP(nn.Module):
         self.gate = nn.Linear(dim, hidden_dim, bias=bias)
         self.act = ACTIVATIONS[activation]()
         self.fc2 = nn.Linear(hidden_dim, dim, bias=bias)
-        self.drop = (nn.Dropout(dropout) if dropout > 0 else nn.Identity())
+        self.drop = (Dropout(dropout) if dropout > 0 else nn.Identity())
 
     def forward(self, x: Tensor) -> Tensor:
         """``(B, N, D) → (B, N, D)``."""

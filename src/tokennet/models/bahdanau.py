@@ -33,6 +33,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from ..attention.functional import masked_softmax
 from ..attention.masks import padding
 from ..attention.scores import AdditiveScore
+from ..dropout import Dropout
 from ..errors import ConfigError
 from .registry import ModelConfig, Output, register_family, register_preset
 from .seqio import check_token_ids, seq_loss, source_target
@@ -121,7 +122,7 @@ class Bahdanau(nn.Module):
         D, L = cfg.dim, cfg.num_layers
         rnn_drop = cfg.dropout if L > 1 else 0.0
         self.tok_emb = nn.Embedding(cfg.vocab_size, D, padding_idx=cfg.pad_id)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
         self.encoder = nn.GRU(D, D // 2, num_layers=L, batch_first=True, bidirectional=True, dropout=rnn_drop)
         self.init_proj = nn.Linear(D // 2, D)  # W_s: backward summary → s_0
         self.score = AdditiveScore(D, D, cfg.attention_dim or D) if cfg.attention else None

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from ..attention.masks import prefix
 from ..attention.multihead import KVCache
+from ..dropout import Dropout
 from ..errors import ConfigError
 from ..layers.stack import AttentionMaps, Decoder, Encoder
 from ..position.learned import LearnedPosition, LearnedPosition2D
@@ -120,7 +121,7 @@ class _CaptionerBase(nn.Module):
         self.img_pos = LearnedPosition2D(cfg.grid, cfg.dim)
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.txt_pos = LearnedPosition(cfg.max_target_len, cfg.dim)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
         self.block_kw = dict(mlp_ratio=cfg.mlp_ratio, norm="pre", dropout=cfg.dropout, bias=cfg.bias,
                              backend=cfg.backend, value_proj=cfg.value_proj)
         self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..dropout import Dropout
 from ..errors import ConfigError
 from ..layers.init import init_conv_weights
 from ..tokens.image import to_pair
@@ -268,7 +269,7 @@ class CNN(CountsParameters, nn.Module):
         super().__init__()
         self.config = cfg = config
         self.trunk = ConvTrunk(cfg)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
         self.head = nn.Linear(self.trunk.out_channels, cfg.num_classes)
         self.apply(init_conv_weights)
 

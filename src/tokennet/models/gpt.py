@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from ..attention.masks import sliding_window, window_band
 from ..attention.multihead import KVCache
+from ..dropout import Dropout
 from ..errors import ConfigError
 from ..layers.block import NORM_LAYERS, mlp_kind
 from ..layers.blockquant import FORMATS as BLOCK_FORMATS
@@ -197,7 +198,7 @@ class GPT(nn.Module):
         self.rope_local = (RotaryEmbedding(cfg.head_width, base=cfg.rope_local_base)
                            if cfg.position == "rope" and cfg.rope_local_base is not None else None)
         self.alibi = ALiBi(cfg.num_heads) if cfg.position == "alibi" else None
-        self.drop = (nn.Dropout(cfg.dropout) if cfg.dropout > 0 else nn.Identity())
+        self.drop = (Dropout(cfg.dropout) if cfg.dropout > 0 else nn.Identity())
         with meta():
             self.decoder = Decoder(
                 cfg.dim, cfg.num_layers, cfg.num_heads, norm=cfg.norm_placement, dropout=cfg.dropout,

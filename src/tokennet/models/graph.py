@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..attention.masks import adjacency, padding
+from ..dropout import Dropout
 from ..layers.stack import AttentionMaps, Encoder
 from ..position.laplacian import CommuteTimePosition, LaplacianPosition, SpectralKernelBias, laplacian_spectrum
 from ..tokens.graph import GraphBatch, collate_graphs
@@ -112,7 +113,7 @@ class GraphTransformer(CountsParameters, nn.Module):
         self.rbf_bias = nn.Linear(RBF_CENTERS, cfg.num_heads) if cfg.attention == "distance-3d" else None
         if self.rbf_bias is not None:
             self.register_buffer("rbf_mu", torch.linspace(0.0, RBF_MAX, RBF_CENTERS), persistent=False)
-        self.drop = nn.Dropout(cfg.dropout) if cfg.dropout > 0 else nn.Identity()
+        self.drop = Dropout(cfg.dropout) if cfg.dropout > 0 else nn.Identity()
         self.encoder = Encoder(cfg.dim, cfg.num_layers, cfg.num_heads, mlp_ratio=cfg.mlp_ratio, norm="pre",
                                dropout=cfg.dropout, backend=cfg.backend, value_proj=cfg.value_proj)
         self.head = nn.Linear(cfg.dim, cfg.num_outputs)

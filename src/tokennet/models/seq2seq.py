@@ -29,6 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from ..attention.masks import padding
+from ..dropout import Dropout
 from ..errors import ConfigError
 from ..layers.block import NORMS
 from ..layers.mlp import ACTIVATIONS
@@ -109,7 +110,7 @@ class Seq2Seq(nn.Module):
                         bias=cfg.bias, backend=cfg.backend, value_proj=cfg.value_proj)
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.pos = SinusoidalPosition(cfg.dim, max_len=max(cfg.max_source_len, cfg.max_target_len))
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
         self.encoder = Encoder(cfg.dim, cfg.num_layers, cfg.num_heads, **block_kw)
         self.decoder = Decoder(cfg.dim, cfg.num_decoder_layers or cfg.num_layers, cfg.num_heads, cross_attention=True,
                                **block_kw)

@@ -47,6 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..dropout import Dropout
 from ..layers.stack import AttentionMaps, Encoder
 from ..position.spherical import SphericalHarmonicsPosition
 from ..tokens.sphere import DESCRIPTORS, SpherePatches, signal_frame, to_angles
@@ -197,7 +198,7 @@ class SphereTransformer(CountsParameters, nn.Module):
         self.angle_bias = AngleBias(cfg.sh_degree, cfg.num_heads) if cfg.position.startswith("angle-bias") or \
             cfg.position == "frame" else None
         self.centroid = CentroidPosition(cfg.sh_degree, cfg.dim) if cfg.position == "angle-bias+centroid" else None
-        self.drop = nn.Dropout(cfg.dropout) if cfg.dropout > 0 else nn.Identity()
+        self.drop = Dropout(cfg.dropout) if cfg.dropout > 0 else nn.Identity()
         self.encoder = Encoder(cfg.dim, cfg.num_layers, cfg.num_heads, mlp_ratio=cfg.mlp_ratio, norm="pre",
                                dropout=cfg.dropout, backend=cfg.backend, value_proj=cfg.value_proj)
         self.head = nn.Linear(cfg.dim, cfg.num_classes)

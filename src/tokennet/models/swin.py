@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..dropout import Dropout
 from ..errors import ConfigError, DataError
 from ..layers.drop_path import drop_path_rates
 from ..layers.init import init_trunc_normal
@@ -199,7 +200,7 @@ class Swin(CountsParameters, nn.Module):
             self.patch_embed = PatchEmbed(cfg.in_channels, cfg.dim, cfg.patch_hw, cfg.patch_hw, pad=cfg.pad,
                                           mode=cfg.patch_embed, bias=cfg.bias)
         self.embed_norm = nn.LayerNorm(cfg.dim, eps=cfg.norm_eps, bias=cfg.bias)  # Swin's patch_norm
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
         rates = drop_path_rates(cfg.drop_path, cfg.num_layers)
         starts = [sum(cfg.depths[:stage]) for stage in range(len(cfg.depths))]
         self.stages = nn.ModuleList(SwinStage(cfg, stage, rates[starts[stage]:starts[stage] + cfg.depths[stage]])

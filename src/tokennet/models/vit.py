@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..dropout import Dropout
 from ..errors import ConfigError, DataError
 from ..layers.drop_path import DropPath, drop_path_rates
 from ..layers.init import init_trunc_normal
@@ -232,15 +233,16 @@ class ViT(CountsParameters, nn.Module):
             # "concat": ConcatPosition([z ; P]), its table the encoding added to zeros; the grid rides in its
             # offset argument (``forward(z, grid)``).
             self.pos_emb = with_position_mode(self.pos_emb, cfg.position_mode, d_pos)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
         self.encoder = Encoder(cfg.dim, cfg.num_layers, cfg.num_heads, mlp_ratio=cfg.mlp_ratio, norm="pre",
                                dropout=cfg.dropout, activation="gelu", bias=cfg.bias, backend=cfg.backend,
                                norm_eps=cfg.norm_eps, value_proj=cfg.value_proj)
         # The head's LayerNorm closes the pre-norm stack instead of the encoder's own final norm: for
         # <cls> pooling that is the same function, and for mean pooling it normalizes the pooled token.
         self.encoder.norm = nn.Identity()
-        # Stochastic depth: a block applies its `drop` module to both residual branches (attention, MLP), so a
-        # per-sample DropPath there drops whole branches, with an independent draw per branch (as timm's).
+        # Stochastic depth: a block passes both residual branches (attention, MLP) through its `drop` module (the
+        # identity; the sublayers drop their own outputs), so a per-sample DropPath there drops whole branches, with
+        # an independent draw per branch (as timm's).
         for blk, rate in zip(self.encoder.layers(), drop_path_rates(cfg.drop_path, cfg.num_layers), strict=True):
             if rate > 0:
                 blk.drop = nn.Sequential(blk.drop, DropPath(rate))

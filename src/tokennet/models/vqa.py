@@ -61,6 +61,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..attention.masks import padding
+from ..dropout import Dropout
 from ..errors import ConfigError
 from ..layers.init import init_conv_weights, init_trunc_normal
 from ..layers.stack import AttentionMaps, Encoder
@@ -457,7 +458,7 @@ class VQATransformer(CountsParameters, nn.Module):
             self.register_buffer("patch_pos", fourier_2d(*cfg.grid, cfg.dim), persistent=False)
         else:
             self.patch_pos = nn.Parameter(torch.zeros(cfg.num_patches, cfg.dim))
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
         self.encoder = Encoder(cfg.dim, cfg.num_layers, cfg.num_heads, mlp_ratio=cfg.mlp_ratio, norm="pre",
                                dropout=cfg.dropout, activation="gelu", backend=cfg.backend, value_proj=cfg.value_proj)
         self.head = AnswerHead(cfg.dim, cfg.num_answers, cfg.answer_readout, cfg.answer_points)
