@@ -13,8 +13,6 @@ within each round and the table gives the median over rounds. Prints a table and
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
 import statistics
 import sys
@@ -25,7 +23,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _record import commit, machine  # noqa: E402
+from _record import write  # noqa: E402
 
 from tokennet.dropout import Dropout  # noqa: E402
 from tokennet.models import create_model  # noqa: E402
@@ -100,14 +98,12 @@ def main(argv=None) -> int:
         print(f"| {name} | {seconds * 1000:.1f} | {seconds / base:.2f} |")
     torch_name, ours = list(rows)[1], list(rows)[2]
     print(f"\nthe step with tokennet's dropout against PyTorch's: {medians[torch_name] / medians[ours]:.2f}x faster")
-    result = {"benchmark": "dropout", "command": "python " + " ".join([sys.argv[0], *sys.argv[1:]]),
-              "commit": commit(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "preset": args.preset, "settings": settings, "batch": args.batch, "threads": torch.get_num_threads(),
-              "ms_per_step_median": {k: round(v * 1000, 2) for k, v in medians.items()},
-              "ms_per_step_rounds": {k: [round(s * 1000, 2) for s in v] for k, v in times.items()},
-              "speedup_over_torch_dropout": round(medians[torch_name] / medians[ours], 3),
-              "machine": machine(cpus_used=os.cpu_count())}
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    write(args.out, {"benchmark": "dropout", "preset": args.preset, "settings": settings, "batch": args.batch,
+                     "threads": torch.get_num_threads(),
+                     "ms_per_step_median": {k: round(v * 1000, 2) for k, v in medians.items()},
+                     "ms_per_step_rounds": {k: [round(s * 1000, 2) for s in v] for k, v in times.items()},
+                     "speedup_over_torch_dropout": round(medians[torch_name] / medians[ours], 3)},
+          argv=argv, script="dropout.py", cpus_used=os.cpu_count())
     print(f"wrote {args.out}")
     return 0
 

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _record import commit, machine  # noqa: E402
+from _record import commit, write  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -69,19 +69,17 @@ def main(argv=None) -> int:
         print("error: give the tokennet command after --, starting with train", file=sys.stderr)
         return 2
     path = Path(opts.out)
-    screen = json.loads(path.read_text()) if path.is_file() else {"benchmark": "screen", "metric": opts.metric,
-                                                                  "machine": machine(cpus_used=os.cpu_count()),
-                                                                  "runs": []}
-    if screen.get("metric") != opts.metric:
-        print(f"error: {path} screens {screen.get('metric')}, not {opts.metric}", file=sys.stderr)
+    before = json.loads(path.read_text()) if path.is_file() else {"metric": opts.metric, "runs": []}
+    if before.get("metric") != opts.metric:
+        print(f"error: {path} screens {before.get('metric')}, not {opts.metric}", file=sys.stderr)
         return 2
-    if opts.note:
-        screen["note"] = opts.note
     run = probe(opts.name, opts.metric, args)
-    screen["runs"] = [r for r in screen["runs"] if r["name"] != opts.name] + [run]
-    path.write_text(json.dumps(screen, indent=1) + "\n")
+    runs = [r for r in before["runs"] if r["name"] != opts.name] + [run]
+    note = opts.note or before.get("note")
+    write(path, {"benchmark": "screen", "metric": opts.metric, **({"note": note} if note else {}), "runs": runs},
+          argv=argv, script="screen.py", indent=1, cpus_used=os.cpu_count())
     print(f"| probe | {opts.metric} | steps | wall s |\n| --- | ---: | ---: | ---: |")
-    for r in screen["runs"]:
+    for r in runs:
         print(f"| {r['name']} | {r[opts.metric]} | {r['steps']} | {r['wall_s']} |")
     print(f"wrote {path}")
     return 0

@@ -13,7 +13,6 @@ writes ``bench/results/time-budget-RECIPE.json`` (the command, the commit, the m
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import re
@@ -24,7 +23,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _record import commit, machine  # noqa: E402
+from _record import write  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESERVE_LINE = re.compile(r"time budget \d+ s: .*")
@@ -76,12 +75,9 @@ def main(argv=None) -> int:
               f"{r['stopped_training_at_s']} |")
     for r in rows:
         print(f"run {r['run']}: {r['reserve_line']}")
-    result = {"benchmark": "time_budget", "command": "python " + " ".join([sys.argv[0], *sys.argv[1:]]),
-              "commit": commit(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "recipe": args.recipe, "budget_s": args.budget, "sets": args.sets, "runs": rows,
-              "machine": machine(cpus_used=os.cpu_count())}
     path = Path(args.out or ROOT / "bench" / "results" / f"time-budget-{args.recipe}.json")
-    path.write_text(json.dumps(result, indent=2) + "\n")
+    write(path, {"benchmark": "time_budget", "recipe": args.recipe, "budget_s": args.budget, "sets": args.sets,
+                 "runs": rows}, argv=argv, script="time_budget.py", cpus_used=os.cpu_count())
     print(f"wrote {path}")
     return 0
 
