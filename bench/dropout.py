@@ -26,20 +26,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _record import write  # noqa: E402
 
 from tokennet.dropout import Dropout  # noqa: E402
+from tokennet.errors import RecipeError  # noqa: E402
+from tokennet.fields import field_types  # noqa: E402
+from tokennet.lifecycle.settings import parse_sets  # noqa: E402
 from tokennet.models import create_model  # noqa: E402
+from tokennet.models.registry import config_from_dict, preset_info  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CHARACTERS = {"vocab_size": 65, "block_size": 128, "dim": 128, "num_layers": 6, "num_heads": 4, "bias": False,
               "qk_norm": True}  # the records table's characters row (bench/records.py)
 
 
-def _value(text: str):
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return {"true": True, "false": False}.get(text.lower(), text)
+def model_settings(preset: str, sets: list[str]) -> dict:
+    """The characters row's settings with ``KEY=VALUE`` strings over them, parsed by the preset's config field
+    types as ``tokennet train --set`` parses them (an unknown key or a bad value: one-line error)."""
+    family, fields, _ = preset_info(preset)
+    config = config_from_dict({"family": family, **fields, **CHARACTERS})
+    types = field_types(type(config))
+    defaults = {name: getattr(config, name) for name in types}
+    return {**CHARACTERS, **parse_sets(sets, defaults, types, recipe=preset)}
 
 
 def build(preset: str, settings: dict, dropout: float, torch_dropout: bool) -> nn.Module:
@@ -77,7 +82,11 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=5, help="timed steps per configuration and round (after 2 warm-up)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "dropout.json"))
     args = ap.parse_args(argv)
-    settings = {**CHARACTERS, **{k: _value(v) for k, v in (s.split("=", 1) for s in args.sets)}}
+    try:
+        settings = model_settings(args.preset, args.sets)
+    except RecipeError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     ids = torch.randint(settings["vocab_size"], (args.batch, settings["block_size"]),
                         generator=torch.Generator().manual_seed(0))
     rows = {"no dropout": (0.0, False), f"PyTorch's dropout {args.dropout:g}": (args.dropout, True),

@@ -21,7 +21,7 @@ def test_units_are_kept_at_the_rate_and_scale_that_keep_the_expectation():
         assert q == 1 - round(p * LEVELS) / LEVELS and abs(q - (1 - p)) <= 0.5 / LEVELS
         # a binomial proportion of 10⁶ draws: within 5 standard deviations of q
         assert float(kept.float().mean()) == pytest.approx(q, abs=5 * math.sqrt(q * (1 - q) / x.numel()))
-        assert torch.equal(out[kept], x[kept] * (1 / q))  # the kept units, scaled by 1/q exactly
+        torch.testing.assert_close(out[kept], x[kept] / q)  # the kept units, scaled by 1/q (float32's rounding)
 
 
 def test_the_gradient_is_the_same_mask_and_scale():
@@ -31,7 +31,7 @@ def test_the_gradient_is_the_same_mask_and_scale():
     out = dropout(x, 0.3)
     (out * w).sum().backward()
     q = kept_probability(0.3)
-    assert torch.equal(x.grad, torch.where(out != 0, w * (1 / q), 0.0))
+    torch.testing.assert_close(x.grad, torch.where(out != 0, w / q, 0.0))  # float64: rounding only
 
 
 def test_eval_mode_and_zero_are_the_identity_and_the_seed_repeats_the_mask():
@@ -41,10 +41,11 @@ def test_eval_mode_and_zero_are_the_identity_and_the_seed_repeats_the_mask():
     assert layer(x) is x and dropout(x, 0.0) is x and dropout(x, 0.5, training=False) is x
     layer.train()
     torch.manual_seed(3)
-    a = layer(x)
+    a = layer(x) != 0
     torch.manual_seed(3)
-    assert torch.equal(a, layer(x)) and not torch.equal(a, layer(x))  # the same seed, the same mask; then another
-    assert a.dtype == x.dtype and layer(x.bfloat16()).dtype == torch.bfloat16
+    # the same seed draws the same mask (booleans: exact), the next draw another
+    assert torch.equal(a, layer(x) != 0) and not torch.equal(a, layer(x) != 0)
+    assert layer(x).dtype == x.dtype and layer(x.bfloat16()).dtype == torch.bfloat16
     for bad in (-0.1, 1.0):
         with pytest.raises(ValueError, match="dropout probability must be in"):
             Dropout(bad)

@@ -7,9 +7,9 @@ Here a CPU mask is cut from 64-bit random words, four 16-bit draws each, so ``p`
 ``1/65536`` (``p = 0.1`` is ``6554/65536 = 0.100006``) and the scale is that probability's, which keeps the
 expectation exact. The mask is saved for the backward pass (one byte per unit), whose gradient is the same mask
 times the same scale. Other devices, and a graph being compiled (``torch.compile``: Inductor draws and fuses the
-mask itself), use :func:`torch.nn.functional.dropout`. The
-masks come from torch's generator, so ``torch.manual_seed`` makes them repeat (and a checkpoint that saves the
-generator's state resumes them), but they differ from ``torch.nn.functional.dropout``'s for the same seed.
+mask itself), use :func:`torch.nn.functional.dropout`. The masks come from torch's generator, so
+``torch.manual_seed`` makes them repeat (and a checkpoint that saves the generator's state resumes them), but they
+differ from ``torch.nn.functional.dropout``'s for the same seed.
 """
 
 from __future__ import annotations
@@ -26,6 +26,11 @@ LEVELS = 65536  # a CPU mask's unit: p is kept to a multiple of 1 / LEVELS
 def kept_probability(p: float) -> float:
     """The probability a CPU mask keeps a unit: ``1 - round(p · 65536) / 65536``."""
     return 1.0 - round(p * LEVELS) / LEVELS
+
+
+def _check(p: float) -> None:
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout probability must be in [0, 1), got {p}")
 
 
 def _keep_mask(shape: torch.Size, p: float) -> Tensor:
@@ -54,8 +59,7 @@ class _MaskedScale(torch.autograd.Function):
 
 def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     """Dropout of ``x`` with probability ``p`` (the identity when not ``training`` or ``p == 0``)."""
-    if not 0.0 <= p < 1.0:
-        raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+    _check(p)
     if not training or p == 0.0:
         return x
     kept = kept_probability(p)
@@ -70,8 +74,7 @@ class Dropout(nn.Module):
 
     def __init__(self, p: float = 0.5):
         super().__init__()
-        if not 0.0 <= p < 1.0:
-            raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+        _check(p)
         self.p = p
 
     def forward(self, x: Tensor) -> Tensor:

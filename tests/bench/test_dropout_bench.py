@@ -21,3 +21,10 @@ def test_the_three_rows_time_the_same_model_with_each_dropout(tmp_path, capsys):
     assert not any(isinstance(m, Dropout) for m in torch_model.modules())  # every place swapped to nn.Dropout
     assert torch_model.config.backend == "sdpa"  # and the attention weights dropped by SDPA
     assert any(isinstance(m, Dropout) for m in bench.build("gpt", record["settings"], 0.1, False).modules())
+
+
+def test_settings_parse_as_tokennet_train_parses_them(capsys):
+    bench = load_bench("dropout")
+    assert bench.model_settings("gpt", ["dim=16", "qk_norm=false"])["qk_norm"] is False
+    assert bench.main(["--set", "bogus=1"]) == 2 and "unknown setting 'bogus'" in capsys.readouterr().err
+    assert bench.main(["--set", "dim=x"]) == 2 and "setting dim=x: expected int" in capsys.readouterr().err

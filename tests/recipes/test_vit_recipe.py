@@ -166,7 +166,9 @@ def test_test_flips_average_each_image_with_its_mirror_and_eval_recomputes_them(
 
     run, metrics = train("vit", out=tmp_path / "r", sets={**TINY, "test_flips": True}, device="cpu")
     loaded = tokennet.load(run)
-    assert get_recipe("vit").evaluate_run(loaded, None)["test_accuracy"] == metrics["test_accuracy"]
+    # a fresh load recomputes the metric (a near-tie may fall the other way on another CPU: one image of 899)
+    assert get_recipe("vit").evaluate_run(loaded, None)["test_accuracy"] == pytest.approx(metrics["test_accuracy"],
+                                                                                           abs=1 / 899)
     held = get_recipe("vit").data_spec(None, {}).held_out()
     plain = evaluate_classifier(loaded.model, held.x_test, held.y_test)
     assert evaluate_classifier(loaded.model, held.x_test, held.y_test, flips=True)["test_loss"] == \
