@@ -16,7 +16,7 @@ from tokennet.train import latest_checkpoint, read_checkpoint
 
 SETS = {"dim": 32, "num_layers": 1, "num_heads": 2, "block_size": 16, "batch_size": 4, "eval_iters": 2,
         "sample_tokens": 0, "warmup_iters": 5, "eval_interval": 0, "dropout": 0.1, "checkpoint_interval": 1,
-        "keep_checkpoints": 3, "max_iters": 200}
+        "keep_checkpoints": 3, "max_iters": 100}
 
 
 def _cmd(corpus, out, resume):
@@ -41,6 +41,19 @@ def _check_all_checkpoints_load(out):
     return len(steps)
 
 
+def _checkpoints(out) -> set[str]:
+    ck = out / "checkpoints"
+    return {p.name for p in ck.glob("step-*")} if ck.exists() else set()
+
+
+def _wait_for_a_new_checkpoint(p, out, before: set[str], timeout: float = 120.0) -> None:
+    """Until the process ``p`` has written a checkpoint that was not there before it started, or has ended."""
+    deadline = time.time() + timeout
+    while p.poll() is None and not (_checkpoints(out) - before):
+        assert time.time() < deadline, "training did not start"
+        time.sleep(0.02)
+
+
 def test_sigkill_at_random_moments_then_resume_equals_uninterrupted(tmp_path, corpus):
     ref_out = tmp_path / "ref"  # a subprocess too: same thread count, same float reductions
     r = subprocess.run(_cmd(corpus, ref_out, False), capture_output=True, text=True, env=_env())
@@ -50,10 +63,15 @@ def test_sigkill_at_random_moments_then_resume_equals_uninterrupted(tmp_path, co
     kills = 0
     for attempt in range(5):  # four random kills, then a last run left to finish
         resume = (out / "run.json").exists()
+        before = _checkpoints(out)
         p = subprocess.Popen(_cmd(corpus, out, resume), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                              env=_env())
         if attempt < 4:
-            time.sleep(rng.uniform(1.5, 4.0))
+            # A random moment once this process trains: a checkpoint is written every step, so the kill often
+            # lands mid-write. (A delay from the start would land in the seconds of importing torch on a slow
+            # machine, and test nothing.)
+            _wait_for_a_new_checkpoint(p, out, before)
+            time.sleep(rng.uniform(0.0, 0.6))
             if p.poll() is None:
                 p.send_signal(signal.SIGKILL)
                 p.wait()

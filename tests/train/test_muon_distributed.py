@@ -28,7 +28,10 @@ def _weights(run):
     return load_file(str(run / "model.safetensors"))
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+# Muon has code of its own only for FSDP's sharded parameters (optim.py gathers each DTensor's rows); under DDP
+# its parameters are plain tensors whose gradients DDP averages before any step, which test_distributed's DDP test
+# holds to one process. So the DDP case, half a minute of torchrun start-up, runs with the slow tests.
+@pytest.mark.parametrize("strategy", [pytest.param("ddp", marks=pytest.mark.slow), "fsdp"])
 def test_muon_two_ranks_match_one_process(tmp_path, corpus, strategy):
     _torchrun(tmp_path / "dist", corpus, {**MUON, "max_iters": 4, "strategy": strategy})
     train("gpt-char", data=str(corpus), out=tmp_path / "single", sets={**MUON, "max_iters": 4, "grad_accum": 2})
