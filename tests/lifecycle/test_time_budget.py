@@ -108,6 +108,8 @@ def test_timings_are_keyed_by_what_decides_them(tmp_path):
     for seconds in (20.0, 21.0, 22.0):
         timings.record(a, final=seconds)
     assert timings.recorded(a)["final"] == 21.0  # only the last three count
+    timings.record(a, finish_per_step=0.04489)  # a step of 45 ms: to the hundredth it was 0.04 (11 % short)
+    assert timings.recorded(a)["finish_per_step"] == 0.04489
 
 
 def test_a_call_of_main_counts_from_the_call_not_the_process(tmp_path, capsys, monkeypatch):
@@ -142,6 +144,20 @@ def test_a_recipes_own_budget_counts_from_the_end_of_a_one_time_preparation(tmp_
     assert any("the recipe's time_budget of 60 s counts from its end" in m for m in caplog.messages)
 
 
+class Counted:
+    """A job's batches, counting the furthest one drawn (as vqa's QABatches do)."""
+
+    def __init__(self, source):
+        self.source, self.max_index = source, -1
+
+    def batch(self, i):
+        self.max_index = max(self.max_index, i)
+        return self.source.batch(i)
+
+    def __getattr__(self, name):
+        return getattr(self.source, name)
+
+
 def test_a_finish_that_repeats_the_steps_is_kept_per_step_and_measured_for_the_next_run(tmp_path, capsys):
     """A job whose ``finish`` trains again for the run's steps (vqa's baselines): the first run keeps what the job
     measures per step, so the whole run stays in its budget; what the finish then took, per step, is what the next
@@ -153,17 +169,6 @@ def test_a_finish_that_repeats_the_steps_is_kept_per_step_and_measured_for_the_n
     build = recipe.build
     per_step = 0.01  # the finish sleeps this per step trained: about as long again as a graph step here
     sleeps = []
-
-    class Counted:  # the job's batches, counting the furthest one drawn (as vqa's QABatches do)
-        def __init__(self, source):
-            self.source, self.max_index = source, -1
-
-        def batch(self, i):
-            self.max_index = max(self.max_index, i)
-            return self.source.batch(i)
-
-        def __getattr__(self, name):
-            return getattr(self.source, name)
 
     def repeating(ctx):
         job = build(ctx)
@@ -195,3 +200,45 @@ def test_a_finish_that_repeats_the_steps_is_kept_per_step_and_measured_for_the_n
         assert main(_graph(tmp_path / "second", "--time-budget", f"{budget:g}")) == 0
     assert "ms per step trained for what the run trains after it (as the last run like it took here)" in \
         capsys.readouterr().err
+
+
+@pytest.mark.parametrize("believed", [True, False])
+def test_a_finish_that_measures_its_steps_keeps_what_it_spends_once_with_the_fixed_seconds(tmp_path, believed):
+    """vqa's finish starts a worker process once, then trains the run's steps: with ``finish_step_metric`` the next
+    run keeps per step only what the steps took, and the once-only seconds with the fixed seconds after training
+    (so a run of more steps is not charged them again per step). A figure the finish cannot have measured (more
+    than all its seconds per step) is not believed: then all its seconds count per step, as without the metric."""
+    import dataclasses
+    import time
+
+    recipe = get_recipe("graph")
+    build = recipe.build
+    once, per_step = 0.6, 0.01
+
+    def repeating(ctx):
+        job = build(ctx)
+        source = Counted(job.source)
+
+        def finish(model):
+            time.sleep(once)
+            steps = source.max_index + 1
+            started = time.perf_counter()
+            time.sleep(per_step * steps)
+            took = (time.perf_counter() - started) / steps
+            return {"repeat_seconds_per_step": took if believed else 1e6}
+
+        return dataclasses.replace(job, source=source, finish=finish, finish_step_seconds=lambda: per_step,
+                                   finish_step_metric="repeat_seconds_per_step")
+
+    with mock.patch.object(recipe, "build", repeating):
+        assert main(_graph(tmp_path / "run", "--time-budget", "60", "--max-iters", "20")) == 0
+    steps = json.loads((tmp_path / "run" / "metrics.json").read_text())["step"]
+    assert steps == 20
+    kept = timings.recorded(next(iter(timings._read())))
+    everything = (once + per_step * steps) / steps  # 40 ms: what the finish took, over the steps
+    if believed:
+        assert per_step <= kept["finish_per_step"] < (per_step + everything) / 2  # the sleep's (it may oversleep)
+        assert kept["final"] >= once  # the worker's start, once, with the fixed seconds
+    else:
+        assert kept["finish_per_step"] >= everything
+

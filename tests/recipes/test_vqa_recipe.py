@@ -263,11 +263,12 @@ def test_the_baselines_trained_at_once_equal_those_trained_one_after_the_other_o
     """``cnn_parallel``: one CNN in a spawned process and one here, each on one thread, give the weights that
     training each on one thread gives; without two threads a run trains them one after the other and says so."""
     import dataclasses
+    import time
 
     from tokennet.data.vqa import QABatches
     from tokennet.recipes import get_recipe
     from tokennet.recipes import vqa as recipe
-    from tokennet.recipes.vqa import BASELINES, train_baselines
+    from tokennet.recipes.vqa import BASELINES, train_baselines, train_baselines_timed
     from tokennet.train.trainer import TrainConfig
 
     spec = AnimalQuestions(seed=0, test_size=8, unseen_size=4, val_size=4).filled()
@@ -289,8 +290,12 @@ def test_the_baselines_trained_at_once_equal_those_trained_one_after_the_other_o
     try:
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(recipe, "train_baseline", counted)
-            together = train_baselines(shared, cfg, src, "cpu", lr=3e-3, parallel=True)
+            started = time.perf_counter()
+            together, per_step = train_baselines_timed(shared, cfg, src, "cpu", lr=3e-3, parallel=True)
+            wall = time.perf_counter() - started
             assert here == ["vqa-cnn-shallow"]  # the other one trained in the spawned worker
+            # the slower one's steps, per step: the worker's start (spawning, importing torch) is not among them
+            assert 0 < per_step * cfg.max_iters < wall / 2
             assert torch.get_num_threads() == 2  # restored after its own CNN trained on one
             torch.set_num_threads(1)
             apart = train_baselines(shared, cfg, src, "cpu", lr=3e-3, parallel=False)
@@ -314,6 +319,7 @@ def test_a_budgeted_run_keeps_time_for_its_baselines_measured_on_a_copy_of_its_b
 
     from tokennet.data.vqa import QABatches
     from tokennet.lifecycle import BuildContext
+    from tokennet.lifecycle import budget as timings
     from tokennet.recipes import get_recipe
     from tokennet.recipes.vqa import baseline_step_seconds
     from tokennet.train.trainer import TrainConfig
@@ -329,10 +335,13 @@ def test_a_budgeted_run_keeps_time_for_its_baselines_measured_on_a_copy_of_its_b
     with pytest.MonkeyPatch.context() as mp, caplog.at_level(logging.INFO, logger="tokennet"):
         mp.setenv("TOKENNET_CACHE", str(tmp_path / "cache"))
         mp.setattr(recipe, "build", kept)
-        train("vqa", out=tmp_path / "vqa", sets={**TINY, "time_budget": 600.0}, device="cpu")
+        _, metrics = train("vqa", out=tmp_path / "vqa", sets={**TINY, "time_budget": 600.0}, device="cpu")
+        recorded = timings.recorded(next(iter(timings._read())))
     job = jobs[-1]
     assert job.source.max_index == TINY["max_iters"] - 1  # the measurement drew none of the run's batches
     assert any("ms per step trained for what the run trains after it (measured now)" in m for m in caplog.messages)
+    # the next run keeps what the baselines' steps took, per step; the worker's start and their evaluation once
+    assert recorded["finish_per_step"] == float(f"{metrics['cnn_seconds_per_step']:.4g}") > 0
     spec = job.data
     mean, std = spec.pixel_stats()
     shared = {"vocab_size": len(spec.words), "num_answers": len(spec.answers), "pixel_mean": mean, "pixel_std": std,

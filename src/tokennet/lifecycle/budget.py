@@ -106,7 +106,8 @@ def record(key: str, **seconds: float) -> None:
     entry = table.get(key) if isinstance(table.get(key), dict) else {}
     for kind, value in seconds.items():
         before = entry.get(kind) if isinstance(entry.get(kind), list) else []
-        entry[kind] = [*before, round(value, 2)][-KEPT:]
+        # four significant digits: to the hundredth of a second, a step's 45 ms was kept as 0.04 (11 % short)
+        entry[kind] = [*before, float(f"{value:.4g}")][-KEPT:]
     entry["when"] = round(time.time())
     table[key] = entry
     recent = sorted(table, key=lambda k: table[k].get("when", 0) if isinstance(table[k], dict) else 0)[-KEYS_KEPT:]

@@ -102,6 +102,10 @@ class Job:
             on the transformer's batches after it): measures here, before training, the seconds ``finish`` adds per
             step trained. A time budget then keeps them for every step (the first run of a setting on a machine;
             later ones reuse what ``finish`` took, per step, in the last runs).
+        finish_step_metric: the metric of ``finish``'s that holds the seconds its repeated steps took per step,
+            what it spends once (a worker started, its models built and evaluated) apart; a time budget keeps that
+            for the next run's steps and the rest with the fixed seconds after training. None: ``finish``'s
+            seconds over the steps trained.
         data: the data spec to save with the run (default: the context's; a recipe whose data fills in
             derived fields, such as class names, returns the filled spec).
         new_modules: dotted names of the modules of ``model`` that ``build`` created afresh instead of loading
@@ -116,6 +120,7 @@ class Job:
     tokenizer: Any = None
     finish: Callable[[nn.Module], dict[str, Any]] | None = None
     finish_step_seconds: Callable[[], float] | None = None
+    finish_step_metric: str | None = None
     data: DataSpec | None = None
     new_modules: tuple[str, ...] = ()
 

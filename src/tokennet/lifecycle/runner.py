@@ -407,10 +407,20 @@ def _finish(plan: _Plan, job, model, final: dict[str, Any], on_metrics=None, tra
         after = plan.clock.spent() - trainer.stopped_at
         if job.finish_step_seconds is None or finish_seconds is None or trainer.step == 0:
             timings.record(plan.timings_key, final=after)
-        else:  # the finish apart, per step: the next run may train another number of steps
-            timings.record(plan.timings_key, final=after - finish_seconds,
-                           finish_per_step=finish_seconds / trainer.step)
+        else:  # the finish's steps apart, per step: the next run may train another number of steps
+            per_step = _finish_step_took(job, metrics, finish_seconds, trainer.step)
+            timings.record(plan.timings_key, final=after - per_step * trainer.step, finish_per_step=per_step)
     return metrics
+
+
+def _finish_step_took(job, metrics: dict[str, Any], finish_seconds: float, steps: int) -> float:
+    """The seconds per step the job's ``finish`` spent repeating the run's steps: its own measurement, where it
+    names one (``finish_step_metric``: what it spends once then counts with the fixed seconds after training),
+    else all its seconds over the steps."""
+    took = metrics.get(job.finish_step_metric) if job.finish_step_metric else None
+    if isinstance(took, (int, float)) and 0 <= took <= finish_seconds / steps:
+        return float(took)
+    return finish_seconds / steps
 
 
 def _final_metrics(plan: _Plan, job, model, final: dict[str, Any]) -> tuple[dict[str, Any], float | None]:

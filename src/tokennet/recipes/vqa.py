@@ -107,8 +107,9 @@ from ..tasks.vqa import attention_mass, attention_vs_others, counted_mass, exact
 from ..tasks.vqa_heads import head_statistics, head_summary, patches_meet
 from ..train.trainer import Trainer
 
-__all__ = ["evaluate", "train_baseline", "train_baselines", "baseline_settings", "baseline_step_seconds",
-           "check_transformer", "derive_settings", "BASELINES", "GENERIC", "GENERIC_TRAIN", "TUNED", "TUNED_TRAIN"]
+__all__ = ["evaluate", "train_baseline", "train_baselines", "train_baselines_timed", "baseline_settings",
+           "baseline_step_seconds", "check_transformer", "derive_settings", "BASELINES", "GENERIC", "GENERIC_TRAIN",
+           "TUNED", "TUNED_TRAIN"]
 
 log = logging.getLogger(__name__)
 
@@ -224,13 +225,15 @@ def train_baseline(preset: str, model_settings: dict[str, Any], train, source, d
 def _baseline_in_worker(conn, preset: str, model_settings: dict[str, Any], train, source, lr: float,
                         precision: str) -> None:
     """A spawned process's share of :func:`train_baselines`: one CNN on one thread; sends ``("ok", its state dict
-    as torch.save's bytes)`` or ``("error", message)`` back through ``conn``."""
+    as torch.save's bytes, the seconds its training took)`` or ``("error", message)`` back through ``conn``."""
     torch.set_num_threads(1)
     try:
+        started = time.perf_counter()
         m = train_baseline(preset, model_settings, train, source, "cpu", lr=lr, precision=precision)
+        took = time.perf_counter() - started
         buf = io.BytesIO()  # bytes, not tensors: torch's shared-memory handles die with this process
         torch.save(m.state_dict(), buf)
-        conn.send(("ok", buf.getvalue()))
+        conn.send(("ok", buf.getvalue(), took))
     except BaseException as err:  # noqa: BLE001 - reported in the parent, whatever it was
         conn.send(("error", f"{type(err).__name__}: {one_line(err)}"))
     finally:
@@ -261,10 +264,22 @@ def train_baselines(model_settings: dict[str, Any], train, source, device, *, lr
     here — instead of one after the other on all threads. A CNN this small gains little from a second thread, so
     this takes about the time of one of them (the weights are those of training each on one thread). If this
     process fails or is stopped, the worker is stopped too; a worker that fails or dies is a one-line error."""
+    return train_baselines_timed(model_settings, train, source, device, lr=lr, precision=precision,
+                                 parallel=parallel, readout=readout)[0]
+
+
+def train_baselines_timed(model_settings: dict[str, Any], train, source, device, *, lr: float,
+                          precision: str = "fp32", parallel: bool = False, readout: str = "flatten"
+                          ) -> tuple[dict[str, torch.nn.Module], float]:
+    """:func:`train_baselines`, and the seconds their training took per step (``train.max_iters``): in parallel
+    the slower one's, one after the other the two added — the worker's start apart (what a time budget keeps per
+    step, :func:`baseline_step_seconds` its estimate before training)."""
     settings = {preset: baseline_settings(preset, model_settings, readout) for preset in BASELINES.values()}
     if not parallel or torch.device(device).type != "cpu":
-        return {prefix: train_baseline(preset, settings[preset], train, source, device, lr=lr, precision=precision)
-                for prefix, preset in BASELINES.items()}
+        started = time.perf_counter()
+        models = {prefix: train_baseline(preset, settings[preset], train, source, device, lr=lr,
+                                         precision=precision) for prefix, preset in BASELINES.items()}
+        return models, (time.perf_counter() - started) / max(1, train.max_iters)
     import multiprocessing
 
     (far, far_preset), (near, near_preset) = BASELINES.items()
@@ -278,12 +293,14 @@ def train_baselines(model_settings: dict[str, Any], train, source, device, *, lr
     try:
         torch.set_num_threads(1)
         try:
+            started = time.perf_counter()
             here = train_baseline(near_preset, settings[near_preset], train, source, device, lr=lr,
                                   precision=precision)
+            took_here = time.perf_counter() - started
         finally:
             torch.set_num_threads(threads)
         try:
-            status, payload = receive.recv()
+            status, payload, *took_there = receive.recv()
         except EOFError:
             worker.join()
             raise RecipeError(f"the {far_preset} baseline's worker process died (exit code {worker.exitcode}); "
@@ -299,17 +316,18 @@ def train_baselines(model_settings: dict[str, Any], train, source, device, *, lr
             worker.join()
     m = create_model(far_preset, **settings[far_preset])
     m.load_state_dict(torch.load(io.BytesIO(payload), weights_only=True))
-    return {far: m.to(device).eval(), near: here}
+    return {far: m.to(device).eval(), near: here}, max(took_here, *took_there) / max(1, train.max_iters)
 
 
 def baseline_step_seconds(model_settings: dict[str, Any], train, source, device, *, lr: float,
                           precision: str = "fp32", parallel: bool = False, readout: str = "flatten",
-                          steps: tuple[int, int] = (2, 8)) -> float:
+                          steps: tuple[int, int] = (2, 20)) -> float:
     """The seconds :func:`train_baselines` takes per step trained, measured here: each baseline trained as it would
     be for ``steps[0]`` and for ``steps[1]`` steps, the difference over the extra steps (building the model and the
     trainer cancel out). In parallel both train at once on one thread each, so a step costs the slower one's; one
     after the other, the two added. ``source`` must be a copy of the run's batches, not the one training reads
-    (its furthest batch decides how many steps the baselines train)."""
+    (its furthest batch decides how many steps the baselines train). 18 extra steps: with 6, the estimate here
+    fell a fifth below or a quarter above what the run's steps then took."""
     few, more = steps
     threads = torch.get_num_threads()
     per_model = []
@@ -373,7 +391,7 @@ def build(ctx: BuildContext) -> Job:
         held = spec.held_out()
         out["cnn_parallel"] = parallel
         out["cnn_readout"] = opts["cnn_readout"]
-        cnns = train_baselines(shared, steps, src, device, **baselines)
+        cnns, out["cnn_seconds_per_step"] = train_baselines_timed(shared, steps, src, device, **baselines)
         for prefix, preset in BASELINES.items():
             cnn = cnns[prefix]
             out.update(evaluate(cnn, spec, held, prefix=prefix))
@@ -388,7 +406,8 @@ def build(ctx: BuildContext) -> Job:
         return baseline_step_seconds(shared, train, QABatches(spec, train.batch_size, max_len), device, **baselines)
 
     return Job(model=model.to(device), source=src, evaluate=monitor, tokens_per_batch=train.batch_size,
-               finish=finish, finish_step_seconds=finish_step_seconds if opts["baselines"] else None, data=spec)
+               finish=finish, finish_step_seconds=finish_step_seconds if opts["baselines"] else None,
+               finish_step_metric="cnn_seconds_per_step", data=spec)
 
 
 def evaluate_run(run, data) -> dict[str, Any]:
