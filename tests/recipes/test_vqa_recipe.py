@@ -261,7 +261,8 @@ def test_cnn_precision_auto_is_bf16_only_where_the_cpu_has_it_and_a_bad_one_is_r
 
 def test_the_baselines_trained_at_once_equal_those_trained_one_after_the_other_on_one_thread():
     """``cnn_parallel``: one CNN in a spawned process and one here, each on one thread, give the weights that
-    training each on one thread gives; without two threads a run trains them one after the other and says so."""
+    training each on one thread gives (and a budget's estimate of their step is measured the same way); without two
+    threads a run trains them one after the other and says so."""
     import dataclasses
     import time
 
@@ -297,9 +298,15 @@ def test_the_baselines_trained_at_once_equal_those_trained_one_after_the_other_o
             # the slower one's steps, per step: the worker's start (spawning, importing torch) is not among them
             assert 0 < per_step * cfg.max_iters < wall / 2
             assert torch.get_num_threads() == 2  # restored after its own CNN trained on one
+            # a budget's estimate measures them as they train: the same worker, both at once (3 calls each: one
+            # untimed, then 1 and 3 steps), here the shallow one only
+            here.clear()
+            assert 0 < recipe.baseline_step_seconds(shared, cfg, src, "cpu", lr=3e-3, parallel=True, steps=(1, 3))
+            assert here == ["vqa-cnn-shallow"] * 3 and torch.get_num_threads() == 2
+            here.clear()
             torch.set_num_threads(1)
             apart = train_baselines(shared, cfg, src, "cpu", lr=3e-3, parallel=False)
-            assert here == ["vqa-cnn-shallow", "vqa-cnn", "vqa-cnn-shallow"]
+            assert here == ["vqa-cnn", "vqa-cnn-shallow"]
     finally:
         torch.set_num_threads(before)
     assert set(together) == set(apart) == set(BASELINES)

@@ -88,11 +88,13 @@ receptive-field sweep — is in ``docs/experiments/vqa.md``, each figure cited f
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import logging
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -224,8 +226,8 @@ def train_baseline(preset: str, model_settings: dict[str, Any], train, source, d
 
 def _baseline_in_worker(conn, preset: str, model_settings: dict[str, Any], train, source, lr: float,
                         precision: str) -> None:
-    """A spawned process's share of :func:`train_baselines`: one CNN on one thread; sends ``("ok", its state dict
-    as torch.save's bytes, the seconds its training took)`` or ``("error", message)`` back through ``conn``."""
+    """A spawned process's share of :func:`train_baselines`: one CNN on one thread; sends ``("ok", (its state dict
+    as torch.save's bytes, the seconds its training took))`` or ``("error", message)`` back through ``conn``."""
     torch.set_num_threads(1)
     try:
         started = time.perf_counter()
@@ -233,11 +235,63 @@ def _baseline_in_worker(conn, preset: str, model_settings: dict[str, Any], train
         took = time.perf_counter() - started
         buf = io.BytesIO()  # bytes, not tensors: torch's shared-memory handles die with this process
         torch.save(m.state_dict(), buf)
-        conn.send(("ok", buf.getvalue(), took))
+        conn.send(("ok", (buf.getvalue(), took)))
     except BaseException as err:  # noqa: BLE001 - reported in the parent, whatever it was
         conn.send(("error", f"{type(err).__name__}: {one_line(err)}"))
     finally:
         conn.close()
+
+
+def _step_seconds_in_worker(conn, preset: str, model_settings: dict[str, Any], train, source, lr: float,
+                            precision: str, steps: tuple[int, int]) -> None:
+    """A spawned process's share of :func:`baseline_step_seconds`: says ``("ready", None)`` once started, then
+    measures one CNN's seconds per step on one thread and sends ``("ok", seconds)`` (or ``("error", message)``)."""
+    torch.set_num_threads(1)
+    try:
+        conn.send(("ready", None))
+        conn.send(("ok", _one_step_seconds(preset, model_settings, train, source, "cpu", lr, precision, steps)))
+    except BaseException as err:  # noqa: BLE001 - reported in the parent, whatever it was
+        conn.send(("error", f"{type(err).__name__}: {one_line(err)}"))
+    finally:
+        conn.close()
+
+
+@contextlib.contextmanager
+def _worker(target, preset: str, *args) -> Iterator[Callable[[str], Any]]:
+    """A spawned process (not forked: this process's thread pools do not survive a fork) running ``target(conn,
+    *args)`` for the baseline ``preset``; yields ``receive(status)``, the payload of its next message, which must
+    carry that status. A worker that reports an error or dies is a one-line :class:`RecipeError`. On leaving, the
+    worker is joined, or stopped if this process failed or was stopped first."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    pipe, send = ctx.Pipe(duplex=False)
+    worker = ctx.Process(target=target, daemon=True, name=f"tokennet-{preset}", args=(send, *args))
+    worker.start()
+    send.close()  # the worker holds the only sending end: its death ends the pipe (EOFError below)
+    finished = False
+
+    def receive(expected: str) -> Any:
+        nonlocal finished
+        try:
+            status, payload = pipe.recv()
+        except EOFError:
+            worker.join()
+            raise RecipeError(f"the {preset} baseline's worker process died (exit code {worker.exitcode}); "
+                              "--set cnn_parallel=false trains the baselines one after the other") from None
+        if status != expected:
+            raise RecipeError(f"the {preset} baseline failed in its worker process: {payload}")
+        finished = status == "ok"
+        return payload
+
+    try:
+        yield receive
+    finally:
+        pipe.close()
+        worker.join(timeout=30 if finished else 0)
+        if worker.is_alive():
+            worker.terminate()
+            worker.join()
 
 
 def baseline_settings(preset: str, model_settings: dict[str, Any], readout: str = "flatten") -> dict[str, Any]:
@@ -280,72 +334,67 @@ def train_baselines_timed(model_settings: dict[str, Any], train, source, device,
         models = {prefix: train_baseline(preset, settings[preset], train, source, device, lr=lr,
                                          precision=precision) for prefix, preset in BASELINES.items()}
         return models, (time.perf_counter() - started) / max(1, train.max_iters)
-    import multiprocessing
-
     (far, far_preset), (near, near_preset) = BASELINES.items()
-    ctx = multiprocessing.get_context("spawn")  # not fork: this process's thread pools do not survive a fork
-    receive, send = ctx.Pipe(duplex=False)
-    worker = ctx.Process(target=_baseline_in_worker, daemon=True, name=f"tokennet-{far_preset}",
-                         args=(send, far_preset, settings[far_preset], train, source, lr, precision))
-    worker.start()
-    send.close()  # the worker holds the only sending end: its death ends the pipe (EOFError below)
-    threads, done = torch.get_num_threads(), False
-    try:
-        torch.set_num_threads(1)
-        try:
+    with _worker(_baseline_in_worker, far_preset, far_preset, settings[far_preset], train, source, lr,
+                 precision) as receive:
+        with _one_thread():
             started = time.perf_counter()
             here = train_baseline(near_preset, settings[near_preset], train, source, device, lr=lr,
                                   precision=precision)
             took_here = time.perf_counter() - started
-        finally:
-            torch.set_num_threads(threads)
-        try:
-            status, payload, *took_there = receive.recv()
-        except EOFError:
-            worker.join()
-            raise RecipeError(f"the {far_preset} baseline's worker process died (exit code {worker.exitcode}); "
-                              "--set cnn_parallel=false trains the baselines one after the other") from None
-        if status != "ok":
-            raise RecipeError(f"the {far_preset} baseline failed in its worker process: {payload}")
-        done = True
-    finally:
-        receive.close()
-        worker.join(timeout=30 if done else 0)
-        if worker.is_alive():
-            worker.terminate()
-            worker.join()
+        state, took_there = receive("ok")
     m = create_model(far_preset, **settings[far_preset])
-    m.load_state_dict(torch.load(io.BytesIO(payload), weights_only=True))
-    return {far: m.to(device).eval(), near: here}, max(took_here, *took_there) / max(1, train.max_iters)
+    m.load_state_dict(torch.load(io.BytesIO(state), weights_only=True))
+    return {far: m.to(device).eval(), near: here}, max(took_here, took_there) / max(1, train.max_iters)
+
+
+@contextlib.contextmanager
+def _one_thread() -> Iterator[None]:
+    """Torch's intra-op threads set to one inside, restored after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _one_step_seconds(preset: str, settings: dict[str, Any], train, source, device, lr: float, precision: str,
+                      steps: tuple[int, int]) -> float:
+    """One baseline's seconds per step: trained for ``steps[0]`` and for ``steps[1]`` steps, the difference over the
+    extra steps (building the model and the trainer cancel out), after ``steps[0]`` untimed (a fresh process's first
+    steps pay for setting up its kernels: timed, they made the difference negative)."""
+    few, more = steps
+    took = []
+    for n in (few, few, more):
+        started = time.perf_counter()
+        train_baseline(preset, settings, dataclasses.replace(train, max_iters=n), source, device, lr=lr,
+                       precision=precision)
+        took.append(time.perf_counter() - started)
+    return max(0.0, took[2] - took[1]) / (more - few)
 
 
 def baseline_step_seconds(model_settings: dict[str, Any], train, source, device, *, lr: float,
                           precision: str = "fp32", parallel: bool = False, readout: str = "flatten",
                           steps: tuple[int, int] = (2, 20)) -> float:
-    """The seconds :func:`train_baselines` takes per step trained, measured here: each baseline trained as it would
-    be for ``steps[0]`` and for ``steps[1]`` steps, the difference over the extra steps (building the model and the
-    trainer cancel out). In parallel both train at once on one thread each, so a step costs the slower one's; one
-    after the other, the two added. ``source`` must be a copy of the run's batches, not the one training reads
-    (its furthest batch decides how many steps the baselines train). 18 extra steps: with 6, the estimate here
-    fell a fifth below or a quarter above what the run's steps then took."""
-    few, more = steps
-    threads = torch.get_num_threads()
-    per_model = []
-    try:
-        if parallel:
-            torch.set_num_threads(1)
-        for preset in BASELINES.values():
-            settings = baseline_settings(preset, model_settings, readout)
-            took = []
-            for n in (few, more):
-                started = time.perf_counter()
-                train_baseline(preset, settings, dataclasses.replace(train, max_iters=n), source, device, lr=lr,
-                               precision=precision)
-                took.append(time.perf_counter() - started)
-            per_model.append(max(0.0, took[1] - took[0]) / (more - few))
-    finally:
-        torch.set_num_threads(threads)
-    return max(per_model) if parallel else sum(per_model)
+    """The seconds :func:`train_baselines` takes per step trained, measured here as it trains them: each baseline
+    trained for ``steps[0]`` and for ``steps[1]`` steps, the difference over the extra steps. In parallel both at
+    once on one thread each, the first in a spawned process (its start, a few seconds, is not counted), so a step
+    costs the slower one's; one after the other, the two added. ``source`` must be a copy of the run's batches, not
+    the one training reads (its furthest batch decides how many steps the baselines train). 18 extra steps: with 6,
+    the estimate here fell a fifth below or a quarter above what the run's steps then took; and one at a time, a
+    sixth below what they took at once."""
+    settings = {preset: baseline_settings(preset, model_settings, readout) for preset in BASELINES.values()}
+    if not parallel or torch.device(device).type != "cpu":
+        return sum(_one_step_seconds(preset, settings[preset], train, source, device, lr, precision, steps)
+                   for preset in BASELINES.values())
+    far_preset, near_preset = BASELINES.values()
+    with _worker(_step_seconds_in_worker, far_preset, far_preset, settings[far_preset], train, source, lr,
+                 precision, steps) as receive:
+        receive("ready")  # both measure from here, at once
+        with _one_thread():
+            here = _one_step_seconds(near_preset, settings[near_preset], train, source, device, lr, precision, steps)
+        return max(here, receive("ok"))
 
 
 def build(ctx: BuildContext) -> Job:
