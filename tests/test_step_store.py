@@ -45,7 +45,7 @@ def kept(tmp_path_factory):
             net.forward_features(torch.tensor([[1, 2, 3]]), caches=caches)
             step(torch.tensor([[4]]), caches)
         assert step.compiled and step.compile_s > 0, "torch.compile did not work here"
-    return root, step.artifact("B1")
+        return root, step.artifact("B1")  # inside: the artifact's path is under TOKENNET_CACHE, this store
 
 
 def _fresh(root, monkeypatch, tmp_path, seed: int = 0):
