@@ -382,7 +382,7 @@ def baseline_step_seconds(model_settings: dict[str, Any], train, source, device,
     once on one thread each, the first in a spawned process (its start, a few seconds, is not counted), so a step
     costs the slower one's; one after the other, the two added. ``source`` must be a copy of the run's batches, not
     the one training reads (its furthest batch decides how many steps the baselines train). 18 extra steps: with 6,
-    the estimate here fell a fifth below or a quarter above what the run's steps then took; and one at a time, a
+    the estimate here fell a fifth below or a quarter above what the run's steps then took; one at a time, up to a
     sixth below what they took at once."""
     settings = {preset: baseline_settings(preset, model_settings, readout) for preset in BASELINES.values()}
     if not parallel or torch.device(device).type != "cpu":
