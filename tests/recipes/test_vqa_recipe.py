@@ -299,9 +299,9 @@ def test_the_baselines_trained_at_once_equal_those_trained_one_after_the_other_o
             assert 0 < per_step * cfg.max_iters < wall / 2
             assert torch.get_num_threads() == 2  # restored after its own CNN trained on one
             # a budget's estimate measures them as they train: the same worker, both at once (3 calls each: one
-            # untimed, then 1 and 3 steps), here the shallow one only
+            # untimed, then 1 and 6 steps; 5 more steps outlast the building's jitter), here the shallow one only
             here.clear()
-            assert 0 < recipe.baseline_step_seconds(shared, cfg, src, "cpu", lr=3e-3, parallel=True, steps=(1, 3))
+            assert 0 < recipe.baseline_step_seconds(shared, cfg, src, "cpu", lr=3e-3, parallel=True, steps=(1, 6))
             assert here == ["vqa-cnn-shallow"] * 3 and torch.get_num_threads() == 2
             here.clear()
             torch.set_num_threads(1)
