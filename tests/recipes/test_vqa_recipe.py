@@ -295,8 +295,9 @@ def test_the_baselines_trained_at_once_equal_those_trained_one_after_the_other_o
             together, per_step = train_baselines_timed(shared, cfg, src, "cpu", lr=3e-3, parallel=True)
             wall = time.perf_counter() - started
             assert here == ["vqa-cnn-shallow"]  # the other one trained in the spawned worker
-            # the slower one's steps, per step: the worker's start (spawning, importing torch) is not among them
-            assert 0 < per_step * cfg.max_iters < wall / 2
+            # the slower one's training, per step: within the call (seconds not divided by the steps would exceed
+            # it); the worker's first steps pay its kernels' setup, seconds on some machines, so no tighter bound
+            assert 0 < per_step * cfg.max_iters <= wall
             assert torch.get_num_threads() == 2  # restored after its own CNN trained on one
             # a budget's estimate measures them as they train: the same worker, both at once (3 calls each: one
             # untimed, then 1 and 6 steps; 5 more steps outlast the building's jitter), here the shallow one only
