@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from tokennet.dropout import LEVELS, Dropout, dropout, kept_probability
+from tokennet.dropout import LEVELS, Dropout, _keep_mask, dropout, kept_probability
 from tokennet.layers import Block
 
 
@@ -40,15 +40,17 @@ def test_eval_mode_and_zero_are_the_identity_and_the_seed_repeats_the_mask():
     layer.eval()
     assert layer(x) is x and dropout(x, 0.0) is x and dropout(x, 0.5, training=False) is x
     layer.train()
-    # The mask comes from torch's integer generator (64-bit words cut into 16-bit draws), which gives the same bits
-    # on every CPU for a seed, and randn's x has no zeros: so the kept units compare exactly, as booleans.
+    # The mask is the contract that compares exactly: integers from torch's CPU generator (int64 words, read as
+    # 16-bit draws in the machine's byte order, little-endian on x86) compared with an integer threshold, so a
+    # seed gives the same booleans on any x86 CPU. The layer's output is that mask times a float scale: a tolerance.
     torch.manual_seed(3)
-    first = layer(x) != 0
+    first = _keep_mask(x.shape, 0.2)
     torch.manual_seed(3)
-    same_seed = layer(x) != 0
-    next_draw = layer(x) != 0
-    assert torch.equal(first, same_seed)
+    same_seed, next_draw = _keep_mask(x.shape, 0.2), _keep_mask(x.shape, 0.2)
+    assert first.dtype == torch.bool and torch.equal(first, same_seed)
     assert not torch.equal(first, next_draw)  # 128 units at p = 0.2: alike by chance with probability 0.68^128 ≈ 4e-22
+    torch.manual_seed(3)
+    torch.testing.assert_close(layer(x), torch.where(first, x / kept_probability(0.2), 0.0))  # the layer uses it
     assert layer(x).dtype == x.dtype and layer(x.bfloat16()).dtype == torch.bfloat16
     for bad in (-0.1, 1.0):
         with pytest.raises(ValueError, match="dropout probability must be in"):

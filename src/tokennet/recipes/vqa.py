@@ -381,9 +381,9 @@ def baseline_step_seconds(model_settings: dict[str, Any], train, source, device,
     trained for ``steps[0]`` and for ``steps[1]`` steps, the difference over the extra steps. In parallel both at
     once on one thread each, the first in a spawned process (its start, a few seconds, is not counted), so a step
     costs the slower one's; one after the other, the two added. ``source`` must be a copy of the run's batches, not
-    the one training reads (its furthest batch decides how many steps the baselines train). 18 extra steps: with 6,
-    the estimate here fell a fifth below or a quarter above what the run's steps then took; one at a time, up to a
-    sixth below what they took at once."""
+    the one training reads (its furthest batch decides how many steps the baselines train). 18 extra steps, not 6,
+    and both at once, not one at a time: either way the estimate fell short of what the run's steps then took
+    (``docs/tutorials/vqa.md`` cites the budgeted runs)."""
     settings = {preset: baseline_settings(preset, model_settings, readout) for preset in BASELINES.values()}
     if not parallel or torch.device(device).type != "cpu":
         return sum(_one_step_seconds(preset, settings[preset], train, source, device, lr, precision, steps)
