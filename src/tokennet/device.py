@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 
 from .errors import ConfigError
 
-__all__ = ["resolve_device", "cpu_flags", "native_bf16"]
+__all__ = ["resolve_device", "cpu_flags", "native_bf16", "one_thread"]
 
 
 def resolve_device(device: str) -> torch.device:
@@ -53,3 +56,17 @@ def native_bf16() -> bool:
     """Whether this CPU multiplies bfloat16 in hardware (AMX or AVX-512 BF16): where bf16 autocast speeds up
     convolutions and matmuls rather than emulating them."""
     return bool({"amx_bf16", "avx512_bf16"} & cpu_flags())
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """Torch's intra-op threads set to one inside the ``with`` block, and back to what they were after (an
+    exception too). For small models, small batches and token-by-token decoding on a CPU, which are
+    latency-bound: extra threads only add synchronisation, and far more when other processes share the cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+

@@ -100,7 +100,7 @@ from typing import Any
 import torch
 
 from ..data.vqa import COLOURS, GENERATED, AnimalQuestions, QABatches, QASet, tokenize_question
-from ..device import native_bf16
+from ..device import native_bf16, one_thread
 from ..errors import RecipeError, one_line
 from ..lifecycle import BuildContext, Job, Recipe, register_recipe
 from ..models.registry import config_from_dict, create_model, preset_info
@@ -337,7 +337,7 @@ def train_baselines_timed(model_settings: dict[str, Any], train, source, device,
     (far, far_preset), (near, near_preset) = BASELINES.items()
     with _worker(_baseline_in_worker, far_preset, far_preset, settings[far_preset], train, source, lr,
                  precision) as receive:
-        with _one_thread():
+        with one_thread():
             started = time.perf_counter()
             here = train_baseline(near_preset, settings[near_preset], train, source, device, lr=lr,
                                   precision=precision)
@@ -346,17 +346,6 @@ def train_baselines_timed(model_settings: dict[str, Any], train, source, device,
     m = create_model(far_preset, **settings[far_preset])
     m.load_state_dict(torch.load(io.BytesIO(state), weights_only=True))
     return {far: m.to(device).eval(), near: here}, max(took_here, took_there) / max(1, train.max_iters)
-
-
-@contextlib.contextmanager
-def _one_thread() -> Iterator[None]:
-    """Torch's intra-op threads set to one inside, restored after."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _one_step_seconds(preset: str, settings: dict[str, Any], train, source, device, lr: float, precision: str,
@@ -392,7 +381,7 @@ def baseline_step_seconds(model_settings: dict[str, Any], train, source, device,
     with _worker(_step_seconds_in_worker, far_preset, far_preset, settings[far_preset], train, source, lr,
                  precision, steps) as receive:
         receive("ready")  # both measure from here, at once
-        with _one_thread():
+        with one_thread():
             here = _one_step_seconds(near_preset, settings[near_preset], train, source, device, lr, precision, steps)
         return max(here, receive("ok"))
 

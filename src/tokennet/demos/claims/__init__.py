@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from ...device import one_thread
 from ...errors import TokennetError
 from . import (  # noqa: F401 -- each registers its claims
     architectures,
@@ -84,11 +85,9 @@ def run_claims(out_dir: str | Path, *, seed: int = 0, only: str | None = None) -
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     results: dict[str, tuple[Claim, Result, float]] = {}
-    threads = torch.get_num_threads()
     # The models are tiny: one thread runs them as fast as several, and far faster when other processes share
     # the cores (intra-op threads then wait on each other at every small operator).
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         for claim in chosen:
             torch.manual_seed(seed)
             start = time.perf_counter()
@@ -96,8 +95,6 @@ def run_claims(out_dir: str | Path, *, seed: int = 0, only: str | None = None) -
             result = results[claim.name][1]
             logging.getLogger(__name__).info("claim %s: %s (%.1f s)", claim.name,
                                              _verdict(result.holds, result.measured), results[claim.name][2])
-    finally:
-        torch.set_num_threads(threads)
     metrics = {"seed": seed, "claims": {
         name: {"number": claim.number, "claim": claim.quote, "run": result.run, "measured": result.measured,
                "holds": result.holds, "source": result.source, "seconds": round(dt, 2), "table": result.table,

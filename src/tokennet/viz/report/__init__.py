@@ -210,23 +210,20 @@ def _log_problems(data: LogData) -> str:
 
 
 def _panel_sections(run, data: LogData) -> list[Section]:
-    import torch
+    from ...device import one_thread
 
     panel = _PANELS.get(run.task.kind, run.task.panel)
     if run.task.kind not in _PANELS and not run.task.declares("panel"):
         return [(run.task.name, note(f"No report panel is declared for {esc(run.task.kind)!s} runs."))]
-    threads = torch.get_num_threads()
     try:
         # Panels run small batches and token-by-token decoding: on a CPU that is latency-bound, and extra
         # threads only add synchronisation (15× slower measured on a busy 2-core machine).
-        torch.set_num_threads(1)
-        return panel(run, data)
+        with one_thread():
+            return panel(run, data)
     except _EXPECTED as err:
         msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         log.warning("report: the %s panel could not be drawn: %s", run.task.kind, msg)
         return [(run.task.name, note(f"This panel could not be drawn: {esc(msg)}", "warn"))]
-    finally:
-        torch.set_num_threads(threads)
 
 
 def build_report(run_dir: str | Path, *, defaults: dict[str, Any] | None = None, panels: bool = True,
