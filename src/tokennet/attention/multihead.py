@@ -189,7 +189,7 @@ class MultiHeadAttention(nn.Module):
         self.is_cross = context_dim is not None
         self.dropout, self.backend = dropout, backend
         # A decoding engine's attention kernel (use_kernel): a function of (q, k, v, mask, *, bias, dropout,
-        # return_weights) giving the output, or None for a call it does not take. Not state: never saved.
+        # return_weights, is_causal) giving the output, or None for a call it does not take. Not state: never saved.
         self.kernel: AttentionKernel | None = None
         self.q_dim, self.kv_dim = num_heads * head_dim, num_kv_heads * head_dim  # H·E and Hkv·E
         if not value_proj and self.kv_dim != self.context_dim:
@@ -347,7 +347,8 @@ class MultiHeadAttention(nn.Module):
         weights are asked for), unless a decoding engine installed a :attr:`kernel` that takes this call."""
         dropout = self.dropout if self.training else 0.0
         if self.kernel is not None and not cross:  # a decoding engine's choice (use_kernel), for the calls it takes
-            out = self.kernel(q, k, v, mask, bias=bias, dropout=dropout, return_weights=return_weights)
+            out = self.kernel(q, k, v, mask, bias=bias, dropout=dropout, return_weights=return_weights,
+                              is_causal=is_causal)
             if out is not None:
                 return out
         return attention(q, k, v, mask, bias=bias, is_causal=is_causal, dropout=dropout,

@@ -494,6 +494,155 @@ at::Tensor kblocks(const at::Tensor& x, const at::Tensor& packed, int64_t fmt, c
   return y;
 }
 
+// ---- The float steps between the integer products (pinned.py) ----------------------------------------------------
+// A decoding step rounds its activations to int8 before every product, so a float one ulp apart on either side of a
+// rounding boundary gives another integer and, a few steps later, maybe another token. These are the float steps
+// whose results such a rounding meets (a norm, RoPE's angles, attention, the MLP's activation), written once here
+// with a fixed order of every sum, and called both eagerly and from a compiled step (an opaque operation there):
+// both paths give the same floats, bit for bit. The rest of a step (residual sums, RoPE's rotation, the gate's
+// product) is one rounding per element, the same in both (Inductor fuses no multiply-add: ffp-contract=off).
+
+// y = (x * r) * (w + offset) per row of x (M, D) float32, r = 1 / sqrt(sum_d x_d^2 / D + eps), the squares added
+// in order in double.
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps, double offset) {
+  TORCH_CHECK(x.dtype() == at::kFloat && w.dtype() == at::kFloat && x.dim() == 2 && x.is_contiguous(),
+              "rms_norm: x (M, D) float32 contiguous");
+  const int64_t M = x.size(0), D = x.size(1);
+  TORCH_CHECK(w.numel() == D, "rms_norm: w of D floats");
+  auto wc = w.contiguous();
+  auto y = at::empty({M, D}, x.options());
+  const float* xp = x.data_ptr<float>();
+  const float* wp = wc.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  std::vector<float> scale(D);
+  for (int64_t d = 0; d < D; ++d) scale[d] = wp[d] + static_cast<float>(offset);
+  at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m) {
+      const float* row = xp + m * D;
+      double ss = 0.0;
+      for (int64_t d = 0; d < D; ++d) ss += static_cast<double>(row[d]) * row[d];
+      const float r = static_cast<float>(1.0 / std::sqrt(ss / D + eps));
+      for (int64_t d = 0; d < D; ++d) yp[m * D + d] = (row[d] * r) * scale[d];
+    }
+  });
+  return y;
+}
+
+// RoPE's tables from its angles: freqs (R, E/2) float32 -> cos, sin (R, E), channel j and j + E/2 sharing an angle.
+std::tuple<at::Tensor, at::Tensor> cos_sin(const at::Tensor& freqs) {
+  TORCH_CHECK(freqs.dtype() == at::kFloat && freqs.dim() == 2 && freqs.is_contiguous(),
+              "cos_sin: freqs (R, E/2) float32 contiguous");
+  const int64_t R = freqs.size(0), half = freqs.size(1);
+  auto c = at::empty({R, 2 * half}, freqs.options()), s = at::empty({R, 2 * half}, freqs.options());
+  const float* f = freqs.data_ptr<float>();
+  float* cp = c.data_ptr<float>();
+  float* sp = s.data_ptr<float>();
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t j = 0; j < half; ++j) {
+      const float a = f[r * half + j];
+      cp[r * 2 * half + j] = cp[r * 2 * half + half + j] = std::cos(a);
+      sp[r * 2 * half + j] = sp[r * 2 * half + half + j] = std::sin(a);
+    }
+  return {c, s};
+}
+
+// The MLP's activation, elementwise on float32: kind 0 SiLU x / (1 + exp(-x)), kind 1 GELU's tanh form
+// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+at::Tensor activation(const at::Tensor& x, int64_t kind) {
+  TORCH_CHECK(x.dtype() == at::kFloat && x.is_contiguous(), "activation: x float32 contiguous");
+  TORCH_CHECK(kind == 0 || kind == 1, "activation: kind 0 (silu) or 1 (gelu_tanh)");
+  auto y = at::empty_like(x);
+  const float* xp = x.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  const float k0 = 0.7978845608028654f;  // sqrt(2 / pi)
+  at::parallel_for(0, x.numel(), 4096, [&](int64_t a, int64_t b) {
+    for (int64_t i = a; i < b; ++i) {
+      const float v = xp[i];
+      yp[i] = kind == 0 ? v / (1.f + std::exp(-v)) : 0.5f * v * (1.f + std::tanh(k0 * (v + 0.044715f * v * v * v)));
+    }
+  });
+  return y;
+}
+
+// sum_c a_c b_c over E floats: 16 lanes in order of c, then the lanes by _mm512_reduce_add_ps (a fixed tree).
+inline float dot_e(const float* a, const float* b, int64_t E) {
+  int64_t c = 0;
+  float tail = 0.f;
+  __m512 acc = _mm512_setzero_ps();
+  for (; c + 16 <= E; c += 16) acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_loadu_ps(a + c), _mm512_loadu_ps(b + c)));
+  for (; c < E; ++c) tail += a[c] * b[c];
+  return _mm512_reduce_add_ps(acc) + tail;
+}
+
+// o (E) += p * v (E)
+inline void axpy_e(float* o, float p, const float* v, int64_t E) {
+  int64_t c = 0;
+  const __m512 pv = _mm512_set1_ps(p);
+  for (; c + 16 <= E; c += 16)
+    _mm512_storeu_ps(o + c, _mm512_add_ps(_mm512_loadu_ps(o + c), _mm512_mul_ps(pv, _mm512_loadu_ps(v + c))));
+  for (; c < E; ++c) o[c] += p * v[c];
+}
+
+// softmax(q K^T / sqrt(E)) V per row, float32: q (B, H, N, E), k, v (B, Hkv, L, E) (any strides but the last),
+// mask (B, N, L) bool (any strides; None: every key), causal: query i sees keys j <= L - N + i. Keys in order:
+// scores s_j, m = max_j s_j, e_j = exp(s_j - m), out = (sum_j e_j v_j) / (sum_j e_j); a query with no key gives 0.
+at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const c10::optional<at::Tensor>& mask,
+                  bool causal) {
+  TORCH_CHECK(q.dtype() == at::kFloat && k.dtype() == at::kFloat && v.dtype() == at::kFloat && q.dim() == 4 &&
+              k.dim() == 4 && v.dim() == 4, "attend: q, k, v 4-D float32");
+  TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1, "attend: the last dim contiguous");
+  const int64_t B = q.size(0), H = q.size(1), N = q.size(2), E = q.size(3), Hkv = k.size(1), L = k.size(2);
+  TORCH_CHECK(k.size(0) == B && v.size(0) == B && v.size(1) == Hkv && v.size(2) == L && k.size(3) == E &&
+              v.size(3) == E && Hkv > 0 && H % Hkv == 0, "attend: shapes do not match");
+  const bool* mp = nullptr;
+  int64_t ms0 = 0, ms1 = 0, ms2 = 0;
+  if (mask.has_value()) {
+    const auto& mk = *mask;
+    TORCH_CHECK(mk.dtype() == at::kBool && mk.dim() == 3 && mk.size(0) == B && mk.size(1) == N && mk.size(2) == L,
+                "attend: mask (B, N, L) bool");
+    mp = mk.data_ptr<bool>();
+    ms0 = mk.stride(0), ms1 = mk.stride(1), ms2 = mk.stride(2);
+  }
+  auto out = at::empty({B, H, N, E}, q.options());
+  const float* qp = q.data_ptr<float>();
+  const float* kp = k.data_ptr<float>();
+  const float* vp = v.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(E)));
+  const int64_t group = H / Hkv;
+  at::parallel_for(0, B * H * N, 1, [&](int64_t a, int64_t b) {
+    std::vector<float> s(L);
+    std::vector<char> seen(L);
+    for (int64_t t = a; t < b; ++t) {
+      const int64_t bi = t / (H * N), h = (t / N) % H, i = t % N, hk = h / group;
+      const float* qr = qp + bi * q.stride(0) + h * q.stride(1) + i * q.stride(2);
+      const float* kb = kp + bi * k.stride(0) + hk * k.stride(1);
+      const float* vb = vp + bi * v.stride(0) + hk * v.stride(1);
+      float* o = op + ((bi * H + h) * N + i) * E;
+      std::fill(o, o + E, 0.f);
+      const int64_t last = causal ? L - N + i : L - 1;
+      float m = -INFINITY;
+      for (int64_t j = 0; j < L; ++j) {
+        seen[j] = j <= last && (mp == nullptr || mp[bi * ms0 + i * ms1 + j * ms2]);
+        if (!seen[j]) continue;
+        s[j] = dot_e(qr, kb + j * k.stride(2), E) * scale;
+        m = std::fmax(m, s[j]);
+      }
+      if (m == -INFINITY) continue;  // no key: 0
+      float sum = 0.f;
+      for (int64_t j = 0; j < L; ++j) {
+        if (!seen[j]) continue;
+        const float e = std::exp(s[j] - m);
+        sum += e;
+        axpy_e(o, e, vb + j * v.stride(2), E);
+      }
+      const float inv = 1.f / sum;
+      for (int64_t c = 0; c < E; ++c) o[c] *= inv;
+    }
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(tokennet_int8dot, m) {
@@ -501,6 +650,10 @@ TORCH_LIBRARY(tokennet_int8dot, m) {
   m.def("linear(Tensor x, Tensor packed, Tensor scale, Tensor? bias, int n) -> Tensor");
   m.def("blocks(Tensor x, Tensor packed, int fmt, Tensor? bias, int n) -> Tensor");
   m.def("kblocks(Tensor x, Tensor packed, int fmt, Tensor? bias, int n) -> Tensor");
+  m.def("rms_norm(Tensor x, Tensor w, float eps, float offset) -> Tensor");
+  m.def("cos_sin(Tensor freqs) -> (Tensor, Tensor)");
+  m.def("activation(Tensor x, int kind) -> Tensor");
+  m.def("attend(Tensor q, Tensor k, Tensor v, Tensor? mask, bool causal) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(tokennet_int8dot, CPU, m) {
@@ -508,4 +661,8 @@ TORCH_LIBRARY_IMPL(tokennet_int8dot, CPU, m) {
   m.impl("linear", &linear);
   m.impl("blocks", &blocks);
   m.impl("kblocks", &kblocks);
+  m.impl("rms_norm", &rms_norm);
+  m.impl("cos_sin", &cos_sin);
+  m.impl("activation", &activation);
+  m.impl("attend", &attend);
 }

@@ -60,8 +60,9 @@ install sees torch, as ``scripts/install.sh`` installs) into ``_int8dot.so`` bes
 or it was built against another torch (``TOKENNET_INT8DOT_PREBUILT=0`` ignores it), it is built at first use by
 ``torch.utils.cpp_extension`` with the C++ compiler torch.compile needs anyway, into ``$TOKENNET_CACHE/extensions``
 (``~/.cache/tokennet/extensions``), once per machine (about 30 s). It registers
-``torch.ops.tokennet_int8dot.linear``, which torch.compile calls from a compiled graph as an opaque operation (its
-output shape is declared to it here). :func:`available` says whether it can run here (an x86 CPU with AVX-512 VNNI,
+``torch.ops.tokennet_int8dot.linear`` (and ``blocks``, ``kblocks``; and the float steps of :mod:`tokennet.layers.
+pinned`: ``rms_norm``, ``cos_sin``, ``activation``, ``attend``), which torch.compile calls from a compiled graph as
+opaque operations (their output shapes are declared to it here). :func:`available` says whether it can run here (an x86 CPU with AVX-512 VNNI,
 a compiler, ``TOKENNET_INT8DOT`` not ``0``) and :func:`unavailable_reason` why not.
 """
 
@@ -191,6 +192,23 @@ def _register_fakes() -> None:
     @torch.library.register_fake("tokennet_int8dot::kblocks")
     def _(x, packed, fmt, bias, n):
         return x.new_empty(x.shape[0], n, dtype=torch.float32)
+
+    @torch.library.register_fake("tokennet_int8dot::rms_norm")
+    def _(x, w, eps, offset):
+        return torch.empty_like(x)
+
+    @torch.library.register_fake("tokennet_int8dot::cos_sin")
+    def _(freqs):
+        shape = (freqs.shape[0], 2 * freqs.shape[1])
+        return freqs.new_empty(shape), freqs.new_empty(shape)
+
+    @torch.library.register_fake("tokennet_int8dot::activation")
+    def _(x, kind):
+        return torch.empty_like(x)
+
+    @torch.library.register_fake("tokennet_int8dot::attend")
+    def _(q, k, v, mask, causal):
+        return q.new_empty(q.shape)
 
 
 def available() -> bool:

@@ -382,12 +382,10 @@ class GPT(nn.Module):
         rope = bias = None
         if self.rope is not None:  # RotaryEmbedding's angles, i·θ_j, at each row's positions
             freqs = positions.to(torch.float32)[..., None] * self.rope.inv_freq.to(idx.device)  # (B, T, E/2)
-            emb = torch.cat([freqs, freqs], dim=-1)[:, None]  # (B, 1, T, E): broadcast over heads
-            rope = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+            rope = tuple(t[:, None].to(x.dtype) for t in self.rope.cos_sin(freqs))  # (B, 1, T, E): over heads
             if self.rope_local is not None:
                 freqs = positions.to(torch.float32)[..., None] * self.rope_local.inv_freq.to(idx.device)  # (B, T, E/2)
-                emb = torch.cat([freqs, freqs], dim=-1)[:, None]  # (B, 1, T, E)
-                local = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+                local = tuple(t[:, None].to(x.dtype) for t in self.rope_local.cos_sin(freqs))  # (B, 1, T, E)
                 rope = [local if self.config.window(i) else rope for i in range(self.config.num_layers)]
         if self.alibi is not None:  # bias[b, h, i, j] = −m_h · (pos_bi − j)
             if mask is None:

@@ -65,8 +65,13 @@ class RotaryEmbedding(nn.Module):
             inv_freq = self.inv_freq.to(device=device, dtype=work)
         pos = torch.arange(offset, offset + n, device=device, dtype=work)  # (n,)
         freqs = pos[:, None] * inv_freq[None, :]  # (n, E/2)
-        emb = torch.cat([freqs, freqs], dim=-1)  # (n, E): channel j and j + E/2 share an angle
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        cos, sin = self.cos_sin(freqs)
+        return cos.to(dtype), sin.to(dtype)
+
+    def cos_sin(self, freqs: Tensor) -> tuple[Tensor, Tensor]:
+        """Angles ``(..., E/2)`` → ``(cos, sin)``, each ``(..., E)``: channel j and j + E/2 share an angle."""
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return emb.cos(), emb.sin()
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, base={self.base}"
