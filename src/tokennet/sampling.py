@@ -276,9 +276,12 @@ class CompiledStep:
     ``compile_s`` is the time the first call took. When compilation fails (no C++ compiler, an unsupported
     operation), the step says so once in the log and runs eagerly: ``compiled`` is then False.
 
+    An int4 copy (:mod:`tokennet.layers.pinned`) keeps its own layers: its float steps are C++ operations that the
+    graph calls as they are, so the compiled step's logits are the eager forward's, bit for bit.
+
     Args:
         net: a causal LM with ``forward_features`` / ``forward_head`` (a decoding copy; its linear layers
-            are traced through ``gemv``).
+            are traced through ``gemv``, but for a pinned copy's).
     """
 
     def __init__(self, net: nn.Module):

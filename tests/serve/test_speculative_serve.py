@@ -7,6 +7,7 @@ import threading
 import pytest
 import torch
 
+from tokennet.layers import int8dot
 from tokennet.models import create_model, save_pretrained
 from tokennet.run import save_tokenizer, write_run_info
 from tokennet.sampling import next_token_probs
@@ -82,6 +83,25 @@ def test_greedy_speculating_rows_give_the_plain_servers_tokens(plain, mode):
     if mode == "draft-self":  # the target drafting for itself: every draft is its own argmax
         assert stats["acceptance_rate"] > 0.9, stats
         assert engine.steps < sum(len(s.generated) for s in seqs) / 3
+
+
+@pytest.mark.skipif(not int8dot.blocks_available(), reason="the int8dot block kernel does not run here")
+def test_greedy_speculating_rows_of_an_int4_copy_give_the_plain_servers_tokens():
+    """int8 activations (an int4 copy): the float steps before each rounding are pinned (tokennet.layers.pinned), so
+    a verification's rows give each token a plain step's logits bit for bit, rows at other lengths beside them (their
+    keys masked) included: the same greedy text, not one that parts at a near-tie. Compared by each token's log
+    probability, exactly (the unpinned copy's differ in the last bits on every request: its tokens on this small,
+    confident model do not)."""
+    plain = _run(_engine(quantize="int4"), PROMPTS,
+                 [SamplingParams(max_tokens=40, temperature=0, logprobs=0) for _ in PROMPTS])
+    engine = _engine(quantize="int4", speculative="ngram")
+    params = [SamplingParams(max_tokens=40, temperature=0, logprobs=0, draft_tokens=[None, 2, 5][i % 3])
+              for i in range(len(PROMPTS))]
+    seqs = _run(engine, PROMPTS, params)
+    for got, want in zip(seqs, plain):
+        assert got.generated == want.generated
+        assert [t.logprob for t in got.logprobs] == [t.logprob for t in want.logprobs]
+    assert engine.status()["speculative"]["accepted"] > 0
 
 
 def _first_new(tokens, start):
