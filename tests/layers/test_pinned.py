@@ -10,6 +10,7 @@ from torch import nn
 from tokennet import sampling
 from tokennet.attention.functional import attention
 from tokennet.layers import int8dot, pinned
+from tokennet.layers.block import Block
 from tokennet.layers.norm import OffsetRMSNorm
 from tokennet.layers.quantize import decoding_copy, quantize
 from tokennet.models.gpt import GPT, GPTConfig
@@ -115,7 +116,7 @@ def test_int4_copy_is_pinned_and_keeps_the_unpinned_logits(family, monkeypatch):
     kinds = {type(m).__name__ for m in net.modules()}
     assert {"PinnedRMSNorm", "PinnedRotary", "PinnedActivation"} <= kinds and "RMSNorm" not in kinds
     assert not pinned.is_pinned(quantize(model, "bf16"))
-    monkeypatch.setattr(pinned, "pin", lambda net: net)
+    monkeypatch.setattr(pinned, "pin", lambda net, product=None: net)
     unpinned = quantize(model, "int4")  # the same blocks, the layers' own float steps
     assert not pinned.is_pinned(unpinned)
     ids = torch.randint(0, 96, (2, 20), generator=torch.Generator().manual_seed(2))
@@ -124,6 +125,30 @@ def test_int4_copy_is_pinned_and_keeps_the_unpinned_logits(family, monkeypatch):
     # float32 steps in another order: an activation now and then rounds to the next integer (a step of 1/127 of
     # its group's largest), so the logits agree to a small fraction of their spread, not to float32's ulps
     assert (got - want).abs().max() <= 0.02 * want.std()
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma"])
+def test_a_pinned_block_computes_the_blocks_own_forward_bit_for_bit(family):
+    """PinnedBlock (the block's formulas without its modules' calls) against Block's forward on the same copy: a
+    prompt of 8 tokens, then 30 greedy steps, past a window of 4 (gemma): equal logits at every step."""
+    net = decoding_copy(tiny(**(LLAMA if family == "llama" else GEMMA)), "int4")
+    blocks = list(net.decoder.blocks)
+    assert all(type(b) is pinned.PinnedBlock for b in blocks)
+    prompt = torch.tensor([[3, 14, 15, 92, 65, 35, 89, 79]])
+
+    def eager(tok, caches):
+        return net.forward_head(net.forward_features(tok, caches=caches))[:, -1]
+
+    got = greedy_logits(net, eager, prompt, 30)
+    try:
+        for b in blocks:
+            b.__class__ = Block
+        want = greedy_logits(net, eager, prompt, 30)
+    finally:
+        for b in blocks:
+            b.__class__ = pinned.PinnedBlock
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert torch.equal(a, b), (i, (a - b).abs().max().item())
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma"])

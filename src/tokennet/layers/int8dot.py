@@ -60,10 +60,11 @@ install sees torch, as ``scripts/install.sh`` installs) into ``_int8dot.so`` bes
 or it was built against another torch (``TOKENNET_INT8DOT_PREBUILT=0`` ignores it), it is built at first use by
 ``torch.utils.cpp_extension`` with the C++ compiler torch.compile needs anyway, into ``$TOKENNET_CACHE/extensions``
 (``~/.cache/tokennet/extensions``), once per machine (about 30 s). It registers
-``torch.ops.tokennet_int8dot.linear`` (and ``blocks``, ``kblocks``; and the float steps of :mod:`tokennet.layers.
-pinned`: ``rms_norm``, ``cos_sin``, ``activation``, ``attend``), which torch.compile calls from a compiled graph as
-opaque operations (their output shapes are declared to it here). :func:`available` says whether it can run here (an x86 CPU with AVX-512 VNNI,
-a compiler, ``TOKENNET_INT8DOT`` not ``0``) and :func:`unavailable_reason` why not.
+``torch.ops.tokennet_int8dot.linear`` (and ``blocks``, ``kblocks``; and the float steps of
+:mod:`tokennet.layers.pinned`: ``rms_norm``, ``cos_sin``, ``activation``, ``attend``), which torch.compile calls
+from a compiled graph as opaque operations (their output shapes are declared to it here). :func:`available` says
+whether it can run here (an x86 CPU with AVX-512 VNNI, a compiler, ``TOKENNET_INT8DOT`` not ``0``) and
+:func:`unavailable_reason` why not.
 """
 
 from __future__ import annotations
@@ -388,6 +389,12 @@ def _q5_0_bytes(q: Tensor, d: Tensor) -> Tensor:
     qh = bits.sum(-1).to(torch.uint8)  # (N, G, 4)
     lo = pack4(q & 15).view(N, G, 16)
     return torch.cat([d.contiguous().view(torch.uint8).view(N, G, 2), qh, lo], -1).reshape(N, G * 22)
+
+
+def format_code(fmt: str) -> int:
+    """The C++ kernel's code of a block format (:data:`BLOCK_FORMATS`: ``blocks``; :data:`KBLOCK_FORMATS`:
+    ``kblocks``)."""
+    return _KFMT[fmt] if fmt in _KFMT else _FMT[fmt]
 
 
 def block_linear(x: Tensor, packed: Tensor, fmt: str, bias: Tensor | None, n: int) -> Tensor:

@@ -542,7 +542,7 @@ def quantize(model: nn.Module, mode: str = "int8") -> nn.Module:
         cpu = any(isinstance(m, BlockLinear) and m.qs.device.type == "cpu" for m in out.modules())
         if cpu and int8dot.blocks_available():
             _to_block_dot(out)
-            pinned.pin(out)  # the float steps before each rounding of activations: one order, eager and compiled
+            pinned.pin(out, BlockDotLinear)  # the float steps before each rounding: one order, eager and compiled
         elif cpu:
             logger.info("int4: blocks multiplied without the integer-dot kernel (%s): dequantized per call, fused by "
                         "a compiled step", int8dot.blocks_unavailable_reason())
