@@ -15,8 +15,14 @@ left to Inductor is one rounding per element (a residual sum, RoPE's rotation, t
 computes as PyTorch does (it fuses no multiply–add). Both paths then give the same floats, bit for bit, and the
 same greedy tokens. :func:`pin` installs them in a copy; a compiled step keeps them (:mod:`tokennet.sampling`).
 
-The steps are the formulas the layers they replace compute, in another order of the sums: the logits of a pinned
-copy are those of the unpinned one up to float32 rounding.
+:class:`PinnedBlock` then computes a whole block with those calls and the block kernel's, in the order its modules
+make them but without calling the modules: an eager decoding step was mostly the Python around ~16 module calls per
+layer (bench/results/decode-step.json).
+
+The steps are the formulas the layers they replace compute, in another order of the sums: a pinned copy's logits
+differ from an unpinned one's as any two orders do, where now and then an activation rounds to the next integer.
+It is not llama.cpp's order either (its activation scales and KV cache are float16): greedy text can part from
+llama.cpp's at a near-tie (tests/interop/test_greedy_paths.py).
 """
 
 from __future__ import annotations
@@ -192,7 +198,8 @@ def _append(cache: KVCache, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
 class PinnedBlock(Block):
     """A transformer block of an int4 copy whose forward computes the block's own formulas with the same kernel calls,
     in the same order, as its sublayers' modules do, without calling them: a decoding step runs ~20 operations per
-    layer and the Python around each module call was most of an eager step's time (SmolLM2: ~5 of 12.7 ms).
+    layer, and the Python around each module call was most of what an eager step spent outside the kernels
+    (``bench/results/decode-step.json``: the step before and after).
 
     The same floats, bit for bit, as :class:`~tokennet.layers.block.Block`'s forward on the same copy (tested): the
     pinned float steps, the block kernel, RoPE's rotation and the residual sums are the operations the modules
