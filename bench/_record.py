@@ -23,11 +23,12 @@ def machine(**extra) -> dict:
             **extra}
 
 
-def commit() -> str | None:
-    """``git rev-parse HEAD`` of this repository, ``+dirty`` when tracked files have uncommitted changes."""
+def commit(root: Path = ROOT) -> str | None:
+    """``git rev-parse HEAD`` of this repository (or of the checkout at ``root``), ``+dirty`` when tracked files have
+    uncommitted changes."""
     try:
-        out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
                                capture_output=True, text=True, timeout=10).stdout.strip()
     except OSError:
         return None

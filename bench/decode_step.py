@@ -60,17 +60,6 @@ print(json.dumps({k: statistics.median(v) for k, v in times.items()} | {"compile
 """
 
 
-def tree_commit(src: Path) -> str | None:
-    """The commit of the git checkout that holds ``src`` (``+dirty`` with uncommitted changes to tracked files)."""
-    try:
-        head = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
-        dirty = subprocess.run(["git", "-C", str(src), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True).stdout.strip()
-    except OSError:
-        return None
-    return (head.strip() + ("+dirty" if dirty else "")) or None
-
-
 def measure(src: Path, run: str, args) -> dict:
     env = {**os.environ, "PYTHONPATH": str(src / "src")}
     out = subprocess.run([sys.executable, "-c", WORKER, run, args.quantize, str(args.steps), str(args.repeats),
@@ -113,9 +102,9 @@ def main(argv: list[str] | None = None) -> dict:
             m = medians[run][src]
             m["eager_ratio"] = round(m["eager_ms"] / base["eager_ms"], 3)
             m["compiled_ratio"] = round(m["compiled_ms"] / base["compiled_ms"], 3)
-            print(f"{run} {src} ({tree_commit(Path(src))}): eager {m['eager_ms']} ms ({m['eager_ratio']}x), "
+            print(f"{run} {src} ({_record.commit(Path(src))}): eager {m['eager_ms']} ms ({m['eager_ratio']}x), "
                   f"compiled {m['compiled_ms']} ms ({m['compiled_ratio']}x)")
-    result = {"trees": {src: tree_commit(Path(src)) for src in trees}, "rounds": rounds, "medians": medians}
+    result = {"trees": {src: _record.commit(Path(src)) for src in trees}, "rounds": rounds, "medians": medians}
     if args.out:
         import torch
 

@@ -45,6 +45,7 @@ def test_compiled_and_eager_greedy_text_are_the_same(which, tmp_path):
         eager = generate(run.model, ids, NEW, temperature=0, compile=False)
         compiled = generate(run.model, ids, NEW, temperature=0, compile=True)
         assert eager.shape[1] == ids.shape[1] + NEW
+        # token ids, exactly: the contract (tokennet.layers.pinned; tests/layers/test_pinned.py holds the logits equal)
         assert torch.equal(compiled, eager), (prompt[:30], run.tokenizer.decode(compiled[0, ids.shape[1]:].tolist()))
     net = decoding_copy(run.model, resolve_mode(run.model, "auto"))
     assert compiled_step(net).compiled  # the compiled step ran (built here or loaded from the step store)

@@ -18,6 +18,18 @@ from tokennet.position.rope import RotaryEmbedding
 
 pytestmark = pytest.mark.skipif(not int8dot.blocks_available(), reason="the int8dot kernel does not run here")
 
+# Where these tests compare exactly, exactness is the contract, on any CPU: both sides run the same C++ functions and
+# kernels of this machine on the same inputs, and what Inductor computes between them is one rounding per element,
+# the same as PyTorch's, because it fuses no multiply-add (pinned below). Elsewhere: a tolerance.
+
+
+def test_what_makes_the_paths_agree_is_in_place():
+    """Inductor's C++ is built without floating-point contraction (its default): a fused multiply-add would round
+    RoPE's ``x·cos + r·sin`` once where PyTorch rounds it three times."""
+    from torch._inductor import config
+
+    assert config.cpp.enable_floating_point_contract_flag == "off"
+
 # A float32 step: the pinned order of a sum of D terms against PyTorch's differs by a few ulps of the result.
 TOL = dict(rtol=1e-5, atol=1e-5)
 
@@ -72,7 +84,7 @@ def test_attention_is_the_formula(n):
     want = attention(q[:1], k[:1].repeat_interleave(**rep), v[:1].repeat_interleave(**rep), keys[:1] & causal,
                      backend="math")
     torch.testing.assert_close(got[:1], want, **TOL)
-    assert torch.equal(got[1], torch.zeros_like(got[1]))
+    assert torch.equal(got[1], torch.zeros_like(got[1]))  # written as zeros: exact anywhere
     # what it leaves to the layer's backend
     assert pinned.pinned_attention(q, k, v, None, bias=torch.zeros(1), dropout=0.0, return_weights=False) is None
     assert pinned.pinned_attention(q.double(), k.double(), v.double(), None, bias=None, dropout=0.0,

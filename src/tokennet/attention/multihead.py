@@ -54,10 +54,10 @@ class KVCache:
                 f"KV cache full: {self.length} + {n} tokens > capacity {self.max_len}; "
                 "reset it or decode with a sliding window"
             )
-        self.k[:, :, self.length : self.length + n] = k
-        self.v[:, :, self.length : self.length + n] = v
+        self.k.narrow(2, self.length, n).copy_(k)  # narrow and copy_: two calls, where slice assignment takes ~6
+        self.v.narrow(2, self.length, n).copy_(v)  # (a decoding step appends once per layer)
         self.length += n
-        return self.k[:, :, : self.length], self.v[:, :, : self.length]
+        return self.k.narrow(2, 0, self.length), self.v.narrow(2, 0, self.length)
 
     def reset(self) -> None:
         """Forget every cached token (the buffers are kept)."""

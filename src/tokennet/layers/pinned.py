@@ -34,7 +34,7 @@ from torch import Tensor, nn
 
 from ..attention.functional import attention
 from ..attention.multihead import KVCache, MultiHeadAttention, use_kernel
-from ..position.rope import RotaryEmbedding
+from ..position.rope import RotaryEmbedding, rotate
 from . import int8dot
 from .block import Block
 from .mlp import GatedMLP
@@ -70,9 +70,7 @@ class PinnedRMSNorm(nn.Module):
         self.eps = float(torch.finfo(torch.float32).eps if eps is None else eps)
 
     def forward(self, x: Tensor) -> Tensor:
-        rows = x.reshape(-1, x.shape[-1]).float().contiguous()
-        y = _ops().rms_norm(rows, self.weight.float(), self.eps, self.offset)
-        return y.view(x.shape).to(x.dtype)
+        return _norm(_Norm(self.weight.float(), self.eps, self.offset), x.float()).to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"dim={self.weight.numel()}, eps={self.eps}, offset={self.offset}"
@@ -131,7 +129,7 @@ def pinned_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, bi
     if bias is not None or dropout or return_weights or q.dtype != torch.float32:
         return None
     B, H, N, _ = q.shape
-    if N > EAGER_QUERIES and not torch.compiler.is_compiling():
+    if not torch.compiler.is_compiling() and N > EAGER_QUERIES:  # (compiling, N may be symbolic: no guard on it)
         return None
     L = k.shape[2]
     keys_mask = None
@@ -177,24 +175,6 @@ def _norm(p: _Norm, x: Tensor) -> Tensor:
     return _ops().rms_norm.default(x.reshape(-1, x.shape[-1]).contiguous(), p.weight, p.eps, p.offset).view(x.shape)
 
 
-def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """:func:`~tokennet.position.rope.apply_rope`'s formula, ``x ⊙ cos + rotate_half(x) ⊙ sin``, the same operations
-    in the same order (each one rounding per element: the same floats), without its checks."""
-    first, second = x.chunk(2, dim=-1)
-    return x * cos + torch.cat([-second, first], dim=-1) * sin
-
-
-def _append(cache: KVCache, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-    """:meth:`KVCache.append` where its buffers exist and have room (its own call allocates, or refuses)."""
-    start, n = cache.length, k.shape[2]
-    if type(cache) is not KVCache or cache.k is None or cache.static or start + n > cache.max_len:
-        return cache.append(k, v)  # another cache's own rule (the server's rows), a first call, a full cache
-    cache.k.narrow(2, start, n).copy_(k)
-    cache.v.narrow(2, start, n).copy_(v)
-    cache.length = start + n
-    return cache.k.narrow(2, 0, start + n), cache.v.narrow(2, 0, start + n)
-
-
 class PinnedBlock(Block):
     """A transformer block of an int4 copy whose forward computes the block's own formulas with the same kernel calls,
     in the same order, as its sublayers' modules do, without calling them: a decoding step runs ~20 operations per
@@ -230,7 +210,7 @@ class PinnedBlock(Block):
         H, Hkv, E = lean.heads
         if rope is not None and lean.q_norm is None:  # Q and K turned by one rotation, as the layer does
             q_and_k, v = _dot(lean.qkv, normed).split([(H + Hkv) * E, Hkv * E], -1)
-            q_and_k = _rope(q_and_k.reshape(B, N, H + Hkv, E).transpose(1, 2), *rope)
+            q_and_k = rotate(q_and_k.reshape(B, N, H + Hkv, E).transpose(1, 2), *rope)
             q, k = q_and_k.split([H, Hkv], 1)
         else:
             q, k, v = _dot(lean.qkv, normed).split([H * E, Hkv * E, Hkv * E], -1)
@@ -238,10 +218,10 @@ class PinnedBlock(Block):
             if lean.q_norm is not None:
                 q, k = _norm(lean.q_norm, q), _norm(lean.k_norm, k)
             if rope is not None:
-                q, k = _rope(q, *rope), _rope(k, *rope)
+                q, k = rotate(q, *rope), rotate(k, *rope)
         v = v.reshape(B, N, Hkv, E).transpose(1, 2)
         if cache is not None:
-            k, v = _append(cache, k, v)
+            k, v = cache.append(k, v)
         out = pinned_attention(q, k, v, mask, bias=None, dropout=0.0, return_weights=False, is_causal=is_causal)
         if out is None:
             out = attention(q, k, v, mask, is_causal=is_causal, dropout=0.0, backend=lean.backend)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-__all__ = ["RotaryEmbedding", "apply_rope", "rotate_half"]
+__all__ = ["RotaryEmbedding", "apply_rope", "rotate", "rotate_half"]
 
 
 class RotaryEmbedding(nn.Module):
@@ -99,5 +99,10 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     if x.dim() < 2 or cos.dim() < 2 or cos.shape[-1] != x.shape[-1] or cos.shape[-2] != x.shape[-2]:
         raise ValueError(f"cos/sin of shape {tuple(cos.shape)} do not match x of shape {tuple(x.shape)}; "
                          "build them with RotaryEmbedding(head_dim)(N, offset) for x (B, H, N, E)")
-    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    return rotate(x, cos.to(x.dtype), sin.to(x.dtype))
+
+
+def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """:func:`apply_rope`'s formula without its checks, for a caller that built the tables for ``x`` itself (a
+    decoding step's hot path): ``x ⊙ cos + rotate_half(x) ⊙ sin``, in these operations and this order."""
     return x * cos + rotate_half(x) * sin
