@@ -369,7 +369,7 @@ class CompiledStep:
                 _say_once(f"a compiled decoding step ({variant}): inputs outside the shapes it was traced for run "
                           "eagerly")
                 return None
-        if self.compiled is False or self.load(variant):
+        if self.compiled is False or (self.fn is None and self.load(variant)):  # a step given (fn) is used as given
             return self._run(variant, *args) if self.compiled else None
         return self._compile(variant, args)
 

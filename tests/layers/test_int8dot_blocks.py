@@ -94,6 +94,14 @@ def test_pack_keeps_the_blocks(fmt):
 
 
 @needs_kernel
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_1"])
+@pytest.mark.parametrize("N, K", [(37, 64), (16, 32), (1000, 128)])
+def test_the_cpp_packer_gives_the_formulas_bytes(fmt, N, K):
+    qs, d, m = _blocks(fmt, N, K, 5)
+    assert torch.equal(int8dot.pack_blocks(fmt, qs, d, m), int8dot.pack_blocks_formula(fmt, qs, d, m))
+
+
+@needs_kernel
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_threads_split_the_output_rows_and_change_no_bit(fmt):
     qs, d, m = _blocks(fmt, 1000, 128, 1)  # 63 blocks of rows: an odd split

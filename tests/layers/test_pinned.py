@@ -164,6 +164,27 @@ def test_a_pinned_block_computes_the_blocks_own_forward_bit_for_bit(family):
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma"])
+def test_the_two_call_block_is_the_blocks_steps_one_call_each_bit_for_bit(family, monkeypatch):
+    """block_qkv and block_rest (one C++ call each side of the cache) against the same steps called one by one."""
+    net = decoding_copy(tiny(**(LLAMA if family == "llama" else GEMMA)), "int4")
+    assert all(b.lean.one_norm is not None for b in net.decoder.blocks)
+    prompt = torch.tensor([[3, 14, 15, 92, 65, 35, 89, 79]])
+
+    def eager(tok, caches):
+        return net.forward_head(net.forward_features(tok, caches=caches))[:, -1]
+
+    calls = []
+    two_calls = pinned.PinnedBlock._in_two_calls
+    monkeypatch.setattr(pinned.PinnedBlock, "_in_two_calls", lambda *a: calls.append(1) or two_calls(*a))
+    got = greedy_logits(net, eager, prompt, 30)
+    assert len(calls) == 31 * len(net.decoder.blocks)  # the prompt and every step, every block
+    monkeypatch.setattr(pinned.PinnedBlock, "_in_two_calls", lambda *a: None)
+    want = greedy_logits(net, eager, prompt, 30)
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert torch.equal(a, b), (i, (a - b).abs().max().item())
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma"])
 def test_compiled_and_eager_steps_give_the_same_logits_bit_for_bit(family):
     """The contract: a compiled step (Inductor's own loops around the pinned steps) and the eager forward give
     equal logits at every one of 40 greedy steps, past a window of 4 (gemma) — so the same greedy tokens."""

@@ -674,7 +674,145 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   return out;
 }
 
+// A layer's product by its format: the block kernel (Q8_0, Q4_0, Q4_1, Q5_0) or the K-quant one.
+at::Tensor product(const at::Tensor& x, const at::Tensor& packed, int64_t fmt, const c10::optional<at::Tensor>& bias,
+                   int64_t n) {
+  const bool kquant = fmt == FMT_Q4_K || fmt == FMT_Q5_K || fmt == FMT_Q6_K;
+  return kquant ? kblocks(x, packed, fmt, bias, n) : blocks(x, packed, fmt, bias, n);
+}
+
+// A pinned block's attention half up to the cache (pinned.PinnedBlock._attention's steps, in its order):
+// normed = rms_norm(x); [q k v] = normed W_qkv^T; q, k turned into heads (B, H or Hkv, N, E); per-head RMSNorm of q
+// and k where given (Gemma 3); RoPE's x' = x cos + rotate_half(x) sin (each product rounded, then the sum) where
+// cos is given (any shape that broadcasts to (B, 1, N, E)).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> block_qkv(
+    const at::Tensor& x, const at::Tensor& norm_w, double eps, double offset, const at::Tensor& packed, int64_t fmt,
+    const c10::optional<at::Tensor>& bias, at::IntArrayRef heads, const c10::optional<at::Tensor>& cos,
+    const c10::optional<at::Tensor>& sin, const c10::optional<at::Tensor>& q_norm_w,
+    const c10::optional<at::Tensor>& k_norm_w, double qk_eps, double qk_offset) {
+  TORCH_CHECK(x.dim() == 3 && x.dtype() == at::kFloat && heads.size() == 3, "block_qkv: x (B, N, D) float32, heads");
+  const int64_t B = x.size(0), N = x.size(1), D = x.size(2), H = heads[0], Hkv = heads[1], E = heads[2];
+  const int64_t width = (H + 2 * Hkv) * E;
+  const auto y = product(rms_norm(x.reshape({B * N, D}).contiguous(), norm_w, eps, offset), packed, fmt, bias, width);
+  auto q = at::empty({B, H, N, E}, x.options()), k = at::empty({B, Hkv, N, E}, x.options());
+  auto v = at::empty({B, Hkv, N, E}, x.options());
+  const float* yp = y.data_ptr<float>();
+  float* parts[3] = {q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>()};
+  const int64_t count[3] = {H, Hkv, Hkv}, first[3] = {0, H, H + Hkv};
+  for (int p = 0; p < 3; ++p)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < N; ++t)
+        for (int64_t h = 0; h < count[p]; ++h)
+          std::memcpy(parts[p] + ((b * count[p] + h) * N + t) * E, yp + (b * N + t) * width + (first[p] + h) * E,
+                      E * sizeof(float));
+  if (q_norm_w.has_value() && q_norm_w->defined()) {
+    q = rms_norm(q.view({B * H * N, E}), *q_norm_w, qk_eps, qk_offset).view({B, H, N, E});
+    k = rms_norm(k.view({B * Hkv * N, E}), *k_norm_w, qk_eps, qk_offset).view({B, Hkv, N, E});
+  }
+  if (cos.has_value() && cos->defined()) {
+    TORCH_CHECK(cos->dtype() == at::kFloat && sin->dtype() == at::kFloat && E % 2 == 0, "block_qkv: cos, sin float32");
+    const auto c = cos->expand({B, 1, N, E}), s = sin->expand({B, 1, N, E});
+    const float* cp = c.data_ptr<float>();
+    const float* sp = s.data_ptr<float>();
+    const int64_t half = E / 2;
+    std::vector<float> row(E);
+    for (auto* t : {&q, &k}) {
+      float* base = t->data_ptr<float>();
+      const int64_t heads_here = t->size(1);
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t h = 0; h < heads_here; ++h)
+          for (int64_t i = 0; i < N; ++i) {
+            float* r = base + ((b * heads_here + h) * N + i) * E;
+            const float* cr = cp + b * c.stride(0) + i * c.stride(2);
+            const float* sr = sp + b * s.stride(0) + i * s.stride(2);
+            std::memcpy(row.data(), r, E * sizeof(float));
+            for (int64_t j = 0; j < E; ++j) {
+              const float turned = j < half ? -row[j + half] : row[j - half];
+              const float a = row[j] * cr[j * c.stride(3)], bb = turned * sr[j * s.stride(3)];
+              r[j] = a + bb;
+            }
+          }
+    }
+  }
+  return {q, k, v};
+}
+
+// The rest of a pinned block after the cache (PinnedBlock.forward's steps, in its order): attention of q over the
+// cached k, v; its heads joined and projected (W_o), RMSNorm'd where sandwiched; the residual; RMSNorm; the gated MLP
+// act(normed W_gate^T) * (normed W_fc1^T), projected (W_fc2), RMSNorm'd where sandwiched; the residual.
+at::Tensor block_rest(const at::Tensor& x, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                      const c10::optional<at::Tensor>& mask, bool causal, const at::Tensor& out_packed, int64_t out_fmt,
+                      const c10::optional<at::Tensor>& out_bias, const c10::optional<at::Tensor>& post_attn_w,
+                      const at::Tensor& norm2_w, const at::Tensor& gate_packed, int64_t gate_fmt,
+                      const c10::optional<at::Tensor>& gate_bias, const at::Tensor& fc1_packed, int64_t fc1_fmt,
+                      const c10::optional<at::Tensor>& fc1_bias, const at::Tensor& fc2_packed, int64_t fc2_fmt,
+                      const c10::optional<at::Tensor>& fc2_bias, const c10::optional<at::Tensor>& post_mlp_w,
+                      int64_t hidden, double eps, double offset, int64_t act) {
+  TORCH_CHECK(x.dim() == 3 && x.dtype() == at::kFloat, "block_rest: x (B, N, D) float32");
+  const int64_t B = x.size(0), N = x.size(1), D = x.size(2), H = q.size(1), E = q.size(3);
+  const auto heads = attend(q, k, v, mask, causal).transpose(1, 2).reshape({B * N, H * E});
+  auto out = product(heads, out_packed, out_fmt, out_bias, D);
+  if (post_attn_w.has_value() && post_attn_w->defined()) out = rms_norm(out, *post_attn_w, eps, offset);
+  const auto x1 = at::add(x.reshape({B * N, D}), out);
+  const auto normed = rms_norm(x1, norm2_w, eps, offset);
+  const auto gated = at::mul(activation(product(normed, gate_packed, gate_fmt, gate_bias, hidden), act),
+                             product(normed, fc1_packed, fc1_fmt, fc1_bias, hidden));
+  auto down = product(gated, fc2_packed, fc2_fmt, fc2_bias, D);
+  if (post_mlp_w.has_value() && post_mlp_w->defined()) down = rms_norm(down, *post_mlp_w, eps, offset);
+  return at::add(x1, down).view({B, N, D});
+}
+
 }  // namespace
+
+// pack_blocks: a GGUF run's Q8_0 / Q4_0 / Q4_1 blocks in the layout `blocks` reads (int8dot.pack_blocks' docstring).
+// qs (N, K) int8 (Q8_0) or (N, K/2) bytes of GGUF's nibbles (byte i of a block: weight i low, weight i + 16 high);
+// d, m (N, G) float16. Chunk [b, g]: the weight bytes in 64-byte steps, byte 4r + c of step j holding row 16b + r's
+// weight 32g + 4j + c (Q8_0) or its weights 32g + 8j + c (low nibble) and 32g + 8j + 4 + c (high); then the 16 rows'
+// d and (Q4_1) m. Rows past N are zero. A byte shuffle: the same bytes as the Python packer's, bit for bit.
+at::Tensor pack_blocks(const at::Tensor& qs, const at::Tensor& d, const c10::optional<at::Tensor>& m, int64_t fmt) {
+  TORCH_CHECK(fmt == FMT_Q8_0 || fmt == FMT_Q4_0 || fmt == FMT_Q4_1, "int8dot.pack_blocks: Q8_0, Q4_0 or Q4_1 only");
+  TORCH_CHECK(qs.dim() == 2 && d.dim() == 2 && qs.size(0) == d.size(0), "int8dot.pack_blocks: bad shapes");
+  const bool q8 = fmt == FMT_Q8_0;
+  const int64_t N = qs.size(0), G = d.size(1), row_bytes = q8 ? G * GROUP : G * GROUP / 2;
+  TORCH_CHECK(qs.size(1) == row_bytes && (qs.scalar_type() == at::kChar || qs.scalar_type() == at::kByte),
+              "int8dot.pack_blocks: qs must be (N, K) int8 or (N, K/2) bytes for d's G groups");
+  const bool with_m = fmt == FMT_Q4_1;
+  TORCH_CHECK(!with_m || (m.has_value() && m->defined() && m->sizes() == d.sizes()), "int8dot.pack_blocks: Q4_1 needs m");
+  const auto q = qs.contiguous();
+  const auto dh = d.to(at::kHalf).contiguous();
+  at::Tensor mh;
+  if (with_m) mh = m->to(at::kHalf).contiguous();
+  const int64_t nb = (N + NB - 1) / NB, C = chunk_bytes(fmt), W = q8 ? 512 : 256;
+  auto out = at::zeros({nb, G, C}, qs.options().dtype(at::kByte));
+  const uint8_t* src = reinterpret_cast<const uint8_t*>(q.data_ptr());
+  const uint16_t* ds = reinterpret_cast<const uint16_t*>(dh.data_ptr());
+  const uint16_t* ms = with_m ? reinterpret_cast<const uint16_t*>(mh.data_ptr()) : nullptr;
+  uint8_t* dst = out.data_ptr<uint8_t>();
+  at::parallel_for(0, nb, 16, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b)
+      for (int64_t r = 0; r < NB && b * NB + r < N; ++r) {
+        const int64_t n = b * NB + r;
+        for (int64_t g = 0; g < G; ++g) {
+          uint8_t* c = dst + (b * G + g) * C;
+          const uint8_t* w = src + n * row_bytes + g * (q8 ? GROUP : GROUP / 2);
+          if (q8) {
+            for (int j = 0; j < 8; ++j) std::memcpy(c + 64 * j + 4 * r, w + 4 * j, 4);
+          } else {
+            for (int j = 0; j < 4; ++j)
+              for (int i = 0; i < 4; ++i) {
+                const int lo = 8 * j + i, hi = 8 * j + 4 + i;  // weight indices within the block of 32
+                const uint8_t vlo = lo < 16 ? (w[lo] & 15) : (w[lo - 16] >> 4);
+                const uint8_t vhi = hi < 16 ? (w[hi] & 15) : (w[hi - 16] >> 4);
+                c[64 * j + 4 * r + i] = static_cast<uint8_t>(vlo | (vhi << 4));
+              }
+          }
+          std::memcpy(c + W + 2 * r, ds + n * G + g, 2);
+          if (with_m) std::memcpy(c + W + 32 + 2 * r, ms + n * G + g, 2);
+        }
+      }
+  });
+  return out;
+}
 
 TORCH_LIBRARY(tokennet_int8dot, m) {
   m.def("pack(Tensor w) -> Tensor");
@@ -685,6 +823,14 @@ TORCH_LIBRARY(tokennet_int8dot, m) {
   m.def("cos_sin(Tensor freqs) -> (Tensor, Tensor)");
   m.def("activation(Tensor x, int kind) -> Tensor");
   m.def("attend(Tensor q, Tensor k, Tensor v, Tensor? mask, bool causal) -> Tensor");
+  m.def("pack_blocks(Tensor qs, Tensor d, Tensor? m, int fmt) -> Tensor");
+  m.def("block_qkv(Tensor x, Tensor norm_w, float eps, float offset, Tensor packed, int fmt, Tensor? bias, int[] heads, "
+        "Tensor? cos, Tensor? sin, Tensor? q_norm_w, Tensor? k_norm_w, float qk_eps, float qk_offset) "
+        "-> (Tensor, Tensor, Tensor)");
+  m.def("block_rest(Tensor x, Tensor q, Tensor k, Tensor v, Tensor? mask, bool causal, Tensor out_packed, int out_fmt, "
+        "Tensor? out_bias, Tensor? post_attn_w, Tensor norm2_w, Tensor gate_packed, int gate_fmt, Tensor? gate_bias, "
+        "Tensor fc1_packed, int fc1_fmt, Tensor? fc1_bias, Tensor fc2_packed, int fc2_fmt, Tensor? fc2_bias, "
+        "Tensor? post_mlp_w, int hidden, float eps, float offset, int act) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(tokennet_int8dot, CPU, m) {
@@ -696,4 +842,7 @@ TORCH_LIBRARY_IMPL(tokennet_int8dot, CPU, m) {
   m.impl("cos_sin", &cos_sin);
   m.impl("activation", &activation);
   m.impl("attend", &attend);
+  m.impl("pack_blocks", &pack_blocks);
+  m.impl("block_qkv", &block_qkv);
+  m.impl("block_rest", &block_rest);
 }

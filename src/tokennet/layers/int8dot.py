@@ -180,36 +180,35 @@ def _load_prebuilt() -> bool:
 
 
 def _register_fakes() -> None:
-    """The output shapes of the kernel's operations, for torch.compile (which calls them as opaque operations)."""
+    """The output shapes of the kernel's operations, for torch.compile (which calls them as opaque operations).
 
-    @torch.library.register_fake("tokennet_int8dot::linear")
-    def _(x, packed, scale, bias, n):
-        return x.new_empty(x.shape[0], n, dtype=torch.float32)
+    Registered as Meta kernels, which fake tensors run: ``torch.library.register_fake`` would say the same, but it
+    looks up its caller's source line with :mod:`inspect` (~7 ms a registration, paid by every process)."""
+    lib = torch.library.Library("tokennet_int8dot", "IMPL")
+    _FAKE_LIBS.append(lib)  # a registration lasts as long as its Library object
+    shapes = {
+        "linear": lambda x, packed, scale, bias, n: x.new_empty(x.shape[0], n, dtype=torch.float32),
+        "blocks": lambda x, packed, fmt, bias, n: x.new_empty(x.shape[0], n, dtype=torch.float32),
+        "kblocks": lambda x, packed, fmt, bias, n: x.new_empty(x.shape[0], n, dtype=torch.float32),
+        "rms_norm": lambda x, w, eps, offset: torch.empty_like(x),
+        "cos_sin": lambda freqs: (freqs.new_empty(freqs.shape[0], 2 * freqs.shape[1]),
+                                  freqs.new_empty(freqs.shape[0], 2 * freqs.shape[1])),
+        "activation": lambda x, kind: torch.empty_like(x),
+        "attend": lambda q, k, v, mask, causal: q.new_empty(q.shape),
+        "block_qkv": _block_qkv_shapes,
+        "block_rest": lambda x, *rest: torch.empty_like(x),
+    }
+    for name, shape in shapes.items():
+        lib.impl(name, shape, "Meta")
 
-    @torch.library.register_fake("tokennet_int8dot::blocks")
-    def _(x, packed, fmt, bias, n):
-        return x.new_empty(x.shape[0], n, dtype=torch.float32)
 
-    @torch.library.register_fake("tokennet_int8dot::kblocks")
-    def _(x, packed, fmt, bias, n):
-        return x.new_empty(x.shape[0], n, dtype=torch.float32)
+_FAKE_LIBS: list = []
 
-    @torch.library.register_fake("tokennet_int8dot::rms_norm")
-    def _(x, w, eps, offset):
-        return torch.empty_like(x)
 
-    @torch.library.register_fake("tokennet_int8dot::cos_sin")
-    def _(freqs):
-        shape = (freqs.shape[0], 2 * freqs.shape[1])
-        return freqs.new_empty(shape), freqs.new_empty(shape)
-
-    @torch.library.register_fake("tokennet_int8dot::activation")
-    def _(x, kind):
-        return torch.empty_like(x)
-
-    @torch.library.register_fake("tokennet_int8dot::attend")
-    def _(q, k, v, mask, causal):
-        return q.new_empty(q.shape)
+def _block_qkv_shapes(x, norm_w, eps, offset, packed, fmt, bias, heads, *rest):
+    """``block_qkv``'s outputs: Q ``(B, H, N, E)``, K and V ``(B, Hkv, N, E)``."""
+    (B, N, _), (H, Hkv, E) = x.shape, heads
+    return x.new_empty(B, H, N, E), x.new_empty(B, Hkv, N, E), x.new_empty(B, Hkv, N, E)
 
 
 def available() -> bool:
@@ -327,8 +326,15 @@ def pack_blocks(fmt: str, qs: Tensor, d: Tensor | None = None, m: Tensor | None 
     """
     if fmt not in BLOCK_FORMATS:
         raise ValueError(f"int8dot.pack_blocks: {fmt} is not one of {BLOCK_FORMATS}")
+    if fmt != "q5_0" and qs.device.type == "cpu" and available():  # the same bytes, in one pass in C++
+        return torch.ops.tokennet_int8dot.pack_blocks(qs, d, m, _FMT[fmt])
+    return pack_blocks_formula(fmt, qs, d, m)
+
+
+def pack_blocks_formula(fmt: str, qs: Tensor, d: Tensor | None = None, m: Tensor | None = None) -> Tensor:
+    """:func:`pack_blocks` as tensor operations (its layout's formula; the C++ packer gives these bytes)."""
     if qs.shape[0] > _PACK_SLICE:
-        return _in_slices(lambda a, b: pack_blocks(fmt, qs[a:b], None if d is None else d[a:b],
+        return _in_slices(lambda a, b: pack_blocks_formula(fmt, qs[a:b], None if d is None else d[a:b],
                                                    None if m is None else m[a:b]), qs.shape[0])
     if fmt == "q5_0":  # the file's 22-byte blocks: q in [0, 31] (as Q8_0's q − 16) and d
         q, d = widen_to_q8_0(fmt, qs)

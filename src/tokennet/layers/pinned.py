@@ -196,12 +196,45 @@ class PinnedBlock(Block):
             return super().forward(x, context, mask=mask, is_causal=is_causal, context_mask=context_mask, rope=rope,
                                    bias=bias, cache=cache, cross_cache=cross_cache, return_weights=return_weights)
         lean = self.lean
+        if lean.one_norm is not None and (torch.compiler.is_compiling() or x.shape[1] <= EAGER_QUERIES):
+            whole = self._in_two_calls(x, mask, is_causal, rope, cache)
+            if whole is not None:
+                return whole
         out = self._attention(_norm(lean.norm1, x), mask, is_causal, rope, cache)
         x = x + (_norm(lean.post_attn_norm, out) if lean.sandwich else out)
         normed = _norm(lean.norm2, x)
         hidden = _ops().activation.default(_dot(lean.gate, normed), lean.act) * _dot(lean.fc1, normed)
         out = _dot(lean.fc2, hidden)
         return x + (_norm(lean.post_mlp_norm, out) if lean.sandwich else out)
+
+    def _in_two_calls(self, x: Tensor, mask: Tensor | None, is_causal: bool, rope, cache: KVCache | None):
+        """The block as two C++ calls around the cache's append, where its norms share one ε and offset and the mask
+        (if any) is a boolean one: ``block_qkv`` (norm, the QKV product, heads, Q/K norms, RoPE) and ``block_rest``
+        (attention, the output product, residual, norm, gated MLP, residual): the steps below, in their order, ~45
+        PyTorch calls fewer a layer. None where it does not apply (the steps below then run)."""
+        if rope is not None and (rope[0].dtype != torch.float32 or rope[1].dtype != torch.float32):
+            return None
+        if mask is not None and (mask.dtype != torch.bool or mask.dim() not in (2, 4) or
+                                 (mask.dim() == 4 and mask.shape[1] != 1)):
+            return None
+        lean, ops = self.lean, _ops()
+        eps, offset = lean.one_norm
+        qk = lean.q_norm or _Norm(None, 0.0, 0.0)
+        cos, sin = rope if rope is not None else (None, None)
+        q, k, v = ops.block_qkv.default(x, lean.norm1.weight, eps, offset, lean.qkv.packed, lean.qkv.code,
+                                        lean.qkv.bias, lean.heads, cos, sin, qk.weight,
+                                        None if lean.k_norm is None else lean.k_norm.weight, qk.eps, qk.offset)
+        if cache is not None:
+            k, v = cache.append(k, v)
+        B, N, _ = x.shape
+        keys_mask = None if mask is None else (mask if mask.dim() == 4 else mask[None, None]).expand(
+            B, 1, N, k.shape[2])[:, 0]
+        post_attn, post_mlp = ((lean.post_attn_norm.weight, lean.post_mlp_norm.weight) if lean.sandwich else
+                               (None, None))
+        return ops.block_rest.default(x, q, k, v, keys_mask, is_causal, lean.out.packed, lean.out.code, lean.out.bias,
+                                      post_attn, lean.norm2.weight, lean.gate.packed, lean.gate.code, lean.gate.bias,
+                                      lean.fc1.packed, lean.fc1.code, lean.fc1.bias, lean.fc2.packed, lean.fc2.code,
+                                      lean.fc2.bias, post_mlp, lean.gate.n, eps, offset, lean.act)
 
     def _attention(self, normed: Tensor, mask: Tensor | None, is_causal: bool, rope, cache: KVCache | None) -> Tensor:
         """:class:`~tokennet.attention.multihead.MultiHeadAttention`'s self-attention of ``normed``, projected."""
@@ -246,6 +279,7 @@ class _Lean(NamedTuple):
     fc1: _Product
     fc2: _Product
     act: int  # the activation's kernel code
+    one_norm: tuple[float, float] | None  # the (ε, offset) every block norm shares (Q's and K's: theirs); else None
 
 
 def _lean_parts(block: Block) -> _Lean:
@@ -254,11 +288,15 @@ def _lean_parts(block: Block) -> _Lean:
     def norm(m: nn.Module | None) -> _Norm | None:
         return None if m is None else _Norm(m.weight, m.eps, m.offset)
 
-    return _Lean(norm(block.norm1), norm(block.norm2), norm(getattr(block, "post_attn_norm", None)),
-                 norm(getattr(block, "post_mlp_norm", None)), block.sandwich, norm(attn.q_norm), norm(attn.k_norm),
-                 (attn.num_heads, attn.num_kv_heads, attn.head_dim), _product(attn.qkv_proj),
-                 _product(attn.out_proj), attn.backend, _product(mlp.gate), _product(mlp.fc1), _product(mlp.fc2),
-                 mlp.act.code)
+    norms = [norm(block.norm1), norm(block.norm2), norm(getattr(block, "post_attn_norm", None)),
+             norm(getattr(block, "post_mlp_norm", None))]
+    q_norm, k_norm = norm(attn.q_norm), norm(attn.k_norm)
+    shared = {(n.eps, n.offset) for n in norms[:2] + (norms[2:] if block.sandwich else [])}
+    shared_qk = q_norm is None or (q_norm.eps, q_norm.offset) == (k_norm.eps, k_norm.offset)
+    return _Lean(*norms, block.sandwich, q_norm, k_norm, (attn.num_heads, attn.num_kv_heads, attn.head_dim),
+                 _product(attn.qkv_proj), _product(attn.out_proj), attn.backend, _product(mlp.gate),
+                 _product(mlp.fc1), _product(mlp.fc2), mlp.act.code,
+                 next(iter(shared)) if len(shared) == 1 and shared_qk else None)
 
 
 def _lean(block: nn.Module, product: type) -> bool:
