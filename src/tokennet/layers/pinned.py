@@ -15,9 +15,10 @@ left to Inductor is one rounding per element (a residual sum, RoPE's rotation, t
 computes as PyTorch does (it fuses no multiply–add). Both paths then give the same floats, bit for bit, and the
 same greedy tokens. :func:`pin` installs them in a copy; a compiled step keeps them (:mod:`tokennet.sampling`).
 
-:class:`PinnedBlock` then computes a whole block with those calls and the block kernel's, in the order its modules
-make them but without calling the modules: an eager decoding step was mostly the Python around ~16 module calls per
-layer (bench/results/decode-step.json).
+:class:`PinnedBlock` then computes a whole block with those functions and the block kernel's, in the order its
+modules call them: for a step's few queries, as two C++ calls around the cache's append (``block_qkv``, ``block_rest``
+in int8dot.cpp); for a longer prompt, as the PyTorch calls the modules make, without the modules. An eager decoding
+step was mostly the Python around ~50 PyTorch calls per layer (bench/results/decode-step.json).
 
 The steps are the formulas the layers they replace compute, in another order of the sums: a pinned copy's logits
 differ from an unpinned one's as any two orders do, where now and then an activation rounds to the next integer.
@@ -176,10 +177,11 @@ def _norm(p: _Norm, x: Tensor) -> Tensor:
 
 
 class PinnedBlock(Block):
-    """A transformer block of an int4 copy whose forward computes the block's own formulas with the same kernel calls,
-    in the same order, as its sublayers' modules do, without calling them: a decoding step runs ~20 operations per
-    layer, and the Python around each module call was most of what an eager step spent outside the kernels
-    (``bench/results/decode-step.json``: the step before and after).
+    """A transformer block of an int4 copy whose forward computes the block's own formulas with the same kernels, in
+    the same order, as its sublayers' modules do, without calling them: for up to :data:`EAGER_QUERIES` queries (a
+    decoding step, a verification), two C++ calls around the cache's append (:meth:`_in_two_calls`); else the
+    PyTorch calls the modules make. The Python around ~50 calls per layer was most of what an eager step spent
+    outside the kernels (``bench/results/decode-step.json``: the step before and after).
 
     The same floats, bit for bit, as :class:`~tokennet.layers.block.Block`'s forward on the same copy (tested): the
     pinned float steps, the block kernel, RoPE's rotation and the residual sums are the operations the modules
