@@ -221,8 +221,7 @@ class GPT(nn.Module):
         if cfg.quantized:
             self._use_blocks(cfg.quantized)
             for m in self.modules():  # what the blocks did not replace (norms, a float table) on the CPU
-                if any(t.is_meta for t in [*m.parameters(recurse=False), *m.buffers(recurse=False)]):
-                    m.to_empty(device="cpu", recurse=False)
+                if _materialize(m):
                     if hasattr(m, "reset_parameters"):
                         m.reset_parameters()
             self._init(self)
@@ -430,3 +429,18 @@ register_preset("gpt-mini", "gpt", "GPT, 4 layers × 128 wide, 4 heads, context 
                 dim=128, num_layers=4, num_heads=4, block_size=64)
 register_preset("gpt-micro", "gpt", "GPT, 2 layers × 64 wide (tests and demos)",
                 dim=64, num_layers=2, num_heads=4, block_size=64)
+
+
+def _materialize(module: nn.Module) -> bool:
+    """Give ``module``'s own tensors on the meta device storage on the CPU (uninitialized), as ``to_empty`` does
+    (which goes through PyTorch's Python reference of ``empty_like`` and its ~0.3 s of imports); whether any was."""
+    found = False
+    for name, p in list(module.named_parameters(recurse=False)):
+        if p.is_meta:
+            setattr(module, name, nn.Parameter(torch.empty(p.shape, dtype=p.dtype), requires_grad=p.requires_grad))
+            found = True
+    for name, b in list(module.named_buffers(recurse=False)):
+        if b.is_meta:
+            module._buffers[name] = torch.empty(b.shape, dtype=b.dtype)
+            found = True
+    return found
