@@ -14,6 +14,10 @@ it, as a first use did before). Rows:
   (``log.jsonl`` written) to the 400-character sample printed, and to the process's end (the report page is
   drawn after the summary).
 
+Every process runs as on a user's machine, where Python keeps the bytecode of tokennet's modules: an environment
+that sets ``PYTHONDONTWRITEBYTECODE`` (some sandboxes do) would time compiling ~170 modules' source in every process
+(~0.3 s), so it is unset for the processes this bench starts.
+
 Goals (issue 47): the first ``generate`` of 16 tokens on SmolLM2 <= 15 s; ``tokennet serve``'s first answer
 <= 15 s after its start; a repeated short ``generate`` no slower
 than ``--no-compile``; the end of training to the printed sample <= 5 s. Writes ``bench/results/first-use.json``.
@@ -292,6 +296,7 @@ def _medians(rounds: list[dict]) -> dict[str, float]:
 
 
 def main() -> None:
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)  # a user's Python keeps the bytecode (the module docstring)
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--run", help="a language-model run (e.g. SmolLM2 imported from its GGUF file)")
     p.add_argument("--gguf", help="the GGUF file the run was imported from: llama.cpp's side of second-process")
