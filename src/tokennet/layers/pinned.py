@@ -221,11 +221,12 @@ class PinnedBlock(Block):
             return None
         lean, ops = self.lean, _ops()
         eps, offset = lean.one_norm
-        qk = lean.q_norm or _Norm(None, 0.0, 0.0)
+        qk_norm = lean.q_norm or _Norm(None, 0.0, 0.0)
         cos, sin = rope if rope is not None else (None, None)
         q, k, v = ops.block_qkv.default(x, lean.norm1.weight, eps, offset, lean.qkv.packed, lean.qkv.code,
-                                        lean.qkv.bias, lean.heads, cos, sin, qk.weight,
-                                        None if lean.k_norm is None else lean.k_norm.weight, qk.eps, qk.offset)
+                                        lean.qkv.bias, lean.heads, cos, sin, qk_norm.weight,
+                                        None if lean.k_norm is None else lean.k_norm.weight, qk_norm.eps,
+                                        qk_norm.offset)
         if cache is not None:
             k, v = cache.append(k, v)
         B, N, _ = x.shape

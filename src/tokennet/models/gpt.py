@@ -435,12 +435,13 @@ def _materialize(module: nn.Module) -> bool:
     """Give ``module``'s own tensors on the meta device storage on the CPU (uninitialized), as ``to_empty`` does
     (which goes through PyTorch's Python reference of ``empty_like`` and its ~0.3 s of imports); whether any was."""
     found = False
-    for name, p in list(module.named_parameters(recurse=False)):
-        if p.is_meta:
-            setattr(module, name, nn.Parameter(torch.empty(p.shape, dtype=p.dtype), requires_grad=p.requires_grad))
+    for name, param in list(module.named_parameters(recurse=False)):
+        if param.is_meta:
+            setattr(module, name, nn.Parameter(torch.empty(param.shape, dtype=param.dtype),
+                                               requires_grad=param.requires_grad))
             found = True
-    for name, b in list(module.named_buffers(recurse=False)):
-        if b.is_meta:
-            module._buffers[name] = torch.empty(b.shape, dtype=b.dtype)
+    for name, buffer in list(module.named_buffers(recurse=False)):
+        if buffer.is_meta:
+            module._buffers[name] = torch.empty(buffer.shape, dtype=buffer.dtype)
             found = True
     return found
