@@ -30,6 +30,19 @@ def test_what_makes_the_paths_agree_is_in_place():
 
     assert config.cpp.enable_floating_point_contract_flag == "off"
 
+
+def test_the_kernel_library_is_built_without_contraction_both_ways():
+    """The same for the int8dot library, built at install (setup.py) or at first use (int8dot.CFLAGS): its C++
+    steps (RoPE's turn and the residuals in block_qkv / block_rest) round each product and sum as PyTorch does."""
+    import ast
+    from pathlib import Path
+
+    setup = ast.parse((Path(__file__).resolve().parents[2] / "setup.py").read_text())
+    lists = [ast.literal_eval(node.value) for node in ast.walk(setup) if isinstance(node, ast.Assign)
+             and any(getattr(t, "id", None) == "flags" for t in node.targets)]
+    assert lists and all("-ffp-contract=off" in flags for flags in lists)
+    assert "-ffp-contract=off" in int8dot.CFLAGS and set(int8dot.CFLAGS) <= set(lists[0])
+
 # A float32 step: the pinned order of a sum of D terms against PyTorch's differs by a few ulps of the result.
 TOL = dict(rtol=1e-5, atol=1e-5)
 
@@ -180,6 +193,8 @@ def test_the_two_call_block_is_the_blocks_steps_one_call_each_bit_for_bit(family
     assert len(calls) == 31 * len(net.decoder.blocks)  # the prompt and every step, every block
     monkeypatch.setattr(pinned.PinnedBlock, "_in_two_calls", lambda *a: None)
     want = greedy_logits(net, eager, prompt, 30)
+    # exactly: the contract (the module comment above), the two calls being the same C++ functions and the same
+    # one-rounding steps as the calls one by one, on this machine's kernels
     for i, (a, b) in enumerate(zip(got, want)):
         assert torch.equal(a, b), (i, (a - b).abs().max().item())
 

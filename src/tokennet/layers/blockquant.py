@@ -69,7 +69,7 @@ _UNWRITTEN = False  # True while unwritten_blocks() is active
 @contextlib.contextmanager
 def unwritten_blocks():
     """While active, :meth:`BlockLinear.reset_parameters` leaves a layer's blocks as allocated: for a loader that
-    builds a model whose blocks it replaces next by a file's (``to_empty`` memory never written is never touched,
+    builds a model whose blocks it replaces next by a file's (memory allocated and never written is never touched,
     so it costs no resident memory before it is freed). Outside it, a model made without a file has zero blocks."""
     global _UNWRITTEN
     before, _UNWRITTEN = _UNWRITTEN, True
@@ -322,7 +322,7 @@ class BlockLinear(nn.Module):
         self.register_buffer("bias", torch.zeros(N) if bias else None)
 
     def reset_parameters(self) -> None:
-        """Zero blocks (a layer whose buffers ``to_empty`` allocated), unless :func:`unwritten_blocks` is active."""
+        """Zero blocks (a layer whose buffers were allocated, not written), unless :func:`unwritten_blocks` is on."""
         if _UNWRITTEN:
             return
         for t in (self.qs, self.d, self.m, self.bias):

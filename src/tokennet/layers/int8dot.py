@@ -121,6 +121,11 @@ def _build_dir() -> str:
 
 STALE_BUILD_LOCK_S = 900.0
 
+# The build's flags (setup.py's are these and -g0). -ffp-contract=off: no fused multiply–add, so every product and
+# sum is rounded on its own, as PyTorch's kernels and Inductor's loops round them: the kernel's scaling is the
+# formula's and the pinned steps (tokennet.layers.pinned) are PyTorch's, bit for bit, on any CPU.
+CFLAGS = ["-O3", "-ffp-contract=off", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-fopenmp"]
+
 
 def _load() -> None:
     """Build (once per machine) and load the kernel; sets ``_STATE``."""
@@ -139,10 +144,8 @@ def _load() -> None:
     try:
         from torch.utils import cpp_extension
 
-        # -ffp-contract=off: no fused multiply–add in the scaling, so the result is the formula's, bit for bit
-        flags = ["-O3", "-ffp-contract=off", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-fopenmp"]
         cpp_extension.load(name="tokennet_int8dot", sources=[str(_SOURCE)], build_directory=_build_dir(),
-                           extra_cflags=flags,
+                           extra_cflags=CFLAGS,
                            extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
     except Exception as e:  # noqa: BLE001 — no compiler, no ninja, a failed build: say why, fall back
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]

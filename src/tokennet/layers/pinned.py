@@ -132,15 +132,22 @@ def pinned_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, bi
     B, H, N, _ = q.shape
     if not torch.compiler.is_compiling() and N > EAGER_QUERIES:  # (compiling, N may be symbolic: no guard on it)
         return None
-    L = k.shape[2]
-    keys_mask = None
-    if mask is not None:
-        if mask.dtype != torch.bool or mask.dim() not in (2, 4) or (mask.dim() == 4 and mask.shape[1] != 1):
-            return None
-        keys_mask = (mask if mask.dim() == 4 else mask[None, None]).expand(B, 1, N, L)[:, 0]  # (B, N, L)
+    if not _takes_mask(mask):
+        return None
     if q.stride(-1) != 1:
         q = q.contiguous()
-    return _ops().attend(q, k, v, keys_mask, is_causal)
+    return _ops().attend(q, k, v, _keys_mask(mask, B, N, k.shape[2]), is_causal)
+
+
+def _takes_mask(mask: Tensor | None) -> bool:
+    """Whether the C++ attention takes ``mask``: none, or boolean ``(N, L)`` or ``(B or 1, 1, N or 1, L)``."""
+    return mask is None or (mask.dtype == torch.bool and mask.dim() in (2, 4) and
+                            (mask.dim() == 2 or mask.shape[1] == 1))
+
+
+def _keys_mask(mask: Tensor | None, B: int, N: int, L: int) -> Tensor | None:
+    """``mask`` (one :func:`_takes_mask` takes) as the C++ attention reads it: ``(B, N, L)``, a view."""
+    return None if mask is None else (mask if mask.dim() == 4 else mask[None, None]).expand(B, 1, N, L)[:, 0]
 
 
 class _Product(NamedTuple):
@@ -216,8 +223,7 @@ class PinnedBlock(Block):
         PyTorch calls fewer a layer. None where it does not apply (the steps below then run)."""
         if rope is not None and (rope[0].dtype != torch.float32 or rope[1].dtype != torch.float32):
             return None
-        if mask is not None and (mask.dtype != torch.bool or mask.dim() not in (2, 4) or
-                                 (mask.dim() == 4 and mask.shape[1] != 1)):
+        if not _takes_mask(mask):
             return None
         lean, ops = self.lean, _ops()
         eps, offset = lean.one_norm
@@ -230,10 +236,9 @@ class PinnedBlock(Block):
         if cache is not None:
             k, v = cache.append(k, v)
         B, N, _ = x.shape
-        keys_mask = None if mask is None else (mask if mask.dim() == 4 else mask[None, None]).expand(
-            B, 1, N, k.shape[2])[:, 0]
         post_attn, post_mlp = ((lean.post_attn_norm.weight, lean.post_mlp_norm.weight) if lean.sandwich else
                                (None, None))
+        keys_mask = _keys_mask(mask, B, N, k.shape[2])
         return ops.block_rest.default(x, q, k, v, keys_mask, is_causal, lean.out.packed, lean.out.code, lean.out.bias,
                                       post_attn, lean.norm2.weight, lean.gate.packed, lean.gate.code, lean.gate.bias,
                                       lean.fc1.packed, lean.fc1.code, lean.fc1.bias, lean.fc2.packed, lean.fc2.code,
